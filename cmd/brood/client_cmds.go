@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// session is a client verb's connection and client.
+type session struct {
+	cl  *client.Client
+	log *slog.Logger
+}
+
+func openClient(g *globals) (*session, func(), error) {
+	log := newLogger(g.logLevel, slog.LevelWarn, os.Stderr)
+	nc, err := connect(g.natsURL, "brood-cli", false)
+	if err != nil {
+		return nil, nil, err
+	}
+	cl, err := client.New(nc, client.Options{Prefix: g.prefix, Timeout: g.timeout})
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return &session{cl: cl, log: log}, func() { cl.Close(); nc.Close() }, nil
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+func providersCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "providers",
+		Short: "List the live providers and their capabilities",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			s, done, err := openClient(g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			ctx, cancel := ctxWithSignals()
+			defer cancel()
+			r, err := s.cl.Providers(ctx)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(os.Stdout, r)
+			}
+			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "PROVIDER\tINSTANCES\tOUTPUT-SCHEMA\tDEPTH-LIMIT\tTOOL-FILTER\tPERSONA\tINHERITS-CONTEXT\tCONTINUABLE\tTOOLS")
+			for _, d := range r.Providers {
+				c := d.Capabilities
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, r.Instances[d.Name],
+					yes(c.OutputSchema), yes(c.DepthLimit), yes(c.ToolFilter), yes(c.Persona),
+					yes(d.InheritsParentContext), yes(d.Continuable), strings.Join(d.Tools, ","))
+			}
+			if len(r.Providers) == 0 {
+				fmt.Fprintln(tw, "(no live providers)")
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// runFlags are `brood run`'s options.
+type runFlags struct {
+	provider string
+	asJSON   bool
+}
+
+func runCmd(g *globals) *cobra.Command {
+	var f runFlags
+	cmd := &cobra.Command{
+		Use:   "run --provider NAME [flags] PROMPT",
+		Short: "Run a one-shot child from a root opened in the current directory; prints its output",
+		Long: "Opens a root agent in the current directory, starts a one-shot child on the provider, waits for\n" +
+			"its result and prints the output (--json: runId, childId and the whole result). Exits 0 only\n" +
+			"when the stop reason is completed. Ctrl-C disposes the child.",
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if f.provider == "" {
+				return protocol.Errorf(protocol.CodeInvalidArgument, "--provider is required")
+			}
+			opts := protocol.StartOptions{}
+			s, done, err := openClient(g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			return runOnce(s, f, opts, strings.Join(args, " "))
+		},
+	}
+	cmd.Flags().StringVar(&f.provider, "provider", "", "provider name (see brood providers)")
+	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print runId, childId and the whole result as JSON")
+	return cmd
+}
+
+func runOnce(s *session, f runFlags, opts protocol.StartOptions, prompt string) error {
+	ctx, cancel := ctxWithSignals()
+	defer cancel()
+	cwd, err := os.Getwd()
+	if err != nil {
+		return err
+	}
+	root, err := s.cl.OpenRoot(ctx, cwd)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer ccancel()
+		_ = root.Close(cctx)
+	}()
+	run, err := s.cl.StartRun(ctx, root.Ref(), f.provider, protocol.Text(prompt), opts)
+	if err != nil {
+		return err
+	}
+	res, err := run.Result(ctx)
+	if err != nil {
+		// Interrupted: dispose the child, then report how it ended.
+		dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer dcancel()
+		st, derr := run.Dispose(dctx)
+		if derr != nil || st.Result == nil {
+			return err
+		}
+		res = *st.Result
+	}
+	if f.asJSON {
+		if err := printJSON(os.Stdout, struct {
+			RunID   string                  `json:"runId"`
+			ChildID string                  `json:"childId"`
+			Result  protocol.SubagentResult `json:"result"`
+		}{run.RunID, run.ChildID, res}); err != nil {
+			return err
+		}
+	} else if text := protocol.PlainText(res.Output); text != "" {
+		fmt.Println(text)
+	}
+	if res.StopReason != protocol.StopCompleted {
+		code := string(res.ErrorCode)
+		if code == "" {
+			code = strings.ToUpper(strings.ReplaceAll(string(res.StopReason), "-", "_"))
+		}
+		msg := fmt.Sprintf("%s: run %s ended with stopReason %s", code, run.RunID, res.StopReason)
+		if res.Diagnostic != "" {
+			msg += ": " + res.Diagnostic
+		}
+		fmt.Fprintln(os.Stderr, msg)
+		return exitError{1}
+	}
+	return nil
+}
+
+func logCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "log SESSION",
+		Short: "Print a session's header, then every event of its log in order",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, done, err := openClient(g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			ctx, cancel := ctxWithSignals()
+			defer cancel()
+			h, events, err := s.cl.Log(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if events == nil {
+					events = []protocol.SessionEvent{}
+				}
+				return printJSON(os.Stdout, struct {
+					Header protocol.SessionHeader   `json:"header"`
+					Events []protocol.SessionEvent `json:"events"`
+				}{h, events})
+			}
+			printHeader(os.Stdout, h)
+			for _, ev := range events {
+				fmt.Fprintln(os.Stdout, formatEvent(ev, h))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print {header, events} as JSON")
+	return cmd
+}

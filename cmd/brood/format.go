@@ -1,0 +1,150 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// displayBytesMax bounds one event's text in the human log view; the cut is
+// marked with the number of bytes not shown (`--json` shows everything).
+const displayBytesMax = 300
+
+func printHeader(w io.Writer, h protocol.SessionHeader) {
+	fmt.Fprintf(w, "session %s  created %s\n", h.ID, time.UnixMilli(h.CreatedAt).UTC().Format(time.RFC3339Nano))
+	if h.Cwd != "" {
+		fmt.Fprintf(w, "  cwd %s\n", h.Cwd)
+	}
+	if h.ParentSession != "" {
+		fmt.Fprintf(w, "  parentSession %s  delegationDepth %d  origin %s\n", h.ParentSession, h.DelegationDepth, h.Origin)
+	} else {
+		fmt.Fprintf(w, "  root (delegationDepth %d)\n", h.DelegationDepth)
+	}
+	if h.SeedLength > 0 {
+		fmt.Fprintf(w, "  seedLength %d (events 0..%d were inherited from the parent)\n", h.SeedLength, h.SeedLength-1)
+	}
+	if h.DepthCap != nil {
+		fmt.Fprintf(w, "  depthCap %d\n", *h.DepthCap)
+	}
+	if c := h.ToolCeiling; c != nil {
+		fmt.Fprintf(w, "  toolCeiling allow=%s deny=%s\n", listOrAll(c.Allow), listOrNone(c.Deny))
+	}
+	fmt.Fprintln(w, "events:")
+}
+
+func listOrAll(l []string) string {
+	if l == nil {
+		return "(all)"
+	}
+	return "[" + strings.Join(l, ",") + "]"
+}
+
+func listOrNone(l []string) string {
+	if len(l) == 0 {
+		return "[]"
+	}
+	return "[" + strings.Join(l, ",") + "]"
+}
+
+func clip(s string) string {
+	s = strings.ReplaceAll(s, "\n", "⏎")
+	if len(s) <= displayBytesMax {
+		return s
+	}
+	cut := displayBytesMax
+	for cut > 0 && (s[cut]&0xC0) == 0x80 {
+		cut--
+	}
+	return fmt.Sprintf("%s…(+%d bytes)", s[:cut], len(s)-cut)
+}
+
+// formatEvent renders one event on one line.
+func formatEvent(ev protocol.SessionEvent, h protocol.SessionHeader) string {
+	detail := ""
+	switch ev.Type {
+	case protocol.EvTurnStart:
+		var d protocol.TurnData
+		if ev.Decode(&d) == nil {
+			detail = fmt.Sprintf("turn %d", d.Turn)
+		}
+	case protocol.EvTurnEnd:
+		var d protocol.TurnEndData
+		if ev.Decode(&d) == nil {
+			detail = fmt.Sprintf("turn %d %s", d.Turn, d.Reason.Kind)
+			if d.Reason.Cause != "" {
+				detail += " (" + d.Reason.Cause + ")"
+			}
+			if d.Reason.Error != "" {
+				detail += ": " + clip(d.Reason.Error)
+			}
+		}
+	case protocol.EvStepStart, protocol.EvStepEnd:
+		var d protocol.StepData
+		if ev.Decode(&d) == nil {
+			detail = fmt.Sprintf("turn %d step %d", d.Turn, d.Step)
+		}
+	case protocol.EvUserMessage:
+		var d protocol.UserMessageData
+		if ev.Decode(&d) == nil {
+			detail = fmt.Sprintf("[%s] %s", d.Source.Kind, clip(protocol.AllText(d.Content)))
+		}
+	case protocol.EvAssistantMessage:
+		var d protocol.AssistantMessageData
+		if ev.Decode(&d) == nil {
+			detail = clip(protocol.AllText(d.Message.Content))
+			for _, c := range d.Message.ToolCalls {
+				detail += fmt.Sprintf(" →%s(%s)", c.Name, clip(c.Arguments))
+			}
+			if d.Interrupted {
+				detail += " [interrupted]"
+			}
+		}
+	case protocol.EvToolCall:
+		var d protocol.ToolCallData
+		if ev.Decode(&d) == nil {
+			detail = fmt.Sprintf("%s %s %s", d.CallID, d.Name, clip(d.Arguments))
+		}
+	case protocol.EvToolResult:
+		var d protocol.ToolResultData
+		if ev.Decode(&d) == nil {
+			status := "ok"
+			if d.IsError {
+				status = "error"
+			}
+			detail = fmt.Sprintf("%s %s %s: %s", d.CallID, d.Name, status, clip(protocol.AllText(d.Content)))
+		}
+	case protocol.EvInboxEnqueue:
+		var d protocol.InboxEnqueueData
+		if ev.Decode(&d) == nil {
+			detail = fmt.Sprintf("message %s inbox seq %s from %s", d.MessageID, d.InboxSeq, d.Source.Kind)
+		}
+	case protocol.EvInboxDequeue:
+		var d protocol.InboxDequeueData
+		if ev.Decode(&d) == nil {
+			detail = fmt.Sprintf("message %s inbox seq %s claimed by turn %d", d.MessageID, d.InboxSeq, d.Turn)
+		}
+	case protocol.EvInboxDiscard:
+		var d protocol.InboxDiscardData
+		if ev.Decode(&d) == nil {
+			detail = fmt.Sprintf("message %s inbox seq %s discarded: %s", d.MessageID, d.InboxSeq, d.Reason)
+		}
+	case protocol.EvSubagentDescriptor:
+		var d protocol.DescriptorData
+		if ev.Decode(&d) == nil {
+			detail = fmt.Sprintf("v%d %s provider %s", d.Version, d.Mode, d.Provider)
+			if d.Label != "" {
+				detail += " label " + clip(d.Label)
+			}
+		}
+	case protocol.EvSessionEndSeed:
+		detail = "──── end of the inherited seed; the child's own events follow ────"
+	}
+	marker := " "
+	if h.SeedLength > 0 && ev.Seq < h.SeedLength {
+		marker = "s"
+	}
+	return fmt.Sprintf("%s%5d  %-20s %s", marker, ev.Seq, ev.Type, detail)
+}

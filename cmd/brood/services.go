@@ -1,0 +1,260 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/oklog/run"
+	"github.com/spf13/cobra"
+
+	"github.com/brood-dev/brood/internal/embedded"
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
+	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
+)
+
+// actor is a long-lived component: Run until ctx is done, nil on a drain.
+type actor interface{ Run(ctx context.Context) error }
+
+// serve runs actors in one oklog/run group with a signal handler; Ctrl-C or
+// SIGTERM drains every actor and is not an error.
+func serve(actors ...actor) error {
+	var g run.Group
+	for _, a := range actors {
+		ctx, cancel := context.WithCancel(context.Background())
+		g.Add(func() error { return a.Run(ctx) }, func(error) { cancel() })
+	}
+	g.Add(run.SignalHandler(context.Background(), os.Interrupt, syscall.SIGTERM))
+	err := g.Run()
+	var se *run.SignalError
+	if errors.As(err, &se) {
+		return nil
+	}
+	return err
+}
+
+// timing holds the liveness settings shared by services.
+type timing struct {
+	heartbeat  time.Duration
+	hostExpiry time.Duration
+	drainGrace time.Duration
+	rootLease  time.Duration
+}
+
+func (t *timing) flags(cmd *cobra.Command) {
+	cmd.Flags().DurationVar(&t.heartbeat, "heartbeat", time.Second, "heartbeat interval of this process in brood_hosts")
+	cmd.Flags().DurationVar(&t.hostExpiry, "host-expiry", 5*time.Second, "a host whose heartbeat is older than this is dead")
+	cmd.Flags().DurationVar(&t.drainGrace, "drain-grace", 10*time.Second, "how long a stopping worker lets in-flight turns finish")
+	cmd.Flags().DurationVar(&t.rootLease, "root-lease", 30*time.Second, "lease of a root agent between renewals (coordinator)")
+}
+
+// modelFlags selects the model of in-process agents.
+type modelFlags struct {
+	kind string
+}
+
+func (m *modelFlags) flags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&m.kind, "model", "scripted", "model adapter of the agents: scripted")
+}
+
+func (m *modelFlags) factory() (worker.ModelFactory, error) {
+	switch m.kind {
+	case "", "scripted":
+		return func() (model.Model, error) { return model.NewScripted(), nil }, nil
+	default:
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "unknown model adapter %q (known: scripted)", m.kind)
+	}
+}
+
+// storeFlags are the JetStream settings a service provisions with.
+type storeFlags struct {
+	replicas int
+}
+
+func (s *storeFlags) flags(cmd *cobra.Command) {
+	cmd.Flags().IntVar(&s.replicas, "replicas", 1, "replicas of Brood's streams and buckets (1 in dev, 3 in a cluster)")
+}
+
+func (s *storeFlags) provision(ctx context.Context, nc *nats.Conn, prefix string) (*store.Store, error) {
+	subj, err := protocol.NewSubjects(prefix)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "%v", err)
+	}
+	cfg := store.DefaultConfig()
+	cfg.Replicas = s.replicas
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := store.Provision(pctx, nc, subj, cfg)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "provision JetStream: %v", err)
+	}
+	return st, nil
+}
+
+func newCoordinator(nc *nats.Conn, st *store.Store, t timing, log *slog.Logger) (*coordinator.Coordinator, error) {
+	return coordinator.New(coordinator.Config{
+		NC: nc, Store: st, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, RootLease: t.rootLease, Logger: log,
+	})
+}
+
+func newSpawnWorker(nc *nats.Conn, st *store.Store, t timing, models worker.ModelFactory, log *slog.Logger) (*spawnworker.Service, error) {
+	return spawnworker.New(spawnworker.Config{
+		NC: nc, Store: st, Models: models, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry,
+		DrainGrace: t.drainGrace, Logger: log,
+	})
+}
+
+func coordinatorCmd(g *globals) *cobra.Command {
+	var t timing
+	var sf storeFlags
+	cmd := &cobra.Command{
+		Use:   "coordinator",
+		Short: "Run a coordinator replica (provider registry, authority, runs)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
+			nc, err := connect(g.natsURL, "brood-coordinator", true)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			st, err := sf.provision(cmd.Context(), nc, g.prefix)
+			if err != nil {
+				return err
+			}
+			c, err := newCoordinator(nc, st, t, log)
+			if err != nil {
+				return err
+			}
+			return serve(c)
+		},
+	}
+	t.flags(cmd)
+	sf.flags(cmd)
+	return cmd
+}
+
+func spawnWorkerCmd(g *globals) *cobra.Command {
+	var t timing
+	var mf modelFlags
+	var sf storeFlags
+	cmd := &cobra.Command{
+		Use:   "spawn-worker",
+		Short: "Run a worker of the spawn provider",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
+			models, err := mf.factory()
+			if err != nil {
+				return err
+			}
+			nc, err := connect(g.natsURL, "brood-spawn-worker", true)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			st, err := sf.provision(cmd.Context(), nc, g.prefix)
+			if err != nil {
+				return err
+			}
+			w, err := newSpawnWorker(nc, st, t, models, log)
+			if err != nil {
+				return err
+			}
+			return serve(w)
+		},
+	}
+	t.flags(cmd)
+	mf.flags(cmd)
+	sf.flags(cmd)
+	return cmd
+}
+
+func devCmd(g *globals) *cobra.Command {
+	var (
+		t      timing
+		mf     modelFlags
+		data   string
+		listen string
+		fsync  string
+	)
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run an embedded NATS server with JetStream, a coordinator and every provider in one process",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
+			models, err := mf.factory()
+			if err != nil {
+				return err
+			}
+			host, port, err := splitListen(listen)
+			if err != nil {
+				return err
+			}
+			dir, err := filepath.Abs(data)
+			if err != nil {
+				return err
+			}
+			ns, err := embedded.Start(embedded.Config{Host: host, Port: port, DataDir: filepath.Join(dir, "jetstream"), Fsync: fsync})
+			if err != nil {
+				return protocol.Errorf(protocol.CodeUnavailable, "%v", err)
+			}
+			defer ns.Shutdown()
+			nc, err := connect(ns.ClientURL(), "brood-dev", true)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			st, err := (&storeFlags{replicas: 1}).provision(cmd.Context(), nc, g.prefix)
+			if err != nil {
+				return err
+			}
+			c, err := newCoordinator(nc, st, t, log)
+			if err != nil {
+				return err
+			}
+			w, err := newSpawnWorker(nc, st, t, models, log)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("brood dev: NATS client URL %s\n", ns.ClientURL())
+			fmt.Printf("brood dev: data in %s; JetStream %s\n", dir, ns.FsyncMode())
+			fmt.Printf("brood dev: providers spawn; model %s; Ctrl-C drains and exits\n", mf.kind)
+			err = serve(c, w)
+			_ = nc.Drain()
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&data, "data", "./.brood", "directory of JetStream's file storage")
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:4222", "host:port the embedded NATS server listens on (port 0 picks one)")
+	cmd.Flags().StringVar(&fsync, "fsync", embedded.FsyncInterval, "JetStream flush mode: interval (server default, 2 min) or always")
+	t.flags(cmd)
+	mf.flags(cmd)
+	return cmd
+}
+
+func splitListen(s string) (string, int, error) {
+	host, portStr, err := netSplit(s)
+	if err != nil {
+		return "", 0, protocol.Errorf(protocol.CodeInvalidArgument, "--listen %q: %v", s, err)
+	}
+	var port int
+	if _, err := fmt.Sscanf(portStr, "%d", &port); err != nil || port < 0 || port > 65535 {
+		return "", 0, protocol.Errorf(protocol.CodeInvalidArgument, "--listen %q: bad port", s)
+	}
+	if port == 0 {
+		port = -1 // nats-server: pick a free port
+	}
+	return host, port, nil
+}

@@ -1,0 +1,262 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// notices counts run notifications published under test.notify.<tag>.<i>.
+type notices struct {
+	mu   sync.Mutex
+	byID map[string][]protocol.RunNotice
+	sub  *nats.Subscription
+}
+
+func watchNotices(t *testing.T, nc *nats.Conn, tag string) *notices {
+	t.Helper()
+	n := &notices{byID: map[string][]protocol.RunNotice{}}
+	sub, err := nc.Subscribe("test.notify."+tag+".*", func(m *nats.Msg) {
+		var rn protocol.RunNotice
+		if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &rn); err != nil {
+			t.Errorf("bad notice: %v", err)
+			return
+		}
+		n.mu.Lock()
+		n.byID[rn.RunID] = append(n.byID[rn.RunID], rn)
+		n.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.sub = sub
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return n
+}
+
+func (n *notices) get(runID string) []protocol.RunNotice {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]protocol.RunNotice(nil), n.byID[runID]...)
+}
+
+func (n *notices) total() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	c := 0
+	for _, v := range n.byID {
+		c += len(v)
+	}
+	return c
+}
+
+// startRaw sends runs.start with a notify subject of the test's own.
+func startRaw(t *testing.T, s *testutil.Stack, parent protocol.ParentRef, prompt, notify string) protocol.RunStartReply {
+	t.Helper()
+	var reply protocol.RunStartReply
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{
+		Provider: "spawn", Parent: parent, Prompt: protocol.Text(prompt), Notify: notify,
+	}, &reply)
+	if err != nil {
+		t.Fatalf("runs.start: %v", err)
+	}
+	return reply
+}
+
+// endEvents counts subagent/end events per run id under parent.
+func endEvents(t *testing.T, s *testutil.Stack, parent string) map[string]int {
+	t.Helper()
+	ctx := context.Background()
+	cons, err := s.Store.Events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{s.Store.Subj.Events(parent, protocol.EventKindEnd)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for {
+		batch, err := cons.FetchNoWait(500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			var ev protocol.LifecycleEvent
+			if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &ev); err != nil {
+				t.Fatal(err)
+			}
+			out[ev.RunID]++
+			n++
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}
+
+func TestConcurrentRunsOnReplicas(t *testing.T) {
+	const runs = 200
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	s.AddSpawnWorker()
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		r, err := s.Client.Providers(context.Background())
+		return err == nil && r.Instances["spawn"] == 2
+	}, "two spawn instances")
+	root := s.Root()
+	n := watchNotices(t, s.NC, "conc")
+	replies := make([]protocol.RunStartReply, runs)
+	var wg sync.WaitGroup
+	for i := 0; i < runs; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			replies[i] = startRaw(t, s, root.Ref(), fmt.Sprintf("say run-%d", i), fmt.Sprintf("test.notify.conc.%d", i))
+		}()
+	}
+	wg.Wait()
+	testutil.Eventually(t, 60*time.Second, func() bool { return n.total() >= runs }, "%d notices", runs)
+	hosts := map[string]int{}
+	for i, r := range replies {
+		got := n.get(r.RunID)
+		if len(got) != 1 {
+			t.Fatalf("run %d got %d notices", i, len(got))
+		}
+		res := got[0].Result
+		if res.StopReason != protocol.StopCompleted || protocol.PlainText(res.Output) != fmt.Sprintf("run-%d", i) {
+			t.Fatalf("run %d result = %+v", i, res)
+		}
+		rec, err := store.Get[protocol.RunRecord](context.Background(), s.Store.Runs, r.RunID)
+		if err != nil || rec.Value.State != protocol.RunSettled {
+			t.Fatalf("run record %d = %+v, %v", i, rec, err)
+		}
+		hosts[rec.Value.SettledBy]++
+	}
+	if len(hosts) != 2 {
+		t.Errorf("runs were settled by %v; both workers should have served", hosts)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return len(endEvents(t, s, root.SessionID)) == runs }, "end events")
+	for id, c := range endEvents(t, s, root.SessionID) {
+		if c != 1 {
+			t.Fatalf("run %s has %d subagent/end events", id, c)
+		}
+	}
+	// Nothing more arrives later: every run was completed exactly once.
+	time.Sleep(200 * time.Millisecond)
+	if n.total() != runs {
+		t.Fatalf("%d notices for %d runs", n.total(), runs)
+	}
+}
+
+// lastTurnEnd decodes the last event of a log, which must be a turn/end.
+func lastTurnEnd(t *testing.T, evs []protocol.SessionEvent) protocol.TurnEndData {
+	t.Helper()
+	last := evs[len(evs)-1]
+	var d protocol.TurnEndData
+	if last.Type != protocol.EvTurnEnd || last.Decode(&d) != nil {
+		t.Fatalf("log ends with %s", last.Type)
+	}
+	return d
+}
+
+func TestWorkerKilledMidRunIsSettledHostLost(t *testing.T) {
+	s := testutil.NewStack(t)
+	coord := s.AddCoordinator()
+	w := spawnWorkerProc(t, s.Server.ClientURL())
+	s.WaitProvider("spawn")
+	root := s.Root()
+	n := watchNotices(t, s.NC, "kill")
+	r := startRaw(t, s, root.Ref(), "call list_dir {}\nsleep 30s\nsay never", "test.notify.kill.1")
+	testutil.Eventually(t, 5*time.Second, func() bool { _, evs := s.Log(r.ChildID); return len(evs) >= 7 }, "first step logged")
+
+	if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	testutil.Eventually(t, testutil.TestHostExpiry+5*time.Second, func() bool { return len(n.get(r.RunID)) > 0 }, "HOST_LOST settlement")
+	if d := time.Since(killed); d > testutil.TestHostExpiry+3*time.Second {
+		t.Errorf("settled %s after the kill; expected within the expiry plus a margin", d)
+	}
+	res := n.get(r.RunID)[0].Result
+	if res.StopReason != protocol.StopError || res.ErrorCode != protocol.CodeHostLost {
+		t.Fatalf("result = %+v", res)
+	}
+	rec, _ := store.Get[protocol.RunRecord](context.Background(), s.Store.Runs, r.RunID)
+	if rec.Value.SettledBy != coord.ID() {
+		t.Fatalf("settled by %q, want coordinator %s", rec.Value.SettledBy, coord.ID())
+	}
+	_, evs := s.Log(r.ChildID)
+	if end := lastTurnEnd(t, evs); end.Reason.Kind != protocol.TurnInterrupted {
+		t.Fatalf("turn end = %+v", end)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if len(n.get(r.RunID)) != 1 || endEvents(t, s, root.SessionID)[r.RunID] != 1 {
+		t.Fatalf("settled more than once: %d notices, %d end events", len(n.get(r.RunID)), endEvents(t, s, root.SessionID)[r.RunID])
+	}
+	if _, err := store.Get[protocol.AgentRecord](context.Background(), s.Store.Agents, r.ChildID); err == nil {
+		t.Error("the lease of the settled session is still held")
+	}
+}
+
+func TestWorkerPausedPastExpiryPublishesNothing(t *testing.T) {
+	s := testutil.NewStack(t)
+	coord := s.AddCoordinator()
+	w := spawnWorkerProc(t, s.Server.ClientURL())
+	s.WaitProvider("spawn")
+	root := s.Root()
+	n := watchNotices(t, s.NC, "pause")
+	r := startRaw(t, s, root.Ref(), "sleep 3s\nsay late", "test.notify.pause.1")
+
+	if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, testutil.TestHostExpiry+5*time.Second, func() bool { return len(n.get(r.RunID)) > 0 }, "HOST_LOST settlement")
+	res := n.get(r.RunID)[0].Result
+	if res.StopReason != protocol.StopError || res.ErrorCode != protocol.CodeHostLost {
+		t.Fatalf("result = %+v", res)
+	}
+	rec, _ := store.Get[protocol.RunRecord](context.Background(), s.Store.Runs, r.RunID)
+	if rec.Value.SettledBy != coord.ID() {
+		t.Fatalf("settled by %q, want the coordinator", rec.Value.SettledBy)
+	}
+	_, before := s.Log(r.ChildID)
+	if end := lastTurnEnd(t, before); end.Reason.Kind != protocol.TurnInterrupted {
+		t.Fatalf("turn end = %+v", end)
+	}
+
+	if err := w.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// The resumed worker notices it lost the session and stops the agent.
+	w.waitStderr(t, "agent stopped without publishing", 10*time.Second)
+	_, after := s.Log(r.ChildID)
+	if len(after) != len(before) {
+		t.Fatalf("the resumed worker appended %d events", len(after)-len(before))
+	}
+	time.Sleep(300 * time.Millisecond)
+	if len(n.get(r.RunID)) != 1 || endEvents(t, s, root.SessionID)[r.RunID] != 1 {
+		t.Fatalf("published again: %d notices, %d end events", len(n.get(r.RunID)), endEvents(t, s, root.SessionID)[r.RunID])
+	}
+	// The worker is alive again and serves new runs.
+	_, res2, err := s.Run(root.Ref(), "spawn", "say again", protocol.StartOptions{})
+	if err != nil || protocol.PlainText(res2.Output) != "again" {
+		t.Fatalf("run after resume = %+v, %v", res2, err)
+	}
+	if strings.Contains(w.Stderr(), "panic") {
+		t.Fatal("worker panicked")
+	}
+}

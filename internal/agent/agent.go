@@ -1,0 +1,484 @@
+// Package agent is Brood's agent runtime (DESIGN.md §5): a session's turns and
+// steps, its tools, and the rules that read a result out of its log. Every
+// turn is durable before it is used: the turn opening (turn/start, the claim,
+// the user message) is one log record; each model step is one record (two
+// when it calls tools: the calls, then their results); the turn's end joins
+// the last step's record.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Appender writes a session's log; *store.LogWriter is the production one.
+// Append returns the events with their seqs, store.ErrFenced when another
+// writer owns the log, or a LIMIT_EXCEEDED error for an oversized record.
+type Appender interface {
+	Append(ctx context.Context, evs ...protocol.SessionEvent) ([]protocol.SessionEvent, error)
+}
+
+// Limits bound one agent's work. Zero fields take the defaults of DefaultLimits.
+type Limits struct {
+	// TurnTimeout bounds a whole turn (default 10 minutes, DESIGN.md §4).
+	TurnTimeout time.Duration
+	// StepsPerTurnMax bounds the model calls of one turn (default 64).
+	StepsPerTurnMax int
+	// ToolCallsPerStepMax bounds the tool calls of one assistant message (default 32).
+	ToolCallsPerStepMax int
+	// ToolOutputBytesMax bounds one tool result's text (default 512 KiB);
+	// larger output is refused with a LIMIT_EXCEEDED error result, never cut.
+	ToolOutputBytesMax int
+	// AppendTimeout bounds each log append (default 10 s).
+	AppendTimeout time.Duration
+}
+
+// DefaultLimits are the documented defaults.
+func DefaultLimits() Limits {
+	return Limits{
+		TurnTimeout:         10 * time.Minute,
+		StepsPerTurnMax:     64,
+		ToolCallsPerStepMax: 32,
+		ToolOutputBytesMax:  512 << 10,
+		AppendTimeout:       10 * time.Second,
+	}
+}
+
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits()
+	if l.TurnTimeout <= 0 {
+		l.TurnTimeout = d.TurnTimeout
+	}
+	if l.StepsPerTurnMax <= 0 {
+		l.StepsPerTurnMax = d.StepsPerTurnMax
+	}
+	if l.ToolCallsPerStepMax <= 0 {
+		l.ToolCallsPerStepMax = d.ToolCallsPerStepMax
+	}
+	if l.ToolOutputBytesMax <= 0 {
+		l.ToolOutputBytesMax = d.ToolOutputBytesMax
+	}
+	if l.AppendTimeout <= 0 {
+		l.AppendTimeout = d.AppendTimeout
+	}
+	return l
+}
+
+// Config builds an Agent.
+type Config struct {
+	Header protocol.SessionHeader
+	Log    Appender
+	// Events are the session's existing events (a seed, or the log read on
+	// resume); the next appended event continues their seqs.
+	Events     []protocol.SessionEvent
+	Model      model.Model
+	Tools      *Registry
+	System     string
+	Credential string
+	Limits     Limits
+	Logger     *slog.Logger
+	// Now returns the time (tests); default time.Now.
+	Now func() time.Time
+}
+
+// Cancel is the cause given to a turn's context when its owner stops it; the
+// turn ends aborted{cause}.
+type Cancel struct{ Cause string }
+
+func (c *Cancel) Error() string { return "cancelled: " + c.Cause }
+
+// ErrLeaseLost is the cause given to a turn's context when its host lost the
+// session's lease: the agent stops at once and appends nothing (DESIGN.md §7,
+// Settlement 3).
+var ErrLeaseLost = errors.New("agent: session lease lost to another host")
+
+var errTurnTimeout = errors.New("turn timeout")
+
+// Input is one turn's input: a user message, optionally claimed from the
+// inbox (InboxSeq > 0, logged as agent/inbox/dequeue before it is used).
+// Extra events are appended in the opening record after the user message
+// (the one-shot descriptor).
+type Input struct {
+	Content   []protocol.ContentBlock
+	Source    protocol.MessageSource
+	MessageID string
+	InboxSeq  protocol.Seq
+	Extra     []protocol.SessionEvent
+}
+
+// Outcome is how a turn ended. Fenced means the agent lost its log to another
+// writer and must be dropped without publishing anything; Err is a log
+// append that JetStream did not acknowledge (DURABILITY_FAILED).
+type Outcome struct {
+	Turn   int64
+	Reason protocol.TurnEndReason
+	Fenced bool
+	Err    error
+}
+
+// Agent is one live session. Turns run one at a time; Events may be read
+// concurrently.
+type Agent struct {
+	cfg    Config
+	limits Limits
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	events []protocol.SessionEvent
+	turn   int64
+}
+
+// New builds an agent over its session's existing events.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Log == nil || cfg.Model == nil || cfg.Tools == nil {
+		return nil, errors.New("agent: Log, Model and Tools are required")
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	a := &Agent{cfg: cfg, limits: cfg.Limits.withDefaults(), log: cfg.Logger.With("session", cfg.Header.ID)}
+	a.events = append([]protocol.SessionEvent(nil), cfg.Events...)
+	a.turn = LastTurn(a.events)
+	return a, nil
+}
+
+// Header returns the session header.
+func (a *Agent) Header() protocol.SessionHeader { return a.cfg.Header }
+
+// Credential returns the agent's credential.
+func (a *Agent) Credential() string { return a.cfg.Credential }
+
+// Events returns a copy of the session's events so far.
+func (a *Agent) Events() []protocol.SessionEvent {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]protocol.SessionEvent(nil), a.events...)
+}
+
+// EventCount returns how many events the session has.
+func (a *Agent) EventCount() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.events)
+}
+
+func (a *Agent) nowMs() int64 { return a.cfg.Now().UnixMilli() }
+
+// RunTurn opens a turn with in and runs it to its end.
+func (a *Agent) RunTurn(ctx context.Context, in Input) Outcome {
+	if out, ok := a.OpenTurn(ctx, in); !ok {
+		return out
+	}
+	return a.RunSteps(ctx)
+}
+
+// OpenTurn appends the turn opening record: turn/start, the inbox claim when
+// in came from the inbox, the user message, and in.Extra. ok is false when
+// the opening could not be logged (the returned outcome says why).
+func (a *Agent) OpenTurn(ctx context.Context, in Input) (Outcome, bool) {
+	a.mu.Lock()
+	turn := a.turn + 1
+	a.mu.Unlock()
+	var b eventBuf
+	b.add(a, protocol.EvTurnStart, protocol.TurnData{Turn: turn})
+	if in.InboxSeq > 0 {
+		b.add(a, protocol.EvInboxDequeue, protocol.InboxDequeueData{MessageID: in.MessageID, InboxSeq: in.InboxSeq, Turn: turn})
+	}
+	content := in.Content
+	if content == nil {
+		content = []protocol.ContentBlock{}
+	}
+	id := in.MessageID
+	if id == "" {
+		id = fmt.Sprintf("%s-t%d", a.cfg.Header.ID, turn)
+	}
+	b.add(a, protocol.EvUserMessage, protocol.UserMessageData{ID: id, Turn: turn, Content: content, Source: in.Source})
+	b.evs = append(b.evs, in.Extra...)
+	if b.err != nil {
+		return Outcome{Turn: turn, Reason: errReason(b.err.Error()), Err: b.err}, false
+	}
+	if out, ok := a.append(ctx, turn, b.evs); !ok {
+		return out, false
+	}
+	a.mu.Lock()
+	a.turn = turn
+	a.mu.Unlock()
+	return Outcome{Turn: turn}, true
+}
+
+// RunSteps runs the open turn's steps until the turn ends.
+func (a *Agent) RunSteps(ctx context.Context) Outcome {
+	a.mu.Lock()
+	turn := a.turn
+	a.mu.Unlock()
+	ctx, cancel := context.WithTimeoutCause(ctx, a.limits.TurnTimeout, errTurnTimeout)
+	defer cancel()
+	for step := int64(1); ; step++ {
+		if step > int64(a.limits.StepsPerTurnMax) {
+			return a.end(ctx, turn, nil, errReason(fmt.Sprintf("the turn reached its limit of %d steps", a.limits.StepsPerTurnMax)))
+		}
+		out, done := a.runStep(ctx, turn, step)
+		if done {
+			return out
+		}
+	}
+}
+
+// runStep runs one model call and its tool calls; done reports the turn ended.
+func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
+	if err := ctx.Err(); err != nil {
+		return a.endCancelled(ctx, turn, nil), true
+	}
+	history, err := History(a.Events())
+	if err != nil {
+		return a.end(ctx, turn, nil, errReason("the session log cannot be replayed: "+err.Error())), true
+	}
+	req := model.Request{System: a.cfg.System, Messages: history, Tools: a.cfg.Tools.Specs()}
+	var partial strings.Builder
+	resp, merr := a.cfg.Model.Stream(ctx, req, func(s string) { partial.WriteString(s) })
+
+	var b eventBuf
+	b.add(a, protocol.EvStepStart, protocol.StepData{Turn: turn, Step: step})
+	if merr != nil {
+		if ctx.Err() != nil {
+			if partial.Len() > 0 {
+				b.add(a, protocol.EvAssistantMessage, protocol.AssistantMessageData{
+					Turn: turn, Step: step, Interrupted: true,
+					Message: protocol.AssistantMessage{Content: protocol.Text(partial.String())},
+				})
+			}
+			b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
+			return a.endCancelled(ctx, turn, &b), true
+		}
+		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
+		diag := merr.Error()
+		var me *model.Error
+		if errors.As(merr, &me) {
+			diag = me.Diagnostic
+		}
+		return a.end(ctx, turn, &b, errReason(diag)), true
+	}
+	msg := resp.Message
+	if msg.Content == nil {
+		msg.Content = []protocol.ContentBlock{}
+	}
+	b.add(a, protocol.EvAssistantMessage, protocol.AssistantMessageData{
+		Turn: turn, Step: step, Message: msg, Usage: resp.Usage, Interrupted: resp.Finish == model.FinishLength,
+	})
+	switch {
+	case resp.Finish == model.FinishLength:
+		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
+		return a.end(ctx, turn, &b, protocol.TurnEndReason{Kind: protocol.TurnMaxTokens}), true
+	case resp.Finish == model.FinishRefusal:
+		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
+		return a.end(ctx, turn, &b, protocol.TurnEndReason{Kind: protocol.TurnBlocked}), true
+	case len(msg.ToolCalls) == 0:
+		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
+		return a.end(ctx, turn, &b, protocol.TurnEndReason{Kind: protocol.TurnCompleted}), true
+	}
+	if len(msg.ToolCalls) > a.limits.ToolCallsPerStepMax {
+		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
+		return a.end(ctx, turn, &b, errReason(fmt.Sprintf("the model asked for %d tool calls in one step; the limit is %d", len(msg.ToolCalls), a.limits.ToolCallsPerStepMax))), true
+	}
+	for _, c := range msg.ToolCalls {
+		b.add(a, protocol.EvToolCall, protocol.ToolCallData{Turn: turn, Step: step, CallID: c.ID, Name: c.Name, Arguments: c.Arguments})
+	}
+	if b.err != nil {
+		return a.end(ctx, turn, nil, errReason(b.err.Error())), true
+	}
+	if out, ok := a.append(ctx, turn, b.evs); !ok {
+		return out, true
+	}
+
+	results := a.runTools(ctx, turn, step, msg.ToolCalls)
+	var rb eventBuf
+	conclude := false
+	for i, c := range msg.ToolCalls {
+		r := results[i]
+		rb.add(a, protocol.EvToolResult, protocol.ToolResultData{
+			Turn: turn, Step: step, CallID: c.ID, Name: c.Name, Content: r.Content, IsError: r.IsError,
+		})
+		if r.Conclude && !r.IsError {
+			conclude = true
+		}
+	}
+	rb.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
+	switch {
+	case ctx.Err() != nil:
+		return a.endCancelled(ctx, turn, &rb), true
+	case conclude:
+		return a.end(ctx, turn, &rb, protocol.TurnEndReason{Kind: protocol.TurnCompleted}), true
+	}
+	if rb.err != nil {
+		return a.end(ctx, turn, nil, errReason(rb.err.Error())), true
+	}
+	if out, ok := a.append(ctx, turn, rb.evs); !ok {
+		return out, true
+	}
+	return Outcome{}, false
+}
+
+// runTools runs a step's tool calls: in parallel, except that a message
+// calling structured_output runs in order and every call after a successful
+// capture is denied (upstream-behaviour §1.6).
+func (a *Agent) runTools(ctx context.Context, turn, step int64, calls []protocol.ToolCall) []ToolResult {
+	results := make([]ToolResult, len(calls))
+	sequential := false
+	for _, c := range calls {
+		if c.Name == model.StructuredOutputTool {
+			sequential = true
+		}
+	}
+	if sequential {
+		captured := false
+		for i, c := range calls {
+			if captured {
+				results[i] = ErrorResult("denied: structured output was already captured in this step; the turn ends now")
+				continue
+			}
+			results[i] = a.runTool(ctx, turn, step, c)
+			captured = results[i].Conclude && !results[i].IsError
+		}
+		return results
+	}
+	var wg sync.WaitGroup
+	for i, c := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = a.runTool(ctx, turn, step, c)
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
+func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCall) (res ToolResult) {
+	t, ok := a.cfg.Tools.Lookup(c.Name)
+	if !ok {
+		return ErrorResult("unknown tool %q: it is not available to this agent", c.Name)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			a.log.Error("tool panicked", "tool", c.Name, "panic", p)
+			res = ErrorResult("%s failed: internal error", c.Name)
+		}
+	}()
+	res = t.Run(ctx, ToolContext{Header: a.cfg.Header, Credential: a.cfg.Credential, Turn: turn, Step: step, CallID: c.ID}, c.Arguments)
+	if res.Content == nil {
+		res.Content = []protocol.ContentBlock{}
+	}
+	size := 0
+	for _, b := range res.Content {
+		size += len(b.Text)
+	}
+	if size > a.limits.ToolOutputBytesMax {
+		return ErrorResult("LIMIT_EXCEEDED: %s produced %d bytes of output, over the limit of %d bytes; none of it is shown, nothing was truncated — ask for less (a narrower path or range)",
+			c.Name, size, a.limits.ToolOutputBytesMax)
+	}
+	return res
+}
+
+// endCancelled ends the turn after ctx was done: aborted with the owner's
+// cause, error on the turn timeout, or nothing at all when the lease was lost.
+func (a *Agent) endCancelled(ctx context.Context, turn int64, b *eventBuf) Outcome {
+	cause := context.Cause(ctx)
+	if errors.Is(cause, ErrLeaseLost) {
+		return Outcome{Turn: turn, Fenced: true, Reason: protocol.TurnEndReason{Kind: protocol.TurnInterrupted}}
+	}
+	if errors.Is(cause, errTurnTimeout) {
+		return a.end(ctx, turn, b, errReason(fmt.Sprintf("the turn exceeded its %s limit", a.limits.TurnTimeout)))
+	}
+	reason := protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: protocol.CauseDisposed}
+	var c *Cancel
+	if errors.As(cause, &c) {
+		reason.Cause = c.Cause
+	}
+	return a.end(ctx, turn, b, reason)
+}
+
+// end appends b's events plus turn/end{reason} as the turn's last record.
+func (a *Agent) end(ctx context.Context, turn int64, b *eventBuf, reason protocol.TurnEndReason) Outcome {
+	if b == nil {
+		b = &eventBuf{}
+	}
+	b.add(a, protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: reason})
+	if b.err != nil {
+		return Outcome{Turn: turn, Reason: reason, Err: b.err}
+	}
+	if out, ok := a.append(ctx, turn, b.evs); !ok {
+		return out
+	}
+	return Outcome{Turn: turn, Reason: reason}
+}
+
+// append writes evs as one record (split in halves when too large), with its
+// own deadline so a turn that was cancelled can still record how it ended.
+func (a *Agent) append(ctx context.Context, turn int64, evs []protocol.SessionEvent) (Outcome, bool) {
+	if errors.Is(context.Cause(ctx), ErrLeaseLost) {
+		return Outcome{Turn: turn, Fenced: true}, false
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.limits.AppendTimeout)
+	defer cancel()
+	if err := a.appendSplit(actx, evs); err != nil {
+		if errors.Is(err, store.ErrFenced) {
+			a.log.Warn("session log fenced by another writer; stopping this agent", "turn", turn)
+			return Outcome{Turn: turn, Fenced: true}, false
+		}
+		a.log.Error("session log append failed", "turn", turn, "err", err)
+		return Outcome{Turn: turn, Reason: errReason("the session log did not accept an append: " + err.Error()), Err: err}, false
+	}
+	return Outcome{}, true
+}
+
+func (a *Agent) appendSplit(ctx context.Context, evs []protocol.SessionEvent) error {
+	written, err := a.cfg.Log.Append(ctx, evs...)
+	if err != nil {
+		if protocol.CodeOf(err) == protocol.CodeLimitExceeded && len(evs) > 1 {
+			half := len(evs) / 2
+			if err := a.appendSplit(ctx, evs[:half]); err != nil {
+				return err
+			}
+			return a.appendSplit(ctx, evs[half:])
+		}
+		return err
+	}
+	a.mu.Lock()
+	a.events = append(a.events, written...)
+	a.mu.Unlock()
+	return nil
+}
+
+func errReason(diag string) protocol.TurnEndReason {
+	return protocol.TurnEndReason{Kind: protocol.TurnError, Error: protocol.TruncateDiagnostic(diag)}
+}
+
+// eventBuf collects a record's events, keeping the first encoding error.
+type eventBuf struct {
+	evs []protocol.SessionEvent
+	err error
+}
+
+func (b *eventBuf) add(a *Agent, typ string, data any) {
+	if b.err != nil {
+		return
+	}
+	ev, err := protocol.NewEvent(typ, a.nowMs(), data)
+	if err != nil {
+		b.err = err
+		return
+	}
+	b.evs = append(b.evs, ev)
+}

@@ -1,0 +1,226 @@
+package agent
+
+import (
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// This file is the one place that reads a run's result out of a log: the
+// output selection rule (upstream-behaviour §3.8) and the stop-reason
+// derivations (§3.9). Hosts and coordinators (HOST_LOST) both use it, always
+// on the child's own events (after seedLength, or after the epoch boundary).
+
+// SelectOutput returns the content of the last assistant message with
+// non-empty content; empty (usage-only or tool-call-only) messages are
+// skipped. Text blocks are the content; tool calls are not output. The
+// result is never nil.
+func SelectOutput(events []protocol.SessionEvent) []protocol.ContentBlock {
+	for i := len(events) - 1; i >= 0; i-- {
+		ev := events[i]
+		if ev.Type != protocol.EvAssistantMessage {
+			continue
+		}
+		var d protocol.AssistantMessageData
+		if ev.Decode(&d) != nil {
+			continue
+		}
+		if hasText(d.Message.Content) {
+			return d.Message.Content
+		}
+	}
+	return []protocol.ContentBlock{}
+}
+
+func hasText(blocks []protocol.ContentBlock) bool {
+	for _, b := range blocks {
+		if b.Text != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// LastTurnEnd returns the data of the last turn/end in events.
+func LastTurnEnd(events []protocol.SessionEvent) (protocol.TurnEndData, bool) {
+	for i := len(events) - 1; i >= 0; i-- {
+		if events[i].Type == protocol.EvTurnEnd {
+			var d protocol.TurnEndData
+			if events[i].Decode(&d) == nil {
+				return d, true
+			}
+		}
+	}
+	return protocol.TurnEndData{}, false
+}
+
+// StopReasonOf maps a turn-end kind to a run stop reason (upstream-behaviour
+// §3.9, one-shot): blocked is refusal; error, interrupted, none and unknown
+// are error.
+func StopReasonOf(kind string) protocol.StopReason {
+	switch kind {
+	case protocol.TurnCompleted:
+		return protocol.StopCompleted
+	case protocol.TurnMaxTokens:
+		return protocol.StopMaxTokens
+	case protocol.TurnAborted:
+		return protocol.StopAborted
+	case protocol.TurnBlocked:
+		return protocol.StopRefusal
+	default:
+		return protocol.StopError
+	}
+}
+
+// OneShotOutcome derives a one-shot run's result from the child's own events
+// (upstream-behaviour §3.8–§3.9): the stop reason of the last turn; aborted
+// whenever the owner cancelled and the turn did not complete; a requested
+// structured output that was not captured turns completed into error. The
+// diagnostic is the turn's error text.
+func OneShotOutcome(events []protocol.SessionEvent, ownerCancelled, structuredRequested bool) protocol.SubagentResult {
+	res := protocol.SubagentResult{Output: SelectOutput(events), StopReason: protocol.StopError}
+	end, ok := LastTurnEnd(events)
+	if ok {
+		res.StopReason = StopReasonOf(end.Reason.Kind)
+		if end.Reason.Error != "" {
+			res.Diagnostic = protocol.TruncateDiagnostic(end.Reason.Error)
+		}
+	} else {
+		res.Diagnostic = "the child never finished a turn"
+	}
+	if ownerCancelled && res.StopReason != protocol.StopCompleted {
+		res.StopReason = protocol.StopAborted
+	}
+	if structuredRequested {
+		s, captured := CapturedStructured(events)
+		switch {
+		case captured:
+			res.Structured = s
+		case res.StopReason == protocol.StopCompleted:
+			res.StopReason = protocol.StopError
+			res.Diagnostic = "the child finished without a valid structured_output capture"
+		}
+	}
+	return res
+}
+
+// CapturedStructured returns the last successful structured_output capture in
+// events, decoded from its raw JSON arguments.
+func CapturedStructured(events []protocol.SessionEvent) (any, bool) {
+	calls := map[string]string{}
+	var out any
+	found := false
+	for _, ev := range events {
+		switch ev.Type {
+		case protocol.EvToolCall:
+			var d protocol.ToolCallData
+			if ev.Decode(&d) == nil && d.Name == model.StructuredOutputTool {
+				calls[d.CallID] = d.Arguments
+			}
+		case protocol.EvToolResult:
+			var d protocol.ToolResultData
+			if ev.Decode(&d) != nil || d.Name != model.StructuredOutputTool || d.IsError {
+				continue
+			}
+			args, ok := calls[d.CallID]
+			if !ok {
+				continue
+			}
+			v, err := DecodeJSONValue(args)
+			if err == nil {
+				out, found = v, true
+			}
+		}
+	}
+	return out, found
+}
+
+// OpenTurn reports the turn left open at the end of events (a turn/start with
+// no turn/end) and the tool calls of that turn that have no result yet.
+func OpenTurn(events []protocol.SessionEvent) (turn int64, open bool, step int64, stepOpen bool, pending []protocol.ToolCallData) {
+	results := map[string]bool{}
+	var calls []protocol.ToolCallData
+	for _, ev := range events {
+		switch ev.Type {
+		case protocol.EvTurnStart:
+			var d protocol.TurnData
+			_ = ev.Decode(&d)
+			turn, open, stepOpen, calls, results = d.Turn, true, false, nil, map[string]bool{}
+		case protocol.EvTurnEnd:
+			open, stepOpen = false, false
+		case protocol.EvStepStart:
+			var d protocol.StepData
+			_ = ev.Decode(&d)
+			step, stepOpen = d.Step, true
+		case protocol.EvStepEnd:
+			stepOpen = false
+		case protocol.EvToolCall:
+			var d protocol.ToolCallData
+			if ev.Decode(&d) == nil {
+				calls = append(calls, d)
+			}
+		case protocol.EvToolResult:
+			var d protocol.ToolResultData
+			if ev.Decode(&d) == nil {
+				results[d.CallID] = true
+			}
+		}
+	}
+	if open {
+		for _, c := range calls {
+			if !results[c.CallID] {
+				pending = append(pending, c)
+			}
+		}
+	}
+	return turn, open, step, stepOpen, pending
+}
+
+// LastTurn returns the number of the last turn started in events (0 if none).
+func LastTurn(events []protocol.SessionEvent) int64 {
+	for i := len(events) - 1; i >= 0; i-- {
+		if events[i].Type == protocol.EvTurnStart {
+			var d protocol.TurnData
+			if events[i].Decode(&d) == nil {
+				return d.Turn
+			}
+		}
+	}
+	return 0
+}
+
+// CloseOpenTurn returns the events that close a turn left open (a host died
+// mid-turn): an error result for every pending tool call, step/end for an
+// open step, and turn/end with reason (DESIGN.md §7, HOST_LOST), so the log
+// stays balanced for replay and fork.
+func CloseOpenTurn(events []protocol.SessionEvent, reason protocol.TurnEndReason, nowMs int64) ([]protocol.SessionEvent, error) {
+	turn, open, step, stepOpen, pending := OpenTurn(events)
+	if !open {
+		return nil, nil
+	}
+	var out []protocol.SessionEvent
+	add := func(typ string, data any) error {
+		ev, err := protocol.NewEvent(typ, nowMs, data)
+		if err != nil {
+			return err
+		}
+		out = append(out, ev)
+		return nil
+	}
+	for _, c := range pending {
+		if err := add(protocol.EvToolResult, protocol.ToolResultData{
+			Turn: c.Turn, Step: c.Step, CallID: c.CallID, Name: c.Name,
+			Content: protocol.Text("the tool call was interrupted: " + reason.Kind), IsError: true,
+		}); err != nil {
+			return nil, err
+		}
+	}
+	if stepOpen {
+		if err := add(protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step}); err != nil {
+			return nil, err
+		}
+	}
+	if err := add(protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: reason}); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

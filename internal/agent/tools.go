@@ -1,0 +1,185 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// ToolContext is what a tool knows of the agent calling it.
+type ToolContext struct {
+	Header     protocol.SessionHeader
+	Credential string
+	Turn, Step int64
+	CallID     string
+}
+
+// ToolResult is a tool's answer. IsError results are shown to the model as
+// failures; Conclude ends the turn after this step (structured capture).
+type ToolResult struct {
+	Content  []protocol.ContentBlock
+	IsError  bool
+	Conclude bool
+	// Structured is the captured value of structured_output (canonical JSON).
+	Structured string
+}
+
+// ErrorResult is an isError result with one text block.
+func ErrorResult(format string, args ...any) ToolResult {
+	return ToolResult{Content: protocol.Text(fmt.Sprintf(format, args...)), IsError: true}
+}
+
+// TextResult is a successful result with one text block.
+func TextResult(s string) ToolResult { return ToolResult{Content: protocol.Text(s)} }
+
+// Tool is one model-facing tool. Parameters is its JSON Schema. Run gets the
+// raw JSON arguments exactly as the model produced them; it must honour ctx
+// and never panic on bad input (bad input is an isError result).
+type Tool struct {
+	Name        string
+	Description string
+	Parameters  json.RawMessage
+	Run         func(ctx context.Context, tc ToolContext, args string) ToolResult
+}
+
+// Registry is an agent's tool set: global tools (subject to tool filters) and
+// child-local tools (structured_output, report) added after filtering
+// (upstream-behaviour §1.7). Immutable once built; Restrict and WithLocal
+// return new registries.
+type Registry struct {
+	tools []*Tool
+	local map[string]bool
+}
+
+// NewRegistry builds a registry of global tools. Names must be unique.
+func NewRegistry(tools ...*Tool) (*Registry, error) {
+	r := &Registry{local: map[string]bool{}}
+	seen := map[string]bool{}
+	for _, t := range tools {
+		if seen[t.Name] {
+			return nil, fmt.Errorf("tool %q registered twice", t.Name)
+		}
+		seen[t.Name] = true
+		r.tools = append(r.tools, t)
+	}
+	return r, nil
+}
+
+// Names returns the global tool names in registration order.
+func (r *Registry) Names() []string {
+	var out []string
+	for _, t := range r.tools {
+		if !r.local[t.Name] {
+			out = append(out, t.Name)
+		}
+	}
+	return out
+}
+
+// Lookup finds a tool the agent may call.
+func (r *Registry) Lookup(name string) (*Tool, bool) {
+	for _, t := range r.tools {
+		if t.Name == name {
+			return t, true
+		}
+	}
+	return nil, false
+}
+
+// Specs returns the tools as advertised to the model.
+func (r *Registry) Specs() []model.ToolSpec {
+	out := make([]model.ToolSpec, 0, len(r.tools))
+	for _, t := range r.tools {
+		out = append(out, model.ToolSpec{Name: t.Name, Description: t.Description, Parameters: t.Parameters})
+	}
+	return out
+}
+
+// ValidateFilter checks a tool filter against the global tool names known:
+// at least one of allow/deny, every name known (upstream-behaviour §1.7). The
+// error is INVALID_TOOL_FILTER listing the known tools.
+func ValidateFilter(f protocol.ToolFilter, known []string) error {
+	if f.Allow == nil && f.Deny == nil {
+		return protocol.NewError(protocol.CodeInvalidToolFilter, map[string]any{
+			"reason": "a tool filter must name at least one of allow or deny ({} restricts nothing)"})
+	}
+	set := map[string]bool{}
+	for _, k := range known {
+		set[k] = true
+	}
+	var unknown []string
+	for _, n := range append(append([]string{}, f.Allow...), f.Deny...) {
+		if !set[n] {
+			unknown = append(unknown, n)
+		}
+	}
+	if len(unknown) > 0 {
+		sorted := append([]string{}, known...)
+		sort.Strings(sorted)
+		return protocol.NewError(protocol.CodeInvalidToolFilter, map[string]any{
+			"reason":  fmt.Sprintf("unknown tool(s) %s; known global tools: %s", strings.Join(unknown, ", "), strings.Join(sorted, ", ")),
+			"unknown": unknown,
+		})
+	}
+	return nil
+}
+
+// Restrict returns the registry with f applied to its global tools: allow
+// first, then deny. Removed tools vanish from the prompt and are refused as
+// unknown when called anyway.
+func (r *Registry) Restrict(f protocol.ToolFilter) (*Registry, error) {
+	if err := ValidateFilter(f, r.Names()); err != nil {
+		return nil, err
+	}
+	keep := func(name string) bool {
+		if r.local[name] {
+			return true
+		}
+		if f.Allow != nil && !contains(f.Allow, name) {
+			return false
+		}
+		return !contains(f.Deny, name)
+	}
+	out := &Registry{local: r.local}
+	for _, t := range r.tools {
+		if keep(t.Name) {
+			out.tools = append(out.tools, t)
+		}
+	}
+	return out, nil
+}
+
+// WithLocal returns the registry plus child-local tools, which filters never
+// remove. A local tool replaces a global one of the same name.
+func (r *Registry) WithLocal(tools ...*Tool) *Registry {
+	out := &Registry{local: map[string]bool{}}
+	for k, v := range r.local {
+		out.local[k] = v
+	}
+	names := map[string]bool{}
+	for _, t := range tools {
+		names[t.Name] = true
+		out.local[t.Name] = true
+	}
+	for _, t := range r.tools {
+		if !names[t.Name] {
+			out.tools = append(out.tools, t)
+		}
+	}
+	out.tools = append(out.tools, tools...)
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,194 @@
+package model
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Scripted is the deterministic model (DESIGN.md §5). It reads the caller's
+// text of the newest user message (framing blocks ignored):
+//
+//   - If the first line is not a directive, the answer is "echo: <text>".
+//   - Otherwise each model request consumes the next unused lines. The
+//     position is counted from the turn's own events (the assistant messages
+//     after that user message), so it survives a takeover:
+//     `sleep <duration>` waits, honouring cancellation, and goes on;
+//     `say <text>` answers with that text and no tool call, ending the turn;
+//     consecutive `call <tool> <json>` lines become one assistant message with
+//     those tool calls in parallel, and the next request continues after
+//     their results; `json <json>` calls structured_output with <json>;
+//     `fail <text>` is a model error; `refuse` ends the turn blocked;
+//     `max-tokens <text>` gives that partial text and ends max-tokens.
+//     When the lines run out, the answer is empty and the turn ends.
+//
+// Blank lines are skipped; any other line inside a script is a model error
+// naming the line, so a typo never passes silently.
+type Scripted struct{}
+
+// NewScripted returns the scripted model.
+func NewScripted() *Scripted { return &Scripted{} }
+
+func (*Scripted) Provider() string { return "scripted" }
+func (*Scripted) Name() string     { return "scripted" }
+
+// StructuredOutputTool is the child-only capture tool the `json` directive calls.
+const StructuredOutputTool = "structured_output"
+
+type directive struct {
+	verb string // sleep, say, call, json, fail, refuse, max-tokens
+	arg  string // text, duration, or json
+	tool string // for call
+	line int
+}
+
+// group is what one model request consumes: leading sleeps then one answer.
+type group struct {
+	sleeps []time.Duration
+	answer []directive // one say/json/fail/refuse/max-tokens, or one or more calls; empty when lines ran out
+}
+
+var verbs = map[string]bool{"sleep": true, "say": true, "call": true, "json": true, "fail": true, "refuse": true, "max-tokens": true}
+
+// IsDirective reports whether line starts with a scripted-model directive.
+func IsDirective(line string) bool {
+	verb, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+	return verbs[verb]
+}
+
+func parseScript(text string) ([]group, error) {
+	lines := strings.Split(text, "\n")
+	var ds []directive
+	for i, raw := range lines {
+		line := strings.TrimSpace(raw)
+		if line == "" {
+			continue
+		}
+		verb, rest, _ := strings.Cut(line, " ")
+		rest = strings.TrimSpace(rest)
+		if !verbs[verb] {
+			return nil, fmt.Errorf("scripted: line %d %q is not a directive (sleep, say, call, json, fail, refuse, max-tokens)", i+1, line)
+		}
+		d := directive{verb: verb, arg: rest, line: i + 1}
+		if verb == "call" {
+			name, args, _ := strings.Cut(rest, " ")
+			if name == "" {
+				return nil, fmt.Errorf("scripted: line %d: call needs a tool name", i+1)
+			}
+			d.tool, d.arg = name, strings.TrimSpace(args)
+			if d.arg == "" {
+				d.arg = "{}"
+			}
+		}
+		ds = append(ds, d)
+	}
+	var groups []group
+	var cur group
+	for i := 0; i < len(ds); i++ {
+		d := ds[i]
+		switch d.verb {
+		case "sleep":
+			dur, err := time.ParseDuration(d.arg)
+			if err != nil || dur < 0 {
+				return nil, fmt.Errorf("scripted: line %d: sleep needs a duration like 2s or 150ms", d.line)
+			}
+			cur.sleeps = append(cur.sleeps, dur)
+		case "call":
+			cur.answer = append(cur.answer, d)
+			for i+1 < len(ds) && ds[i+1].verb == "call" {
+				i++
+				cur.answer = append(cur.answer, ds[i])
+			}
+			groups, cur = append(groups, cur), group{}
+		default:
+			cur.answer = []directive{d}
+			groups, cur = append(groups, cur), group{}
+		}
+	}
+	if len(cur.sleeps) > 0 {
+		groups = append(groups, cur)
+	}
+	return groups, nil
+}
+
+// Stream answers one request from the script.
+func (s *Scripted) Stream(ctx context.Context, req Request, onText func(string)) (Response, error) {
+	userIdx := -1
+	for i := len(req.Messages) - 1; i >= 0; i-- {
+		if req.Messages[i].Role == RoleUser {
+			userIdx = i
+			break
+		}
+	}
+	if userIdx < 0 {
+		return Response{}, &Error{Diagnostic: "scripted: no user message to answer"}
+	}
+	text := protocol.PlainText(req.Messages[userIdx].Content)
+	first, _, _ := strings.Cut(strings.TrimSpace(text), "\n")
+	if !IsDirective(first) {
+		answer := "echo: " + text
+		onText(answer)
+		return textResponse(answer, FinishStop), nil
+	}
+	groups, err := parseScript(text)
+	if err != nil {
+		return Response{}, &Error{Diagnostic: err.Error()}
+	}
+	pos := 0
+	for _, m := range req.Messages[userIdx+1:] {
+		if m.Role == RoleAssistant {
+			pos++
+		}
+	}
+	if pos >= len(groups) {
+		return textResponse("", FinishStop), nil
+	}
+	g := groups[pos]
+	for _, d := range g.sleeps {
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Response{}, ctx.Err()
+		case <-t.C:
+		}
+	}
+	if len(g.answer) == 0 {
+		return textResponse("", FinishStop), nil
+	}
+	a := g.answer[0]
+	switch a.verb {
+	case "say":
+		onText(a.arg)
+		return textResponse(a.arg, FinishStop), nil
+	case "max-tokens":
+		onText(a.arg)
+		return textResponse(a.arg, FinishLength), nil
+	case "fail":
+		return Response{}, &Error{Diagnostic: a.arg}
+	case "refuse":
+		return textResponse("", FinishRefusal), nil
+	case "json":
+		return Response{Message: protocol.AssistantMessage{
+			Content:   []protocol.ContentBlock{},
+			ToolCalls: []protocol.ToolCall{{ID: callID(len(req.Messages), 0), Name: StructuredOutputTool, Arguments: a.arg}},
+		}, Finish: FinishToolCalls}, nil
+	default: // call group
+		calls := make([]protocol.ToolCall, len(g.answer))
+		for i, c := range g.answer {
+			calls[i] = protocol.ToolCall{ID: callID(len(req.Messages), i), Name: c.tool, Arguments: c.arg}
+		}
+		return Response{Message: protocol.AssistantMessage{Content: []protocol.ContentBlock{}, ToolCalls: calls}, Finish: FinishToolCalls}, nil
+	}
+}
+
+// callID is unique within a conversation: the request's position and the
+// call's index in its message.
+func callID(msgs, i int) string { return fmt.Sprintf("call_%d_%d", msgs, i) }
+
+func textResponse(text string, f Finish) Response {
+	return Response{Message: protocol.AssistantMessage{Content: protocol.Text(text)}, Finish: f}
+}

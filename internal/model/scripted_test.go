@@ -1,0 +1,88 @@
+package model
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+func user(text string) Message { return Message{Role: RoleUser, Content: protocol.Text(text)} }
+func assistant() Message       { return Message{Role: RoleAssistant} }
+
+func TestScriptedAnswers(t *testing.T) {
+	tests := []struct {
+		name      string
+		msgs      []Message
+		wantText  string
+		wantCalls []protocol.ToolCall
+		wantFin   Finish
+		wantErr   string
+	}{
+		{"plain text echoes", []Message{user("hello there")}, "echo: hello there", nil, FinishStop, ""},
+		{"say", []Message{user("say hi")}, "hi", nil, FinishStop, ""},
+		{"call group then say", []Message{user("call list_dir {}\ncall list_dir {\"path\":\"x\"}\nsay done")}, "",
+			[]protocol.ToolCall{{ID: "call_1_0", Name: "list_dir", Arguments: "{}"}, {ID: "call_1_1", Name: "list_dir", Arguments: `{"path":"x"}`}}, FinishToolCalls, ""},
+		{"second request continues after the calls", []Message{user("call list_dir {}\nsay done"), assistant(), {Role: RoleTool}}, "done", nil, FinishStop, ""},
+		{"lines run out", []Message{user("say one"), assistant()}, "", nil, FinishStop, ""},
+		{"json calls structured_output", []Message{user(`json {"answer":42}`)}, "",
+			[]protocol.ToolCall{{ID: "call_1_0", Name: StructuredOutputTool, Arguments: `{"answer":42}`}}, FinishToolCalls, ""},
+		{"fail", []Message{user("fail boom")}, "", nil, "", "boom"},
+		{"refuse", []Message{user("refuse")}, "", nil, FinishRefusal, ""},
+		{"max-tokens", []Message{user("max-tokens part")}, "part", nil, FinishLength, ""},
+		{"typo is loud", []Message{user("say a\nsya b")}, "", nil, "", `line 2 "sya b" is not a directive`},
+		{"framing is ignored", []Message{{Role: RoleUser, Content: []protocol.ContentBlock{
+			{Type: "text", Text: "note: inherited context", Framing: true}, {Type: "text", Text: "say ok"}}}}, "ok", nil, FinishStop, ""},
+		{"sleep then say", []Message{user("sleep 1ms\nsay late")}, "late", nil, FinishStop, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var streamed string
+			resp, err := NewScripted().Stream(context.Background(), Request{Messages: tt.msgs}, func(s string) { streamed += s })
+			if tt.wantErr != "" {
+				var me *Error
+				if !errors.As(err, &me) || !strings.Contains(me.Diagnostic, tt.wantErr) {
+					t.Fatalf("err = %v, want model error containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := protocol.PlainText(resp.Message.Content); got != tt.wantText {
+				t.Errorf("text = %q, want %q", got, tt.wantText)
+			}
+			if streamed != tt.wantText {
+				t.Errorf("streamed = %q, want %q", streamed, tt.wantText)
+			}
+			if resp.Finish != tt.wantFin {
+				t.Errorf("finish = %q, want %q", resp.Finish, tt.wantFin)
+			}
+			if len(resp.Message.ToolCalls) != len(tt.wantCalls) {
+				t.Fatalf("calls = %+v, want %+v", resp.Message.ToolCalls, tt.wantCalls)
+			}
+			for i := range tt.wantCalls {
+				if resp.Message.ToolCalls[i] != tt.wantCalls[i] {
+					t.Errorf("call %d = %+v, want %+v", i, resp.Message.ToolCalls[i], tt.wantCalls[i])
+				}
+			}
+		})
+	}
+}
+
+func TestScriptedSleepHonoursCancellation(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { time.Sleep(20 * time.Millisecond); cancel() }()
+	start := time.Now()
+	_, err := NewScripted().Stream(ctx, Request{Messages: []Message{user("sleep 10s\nsay never")}}, func(string) {})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatal("sleep ignored the cancellation")
+	}
+}
+

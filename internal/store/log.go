@@ -1,0 +1,266 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// LogReadBatch is how many log records one direct batch get asks for.
+const LogReadBatch = 512
+
+// LogReadTimeout bounds a whole-log read whose context has no deadline: a
+// batch get can stop early without an error, so every read has a deadline
+// and a completeness check (DESIGN.md §4).
+const LogReadTimeout = 30 * time.Second
+
+// PutHeader stores a session's immutable header. The publish expects the
+// subject to be empty (last subject sequence 0), so an id is used once, ever;
+// a second header for the same id is ErrConflict.
+func (s *Store) PutHeader(ctx context.Context, h protocol.SessionHeader) error {
+	data, err := protocol.Marshal(protocol.Msgpack, h)
+	if err != nil {
+		return err
+	}
+	msg := nats.NewMsg(s.Subj.Session(h.ID))
+	msg.Data = data
+	// The msg id is this call's own, so two writers racing for one id are
+	// never deduplicated into each other; only one can land.
+	msgID := "hdr." + h.ID + "." + nuid.Next()
+	_, err = s.JS.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(0), jetstream.WithMsgID(msgID))
+	if err == nil {
+		return nil
+	}
+	if isWrongLastSeq(err) || errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, context.DeadlineExceeded) {
+		// A retried publish that actually landed comes back as a conflict
+		// (DESIGN.md §12): it is ours if the stored header carries our msg id.
+		if m, gerr := s.Sessions.GetLastMsgForSubject(ctx, s.Subj.Session(h.ID)); gerr == nil {
+			if m.Header.Get(jetstream.MsgIDHeader) == msgID {
+				return nil
+			}
+			return fmt.Errorf("%w: session %s already has a header", ErrConflict, h.ID)
+		}
+	}
+	return err
+}
+
+// GetHeader reads a session's header; ErrNotFound when the id was never used.
+func (s *Store) GetHeader(ctx context.Context, id string) (protocol.SessionHeader, error) {
+	var h protocol.SessionHeader
+	m, err := s.Sessions.GetLastMsgForSubject(ctx, s.Subj.Session(id))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return h, ErrNotFound
+		}
+		return h, err
+	}
+	if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &h); err != nil {
+		return h, fmt.Errorf("decode header of %s: %w", id, err)
+	}
+	return h, nil
+}
+
+// SessionLog is a session's event log as read from BROOD_LOG: every event in
+// order, and the stream sequence of its last record (0 when empty), which the
+// next fenced append must name.
+type SessionLog struct {
+	Events      []protocol.SessionEvent
+	LastSubjSeq uint64
+}
+
+// ReadLog reads a session's whole log with batch direct gets, checking that it
+// reached the subject's last record and that event seqs are contiguous from 0.
+func (s *Store) ReadLog(ctx context.Context, id string) (SessionLog, error) {
+	var out SessionLog
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, LogReadTimeout)
+		defer cancel()
+	}
+	subject := s.Subj.Log(id)
+	last, err := s.Log.GetLastMsgForSubject(ctx, subject)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return out, nil
+		}
+		return out, fmt.Errorf("read log %s: %w", id, err)
+	}
+	next := uint64(1)
+	for out.LastSubjSeq < last.Sequence {
+		msgs, err := jetstreamext.GetBatch(ctx, s.JS, s.Subj.StreamLog(), LogReadBatch,
+			jetstreamext.GetBatchSubject(subject), jetstreamext.GetBatchSeq(next))
+		if err != nil {
+			return out, fmt.Errorf("read log %s: %w", id, err)
+		}
+		got := 0
+		for m, err := range msgs {
+			if err != nil {
+				if errors.Is(err, jetstreamext.ErrNoMessages) {
+					break
+				}
+				return out, fmt.Errorf("read log %s at stream seq %d: %w", id, next, err)
+			}
+			if m.Sequence > last.Sequence {
+				break
+			}
+			var rec protocol.LogRecord
+			if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &rec); err != nil {
+				return out, fmt.Errorf("decode log record %s@%d: %w", id, m.Sequence, err)
+			}
+			for _, ev := range rec.Events {
+				if ev.Seq != int64(len(out.Events)) {
+					return out, fmt.Errorf("log %s is not contiguous: event seq %d at position %d", id, ev.Seq, len(out.Events))
+				}
+				out.Events = append(out.Events, ev)
+			}
+			out.LastSubjSeq = m.Sequence
+			next = m.Sequence + 1
+			got++
+		}
+		if got == 0 && out.LastSubjSeq < last.Sequence {
+			return out, fmt.Errorf("read log %s: stopped at stream seq %d before the last record %d", id, out.LastSubjSeq, last.Sequence)
+		}
+	}
+	return out, nil
+}
+
+// LogWriter appends records to one session's log. It is the single writer's
+// handle: every append names the stream sequence of the previous record
+// (Nats-Expected-Last-Subject-Sequence), so a second writer's append, or ours
+// after someone took the session over, is refused with ErrFenced. Not safe
+// for concurrent use: a session never pipelines its conditional appends.
+type LogWriter struct {
+	s           *Store
+	sessionID   string
+	subject     string
+	lastSubjSeq uint64
+	nextSeq     int64
+	fenced      bool
+	// token makes this writer's Nats-Msg-Ids its own: two writers appending
+	// the same event seq must not be deduplicated into one another.
+	token string
+}
+
+// NewLogWriter returns a writer continuing a log whose last record is at
+// stream sequence lastSubjSeq (0 for an empty log) and whose next event seq
+// is nextSeq.
+func (s *Store) NewLogWriter(sessionID string, lastSubjSeq uint64, nextSeq int64) *LogWriter {
+	return &LogWriter{s: s, sessionID: sessionID, subject: s.Subj.Log(sessionID), lastSubjSeq: lastSubjSeq, nextSeq: nextSeq, token: nuid.Next()}
+}
+
+// NextSeq is the seq the next appended event gets.
+func (w *LogWriter) NextSeq() int64 { return w.nextSeq }
+
+// LastSubjSeq is the stream sequence of the last record written or read.
+func (w *LogWriter) LastSubjSeq() uint64 { return w.lastSubjSeq }
+
+// Append assigns seqs to evs, writes them as one record and returns them. It
+// returns ErrFenced when another writer appended since our last record (the
+// caller must stop using this session), and a LIMIT_EXCEEDED protocol error
+// when the record is larger than the stream's max message size.
+func (w *LogWriter) Append(ctx context.Context, evs ...protocol.SessionEvent) ([]protocol.SessionEvent, error) {
+	if w.fenced {
+		return nil, ErrFenced
+	}
+	if len(evs) == 0 {
+		return nil, nil
+	}
+	out := make([]protocol.SessionEvent, len(evs))
+	for i, ev := range evs {
+		ev.Seq = w.nextSeq + int64(i)
+		out[i] = ev
+	}
+	data, err := protocol.Marshal(protocol.Msgpack, protocol.LogRecord{Events: out})
+	if err != nil {
+		return nil, err
+	}
+	// Leave room for headers and the subject within the max message size.
+	if limit := int(w.s.Cfg.MsgBytesMax) - 1024; len(data) > limit {
+		return nil, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+			"limit":  "log record bytes",
+			"reason": fmt.Sprintf("a record of %d events is %d bytes, over the %d-byte limit", len(out), len(data), limit),
+		})
+	}
+	msg := nats.NewMsg(w.subject)
+	msg.Data = data
+	msgID := w.sessionID + "." + strconv.FormatInt(out[0].Seq, 10) + "." + w.token
+	ack, err := w.s.JS.PublishMsg(ctx, msg,
+		jetstream.WithExpectLastSequencePerSubject(w.lastSubjSeq), jetstream.WithMsgID(msgID))
+	if err != nil {
+		seq, ok := w.landed(ctx, msgID, err)
+		if !ok {
+			if isWrongLastSeq(err) {
+				w.fenced = true
+				return nil, fmt.Errorf("%w: session %s (expected last record %d)", ErrFenced, w.sessionID, w.lastSubjSeq)
+			}
+			return nil, fmt.Errorf("append to log %s: %w", w.sessionID, err)
+		}
+		w.lastSubjSeq = seq
+	} else {
+		w.lastSubjSeq = ack.Sequence
+	}
+	w.nextSeq += int64(len(out))
+	return out, nil
+}
+
+// landed checks, after a failed append, whether the record is in fact the
+// subject's last message (a publish whose ack was lost, or a retry of one that
+// landed, DESIGN.md §12).
+func (w *LogWriter) landed(ctx context.Context, msgID string, perr error) (uint64, bool) {
+	if !isWrongLastSeq(perr) && !errors.Is(perr, context.DeadlineExceeded) &&
+		!errors.Is(perr, jetstream.ErrNoStreamResponse) && !errors.Is(perr, nats.ErrTimeout) {
+		return 0, false
+	}
+	cctx := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+	}
+	m, err := w.s.Log.GetLastMsgForSubject(cctx, w.subject)
+	if err != nil || m.Header.Get(jetstream.MsgIDHeader) != msgID {
+		return 0, false
+	}
+	return m.Sequence, true
+}
+
+// PublishEvent publishes a lifecycle event to BROOD_EVENTS without waiting on
+// the caller's path; a failed acknowledgement is reported to onErr.
+func (s *Store) PublishEvent(ev protocol.LifecycleEvent, onErr func(error)) {
+	kind := protocol.EventKindStart
+	if ev.Type == protocol.LifecycleEnd {
+		kind = protocol.EventKindEnd
+	}
+	data, err := protocol.Marshal(protocol.Msgpack, ev)
+	if err != nil {
+		onErr(err)
+		return
+	}
+	msg := nats.NewMsg(s.Subj.Events(ev.ParentSession, kind))
+	msg.Data = data
+	// The msg id makes a retried publish of the same edge count once.
+	msg.Header.Set(jetstream.MsgIDHeader, "ev."+ev.RunID+"."+kind)
+	fut, err := s.JS.PublishMsgAsync(msg)
+	if err != nil {
+		onErr(err)
+		return
+	}
+	go func() {
+		select {
+		case <-fut.Ok():
+		case err := <-fut.Err():
+			onErr(err)
+		case <-time.After(10 * time.Second):
+			onErr(errors.New("no acknowledgement of lifecycle event within 10s"))
+		}
+	}()
+}

@@ -1,0 +1,238 @@
+// Package store is Brood's durable state in JetStream (DESIGN.md §4): the
+// streams BROOD_SESSIONS (immutable headers), BROOD_LOG (session event
+// records, one fenced writer per session), BROOD_INBOX (pending inbox items),
+// BROOD_EVENTS (lifecycle events) and the KV buckets brood_agents (leases),
+// brood_hosts (live hosts) and brood_runs (run records).
+//
+// Write order and writers (the lock-order file of this package):
+//
+//	runs.start       coordinator: header (BROOD_SESSIONS, expect last subject seq 0)
+//	                 ∥ run record (brood_runs Create) → provider host: lease
+//	                 (brood_agents Create) ∥ first log record (expect seq 0)
+//	                 → later log records, each fenced on the previous one →
+//	                 settlement (brood_runs Update at the creation revision) →
+//	                 notify + subagent/end (published after settlement) →
+//	                 lease delete.
+//	HOST_LOST        coordinator: lease CAS (brood_agents Update) → log record
+//	                 turn/end{interrupted} fenced on the log's last sequence →
+//	                 settlement CAS → notify + subagent/end → lease delete.
+//
+// Each session log subject has exactly one writer, the holder of the session's
+// lease; a writer never pipelines its conditional appends.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Config holds every stream and bucket setting; none is left to the server
+// default (DESIGN.md §4). DefaultConfig gives the documented defaults.
+type Config struct {
+	// Replicas of every stream and bucket: 1 in `brood dev`, 3 in a cluster.
+	Replicas int
+	// Storage is file storage unless a test asks for memory.
+	Storage jetstream.StorageType
+	// MsgBytesMax is the largest message a stream accepts (1 MiB).
+	MsgBytesMax int32
+	// InboxItemsMax is the most pending inbox items one session may have (1,000).
+	InboxItemsMax int64
+	// DuplicateWindow is the Nats-Msg-Id dedupe window (2 minutes).
+	DuplicateWindow time.Duration
+	// RunsMaxAge keeps settled run records this long (24 hours).
+	RunsMaxAge time.Duration
+	// EventsMaxAge keeps lifecycle events this long (24 hours).
+	EventsMaxAge time.Duration
+	// HostsMaxAge garbage-collects records of hosts that stopped writing (10 minutes).
+	// Liveness is judged from heartbeats, never from this expiry.
+	HostsMaxAge time.Duration
+}
+
+// DefaultConfig returns the documented defaults (DESIGN.md §4).
+func DefaultConfig() Config {
+	return Config{
+		Replicas:        1,
+		Storage:         jetstream.FileStorage,
+		MsgBytesMax:     1 << 20,
+		InboxItemsMax:   1000,
+		DuplicateWindow: 2 * time.Minute,
+		RunsMaxAge:      24 * time.Hour,
+		EventsMaxAge:    24 * time.Hour,
+		HostsMaxAge:     10 * time.Minute,
+	}
+}
+
+// Store is a handle on the provisioned streams and buckets.
+type Store struct {
+	NC   *nats.Conn
+	JS   jetstream.JetStream
+	Subj protocol.Subjects
+	Cfg  Config
+
+	Sessions jetstream.Stream
+	Log      jetstream.Stream
+	Inbox    jetstream.Stream
+	Events   jetstream.Stream
+
+	Agents jetstream.KeyValue
+	Hosts  jetstream.KeyValue
+	Runs   jetstream.KeyValue
+}
+
+// Errors of the store.
+var (
+	// ErrNotFound: no such header, record or log.
+	ErrNotFound = errors.New("store: not found")
+	// ErrConflict: a compare-and-set lost (someone else wrote first).
+	ErrConflict = errors.New("store: conflict")
+	// ErrFenced: a fenced log append was refused because another writer
+	// appended; the caller no longer owns the session log.
+	ErrFenced = errors.New("store: log append fenced by another writer")
+)
+
+// Provision creates or updates every stream and bucket with explicit settings
+// and returns the store. It is idempotent and safe to run concurrently from
+// several processes.
+func Provision(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg Config) (*Store, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: cfg}
+	streams := []struct {
+		dst *jetstream.Stream
+		cfg jetstream.StreamConfig
+	}{
+		{&s.Sessions, jetstream.StreamConfig{
+			Name:                 subj.StreamSessions(),
+			Description:          "Brood session headers: immutable, one per session id, ever",
+			Subjects:             []string{subj.Session("*")},
+			Retention:            jetstream.LimitsPolicy,
+			MaxMsgsPerSubject:    1,
+			Discard:              jetstream.DiscardNew,
+			DiscardNewPerSubject: true,
+			DenyDelete:           true,
+			DenyPurge:            true,
+		}},
+		{&s.Log, jetstream.StreamConfig{
+			Name:              subj.StreamLog(),
+			Description:       "Brood session logs: records of SessionEvents, one fenced writer per session",
+			Subjects:          []string{subj.Log("*")},
+			Retention:         jetstream.LimitsPolicy,
+			MaxMsgsPerSubject: -1,
+			Discard:           jetstream.DiscardNew,
+			DenyDelete:        true,
+			DenyPurge:         true,
+		}},
+		{&s.Inbox, jetstream.StreamConfig{
+			Name:                 subj.StreamInbox(),
+			Description:          "Brood inboxes: exactly the pending items of each session",
+			Subjects:             []string{subj.Inbox("*")},
+			Retention:            jetstream.LimitsPolicy,
+			MaxMsgsPerSubject:    cfg.InboxItemsMax,
+			Discard:              jetstream.DiscardNew,
+			DiscardNewPerSubject: true,
+		}},
+		{&s.Events, jetstream.StreamConfig{
+			Name:              subj.StreamEvents(),
+			Description:       "Brood lifecycle events subagent/start and subagent/end by parent",
+			Subjects:          []string{subj.Events("*", "*")},
+			Retention:         jetstream.LimitsPolicy,
+			MaxAge:            cfg.EventsMaxAge,
+			MaxMsgsPerSubject: -1,
+			Discard:           jetstream.DiscardOld,
+		}},
+	}
+	for _, st := range streams {
+		c := st.cfg
+		c.Storage = cfg.Storage
+		c.Replicas = cfg.Replicas
+		c.MaxMsgSize = cfg.MsgBytesMax
+		c.MaxMsgs = -1
+		c.MaxBytes = -1
+		c.Duplicates = cfg.DuplicateWindow
+		c.AllowDirect = true
+		// MaxAge stays 0 (no age limit) except for BROOD_EVENTS: an accepted
+		// item or logged event is never expired away.
+		str, err := js.CreateOrUpdateStream(ctx, c)
+		if err != nil {
+			return nil, fmt.Errorf("provision stream %s: %w", c.Name, err)
+		}
+		*st.dst = str
+	}
+	buckets := []struct {
+		dst *jetstream.KeyValue
+		cfg jetstream.KeyValueConfig
+	}{
+		{&s.Agents, jetstream.KeyValueConfig{Bucket: subj.BucketAgents(), Description: "Brood agent leases by session id"}},
+		{&s.Hosts, jetstream.KeyValueConfig{Bucket: subj.BucketHosts(), Description: "Brood live hosts and their heartbeats", TTL: cfg.HostsMaxAge}},
+		{&s.Runs, jetstream.KeyValueConfig{Bucket: subj.BucketRuns(), Description: "Brood run records by run id", TTL: cfg.RunsMaxAge}},
+	}
+	for _, b := range buckets {
+		c := b.cfg
+		c.History = 1
+		c.Storage = cfg.Storage
+		c.Replicas = cfg.Replicas
+		c.MaxValueSize = cfg.MsgBytesMax
+		c.MaxBytes = -1
+		kv, err := js.CreateOrUpdateKeyValue(ctx, c)
+		if err != nil {
+			return nil, fmt.Errorf("provision bucket %s: %w", c.Bucket, err)
+		}
+		*b.dst = kv
+	}
+	return s, nil
+}
+
+// Bind returns a store on streams and buckets that already exist (clients that
+// only read, such as `brood log`).
+func Bind(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Store, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: DefaultConfig()}
+	for _, p := range []struct {
+		dst  *jetstream.Stream
+		name string
+	}{{&s.Sessions, subj.StreamSessions()}, {&s.Log, subj.StreamLog()}, {&s.Inbox, subj.StreamInbox()}, {&s.Events, subj.StreamEvents()}} {
+		str, err := js.Stream(ctx, p.name)
+		if err != nil {
+			return nil, fmt.Errorf("stream %s: %w (is a Brood coordinator running against this server?)", p.name, err)
+		}
+		*p.dst = str
+	}
+	for _, p := range []struct {
+		dst  *jetstream.KeyValue
+		name string
+	}{{&s.Agents, subj.BucketAgents()}, {&s.Hosts, subj.BucketHosts()}, {&s.Runs, subj.BucketRuns()}} {
+		kv, err := js.KeyValue(ctx, p.name)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %s: %w", p.name, err)
+		}
+		*p.dst = kv
+	}
+	return s, nil
+}
+
+// isWrongLastSeq reports a JetStream expected-last-sequence refusal, which
+// replicated streams answer with 10164 and single-replica ones with 10071
+// (DESIGN.md §12).
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// NowMs is the current time in epoch milliseconds (UTC).
+func NowMs() int64 { return time.Now().UnixMilli() }

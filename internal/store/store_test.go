@@ -1,0 +1,129 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+func TestHeaderIsWrittenOnceEver(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	h := protocol.SessionHeader{Version: 1, ID: "S1", CreatedAt: 1, Cwd: "/w"}
+	if err := st.PutHeader(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutHeader(ctx, h); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a second writer of the same id must conflict: %v", err)
+	}
+	h2 := h
+	h2.Cwd = "/other"
+	if err := st.PutHeader(ctx, h2); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("second header = %v, want ErrConflict", err)
+	}
+	got, err := st.GetHeader(ctx, "S1")
+	if err != nil || got.Cwd != "/w" {
+		t.Fatalf("header = %+v, %v", got, err)
+	}
+	if _, err := st.GetHeader(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("missing header = %v", err)
+	}
+}
+
+func event(t *testing.T, turn int64) protocol.SessionEvent {
+	ev, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{Turn: turn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ev
+}
+
+func TestLogIsFencedAndReadBackCompletely(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	w := st.NewLogWriter("A", 0, 0)
+	other := st.NewLogWriter("B", 0, 0)
+	const records = 1200 // more than one batch get
+	for i := 0; i < records; i++ {
+		if _, err := w.Append(ctx, event(t, int64(2*i)), event(t, int64(2*i+1))); err != nil {
+			t.Fatalf("append %d: %v", i, err)
+		}
+		if i%3 == 0 { // interleave another session's records
+			if _, err := other.Append(ctx, event(t, int64(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	log, err := st.ReadLog(ctx, "A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(log.Events) != 2*records || log.LastSubjSeq != w.LastSubjSeq() {
+		t.Fatalf("read %d events up to %d, want %d up to %d", len(log.Events), log.LastSubjSeq, 2*records, w.LastSubjSeq())
+	}
+	// A second writer continuing from what it read takes over; the first is fenced.
+	taker := st.NewLogWriter("A", log.LastSubjSeq, int64(len(log.Events)))
+	if _, err := taker.Append(ctx, event(t, 9999)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Append(ctx, event(t, 1)); !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("stale writer append = %v, want ErrFenced", err)
+	}
+	if _, err := w.Append(ctx, event(t, 1)); !errors.Is(err, store.ErrFenced) {
+		t.Fatal("a fenced writer stays fenced")
+	}
+	empty, err := st.ReadLog(ctx, "nobody")
+	if err != nil || len(empty.Events) != 0 || empty.LastSubjSeq != 0 {
+		t.Fatalf("empty log = %+v, %v", empty, err)
+	}
+}
+
+func TestOversizedRecordIsRefusedNotTruncated(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	big := make([]byte, 2<<20)
+	for i := range big {
+		big[i] = 'x'
+	}
+	ev, _ := protocol.NewEvent(protocol.EvUserMessage, 1, protocol.UserMessageData{Content: protocol.Text(string(big))})
+	_, err := st.NewLogWriter("A", 0, 0).Append(context.Background(), ev)
+	if protocol.CodeOf(err) != protocol.CodeLimitExceeded {
+		t.Fatalf("err = %v, want LIMIT_EXCEEDED", err)
+	}
+}
+
+func TestKVRecordsCompareAndSet(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	rev, err := store.Create(ctx, st.Runs, "R", protocol.RunRecord{RunID: "R", State: protocol.RunRunning})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Create(ctx, st.Runs, "R", protocol.RunRecord{RunID: "R"}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("second create = %v", err)
+	}
+	winners := 0
+	for i := 0; i < 3; i++ {
+		_, err := store.Update(ctx, st.Runs, "R", protocol.RunRecord{RunID: "R", State: protocol.RunSettled, SettledBy: fmt.Sprint(i)}, rev)
+		if err == nil {
+			winners++
+		} else if !errors.Is(err, store.ErrConflict) {
+			t.Fatal(err)
+		}
+	}
+	if winners != 1 {
+		t.Fatalf("%d settlements won; exactly one may", winners)
+	}
+	got, err := store.Get[protocol.RunRecord](ctx, st.Runs, "R")
+	if err != nil || got.Value.SettledBy != "0" {
+		t.Fatalf("record = %+v, %v", got, err)
+	}
+}

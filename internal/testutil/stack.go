@@ -1,0 +1,197 @@
+package testutil
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/brood-dev/brood/internal/embedded"
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
+	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
+)
+
+// Timing of test stacks: fast heartbeats so host loss is judged in about a second.
+const (
+	TestHeartbeat  = 100 * time.Millisecond
+	TestHostExpiry = time.Second
+)
+
+// Stack is a Brood deployment inside the test process: an embedded server,
+// coordinators and workers, and a client.
+type Stack struct {
+	T      testing.TB
+	Server *embedded.Server
+	NC     *nats.Conn
+	Store  *store.Store
+	Client *client.Client
+}
+
+// NewStack starts a server, provisions it and connects a client. Add
+// coordinators and workers with the Add methods.
+func NewStack(t testing.TB) *Stack {
+	t.Helper()
+	s := Server(t)
+	nc := Connect(t, s.ClientURL())
+	st := Store(t, nc)
+	cl, err := client.New(nc, client.Options{AwaitFallback: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &Stack{T: t, Server: s, NC: nc, Store: st, Client: cl}
+}
+
+// Conn opens another connection to the stack's server (one per service, as
+// separate processes would have).
+func (s *Stack) Conn() *nats.Conn { return Connect(s.T, s.Server.ClientURL()) }
+
+// AddCoordinator starts a coordinator replica on its own connection.
+func (s *Stack) AddCoordinator(mod ...func(*coordinator.Config)) *coordinator.Coordinator {
+	s.T.Helper()
+	cfg := coordinator.Config{NC: s.Conn(), Store: s.Store, HeartbeatInterval: TestHeartbeat, HostExpiry: TestHostExpiry, Logger: Logger(s.T)}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	cfg.Store = s.storeOn(cfg.NC)
+	c, err := coordinator.New(cfg)
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	Background(s.T, c)
+	select {
+	case <-c.Ready():
+	case <-time.After(10 * time.Second):
+		s.T.Fatal("coordinator not serving after 10s")
+	}
+	return c
+}
+
+// AddSpawnWorker starts a spawn worker with the scripted model on its own connection.
+func (s *Stack) AddSpawnWorker(mod ...func(*spawnworker.Config)) (*spawnworker.Service, func()) {
+	s.T.Helper()
+	nc := s.Conn()
+	cfg := spawnworker.Config{
+		NC: nc, Store: s.storeOn(nc), Models: func() (model.Model, error) { return model.NewScripted(), nil },
+		HeartbeatInterval: TestHeartbeat, HostExpiry: TestHostExpiry, DrainGrace: 2 * time.Second, Logger: Logger(s.T),
+	}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	w, err := spawnworker.New(cfg)
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	stop := Background(s.T, w)
+	s.WaitProvider(cfg.Name)
+	return w, stop
+}
+
+// AddHost starts a worker host serving the given providers.
+func (s *Stack) AddHost(providers ...worker.Provider) *worker.Host {
+	s.T.Helper()
+	nc := s.Conn()
+	h, err := worker.New(worker.Config{
+		NC: nc, Store: s.storeOn(nc), Providers: providers,
+		HeartbeatInterval: TestHeartbeat, HostExpiry: TestHostExpiry, DrainGrace: 2 * time.Second, Logger: Logger(s.T),
+	})
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	Background(s.T, h)
+	for _, p := range providers {
+		s.WaitProvider(p.Descriptor().Name)
+	}
+	return h
+}
+
+func (s *Stack) storeOn(nc *nats.Conn) *store.Store {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := store.Bind(ctx, nc, s.Store.Subj)
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	st.Cfg = s.Store.Cfg
+	return st
+}
+
+// WaitProvider waits until a coordinator lists provider name ("" = spawn).
+func (s *Stack) WaitProvider(name string) {
+	s.T.Helper()
+	if name == "" {
+		name = spawnworker.DefaultName
+	}
+	Eventually(s.T, 10*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		r, err := s.Client.Providers(ctx)
+		return err == nil && r.Instances[name] > 0
+	}, "provider %s listed", name)
+}
+
+// Root opens a root agent in a temp dir (or dir, when given), closed at cleanup.
+func (s *Stack) Root(dir ...string) *client.Root {
+	s.T.Helper()
+	cwd := ""
+	if len(dir) > 0 {
+		cwd = dir[0]
+	} else if tb, ok := s.T.(interface{ TempDir() string }); ok {
+		cwd = tb.TempDir()
+	} else {
+		cwd, _ = os.Getwd()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r, err := s.Client.OpenRoot(ctx, cwd)
+	if err != nil {
+		s.T.Fatalf("open root: %v", err)
+	}
+	s.T.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = r.Close(ctx)
+	})
+	return r
+}
+
+// Run starts a one-shot run of parent on provider and waits for its result.
+func (s *Stack) Run(parent protocol.ParentRef, provider, prompt string, opts protocol.StartOptions) (*client.Run, protocol.SubagentResult, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run, err := s.Client.StartRun(ctx, parent, provider, protocol.Text(prompt), opts)
+	if err != nil {
+		return nil, protocol.SubagentResult{}, err
+	}
+	res, err := run.Result(ctx)
+	return run, res, err
+}
+
+// Log reads a session's header and events.
+func (s *Stack) Log(id string) (protocol.SessionHeader, []protocol.SessionEvent) {
+	s.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h, evs, err := s.Client.Log(ctx, id)
+	if err != nil {
+		s.T.Fatalf("log %s: %v", id, err)
+	}
+	return h, evs
+}
+
+// SessionCount is the number of session headers ever written.
+func (s *Stack) SessionCount() uint64 {
+	s.T.Helper()
+	info, err := s.Store.Sessions.Info(context.Background())
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	return info.State.Msgs
+}

@@ -1,0 +1,130 @@
+// Package testutil is the test harness: an embedded JetStream server per
+// test, provisioned stores, services run in the background with cleanup, and
+// polling with a deadline instead of sleeping.
+package testutil
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/brood-dev/brood/internal/embedded"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Server starts an embedded nats-server with JetStream on a free loopback
+// port with its store in a temp dir; it stops at the end of the test.
+func Server(t testing.TB) *embedded.Server {
+	t.Helper()
+	return ServerIn(t, t.TempDir())
+}
+
+// ServerIn is Server with a given store directory (to restart on the same data).
+func ServerIn(t testing.TB, dir string) *embedded.Server {
+	t.Helper()
+	s, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: -1, DataDir: dir, ServerName: "test"})
+	if err != nil {
+		t.Fatalf("embedded server: %v", err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+// Connect dials url; the connection closes at the end of the test.
+func Connect(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// Store provisions Brood's streams and buckets (file storage, R1).
+func Store(t testing.TB, nc *nats.Conn) *store.Store {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := store.Provision(ctx, nc, protocol.MustSubjects(""), store.DefaultConfig())
+	if err != nil {
+		t.Fatalf("provision: %v", err)
+	}
+	return st
+}
+
+// Runner is a component with the Run(ctx) lifecycle.
+type Runner interface{ Run(ctx context.Context) error }
+
+// Background runs r until the end of the test (or until the returned stop is
+// called), then checks it drained cleanly (Run returned nil).
+func Background(t testing.TB, r Runner) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("component stopped with error: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("component did not drain within 30s")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// Eventually polls cond every step until it holds or total passed.
+func Eventually(t testing.TB, total time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	step := 10 * time.Millisecond
+	for {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s: %s", total, fmt.Sprintf(format, args...))
+		}
+		time.Sleep(step)
+		if step < 200*time.Millisecond {
+			step *= 2
+		}
+	}
+}
+
+// Logger is a slog logger writing to the test log (at warn unless
+// BROOD_TEST_LOG=debug|info).
+func Logger(t testing.TB) *slog.Logger {
+	level := slog.LevelWarn
+	switch strings.ToLower(os.Getenv("BROOD_TEST_LOG")) {
+	case "debug":
+		level = slog.LevelDebug
+	case "info":
+		level = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: level}))
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	defer func() { _ = recover() }() // a log line after the test ended must not panic
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

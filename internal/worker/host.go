@@ -1,0 +1,330 @@
+// Package worker is what every provider worker shares (DESIGN.md §2): the
+// host identity and its heartbeat in brood_hosts, the provider micro services
+// on `<prefix>.v1.provider.<name>.<op>`, the host's own subjects
+// `<prefix>.v1.host.<hostId>.<op>`, and the hosting of runs: lease, log,
+// settlement, notify, lifecycle events, dispose, drain.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/oklog/ulid/v2"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Session is a hosted child as the host drives it: an *agent.Agent, or a
+// provider's own implementation (the ACP bridge) that logs the same way.
+type Session interface {
+	OpenTurn(ctx context.Context, in agent.Input) (agent.Outcome, bool)
+	RunSteps(ctx context.Context) agent.Outcome
+	Events() []protocol.SessionEvent
+}
+
+// SessionSpec is what a provider needs to compose one child session.
+type SessionSpec struct {
+	Header     protocol.SessionHeader
+	Options    protocol.ResolvedOptions
+	Credential string
+	Log        agent.Appender
+	// Events are the session's existing events (a fork seed); empty for spawn.
+	Events []protocol.SessionEvent
+}
+
+// Provider is one provider a host serves.
+type Provider interface {
+	Descriptor() protocol.ProviderDescriptor
+	// NewSession composes a child (model, tools, prompt) over its log. A
+	// *protocol.Error refuses the start with its code; nothing was logged yet.
+	NewSession(ctx context.Context, spec SessionSpec) (Session, error)
+}
+
+// Config configures a Host. Zero durations take the defaults of DESIGN.md §4.
+type Config struct {
+	NC        *nats.Conn
+	Store     *store.Store
+	Providers []Provider
+	// HostID names this process; default a new ULID.
+	HostID string
+	// HeartbeatInterval is how often the host record is rewritten (1 s).
+	HeartbeatInterval time.Duration
+	// HostExpiry is how old a heartbeat may be before the host counts as dead (5 s).
+	HostExpiry time.Duration
+	// DrainGrace is how long a stopping host lets in-flight turns finish
+	// before disposing them (10 s).
+	DrainGrace time.Duration
+	// RequestsInFlightMax bounds concurrently handled requests (1024).
+	RequestsInFlightMax int
+	// Version is reported by the micro services.
+	Version string
+	Logger  *slog.Logger
+}
+
+// Host is one provider worker process.
+type Host struct {
+	cfg  Config
+	subj protocol.Subjects
+	st   *store.Store
+	log  *slog.Logger
+	id   string
+
+	mu       sync.Mutex
+	runs     map[string]*hostedRun // by run id
+	draining bool
+	started  int64
+
+}
+
+// New validates cfg and returns a host; Run serves it.
+func New(cfg Config) (*Host, error) {
+	if cfg.NC == nil || cfg.Store == nil || len(cfg.Providers) == 0 {
+		return nil, errors.New("worker: NC, Store and at least one provider are required")
+	}
+	if cfg.HostID == "" {
+		cfg.HostID = ulid.Make().String()
+	}
+	if !protocol.ValidID(cfg.HostID) {
+		return nil, fmt.Errorf("worker: host id %q must match ^[A-Za-z0-9_-]{1,64}$", cfg.HostID)
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = time.Second
+	}
+	if cfg.HostExpiry <= 0 {
+		cfg.HostExpiry = 5 * time.Second
+	}
+	if cfg.DrainGrace <= 0 {
+		cfg.DrainGrace = 10 * time.Second
+	}
+	if cfg.RequestsInFlightMax <= 0 {
+		cfg.RequestsInFlightMax = 1024
+	}
+	if cfg.Version == "" {
+		cfg.Version = "0.1.0"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	for _, p := range cfg.Providers {
+		if !protocol.ValidID(p.Descriptor().Name) {
+			return nil, fmt.Errorf("worker: provider name %q must match ^[A-Za-z0-9_-]{1,64}$", p.Descriptor().Name)
+		}
+	}
+	return &Host{
+		cfg: cfg, subj: cfg.Store.Subj, st: cfg.Store, id: cfg.HostID,
+		log:  cfg.Logger.With("host", cfg.HostID),
+		runs: map[string]*hostedRun{},
+	}, nil
+}
+
+// ID returns the host id.
+func (h *Host) ID() string { return h.id }
+
+// Run registers the host, serves its providers until ctx is done, then drains:
+// it stops admitting, lets in-flight turns finish within DrainGrace, disposes
+// what is left and removes its host record. A drain returns nil.
+func (h *Host) Run(ctx context.Context) error {
+	if err := h.checkDuplicates(ctx); err != nil {
+		return err
+	}
+	h.started = store.NowMs()
+	if err := h.beat(ctx); err != nil {
+		return fmt.Errorf("worker: first heartbeat: %w", err)
+	}
+	reqCtx, stopReqs := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopReqs()
+	sem := make(chan struct{}, h.cfg.RequestsInFlightMax)
+
+	hostSub, err := h.cfg.NC.Subscribe(h.subj.HostAll(h.id), rpc.MsgHandler(reqCtx, h.log, sem, h.handleHost))
+	if err != nil {
+		return err
+	}
+	defer hostSub.Unsubscribe()
+
+	var svcs []micro.Service
+	for _, p := range h.cfg.Providers {
+		svc, err := h.serveProvider(reqCtx, sem, p)
+		if err != nil {
+			for _, s := range svcs {
+				_ = s.Stop()
+			}
+			return err
+		}
+		svcs = append(svcs, svc)
+	}
+	h.log.Info("host serving", "providers", h.providerNames())
+
+	beatDone := make(chan struct{})
+	beatCtx, stopBeat := context.WithCancel(context.WithoutCancel(ctx))
+	go func() { defer close(beatDone); h.heartbeatLoop(beatCtx) }()
+
+	<-ctx.Done()
+	h.drain(svcs)
+	stopBeat()
+	<-beatDone
+	stopReqs()
+	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = store.Delete(dctx, h.st.Hosts, h.id, 0)
+	h.log.Info("host drained")
+	return nil
+}
+
+func (h *Host) providerNames() []string {
+	var out []string
+	for _, p := range h.cfg.Providers {
+		out = append(out, p.Descriptor().Name)
+	}
+	return out
+}
+
+func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider) (micro.Service, error) {
+	d := p.Descriptor()
+	svc, err := micro.AddService(h.cfg.NC, micro.Config{
+		Name:        protocol.ProviderServicePrefix + d.Name,
+		Version:     h.cfg.Version,
+		Description: "Brood provider " + d.Name,
+		QueueGroup:  protocol.ProviderQueue,
+		Metadata:    map[string]string{"hostId": h.id, "provider": d.Name},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("worker: micro service for %s: %w", d.Name, err)
+	}
+	g := svc.AddGroup(h.subj.ProviderGroup(d.Name))
+	start := func(ctx context.Context, req rpc.Request) (any, error) {
+		var r protocol.ProviderStartRequest
+		if err := req.Decode(&r); err != nil {
+			return nil, err
+		}
+		return h.startRun(ctx, p, r)
+	}
+	if err := g.AddEndpoint(protocol.OpProviderStart, rpc.Endpoint(ctx, h.log, sem, start),
+		micro.WithEndpointSubject(protocol.OpProviderStart)); err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
+	return svc, nil
+}
+
+// checkDuplicates refuses to start when a live host serves a provider of the
+// same name with a different descriptor (DUPLICATE_PROVIDER, DESIGN.md §4).
+func (h *Host) checkDuplicates(ctx context.Context) error {
+	lister, err := h.st.Hosts.ListKeys(ctx)
+	if err != nil {
+		return err
+	}
+	now := store.NowMs()
+	for key := range lister.Keys() {
+		rec, err := store.Get[protocol.HostRecord](ctx, h.st.Hosts, key)
+		if err != nil || now-rec.Value.Heartbeat > h.cfg.HostExpiry.Milliseconds() {
+			continue
+		}
+		for _, theirs := range rec.Value.Providers {
+			for _, p := range h.cfg.Providers {
+				ours := p.Descriptor()
+				if ours.Name == theirs.Name && !ours.Equal(theirs) {
+					return protocol.NewError(protocol.CodeDuplicateProvider, map[string]any{"provider": ours.Name, "hostId": key})
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (h *Host) record() protocol.HostRecord {
+	h.mu.Lock()
+	draining := h.draining
+	h.mu.Unlock()
+	var ds []protocol.ProviderDescriptor
+	for _, p := range h.cfg.Providers {
+		ds = append(ds, p.Descriptor())
+	}
+	return protocol.HostRecord{
+		HostID: h.id, Kind: protocol.HostWorker, Providers: ds, Heartbeat: store.NowMs(),
+		StartedAt: h.started, HeartbeatMs: h.cfg.HeartbeatInterval.Milliseconds(), Draining: draining,
+	}
+}
+
+func (h *Host) beat(ctx context.Context) error {
+	bctx, cancel := context.WithTimeout(ctx, h.cfg.HeartbeatInterval+time.Second)
+	defer cancel()
+	_, err := store.Put(bctx, h.st.Hosts, h.id, h.record())
+	return err
+}
+
+// heartbeatLoop rewrites the host record every interval. After a gap longer
+// than the host expiry (the process was paused, or cut off), coordinators may
+// have taken its sessions over: it checks every lease and stops the agents
+// whose lease is gone (DESIGN.md §7, Settlement 3).
+func (h *Host) heartbeatLoop(ctx context.Context) {
+	HeartbeatLoop(ctx, h.cfg.HeartbeatInterval, h.cfg.HostExpiry, h.beat,
+		func(gap time.Duration) {
+			h.log.Warn("heartbeat gap exceeded the host expiry; verifying leases", "gap", gap.String())
+			h.verifyLeases(ctx)
+		},
+		func(err error) { h.log.Warn("heartbeat failed", "err", err) })
+}
+
+func (h *Host) verifyLeases(ctx context.Context) {
+	for _, r := range h.snapshotRuns() {
+		rec, err := store.Get[protocol.AgentRecord](ctx, h.st.Agents, r.childID)
+		if err == nil && rec.Value.HostID == h.id && rec.Value.Epoch == r.epoch {
+			continue
+		}
+		h.log.Warn("lease lost; stopping agent without publishing", "session", r.childID, "run", r.runID)
+		r.cancel(agent.ErrLeaseLost)
+	}
+}
+
+func (h *Host) snapshotRuns() []*hostedRun {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]*hostedRun, 0, len(h.runs))
+	for _, r := range h.runs {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].runID < out[j].runID })
+	return out
+}
+
+// drain stops admission, waits for in-flight runs within the grace, then
+// disposes the rest.
+func (h *Host) drain(svcs []micro.Service) {
+	h.mu.Lock()
+	h.draining = true
+	h.mu.Unlock()
+	bctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_ = h.beat(bctx)
+	cancel()
+	for _, s := range svcs {
+		_ = s.Stop()
+	}
+	deadline := time.After(h.cfg.DrainGrace)
+	for _, r := range h.snapshotRuns() {
+		select {
+		case <-r.done:
+		case <-deadline:
+		}
+	}
+	for _, r := range h.snapshotRuns() {
+		r.cancel(&agent.Cancel{Cause: protocol.CauseDisposed})
+	}
+	for _, r := range h.snapshotRuns() {
+		select {
+		case <-r.done:
+		case <-time.After(10 * time.Second):
+			h.log.Error("run did not stop after dispose", "run", r.runID)
+		}
+	}
+}
+

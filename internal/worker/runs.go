@@ -1,0 +1,287 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// SettleAttemptsMax bounds the retries of a settlement write that JetStream
+// did not acknowledge (a lost CAS is final and never retried).
+const SettleAttemptsMax = 5
+
+// DisposeWaitMax bounds how long a dispose waits for the run to settle.
+const DisposeWaitMax = 15 * time.Second
+
+// hostedRun is one one-shot run hosted by this process.
+type hostedRun struct {
+	runID, childID string
+	req           protocol.ProviderStartRequest
+	epoch         int64
+	seedLen       int64
+	sess          Session
+	ctx           context.Context
+	cancel        context.CancelCauseFunc
+	done          chan struct{}
+
+	mu       sync.Mutex
+	leaseRev uint64
+	result   *protocol.SubagentResult
+}
+
+func (h *Host) isDraining() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.draining
+}
+
+// startRun publishes a child: it composes the session, takes the lease and
+// logs the first turn's opening (concurrently), then answers; the turn runs
+// on. Nothing is published when composition fails.
+func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderStartRequest) (any, error) {
+	if h.isDraining() {
+		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
+	}
+	childID := req.Header.ID
+	if !protocol.ValidID(childID) || !protocol.ValidID(req.RunID) {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "runId and header.id must be valid ids")
+	}
+	cred := protocol.NewCredential()
+	seed := int64(0)
+	lw := h.st.NewLogWriter(childID, 0, seed)
+	sess, err := p.NewSession(ctx, SessionSpec{Header: req.Header, Options: req.Options, Credential: cred, Log: lw})
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancelCause(context.Background())
+	r := &hostedRun{
+		runID: req.RunID, childID: childID, req: req, epoch: 1, seedLen: seed,
+		sess: sess, ctx: runCtx, cancel: cancel, done: make(chan struct{}),
+	}
+	h.mu.Lock()
+	if h.draining {
+		h.mu.Unlock()
+		cancel(nil)
+		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
+	}
+	h.runs[r.runID] = r
+	h.mu.Unlock()
+
+	lease := protocol.AgentRecord{
+		SessionID: childID, Kind: protocol.AgentOneShot, HostID: h.id, Epoch: r.epoch, RunID: r.runID,
+		Provider: req.Provider, CredentialHash: protocol.HashCredential(cred), ParentSession: req.Header.ParentSession,
+		Ancestry: req.Ancestry, Notify: req.Notify, CreatedAt: store.NowMs(),
+	}
+	var (
+		wg       sync.WaitGroup
+		leaseErr error
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.leaseRev, leaseErr = store.Create(ctx, h.st.Agents, childID, lease)
+	}()
+	desc, derr := protocol.NewEvent(protocol.EvSubagentDescriptor, store.NowMs(), protocol.DescriptorData{
+		Version: protocol.DescriptorVersion, Mode: protocol.ModeOneShot, Provider: req.Provider, Label: req.Options.Label,
+	})
+	var opened bool
+	var out agent.Outcome
+	if derr == nil {
+		out, opened = sess.OpenTurn(runCtx, agent.Input{
+			Content: req.Prompt, Source: protocol.MessageSource{Kind: protocol.SourceUser}, Extra: []protocol.SessionEvent{desc},
+		})
+	}
+	wg.Wait()
+	if derr != nil || leaseErr != nil || !opened {
+		h.unregister(r)
+		cancel(nil)
+		switch {
+		case derr != nil:
+			return nil, protocol.Errorf(protocol.CodeInternal, "encode descriptor: %v", derr)
+		case leaseErr != nil:
+			if opened {
+				h.closeTurn(ctx, lw, sess.Events(), protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the host could not take the session lease"})
+			} else {
+				_ = store.Delete(ctx, h.st.Agents, childID, r.leaseRev)
+			}
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "take the lease of %s: %v", childID, leaseErr)
+		default:
+			_ = store.Delete(ctx, h.st.Agents, childID, r.leaseRev)
+			return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "log the first turn of %s: %v", childID, out.Err)
+		}
+	}
+	// subagent/start is published by the host that published the child, so it
+	// always precedes this run's subagent/end on the stream.
+	h.st.PublishEvent(protocol.LifecycleEvent{
+		Type: protocol.LifecycleStart, RunID: r.runID, Provider: req.Provider, ID: childID,
+		ParentSession: req.Header.ParentSession, Local: true, Mode: protocol.ModeOneShot, Time: store.NowMs(),
+	}, h.eventErr)
+	go h.execute(r)
+	return protocol.ProviderStartReply{HostID: h.id}, nil
+}
+
+func (h *Host) eventErr(err error) { h.log.Warn("lifecycle event not acknowledged", "err", err) }
+
+func (h *Host) closeTurn(ctx context.Context, lw *store.LogWriter, events []protocol.SessionEvent, reason protocol.TurnEndReason) {
+	evs, err := agent.CloseOpenTurn(events, reason, store.NowMs())
+	if err == nil && len(evs) > 0 {
+		_, err = lw.Append(ctx, evs...)
+	}
+	if err != nil {
+		h.log.Warn("could not close the open turn", "err", err)
+	}
+}
+
+func (h *Host) unregister(r *hostedRun) {
+	h.mu.Lock()
+	if h.runs[r.runID] == r {
+		delete(h.runs, r.runID)
+	}
+	h.mu.Unlock()
+}
+
+// execute runs the turn to its end and settles the run, unless the host lost
+// the session (then it publishes nothing).
+func (h *Host) execute(r *hostedRun) {
+	defer close(r.done)
+	defer h.unregister(r)
+	out := r.sess.RunSteps(r.ctx)
+	if out.Fenced {
+		h.log.Warn("lease lost; agent stopped without publishing", "session", r.childID, "run", r.runID)
+		return
+	}
+	var c *agent.Cancel
+	ownerCancelled := errors.As(context.Cause(r.ctx), &c)
+	events := r.sess.Events()
+	if int64(len(events)) >= r.seedLen {
+		events = events[r.seedLen:]
+	}
+	res := agent.OneShotOutcome(events, ownerCancelled, r.req.Options.OutputSchema != "")
+	if out.Err != nil {
+		res.StopReason = protocol.StopError
+		res.ErrorCode = protocol.CodeDurabilityFailed
+		res.Diagnostic = protocol.TruncateDiagnostic("JetStream did not acknowledge the session log: " + out.Err.Error())
+	}
+	h.settle(r, res)
+}
+
+// settle records the result by CAS on the run record (DESIGN.md §7,
+// Settlement 1); only the winner publishes notify and subagent/end.
+func (h *Host) settle(r *hostedRun, res protocol.SubagentResult) {
+	rec := protocol.RunRecord{
+		RunID: r.runID, ChildID: r.childID, ParentSession: r.req.Header.ParentSession, Provider: r.req.Provider,
+		Mode: protocol.ModeOneShot, Notify: r.req.Notify, State: protocol.RunSettled,
+		CreatedAt: r.req.Header.CreatedAt, SettledAt: store.NowMs(), SettledBy: h.id, Result: &res,
+	}
+	var err error
+	for attempt := 1; attempt <= SettleAttemptsMax; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = store.Update(ctx, h.st.Runs, r.runID, rec, uint64(r.req.RunRevision))
+		cancel()
+		if err == nil || errors.Is(err, store.ErrConflict) {
+			break
+		}
+		time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+	}
+	if errors.Is(err, store.ErrConflict) {
+		h.log.Info("run already settled by another party; dropping this result", "run", r.runID)
+		return
+	}
+	if err != nil {
+		h.log.Error("could not settle run", "run", r.runID, "err", err)
+		return
+	}
+	r.mu.Lock()
+	r.result = &res
+	leaseRev := r.leaseRev
+	r.mu.Unlock()
+	PublishSettled(h.st, rec, h.eventErr)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := store.Delete(ctx, h.st.Agents, r.childID, leaseRev); err != nil {
+		h.log.Warn("could not release the lease", "session", r.childID, "err", err)
+	}
+}
+
+// PublishSettled publishes a settled run to its notify subject and emits
+// subagent/end; only the settlement winner calls it.
+func PublishSettled(st *store.Store, rec protocol.RunRecord, onErr func(error)) {
+	res := *rec.Result
+	if rec.Notify != "" {
+		data, err := protocol.Marshal(protocol.Msgpack, protocol.RunNotice{
+			RunID: rec.RunID, ChildID: rec.ChildID, ParentSession: rec.ParentSession, Provider: rec.Provider, Result: res,
+		})
+		if err == nil {
+			err = st.NC.Publish(rec.Notify, data)
+		}
+		if err != nil {
+			onErr(fmt.Errorf("notify %s: %w", rec.Notify, err))
+		}
+	}
+	ev := protocol.LifecycleEvent{
+		Type: protocol.LifecycleEnd, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,
+		ParentSession: rec.ParentSession, Local: true, Mode: rec.Mode, Time: store.NowMs(),
+		StopReason: res.StopReason, ErrorCode: res.ErrorCode,
+	}
+	if len(res.Output) > 0 {
+		ev.LastAssistantMessage = res.Output
+	}
+	st.PublishEvent(ev, onErr)
+}
+
+// handleHost serves `<prefix>.v1.host.<hostId>.<op>`.
+func (h *Host) handleHost(ctx context.Context, req rpc.Request) (any, error) {
+	op := req.Subject()[strings.LastIndexByte(req.Subject(), '.')+1:]
+	switch op {
+	case protocol.OpHostDispose, protocol.OpHostCancel:
+		var r protocol.HostRunRequest
+		if err := req.Decode(&r); err != nil {
+			return nil, err
+		}
+		return h.dispose(ctx, r)
+	default:
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "unknown host operation %q", op)
+	}
+}
+
+// dispose cancels a hosted run (cause disposed unless given) and answers with
+// its settled status once it settled.
+func (h *Host) dispose(ctx context.Context, req protocol.HostRunRequest) (any, error) {
+	h.mu.Lock()
+	r := h.runs[req.RunID]
+	h.mu.Unlock()
+	if r == nil {
+		return nil, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "run " + req.RunID + " on host " + h.id})
+	}
+	cause := req.Cause
+	if cause == "" {
+		cause = protocol.CauseDisposed
+	}
+	r.cancel(&agent.Cancel{Cause: cause})
+	select {
+	case <-r.done:
+	case <-time.After(DisposeWaitMax):
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "run %s did not stop within %s", req.RunID, DisposeWaitMax)
+	case <-ctx.Done():
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "host is stopping")
+	}
+	r.mu.Lock()
+	res := r.result
+	r.mu.Unlock()
+	if res != nil {
+		return protocol.RunStatus{RunID: r.runID, ChildID: r.childID, State: protocol.RunSettled, Result: res}, nil
+	}
+	rec, err := store.Get[protocol.RunRecord](ctx, h.st.Runs, r.runID)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", r.runID, err)
+	}
+	return protocol.RunStatus{RunID: r.runID, ChildID: r.childID, State: rec.Value.State, Result: rec.Value.Result}, nil
+}

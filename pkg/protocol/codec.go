@@ -1,0 +1,178 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Encoding is the body encoding of a message: MessagePack by default, JSON when
+// the request carries the header Content-Type: application/json (DESIGN.md §3).
+type Encoding int
+
+const (
+	Msgpack Encoding = iota
+	JSON
+)
+
+// Header names of the wire contract.
+const (
+	HeaderContentType  = "Content-Type"
+	ContentTypeJSON    = "application/json"
+	ContentTypeMsgpack = "application/msgpack"
+	// HeaderMessageID carries an inbox item's messageId on BROOD_INBOX.
+	HeaderMessageID = "Brood-Message-Id"
+	// HeaderServiceError and HeaderServiceErrorCode are the micro error headers.
+	HeaderServiceError     = "Nats-Service-Error"
+	HeaderServiceErrorCode = "Nats-Service-Error-Code"
+)
+
+func (e Encoding) String() string {
+	if e == JSON {
+		return "json"
+	}
+	return "msgpack"
+}
+
+// EncodingOf returns the encoding a request asked for. NATS header lookups are
+// case-sensitive, so the Content-Type header is matched in any case, and the
+// media type in any case with parameters ignored.
+func EncodingOf(header map[string][]string) Encoding {
+	for k, vs := range header {
+		if !strings.EqualFold(k, HeaderContentType) || len(vs) == 0 {
+			continue
+		}
+		mt, _, _ := strings.Cut(vs[0], ";")
+		if strings.EqualFold(strings.TrimSpace(mt), ContentTypeJSON) {
+			return JSON
+		}
+	}
+	return Msgpack
+}
+
+// Marshal encodes v. MessagePack uses compact integers, so an int64 holding 7
+// travels as one byte and JavaScript decoders keep exact values up to 2^53.
+func Marshal(enc Encoding, v any) ([]byte, error) {
+	if enc == JSON {
+		return json.Marshal(v)
+	}
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	e.UseCompactInts(true)
+	if err := e.Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// Unmarshal decodes data into v. Numbers inside untyped (`any`) values decode as
+// int64 when integral and in range, else uint64 or float64, in both encodings,
+// so a value keeps its exact integer across a JSON and a MessagePack hop.
+func Unmarshal(enc Encoding, data []byte, v any) error {
+	if enc == JSON {
+		d := json.NewDecoder(bytes.NewReader(data))
+		d.UseNumber()
+		if err := d.Decode(v); err != nil {
+			return err
+		}
+		if d.More() {
+			return fmt.Errorf("trailing data after the JSON value")
+		}
+		normalizeTarget(v)
+		return nil
+	}
+	d := msgpack.NewDecoder(bytes.NewReader(data))
+	d.UseLooseInterfaceDecoding(true)
+	if err := d.Decode(v); err != nil {
+		return err
+	}
+	normalizeTarget(v)
+	return nil
+}
+
+// normalizeTarget applies NormalizeNumbers to the untyped parts of a decoded value.
+func normalizeTarget(v any) {
+	switch x := v.(type) {
+	case numberNormalizer:
+		x.normalizeNumbers()
+	case *any:
+		*x = NormalizeNumbers(*x)
+	case *map[string]any:
+		NormalizeNumbers(*x)
+	case *[]any:
+		NormalizeNumbers(*x)
+	}
+}
+
+// numberNormalizer is implemented by messages with untyped fields, which after
+// a JSON decode hold json.Number values that must become real numbers.
+type numberNormalizer interface{ normalizeNumbers() }
+
+// NormalizeNumbers returns v with every integer as an int64 when it fits (a
+// uint64 above that range stays uint64) and every json.Number replaced by such
+// an integer or a float64, walking maps and slices. Both decoders then give
+// the same Go value for the same number.
+func NormalizeNumbers(v any) any {
+	switch x := v.(type) {
+	case uint64:
+		if x <= math.MaxInt64 {
+			return int64(x)
+		}
+		return x
+	case json.Number:
+		s := string(x)
+		if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+			return i
+		}
+		if u, err := strconv.ParseUint(s, 10, 64); err == nil {
+			return u
+		}
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return math.NaN()
+		}
+		return f
+	case map[string]any:
+		for k, e := range x {
+			x[k] = NormalizeNumbers(e)
+		}
+		return x
+	case []any:
+		for i, e := range x {
+			x[i] = NormalizeNumbers(e)
+		}
+		return x
+	default:
+		return v
+	}
+}
+
+// ToJSONValue converts a value decoded from MessagePack (maps with any keys,
+// byte slices) into one that encoding/json can marshal.
+func ToJSONValue(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = ToJSONValue(e)
+		}
+		return x
+	case map[any]any:
+		m := make(map[string]any, len(x))
+		for k, e := range x {
+			m[fmt.Sprint(k)] = ToJSONValue(e)
+		}
+		return m
+	case []any:
+		for i, e := range x {
+			x[i] = ToJSONValue(e)
+		}
+		return x
+	default:
+		return v
+	}
+}

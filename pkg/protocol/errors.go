@@ -1,0 +1,224 @@
+package protocol
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Code is a stable string error code, the client contract together with its
+// numeric code (see Catalogue). Codes never change meaning once published.
+type Code string
+
+// The error catalogue (DESIGN.md §3). The seed's and upstream's codes
+// (upstream-behaviour §1.1) keep their names; Brood adds codes for what
+// upstream left uncoded (upstream-behaviour §1.2).
+const (
+	CodeInvalidArgument          Code = "INVALID_ARGUMENT"
+	CodeNoProvider               Code = "NO_PROVIDER"
+	CodeDuplicateProvider        Code = "DUPLICATE_PROVIDER"
+	CodeUnsupportedCapability    Code = "UNSUPPORTED_CAPABILITY"
+	CodeUnauthorized             Code = "UNAUTHORIZED"
+	CodeDepthExceeded            Code = "DEPTH_EXCEEDED"
+	CodeUnsupportedSchema        Code = "UNSUPPORTED_SCHEMA"
+	CodeInvalidToolFilter        Code = "INVALID_TOOL_FILTER"
+	CodeInvalidPersona           Code = "INVALID_PERSONA"
+	CodeLimitExceeded            Code = "LIMIT_EXCEEDED"
+	CodeDraining                 Code = "DRAINING"
+	CodeDuplicateChild           Code = "DUPLICATE_CHILD"
+	CodeNotResumable             Code = "NOT_RESUMABLE"
+	CodeDurabilityFailed         Code = "DURABILITY_FAILED"
+	CodeActivationClosing        Code = "ACTIVATION_CLOSING"
+	CodeParentUnavailable        Code = "PARENT_UNAVAILABLE"
+	CodeActivationTeardownFailed Code = "ACTIVATION_TEARDOWN_FAILED"
+	CodeCancelled                Code = "CANCELLED"
+	CodeHostLost                 Code = "HOST_LOST"
+	CodeNotFound                 Code = "NOT_FOUND"
+	CodeUnavailable              Code = "UNAVAILABLE"
+	CodeInternal                 Code = "INTERNAL"
+)
+
+// CatalogueEntry describes one error code: its stable numeric code (sent in
+// the Nats-Service-Error-Code header) and its message template. Placeholders
+// `{name}` in Template are filled from the error's Details; Hint says what to
+// do about it and is appended to every message.
+type CatalogueEntry struct {
+	Code     Code
+	Number   int
+	Template string
+	Hint     string
+}
+
+// Catalogue lists every error code Brood answers with. Numeric codes are
+// stable and unique; docs/protocol.md reproduces this table.
+var Catalogue = []CatalogueEntry{
+	{CodeInvalidArgument, 1001, "invalid argument: {reason}", "fix the request; it was not acted on"},
+	{CodeNoProvider, 1002, "no provider named {provider} is registered", "list live providers with `brood providers` or start a worker for it"},
+	{CodeDuplicateProvider, 1003, "provider {provider} is already registered with a different descriptor", "give this instance the same descriptor as the live instances, or a different provider name"},
+	{CodeUnsupportedCapability, 1004, "provider {provider} does not support {capability}", "drop the option or choose a provider whose descriptor has the capability"},
+	{CodeUnauthorized, 1005, "not authorized: {reason}", "act as the exact live parent agent (its current credential) or with a user grant"},
+	{CodeDepthExceeded, 1006, "delegation depth {attemptedDepth} exceeds the maximum depth {maxDepth}", "do the work in this agent instead of delegating deeper"},
+	{CodeUnsupportedSchema, 1007, "outputSchema is outside the supported subset: {violations}", "use an object-rooted schema built from type, properties, required, additionalProperties, items, enum, const and oneOf"},
+	{CodeInvalidToolFilter, 1008, "invalid tool filter: {reason}", "name at least one of allow/deny and only tools the provider offers and the parent may use"},
+	{CodeInvalidPersona, 1009, "invalid persona template: {reason}", "use only {{provider}}, {{model}} and {{cwd}} references"},
+	{CodeLimitExceeded, 1010, "{limit} exceeded: {reason}", "send less or split the work; nothing was truncated"},
+	{CodeDraining, 1011, "admission is closed: {reason}", "retry after the drain finished, or on another lineage"},
+	{CodeDuplicateChild, 1012, "child id {childId} was already used", "choose a new child id or omit it"},
+	{CodeNotResumable, 1013, "session {childId} cannot be resumed: {reason}", "start a new child instead of retrying this one"},
+	{CodeDurabilityFailed, 1014, "JetStream did not acknowledge the session's writes: {reason}", "check the JetStream servers; the durable record is reconciled once writes are accepted again"},
+	{CodeActivationClosing, 1015, "the activation is closing: {reason}", "retry once the activation settled"},
+	{CodeParentUnavailable, 1016, "the parent is not available: {reason}", "the parent is no longer live; nothing was delivered"},
+	{CodeActivationTeardownFailed, 1017, "activation teardown failed: {reason}", "see the diagnostic; durable sessions are unaffected"},
+	{CodeCancelled, 1018, "cancelled: {reason}", "the caller cancelled the operation"},
+	{CodeHostLost, 1019, "host {hostId} stopped heartbeating", "the run was settled by a coordinator; start a new run"},
+	{CodeNotFound, 1020, "{what} not found", "check the id"},
+	{CodeUnavailable, 1021, "service unavailable: {reason}", "retry later; check that the coordinator, the workers and JetStream are running"},
+	{CodeInternal, 1022, "internal error: {reason}", "report this with the logs; the request may not have been completed"},
+}
+
+var catalogueByCode = func() map[Code]CatalogueEntry {
+	m := make(map[Code]CatalogueEntry, len(Catalogue))
+	for _, e := range Catalogue {
+		m[e.Code] = e
+	}
+	return m
+}()
+
+// Lookup returns the catalogue entry of code; ok is false for an unknown code.
+func Lookup(code Code) (CatalogueEntry, bool) {
+	e, ok := catalogueByCode[code]
+	return e, ok
+}
+
+// Number returns the stable numeric code of code, or 0 when unknown.
+func (c Code) Number() int { return catalogueByCode[c].Number }
+
+// Error is the one error type of the wire contract. On the wire it travels as
+// the body {code, message, details?} plus the micro headers
+// Nats-Service-Error-Code (numeric) and Nats-Service-Error ("CODE: message").
+// Errors match with errors.Is by Code only, so
+// errors.Is(err, protocol.ErrNoProvider) holds for any NO_PROVIDER error.
+type Error struct {
+	Code    Code           `msgpack:"code" json:"code"`
+	Message string         `msgpack:"message" json:"message"`
+	Details map[string]any `msgpack:"details,omitempty" json:"details,omitempty"`
+}
+
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return string(e.Code)
+	}
+	return string(e.Code) + ": " + e.Message
+}
+
+// Is reports whether target is a *Error with the same Code.
+func (e *Error) Is(target error) bool {
+	var t *Error
+	if !errors.As(target, &t) {
+		return false
+	}
+	return t.Code == e.Code
+}
+
+// NewError builds an error of code whose message is the catalogue template
+// filled from details, followed by the catalogue hint. Unknown placeholders
+// are left as `{name}` so a missing detail is visible, never silent.
+func NewError(code Code, details map[string]any) *Error {
+	entry, ok := catalogueByCode[code]
+	if !ok {
+		entry = CatalogueEntry{Code: code, Template: string(code)}
+	}
+	msg := fill(entry.Template, details)
+	if entry.Hint != "" {
+		msg += "; " + entry.Hint
+	}
+	return &Error{Code: code, Message: msg, Details: details}
+}
+
+// Errorf is NewError for the common case of one `reason` detail.
+func Errorf(code Code, format string, args ...any) *Error {
+	return NewError(code, map[string]any{"reason": fmt.Sprintf(format, args...)})
+}
+
+// AsError returns err as a *Error: itself when it is one (or wraps one), else
+// an INTERNAL error carrying err's text.
+func AsError(err error) *Error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return Errorf(CodeInternal, "%v", err)
+}
+
+// CodeOf returns the Code of err, or "" when err carries none.
+func CodeOf(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+func fill(tmpl string, details map[string]any) string {
+	if len(details) == 0 || !strings.Contains(tmpl, "{") {
+		return tmpl
+	}
+	keys := make([]string, 0, len(details))
+	for k := range details {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	pairs := make([]string, 0, 2*len(keys))
+	for _, k := range keys {
+		pairs = append(pairs, "{"+k+"}", detailString(details[k]))
+	}
+	return strings.NewReplacer(pairs...).Replace(tmpl)
+}
+
+func detailString(v any) string {
+	switch x := v.(type) {
+	case string:
+		return strconv.Quote(x)
+	case []string:
+		return strings.Join(x, "; ")
+	case []any:
+		parts := make([]string, len(x))
+		for i, p := range x {
+			parts[i] = fmt.Sprint(p)
+		}
+		return strings.Join(parts, "; ")
+	default:
+		return fmt.Sprint(x)
+	}
+}
+
+// Sentinels for errors.Is. They carry only a Code.
+var (
+	ErrInvalidArgument          = &Error{Code: CodeInvalidArgument}
+	ErrNoProvider               = &Error{Code: CodeNoProvider}
+	ErrDuplicateProvider        = &Error{Code: CodeDuplicateProvider}
+	ErrUnsupportedCapability    = &Error{Code: CodeUnsupportedCapability}
+	ErrUnauthorized             = &Error{Code: CodeUnauthorized}
+	ErrDepthExceeded            = &Error{Code: CodeDepthExceeded}
+	ErrUnsupportedSchema        = &Error{Code: CodeUnsupportedSchema}
+	ErrInvalidToolFilter        = &Error{Code: CodeInvalidToolFilter}
+	ErrInvalidPersona           = &Error{Code: CodeInvalidPersona}
+	ErrLimitExceeded            = &Error{Code: CodeLimitExceeded}
+	ErrDraining                 = &Error{Code: CodeDraining}
+	ErrDuplicateChild           = &Error{Code: CodeDuplicateChild}
+	ErrNotResumable             = &Error{Code: CodeNotResumable}
+	ErrDurabilityFailed         = &Error{Code: CodeDurabilityFailed}
+	ErrActivationClosing        = &Error{Code: CodeActivationClosing}
+	ErrParentUnavailable        = &Error{Code: CodeParentUnavailable}
+	ErrActivationTeardownFailed = &Error{Code: CodeActivationTeardownFailed}
+	ErrCancelled                = &Error{Code: CodeCancelled}
+	ErrHostLost                 = &Error{Code: CodeHostLost}
+	ErrNotFound                 = &Error{Code: CodeNotFound}
+	ErrUnavailable              = &Error{Code: CodeUnavailable}
+	ErrInternal                 = &Error{Code: CodeInternal}
+)

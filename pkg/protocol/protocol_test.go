@@ -1,0 +1,210 @@
+package protocol
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+)
+
+func TestCatalogueCodesAreUniqueAndComplete(t *testing.T) {
+	codes := map[Code]bool{}
+	nums := map[int]Code{}
+	for _, e := range Catalogue {
+		if codes[e.Code] {
+			t.Errorf("code %s listed twice", e.Code)
+		}
+		codes[e.Code] = true
+		if other, ok := nums[e.Number]; ok {
+			t.Errorf("numeric code %d used by %s and %s", e.Number, other, e.Code)
+		}
+		nums[e.Number] = e.Code
+		if e.Template == "" || e.Hint == "" {
+			t.Errorf("%s lacks a template or hint", e.Code)
+		}
+	}
+	for _, c := range []Code{CodeNoProvider, CodeDuplicateProvider, CodeUnsupportedCapability, CodeUnauthorized,
+		CodeDraining, CodeDuplicateChild, CodeNotResumable, CodeDurabilityFailed, CodeActivationClosing,
+		CodeParentUnavailable, CodeActivationTeardownFailed, CodeCancelled, CodeInvalidArgument, CodeDepthExceeded,
+		CodeUnsupportedSchema, CodeInvalidToolFilter, CodeInvalidPersona, CodeLimitExceeded, CodeHostLost} {
+		if !codes[c] {
+			t.Errorf("DESIGN.md §3 code %s missing from the catalogue", c)
+		}
+	}
+}
+
+func TestErrorsMatchByCode(t *testing.T) {
+	err := fmt.Errorf("wrapped: %w", NewError(CodeNoProvider, map[string]any{"provider": "nope"}))
+	tests := []struct {
+		target error
+		want   bool
+	}{
+		{ErrNoProvider, true},
+		{ErrUnauthorized, false},
+		{&Error{Code: CodeNoProvider, Message: "other text"}, true},
+		{errors.New("NO_PROVIDER"), false},
+	}
+	for _, tt := range tests {
+		if got := errors.Is(err, tt.target); got != tt.want {
+			t.Errorf("errors.Is(%v, %v) = %v, want %v", err, tt.target, got, tt.want)
+		}
+	}
+	if got := AsError(err).Message; got != `no provider named "nope" is registered; list live providers with `+"`brood providers`"+` or start a worker for it` {
+		t.Errorf("message = %q", got)
+	}
+	if CodeOf(err) != CodeNoProvider || CodeNoProvider.Number() != 1002 {
+		t.Errorf("CodeOf/Number wrong: %s %d", CodeOf(err), CodeNoProvider.Number())
+	}
+}
+
+func TestEncodingOfHeaderInAnyCase(t *testing.T) {
+	tests := []struct {
+		h    map[string][]string
+		want Encoding
+	}{
+		{nil, Msgpack},
+		{map[string][]string{"Content-Type": {"application/json"}}, JSON},
+		{map[string][]string{"content-type": {"Application/JSON; charset=utf-8"}}, JSON},
+		{map[string][]string{"CONTENT-TYPE": {"application/msgpack"}}, Msgpack},
+		{map[string][]string{"Content-Type": {}}, Msgpack},
+	}
+	for _, tt := range tests {
+		if got := EncodingOf(tt.h); got != tt.want {
+			t.Errorf("EncodingOf(%v) = %v, want %v", tt.h, got, tt.want)
+		}
+	}
+}
+
+func TestStartRequestRoundTripsBothEncodings(t *testing.T) {
+	persona := ""
+	in := RunStartRequest{
+		Provider: "spawn", Parent: ParentRef{SessionID: "S", Credential: "C"}, Prompt: Text("héllo ✓"),
+		Notify: "_INBOX.x.1", Options: StartOptions{MaxDepth: int64(3), Persona: &persona, ToolFilter: &ToolFilter{Allow: []string{}}},
+	}
+	for _, enc := range []Encoding{Msgpack, JSON} {
+		data, err := Marshal(enc, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out RunStartRequest
+		if err := Unmarshal(enc, data, &out); err != nil {
+			t.Fatal(err)
+		}
+		if out.Options.MaxDepth != int64(3) {
+			t.Errorf("%v: maxDepth = %#v", enc, out.Options.MaxDepth)
+		}
+		if out.Options.Persona == nil || *out.Options.Persona != "" {
+			t.Errorf("%v: empty persona must stay present and empty", enc)
+		}
+		if out.Options.ToolFilter == nil || out.Options.ToolFilter.Allow == nil || len(out.Options.ToolFilter.Allow) != 0 {
+			t.Errorf("%v: allow [] must stay an empty, present list: %#v", enc, out.Options.ToolFilter)
+		}
+		if out.Options.ToolFilter.Deny != nil {
+			t.Errorf("%v: absent deny must stay absent", enc)
+		}
+		if PlainText(out.Prompt) != "héllo ✓" {
+			t.Errorf("%v: prompt = %q", enc, PlainText(out.Prompt))
+		}
+	}
+}
+
+func TestCompactIntegersAndExactValues(t *testing.T) {
+	small, _ := Marshal(Msgpack, map[string]int64{"v": 7})
+	if len(small) != 4 { // fixmap(1) + fixstr "v" (2) + positive fixint
+		t.Errorf("int64 7 took %d bytes; compact ints expected", len(small))
+	}
+	for _, v := range []int64{0, -1, 1<<53 + 1, math.MaxInt64} {
+		data, _ := Marshal(Msgpack, map[string]any{"v": v})
+		var out map[string]any
+		if err := Unmarshal(Msgpack, data, &out); err != nil {
+			t.Fatal(err)
+		}
+		if out["v"] != v {
+			t.Errorf("%d came back as %#v", v, out["v"])
+		}
+		var jout struct{ V any }
+		jdata, _ := json.Marshal(map[string]int64{"V": v})
+		_ = Unmarshal(JSON, jdata, &jout)
+		if NormalizeNumbers(jout.V) != v {
+			t.Errorf("JSON %d came back as %#v", v, jout.V)
+		}
+	}
+}
+
+func TestSeqTravelsAsString(t *testing.T) {
+	in := InboxDequeueData{MessageID: "m", InboxSeq: Seq(1<<63 + 5), Turn: 2}
+	for _, enc := range []Encoding{Msgpack, JSON} {
+		data, _ := Marshal(enc, in)
+		var generic map[string]any
+		_ = Unmarshal(enc, data, &generic)
+		if s, ok := generic["inboxSeq"].(string); !ok || s != "9223372036854775813" {
+			t.Errorf("%v: inboxSeq on the wire = %#v", enc, generic["inboxSeq"])
+		}
+		var out InboxDequeueData
+		if err := Unmarshal(enc, data, &out); err != nil || out != in {
+			t.Errorf("%v: round trip %+v, %v", enc, out, err)
+		}
+	}
+}
+
+func TestSubjectsAndNames(t *testing.T) {
+	s := MustSubjects("")
+	tests := map[string]string{
+		s.Coord(EpRunsStart):                "brood.v1.coord.runs.start",
+		s.Provider("spawn", OpProviderStart): "brood.v1.provider.spawn.start",
+		s.Host("H1", OpHostDispose):         "brood.v1.host.H1.dispose",
+		s.Log("S"):                          "brood.v1.log.S",
+		s.Events("P", EventKindEnd):         "brood.v1.events.P.end",
+		s.StreamLog():                       "BROOD_LOG",
+		s.BucketRuns():                      "brood_runs",
+	}
+	for got, want := range tests {
+		if got != want {
+			t.Errorf("got %s, want %s", got, want)
+		}
+	}
+	if _, err := NewSubjects("a.b"); err == nil {
+		t.Error("a prefix with a dot must be refused")
+	}
+	for id, ok := range map[string]bool{"abc_DEF-1": true, "": false, "a.b": false, "a*": false} {
+		if ValidID(id) != ok {
+			t.Errorf("ValidID(%q) != %v", id, ok)
+		}
+	}
+}
+
+func TestTruncateDiagnosticAtRuneBoundary(t *testing.T) {
+	long := ""
+	for len(long) < 5000 {
+		long += "é"
+	}
+	got := TruncateDiagnostic(long)
+	if len(got) > DiagnosticBytesMax {
+		t.Errorf("len %d > %d", len(got), DiagnosticBytesMax)
+	}
+	if !json.Valid([]byte(`"` + got + `"`)) {
+		t.Error("cut inside a rune")
+	}
+}
+
+func TestZeroValuesInUntypedFieldsSurvive(t *testing.T) {
+	in := RunStartRequest{Options: StartOptions{MaxDepth: int64(0), OutputSchema: map[string]any{}}}
+	res := SubagentResult{Output: Text("x"), Structured: map[string]any{}, StopReason: StopCompleted}
+	for _, enc := range []Encoding{Msgpack, JSON} {
+		data, _ := Marshal(enc, in)
+		var out RunStartRequest
+		if err := Unmarshal(enc, data, &out); err != nil {
+			t.Fatal(err)
+		}
+		if out.Options.MaxDepth != int64(0) || out.Options.OutputSchema == nil {
+			t.Errorf("%v: zero maxDepth / empty schema lost: %#v", enc, out.Options)
+		}
+		data, _ = Marshal(enc, res)
+		var rout SubagentResult
+		_ = Unmarshal(enc, data, &rout)
+		if rout.Structured == nil {
+			t.Errorf("%v: empty structured object lost", enc)
+		}
+	}
+}

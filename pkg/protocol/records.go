@@ -1,0 +1,106 @@
+package protocol
+
+// Host kinds recorded in brood_hosts.
+const (
+	HostWorker      = "worker"
+	HostCoordinator = "coordinator"
+)
+
+// HostRecord is a live host in KV brood_hosts (DESIGN.md §4), rewritten by the
+// host every heartbeat interval. Heartbeat is the host's epoch ms at writing;
+// coordinators judge liveness by when they last saw the record change, so a
+// skewed host clock cannot keep a dead host alive.
+type HostRecord struct {
+	HostID      string               `msgpack:"hostId" json:"hostId"`
+	Kind        string               `msgpack:"kind" json:"kind"`
+	Providers   []ProviderDescriptor `msgpack:"providers" json:"providers"`
+	Heartbeat   int64                `msgpack:"heartbeat" json:"heartbeat"`
+	StartedAt   int64                `msgpack:"startedAt" json:"startedAt"`
+	HeartbeatMs int64                `msgpack:"heartbeatMs" json:"heartbeatMs"`
+	Draining    bool                 `msgpack:"draining,omitempty" json:"draining,omitempty"`
+}
+
+// Agent kinds recorded in brood_agents.
+const (
+	AgentRoot        = "root"
+	AgentOneShot     = "one-shot"
+	AgentContinuable = "continuable"
+)
+
+// AgentRecord is the lease of one live agent in KV brood_agents, keyed by
+// session id (DESIGN.md §4). Whoever holds it is the session log's one writer.
+// Epoch increases by one on every takeover (CAS). CredentialHash is the
+// hex SHA-256 of the agent's credential. ExpiresAt (epoch ms) bounds a root's
+// lease; worker-hosted agents live as long as their host heartbeats.
+type AgentRecord struct {
+	SessionID      string   `msgpack:"sessionId" json:"sessionId"`
+	Kind           string   `msgpack:"kind" json:"kind"`
+	HostID         string   `msgpack:"hostId" json:"hostId"`
+	Epoch          int64    `msgpack:"epoch" json:"epoch"`
+	RunID          string   `msgpack:"runId,omitempty" json:"runId,omitempty"`
+	Provider       string   `msgpack:"provider,omitempty" json:"provider,omitempty"`
+	CredentialHash string   `msgpack:"credentialHash" json:"credentialHash"`
+	ParentSession  string   `msgpack:"parentSession,omitempty" json:"parentSession,omitempty"`
+	Ancestry       []string `msgpack:"ancestry,omitempty" json:"ancestry,omitempty"`
+	Notify         string   `msgpack:"notify,omitempty" json:"notify,omitempty"`
+	ExpiresAt      int64    `msgpack:"expiresAt,omitempty" json:"expiresAt,omitempty"`
+	CreatedAt      int64    `msgpack:"createdAt" json:"createdAt"`
+	// TakenOverBy names the coordinator that took the lease from a dead host.
+	TakenOverBy string `msgpack:"takenOverBy,omitempty" json:"takenOverBy,omitempty"`
+}
+
+// RunRecord is one run (or continuable epoch) in KV brood_runs (DESIGN.md §4).
+// Created `running` by the coordinator; settled exactly once by a CAS at the
+// record's revision (DESIGN.md §7, Settlement 1).
+type RunRecord struct {
+	RunID         string `msgpack:"runId" json:"runId"`
+	ChildID       string `msgpack:"childId" json:"childId"`
+	ParentSession string `msgpack:"parentSession" json:"parentSession"`
+	Provider      string `msgpack:"provider" json:"provider"`
+	Mode          string `msgpack:"mode" json:"mode"`
+	Notify        string `msgpack:"notify,omitempty" json:"notify,omitempty"`
+	// Structured records that an outputSchema was requested, so whoever
+	// settles derives the result the same way.
+	Structured bool            `msgpack:"structured,omitempty" json:"structured,omitempty"`
+	State      string          `msgpack:"state" json:"state"`
+	CreatedAt  int64           `msgpack:"createdAt" json:"createdAt"`
+	SettledAt  int64           `msgpack:"settledAt,omitempty" json:"settledAt,omitempty"`
+	SettledBy  string          `msgpack:"settledBy,omitempty" json:"settledBy,omitempty"`
+	Result     *SubagentResult `msgpack:"result,omitempty" json:"result,omitempty"`
+}
+
+// ResolvedOptions are the start options after the coordinator validated them,
+// as a provider receives them. OutputSchema is canonical JSON text.
+type ResolvedOptions struct {
+	OutputSchema string      `msgpack:"outputSchema,omitempty" json:"outputSchema,omitempty"`
+	ToolFilter   *ToolFilter `msgpack:"toolFilter,omitempty" json:"toolFilter,omitempty"`
+	Persona      *string     `msgpack:"persona,omitempty" json:"persona,omitempty"`
+	Label        string      `msgpack:"label,omitempty" json:"label,omitempty"`
+}
+
+// ProviderStartRequest is what a coordinator sends to `provider.<name>.start`
+// after it validated a runs.start and wrote the child's header and run record.
+// RunRevision is the brood_runs revision the settlement CAS must match.
+type ProviderStartRequest struct {
+	RunID       string          `msgpack:"runId" json:"runId"`
+	Header      SessionHeader   `msgpack:"header" json:"header"`
+	Provider    string          `msgpack:"provider" json:"provider"`
+	Prompt      []ContentBlock  `msgpack:"prompt" json:"prompt"`
+	Notify      string          `msgpack:"notify,omitempty" json:"notify,omitempty"`
+	RunRevision Seq             `msgpack:"runRevision" json:"runRevision"`
+	Options     ResolvedOptions `msgpack:"options" json:"options"`
+	Ancestry    []string        `msgpack:"ancestry,omitempty" json:"ancestry,omitempty"`
+}
+
+// ProviderStartReply answers a provider start once the child is published:
+// lease held, first turn logged.
+type ProviderStartReply struct {
+	HostID string `msgpack:"hostId" json:"hostId"`
+}
+
+// HostRunRequest asks a host to act on one run it hosts (dispose, cancel).
+type HostRunRequest struct {
+	RunID   string `msgpack:"runId" json:"runId"`
+	ChildID string `msgpack:"childId" json:"childId"`
+	Cause   string `msgpack:"cause,omitempty" json:"cause,omitempty"`
+}

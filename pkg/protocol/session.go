@@ -1,0 +1,261 @@
+package protocol
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// SessionHeaderVersion is the on-stream format version of SessionHeader.
+const SessionHeaderVersion = 1
+
+// OriginSubagent marks a session created as a child (upstream-behaviour §3.1).
+const OriginSubagent = "subagent"
+
+// SessionHeader is a session's immutable metadata, stored once in
+// BROOD_SESSIONS (DESIGN.md §4; upstream-behaviour §3.1). CreatedAt is epoch
+// ms. DelegationDepth is absent (0) for roots and parent depth + 1 for a
+// child. SeedLength counts the events inherited from a fork parent (absent
+// when unseeded). ToolCeiling is the intersection of every ancestor's tool
+// filter and DepthCap the absolute depth cap, so both survive fork and cold
+// resume (DESIGN.md §7).
+type SessionHeader struct {
+	Version         int         `msgpack:"version" json:"version"`
+	ID              string      `msgpack:"id" json:"id"`
+	CreatedAt       int64       `msgpack:"createdAt" json:"createdAt"`
+	Cwd             string      `msgpack:"cwd,omitempty" json:"cwd,omitempty"`
+	ParentSession   string      `msgpack:"parentSession,omitempty" json:"parentSession,omitempty"`
+	SeedLength      int64       `msgpack:"seedLength,omitempty" json:"seedLength,omitempty"`
+	Origin          string      `msgpack:"origin,omitempty" json:"origin,omitempty"`
+	DelegationDepth int64       `msgpack:"delegationDepth,omitempty" json:"delegationDepth,omitempty"`
+	ToolCeiling     *ToolFilter `msgpack:"toolCeiling,omitempty" json:"toolCeiling,omitempty"`
+	DepthCap        *int64      `msgpack:"depthCap,omitempty" json:"depthCap,omitempty"`
+}
+
+// Event types of the session log (DESIGN.md §5; upstream-behaviour §3.2).
+const (
+	EvTurnStart          = "turn/start"
+	EvTurnEnd            = "turn/end"
+	EvStepStart          = "step/start"
+	EvStepEnd            = "step/end"
+	EvUserMessage        = "user/message"
+	EvAssistantMessage   = "assistant/message"
+	EvToolCall           = "tool/call"
+	EvToolResult         = "tool/result"
+	EvInboxEnqueue       = "agent/inbox/enqueue"
+	EvInboxDequeue       = "agent/inbox/dequeue"
+	EvInboxDiscard       = "agent/inbox/discard"
+	EvSessionEndSeed     = "session/end-seed"
+	EvSubagentDescriptor = "subagent/descriptor"
+)
+
+// SessionEvent is one log entry {seq, type, time, data}; Seq is contiguous
+// from 0 within a session; Time is epoch ms; Data is the MessagePack encoding
+// of the type's data struct (TurnData, TurnEndData, ...), kept raw so a log
+// round-trips byte for byte.
+type SessionEvent struct {
+	Seq  int64              `msgpack:"seq" json:"seq"`
+	Type string             `msgpack:"type" json:"type"`
+	Time int64              `msgpack:"time" json:"time"`
+	Data msgpack.RawMessage `msgpack:"data" json:"-"`
+}
+
+// NewEvent encodes data into an event of type typ. Seq is assigned by the
+// appender.
+func NewEvent(typ string, timeMs int64, data any) (SessionEvent, error) {
+	raw, err := Marshal(Msgpack, data)
+	if err != nil {
+		return SessionEvent{}, fmt.Errorf("encode %s data: %w", typ, err)
+	}
+	return SessionEvent{Type: typ, Time: timeMs, Data: raw}, nil
+}
+
+// Decode decodes the event's data into v.
+func (e SessionEvent) Decode(v any) error {
+	if len(e.Data) == 0 {
+		return fmt.Errorf("event %d (%s) has no data", e.Seq, e.Type)
+	}
+	return Unmarshal(Msgpack, e.Data, v)
+}
+
+// MarshalJSON renders the event with its data decoded, for `brood log --json`.
+func (e SessionEvent) MarshalJSON() ([]byte, error) {
+	var data any
+	if len(e.Data) > 0 {
+		if err := Unmarshal(Msgpack, e.Data, &data); err != nil {
+			return nil, err
+		}
+	}
+	return json.Marshal(struct {
+		Seq  int64  `json:"seq"`
+		Type string `json:"type"`
+		Time int64  `json:"time"`
+		Data any    `json:"data"`
+	}{e.Seq, e.Type, e.Time, ToJSONValue(data)})
+}
+
+// LogRecord is one message on a session's BROOD_LOG subject: one or more
+// consecutive events, typically a whole step. Readers flatten records.
+type LogRecord struct {
+	Events []SessionEvent `msgpack:"events" json:"events"`
+}
+
+// TurnData is the data of turn/start.
+type TurnData struct {
+	Turn int64 `msgpack:"turn" json:"turn"`
+}
+
+// Turn-end reason kinds (DESIGN.md §5).
+const (
+	TurnCompleted   = "completed"
+	TurnAborted     = "aborted"
+	TurnBlocked     = "blocked"
+	TurnError       = "error"
+	TurnMaxTokens   = "max-tokens"
+	TurnInterrupted = "interrupted"
+)
+
+// Cancel causes recorded with an aborted turn.
+const (
+	CauseUser     = "user"
+	CauseParent   = "parent"
+	CauseDisposed = "disposed"
+	CauseHostLost = "host-lost"
+)
+
+// TurnEndReason is {kind, cause?, error?}: cause for aborted, error (a short
+// diagnostic) for error.
+type TurnEndReason struct {
+	Kind  string `msgpack:"kind" json:"kind"`
+	Cause string `msgpack:"cause,omitempty" json:"cause,omitempty"`
+	Error string `msgpack:"error,omitempty" json:"error,omitempty"`
+}
+
+// TurnEndData is the data of turn/end.
+type TurnEndData struct {
+	Turn   int64         `msgpack:"turn" json:"turn"`
+	Reason TurnEndReason `msgpack:"reason" json:"reason"`
+}
+
+// StepData is the data of step/start and step/end.
+type StepData struct {
+	Turn int64 `msgpack:"turn" json:"turn"`
+	Step int64 `msgpack:"step" json:"step"`
+}
+
+// Message source kinds (upstream-behaviour §3.4). A source is provenance,
+// never authority.
+const (
+	SourceUser            = "user"
+	SourceCoordinator     = "coordinator"
+	SourceSubagentReport  = "subagent-report"
+	SourceSubagentSettled = "subagent-settled"
+)
+
+// MessageSource records who produced a user message.
+type MessageSource struct {
+	Kind            string `msgpack:"kind" json:"kind"`
+	Form            string `msgpack:"form,omitempty" json:"form,omitempty"`
+	SenderSessionID string `msgpack:"senderSessionId,omitempty" json:"senderSessionId,omitempty"`
+	Summary         string `msgpack:"summary,omitempty" json:"summary,omitempty"`
+}
+
+// UserMessageData is the data of user/message.
+type UserMessageData struct {
+	ID      string         `msgpack:"id" json:"id"`
+	Turn    int64          `msgpack:"turn" json:"turn"`
+	Content []ContentBlock `msgpack:"content" json:"content"`
+	Source  MessageSource  `msgpack:"source" json:"source"`
+}
+
+// ToolCall is one tool call of an assistant message. Arguments is the raw JSON
+// text exactly as the model produced it, never re-encoded (DESIGN.md §3).
+type ToolCall struct {
+	ID        string `msgpack:"id" json:"id"`
+	Name      string `msgpack:"name" json:"name"`
+	Arguments string `msgpack:"arguments" json:"arguments"`
+}
+
+// AssistantMessage is what a model answered in one step. ReasoningContent is
+// kept exactly as received: nil (absent) and "" differ (DeepSeek echoes it).
+type AssistantMessage struct {
+	Content          []ContentBlock `msgpack:"content" json:"content"`
+	ToolCalls        []ToolCall     `msgpack:"toolCalls,omitempty" json:"toolCalls,omitempty"`
+	ReasoningContent *string        `msgpack:"reasoningContent,omitempty" json:"reasoningContent,omitempty"`
+}
+
+// Usage is a model's token accounting for one step.
+type Usage struct {
+	InputTokens  int64 `msgpack:"inputTokens" json:"inputTokens"`
+	OutputTokens int64 `msgpack:"outputTokens" json:"outputTokens"`
+}
+
+// AssistantMessageData is the data of assistant/message. Interrupted marks the
+// text streamed before a step was cut (cancel, max-tokens).
+type AssistantMessageData struct {
+	Turn        int64            `msgpack:"turn" json:"turn"`
+	Step        int64            `msgpack:"step" json:"step"`
+	Message     AssistantMessage `msgpack:"message" json:"message"`
+	Usage       *Usage           `msgpack:"usage,omitempty" json:"usage,omitempty"`
+	Interrupted bool             `msgpack:"interrupted,omitempty" json:"interrupted,omitempty"`
+}
+
+// ToolCallData is the data of tool/call.
+type ToolCallData struct {
+	Turn      int64  `msgpack:"turn" json:"turn"`
+	Step      int64  `msgpack:"step" json:"step"`
+	CallID    string `msgpack:"callId" json:"callId"`
+	Name      string `msgpack:"name" json:"name"`
+	Arguments string `msgpack:"arguments" json:"arguments"`
+}
+
+// ToolResultData is the data of tool/result.
+type ToolResultData struct {
+	Turn    int64          `msgpack:"turn" json:"turn"`
+	Step    int64          `msgpack:"step" json:"step"`
+	CallID  string         `msgpack:"callId" json:"callId"`
+	Name    string         `msgpack:"name" json:"name"`
+	Content []ContentBlock `msgpack:"content" json:"content"`
+	IsError bool           `msgpack:"isError,omitempty" json:"isError,omitempty"`
+}
+
+// InboxEnqueueData is the data of agent/inbox/enqueue: the agent saw an inbox
+// item accepted (InboxSeq is its BROOD_INBOX stream sequence).
+type InboxEnqueueData struct {
+	MessageID string        `msgpack:"messageId" json:"messageId"`
+	InboxSeq  Seq           `msgpack:"inboxSeq" json:"inboxSeq"`
+	Source    MessageSource `msgpack:"source" json:"source"`
+}
+
+// InboxDequeueData is the data of agent/inbox/dequeue: the claim of one inbox
+// item by a turn, logged before the turn uses it (DESIGN.md §4).
+type InboxDequeueData struct {
+	MessageID string `msgpack:"messageId" json:"messageId"`
+	InboxSeq  Seq    `msgpack:"inboxSeq" json:"inboxSeq"`
+	Turn      int64  `msgpack:"turn" json:"turn"`
+}
+
+// InboxDiscardData is the data of agent/inbox/discard: accepted work dropped unrun.
+type InboxDiscardData struct {
+	MessageID string `msgpack:"messageId" json:"messageId"`
+	InboxSeq  Seq    `msgpack:"inboxSeq" json:"inboxSeq"`
+	Reason    string `msgpack:"reason" json:"reason"`
+}
+
+// DescriptorVersion is the current subagent/descriptor version (upstream-behaviour §3.5).
+const DescriptorVersion = 2
+
+// DescriptorData is the hidden subagent/descriptor event (upstream-behaviour
+// §3.5, §1.9): how to rebuild a continuable child. Undeclared fields are
+// omitted, never null.
+type DescriptorData struct {
+	Version       int         `msgpack:"version" json:"version"`
+	Mode          string      `msgpack:"mode" json:"mode"`
+	Provider      string      `msgpack:"provider" json:"provider"`
+	Label         string      `msgpack:"label,omitempty" json:"label,omitempty"`
+	AgentProvider string      `msgpack:"agentProvider,omitempty" json:"agentProvider,omitempty"`
+	AgentModel    string      `msgpack:"agentModel,omitempty" json:"agentModel,omitempty"`
+	Persona       *string     `msgpack:"persona,omitempty" json:"persona,omitempty"`
+	ToolFilter    *ToolFilter `msgpack:"toolFilter,omitempty" json:"toolFilter,omitempty"`
+}

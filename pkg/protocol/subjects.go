@@ -1,0 +1,171 @@
+package protocol
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// DefaultPrefix is the subject prefix of a deployment unless configured.
+const DefaultPrefix = "brood"
+
+// Version is the wire version token that follows the prefix in every subject.
+const Version = "v1"
+
+// Coordinator endpoints (DESIGN.md §3, §7). Each is served on
+// `<prefix>.v1.coord.<endpoint>` by the micro service CoordinatorService in the
+// queue group CoordinatorQueue, so replicas share the load.
+const (
+	EpProvidersList        = "providers.list"
+	EpAgentsOpen           = "agents.open"
+	EpAgentsRenew          = "agents.renew"
+	EpAgentsClose          = "agents.close"
+	EpRunsStart            = "runs.start"
+	EpRunsAwait            = "runs.await"
+	EpRunsDispose          = "runs.dispose"
+	EpContinuableStart     = "continuable.start"
+	EpContinuableFollowup  = "continuable.followup"
+	EpContinuableState     = "continuable.state"
+	EpContinuableDrain     = "continuable.drain"
+	EpContinuableInterrupt = "continuable.interrupt"
+	EpContinuableReport    = "continuable.report"
+	EpChildrenList         = "children.list"
+	EpAuthorityUser        = "authority.user"
+)
+
+// Provider operations, served by each provider worker on
+// `<prefix>.v1.provider.<name>.<op>` in the queue group ProviderQueue.
+const (
+	OpProviderStart   = "start"
+	OpProviderPrepare = "prepare"
+	OpProviderResume  = "resume"
+)
+
+// Host operations, served by one host process on `<prefix>.v1.host.<hostId>.<op>`
+// (no queue group: exactly the process that runs the agent answers).
+const (
+	OpHostDispose   = "dispose"
+	OpHostCancel    = "cancel"
+	OpHostInterrupt = "interrupt"
+	OpHostWake      = "wake"
+)
+
+// Micro service names and queue groups.
+const (
+	CoordinatorService    = "brood-coordinator"
+	ProviderServicePrefix = "brood-provider-"
+	CoordinatorQueue      = "brood-coordinator"
+	ProviderQueue         = "brood-provider"
+)
+
+// Lifecycle event kinds, the last token of an events subject.
+const (
+	EventKindStart = "start"
+	EventKindEnd   = "end"
+)
+
+var (
+	prefixRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
+	// idRE is the rule for caller-chosen ids (reserved child ids, idempotency
+	// keys, provider names): they become subject tokens (DESIGN.md §4).
+	idRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+)
+
+// ValidID reports whether s may be used as a caller-chosen id or provider name:
+// `^[A-Za-z0-9_-]{1,64}$` (DESIGN.md §4), so it is always one subject token.
+func ValidID(s string) bool { return idRE.MatchString(s) }
+
+// Subjects builds every subject, stream and bucket name of one deployment.
+// The zero value is not valid; use NewSubjects.
+type Subjects struct {
+	prefix string
+}
+
+// NewSubjects validates prefix (`^[A-Za-z0-9_-]{1,32}$`, "" means
+// DefaultPrefix) and returns the deployment's names.
+func NewSubjects(prefix string) (Subjects, error) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if !prefixRE.MatchString(prefix) {
+		return Subjects{}, fmt.Errorf("subject prefix %q must match %s", prefix, prefixRE)
+	}
+	return Subjects{prefix: prefix}, nil
+}
+
+// MustSubjects is NewSubjects that panics on an invalid prefix; for constants
+// and tests.
+func MustSubjects(prefix string) Subjects {
+	s, err := NewSubjects(prefix)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Prefix returns the deployment prefix, e.g. "brood".
+func (s Subjects) Prefix() string { return s.prefix }
+
+func (s Subjects) root() string { return s.prefix + "." + Version }
+
+// Coord is the subject of a coordinator endpoint, e.g. brood.v1.coord.runs.start.
+func (s Subjects) Coord(endpoint string) string { return s.root() + ".coord." + endpoint }
+
+// CoordGroup is the subject group of all coordinator endpoints.
+func (s Subjects) CoordGroup() string { return s.root() + ".coord" }
+
+// Provider is the subject of a provider operation, e.g. brood.v1.provider.spawn.start.
+func (s Subjects) Provider(name, op string) string {
+	return s.root() + ".provider." + name + "." + op
+}
+
+// ProviderGroup is the subject group of one provider's operations.
+func (s Subjects) ProviderGroup(name string) string { return s.root() + ".provider." + name }
+
+// Host is the subject of a host operation, e.g. brood.v1.host.<hostId>.dispose.
+func (s Subjects) Host(hostID, op string) string { return s.root() + ".host." + hostID + "." + op }
+
+// HostAll is the wildcard subject of every operation of one host.
+func (s Subjects) HostAll(hostID string) string { return s.root() + ".host." + hostID + ".*" }
+
+// Session is the BROOD_SESSIONS subject holding one session's header.
+func (s Subjects) Session(id string) string { return s.root() + ".session." + id }
+
+// Log is the BROOD_LOG subject holding one session's event records.
+func (s Subjects) Log(id string) string { return s.root() + ".log." + id }
+
+// Inbox is the BROOD_INBOX subject holding one session's pending inbox items.
+func (s Subjects) Inbox(id string) string { return s.root() + ".inbox." + id }
+
+// Events is the BROOD_EVENTS subject of lifecycle events under one parent.
+func (s Subjects) Events(parentSession, kind string) string {
+	return s.root() + ".events." + parentSession + "." + kind
+}
+
+// EventsAll is the wildcard over every lifecycle event of one parent ("*" for all parents).
+func (s Subjects) EventsAll(parentSession string) string {
+	return s.root() + ".events." + parentSession + ".*"
+}
+
+// SessionIDFromSubject returns the last token of a session, log or inbox subject.
+func SessionIDFromSubject(subject string) string {
+	if i := strings.LastIndexByte(subject, '.'); i >= 0 {
+		return subject[i+1:]
+	}
+	return subject
+}
+
+func (s Subjects) upper() string { return strings.ToUpper(strings.ReplaceAll(s.prefix, "-", "_")) }
+func (s Subjects) lower() string { return strings.ToLower(strings.ReplaceAll(s.prefix, "-", "_")) }
+
+// Stream names: BROOD_SESSIONS, BROOD_LOG, BROOD_INBOX, BROOD_EVENTS for the
+// default prefix.
+func (s Subjects) StreamSessions() string { return s.upper() + "_SESSIONS" }
+func (s Subjects) StreamLog() string      { return s.upper() + "_LOG" }
+func (s Subjects) StreamInbox() string    { return s.upper() + "_INBOX" }
+func (s Subjects) StreamEvents() string   { return s.upper() + "_EVENTS" }
+
+// KV bucket names: brood_agents, brood_hosts, brood_runs for the default prefix.
+func (s Subjects) BucketAgents() string { return s.lower() + "_agents" }
+func (s Subjects) BucketHosts() string  { return s.lower() + "_hosts" }
+func (s Subjects) BucketRuns() string   { return s.lower() + "_runs" }

@@ -1,0 +1,356 @@
+package protocol
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// ContentBlock is one block of message content: {type: "text", text}. Framing
+// marks text the runtime added around the caller's words (for example a fork
+// child's note about inherited context); the scripted model ignores framing
+// blocks, every other adapter sends them as ordinary text of the same message.
+type ContentBlock struct {
+	Type    string `msgpack:"type" json:"type"`
+	Text    string `msgpack:"text" json:"text"`
+	Framing bool   `msgpack:"framing,omitempty" json:"framing,omitempty"`
+}
+
+// BlockText is the only block type today.
+const BlockText = "text"
+
+// Text returns content made of one text block, or an empty (non-nil) list for "".
+func Text(s string) []ContentBlock {
+	if s == "" {
+		return []ContentBlock{}
+	}
+	return []ContentBlock{{Type: BlockText, Text: s}}
+}
+
+// PlainText joins the text of every non-framing block with newlines.
+func PlainText(blocks []ContentBlock) string {
+	var parts []string
+	for _, b := range blocks {
+		if b.Type == BlockText && !b.Framing {
+			parts = append(parts, b.Text)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+// AllText joins the text of every block, framing included.
+func AllText(blocks []ContentBlock) string {
+	var parts []string
+	for _, b := range blocks {
+		if b.Type == BlockText {
+			parts = append(parts, b.Text)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+// Seq is a JetStream sequence or KV revision. It travels as a decimal string,
+// because sequences may exceed 2^53 and JavaScript decoders would round them
+// (DESIGN.md §12).
+type Seq uint64
+
+func (s Seq) String() string { return strconv.FormatUint(uint64(s), 10) }
+
+func (s Seq) EncodeMsgpack(enc *msgpack.Encoder) error { return enc.EncodeString(s.String()) }
+
+func (s *Seq) DecodeMsgpack(dec *msgpack.Decoder) error {
+	v, err := dec.DecodeInterfaceLoose()
+	if err != nil {
+		return err
+	}
+	return s.set(v)
+}
+
+func (s Seq) MarshalJSON() ([]byte, error) { return json.Marshal(s.String()) }
+
+func (s *Seq) UnmarshalJSON(b []byte) error {
+	var v any
+	d := json.NewDecoder(strings.NewReader(string(b)))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		return err
+	}
+	return s.set(v)
+}
+
+func (s *Seq) set(v any) error {
+	switch x := v.(type) {
+	case nil:
+		*s = 0
+	case string:
+		u, err := strconv.ParseUint(x, 10, 64)
+		if err != nil {
+			return fmt.Errorf("sequence %q is not a decimal unsigned integer", x)
+		}
+		*s = Seq(u)
+	case json.Number:
+		u, err := strconv.ParseUint(string(x), 10, 64)
+		if err != nil {
+			return fmt.Errorf("sequence %s is not an unsigned integer", x)
+		}
+		*s = Seq(u)
+	case int64:
+		if x < 0 {
+			return fmt.Errorf("sequence %d is negative", x)
+		}
+		*s = Seq(x)
+	case uint64:
+		*s = Seq(x)
+	default:
+		return fmt.Errorf("sequence has type %T, want a decimal string", v)
+	}
+	return nil
+}
+
+// Capabilities are the start-time features of a provider (seed: SubagentCapabilities).
+// Each maps one-to-one to a start option: DepthLimit to maxDepth, the others by name.
+type Capabilities struct {
+	OutputSchema bool `msgpack:"outputSchema" json:"outputSchema"`
+	DepthLimit   bool `msgpack:"depthLimit" json:"depthLimit"`
+	ToolFilter   bool `msgpack:"toolFilter" json:"toolFilter"`
+	Persona      bool `msgpack:"persona" json:"persona"`
+}
+
+// ProviderDescriptor is the static description of a provider (DESIGN.md §3, §6).
+// Tools names the global tools its agents offer, so a tool filter is validated
+// before anything is created. All instances of one provider have equal
+// descriptors (else DUPLICATE_PROVIDER).
+type ProviderDescriptor struct {
+	Name                  string       `msgpack:"name" json:"name"`
+	Capabilities          Capabilities `msgpack:"capabilities" json:"capabilities"`
+	InheritsParentContext bool         `msgpack:"inheritsParentContext" json:"inheritsParentContext"`
+	Continuable           bool         `msgpack:"continuable" json:"continuable"`
+	Tools                 []string     `msgpack:"tools" json:"tools"`
+}
+
+// Equal reports whether two descriptors describe the same provider.
+func (d ProviderDescriptor) Equal(o ProviderDescriptor) bool {
+	if d.Name != o.Name || d.Capabilities != o.Capabilities ||
+		d.InheritsParentContext != o.InheritsParentContext || d.Continuable != o.Continuable ||
+		len(d.Tools) != len(o.Tools) {
+		return false
+	}
+	for i := range d.Tools {
+		if d.Tools[i] != o.Tools[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// HasTool reports whether the provider's agents offer the global tool name.
+func (d ProviderDescriptor) HasTool(name string) bool {
+	for _, t := range d.Tools {
+		if t == name {
+			return true
+		}
+	}
+	return false
+}
+
+// ToolFilter restricts a child's global tools (upstream-behaviour §1.7): allow
+// is applied before deny; at least one must be present. A nil list is absent;
+// an empty allow list hides every global tool.
+type ToolFilter struct {
+	Allow []string `msgpack:"allow" json:"allow"`
+	Deny  []string `msgpack:"deny" json:"deny"`
+}
+
+// StopReason says why a run ended (seed: SubagentStopReason). Consumers branch
+// on the known values and treat any other as a failure.
+type StopReason string
+
+const (
+	StopCompleted StopReason = "completed"
+	StopAborted   StopReason = "aborted"
+	StopError     StopReason = "error"
+	StopMaxTokens StopReason = "max-tokens"
+	StopRefusal   StopReason = "refusal"
+)
+
+// DiagnosticBytesMax bounds SubagentResult.Diagnostic (upstream-behaviour §1.10).
+const DiagnosticBytesMax = 4096
+
+// SubagentResult is the terminal outcome of a run or epoch (seed: SubagentResult).
+// Output is the child's final assistant output (upstream-behaviour §3.8), never
+// nil on the wire; Structured is present only after a requested outputSchema
+// was satisfied; Diagnostic (≤ 4096 bytes, never secrets or payloads) and
+// ErrorCode explain non-completed results.
+type SubagentResult struct {
+	Output     []ContentBlock `msgpack:"output" json:"output"`
+	Structured any            `msgpack:"structured" json:"structured,omitempty"`
+	StopReason StopReason     `msgpack:"stopReason" json:"stopReason"`
+	Diagnostic string         `msgpack:"diagnostic,omitempty" json:"diagnostic,omitempty"`
+	ErrorCode  Code           `msgpack:"errorCode,omitempty" json:"errorCode,omitempty"`
+}
+
+// TruncateDiagnostic cuts s to at most DiagnosticBytesMax bytes at a UTF-8
+// boundary, marking the cut (upstream-behaviour §1.10).
+func TruncateDiagnostic(s string) string {
+	if len(s) <= DiagnosticBytesMax {
+		return s
+	}
+	const marker = " …[truncated]"
+	cut := DiagnosticBytesMax - len(marker)
+	for cut > 0 && !isRuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + marker
+}
+
+func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
+
+// ParentRef names the acting parent: its session id and the credential of its
+// current live agent (DESIGN.md §7).
+type ParentRef struct {
+	SessionID  string `msgpack:"sessionId" json:"sessionId"`
+	Credential string `msgpack:"credential" json:"credential"`
+}
+
+// StartOptions are the optional start-time features of a one-shot run
+// (seed: SubagentStartRequest; upstream-behaviour §1.3–§1.8). Each needs the
+// matching provider capability. MaxDepth is kept untyped so that -1, 1.5, NaN
+// and 2^53 reach validation and get INVALID_ARGUMENT instead of a decode error.
+type StartOptions struct {
+	OutputSchema any         `msgpack:"outputSchema" json:"outputSchema,omitempty"`
+	MaxDepth     any         `msgpack:"maxDepth" json:"maxDepth,omitempty"`
+	ToolFilter   *ToolFilter `msgpack:"toolFilter,omitempty" json:"toolFilter,omitempty"`
+	Persona      *string     `msgpack:"persona,omitempty" json:"persona,omitempty"`
+	// Label is a short display label (the subagent tool's description).
+	Label string `msgpack:"label,omitempty" json:"label,omitempty"`
+}
+
+// RunStartRequest is the body of runs.start (DESIGN.md §7). Notify is the
+// subject the settled RunNotice is published to; the caller subscribes to it
+// before starting (one wildcard subscription per connection).
+type RunStartRequest struct {
+	Provider string         `msgpack:"provider" json:"provider"`
+	Parent   ParentRef      `msgpack:"parent" json:"parent"`
+	Prompt   []ContentBlock `msgpack:"prompt" json:"prompt"`
+	Notify   string         `msgpack:"notify,omitempty" json:"notify,omitempty"`
+	Options  StartOptions   `msgpack:"options" json:"options"`
+}
+
+func (r *RunStartRequest) normalizeNumbers() {
+	r.Options.OutputSchema = NormalizeNumbers(r.Options.OutputSchema)
+	r.Options.MaxDepth = NormalizeNumbers(r.Options.MaxDepth)
+}
+
+// RunStartReply answers runs.start at publication. RunID equals ChildID for
+// local providers and is a fresh id for remote ones (seed: SubagentRun.id).
+type RunStartReply struct {
+	RunID   string `msgpack:"runId" json:"runId"`
+	ChildID string `msgpack:"childId" json:"childId"`
+}
+
+// RunNotice is published on a run's notify subject once it settled.
+type RunNotice struct {
+	RunID         string         `msgpack:"runId" json:"runId"`
+	ChildID       string         `msgpack:"childId" json:"childId"`
+	ParentSession string         `msgpack:"parentSession" json:"parentSession"`
+	Provider      string         `msgpack:"provider" json:"provider"`
+	Result        SubagentResult `msgpack:"result" json:"result"`
+}
+
+// RunRef names a run and the authority acting on it: the parent's credential
+// or a user grant (DESIGN.md §7, Settlement 4). WaitMs (runs.await only) is how
+// long to wait for settlement, 0 for an immediate answer; capped by the
+// coordinator's RunAwaitWaitMax.
+type RunRef struct {
+	RunID  string     `msgpack:"runId" json:"runId"`
+	Parent *ParentRef `msgpack:"parent,omitempty" json:"parent,omitempty"`
+	Grant  string     `msgpack:"grant,omitempty" json:"grant,omitempty"`
+	WaitMs int64      `msgpack:"waitMs,omitempty" json:"waitMs,omitempty"`
+}
+
+// Run states in brood_runs.
+const (
+	RunRunning = "running"
+	RunSettled = "settled"
+)
+
+// RunStatus answers runs.await and runs.dispose.
+type RunStatus struct {
+	RunID   string          `msgpack:"runId" json:"runId"`
+	ChildID string          `msgpack:"childId" json:"childId"`
+	State   string          `msgpack:"state" json:"state"`
+	Result  *SubagentResult `msgpack:"result,omitempty" json:"result,omitempty"`
+}
+
+// AgentsOpenRequest opens a root agent for a client (DESIGN.md §7). Cwd must be
+// an absolute path; it becomes the root session's workspace.
+type AgentsOpenRequest struct {
+	Cwd   string `msgpack:"cwd" json:"cwd"`
+	Label string `msgpack:"label,omitempty" json:"label,omitempty"`
+}
+
+// AgentsOpenReply carries the root's session id and credential. The root is
+// live until ExpiresAt (epoch ms) unless renewed with agents.renew.
+type AgentsOpenReply struct {
+	SessionID  string `msgpack:"sessionId" json:"sessionId"`
+	Credential string `msgpack:"credential" json:"credential"`
+	LeaseMs    int64  `msgpack:"leaseMs" json:"leaseMs"`
+	ExpiresAt  int64  `msgpack:"expiresAt" json:"expiresAt"`
+}
+
+// AgentsRenewReply answers agents.renew with the new expiry (epoch ms).
+type AgentsRenewReply struct {
+	ExpiresAt int64 `msgpack:"expiresAt" json:"expiresAt"`
+}
+
+// ProvidersListReply lists the live providers, sorted by name, with the number
+// of live instances of each.
+type ProvidersListReply struct {
+	Providers []ProviderDescriptor `msgpack:"providers" json:"providers"`
+	Instances map[string]int       `msgpack:"instances" json:"instances"`
+}
+
+// Empty is the body of requests and replies that carry nothing.
+type Empty struct{}
+
+// LifecycleEvent is a subagent/start or subagent/end event on BROOD_EVENTS
+// under the parent's id (seed: SubagentRunInfo, SubagentRunEndInfo;
+// upstream-behaviour §3.7). ID is the child id (or the remote run id).
+type LifecycleEvent struct {
+	Type                 string         `msgpack:"type" json:"type"`
+	RunID                string         `msgpack:"runId" json:"runId"`
+	Provider             string         `msgpack:"provider" json:"provider"`
+	ID                   string         `msgpack:"id" json:"id"`
+	ParentSession        string         `msgpack:"parentSession" json:"parentSession"`
+	Local                bool           `msgpack:"local" json:"local"`
+	Mode                 string         `msgpack:"mode" json:"mode"`
+	Time                 int64          `msgpack:"time" json:"time"`
+	StopReason           StopReason     `msgpack:"stopReason,omitempty" json:"stopReason,omitempty"`
+	LastAssistantMessage []ContentBlock `msgpack:"lastAssistantMessage,omitempty" json:"lastAssistantMessage,omitempty"`
+	ErrorCode            Code           `msgpack:"errorCode,omitempty" json:"errorCode,omitempty"`
+}
+
+// Lifecycle event types.
+const (
+	LifecycleStart = "subagent/start"
+	LifecycleEnd   = "subagent/end"
+)
+
+// Descriptor modes.
+const (
+	ModeOneShot     = "one-shot"
+	ModeContinuable = "continuable"
+)
+
+func (r *SubagentResult) normalizeNumbers() {
+	if r != nil {
+		r.Structured = NormalizeNumbers(r.Structured)
+	}
+}
+
+func (n *RunNotice) normalizeNumbers() { n.Result.normalizeNumbers() }
+func (s *RunStatus) normalizeNumbers() { s.Result.normalizeNumbers() }
+func (r *RunRecord) normalizeNumbers() { r.Result.normalizeNumbers() }

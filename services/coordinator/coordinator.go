@@ -1,0 +1,248 @@
+// Package coordinator is Brood's coordinator service (DESIGN.md §2, §7): the
+// provider registry, request validation, authority checks, run admission and
+// settlement on HOST_LOST, served as the NATS micro service brood-coordinator
+// on `<prefix>.v1.coord.<endpoint>` in one queue group, so replicas share the
+// load. It keeps no state that cannot be rebuilt from JetStream: its
+// registry, leases and headers are caches of KV watches and stream reads.
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/oklog/ulid/v2"
+
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Config configures a coordinator. Zero values take the defaults of DESIGN.md §4.
+type Config struct {
+	NC    *nats.Conn
+	Store *store.Store
+	// ID names this replica; default a new ULID.
+	ID string
+	// HeartbeatInterval: how often this replica's record is rewritten (1 s).
+	HeartbeatInterval time.Duration
+	// HostExpiry: a host whose last heartbeat is older is dead (5 s).
+	HostExpiry time.Duration
+	// RootLease: how long a root agent lives without agents.renew (30 s).
+	RootLease time.Duration
+	// PromptBytesMax bounds a prompt's text (256 KiB).
+	PromptBytesMax int
+	// ProviderStartTimeout bounds the provider's answer to a start (10 s).
+	ProviderStartTimeout time.Duration
+	// RunAwaitWaitMax caps runs.await's waitMs (60 s).
+	RunAwaitWaitMax time.Duration
+	// RequestsInFlightMax bounds concurrently handled requests (1024).
+	RequestsInFlightMax int
+	// HeadersCachedMax bounds the session header cache (10,000).
+	HeadersCachedMax int
+	Version          string
+	Logger           *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.ID == "" {
+		c.ID = ulid.Make().String()
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = time.Second
+	}
+	if c.HostExpiry <= 0 {
+		c.HostExpiry = 5 * time.Second
+	}
+	if c.RootLease <= 0 {
+		c.RootLease = 30 * time.Second
+	}
+	if c.PromptBytesMax <= 0 {
+		c.PromptBytesMax = 256 << 10
+	}
+	if c.ProviderStartTimeout <= 0 {
+		c.ProviderStartTimeout = 10 * time.Second
+	}
+	if c.RunAwaitWaitMax <= 0 {
+		c.RunAwaitWaitMax = 60 * time.Second
+	}
+	if c.RequestsInFlightMax <= 0 {
+		c.RequestsInFlightMax = 1024
+	}
+	if c.HeadersCachedMax <= 0 {
+		c.HeadersCachedMax = 10000
+	}
+	if c.Version == "" {
+		c.Version = "0.1.0"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Coordinator is one replica.
+type Coordinator struct {
+	cfg     Config
+	st      *store.Store
+	subj    protocol.Subjects
+	log     *slog.Logger
+	reg     *registry
+	agents  *agentIndex
+	headers *headerCache
+	started int64
+
+	mu      sync.Mutex
+	working map[string]bool // sessions with a takeover or disposal in progress
+	ready   chan struct{}
+}
+
+// Ready is closed once the replica serves its endpoints.
+func (c *Coordinator) Ready() <-chan struct{} { return c.ready }
+
+// New validates cfg and returns a coordinator; Run serves it.
+func New(cfg Config) (*Coordinator, error) {
+	if cfg.NC == nil || cfg.Store == nil {
+		return nil, errors.New("coordinator: NC and Store are required")
+	}
+	cfg.defaults()
+	log := cfg.Logger.With("coordinator", cfg.ID)
+	return &Coordinator{
+		cfg: cfg, st: cfg.Store, subj: cfg.Store.Subj, log: log,
+		reg:     newRegistry(cfg.HostExpiry, log),
+		agents:  newAgentIndex(log),
+		headers: &headerCache{m: map[string]protocol.SessionHeader{}, max: cfg.HeadersCachedMax},
+		working: map[string]bool{},
+		ready:   make(chan struct{}),
+	}, nil
+}
+
+// ID returns the replica id.
+func (c *Coordinator) ID() string { return c.cfg.ID }
+
+type endpoint struct {
+	subject string
+	handle  rpc.Handler
+}
+
+func (c *Coordinator) endpoints() []endpoint {
+	return []endpoint{
+		{protocol.EpProvidersList, c.providersList},
+		{protocol.EpAgentsOpen, c.agentsOpen},
+		{protocol.EpAgentsRenew, c.agentsRenew},
+		{protocol.EpAgentsClose, c.agentsClose},
+		{protocol.EpRunsStart, c.runsStart},
+		{protocol.EpRunsAwait, c.runsAwait},
+		{protocol.EpRunsDispose, c.runsDispose},
+	}
+}
+
+// Run starts the caches, serves the endpoints and watches liveness until ctx
+// is done; then it stops admitting and drains the micro service. A stop
+// through ctx returns nil.
+func (c *Coordinator) Run(ctx context.Context) error {
+	c.started = store.NowMs()
+	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWatch()
+	if err := watchBucket(watchCtx, c.log, c.st.Hosts, c.reg.ready, c.reg.put, c.reg.del); err != nil {
+		return fmt.Errorf("coordinator: watch hosts: %w", err)
+	}
+	if err := watchBucket(watchCtx, c.log, c.st.Agents, c.agents.ready, c.agents.put, c.agents.del); err != nil {
+		return fmt.Errorf("coordinator: watch agents: %w", err)
+	}
+	for _, ch := range []chan struct{}{c.reg.ready, c.agents.ready} {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil
+		case <-time.After(30 * time.Second):
+			return errors.New("coordinator: initial KV watch did not complete within 30s")
+		}
+	}
+	if err := c.beat(ctx); err != nil {
+		return fmt.Errorf("coordinator: first heartbeat: %w", err)
+	}
+	reqCtx, stopReqs := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopReqs()
+	sem := make(chan struct{}, c.cfg.RequestsInFlightMax)
+	svc, err := micro.AddService(c.cfg.NC, micro.Config{
+		Name:        protocol.CoordinatorService,
+		Version:     c.cfg.Version,
+		Description: "Brood coordinator: providers, roots, runs",
+		QueueGroup:  protocol.CoordinatorQueue,
+		Metadata:    map[string]string{"coordinatorId": c.cfg.ID},
+	})
+	if err != nil {
+		return fmt.Errorf("coordinator: micro service: %w", err)
+	}
+	g := svc.AddGroup(c.subj.CoordGroup())
+	for _, ep := range c.endpoints() {
+		name := strings.ReplaceAll(ep.subject, ".", "_")
+		if err := g.AddEndpoint(name, rpc.Endpoint(reqCtx, c.log, sem, ep.handle), micro.WithEndpointSubject(ep.subject)); err != nil {
+			_ = svc.Stop()
+			return fmt.Errorf("coordinator: endpoint %s: %w", ep.subject, err)
+		}
+	}
+	c.log.Info("coordinator serving")
+	close(c.ready)
+
+	var bg sync.WaitGroup
+	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
+	bg.Add(2)
+	go func() {
+		defer bg.Done()
+		worker.HeartbeatLoop(bgCtx, c.cfg.HeartbeatInterval, c.cfg.HostExpiry, c.beat, nil,
+			func(err error) { c.log.Warn("heartbeat failed", "err", err) })
+	}()
+	go func() { defer bg.Done(); c.monitor(bgCtx) }()
+
+	<-ctx.Done()
+	_ = svc.Stop()
+	stopBg()
+	bg.Wait()
+	stopReqs()
+	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = store.Delete(dctx, c.st.Hosts, c.cfg.ID, 0)
+	c.log.Info("coordinator stopped")
+	return nil
+}
+
+func (c *Coordinator) beat(ctx context.Context) error {
+	bctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval+time.Second)
+	defer cancel()
+	_, err := store.Put(bctx, c.st.Hosts, c.cfg.ID, protocol.HostRecord{
+		HostID: c.cfg.ID, Kind: protocol.HostCoordinator, Providers: []protocol.ProviderDescriptor{},
+		Heartbeat: store.NowMs(), StartedAt: c.started, HeartbeatMs: c.cfg.HeartbeatInterval.Milliseconds(),
+	})
+	return err
+}
+
+func (c *Coordinator) providersList(ctx context.Context, req rpc.Request) (any, error) {
+	ds, counts := c.reg.providers()
+	return protocol.ProvidersListReply{Providers: ds, Instances: counts}, nil
+}
+
+// claim marks a session as being worked on (takeover, disposal); false when
+// another goroutine of this replica already is.
+func (c *Coordinator) claim(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.working[id] {
+		return false
+	}
+	c.working[id] = true
+	return true
+}
+
+func (c *Coordinator) release(id string) {
+	c.mu.Lock()
+	delete(c.working, id)
+	c.mu.Unlock()
+}

@@ -1,0 +1,304 @@
+package coordinator_test
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
+)
+
+// nocaps is a test provider with every capability false.
+func nocaps() worker.Provider {
+	return &worker.InProcess{
+		Desc:   protocol.ProviderDescriptor{Name: "nocaps", Tools: []string{"list_dir"}},
+		Models: func() (model.Model, error) { return model.NewScripted(), nil },
+		Tools:  func(worker.SessionSpec) ([]*agent.Tool, error) { return []*agent.Tool{agent.ListDirTool()}, nil },
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestStartChecksRefuseBeforeAnythingIsCreated(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	s.AddHost(nocaps())
+	root := s.Root()
+	bad := root.Ref()
+	bad.Credential = "forged"
+	tests := []struct {
+		name     string
+		provider string
+		parent   protocol.ParentRef
+		opts     protocol.StartOptions
+		want     protocol.Code
+		contains string
+	}{
+		{"unknown provider", "nope", root.Ref(), protocol.StartOptions{}, protocol.CodeNoProvider, `"nope"`},
+		{"provider before authority", "nope", bad, protocol.StartOptions{}, protocol.CodeNoProvider, ""},
+		{"outputSchema first", "nocaps", root.Ref(), protocol.StartOptions{OutputSchema: map[string]any{"type": "object"}, Persona: ptr("p")}, protocol.CodeUnsupportedCapability, "outputSchema"},
+		{"maxDepth needs depthLimit", "nocaps", root.Ref(), protocol.StartOptions{MaxDepth: int64(2), Persona: ptr("p")}, protocol.CodeUnsupportedCapability, "depthLimit"},
+		{"toolFilter", "nocaps", root.Ref(), protocol.StartOptions{ToolFilter: &protocol.ToolFilter{Deny: []string{"list_dir"}}}, protocol.CodeUnsupportedCapability, "toolFilter"},
+		{"persona", "nocaps", root.Ref(), protocol.StartOptions{Persona: ptr("p")}, protocol.CodeUnsupportedCapability, "persona"},
+		{"capability before authority", "nocaps", bad, protocol.StartOptions{Persona: ptr("p")}, protocol.CodeUnsupportedCapability, ""},
+		{"forged credential", "spawn", bad, protocol.StartOptions{}, protocol.CodeUnauthorized, ""},
+		{"unknown session", "spawn", protocol.ParentRef{SessionID: "nobody", Credential: "x"}, protocol.StartOptions{}, protocol.CodeUnauthorized, ""},
+		{"authority before maxDepth", "spawn", bad, protocol.StartOptions{MaxDepth: int64(-1)}, protocol.CodeUnauthorized, ""},
+		{"maxDepth -1", "spawn", root.Ref(), protocol.StartOptions{MaxDepth: int64(-1)}, protocol.CodeInvalidArgument, "negative"},
+		{"maxDepth 1.5", "spawn", root.Ref(), protocol.StartOptions{MaxDepth: 1.5}, protocol.CodeInvalidArgument, "not an integer"},
+		{"maxDepth NaN", "spawn", root.Ref(), protocol.StartOptions{MaxDepth: math.NaN()}, protocol.CodeInvalidArgument, "NaN"},
+		{"maxDepth 2^53", "spawn", root.Ref(), protocol.StartOptions{MaxDepth: int64(1 << 53)}, protocol.CodeInvalidArgument, "2^53"},
+		{"maxDepth -0", "spawn", root.Ref(), protocol.StartOptions{MaxDepth: math.Copysign(0, -1)}, protocol.CodeInvalidArgument, "-0"},
+		{"maxDepth string", "spawn", root.Ref(), protocol.StartOptions{MaxDepth: "3"}, protocol.CodeInvalidArgument, ""},
+		{"maxDepth 0", "spawn", root.Ref(), protocol.StartOptions{MaxDepth: int64(0)}, protocol.CodeDepthExceeded, "depth 1 exceeds the maximum depth 0"},
+		{"empty tool filter", "spawn", root.Ref(), protocol.StartOptions{ToolFilter: &protocol.ToolFilter{}}, protocol.CodeInvalidToolFilter, "at least one"},
+		{"unknown tool", "spawn", root.Ref(), protocol.StartOptions{ToolFilter: &protocol.ToolFilter{Deny: []string{"nosuch"}}}, protocol.CodeInvalidToolFilter, "nosuch"},
+		{"bad persona", "spawn", root.Ref(), protocol.StartOptions{Persona: ptr("hi {{nope}}")}, protocol.CodeInvalidPersona, "nope"},
+	}
+	before := s.SessionCount()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := s.Run(tt.parent, tt.provider, "say x", tt.opts)
+			if protocol.CodeOf(err) != tt.want {
+				t.Fatalf("err = %v, want %s", err, tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.contains) {
+				t.Errorf("message %q lacks %q", err.Error(), tt.contains)
+			}
+		})
+	}
+	if after := s.SessionCount(); after != before {
+		t.Fatalf("%d sessions were created by refused starts", after-before)
+	}
+}
+
+func TestRunCompletesWithLifecycleEvents(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	root := s.Root()
+	run, res, err := s.Run(root.Ref(), "spawn", "say hello", protocol.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StopReason != protocol.StopCompleted || protocol.PlainText(res.Output) != "hello" {
+		t.Fatalf("result = %+v", res)
+	}
+	if run.RunID != run.ChildID {
+		t.Fatalf("local run id %s must equal the child id %s", run.RunID, run.ChildID)
+	}
+	h, evs := s.Log(run.ChildID)
+	if h.ParentSession != root.SessionID || h.DelegationDepth != 1 || h.Origin != protocol.OriginSubagent || h.Cwd == "" {
+		t.Fatalf("header = %+v", h)
+	}
+	if evs[len(evs)-1].Type != protocol.EvTurnEnd {
+		t.Fatalf("log ends with %s", evs[len(evs)-1].Type)
+	}
+	var got []protocol.LifecycleEvent
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		got = lifecycle(t, s, root.SessionID)
+		return len(got) == 2
+	}, "two lifecycle events")
+	if got[0].Type != protocol.LifecycleStart || got[1].Type != protocol.LifecycleEnd ||
+		got[0].RunID != run.RunID || got[1].RunID != run.RunID || got[1].StopReason != protocol.StopCompleted {
+		t.Fatalf("events = %+v", got)
+	}
+	// runs.await answers from brood_runs for a caller that missed the notify.
+	st, err := s.Client.Await(context.Background(), protocol.RunRef{RunID: run.RunID, Parent: ptr(root.Ref())})
+	if err != nil || st.State != protocol.RunSettled || protocol.PlainText(st.Result.Output) != "hello" {
+		t.Fatalf("await = %+v, %v", st, err)
+	}
+	// Another root may not read it.
+	other := s.Root()
+	if _, err := s.Client.Await(context.Background(), protocol.RunRef{RunID: run.RunID, Parent: ptr(other.Ref())}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+		t.Fatalf("stranger await = %v", err)
+	}
+}
+
+func lifecycle(t *testing.T, s *testutil.Stack, parent string) []protocol.LifecycleEvent {
+	t.Helper()
+	ctx := context.Background()
+	cons, err := s.Store.Events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.Store.Subj.EventsAll(parent)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []protocol.LifecycleEvent
+	for {
+		batch, err := cons.FetchNoWait(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			var ev protocol.LifecycleEvent
+			if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &ev); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, ev)
+			n++
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}
+
+func TestDisposeMidRunAborts(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	root := s.Root()
+	ctx := context.Background()
+	run, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text("call list_dir {}\nsleep 30s\nsay never"), protocol.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		_, evs := s.Log(run.ChildID)
+		return len(evs) >= 6 // the tool step was logged; the model now sleeps
+	}, "first step logged")
+	start := time.Now()
+	st, err := run.Dispose(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatalf("dispose took %s", time.Since(start))
+	}
+	if st.State != protocol.RunSettled || st.Result.StopReason != protocol.StopAborted {
+		t.Fatalf("dispose status = %+v", st)
+	}
+	res, err := run.Result(ctx)
+	if err != nil || res.StopReason != protocol.StopAborted {
+		t.Fatalf("notified result = %+v, %v", res, err)
+	}
+	_, evs := s.Log(run.ChildID)
+	var end protocol.TurnEndData
+	if err := evs[len(evs)-1].Decode(&end); err != nil || end.Reason.Kind != protocol.TurnAborted || end.Reason.Cause != protocol.CauseDisposed {
+		t.Fatalf("last event = %s %+v", evs[len(evs)-1].Type, end)
+	}
+	// Dispose is idempotent.
+	again, err := run.Dispose(ctx)
+	if err != nil || again.Result.StopReason != protocol.StopAborted {
+		t.Fatalf("second dispose = %+v, %v", again, err)
+	}
+}
+
+func TestClosingTheRootDisposesItsRuns(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	root := s.Root()
+	ctx := context.Background()
+	run, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text("sleep 30s\nsay never"), protocol.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := root.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, err := run.Result(rctx)
+	if err != nil || res.StopReason != protocol.StopAborted {
+		t.Fatalf("result = %+v, %v", res, err)
+	}
+	_, evs := s.Log(run.ChildID)
+	var end protocol.TurnEndData
+	_ = evs[len(evs)-1].Decode(&end)
+	if end.Reason.Cause != protocol.CauseParent {
+		t.Fatalf("cause = %q, want parent", end.Reason.Cause)
+	}
+}
+
+func TestRootLeaseLapses(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.RootLease = 300 * time.Millisecond })
+	var open protocol.AgentsOpenReply
+	if err := s.Client.Call(context.Background(), protocol.EpAgentsOpen, protocol.AgentsOpenRequest{Cwd: t.TempDir()}, &open); err != nil {
+		t.Fatal(err)
+	}
+	ref := protocol.ParentRef{SessionID: open.SessionID, Credential: open.Credential}
+	if err := s.Client.Call(context.Background(), protocol.EpAgentsRenew, ref, nil); err != nil {
+		t.Fatalf("renew while live: %v", err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		err := s.Client.Call(context.Background(), protocol.EpAgentsRenew, ref, nil)
+		return protocol.CodeOf(err) == protocol.CodeUnauthorized
+	}, "a lapsed root's credential is dead")
+}
+
+func TestJSONRequestsAreAnsweredInJSON(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	req := func(endpoint, body string, header string) *nats.Msg {
+		m := nats.NewMsg(s.Store.Subj.Coord(endpoint))
+		m.Header.Set(header, "application/json")
+		m.Data = []byte(body)
+		resp, err := s.NC.RequestMsg(m, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	resp := req(protocol.EpProvidersList, `{}`, "content-type")
+	var list struct {
+		Providers []map[string]any `json:"providers"`
+	}
+	if err := json.Unmarshal(resp.Data, &list); err != nil || len(list.Providers) != 1 || list.Providers[0]["name"] != "spawn" {
+		t.Fatalf("providers.list JSON = %s, %v", resp.Data, err)
+	}
+	resp = req(protocol.EpRunsStart, `{"provider":"nope","parent":{"sessionId":"x","credential":"y"},"prompt":[{"type":"text","text":"hi"}]}`, "Content-Type")
+	if resp.Header.Get(protocol.HeaderServiceErrorCode) != "1002" || !strings.HasPrefix(resp.Header.Get(protocol.HeaderServiceError), "NO_PROVIDER: ") {
+		t.Fatalf("error headers = %v", resp.Header)
+	}
+	var body protocol.Error
+	if err := json.Unmarshal(resp.Data, &body); err != nil || body.Code != protocol.CodeNoProvider || body.Details["provider"] != "nope" {
+		t.Fatalf("error body = %s, %v", resp.Data, err)
+	}
+	resp = req(protocol.EpRunsStart, `{"provider": 5`, "Content-Type")
+	if resp.Header.Get(protocol.HeaderServiceErrorCode) != "1001" {
+		t.Fatalf("malformed JSON answered %v %s", resp.Header, resp.Data)
+	}
+}
+
+func TestServicesAreDiscoverable(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	sub, err := s.NC.SubscribeSync(nats.NewInbox())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.NC.PublishRequest("$SRV.PING", sub.Subject, nil); err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for {
+		m, err := sub.NextMsg(500 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		var ping struct {
+			Name string `json:"name"`
+		}
+		_ = json.Unmarshal(m.Data, &ping)
+		names[ping.Name] = true
+	}
+	if !names[protocol.CoordinatorService] || !names["brood-provider-spawn"] {
+		t.Fatalf("discovered %v", names)
+	}
+}

@@ -1,0 +1,235 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// TakeoverAttemptsMax bounds the fenced appends of one takeover that race
+// with a host that came back.
+const TakeoverAttemptsMax = 3
+
+// monitor judges liveness from the cached leases and host records, every
+// quarter of the host expiry: it settles the runs of dead hosts (HOST_LOST),
+// expires lapsed roots and disposes one-shot runs whose parent is gone.
+// Every action is a CAS, so replicas racing on the same session are safe.
+func (c *Coordinator) monitor(ctx context.Context) {
+	interval := min(c.cfg.HeartbeatInterval, c.cfg.HostExpiry/4)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, job := range c.sweep() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if !c.claim(job.id) {
+					return
+				}
+				defer c.release(job.id)
+				job.run(ctx)
+			}()
+		}
+	}
+}
+
+type job struct {
+	id  string
+	run func(ctx context.Context)
+}
+
+func (c *Coordinator) sweep() []job {
+	now := time.Now()
+	nowMs := now.UnixMilli()
+	leases := c.agents.snapshot()
+	live := make(map[string]bool, len(leases))
+	for _, l := range leases {
+		live[l.rec.SessionID] = true
+	}
+	var jobs []job
+	for _, l := range leases {
+		l := l
+		switch {
+		case l.rec.Kind == protocol.AgentRoot:
+			if l.rec.ExpiresAt < nowMs {
+				jobs = append(jobs, job{l.rec.SessionID, func(ctx context.Context) { c.expireRoot(ctx, l) }})
+			}
+		case c.holderDead(l, now):
+			jobs = append(jobs, job{l.rec.SessionID, func(ctx context.Context) { c.takeOver(ctx, l) }})
+		case l.rec.Kind == protocol.AgentOneShot && l.rec.ParentSession != "" && !live[l.rec.ParentSession] &&
+			now.Sub(l.firstSeen) > c.cfg.HostExpiry:
+			jobs = append(jobs, job{l.rec.SessionID, func(ctx context.Context) { c.disposeOrphan(ctx, l) }})
+		}
+	}
+	return jobs
+}
+
+// holderDead reports whether the lease's holder stopped heartbeating: a
+// worker past the expiry, or a coordinator that died during a takeover. A
+// takeover of this replica's own that did not finish counts too, so it is
+// resumed. An unknown holder is judged from when the lease was first seen.
+func (c *Coordinator) holderDead(l leaseState, now time.Time) bool {
+	if l.rec.TakenOverBy == c.cfg.ID {
+		return true
+	}
+	_, live, known := c.reg.hostKnown(l.rec.HostID)
+	if known {
+		return !live
+	}
+	return now.Sub(l.firstSeen) > c.cfg.HostExpiry
+}
+
+// expireRoot ends a root whose lease lapsed: its credential dies with the
+// lease, and its one-shot runs are disposed (DESIGN.md §7, Settlement 4).
+func (c *Coordinator) expireRoot(ctx context.Context, l leaseState) {
+	err := store.Delete(ctx, c.st.Agents, l.rec.SessionID, l.rev)
+	if err != nil && !errors.Is(err, store.ErrConflict) {
+		c.log.Warn("could not expire root", "session", l.rec.SessionID, "err", err)
+		return
+	}
+	if err == nil {
+		c.log.Info("root lease lapsed", "session", l.rec.SessionID)
+		c.agents.del(l.rec.SessionID)
+		c.disposeOrphans(ctx, l.rec.SessionID)
+	}
+}
+
+// disposeOrphans disposes the one-shot runs of a parent that stopped being live.
+func (c *Coordinator) disposeOrphans(ctx context.Context, parent string) {
+	for _, l := range c.agents.snapshot() {
+		if l.rec.Kind == protocol.AgentOneShot && l.rec.ParentSession == parent {
+			if c.claim(l.rec.SessionID) {
+				c.disposeOrphan(ctx, l)
+				c.release(l.rec.SessionID)
+			}
+		}
+	}
+}
+
+func (c *Coordinator) disposeOrphan(ctx context.Context, l leaseState) {
+	run, err := store.Get[protocol.RunRecord](ctx, c.st.Runs, l.rec.RunID)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			_ = store.Delete(ctx, c.st.Agents, l.rec.SessionID, l.rev)
+		}
+		return
+	}
+	if run.Value.State == protocol.RunSettled {
+		return
+	}
+	c.log.Info("disposing a one-shot run whose parent is gone", "run", l.rec.RunID, "parent", l.rec.ParentSession)
+	if _, err := c.disposeRun(ctx, run.Value, protocol.CauseParent); err != nil {
+		c.log.Warn("orphan dispose failed", "run", l.rec.RunID, "err", err)
+	}
+}
+
+// takeOver settles the run of a session whose host died (DESIGN.md §7,
+// Settlement 2): (i) CAS the lease to this replica, (ii) close the open turn
+// as interrupted with an append fenced on the log's last record, (iii) settle
+// the run `error`/HOST_LOST by CAS, (iv) publish, then release the lease. A
+// turn that had already ended is settled with the result its log records.
+func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
+	id := l.rec.SessionID
+	fresh, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, id)
+	if err != nil || fresh.Value.HostID != l.rec.HostID || fresh.Value.Epoch != l.rec.Epoch {
+		return // gone, or changed hands since we looked
+	}
+	if fresh.Value.Kind != protocol.AgentOneShot {
+		return
+	}
+	run, err := store.Get[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && run.Value.State == protocol.RunSettled) {
+		_ = store.Delete(ctx, c.st.Agents, id, fresh.Revision)
+		return
+	}
+	if err != nil {
+		c.log.Warn("takeover: read run", "run", fresh.Value.RunID, "err", err)
+		return
+	}
+	leaseRev := fresh.Revision
+	deadHost := fresh.Value.HostID
+	if fresh.Value.TakenOverBy != c.cfg.ID {
+		taken := fresh.Value
+		taken.HostID, taken.TakenOverBy = c.cfg.ID, c.cfg.ID
+		taken.Epoch++
+		if leaseRev, err = store.Update(ctx, c.st.Agents, id, taken, fresh.Revision); err != nil {
+			return // another replica won the lease
+		}
+		c.agents.observe(taken, leaseRev)
+		c.log.Warn("host lost; taking the session over", "session", id, "host", deadHost, "run", fresh.Value.RunID)
+	}
+	events, err := c.closeInterrupted(ctx, id)
+	if err != nil {
+		c.log.Warn("takeover: could not close the open turn; will retry", "session", id, "err", err)
+		return
+	}
+	header, err := c.headers.get(ctx, c.st, id)
+	if err != nil {
+		c.log.Warn("takeover: read header", "session", id, "err", err)
+		return
+	}
+	own := events
+	if header.SeedLength <= int64(len(events)) {
+		own = events[header.SeedLength:]
+	}
+	res := agent.OneShotOutcome(own, false, run.Value.Structured)
+	if end, ok := agent.LastTurnEnd(own); ok && end.Reason.Kind == protocol.TurnInterrupted {
+		res.StopReason = protocol.StopError
+		res.ErrorCode = protocol.CodeHostLost
+		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating for more than %s; the coordinator closed the open turn as interrupted", deadHost, c.cfg.HostExpiry)
+	}
+	rec := run.Value
+	rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), c.cfg.ID, &res
+	if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision); err != nil {
+		if !errors.Is(err, store.ErrConflict) {
+			c.log.Warn("takeover: settle", "run", rec.RunID, "err", err)
+			return
+		}
+	} else {
+		worker.PublishSettled(c.st, rec, func(err error) { c.log.Warn("lifecycle event not acknowledged", "err", err) })
+		c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", res.StopReason, "errorCode", res.ErrorCode)
+	}
+	if err := store.Delete(ctx, c.st.Agents, id, leaseRev); err == nil {
+		c.agents.del(id)
+	}
+}
+
+// closeInterrupted appends turn/end{interrupted} (and results for open tool
+// calls) when the session's last turn is open, fenced on the log's last
+// record; a host that appended meanwhile makes it re-read and retry. It
+// returns the session's events afterwards.
+func (c *Coordinator) closeInterrupted(ctx context.Context, id string) ([]protocol.SessionEvent, error) {
+	for attempt := 0; attempt < TakeoverAttemptsMax; attempt++ {
+		log, err := c.st.ReadLog(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		closing, err := agent.CloseOpenTurn(log.Events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
+		if err != nil || len(closing) == 0 {
+			return log.Events, err
+		}
+		w := c.st.NewLogWriter(id, log.LastSubjSeq, int64(len(log.Events)))
+		written, err := w.Append(ctx, closing...)
+		if err == nil {
+			return append(log.Events, written...), nil
+		}
+		if !errors.Is(err, store.ErrFenced) {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("the log of %s kept changing during %d attempts", id, TakeoverAttemptsMax)
+}

@@ -1,0 +1,160 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// RootHostID is the host id recorded in a root's lease: roots live in their
+// client, which renews them, and do not heartbeat.
+const RootHostID = "client"
+
+// CwdBytesMax bounds a root's workspace path.
+const CwdBytesMax = 4096
+
+// authorize checks that p is the credential of the current live agent of
+// p.SessionID (DESIGN.md §7, Authority) and returns its lease. A replaced or
+// disposed agent's credential is dead. The check uses the watched cache and
+// falls back to a direct read, so a lease written a moment ago is found.
+func (c *Coordinator) authorize(ctx context.Context, p protocol.ParentRef) (leaseState, error) {
+	if !protocol.ValidID(p.SessionID) || p.Credential == "" {
+		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "a parent sessionId and credential are required")
+	}
+	l, ok := c.agents.get(p.SessionID)
+	if !ok || !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) {
+		fresh, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, p.SessionID)
+		if err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "session %s has no live agent", p.SessionID)
+			}
+			return leaseState{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %v", p.SessionID, err)
+		}
+		c.agents.observe(fresh.Value, fresh.Revision)
+		l = leaseState{rec: fresh.Value, rev: fresh.Revision}
+	}
+	if !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) {
+		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "the credential is not that of the live agent of session %s", p.SessionID)
+	}
+	if !c.leaseLive(l.rec) {
+		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "the agent of session %s is no longer live", p.SessionID)
+	}
+	return l, nil
+}
+
+// leaseLive reports whether a lease names a live agent: a root before its
+// expiry, or an agent on a host that heartbeats. A lease taken over by a
+// coordinator names no live agent.
+func (c *Coordinator) leaseLive(rec protocol.AgentRecord) bool {
+	if rec.Kind == protocol.AgentRoot {
+		return rec.ExpiresAt > store.NowMs()
+	}
+	if rec.TakenOverBy != "" {
+		return false
+	}
+	return c.reg.hostLive(rec.HostID)
+}
+
+func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request) (any, error) {
+	var r protocol.AgentsOpenRequest
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	if r.Cwd == "" || !filepath.IsAbs(r.Cwd) || len(r.Cwd) > CwdBytesMax {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "cwd must be an absolute path of at most %d bytes", CwdBytesMax)
+	}
+	now := store.NowMs()
+	id := ulid.Make().String()
+	cred := protocol.NewCredential()
+	h := protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: filepath.Clean(r.Cwd)}
+	lease := protocol.AgentRecord{
+		SessionID: id, Kind: protocol.AgentRoot, HostID: RootHostID, Epoch: 1,
+		CredentialHash: protocol.HashCredential(cred), ExpiresAt: now + c.cfg.RootLease.Milliseconds(), CreatedAt: now,
+	}
+	if err := parallel(
+		func() error { return c.st.PutHeader(ctx, h) },
+		func() error { _, err := store.Create(ctx, c.st.Agents, id, lease); return err },
+	); err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "open root: %v", err)
+	}
+	c.headers.add(h)
+	return protocol.AgentsOpenReply{SessionID: id, Credential: cred, LeaseMs: c.cfg.RootLease.Milliseconds(), ExpiresAt: lease.ExpiresAt}, nil
+}
+
+func (c *Coordinator) agentsRenew(ctx context.Context, req rpc.Request) (any, error) {
+	var p protocol.ParentRef
+	if err := req.Decode(&p); err != nil {
+		return nil, err
+	}
+	for attempt := 0; attempt < 3; attempt++ {
+		l, err := c.authorize(ctx, p)
+		if err != nil {
+			return nil, err
+		}
+		if l.rec.Kind != protocol.AgentRoot {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "session %s is not a root; only roots are renewed", p.SessionID)
+		}
+		rec := l.rec
+		rec.ExpiresAt = store.NowMs() + c.cfg.RootLease.Milliseconds()
+		rev, err := store.Update(ctx, c.st.Agents, p.SessionID, rec, l.rev)
+		if errors.Is(err, store.ErrConflict) {
+			c.agents.del(p.SessionID) // force a fresh read
+			continue
+		}
+		if err != nil {
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "renew: %v", err)
+		}
+		c.agents.observe(rec, rev)
+		return protocol.AgentsRenewReply{ExpiresAt: rec.ExpiresAt}, nil
+	}
+	return nil, protocol.Errorf(protocol.CodeUnavailable, "renew of %s kept conflicting; retry", p.SessionID)
+}
+
+func (c *Coordinator) agentsClose(ctx context.Context, req rpc.Request) (any, error) {
+	var p protocol.ParentRef
+	if err := req.Decode(&p); err != nil {
+		return nil, err
+	}
+	l, err := c.authorize(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	if l.rec.Kind != protocol.AgentRoot {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "session %s is not a root; only roots are closed by clients", p.SessionID)
+	}
+	if err := store.Delete(ctx, c.st.Agents, p.SessionID, l.rev); err != nil && !errors.Is(err, store.ErrConflict) {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "close: %v", err)
+	}
+	c.agents.del(p.SessionID)
+	// The root's one-shot runs belong to it: dispose them now rather than at
+	// the next monitor tick (DESIGN.md §7, Settlement 4).
+	go c.disposeOrphans(context.WithoutCancel(ctx), p.SessionID)
+	return protocol.Empty{}, nil
+}
+
+// parallel runs fns concurrently and returns the first error.
+func parallel(fns ...func() error) error {
+	errs := make(chan error, len(fns))
+	for _, f := range fns {
+		go func() { errs <- f() }()
+	}
+	var first error
+	for range fns {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// untilDeadline returns a context bounded by d.
+func untilDeadline(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, d)
+}

@@ -1,0 +1,354 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// admission is a validated start: everything the child's header and the
+// provider need.
+type admission struct {
+	desc     protocol.ProviderDescriptor
+	parent   leaseState
+	pheader  protocol.SessionHeader
+	depth    int64
+	depthCap *int64
+	ceiling  *protocol.ToolFilter
+	options  protocol.ResolvedOptions
+}
+
+// admit runs the start checks in DESIGN.md §7's order, all before anything is
+// created: provider → capabilities → parent authority → maxDepth domain →
+// depth cap and ceilings → schema subset → tool filter → persona.
+func (c *Coordinator) admit(ctx context.Context, providerName string, parent protocol.ParentRef, prompt []protocol.ContentBlock, o protocol.StartOptions) (admission, error) {
+	var a admission
+	if providerName == "" {
+		return a, protocol.Errorf(protocol.CodeInvalidArgument, "provider is required")
+	}
+	desc, ok := c.reg.provider(providerName)
+	if !ok {
+		return a, protocol.NewError(protocol.CodeNoProvider, map[string]any{"provider": providerName})
+	}
+	a.desc = desc
+	if err := checkCapabilities(desc, o); err != nil {
+		return a, err
+	}
+	l, err := c.authorize(ctx, parent)
+	if err != nil {
+		return a, err
+	}
+	a.parent = l
+	var maxDepth *int64
+	if o.MaxDepth != nil {
+		v, err := ParseMaxDepth(o.MaxDepth)
+		if err != nil {
+			return a, err
+		}
+		maxDepth = &v
+	}
+	if err := c.checkPrompt(prompt); err != nil {
+		return a, err
+	}
+	a.pheader, err = c.headers.get(ctx, c.st, parent.SessionID)
+	if err != nil {
+		return a, protocol.Errorf(protocol.CodeUnavailable, "read the parent's header: %v", err)
+	}
+	a.depth, a.depthCap, err = resolveDepth(a.pheader, maxDepth)
+	if err != nil {
+		return a, err
+	}
+	if o.OutputSchema != nil {
+		schema, err := c.checkSchema(o.OutputSchema)
+		if err != nil {
+			return a, err
+		}
+		a.options.OutputSchema = schema
+	}
+	a.ceiling = a.pheader.ToolCeiling
+	if o.ToolFilter != nil {
+		if err := checkToolFilter(desc, a.pheader.ToolCeiling, *o.ToolFilter); err != nil {
+			return a, err
+		}
+		a.ceiling = intersectCeiling(a.pheader.ToolCeiling, o.ToolFilter)
+		a.options.ToolFilter = o.ToolFilter
+	}
+	if o.Persona != nil {
+		if err := agent.ValidatePersona(*o.Persona); err != nil {
+			return a, err
+		}
+		a.options.Persona = o.Persona
+	}
+	if len(o.Label) > 256 {
+		return a, protocol.Errorf(protocol.CodeInvalidArgument, "label is longer than 256 bytes")
+	}
+	a.options.Label = o.Label
+	return a, nil
+}
+
+// checkSchema validates an outputSchema against the supported subset and
+// returns its canonical JSON text.
+func (c *Coordinator) checkSchema(schema any) (string, error) {
+	return "", protocol.Errorf(protocol.CodeInvalidArgument, "outputSchema is not supported by this coordinator yet; omit it")
+}
+
+func (c *Coordinator) checkPrompt(prompt []protocol.ContentBlock) error {
+	size := 0
+	for _, b := range prompt {
+		if b.Type != protocol.BlockText {
+			return protocol.Errorf(protocol.CodeInvalidArgument, "prompt block type %q is not supported; use text blocks", b.Type)
+		}
+		size += len(b.Text)
+	}
+	if len(prompt) == 0 || size == 0 {
+		return protocol.Errorf(protocol.CodeInvalidArgument, "prompt is empty")
+	}
+	if size > c.cfg.PromptBytesMax {
+		return protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+			"limit": "prompt bytes", "reason": fmt.Sprintf("the prompt is %d bytes; the limit is %d", size, c.cfg.PromptBytesMax)})
+	}
+	return nil
+}
+
+// validNotify checks a client-chosen notify subject: literal tokens only.
+func validNotify(s string) bool {
+	if s == "" || len(s) > 512 || strings.ContainsAny(s, " \t\r\n*>") {
+		return false
+	}
+	for _, tok := range strings.Split(s, ".") {
+		if tok == "" {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *Coordinator) childHeader(a admission, id string, now int64) protocol.SessionHeader {
+	return protocol.SessionHeader{
+		Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: a.pheader.Cwd,
+		ParentSession: a.pheader.ID, Origin: protocol.OriginSubagent, DelegationDepth: a.depth,
+		ToolCeiling: a.ceiling, DepthCap: a.depthCap,
+	}
+}
+
+func ancestry(a admission) []string {
+	return append(append([]string(nil), a.parent.rec.Ancestry...), a.pheader.ID)
+}
+
+// runsStart admits a one-shot run, writes the child's header and run record,
+// asks a provider instance to publish the child, and answers {runId, childId}
+// at publication (DESIGN.md §7).
+func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, error) {
+	var r protocol.RunStartRequest
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	if r.Notify != "" && !validNotify(r.Notify) {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "notify must be a literal subject without wildcards")
+	}
+	a, err := c.admit(ctx, r.Provider, r.Parent, r.Prompt, r.Options)
+	if err != nil {
+		return nil, err
+	}
+	now := store.NowMs()
+	childID := ulid.Make().String()
+	runID := childID // local providers: the run id is the child's session id (seed: SubagentRun.id)
+	header := c.childHeader(a, childID, now)
+	rec := protocol.RunRecord{
+		RunID: runID, ChildID: childID, ParentSession: a.pheader.ID, Provider: a.desc.Name,
+		Mode: protocol.ModeOneShot, Notify: r.Notify, Structured: a.options.OutputSchema != "",
+		State: protocol.RunRunning, CreatedAt: now,
+	}
+	var runRev uint64
+	if err := parallel(
+		func() error { return c.st.PutHeader(ctx, header) },
+		func() (err error) { runRev, err = store.Create(ctx, c.st.Runs, runID, rec); return err },
+	); err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "record the run: %v", err)
+	}
+	c.headers.add(header)
+	pctx, cancel := untilDeadline(ctx, c.cfg.ProviderStartTimeout)
+	defer cancel()
+	var reply protocol.ProviderStartReply
+	err = rpc.Call(pctx, c.cfg.NC, c.subj.Provider(a.desc.Name, protocol.OpProviderStart), protocol.ProviderStartRequest{
+		RunID: runID, Header: header, Provider: a.desc.Name, Prompt: r.Prompt, Notify: r.Notify,
+		RunRevision: protocol.Seq(runRev), Options: a.options, Ancestry: ancestry(a),
+	}, &reply)
+	if err != nil {
+		c.failRun(context.WithoutCancel(ctx), rec, runRev, err)
+		return nil, err
+	}
+	return protocol.RunStartReply{RunID: runID, ChildID: childID}, nil
+}
+
+// failRun settles a run whose child was never published, so nobody waits on it.
+func (c *Coordinator) failRun(ctx context.Context, rec protocol.RunRecord, rev uint64, cause error) {
+	pe := protocol.AsError(cause)
+	rec.State = protocol.RunSettled
+	rec.SettledAt = store.NowMs()
+	rec.SettledBy = c.cfg.ID
+	rec.Result = &protocol.SubagentResult{
+		Output: []protocol.ContentBlock{}, StopReason: protocol.StopError, ErrorCode: pe.Code,
+		Diagnostic: protocol.TruncateDiagnostic("the child was never started: " + pe.Error()),
+	}
+	if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, rev); err != nil {
+		c.log.Warn("could not settle a run that failed to start", "run", rec.RunID, "err", err)
+	}
+}
+
+// authorizeRun checks that ref may act on rec: the run's parent with its live
+// credential (DESIGN.md §7, Settlement 4).
+func (c *Coordinator) authorizeRun(ctx context.Context, ref protocol.RunRef, rec protocol.RunRecord) error {
+	if ref.Grant != "" {
+		return c.checkGrant(ctx, ref.Grant)
+	}
+	if ref.Parent == nil {
+		return protocol.Errorf(protocol.CodeUnauthorized, "acting on a run needs the parent's credential or a user grant")
+	}
+	if _, err := c.authorize(ctx, *ref.Parent); err != nil {
+		return err
+	}
+	if ref.Parent.SessionID != rec.ParentSession {
+		return protocol.Errorf(protocol.CodeUnauthorized, "run %s does not belong to session %s", rec.RunID, ref.Parent.SessionID)
+	}
+	return nil
+}
+
+// checkGrant verifies a user grant; grants arrive with continuable children.
+func (c *Coordinator) checkGrant(ctx context.Context, grant string) error {
+	return protocol.Errorf(protocol.CodeUnauthorized, "user grants are not issued by this coordinator")
+}
+
+func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.Record[protocol.RunRecord], error) {
+	if !protocol.ValidID(ref.RunID) {
+		return store.Record[protocol.RunRecord]{}, protocol.Errorf(protocol.CodeInvalidArgument, "runId must match ^[A-Za-z0-9_-]{1,64}$")
+	}
+	rec, err := store.Get[protocol.RunRecord](ctx, c.st.Runs, ref.RunID)
+	if errors.Is(err, store.ErrNotFound) {
+		return rec, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "run " + ref.RunID})
+	}
+	if err != nil {
+		return rec, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", ref.RunID, err)
+	}
+	if err := c.authorizeRun(ctx, ref, rec.Value); err != nil {
+		return rec, err
+	}
+	return rec, nil
+}
+
+func status(rec protocol.RunRecord) protocol.RunStatus {
+	return protocol.RunStatus{RunID: rec.RunID, ChildID: rec.ChildID, State: rec.State, Result: rec.Result}
+}
+
+// runsAwait answers a run's status from brood_runs, waiting up to waitMs
+// (capped by RunAwaitWaitMax) for it to settle.
+func (c *Coordinator) runsAwait(ctx context.Context, req rpc.Request) (any, error) {
+	var ref protocol.RunRef
+	if err := req.Decode(&ref); err != nil {
+		return nil, err
+	}
+	rec, err := c.loadRun(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Value.State == protocol.RunSettled || ref.WaitMs <= 0 {
+		return status(rec.Value), nil
+	}
+	wait := min(time.Duration(ref.WaitMs)*time.Millisecond, c.cfg.RunAwaitWaitMax)
+	return c.waitSettled(ctx, ref.RunID, wait)
+}
+
+// waitSettled watches a run record until it is settled or d passed, and
+// returns its latest status.
+func (c *Coordinator) waitSettled(ctx context.Context, runID string, d time.Duration) (protocol.RunStatus, error) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	w, err := c.st.Runs.Watch(wctx, runID)
+	if err != nil {
+		return protocol.RunStatus{}, protocol.Errorf(protocol.CodeUnavailable, "watch run %s: %v", runID, err)
+	}
+	defer w.Stop()
+	var last protocol.RunRecord
+	for {
+		select {
+		case <-wctx.Done():
+			if last.RunID == "" {
+				r, err := store.Get[protocol.RunRecord](context.WithoutCancel(ctx), c.st.Runs, runID)
+				if err != nil {
+					return protocol.RunStatus{}, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", runID, err)
+				}
+				last = r.Value
+			}
+			return status(last), nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return status(last), nil
+			}
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			rec, err := store.Decode[protocol.RunRecord](e)
+			if err != nil {
+				continue
+			}
+			last = rec
+			if rec.State == protocol.RunSettled {
+				return status(rec), nil
+			}
+		}
+	}
+}
+
+// runsDispose reaches the process hosting the run on its host subject; the
+// host settles `aborted` with the partial output. Idempotent: a settled run
+// answers with its result.
+func (c *Coordinator) runsDispose(ctx context.Context, req rpc.Request) (any, error) {
+	var ref protocol.RunRef
+	if err := req.Decode(&ref); err != nil {
+		return nil, err
+	}
+	rec, err := c.loadRun(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Value.State == protocol.RunSettled {
+		return status(rec.Value), nil
+	}
+	return c.disposeRun(ctx, rec.Value, protocol.CauseDisposed)
+}
+
+// disposeWait bounds how long a dispose waits for the run to settle when its
+// host cannot answer (a dead host is settled HOST_LOST within the expiry).
+func (c *Coordinator) disposeWait() time.Duration {
+	return worker.DisposeWaitMax + c.cfg.HostExpiry
+}
+
+// disposeRun asks the run's host to dispose it and returns its settled status.
+func (c *Coordinator) disposeRun(ctx context.Context, rec protocol.RunRecord, cause string) (protocol.RunStatus, error) {
+	lease, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, rec.ChildID)
+	if err == nil && lease.Value.RunID == rec.RunID && lease.Value.TakenOverBy == "" && c.reg.hostLive(lease.Value.HostID) {
+		hctx, cancel := context.WithTimeout(ctx, worker.DisposeWaitMax+2*time.Second)
+		var st protocol.RunStatus
+		herr := rpc.Call(hctx, c.cfg.NC, c.subj.Host(lease.Value.HostID, protocol.OpHostDispose),
+			protocol.HostRunRequest{RunID: rec.RunID, ChildID: rec.ChildID, Cause: cause}, &st)
+		cancel()
+		if herr == nil && st.State == protocol.RunSettled {
+			return st, nil
+		}
+		if herr != nil && !errors.Is(herr, protocol.ErrNotFound) {
+			c.log.Warn("host did not dispose the run", "run", rec.RunID, "host", lease.Value.HostID, "err", herr)
+		}
+	}
+	return c.waitSettled(ctx, rec.RunID, c.disposeWait())
+}
