@@ -203,7 +203,7 @@ func logCmd(g *globals) *cobra.Command {
 					events = []protocol.SessionEvent{}
 				}
 				return printJSON(os.Stdout, struct {
-					Header protocol.SessionHeader   `json:"header"`
+					Header protocol.SessionHeader  `json:"header"`
 					Events []protocol.SessionEvent `json:"events"`
 				}{h, events})
 			}

@@ -24,7 +24,9 @@ import (
 )
 
 // actor is a long-lived component: Run until ctx is done, nil on a drain.
-type actor interface{ Run(ctx context.Context) error }
+type actor interface {
+	Run(ctx context.Context) error
+}
 
 // serve runs actors in one oklog/run group with a signal handler; Ctrl-C or
 // SIGTERM drains every actor and is not an error.

@@ -85,4 +85,3 @@ func TestScriptedSleepHonoursCancellation(t *testing.T) {
 		t.Fatal("sleep ignored the cancellation")
 	}
 }
-

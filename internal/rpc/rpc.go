@@ -202,7 +202,7 @@ func (r MsgRequest) Error(code, description string, data []byte, opts ...micro.R
 	return r.Msg.RespondMsg(m)
 }
 
-func (r MsgRequest) Data() []byte          { return r.Msg.Data }
+func (r MsgRequest) Data() []byte           { return r.Msg.Data }
 func (r MsgRequest) Headers() micro.Headers { return micro.Headers(r.Msg.Header) }
 func (r MsgRequest) Subject() string        { return r.Msg.Subject }
 func (r MsgRequest) Reply() string          { return r.Msg.Reply }

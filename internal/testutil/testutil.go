@@ -62,7 +62,9 @@ func Store(t testing.TB, nc *nats.Conn) *store.Store {
 }
 
 // Runner is a component with the Run(ctx) lifecycle.
-type Runner interface{ Run(ctx context.Context) error }
+type Runner interface {
+	Run(ctx context.Context) error
+}
 
 // Background runs r until the end of the test (or until the returned stop is
 // called), then checks it drained cleanly (Run returned nil).

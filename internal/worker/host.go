@@ -83,7 +83,6 @@ type Host struct {
 	runs     map[string]*hostedRun // by run id
 	draining bool
 	started  int64
-
 }
 
 // New validates cfg and returns a host; Run serves it.
@@ -327,4 +326,3 @@ func (h *Host) drain(svcs []micro.Service) {
 		}
 	}
 }
-

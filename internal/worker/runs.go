@@ -24,13 +24,13 @@ const DisposeWaitMax = 15 * time.Second
 // hostedRun is one one-shot run hosted by this process.
 type hostedRun struct {
 	runID, childID string
-	req           protocol.ProviderStartRequest
-	epoch         int64
-	seedLen       int64
-	sess          Session
-	ctx           context.Context
-	cancel        context.CancelCauseFunc
-	done          chan struct{}
+	req            protocol.ProviderStartRequest
+	epoch          int64
+	seedLen        int64
+	sess           Session
+	ctx            context.Context
+	cancel         context.CancelCauseFunc
+	done           chan struct{}
 
 	mu       sync.Mutex
 	leaseRev uint64

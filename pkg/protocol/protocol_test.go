@@ -151,13 +151,13 @@ func TestSeqTravelsAsString(t *testing.T) {
 func TestSubjectsAndNames(t *testing.T) {
 	s := MustSubjects("")
 	tests := map[string]string{
-		s.Coord(EpRunsStart):                "brood.v1.coord.runs.start",
+		s.Coord(EpRunsStart):                 "brood.v1.coord.runs.start",
 		s.Provider("spawn", OpProviderStart): "brood.v1.provider.spawn.start",
-		s.Host("H1", OpHostDispose):         "brood.v1.host.H1.dispose",
-		s.Log("S"):                          "brood.v1.log.S",
-		s.Events("P", EventKindEnd):         "brood.v1.events.P.end",
-		s.StreamLog():                       "BROOD_LOG",
-		s.BucketRuns():                      "brood_runs",
+		s.Host("H1", OpHostDispose):          "brood.v1.host.H1.dispose",
+		s.Log("S"):                           "brood.v1.log.S",
+		s.Events("P", EventKindEnd):          "brood.v1.events.P.end",
+		s.StreamLog():                        "BROOD_LOG",
+		s.BucketRuns():                       "brood_runs",
 	}
 	for got, want := range tests {
 		if got != want {
