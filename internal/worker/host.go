@@ -32,6 +32,11 @@ type Session interface {
 	Events() []protocol.SessionEvent
 }
 
+// Closer is implemented by sessions that hold resources beyond their turn (an
+// ACP agent process): the host calls Close once the run settled or was
+// dropped. Close must be idempotent and bounded in time.
+type Closer interface{ Close() error }
+
 // SessionSpec is what a provider needs to compose one child session.
 type SessionSpec struct {
 	Header     protocol.SessionHeader

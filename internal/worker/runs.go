@@ -30,7 +30,11 @@ type hostedRun struct {
 	sess           Session
 	ctx            context.Context
 	cancel         context.CancelCauseFunc
-	done           chan struct{}
+	// settled is closed once the run's outcome is decided (settled, lost to
+	// another settler, or dropped after a fence); done once its session was
+	// also closed and the run left the host.
+	settled chan struct{}
+	done    chan struct{}
 
 	mu       sync.Mutex
 	leaseRev uint64
@@ -64,7 +68,7 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	runCtx, cancel := context.WithCancelCause(context.Background())
 	r := &hostedRun{
 		runID: req.RunID, childID: childID, req: req, epoch: 1, seedLen: seed,
-		sess: sess, ctx: runCtx, cancel: cancel, done: make(chan struct{}),
+		sess: sess, ctx: runCtx, cancel: cancel, settled: make(chan struct{}), done: make(chan struct{}),
 	}
 	h.mu.Lock()
 	if h.draining {
@@ -103,6 +107,7 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	if derr != nil || leaseErr != nil || !opened {
 		h.unregister(r)
 		cancel(nil)
+		closeSession(sess)
 		switch {
 		case derr != nil:
 			return nil, protocol.Errorf(protocol.CodeInternal, "encode descriptor: %v", derr)
@@ -126,6 +131,12 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	}, h.eventErr)
 	go h.execute(r)
 	return protocol.ProviderStartReply{HostID: h.id}, nil
+}
+
+func closeSession(s Session) {
+	if c, ok := s.(Closer); ok {
+		_ = c.Close()
+	}
 }
 
 func (h *Host) eventErr(err error) { h.log.Warn("lifecycle event not acknowledged", "err", err) }
@@ -153,6 +164,8 @@ func (h *Host) unregister(r *hostedRun) {
 func (h *Host) execute(r *hostedRun) {
 	defer close(r.done)
 	defer h.unregister(r)
+	defer closeSession(r.sess)
+	defer close(r.settled)
 	out := r.sess.RunSteps(r.ctx)
 	if out.Fenced {
 		h.log.Warn("lease lost; agent stopped without publishing", "session", r.childID, "run", r.runID)
@@ -267,7 +280,7 @@ func (h *Host) dispose(ctx context.Context, req protocol.HostRunRequest) (any, e
 	}
 	r.cancel(&agent.Cancel{Cause: cause})
 	select {
-	case <-r.done:
+	case <-r.settled:
 	case <-time.After(DisposeWaitMax):
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "run %s did not stop within %s", req.RunID, DisposeWaitMax)
 	case <-ctx.Done():

@@ -129,13 +129,17 @@ type ProviderDescriptor struct {
 	InheritsParentContext bool         `msgpack:"inheritsParentContext" json:"inheritsParentContext"`
 	Continuable           bool         `msgpack:"continuable" json:"continuable"`
 	Tools                 []string     `msgpack:"tools" json:"tools"`
+	// Remote marks a provider whose child is not a Brood agent of the host
+	// (ACP): its runId is a fresh id distinct from the child id (seed:
+	// SubagentRun.id). Brood's addition to the descriptor.
+	Remote bool `msgpack:"remote,omitempty" json:"remote,omitempty"`
 }
 
 // Equal reports whether two descriptors describe the same provider.
 func (d ProviderDescriptor) Equal(o ProviderDescriptor) bool {
 	if d.Name != o.Name || d.Capabilities != o.Capabilities ||
 		d.InheritsParentContext != o.InheritsParentContext || d.Continuable != o.Continuable ||
-		len(d.Tools) != len(o.Tools) {
+		d.Remote != o.Remote || len(d.Tools) != len(o.Tools) {
 		return false
 	}
 	for i := range d.Tools {

@@ -164,6 +164,9 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	now := store.NowMs()
 	childID := ulid.Make().String()
 	runID := childID // local providers: the run id is the child's session id (seed: SubagentRun.id)
+	if a.desc.Remote {
+		runID = ulid.Make().String() // remote providers: a fresh id in the parent's namespace
+	}
 	header := c.childHeader(a, childID, now)
 	rec := protocol.RunRecord{
 		RunID: runID, ChildID: childID, ParentSession: a.pheader.ID, Provider: a.desc.Name,
