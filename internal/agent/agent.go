@@ -105,13 +105,14 @@ var errTurnTimeout = errors.New("turn timeout")
 
 // Input is one turn's input: a user message, optionally claimed from the
 // inbox (InboxSeq > 0, logged as agent/inbox/dequeue before it is used).
-// Extra events are appended in the opening record after the user message
-// (the one-shot descriptor).
+// Before events go between turn/start and the claim (an inbox enqueue seen
+// just now); Extra events follow the user message (the one-shot descriptor).
 type Input struct {
 	Content   []protocol.ContentBlock
 	Source    protocol.MessageSource
 	MessageID string
 	InboxSeq  protocol.Seq
+	Before    []protocol.SessionEvent
 	Extra     []protocol.SessionEvent
 }
 
@@ -135,6 +136,10 @@ type Agent struct {
 	mu     sync.Mutex
 	events []protocol.SessionEvent
 	turn   int64
+
+	// appendMu serializes appends: the log has one writer, and inbox
+	// bookkeeping may append while a turn runs.
+	appendMu sync.Mutex
 }
 
 // New builds an agent over its session's existing events.
@@ -193,6 +198,7 @@ func (a *Agent) OpenTurn(ctx context.Context, in Input) (Outcome, bool) {
 	a.mu.Unlock()
 	var b eventBuf
 	b.add(a, protocol.EvTurnStart, protocol.TurnData{Turn: turn})
+	b.evs = append(b.evs, in.Before...)
 	if in.InboxSeq > 0 {
 		b.add(a, protocol.EvInboxDequeue, protocol.InboxDequeueData{MessageID: in.MessageID, InboxSeq: in.InboxSeq, Turn: turn})
 	}
@@ -444,7 +450,14 @@ func (a *Agent) append(ctx context.Context, turn int64, evs []protocol.SessionEv
 }
 
 func (a *Agent) appendSplit(ctx context.Context, evs []protocol.SessionEvent) error {
+	a.appendMu.Lock()
 	written, err := a.cfg.Log.Append(ctx, evs...)
+	if err == nil {
+		a.mu.Lock()
+		a.events = append(a.events, written...)
+		a.mu.Unlock()
+	}
+	a.appendMu.Unlock()
 	if err != nil {
 		if protocol.CodeOf(err) == protocol.CodeLimitExceeded && len(evs) > 1 {
 			half := len(evs) / 2
@@ -455,9 +468,6 @@ func (a *Agent) appendSplit(ctx context.Context, evs []protocol.SessionEvent) er
 		}
 		return err
 	}
-	a.mu.Lock()
-	a.events = append(a.events, written...)
-	a.mu.Unlock()
 	return nil
 }
 

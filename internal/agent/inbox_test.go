@@ -1,0 +1,193 @@
+package agent_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// materialize builds an agent of session id from its log in JetStream, as a
+// host does when it takes a session over.
+func materialize(t *testing.T, st *store.Store, id string) *agent.Agent {
+	t.Helper()
+	log, err := st.ReadLog(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, _ := agent.NewRegistry(agent.ListDirTool())
+	a, err := agent.New(agent.Config{
+		Header: protocol.SessionHeader{ID: id, Cwd: t.TempDir()}, Events: log.Events,
+		Log: st.NewLogWriter(id, log.LastSubjSeq, int64(len(log.Events))), Model: model.NewScripted(), Tools: reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func enqueue(t *testing.T, st *store.Store, id, text, key string) string {
+	t.Helper()
+	mid, _, err := st.Enqueue(context.Background(), id, store.InboxItem{
+		Content: protocol.Text(text), Source: protocol.MessageSource{Kind: protocol.SourceUser},
+	}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mid
+}
+
+// stuckInbox loses the first Remove, as a host that dies right after logging
+// a claim would.
+type stuckInbox struct {
+	agent.Inbox
+	dropped atomic.Bool
+}
+
+func (s *stuckInbox) Remove(ctx context.Context, seqs ...protocol.Seq) error {
+	if s.dropped.CompareAndSwap(false, true) {
+		return nil
+	}
+	return s.Inbox.Remove(ctx, seqs...)
+}
+
+func claimedIDs(evs []protocol.SessionEvent) []string {
+	var out []string
+	for _, ev := range evs {
+		if ev.Type == protocol.EvInboxDequeue {
+			var d protocol.InboxDequeueData
+			_ = ev.Decode(&d)
+			out = append(out, d.MessageID)
+		}
+	}
+	return out
+}
+
+func TestInboxClaimsExactlyOnceAcrossRebuilds(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	const id = "CHILD"
+	m1 := enqueue(t, st, id, "say one", "")
+	m2 := enqueue(t, st, id, "say two", "")
+	m3 := enqueue(t, st, id, "say three", "")
+
+	a := materialize(t, st, id)
+	inbox := &stuckInbox{Inbox: st.InboxOf(id)}
+	if _, ok, err := a.ClaimNext(ctx, inbox); !ok || err != nil {
+		t.Fatalf("first claim: %v %v", ok, err)
+	}
+	// The host dies here: the claim of m1 is logged, the item is still in the stream.
+	if items, _ := st.InboxOf(id).Pending(ctx, 0); len(items) != 3 {
+		t.Fatalf("%d items pending; the first removal was lost on purpose", len(items))
+	}
+
+	b := materialize(t, st, id) // a second instance rebuilt from the log
+	b.RunSteps(ctx)             // it finishes the open turn the first one left
+	for i := 0; i < 2; i++ {
+		if _, ok, err := b.ClaimNext(ctx, st.InboxOf(id)); !ok || err != nil {
+			t.Fatalf("claim %d: %v %v", i, ok, err)
+		}
+		b.RunSteps(ctx)
+	}
+	// Delivery repeats: nothing is left to claim.
+	if _, ok, err := b.ClaimNext(ctx, st.InboxOf(id)); ok || err != nil {
+		t.Fatalf("claimed again: %v %v", ok, err)
+	}
+	log, _ := st.ReadLog(ctx, id)
+	got := claimedIDs(log.Events)
+	if len(got) != 3 || got[0] != m1 || got[1] != m2 || got[2] != m3 {
+		t.Fatalf("claims = %v, want [%s %s %s] exactly once each, in order", got, m1, m2, m3)
+	}
+	if items, _ := st.InboxOf(id).Pending(ctx, 0); len(items) != 0 {
+		t.Fatalf("%d items still pending; the stream must hold exactly what is pending", len(items))
+	}
+	// Each turn answered its own message.
+	var answers []string
+	for _, ev := range log.Events {
+		if ev.Type == protocol.EvAssistantMessage {
+			var d protocol.AssistantMessageData
+			_ = ev.Decode(&d)
+			answers = append(answers, protocol.PlainText(d.Message.Content))
+		}
+	}
+	if len(answers) != 3 || answers[0] != "one" || answers[1] != "two" || answers[2] != "three" {
+		t.Fatalf("answers = %v", answers)
+	}
+}
+
+func TestInboxCancelWithAndWithoutKeepingItems(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	const id = "C2"
+	enqueue(t, st, id, "sleep 30s\nsay never", "")
+	a := materialize(t, st, id)
+	if _, ok, _ := a.ClaimNext(ctx, st.InboxOf(id)); !ok {
+		t.Fatal("no claim")
+	}
+	queued := enqueue(t, st, id, "say queued", "")
+	if err := a.NoteEnqueued(ctx, st.InboxOf(id)); err != nil {
+		t.Fatal(err)
+	}
+	// Cancel the turn keeping the inbox: the queued item stays pending.
+	tctx, cancel := context.WithCancelCause(ctx)
+	go func() { time.Sleep(50 * time.Millisecond); cancel(&agent.Cancel{Cause: protocol.CauseUser}) }()
+	if out := a.RunSteps(tctx); out.Reason.Kind != protocol.TurnAborted {
+		t.Fatalf("turn end = %+v", out.Reason)
+	}
+	if items, _ := st.InboxOf(id).Pending(ctx, 0); len(items) != 1 || items[0].MessageID != queued {
+		t.Fatalf("kept inbox = %+v", items)
+	}
+	// Cancel without keeping it: the item is discarded after its enqueue.
+	n, err := a.DiscardPending(ctx, st.InboxOf(id), "cancelled")
+	if err != nil || n != 1 {
+		t.Fatalf("discarded %d, %v", n, err)
+	}
+	log, _ := st.ReadLog(ctx, id)
+	var enq, disc int
+	for _, ev := range log.Events {
+		switch ev.Type {
+		case protocol.EvInboxEnqueue:
+			enq++
+		case protocol.EvInboxDiscard:
+			disc++
+			if enq < 2 {
+				t.Fatal("discard logged before the item's enqueue")
+			}
+		}
+	}
+	if enq != 2 || disc != 1 {
+		t.Fatalf("enqueue %d, discard %d", enq, disc)
+	}
+	if _, ok, _ := a.ClaimNext(ctx, st.InboxOf(id)); ok {
+		t.Fatal("a discarded item was claimed")
+	}
+}
+
+func TestInboxIdempotencyAndLimit(t *testing.T) {
+	s := testutil.Server(t)
+	nc := testutil.Connect(t, s.ClientURL())
+	cfg := store.DefaultConfig()
+	cfg.InboxItemsMax = 3
+	st, err := store.Provision(context.Background(), nc, protocol.MustSubjects(""), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := enqueue(t, st, "S", "hi", "key-1")
+	if again := enqueue(t, st, "S", "hi", "key-1"); again != first {
+		t.Fatalf("retry got %s, want the original %s", again, first)
+	}
+	enqueue(t, st, "S", "b", "")
+	enqueue(t, st, "S", "c", "")
+	_, _, err = st.Enqueue(context.Background(), "S", store.InboxItem{Content: protocol.Text("d")}, "")
+	if protocol.CodeOf(err) != protocol.CodeLimitExceeded {
+		t.Fatalf("4th item = %v, want LIMIT_EXCEEDED", err)
+	}
+}

@@ -1,0 +1,145 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// The inbox (DESIGN.md §4). Each session's pending items are the messages on
+// its BROOD_INBOX subject; an item is deleted once its claim is logged in the
+// session log, so the subject holds exactly what is pending. Agents read it
+// with direct gets after the last inbox sequence their log claimed, and wake
+// on a core subscription to the same subject: no consumer, no acks, nothing
+// per agent on the server. (An ordered consumer per resident agent would cost
+// about 30 KB and 7 goroutines, and a stream allows 1,000 consumers unless
+// raised; 10,000 resident agents would not fit.)
+
+// Inbox item kinds and deliveries.
+const (
+	// DeliveryNextTurn queues the item as a turn of its own (followups, prompts).
+	DeliveryNextTurn = "next-turn"
+	// DeliveryNextStep joins the running turn at its next step, or starts a
+	// turn when the agent is idle (settlement notices, reports).
+	DeliveryNextStep = "next-step"
+	// DeliveryQuiet is read at the next step or turn but wakes nobody.
+	DeliveryQuiet = "quiet"
+)
+
+// InboxItem is one pending inbox item: the body of a BROOD_INBOX message,
+// whose Brood-Message-Id header repeats MessageID.
+type InboxItem struct {
+	MessageID string                  `msgpack:"messageId" json:"messageId"`
+	Content   []protocol.ContentBlock `msgpack:"content" json:"content"`
+	Source    protocol.MessageSource  `msgpack:"source" json:"source"`
+	Delivery  string                  `msgpack:"delivery" json:"delivery"`
+	// Seq is the item's BROOD_INBOX stream sequence (set when read).
+	Seq protocol.Seq `msgpack:"-" json:"-"`
+}
+
+// Enqueue accepts an item into a session's inbox and returns its messageId
+// and inbox sequence. A non-empty idempotencyKey becomes the Nats-Msg-Id, so
+// a retry inside the duplicate window answers with the original messageId. A
+// full inbox (InboxItemsMax pending) is LIMIT_EXCEEDED.
+func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, idempotencyKey string) (string, protocol.Seq, error) {
+	if item.MessageID == "" {
+		item.MessageID = ulid.Make().String()
+	}
+	if item.Delivery == "" {
+		item.Delivery = DeliveryNextTurn
+	}
+	data, err := protocol.Marshal(protocol.Msgpack, item)
+	if err != nil {
+		return "", 0, err
+	}
+	msg := nats.NewMsg(s.Subj.Inbox(sessionID))
+	msg.Data = data
+	msg.Header.Set(protocol.HeaderMessageID, item.MessageID)
+	var opts []jetstream.PublishOpt
+	if idempotencyKey != "" {
+		opts = append(opts, jetstream.WithMsgID(sessionID+"."+idempotencyKey))
+	}
+	ack, err := s.JS.PublishMsg(ctx, msg, opts...)
+	if err != nil {
+		// The server answers a full subject with discard-new-per-subject as
+		// "maximum messages per subject exceeded" (nats-server ErrMaxMsgsPerSubject).
+		if strings.Contains(strings.ToLower(err.Error()), "maximum messages per subject") {
+			return "", 0, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+				"limit": "inbox items", "reason": fmt.Sprintf("session %s already has %d pending items", sessionID, s.Cfg.InboxItemsMax)})
+		}
+		return "", 0, err
+	}
+	if ack.Duplicate {
+		// The original item may already be claimed (and deleted); its id is
+		// only needed when it is still there.
+		if m, gerr := s.Inbox.GetMsg(ctx, ack.Sequence); gerr == nil {
+			return m.Header.Get(protocol.HeaderMessageID), protocol.Seq(ack.Sequence), nil
+		}
+		return "", protocol.Seq(ack.Sequence), protocol.Errorf(protocol.CodeInvalidArgument,
+			"idempotency key %q was already used and its message was claimed", idempotencyKey)
+	}
+	return item.MessageID, protocol.Seq(ack.Sequence), nil
+}
+
+// SessionInbox reads and trims one session's inbox.
+type SessionInbox struct {
+	s         *Store
+	sessionID string
+}
+
+// InboxOf returns the inbox of a session.
+func (s *Store) InboxOf(sessionID string) *SessionInbox { return &SessionInbox{s: s, sessionID: sessionID} }
+
+// Subject is the inbox subject (a core subscription on it wakes the agent).
+func (in *SessionInbox) Subject() string { return in.s.Subj.Inbox(in.sessionID) }
+
+// Pending returns the items with a sequence above after, oldest first.
+func (in *SessionInbox) Pending(ctx context.Context, after protocol.Seq) ([]InboxItem, error) {
+	var out []InboxItem
+	next := uint64(after) + 1
+	for {
+		msgs, err := jetstreamext.GetBatch(ctx, in.s.JS, in.s.Subj.StreamInbox(), 256,
+			jetstreamext.GetBatchSubject(in.Subject()), jetstreamext.GetBatchSeq(next))
+		if err != nil {
+			return nil, fmt.Errorf("read inbox %s: %w", in.sessionID, err)
+		}
+		got := 0
+		for m, err := range msgs {
+			if err != nil {
+				if errors.Is(err, jetstreamext.ErrNoMessages) {
+					break
+				}
+				return nil, fmt.Errorf("read inbox %s: %w", in.sessionID, err)
+			}
+			var it InboxItem
+			if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &it); err != nil {
+				return nil, fmt.Errorf("decode inbox item %s@%d: %w", in.sessionID, m.Sequence, err)
+			}
+			it.Seq = protocol.Seq(m.Sequence)
+			out = append(out, it)
+			next = m.Sequence + 1
+			got++
+		}
+		if got < 256 {
+			return out, nil
+		}
+	}
+}
+
+// Remove deletes claimed or discarded items; an item already gone is fine.
+func (in *SessionInbox) Remove(ctx context.Context, seqs ...protocol.Seq) error {
+	for _, seq := range seqs {
+		if err := in.s.Inbox.DeleteMsg(ctx, uint64(seq)); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return fmt.Errorf("remove inbox item %s@%d: %w", in.sessionID, seq, err)
+		}
+	}
+	return nil
+}
