@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -92,8 +93,59 @@ func yes(b bool) string {
 
 // runFlags are `brood run`'s options.
 type runFlags struct {
-	provider string
-	asJSON   bool
+	provider   string
+	asJSON     bool
+	schema     string
+	maxDepth   int64
+	allowTools string
+	denyTools  string
+	persona    string
+}
+
+// startOptions builds the start options from the flags the user set; an
+// unset flag sends nothing, so capability checks see only what was asked.
+func (f *runFlags) startOptions(cmd *cobra.Command) (protocol.StartOptions, error) {
+	var o protocol.StartOptions
+	fl := cmd.Flags()
+	if fl.Changed("schema") {
+		data, err := os.ReadFile(f.schema)
+		if err != nil {
+			return o, protocol.Errorf(protocol.CodeInvalidArgument, "--schema: %v", err)
+		}
+		v, err := agent.DecodeJSONValue(string(data))
+		if err != nil {
+			return o, protocol.Errorf(protocol.CodeInvalidArgument, "--schema %s is not JSON: %v", f.schema, err)
+		}
+		o.OutputSchema = v
+	}
+	if fl.Changed("max-depth") {
+		o.MaxDepth = f.maxDepth
+	}
+	if fl.Changed("allow-tools") || fl.Changed("deny-tools") {
+		o.ToolFilter = &protocol.ToolFilter{}
+		if fl.Changed("allow-tools") {
+			o.ToolFilter.Allow = splitList(f.allowTools)
+		}
+		if fl.Changed("deny-tools") {
+			o.ToolFilter.Deny = splitList(f.denyTools)
+		}
+	}
+	if fl.Changed("persona") {
+		p := f.persona
+		o.Persona = &p
+	}
+	return o, nil
+}
+
+// splitList splits a comma-separated flag; "" is an empty (present) list.
+func splitList(s string) []string {
+	out := []string{}
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 func runCmd(g *globals) *cobra.Command {
@@ -109,7 +161,10 @@ func runCmd(g *globals) *cobra.Command {
 			if f.provider == "" {
 				return protocol.Errorf(protocol.CodeInvalidArgument, "--provider is required")
 			}
-			opts := protocol.StartOptions{}
+			opts, err := f.startOptions(cmd)
+			if err != nil {
+				return err
+			}
 			s, done, err := openClient(g)
 			if err != nil {
 				return err
@@ -120,6 +175,11 @@ func runCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&f.provider, "provider", "", "provider name (see brood providers)")
 	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print runId, childId and the whole result as JSON")
+	cmd.Flags().StringVar(&f.schema, "schema", "", "JSON Schema file: the child must return structured output matching it")
+	cmd.Flags().Int64Var(&f.maxDepth, "max-depth", 0, "absolute delegation depth cap for the child (0 refuses any child)")
+	cmd.Flags().StringVar(&f.allowTools, "allow-tools", "", "comma-separated tools the child may use (\"\" hides every tool)")
+	cmd.Flags().StringVar(&f.denyTools, "deny-tools", "", "comma-separated tools the child may not use")
+	cmd.Flags().StringVar(&f.persona, "persona", "", "the child's persona, a template with {{provider}}, {{model}}, {{cwd}}")
 	return cmd
 }
 

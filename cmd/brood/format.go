@@ -115,6 +115,9 @@ func formatEvent(ev protocol.SessionEvent, h protocol.SessionHeader) string {
 				status = "error"
 			}
 			detail = fmt.Sprintf("%s %s %s: %s", d.CallID, d.Name, status, clip(protocol.AllText(d.Content)))
+			if id := d.Meta["childId"]; id != "" {
+				detail += " [child " + id + "]"
+			}
 		}
 	case protocol.EvInboxEnqueue:
 		var d protocol.InboxEnqueueData

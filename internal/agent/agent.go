@@ -314,7 +314,7 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	for i, c := range msg.ToolCalls {
 		r := results[i]
 		rb.add(a, protocol.EvToolResult, protocol.ToolResultData{
-			Turn: turn, Step: step, CallID: c.ID, Name: c.Name, Content: r.Content, IsError: r.IsError,
+			Turn: turn, Step: step, CallID: c.ID, Name: c.Name, Content: r.Content, IsError: r.IsError, Meta: r.Meta,
 		})
 		if r.Conclude && !r.IsError {
 			conclude = true

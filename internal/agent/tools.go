@@ -27,6 +27,8 @@ type ToolResult struct {
 	Conclude bool
 	// Structured is the captured value of structured_output (canonical JSON).
 	Structured string
+	// Meta is logged with the result, never shown to the model.
+	Meta map[string]string
 }
 
 // ErrorResult is an isError result with one text block.
@@ -182,4 +184,21 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// Ceiling returns the registry without the global tools a tool ceiling (the
+// intersection of every ancestor's filter, DESIGN.md §7) denies. Names the
+// registry does not know are ignored: a ceiling spans providers.
+func (r *Registry) Ceiling(c *protocol.ToolFilter) *Registry {
+	if c == nil {
+		return r
+	}
+	out := &Registry{local: r.local}
+	for _, t := range r.tools {
+		allowed := r.local[t.Name] || ((c.Allow == nil || contains(c.Allow, t.Name)) && !contains(c.Deny, t.Name))
+		if allowed {
+			out.tools = append(out.tools, t)
+		}
+	}
+	return out
 }

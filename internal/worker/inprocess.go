@@ -47,6 +47,18 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 			return nil, err
 		}
 	}
+	// The ceiling every ancestor narrowed (DESIGN.md §7): a descendant never
+	// gets a tool an ancestor was denied, whatever its own filter says.
+	reg = reg.Ceiling(spec.Header.ToolCeiling)
+	var sections []string
+	if spec.Options.OutputSchema != "" {
+		so, err := agent.StructuredOutputTool(spec.Options.OutputSchema)
+		if err != nil {
+			return nil, err
+		}
+		reg = reg.WithLocal(so)
+		sections = append(sections, agent.StructuredOutputInstruction)
+	}
 	m, err := p.Models()
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "model: %v", err)
@@ -59,7 +71,7 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 		persona = *spec.Options.Persona
 	}
 	vars := map[string]string{"provider": m.Provider(), "model": m.Name(), "cwd": spec.Header.Cwd}
-	system, err := agent.SystemPrompt(persona, vars, spec.Header)
+	system, err := agent.SystemPrompt(persona, vars, spec.Header, sections...)
 	if err != nil {
 		return nil, err
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 )
 
@@ -55,9 +54,9 @@ type CatalogueEntry struct {
 // stable and unique; docs/protocol.md reproduces this table.
 var Catalogue = []CatalogueEntry{
 	{CodeInvalidArgument, 1001, "invalid argument: {reason}", "fix the request; it was not acted on"},
-	{CodeNoProvider, 1002, "no provider named {provider} is registered", "list live providers with `brood providers` or start a worker for it"},
-	{CodeDuplicateProvider, 1003, "provider {provider} is already registered with a different descriptor", "give this instance the same descriptor as the live instances, or a different provider name"},
-	{CodeUnsupportedCapability, 1004, "provider {provider} does not support {capability}", "drop the option or choose a provider whose descriptor has the capability"},
+	{CodeNoProvider, 1002, "no provider named \"{provider}\" is registered", "list live providers with `brood providers` or start a worker for it"},
+	{CodeDuplicateProvider, 1003, "provider \"{provider}\" is already registered with a different descriptor", "give this instance the same descriptor as the live instances, or a different provider name"},
+	{CodeUnsupportedCapability, 1004, "provider \"{provider}\" does not support {capability}", "drop the option or choose a provider whose descriptor has the capability"},
 	{CodeUnauthorized, 1005, "not authorized: {reason}", "act as the exact live parent agent (its current credential) or with a user grant"},
 	{CodeDepthExceeded, 1006, "delegation depth {attemptedDepth} exceeds the maximum depth {maxDepth}", "do the work in this agent instead of delegating deeper"},
 	{CodeUnsupportedSchema, 1007, "outputSchema is outside the supported subset: {violations}", "use an object-rooted schema built from type, properties, required, additionalProperties, items, enum, const and oneOf"},
@@ -65,7 +64,7 @@ var Catalogue = []CatalogueEntry{
 	{CodeInvalidPersona, 1009, "invalid persona template: {reason}", "use only {{provider}}, {{model}} and {{cwd}} references"},
 	{CodeLimitExceeded, 1010, "{limit} exceeded: {reason}", "send less or split the work; nothing was truncated"},
 	{CodeDraining, 1011, "admission is closed: {reason}", "retry after the drain finished, or on another lineage"},
-	{CodeDuplicateChild, 1012, "child id {childId} was already used", "choose a new child id or omit it"},
+	{CodeDuplicateChild, 1012, "child id \"{childId}\" was already used", "choose a new child id or omit it"},
 	{CodeNotResumable, 1013, "session {childId} cannot be resumed: {reason}", "start a new child instead of retrying this one"},
 	{CodeDurabilityFailed, 1014, "JetStream did not acknowledge the session's writes: {reason}", "check the JetStream servers; the durable record is reconciled once writes are accepted again"},
 	{CodeActivationClosing, 1015, "the activation is closing: {reason}", "retry once the activation settled"},
@@ -183,7 +182,7 @@ func fill(tmpl string, details map[string]any) string {
 func detailString(v any) string {
 	switch x := v.(type) {
 	case string:
-		return strconv.Quote(x)
+		return x
 	case []string:
 		return strings.Join(x, "; ")
 	case []any:

@@ -218,6 +218,9 @@ type ToolResultData struct {
 	Name    string         `msgpack:"name" json:"name"`
 	Content []ContentBlock `msgpack:"content" json:"content"`
 	IsError bool           `msgpack:"isError,omitempty" json:"isError,omitempty"`
+	// Meta carries the tool's own facts about the call, log-only (the
+	// subagent tool records the child's runId and childId).
+	Meta map[string]string `msgpack:"meta,omitempty" json:"meta,omitempty"`
 }
 
 // InboxEnqueueData is the data of agent/inbox/enqueue: the agent saw an inbox

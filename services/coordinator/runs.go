@@ -97,10 +97,11 @@ func (c *Coordinator) admit(ctx context.Context, providerName string, parent pro
 	return a, nil
 }
 
-// checkSchema validates an outputSchema against the supported subset and
-// returns its canonical JSON text.
+// checkSchema validates an outputSchema against the supported subset
+// (upstream-behaviour §1.6; UNSUPPORTED_SCHEMA lists every offending path)
+// and returns its canonical JSON text.
 func (c *Coordinator) checkSchema(schema any) (string, error) {
-	return "", protocol.Errorf(protocol.CodeInvalidArgument, "outputSchema is not supported by this coordinator yet; omit it")
+	return agent.CheckOutputSchema(schema)
 }
 
 func (c *Coordinator) checkPrompt(prompt []protocol.ContentBlock) error {

@@ -12,6 +12,7 @@ import (
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -19,7 +20,7 @@ import (
 const DefaultName = "spawn"
 
 // Tools are the global tools spawn children offer, in order.
-var Tools = []string{"list_dir"}
+var Tools = []string{"list_dir", "read_file", "subagent"}
 
 // Descriptor returns the spawn provider's descriptor (DESIGN.md §6).
 func Descriptor(name string) protocol.ProviderDescriptor {
@@ -37,6 +38,9 @@ type Config struct {
 	Store  *store.Store
 	Name   string // provider name, default "spawn"
 	Models worker.ModelFactory
+	// SubagentProvider is the provider the children's `subagent` tool
+	// delegates to (default "spawn").
+	SubagentProvider string
 	// Persona overrides the deployment persona template.
 	Persona           string
 	Limits            agent.Limits
@@ -55,10 +59,18 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Name == "" {
 		cfg.Name = DefaultName
 	}
+	if cfg.SubagentProvider == "" {
+		cfg.SubagentProvider = DefaultName
+	}
+	cl, err := client.New(cfg.NC, client.Options{Prefix: cfg.Store.Subj.Prefix()})
+	if err != nil {
+		return nil, err
+	}
+	delegate := agent.SubagentTool(agent.SubagentConfig{Client: cl, Provider: cfg.SubagentProvider})
 	p := &worker.InProcess{
 		Desc: Descriptor(cfg.Name), Models: cfg.Models, Persona: cfg.Persona, Limits: cfg.Limits, Logger: cfg.Logger,
 		Tools: func(worker.SessionSpec) ([]*agent.Tool, error) {
-			return []*agent.Tool{agent.ListDirTool()}, nil
+			return []*agent.Tool{agent.ListDirTool(), agent.ReadFileTool(), delegate}, nil
 		},
 	}
 	h, err := worker.New(worker.Config{

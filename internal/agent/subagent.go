@@ -1,0 +1,158 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// DefaultSubagentMaxDepth is the subagent tool's default absolute depth cap:
+// the root plus three generations (upstream-behaviour §1.5, §6).
+const DefaultSubagentMaxDepth = 3
+
+// SubagentDisposeTimeout bounds the dispose of a child whose parent's turn was cancelled.
+const SubagentDisposeTimeout = 30 * time.Second
+
+// SubagentConfig configures the model-facing `subagent` tool (DESIGN.md §8;
+// upstream-behaviour §6). The provider is chosen by configuration only; the
+// model never names one.
+type SubagentConfig struct {
+	Client   *client.Client
+	Provider string
+	// ToolName defaults to "subagent".
+	ToolName string
+	// MaxDepth is the absolute depth cap sent with every start (default 3);
+	// ProviderManaged sends none (for providers without depthLimit).
+	MaxDepth        int64
+	ProviderManaged bool
+	// InheritsParentContext selects the wording: a fork child sees this
+	// conversation, a spawn child does not.
+	InheritsParentContext bool
+	// Background, when set, runs `run_in_background` delegations as
+	// continuable children (see the continuable tools); nil refuses them.
+	Background func(ctx context.Context, tc ToolContext, description, prompt string) ToolResult
+}
+
+// SubagentTool returns the delegation tool. A foreground call starts a
+// one-shot child with the calling agent's credential, waits for its result
+// and always disposes it; a completed child's output is the tool result, any
+// other stop reason an isError result with a headline, the diagnostic and
+// the partial output. Failures never crash the parent's turn.
+func SubagentTool(cfg SubagentConfig) *Tool {
+	name := cfg.ToolName
+	if name == "" {
+		name = "subagent"
+	}
+	maxDepth := cfg.MaxDepth
+	if maxDepth == 0 && !cfg.ProviderManaged {
+		maxDepth = DefaultSubagentMaxDepth
+	}
+	desc := "Delegate a self-contained task to a fresh subagent. It does NOT see this conversation: " +
+		"write a complete prompt with every fact it needs. It works in the same workspace and returns its final answer."
+	promptDesc := "the complete task for the subagent, self-contained"
+	if cfg.InheritsParentContext {
+		desc = "Delegate a task to a subagent that starts with this conversation's completed turns as context. " +
+			"It works in the same workspace and returns its final answer."
+		promptDesc = "the task for the subagent; it builds on this conversation"
+	}
+	props := `"description":{"type":"string","description":"a 3-5 word label for the task"},` +
+		`"prompt":{"type":"string","description":` + quote(promptDesc) + `}`
+	if cfg.Background != nil {
+		desc += " Set run_in_background to start a continuable subagent and go on; you get a notice when it settles, and can message it with send_message."
+		props += `,"run_in_background":{"type":"boolean","description":"start the subagent in the background (continuable) instead of waiting for it"}`
+	}
+	return &Tool{
+		Name:        name,
+		Description: desc,
+		Parameters:  json.RawMessage(`{"type":"object","properties":{` + props + `},"required":["description","prompt"],"additionalProperties":false}`),
+		Run: func(ctx context.Context, tc ToolContext, args string) ToolResult {
+			var in struct {
+				Description string `json:"description"`
+				Prompt      string `json:"prompt"`
+				Background  *bool  `json:"run_in_background"`
+			}
+			if err := decodeArgs(args, &in); err != nil {
+				return ErrorResult("%s: %v", name, err)
+			}
+			if strings.TrimSpace(in.Prompt) == "" || strings.TrimSpace(in.Description) == "" {
+				return ErrorResult("%s: description and prompt are both required", name)
+			}
+			if in.Background != nil && *in.Background {
+				if cfg.Background == nil {
+					return ErrorResult("%s: run_in_background is not available with this provider", name)
+				}
+				return cfg.Background(ctx, tc, in.Description, in.Prompt)
+			}
+			opts := protocol.StartOptions{Label: in.Description}
+			if !cfg.ProviderManaged {
+				opts.MaxDepth = maxDepth
+			}
+			parent := protocol.ParentRef{SessionID: tc.Header.ID, Credential: tc.Credential}
+			run, err := cfg.Client.StartRun(ctx, parent, cfg.Provider, protocol.Text(in.Prompt), opts)
+			if err != nil {
+				return ErrorResult("The subagent could not be started: %v", err)
+			}
+			res, err := run.Result(ctx)
+			if err != nil {
+				// The parent's turn was cancelled: dispose the child and report how it ended.
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), SubagentDisposeTimeout)
+				defer cancel()
+				st, derr := run.Dispose(dctx)
+				if derr != nil || st.Result == nil {
+					return ErrorResult("The subagent %s was cancelled; disposing it failed: %v", run.ChildID, derr)
+				}
+				res = *st.Result
+			}
+			out := resultToTool(run.ChildID, res)
+			out.Meta = map[string]string{"runId": run.RunID, "childId": run.ChildID, "stopReason": string(res.StopReason)}
+			return out
+		},
+	}
+}
+
+// resultToTool maps a child's result to the parent's tool result
+// (upstream-behaviour §6, result mapping).
+func resultToTool(childID string, res protocol.SubagentResult) ToolResult {
+	text := protocol.PlainText(res.Output)
+	if res.StopReason == protocol.StopCompleted {
+		if text == "" {
+			text = "(the subagent finished without output)"
+		}
+		return TextResult(text)
+	}
+	var b strings.Builder
+	switch res.StopReason {
+	case protocol.StopAborted:
+		b.WriteString("The subagent was cancelled before it finished.")
+	case protocol.StopError:
+		b.WriteString("The subagent failed.")
+	case protocol.StopMaxTokens:
+		b.WriteString("The subagent hit its token limit before it finished.")
+	case protocol.StopRefusal:
+		b.WriteString("The subagent declined the task.")
+	default:
+		fmt.Fprintf(&b, "The subagent ended abnormally (%s).", res.StopReason)
+	}
+	fmt.Fprintf(&b, " (subagent %s)", childID)
+	if res.Diagnostic != "" || res.ErrorCode != "" {
+		b.WriteString("\nDiagnostic: ")
+		if res.ErrorCode != "" {
+			b.WriteString(string(res.ErrorCode) + " ")
+		}
+		b.WriteString(res.Diagnostic)
+	}
+	if text != "" {
+		b.WriteString("\nPartial output before the run ended:\n" + text)
+	}
+	return ToolResult{Content: protocol.Text(b.String()), IsError: true}
+}
+
+func quote(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
