@@ -62,19 +62,39 @@ func (t *timing) flags(cmd *cobra.Command) {
 
 // modelFlags selects the model of in-process agents.
 type modelFlags struct {
-	kind string
+	kind    string
+	baseURL string
+	name    string
 }
 
 func (m *modelFlags) flags(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&m.kind, "model", "scripted", "model adapter of the agents: scripted")
+	cmd.Flags().StringVar(&m.kind, "model", "scripted", "model adapter of the agents: scripted, or openai (any OpenAI-compatible endpoint; key from $DEEPSEEK_API_KEY or $OPENAI_API_KEY)")
+	cmd.Flags().StringVar(&m.baseURL, "model-base-url", "", "openai adapter: base URL (default $BROOD_MODEL_BASE_URL, else https://api.deepseek.com)")
+	cmd.Flags().StringVar(&m.name, "model-name", "", "openai adapter: model id (default $BROOD_MODEL_NAME, else deepseek-chat)")
 }
 
+// factory returns the model of new agents. The openai adapter is built once
+// and shared (it is safe for concurrent use); nothing is called unless it is
+// selected and a key is configured.
 func (m *modelFlags) factory() (worker.ModelFactory, error) {
 	switch m.kind {
 	case "", "scripted":
 		return func() (model.Model, error) { return model.NewScripted(), nil }, nil
+	case "openai":
+		cfg := model.OpenAIConfigFromEnv()
+		if m.baseURL != "" {
+			cfg.BaseURL = m.baseURL
+		}
+		if m.name != "" {
+			cfg.Model = m.name
+		}
+		om, err := model.NewOpenAI(cfg)
+		if err != nil {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--model openai: %v", err)
+		}
+		return func() (model.Model, error) { return om, nil }, nil
 	default:
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "unknown model adapter %q (known: scripted)", m.kind)
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "unknown model adapter %q (known: scripted, openai)", m.kind)
 	}
 }
 
