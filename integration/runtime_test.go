@@ -8,8 +8,8 @@ import (
 
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
-	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
 )
 
 // recordingModel wraps the scripted model and records the tools each request advertised.
@@ -34,7 +34,7 @@ func runtimeStack(t *testing.T) (*testutil.Stack, *recordingModel) {
 	s := testutil.NewStack(t)
 	s.AddCoordinator()
 	rec := &recordingModel{Model: model.NewScripted()}
-	s.AddSpawnWorker(func(c *spawnworker.Config) {
+	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
 		c.Models = func() (model.Model, error) { return rec, nil }
 	})
 	return s, rec

@@ -52,7 +52,7 @@ func main() {
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (services default info, client verbs warn)")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 10*time.Second, "timeout of each coordinator request")
 	root.AddCommand(
-		devCmd(g), coordinatorCmd(g), spawnWorkerCmd(g),
+		devCmd(g), coordinatorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g),
 		providersCmd(g), runCmd(g), logCmd(g),
 	)
 	err := root.Execute()

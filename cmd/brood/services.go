@@ -20,6 +20,7 @@ import (
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
+	forkworker "github.com/brood-dev/brood/services/fork-worker"
 	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
 )
 
@@ -129,11 +130,12 @@ func newCoordinator(nc *nats.Conn, st *store.Store, t timing, log *slog.Logger) 
 	})
 }
 
-func newSpawnWorker(nc *nats.Conn, st *store.Store, t timing, models worker.ModelFactory, log *slog.Logger) (*spawnworker.Service, error) {
-	return spawnworker.New(spawnworker.Config{
+// newInProcessWorker builds the worker of an in-process provider (spawn, fork).
+func newInProcessWorker(nc *nats.Conn, st *store.Store, t timing, models worker.ModelFactory, log *slog.Logger, desc protocol.ProviderDescriptor) (*worker.Host, error) {
+	return worker.NewInProcessHost(worker.InProcessConfig{
 		NC: nc, Store: st, Models: models, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry,
 		DrainGrace: t.drainGrace, Logger: log,
-	})
+	}, desc)
 }
 
 func coordinatorCmd(g *globals) *cobra.Command {
@@ -167,12 +169,20 @@ func coordinatorCmd(g *globals) *cobra.Command {
 }
 
 func spawnWorkerCmd(g *globals) *cobra.Command {
+	return inProcessWorkerCmd(g, "spawn-worker", "Run a worker of the spawn provider (fresh children)", spawnworker.Descriptor(spawnworker.DefaultName))
+}
+
+func forkWorkerCmd(g *globals) *cobra.Command {
+	return inProcessWorkerCmd(g, "fork-worker", "Run a worker of the fork provider (children seeded with the parent's completed turns)", forkworker.Descriptor(forkworker.DefaultName))
+}
+
+func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDescriptor) *cobra.Command {
 	var t timing
 	var mf modelFlags
 	var sf storeFlags
 	cmd := &cobra.Command{
-		Use:   "spawn-worker",
-		Short: "Run a worker of the spawn provider",
+		Use:   use,
+		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
@@ -180,7 +190,7 @@ func spawnWorkerCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			nc, err := connect(g.natsURL, "brood-spawn-worker", true)
+			nc, err := connect(g.natsURL, "brood-"+use, true)
 			if err != nil {
 				return err
 			}
@@ -189,7 +199,7 @@ func spawnWorkerCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			w, err := newSpawnWorker(nc, st, t, models, log)
+			w, err := newInProcessWorker(nc, st, t, models, log, desc)
 			if err != nil {
 				return err
 			}
@@ -246,14 +256,18 @@ func devCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			w, err := newSpawnWorker(nc, st, t, models, log)
+			spawn, err := newInProcessWorker(nc, st, t, models, log, spawnworker.Descriptor(spawnworker.DefaultName))
+			if err != nil {
+				return err
+			}
+			fork, err := newInProcessWorker(nc, st, t, models, log, forkworker.Descriptor(forkworker.DefaultName))
 			if err != nil {
 				return err
 			}
 			fmt.Printf("brood dev: NATS client URL %s\n", ns.ClientURL())
 			fmt.Printf("brood dev: data in %s; JetStream %s\n", dir, ns.FsyncMode())
-			fmt.Printf("brood dev: providers spawn; model %s; Ctrl-C drains and exits\n", mf.kind)
-			err = serve(c, w)
+			fmt.Printf("brood dev: providers spawn, fork; model %s; Ctrl-C drains and exits\n", mf.kind)
+			err = serve(c, spawn, fork)
 			_ = nc.Drain()
 			return err
 		},

@@ -264,3 +264,41 @@ func (s *Store) PublishEvent(ev protocol.LifecycleEvent, onErr func(error)) {
 		}
 	}()
 }
+
+// RecordBytesTarget is the size AppendChunked aims each record at, well under
+// the max message size.
+const RecordBytesTarget = 256 << 10
+
+// Appender is anything that appends records to a session log.
+type Appender interface {
+	Append(ctx context.Context, evs ...protocol.SessionEvent) ([]protocol.SessionEvent, error)
+}
+
+// AppendChunked appends many events as consecutive records of about
+// RecordBytesTarget each (a fork seed), returning them with their seqs.
+func AppendChunked(ctx context.Context, w Appender, evs []protocol.SessionEvent) ([]protocol.SessionEvent, error) {
+	var out []protocol.SessionEvent
+	start, size := 0, 0
+	flush := func(end int) error {
+		if end == start {
+			return nil
+		}
+		written, err := w.Append(ctx, evs[start:end]...)
+		if err != nil {
+			return err
+		}
+		out = append(out, written...)
+		start, size = end, 0
+		return nil
+	}
+	for i, ev := range evs {
+		n := len(ev.Data) + len(ev.Type) + 32
+		if size+n > RecordBytesTarget {
+			if err := flush(i); err != nil {
+				return out, err
+			}
+		}
+		size += n
+	}
+	return out, flush(len(evs))
+}

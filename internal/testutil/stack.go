@@ -15,6 +15,7 @@ import (
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
+	forkworker "github.com/brood-dev/brood/services/fork-worker"
 	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
 )
 
@@ -75,22 +76,38 @@ func (s *Stack) AddCoordinator(mod ...func(*coordinator.Config)) *coordinator.Co
 }
 
 // AddSpawnWorker starts a spawn worker with the scripted model on its own connection.
-func (s *Stack) AddSpawnWorker(mod ...func(*spawnworker.Config)) (*spawnworker.Service, func()) {
+func (s *Stack) AddSpawnWorker(mod ...func(*worker.InProcessConfig)) (*worker.Host, func()) {
+	s.T.Helper()
+	return s.AddInProcessWorker(spawnworker.Descriptor(spawnworker.DefaultName), mod...)
+}
+
+// AddForkWorker starts a fork worker with the scripted model on its own connection.
+func (s *Stack) AddForkWorker(mod ...func(*worker.InProcessConfig)) (*worker.Host, func()) {
+	s.T.Helper()
+	return s.AddInProcessWorker(forkworker.Descriptor(forkworker.DefaultName), mod...)
+}
+
+// AddInProcessWorker starts a worker of an in-process provider.
+func (s *Stack) AddInProcessWorker(desc protocol.ProviderDescriptor, mod ...func(*worker.InProcessConfig)) (*worker.Host, func()) {
 	s.T.Helper()
 	nc := s.Conn()
-	cfg := spawnworker.Config{
+	cfg := worker.InProcessConfig{
 		NC: nc, Store: s.storeOn(nc), Models: func() (model.Model, error) { return model.NewScripted(), nil },
 		HeartbeatInterval: TestHeartbeat, HostExpiry: TestHostExpiry, DrainGrace: 2 * time.Second, Logger: Logger(s.T),
 	}
 	for _, m := range mod {
 		m(&cfg)
 	}
-	w, err := spawnworker.New(cfg)
+	w, err := worker.NewInProcessHost(cfg, desc)
 	if err != nil {
 		s.T.Fatal(err)
 	}
 	stop := Background(s.T, w)
-	s.WaitProvider(cfg.Name)
+	name := desc.Name
+	if cfg.Name != "" {
+		name = cfg.Name
+	}
+	s.WaitProvider(name)
 	return w, stop
 }
 

@@ -32,6 +32,19 @@ type Session interface {
 	Events() []protocol.SessionEvent
 }
 
+// Preparer is implemented by providers with a creation spec (seed:
+// prepareContinuable): the coordinator asks it before writing a child's
+// header, whose seedLength records the answer.
+type Preparer interface {
+	Prepare(ctx context.Context, req protocol.ProviderPrepareRequest) (protocol.ProviderPrepareReply, error)
+}
+
+// Framer is implemented by providers that frame a child's task (a fork
+// child's note that the inherited turns are its parent's context).
+type Framer interface {
+	FramePrompt(prompt []protocol.ContentBlock, h protocol.SessionHeader) []protocol.ContentBlock
+}
+
 // Closer is implemented by sessions that hold resources beyond their turn (an
 // ACP agent process): the host calls Close once the run settled or was
 // dropped. Close must be idempotent and bounded in time.
@@ -216,6 +229,23 @@ func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider)
 		micro.WithEndpointSubject(protocol.OpProviderStart)); err != nil {
 		_ = svc.Stop()
 		return nil, err
+	}
+	if pr, ok := p.(Preparer); ok {
+		prepare := func(ctx context.Context, req rpc.Request) (any, error) {
+			var r protocol.ProviderPrepareRequest
+			if err := req.Decode(&r); err != nil {
+				return nil, err
+			}
+			if !protocol.ValidID(r.ParentSession) {
+				return nil, protocol.Errorf(protocol.CodeInvalidArgument, "parentSession must be a valid id")
+			}
+			return pr.Prepare(ctx, r)
+		}
+		if err := g.AddEndpoint(protocol.OpProviderPrepare, rpc.Endpoint(ctx, h.log, sem, prepare),
+			micro.WithEndpointSubject(protocol.OpProviderPrepare)); err != nil {
+			_ = svc.Stop()
+			return nil, err
+		}
 	}
 	return svc, nil
 }

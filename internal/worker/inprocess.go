@@ -2,10 +2,13 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -26,6 +29,89 @@ type InProcess struct {
 	Persona string
 	Limits  agent.Limits
 	Logger  *slog.Logger
+	// Seeded providers (fork) seed each child with the parent's balanced
+	// completed-turn prefix, read from Store.
+	Seeded bool
+	Store  *store.Store
+	// SeedEventsMax bounds a seed (default 100,000 events); a longer parent
+	// is refused with LIMIT_EXCEEDED rather than cut.
+	SeedEventsMax int
+}
+
+// DefaultSeedEventsMax is the default bound of a fork seed.
+const DefaultSeedEventsMax = 100_000
+
+// SeedFraming is the note added, as a framing block, before a seeded child's
+// task: the inherited turns are its parent's context (DESIGN.md §6).
+const SeedFraming = "The conversation above is context inherited from your parent agent; you are a subagent forked from it. " +
+	"Do not continue the parent's work on your own: your task is the following."
+
+// Prepare returns the child's creation spec: the length of the parent's
+// balanced completed-turn prefix for a seeded provider (upstream-behaviour
+// §3.6), 0 otherwise.
+func (p *InProcess) Prepare(ctx context.Context, req protocol.ProviderPrepareRequest) (protocol.ProviderPrepareReply, error) {
+	if !p.Seeded {
+		return protocol.ProviderPrepareReply{}, nil
+	}
+	seed, err := p.readSeed(ctx, req.ParentSession, -1)
+	if err != nil {
+		return protocol.ProviderPrepareReply{}, err
+	}
+	return protocol.ProviderPrepareReply{SeedLength: int64(len(seed))}, nil
+}
+
+// readSeed reads the parent's log and returns its first n events (n < 0: its
+// balanced completed-turn prefix), checked to replay cleanly.
+func (p *InProcess) readSeed(ctx context.Context, parent string, n int) ([]protocol.SessionEvent, error) {
+	log, err := p.Store.ReadLog(ctx, parent)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the parent's log: %v", err)
+	}
+	if n < 0 {
+		n = agent.CompletedPrefix(log.Events)
+	}
+	if n > len(log.Events) {
+		return nil, protocol.Errorf(protocol.CodeInternal, "the parent's log has %d events, fewer than the seed's %d", len(log.Events), n)
+	}
+	limit := p.SeedEventsMax
+	if limit <= 0 {
+		limit = DefaultSeedEventsMax
+	}
+	if n > limit {
+		return nil, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+			"limit": "fork seed events", "reason": fmt.Sprintf("the parent's completed history has %d events; the limit is %d", n, limit)})
+	}
+	seed := log.Events[:n]
+	if err := agent.ValidateReplay(seed, false); err != nil {
+		return nil, protocol.Errorf(protocol.CodeInternal, "the parent's history does not replay: %v", err)
+	}
+	return seed, nil
+}
+
+// FramePrompt adds the seed framing before a seeded child's task.
+func (p *InProcess) FramePrompt(prompt []protocol.ContentBlock, h protocol.SessionHeader) []protocol.ContentBlock {
+	if !p.Seeded || h.SeedLength == 0 {
+		return prompt
+	}
+	return append([]protocol.ContentBlock{{Type: protocol.BlockText, Text: SeedFraming, Framing: true}}, prompt...)
+}
+
+// writeSeed copies the seed into the child's log (records under the size
+// limit) and closes it with session/end-seed.
+func (p *InProcess) writeSeed(ctx context.Context, spec SessionSpec) ([]protocol.SessionEvent, error) {
+	seed, err := p.readSeed(ctx, spec.Header.ParentSession, int(spec.Header.SeedLength))
+	if err != nil {
+		return nil, err
+	}
+	end, err := protocol.NewEvent(protocol.EvSessionEndSeed, time.Now().UnixMilli(), struct{}{})
+	if err != nil {
+		return nil, err
+	}
+	written, err := store.AppendChunked(ctx, spec.Log, append(append([]protocol.SessionEvent(nil), seed...), end))
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "write the seed: %v", err)
+	}
+	return written, nil
 }
 
 // Descriptor implements Provider.
@@ -79,8 +165,14 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 	if logger == nil {
 		logger = slog.Default()
 	}
+	events := spec.Events
+	if p.Seeded && spec.Header.SeedLength > 0 && len(events) == 0 {
+		if events, err = p.writeSeed(ctx, spec); err != nil {
+			return nil, err
+		}
+	}
 	return agent.New(agent.Config{
-		Header: spec.Header, Log: spec.Log, Events: spec.Events, Model: m, Tools: reg,
+		Header: spec.Header, Log: spec.Log, Events: events, Model: m, Tools: reg,
 		System: system, Credential: spec.Credential, Limits: p.Limits, Logger: logger,
 	})
 }

@@ -59,8 +59,8 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "runId and header.id must be valid ids")
 	}
 	cred := protocol.NewCredential()
-	seed := int64(0)
-	lw := h.st.NewLogWriter(childID, 0, seed)
+	seed := req.Header.SeedLength
+	lw := h.st.NewLogWriter(childID, 0, 0)
 	sess, err := p.NewSession(ctx, SessionSpec{Header: req.Header, Options: req.Options, Credential: cred, Log: lw})
 	if err != nil {
 		return nil, err
@@ -99,8 +99,12 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	var opened bool
 	var out agent.Outcome
 	if derr == nil {
+		prompt := req.Prompt
+		if f, ok := p.(Framer); ok {
+			prompt = f.FramePrompt(prompt, req.Header)
+		}
 		out, opened = sess.OpenTurn(runCtx, agent.Input{
-			Content: req.Prompt, Source: protocol.MessageSource{Kind: protocol.SourceUser}, Extra: []protocol.SessionEvent{desc},
+			Content: prompt, Source: protocol.MessageSource{Kind: protocol.SourceUser}, Extra: []protocol.SessionEvent{desc},
 		})
 	}
 	wg.Wait()

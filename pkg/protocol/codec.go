@@ -127,6 +127,9 @@ func NormalizeNumbers(v any) any {
 	case json.Number:
 		s := string(x)
 		if i, err := strconv.ParseInt(s, 10, 64); err == nil {
+			if i == 0 && strings.HasPrefix(s, "-") {
+				return math.Copysign(0, -1) // keep -0 visible to validation
+			}
 			return i
 		}
 		if u, err := strconv.ParseUint(s, 10, 64); err == nil {

@@ -104,3 +104,18 @@ type HostRunRequest struct {
 	ChildID string `msgpack:"childId" json:"childId"`
 	Cause   string `msgpack:"cause,omitempty" json:"cause,omitempty"`
 }
+
+// ProviderPrepareRequest asks a provider that inherits parent context for a
+// child's creation spec before the child's header is written (seed:
+// prepareContinuable), served on `provider.<name>.prepare`.
+type ProviderPrepareRequest struct {
+	ParentSession string `msgpack:"parentSession" json:"parentSession"`
+	ChildID       string `msgpack:"childId" json:"childId"`
+}
+
+// ProviderPrepareReply is the provider's creation spec: how many leading
+// events of the parent's log seed the child (the balanced completed-turn
+// prefix; 0 for an unseeded child). The header's seedLength records it.
+type ProviderPrepareReply struct {
+	SeedLength int64 `msgpack:"seedLength" json:"seedLength"`
+}

@@ -169,6 +169,13 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 		runID = ulid.Make().String() // remote providers: a fresh id in the parent's namespace
 	}
 	header := c.childHeader(a, childID, now)
+	if a.desc.InheritsParentContext {
+		seed, err := c.prepare(ctx, a.desc.Name, a.pheader.ID, childID)
+		if err != nil {
+			return nil, err
+		}
+		header.SeedLength = seed
+	}
 	rec := protocol.RunRecord{
 		RunID: runID, ChildID: childID, ParentSession: a.pheader.ID, Provider: a.desc.Name,
 		Mode: protocol.ModeOneShot, Notify: r.Notify, Structured: a.options.OutputSchema != "",
@@ -355,4 +362,20 @@ func (c *Coordinator) disposeRun(ctx context.Context, rec protocol.RunRecord, ca
 		}
 	}
 	return c.waitSettled(ctx, rec.RunID, c.disposeWait())
+}
+
+// prepare asks a provider that inherits parent context for the child's
+// creation spec: the length of the seed its header records.
+func (c *Coordinator) prepare(ctx context.Context, provider, parent, childID string) (int64, error) {
+	pctx, cancel := untilDeadline(ctx, c.cfg.ProviderStartTimeout)
+	defer cancel()
+	var reply protocol.ProviderPrepareReply
+	if err := rpc.Call(pctx, c.cfg.NC, c.subj.Provider(provider, protocol.OpProviderPrepare),
+		protocol.ProviderPrepareRequest{ParentSession: parent, ChildID: childID}, &reply); err != nil {
+		return 0, err
+	}
+	if reply.SeedLength < 0 {
+		return 0, protocol.Errorf(protocol.CodeInternal, "provider %s answered a negative seed length", provider)
+	}
+	return reply.SeedLength, nil
 }

@@ -1,0 +1,189 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// parentHistory writes turns into a root's log, as a root that talks to a
+// model (an ACP editor session) has: each completed turn is a user message and
+// an answer; inFlight adds a turn that called a tool and is still waiting.
+func parentHistory(t *testing.T, s *testutil.Stack, root *client.Root, completed int, inFlight bool) []protocol.SessionEvent {
+	t.Helper()
+	var evs []protocol.SessionEvent
+	add := func(typ string, data any) {
+		ev, err := protocol.NewEvent(typ, 1, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs = append(evs, ev)
+	}
+	for turn := int64(1); turn <= int64(completed); turn++ {
+		add(protocol.EvTurnStart, protocol.TurnData{Turn: turn})
+		add(protocol.EvUserMessage, protocol.UserMessageData{ID: "u", Turn: turn, Content: protocol.Text("question"), Source: protocol.MessageSource{Kind: protocol.SourceUser}})
+		add(protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 1})
+		add(protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 1, Message: protocol.AssistantMessage{Content: protocol.Text("the parent's answer")}})
+		add(protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: 1})
+		add(protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}})
+	}
+	if inFlight {
+		turn := int64(completed + 1)
+		add(protocol.EvTurnStart, protocol.TurnData{Turn: turn})
+		add(protocol.EvUserMessage, protocol.UserMessageData{ID: "v", Turn: turn, Content: protocol.Text("delegate please"), Source: protocol.MessageSource{Kind: protocol.SourceUser}})
+		add(protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 1})
+		add(protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 1, Message: protocol.AssistantMessage{
+			Content: []protocol.ContentBlock{}, ToolCalls: []protocol.ToolCall{{ID: "c9", Name: "subagent", Arguments: `{}`}}}})
+		add(protocol.EvToolCall, protocol.ToolCallData{Turn: turn, Step: 1, CallID: "c9", Name: "subagent", Arguments: `{}`})
+	}
+	written, err := s.Store.NewLogWriter(root.SessionID, 0, 0).Append(context.Background(), evs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return written
+}
+
+func firstOwnTurn(t *testing.T, evs []protocol.SessionEvent, from int) int64 {
+	t.Helper()
+	for _, ev := range evs[from:] {
+		if ev.Type == protocol.EvTurnStart {
+			var d protocol.TurnData
+			_ = ev.Decode(&d)
+			return d.Turn
+		}
+	}
+	t.Fatal("the child has no turn of its own")
+	return 0
+}
+
+func TestForkSeedsTheBalancedCompletedPrefix(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	rec := &recordingModel{Model: model.NewScripted()}
+	var firstRequest []model.Message
+	s.AddForkWorker(func(c *worker.InProcessConfig) {
+		c.Models = func() (model.Model, error) {
+			return modelFunc(func(ctx context.Context, req model.Request, onText func(string)) (model.Response, error) {
+				if firstRequest == nil {
+					firstRequest = req.Messages
+				}
+				return rec.Stream(ctx, req, onText)
+			}), nil
+		}
+	})
+	tests := []struct {
+		name      string
+		completed int
+		inFlight  bool
+		seed      int64
+		firstTurn int64
+	}{
+		{"two completed turns", 2, false, 12, 3},
+		{"one completed, one in flight", 1, true, 6, 2},
+		{"no completed turn", 0, true, 0, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			firstRequest = nil
+			root := s.Root()
+			parent := parentHistory(t, s, root, tt.completed, tt.inFlight)
+			run, res, err := s.Run(root.Ref(), "fork", "say forked", protocol.StartOptions{})
+			if err != nil || res.StopReason != protocol.StopCompleted || protocol.PlainText(res.Output) != "forked" {
+				t.Fatalf("result = %+v, %v", res, err)
+			}
+			h, evs := s.Log(run.ChildID)
+			if h.SeedLength != tt.seed {
+				t.Fatalf("seedLength = %d, want %d", h.SeedLength, tt.seed)
+			}
+			for i := int64(0); i < tt.seed; i++ {
+				if evs[i].Type != parent[i].Type || !bytes.Equal(evs[i].Data, parent[i].Data) || evs[i].Seq != parent[i].Seq {
+					t.Fatalf("seed event %d differs from the parent's", i)
+				}
+			}
+			own := int(tt.seed)
+			if tt.seed > 0 {
+				if evs[tt.seed].Type != protocol.EvSessionEndSeed {
+					t.Fatalf("event %d is %s, want session/end-seed", tt.seed, evs[tt.seed].Type)
+				}
+				own++
+			}
+			if err := agent.ValidateReplay(evs, false); err != nil {
+				t.Fatalf("the child's log does not replay: %v", err)
+			}
+			if got := firstOwnTurn(t, evs, own); got != tt.firstTurn {
+				t.Fatalf("the child's first turn is %d, want %d", got, tt.firstTurn)
+			}
+			// The first model request ends with the task, framed as following inherited context.
+			last := firstRequest[len(firstRequest)-1]
+			if last.Role != model.RoleUser || protocol.PlainText(last.Content) != "say forked" {
+				t.Fatalf("last message = %+v", last)
+			}
+			framed := len(last.Content) == 2 && last.Content[0].Framing && last.Content[0].Text == worker.SeedFraming
+			if framed != (tt.seed > 0) {
+				t.Fatalf("framing present = %v with seed %d: %+v", framed, tt.seed, last.Content)
+			}
+		})
+	}
+}
+
+func TestForkChildThatSaysNothingReportsNoOutput(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddForkWorker()
+	root := s.Root()
+	parentHistory(t, s, root, 2, false)
+	_, res, err := s.Run(root.Ref(), "fork", "sleep 1ms", protocol.StartOptions{})
+	if err != nil || res.StopReason != protocol.StopCompleted {
+		t.Fatalf("result = %+v, %v", res, err)
+	}
+	if len(res.Output) != 0 {
+		t.Fatalf("output = %+v; the parent's answer must never leak from the seed", res.Output)
+	}
+}
+
+func TestForkTakenMidTurnByTheChildsOwnTool(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddForkWorker()
+	root := s.Root()
+	parentHistory(t, s, root, 1, false)
+	// The fork child forks again from inside its own tool call: its grandchild
+	// must get only completed turns, never the in-flight one or its open call.
+	run, res, err := s.Run(root.Ref(), "fork", "call subagent {\"description\":\"d\",\"prompt\":\"say grand\"}\nsay done", protocol.StartOptions{})
+	if err != nil || res.StopReason != protocol.StopCompleted {
+		t.Fatalf("result = %+v, %v", res, err)
+	}
+	_, evs := s.Log(run.ChildID)
+	var call protocol.ToolResultData
+	for _, ev := range evs {
+		if ev.Type == protocol.EvToolResult {
+			_ = ev.Decode(&call)
+		}
+	}
+	if call.IsError || protocol.PlainText(call.Content) != "grand" {
+		t.Fatalf("grandchild result = %+v", call)
+	}
+	gh, gevs := s.Log(call.Meta["childId"])
+	if gh.SeedLength != 6 {
+		t.Fatalf("grandchild seedLength = %d, want the 6 events of the one completed turn", gh.SeedLength)
+	}
+	if err := agent.ValidateReplay(gevs, false); err != nil {
+		t.Fatalf("grandchild log does not replay: %v", err)
+	}
+}
+
+// modelFunc adapts a function to model.Model.
+type modelFunc func(ctx context.Context, req model.Request, onText func(string)) (model.Response, error)
+
+func (f modelFunc) Provider() string { return "test" }
+func (f modelFunc) Name() string     { return "test" }
+func (f modelFunc) Stream(ctx context.Context, req model.Request, onText func(string)) (model.Response, error) {
+	return f(ctx, req, onText)
+}

@@ -1,0 +1,79 @@
+package worker
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// GlobalTools are the global tools in-process children offer, in order (the
+// descriptor's tools, so filters are validated before anything is created).
+var GlobalTools = []string{"list_dir", "read_file", "subagent"}
+
+// InProcessConfig configures the worker of an in-process provider (spawn, fork).
+type InProcessConfig struct {
+	NC    *nats.Conn
+	Store *store.Store
+	// Name is the provider name (default: the descriptor's).
+	Name   string
+	Models ModelFactory
+	// SubagentProvider is the provider the children's `subagent` tool
+	// delegates to (default: this provider), and SubagentInherits whether
+	// that provider's children see the delegating conversation (tool wording).
+	SubagentProvider string
+	SubagentInherits bool
+	// Persona overrides the deployment persona template.
+	Persona           string
+	Limits            agent.Limits
+	HostID            string
+	HeartbeatInterval time.Duration
+	HostExpiry        time.Duration
+	DrainGrace        time.Duration
+	Logger            *slog.Logger
+}
+
+// InProcessDescriptor is the descriptor of an in-process provider: every
+// start capability, continuable, the global tools (DESIGN.md §6).
+func InProcessDescriptor(name string, inheritsParentContext bool) protocol.ProviderDescriptor {
+	return protocol.ProviderDescriptor{
+		Name:                  name,
+		Capabilities:          protocol.Capabilities{OutputSchema: true, DepthLimit: true, ToolFilter: true, Persona: true},
+		InheritsParentContext: inheritsParentContext,
+		Continuable:           true,
+		Tools:                 append([]string(nil), GlobalTools...),
+	}
+}
+
+// NewInProcessHost builds a host serving one in-process provider. A
+// provider that inherits parent context seeds each child with its parent's
+// balanced completed-turn prefix.
+func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*Host, error) {
+	if cfg.Name != "" {
+		desc.Name = cfg.Name
+	}
+	if cfg.SubagentProvider == "" {
+		cfg.SubagentProvider, cfg.SubagentInherits = desc.Name, desc.InheritsParentContext
+	}
+	cl, err := client.New(cfg.NC, client.Options{Prefix: cfg.Store.Subj.Prefix()})
+	if err != nil {
+		return nil, err
+	}
+	delegate := agent.SubagentTool(agent.SubagentConfig{Client: cl, Provider: cfg.SubagentProvider, InheritsParentContext: cfg.SubagentInherits})
+	p := &InProcess{
+		Desc: desc, Models: cfg.Models, Persona: cfg.Persona, Limits: cfg.Limits, Logger: cfg.Logger,
+		Store: cfg.Store, Seeded: desc.InheritsParentContext,
+		Tools: func(SessionSpec) ([]*agent.Tool, error) {
+			return []*agent.Tool{agent.ListDirTool(), agent.ReadFileTool(), delegate}, nil
+		},
+	}
+	return New(Config{
+		NC: cfg.NC, Store: cfg.Store, Providers: []Provider{p}, HostID: cfg.HostID,
+		HeartbeatInterval: cfg.HeartbeatInterval, HostExpiry: cfg.HostExpiry, DrainGrace: cfg.DrainGrace, Logger: cfg.Logger,
+	})
+}
