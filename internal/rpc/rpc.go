@@ -19,19 +19,35 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Request is one decoded request handed to a Handler.
+// Request is one request handed to a Handler. Replies go straight to the
+// request's reply subject on the service's connection: a micro.Request must
+// not be answered after its handler returned (micro updates its stats from
+// it), and handlers here answer from their own goroutine.
 type Request struct {
-	micro.Request
+	nc       *nats.Conn
+	subject  string
+	reply    string
+	data     []byte
+	header   nats.Header
 	Encoding protocol.Encoding
 }
+
+// Data is the request body.
+func (r Request) Data() []byte { return r.data }
+
+// Subject is the subject the request was sent to.
+func (r Request) Subject() string { return r.subject }
+
+// Headers are the request's headers.
+func (r Request) Headers() nats.Header { return r.header }
 
 // Decode decodes the request body into v in the request's encoding. A body that
 // does not decode is an INVALID_ARGUMENT error.
 func (r Request) Decode(v any) error {
-	if len(r.Data()) == 0 {
+	if len(r.data) == 0 {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "empty request body")
 	}
-	if err := protocol.Unmarshal(r.Encoding, r.Data(), v); err != nil {
+	if err := protocol.Unmarshal(r.Encoding, r.data, v); err != nil {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "request body is not valid %s for this endpoint: %v", r.Encoding, err)
 	}
 	return nil
@@ -45,25 +61,44 @@ type Handler func(ctx context.Context, req Request) (any, error)
 // goroutine, at most sem's capacity at once (a micro endpoint otherwise
 // handles its requests one after another on one subscription). ctx bounds
 // every request; when it is done, requests are answered UNAVAILABLE.
-func Endpoint(ctx context.Context, log *slog.Logger, sem chan struct{}, h Handler) micro.Handler {
+func Endpoint(ctx context.Context, nc *nats.Conn, log *slog.Logger, sem chan struct{}, h Handler) micro.Handler {
 	return micro.HandlerFunc(func(mr micro.Request) {
-		req := Request{Request: mr, Encoding: protocol.EncodingOf(mr.Headers())}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			Reply(log, req, nil, protocol.Errorf(protocol.CodeUnavailable, "service is stopping"))
-			return
-		}
-		go func() {
-			defer func() { <-sem }()
-			reply, err := h(ctx, req)
-			Reply(log, req, reply, err)
-		}()
+		dispatch(ctx, log, sem, h, Request{
+			nc: nc, subject: mr.Subject(), reply: mr.Reply(), data: mr.Data(), header: nats.Header(mr.Headers()),
+			Encoding: protocol.EncodingOf(mr.Headers()),
+		})
 	})
 }
 
-// Reply sends reply or err in the request's encoding.
+// MsgHandler is Endpoint for a plain subscription (host subjects).
+func MsgHandler(ctx context.Context, nc *nats.Conn, log *slog.Logger, sem chan struct{}, h Handler) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		dispatch(ctx, log, sem, h, Request{
+			nc: nc, subject: m.Subject, reply: m.Reply, data: m.Data, header: m.Header, Encoding: protocol.EncodingOf(m.Header),
+		})
+	}
+}
+
+func dispatch(ctx context.Context, log *slog.Logger, sem chan struct{}, h Handler, req Request) {
+	select {
+	case sem <- struct{}{}:
+	case <-ctx.Done():
+		Reply(log, req, nil, protocol.Errorf(protocol.CodeUnavailable, "service is stopping"))
+		return
+	}
+	go func() {
+		defer func() { <-sem }()
+		reply, err := h(ctx, req)
+		Reply(log, req, reply, err)
+	}()
+}
+
+// Reply sends reply or err in the request's encoding. A request without a
+// reply subject (a plain publish) gets nothing.
 func Reply(log *slog.Logger, req Request, reply any, err error) {
+	if req.reply == "" {
+		return
+	}
 	if err != nil {
 		ReplyError(log, req, err)
 		return
@@ -76,33 +111,41 @@ func Reply(log *slog.Logger, req Request, reply any, err error) {
 		ReplyError(log, req, protocol.Errorf(protocol.CodeInternal, "encode reply: %v", merr))
 		return
 	}
-	if rerr := req.Respond(data, micro.WithHeaders(contentHeaders(req.Encoding))); rerr != nil {
-		log.Debug("reply failed", "subject", req.Subject(), "err", rerr)
-	}
+	respond(log, req, contentHeader(req.Encoding), data)
 }
 
-// ReplyError sends err as a micro error reply with the protocol error body.
+// ReplyError sends err as a micro error reply (headers Nats-Service-Error-Code
+// and Nats-Service-Error) with the protocol error body.
 func ReplyError(log *slog.Logger, req Request, err error) {
 	pe := protocol.AsError(err)
 	if pe.Code == protocol.CodeInternal {
-		log.Error("request failed", "subject", req.Subject(), "err", err)
+		log.Error("request failed", "subject", req.subject, "err", err)
 	}
 	body, merr := protocol.Marshal(req.Encoding, pe)
 	if merr != nil {
 		body = nil
 	}
-	desc := pe.Error()
-	if rerr := req.Error(strconv.Itoa(pe.Code.Number()), desc, body, micro.WithHeaders(contentHeaders(req.Encoding))); rerr != nil {
-		log.Debug("error reply failed", "subject", req.Subject(), "err", rerr)
+	h := contentHeader(req.Encoding)
+	h.Set(micro.ErrorCodeHeader, strconv.Itoa(pe.Code.Number()))
+	h.Set(micro.ErrorHeader, pe.Error())
+	respond(log, req, h, body)
+}
+
+func respond(log *slog.Logger, req Request, h nats.Header, data []byte) {
+	if req.reply == "" {
+		return
+	}
+	if err := req.nc.PublishMsg(&nats.Msg{Subject: req.reply, Header: h, Data: data}); err != nil {
+		log.Debug("reply failed", "subject", req.subject, "err", err)
 	}
 }
 
-func contentHeaders(enc protocol.Encoding) micro.Headers {
+func contentHeader(enc protocol.Encoding) nats.Header {
 	ct := protocol.ContentTypeMsgpack
 	if enc == protocol.JSON {
 		ct = protocol.ContentTypeJSON
 	}
-	return micro.Headers{protocol.HeaderContentType: []string{ct}}
+	return nats.Header{protocol.HeaderContentType: []string{ct}}
 }
 
 // Call sends req to subject and decodes the reply into reply (which may be
@@ -168,48 +211,3 @@ func ErrorOf(msg *nats.Msg) *protocol.Error {
 
 // DefaultTimeout bounds a Call whose context has no deadline.
 const DefaultTimeout = 10 * time.Second
-
-// MsgRequest adapts a core NATS request message to micro.Request, so plain
-// subscriptions (host subjects) answer in the same format as micro endpoints.
-type MsgRequest struct{ Msg *nats.Msg }
-
-var _ micro.Request = MsgRequest{}
-
-func (r MsgRequest) Respond(data []byte, opts ...micro.RespondOpt) error {
-	m := &nats.Msg{Data: data}
-	for _, o := range opts {
-		o(m)
-	}
-	return r.Msg.RespondMsg(m)
-}
-
-func (r MsgRequest) RespondJSON(v any, opts ...micro.RespondOpt) error {
-	data, err := protocol.Marshal(protocol.JSON, v)
-	if err != nil {
-		return err
-	}
-	return r.Respond(data, opts...)
-}
-
-func (r MsgRequest) Error(code, description string, data []byte, opts ...micro.RespondOpt) error {
-	m := &nats.Msg{Header: nats.Header{
-		micro.ErrorHeader:     []string{description},
-		micro.ErrorCodeHeader: []string{code},
-	}, Data: data}
-	for _, o := range opts {
-		o(m)
-	}
-	return r.Msg.RespondMsg(m)
-}
-
-func (r MsgRequest) Data() []byte           { return r.Msg.Data }
-func (r MsgRequest) Headers() micro.Headers { return micro.Headers(r.Msg.Header) }
-func (r MsgRequest) Subject() string        { return r.Msg.Subject }
-func (r MsgRequest) Reply() string          { return r.Msg.Reply }
-
-// MsgHandler adapts h to a nats.MsgHandler with the same bounded concurrency
-// and reply format as Endpoint.
-func MsgHandler(ctx context.Context, log *slog.Logger, sem chan struct{}, h Handler) nats.MsgHandler {
-	ep := Endpoint(ctx, log, sem, h)
-	return func(m *nats.Msg) { ep.Handle(MsgRequest{Msg: m}) }
-}

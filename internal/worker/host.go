@@ -162,7 +162,7 @@ func (h *Host) Run(ctx context.Context) error {
 	defer stopReqs()
 	sem := make(chan struct{}, h.cfg.RequestsInFlightMax)
 
-	hostSub, err := h.cfg.NC.Subscribe(h.subj.HostAll(h.id), rpc.MsgHandler(reqCtx, h.log, sem, h.handleHost))
+	hostSub, err := h.cfg.NC.Subscribe(h.subj.HostAll(h.id), rpc.MsgHandler(reqCtx, h.cfg.NC, h.log, sem, h.handleHost))
 	if err != nil {
 		return err
 	}
@@ -178,6 +178,12 @@ func (h *Host) Run(ctx context.Context) error {
 			return err
 		}
 		svcs = append(svcs, svc)
+	}
+	if err := h.cfg.NC.FlushTimeout(5 * time.Second); err != nil {
+		for _, s := range svcs {
+			_ = s.Stop()
+		}
+		return fmt.Errorf("worker: flush subscriptions: %w", err)
 	}
 	h.log.Info("host serving", "providers", h.providerNames())
 
@@ -225,7 +231,7 @@ func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider)
 		}
 		return h.startRun(ctx, p, r)
 	}
-	if err := g.AddEndpoint(protocol.OpProviderStart, rpc.Endpoint(ctx, h.log, sem, start),
+	if err := g.AddEndpoint(protocol.OpProviderStart, rpc.Endpoint(ctx, h.cfg.NC, h.log, sem, start),
 		micro.WithEndpointSubject(protocol.OpProviderStart)); err != nil {
 		_ = svc.Stop()
 		return nil, err
@@ -241,7 +247,7 @@ func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider)
 			}
 			return pr.Prepare(ctx, r)
 		}
-		if err := g.AddEndpoint(protocol.OpProviderPrepare, rpc.Endpoint(ctx, h.log, sem, prepare),
+		if err := g.AddEndpoint(protocol.OpProviderPrepare, rpc.Endpoint(ctx, h.cfg.NC, h.log, sem, prepare),
 			micro.WithEndpointSubject(protocol.OpProviderPrepare)); err != nil {
 			_ = svc.Stop()
 			return nil, err

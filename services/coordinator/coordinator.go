@@ -184,10 +184,15 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	g := svc.AddGroup(c.subj.CoordGroup())
 	for _, ep := range c.endpoints() {
 		name := strings.ReplaceAll(ep.subject, ".", "_")
-		if err := g.AddEndpoint(name, rpc.Endpoint(reqCtx, c.log, sem, ep.handle), micro.WithEndpointSubject(ep.subject)); err != nil {
+		if err := g.AddEndpoint(name, rpc.Endpoint(reqCtx, c.cfg.NC, c.log, sem, ep.handle), micro.WithEndpointSubject(ep.subject)); err != nil {
 			_ = svc.Stop()
 			return fmt.Errorf("coordinator: endpoint %s: %w", ep.subject, err)
 		}
+	}
+	// The server knows the endpoints' subscriptions once a flush returns.
+	if err := c.cfg.NC.FlushTimeout(5 * time.Second); err != nil {
+		_ = svc.Stop()
+		return fmt.Errorf("coordinator: flush subscriptions: %w", err)
 	}
 	c.log.Info("coordinator serving")
 	close(c.ready)

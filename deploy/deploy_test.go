@@ -1,0 +1,928 @@
+// Package deploy holds Brood's deployment files (nats-server configs,
+// compose, Kubernetes, systemd). Its tests check that every nats-server
+// config says what deploy/README.md says it does, and run the configs: the
+// dev node, and the 3-node cluster with Brood's services connected as the
+// users the cluster defines.
+package deploy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
+	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
+)
+
+// Paths relative to this directory (go test runs in it).
+const (
+	devConf    = "nats/dev.conf"
+	clusterDir = "nats/cluster"
+	// loopbackDir holds configs that must never listen beyond 127.0.0.1.
+	loopbackDir = "nats"
+)
+
+// payloadBytesMax is the max message size every config must set (DESIGN.md §4).
+const payloadBytesMax = 1 << 20
+
+// authorityUser is the only subject that mints user grants (DESIGN.md §7).
+const authorityUser = "brood.v1.coord.authority.user"
+
+// Users of accounts.conf, the environment variable nats-server reads each
+// password from, and the plain password the tests use.
+var users = []struct {
+	name, env, password string
+	// bcrypt: give nats-server a bcrypt hash (quoted, as accounts.conf
+	// documents) instead of the plain password.
+	bcrypt bool
+}{
+	{"coordinator", "BROOD_NATS_COORDINATOR_PASSWORD", "coordinatorTestSecret1", false},
+	{"worker", "BROOD_NATS_WORKER_PASSWORD", "workerTestSecret1", false},
+	{"client", "BROOD_NATS_CLIENT_PASSWORD", "clientTestSecret1", false},
+	{"trusted-host", "BROOD_NATS_TRUSTED_PASSWORD", "trustedTestSecret1", true},
+	{"sys", "BROOD_NATS_SYS_PASSWORD", "sysTestSecret1", false},
+}
+
+func passwordOf(t testing.TB, user string) string {
+	t.Helper()
+	for _, u := range users {
+		if u.name == user {
+			return u.password
+		}
+	}
+	t.Fatalf("no test password for user %q", user)
+	return ""
+}
+
+// setPasswords puts every password variable of accounts.conf in the
+// environment, so configs that include it can be processed.
+func setPasswords(t testing.TB) {
+	t.Helper()
+	for _, u := range users {
+		v := u.password
+		if u.bcrypt {
+			h, err := bcrypt.GenerateFromPassword([]byte(u.password), bcrypt.MinCost)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v = `"` + string(h) + `"`
+		}
+		t.Setenv(u.env, v)
+	}
+}
+
+// confFiles lists every .conf under this directory, sorted.
+func confFiles(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".conf") {
+			out = append(out, filepath.ToSlash(p))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(out)
+	if len(out) == 0 {
+		t.Fatal("no .conf files found under deploy/")
+	}
+	return out
+}
+
+var includeRE = regexp.MustCompile(`(?m)^\s*include\s+"?([^"\s;]+)"?`)
+
+// fragments returns the .conf files that other configs include: they hold
+// accounts and users, not a server.
+func fragments(t *testing.T, files []string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range includeRE.FindAllStringSubmatch(string(data), -1) {
+			out[filepath.ToSlash(filepath.Join(filepath.Dir(f), m[1]))] = true
+		}
+	}
+	return out
+}
+
+func processConf(t testing.TB, path string) *server.Options {
+	t.Helper()
+	o, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return o
+}
+
+func TestEveryConfig(t *testing.T) {
+	setPasswords(t)
+	files := confFiles(t)
+	frags := fragments(t, files)
+	for _, f := range files {
+		t.Run(f, func(t *testing.T) {
+			o := processConf(t, f)
+			if frags[f] {
+				if len(o.Users) == 0 {
+					t.Fatalf("%s is included by a server config but defines no users", f)
+				}
+				checkPermissionsStatic(t, o)
+				return
+			}
+			checkServer(t, f, o)
+			if len(o.Users) > 0 {
+				checkPermissionsStatic(t, o)
+			}
+		})
+	}
+}
+
+// checkServer checks what every Brood nats-server must state.
+func checkServer(t *testing.T, path string, o *server.Options) {
+	t.Helper()
+	if !o.JetStream {
+		t.Errorf("JetStream is not enabled")
+	}
+	if o.StoreDir == "" {
+		t.Errorf("jetstream store_dir is not set")
+	}
+	// ProcessConfigFile leaves SyncInterval zero unless the file states
+	// sync_interval (DESIGN.md §4, §12: say which mode a deployment runs in).
+	if !o.SyncAlways && o.SyncInterval <= 0 {
+		t.Errorf("jetstream sync_interval is not stated (the server would silently use its 2 min default)")
+	}
+	if o.SyncInterval > 2*time.Minute {
+		t.Errorf("sync_interval %s is longer than the server default of 2m", o.SyncInterval)
+	}
+	if o.MaxPayload != payloadBytesMax {
+		t.Errorf("max_payload = %d, want %d (1 MiB)", o.MaxPayload, payloadBytesMax)
+	}
+	if len(o.Users) == 0 && len(o.Nkeys) == 0 && o.Username == "" && o.Authorization == "" {
+		// Without authentication anyone who reaches the port can mint user
+		// grants; such a server must only listen on loopback.
+		requireLoopback(t, o)
+	}
+	if strings.HasPrefix(path, loopbackDir+"/") {
+		requireLoopback(t, o)
+	}
+}
+
+func isLoopbackHost(h string) bool {
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+// requireLoopback fails unless every listener and route of o is on loopback.
+func requireLoopback(t testing.TB, o *server.Options) {
+	t.Helper()
+	if !isLoopbackHost(o.Host) {
+		t.Errorf("client listener %q is not loopback", o.Host)
+	}
+	if o.HTTPPort != 0 && !isLoopbackHost(o.HTTPHost) {
+		t.Errorf("monitoring listener %q is not loopback", o.HTTPHost)
+	}
+	if o.Cluster.Port != 0 && !isLoopbackHost(o.Cluster.Host) {
+		t.Errorf("cluster listener %q is not loopback", o.Cluster.Host)
+	}
+	for _, r := range o.Routes {
+		if !isLoopbackHost(r.Hostname()) {
+			t.Errorf("route %s is not loopback", r.Redacted())
+		}
+	}
+	if o.LeafNode.Port != 0 || o.Gateway.Port != 0 || o.Websocket.Port != 0 || o.MQTT.Port != 0 {
+		t.Errorf("leafnode, gateway, websocket or MQTT listener configured")
+	}
+}
+
+func TestClusterTopology(t *testing.T) {
+	setPasswords(t)
+	files := confFiles(t)
+	frags := fragments(t, files)
+	byDir := map[string][]*server.Options{}
+	for _, f := range files {
+		if frags[f] {
+			continue
+		}
+		o := processConf(t, f)
+		if o.Cluster.Name != "" {
+			byDir[filepath.Dir(f)] = append(byDir[filepath.Dir(f)], o)
+		}
+	}
+	if len(byDir[clusterDir]) == 0 {
+		t.Fatalf("no cluster configs in %s", clusterDir)
+	}
+	for dir, nodes := range byDir {
+		t.Run(dir, func(t *testing.T) { checkCluster(t, nodes) })
+	}
+}
+
+// routeAddr is where the other nodes of a cluster reach node o: its cluster
+// listener, named by its server name when it listens on every interface
+// (compose service names are the server names).
+func routeAddr(o *server.Options) string {
+	h := o.Cluster.Host
+	if h == "" || h == "0.0.0.0" || h == "::" {
+		h = o.ServerName
+	}
+	return net.JoinHostPort(h, strconv.Itoa(o.Cluster.Port))
+}
+
+func checkCluster(t *testing.T, nodes []*server.Options) {
+	t.Helper()
+	if len(nodes) != 3 {
+		t.Fatalf("%d nodes, want 3", len(nodes))
+	}
+	names := map[string]bool{}
+	stores := map[string]bool{}
+	for _, o := range nodes {
+		if o.ServerName == "" || names[o.ServerName] {
+			t.Errorf("server name %q is empty or not distinct", o.ServerName)
+		}
+		names[o.ServerName] = true
+		if stores[o.StoreDir] && isLoopbackHost(o.Host) {
+			t.Errorf("store_dir %q shared by two nodes on one machine", o.StoreDir)
+		}
+		stores[o.StoreDir] = true
+		if o.Cluster.Name != nodes[0].Cluster.Name {
+			t.Errorf("cluster name %q differs from %q", o.Cluster.Name, nodes[0].Cluster.Name)
+		}
+	}
+	for i, o := range nodes {
+		var want, got []string
+		for j, p := range nodes {
+			if j != i {
+				want = append(want, routeAddr(p))
+			}
+		}
+		for _, r := range o.Routes {
+			got = append(got, r.Host)
+			user := r.User.Username()
+			pass, _ := r.User.Password()
+			if o.Cluster.Username != "" && (user != o.Cluster.Username || pass != o.Cluster.Password) {
+				t.Errorf("%s: route %s does not carry the cluster's route credentials", o.ServerName, r.Redacted())
+			}
+		}
+		sort.Strings(want)
+		sort.Strings(got)
+		if !slices.Equal(want, got) {
+			t.Errorf("%s routes to %v, want the other nodes %v", o.ServerName, got, want)
+		}
+		if o.Cluster.Username == "" {
+			t.Errorf("%s: routes are not authenticated (cluster.authorization)", o.ServerName)
+		}
+	}
+	// On one machine the nodes also need distinct ports.
+	if isLoopbackHost(nodes[0].Host) {
+		ports := map[int]bool{}
+		for _, o := range nodes {
+			for _, p := range []int{o.Port, o.Cluster.Port, o.HTTPPort} {
+				if p > 0 && ports[p] {
+					t.Errorf("port %d used twice on one machine", p)
+				}
+				ports[p] = true
+			}
+		}
+	}
+}
+
+// A permission expectation: may user publish to subject, or subscribe to it
+// (in queue group queue)?
+type permCase struct {
+	user    string
+	sub     bool
+	subject string
+	queue   string
+	allowed bool
+}
+
+func (c permCase) String() string {
+	op := "publish"
+	if c.sub {
+		op = "subscribe"
+	}
+	q := ""
+	if c.queue != "" {
+		q = " queue " + c.queue
+	}
+	verdict := "denied"
+	if c.allowed {
+		verdict = "allowed"
+	}
+	return fmt.Sprintf("%s %s %s%s %s", c.user, op, c.subject, q, verdict)
+}
+
+// permCases is the permission contract of accounts.conf.
+var permCases = []permCase{
+	// Only trusted hosts (and coordinators) mint user grants (DESIGN.md §7).
+	{user: "client", subject: authorityUser},
+	{user: "worker", subject: authorityUser},
+	{user: "trusted-host", subject: authorityUser, allowed: true},
+	{user: "coordinator", subject: authorityUser, allowed: true},
+	// Everyone else may call the other coordinator endpoints.
+	{user: "client", subject: "brood.v1.coord.runs.start", allowed: true},
+	{user: "client", subject: "brood.v1.coord.continuable.followup", allowed: true},
+	{user: "worker", subject: "brood.v1.coord.runs.start", allowed: true},
+	{user: "trusted-host", subject: "brood.v1.coord.providers.list", allowed: true},
+	// Clients go through the coordinator and write nothing Brood stores.
+	{user: "client", subject: "brood.v1.provider.spawn.start"},
+	{user: "client", subject: "brood.v1.host.H1.dispose"},
+	{user: "client", subject: "brood.v1.session.S1"},
+	{user: "client", subject: "brood.v1.log.S1"},
+	{user: "client", subject: "brood.v1.inbox.S1"},
+	{user: "client", subject: "brood.v1.events.S1.end"},
+	{user: "client", subject: "$KV.brood_agents.S1"},
+	{user: "client", subject: "$JS.API.DIRECT.GET.KV_brood_agents.$KV.brood_agents.S1"},
+	{user: "client", subject: "$JS.API.STREAM.DELETE.BROOD_LOG"},
+	{user: "client", subject: "$JS.API.STREAM.CREATE.BROOD_LOG"},
+	{user: "trusted-host", subject: "brood.v1.log.S1"},
+	// ... but read logs and headers (brood log, brood watch).
+	{user: "client", subject: "$JS.API.STREAM.INFO.BROOD_LOG", allowed: true},
+	{user: "client", subject: "$JS.API.DIRECT.GET.BROOD_LOG", allowed: true},
+	{user: "client", subject: "$JS.API.DIRECT.GET.BROOD_SESSIONS.brood.v1.session.S1", allowed: true},
+	{user: "client", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG.C1.brood.v1.log.S1", allowed: true},
+	{user: "client", subject: "$JS.API.CONSUMER.CREATE.BROOD_EVENTS.C1", allowed: true},
+	{user: "client", subject: "$SRV.PING.brood-coordinator", allowed: true},
+	// Workers write session logs and lifecycle events, not headers or inboxes.
+	{user: "worker", subject: "brood.v1.log.S1", allowed: true},
+	{user: "worker", subject: "brood.v1.events.S1.start", allowed: true},
+	{user: "worker", subject: "brood.v1.session.S1"},
+	{user: "worker", subject: "brood.v1.inbox.S1"},
+	{user: "worker", subject: "$JS.API.STREAM.DELETE.BROOD_LOG"},
+	{user: "worker", subject: "$KV.brood_hosts.H1", allowed: true},
+	{user: "coordinator", subject: "brood.v1.provider.spawn.start", allowed: true},
+	{user: "coordinator", subject: "brood.v1.host.H1.dispose", allowed: true},
+	{user: "coordinator", subject: "brood.v1.inbox.S1", allowed: true},
+	{user: "coordinator", subject: "$JS.API.STREAM.PURGE.BROOD_INBOX"},
+	// Serving: coordinator endpoints only by coordinators in their queue group.
+	{user: "coordinator", sub: true, subject: "brood.v1.coord.runs.start", queue: "brood-coordinator", allowed: true},
+	{user: "coordinator", sub: true, subject: authorityUser, queue: "brood-coordinator", allowed: true},
+	{user: "coordinator", sub: true, subject: "brood.v1.coord.runs.start"},
+	{user: "coordinator", sub: true, subject: "brood.v1.coord.runs.start", queue: "mine"},
+	{user: "worker", sub: true, subject: authorityUser, queue: "brood-coordinator"},
+	{user: "client", sub: true, subject: authorityUser, queue: "brood-coordinator"},
+	{user: "trusted-host", sub: true, subject: "brood.v1.coord.>"},
+	// Provider endpoints only by workers in their queue group; host subjects.
+	{user: "worker", sub: true, subject: "brood.v1.provider.spawn.start", queue: "brood-provider", allowed: true},
+	{user: "worker", sub: true, subject: "brood.v1.host.H1.*", allowed: true},
+	{user: "worker", sub: true, subject: "$SRV.PING", allowed: true},
+	{user: "worker", sub: true, subject: "brood.v1.inbox.S1", allowed: true},
+	{user: "coordinator", sub: true, subject: "brood.v1.inbox.S1", allowed: true},
+	{user: "client", sub: true, subject: "brood.v1.inbox.S1"},
+	{user: "client", sub: true, subject: "brood.v1.provider.spawn.start", queue: "brood-provider"},
+	{user: "client", sub: true, subject: "brood.v1.host.H1.*"},
+	{user: "client", sub: true, subject: "brood.v1.log.>"},
+	{user: "client", sub: true, subject: "_INBOX.abc.>", allowed: true},
+}
+
+// checkPermissionsStatic evaluates permCases against the parsed users with
+// the server's subject matching (the runtime test asks the server itself).
+func checkPermissionsStatic(t *testing.T, o *server.Options) {
+	t.Helper()
+	byName := map[string]*server.User{}
+	for _, u := range o.Users {
+		byName[u.Username] = u
+	}
+	for _, c := range permCases {
+		u, ok := byName[c.user]
+		if !ok {
+			t.Errorf("user %q is not defined", c.user)
+			continue
+		}
+		if u.Account == nil || u.Account.Name != "BROOD" {
+			t.Errorf("user %q is not in account BROOD", c.user)
+		}
+		if got := staticAllowed(u.Permissions, c); got != c.allowed {
+			t.Errorf("%s: static evaluation says allowed=%v", c, got)
+		}
+	}
+}
+
+func staticAllowed(p *server.Permissions, c permCase) bool {
+	if p == nil {
+		return true
+	}
+	if !c.sub {
+		sp := p.Publish
+		if sp == nil {
+			return true
+		}
+		allowed := sp.Allow == nil || matchesAny(sp.Allow, c.subject)
+		return allowed && !matchesAny(sp.Deny, c.subject)
+	}
+	sp := p.Subscribe
+	if sp == nil {
+		return true
+	}
+	allowed := true
+	if sp.Allow != nil {
+		plain, queues := matchSubQueue(sp.Allow, c.subject)
+		allowed = plain
+		if c.queue != "" && len(queues) > 0 {
+			allowed = slices.Contains(queues, c.queue)
+		}
+	}
+	if allowed && sp.Deny != nil {
+		plain, queues := matchSubQueue(sp.Deny, c.subject)
+		allowed = !plain && !(c.queue != "" && slices.Contains(queues, c.queue))
+	}
+	return allowed
+}
+
+func matchesAny(filters []string, subject string) bool {
+	for _, f := range filters {
+		if server.SubjectMatchesFilter(subject, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// matchSubQueue splits "subject [queue]" entries: plain reports a matching
+// entry without a queue, queues lists the queues of matching entries with one.
+func matchSubQueue(entries []string, subject string) (plain bool, queues []string) {
+	for _, e := range entries {
+		f := strings.Fields(e)
+		if len(f) == 0 || !server.SubjectMatchesFilter(subject, f[0]) {
+			continue
+		}
+		if len(f) == 1 {
+			plain = true
+		} else {
+			queues = append(queues, f[1])
+		}
+	}
+	return plain, queues
+}
+
+// startServers starts nats-servers from processed options: each gets its
+// own temp store dir; when any configured port is taken, every port moves to
+// a free one and the routes follow. Every listener must be loopback.
+func startServers(t testing.TB, opts ...*server.Options) []*server.Server {
+	t.Helper()
+	var ports []int
+	for _, o := range opts {
+		requireLoopback(t, o)
+		ports = append(ports, o.Port)
+		if o.Cluster.Port > 0 {
+			ports = append(ports, o.Cluster.Port)
+		}
+		if o.HTTPPort > 0 {
+			ports = append(ports, o.HTTPPort)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	if !portsFree(ports) {
+		remapPorts(t, opts)
+	}
+	servers := make([]*server.Server, len(opts))
+	for i, o := range opts {
+		o.StoreDir = t.TempDir()
+		o.NoSigs = true
+		o.NoLog = true
+		s, err := server.NewServer(o)
+		if err != nil {
+			t.Fatalf("%s: %v", o.ServerName, err)
+		}
+		servers[i] = s
+		t.Cleanup(func() {
+			s.Shutdown()
+			s.WaitForShutdown()
+		})
+		go s.Start()
+	}
+	for _, s := range servers {
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatalf("%s not accepting clients after 10s", s.Name())
+		}
+	}
+	return servers
+}
+
+func portsFree(ports []int) bool {
+	for _, p := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			return false
+		}
+		_ = l.Close()
+	}
+	return true
+}
+
+// remapPorts moves every listener of opts to a free loopback port and
+// rewrites the routes to match.
+func remapPorts(t testing.TB, opts []*server.Options) {
+	t.Helper()
+	var held []net.Listener
+	free := func() int {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, l)
+		return l.Addr().(*net.TCPAddr).Port
+	}
+	cluster := map[string]int{} // old host:port -> new port
+	for _, o := range opts {
+		o.Port = free()
+		if o.HTTPPort > 0 {
+			o.HTTPPort = free()
+		}
+		if o.Cluster.Port > 0 {
+			old := net.JoinHostPort(o.Cluster.Host, strconv.Itoa(o.Cluster.Port))
+			o.Cluster.Port = free()
+			cluster[old] = o.Cluster.Port
+		}
+	}
+	for _, l := range held {
+		_ = l.Close()
+	}
+	for _, o := range opts {
+		for i, r := range o.Routes {
+			p, ok := cluster[r.Host]
+			if !ok {
+				t.Fatalf("%s: route %s names no node of this cluster", o.ServerName, r.Redacted())
+			}
+			nr := *r
+			nr.Host = net.JoinHostPort(r.Hostname(), strconv.Itoa(p))
+			o.Routes[i] = &nr
+		}
+	}
+	t.Logf("configured ports busy; using free loopback ports instead")
+}
+
+// waitFor polls cond until it holds or total passes.
+func waitFor(t testing.TB, total time.Duration, what string, cond func() bool) {
+	t.Helper()
+	testutil.Eventually(t, total, cond, "%s", what)
+}
+
+// violations records the permission violations a connection was told about.
+type violations struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func (v *violations) handler(_ *nats.Conn, _ *nats.Subscription, err error) {
+	if errors.Is(err, nats.ErrPermissionViolation) {
+		v.mu.Lock()
+		v.errs = append(v.errs, err.Error())
+		v.mu.Unlock()
+	}
+}
+
+func (v *violations) list() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]string(nil), v.errs...)
+}
+
+// connectAs connects to urls (comma-separated) as user with its test password.
+func connectAs(t testing.TB, urls, user string, v *violations) *nats.Conn {
+	t.Helper()
+	if v == nil {
+		v = &violations{}
+	}
+	nc, err := nats.Connect(urls, nats.UserInfo(user, passwordOf(t, user)), nats.Name("deploy-test-"+user),
+		nats.Timeout(5*time.Second), nats.ErrorHandler(v.handler))
+	if err != nil {
+		t.Fatalf("connect as %s to %s: %v", user, urls, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// allowedAtRuntime asks the server: a refused publish or subscription comes
+// back as a permission violation naming the subject before the flush's PONG.
+func allowedAtRuntime(t *testing.T, url string, c permCase) bool {
+	t.Helper()
+	nc := connectAs(t, url, c.user, nil)
+	defer nc.Close()
+	var err error
+	switch {
+	case !c.sub:
+		err = nc.Publish(c.subject, nil)
+	case c.queue != "":
+		_, err = nc.QueueSubscribeSync(c.subject, c.queue)
+	default:
+		_, err = nc.SubscribeSync(c.subject)
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", c, err)
+	}
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		t.Fatalf("%s: flush: %v", c, err)
+	}
+	last := nc.LastError()
+	return !(errors.Is(last, nats.ErrPermissionViolation) && strings.Contains(last.Error(), strconv.Quote(c.subject)))
+}
+
+func clusterOptions(t testing.TB) []*server.Options {
+	t.Helper()
+	var opts []*server.Options
+	for i := 1; i <= 3; i++ {
+		opts = append(opts, processConf(t, fmt.Sprintf("%s/node-%d.conf", clusterDir, i)))
+	}
+	return opts
+}
+
+// waitMetaLeader waits until one node leads the JetStream meta group and
+// knows every node as a live JetStream peer (until then, placing an R3
+// stream fails with "no suitable peers for placement").
+func waitMetaLeader(t testing.TB, servers []*server.Server) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "JetStream meta leader with every peer", func() bool {
+		for _, s := range servers {
+			if s.JetStreamIsLeader() {
+				return len(s.JetStreamClusterPeers()) == len(servers)
+			}
+		}
+		return false
+	})
+}
+
+func TestDevConfigServes(t *testing.T) {
+	o := processConf(t, devConf)
+	servers := startServers(t, o)
+	nc, err := nats.Connect(servers[0].ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if got := nc.MaxPayload(); got != payloadBytesMax {
+		t.Errorf("server announces max payload %d, want %d", got, payloadBytesMax)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := js.AccountInfo(ctx); err != nil {
+		t.Fatalf("JetStream not available: %v", err)
+	}
+	if cfg := servers[0].JetStreamConfig(); cfg == nil || cfg.SyncInterval != 2*time.Minute || cfg.SyncAlways {
+		t.Errorf("JetStream sync = %+v, want the stated 2m interval", cfg)
+	}
+}
+
+// TestClusterRuns starts the 3-node cluster from deploy/nats/cluster and
+// checks the permissions with the server, then runs a coordinator, a spawn
+// worker and a client as the users the cluster defines.
+func TestClusterRuns(t *testing.T) {
+	setPasswords(t)
+	servers := startServers(t, clusterOptions(t)...)
+	waitMetaLeader(t, servers)
+	urls := make([]string, len(servers))
+	for i, s := range servers {
+		urls[i] = s.ClientURL()
+	}
+
+	t.Run("permissions", func(t *testing.T) {
+		for i, c := range permCases {
+			if got := allowedAtRuntime(t, urls[i%len(urls)], c); got != c.allowed {
+				t.Errorf("%s: the server says allowed=%v", c, got)
+			}
+		}
+	})
+
+	t.Run("only the trusted host reaches authority.user", func(t *testing.T) {
+		// A coordinator-user responder on node 1; callers on nodes 2 and 3,
+		// so the subject also crosses routes.
+		srv := connectAs(t, urls[0], "coordinator", nil)
+		got := make(chan string, 16)
+		_, err := srv.QueueSubscribe(authorityUser, protocol.CoordinatorQueue, func(m *nats.Msg) {
+			got <- string(m.Data)
+			_ = m.Respond([]byte("ok"))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Flush(); err != nil {
+			t.Fatal(err)
+		}
+
+		cl := connectAs(t, urls[1], "client", nil)
+		if err := cl.Publish(authorityUser, []byte("client")); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.LastError(); !errors.Is(err, nats.ErrPermissionViolation) {
+			t.Fatalf("client publish to %s: last error %v, want a permission violation", authorityUser, err)
+		}
+
+		trusted := connectAs(t, urls[2], "trusted-host", nil)
+		var reply *nats.Msg
+		waitFor(t, 5*time.Second, "trusted host's request answered", func() bool {
+			reply, err = trusted.Request(authorityUser, []byte("trusted"), 250*time.Millisecond)
+			return err == nil
+		})
+		if string(reply.Data) != "ok" || trusted.LastError() != nil {
+			t.Fatalf("trusted host: reply %q, last error %v", reply.Data, trusted.LastError())
+		}
+		// Nothing but the trusted host's requests reached the coordinator.
+		for len(got) > 0 {
+			if m := <-got; m != "trusted" {
+				t.Fatalf("coordinator received %q on %s", m, authorityUser)
+			}
+		}
+	})
+
+	t.Run("brood services as their users", func(t *testing.T) {
+		testBroodOnCluster(t, urls)
+	})
+}
+
+// testBroodOnCluster runs what `brood coordinator --replicas 3`, `brood
+// spawn-worker --replicas 3` and `brood run` do, each as its own user, and
+// fails on any permission violation a connection was told about.
+func testBroodOnCluster(t *testing.T, urls []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	subj := protocol.MustSubjects("")
+	cfg := store.DefaultConfig()
+	cfg.Replicas = 3
+	v := &violations{}
+	all := strings.Join(urls, ",")
+
+	provision := func(nc *nats.Conn) *store.Store {
+		t.Helper()
+		pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer pcancel()
+		st, err := store.Provision(pctx, nc, subj, cfg)
+		if err != nil {
+			t.Fatalf("provision R3 streams and buckets as %s: %v", nc.Opts.User, err)
+		}
+		return st
+	}
+
+	coordNC := connectAs(t, all, "coordinator", v)
+	coordStore := provision(coordNC)
+	for _, str := range []jetstream.Stream{coordStore.Sessions, coordStore.Log, coordStore.Inbox, coordStore.Events} {
+		if info := str.CachedInfo(); info.Config.Replicas != 3 || info.Config.Storage != jetstream.FileStorage {
+			t.Fatalf("stream %s: %d replicas, %s storage; want R3 file", info.Config.Name, info.Config.Replicas, info.Config.Storage)
+		}
+	}
+	coord, err := coordinator.New(coordinator.Config{
+		NC: coordNC, Store: coordStore, HeartbeatInterval: testutil.TestHeartbeat,
+		HostExpiry: testutil.TestHostExpiry, Logger: testutil.Logger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Background(t, coord)
+	select {
+	case <-coord.Ready():
+	case <-ctx.Done():
+		t.Fatal("coordinator not serving")
+	}
+
+	workerNC := connectAs(t, urls[1], "worker", v)
+	w, err := spawnworker.New(spawnworker.Config{
+		NC: workerNC, Store: provision(workerNC),
+		Models:            func() (model.Model, error) { return model.NewScripted(), nil },
+		HeartbeatInterval: testutil.TestHeartbeat, HostExpiry: testutil.TestHostExpiry,
+		DrainGrace: 2 * time.Second, Logger: testutil.Logger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Background(t, w)
+
+	clientNC := connectAs(t, urls[2], "client", v)
+	cl, err := client.New(clientNC, client.Options{AwaitFallback: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	waitFor(t, 10*time.Second, "spawn listed to the client", func() bool {
+		r, err := cl.Providers(ctx)
+		return err == nil && r.Instances[spawnworker.DefaultName] > 0
+	})
+
+	root, err := cl.OpenRoot(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := cl.StartRun(ctx, root.Ref(), spawnworker.DefaultName, protocol.Text("say ok"), protocol.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := run.Result(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StopReason != protocol.StopCompleted || len(res.Output) != 1 || res.Output[0].Text != "ok" {
+		t.Fatalf("result %+v, want completed with output ok", res)
+	}
+	h, events, err := cl.Log(ctx, run.ChildID)
+	if err != nil {
+		t.Fatalf("client reads the child's log: %v", err)
+	}
+	if h.ID != run.ChildID || len(events) == 0 {
+		t.Fatalf("log of %s: header %s, %d events", run.ChildID, h.ID, len(events))
+	}
+	if err := root.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if vs := v.list(); len(vs) > 0 {
+		t.Fatalf("permission violations while Brood ran:\n%s", strings.Join(vs, "\n"))
+	}
+}
+
+// BenchmarkAckedPublish measures what the sync_interval choice costs: one
+// acknowledged 4 KiB publish to a file stream, on the dev node (R1) and on
+// the cluster (R3), with the stated 2m interval and with `always`.
+//
+//	go test -run '^$' -bench AckedPublish -benchtime 3s ./deploy/
+func BenchmarkAckedPublish(b *testing.B) {
+	for _, always := range []bool{false, true} {
+		mode := "interval-2m"
+		if always {
+			mode = "always"
+		}
+		b.Run("dev-R1/"+mode, func(b *testing.B) {
+			o := processConf(b, devConf)
+			o.SyncAlways = always
+			servers := startServers(b, o)
+			benchPublish(b, servers[0].ClientURL(), nil, 1)
+		})
+		b.Run("cluster-R3/"+mode, func(b *testing.B) {
+			setPasswords(b)
+			opts := clusterOptions(b)
+			for _, o := range opts {
+				o.SyncAlways = always
+			}
+			servers := startServers(b, opts...)
+			waitMetaLeader(b, servers)
+			benchPublish(b, servers[0].ClientURL(), nats.UserInfo("coordinator", passwordOf(b, "coordinator")), 3)
+		})
+	}
+}
+
+func benchPublish(b *testing.B, url string, auth nats.Option, replicas int) {
+	var opts []nats.Option
+	if auth != nil {
+		opts = append(opts, auth)
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: "BROOD_LOG", Subjects: []string{"brood.v1.log.*"}, Storage: jetstream.FileStorage, Replicas: replicas,
+	}); err != nil {
+		b.Fatal(err)
+	}
+	data := make([]byte, 4<<10)
+	b.SetBytes(int64(len(data)))
+	b.ResetTimer()
+	for b.Loop() {
+		if _, err := js.Publish(context.Background(), "brood.v1.log.bench", data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
