@@ -260,3 +260,32 @@ func TestWorkerPausedPastExpiryPublishesNothing(t *testing.T) {
 		t.Fatal("worker panicked")
 	}
 }
+
+// lifecycleOf reads every lifecycle event under parent.
+func lifecycleOf(t *testing.T, s *testutil.Stack, parent string) []protocol.LifecycleEvent {
+	t.Helper()
+	ctx := context.Background()
+	cons, err := s.Store.Events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.Store.Subj.EventsAll(parent)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []protocol.LifecycleEvent
+	for {
+		batch, err := cons.FetchNoWait(500)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			var ev protocol.LifecycleEvent
+			if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &ev); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, ev)
+			n++
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}

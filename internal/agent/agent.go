@@ -88,6 +88,11 @@ type Config struct {
 	Logger     *slog.Logger
 	// Now returns the time (tests); default time.Now.
 	Now func() time.Time
+	// Inbox, when set, lets next-step items (settlement notices, reports)
+	// join a running turn at its next step; InboxDirty reports (and clears)
+	// whether anything arrived since the last look, nil meaning always look.
+	Inbox      Inbox
+	InboxDirty func() bool
 }
 
 // Cancel is the cause given to a turn's context when its owner stops it; the
@@ -246,6 +251,14 @@ func (a *Agent) RunSteps(ctx context.Context) Outcome {
 func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	if err := ctx.Err(); err != nil {
 		return a.endCancelled(ctx, turn, nil), true
+	}
+	if a.cfg.Inbox != nil && (a.cfg.InboxDirty == nil || a.cfg.InboxDirty()) {
+		if err := a.claimSteps(ctx, turn); err != nil {
+			if errors.Is(err, store.ErrFenced) {
+				return Outcome{Turn: turn, Fenced: true}, true
+			}
+			a.log.Warn("could not claim next-step inbox items; they wait for the next step", "err", err)
+		}
 	}
 	history, err := History(a.Events())
 	if err != nil {
@@ -491,4 +504,13 @@ func (b *eventBuf) add(a *Agent, typ string, data any) {
 		return
 	}
 	b.evs = append(b.evs, ev)
+}
+
+// Append logs events between turns (a continuable child's descriptor, the
+// closing of a turn a dead host left open) as one record.
+func (a *Agent) Append(ctx context.Context, evs ...protocol.SessionEvent) error {
+	if out, ok := a.append(ctx, 0, evs); !ok {
+		return outcomeErr(out)
+	}
+	return nil
 }

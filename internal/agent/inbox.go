@@ -17,46 +17,52 @@ type Inbox interface {
 	Remove(ctx context.Context, seqs ...protocol.Seq) error
 }
 
-// InboxCursor reads from a log how far the inbox was seen (the highest
-// sequence named by any inbox event) and claimed (the highest sequence
-// dequeued or discarded). Everything at or below claimed is done, whatever
-// the inbox stream still holds, so an item is claimed exactly once even when
-// its delivery repeats or the agent is rebuilt from its log right after it
-// logged a claim.
-func InboxCursor(events []protocol.SessionEvent) (seen, claimed protocol.Seq) {
+// InboxCursor reads from a log which inbox items were seen (named by any
+// inbox event) and which are done (dequeued or discarded). A done item is
+// never claimed again, whatever the inbox stream still holds, so an item is
+// claimed exactly once even when its delivery repeats or the agent is rebuilt
+// from its log right after it logged a claim. (Items are claimed out of
+// order: next-step items join a running turn ahead of queued next turns.)
+func InboxCursor(events []protocol.SessionEvent) (seen, done map[protocol.Seq]bool) {
+	seen, done = map[protocol.Seq]bool{}, map[protocol.Seq]bool{}
 	for _, ev := range events {
 		switch ev.Type {
 		case protocol.EvInboxEnqueue:
 			var d protocol.InboxEnqueueData
-			if ev.Decode(&d) == nil && d.InboxSeq > seen {
-				seen = d.InboxSeq
+			if ev.Decode(&d) == nil {
+				seen[d.InboxSeq] = true
 			}
 		case protocol.EvInboxDequeue:
 			var d protocol.InboxDequeueData
-			if ev.Decode(&d) == nil && d.InboxSeq > claimed {
-				claimed = d.InboxSeq
+			if ev.Decode(&d) == nil {
+				seen[d.InboxSeq], done[d.InboxSeq] = true, true
 			}
 		case protocol.EvInboxDiscard:
 			var d protocol.InboxDiscardData
-			if ev.Decode(&d) == nil && d.InboxSeq > claimed {
-				claimed = d.InboxSeq
+			if ev.Decode(&d) == nil {
+				seen[d.InboxSeq], done[d.InboxSeq] = true, true
 			}
 		}
 	}
-	return max(seen, claimed), claimed
+	return seen, done
 }
 
-func (a *Agent) cursor() (seen, claimed protocol.Seq) {
+func (a *Agent) cursor() (seen, done map[protocol.Seq]bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return InboxCursor(a.events)
 }
 
-// unclaimed returns the pending items above the claim cursor, and removes
-// leftovers at or below it (claimed by a predecessor that died before
-// deleting them).
-func (a *Agent) unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, protocol.Seq, error) {
-	seen, claimed := a.cursor()
+// Unclaimed returns the pending items not yet claimed or discarded, oldest
+// first, and removes leftovers already done (claimed by a predecessor that
+// died before deleting them).
+func (a *Agent) Unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, error) {
+	items, _, err := a.unclaimed(ctx, in)
+	return items, err
+}
+
+func (a *Agent) unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, map[protocol.Seq]bool, error) {
+	seen, done := a.cursor()
 	items, err := in.Pending(ctx, 0)
 	if err != nil {
 		return nil, seen, err
@@ -64,7 +70,7 @@ func (a *Agent) unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, pro
 	var out []store.InboxItem
 	var stale []protocol.Seq
 	for _, it := range items {
-		if it.Seq <= claimed {
+		if done[it.Seq] {
 			stale = append(stale, it.Seq)
 			continue
 		}
@@ -78,18 +84,29 @@ func (a *Agent) unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, pro
 	return out, seen, nil
 }
 
-// ClaimNext opens a turn with the oldest unclaimed inbox item: the opening
+// ClaimNext opens a turn with the oldest unclaimed inbox item that wakes the
+// agent (next-turn or next-step; quiet items wait for a step): the opening
 // record logs the claim (agent/inbox/dequeue, preceded by enqueue if the item
 // was never seen) before the turn uses it, then the item leaves the inbox.
-// claimed is false when the inbox is empty.
+// claimed is false when nothing is waiting.
 func (a *Agent) ClaimNext(ctx context.Context, in Inbox) (out Outcome, claimed bool, err error) {
 	items, seen, err := a.unclaimed(ctx, in)
-	if err != nil || len(items) == 0 {
+	if err != nil {
 		return Outcome{}, false, err
 	}
-	it := items[0]
+	var it store.InboxItem
+	found := false
+	for _, x := range items {
+		if x.Delivery != store.DeliveryQuiet {
+			it, found = x, true
+			break
+		}
+	}
+	if !found {
+		return Outcome{}, false, nil
+	}
 	var extra eventBuf
-	if it.Seq > seen {
+	if !seen[it.Seq] {
 		extra.add(a, protocol.EvInboxEnqueue, protocol.InboxEnqueueData{MessageID: it.MessageID, InboxSeq: it.Seq, Source: it.Source})
 	}
 	if extra.err != nil {
@@ -116,7 +133,7 @@ func (a *Agent) NoteEnqueued(ctx context.Context, in Inbox) error {
 	}
 	var b eventBuf
 	for _, it := range items {
-		if it.Seq > seen {
+		if !seen[it.Seq] {
 			b.add(a, protocol.EvInboxEnqueue, protocol.InboxEnqueueData{MessageID: it.MessageID, InboxSeq: it.Seq, Source: it.Source})
 		}
 	}
@@ -139,7 +156,7 @@ func (a *Agent) DiscardPending(ctx context.Context, in Inbox, reason string) (in
 	var b eventBuf
 	seqs := make([]protocol.Seq, 0, len(items))
 	for _, it := range items {
-		if it.Seq > seen {
+		if !seen[it.Seq] {
 			b.add(a, protocol.EvInboxEnqueue, protocol.InboxEnqueueData{MessageID: it.MessageID, InboxSeq: it.Seq, Source: it.Source})
 		}
 		b.add(a, protocol.EvInboxDiscard, protocol.InboxDiscardData{MessageID: it.MessageID, InboxSeq: it.Seq, Reason: reason})
@@ -166,4 +183,38 @@ func outcomeErr(o Outcome) error {
 	default:
 		return fmt.Errorf("append refused")
 	}
+}
+
+// claimSteps claims every unclaimed next-step and quiet item into the running
+// turn: each is logged (enqueue if unseen, dequeue, user/message) in one
+// record before the next model request uses it (upstream-behaviour §3.3,
+// steer). Several notices share one step.
+func (a *Agent) claimSteps(ctx context.Context, turn int64) error {
+	items, seen, err := a.unclaimed(ctx, a.cfg.Inbox)
+	if err != nil {
+		return err
+	}
+	var b eventBuf
+	var seqs []protocol.Seq
+	for _, it := range items {
+		if it.Delivery != store.DeliveryNextStep && it.Delivery != store.DeliveryQuiet {
+			continue
+		}
+		if !seen[it.Seq] {
+			b.add(a, protocol.EvInboxEnqueue, protocol.InboxEnqueueData{MessageID: it.MessageID, InboxSeq: it.Seq, Source: it.Source})
+		}
+		b.add(a, protocol.EvInboxDequeue, protocol.InboxDequeueData{MessageID: it.MessageID, InboxSeq: it.Seq, Turn: turn})
+		b.add(a, protocol.EvUserMessage, protocol.UserMessageData{ID: it.MessageID, Turn: turn, Content: it.Content, Source: it.Source})
+		seqs = append(seqs, it.Seq)
+	}
+	if b.err != nil || len(b.evs) == 0 {
+		return b.err
+	}
+	if out, ok := a.append(ctx, turn, b.evs); !ok {
+		return fmt.Errorf("log step claims: %w", outcomeErr(out))
+	}
+	if err := a.cfg.Inbox.Remove(ctx, seqs...); err != nil {
+		a.log.Warn("claimed inbox items not removed; they are skipped by their logged claims", "err", err)
+	}
+	return nil
 }

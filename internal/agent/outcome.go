@@ -224,3 +224,63 @@ func CloseOpenTurn(events []protocol.SessionEvent, reason protocol.TurnEndReason
 	}
 	return out, nil
 }
+
+// EpochOutcome derives a continuable epoch's result from the epoch's own
+// events (upstream-behaviour §3.9, the consumed-work fold): a turn accounts
+// for work if it entered a step, or claimed inbox input and then ended
+// blocked, aborted, interrupted or error; the latest such turn decides, and
+// accepted work discarded unrun after it makes a clean end `aborted`. A
+// recorded failure beats a later cancellation. Output is the epoch's own
+// (never a previous epoch's or a fork parent's).
+func EpochOutcome(events []protocol.SessionEvent) protocol.SubagentResult {
+	res := protocol.SubagentResult{Output: SelectOutput(events), StopReason: protocol.StopCompleted}
+	var (
+		inTurn, stepped, claimed bool
+		last                     = ""
+		lastErr                  = ""
+		dropped                  bool
+	)
+	for _, ev := range events {
+		switch ev.Type {
+		case protocol.EvTurnStart:
+			inTurn, stepped, claimed = true, false, false
+		case protocol.EvStepStart:
+			stepped = true
+		case protocol.EvInboxDequeue:
+			if inTurn {
+				claimed = true
+			}
+		case protocol.EvInboxDiscard:
+			dropped = true
+		case protocol.EvTurnEnd:
+			var d protocol.TurnEndData
+			if ev.Decode(&d) != nil {
+				continue
+			}
+			failed := d.Reason.Kind == protocol.TurnBlocked || d.Reason.Kind == protocol.TurnAborted ||
+				d.Reason.Kind == protocol.TurnInterrupted || d.Reason.Kind == protocol.TurnError
+			if stepped || (claimed && failed) {
+				last, lastErr, dropped = d.Reason.Kind, d.Reason.Error, false
+			}
+			inTurn = false
+		}
+	}
+	switch last {
+	case protocol.TurnMaxTokens:
+		res.StopReason = protocol.StopMaxTokens
+	case protocol.TurnAborted, protocol.TurnInterrupted:
+		res.StopReason = protocol.StopAborted
+	case protocol.TurnError:
+		res.StopReason = protocol.StopError
+		res.Diagnostic = protocol.TruncateDiagnostic(lastErr)
+	case protocol.TurnBlocked:
+		res.StopReason = protocol.StopRefusal
+	case "", protocol.TurnCompleted:
+		if dropped {
+			res.StopReason = protocol.StopAborted
+		}
+	default:
+		res.StopReason = protocol.StopError
+	}
+	return res
+}

@@ -96,7 +96,9 @@ type SessionInbox struct {
 }
 
 // InboxOf returns the inbox of a session.
-func (s *Store) InboxOf(sessionID string) *SessionInbox { return &SessionInbox{s: s, sessionID: sessionID} }
+func (s *Store) InboxOf(sessionID string) *SessionInbox {
+	return &SessionInbox{s: s, sessionID: sessionID}
+}
 
 // Subject is the inbox subject (a core subscription on it wakes the agent).
 func (in *SessionInbox) Subject() string { return in.s.Subj.Inbox(in.sessionID) }

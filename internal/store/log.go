@@ -302,3 +302,49 @@ func AppendChunked(ctx context.Context, w Appender, evs []protocol.SessionEvent)
 	}
 	return out, flush(len(evs))
 }
+
+// PutChildIndex records a child in its parent's child index (once per child).
+func (s *Store) PutChildIndex(ctx context.Context, parent string, rec protocol.ChildIndexRecord) error {
+	data, err := protocol.Marshal(protocol.Msgpack, rec)
+	if err != nil {
+		return err
+	}
+	msg := nats.NewMsg(s.Subj.Children(parent, rec.ChildID))
+	msg.Data = data
+	_, err = s.JS.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(0))
+	if err != nil && isWrongLastSeq(err) {
+		return nil // already indexed
+	}
+	return err
+}
+
+// ChildIndex returns a parent's child index in creation order.
+func (s *Store) ChildIndex(ctx context.Context, parent string) ([]protocol.ChildIndexRecord, error) {
+	var out []protocol.ChildIndexRecord
+	next := uint64(1)
+	for {
+		msgs, err := jetstreamext.GetBatch(ctx, s.JS, s.Subj.StreamSessions(), 256,
+			jetstreamext.GetBatchSubject(s.Subj.ChildrenOf(parent)), jetstreamext.GetBatchSeq(next))
+		if err != nil {
+			return nil, fmt.Errorf("read the child index of %s: %w", parent, err)
+		}
+		got := 0
+		for m, err := range msgs {
+			if err != nil {
+				if errors.Is(err, jetstreamext.ErrNoMessages) {
+					break
+				}
+				return nil, fmt.Errorf("read the child index of %s: %w", parent, err)
+			}
+			var rec protocol.ChildIndexRecord
+			if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &rec); err == nil {
+				out = append(out, rec)
+			}
+			next = m.Sequence + 1
+			got++
+		}
+		if got < 256 {
+			return out, nil
+		}
+	}
+}

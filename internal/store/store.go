@@ -112,8 +112,8 @@ func Provision(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg C
 	}{
 		{&s.Sessions, jetstream.StreamConfig{
 			Name:                 subj.StreamSessions(),
-			Description:          "Brood session headers: immutable, one per session id, ever",
-			Subjects:             []string{subj.Session("*")},
+			Description:          "Brood session headers (immutable, one per session id, ever) and each parent's child index",
+			Subjects:             []string{subj.Session("*"), subj.ChildrenOf("*")},
 			Retention:            jetstream.LimitsPolicy,
 			MaxMsgsPerSubject:    1,
 			Discard:              jetstream.DiscardNew,

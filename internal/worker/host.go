@@ -56,8 +56,23 @@ type SessionSpec struct {
 	Options    protocol.ResolvedOptions
 	Credential string
 	Log        agent.Appender
-	// Events are the session's existing events (a fork seed); empty for spawn.
+	// Events are the session's existing events (a log read on cold resume);
+	// empty for a new child (a seeded provider then writes its seed).
 	Events []protocol.SessionEvent
+	// Continuable children read their inbox (next-step items join a running
+	// turn) and get the child-only report tool.
+	Continuable bool
+	Inbox       agent.Inbox
+	InboxDirty  func() bool
+}
+
+// ContinuableSession is a session that can host a continuable child's
+// activation: it claims its turns from the inbox (*agent.Agent).
+type ContinuableSession interface {
+	Session
+	ClaimNext(ctx context.Context, in agent.Inbox) (agent.Outcome, bool, error)
+	Unclaimed(ctx context.Context, in agent.Inbox) ([]store.InboxItem, error)
+	Append(ctx context.Context, evs ...protocol.SessionEvent) error
 }
 
 // Provider is one provider a host serves.
@@ -98,7 +113,8 @@ type Host struct {
 	id   string
 
 	mu       sync.Mutex
-	runs     map[string]*hostedRun // by run id
+	runs     map[string]*hostedRun  // by run id
+	acts     map[string]*activation // by child id
 	draining bool
 	started  int64
 }
@@ -141,6 +157,7 @@ func New(cfg Config) (*Host, error) {
 		cfg: cfg, subj: cfg.Store.Subj, st: cfg.Store, id: cfg.HostID,
 		log:  cfg.Logger.With("host", cfg.HostID),
 		runs: map[string]*hostedRun{},
+		acts: map[string]*activation{},
 	}, nil
 }
 
@@ -155,9 +172,6 @@ func (h *Host) Run(ctx context.Context) error {
 		return err
 	}
 	h.started = store.NowMs()
-	if err := h.beat(ctx); err != nil {
-		return fmt.Errorf("worker: first heartbeat: %w", err)
-	}
 	reqCtx, stopReqs := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopReqs()
 	sem := make(chan struct{}, h.cfg.RequestsInFlightMax)
@@ -184,6 +198,13 @@ func (h *Host) Run(ctx context.Context) error {
 			_ = s.Stop()
 		}
 		return fmt.Errorf("worker: flush subscriptions: %w", err)
+	}
+	// The host record makes the providers visible: only once they are served.
+	if err := h.beat(ctx); err != nil {
+		for _, s := range svcs {
+			_ = s.Stop()
+		}
+		return fmt.Errorf("worker: first heartbeat: %w", err)
 	}
 	h.log.Info("host serving", "providers", h.providerNames())
 
@@ -235,6 +256,23 @@ func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider)
 		micro.WithEndpointSubject(protocol.OpProviderStart)); err != nil {
 		_ = svc.Stop()
 		return nil, err
+	}
+	if d.Continuable {
+		activate := func(ctx context.Context, req rpc.Request) (any, error) {
+			var r protocol.ActivateRequest
+			if err := req.Decode(&r); err != nil {
+				return nil, err
+			}
+			if r.Descriptor == nil {
+				return nil, protocol.Errorf(protocol.CodeInvalidArgument, "activate needs the child's descriptor")
+			}
+			return h.activate(ctx, p, r)
+		}
+		if err := g.AddEndpoint(protocol.OpProviderActivate, rpc.Endpoint(ctx, h.cfg.NC, h.log, sem, activate),
+			micro.WithEndpointSubject(protocol.OpProviderActivate)); err != nil {
+			_ = svc.Stop()
+			return nil, err
+		}
 	}
 	if pr, ok := p.(Preparer); ok {
 		prepare := func(ctx context.Context, req rpc.Request) (any, error) {
@@ -316,6 +354,17 @@ func (h *Host) heartbeatLoop(ctx context.Context) {
 }
 
 func (h *Host) verifyLeases(ctx context.Context) {
+	for _, a := range h.snapshotActs() {
+		rec, err := store.Get[protocol.AgentRecord](ctx, h.st.Agents, a.childID)
+		if err == nil && rec.Value.HostID == h.id && rec.Value.RunID == a.runID {
+			continue
+		}
+		h.log.Warn("lease lost; stopping activation without publishing", "session", a.childID, "run", a.runID)
+		a.mu.Lock()
+		a.fenced = true
+		a.mu.Unlock()
+		a.dispose(agent.ErrLeaseLost)
+	}
 	for _, r := range h.snapshotRuns() {
 		rec, err := store.Get[protocol.AgentRecord](ctx, h.st.Agents, r.childID)
 		if err == nil && rec.Value.HostID == h.id && rec.Value.Epoch == r.epoch {
@@ -324,6 +373,32 @@ func (h *Host) verifyLeases(ctx context.Context) {
 		h.log.Warn("lease lost; stopping agent without publishing", "session", r.childID, "run", r.runID)
 		r.cancel(agent.ErrLeaseLost)
 	}
+}
+
+// busy reports whether a one-shot run or an activation's turn is in flight.
+func (h *Host) busy() bool {
+	if len(h.snapshotRuns()) > 0 {
+		return true
+	}
+	for _, a := range h.snapshotActs() {
+		a.mu.Lock()
+		running := a.running
+		a.mu.Unlock()
+		if running {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *Host) snapshotActs() []*activation {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]*activation, 0, len(h.acts))
+	for _, a := range h.acts {
+		out = append(out, a)
+	}
+	return out
 }
 
 func (h *Host) snapshotRuns() []*hostedRun {
@@ -349,15 +424,25 @@ func (h *Host) drain(svcs []micro.Service) {
 	for _, s := range svcs {
 		_ = s.Stop()
 	}
-	deadline := time.After(h.cfg.DrainGrace)
-	for _, r := range h.snapshotRuns() {
-		select {
-		case <-r.done:
-		case <-deadline:
-		}
+	// In-flight turns (one-shot runs, running activations) get the grace.
+	deadline := time.Now().Add(h.cfg.DrainGrace)
+	for time.Now().Before(deadline) && h.busy() {
+		time.Sleep(20 * time.Millisecond)
 	}
 	for _, r := range h.snapshotRuns() {
 		r.cancel(&agent.Cancel{Cause: protocol.CauseDisposed})
+	}
+	// Activations end their epoch; accepted inbox items stay for the next
+	// activation, on another host (DESIGN.md §7, Settlement 4).
+	for _, a := range h.snapshotActs() {
+		a.stop(protocol.CauseDisposed)
+	}
+	for _, a := range h.snapshotActs() {
+		select {
+		case <-a.done:
+		case <-time.After(10 * time.Second):
+			h.log.Error("activation did not stop after dispose", "session", a.childID)
+		}
 	}
 	for _, r := range h.snapshotRuns() {
 		select {

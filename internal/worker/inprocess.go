@@ -36,6 +36,8 @@ type InProcess struct {
 	// SeedEventsMax bounds a seed (default 100,000 events); a longer parent
 	// is refused with LIMIT_EXCEEDED rather than cut.
 	SeedEventsMax int
+	// Local returns child-only tools added after filtering (report).
+	Local func(spec SessionSpec) []*agent.Tool
 }
 
 // DefaultSeedEventsMax is the default bound of a fork seed.
@@ -137,6 +139,11 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 	// gets a tool an ancestor was denied, whatever its own filter says.
 	reg = reg.Ceiling(spec.Header.ToolCeiling)
 	var sections []string
+	if p.Local != nil {
+		if local := p.Local(spec); len(local) > 0 {
+			reg = reg.WithLocal(local...)
+		}
+	}
 	if spec.Options.OutputSchema != "" {
 		so, err := agent.StructuredOutputTool(spec.Options.OutputSchema)
 		if err != nil {
@@ -174,5 +181,6 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 	return agent.New(agent.Config{
 		Header: spec.Header, Log: spec.Log, Events: events, Model: m, Tools: reg,
 		System: system, Credential: spec.Credential, Limits: p.Limits, Logger: logger,
+		Inbox: spec.Inbox, InboxDirty: spec.InboxDirty,
 	})
 }

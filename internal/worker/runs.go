@@ -263,7 +263,29 @@ func (h *Host) handleHost(ctx context.Context, req rpc.Request) (any, error) {
 		if err := req.Decode(&r); err != nil {
 			return nil, err
 		}
+		if r.RunID == "" {
+			return h.disposeActivation(ctx, r.ChildID, r.Cause)
+		}
 		return h.dispose(ctx, r)
+	case protocol.OpHostInterrupt:
+		var r protocol.HostChildRequest
+		if err := req.Decode(&r); err != nil {
+			return nil, err
+		}
+		if a := h.activationOf(r.ChildID); a != nil {
+			a.interrupt(r.Cause)
+		}
+		return protocol.Empty{}, nil
+	case protocol.OpHostState:
+		var r protocol.HostChildRequest
+		if err := req.Decode(&r); err != nil {
+			return nil, err
+		}
+		a := h.activationOf(r.ChildID)
+		if a == nil {
+			return protocol.StateReply{ChildID: r.ChildID, State: protocol.StateNone}, nil
+		}
+		return protocol.StateReply{ChildID: r.ChildID, State: a.state(), HostID: h.id, RunID: a.runID}, nil
 	default:
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "unknown host operation %q", op)
 	}
@@ -301,4 +323,32 @@ func (h *Host) dispose(ctx context.Context, req protocol.HostRunRequest) (any, e
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", r.runID, err)
 	}
 	return protocol.RunStatus{RunID: r.runID, ChildID: r.childID, State: rec.Value.State, Result: rec.Value.Result}, nil
+}
+
+func (h *Host) activationOf(childID string) *activation {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.acts[childID]
+}
+
+// disposeActivation ends a resident activation's epoch (drains) and answers
+// once it was torn down; an absent activation is already disposed.
+func (h *Host) disposeActivation(ctx context.Context, childID, cause string) (any, error) {
+	a := h.activationOf(childID)
+	if a == nil {
+		return protocol.StateReply{ChildID: childID, State: protocol.StateNone}, nil
+	}
+	if cause == "" {
+		cause = protocol.CauseDisposed
+	}
+	a.stop(cause)
+	select {
+	case <-a.done:
+	case <-time.After(DisposeWaitMax):
+		return nil, protocol.NewError(protocol.CodeActivationTeardownFailed, map[string]any{
+			"reason": fmt.Sprintf("activation of %s did not stop within %s", childID, DisposeWaitMax)})
+	case <-ctx.Done():
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "host is stopping")
+	}
+	return protocol.StateReply{ChildID: childID, State: protocol.StateNone, RunID: a.runID}, nil
 }

@@ -14,7 +14,7 @@ import (
 
 // GlobalTools are the global tools in-process children offer, in order (the
 // descriptor's tools, so filters are validated before anything is created).
-var GlobalTools = []string{"list_dir", "read_file", "subagent"}
+var GlobalTools = []string{"list_dir", "read_file", "subagent", "send_message", "interrupt_agent", "list_agents"}
 
 // InProcessConfig configures the worker of an in-process provider (spawn, fork).
 type InProcessConfig struct {
@@ -64,12 +64,22 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 	if err != nil {
 		return nil, err
 	}
-	delegate := agent.SubagentTool(agent.SubagentConfig{Client: cl, Provider: cfg.SubagentProvider, InheritsParentContext: cfg.SubagentInherits})
+	delegate := agent.SubagentTool(agent.SubagentConfig{
+		Client: cl, Provider: cfg.SubagentProvider, InheritsParentContext: cfg.SubagentInherits,
+		Background: agent.BackgroundStarter(cl, cfg.SubagentProvider),
+	})
+	global := []*agent.Tool{agent.ListDirTool(), agent.ReadFileTool(), delegate,
+		agent.SendMessageTool(cl), agent.InterruptAgentTool(cl), agent.ListAgentsTool(cl)}
+	report := agent.ReportTool(cl)
 	p := &InProcess{
 		Desc: desc, Models: cfg.Models, Persona: cfg.Persona, Limits: cfg.Limits, Logger: cfg.Logger,
 		Store: cfg.Store, Seeded: desc.InheritsParentContext,
-		Tools: func(SessionSpec) ([]*agent.Tool, error) {
-			return []*agent.Tool{agent.ListDirTool(), agent.ReadFileTool(), delegate}, nil
+		Tools: func(SessionSpec) ([]*agent.Tool, error) { return global, nil },
+		Local: func(spec SessionSpec) []*agent.Tool {
+			if spec.Continuable {
+				return []*agent.Tool{report} // child-only: continuable children report to their parent
+			}
+			return nil
 		},
 	}
 	return New(Config{

@@ -45,6 +45,11 @@ type AgentRecord struct {
 	Notify         string   `msgpack:"notify,omitempty" json:"notify,omitempty"`
 	ExpiresAt      int64    `msgpack:"expiresAt,omitempty" json:"expiresAt,omitempty"`
 	CreatedAt      int64    `msgpack:"createdAt" json:"createdAt"`
+	// Owner is the continuable parent that owns this continuable child (its
+	// activation waits for it); EpochStart is the index of the first event
+	// of this activation's epoch (its result is read from there on).
+	Owner      string `msgpack:"owner,omitempty" json:"owner,omitempty"`
+	EpochStart int64  `msgpack:"epochStart,omitempty" json:"epochStart,omitempty"`
 	// TakenOverBy names the coordinator that took the lease from a dead host.
 	TakenOverBy string `msgpack:"takenOverBy,omitempty" json:"takenOverBy,omitempty"`
 }

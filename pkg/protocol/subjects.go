@@ -134,6 +134,19 @@ func (s Subjects) Session(id string) string { return s.root() + ".session." + id
 // Log is the BROOD_LOG subject holding one session's event records.
 func (s Subjects) Log(id string) string { return s.root() + ".log." + id }
 
+// Wake is a core-only subject (no stream) that wakes a session's resident
+// activation, e.g. when a child it owns released its ownership.
+func (s Subjects) Wake(id string) string { return s.root() + ".wake." + id }
+
+// Children is the BROOD_SESSIONS subject of one child's entry in its
+// parent's child index; ChildrenOf is the wildcard over a parent's entries.
+func (s Subjects) Children(parent, child string) string {
+	return s.root() + ".children." + parent + "." + child
+}
+
+// ChildrenOf matches every child index entry of parent ("*" for all parents).
+func (s Subjects) ChildrenOf(parent string) string { return s.root() + ".children." + parent + ".*" }
+
 // Inbox is the BROOD_INBOX subject holding one session's pending inbox items.
 func (s Subjects) Inbox(id string) string { return s.root() + ".inbox." + id }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -200,17 +201,36 @@ type leaseState struct {
 // agentIndex caches brood_agents (leases): credentials for authority checks,
 // and the sessions of each host and each parent for takeovers and disposal.
 type agentIndex struct {
-	mu    sync.Mutex
-	byID  map[string]*leaseState
-	ready chan struct{}
-	log   *slog.Logger
+	mu     sync.Mutex
+	byID   map[string]*leaseState
+	drains map[string]protocol.DrainRecord
+	ready  chan struct{}
+	log    *slog.Logger
 }
 
 func newAgentIndex(log *slog.Logger) *agentIndex {
-	return &agentIndex{byID: map[string]*leaseState{}, ready: make(chan struct{}), log: log}
+	return &agentIndex{byID: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{}, ready: make(chan struct{}), log: log}
 }
 
+// Keys of brood_agents other than leases (which are bare session ids).
+const (
+	keyOwns  = "owns."
+	keyGrant = "grant."
+	keyDrain = "drain."
+)
+
 func (a *agentIndex) put(key string, e jetstream.KeyValueEntry, seen time.Time) {
+	switch {
+	case strings.HasPrefix(key, keyDrain):
+		if rec, err := store.Decode[protocol.DrainRecord](e); err == nil {
+			a.mu.Lock()
+			a.drains[strings.TrimPrefix(key, keyDrain)] = rec
+			a.mu.Unlock()
+		}
+		return
+	case strings.Contains(key, "."):
+		return // ownership records and grants are read directly when needed
+	}
 	rec, err := store.Decode[protocol.AgentRecord](e)
 	if err != nil {
 		a.log.Warn("undecodable agent record", "session", key, "err", err)
@@ -227,8 +247,23 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry, seen time.Time) 
 
 func (a *agentIndex) del(key string) {
 	a.mu.Lock()
-	delete(a.byID, key)
+	if strings.HasPrefix(key, keyDrain) {
+		delete(a.drains, strings.TrimPrefix(key, keyDrain))
+	} else {
+		delete(a.byID, key)
+	}
 	a.mu.Unlock()
+}
+
+// drainMarks returns the drain markers in force (scope → record).
+func (a *agentIndex) drainMarks() map[string]protocol.DrainRecord {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]protocol.DrainRecord, len(a.drains))
+	for k, v := range a.drains {
+		out[k] = v
+	}
+	return out
 }
 
 // get returns the cached lease of a session.

@@ -47,6 +47,14 @@ type Config struct {
 	RequestsInFlightMax int
 	// HeadersCachedMax bounds the session header cache (10,000).
 	HeadersCachedMax int
+	// GrantTTL is how long a user grant lives (24 h); UserGrantsDisabled
+	// refuses authority.user altogether.
+	GrantTTL           time.Duration
+	UserGrantsDisabled bool
+	// LivenessInterval is how often pending inbox items of sessions with no
+	// live activation are looked for and resumed (2 s; DESIGN.md §4 asks
+	// within 10 s).
+	LivenessInterval time.Duration
 	Version          string
 	Logger           *slog.Logger
 }
@@ -78,6 +86,12 @@ func (c *Config) defaults() {
 	}
 	if c.HeadersCachedMax <= 0 {
 		c.HeadersCachedMax = 10000
+	}
+	if c.GrantTTL <= 0 {
+		c.GrantTTL = DefaultGrantTTL
+	}
+	if c.LivenessInterval <= 0 {
+		c.LivenessInterval = 2 * time.Second
 	}
 	if c.Version == "" {
 		c.Version = "0.1.0"
@@ -140,6 +154,14 @@ func (c *Coordinator) endpoints() []endpoint {
 		{protocol.EpRunsStart, c.runsStart},
 		{protocol.EpRunsAwait, c.runsAwait},
 		{protocol.EpRunsDispose, c.runsDispose},
+		{protocol.EpContinuableStart, c.continuableStart},
+		{protocol.EpContinuableFollowup, c.continuableFollowup},
+		{protocol.EpContinuableState, c.continuableState},
+		{protocol.EpContinuableDrain, c.continuableDrain},
+		{protocol.EpContinuableInterrupt, c.continuableInterrupt},
+		{protocol.EpContinuableReport, c.continuableReport},
+		{protocol.EpChildrenList, c.childrenList},
+		{protocol.EpAuthorityUser, c.authorityUser},
 	}
 }
 
@@ -174,7 +196,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	svc, err := micro.AddService(c.cfg.NC, micro.Config{
 		Name:        protocol.CoordinatorService,
 		Version:     c.cfg.Version,
-		Description: "Brood coordinator: providers, roots, runs",
+		Description: "Brood coordinator: providers, roots, runs, continuable children",
 		QueueGroup:  protocol.CoordinatorQueue,
 		Metadata:    map[string]string{"coordinatorId": c.cfg.ID},
 	})
@@ -199,7 +221,8 @@ func (c *Coordinator) Run(ctx context.Context) error {
 
 	var bg sync.WaitGroup
 	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
-	bg.Add(2)
+	bg.Add(3)
+	go func() { defer bg.Done(); c.liveness(bgCtx) }()
 	go func() {
 		defer bg.Done()
 		worker.HeartbeatLoop(bgCtx, c.cfg.HeartbeatInterval, c.cfg.HostExpiry, c.beat, nil,

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/worker"
@@ -148,6 +150,10 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	if err != nil || fresh.Value.HostID != l.rec.HostID || fresh.Value.Epoch != l.rec.Epoch {
 		return // gone, or changed hands since we looked
 	}
+	if fresh.Value.Kind == protocol.AgentContinuable {
+		c.takeOverActivation(ctx, fresh)
+		return
+	}
 	if fresh.Value.Kind != protocol.AgentOneShot {
 		return
 	}
@@ -232,4 +238,130 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string) ([]protoc
 		}
 	}
 	return nil, fmt.Errorf("the log of %s kept changing during %d attempts", id, TakeoverAttemptsMax)
+}
+
+// takeOverActivation ends the epoch of a continuable child whose host died.
+// The child is not failed: its turn in flight is closed as interrupted, the
+// epoch settles (aborted, HOST_LOST), the parent gets its notice and the
+// ownership edge is released, and accepted items still in the inbox are
+// resumed on a live host (DESIGN.md §7, Settlement 2; §4, Liveness).
+func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record[protocol.AgentRecord]) {
+	id := fresh.Value.SessionID
+	deadHost := fresh.Value.HostID
+	leaseRev := fresh.Revision
+	if fresh.Value.TakenOverBy != c.cfg.ID {
+		taken := fresh.Value
+		taken.HostID, taken.TakenOverBy = c.cfg.ID, c.cfg.ID
+		taken.Epoch++
+		var err error
+		if leaseRev, err = store.Update(ctx, c.st.Agents, id, taken, fresh.Revision); err != nil {
+			return
+		}
+		c.agents.observe(taken, leaseRev)
+		c.log.Warn("host lost; ending the activation's epoch", "session", id, "host", deadHost, "run", fresh.Value.RunID)
+	}
+	events, err := c.closeInterrupted(ctx, id)
+	if err != nil {
+		c.log.Warn("takeover: could not close the open turn; will retry", "session", id, "err", err)
+		return
+	}
+	epoch := events
+	if fresh.Value.EpochStart <= int64(len(events)) {
+		epoch = events[fresh.Value.EpochStart:]
+	}
+	res := agent.EpochOutcome(epoch)
+	if end, ok := agent.LastTurnEnd(epoch); ok && end.Reason.Kind == protocol.TurnInterrupted {
+		res.ErrorCode = protocol.CodeHostLost
+		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating; the turn in flight was closed as interrupted and accepted messages resume on another host", deadHost)
+	}
+	settled := false
+	if run, err := store.Get[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID); err == nil && run.Value.State == protocol.RunRunning {
+		rec := run.Value
+		rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), c.cfg.ID, &res
+		if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision); err == nil {
+			settled = true
+		}
+	}
+	if err := store.Delete(ctx, c.st.Agents, id, leaseRev); err != nil {
+		c.log.Warn("takeover: could not release the lease", "session", id, "err", err)
+		return
+	}
+	c.agents.del(id)
+	if settled {
+		worker.EndEpoch(ctx, c.st, worker.EpochEnd{
+			ChildID: id, Parent: fresh.Value.ParentSession, Owner: fresh.Value.Owner, RunID: fresh.Value.RunID,
+			Provider: fresh.Value.Provider, Result: res,
+		}, func(err error) { c.log.Warn("epoch end not fully published", "err", err) })
+	}
+	c.resumePending(ctx, id)
+}
+
+// liveness resumes continuable children that have accepted items in their
+// inbox but no live activation (DESIGN.md §4, Liveness): an accepted message
+// never waits for another followup to be noticed.
+func (c *Coordinator) liveness(ctx context.Context) {
+	t := time.NewTicker(c.cfg.LivenessInterval)
+	defer t.Stop()
+	skip := map[string]time.Time{} // sessions found not resumable, until when
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		info, err := c.st.Inbox.Info(ctx, jetstream.WithSubjectFilter(c.subj.Inbox("*")))
+		if err != nil {
+			continue
+		}
+		now := time.Now()
+		for subject, n := range info.State.Subjects {
+			id := protocol.SessionIDFromSubject(subject)
+			if n == 0 || now.Before(skip[id]) {
+				continue
+			}
+			if l, ok := c.agents.get(id); ok && c.leaseLive(l.rec) {
+				continue // resident: the activation claims its own inbox
+			}
+			if !c.resumePending(ctx, id) {
+				skip[id] = now.Add(time.Minute)
+			}
+		}
+	}
+}
+
+// resumePending cold-resumes a child with pending inbox items and no live
+// activation. It reports false when the session will never be resumed (not
+// a continuable child), so callers stop asking.
+func (c *Coordinator) resumePending(ctx context.Context, id string) bool {
+	if !c.claim("resume." + id) {
+		return true
+	}
+	defer c.release("resume." + id)
+	items, err := c.st.InboxOf(id).Pending(ctx, 0)
+	if err != nil || len(items) == 0 {
+		return true
+	}
+	h, err := c.headers.get(ctx, c.st, id)
+	if err != nil {
+		return err != nil && !errors.Is(err, store.ErrNotFound)
+	}
+	if h.ParentSession == "" || h.Origin != protocol.OriginSubagent {
+		return false // a root's inbox is its client's to read
+	}
+	up, err := c.lineage(ctx, h)
+	if err != nil || c.drainingFor(append(up, id)) != "" {
+		return true
+	}
+	lease, err := c.resident(ctx, id)
+	if err != nil || lease != nil {
+		return true
+	}
+	d, err := c.resumable(ctx, h)
+	if err != nil {
+		return !errors.Is(err, protocol.ErrNotResumable)
+	}
+	if err := c.coldResume(ctx, h, d, ""); err != nil {
+		c.log.Warn("liveness: cold resume failed; will retry", "session", id, "err", err)
+	}
+	return true
 }

@@ -67,6 +67,9 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request) (any, err
 	if err := req.Decode(&r); err != nil {
 		return nil, err
 	}
+	if r.SessionID != "" {
+		return c.agentsReopen(ctx, r)
+	}
 	if r.Cwd == "" || !filepath.IsAbs(r.Cwd) || len(r.Cwd) > CwdBytesMax {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "cwd must be an absolute path of at most %d bytes", CwdBytesMax)
 	}
@@ -74,6 +77,9 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request) (any, err
 	id := ulid.Make().String()
 	cred := protocol.NewCredential()
 	h := protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: filepath.Clean(r.Cwd)}
+	if err := c.narrowRoot(ctx, &h, r); err != nil {
+		return nil, err
+	}
 	lease := protocol.AgentRecord{
 		SessionID: id, Kind: protocol.AgentRoot, HostID: RootHostID, Epoch: 1,
 		CredentialHash: protocol.HashCredential(cred), ExpiresAt: now + c.cfg.RootLease.Milliseconds(), CreatedAt: now,

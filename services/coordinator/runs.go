@@ -185,6 +185,10 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	if err := parallel(
 		func() error { return c.st.PutHeader(ctx, header) },
 		func() (err error) { runRev, err = store.Create(ctx, c.st.Runs, runID, rec); return err },
+		func() error {
+			return c.st.PutChildIndex(ctx, header.ParentSession, protocol.ChildIndexRecord{
+				ChildID: childID, CreatedAt: now, Mode: protocol.ModeOneShot, Provider: a.desc.Name})
+		},
 	); err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "record the run: %v", err)
 	}
@@ -234,11 +238,6 @@ func (c *Coordinator) authorizeRun(ctx context.Context, ref protocol.RunRef, rec
 		return protocol.Errorf(protocol.CodeUnauthorized, "run %s does not belong to session %s", rec.RunID, ref.Parent.SessionID)
 	}
 	return nil
-}
-
-// checkGrant verifies a user grant; grants arrive with continuable children.
-func (c *Coordinator) checkGrant(ctx context.Context, grant string) error {
-	return protocol.Errorf(protocol.CodeUnauthorized, "user grants are not issued by this coordinator")
 }
 
 func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.Record[protocol.RunRecord], error) {

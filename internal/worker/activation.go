@@ -1,0 +1,666 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// An activation is one residency epoch of a continuable child in this host
+// (seed: Activation; DESIGN.md §7). The child's inbox in JetStream is its only
+// queue: the activation wakes on a core subscription to the inbox subject,
+// claims items in order and runs one turn each; next-step items (settlement
+// notices, reports) join a running turn. Its state is derived, never stored:
+// running while a turn runs or work waits, waiting while it owns live
+// children, settled otherwise, and then the epoch ends.
+//
+// Epoch end (the order is the contract): close admission; final flush (every
+// append of the epoch was acknowledged, else DURABILITY_FAILED); the epoch's
+// result from its own events; the epoch's run record settled by CAS; the
+// lease released (residency none); one subagent-settled notice to the live
+// parent; the ownership edge released and the parent woken; subagent/end.
+
+// ActivationRecheck bounds how long a waiting activation goes without
+// re-checking its owned children, in case a wake was missed.
+const ActivationRecheck = 5 * time.Second
+
+// FirstPromptWait bounds how long a fresh activation waits for its first
+// prompt (the coordinator enqueues it right after the activation is ready,
+// or disposes the activation when the start fails).
+const FirstPromptWait = 30 * time.Second
+
+type activation struct {
+	h        *Host
+	childID  string
+	header   protocol.SessionHeader
+	provider string
+	runID    string
+	runRev   uint64
+	epoch    int64
+	owner    string
+	start    int // index of the epoch's first event
+
+	sess  ContinuableSession
+	inbox *store.SessionInbox
+	subs  []*nats.Subscription
+	dirty atomic.Bool
+
+	ctx     context.Context
+	dispose context.CancelCauseFunc
+	wake    chan struct{}
+	done    chan struct{}
+
+	mu         sync.Mutex
+	leaseRev   uint64
+	turnCancel context.CancelCauseFunc
+	running    bool
+	waiting    bool
+	parked     bool
+	parkedSeen map[protocol.Seq]bool
+	closing    bool
+	awaiting   time.Time // a fresh activation waits for its first prompt until then
+	fenced     bool
+	durability error
+	result     *protocol.SubagentResult
+}
+
+func (a *activation) poke() {
+	a.dirty.Store(true)
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// activate materializes an activation: the lease first (the log's writer),
+// then the log (fresh: seed and descriptor; resume: read, fold the
+// descriptor, close a turn a dead host left open), then the agent, the inbox
+// subscriptions and subagent/start.
+func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRequest) (any, error) {
+	if h.isDraining() {
+		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
+	}
+	if !protocol.ValidID(req.ChildID) || !protocol.ValidID(req.RunID) || req.Header.ID != req.ChildID {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "childId, runId and header.id must be valid and agree")
+	}
+	h.mu.Lock()
+	if cur := h.acts[req.ChildID]; cur != nil {
+		h.mu.Unlock()
+		return nil, protocol.NewError(protocol.CodeActivationClosing, map[string]any{
+			"reason": fmt.Sprintf("session %s is already resident on host %s", req.ChildID, h.id)})
+	}
+	h.mu.Unlock()
+
+	cred := protocol.NewCredential()
+	lease := protocol.AgentRecord{
+		SessionID: req.ChildID, Kind: protocol.AgentContinuable, HostID: h.id, Epoch: 1, RunID: req.RunID,
+		Provider: req.Descriptor.Provider, CredentialHash: protocol.HashCredential(cred), ParentSession: req.Header.ParentSession,
+		Ancestry: req.Ancestry, Owner: req.Owner, CreatedAt: store.NowMs(),
+	}
+	var events []protocol.SessionEvent
+	var lastSubjSeq uint64
+	if req.Fresh {
+		start := req.Header.SeedLength // the seed, then session/end-seed, then the descriptor
+		if start > 0 {
+			start++
+		}
+		lease.EpochStart = start + 1
+	} else {
+		log, err := h.st.ReadLog(ctx, req.ChildID)
+		if err != nil {
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %v", req.ChildID, err)
+		}
+		events, lastSubjSeq = log.Events, log.LastSubjSeq
+		lease.EpochStart = int64(len(events))
+	}
+	leaseRev, err := store.Create(ctx, h.st.Agents, req.ChildID, lease)
+	if err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return nil, protocol.NewError(protocol.CodeActivationClosing, map[string]any{
+				"reason": fmt.Sprintf("session %s has a live lease elsewhere", req.ChildID)})
+		}
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "take the lease of %s: %v", req.ChildID, err)
+	}
+	release := func() { _ = store.Delete(context.WithoutCancel(ctx), h.st.Agents, req.ChildID, leaseRev) }
+	lw := h.st.NewLogWriter(req.ChildID, lastSubjSeq, int64(len(events)))
+
+	a := &activation{
+		h: h, childID: req.ChildID, header: req.Header, provider: req.Descriptor.Provider, runID: req.RunID,
+		runRev: uint64(req.RunRevision), epoch: 1, owner: req.Owner, leaseRev: leaseRev,
+		inbox: h.st.InboxOf(req.ChildID), wake: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	a.dirty.Store(true)
+	if req.Fresh {
+		a.awaiting = time.Now().Add(FirstPromptWait)
+	}
+	opts := protocol.ResolvedOptions{Persona: req.Descriptor.Persona, ToolFilter: req.Descriptor.ToolFilter, Label: req.Descriptor.Label}
+	sess, err := p.NewSession(ctx, SessionSpec{
+		Header: req.Header, Options: opts, Credential: cred, Log: lw, Events: events,
+		Continuable: true, Inbox: a.inbox, InboxDirty: func() bool { return a.dirty.Swap(false) },
+	})
+	if err != nil {
+		release()
+		return nil, err
+	}
+	cs, ok := sess.(ContinuableSession)
+	if !ok {
+		release()
+		closeSession(sess)
+		return nil, protocol.Errorf(protocol.CodeNotResumable, "provider %s cannot host continuable children", p.Descriptor().Name)
+	}
+	a.sess = cs
+	var first []protocol.SessionEvent
+	if req.Fresh {
+		// The descriptor follows any seed and precedes the first turn/start.
+		first = append(first, mustEvent(protocol.EvSubagentDescriptor, *req.Descriptor))
+	} else {
+		// A turn a dead host left open is closed before this epoch begins.
+		closing, err := agent.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
+		if err != nil {
+			release()
+			return nil, protocol.Errorf(protocol.CodeInternal, "close the open turn of %s: %v", req.ChildID, err)
+		}
+		first = closing
+	}
+	if len(first) > 0 {
+		if err := cs.Append(ctx, first...); err != nil {
+			release()
+			closeSession(cs)
+			return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "log the start of the epoch of %s: %v", req.ChildID, err)
+		}
+	}
+	a.start = len(cs.Events())
+	for _, subj := range []string{a.inbox.Subject(), h.subj.Wake(req.ChildID)} {
+		sub, err := h.cfg.NC.Subscribe(subj, func(*nats.Msg) { a.poke() })
+		if err != nil {
+			a.unsubscribe()
+			release()
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "subscribe to %s: %v", subj, err)
+		}
+		a.subs = append(a.subs, sub)
+	}
+	a.ctx, a.dispose = context.WithCancelCause(context.Background())
+	h.mu.Lock()
+	if h.draining {
+		h.mu.Unlock()
+		a.unsubscribe()
+		release()
+		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
+	}
+	h.acts[req.ChildID] = a
+	h.mu.Unlock()
+	h.st.PublishEvent(protocol.LifecycleEvent{
+		Type: protocol.LifecycleStart, RunID: a.runID, Provider: a.provider, ID: a.childID,
+		ParentSession: a.header.ParentSession, Local: true, Mode: protocol.ModeContinuable, Time: store.NowMs(),
+	}, h.eventErr)
+	go a.loop()
+	return protocol.ActivateReply{HostID: h.id, RunID: a.runID}, nil
+}
+
+func (a *activation) unsubscribe() {
+	for _, s := range a.subs {
+		_ = s.Unsubscribe()
+	}
+}
+
+// state is the derived residency state (seed: activationState).
+func (a *activation) state() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case a.closing:
+		return protocol.StateSettled
+	case a.waiting:
+		return protocol.StateWaiting
+	default:
+		return protocol.StateRunning
+	}
+}
+
+// loop claims and runs turns until the activation settles or is disposed.
+func (a *activation) loop() {
+	defer close(a.done)
+	log := a.h.log.With("session", a.childID, "run", a.runID)
+	for a.ctx.Err() == nil && !a.h.isDraining() {
+		ran, err := a.runNext()
+		if err != nil {
+			log.Warn("inbox read failed; retrying", "err", err)
+			a.sleep(time.Second)
+			continue
+		}
+		if a.stopped() {
+			break
+		}
+		if ran {
+			a.mu.Lock()
+			a.awaiting = time.Time{}
+			a.mu.Unlock()
+			continue
+		}
+		if wait := a.firstPromptWait(); wait > 0 {
+			a.sleep(wait)
+			continue
+		}
+		owned, err := a.ownsLiveChildren()
+		if err != nil {
+			log.Warn("ownership read failed; retrying", "err", err)
+			a.sleep(time.Second)
+			continue
+		}
+		if owned {
+			a.setWaiting(true)
+			a.sleep(ActivationRecheck)
+			a.setWaiting(false)
+			continue
+		}
+		if a.trySettle() {
+			break
+		}
+	}
+	a.teardown()
+}
+
+// runNext claims and runs one turn, unless the queue is parked by an
+// interrupt and nothing new arrived since.
+func (a *activation) runNext() (bool, error) {
+	if a.isParked() {
+		return false, nil
+	}
+	turnCtx, cancel := context.WithCancelCause(a.ctx)
+	defer cancel(nil)
+	a.mu.Lock()
+	a.turnCancel, a.running = cancel, true
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.turnCancel, a.running = nil, false
+		a.mu.Unlock()
+	}()
+	out, claimed, err := a.sess.ClaimNext(turnCtx, a.inbox)
+	if err != nil {
+		return false, err
+	}
+	if !claimed {
+		a.noteOutcome(out)
+		return false, nil
+	}
+	out = a.sess.RunSteps(turnCtx)
+	a.noteOutcome(out)
+	return true, nil
+}
+
+func (a *activation) noteOutcome(out agent.Outcome) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if out.Fenced {
+		a.fenced = true
+	}
+	if out.Err != nil && a.durability == nil {
+		a.durability = out.Err
+	}
+}
+
+// stopped reports whether the epoch must end now: disposed, fenced, or an
+// append JetStream did not acknowledge.
+func (a *activation) stopped() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ctx.Err() != nil || a.fenced || a.durability != nil
+}
+
+// firstPromptWait is how long a fresh activation may still wait for its
+// first prompt before it may settle (0: it may settle now).
+func (a *activation) firstPromptWait() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.awaiting.IsZero() {
+		return 0
+	}
+	if d := time.Until(a.awaiting); d > 0 {
+		return d
+	}
+	a.awaiting = time.Time{}
+	return 0
+}
+
+func (a *activation) setWaiting(w bool) {
+	a.mu.Lock()
+	a.waiting = w
+	a.mu.Unlock()
+}
+
+func (a *activation) sleep(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-a.wake:
+	case <-a.ctx.Done():
+	case <-t.C:
+	}
+}
+
+// isParked reports whether an interrupt parked the queue and no new item
+// arrived since; a new item unparks it, and the parked items run first.
+func (a *activation) isParked() bool {
+	a.mu.Lock()
+	parked, seen := a.parked, a.parkedSeen
+	a.mu.Unlock()
+	if !parked {
+		return false
+	}
+	items, err := a.sess.Unclaimed(a.ctx, a.inbox)
+	if err != nil {
+		return true
+	}
+	for _, it := range items {
+		if !seen[it.Seq] {
+			a.mu.Lock()
+			a.parked, a.parkedSeen = false, nil
+			a.mu.Unlock()
+			return false
+		}
+	}
+	return true
+}
+
+// ownsLiveChildren reads the ownership record: a parent that owns live
+// continuable children is waiting and cannot settle.
+func (a *activation) ownsLiveChildren() (bool, error) {
+	rec, err := store.Get[protocol.OwnershipRecord](a.ctx, a.h.st.Agents, OwnsKey(a.childID))
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return len(rec.Value.Children) > 0, nil
+}
+
+// trySettle closes admission, then looks at the inbox once more: work that
+// arrived in the meantime reopens the activation.
+func (a *activation) trySettle() bool {
+	a.mu.Lock()
+	a.closing = true
+	a.mu.Unlock()
+	items, err := a.sess.Unclaimed(a.ctx, a.inbox)
+	if err == nil {
+		for _, it := range items {
+			if it.Delivery != store.DeliveryQuiet && !a.parkedSeen[it.Seq] {
+				a.mu.Lock()
+				a.closing = false
+				a.mu.Unlock()
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// interrupt stops the current turn only; the queue stays parked until the
+// next send (upstream-behaviour §5.11).
+func (a *activation) interrupt(cause string) {
+	items, _ := a.sess.Unclaimed(a.ctx, a.inbox)
+	seen := map[protocol.Seq]bool{}
+	for _, it := range items {
+		seen[it.Seq] = true
+	}
+	a.mu.Lock()
+	a.parked, a.parkedSeen = true, seen
+	cancel := a.turnCancel
+	a.mu.Unlock()
+	if cancel != nil {
+		cancel(&agent.Cancel{Cause: cause})
+	}
+}
+
+// stop disposes the activation: the current turn is cancelled with cause and
+// the epoch ends; accepted items stay in the inbox for the next activation.
+func (a *activation) stop(cause string) {
+	a.mu.Lock()
+	a.closing = true
+	a.mu.Unlock()
+	a.dispose(&agent.Cancel{Cause: cause})
+}
+
+// teardown ends the epoch (see the order at the top of this file).
+func (a *activation) teardown() {
+	h := a.h
+	log := h.log.With("session", a.childID, "run", a.runID)
+	defer func() {
+		h.mu.Lock()
+		if h.acts[a.childID] == a {
+			delete(h.acts, a.childID)
+		}
+		h.mu.Unlock()
+		closeSession(a.sess)
+	}()
+	a.mu.Lock()
+	a.closing = true
+	fenced, durability := a.fenced, a.durability
+	a.mu.Unlock()
+	a.unsubscribe()
+	if fenced {
+		log.Warn("lease lost; activation stopped without publishing")
+		return
+	}
+	events := a.sess.Events()
+	if a.start <= len(events) {
+		events = events[a.start:]
+	}
+	res := agent.EpochOutcome(events)
+	if durability != nil {
+		res.StopReason = protocol.StopError
+		res.ErrorCode = protocol.CodeDurabilityFailed
+		res.Diagnostic = protocol.TruncateDiagnostic("the epoch's final flush was not acknowledged by JetStream: " + durability.Error())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	rec := protocol.RunRecord{
+		RunID: a.runID, ChildID: a.childID, ParentSession: a.header.ParentSession, Provider: a.provider,
+		Mode: protocol.ModeContinuable, State: protocol.RunSettled, CreatedAt: a.header.CreatedAt,
+		SettledAt: store.NowMs(), SettledBy: h.id, Result: &res,
+	}
+	if _, err := store.Update(ctx, h.st.Runs, a.runID, rec, a.runRev); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			log.Info("epoch already settled by another party; dropping this result")
+			return
+		}
+		log.Warn("could not settle the epoch record", "err", err)
+	}
+	a.mu.Lock()
+	a.result = &res
+	leaseRev := a.leaseRev
+	a.mu.Unlock()
+	if err := store.Delete(ctx, h.st.Agents, a.childID, leaseRev); err != nil {
+		log.Warn("could not release the lease", "err", err)
+	}
+	EndEpoch(ctx, h.st, EpochEnd{
+		ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
+		Provider: a.provider, Result: res,
+	}, h.eventErr)
+	log.Info("activation settled", "stopReason", res.StopReason)
+}
+
+func mustEvent(typ string, data any) protocol.SessionEvent {
+	ev, err := protocol.NewEvent(typ, store.NowMs(), data)
+	if err != nil {
+		panic(fmt.Sprintf("encode %s: %v", typ, err)) // only fixed, encodable shapes reach here
+	}
+	return ev
+}
+
+// EpochEnd is what the end of an epoch publishes.
+type EpochEnd struct {
+	ChildID, Parent, Owner, RunID, Provider string
+	Result                                  protocol.SubagentResult
+}
+
+// OwnsKey is the brood_agents key of a continuable parent's ownership record.
+func OwnsKey(parent string) string { return "owns." + parent }
+
+// EndEpoch delivers the subagent-settled notice to the live parent, then
+// releases the ownership edge and wakes the parent, then emits subagent/end
+// (DESIGN.md §7, Ownership). Hosts and coordinators (HOST_LOST) both use it.
+func EndEpoch(ctx context.Context, st *store.Store, e EpochEnd, onErr func(error)) {
+	if e.Parent != "" {
+		if _, err := store.Get[protocol.AgentRecord](ctx, st.Agents, e.Parent); err == nil {
+			summary, content := SettledNotice(e.ChildID, e.Result)
+			_, _, err := st.Enqueue(ctx, e.Parent, store.InboxItem{
+				Content:  content,
+				Source:   protocol.MessageSource{Kind: protocol.SourceSubagentSettled, Form: "notice", Summary: summary, SenderSessionID: e.ChildID},
+				Delivery: store.DeliveryNextStep,
+			}, "settled-"+e.RunID)
+			if err != nil {
+				onErr(fmt.Errorf("settlement notice to %s: %w", e.Parent, err))
+			}
+		}
+	}
+	if e.Owner != "" {
+		if err := ReleaseOwnership(ctx, st, e.Owner, e.ChildID); err != nil {
+			onErr(fmt.Errorf("release ownership of %s by %s: %w", e.ChildID, e.Owner, err))
+		}
+		_ = st.NC.Publish(st.Subj.Wake(e.Owner), nil)
+	}
+	ev := protocol.LifecycleEvent{
+		Type: protocol.LifecycleEnd, RunID: e.RunID, Provider: e.Provider, ID: e.ChildID, ParentSession: e.Parent,
+		Local: true, Mode: protocol.ModeContinuable, Time: store.NowMs(), StopReason: e.Result.StopReason, ErrorCode: e.Result.ErrorCode,
+	}
+	if len(e.Result.Output) > 0 {
+		ev.LastAssistantMessage = e.Result.Output
+	}
+	st.PublishEvent(ev, onErr)
+}
+
+// SettledNotice is the one-line account and content of a settlement notice
+// (upstream-behaviour §5.10).
+func SettledNotice(childID string, res protocol.SubagentResult) (string, []protocol.ContentBlock) {
+	var line string
+	switch res.StopReason {
+	case protocol.StopCompleted:
+		line = fmt.Sprintf("Subagent %s is done and idle until you send it more.", childID)
+	case protocol.StopAborted:
+		line = fmt.Sprintf("Subagent %s stopped before finishing.", childID)
+	case protocol.StopMaxTokens:
+		line = fmt.Sprintf("Subagent %s ran out of room before finishing.", childID)
+	case protocol.StopRefusal:
+		line = fmt.Sprintf("Subagent %s declined its task.", childID)
+	case protocol.StopError:
+		line = fmt.Sprintf("Subagent %s failed.", childID)
+	default:
+		line = fmt.Sprintf("Subagent %s ended abnormally (%s).", childID, res.StopReason)
+	}
+	if res.ErrorCode != "" {
+		line += " (" + string(res.ErrorCode) + ")"
+	}
+	text := protocol.PlainText(res.Output)
+	body := line + "\nNo closing message."
+	if text != "" {
+		body = line + "\nClosing message:\n" + text
+	}
+	return line, protocol.Text(body)
+}
+
+// RegisterOwnership adds child to parent's ownership record (idempotent, CAS).
+func RegisterOwnership(ctx context.Context, st *store.Store, parent, child string) error {
+	return updateOwnership(ctx, st, parent, func(children []string) []string {
+		for _, c := range children {
+			if c == child {
+				return nil
+			}
+		}
+		return append(children, child)
+	})
+}
+
+// ReleaseOwnership removes child from parent's ownership record (idempotent, CAS).
+func ReleaseOwnership(ctx context.Context, st *store.Store, parent, child string) error {
+	return updateOwnership(ctx, st, parent, func(children []string) []string {
+		out := make([]string, 0, len(children))
+		for _, c := range children {
+			if c != child {
+				out = append(out, c)
+			}
+		}
+		if len(out) == len(children) {
+			return nil
+		}
+		return out
+	})
+}
+
+// OwnershipAttemptsMax bounds the CAS retries of an ownership update.
+const OwnershipAttemptsMax = 16
+
+func updateOwnership(ctx context.Context, st *store.Store, parent string, change func([]string) []string) error {
+	key := OwnsKey(parent)
+	for attempt := 0; attempt < OwnershipAttemptsMax; attempt++ {
+		cur, err := store.Get[protocol.OwnershipRecord](ctx, st.Agents, key)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			next := change(nil)
+			if next == nil {
+				return nil
+			}
+			_, err = store.Create(ctx, st.Agents, key, protocol.OwnershipRecord{Children: next})
+		case err != nil:
+			return err
+		default:
+			next := change(cur.Value.Children)
+			if next == nil {
+				return nil
+			}
+			if len(next) == 0 {
+				err = store.Delete(ctx, st.Agents, key, cur.Revision)
+			} else {
+				_, err = store.Update(ctx, st.Agents, key, protocol.OwnershipRecord{Children: next}, cur.Revision)
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, store.ErrConflict) {
+			return err
+		}
+	}
+	return fmt.Errorf("ownership record of %s kept changing", parent)
+}
+
+// FoldDescriptor reads how to rebuild a continuable child: the first
+// subagent/descriptor of the child's own events (after its seed), which must
+// be version 2 and continuable (upstream-behaviour §3.5, §5.4).
+func FoldDescriptor(events []protocol.SessionEvent, seedLength int64) (protocol.DescriptorData, error) {
+	own := events
+	if seedLength > 0 && seedLength <= int64(len(events)) {
+		own = events[seedLength:]
+	}
+	for _, ev := range own {
+		if ev.Type != protocol.EvSubagentDescriptor {
+			continue
+		}
+		var d protocol.DescriptorData
+		if err := ev.Decode(&d); err != nil {
+			return d, fmt.Errorf("the descriptor is corrupt: %v", err)
+		}
+		if d.Version != protocol.DescriptorVersion {
+			return d, fmt.Errorf("the descriptor has unsupported version %d", d.Version)
+		}
+		if d.Mode != protocol.ModeContinuable {
+			return d, fmt.Errorf("it is a %s child: its one run is over; do not retry, start a new child", d.Mode)
+		}
+		if d.Provider == "" || strings.TrimSpace(d.Label) == "" {
+			return d, fmt.Errorf("the descriptor lacks its provider or label")
+		}
+		return d, nil
+	}
+	return protocol.DescriptorData{}, fmt.Errorf("its log has no continuable descriptor")
+}

@@ -1,0 +1,229 @@
+package protocol
+
+// Continuable children (DESIGN.md §7; the seed's SubagentService).
+
+// Authority is who acts on a continuable child: the credential of the exact
+// live parent agent, or a user grant minted by authority.user (DESIGN.md §7).
+// Source and SenderSessionID of a message are provenance only.
+type Authority struct {
+	Parent *ParentRef `msgpack:"parent,omitempty" json:"parent,omitempty"`
+	Grant  string     `msgpack:"grant,omitempty" json:"grant,omitempty"`
+}
+
+// ContinuableOptions are a continuable child's composition: recorded in its
+// descriptor and used again on every cold resume. (No outputSchema: that is
+// a one-shot result contract, upstream-behaviour §3.5.)
+type ContinuableOptions struct {
+	MaxDepth   any         `msgpack:"maxDepth" json:"maxDepth,omitempty"`
+	ToolFilter *ToolFilter `msgpack:"toolFilter,omitempty" json:"toolFilter,omitempty"`
+	Persona    *string     `msgpack:"persona,omitempty" json:"persona,omitempty"`
+}
+
+// ContinuableStartRequest is the body of continuable.start. Label is
+// required; ChildID reserves a caller-chosen id (^[A-Za-z0-9_-]{1,64}$; an id
+// ever used is DUPLICATE_CHILD).
+type ContinuableStartRequest struct {
+	Provider string             `msgpack:"provider" json:"provider"`
+	Parent   ParentRef          `msgpack:"parent" json:"parent"`
+	Label    string             `msgpack:"label" json:"label"`
+	ChildID  string             `msgpack:"childId,omitempty" json:"childId,omitempty"`
+	Prompt   []ContentBlock     `msgpack:"prompt" json:"prompt"`
+	Options  ContinuableOptions `msgpack:"options" json:"options"`
+}
+
+func (r *ContinuableStartRequest) normalizeNumbers() {
+	r.Options.MaxDepth = NormalizeNumbers(r.Options.MaxDepth)
+}
+
+// ContinuableStartReply answers once the child's inbox accepted the prompt.
+type ContinuableStartReply struct {
+	ChildID   string `msgpack:"childId" json:"childId"`
+	MessageID string `msgpack:"messageId" json:"messageId"`
+}
+
+// FollowupRequest is the body of continuable.followup. IdempotencyKey
+// (^[A-Za-z0-9_-]{1,64}$) makes a retry inside the 2-minute window answer the
+// original messageId.
+type FollowupRequest struct {
+	ChildID        string         `msgpack:"childId" json:"childId"`
+	Authority      Authority      `msgpack:"authority" json:"authority"`
+	Message        []ContentBlock `msgpack:"message" json:"message"`
+	Source         *MessageSource `msgpack:"source,omitempty" json:"source,omitempty"`
+	IdempotencyKey string         `msgpack:"idempotencyKey,omitempty" json:"idempotencyKey,omitempty"`
+}
+
+// FollowupReply carries the accepted message's id.
+type FollowupReply struct {
+	MessageID string `msgpack:"messageId" json:"messageId"`
+}
+
+// Activation states (seed: ActivationState; `none` is the seed's undefined).
+const (
+	StateRunning = "running"
+	StateWaiting = "waiting"
+	StateSettled = "settled"
+	StateNone    = "none"
+)
+
+// ChildRef names a continuable child and the authority asking about it.
+type ChildRef struct {
+	ChildID   string    `msgpack:"childId" json:"childId"`
+	Authority Authority `msgpack:"authority" json:"authority"`
+}
+
+// StateReply answers continuable.state.
+type StateReply struct {
+	ChildID string `msgpack:"childId" json:"childId"`
+	State   string `msgpack:"state" json:"state"`
+	HostID  string `msgpack:"hostId,omitempty" json:"hostId,omitempty"`
+	RunID   string `msgpack:"runId,omitempty" json:"runId,omitempty"`
+}
+
+// InterruptRequest is the body of continuable.interrupt: it stops the
+// target's current turn only and keeps its queue parked until the next send
+// (upstream-behaviour §5.11). Authority: a user grant, or the credential of a
+// live ancestor of the target.
+type InterruptRequest struct {
+	ChildID   string    `msgpack:"childId" json:"childId"`
+	Authority Authority `msgpack:"authority" json:"authority"`
+}
+
+// ReportRequest is the body of continuable.report: the child (by its own
+// credential) sends content to its live parent, joining the parent's next
+// step (upstream-behaviour §5.13).
+type ReportRequest struct {
+	Child   ParentRef      `msgpack:"child" json:"child"`
+	Content []ContentBlock `msgpack:"content" json:"content"`
+}
+
+// DrainRequest is the body of continuable.drain. No parents and no children:
+// every activation. Parents: the descendants of each (admission below them
+// answers DRAINING while they stay live). Parent plus Children: those direct
+// children of one parent and their subtrees. Authority: a user grant, or (for
+// the children of one parent) that parent's credential.
+type DrainRequest struct {
+	Authority Authority `msgpack:"authority" json:"authority"`
+	Parents   []string  `msgpack:"parents,omitempty" json:"parents,omitempty"`
+	Parent    string    `msgpack:"parent,omitempty" json:"parent,omitempty"`
+	Children  []string  `msgpack:"children,omitempty" json:"children,omitempty"`
+}
+
+// DrainReply lists the activations the drain disposed, child-first.
+type DrainReply struct {
+	Disposed []string `msgpack:"disposed" json:"disposed"`
+	Failed   []string `msgpack:"failed,omitempty" json:"failed,omitempty"`
+}
+
+// ChildrenListRequest is the body of children.list.
+type ChildrenListRequest struct {
+	Parent      string    `msgpack:"parent" json:"parent"`
+	Authority   Authority `msgpack:"authority" json:"authority"`
+	Descendants bool      `msgpack:"descendants,omitempty" json:"descendants,omitempty"`
+}
+
+// Child row kinds and activities (upstream-behaviour §5.15).
+const (
+	RowChild      = "child"
+	RowDiagnostic = "diagnostic"
+
+	ActivityRunning  = "running"
+	ActivityInactive = "inactive"
+
+	DiagnosticCorrupt     = "corrupt"
+	DiagnosticUnavailable = "unavailable"
+)
+
+// ChildRow is one row of children.list: a child, or a diagnostic for a child
+// whose identity cannot be read (a damaged child never fails the list).
+type ChildRow struct {
+	Kind        string `msgpack:"kind" json:"kind"`
+	ID          string `msgpack:"id" json:"id"`
+	Activity    string `msgpack:"activity,omitempty" json:"activity,omitempty"`
+	State       string `msgpack:"state,omitempty" json:"state,omitempty"`
+	HasChildren bool   `msgpack:"hasChildren,omitempty" json:"hasChildren,omitempty"`
+	Mode        string `msgpack:"mode,omitempty" json:"mode,omitempty"`
+	Label       string `msgpack:"label,omitempty" json:"label,omitempty"`
+	Provider    string `msgpack:"provider,omitempty" json:"provider,omitempty"`
+	Reason      string `msgpack:"reason,omitempty" json:"reason,omitempty"`
+	ParentID    string `msgpack:"parentId,omitempty" json:"parentId,omitempty"`
+	Depth       int    `msgpack:"depth,omitempty" json:"depth,omitempty"`
+	CreatedAt   int64  `msgpack:"createdAt,omitempty" json:"createdAt,omitempty"`
+}
+
+// ChildrenListReply lists rows ordered by createdAt then id (pre-order for descendants).
+type ChildrenListReply struct {
+	Rows []ChildRow `msgpack:"rows" json:"rows"`
+}
+
+// UserGrantReply carries a user grant and its expiry (epoch ms).
+type UserGrantReply struct {
+	Grant     string `msgpack:"grant" json:"grant"`
+	ExpiresAt int64  `msgpack:"expiresAt" json:"expiresAt"`
+}
+
+// UserGrantRecord is a minted grant in brood_agents under `grant.<hash>`.
+type UserGrantRecord struct {
+	ExpiresAt int64  `msgpack:"expiresAt" json:"expiresAt"`
+	MintedBy  string `msgpack:"mintedBy" json:"mintedBy"`
+}
+
+// OwnershipRecord is the set of live continuable children a continuable
+// parent owns, in brood_agents under `owns.<parentSession>`. A parent with
+// any is `waiting` and cannot settle (DESIGN.md §7, Ownership).
+type OwnershipRecord struct {
+	Children []string `msgpack:"children" json:"children"`
+}
+
+// DrainRecord marks a drain in brood_agents under `drain.<scope>`:
+// `drain.all` for everything, `drain.<root>` below one live root (held
+// while that exact root agent, by its credential hash, stays live).
+type DrainRecord struct {
+	Root           string `msgpack:"root,omitempty" json:"root,omitempty"`
+	CredentialHash string `msgpack:"credentialHash,omitempty" json:"credentialHash,omitempty"`
+	Until          int64  `msgpack:"until,omitempty" json:"until,omitempty"`
+}
+
+// ChildIndexRecord is a child's entry in the parent's child index
+// (BROOD_SESSIONS subject `children.<parent>.<child>`), written when the
+// child's header is: listing needs no scan of every header.
+type ChildIndexRecord struct {
+	ChildID   string `msgpack:"childId" json:"childId"`
+	CreatedAt int64  `msgpack:"createdAt" json:"createdAt"`
+	Mode      string `msgpack:"mode" json:"mode"`
+	Provider  string `msgpack:"provider" json:"provider"`
+}
+
+// ActivateRequest asks a provider host to materialize an activation of a
+// continuable child (`provider.<name>.activate`): its first (Fresh: write the
+// descriptor after any seed) or a cold resume (read the log, fold the
+// descriptor). RunRevision is the brood_runs revision of the epoch's record.
+type ActivateRequest struct {
+	ChildID     string          `msgpack:"childId" json:"childId"`
+	Header      SessionHeader   `msgpack:"header" json:"header"`
+	RunID       string          `msgpack:"runId" json:"runId"`
+	RunRevision Seq             `msgpack:"runRevision" json:"runRevision"`
+	Fresh       bool            `msgpack:"fresh,omitempty" json:"fresh,omitempty"`
+	Descriptor  *DescriptorData `msgpack:"descriptor,omitempty" json:"descriptor,omitempty"`
+	Owner       string          `msgpack:"owner,omitempty" json:"owner,omitempty"`
+	Ancestry    []string        `msgpack:"ancestry,omitempty" json:"ancestry,omitempty"`
+}
+
+// ActivateReply answers once the activation is resident and listening.
+type ActivateReply struct {
+	HostID string `msgpack:"hostId" json:"hostId"`
+	RunID  string `msgpack:"runId" json:"runId"`
+}
+
+// HostChildRequest asks a host about or to act on a resident activation.
+type HostChildRequest struct {
+	ChildID string `msgpack:"childId" json:"childId"`
+	Cause   string `msgpack:"cause,omitempty" json:"cause,omitempty"`
+}
+
+// OpProviderActivate materializes a continuable child's activation.
+const OpProviderActivate = "activate"
+
+// Host operations for activations.
+const (
+	OpHostState = "state"
+)

@@ -1,0 +1,767 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Continuable children (DESIGN.md §7; the seed's SubagentService). Write order
+// of continuable.start: header (expect subject empty: DUPLICATE_CHILD) and
+// child index → epoch run record → provider activation (lease, seed,
+// descriptor, inbox subscription, subagent/start) → ownership edge (when the
+// parent is itself continuable) → admission re-check → the prompt into the
+// child's inbox → {childId, messageId}. A failure before the inbox accepted
+// the prompt disposes the activation and releases the edge: no ids returned,
+// no live child, no ownership left behind.
+
+// LineageDepthMax bounds the walk up a child's ancestry.
+const LineageDepthMax = 1024
+
+// DefaultGrantTTL is how long a user grant lives.
+const DefaultGrantTTL = 24 * time.Hour
+
+// checkGrant verifies a user grant minted by authority.user.
+func (c *Coordinator) checkGrant(ctx context.Context, grant string) error {
+	if grant == "" {
+		return protocol.Errorf(protocol.CodeUnauthorized, "no user grant")
+	}
+	rec, err := store.Get[protocol.UserGrantRecord](ctx, c.st.Agents, keyGrant+protocol.HashCredential(grant))
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return protocol.Errorf(protocol.CodeUnauthorized, "the user grant is unknown")
+		}
+		return protocol.Errorf(protocol.CodeUnavailable, "read the user grant: %v", err)
+	}
+	if rec.Value.ExpiresAt <= store.NowMs() {
+		return protocol.Errorf(protocol.CodeUnauthorized, "the user grant expired")
+	}
+	return nil
+}
+
+// authorityUser mints a user grant for a trusted host acting for the human
+// user. Who may call it is a NATS permission (deploy/nats), and the
+// coordinator can refuse every grant (Config.UserGrantsDisabled).
+func (c *Coordinator) authorityUser(ctx context.Context, req rpc.Request) (any, error) {
+	if c.cfg.UserGrantsDisabled {
+		return nil, protocol.Errorf(protocol.CodeUnauthorized, "this deployment mints no user grants")
+	}
+	grant := protocol.NewCredential()
+	exp := store.NowMs() + c.cfg.GrantTTL.Milliseconds()
+	if _, err := store.Put(ctx, c.st.Agents, keyGrant+protocol.HashCredential(grant), protocol.UserGrantRecord{ExpiresAt: exp, MintedBy: c.cfg.ID}); err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "store the grant: %v", err)
+	}
+	return protocol.UserGrantReply{Grant: grant, ExpiresAt: exp}, nil
+}
+
+// authorizeFor checks who may act on a continuable child: a user grant, or
+// the exact live agent whose session is the child's parentSession (checked
+// before any reconstruction). It returns the parent's lease when the parent
+// acted.
+func (c *Coordinator) authorizeFor(ctx context.Context, auth protocol.Authority, h protocol.SessionHeader) (*leaseState, error) {
+	if auth.Grant != "" {
+		return nil, c.checkGrant(ctx, auth.Grant)
+	}
+	if auth.Parent == nil {
+		return nil, protocol.Errorf(protocol.CodeUnauthorized, "the parent's credential or a user grant is required")
+	}
+	l, err := c.authorize(ctx, *auth.Parent)
+	if err != nil {
+		return nil, err
+	}
+	if auth.Parent.SessionID != h.ParentSession {
+		return nil, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not the parent of %s; only its exact live parent may act on it", auth.Parent.SessionID, h.ID)
+	}
+	return &l, nil
+}
+
+// lineage returns a session's ancestors, root first, from the headers.
+func (c *Coordinator) lineage(ctx context.Context, h protocol.SessionHeader) ([]string, error) {
+	var up []string
+	for p := h.ParentSession; p != "" && len(up) < LineageDepthMax; {
+		up = append(up, p)
+		ph, err := c.headers.get(ctx, c.st, p)
+		if err != nil {
+			return nil, err
+		}
+		p = ph.ParentSession
+	}
+	for i, j := 0, len(up)-1; i < j; i, j = i+1, j-1 {
+		up[i], up[j] = up[j], up[i]
+	}
+	return up, nil
+}
+
+// drainingFor returns the drain that closes admission for a session whose
+// lineage (ancestors plus itself) is given, or "".
+func (c *Coordinator) drainingFor(lineage []string) string {
+	marks := c.agents.drainMarks()
+	if m, ok := marks["all"]; ok && (m.Until == 0 || m.Until > store.NowMs()) {
+		return "every activation is being drained"
+	}
+	for _, id := range lineage {
+		m, ok := marks[id]
+		if !ok {
+			continue
+		}
+		if l, live := c.agents.get(id); live && l.rec.CredentialHash == m.CredentialHash {
+			return fmt.Sprintf("the descendants of %s are being drained", id)
+		}
+	}
+	return ""
+}
+
+func (c *Coordinator) checkDraining(lineage []string) error {
+	if why := c.drainingFor(lineage); why != "" {
+		return protocol.Errorf(protocol.CodeDraining, "%s", why)
+	}
+	return nil
+}
+
+func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (any, error) {
+	var r protocol.ContinuableStartRequest
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	if r.Provider == "" {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "provider is required")
+	}
+	desc, ok := c.reg.provider(r.Provider)
+	if !ok {
+		return nil, protocol.NewError(protocol.CodeNoProvider, map[string]any{"provider": r.Provider})
+	}
+	if !desc.Continuable {
+		return nil, protocol.NewError(protocol.CodeUnsupportedCapability, map[string]any{"provider": r.Provider, "capability": "continuable children"})
+	}
+	parent, err := c.authorize(ctx, r.Parent)
+	if err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(r.Label) == "" || len(r.Label) > 256 {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "label is required (at most 256 bytes)")
+	}
+	lineage := append(append([]string(nil), parent.rec.Ancestry...), r.Parent.SessionID)
+	if err := c.checkDraining(lineage); err != nil {
+		return nil, err
+	}
+	opts := protocol.StartOptions{MaxDepth: r.Options.MaxDepth, ToolFilter: r.Options.ToolFilter, Persona: r.Options.Persona, Label: r.Label}
+	// Continuable children are composed by the manager: the capability flags
+	// are not consulted, but every option is validated (upstream-behaviour §1.4).
+	desc.Capabilities = protocol.Capabilities{OutputSchema: false, DepthLimit: true, ToolFilter: true, Persona: true}
+	a, err := c.admit(ctx, desc.Name, r.Parent, r.Prompt, opts)
+	if err != nil {
+		return nil, err
+	}
+	childID := r.ChildID
+	if childID == "" {
+		childID = ulid.Make().String()
+	} else if !protocol.ValidID(childID) {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
+	}
+	now := store.NowMs()
+	header := c.childHeader(a, childID, now)
+	if desc.InheritsParentContext {
+		if header.SeedLength, err = c.prepare(ctx, desc.Name, a.pheader.ID, childID); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.st.PutHeader(ctx, header); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return nil, protocol.NewError(protocol.CodeDuplicateChild, map[string]any{"childId": childID})
+		}
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "write the header: %v", err)
+	}
+	c.headers.add(header)
+	if err := c.st.PutChildIndex(ctx, header.ParentSession, protocol.ChildIndexRecord{
+		ChildID: childID, CreatedAt: now, Mode: protocol.ModeContinuable, Provider: desc.Name,
+	}); err != nil {
+		c.log.Warn("child index not written", "child", childID, "err", err)
+	}
+	owner := ""
+	if parent.rec.Kind == protocol.AgentContinuable {
+		owner = r.Parent.SessionID
+	}
+	descriptor := protocol.DescriptorData{
+		Version: protocol.DescriptorVersion, Mode: protocol.ModeContinuable, Provider: desc.Name, Label: r.Label,
+		Persona: a.options.Persona, ToolFilter: a.options.ToolFilter,
+	}
+	reply, err := c.activateEpoch(ctx, header, descriptor, owner, ancestry(a), true)
+	if err != nil {
+		return nil, err
+	}
+	rollback := func() {
+		rctx := context.WithoutCancel(ctx)
+		c.disposeActivation(rctx, reply.HostID, childID, protocol.CauseDisposed)
+		if owner != "" {
+			_ = worker.ReleaseOwnership(rctx, c.st, owner, childID)
+		}
+	}
+	if owner != "" {
+		if err := worker.RegisterOwnership(ctx, c.st, owner, childID); err != nil {
+			rollback()
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
+		}
+	}
+	// Admission: the parent must still be the exact live agent, and its
+	// lineage not draining, when the prompt is accepted.
+	if _, err := c.authorize(ctx, r.Parent); err != nil {
+		rollback()
+		return nil, err
+	}
+	if err := c.checkDraining(lineage); err != nil {
+		rollback()
+		return nil, err
+	}
+	mid, _, err := c.st.Enqueue(ctx, childID, store.InboxItem{
+		Content: r.Prompt, Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextTurn,
+	}, "")
+	if err != nil {
+		rollback()
+		return nil, inboxError(err)
+	}
+	return protocol.ContinuableStartReply{ChildID: childID, MessageID: mid}, nil
+}
+
+func inboxError(err error) error {
+	if pe := protocol.CodeOf(err); pe != "" {
+		return err
+	}
+	return protocol.Errorf(protocol.CodeUnavailable, "the inbox did not accept the message: %v", err)
+}
+
+// activateEpoch creates an epoch's run record and asks a live host of the
+// descriptor's provider to materialize the activation (fresh, or a cold
+// resume that folds the descriptor from the log).
+func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.SessionHeader, desc protocol.DescriptorData, owner string, ancestry []string, fresh bool) (protocol.ActivateReply, error) {
+	runID := ulid.Make().String()
+	rec := protocol.RunRecord{
+		RunID: runID, ChildID: header.ID, ParentSession: header.ParentSession, Provider: desc.Provider,
+		Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: store.NowMs(),
+	}
+	rev, err := store.Create(ctx, c.st.Runs, runID, rec)
+	if err != nil {
+		return protocol.ActivateReply{}, protocol.Errorf(protocol.CodeUnavailable, "record the epoch: %v", err)
+	}
+	pctx, cancel := untilDeadline(ctx, c.cfg.ProviderStartTimeout)
+	defer cancel()
+	var reply protocol.ActivateReply
+	err = rpc.Call(pctx, c.cfg.NC, c.subj.Provider(desc.Provider, protocol.OpProviderActivate), protocol.ActivateRequest{
+		ChildID: header.ID, Header: header, RunID: runID, RunRevision: protocol.Seq(rev), Fresh: fresh,
+		Descriptor: &desc, Owner: owner, Ancestry: ancestry,
+	}, &reply)
+	if err != nil {
+		c.failRun(context.WithoutCancel(ctx), rec, rev, err)
+		return reply, err
+	}
+	return reply, nil
+}
+
+// disposeActivation asks a host to end an activation's epoch and waits for it.
+func (c *Coordinator) disposeActivation(ctx context.Context, hostID, childID, cause string) error {
+	hctx, cancel := context.WithTimeout(ctx, worker.DisposeWaitMax+2*time.Second)
+	defer cancel()
+	return rpc.Call(hctx, c.cfg.NC, c.subj.Host(hostID, protocol.OpHostDispose),
+		protocol.HostRunRequest{ChildID: childID, Cause: cause}, nil)
+}
+
+// resident returns a continuable child's lease when an activation of it is
+// live; a lease held by a dead host is taken over first (HOST_LOST) so the
+// child can resume elsewhere.
+func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Record[protocol.AgentRecord], error) {
+	for attempt := 0; attempt < 3; attempt++ {
+		l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, childID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %v", childID, err)
+		}
+		if l.Value.TakenOverBy == "" && c.reg.hostLive(l.Value.HostID) {
+			return &l, nil
+		}
+		// The holder is dead (or a takeover is in progress): finish it here.
+		if c.claim(childID) {
+			c.takeOver(ctx, leaseState{rec: l.Value, rev: l.Revision})
+			c.release(childID)
+		} else {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil, protocol.Errorf(protocol.CodeUnavailable, "session %s is changing hands; retry", childID)
+}
+
+// resumable folds a child's descriptor from its own events: NOT_RESUMABLE for
+// an unknown id, a one-shot child, or a missing or damaged descriptor.
+func (c *Coordinator) resumable(ctx context.Context, h protocol.SessionHeader) (protocol.DescriptorData, error) {
+	log, err := c.st.ReadLog(ctx, h.ID)
+	if err != nil {
+		return protocol.DescriptorData{}, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %v", h.ID, err)
+	}
+	d, err := worker.FoldDescriptor(log.Events, h.SeedLength)
+	if err != nil {
+		return d, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": err.Error()})
+	}
+	return d, nil
+}
+
+// coldResume materializes a new epoch of a child with no live activation in
+// any live host of its descriptor's provider (cold resume never calls the
+// provider's own logic; it reuses the descriptor's route, persona and tool
+// filter).
+func (c *Coordinator) coldResume(ctx context.Context, h protocol.SessionHeader, d protocol.DescriptorData, owner string) error {
+	if _, ok := c.reg.provider(d.Provider); !ok {
+		return protocol.Errorf(protocol.CodeUnavailable, "no live host of provider %s can resume %s", d.Provider, h.ID)
+	}
+	up, err := c.lineage(ctx, h)
+	if err != nil {
+		return protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %v", h.ID, err)
+	}
+	reply, err := c.activateEpoch(ctx, h, d, owner, up, false)
+	if err != nil {
+		if errors.Is(err, protocol.ErrActivationClosing) {
+			return nil // another party resumed it meanwhile; it will claim the inbox
+		}
+		return err
+	}
+	if owner != "" {
+		if err := worker.RegisterOwnership(ctx, c.st, owner, h.ID); err != nil {
+			c.disposeActivation(context.WithoutCancel(ctx), reply.HostID, h.ID, protocol.CauseDisposed)
+			return protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
+		}
+	}
+	c.log.Info("cold resume", "session", h.ID, "host", reply.HostID, "run", reply.RunID)
+	return nil
+}
+
+func (c *Coordinator) childHeaderOf(ctx context.Context, childID string) (protocol.SessionHeader, error) {
+	if !protocol.ValidID(childID) {
+		return protocol.SessionHeader{}, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
+	}
+	h, err := c.headers.get(ctx, c.st, childID)
+	if errors.Is(err, store.ErrNotFound) {
+		return h, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": childID, "reason": "no such session"})
+	}
+	if err != nil {
+		return h, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %v", childID, err)
+	}
+	return h, nil
+}
+
+// continuableFollowup routes a message by residency only: resident (running
+// or waiting) → into the inbox, where the activation claims it as its next
+// turn; none → into the inbox, then a cold resume that claims it. FIFO per
+// child; an idempotency key makes a retry count once.
+func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) (any, error) {
+	var r protocol.FollowupRequest
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	h, err := c.childHeaderOf(ctx, r.ChildID)
+	if err != nil {
+		return nil, err
+	}
+	parent, err := c.authorizeFor(ctx, r.Authority, h)
+	if err != nil {
+		return nil, err
+	}
+	if r.IdempotencyKey != "" && !protocol.ValidID(r.IdempotencyKey) {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "idempotencyKey must match ^[A-Za-z0-9_-]{1,64}$")
+	}
+	if err := c.checkPrompt(r.Message); err != nil {
+		return nil, err
+	}
+	up, err := c.lineage(ctx, h)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lineage: %v", err)
+	}
+	if err := c.checkDraining(append(up, h.ID)); err != nil {
+		return nil, err
+	}
+	lease, err := c.resident(ctx, h.ID)
+	if err != nil {
+		return nil, err
+	}
+	var desc protocol.DescriptorData
+	if lease == nil {
+		if desc, err = c.resumable(ctx, h); err != nil {
+			return nil, err
+		}
+		if _, ok := c.reg.provider(desc.Provider); !ok {
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "no live host of provider %s can resume %s", desc.Provider, h.ID)
+		}
+	} else if lease.Value.Kind != protocol.AgentContinuable {
+		return nil, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": "it is a one-shot child"})
+	}
+	owner := ""
+	if parent != nil && parent.rec.Kind == protocol.AgentContinuable {
+		owner = h.ParentSession
+		// A continuable parent owns a child before the child runs its work.
+		if err := worker.RegisterOwnership(ctx, c.st, owner, h.ID); err != nil {
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
+		}
+	}
+	src := protocol.MessageSource{Kind: protocol.SourceUser}
+	if parent != nil {
+		src = protocol.MessageSource{Kind: protocol.SourceCoordinator, Form: "relay", SenderSessionID: h.ParentSession}
+	}
+	if r.Source != nil && r.Source.Kind != "" {
+		src = *r.Source // provenance only, never authority
+	}
+	mid, _, err := c.st.Enqueue(ctx, h.ID, store.InboxItem{Content: r.Message, Source: src, Delivery: store.DeliveryNextTurn}, r.IdempotencyKey)
+	if err != nil {
+		return nil, inboxError(err)
+	}
+	if lease == nil {
+		if err := c.coldResume(ctx, h, desc, owner); err != nil {
+			// The message is accepted and durable; the liveness sweep resumes it.
+			c.log.Warn("cold resume failed; the accepted message waits for the liveness sweep", "session", h.ID, "err", err)
+		}
+	}
+	return protocol.FollowupReply{MessageID: mid}, nil
+}
+
+func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request) (any, error) {
+	var r protocol.ChildRef
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	h, err := c.childHeaderOf(ctx, r.ChildID)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.authorizeFor(ctx, r.Authority, h); err != nil {
+		return nil, err
+	}
+	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, h.ID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && (l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value))) {
+		return protocol.StateReply{ChildID: h.ID, State: protocol.StateNone}, nil
+	}
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease: %v", err)
+	}
+	var st protocol.StateReply
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := rpc.Call(hctx, c.cfg.NC, c.subj.Host(l.Value.HostID, protocol.OpHostState), protocol.HostChildRequest{ChildID: h.ID}, &st); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// continuableInterrupt stops the target's current turn only and parks its
+// queue (upstream-behaviour §5.11): a user grant, or a live ancestor of the
+// target. An absent target is an accepted no-op.
+func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request) (any, error) {
+	var r protocol.InterruptRequest
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	if !protocol.ValidID(r.ChildID) {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
+	}
+	cause := protocol.CauseUser
+	var caller string
+	switch {
+	case r.Authority.Grant != "":
+		if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
+			return nil, err
+		}
+	case r.Authority.Parent != nil:
+		if _, err := c.authorize(ctx, *r.Authority.Parent); err != nil {
+			return nil, err
+		}
+		caller, cause = r.Authority.Parent.SessionID, protocol.CauseParent
+		if caller == r.ChildID {
+			return nil, protocol.Errorf(protocol.CodeUnauthorized, "an agent cannot interrupt itself")
+		}
+	default:
+		return nil, protocol.Errorf(protocol.CodeUnauthorized, "an ancestor's credential or a user grant is required")
+	}
+	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, r.ChildID)
+	if err != nil || l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value) {
+		return protocol.Empty{}, nil // absent, one-shot or settled: nothing to stop
+	}
+	if caller != "" && !contains(l.Value.Ancestry, caller) {
+		return nil, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not an ancestor of %s", caller, r.ChildID)
+	}
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := rpc.Call(hctx, c.cfg.NC, c.subj.Host(l.Value.HostID, protocol.OpHostInterrupt), protocol.HostChildRequest{ChildID: r.ChildID, Cause: cause}, nil); err != nil {
+		return nil, err
+	}
+	return protocol.Empty{}, nil
+}
+
+// continuableReport sends a child's report to its live parent, joining the
+// parent's next step (upstream-behaviour §5.13).
+func (c *Coordinator) continuableReport(ctx context.Context, req rpc.Request) (any, error) {
+	var r protocol.ReportRequest
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	l, err := c.authorize(ctx, r.Child)
+	if err != nil {
+		return nil, err
+	}
+	if l.rec.Kind != protocol.AgentContinuable {
+		return nil, protocol.Errorf(protocol.CodeUnauthorized, "only a resident continuable child reports to its parent")
+	}
+	if err := c.checkPrompt(r.Content); err != nil {
+		return nil, err
+	}
+	parent := l.rec.ParentSession
+	pl, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, parent)
+	if err != nil || !c.leaseLive(pl.Value) {
+		return nil, protocol.Errorf(protocol.CodeParentUnavailable, "parent %s is not live", parent)
+	}
+	content := append([]protocol.ContentBlock{{Type: protocol.BlockText, Text: fmt.Sprintf("Subagent %s reported:", r.Child.SessionID)}}, r.Content...)
+	mid, _, err := c.st.Enqueue(ctx, parent, store.InboxItem{
+		Content:  content,
+		Source:   protocol.MessageSource{Kind: protocol.SourceSubagentReport, Form: "relay", SenderSessionID: r.Child.SessionID},
+		Delivery: store.DeliveryNextStep,
+	}, "")
+	if err != nil {
+		return nil, protocol.NewError(protocol.CodeParentUnavailable, map[string]any{"reason": "the parent's inbox refused the report: " + err.Error()})
+	}
+	return protocol.FollowupReply{MessageID: mid}, nil
+}
+
+// continuableDrain disposes activations child-first: all of them, the
+// descendants of given parents (admission below them answers DRAINING while
+// they stay live), or given children of one parent and their subtrees.
+// Durable sessions stay resumable; accepted inbox items stay pending.
+func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (any, error) {
+	var r protocol.DrainRequest
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	var selected []leaseState
+	leases := c.agents.snapshot()
+	switch {
+	case r.Parent != "" || len(r.Children) > 0:
+		if r.Parent == "" || len(r.Children) == 0 || len(r.Parents) > 0 {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "children are drained with their parent: give parent and children, nothing else")
+		}
+		if r.Authority.Grant != "" {
+			if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
+				return nil, err
+			}
+		} else if r.Authority.Parent == nil || r.Authority.Parent.SessionID != r.Parent {
+			return nil, protocol.Errorf(protocol.CodeUnauthorized, "only the exact live parent (or a user grant) drains its children")
+		} else if _, err := c.authorize(ctx, *r.Authority.Parent); err != nil {
+			return nil, err
+		}
+		roots := map[string]bool{}
+		for _, id := range r.Children {
+			roots[id] = true
+		}
+		for _, l := range leases {
+			if l.rec.Kind != protocol.AgentContinuable {
+				continue
+			}
+			if (roots[l.rec.SessionID] && l.rec.ParentSession == r.Parent) || intersects(l.rec.Ancestry, roots) {
+				selected = append(selected, l)
+			}
+		}
+		for _, l := range leases {
+			if roots[l.rec.SessionID] && l.rec.Kind == protocol.AgentContinuable && l.rec.ParentSession != r.Parent {
+				return nil, protocol.Errorf(protocol.CodeUnauthorized, "%s is not a child of %s", l.rec.SessionID, r.Parent)
+			}
+		}
+	default:
+		if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
+			return nil, err
+		}
+		roots := map[string]bool{}
+		for _, p := range r.Parents {
+			if !protocol.ValidID(p) {
+				return nil, protocol.Errorf(protocol.CodeInvalidArgument, "parent %q is not a valid id", p)
+			}
+			roots[p] = true
+		}
+		if len(roots) == 0 {
+			if _, err := store.Put(ctx, c.st.Agents, keyDrain+"all", protocol.DrainRecord{}); err != nil {
+				return nil, protocol.Errorf(protocol.CodeUnavailable, "mark the drain: %v", err)
+			}
+			defer func() { _ = store.Delete(context.WithoutCancel(ctx), c.st.Agents, keyDrain+"all", 0) }()
+			c.waitMark("all")
+		}
+		for p := range roots {
+			if l, ok := c.agents.get(p); ok {
+				if _, err := store.Put(ctx, c.st.Agents, keyDrain+p, protocol.DrainRecord{Root: p, CredentialHash: l.rec.CredentialHash}); err != nil {
+					return nil, protocol.Errorf(protocol.CodeUnavailable, "mark the drain: %v", err)
+				}
+				c.waitMark(p)
+			}
+		}
+		for _, l := range leases {
+			if l.rec.Kind == protocol.AgentContinuable && (len(roots) == 0 || intersects(l.rec.Ancestry, roots)) {
+				selected = append(selected, l)
+			}
+		}
+	}
+	// Child-first: the deepest activations end before their ancestors.
+	sortDeepestFirst(selected)
+	reply := protocol.DrainReply{Disposed: []string{}}
+	for _, l := range selected {
+		if err := c.disposeActivation(ctx, l.rec.HostID, l.rec.SessionID, protocol.CauseParent); err != nil {
+			reply.Failed = append(reply.Failed, l.rec.SessionID)
+			continue
+		}
+		reply.Disposed = append(reply.Disposed, l.rec.SessionID)
+	}
+	if len(reply.Failed) > 0 {
+		return nil, protocol.NewError(protocol.CodeActivationTeardownFailed, map[string]any{
+			"reason": fmt.Sprintf("%d activations did not stop: %s", len(reply.Failed), strings.Join(reply.Failed, ", "))})
+	}
+	return reply, nil
+}
+
+// waitMark waits (briefly) until this replica's cache shows a drain marker,
+// so admission decisions that follow see it.
+func (c *Coordinator) waitMark(scope string) {
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, ok := c.agents.drainMarks()[scope]; ok {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func intersects(list []string, set map[string]bool) bool {
+	for _, x := range list {
+		if set[x] {
+			return true
+		}
+	}
+	return false
+}
+
+func sortDeepestFirst(ls []leaseState) {
+	for i := 1; i < len(ls); i++ {
+		for j := i; j > 0 && len(ls[j].rec.Ancestry) > len(ls[j-1].rec.Ancestry); j-- {
+			ls[j], ls[j-1] = ls[j-1], ls[j]
+		}
+	}
+}
+
+// childrenList lists a parent's children (or its descendants, in pre-order):
+// identity from each child's own descriptor; a damaged child is a diagnostic
+// row, never a failed list (upstream-behaviour §5.15).
+func (c *Coordinator) childrenList(ctx context.Context, req rpc.Request) (any, error) {
+	var r protocol.ChildrenListRequest
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	if !protocol.ValidID(r.Parent) {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "parent must be a valid session id")
+	}
+	switch {
+	case r.Authority.Grant != "":
+		if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
+			return nil, err
+		}
+	case r.Authority.Parent != nil:
+		if _, err := c.authorize(ctx, *r.Authority.Parent); err != nil {
+			return nil, err
+		}
+		if r.Authority.Parent.SessionID != r.Parent {
+			return nil, protocol.Errorf(protocol.CodeUnauthorized, "an agent lists only its own children")
+		}
+	default:
+		return nil, protocol.Errorf(protocol.CodeUnauthorized, "the parent's credential or a user grant is required")
+	}
+	var rows []protocol.ChildRow
+	seen := map[string]bool{r.Parent: true}
+	var walk func(parent string, depth int) error
+	walk = func(parent string, depth int) error {
+		idx, err := c.st.ChildIndex(ctx, parent)
+		if err != nil {
+			return err
+		}
+		for _, e := range idx {
+			if seen[e.ChildID] || len(rows) >= ChildRowsMax {
+				continue
+			}
+			seen[e.ChildID] = true
+			row := c.childRow(ctx, e)
+			if r.Descendants {
+				row.ParentID, row.Depth = parent, depth
+			}
+			sub, _ := c.st.ChildIndex(ctx, e.ChildID)
+			row.HasChildren = len(sub) > 0
+			rows = append(rows, row)
+			if r.Descendants && row.HasChildren {
+				if err := walk(e.ChildID, depth+1); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	if err := walk(r.Parent, 1); err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "list children: %v", err)
+	}
+	if rows == nil {
+		rows = []protocol.ChildRow{}
+	}
+	return protocol.ChildrenListReply{Rows: rows}, nil
+}
+
+// ChildRowsMax bounds one listing.
+const ChildRowsMax = 10000
+
+func (c *Coordinator) childRow(ctx context.Context, e protocol.ChildIndexRecord) protocol.ChildRow {
+	h, err := c.headers.get(ctx, c.st, e.ChildID)
+	if err != nil {
+		return protocol.ChildRow{Kind: protocol.RowDiagnostic, ID: e.ChildID, Reason: protocol.DiagnosticUnavailable}
+	}
+	row := protocol.ChildRow{Kind: protocol.RowChild, ID: e.ChildID, CreatedAt: h.CreatedAt, Activity: protocol.ActivityInactive, State: protocol.StateNone}
+	if l, ok := c.agents.get(e.ChildID); ok && c.leaseLive(l.rec) {
+		row.Activity, row.State = protocol.ActivityRunning, protocol.StateRunning
+	}
+	log, err := c.st.ReadLog(ctx, e.ChildID)
+	if err != nil {
+		return protocol.ChildRow{Kind: protocol.RowDiagnostic, ID: e.ChildID, Reason: protocol.DiagnosticUnavailable}
+	}
+	own := log.Events
+	if h.SeedLength <= int64(len(own)) {
+		own = own[h.SeedLength:]
+	}
+	var d *protocol.DescriptorData
+	for _, ev := range own { // last wins: the child's own descriptor
+		if ev.Type == protocol.EvSubagentDescriptor {
+			var x protocol.DescriptorData
+			if ev.Decode(&x) == nil && x.Version == protocol.DescriptorVersion {
+				d = &x
+			} else {
+				d = nil
+			}
+		}
+	}
+	if d == nil {
+		if row.Activity == protocol.ActivityRunning {
+			row.Kind, row.Reason = protocol.RowDiagnostic, "creating"
+			return row
+		}
+		return protocol.ChildRow{Kind: protocol.RowDiagnostic, ID: e.ChildID, Reason: protocol.DiagnosticCorrupt}
+	}
+	row.Mode, row.Label, row.Provider = d.Mode, d.Label, d.Provider
+	if d.Mode == protocol.ModeOneShot {
+		if _, ok := agent.LastTurnEnd(own); ok && row.Activity == protocol.ActivityRunning {
+			row.State = protocol.StateRunning
+		}
+	}
+	return row
+}
