@@ -110,8 +110,14 @@ type Root struct {
 // OpenRoot opens a root agent whose workspace is cwd (absolute) and keeps it
 // alive in the background, renewing at a third of its lease.
 func (c *Client) OpenRoot(ctx context.Context, cwd string) (*Root, error) {
+	return c.OpenRootWith(ctx, protocol.AgentsOpenRequest{Cwd: cwd})
+}
+
+// OpenRootWith is OpenRoot with every agents.open option: a reopenable root,
+// a lineage that narrows it, or the reopening of a reopenable root by id.
+func (c *Client) OpenRootWith(ctx context.Context, req protocol.AgentsOpenRequest) (*Root, error) {
 	var r protocol.AgentsOpenReply
-	if err := c.Call(ctx, protocol.EpAgentsOpen, protocol.AgentsOpenRequest{Cwd: cwd}, &r); err != nil {
+	if err := c.Call(ctx, protocol.EpAgentsOpen, req, &r); err != nil {
 		return nil, err
 	}
 	root := &Root{c: c, SessionID: r.SessionID, Credential: r.Credential, stop: make(chan struct{}), done: make(chan struct{})}

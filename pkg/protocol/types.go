@@ -294,6 +294,13 @@ type RunStatus struct {
 type AgentsOpenRequest struct {
 	Cwd   string `msgpack:"cwd" json:"cwd"`
 	Label string `msgpack:"label,omitempty" json:"label,omitempty"`
+	// Reopenable roots (origin OriginReopenable) may be reopened later by
+	// SessionID; Lineage narrows a new root to a delegation; SessionID
+	// reopens an existing reopenable root with a fresh credential (Cwd and
+	// Lineage are then ignored). See acp.go.
+	Reopenable bool         `msgpack:"reopenable,omitempty" json:"reopenable,omitempty"`
+	Lineage    *RootLineage `msgpack:"lineage,omitempty" json:"lineage,omitempty"`
+	SessionID  string       `msgpack:"sessionId,omitempty" json:"sessionId,omitempty"`
 }
 
 // AgentsOpenReply carries the root's session id and credential. The root is

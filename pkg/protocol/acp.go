@@ -1,0 +1,96 @@
+package protocol
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// This file is the part of the wire contract that concerns ACP (the Agent
+// Client Protocol, DESIGN.md §6): the log event that records an ACP child's
+// remote session, the lineage the ACP bridge passes in the `_meta` of
+// `session/new`, and the roots that `brood acp-agent` opens for its ACP
+// sessions.
+
+// EvACPSession is the log-only event the ACP bridge appends once the remote
+// agent answered `session/new` (or `session/load`): the ACP session id a
+// later turn prompts again, and whether the agent can load it after a
+// restart. It never reaches model history.
+const EvACPSession = "acp/session"
+
+// ACPSessionData is the data of acp/session. SessionID is the agent's ACP
+// session id; LoadSession records whether the agent advertised `session/load`
+// when this session was created or loaded (a cold resume without it is
+// NOT_RESUMABLE); Loaded marks a session that was re-attached with
+// `session/load` rather than created; Agent is the agent's self-description
+// (`agentInfo` name and version) when it sent one.
+type ACPSessionData struct {
+	SessionID       string `msgpack:"sessionId" json:"sessionId"`
+	LoadSession     bool   `msgpack:"loadSession" json:"loadSession"`
+	Loaded          bool   `msgpack:"loaded,omitempty" json:"loaded,omitempty"`
+	ProtocolVersion int64  `msgpack:"protocolVersion" json:"protocolVersion"`
+	Agent           string `msgpack:"agent,omitempty" json:"agent,omitempty"`
+}
+
+// ACPMetaKey is the key under `_meta` of `session/new` where the ACP bridge
+// puts an ACPLineage, so a Brood ACP agent never resets a depth limit or a
+// tool ceiling (DESIGN.md §7).
+const ACPMetaKey = "brood"
+
+// ACPLineage is the delegation an ACP child serves, as the ACP bridge passes
+// it to the agent (from the child's header): the delegating parent, the
+// child's delegation depth, and the ceilings every ancestor narrowed. A Brood
+// ACP agent opens its session's root with it; the coordinator only ever
+// narrows a root with it (RootLineage), never widens.
+type ACPLineage struct {
+	ParentSession   string      `json:"parentSession"`
+	DelegationDepth int64       `json:"delegationDepth"`
+	DepthCap        *int64      `json:"depthCap,omitempty"`
+	ToolCeiling     *ToolFilter `json:"toolCeiling,omitempty"`
+}
+
+// LineageOfHeader is the lineage an ACP child with header h passes on.
+func LineageOfHeader(h SessionHeader) ACPLineage {
+	return ACPLineage{ParentSession: h.ParentSession, DelegationDepth: h.DelegationDepth, DepthCap: h.DepthCap, ToolCeiling: h.ToolCeiling}
+}
+
+// Meta renders l as the `_meta` object of a `session/new` request.
+func (l ACPLineage) Meta() map[string]any {
+	return map[string]any{ACPMetaKey: l}
+}
+
+// LineageFromMeta reads the lineage from the `_meta` of `session/new`; nil
+// when there is none. A present but malformed entry is an error, so a bad
+// claim never silently becomes "no limits".
+func LineageFromMeta(meta map[string]any) (*ACPLineage, error) {
+	raw, ok := meta[ACPMetaKey]
+	if !ok || raw == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(raw)
+	if err != nil {
+		return nil, fmt.Errorf("_meta.%s: %w", ACPMetaKey, err)
+	}
+	var l ACPLineage
+	if err := json.Unmarshal(b, &l); err != nil {
+		return nil, fmt.Errorf("_meta.%s is not a Brood lineage: %w", ACPMetaKey, err)
+	}
+	return &l, nil
+}
+
+// RootLineage narrows a root opened with agents.open to the delegation it
+// serves (a Brood ACP agent driven by the ACP bridge). The coordinator checks
+// that ParentSession exists and takes, for each field, the narrower of the
+// claim and what the parent's header implies: depth at least the parent's
+// plus one, cap at most the parent's, ceiling intersected with the parent's.
+type RootLineage struct {
+	ParentSession   string      `msgpack:"parentSession" json:"parentSession"`
+	DelegationDepth int64       `msgpack:"delegationDepth" json:"delegationDepth"`
+	DepthCap        *int64      `msgpack:"depthCap,omitempty" json:"depthCap,omitempty"`
+	ToolCeiling     *ToolFilter `msgpack:"toolCeiling,omitempty" json:"toolCeiling,omitempty"`
+}
+
+// OriginReopenable marks the header of a root opened with
+// AgentsOpenRequest.Reopenable: a later agents.open naming its session id may
+// make it live again once no live agent holds it (`session/load` of
+// `brood acp-agent` after a restart). No other session can be reopened.
+const OriginReopenable = "reopenable-root"
