@@ -295,3 +295,176 @@ func TestPendingItemsWithoutActivationAreResumed(t *testing.T) {
 		return len(claims) == 2 && claims[1] == mid
 	}, "the pending item is claimed by a resumed activation")
 }
+
+func grant(t *testing.T, s *testutil.Stack) protocol.Authority {
+	t.Helper()
+	g, err := s.Client.UserGrant(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return protocol.Authority{Grant: g.Grant}
+}
+
+func TestDrainScopes(t *testing.T) {
+	s := contStack(t)
+	ctx := context.Background()
+	user := grant(t, s)
+	long := "sleep 30s\nsay never"
+
+	t.Run("children of one parent", func(t *testing.T) {
+		root := s.Root()
+		c1 := startCont(t, s, root.Ref(), long)
+		c2 := startCont(t, s, root.Ref(), long)
+		waitState(t, s, c1.ChildID, ref(root), protocol.StateRunning, 5*time.Second)
+		p := root.Ref()
+		r, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: protocol.Authority{Parent: &p}, Parent: root.SessionID, Children: []string{c1.ChildID}})
+		if err != nil || len(r.Disposed) != 1 || r.Disposed[0] != c1.ChildID {
+			t.Fatalf("drain = %+v, %v", r, err)
+		}
+		if st := state(t, s, c1.ChildID, ref(root)); st != protocol.StateNone {
+			t.Fatalf("drained child is %s", st)
+		}
+		if st := state(t, s, c2.ChildID, ref(root)); st != protocol.StateRunning {
+			t.Fatalf("the sibling was touched: %s", st)
+		}
+		// A stranger may not drain them.
+		other := s.Root().Ref()
+		if _, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: protocol.Authority{Parent: &other}, Parent: root.SessionID, Children: []string{c2.ChildID}}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+			t.Fatalf("stranger drain = %v", err)
+		}
+	})
+
+	t.Run("descendants of a parent", func(t *testing.T) {
+		root := s.Root()
+		elsewhere := s.Root()
+		c := startCont(t, s, root.Ref(), "call subagent {\"description\":\"g\",\"prompt\":\"sleep 30s\",\"run_in_background\":true}\nsay started")
+		unrelated := startCont(t, s, elsewhere.Ref(), long)
+		waitState(t, s, c.ChildID, ref(root), protocol.StateWaiting, 5*time.Second)
+		r, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: user, Parents: []string{root.SessionID}})
+		if err != nil || len(r.Disposed) != 2 {
+			t.Fatalf("drain = %+v, %v", r, err)
+		}
+		if r.Disposed[1] != c.ChildID {
+			t.Fatalf("disposal order %v: the grandchild must go first", r.Disposed)
+		}
+		if st := state(t, s, unrelated.ChildID, ref(elsewhere)); st != protocol.StateRunning {
+			t.Fatalf("an unrelated tree was touched: %s", st)
+		}
+		// Admission below the draining root answers DRAINING while it stays live.
+		_, err = s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "x", Prompt: protocol.Text("say x")})
+		if protocol.CodeOf(err) != protocol.CodeDraining {
+			t.Fatalf("start below a draining root = %v", err)
+		}
+		// The durable session stays resumable from elsewhere (a grant, once the root is gone).
+		_ = root.Close(ctx)
+		followup(t, s, c.ChildID, user, "say back")
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			_, evs := s.Log(c.ChildID)
+			_, answers, _ := turnsOf(evs)
+			return len(answers) > 0 && answers[len(answers)-1] == "back"
+		}, "resumed after the drain")
+	})
+
+	t.Run("everything", func(t *testing.T) {
+		root := s.Root()
+		a := startCont(t, s, root.Ref(), long)
+		b := startCont(t, s, root.Ref(), long)
+		waitState(t, s, b.ChildID, ref(root), protocol.StateRunning, 5*time.Second)
+		r, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: user})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]bool{}
+		for _, id := range r.Disposed {
+			got[id] = true
+		}
+		if !got[a.ChildID] || !got[b.ChildID] {
+			t.Fatalf("drain disposed %v", r.Disposed)
+		}
+		for _, id := range []string{a.ChildID, b.ChildID} {
+			if st := state(t, s, id, ref(root)); st != protocol.StateNone {
+				t.Fatalf("%s is %s after the drain", id, st)
+			}
+		}
+		// Drains need a user grant.
+		p := root.Ref()
+		if _, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: protocol.Authority{Parent: &p}}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+			t.Fatalf("drain without a grant = %v", err)
+		}
+	})
+}
+
+func TestInterruptParksTheQueue(t *testing.T) {
+	s := contStack(t)
+	root := s.Root()
+	c := startCont(t, s, root.Ref(), "sleep 30s\nsay never")
+	queued := followup(t, s, c.ChildID, ref(root), "say queued")
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		_, evs := s.Log(c.ChildID)
+		return len(evs) >= 4
+	}, "the first turn runs")
+	if err := s.Client.Interrupt(context.Background(), c.ChildID, grant(t, s)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		_, evs := s.Log(c.ChildID)
+		_, _, ends := turnsOf(evs)
+		return len(ends) == 1
+	}, "the turn is interrupted")
+	// The queued message stays parked: nothing runs until the next send.
+	time.Sleep(300 * time.Millisecond)
+	_, evs := s.Log(c.ChildID)
+	claims, _, ends := turnsOf(evs)
+	if len(claims) != 1 || ends[0] != protocol.TurnAborted {
+		t.Fatalf("after the interrupt: claims %v ends %v", claims, ends)
+	}
+	if st := state(t, s, c.ChildID, ref(root)); st == protocol.StateNone {
+		t.Fatal("the parked child settled and dropped its queue")
+	}
+	after := followup(t, s, c.ChildID, ref(root), "say after")
+	waitState(t, s, c.ChildID, ref(root), protocol.StateNone, 10*time.Second)
+	_, evs = s.Log(c.ChildID)
+	claims, answers, _ := turnsOf(evs)
+	if strings.Join(claims[1:], ",") != queued+","+after || strings.Join(answers, ",") != "queued,after" {
+		t.Fatalf("claims %v answers %v: the parked item runs first, then the new one", claims, answers)
+	}
+}
+
+func TestDurabilityFailedWhenTheLogRefusesTheFinalFlush(t *testing.T) {
+	s := contStack(t)
+	ctx := context.Background()
+	root := s.Root()
+	c := startCont(t, s, root.Ref(), "sleep 700ms\nsay done")
+	testutil.Eventually(t, 5*time.Second, func() bool { _, evs := s.Log(c.ChildID); return len(evs) >= 3 }, "turn opened")
+	// The log stream stops accepting writes; core NATS and the other streams stay up.
+	info, err := s.Store.Log.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	cfg.MaxMsgs = int64(info.State.Msgs)
+	if _, err := s.Store.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, s, c.ChildID, ref(root), protocol.StateNone, 10*time.Second)
+	var end protocol.LifecycleEvent
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		for _, ev := range lifecycleOf(t, s, root.SessionID) {
+			if ev.Type == protocol.LifecycleEnd && ev.ID == c.ChildID {
+				end = ev
+				return true
+			}
+		}
+		return false
+	}, "subagent/end")
+	if end.StopReason != protocol.StopError || end.ErrorCode != protocol.CodeDurabilityFailed {
+		t.Fatalf("end = %+v", end)
+	}
+	rec, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, end.RunID)
+	if err != nil || rec.Value.Result.ErrorCode != protocol.CodeDurabilityFailed {
+		t.Fatalf("epoch record = %+v, %v", rec.Value.Result, err)
+	}
+	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, c.ChildID); err == nil {
+		t.Fatal("the activation still holds its lease")
+	}
+}

@@ -39,7 +39,12 @@ type Stack struct {
 // coordinators and workers with the Add methods.
 func NewStack(t testing.TB) *Stack {
 	t.Helper()
-	s := Server(t)
+	return StackOn(t, Server(t))
+}
+
+// StackOn is NewStack on a server the test started (to restart it).
+func StackOn(t testing.TB, s *embedded.Server) *Stack {
+	t.Helper()
 	nc := Connect(t, s.ClientURL())
 	st := Store(t, nc)
 	cl, err := client.New(nc, client.Options{AwaitFallback: 2 * time.Second})

@@ -251,6 +251,12 @@ func (a *activation) loop() {
 			a.sleep(wait)
 			continue
 		}
+		if a.isParked() {
+			// Interrupted with work queued: stay resident, the queue parked,
+			// until the next send (upstream-behaviour §5.11).
+			a.sleep(ActivationRecheck)
+			continue
+		}
 		owned, err := a.ownsLiveChildren()
 		if err != nil {
 			log.Warn("ownership read failed; retrying", "err", err)
@@ -362,13 +368,21 @@ func (a *activation) isParked() bool {
 	if err != nil {
 		return true
 	}
+	parkedWork := false
 	for _, it := range items {
+		parkedWork = parkedWork || it.Delivery != store.DeliveryQuiet
 		if !seen[it.Seq] {
 			a.mu.Lock()
 			a.parked, a.parkedSeen = false, nil
 			a.mu.Unlock()
 			return false
 		}
+	}
+	if !parkedWork { // nothing was queued: the interrupt parks nothing
+		a.mu.Lock()
+		a.parked, a.parkedSeen = false, nil
+		a.mu.Unlock()
+		return false
 	}
 	return true
 }
@@ -395,7 +409,7 @@ func (a *activation) trySettle() bool {
 	items, err := a.sess.Unclaimed(a.ctx, a.inbox)
 	if err == nil {
 		for _, it := range items {
-			if it.Delivery != store.DeliveryQuiet && !a.parkedSeen[it.Seq] {
+			if it.Delivery != store.DeliveryQuiet {
 				a.mu.Lock()
 				a.closing = false
 				a.mu.Unlock()

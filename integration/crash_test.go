@@ -1,0 +1,97 @@
+package integration
+
+import (
+	"context"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/internal/embedded"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// TestKilledHostLosesNoAcceptedMessage: the worker hosting a continuable
+// child is killed (SIGKILL) mid-turn with followups queued; a second worker
+// resumes the child, and every accepted messageId appears in the child's log
+// exactly once, in order.
+func TestKilledHostLosesNoAcceptedMessage(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = 300 * time.Millisecond })
+	w1 := spawnWorkerProc(t, s.Server.ClientURL())
+	s.WaitProvider("spawn")
+	root := s.Root()
+	start := startCont(t, s, root.Ref(), "sleep 1500ms\nsay one")
+	m2 := followup(t, s, start.ChildID, ref(root), "say two")
+	m3 := followup(t, s, start.ChildID, ref(root), "say three")
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		_, evs := s.Log(start.ChildID)
+		claims, _, _ := turnsOf(evs)
+		return len(claims) == 1
+	}, "the first message is claimed and its turn runs")
+	if err := w1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	m4 := followup(t, s, start.ChildID, ref(root), "say four") // accepted while no host serves the child
+	spawnWorkerProc(t, s.Server.ClientURL())
+	want := []string{start.MessageID, m2, m3, m4}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		_, evs := s.Log(start.ChildID)
+		claims, _, _ := turnsOf(evs)
+		return len(claims) == len(want)
+	}, "every accepted message is claimed after the resume")
+	waitState(t, s, start.ChildID, ref(root), protocol.StateNone, 10*time.Second)
+	_, evs := s.Log(start.ChildID)
+	claims, answers, ends := turnsOf(evs)
+	if strings.Join(claims, ",") != strings.Join(want, ",") {
+		t.Fatalf("claims = %v, want %v exactly once each, in order", claims, want)
+	}
+	if ends[0] != protocol.TurnInterrupted || strings.Join(answers, ",") != "two,three,four" {
+		t.Fatalf("ends %v, answers %v", ends, answers)
+	}
+}
+
+// TestServerRestartLosesNoAcceptedMessage: the embedded server restarts on
+// the same store while a continuable child has work queued; every accepted
+// message is claimed exactly once afterwards.
+func TestServerRestartLosesNoAcceptedMessage(t *testing.T) {
+	dir := t.TempDir()
+	port, err := embedded.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: port, DataDir: dir, ServerName: "restart"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := testutil.StackOn(t, srv)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = 300 * time.Millisecond })
+	s.AddSpawnWorker()
+	root := s.Root()
+	start := startCont(t, s, root.Ref(), "sleep 1s\nsay one")
+	m2 := followup(t, s, start.ChildID, ref(root), "say two")
+	srv.Shutdown()
+	srv, err = embedded.Start(embedded.Config{Host: "127.0.0.1", Port: port, DataDir: dir, ServerName: "restart"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	var m3 string
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		mid, err := s.Client.Followup(context.Background(), protocol.FollowupRequest{ChildID: start.ChildID, Authority: ref(root), Message: protocol.Text("say three")})
+		m3 = mid
+		return err == nil
+	}, "the deployment accepts followups again")
+	want := []string{start.MessageID, m2, m3}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, evs := s.Log(start.ChildID)
+		claims, _, _ := turnsOf(evs)
+		return len(claims) >= len(want)
+	}, "every accepted message is claimed")
+	_, evs := s.Log(start.ChildID)
+	claims, _, _ := turnsOf(evs)
+	if strings.Join(claims, ",") != strings.Join(want, ",") {
+		t.Fatalf("claims = %v, want %v", claims, want)
+	}
+}
