@@ -468,3 +468,105 @@ func TestDurabilityFailedWhenTheLogRefusesTheFinalFlush(t *testing.T) {
 		t.Fatal("the activation still holds its lease")
 	}
 }
+
+func TestReportsAndListing(t *testing.T) {
+	s := contStack(t)
+	ctx := context.Background()
+	root := s.Root()
+	// The child starts a grandchild in the background, then the grandchild
+	// reports to it and the child lists its own children.
+	c := startCont(t, s, root.Ref(),
+		"call subagent {\"description\":\"reporter\",\"prompt\":\"call report {\\\"output\\\":\\\"found it\\\"}\\nsay reported\",\"run_in_background\":true}\nsay started")
+	waitState(t, s, c.ChildID, ref(root), protocol.StateNone, 15*time.Second)
+	_, evs := s.Log(c.ChildID)
+	var report, notice bool
+	for _, ev := range evs {
+		var d protocol.UserMessageData
+		if ev.Type != protocol.EvUserMessage || ev.Decode(&d) != nil {
+			continue
+		}
+		switch d.Source.Kind {
+		case protocol.SourceSubagentReport:
+			report = strings.Contains(protocol.PlainText(d.Content), "found it")
+		case protocol.SourceSubagentSettled:
+			notice = report // the report precedes the settlement notice
+		}
+	}
+	if !report || !notice {
+		t.Fatalf("report %v, notice after it %v", report, notice)
+	}
+	followup(t, s, c.ChildID, ref(root), "call list_agents {}\nsay listed")
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, evs := s.Log(c.ChildID)
+		_, answers, _ := turnsOf(evs)
+		return len(answers) > 0 && answers[len(answers)-1] == "listed"
+	}, "list_agents ran")
+	_, evs = s.Log(c.ChildID)
+	var listing string
+	for _, ev := range evs {
+		var d protocol.ToolResultData
+		if ev.Type == protocol.EvToolResult && ev.Decode(&d) == nil && d.Name == "list_agents" {
+			listing = protocol.PlainText(d.Content)
+		}
+	}
+	if !strings.Contains(listing, "— reporter") || !strings.Contains(listing, "[ready]") {
+		t.Fatalf("list_agents = %q", listing)
+	}
+	// A damaged child is a diagnostic row, not a failed list.
+	damaged := protocol.SessionHeader{Version: 1, ID: "DAMAGED", CreatedAt: 1, ParentSession: root.SessionID, Origin: protocol.OriginSubagent}
+	if err := s.Store.PutHeader(ctx, damaged); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Store.PutChildIndex(ctx, root.SessionID, protocol.ChildIndexRecord{ChildID: "DAMAGED", CreatedAt: 1, Mode: protocol.ModeContinuable}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := s.Client.Children(ctx, protocol.ChildrenListRequest{Parent: root.SessionID, Authority: ref(root), Descendants: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]string{}
+	for _, r := range rows {
+		kinds[r.ID] = r.Kind + "/" + r.Mode + r.Reason
+		if r.ID == c.ChildID && (!r.HasChildren || r.Depth != 1) {
+			t.Errorf("row of the child = %+v", r)
+		}
+	}
+	if kinds[c.ChildID] != "child/continuable" || kinds["DAMAGED"] != "diagnostic/corrupt" || len(rows) != 3 {
+		t.Fatalf("rows = %+v", rows)
+	}
+	// Only the parent (or the user) lists its children.
+	stranger := s.Root()
+	if _, err := s.Client.Children(ctx, protocol.ChildrenListRequest{Parent: root.SessionID, Authority: ref(stranger)}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+		t.Fatalf("stranger listing = %v", err)
+	}
+}
+
+func TestSendMessageAndInterruptTools(t *testing.T) {
+	s := contStack(t)
+	root := s.Root()
+	// The child starts a slow grandchild, interrupts it, then sends it a message.
+	c := startCont(t, s, root.Ref(),
+		"call subagent {\"description\":\"slow\",\"prompt\":\"sleep 30s\\nsay never\",\"run_in_background\":true}\nsay started")
+	waitState(t, s, c.ChildID, ref(root), protocol.StateWaiting, 10*time.Second)
+	_, evs := s.Log(c.ChildID)
+	grand := ""
+	for _, ev := range evs {
+		var d protocol.ToolResultData
+		if ev.Type == protocol.EvToolResult && ev.Decode(&d) == nil {
+			grand = d.Meta["childId"]
+		}
+	}
+	g := grant(t, s)
+	followup(t, s, c.ChildID, g, "call interrupt_agent {\"agent_id\":\""+grand+"\"}\nsleep 1ms\ncall send_message {\"subagent_id\":\""+grand+"\",\"message\":\"say woken\"}\nsay sent")
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		_, gevs := s.Log(grand)
+		_, answers, _ := turnsOf(gevs)
+		return len(answers) > 0 && answers[len(answers)-1] == "woken"
+	}, "the grandchild ran the message its parent sent")
+	_, gevs := s.Log(grand)
+	_, _, ends := turnsOf(gevs)
+	if ends[0] != protocol.TurnAborted {
+		t.Fatalf("grandchild turn ends %v: the first turn was interrupted", ends)
+	}
+	waitState(t, s, c.ChildID, ref(root), protocol.StateNone, 15*time.Second)
+}

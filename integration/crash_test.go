@@ -95,3 +95,48 @@ func TestServerRestartLosesNoAcceptedMessage(t *testing.T) {
 		t.Fatalf("claims = %v, want %v", claims, want)
 	}
 }
+
+// TestKilledCoordinatorLosesNoAcceptedMessage: a coordinator replica is
+// killed (SIGKILL) while followups flow through the queue group; callers
+// retry with the same idempotency key, and every message is accepted and
+// claimed exactly once, in order.
+func TestKilledCoordinatorLosesNoAcceptedMessage(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	c2 := startProc(t, "coordinator", "--nats", s.Server.ClientURL(), "--log-level", "info",
+		"--heartbeat", testutil.TestHeartbeat.String(), "--host-expiry", testutil.TestHostExpiry.String())
+	c2.waitStderr(t, "coordinator serving", 10*time.Second)
+	s.AddSpawnWorker()
+	root := s.Root()
+	start := startCont(t, s, root.Ref(), "say zero")
+	want := []string{start.MessageID}
+	for i := 0; i < 12; i++ {
+		if i == 4 {
+			if err := c2.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+		key := "k" + string(rune('a'+i))
+		var mid string
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			m, err := s.Client.Followup(ctx, protocol.FollowupRequest{
+				ChildID: start.ChildID, Authority: ref(root), Message: protocol.Text("say m" + key), IdempotencyKey: key,
+			})
+			mid = m
+			return err == nil
+		}, "followup %d accepted", i)
+		want = append(want, mid)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		_, evs := s.Log(start.ChildID)
+		claims, _, _ := turnsOf(evs)
+		return len(claims) >= len(want)
+	}, "every message claimed")
+	_, evs := s.Log(start.ChildID)
+	claims, _, _ := turnsOf(evs)
+	if strings.Join(claims, ",") != strings.Join(want, ",") {
+		t.Fatalf("claims = %v\nwant     %v", claims, want)
+	}
+}
