@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/brood
 PKGS    := ./...
 
-.PHONY: all build run test test-short bench chaos vet fmt clean
+.PHONY: all build run test test-short bench chaos vet fmt clean acp-deps
 
 all: build
 
@@ -16,10 +16,10 @@ run: build
 	./scripts/demo.sh $(BIN)
 
 # Unit and integration tests on embedded servers, with the race detector.
-test: vet
+test: vet acp-deps
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
-test-short:
+test-short: acp-deps
 	$(GO) test -count=1 -timeout 10m $(PKGS)
 
 vet:
@@ -33,5 +33,20 @@ bench:
 fmt:
 	gofmt -w .
 
+# What the ACP tests run against (DESIGN.md §6), from the registries this
+# machine reaches: the ACP Go SDK's example agent (Go module proxy; the
+# binary is .deps/bin/agent) and, pinned by integration/testdata/acp's
+# package-lock.json, @zed-industries/codex-acp and the ACP TypeScript SDK
+# (npm registry). npm ci runs again only when the manifest changes.
+ACP_GO_SDK_VERSION := v0.13.0
+ACP_NPM_DIR        := integration/testdata/acp
+
+acp-deps: $(ACP_NPM_DIR)/node_modules/.installed
+	GOBIN=$(CURDIR)/.deps/bin $(GO) install github.com/coder/acp-go-sdk/example/agent@$(ACP_GO_SDK_VERSION)
+
+$(ACP_NPM_DIR)/node_modules/.installed: $(ACP_NPM_DIR)/package.json $(ACP_NPM_DIR)/package-lock.json
+	cd $(ACP_NPM_DIR) && npm ci --no-audit --no-fund
+	touch $@
+
 clean:
-	rm -rf bin
+	rm -rf bin .deps $(ACP_NPM_DIR)/node_modules

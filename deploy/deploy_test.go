@@ -374,11 +374,18 @@ var permCases = []permCase{
 	{user: "client", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG.C1.brood.v1.log.S1", allowed: true},
 	{user: "client", subject: "$JS.API.CONSUMER.CREATE.BROOD_EVENTS.C1", allowed: true},
 	{user: "client", subject: "$SRV.PING.brood-coordinator", allowed: true},
-	// Workers write session logs and lifecycle events, not headers or inboxes.
+	// Workers write session logs, lifecycle events and settlement notices
+	// (into a parent's inbox), never headers or the child index.
 	{user: "worker", subject: "brood.v1.log.S1", allowed: true},
 	{user: "worker", subject: "brood.v1.events.S1.start", allowed: true},
 	{user: "worker", subject: "brood.v1.session.S1"},
-	{user: "worker", subject: "brood.v1.inbox.S1"},
+	{user: "worker", subject: "brood.v1.children.P1.S1"},
+	{user: "worker", subject: "brood.v1.inbox.S1", allowed: true},
+	{user: "worker", subject: "brood.v1.wake.S1", allowed: true},
+	{user: "coordinator", subject: "brood.v1.children.P1.S1", allowed: true},
+	{user: "coordinator", subject: "brood.v1.wake.S1", allowed: true},
+	{user: "client", subject: "brood.v1.children.P1.S1"},
+	{user: "worker", sub: true, subject: "brood.v1.wake.S1", allowed: true},
 	{user: "worker", subject: "$JS.API.STREAM.DELETE.BROOD_LOG"},
 	{user: "worker", subject: "$KV.brood_hosts.H1", allowed: true},
 	{user: "coordinator", subject: "brood.v1.provider.spawn.start", allowed: true},

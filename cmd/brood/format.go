@@ -142,6 +142,14 @@ func formatEvent(ev protocol.SessionEvent, h protocol.SessionHeader) string {
 				detail += " label " + clip(d.Label)
 			}
 		}
+	case protocol.EvACPSession:
+		var d protocol.ACPSessionData
+		if ev.Decode(&d) == nil {
+			detail = fmt.Sprintf("ACP session %s of %q, loadSession %v", d.SessionID, d.Agent, d.LoadSession)
+			if d.Loaded {
+				detail += " (loaded)"
+			}
+		}
 	case protocol.EvSessionEndSeed:
 		detail = "──── end of the inherited seed; the child's own events follow ────"
 	}

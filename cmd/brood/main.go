@@ -52,8 +52,9 @@ func main() {
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (services default info, client verbs warn)")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 10*time.Second, "timeout of each coordinator request")
 	root.AddCommand(
-		devCmd(g), coordinatorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g),
+		devCmd(g), coordinatorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g), acpBridgeCmd(g), acpAgentCmd(g),
 		providersCmd(g), runCmd(g), logCmd(g),
+		startCmd(g), followupCmd(g), stateCmd(g), childrenCmd(g), drainCmd(g), watchCmd(g),
 	)
 	err := root.Execute()
 	if err == nil {

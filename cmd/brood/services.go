@@ -19,6 +19,7 @@ import (
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
+	acpbridge "github.com/brood-dev/brood/services/acp-bridge"
 	"github.com/brood-dev/brood/services/coordinator"
 	forkworker "github.com/brood-dev/brood/services/fork-worker"
 	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
@@ -264,10 +265,18 @@ func devCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			acpAgents, err := devACPAgents(ns.ClientURL(), g.prefix, mf)
+			if err != nil {
+				return err
+			}
+			bridge, err := newACPBridge(nc, st, t, acpAgents, acpbridge.Options{Logger: log}, log)
+			if err != nil {
+				return err
+			}
 			fmt.Printf("brood dev: NATS client URL %s\n", ns.ClientURL())
 			fmt.Printf("brood dev: data in %s; JetStream %s\n", dir, ns.FsyncMode())
-			fmt.Printf("brood dev: providers spawn, fork; model %s; Ctrl-C drains and exits\n", mf.kind)
-			err = serve(c, spawn, fork)
+			fmt.Printf("brood dev: providers spawn, fork, acp; model %s; Ctrl-C drains and exits\n", mf.kind)
+			err = serve(c, spawn, fork, bridge)
 			_ = nc.Drain()
 			return err
 		},

@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"time"
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -57,15 +59,15 @@ func (a *Agent) cursor() (seen, done map[protocol.Seq]bool) {
 // first, and removes leftovers already done (claimed by a predecessor that
 // died before deleting them).
 func (a *Agent) Unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, error) {
-	items, _, err := a.unclaimed(ctx, in)
-	return items, err
+	return UnclaimedOf(ctx, a.Events(), in, a.log)
 }
 
-func (a *Agent) unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, map[protocol.Seq]bool, error) {
-	seen, done := a.cursor()
+// UnclaimedOf is Unclaimed for any session, given its events.
+func UnclaimedOf(ctx context.Context, events []protocol.SessionEvent, in Inbox, log *slog.Logger) ([]store.InboxItem, error) {
+	_, done := InboxCursor(events)
 	items, err := in.Pending(ctx, 0)
 	if err != nil {
-		return nil, seen, err
+		return nil, err
 	}
 	var out []store.InboxItem
 	var stale []protocol.Seq
@@ -78,10 +80,23 @@ func (a *Agent) unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, map
 	}
 	if len(stale) > 0 {
 		if err := in.Remove(ctx, stale...); err != nil {
-			a.log.Warn("could not remove claimed inbox items", "err", err)
+			log.Warn("could not remove claimed inbox items", "err", err)
 		}
 	}
-	return out, seen, nil
+	return out, nil
+}
+
+func (a *Agent) unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, map[protocol.Seq]bool, error) {
+	seen, _ := a.cursor()
+	items, err := UnclaimedOf(ctx, a.Events(), in, a.log)
+	return items, seen, err
+}
+
+// TurnOpener is what claiming a turn needs of a session: its events and a
+// way to open a turn (*Agent, the ACP bridge's session).
+type TurnOpener interface {
+	Events() []protocol.SessionEvent
+	OpenTurn(ctx context.Context, in Input) (Outcome, bool)
 }
 
 // ClaimNext opens a turn with the oldest unclaimed inbox item that wakes the
@@ -90,7 +105,14 @@ func (a *Agent) unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, map
 // was never seen) before the turn uses it, then the item leaves the inbox.
 // claimed is false when nothing is waiting.
 func (a *Agent) ClaimNext(ctx context.Context, in Inbox) (out Outcome, claimed bool, err error) {
-	items, seen, err := a.unclaimed(ctx, in)
+	return ClaimNextOf(ctx, a, in, a.log)
+}
+
+// ClaimNextOf is ClaimNext for any session that opens turns.
+func ClaimNextOf(ctx context.Context, s TurnOpener, in Inbox, log *slog.Logger) (out Outcome, claimed bool, err error) {
+	events := s.Events()
+	seen, _ := InboxCursor(events)
+	items, err := UnclaimedOf(ctx, events, in, log)
 	if err != nil {
 		return Outcome{}, false, err
 	}
@@ -105,21 +127,23 @@ func (a *Agent) ClaimNext(ctx context.Context, in Inbox) (out Outcome, claimed b
 	if !found {
 		return Outcome{}, false, nil
 	}
-	var extra eventBuf
+	var before []protocol.SessionEvent
 	if !seen[it.Seq] {
-		extra.add(a, protocol.EvInboxEnqueue, protocol.InboxEnqueueData{MessageID: it.MessageID, InboxSeq: it.Seq, Source: it.Source})
+		ev, err := protocol.NewEvent(protocol.EvInboxEnqueue, time.Now().UnixMilli(),
+			protocol.InboxEnqueueData{MessageID: it.MessageID, InboxSeq: it.Seq, Source: it.Source})
+		if err != nil {
+			return Outcome{}, false, err
+		}
+		before = append(before, ev)
 	}
-	if extra.err != nil {
-		return Outcome{}, false, extra.err
-	}
-	out, ok := a.OpenTurn(ctx, Input{
-		Content: it.Content, Source: it.Source, MessageID: it.MessageID, InboxSeq: it.Seq, Before: extra.evs,
+	out, ok := s.OpenTurn(ctx, Input{
+		Content: it.Content, Source: it.Source, MessageID: it.MessageID, InboxSeq: it.Seq, Before: before,
 	})
 	if !ok {
 		return out, false, nil
 	}
 	if err := in.Remove(ctx, it.Seq); err != nil {
-		a.log.Warn("claimed inbox item not removed; it is skipped by its logged claim", "seq", it.Seq, "err", err)
+		log.Warn("claimed inbox item not removed; it is skipped by its logged claim", "seq", it.Seq, "err", err)
 	}
 	return out, true, nil
 }

@@ -191,3 +191,21 @@ func TestInboxIdempotencyAndLimit(t *testing.T) {
 		t.Fatalf("4th item = %v, want LIMIT_EXCEEDED", err)
 	}
 }
+
+func TestIdempotentRetryAfterTheClaimAnswersTheOriginalID(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	first := enqueue(t, st, "C", "say hi", "retry-key")
+	a := materialize(t, st, "C")
+	if _, ok, err := a.ClaimNext(ctx, st.InboxOf("C")); !ok || err != nil {
+		t.Fatalf("claim: %v %v", ok, err)
+	}
+	a.RunSteps(ctx)
+	if again := enqueue(t, st, "C", "say hi", "retry-key"); again != first {
+		t.Fatalf("retry after the claim got %q, want the original %s", again, first)
+	}
+	if items, _ := st.InboxOf("C").Pending(ctx, 0); len(items) != 0 {
+		t.Fatal("the retry was stored twice")
+	}
+}

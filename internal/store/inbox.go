@@ -83,8 +83,12 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 		if m, gerr := s.Inbox.GetMsg(ctx, ack.Sequence); gerr == nil {
 			return m.Header.Get(protocol.HeaderMessageID), protocol.Seq(ack.Sequence), nil
 		}
-		return "", protocol.Seq(ack.Sequence), protocol.Errorf(protocol.CodeInvalidArgument,
-			"idempotency key %q was already used and its message was claimed", idempotencyKey)
+		// Already claimed (and so deleted): its claim in the log names it.
+		if id := s.claimedMessageID(ctx, sessionID, protocol.Seq(ack.Sequence)); id != "" {
+			return id, protocol.Seq(ack.Sequence), nil
+		}
+		return "", protocol.Seq(ack.Sequence), protocol.Errorf(protocol.CodeUnavailable,
+			"idempotency key %q was already used; its message could not be found again, retry later", idempotencyKey)
 	}
 	return item.MessageID, protocol.Seq(ack.Sequence), nil
 }
@@ -144,4 +148,29 @@ func (in *SessionInbox) Remove(ctx context.Context, seqs ...protocol.Seq) error 
 		}
 	}
 	return nil
+}
+
+// claimedMessageID finds the messageId of an inbox item that was claimed or
+// discarded, from the session log that recorded it.
+func (s *Store) claimedMessageID(ctx context.Context, sessionID string, seq protocol.Seq) string {
+	log, err := s.ReadLog(ctx, sessionID)
+	if err != nil {
+		return ""
+	}
+	for i := len(log.Events) - 1; i >= 0; i-- {
+		ev := log.Events[i]
+		switch ev.Type {
+		case protocol.EvInboxDequeue:
+			var d protocol.InboxDequeueData
+			if ev.Decode(&d) == nil && d.InboxSeq == seq {
+				return d.MessageID
+			}
+		case protocol.EvInboxDiscard:
+			var d protocol.InboxDiscardData
+			if ev.Decode(&d) == nil && d.InboxSeq == seq {
+				return d.MessageID
+			}
+		}
+	}
+	return ""
 }

@@ -318,6 +318,34 @@ func (s *Store) PutChildIndex(ctx context.Context, parent string, rec protocol.C
 	return err
 }
 
+// PutChildIndexAsync is PutChildIndex off the caller's path: the index serves
+// listings, which tolerate an entry arriving a moment after the header.
+func (s *Store) PutChildIndexAsync(parent string, rec protocol.ChildIndexRecord, onErr func(error)) {
+	data, err := protocol.Marshal(protocol.Msgpack, rec)
+	if err != nil {
+		onErr(err)
+		return
+	}
+	msg := nats.NewMsg(s.Subj.Children(parent, rec.ChildID))
+	msg.Data = data
+	fut, err := s.JS.PublishMsgAsync(msg, jetstream.WithExpectLastSequencePerSubject(0))
+	if err != nil {
+		onErr(err)
+		return
+	}
+	go func() {
+		select {
+		case <-fut.Ok():
+		case err := <-fut.Err():
+			if !isWrongLastSeq(err) {
+				onErr(err)
+			}
+		case <-time.After(10 * time.Second):
+			onErr(errors.New("no acknowledgement of the child index entry within 10s"))
+		}
+	}()
+}
+
 // ChildIndex returns a parent's child index in creation order.
 func (s *Store) ChildIndex(ctx context.Context, parent string) ([]protocol.ChildIndexRecord, error) {
 	var out []protocol.ChildIndexRecord

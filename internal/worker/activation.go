@@ -44,6 +44,7 @@ type activation struct {
 	childID  string
 	header   protocol.SessionHeader
 	provider string
+	remote   bool
 	runID    string
 	runRev   uint64
 	epoch    int64
@@ -135,7 +136,7 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	lw := h.st.NewLogWriter(req.ChildID, lastSubjSeq, int64(len(events)))
 
 	a := &activation{
-		h: h, childID: req.ChildID, header: req.Header, provider: req.Descriptor.Provider, runID: req.RunID,
+		h: h, childID: req.ChildID, header: req.Header, provider: req.Descriptor.Provider, remote: p.Descriptor().Remote, runID: req.RunID,
 		runRev: uint64(req.RunRevision), epoch: 1, owner: req.Owner, leaseRev: leaseRev,
 		inbox: h.st.InboxOf(req.ChildID), wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
@@ -189,6 +190,13 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 		}
 		a.subs = append(a.subs, sub)
 	}
+	// The wake subscriptions must be known to the server before anyone is
+	// told the activation is ready, or the first prompt's wake is lost.
+	if err := h.cfg.NC.FlushTimeout(5 * time.Second); err != nil {
+		a.unsubscribe()
+		release()
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "flush the inbox subscription: %v", err)
+	}
 	a.ctx, a.dispose = context.WithCancelCause(context.Background())
 	h.mu.Lock()
 	if h.draining {
@@ -201,7 +209,7 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	h.mu.Unlock()
 	h.st.PublishEvent(protocol.LifecycleEvent{
 		Type: protocol.LifecycleStart, RunID: a.runID, Provider: a.provider, ID: a.childID,
-		ParentSession: a.header.ParentSession, Local: true, Mode: protocol.ModeContinuable, Time: store.NowMs(),
+		ParentSession: a.header.ParentSession, Local: !a.remote, Mode: protocol.ModeContinuable, Time: store.NowMs(),
 	}, h.eventErr)
 	go a.loop()
 	return protocol.ActivateReply{HostID: h.id, RunID: a.runID}, nil
@@ -248,7 +256,7 @@ func (a *activation) loop() {
 			continue
 		}
 		if wait := a.firstPromptWait(); wait > 0 {
-			a.sleep(wait)
+			a.sleep(min(wait, ActivationRecheck))
 			continue
 		}
 		if a.isParked() {
@@ -480,7 +488,7 @@ func (a *activation) teardown() {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	rec := protocol.RunRecord{
-		RunID: a.runID, ChildID: a.childID, ParentSession: a.header.ParentSession, Provider: a.provider,
+		RunID: a.runID, ChildID: a.childID, ParentSession: a.header.ParentSession, Provider: a.provider, Remote: a.remote,
 		Mode: protocol.ModeContinuable, State: protocol.RunSettled, CreatedAt: a.header.CreatedAt,
 		SettledAt: store.NowMs(), SettledBy: h.id, Result: &res,
 	}
@@ -500,7 +508,7 @@ func (a *activation) teardown() {
 	}
 	EndEpoch(ctx, h.st, EpochEnd{
 		ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
-		Provider: a.provider, Result: res,
+		Provider: a.provider, Remote: a.remote, Result: res,
 	}, h.eventErr)
 	log.Info("activation settled", "stopReason", res.StopReason)
 }
@@ -516,6 +524,7 @@ func mustEvent(typ string, data any) protocol.SessionEvent {
 // EpochEnd is what the end of an epoch publishes.
 type EpochEnd struct {
 	ChildID, Parent, Owner, RunID, Provider string
+	Remote                                  bool
 	Result                                  protocol.SubagentResult
 }
 
@@ -547,7 +556,7 @@ func EndEpoch(ctx context.Context, st *store.Store, e EpochEnd, onErr func(error
 	}
 	ev := protocol.LifecycleEvent{
 		Type: protocol.LifecycleEnd, RunID: e.RunID, Provider: e.Provider, ID: e.ChildID, ParentSession: e.Parent,
-		Local: true, Mode: protocol.ModeContinuable, Time: store.NowMs(), StopReason: e.Result.StopReason, ErrorCode: e.Result.ErrorCode,
+		Local: !e.Remote, Mode: protocol.ModeContinuable, Time: store.NowMs(), StopReason: e.Result.StopReason, ErrorCode: e.Result.ErrorCode,
 	}
 	if len(e.Result.Output) > 0 {
 		ev.LastAssistantMessage = e.Result.Output

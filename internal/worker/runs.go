@@ -24,6 +24,7 @@ const DisposeWaitMax = 15 * time.Second
 // hostedRun is one one-shot run hosted by this process.
 type hostedRun struct {
 	runID, childID string
+	remote         bool
 	req            protocol.ProviderStartRequest
 	epoch          int64
 	seedLen        int64
@@ -67,7 +68,7 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	}
 	runCtx, cancel := context.WithCancelCause(context.Background())
 	r := &hostedRun{
-		runID: req.RunID, childID: childID, req: req, epoch: 1, seedLen: seed,
+		runID: req.RunID, childID: childID, remote: p.Descriptor().Remote, req: req, epoch: 1, seedLen: seed,
 		sess: sess, ctx: runCtx, cancel: cancel, settled: make(chan struct{}), done: make(chan struct{}),
 	}
 	h.mu.Lock()
@@ -118,12 +119,12 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 		case leaseErr != nil:
 			if opened {
 				h.closeTurn(ctx, lw, sess.Events(), protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the host could not take the session lease"})
-			} else {
-				_ = store.Delete(ctx, h.st.Agents, childID, r.leaseRev)
 			}
 			return nil, protocol.Errorf(protocol.CodeUnavailable, "take the lease of %s: %v", childID, leaseErr)
 		default:
-			_ = store.Delete(ctx, h.st.Agents, childID, r.leaseRev)
+			if r.leaseRev > 0 { // ours: release it, at its revision
+				_ = store.Delete(ctx, h.st.Agents, childID, r.leaseRev)
+			}
 			return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "log the first turn of %s: %v", childID, out.Err)
 		}
 	}
@@ -131,7 +132,7 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	// always precedes this run's subagent/end on the stream.
 	h.st.PublishEvent(protocol.LifecycleEvent{
 		Type: protocol.LifecycleStart, RunID: r.runID, Provider: req.Provider, ID: childID,
-		ParentSession: req.Header.ParentSession, Local: true, Mode: protocol.ModeOneShot, Time: store.NowMs(),
+		ParentSession: req.Header.ParentSession, Local: !p.Descriptor().Remote, Mode: protocol.ModeOneShot, Time: store.NowMs(),
 	}, h.eventErr)
 	go h.execute(r)
 	return protocol.ProviderStartReply{HostID: h.id}, nil
@@ -195,8 +196,9 @@ func (h *Host) execute(r *hostedRun) {
 func (h *Host) settle(r *hostedRun, res protocol.SubagentResult) {
 	rec := protocol.RunRecord{
 		RunID: r.runID, ChildID: r.childID, ParentSession: r.req.Header.ParentSession, Provider: r.req.Provider,
-		Mode: protocol.ModeOneShot, Notify: r.req.Notify, State: protocol.RunSettled,
-		CreatedAt: r.req.Header.CreatedAt, SettledAt: store.NowMs(), SettledBy: h.id, Result: &res,
+		Mode: protocol.ModeOneShot, Notify: r.req.Notify, State: protocol.RunSettled, Remote: r.remote,
+		Structured: r.req.Options.OutputSchema != "",
+		CreatedAt:  r.req.Header.CreatedAt, SettledAt: store.NowMs(), SettledBy: h.id, Result: &res,
 	}
 	var err error
 	for attempt := 1; attempt <= SettleAttemptsMax; attempt++ {
@@ -245,7 +247,7 @@ func PublishSettled(st *store.Store, rec protocol.RunRecord, onErr func(error)) 
 	}
 	ev := protocol.LifecycleEvent{
 		Type: protocol.LifecycleEnd, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,
-		ParentSession: rec.ParentSession, Local: true, Mode: rec.Mode, Time: store.NowMs(),
+		ParentSession: rec.ParentSession, Local: !rec.Remote, Mode: rec.Mode, Time: store.NowMs(),
 		StopReason: res.StopReason, ErrorCode: res.ErrorCode,
 	}
 	if len(res.Output) > 0 {

@@ -94,3 +94,19 @@ type RootLineage struct {
 // make it live again once no live agent holds it (`session/load` of
 // `brood acp-agent` after a restart). No other session can be reopened.
 const OriginReopenable = "reopenable-root"
+
+// LastACPSession returns the data of the last acp/session event in events:
+// the ACP session a continuable ACP child prompts again, and whether its
+// agent can load it after a restart.
+func LastACPSession(events []SessionEvent) (ACPSessionData, bool) {
+	for i := len(events) - 1; i >= 0; i-- {
+		if events[i].Type != EvACPSession {
+			continue
+		}
+		var d ACPSessionData
+		if events[i].Decode(&d) == nil && d.SessionID != "" {
+			return d, true
+		}
+	}
+	return ACPSessionData{}, false
+}

@@ -66,12 +66,15 @@ type RunRecord struct {
 	Notify        string `msgpack:"notify,omitempty" json:"notify,omitempty"`
 	// Structured records that an outputSchema was requested, so whoever
 	// settles derives the result the same way.
-	Structured bool            `msgpack:"structured,omitempty" json:"structured,omitempty"`
-	State      string          `msgpack:"state" json:"state"`
-	CreatedAt  int64           `msgpack:"createdAt" json:"createdAt"`
-	SettledAt  int64           `msgpack:"settledAt,omitempty" json:"settledAt,omitempty"`
-	SettledBy  string          `msgpack:"settledBy,omitempty" json:"settledBy,omitempty"`
-	Result     *SubagentResult `msgpack:"result,omitempty" json:"result,omitempty"`
+	Structured bool `msgpack:"structured,omitempty" json:"structured,omitempty"`
+	// Remote marks a run of a remote provider (ACP): no Brood agent of the
+	// host runs it, so its lifecycle events say local false.
+	Remote    bool            `msgpack:"remote,omitempty" json:"remote,omitempty"`
+	State     string          `msgpack:"state" json:"state"`
+	CreatedAt int64           `msgpack:"createdAt" json:"createdAt"`
+	SettledAt int64           `msgpack:"settledAt,omitempty" json:"settledAt,omitempty"`
+	SettledBy string          `msgpack:"settledBy,omitempty" json:"settledBy,omitempty"`
+	Result    *SubagentResult `msgpack:"result,omitempty" json:"result,omitempty"`
 }
 
 // ResolvedOptions are the start options after the coordinator validated them,

@@ -301,6 +301,9 @@ type AgentsOpenRequest struct {
 	Reopenable bool         `msgpack:"reopenable,omitempty" json:"reopenable,omitempty"`
 	Lineage    *RootLineage `msgpack:"lineage,omitempty" json:"lineage,omitempty"`
 	SessionID  string       `msgpack:"sessionId,omitempty" json:"sessionId,omitempty"`
+	// Grant is a user grant (authority.user): reopening a root takes over its
+	// identity, so only a trusted host acting for the user may do it.
+	Grant string `msgpack:"grant,omitempty" json:"grant,omitempty"`
 }
 
 // AgentsOpenReply carries the root's session id and credential. The root is

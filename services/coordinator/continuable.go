@@ -133,12 +133,9 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 	if err := req.Decode(&r); err != nil {
 		return nil, err
 	}
-	if r.Provider == "" {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "provider is required")
-	}
-	desc, ok := c.reg.provider(r.Provider)
-	if !ok {
-		return nil, protocol.NewError(protocol.CodeNoProvider, map[string]any{"provider": r.Provider})
+	desc, err := c.lookupProvider(r.Provider)
+	if err != nil {
+		return nil, err
 	}
 	if !desc.Continuable {
 		return nil, protocol.NewError(protocol.CodeUnsupportedCapability, map[string]any{"provider": r.Provider, "capability": "continuable children"})
@@ -155,10 +152,16 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 		return nil, err
 	}
 	opts := protocol.StartOptions{MaxDepth: r.Options.MaxDepth, ToolFilter: r.Options.ToolFilter, Persona: r.Options.Persona, Label: r.Label}
-	// Continuable children are composed by the manager: the capability flags
-	// are not consulted, but every option is validated (upstream-behaviour §1.4).
-	desc.Capabilities = protocol.Capabilities{OutputSchema: false, DepthLimit: true, ToolFilter: true, Persona: true}
-	a, err := c.admit(ctx, desc.Name, r.Parent, r.Prompt, opts)
+	// In-process continuable children are composed by the manager: the
+	// capability flags are not consulted, but every option is validated
+	// (upstream-behaviour §1.4). A remote child (ACP) keeps its provider's
+	// flags: an option it cannot honour is refused, never ignored.
+	if !desc.Remote {
+		desc.Capabilities = protocol.Capabilities{OutputSchema: false, DepthLimit: true, ToolFilter: true, Persona: true}
+	} else {
+		desc.Capabilities.OutputSchema = false
+	}
+	a, err := c.admitWith(ctx, desc, r.Parent, r.Prompt, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -244,9 +247,11 @@ func inboxError(err error) error {
 // resume that folds the descriptor from the log).
 func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.SessionHeader, desc protocol.DescriptorData, owner string, ancestry []string, fresh bool) (protocol.ActivateReply, error) {
 	runID := ulid.Make().String()
+	pd, _ := c.reg.provider(desc.Provider)
+	remote := pd.Remote
 	rec := protocol.RunRecord{
 		RunID: runID, ChildID: header.ID, ParentSession: header.ParentSession, Provider: desc.Provider,
-		Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: store.NowMs(),
+		Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: store.NowMs(), Remote: remote,
 	}
 	rev, err := store.Create(ctx, c.st.Runs, runID, rec)
 	if err != nil {
@@ -310,6 +315,12 @@ func (c *Coordinator) resumable(ctx context.Context, h protocol.SessionHeader) (
 	d, err := worker.FoldDescriptor(log.Events, h.SeedLength)
 	if err != nil {
 		return d, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": err.Error()})
+	}
+	// An ACP child lives in its agent's memory: without session/load it
+	// cannot come back once its process ended (DESIGN.md §6).
+	if acp, ok := protocol.LastACPSession(log.Events); ok && !acp.LoadSession {
+		return d, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID,
+			"reason": "its ACP agent did not advertise session/load, so ACP session " + acp.SessionID + " cannot be restored after its process ended"})
 	}
 	return d, nil
 }

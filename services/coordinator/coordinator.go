@@ -39,6 +39,8 @@ type Config struct {
 	RootLease time.Duration
 	// PromptBytesMax bounds a prompt's text (256 KiB).
 	PromptBytesMax int
+	// LiveChildrenMax bounds the live children of one parent (64).
+	LiveChildrenMax int
 	// ProviderStartTimeout bounds the provider's answer to a start (10 s).
 	ProviderStartTimeout time.Duration
 	// RunAwaitWaitMax caps runs.await's waitMs (60 s).
@@ -74,6 +76,9 @@ func (c *Config) defaults() {
 	}
 	if c.PromptBytesMax <= 0 {
 		c.PromptBytesMax = 256 << 10
+	}
+	if c.LiveChildrenMax <= 0 {
+		c.LiveChildrenMax = 64
 	}
 	if c.ProviderStartTimeout <= 0 {
 		c.ProviderStartTimeout = 10 * time.Second

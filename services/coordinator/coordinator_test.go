@@ -302,3 +302,20 @@ func TestServicesAreDiscoverable(t *testing.T) {
 		t.Fatalf("discovered %v", names)
 	}
 }
+
+func TestLiveChildrenPerParentAreBounded(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 2 })
+	s.AddSpawnWorker()
+	root := s.Root()
+	ctx := context.Background()
+	for i := 0; i < 2; i++ {
+		if _, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text("sleep 30s"), protocol.StartOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		_, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text("say x"), protocol.StartOptions{})
+		return protocol.CodeOf(err) == protocol.CodeLimitExceeded
+	}, "a third live child is refused with LIMIT_EXCEEDED")
+}

@@ -63,6 +63,16 @@ func (c *Coordinator) sweep() []job {
 		live[l.rec.SessionID] = true
 	}
 	var jobs []job
+	// A drain below a root lasts while that exact root agent lives.
+	for scope, m := range c.agents.drainMarks() {
+		if scope == "all" {
+			continue
+		}
+		if l, ok := c.agents.get(scope); !ok || l.rec.CredentialHash != m.CredentialHash {
+			key := keyDrain + scope
+			jobs = append(jobs, job{key, func(ctx context.Context) { _ = store.Delete(ctx, c.st.Agents, key, 0) }})
+		}
+	}
 	for _, l := range leases {
 		l := l
 		switch {
@@ -290,7 +300,7 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	if settled {
 		worker.EndEpoch(ctx, c.st, worker.EpochEnd{
 			ChildID: id, Parent: fresh.Value.ParentSession, Owner: fresh.Value.Owner, RunID: fresh.Value.RunID,
-			Provider: fresh.Value.Provider, Result: res,
+			Provider: fresh.Value.Provider, Remote: c.isRemote(fresh.Value.Provider), Result: res,
 		}, func(err error) { c.log.Warn("epoch end not fully published", "err", err) })
 	}
 	c.resumePending(ctx, id)
@@ -364,4 +374,9 @@ func (c *Coordinator) resumePending(ctx context.Context, id string) bool {
 		c.log.Warn("liveness: cold resume failed; will retry", "session", id, "err", err)
 	}
 	return true
+}
+
+func (c *Coordinator) isRemote(provider string) bool {
+	d, _ := c.reg.provider(provider)
+	return d.Remote
 }

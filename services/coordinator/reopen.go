@@ -79,6 +79,11 @@ func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenReq
 	if !protocol.ValidID(id) {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "sessionId must match ^[A-Za-z0-9_-]{1,64}$")
 	}
+	// Whoever reopens a root becomes it (its credential acts for its
+	// children): only a trusted host holding a user grant may.
+	if err := c.checkGrant(ctx, r.Grant); err != nil {
+		return nil, err
+	}
 	h, err := c.headers.get(ctx, c.st, id)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "session " + id})

@@ -69,20 +69,31 @@ func TestReopenRoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := openRaw(t, s, protocol.AgentsOpenRequest{SessionID: first.SessionID}); protocol.CodeOf(err) != protocol.CodeUnavailable || !strings.Contains(err.Error(), "is live in another process") {
+	g, err := s.Client.UserGrant(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant := g.Grant
+	// Without a user grant nobody takes a root's identity over.
+	for _, bad := range []string{"", "forged"} {
+		if _, err := openRaw(t, s, protocol.AgentsOpenRequest{SessionID: first.SessionID, Grant: bad}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+			t.Fatalf("reopen with grant %q: %v", bad, err)
+		}
+	}
+	if _, err := openRaw(t, s, protocol.AgentsOpenRequest{SessionID: first.SessionID, Grant: grant}); protocol.CodeOf(err) != protocol.CodeUnavailable || !strings.Contains(err.Error(), "is live in another process") {
 		t.Fatalf("reopen while live: %v", err)
 	}
 	plain := s.Root()
-	if _, err := openRaw(t, s, protocol.AgentsOpenRequest{SessionID: plain.SessionID}); protocol.CodeOf(err) != protocol.CodeNotResumable {
+	if _, err := openRaw(t, s, protocol.AgentsOpenRequest{SessionID: plain.SessionID, Grant: grant}); protocol.CodeOf(err) != protocol.CodeNotResumable {
 		t.Fatalf("reopen a plain root: %v", err)
 	}
-	if _, err := openRaw(t, s, protocol.AgentsOpenRequest{SessionID: "NOSUCHSESSION"}); protocol.CodeOf(err) != protocol.CodeNotFound {
+	if _, err := openRaw(t, s, protocol.AgentsOpenRequest{SessionID: "NOSUCHSESSION", Grant: grant}); protocol.CodeOf(err) != protocol.CodeNotFound {
 		t.Fatalf("reopen an unknown session: %v", err)
 	}
 	// Not renewed: the lease lapses and the root can be reopened.
 	var second protocol.AgentsOpenReply
 	testutil.Eventually(t, 5*time.Second, func() bool {
-		second, err = openRaw(t, s, protocol.AgentsOpenRequest{SessionID: first.SessionID})
+		second, err = openRaw(t, s, protocol.AgentsOpenRequest{SessionID: first.SessionID, Grant: grant})
 		return err == nil
 	}, "reopen after the lease lapsed (last error %v)", err)
 	if second.SessionID != first.SessionID || second.Credential == first.Credential {
@@ -98,7 +109,7 @@ func TestReopenRoot(t *testing.T) {
 	if err := s.Client.Call(ctx, protocol.EpAgentsClose, cur, nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := openRaw(t, s, protocol.AgentsOpenRequest{SessionID: first.SessionID}); err != nil {
+	if _, err := openRaw(t, s, protocol.AgentsOpenRequest{SessionID: first.SessionID, Grant: grant}); err != nil {
 		t.Fatalf("reopen after a close: %v", err)
 	}
 }

@@ -33,14 +33,29 @@ type admission struct {
 // created: provider → capabilities → parent authority → maxDepth domain →
 // depth cap and ceilings → schema subset → tool filter → persona.
 func (c *Coordinator) admit(ctx context.Context, providerName string, parent protocol.ParentRef, prompt []protocol.ContentBlock, o protocol.StartOptions) (admission, error) {
-	var a admission
-	if providerName == "" {
-		return a, protocol.Errorf(protocol.CodeInvalidArgument, "provider is required")
+	desc, err := c.lookupProvider(providerName)
+	if err != nil {
+		return admission{}, err
 	}
-	desc, ok := c.reg.provider(providerName)
+	return c.admitWith(ctx, desc, parent, prompt, o)
+}
+
+// lookupProvider resolves a provider name to its live descriptor (NO_PROVIDER).
+func (c *Coordinator) lookupProvider(name string) (protocol.ProviderDescriptor, error) {
+	if name == "" {
+		return protocol.ProviderDescriptor{}, protocol.Errorf(protocol.CodeInvalidArgument, "provider is required")
+	}
+	desc, ok := c.reg.provider(name)
 	if !ok {
-		return a, protocol.NewError(protocol.CodeNoProvider, map[string]any{"provider": providerName})
+		return desc, protocol.NewError(protocol.CodeNoProvider, map[string]any{"provider": name})
 	}
+	return desc, nil
+}
+
+// admitWith runs the checks after the provider lookup against desc, whose
+// capability flags decide what options are honoured.
+func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescriptor, parent protocol.ParentRef, prompt []protocol.ContentBlock, o protocol.StartOptions) (admission, error) {
+	var a admission
 	a.desc = desc
 	if err := checkCapabilities(desc, o); err != nil {
 		return a, err
@@ -50,6 +65,10 @@ func (c *Coordinator) admit(ctx context.Context, providerName string, parent pro
 		return a, err
 	}
 	a.parent = l
+	if n := c.liveChildren(parent.SessionID); n >= c.cfg.LiveChildrenMax {
+		return a, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+			"limit": "live children per parent", "reason": fmt.Sprintf("session %s already has %d live children; the limit is %d", parent.SessionID, n, c.cfg.LiveChildrenMax)})
+	}
 	var maxDepth *int64
 	if o.MaxDepth != nil {
 		v, err := ParseMaxDepth(o.MaxDepth)
@@ -178,20 +197,19 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	}
 	rec := protocol.RunRecord{
 		RunID: runID, ChildID: childID, ParentSession: a.pheader.ID, Provider: a.desc.Name,
-		Mode: protocol.ModeOneShot, Notify: r.Notify, Structured: a.options.OutputSchema != "",
+		Mode: protocol.ModeOneShot, Notify: r.Notify, Structured: a.options.OutputSchema != "", Remote: a.desc.Remote,
 		State: protocol.RunRunning, CreatedAt: now,
 	}
 	var runRev uint64
 	if err := parallel(
 		func() error { return c.st.PutHeader(ctx, header) },
 		func() (err error) { runRev, err = store.Create(ctx, c.st.Runs, runID, rec); return err },
-		func() error {
-			return c.st.PutChildIndex(ctx, header.ParentSession, protocol.ChildIndexRecord{
-				ChildID: childID, CreatedAt: now, Mode: protocol.ModeOneShot, Provider: a.desc.Name})
-		},
 	); err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "record the run: %v", err)
 	}
+	c.st.PutChildIndexAsync(header.ParentSession, protocol.ChildIndexRecord{
+		ChildID: childID, CreatedAt: now, Mode: protocol.ModeOneShot, Provider: a.desc.Name,
+	}, func(err error) { c.log.Warn("child index entry not written", "child", childID, "err", err) })
 	c.headers.add(header)
 	pctx, cancel := untilDeadline(ctx, c.cfg.ProviderStartTimeout)
 	defer cancel()
@@ -377,4 +395,15 @@ func (c *Coordinator) prepare(ctx context.Context, provider, parent, childID str
 		return 0, protocol.Errorf(protocol.CodeInternal, "provider %s answered a negative seed length", provider)
 	}
 	return reply.SeedLength, nil
+}
+
+// liveChildren counts the children of parent that have a live agent now.
+func (c *Coordinator) liveChildren(parent string) int {
+	n := 0
+	for _, l := range c.agents.snapshot() {
+		if l.rec.ParentSession == parent && l.rec.Kind != protocol.AgentRoot && c.leaseLive(l.rec) {
+			n++
+		}
+	}
+	return n
 }

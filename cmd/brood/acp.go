@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+	acpagent "github.com/brood-dev/brood/services/acp-agent"
+	acpbridge "github.com/brood-dev/brood/services/acp-bridge"
+)
+
+// acpTiming are the ACP bridge's bounds on its agents.
+type acpTiming struct {
+	silence, turn, eofGrace, termGrace time.Duration
+}
+
+func (a *acpTiming) flags(cmd *cobra.Command) {
+	cmd.Flags().DurationVar(&a.silence, "silence-timeout", 60*time.Second, "a turn whose ACP agent sends nothing for this long ends error")
+	cmd.Flags().DurationVar(&a.turn, "turn-timeout", 10*time.Minute, "bound of one ACP turn, startup included")
+	cmd.Flags().DurationVar(&a.eofGrace, "eof-grace", 6*time.Second, "teardown: wait this long after closing the agent's stdin before SIGTERM")
+	cmd.Flags().DurationVar(&a.termGrace, "term-grace", 3*time.Second, "teardown: wait this long after SIGTERM before SIGKILL")
+}
+
+// options applies the flags that were set over the config file's timing.
+func (a *acpTiming) options(cmd *cobra.Command, o *acpbridge.Options) {
+	set := func(name string, dst *time.Duration, v time.Duration) {
+		if cmd.Flags().Changed(name) || *dst == 0 {
+			*dst = v
+		}
+	}
+	set("silence-timeout", &o.SilenceTimeout, a.silence)
+	set("turn-timeout", &o.TurnTimeout, a.turn)
+	set("eof-grace", &o.EOFGrace, a.eofGrace)
+	set("term-grace", &o.TermGrace, a.termGrace)
+}
+
+func acpBridgeCmd(g *globals) *cobra.Command {
+	var (
+		t          timing
+		at         acpTiming
+		sf         storeFlags
+		configFile string
+		specs      []string
+	)
+	cmd := &cobra.Command{
+		Use:   "acp-bridge --nats URL (--agent SPEC ... | --config FILE)",
+		Short: "Run the ACP bridge: one provider per configured Agent Client Protocol agent",
+		Long: "Serves each configured ACP agent (claude-code, codex, gemini, brood acp-agent, ...) as a provider.\n" +
+			"--agent takes comma-separated key=value pairs: name, command, arg (repeatable), env (repeatable,\n" +
+			"KEY=VALUE), cwd, permission (reject|allow), e.g.\n" +
+			"  --agent name=codex,command=npx,arg=-y,arg=@zed-industries/codex-acp,env=HOME=/srv/codex\n" +
+			"The agent's environment is the bridge's without names matching KEY, PASSWORD, SECRET, TOKEN or\n" +
+			"BROOD_*; set what it needs with env. --config FILE holds the same as JSON (see services/acp-bridge).",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
+			var o acpbridge.Options
+			var agents []acpbridge.AgentConfig
+			if configFile != "" {
+				f, err := acpbridge.LoadFile(configFile)
+				if err != nil {
+					return protocol.Errorf(protocol.CodeInvalidArgument, "--config: %v", err)
+				}
+				f.Apply(&o)
+				agents = append(agents, f.Agents...)
+			}
+			for _, s := range specs {
+				a, err := acpbridge.ParseAgentSpec(s)
+				if err != nil {
+					return protocol.Errorf(protocol.CodeInvalidArgument, "%v", err)
+				}
+				agents = append(agents, a)
+			}
+			if len(agents) == 0 {
+				return protocol.Errorf(protocol.CodeInvalidArgument, "configure at least one ACP agent with --agent or --config")
+			}
+			at.options(cmd, &o)
+			o.Logger = log
+			nc, err := connect(g.natsURL, "brood-acp-bridge", true)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			st, err := sf.provision(cmd.Context(), nc, g.prefix)
+			if err != nil {
+				return err
+			}
+			b, err := newACPBridge(nc, st, t, agents, o, log)
+			if err != nil {
+				return err
+			}
+			return serve(b)
+		},
+	}
+	cmd.Flags().StringVar(&configFile, "config", "", "JSON config file: {\"agents\": [...], \"silenceTimeout\": \"60s\", ...}")
+	cmd.Flags().StringArrayVar(&specs, "agent", nil, "an ACP agent: name=N,command=C[,arg=A]...[,env=K=V]...[,cwd=DIR][,permission=reject|allow]")
+	t.flags(cmd)
+	at.flags(cmd)
+	sf.flags(cmd)
+	return cmd
+}
+
+func newACPBridge(nc *nats.Conn, st *store.Store, t timing, agents []acpbridge.AgentConfig, o acpbridge.Options, log *slog.Logger) (*acpbridge.Service, error) {
+	return acpbridge.New(acpbridge.Config{
+		NC: nc, Store: st, Agents: agents, Options: o,
+		HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, DrainGrace: t.drainGrace, Logger: log,
+	})
+}
+
+// devACPAgents is `brood dev`'s default ACP provider: `acp`, this binary's
+// own ACP agent on the dev server, so the demo needs nothing installed. The
+// model settings follow the dev flags; a model key the agent needs is passed
+// explicitly, since the bridge scrubs credentials from the agents' environment.
+func devACPAgents(url, prefix string, mf modelFlags) ([]acpbridge.AgentConfig, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"acp-agent", "--nats", url, "--prefix", prefix, "--model", mf.kind}
+	if mf.baseURL != "" {
+		args = append(args, "--model-base-url", mf.baseURL)
+	}
+	if mf.name != "" {
+		args = append(args, "--model-name", mf.name)
+	}
+	env := map[string]string{}
+	if mf.kind == "openai" {
+		for _, k := range []string{"DEEPSEEK_API_KEY", "OPENAI_API_KEY", "BROOD_MODEL_BASE_URL", "BROOD_MODEL_NAME"} {
+			if v, ok := os.LookupEnv(k); ok {
+				env[k] = v
+			}
+		}
+	}
+	return []acpbridge.AgentConfig{{Name: "acp", Command: exe, Args: args, Env: env, Permission: acpbridge.PolicyReject}}, nil
+}
+
+func acpAgentCmd(g *globals) *cobra.Command {
+	var mf modelFlags
+	cmd := &cobra.Command{
+		Use:   "acp-agent --nats URL",
+		Short: "Serve a Brood agent over ACP on stdin/stdout (for editors and the ACP bridge)",
+		Long: "Speaks the Agent Client Protocol on stdin/stdout; logs go to stderr. Each ACP session is a Brood\n" +
+			"session (a root agent opened on the deployment), so session/load works after a restart, and a\n" +
+			"lineage passed in the _meta of session/new (by the ACP bridge) keeps depth limits and tool ceilings.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := newLogger(g.logLevel, slog.LevelWarn, os.Stderr)
+			models, err := mf.factory()
+			if err != nil {
+				return err
+			}
+			nc, err := connect(g.natsURL, "brood-acp-agent", true)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			cl, err := client.New(nc, client.Options{Prefix: g.prefix, Timeout: g.timeout})
+			if err != nil {
+				return err
+			}
+			defer cl.Close()
+			bctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			st, err := store.Bind(bctx, nc, cl.Subjects())
+			cancel()
+			if err != nil {
+				return protocol.Errorf(protocol.CodeUnavailable, "%v", err)
+			}
+			svc, err := acpagent.New(acpagent.Config{
+				Client: cl, Store: st, Models: models, In: os.Stdin, Out: os.Stdout, Logger: log,
+			})
+			if err != nil {
+				return err
+			}
+			return serve(svc)
+		},
+	}
+	mf.flags(cmd)
+	return cmd
+}

@@ -1,0 +1,218 @@
+package integration
+
+import (
+	"context"
+	"io"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	acp "github.com/coder/acp-go-sdk"
+
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// recorder is an ACP client (the ACP Go SDK's client side) that records
+// every session/update it gets.
+type recorder struct {
+	mu      sync.Mutex
+	updates []acp.SessionUpdate
+}
+
+func (r *recorder) SessionUpdate(_ context.Context, n acp.SessionNotification) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.updates = append(r.updates, n.Update)
+	return nil
+}
+
+// take returns the updates so far, rendered one per line, and forgets them.
+func (r *recorder) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, u := range r.updates {
+		switch {
+		case u.UserMessageChunk != nil && u.UserMessageChunk.Content.Text != nil:
+			out = append(out, "user: "+u.UserMessageChunk.Content.Text.Text)
+		case u.AgentMessageChunk != nil && u.AgentMessageChunk.Content.Text != nil:
+			out = append(out, "agent: "+u.AgentMessageChunk.Content.Text.Text)
+		case u.ToolCall != nil:
+			out = append(out, "tool_call "+u.ToolCall.Title)
+		case u.ToolCallUpdate != nil && u.ToolCallUpdate.Status != nil:
+			out = append(out, "tool_call_update "+string(*u.ToolCallUpdate.Status))
+		}
+	}
+	r.updates = nil
+	return out
+}
+
+func (r *recorder) RequestPermission(context.Context, acp.RequestPermissionRequest) (acp.RequestPermissionResponse, error) {
+	return acp.RequestPermissionResponse{Outcome: acp.RequestPermissionOutcome{Cancelled: &acp.RequestPermissionOutcomeCancelled{}}}, nil
+}
+func (r *recorder) ReadTextFile(context.Context, acp.ReadTextFileRequest) (acp.ReadTextFileResponse, error) {
+	return acp.ReadTextFileResponse{}, acp.NewMethodNotFound(acp.ClientMethodFsReadTextFile)
+}
+func (r *recorder) WriteTextFile(context.Context, acp.WriteTextFileRequest) (acp.WriteTextFileResponse, error) {
+	return acp.WriteTextFileResponse{}, acp.NewMethodNotFound(acp.ClientMethodFsWriteTextFile)
+}
+func (r *recorder) CreateTerminal(context.Context, acp.CreateTerminalRequest) (acp.CreateTerminalResponse, error) {
+	return acp.CreateTerminalResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalCreate)
+}
+func (r *recorder) KillTerminal(context.Context, acp.KillTerminalRequest) (acp.KillTerminalResponse, error) {
+	return acp.KillTerminalResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalKill)
+}
+func (r *recorder) TerminalOutput(context.Context, acp.TerminalOutputRequest) (acp.TerminalOutputResponse, error) {
+	return acp.TerminalOutputResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalOutput)
+}
+func (r *recorder) ReleaseTerminal(context.Context, acp.ReleaseTerminalRequest) (acp.ReleaseTerminalResponse, error) {
+	return acp.ReleaseTerminalResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalRelease)
+}
+func (r *recorder) WaitForTerminalExit(context.Context, acp.WaitForTerminalExitRequest) (acp.WaitForTerminalExitResponse, error) {
+	return acp.WaitForTerminalExitResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalWaitForExit)
+}
+
+// acpAgentProc is a `brood acp-agent` process driven by the SDK's client side.
+type acpAgentProc struct {
+	conn  *acp.ClientSideConnection
+	rec   *recorder
+	stdin io.WriteCloser
+	p     *proc
+}
+
+func startACPAgent(t *testing.T, url string) *acpAgentProc {
+	t.Helper()
+	cmd := exec.Command(broodBin, "acp-agent", "--nats", url, "--log-level", "info")
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	cmd.Stderr = lockedWriter{p}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("stderr of acp-agent:\n%s", p.Stderr())
+		}
+	})
+	rec := &recorder{}
+	conn := acp.NewClientSideConnection(rec, stdin, stdout)
+	conn.SetLogger(testutil.Logger(t))
+	return &acpAgentProc{conn: conn, rec: rec, stdin: stdin, p: p}
+}
+
+// exit closes the agent's stdin and waits for it to exit by itself.
+func (a *acpAgentProc) exit(t *testing.T) {
+	t.Helper()
+	_ = a.stdin.Close()
+	select {
+	case <-a.p.done:
+	case <-time.After(15 * time.Second):
+		t.Fatalf("acp-agent did not exit at EOF:\n%s", a.p.Stderr())
+	}
+}
+
+// TestACPAgentOverACP drives `brood acp-agent` with the ACP Go SDK's client
+// side: initialize, session/new with a lineage in _meta, prompts with
+// streamed chunks and tool calls; then a new process loads the session and
+// replays its history, and the session goes on.
+func TestACPAgentOverACP(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	parent := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+
+	a := startACPAgent(t, s.Server.ClientURL())
+	init, err := a.conn.Initialize(ctx, acp.InitializeRequest{ProtocolVersion: acp.ProtocolVersionNumber})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !init.AgentCapabilities.LoadSession || init.AgentInfo == nil || init.AgentInfo.Name != "brood" {
+		t.Fatalf("initialize %+v", init)
+	}
+	depthCap := int64(2)
+	lineage := protocol.ACPLineage{ParentSession: parent.SessionID, DelegationDepth: 0, DepthCap: &depthCap,
+		ToolCeiling: &protocol.ToolFilter{Deny: []string{"list_dir"}}}
+	ns, err := a.conn.NewSession(ctx, acp.NewSessionRequest{Cwd: dir, McpServers: []acp.McpServer{}, Meta: lineage.Meta()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := string(ns.SessionId)
+
+	// The root honours the lineage, narrowed by the coordinator: a claimed
+	// depth 0 under a depth-0 parent is depth 1; cap and ceiling are kept.
+	h, _ := s.Log(id)
+	if h.ParentSession != parent.SessionID || h.DelegationDepth != 1 || h.DepthCap == nil || *h.DepthCap != 2 ||
+		h.ToolCeiling == nil || strings.Join(h.ToolCeiling.Deny, ",") != "list_dir" || h.Origin != protocol.OriginReopenable || h.Cwd != dir {
+		t.Fatalf("header %+v", h)
+	}
+
+	prompt := func(a *acpAgentProc, text string) acp.StopReason {
+		t.Helper()
+		r, err := a.conn.Prompt(ctx, acp.PromptRequest{SessionId: ns.SessionId, Prompt: []acp.ContentBlock{acp.TextBlock(text)}})
+		if err != nil {
+			t.Fatalf("prompt %q: %v", text, err)
+		}
+		return r.StopReason
+	}
+	if stop := prompt(a, "say hi"); stop != acp.StopReasonEndTurn {
+		t.Fatalf("stop reason %s", stop)
+	}
+	if got := strings.Join(a.rec.take(), "|"); got != "agent: hi" {
+		t.Fatalf("updates %s", got)
+	}
+	// The ceiling denies list_dir: the agent does not have it.
+	if stop := prompt(a, "call list_dir {}\nsay after"); stop != acp.StopReasonEndTurn {
+		t.Fatalf("stop reason %s", stop)
+	}
+	if got, want := strings.Join(a.rec.take(), "|"), "tool_call list_dir|tool_call_update failed|agent: after"; got != want {
+		t.Fatalf("updates %s\nwant %s", got, want)
+	}
+	a.exit(t)
+
+	b := startACPAgent(t, s.Server.ClientURL())
+	if _, err := b.conn.Initialize(ctx, acp.InitializeRequest{ProtocolVersion: acp.ProtocolVersionNumber}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.conn.LoadSession(ctx, acp.LoadSessionRequest{SessionId: ns.SessionId, Cwd: dir, McpServers: []acp.McpServer{}}); err != nil {
+		t.Fatal(err)
+	}
+	want := "user: say hi|agent: hi|user: call list_dir {}\nsay after|tool_call list_dir|tool_call_update failed|agent: after"
+	if got := strings.Join(b.rec.take(), "|"); got != want {
+		t.Fatalf("replay %q\nwant %q", got, want)
+	}
+	if stop := prompt(b, "say again"); stop != acp.StopReasonEndTurn {
+		t.Fatalf("stop reason %s", stop)
+	}
+	if got := strings.Join(b.rec.take(), "|"); got != "agent: again" {
+		t.Fatalf("updates %s", got)
+	}
+	_, evs := s.Log(id)
+	if acpTurnEnd(t, evs).Kind != protocol.TurnCompleted || evs[len(evs)-1].Type != protocol.EvTurnEnd {
+		t.Fatalf("log %s", eventTypes(evs))
+	}
+	var turns int
+	for _, e := range evs {
+		if e.Type == protocol.EvTurnStart {
+			turns++
+		}
+	}
+	if turns != 3 {
+		t.Fatalf("%d turns in %s", turns, eventTypes(evs))
+	}
+	b.exit(t)
+}

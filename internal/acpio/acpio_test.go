@@ -1,0 +1,170 @@
+package acpio
+
+import (
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestScrubEnv(t *testing.T) {
+	parent := []string{
+		"PATH=/bin", "HOME=/home/u", "OPENAI_API_KEY=sk-1", "github_token=x", "DB_PASSWORD=p",
+		"MY_SECRET_THING=s", "BROOD_NATS_URL=nats://x", "brood_other=y", "LANG=C", "KEYBOARD=us",
+	}
+	got := ScrubEnv(parent, map[string]string{"CODEX_API_KEY": "sk-explicit", "BROOD_FACT": "1", "HOME": "/tmp/h"})
+	want := []string{"BROOD_FACT=1", "CODEX_API_KEY=sk-explicit", "HOME=/tmp/h", "LANG=C", "PATH=/bin"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("ScrubEnv = %v, want %v (KEYBOARD matches KEY and is dropped, as upstream)", got, want)
+	}
+	if v := SecretValues(map[string]string{"CODEX_API_KEY": "sk-explicit", "HOME": "/tmp/h"}); len(v) != 1 || v[0] != "sk-explicit" {
+		t.Fatalf("SecretValues = %v", v)
+	}
+}
+
+func TestValidateDir(t *testing.T) {
+	dir := t.TempDir()
+	locked := dir + "/locked"
+	if err := os.Mkdir(locked, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := dir + "/f"
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		dir, want string
+	}{
+		{dir, ""},
+		{"", "no workspace"},
+		{"rel/dir", "not an absolute path"},
+		{dir + "/missing", "no such file"},
+		{file, "not a directory"},
+	}
+	if os.Geteuid() != 0 { // root may enter anything
+		tests = append(tests, struct{ dir, want string }{locked, "cannot be entered"})
+	}
+	for _, tt := range tests {
+		err := ValidateDir(tt.dir)
+		if (tt.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("ValidateDir(%q) = %v, want %q", tt.dir, err, tt.want)
+		}
+	}
+}
+
+func TestLineFilter(t *testing.T) {
+	long := `{"jsonrpc":"2.0","method":"x","params":{"t":"` + strings.Repeat("a", 200<<10) + `"}}`
+	input := strings.Join([]string{
+		`{"jsonrpc":"2.0","id":1,"result":{}}`,
+		"Starting agent v1.2 ...",
+		"",
+		long,
+		`{not json`,
+		`[1,2]`,
+		`  {"jsonrpc":"2.0","id":2,"result":{}}  ` + "\r",
+		`{"jsonrpc":"2.0","method":"huge","params":"` + strings.Repeat("b", 3000) + `"}`,
+		`{"jsonrpc":"2.0","id":3,"result":{}}`, // last line without a newline
+	}, "\n")
+	var lines int
+	var drops []Drop
+	f := NewLineFilter(strings.NewReader(input), 0, func() { lines++ }, func(d Drop) { drops = append(drops, d) })
+	out, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	if len(got) != 5 || got[0] != `{"jsonrpc":"2.0","id":1,"result":{}}` || got[1] != long ||
+		got[2] != `{"jsonrpc":"2.0","id":2,"result":{}}` || got[4] != `{"jsonrpc":"2.0","id":3,"result":{}}` {
+		t.Fatalf("forwarded %d lines: %.200q", len(got), got)
+	}
+	if lines != 5 || len(drops) != 3 {
+		t.Fatalf("lines %d, drops %+v", lines, drops)
+	}
+
+	drops = nil
+	f = NewLineFilter(strings.NewReader(long+"\n"+`{"a":1}`+"\n"), 1000, nil, func(d Drop) { drops = append(drops, d) })
+	out, _ = io.ReadAll(f)
+	if string(out) != `{"a":1}`+"\n" || len(drops) != 1 || !drops[0].Oversize || drops[0].Bytes != len(long)+1 {
+		t.Fatalf("oversize: out %q drops %+v", out, drops)
+	}
+}
+
+func startSh(t *testing.T, script string) *Process {
+	t.Helper()
+	p, err := Start(Command{Path: "/bin/sh", Args: []string{"-c", script}, Env: []string{"PATH=/usr/bin:/bin"}, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Teardown(100*time.Millisecond, 100*time.Millisecond) })
+	return p
+}
+
+// waitLine reads stdout until it has a line (the script's "ready").
+func waitLine(t *testing.T, p *Process) {
+	t.Helper()
+	buf := make([]byte, 64)
+	if _, err := p.Stdout.Read(buf); err != nil {
+		t.Fatalf("read ready: %v (stderr %q)", err, p.StderrTail(500))
+	}
+}
+
+func TestTeardownLadder(t *testing.T) {
+	tests := []struct {
+		name, script, step string
+	}{
+		{"exits at EOF", `echo ready; cat >/dev/null`, "eof"},
+		{"needs SIGTERM", `sleep 1000 & echo ready; wait`, "sigterm"},
+		{"ignores EOF and SIGTERM, with a grandchild", `trap '' TERM; sh -c 'trap "" TERM; sleep 1000' & echo ready; while :; do sleep 1; done`, "sigkill"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := startSh(t, tt.script)
+			waitLine(t, p)
+			if !GroupAlive(p.Pgid()) {
+				t.Fatal("group not alive after start")
+			}
+			start := time.Now()
+			rep := p.Teardown(300*time.Millisecond, 300*time.Millisecond)
+			if rep.Step != tt.step {
+				t.Fatalf("teardown step %s, want %s", rep.Step, tt.step)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Fatalf("teardown took %s", d)
+			}
+			if GroupAlive(p.Pgid()) {
+				pids, _ := GroupMembers(p.Pgid())
+				t.Fatalf("processes of group %d remain: %v", p.Pgid(), pids)
+			}
+			select {
+			case <-p.Exited():
+			default:
+				t.Fatal("agent not reaped")
+			}
+			if again := p.Teardown(0, 0); again != rep {
+				t.Fatalf("second teardown %v != %v", again, rep)
+			}
+		})
+	}
+}
+
+func TestStderrTailRedacts(t *testing.T) {
+	p, err := Start(Command{Path: "/bin/sh", Args: []string{"-c", `echo "first line"; echo "token sk-secret-value here" >&2; echo "last" >&2`},
+		Env: []string{"PATH=/usr/bin:/bin"}, Redact: []string{"sk-secret-value"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Teardown(time.Second, time.Second)
+	deadline := time.Now().Add(2 * time.Second)
+	for !strings.Contains(p.StderrTail(4096), "last") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	tail := p.StderrTail(4096)
+	if !strings.Contains(tail, "token [redacted] here") || strings.Contains(tail, "sk-secret") {
+		t.Fatalf("tail %q", tail)
+	}
+	if p.ExitStatus() != "exit status 0" {
+		t.Fatalf("exit status %q", p.ExitStatus())
+	}
+}

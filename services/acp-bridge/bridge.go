@@ -1,0 +1,98 @@
+// Package acpbridge is the ACP bridge (DESIGN.md §6; upstream-behaviour §4): a
+// provider worker whose children are Agent Client Protocol agents driven over
+// stdio with the ACP Go SDK (github.com/coder/acp-go-sdk). Each configured
+// agent is one provider; each run spawns the agent in its own process group,
+// initializes it with every client capability false, opens an ACP session in
+// the parent's workspace, prompts it, and keeps a Brood session log of the
+// child like any other child (DESIGN.md §4), so `brood log`, the settlement
+// protocol and HOST_LOST cover ACP children too.
+//
+// Log of one ACP turn (one record per logical step, each fenced on the last):
+//
+//	record 1 (host)   turn/start, user/message (the prompt), subagent/descriptor
+//	record 2          acp/session {sessionId, loadSession} (first turn of an ACP session), step/start
+//	records 3…        tool/call, tool/result as the agent reports them (coalesced)
+//	last record       pending tool results closed as errors, assistant/message
+//	                  (every agent_message_chunk text, interrupted when cut),
+//	                  step/end, turn/end {completed|max-tokens|blocked|aborted|error}
+//
+// A startup failure (spawn, initialize, session/new) ends the turn `error`
+// right after record 1, without a step.
+package acpbridge
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/worker"
+)
+
+// Config configures an ACP bridge process.
+type Config struct {
+	NC     *nats.Conn
+	Store  *store.Store
+	Agents []AgentConfig
+	// Options are the timing and limits shared by every agent.
+	Options           Options
+	HostID            string
+	HeartbeatInterval time.Duration
+	HostExpiry        time.Duration
+	DrainGrace        time.Duration
+	Logger            *slog.Logger
+}
+
+// Service is a running ACP bridge: one worker host serving one provider per
+// configured agent.
+type Service struct{ host *worker.Host }
+
+// New validates the configuration and builds the bridge.
+func New(cfg Config) (*Service, error) {
+	if len(cfg.Agents) == 0 {
+		return nil, errors.New("acp-bridge: configure at least one ACP agent (--agent or --config)")
+	}
+	if cfg.Options.Logger == nil {
+		cfg.Options.Logger = cfg.Logger
+	}
+	providers, err := Providers(cfg.Agents, cfg.Options)
+	if err != nil {
+		return nil, err
+	}
+	h, err := worker.New(worker.Config{
+		NC: cfg.NC, Store: cfg.Store, Providers: providers, HostID: cfg.HostID,
+		HeartbeatInterval: cfg.HeartbeatInterval, HostExpiry: cfg.HostExpiry, DrainGrace: cfg.DrainGrace, Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Service{host: h}, nil
+}
+
+// Providers builds one provider per agent (for hosts composed elsewhere, such
+// as tests). Agent names must be distinct.
+func Providers(agents []AgentConfig, o Options) ([]worker.Provider, error) {
+	seen := map[string]bool{}
+	var out []worker.Provider
+	for _, a := range agents {
+		p, err := NewProvider(a, o)
+		if err != nil {
+			return nil, err
+		}
+		if seen[a.Name] {
+			return nil, errors.New("acp-bridge: two ACP agents are named " + a.Name)
+		}
+		seen[a.Name] = true
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// HostID returns the bridge's host id.
+func (s *Service) HostID() string { return s.host.ID() }
+
+// Run serves until ctx is done, then drains (nil on a clean stop).
+func (s *Service) Run(ctx context.Context) error { return s.host.Run(ctx) }

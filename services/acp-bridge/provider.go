@@ -1,0 +1,133 @@
+package acpbridge
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/brood-dev/brood/internal/acpio"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Options are the bounds of every wait on an ACP agent (DESIGN.md §10: every
+// wait on something outside the process has a bound). Zero fields take the
+// defaults below.
+type Options struct {
+	// SilenceTimeout ends a turn `error` when the agent sent no message at
+	// all for this long (60 s, DESIGN.md §4).
+	SilenceTimeout time.Duration
+	// TurnTimeout bounds a whole turn, startup included (10 minutes).
+	TurnTimeout time.Duration
+	// EOFGrace and TermGrace are the teardown ladder's waits after closing
+	// stdin and after SIGTERM (6 s and 3 s, upstream-behaviour §4).
+	EOFGrace  time.Duration
+	TermGrace time.Duration
+	// ExitGrace is how long a turn waits, after the agent exited, for the
+	// messages it wrote before exiting (1 s).
+	ExitGrace time.Duration
+	// LineBytesMax bounds one line of the agent's stdout (8 MiB); a longer
+	// line is a protocol failure that ends the turn `error`.
+	LineBytesMax int
+	// OutputBytesMax bounds the text of one turn's answer (512 KiB); more ends
+	// the turn `error` with LIMIT_EXCEEDED, nothing is truncated.
+	OutputBytesMax int
+	// ToolTextBytesMax bounds what one tool call's input or output keeps in
+	// the log (64 KiB); a larger one is recorded as omitted, with its size.
+	ToolTextBytesMax int
+	// AppendTimeout bounds each log append (10 s).
+	AppendTimeout time.Duration
+	// Environ is the environment scrubbed for the agent (os.Environ).
+	Environ func() []string
+	// Version is reported to agents as clientInfo.version.
+	Version string
+	Logger  *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.SilenceTimeout, 60*time.Second)
+	def(&o.TurnTimeout, 10*time.Minute)
+	def(&o.EOFGrace, acpio.EOFGraceDefault)
+	def(&o.TermGrace, acpio.TermGraceDefault)
+	def(&o.ExitGrace, time.Second)
+	def(&o.AppendTimeout, 10*time.Second)
+	if o.LineBytesMax <= 0 {
+		o.LineBytesMax = acpio.LineBytesMaxDefault
+	}
+	if o.OutputBytesMax <= 0 {
+		o.OutputBytesMax = 512 << 10
+	}
+	if o.ToolTextBytesMax <= 0 {
+		o.ToolTextBytesMax = 64 << 10
+	}
+	if o.Environ == nil {
+		o.Environ = os.Environ
+	}
+	if o.Version == "" {
+		o.Version = "0.1.0"
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Provider is one configured ACP agent as a Brood provider.
+type Provider struct {
+	agent AgentConfig
+	opts  Options
+}
+
+// NewProvider validates a and returns its provider.
+func NewProvider(a AgentConfig, o Options) (*Provider, error) {
+	if err := a.Validate(); err != nil {
+		return nil, err
+	}
+	return &Provider{agent: a, opts: o.withDefaults()}, nil
+}
+
+// Descriptor implements worker.Provider: every capability false, no parent
+// context, no global tools, remote (its run id is not the child id), and
+// continuable (DESIGN.md §6: a followup prompts the resident ACP session
+// again; a cold resume uses session/load where the agent offers it).
+func (p *Provider) Descriptor() protocol.ProviderDescriptor {
+	return protocol.ProviderDescriptor{Name: p.agent.Name, Remote: true, Continuable: true}
+}
+
+// NewSession implements worker.Provider. It only validates: the child's
+// workspace (the configured override, else the parent's cwd recorded in the
+// child's header: absolute and enterable, never the bridge's own cwd) and,
+// when the session's log already names an ACP session (a cold resume), that
+// the agent could load it. The agent process starts with the first turn, so a
+// startup failure is logged and settles the run `error`.
+func (p *Provider) NewSession(_ context.Context, spec worker.SessionSpec) (worker.Session, error) {
+	cwd := p.agent.Cwd
+	if cwd == "" {
+		cwd = spec.Header.Cwd
+		if err := acpio.ValidateDir(cwd); err != nil {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument,
+				"the ACP child of provider %s needs its parent's workspace as cwd: %v", p.agent.Name, err)
+		}
+	}
+	prior, ok := LastACPSession(spec.Events)
+	if ok && !prior.LoadSession {
+		return nil, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": spec.Header.ID,
+			"reason": "its ACP agent did not advertise session/load, so its ACP session " + prior.SessionID + " cannot be restored after its process ended"})
+	}
+	s := newSession(p, spec, cwd)
+	if ok {
+		s.resume = &prior
+	}
+	return s, nil
+}
+
+// LastACPSession returns the last acp/session event's data in events.
+func LastACPSession(events []protocol.SessionEvent) (protocol.ACPSessionData, bool) {
+	return protocol.LastACPSession(events)
+}

@@ -1,0 +1,981 @@
+package acpbridge
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	acp "github.com/coder/acp-go-sdk"
+
+	"github.com/brood-dev/brood/internal/acpio"
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// CauseAgent is the aborted cause recorded when the ACP agent itself ended a
+// turn `cancelled` (Brood did not ask it to).
+const CauseAgent = "agent"
+
+// PreviousPromptWaitMax bounds how long a new turn waits for the agent to
+// answer the previous, cancelled prompt before it prompts again, so a late
+// cancellation never reaches the next turn (DESIGN.md §12).
+const PreviousPromptWaitMax = 10 * time.Second
+
+var errTurnTimeout = errors.New("acp: turn timeout")
+
+// Session is one ACP child as the worker host drives it (worker.Session and
+// worker.Closer). It logs the same way an in-process agent does, one record
+// per logical step, through the single fenced writer it was given.
+//
+// It is built for several turns: the first turn starts the agent process and
+// opens the ACP session (session/new, or session/load when the log already
+// names one: a cold resume); every later turn on the same Session prompts the
+// same ACP session again (a followup to a resident child). One-shot runs use
+// one turn; the host then calls Close, which tears the process tree down.
+//
+// Concurrency: turns run one at a time (OpenTurn, then RunSteps). The ACP SDK
+// delivers session/update notifications on its own goroutine; they only
+// touch the current turn's state under mu. logMu is held across building and
+// appending a record, so records never interleave and the turn's last record
+// is always last; lock order logMu → mu.
+type Session struct {
+	p      *Provider
+	o      Options
+	header protocol.SessionHeader
+	log    agent.Appender
+	cwd    string
+	logger *slog.Logger
+	// resume is the ACP session to load instead of creating one (cold resume).
+	resume *protocol.ACPSessionData
+
+	// lifetime bounds every SDK call; Close cancels it (the hard stop).
+	lifetime context.Context
+	stop     context.CancelFunc
+
+	logMu sync.Mutex
+
+	mu        sync.Mutex
+	events    []protocol.SessionEvent
+	turn      int64
+	prompt    []acp.ContentBlock
+	fenced    bool
+	cur       *turnState
+	proc      *acpio.Process
+	conn      *acp.ClientSideConnection
+	acpID     acp.SessionId
+	prompting chan struct{} // closed when the last session/prompt call returned
+
+	lastRecv      atomic.Int64 // unix nanos of the agent's last JSON message
+	dropped       atomic.Int64 // stdout lines that were not JSON objects
+	violation     chan struct{}
+	violationMsg  string
+	violationOnce sync.Once
+	closeOnce     sync.Once
+}
+
+func newSession(p *Provider, spec worker.SessionSpec, cwd string) *Session {
+	lifetime, stop := context.WithCancel(context.Background())
+	return &Session{
+		p: p, o: p.opts, header: spec.Header, log: spec.Log, cwd: cwd,
+		logger:   p.opts.Logger.With("provider", p.agent.Name, "session", spec.Header.ID),
+		lifetime: lifetime, stop: stop,
+		events:    append([]protocol.SessionEvent(nil), spec.Events...),
+		turn:      agent.LastTurn(spec.Events),
+		violation: make(chan struct{}),
+	}
+}
+
+// Events returns a copy of the session's events so far.
+func (s *Session) Events() []protocol.SessionEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]protocol.SessionEvent(nil), s.events...)
+}
+
+// ACPSessionID returns the agent's ACP session id once it is known.
+func (s *Session) ACPSessionID() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return string(s.acpID)
+}
+
+// OpenTurn appends the turn's opening record: turn/start, the inbox claim
+// when the input came from the inbox, the user message and in.Extra (the
+// one-shot descriptor).
+func (s *Session) OpenTurn(ctx context.Context, in agent.Input) (agent.Outcome, bool) {
+	if errors.Is(context.Cause(ctx), agent.ErrLeaseLost) {
+		return agent.Outcome{Fenced: true}, false
+	}
+	s.mu.Lock()
+	turn := s.turn + 1
+	s.mu.Unlock()
+	var b evBuf
+	b.add(protocol.EvTurnStart, protocol.TurnData{Turn: turn})
+	if in.InboxSeq > 0 {
+		b.add(protocol.EvInboxDequeue, protocol.InboxDequeueData{MessageID: in.MessageID, InboxSeq: in.InboxSeq, Turn: turn})
+	}
+	content := in.Content
+	if content == nil {
+		content = []protocol.ContentBlock{}
+	}
+	id := in.MessageID
+	if id == "" {
+		id = fmt.Sprintf("%s-t%d", s.header.ID, turn)
+	}
+	b.add(protocol.EvUserMessage, protocol.UserMessageData{ID: id, Turn: turn, Content: content, Source: in.Source})
+	b.evs = append(b.evs, in.Extra...)
+	if b.err != nil {
+		return agent.Outcome{Turn: turn, Reason: errReason(b.err.Error()), Err: b.err}, false
+	}
+	s.logMu.Lock()
+	out, ok := s.append(ctx, turn, b.evs)
+	s.logMu.Unlock()
+	if !ok {
+		return out, false
+	}
+	var prompt []acp.ContentBlock
+	for _, c := range content {
+		if c.Type == protocol.BlockText && c.Text != "" {
+			prompt = append(prompt, acp.TextBlock(c.Text))
+		}
+	}
+	s.mu.Lock()
+	s.turn, s.prompt = turn, prompt
+	s.mu.Unlock()
+	return agent.Outcome{Turn: turn}, true
+}
+
+// RunSteps runs the open turn: it starts the agent and its ACP session when
+// this is the session's first turn, prompts, records what the agent reports,
+// and ends the turn. It returns promptly when ctx is cancelled: with an
+// *agent.Cancel cause the turn ends aborted with the text so far (the agent gets
+// session/cancel and is torn down by Close), with agent.ErrLeaseLost nothing
+// more is appended.
+func (s *Session) RunSteps(ctx context.Context) agent.Outcome {
+	s.mu.Lock()
+	turn, prompt, attached := s.turn, s.prompt, s.conn != nil
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeoutCause(ctx, s.o.TurnTimeout, errTurnTimeout)
+	defer cancel()
+	if e := s.ctxEnding(ctx); e != nil {
+		return s.endTurn(ctx, nil, turn, *e)
+	}
+	var b evBuf
+	if !attached {
+		data, e := s.attach(ctx)
+		if e != nil {
+			return s.endTurn(ctx, nil, turn, *e)
+		}
+		b.add(protocol.EvACPSession, data)
+	} else if e := s.awaitPreviousPrompt(ctx); e != nil {
+		return s.endTurn(ctx, nil, turn, *e)
+	}
+	t := newTurnState(turn, 1)
+	b.add(protocol.EvStepStart, protocol.StepData{Turn: turn, Step: t.step})
+	if b.err != nil {
+		return agent.Outcome{Turn: turn, Reason: errReason(b.err.Error()), Err: b.err}
+	}
+	s.logMu.Lock()
+	out, ok := s.append(ctx, turn, b.evs)
+	if ok {
+		s.mu.Lock()
+		s.cur = t
+		s.mu.Unlock()
+	}
+	s.logMu.Unlock()
+	if !ok {
+		return out
+	}
+	go s.writer(ctx, t)
+	done, res := s.startPrompt(prompt)
+	e := s.await(ctx, t, done, "the turn")
+	if e == nil {
+		e = s.promptEnding(res)
+	}
+	return s.endTurn(ctx, t, turn, *e)
+}
+
+// ending is how a turn ends: the turn/end reason, or fenced (append
+// nothing), or a log append that failed (err); cancelRemote sends
+// session/cancel; cut marks the answer so far as interrupted.
+type ending struct {
+	reason       protocol.TurnEndReason
+	fenced       bool
+	err          error
+	cancelRemote bool
+	cut          bool
+}
+
+func errEnding(format string, args ...any) *ending {
+	return &ending{reason: errReason(fmt.Sprintf(format, args...)), cancelRemote: true, cut: true}
+}
+
+func errReason(diag string) protocol.TurnEndReason {
+	return protocol.TurnEndReason{Kind: protocol.TurnError, Error: protocol.TruncateDiagnostic(diag)}
+}
+
+// ctxEnding maps a done turn context to its ending (nil while it runs).
+func (s *Session) ctxEnding(ctx context.Context) *ending {
+	if ctx.Err() == nil {
+		return nil
+	}
+	cause := context.Cause(ctx)
+	var c *agent.Cancel
+	switch {
+	case errors.Is(cause, agent.ErrLeaseLost):
+		return &ending{fenced: true, cancelRemote: true}
+	case errors.Is(cause, errTurnTimeout):
+		return errEnding("the ACP turn exceeded its %s limit", s.o.TurnTimeout)
+	case errors.As(cause, &c):
+		return &ending{reason: protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: c.Cause}, cancelRemote: true, cut: true}
+	default:
+		return &ending{reason: protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: protocol.CauseDisposed}, cancelRemote: true, cut: true}
+	}
+}
+
+// attach starts the agent process and opens (or loads) its ACP session:
+// initialize with every client capability false, then session/new with the
+// workspace and the child's lineage in _meta, or session/load for a resume.
+func (s *Session) attach(ctx context.Context) (protocol.ACPSessionData, *ending) {
+	var data protocol.ACPSessionData
+	a := s.p.agent
+	proc, err := acpio.Start(acpio.Command{
+		Path: a.Command, Args: a.Args, Env: acpio.ScrubEnv(s.o.Environ(), a.Env), Dir: s.cwd,
+		Redact: acpio.SecretValues(a.Env),
+		OnStderrLine: func(line string) {
+			s.logger.Debug("ACP agent stderr", "line", line)
+		},
+	})
+	if err != nil {
+		return data, &ending{reason: errReason(fmt.Sprintf("could not start the ACP agent %q: %v", a.Command, err))}
+	}
+	s.touch()
+	filter := acpio.NewLineFilter(proc.Stdout, s.o.LineBytesMax, s.touch, s.onDrop)
+	conn := acp.NewClientSideConnection(client{s}, proc.Stdin, filter)
+	conn.SetLogger(s.logger.With("component", "acp-sdk"))
+	s.mu.Lock()
+	s.proc, s.conn = proc, conn
+	s.mu.Unlock()
+	s.logger.Debug("ACP agent started", "pid", proc.Pid(), "command", a.Command, "cwd", s.cwd)
+
+	var init acp.InitializeResponse
+	if e := s.call(ctx, "initialize", func(cctx context.Context) (err error) {
+		init, err = conn.Initialize(cctx, acp.InitializeRequest{
+			ProtocolVersion:    acp.ProtocolVersionNumber,
+			ClientCapabilities: acp.ClientCapabilities{},
+			ClientInfo:         &acp.Implementation{Name: "brood", Version: s.o.Version},
+		})
+		return err
+	}); e != nil {
+		return data, e
+	}
+	data.ProtocolVersion = int64(init.ProtocolVersion)
+	data.LoadSession = init.AgentCapabilities.LoadSession
+	if info := init.AgentInfo; info != nil {
+		data.Agent = strings.TrimSpace(info.Name + " " + info.Version)
+	}
+	meta := protocol.LineageOfHeader(s.header).Meta()
+	if s.resume != nil {
+		if !data.LoadSession {
+			return data, &ending{reason: errReason(fmt.Sprintf("%s: the ACP agent no longer advertises session/load, so ACP session %s cannot be restored",
+				protocol.CodeNotResumable, s.resume.SessionID))}
+		}
+		data.SessionID, data.Loaded = s.resume.SessionID, true
+		// The agent replays the session's history as session/update
+		// notifications before it answers; no turn is current, so they are
+		// not recorded again.
+		if e := s.call(ctx, "session/load", func(cctx context.Context) error {
+			_, err := conn.LoadSession(cctx, acp.LoadSessionRequest{
+				SessionId: acp.SessionId(data.SessionID), Cwd: s.cwd, McpServers: []acp.McpServer{}, Meta: meta,
+			})
+			return err
+		}); e != nil {
+			return data, e
+		}
+	} else {
+		var resp acp.NewSessionResponse
+		if e := s.call(ctx, "session/new", func(cctx context.Context) (err error) {
+			resp, err = conn.NewSession(cctx, acp.NewSessionRequest{Cwd: s.cwd, McpServers: []acp.McpServer{}, Meta: meta})
+			return err
+		}); e != nil {
+			return data, e
+		}
+		if resp.SessionId == "" {
+			return data, errEnding("the ACP agent answered session/new without a sessionId")
+		}
+		data.SessionID = string(resp.SessionId)
+	}
+	s.mu.Lock()
+	s.acpID = acp.SessionId(data.SessionID)
+	s.mu.Unlock()
+	return data, nil
+}
+
+// call runs one startup request under the turn's bounds. The request's own
+// context is cancelled when the wait ends early (nothing to cancel
+// gracefully before a session exists).
+func (s *Session) call(ctx context.Context, what string, fn func(context.Context) error) *ending {
+	cctx, cancel := context.WithCancel(s.lifetime)
+	defer cancel()
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		err = fn(cctx)
+	}()
+	if e := s.await(ctx, nil, done, what); e != nil {
+		e.cancelRemote = false
+		return e
+	}
+	if err != nil {
+		e := s.rpcEnding(what, err)
+		e.cancelRemote = false
+		return e
+	}
+	return nil
+}
+
+type promptResult struct {
+	resp acp.PromptResponse
+	err  error
+}
+
+// startPrompt sends session/prompt. Its context is the session's lifetime:
+// a turn that ends early asks the agent to stop with session/cancel rather
+// than abandoning the request (an abandoned request is a JSON-RPC error, not
+// a stop reason, DESIGN.md §12); Close is the hard stop.
+func (s *Session) startPrompt(prompt []acp.ContentBlock) (<-chan struct{}, *promptResult) {
+	res := &promptResult{}
+	done := make(chan struct{})
+	s.mu.Lock()
+	s.prompting = done
+	conn, id := s.conn, s.acpID
+	s.mu.Unlock()
+	if prompt == nil {
+		prompt = []acp.ContentBlock{}
+	}
+	go func() {
+		defer close(done)
+		res.resp, res.err = conn.Prompt(s.lifetime, acp.PromptRequest{SessionId: id, Prompt: prompt})
+	}()
+	return done, res
+}
+
+// awaitPreviousPrompt waits (bounded) for the agent to answer the previous
+// turn's prompt, so its late `cancelled` can never end this turn.
+func (s *Session) awaitPreviousPrompt(ctx context.Context) *ending {
+	s.mu.Lock()
+	prev := s.prompting
+	s.mu.Unlock()
+	if prev == nil {
+		return nil
+	}
+	select {
+	case <-prev:
+		return nil
+	case <-ctx.Done():
+		return s.ctxEnding(ctx)
+	case <-time.After(PreviousPromptWaitMax):
+		return errEnding("the ACP agent did not finish its previous, cancelled turn within %s", PreviousPromptWaitMax)
+	}
+}
+
+// await waits for done under every bound of a turn: the turn's context
+// (dispose, lease loss, turn timeout), a failure recorded by the turn, a
+// stdout protocol violation, the agent's exit, and the silence bound. It
+// returns nil when done closed first.
+func (s *Session) await(ctx context.Context, t *turnState, done <-chan struct{}, what string) *ending {
+	var failed <-chan struct{}
+	if t != nil {
+		failed = t.failed
+	}
+	s.mu.Lock()
+	exited := s.proc.Exited()
+	s.mu.Unlock()
+	tick := time.NewTicker(min(max(s.o.SilenceTimeout/10, 10*time.Millisecond), 250*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			// What broke the turn while the answer arrived still counts.
+			select {
+			case <-failed:
+				return t.failure
+			case <-s.violation:
+				return errEnding("%s", s.violationMsg)
+			default:
+				return nil
+			}
+		case <-ctx.Done():
+			return s.ctxEnding(ctx)
+		case <-failed:
+			return t.failure
+		case <-s.violation:
+			return errEnding("%s", s.violationMsg)
+		case <-exited:
+			select {
+			case <-done:
+				return nil
+			case <-time.After(s.o.ExitGrace):
+			}
+			return s.exitEnding(what)
+		case <-tick.C:
+			silent := time.Since(time.Unix(0, s.lastRecv.Load()))
+			if silent > s.o.SilenceTimeout {
+				return errEnding("the ACP agent sent no message for %s during %s (the silence bound is %s)",
+					silent.Round(time.Millisecond), what, s.o.SilenceTimeout)
+			}
+		}
+	}
+}
+
+// exitEnding describes an agent that went away during what, with the end of
+// its stderr (secrets configured for it redacted).
+func (s *Session) exitEnding(what string) *ending {
+	s.mu.Lock()
+	proc := s.proc
+	s.mu.Unlock()
+	select {
+	case <-proc.Exited():
+	case <-time.After(s.o.ExitGrace):
+	}
+	msg := fmt.Sprintf("the ACP agent closed its stdout during %s", what)
+	if st := proc.ExitStatus(); st != "" {
+		msg = fmt.Sprintf("the ACP agent exited (%s) during %s", st, what)
+	}
+	if tail := proc.StderrTail(1024); tail != "" {
+		msg += "; the end of its stderr: " + tail
+	}
+	return errEnding("%s", msg)
+}
+
+// rpcEnding maps a failed request: a transport failure (the agent went
+// away) is described as such; a JSON-RPC error keeps its message, with a hint
+// when the agent asks for authentication.
+func (s *Session) rpcEnding(what string, err error) *ending {
+	s.mu.Lock()
+	proc, conn := s.proc, s.conn
+	s.mu.Unlock()
+	gone := false
+	select {
+	case <-conn.Done():
+		gone = true
+	case <-proc.Exited():
+		gone = true
+	default:
+	}
+	if gone {
+		return s.exitEnding(what)
+	}
+	msg := fmt.Sprintf("%s failed: %s", what, rpcErrorText(err))
+	var re *acp.RequestError
+	if errors.As(err, &re) && (re.Code == -32000 || strings.Contains(strings.ToLower(re.Message), "auth")) {
+		msg += "; the ACP agent requires authentication: set the credentials it needs in the provider's env " +
+			"(the bridge scrubs them from its own environment) or log the agent in"
+	}
+	return errEnding("%s", msg)
+}
+
+func rpcErrorText(err error) string {
+	var re *acp.RequestError
+	if !errors.As(err, &re) {
+		return err.Error()
+	}
+	text := fmt.Sprintf("%s (JSON-RPC error %d)", re.Message, re.Code)
+	if m, ok := re.Data.(map[string]any); ok {
+		for _, k := range []string{"details", "error", "message"} {
+			if v, ok := m[k].(string); ok && v != "" && v != re.Message {
+				if len(v) > 512 {
+					v = v[:512] + "…"
+				}
+				text += ": " + v
+				break
+			}
+		}
+	}
+	return text
+}
+
+// promptEnding maps the answer to session/prompt (upstream-behaviour §4):
+// end_turn → completed, max_tokens → max-tokens, refusal → blocked (stop
+// reason refusal), cancelled → aborted, anything else → error.
+func (s *Session) promptEnding(res *promptResult) *ending {
+	if res.err != nil {
+		return s.rpcEnding("session/prompt", res.err)
+	}
+	switch r := res.resp.StopReason; r {
+	case acp.StopReasonEndTurn:
+		return &ending{reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}
+	case acp.StopReasonMaxTokens:
+		return &ending{reason: protocol.TurnEndReason{Kind: protocol.TurnMaxTokens}, cut: true}
+	case acp.StopReasonRefusal:
+		return &ending{reason: protocol.TurnEndReason{Kind: protocol.TurnBlocked}}
+	case acp.StopReasonCancelled:
+		return &ending{reason: protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: CauseAgent}, cut: true}
+	default:
+		return &ending{reason: errReason(fmt.Sprintf("the ACP agent ended the turn with stop reason %q", r)), cut: true}
+	}
+}
+
+// endTurn stops the turn's writer and appends its last record: what the
+// writer had not flushed, an error result for every tool call still open,
+// the answer, step/end and turn/end.
+func (s *Session) endTurn(ctx context.Context, t *turnState, turn int64, e ending) agent.Outcome {
+	if t != nil {
+		close(t.stopWriter)
+		<-t.writerDone
+	}
+	if e.cancelRemote {
+		s.cancelRemote()
+	}
+	s.logMu.Lock()
+	defer s.logMu.Unlock()
+	s.mu.Lock()
+	if s.cur == t {
+		s.cur = nil
+	}
+	var b evBuf
+	if t != nil {
+		t.done = true
+		b.evs = append(b.evs, t.pending...)
+		t.pending = nil
+		for _, id := range t.order {
+			if ts := t.tools[id]; !ts.resulted {
+				b.add(protocol.EvToolResult, protocol.ToolResultData{
+					Turn: turn, Step: t.step, CallID: id, Name: ts.name, IsError: true,
+					Content: protocol.Text("the tool call had not finished when the turn ended (" + e.reason.Kind + ")"),
+				})
+			}
+		}
+		if text := t.text.String(); text != "" && !t.overflow {
+			b.add(protocol.EvAssistantMessage, protocol.AssistantMessageData{
+				Turn: turn, Step: t.step, Message: protocol.AssistantMessage{Content: protocol.Text(text)}, Interrupted: e.cut,
+			})
+		}
+		b.add(protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: t.step})
+	}
+	s.mu.Unlock()
+	if e.fenced {
+		return agent.Outcome{Turn: turn, Fenced: true, Reason: protocol.TurnEndReason{Kind: protocol.TurnInterrupted}}
+	}
+	if e.err != nil {
+		return agent.Outcome{Turn: turn, Reason: e.reason, Err: e.err}
+	}
+	b.add(protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: e.reason})
+	if b.err != nil {
+		return agent.Outcome{Turn: turn, Reason: errReason(b.err.Error()), Err: b.err}
+	}
+	if out, ok := s.append(ctx, turn, b.evs); !ok {
+		return out
+	}
+	return agent.Outcome{Turn: turn, Reason: e.reason}
+}
+
+// cancelRemote asks the agent to stop the current prompt. It never blocks
+// the turn: an agent that does not read its stdin cannot stall settlement.
+func (s *Session) cancelRemote() {
+	s.mu.Lock()
+	conn, id := s.conn, s.acpID
+	s.mu.Unlock()
+	if conn == nil || id == "" {
+		return
+	}
+	go func() { _ = conn.Cancel(context.Background(), acp.CancelNotification{SessionId: id}) }()
+}
+
+// writer appends the tool events the agent reports while the turn runs,
+// coalescing whatever accumulated into one record, so the SDK's
+// notification goroutine never waits on JetStream.
+func (s *Session) writer(ctx context.Context, t *turnState) {
+	defer close(t.writerDone)
+	for {
+		select {
+		case <-t.stopWriter:
+			return
+		case <-t.kick:
+		}
+		s.logMu.Lock()
+		s.mu.Lock()
+		evs := t.pending
+		t.pending = nil
+		s.mu.Unlock()
+		if len(evs) > 0 {
+			if out, ok := s.append(ctx, t.turn, evs); !ok {
+				t.fail(&ending{fenced: out.Fenced, err: out.Err, reason: out.Reason, cancelRemote: true})
+			}
+		}
+		s.logMu.Unlock()
+	}
+}
+
+// append writes evs as one record (split when too large), with its own
+// deadline so a cancelled turn can still record how it ended. The caller
+// holds logMu.
+func (s *Session) append(ctx context.Context, turn int64, evs []protocol.SessionEvent) (agent.Outcome, bool) {
+	s.mu.Lock()
+	fenced := s.fenced
+	s.mu.Unlock()
+	if fenced || errors.Is(context.Cause(ctx), agent.ErrLeaseLost) {
+		return agent.Outcome{Turn: turn, Fenced: true}, false
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.o.AppendTimeout)
+	defer cancel()
+	if err := s.appendSplit(actx, evs); err != nil {
+		if errors.Is(err, store.ErrFenced) {
+			s.mu.Lock()
+			s.fenced = true
+			s.mu.Unlock()
+			s.logger.Warn("session log fenced by another writer; stopping this ACP child", "turn", turn)
+			return agent.Outcome{Turn: turn, Fenced: true}, false
+		}
+		s.logger.Error("session log append failed", "turn", turn, "err", err)
+		return agent.Outcome{Turn: turn, Reason: errReason("the session log did not accept an append: " + err.Error()), Err: err}, false
+	}
+	return agent.Outcome{}, true
+}
+
+func (s *Session) appendSplit(ctx context.Context, evs []protocol.SessionEvent) error {
+	written, err := s.log.Append(ctx, evs...)
+	if err != nil {
+		if protocol.CodeOf(err) == protocol.CodeLimitExceeded && len(evs) > 1 {
+			half := len(evs) / 2
+			if err := s.appendSplit(ctx, evs[:half]); err != nil {
+				return err
+			}
+			return s.appendSplit(ctx, evs[half:])
+		}
+		return err
+	}
+	s.mu.Lock()
+	s.events = append(s.events, written...)
+	s.mu.Unlock()
+	return nil
+}
+
+// Close tears the agent's process tree down (EOF, then SIGTERM, then SIGKILL
+// to its group, grandchildren included) and reaps it. The host calls it after
+// the run settled, so teardown never delays a result. Idempotent.
+func (s *Session) Close() error {
+	s.closeOnce.Do(func() {
+		s.stop()
+		s.mu.Lock()
+		proc := s.proc
+		s.mu.Unlock()
+		if proc == nil {
+			return
+		}
+		rep := proc.Teardown(s.o.EOFGrace, s.o.TermGrace)
+		s.logger.Debug("ACP agent torn down", "pid", proc.Pid(), "how", rep.String(), "exit", proc.ExitStatus())
+		if n := s.dropped.Load(); n > 0 {
+			s.logger.Info("lines that were not JSON objects were dropped from the ACP agent's stdout", "lines", n)
+		}
+	})
+	return nil
+}
+
+// touch records a message from the agent (the silence bound's clock).
+func (s *Session) touch() { s.lastRecv.Store(time.Now().UnixNano()) }
+
+// onDrop handles a stdout line the filter did not forward: stray text is
+// logged (the first few) and ignored; an oversize line is a lost message, so
+// the turn ends.
+func (s *Session) onDrop(d acpio.Drop) {
+	if d.Oversize {
+		s.violationOnce.Do(func() {
+			s.violationMsg = fmt.Sprintf("the ACP agent wrote a line of %d bytes to its stdout, over the %d-byte limit; the message was dropped, so the conversation cannot go on",
+				d.Bytes, s.o.LineBytesMax)
+			close(s.violation)
+		})
+		return
+	}
+	const logged = 5
+	if n := s.dropped.Add(1); n <= logged {
+		s.logger.Info("dropped a line that is not a JSON object from the ACP agent's stdout", "bytes", d.Bytes, "dropped", n)
+	}
+}
+
+func ceilingDeniesAny(c *protocol.ToolFilter) bool {
+	return c != nil && (c.Allow != nil || len(c.Deny) > 0)
+}
+
+// onPermission answers a permission request by policy; nobody is asked
+// (upstream-behaviour §4). A child whose tool ceiling denies any tool has
+// every request rejected (fail closed, DESIGN.md §7).
+func (s *Session) onPermission(req acp.RequestPermissionRequest) acp.RequestPermissionResponse {
+	policy, why := s.p.agent.Permission, "provider policy"
+	if ceilingDeniesAny(s.header.ToolCeiling) {
+		policy, why = PolicyReject, "the child's tool ceiling denies tools"
+	}
+	resp := acp.RequestPermissionResponse{Outcome: acp.RequestPermissionOutcome{Cancelled: &acp.RequestPermissionOutcomeCancelled{}}}
+	decision := "cancelled"
+	if policy == PolicyAllow {
+		for _, o := range req.Options {
+			if o.Kind == acp.PermissionOptionKindAllowOnce || o.Kind == acp.PermissionOptionKindAllowAlways {
+				resp.Outcome = acp.RequestPermissionOutcome{Selected: &acp.RequestPermissionOutcomeSelected{OptionId: o.OptionId}}
+				decision = "selected " + string(o.OptionId)
+				break
+			}
+		}
+	}
+	s.logger.Info("ACP permission request answered", "toolCallId", req.ToolCall.ToolCallId, "decision", decision, "why", why)
+	return resp
+}
+
+// onUpdate records one session/update of the current turn: message chunks
+// into the answer, tool calls and their completion as log events. Thoughts,
+// plans and the rest are consumed and dropped (upstream-behaviour §4).
+func (s *Session) onUpdate(n acp.SessionNotification) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.cur
+	if t == nil || t.done || n.SessionId != s.acpID {
+		return
+	}
+	u := n.Update
+	switch {
+	case u.AgentMessageChunk != nil:
+		tb := u.AgentMessageChunk.Content.Text
+		if tb == nil || t.overflow {
+			return
+		}
+		if t.text.Len()+len(tb.Text) > s.o.OutputBytesMax {
+			t.overflow = true
+			t.fail(errEnding("%s: the ACP agent's answer exceeded %d bytes; nothing of it was kept, nothing was truncated",
+				protocol.CodeLimitExceeded, s.o.OutputBytesMax))
+			return
+		}
+		t.text.WriteString(tb.Text)
+	case u.ToolCall != nil:
+		c := u.ToolCall
+		ts := s.toolStart(t, string(c.ToolCallId), c.Title, string(c.Kind), c.RawInput)
+		s.toolEnd(t, ts, string(c.ToolCallId), c.Status, c.Content, c.RawOutput)
+	case u.ToolCallUpdate != nil:
+		c := u.ToolCallUpdate
+		var title, kind string
+		if c.Title != nil {
+			title = *c.Title
+		}
+		if c.Kind != nil {
+			kind = string(*c.Kind)
+		}
+		ts := s.toolStart(t, string(c.ToolCallId), title, kind, c.RawInput)
+		if c.Status != nil {
+			s.toolEnd(t, ts, string(c.ToolCallId), *c.Status, c.Content, c.RawOutput)
+		}
+	}
+}
+
+// toolStart returns the call's state, logging tool/call the first time the
+// agent mentions it.
+func (s *Session) toolStart(t *turnState, id, title, kind string, rawInput any) *toolState {
+	if ts, ok := t.tools[id]; ok {
+		return ts
+	}
+	name := title
+	if name == "" {
+		name = kind
+	}
+	if name == "" {
+		name = "tool"
+	}
+	if len(name) > 200 {
+		name = name[:200]
+	}
+	ts := &toolState{name: name}
+	t.tools[id] = ts
+	t.order = append(t.order, id)
+	args := "{}"
+	if rawInput != nil {
+		if b, err := json.Marshal(rawInput); err == nil {
+			args = string(b)
+		}
+	}
+	if len(args) > s.o.ToolTextBytesMax {
+		args = fmt.Sprintf(`{"omittedBytes":%d}`, len(args))
+	}
+	t.add(protocol.EvToolCall, protocol.ToolCallData{Turn: t.turn, Step: t.step, CallID: id, Name: name, Arguments: args})
+	return ts
+}
+
+// toolEnd logs tool/result once the agent reports the call completed or failed.
+func (s *Session) toolEnd(t *turnState, ts *toolState, id string, status acp.ToolCallStatus, content []acp.ToolCallContent, rawOutput any) {
+	if ts.resulted || (status != acp.ToolCallStatusCompleted && status != acp.ToolCallStatusFailed) {
+		return
+	}
+	ts.resulted = true
+	var parts []string
+	for _, c := range content {
+		switch {
+		case c.Content != nil && c.Content.Content.Text != nil:
+			parts = append(parts, c.Content.Content.Text.Text)
+		case c.Diff != nil:
+			parts = append(parts, "diff of "+c.Diff.Path)
+		case c.Terminal != nil:
+			parts = append(parts, "terminal "+c.Terminal.TerminalId)
+		}
+	}
+	if len(parts) == 0 && rawOutput != nil {
+		if b, err := json.Marshal(rawOutput); err == nil {
+			parts = append(parts, string(b))
+		}
+	}
+	text := strings.Join(parts, "\n")
+	if len(text) > s.o.ToolTextBytesMax {
+		text = fmt.Sprintf("(the tool's output of %d bytes is not kept in the log; the limit is %d bytes)", len(text), s.o.ToolTextBytesMax)
+	}
+	t.add(protocol.EvToolResult, protocol.ToolResultData{
+		Turn: t.turn, Step: t.step, CallID: id, Name: ts.name, Content: protocol.Text(text), IsError: status == acp.ToolCallStatusFailed,
+	})
+}
+
+// turnState is one running turn, guarded by Session.mu.
+type turnState struct {
+	turn, step int64
+	text       strings.Builder
+	overflow   bool
+	tools      map[string]*toolState
+	order      []string
+	pending    []protocol.SessionEvent
+	done       bool
+
+	kick       chan struct{}
+	stopWriter chan struct{}
+	writerDone chan struct{}
+	failed     chan struct{}
+	failOnce   sync.Once
+	failure    *ending
+}
+
+type toolState struct {
+	name     string
+	resulted bool
+}
+
+func newTurnState(turn, step int64) *turnState {
+	return &turnState{
+		turn: turn, step: step, tools: map[string]*toolState{},
+		kick: make(chan struct{}, 1), stopWriter: make(chan struct{}), writerDone: make(chan struct{}), failed: make(chan struct{}),
+	}
+}
+
+// add queues an event for the writer (Session.mu held).
+func (t *turnState) add(typ string, data any) {
+	ev, err := protocol.NewEvent(typ, store.NowMs(), data)
+	if err != nil {
+		t.fail(&ending{reason: errReason("encode " + typ + ": " + err.Error()), err: err, cancelRemote: true})
+		return
+	}
+	t.pending = append(t.pending, ev)
+	select {
+	case t.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (t *turnState) fail(e *ending) {
+	t.failOnce.Do(func() {
+		t.failure = e
+		close(t.failed)
+	})
+}
+
+// evBuf collects a record's events, keeping the first encoding error.
+type evBuf struct {
+	evs []protocol.SessionEvent
+	err error
+}
+
+func (b *evBuf) add(typ string, data any) {
+	if b.err != nil {
+		return
+	}
+	ev, err := protocol.NewEvent(typ, store.NowMs(), data)
+	if err != nil {
+		b.err = err
+		return
+	}
+	b.evs = append(b.evs, ev)
+}
+
+// client is the bridge's side of the ACP connection: session updates and
+// permission requests go to the session; no file system or terminal method
+// is served (every client capability is false).
+type client struct{ s *Session }
+
+func (c client) SessionUpdate(_ context.Context, n acp.SessionNotification) error {
+	c.s.onUpdate(n)
+	return nil
+}
+
+func (c client) RequestPermission(_ context.Context, r acp.RequestPermissionRequest) (acp.RequestPermissionResponse, error) {
+	return c.s.onPermission(r), nil
+}
+
+func (client) ReadTextFile(context.Context, acp.ReadTextFileRequest) (acp.ReadTextFileResponse, error) {
+	return acp.ReadTextFileResponse{}, acp.NewMethodNotFound(acp.ClientMethodFsReadTextFile)
+}
+
+func (client) WriteTextFile(context.Context, acp.WriteTextFileRequest) (acp.WriteTextFileResponse, error) {
+	return acp.WriteTextFileResponse{}, acp.NewMethodNotFound(acp.ClientMethodFsWriteTextFile)
+}
+
+func (client) CreateTerminal(context.Context, acp.CreateTerminalRequest) (acp.CreateTerminalResponse, error) {
+	return acp.CreateTerminalResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalCreate)
+}
+
+func (client) KillTerminal(context.Context, acp.KillTerminalRequest) (acp.KillTerminalResponse, error) {
+	return acp.KillTerminalResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalKill)
+}
+
+func (client) TerminalOutput(context.Context, acp.TerminalOutputRequest) (acp.TerminalOutputResponse, error) {
+	return acp.TerminalOutputResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalOutput)
+}
+
+func (client) ReleaseTerminal(context.Context, acp.ReleaseTerminalRequest) (acp.ReleaseTerminalResponse, error) {
+	return acp.ReleaseTerminalResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalRelease)
+}
+
+func (client) WaitForTerminalExit(context.Context, acp.WaitForTerminalExitRequest) (acp.WaitForTerminalExitResponse, error) {
+	return acp.WaitForTerminalExitResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalWaitForExit)
+}
+
+var (
+	_ worker.Session = (*Session)(nil)
+	_ worker.Closer  = (*Session)(nil)
+	_ acp.Client     = client{}
+)
+
+// ClaimNext opens the next turn with the oldest unclaimed inbox item (a
+// continuable ACP child's followup, DESIGN.md §4): the claim is logged before
+// the turn prompts the ACP session with it.
+func (s *Session) ClaimNext(ctx context.Context, in agent.Inbox) (agent.Outcome, bool, error) {
+	return agent.ClaimNextOf(ctx, s, in, s.logger)
+}
+
+// Unclaimed returns the inbox items this session has not claimed yet.
+func (s *Session) Unclaimed(ctx context.Context, in agent.Inbox) ([]store.InboxItem, error) {
+	return agent.UnclaimedOf(ctx, s.Events(), in, s.logger)
+}
+
+// Append logs events between turns (the continuable descriptor, the closing
+// of a turn a dead host left open) as one record.
+func (s *Session) Append(ctx context.Context, evs ...protocol.SessionEvent) error {
+	s.logMu.Lock()
+	defer s.logMu.Unlock()
+	out, ok := s.append(ctx, 0, evs)
+	if ok {
+		return nil
+	}
+	if out.Fenced {
+		return store.ErrFenced
+	}
+	return out.Err
+}

@@ -1,0 +1,320 @@
+package acpbridge
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// memLog is an in-memory session log.
+type memLog struct {
+	mu  sync.Mutex
+	evs []protocol.SessionEvent
+}
+
+func (l *memLog) Append(_ context.Context, evs ...protocol.SessionEvent) ([]protocol.SessionEvent, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]protocol.SessionEvent, len(evs))
+	for i, ev := range evs {
+		ev.Seq = int64(len(l.evs))
+		l.evs = append(l.evs, ev)
+		out[i] = ev
+	}
+	return out, nil
+}
+
+func (l *memLog) events() []protocol.SessionEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]protocol.SessionEvent(nil), l.evs...)
+}
+
+var (
+	fakeOnce sync.Once
+	fakeBin  string
+	fakeErr  error
+)
+
+func fakeAgent(t *testing.T) string {
+	t.Helper()
+	fakeOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "acpfake-")
+		if err != nil {
+			fakeErr = err
+			return
+		}
+		fakeBin = filepath.Join(dir, "acpfake")
+		out, err := exec.Command("go", "build", "-o", fakeBin, "../../integration/acpfake").CombinedOutput()
+		if err != nil {
+			fakeErr = errors.New(string(out))
+		}
+	})
+	if fakeErr != nil {
+		t.Fatalf("build the fake ACP agent: %v", fakeErr)
+	}
+	return fakeBin
+}
+
+func tsAgent(t *testing.T) string {
+	t.Helper()
+	script, _ := filepath.Abs("../../integration/testdata/acp/ts-agent.mjs")
+	sdk, _ := filepath.Abs("../../integration/testdata/acp/node_modules/@agentclientprotocol/sdk/package.json")
+	if _, err := os.Stat(sdk); err != nil {
+		t.Fatalf("%s is missing: run `make acp-deps`", sdk)
+	}
+	return script
+}
+
+func testOptions(t *testing.T) Options {
+	return Options{SilenceTimeout: 5 * time.Second, EOFGrace: 300 * time.Millisecond, TermGrace: 300 * time.Millisecond, Logger: testutil.Logger(t)}
+}
+
+// turn runs one turn of sess and returns how it ended and the turn's output.
+func turn(t *testing.T, sess worker.Session, log *memLog, prompt string) (protocol.TurnEndReason, string) {
+	t.Helper()
+	ctx := context.Background()
+	before := len(log.events())
+	if out, ok := sess.OpenTurn(ctx, agent.Input{Content: protocol.Text(prompt), Source: protocol.MessageSource{Kind: protocol.SourceUser}}); !ok {
+		t.Fatalf("open turn: %+v", out)
+	}
+	out := sess.RunSteps(ctx)
+	if out.Fenced || out.Err != nil {
+		t.Fatalf("turn: %+v", out)
+	}
+	return out.Reason, protocol.PlainText(agent.SelectOutput(log.events()[before:]))
+}
+
+func acpSessions(evs []protocol.SessionEvent) []protocol.ACPSessionData {
+	var out []protocol.ACPSessionData
+	for _, e := range evs {
+		var d protocol.ACPSessionData
+		if e.Type == protocol.EvACPSession && e.Decode(&d) == nil {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// TestSessionFollowupAndColdResume is how continuable ACP children plug in
+// (issue point 3): later turns on a resident Session prompt the same ACP
+// session; a Session built over the log after its process ended loads the
+// recorded ACP session (the agent advertised session/load) and goes on.
+func TestSessionFollowupAndColdResume(t *testing.T) {
+	script := tsAgent(t)
+	p, err := NewProvider(AgentConfig{Name: "ts", Command: "node", Args: []string{script},
+		Env: map[string]string{"TS_AGENT_STATE_DIR": t.TempDir()}}, testOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := protocol.SessionHeader{ID: "child-1", Cwd: t.TempDir(), ParentSession: "parent-1", DelegationDepth: 1}
+	log := &memLog{}
+	s1, err := p.NewSession(context.Background(), worker.SessionSpec{Header: h, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, out := turn(t, s1, log, "hello"); r.Kind != protocol.TurnCompleted || out != "ts: hello" {
+		t.Fatalf("turn 1: %+v %q", r, out)
+	}
+	if r, out := turn(t, s1, log, "turns"); r.Kind != protocol.TurnCompleted || out != "turns before this one: 1" {
+		t.Fatalf("followup on the resident session: %+v %q", r, out)
+	}
+	_ = s1.(worker.Closer).Close()
+
+	s2, err := p.NewSession(context.Background(), worker.SessionSpec{Header: h, Log: log, Events: log.events()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, out := turn(t, s2, log, "turns"); r.Kind != protocol.TurnCompleted || out != "turns before this one: 2" {
+		t.Fatalf("after a cold resume: %+v %q", r, out)
+	}
+	_ = s2.(worker.Closer).Close()
+	sessions := acpSessions(log.events())
+	if len(sessions) != 2 || sessions[0].SessionID != sessions[1].SessionID || sessions[0].Loaded || !sessions[1].Loaded || !sessions[0].LoadSession {
+		t.Fatalf("acp/session events %+v", sessions)
+	}
+	var turns []int64
+	for _, e := range log.events() {
+		var d protocol.TurnData
+		if e.Type == protocol.EvTurnStart && e.Decode(&d) == nil {
+			turns = append(turns, d.Turn)
+		}
+	}
+	if len(turns) != 3 || turns[2] != 3 {
+		t.Fatalf("turns %v", turns)
+	}
+}
+
+// An agent that did not advertise session/load cannot be resumed.
+func TestSessionWithoutLoadIsNotResumable(t *testing.T) {
+	p, err := NewProvider(AgentConfig{Name: "fake", Command: fakeAgent(t)}, testOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := protocol.SessionHeader{ID: "child-2", Cwd: t.TempDir()}
+	log := &memLog{}
+	s1, _ := p.NewSession(context.Background(), worker.SessionSpec{Header: h, Log: log})
+	if r, out := turn(t, s1, log, "echo one"); r.Kind != protocol.TurnCompleted || out != "echo: one" {
+		t.Fatalf("turn: %+v %q", r, out)
+	}
+	_ = s1.(worker.Closer).Close()
+	_, err = p.NewSession(context.Background(), worker.SessionSpec{Header: h, Log: log, Events: log.events()})
+	if !errors.Is(err, protocol.ErrNotResumable) || !strings.Contains(err.Error(), "did not advertise session/load") {
+		t.Fatalf("err %v", err)
+	}
+}
+
+// A child whose tool ceiling denies any tool has every permission request
+// rejected, whatever its provider's policy (fail closed).
+func TestSessionCeilingRejectsPermissions(t *testing.T) {
+	p, err := NewProvider(AgentConfig{Name: "fake", Command: fakeAgent(t), Permission: PolicyAllow}, testOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		ceiling *protocol.ToolFilter
+		want    string
+	}{
+		{nil, "selected yes"},
+		{&protocol.ToolFilter{Deny: []string{"read_file"}}, "cancelled"},
+		{&protocol.ToolFilter{Allow: []string{"list_dir", "read_file", "subagent"}}, "cancelled"},
+	} {
+		log := &memLog{}
+		s, _ := p.NewSession(context.Background(), worker.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir(), ToolCeiling: tt.ceiling}, Log: log})
+		r, out := turn(t, s, log, "permission")
+		_ = s.(worker.Closer).Close()
+		if r.Kind != protocol.TurnCompleted || out != tt.want {
+			t.Errorf("ceiling %+v: %+v %q, want %q", tt.ceiling, r, out, tt.want)
+		}
+	}
+}
+
+func TestAgentConfig(t *testing.T) {
+	dir := t.TempDir()
+	a, err := ParseAgentSpec("name=codex,command=npx,arg=-y,arg=@zed-industries/codex-acp,env=HOME=/srv/x,env=A=b=c,cwd=" + dir + ",permission=allow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Name != "codex" || a.Command != "npx" || strings.Join(a.Args, " ") != "-y @zed-industries/codex-acp" ||
+		a.Env["HOME"] != "/srv/x" || a.Env["A"] != "b=c" || a.Cwd != dir || a.Permission != PolicyAllow {
+		t.Fatalf("%+v", a)
+	}
+	for spec, want := range map[string]string{
+		"name=x":                             "command is required",
+		"name=bad name,command=c":            "must match",
+		"name=x,command=c,permission=ask":    "reject or allow",
+		"name=x,command=c,cwd=relative":      "not an absolute path",
+		"name=x,command=c,cwd=/nonexistent/": "no such file",
+		"name=x,command=c,colour=red":        "unknown key",
+		"name=x,command=c,env=NOVALUE":       "not KEY=VALUE",
+	} {
+		if _, err := ParseAgentSpec(spec); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err %v, want %q", spec, err, want)
+		}
+	}
+	file := filepath.Join(dir, "bridge.json")
+	_ = os.WriteFile(file, []byte(`{"agents":[{"name":"a","command":"c"}],"silenceTimeout":"5s","eofGrace":"1s"}`), 0o600)
+	f, err := LoadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o Options
+	f.Apply(&o)
+	if len(f.Agents) != 1 || f.Agents[0].Permission != PolicyReject || o.SilenceTimeout != 5*time.Second || o.EOFGrace != time.Second || o.TermGrace != 0 {
+		t.Fatalf("file %+v options %+v", f, o)
+	}
+	_ = os.WriteFile(file, []byte(`{"agents":[],"silenceTimout":"5s"}`), 0o600)
+	if _, err := LoadFile(file); err == nil || !strings.Contains(err.Error(), "unknown field") {
+		t.Fatalf("a misspelt field: %v", err)
+	}
+}
+
+// failingLog accepts the first n appends, then fails every later one with err.
+type failingLog struct {
+	memLog
+	n   int
+	err error
+}
+
+func (l *failingLog) Append(ctx context.Context, evs ...protocol.SessionEvent) ([]protocol.SessionEvent, error) {
+	l.mu.Lock()
+	l.n--
+	fail := l.n < 0
+	l.mu.Unlock()
+	if fail {
+		return nil, l.err
+	}
+	return l.memLog.Append(ctx, evs...)
+}
+
+// A session that lost its log (fenced) or its lease stops and appends
+// nothing more; a log that does not acknowledge is DURABILITY_FAILED.
+func TestSessionStopsWhenItLosesTheLog(t *testing.T) {
+	p, err := NewProvider(AgentConfig{Name: "fake", Command: fakeAgent(t)}, testOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func(log agent.Appender) worker.Session {
+		s, err := p.NewSession(context.Background(), worker.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir()}, Log: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.(worker.Closer).Close() })
+		if out, ok := s.OpenTurn(context.Background(), agent.Input{Content: protocol.Text("slow 2s")}); !ok {
+			t.Fatalf("open: %+v", out)
+		}
+		return s
+	}
+
+	fenced := &failingLog{n: 1, err: store.ErrFenced}
+	if out := open(fenced).RunSteps(context.Background()); !out.Fenced {
+		t.Fatalf("fenced log: %+v", out)
+	}
+	if got := strings.Join(typesOf(fenced.events()), " "); got != "turn/start user/message" {
+		t.Fatalf("log after the fence: %s (want the opening only)", got)
+	}
+
+	unacked := &failingLog{n: 1, err: errors.New("no JetStream acknowledgement")}
+	if out := open(unacked).RunSteps(context.Background()); out.Err == nil || out.Fenced {
+		t.Fatalf("unacknowledged log: %+v", out)
+	}
+
+	log := &memLog{}
+	s := open(log)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	go func() {
+		for s.(*Session).ACPSessionID() == "" {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(100 * time.Millisecond)
+		cancel(agent.ErrLeaseLost)
+	}()
+	start := time.Now()
+	out := s.RunSteps(ctx)
+	if !out.Fenced || time.Since(start) > time.Second {
+		t.Fatalf("lease lost: %+v after %s", out, time.Since(start))
+	}
+	if got := strings.Join(typesOf(log.events()), " "); got != "turn/start user/message acp/session step/start" {
+		t.Fatalf("log after the lease was lost: %s", got)
+	}
+}
+
+func typesOf(evs []protocol.SessionEvent) []string {
+	var out []string
+	for _, e := range evs {
+		out = append(out, e.Type)
+	}
+	return out
+}
