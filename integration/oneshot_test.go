@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
@@ -79,31 +78,13 @@ func startRaw(t *testing.T, s *testutil.Stack, parent protocol.ParentRef, prompt
 // endEvents counts subagent/end events per run id under parent.
 func endEvents(t *testing.T, s *testutil.Stack, parent string) map[string]int {
 	t.Helper()
-	ctx := context.Background()
-	cons, err := s.Store.Events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{s.Store.Subj.Events(parent, protocol.EventKindEnd)}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]int{}
-	for {
-		batch, err := cons.FetchNoWait(500)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			var ev protocol.LifecycleEvent
-			if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &ev); err != nil {
-				t.Fatal(err)
-			}
+	for _, ev := range s.Lifecycle(parent) {
+		if ev.Type == protocol.LifecycleEnd {
 			out[ev.RunID]++
-			n++
-		}
-		if n == 0 {
-			return out
 		}
 	}
+	return out
 }
 
 func TestConcurrentRunsOnReplicas(t *testing.T) {
@@ -264,28 +245,5 @@ func TestWorkerPausedPastExpiryPublishesNothing(t *testing.T) {
 // lifecycleOf reads every lifecycle event under parent.
 func lifecycleOf(t *testing.T, s *testutil.Stack, parent string) []protocol.LifecycleEvent {
 	t.Helper()
-	ctx := context.Background()
-	cons, err := s.Store.Events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.Store.Subj.EventsAll(parent)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []protocol.LifecycleEvent
-	for {
-		batch, err := cons.FetchNoWait(500)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			var ev protocol.LifecycleEvent
-			if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &ev); err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, ev)
-			n++
-		}
-		if n == 0 {
-			return out
-		}
-	}
+	return s.Lifecycle(parent)
 }

@@ -38,6 +38,19 @@ func openClient(g *globals) (*session, func(), error) {
 	return &session{cl: cl, log: log}, func() { cl.Close(); nc.Close() }, nil
 }
 
+// withClient runs a client verb: a connection and client for its duration,
+// and a context cancelled by Ctrl-C.
+func withClient(g *globals, fn func(ctx context.Context, s *session) error) error {
+	s, done, err := openClient(g)
+	if err != nil {
+		return err
+	}
+	defer done()
+	ctx, cancel := ctxWithSignals()
+	defer cancel()
+	return fn(ctx, s)
+}
+
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -52,32 +65,27 @@ func providersCmd(g *globals) *cobra.Command {
 		Short: "List the live providers and their capabilities",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			s, done, err := openClient(g)
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := ctxWithSignals()
-			defer cancel()
-			r, err := s.cl.Providers(ctx)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(os.Stdout, r)
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "PROVIDER\tINSTANCES\tOUTPUT-SCHEMA\tDEPTH-LIMIT\tTOOL-FILTER\tPERSONA\tINHERITS-CONTEXT\tCONTINUABLE\tTOOLS")
-			for _, d := range r.Providers {
-				c := d.Capabilities
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, r.Instances[d.Name],
-					yes(c.OutputSchema), yes(c.DepthLimit), yes(c.ToolFilter), yes(c.Persona),
-					yes(d.InheritsParentContext), yes(d.Continuable), strings.Join(d.Tools, ","))
-			}
-			if len(r.Providers) == 0 {
-				fmt.Fprintln(tw, "(no live providers)")
-			}
-			return tw.Flush()
+			return withClient(g, func(ctx context.Context, s *session) error {
+				r, err := s.cl.Providers(ctx)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(os.Stdout, r)
+				}
+				tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "PROVIDER\tINSTANCES\tOUTPUT-SCHEMA\tDEPTH-LIMIT\tTOOL-FILTER\tPERSONA\tINHERITS-CONTEXT\tCONTINUABLE\tTOOLS")
+				for _, d := range r.Providers {
+					c := d.Capabilities
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, r.Instances[d.Name],
+						yes(c.OutputSchema), yes(c.DepthLimit), yes(c.ToolFilter), yes(c.Persona),
+						yes(d.InheritsParentContext), yes(d.Continuable), strings.Join(d.Tools, ","))
+				}
+				if len(r.Providers) == 0 {
+					fmt.Fprintln(tw, "(no live providers)")
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -247,31 +255,26 @@ func logCmd(g *globals) *cobra.Command {
 		Short: "Print a session's header, then every event of its log in order",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, done, err := openClient(g)
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := ctxWithSignals()
-			defer cancel()
-			h, events, err := s.cl.Log(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				if events == nil {
-					events = []protocol.SessionEvent{}
+			return withClient(g, func(ctx context.Context, s *session) error {
+				h, events, err := s.cl.Log(ctx, args[0])
+				if err != nil {
+					return err
 				}
-				return printJSON(os.Stdout, struct {
-					Header protocol.SessionHeader  `json:"header"`
-					Events []protocol.SessionEvent `json:"events"`
-				}{h, events})
-			}
-			printHeader(os.Stdout, h)
-			for _, ev := range events {
-				fmt.Fprintln(os.Stdout, formatEvent(ev, h))
-			}
-			return nil
+				if asJSON {
+					if events == nil {
+						events = []protocol.SessionEvent{}
+					}
+					return printJSON(os.Stdout, struct {
+						Header protocol.SessionHeader  `json:"header"`
+						Events []protocol.SessionEvent `json:"events"`
+					}{h, events})
+				}
+				printHeader(os.Stdout, h)
+				for _, ev := range events {
+					fmt.Fprintln(os.Stdout, formatEvent(ev, h))
+				}
+				return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print {header, events} as JSON")

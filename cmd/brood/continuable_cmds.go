@@ -40,40 +40,35 @@ func startCmd(g *globals) *cobra.Command {
 			if provider == "" {
 				return protocol.Errorf(protocol.CodeInvalidArgument, "--provider is required")
 			}
-			s, done, err := openClient(g)
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := ctxWithSignals()
-			defer cancel()
-			cwd, err := os.Getwd()
-			if err != nil {
-				return err
-			}
-			root, err := s.cl.OpenRoot(ctx, cwd)
-			if err != nil {
-				return err
-			}
-			defer func() {
-				cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer ccancel()
-				_ = root.Close(cctx)
-			}()
-			if label == "" {
-				label = firstWords(strings.Join(args, " "), 5)
-			}
-			r, err := s.cl.StartContinuable(ctx, protocol.ContinuableStartRequest{
-				Provider: provider, Parent: root.Ref(), Label: label, ChildID: childID, Prompt: protocol.Text(strings.Join(args, " ")),
+			return withClient(g, func(ctx context.Context, s *session) error {
+				cwd, err := os.Getwd()
+				if err != nil {
+					return err
+				}
+				root, err := s.cl.OpenRoot(ctx, cwd)
+				if err != nil {
+					return err
+				}
+				defer func() {
+					cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer ccancel()
+					_ = root.Close(cctx)
+				}()
+				if label == "" {
+					label = firstWords(strings.Join(args, " "), 5)
+				}
+				r, err := s.cl.StartContinuable(ctx, protocol.ContinuableStartRequest{
+					Provider: provider, Parent: root.Ref(), Label: label, ChildID: childID, Prompt: protocol.Text(strings.Join(args, " ")),
+				})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(os.Stdout, r)
+				}
+				fmt.Printf("childId %s\nmessageId %s\n", r.ChildID, r.MessageID)
+				return nil
 			})
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(os.Stdout, r)
-			}
-			fmt.Printf("childId %s\nmessageId %s\n", r.ChildID, r.MessageID)
-			return nil
 		},
 	}
 	cmd.Flags().StringVar(&provider, "provider", "", "provider name (see brood providers)")
@@ -98,25 +93,20 @@ func followupCmd(g *globals) *cobra.Command {
 		Short: "Send a continuable child its next turn, as the user (with a user grant); prints messageId",
 		Args:  cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, done, err := openClient(g)
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := ctxWithSignals()
-			defer cancel()
-			auth, err := s.userAuthority(ctx)
-			if err != nil {
-				return err
-			}
-			mid, err := s.cl.Followup(ctx, protocol.FollowupRequest{
-				ChildID: args[0], Authority: auth, Message: protocol.Text(strings.Join(args[1:], " ")), IdempotencyKey: key,
+			return withClient(g, func(ctx context.Context, s *session) error {
+				auth, err := s.userAuthority(ctx)
+				if err != nil {
+					return err
+				}
+				mid, err := s.cl.Followup(ctx, protocol.FollowupRequest{
+					ChildID: args[0], Authority: auth, Message: protocol.Text(strings.Join(args[1:], " ")), IdempotencyKey: key,
+				})
+				if err != nil {
+					return err
+				}
+				fmt.Printf("messageId %s\n", mid)
+				return nil
 			})
-			if err != nil {
-				return err
-			}
-			fmt.Printf("messageId %s\n", mid)
-			return nil
 		},
 	}
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "a retry with the same key within 2 minutes is accepted once")
@@ -129,23 +119,18 @@ func stateCmd(g *globals) *cobra.Command {
 		Short: "Print a continuable child's residency: running, waiting, or none",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, done, err := openClient(g)
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := ctxWithSignals()
-			defer cancel()
-			auth, err := s.userAuthority(ctx)
-			if err != nil {
-				return err
-			}
-			st, err := s.cl.State(ctx, args[0], auth)
-			if err != nil {
-				return err
-			}
-			fmt.Println(st.State)
-			return nil
+			return withClient(g, func(ctx context.Context, s *session) error {
+				auth, err := s.userAuthority(ctx)
+				if err != nil {
+					return err
+				}
+				st, err := s.cl.State(ctx, args[0], auth)
+				if err != nil {
+					return err
+				}
+				fmt.Println(st.State)
+				return nil
+			})
 		},
 	}
 }
@@ -157,42 +142,38 @@ func childrenCmd(g *globals) *cobra.Command {
 		Short: "List a parent's children (without PARENT: the live continuable activations)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, done, err := openClient(g)
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := ctxWithSignals()
-			defer cancel()
-			var rows []protocol.ChildRow
-			if len(args) == 0 {
-				rows, err = liveActivations(ctx, s)
-			} else {
-				var auth protocol.Authority
-				if auth, err = s.userAuthority(ctx); err != nil {
+			return withClient(g, func(ctx context.Context, s *session) error {
+				var rows []protocol.ChildRow
+				var err error
+				if len(args) == 0 {
+					rows, err = liveActivations(ctx, s)
+				} else {
+					var auth protocol.Authority
+					if auth, err = s.userAuthority(ctx); err != nil {
+						return err
+					}
+					rows, err = s.cl.Children(ctx, protocol.ChildrenListRequest{Parent: args[0], Authority: auth, Descendants: descendants})
+				}
+				if err != nil {
 					return err
 				}
-				rows, err = s.cl.Children(ctx, protocol.ChildrenListRequest{Parent: args[0], Authority: auth, Descendants: descendants})
-			}
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(os.Stdout, rows)
-			}
-			tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "CHILD\tKIND\tMODE\tACTIVITY\tPROVIDER\tLABEL\tPARENT\tDEPTH")
-			for _, r := range rows {
-				kind, label := r.Kind, r.Label
-				if r.Kind == protocol.RowDiagnostic {
-					kind, label = "diagnostic", r.Reason
+				if asJSON {
+					return printJSON(os.Stdout, rows)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.ID, kind, r.Mode, r.Activity, r.Provider, label, r.ParentID, r.Depth)
-			}
-			if len(rows) == 0 {
-				fmt.Fprintln(tw, "(no children)")
-			}
-			return tw.Flush()
+				tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "CHILD\tKIND\tMODE\tACTIVITY\tPROVIDER\tLABEL\tPARENT\tDEPTH")
+				for _, r := range rows {
+					kind, label := r.Kind, r.Label
+					if r.Kind == protocol.RowDiagnostic {
+						kind, label = "diagnostic", r.Reason
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.ID, kind, r.Mode, r.Activity, r.Provider, label, r.ParentID, r.Depth)
+				}
+				if len(rows) == 0 {
+					fmt.Fprintln(tw, "(no children)")
+				}
+				return tw.Flush()
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&descendants, "descendants", false, "every descendant, in pre-order, with parent and depth")
@@ -274,18 +255,13 @@ func watchCmd(g *globals) *cobra.Command {
 		Short: "Print live lifecycle events (subagent/start, subagent/end) of a parent's subtree, as a tree; Ctrl-C stops",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			s, done, err := openClient(g)
-			if err != nil {
-				return err
-			}
-			defer done()
-			ctx, cancel := ctxWithSignals()
-			defer cancel()
-			root := ""
-			if len(args) == 1 {
-				root = args[0]
-			}
-			return watch(ctx, s, root, asJSON)
+			return withClient(g, func(ctx context.Context, s *session) error {
+				root := ""
+				if len(args) == 1 {
+					root = args[0]
+				}
+				return watch(ctx, s, root, asJSON)
+			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print each event as a JSON line")

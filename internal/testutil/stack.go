@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/embedded"
 	"github.com/brood-dev/brood/internal/model"
@@ -216,4 +217,33 @@ func (s *Stack) SessionCount() uint64 {
 		s.T.Fatal(err)
 	}
 	return info.State.Msgs
+}
+
+// Lifecycle reads every lifecycle event under parent ("*" for all), in order.
+func (s *Stack) Lifecycle(parent string) []protocol.LifecycleEvent {
+	s.T.Helper()
+	ctx := context.Background()
+	cons, err := s.Store.Events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.Store.Subj.EventsAll(parent)}})
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	var out []protocol.LifecycleEvent
+	for {
+		batch, err := cons.FetchNoWait(500)
+		if err != nil {
+			s.T.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			var ev protocol.LifecycleEvent
+			if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &ev); err != nil {
+				s.T.Fatal(err)
+			}
+			out = append(out, ev)
+			n++
+		}
+		if n == 0 {
+			return out
+		}
+	}
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
@@ -129,30 +128,7 @@ func TestRunCompletesWithLifecycleEvents(t *testing.T) {
 
 func lifecycle(t *testing.T, s *testutil.Stack, parent string) []protocol.LifecycleEvent {
 	t.Helper()
-	ctx := context.Background()
-	cons, err := s.Store.Events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{s.Store.Subj.EventsAll(parent)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []protocol.LifecycleEvent
-	for {
-		batch, err := cons.FetchNoWait(100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for m := range batch.Messages() {
-			var ev protocol.LifecycleEvent
-			if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &ev); err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, ev)
-			n++
-		}
-		if n == 0 {
-			return out
-		}
-	}
+	return s.Lifecycle(parent)
 }
 
 func TestDisposeMidRunAborts(t *testing.T) {
