@@ -194,31 +194,42 @@ func TestFollowupAuthority(t *testing.T) {
 	root := s.Root()
 	stranger := s.Root()
 	start := startCont(t, s, root.Ref(),
-		"call subagent {\"description\":\"g\",\"prompt\":\"sleep 30s\",\"run_in_background\":true}\nsay started")
+		"call subagent {\"description\":\"g\",\"prompt\":\"say g\",\"run_in_background\":true}\nsay started")
 	sibling := startCont(t, s, root.Ref(), "say sib")
 	waitState(t, s, sibling.ChildID, ref(root), protocol.StateNone, 10*time.Second)
-	waitState(t, s, start.ChildID, ref(root), protocol.StateWaiting, 10*time.Second)
+	waitState(t, s, start.ChildID, ref(root), protocol.StateNone, 10*time.Second)
 	_, evs := s.Log(start.ChildID)
 	before := len(evs)
 	grand := ""
 	for _, ev := range evs {
 		var d protocol.ToolResultData
-		if ev.Type == protocol.EvToolResult && ev.Decode(&d) == nil {
+		if ev.Type == protocol.EvToolResult && ev.Decode(&d) == nil && d.Meta["childId"] != "" {
 			grand = d.Meta["childId"]
 		}
 	}
-	// A sibling and a grandchild act through their own tools, with their own credentials.
-	followup(t, s, sibling.ChildID, ref(root), "call send_message {\"subagent_id\":\""+start.ChildID+"\",\"message\":\"say hijack\"}")
-	waitState(t, s, sibling.ChildID, ref(root), protocol.StateNone, 10*time.Second)
-	_, sevs := s.Log(sibling.ChildID)
-	var sres protocol.ToolResultData
-	for _, ev := range sevs {
-		if ev.Type == protocol.EvToolResult {
-			_ = ev.Decode(&sres)
-		}
+	if grand == "" {
+		t.Fatal("no grandchild")
 	}
-	if !sres.IsError || !strings.Contains(protocol.PlainText(sres.Content), "UNAUTHORIZED") {
-		t.Fatalf("sibling send_message = %+v", sres)
+	user := grant(t, s)
+	// A sibling and the grandchild act through their own tools, with their own
+	// live credentials: neither is the child's parent.
+	for name, actor := range map[string]string{"sibling": sibling.ChildID, "grandchild": grand} {
+		followup(t, s, actor, user, "call send_message {\"subagent_id\":\""+start.ChildID+"\",\"message\":\"say hijack\"}")
+		var res protocol.ToolResultData
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			_, aevs := s.Log(actor)
+			for _, ev := range aevs {
+				var d protocol.ToolResultData
+				if ev.Type == protocol.EvToolResult && ev.Decode(&d) == nil && d.Name == "send_message" {
+					res = d
+					return true
+				}
+			}
+			return false
+		}, "%s's send_message ran", name)
+		if !res.IsError || !strings.Contains(protocol.PlainText(res.Content), "UNAUTHORIZED") {
+			t.Fatalf("%s send_message = %+v", name, res)
+		}
 	}
 	stale := root.Ref()
 	if err := root.Close(context.Background()); err != nil {
@@ -231,7 +242,7 @@ func TestFollowupAuthority(t *testing.T) {
 		{"stranger", ref(stranger)},
 		{"stale parent credential", protocol.Authority{Parent: &stale}},
 		{"forged grant", protocol.Authority{Grant: "forged"}},
-		{"grandchild claims to be the parent", protocol.Authority{Parent: &protocol.ParentRef{SessionID: grand, Credential: "x"}}},
+		{"forged parent credential", protocol.Authority{Parent: &protocol.ParentRef{SessionID: root.SessionID, Credential: "x"}}},
 		{"nobody", protocol.Authority{}},
 	}
 	for _, tt := range tests {

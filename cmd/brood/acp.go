@@ -143,6 +143,7 @@ func devACPAgents(url, prefix string, mf modelFlags) ([]acpbridge.AgentConfig, e
 
 func acpAgentCmd(g *globals) *cobra.Command {
 	var mf modelFlags
+	var subagentProvider string
 	cmd := &cobra.Command{
 		Use:   "acp-agent --nats URL",
 		Short: "Serve a Brood agent over ACP on stdin/stdout (for editors and the ACP bridge)",
@@ -174,6 +175,7 @@ func acpAgentCmd(g *globals) *cobra.Command {
 			}
 			svc, err := acpagent.New(acpagent.Config{
 				Client: cl, Store: st, Models: models, In: os.Stdin, Out: os.Stdout, Logger: log,
+				Tools: acpagent.DelegationTools(subagentProvider),
 			})
 			if err != nil {
 				return err
@@ -182,5 +184,6 @@ func acpAgentCmd(g *globals) *cobra.Command {
 		},
 	}
 	mf.flags(cmd)
+	cmd.Flags().StringVar(&subagentProvider, "subagent-provider", "spawn", "provider the agents' subagent tool delegates to")
 	return cmd
 }

@@ -312,3 +312,39 @@ func equal2(a, b [][]string) bool {
 	}
 	return true
 }
+
+func TestReadFileStaysInsideTheWorkspaceAndNeverCutsSilently(t *testing.T) {
+	root := t.TempDir()
+	ws := filepath.Join(root, "ws")
+	_ = os.MkdirAll(ws, 0o755)
+	_ = os.WriteFile(filepath.Join(root, "secret"), []byte("s"), 0o644)
+	_ = os.WriteFile(filepath.Join(ws, "notes.txt"), []byte("héllo wörld"), 0o644)
+	_ = os.WriteFile(filepath.Join(ws, "bin"), []byte{0xff, 0xfe, 0x00}, 0o644)
+	_ = os.Symlink(filepath.Join(root, "secret"), filepath.Join(ws, "link"))
+	tool := ReadFileTool()
+	tc := ToolContext{Header: protocol.SessionHeader{Cwd: ws}}
+	tests := []struct {
+		args    string
+		wantErr bool
+		want    string
+	}{
+		{`{"path":"notes.txt"}`, false, "héllo wörld"},
+		{`{"path":"notes.txt","offset":1,"limit":3}`, false, "él\n(9 more bytes; continue with offset 4)"},
+		{`{"path":"notes.txt","limit":2}`, false, "h\n(12 more bytes; continue with offset 1)"}, // no half rune
+		{`{"path":"../secret"}`, true, "outside the workspace"},
+		{`{"path":"link"}`, true, "outside the workspace"},
+		{`{"path":"` + filepath.Join(root, "secret") + `"}`, true, "outside the workspace"},
+		{`{"path":"bin"}`, true, "not UTF-8"},
+		{`{"path":"."}`, true, "is a directory"},
+		{`{"path":"notes.txt","offset":99}`, true, "past the end"},
+		{`{"path":"notes.txt","offset":-1}`, true, "offset"},
+		{`{}`, true, "path is required"},
+	}
+	for _, tt := range tests {
+		r := tool.Run(context.Background(), tc, tt.args)
+		got := protocol.PlainText(r.Content)
+		if r.IsError != tt.wantErr || !strings.Contains(got, tt.want) {
+			t.Errorf("read_file %s = (%v) %q, want error=%v containing %q", tt.args, r.IsError, got, tt.wantErr, tt.want)
+		}
+	}
+}
