@@ -380,6 +380,7 @@ func TestDrainScopes(t *testing.T) {
 		root := s.Root()
 		a := startCont(t, s, root.Ref(), long)
 		b := startCont(t, s, root.Ref(), long)
+		queued := followup(t, s, b.ChildID, ref(root), "say queued")
 		waitState(t, s, b.ChildID, ref(root), protocol.StateRunning, 5*time.Second)
 		r, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: user})
 		if err != nil {
@@ -402,6 +403,26 @@ func TestDrainScopes(t *testing.T) {
 		if _, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: protocol.Authority{Parent: &p}}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
 			t.Fatalf("drain without a grant = %v", err)
 		}
+		// Admission stays closed: no new child, no followup; the queued item waits.
+		if _, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "x", Prompt: protocol.Text("say x")}); protocol.CodeOf(err) != protocol.CodeDraining {
+			t.Fatalf("start during a global drain = %v", err)
+		}
+		if _, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: a.ChildID, Authority: ref(root), Message: protocol.Text("say x")}); protocol.CodeOf(err) != protocol.CodeDraining {
+			t.Fatalf("followup during a global drain = %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		if st := state(t, s, b.ChildID, ref(root)); st != protocol.StateNone {
+			t.Fatalf("a drained child resumed its queued work while drained: %s", st)
+		}
+		// Lifted: the queued item, never dropped, runs now.
+		if _, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: user, Lift: true}); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 15*time.Second, func() bool {
+			_, evs := s.Log(b.ChildID)
+			claims, _, _ := turnsOf(evs)
+			return len(claims) == 2 && claims[1] == queued
+		}, "the queued item runs after the lift")
 	})
 }
 

@@ -224,14 +224,22 @@ func runOnce(s *session, f runFlags, opts protocol.StartOptions, prompt string) 
 	}
 	if f.asJSON {
 		if err := printJSON(os.Stdout, struct {
-			RunID   string                  `json:"runId"`
-			ChildID string                  `json:"childId"`
-			Result  protocol.SubagentResult `json:"result"`
-		}{run.RunID, run.ChildID, res}); err != nil {
+			RunID         string                  `json:"runId"`
+			ChildID       string                  `json:"childId"`
+			ParentSession string                  `json:"parentSession"`
+			Result        protocol.SubagentResult `json:"result"`
+		}{run.RunID, run.ChildID, root.SessionID, res}); err != nil {
 			return err
 		}
-	} else if text := protocol.PlainText(res.Output); text != "" {
-		fmt.Println(text)
+	} else {
+		if text := protocol.PlainText(res.Output); text != "" {
+			fmt.Println(text)
+		}
+		if res.Structured != nil {
+			if err := json.NewEncoder(os.Stdout).Encode(res.Structured); err != nil {
+				return err
+			}
+		}
 	}
 	if res.StopReason != protocol.StopCompleted {
 		code := string(res.ErrorCode)

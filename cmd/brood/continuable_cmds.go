@@ -153,6 +153,11 @@ func childrenCmd(g *globals) *cobra.Command {
 						return err
 					}
 					rows, err = s.cl.Children(ctx, protocol.ChildrenListRequest{Parent: args[0], Authority: auth, Descendants: descendants})
+				for i := range rows {
+					if rows[i].ParentID == "" {
+						rows[i].ParentID, rows[i].Depth = args[0], 1
+					}
+				}
 				}
 				if err != nil {
 					return err
@@ -217,9 +222,10 @@ func liveActivations(ctx context.Context, s *session) ([]protocol.ChildRow, erro
 
 func drainCmd(g *globals) *cobra.Command {
 	var parents []string
+	var lift bool
 	cmd := &cobra.Command{
 		Use:   "drain [--parent ID ...]",
-		Short: "Dispose continuable activations child-first (all, or the descendants of the given parents); sessions stay resumable",
+		Short: "Dispose continuable activations child-first (all, or the descendants of the given parents); sessions and queued messages stay",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, done, err := openClient(g)
@@ -233,11 +239,15 @@ func drainCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			r, err := s.cl.Drain(ctx, protocol.DrainRequest{Authority: auth, Parents: parents})
+			r, err := s.cl.Drain(ctx, protocol.DrainRequest{Authority: auth, Parents: parents, Lift: lift})
 			if err != nil {
 				return err
 			}
-			fmt.Printf("drained %d activations\n", len(r.Disposed))
+			if lift {
+				fmt.Println("drain lifted: admission is open again; queued messages run now")
+				return nil
+			}
+			fmt.Printf("drained %d activations; admission stays closed until `brood drain --lift`\n", len(r.Disposed))
 			for _, id := range r.Disposed {
 				fmt.Println(id)
 			}
@@ -245,6 +255,7 @@ func drainCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringSliceVar(&parents, "parent", nil, "drain only the descendants of this parent (repeatable)")
+	cmd.Flags().BoolVar(&lift, "lift", false, "reopen admission closed by an earlier drain (of the same --parent scope, or global)")
 	return cmd
 }
 

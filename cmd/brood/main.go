@@ -47,7 +47,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.PersistentFlags().StringVar(&g.natsURL, "nats", defaultNATSURL(), "NATS URL (default $BROOD_NATS_URL, else nats://127.0.0.1:4222)")
+	root.PersistentFlags().StringVar(&g.natsURL, "nats", defaultNATSURL(), "NATS URL ($BROOD_NATS_URL when set)")
 	root.PersistentFlags().StringVar(&g.prefix, "prefix", protocol.DefaultPrefix, "subject prefix of the deployment")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (services default info, client verbs warn)")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 10*time.Second, "timeout of each coordinator request")

@@ -239,6 +239,14 @@ func devCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			unlock, err := lockDataDir(dir)
+			if err != nil {
+				return err
+			}
+			defer unlock()
+			if err := checkListen(host, port); err != nil {
+				return err
+			}
 			ns, err := embedded.Start(embedded.Config{Host: host, Port: port, DataDir: filepath.Join(dir, "jetstream"), Fsync: fsync})
 			if err != nil {
 				return protocol.Errorf(protocol.CodeUnavailable, "%v", err)
@@ -278,6 +286,9 @@ func devCmd(g *globals) *cobra.Command {
 			fmt.Printf("brood dev: providers spawn, fork, acp; model %s; Ctrl-C drains and exits\n", mf.kind)
 			err = serve(c, spawn, fork, bridge)
 			_ = nc.Drain()
+			if err == nil {
+				fmt.Println("brood dev: drained and stopped")
+			}
 			return err
 		},
 	}
@@ -302,4 +313,34 @@ func splitListen(s string) (string, int, error) {
 		port = -1 // nats-server: pick a free port
 	}
 	return host, port, nil
+}
+
+// lockDataDir takes an exclusive lock on the data directory: two embedded
+// servers on one JetStream store would corrupt it.
+func lockDataDir(dir string) (func(), error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--data %s: %v", dir, err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "brood.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--data %s: %v", dir, err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("data directory %s is in use by another brood dev; stop it or choose another --data", dir)
+	}
+	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+}
+
+// checkListen fails fast, naming the address, when the port is taken.
+func checkListen(host string, port int) error {
+	if port <= 0 {
+		return nil
+	}
+	addr := netJoin(host, port)
+	l, err := netListen(addr)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %v; stop what uses it or choose another --listen (port 0 picks a free one)", addr, err)
+	}
+	return l.Close()
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"net"
+	"strconv"
 	"os"
 	"os/signal"
 	"syscall"
@@ -13,3 +14,7 @@ func signalContext(parent context.Context) (context.Context, context.CancelFunc)
 }
 
 func netSplit(s string) (string, string, error) { return net.SplitHostPort(s) }
+
+func netJoin(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+func netListen(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }

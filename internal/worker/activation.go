@@ -678,7 +678,7 @@ func FoldDescriptor(events []protocol.SessionEvent, seedLength int64) (protocol.
 			return d, fmt.Errorf("the descriptor has unsupported version %d", d.Version)
 		}
 		if d.Mode != protocol.ModeContinuable {
-			return d, fmt.Errorf("it is a %s child: its one run is over; do not retry, start a new child", d.Mode)
+			return d, fmt.Errorf("it is a %s child: its one run is over; start a new child instead of retrying", d.Mode)
 		}
 		if d.Provider == "" || strings.TrimSpace(d.Label) == "" {
 			return d, fmt.Errorf("the descriptor lacks its provider or label")

@@ -418,6 +418,7 @@ func (h *Host) drain(svcs []micro.Service) {
 	h.mu.Lock()
 	h.draining = true
 	h.mu.Unlock()
+	h.log.Info("draining: admitting nothing new; in-flight turns get the grace, then are disposed", "grace", h.cfg.DrainGrace.String())
 	bctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	_ = h.beat(bctx)
 	cancel()

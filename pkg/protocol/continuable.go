@@ -97,15 +97,20 @@ type ReportRequest struct {
 }
 
 // DrainRequest is the body of continuable.drain. No parents and no children:
-// every activation. Parents: the descendants of each (admission below them
-// answers DRAINING while they stay live). Parent plus Children: those direct
-// children of one parent and their subtrees. Authority: a user grant, or (for
-// the children of one parent) that parent's credential.
+// every activation, and admission to continuable children stays closed
+// (DRAINING) until a drain with Lift reopens it. Parents: the descendants of
+// each (admission below them answers DRAINING while they stay live, or until
+// lifted). Parent plus Children: those direct children of one parent and
+// their subtrees. Accepted inbox items are never dropped: they wait, and run
+// once admission reopens. Authority: a user grant, or (for the children of
+// one parent) that parent's credential. Lift (with a grant) removes the
+// drain markers of the given scope instead of draining.
 type DrainRequest struct {
 	Authority Authority `msgpack:"authority" json:"authority"`
 	Parents   []string  `msgpack:"parents,omitempty" json:"parents,omitempty"`
 	Parent    string    `msgpack:"parent,omitempty" json:"parent,omitempty"`
 	Children  []string  `msgpack:"children,omitempty" json:"children,omitempty"`
+	Lift      bool      `msgpack:"lift,omitempty" json:"lift,omitempty"`
 }
 
 // DrainReply lists the activations the drain disposed, child-first.

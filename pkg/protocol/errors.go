@@ -53,7 +53,7 @@ type CatalogueEntry struct {
 // Catalogue lists every error code Brood answers with. Numeric codes are
 // stable and unique; docs/protocol.md reproduces this table.
 var Catalogue = []CatalogueEntry{
-	{CodeInvalidArgument, 1001, "invalid argument: {reason}", "fix the request; it was not acted on"},
+	{CodeInvalidArgument, 1001, "{reason}", "fix the request; it was not acted on"},
 	{CodeNoProvider, 1002, "no provider named \"{provider}\" is registered", "list live providers with `brood providers` or start a worker for it"},
 	{CodeDuplicateProvider, 1003, "provider \"{provider}\" is already registered with a different descriptor", "give this instance the same descriptor as the live instances, or a different provider name"},
 	{CodeUnsupportedCapability, 1004, "provider \"{provider}\" does not support {capability}", "drop the option or choose a provider whose descriptor has the capability"},
@@ -65,7 +65,7 @@ var Catalogue = []CatalogueEntry{
 	{CodeLimitExceeded, 1010, "{limit} exceeded: {reason}", "send less or split the work; nothing was truncated"},
 	{CodeDraining, 1011, "admission is closed: {reason}", "retry after the drain finished, or on another lineage"},
 	{CodeDuplicateChild, 1012, "child id \"{childId}\" was already used", "choose a new child id or omit it"},
-	{CodeNotResumable, 1013, "session {childId} cannot be resumed: {reason}", "start a new child instead of retrying this one"},
+	{CodeNotResumable, 1013, "session {childId} cannot be resumed: {reason}", "nothing was delivered"},
 	{CodeDurabilityFailed, 1014, "JetStream did not acknowledge the session's writes: {reason}", "check the JetStream servers; the durable record is reconciled once writes are accepted again"},
 	{CodeActivationClosing, 1015, "the activation is closing: {reason}", "retry once the activation settled"},
 	{CodeParentUnavailable, 1016, "the parent is not available: {reason}", "the parent is no longer live; nothing was delivered"},
@@ -73,7 +73,7 @@ var Catalogue = []CatalogueEntry{
 	{CodeCancelled, 1018, "cancelled: {reason}", "the caller cancelled the operation"},
 	{CodeHostLost, 1019, "host {hostId} stopped heartbeating", "the run was settled by a coordinator; start a new run"},
 	{CodeNotFound, 1020, "{what} not found", "check the id"},
-	{CodeUnavailable, 1021, "service unavailable: {reason}", "retry later; check that the coordinator, the workers and JetStream are running"},
+	{CodeUnavailable, 1021, "{reason}", "retry later, or check that the coordinator, the workers and JetStream are running"},
 	{CodeInternal, 1022, "internal error: {reason}", "report this with the logs; the request may not have been completed"},
 }
 

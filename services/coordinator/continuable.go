@@ -589,6 +589,20 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (an
 				return nil, protocol.Errorf(protocol.CodeUnauthorized, "%s is not a child of %s", l.rec.SessionID, r.Parent)
 			}
 		}
+	case r.Lift:
+		if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
+			return nil, err
+		}
+		scopes := r.Parents
+		if len(scopes) == 0 {
+			scopes = []string{"all"}
+		}
+		for _, scope := range scopes {
+			if err := store.Delete(ctx, c.st.Agents, keyDrain+scope, 0); err != nil {
+				return nil, protocol.Errorf(protocol.CodeUnavailable, "lift the drain of %s: %v", scope, err)
+			}
+		}
+		return protocol.DrainReply{Disposed: []string{}}, nil
 	default:
 		if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
 			return nil, err
@@ -601,10 +615,10 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (an
 			roots[p] = true
 		}
 		if len(roots) == 0 {
+			// Admission stays closed until lifted: pending items wait, never dropped.
 			if _, err := store.Put(ctx, c.st.Agents, keyDrain+"all", protocol.DrainRecord{}); err != nil {
 				return nil, protocol.Errorf(protocol.CodeUnavailable, "mark the drain: %v", err)
 			}
-			defer func() { _ = store.Delete(context.WithoutCancel(ctx), c.st.Agents, keyDrain+"all", 0) }()
 			c.waitMark("all")
 		}
 		for p := range roots {
