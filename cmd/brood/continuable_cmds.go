@@ -153,11 +153,11 @@ func childrenCmd(g *globals) *cobra.Command {
 						return err
 					}
 					rows, err = s.cl.Children(ctx, protocol.ChildrenListRequest{Parent: args[0], Authority: auth, Descendants: descendants})
-				for i := range rows {
-					if rows[i].ParentID == "" {
-						rows[i].ParentID, rows[i].Depth = args[0], 1
+					for i := range rows {
+						if rows[i].ParentID == "" {
+							rows[i].ParentID, rows[i].Depth = args[0], 1
+						}
 					}
-				}
 				}
 				if err != nil {
 					return err

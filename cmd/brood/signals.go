@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"net"
-	"strconv"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 )
 
