@@ -61,6 +61,9 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
+			if err := t.validate(); err != nil {
+				return err
+			}
 			var o acpbridge.Options
 			var agents []acpbridge.AgentConfig
 			if configFile != "" {

@@ -62,17 +62,21 @@ func (t *timing) flags(cmd *cobra.Command) {
 	cmd.Flags().DurationVar(&t.rootLease, "root-lease", 30*time.Second, "lease of a root agent between renewals (coordinator)")
 }
 
-// modelFlags selects the model of in-process agents.
+// modelFlags configure in-process agents: their model, and the directories
+// their workspaces may lie in.
 type modelFlags struct {
-	kind    string
-	baseURL string
-	name    string
+	kind           string
+	baseURL        string
+	name           string
+	workspaceRoots []string
 }
 
 func (m *modelFlags) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&m.kind, "model", "scripted", "model adapter of the agents: scripted, or openai (any OpenAI-compatible endpoint; key from $DEEPSEEK_API_KEY or $OPENAI_API_KEY)")
 	cmd.Flags().StringVar(&m.baseURL, "model-base-url", "", "openai adapter: base URL (default $BROOD_MODEL_BASE_URL, else https://api.deepseek.com)")
 	cmd.Flags().StringVar(&m.name, "model-name", "", "openai adapter: model id (default $BROOD_MODEL_NAME, else deepseek-chat)")
+	cmd.Flags().StringSliceVar(&m.workspaceRoots, "workspace-root", nil,
+		"only sessions whose cwd lies in one of these directories may use the workspace tools (repeatable; default: any)")
 }
 
 // factory returns the model of new agents. The openai adapter is built once
@@ -132,11 +136,26 @@ func newCoordinator(nc *nats.Conn, st *store.Store, t timing, log *slog.Logger) 
 }
 
 // newInProcessWorker builds the worker of an in-process provider (spawn, fork).
-func newInProcessWorker(nc *nats.Conn, st *store.Store, t timing, models worker.ModelFactory, log *slog.Logger, desc protocol.ProviderDescriptor) (*worker.Host, error) {
+func newInProcessWorker(nc *nats.Conn, st *store.Store, t timing, models worker.ModelFactory, roots []string, log *slog.Logger, desc protocol.ProviderDescriptor) (*worker.Host, error) {
 	return worker.NewInProcessHost(worker.InProcessConfig{
 		NC: nc, Store: st, Models: models, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry,
-		DrainGrace: t.drainGrace, Logger: log,
+		DrainGrace: t.drainGrace, WorkspaceRoots: roots, Logger: log,
 	}, desc)
+}
+
+// validate refuses timings that would break liveness judgement.
+func (t timing) validate() error {
+	switch {
+	case t.heartbeat <= 0:
+		return protocol.Errorf(protocol.CodeInvalidArgument, "--heartbeat must be positive")
+	case t.hostExpiry <= t.heartbeat:
+		return protocol.Errorf(protocol.CodeInvalidArgument, "--host-expiry (%s) must be longer than --heartbeat (%s)", t.hostExpiry, t.heartbeat)
+	case t.drainGrace < 0:
+		return protocol.Errorf(protocol.CodeInvalidArgument, "--drain-grace must not be negative")
+	case t.rootLease <= 0:
+		return protocol.Errorf(protocol.CodeInvalidArgument, "--root-lease must be positive")
+	}
+	return nil
 }
 
 func coordinatorCmd(g *globals) *cobra.Command {
@@ -148,6 +167,9 @@ func coordinatorCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
+			if err := t.validate(); err != nil {
+				return err
+			}
 			nc, err := connect(g.natsURL, "brood-coordinator", true)
 			if err != nil {
 				return err
@@ -187,6 +209,9 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
+			if err := t.validate(); err != nil {
+				return err
+			}
 			models, err := mf.factory()
 			if err != nil {
 				return err
@@ -200,7 +225,7 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 			if err != nil {
 				return err
 			}
-			w, err := newInProcessWorker(nc, st, t, models, log, desc)
+			w, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, log, desc)
 			if err != nil {
 				return err
 			}
@@ -227,6 +252,12 @@ func devCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
+			if err := t.validate(); err != nil {
+				return err
+			}
+			if fsync != embedded.FsyncInterval && fsync != embedded.FsyncAlways {
+				return protocol.Errorf(protocol.CodeInvalidArgument, "--fsync %q must be interval or always", fsync)
+			}
 			models, err := mf.factory()
 			if err != nil {
 				return err
@@ -265,11 +296,11 @@ func devCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			spawn, err := newInProcessWorker(nc, st, t, models, log, spawnworker.Descriptor(spawnworker.DefaultName))
+			spawn, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, log, spawnworker.Descriptor(spawnworker.DefaultName))
 			if err != nil {
 				return err
 			}
-			fork, err := newInProcessWorker(nc, st, t, models, log, forkworker.Descriptor(forkworker.DefaultName))
+			fork, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, log, forkworker.Descriptor(forkworker.DefaultName))
 			if err != nil {
 				return err
 			}

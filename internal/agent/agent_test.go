@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -346,5 +347,40 @@ func TestReadFileStaysInsideTheWorkspaceAndNeverCutsSilently(t *testing.T) {
 		if r.IsError != tt.wantErr || !strings.Contains(got, tt.want) {
 			t.Errorf("read_file %s = (%v) %q, want error=%v containing %q", tt.args, r.IsError, got, tt.wantErr, tt.want)
 		}
+	}
+}
+
+func TestWorkspaceToolsRefuseNamedPipesAndForeignRoots(t *testing.T) {
+	ws := t.TempDir()
+	if err := syscall.Mkfifo(filepath.Join(ws, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tc := ToolContext{Header: protocol.SessionHeader{Cwd: ws}}
+	done := make(chan ToolResult, 1)
+	go func() { done <- ReadFileTool().Run(context.Background(), tc, `{"path":"fifo"}`) }()
+	select {
+	case r := <-done:
+		if !r.IsError || !strings.Contains(protocol.PlainText(r.Content), "not a regular file") {
+			t.Fatalf("read_file of a fifo = %+v", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("read_file blocked on a named pipe")
+	}
+	if r := ListDirTool().Run(context.Background(), tc, `{"path":"fifo"}`); !r.IsError {
+		t.Fatalf("list_dir of a fifo = %+v", r)
+	}
+	// Outside the worker's workspace roots, the tools refuse the whole session.
+	other := t.TempDir()
+	if r := ListDirTool(other).Run(context.Background(), tc, `{}`); !r.IsError || !strings.Contains(protocol.PlainText(r.Content), "workspace roots") {
+		t.Fatalf("list_dir outside the roots = %+v", r)
+	}
+	if r := ListDirTool(filepath.Dir(ws)).Run(context.Background(), tc, `{}`); r.IsError {
+		t.Fatalf("list_dir inside the roots = %+v", r)
+	}
+	// Outside the workspace, the answer never says whether a file exists.
+	a := ReadFileTool().Run(context.Background(), tc, `{"path":"/etc/hostname"}`)
+	b := ReadFileTool().Run(context.Background(), tc, `{"path":"/etc/does-not-exist"}`)
+	if protocol.PlainText(a.Content) == "" || !strings.Contains(protocol.PlainText(b.Content), "outside the workspace") || !strings.Contains(protocol.PlainText(a.Content), "outside the workspace") {
+		t.Fatalf("outside answers: %q / %q", protocol.PlainText(a.Content), protocol.PlainText(b.Content))
 	}
 }

@@ -16,7 +16,8 @@ import (
 const ReadFileBytesMax = 256 << 10
 
 // ReadFileTool reads a text file inside the session's cwd (read-only).
-func ReadFileTool() *Tool {
+// Roots bound the workspace as for ListDirTool.
+func ReadFileTool(roots ...string) *Tool {
 	return &Tool{
 		Name: "read_file",
 		Description: fmt.Sprintf("Read a UTF-8 text file inside the workspace. Paths are relative to the workspace root; paths outside it are refused. "+
@@ -51,9 +52,14 @@ func ReadFileTool() *Tool {
 				}
 				limit = min(*in.Limit, ReadFileBytesMax)
 			}
-			path, err := ResolveInWorkspace(tc.Header.Cwd, in.Path)
+			path, err := ResolveInWorkspace(tc.Header.Cwd, in.Path, roots...)
 			if err != nil {
 				return ErrorResult("read_file: %v", err)
+			}
+			if st, err := statKind(path); err != nil {
+				return ErrorResult("read_file: %s: %v", in.Path, err)
+			} else if st.IsDir() {
+				return ErrorResult("read_file: %s is a directory; use list_dir", in.Path)
 			}
 			f, err := os.Open(path)
 			if err != nil {

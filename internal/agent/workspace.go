@@ -15,8 +15,12 @@ import (
 // counted, never dropped silently.
 const ListDirEntriesMax = 1000
 
-// ListDirTool lists a directory inside the session's cwd (read-only).
-func ListDirTool() *Tool {
+// ListDirTool lists a directory inside the session's cwd (read-only). Roots,
+// when given, are the only directories a session's workspace may lie in (a
+// worker's --workspace-root): a root opened with cwd "/" must not turn the
+// workspace tools into a reader of the worker's whole disk. No roots: any
+// absolute directory the client chose.
+func ListDirTool(roots ...string) *Tool {
 	return &Tool{
 		Name:        "list_dir",
 		Description: "List the entries of a directory inside the workspace. Directories end with '/', symbolic links with '@'. Paths are relative to the workspace root; paths outside it are refused.",
@@ -32,9 +36,15 @@ func ListDirTool() *Tool {
 			if in.Path != nil && *in.Path != "" {
 				p = *in.Path
 			}
-			dir, err := ResolveInWorkspace(tc.Header.Cwd, p)
+			dir, err := ResolveInWorkspace(tc.Header.Cwd, p, roots...)
 			if err != nil {
 				return ErrorResult("list_dir: %v", err)
+			}
+			if st, err := statKind(dir); err != nil || !st.IsDir() {
+				if err == nil {
+					err = errors.New("not a directory")
+				}
+				return ErrorResult("list_dir: %s: %v", p, err)
 			}
 			entries, err := os.ReadDir(dir)
 			if err != nil {
@@ -71,19 +81,27 @@ func ListDirTool() *Tool {
 
 // ResolveInWorkspace resolves p (relative to cwd, or absolute) and returns it
 // if it lies inside cwd after following symlinks; anything else is refused.
-func ResolveInWorkspace(cwd, p string) (string, error) {
+// A path outside the workspace is refused before the file system is asked,
+// so the answer never tells whether it exists.
+func ResolveInWorkspace(cwd, p string, roots ...string) (string, error) {
 	if cwd == "" || !filepath.IsAbs(cwd) {
 		return "", errors.New("the session has no absolute workspace directory")
 	}
-	root, err := filepath.EvalSymlinks(cwd)
-	if err != nil {
-		return "", fmt.Errorf("workspace %s is not accessible: %v", cwd, unwrapPathError(err))
+	if !inRoots(filepath.Clean(cwd), roots) {
+		return "", fmt.Errorf("the workspace %s is outside this worker's workspace roots", cwd)
 	}
 	target := p
 	if !filepath.IsAbs(target) {
 		target = filepath.Join(cwd, target)
 	}
 	target = filepath.Clean(target)
+	if !within(filepath.Clean(cwd), target) {
+		return "", fmt.Errorf("path %s is outside the workspace %s; only paths inside it are allowed", p, cwd)
+	}
+	root, err := filepath.EvalSymlinks(cwd)
+	if err != nil {
+		return "", fmt.Errorf("workspace %s is not accessible: %v", cwd, unwrapPathError(err))
+	}
 	real, err := filepath.EvalSymlinks(target)
 	if err != nil {
 		// A path that does not exist cannot escape; report it plainly.
@@ -94,6 +112,37 @@ func ResolveInWorkspace(cwd, p string) (string, error) {
 		return "", fmt.Errorf("path %s is outside the workspace %s; only paths inside it are allowed", p, cwd)
 	}
 	return real, nil
+}
+
+// within reports whether path lies in dir (both clean and absolute).
+func within(dir, path string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+}
+
+func inRoots(cwd string, roots []string) bool {
+	if len(roots) == 0 {
+		return true
+	}
+	for _, r := range roots {
+		if within(filepath.Clean(r), cwd) {
+			return true
+		}
+	}
+	return false
+}
+
+// statKind refuses what a read-only tool must not open: anything that is not
+// a regular file or a directory (a named pipe would block the turn forever).
+func statKind(path string) (os.FileInfo, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, unwrapPathError(err)
+	}
+	if !st.Mode().IsRegular() && !st.IsDir() {
+		return nil, fmt.Errorf("not a regular file or directory (%s)", st.Mode().Type())
+	}
+	return st, nil
 }
 
 func unwrapPathError(err error) error {

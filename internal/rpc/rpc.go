@@ -47,7 +47,7 @@ func (r Request) Decode(v any) error {
 	if len(r.data) == 0 {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "empty request body")
 	}
-	if err := protocol.Unmarshal(r.Encoding, r.data, v); err != nil {
+	if err := protocol.UnmarshalRequest(r.Encoding, r.data, v); err != nil {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "request body is not valid %s for this endpoint: %v", r.Encoding, err)
 	}
 	return nil

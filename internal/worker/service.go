@@ -28,6 +28,9 @@ type InProcessConfig struct {
 	// that provider's children see the delegating conversation (tool wording).
 	SubagentProvider string
 	SubagentInherits bool
+	// WorkspaceRoots, when set, are the only directories a session's
+	// workspace (its cwd) may lie in; empty allows any absolute directory.
+	WorkspaceRoots []string
 	// Persona overrides the deployment persona template.
 	Persona           string
 	Limits            agent.Limits
@@ -68,7 +71,7 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 		Client: cl, Provider: cfg.SubagentProvider, InheritsParentContext: cfg.SubagentInherits,
 		Background: agent.BackgroundStarter(cl, cfg.SubagentProvider),
 	})
-	global := []*agent.Tool{agent.ListDirTool(), agent.ReadFileTool(), delegate,
+	global := []*agent.Tool{agent.ListDirTool(cfg.WorkspaceRoots...), agent.ReadFileTool(cfg.WorkspaceRoots...), delegate,
 		agent.SendMessageTool(cl), agent.InterruptAgentTool(cl), agent.ListAgentsTool(cl)}
 	report := agent.ReportTool(cl)
 	p := &InProcess{

@@ -109,6 +109,37 @@ func normalizeTarget(v any) {
 	}
 }
 
+// UnmarshalRequest decodes an untrusted request strictly: the MessagePack
+// structure is checked first (CheckMsgpack: declared lengths, depth, trailing
+// bytes), and a field the message type does not know is an error in both
+// encodings, so an option is never accepted and then ignored.
+func UnmarshalRequest(enc Encoding, data []byte, v any) error {
+	if enc == JSON {
+		d := json.NewDecoder(bytes.NewReader(data))
+		d.UseNumber()
+		d.DisallowUnknownFields()
+		if err := d.Decode(v); err != nil {
+			return err
+		}
+		if d.More() {
+			return fmt.Errorf("trailing data after the JSON value")
+		}
+		normalizeTarget(v)
+		return nil
+	}
+	if err := CheckMsgpack(data, RequestDepthMax); err != nil {
+		return err
+	}
+	d := msgpack.NewDecoder(bytes.NewReader(data))
+	d.UseLooseInterfaceDecoding(true)
+	d.DisallowUnknownFields(true)
+	if err := d.Decode(v); err != nil {
+		return err
+	}
+	normalizeTarget(v)
+	return nil
+}
+
 // numberNormalizer is implemented by messages with untyped fields, which after
 // a JSON decode hold json.Number values that must become real numbers.
 type numberNormalizer interface{ normalizeNumbers() }

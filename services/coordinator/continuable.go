@@ -25,6 +25,10 @@ import (
 // the prompt disposes the activation and releases the edge: no ids returned,
 // no live child, no ownership left behind.
 
+// drainAll is the scope of a global drain; it holds a dot, so no session id
+// (^[A-Za-z0-9_-]{1,64}$) can name the same marker.
+const drainAll = "all.sessions"
+
 // LineageDepthMax bounds the walk up a child's ancestry.
 const LineageDepthMax = 1024
 
@@ -106,7 +110,7 @@ func (c *Coordinator) lineage(ctx context.Context, h protocol.SessionHeader) ([]
 // lineage (ancestors plus itself) is given, or "".
 func (c *Coordinator) drainingFor(lineage []string) string {
 	marks := c.agents.drainMarks()
-	if m, ok := marks["all"]; ok && (m.Until == 0 || m.Until > store.NowMs()) {
+	if m, ok := marks[drainAll]; ok && (m.Until == 0 || m.Until > store.NowMs()) {
 		return "every activation is being drained"
 	}
 	for _, id := range lineage {
@@ -381,6 +385,9 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) 
 	if err != nil {
 		return nil, err
 	}
+	if h.ParentSession == "" || h.Origin != protocol.OriginSubagent {
+		return nil, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": "it is a root session, not a child"})
+	}
 	parent, err := c.authorizeFor(ctx, r.Authority, h)
 	if err != nil {
 		return nil, err
@@ -595,7 +602,7 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (an
 		}
 		scopes := r.Parents
 		if len(scopes) == 0 {
-			scopes = []string{"all"}
+			scopes = []string{drainAll}
 		}
 		for _, scope := range scopes {
 			if err := store.Delete(ctx, c.st.Agents, keyDrain+scope, 0); err != nil {
@@ -616,10 +623,10 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (an
 		}
 		if len(roots) == 0 {
 			// Admission stays closed until lifted: pending items wait, never dropped.
-			if _, err := store.Put(ctx, c.st.Agents, keyDrain+"all", protocol.DrainRecord{}); err != nil {
+			if _, err := store.Put(ctx, c.st.Agents, keyDrain+drainAll, protocol.DrainRecord{}); err != nil {
 				return nil, protocol.Errorf(protocol.CodeUnavailable, "mark the drain: %v", err)
 			}
-			c.waitMark("all")
+			c.waitMark(drainAll)
 		}
 		for p := range roots {
 			if l, ok := c.agents.get(p); ok {

@@ -295,3 +295,64 @@ func TestLiveChildrenPerParentAreBounded(t *testing.T) {
 		return protocol.CodeOf(err) == protocol.CodeLimitExceeded
 	}, "a third live child is refused with LIMIT_EXCEEDED")
 }
+
+// Regressions of the adversarial review: each attack gets a clear refusal.
+func TestHostileRequestsAreRefused(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	root := s.Root()
+	ctx := context.Background()
+	call := func(ep string, req any) error { return s.Client.Call(ctx, ep, req, nil) }
+	for _, notify := range []string{"$KV.brood_agents.x", "$JS.API.STREAM.DELETE.BROOD_LOG", "brood.v1.log.X", "a.b\x00", "ünïcode.x", "a..b", "a.*"} {
+		err := call(protocol.EpRunsStart, protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("say x"), Notify: notify})
+		if protocol.CodeOf(err) != protocol.CodeInvalidArgument {
+			t.Errorf("notify %q: %v", notify, err)
+		}
+	}
+	if err := call(protocol.EpAgentsOpen, protocol.AgentsOpenRequest{Cwd: "/tmp/a\x00b"}); protocol.CodeOf(err) != protocol.CodeInvalidArgument {
+		t.Errorf("cwd with a NUL: %v", err)
+	}
+	// A 13-byte body that declares a 2^31-element array is refused, not allocated.
+	m := nats.NewMsg(s.Store.Subj.Coord(protocol.EpRunsStart))
+	m.Data = []byte{0x81, 0xa6, 'p', 'r', 'o', 'm', 'p', 't', 0xdd, 0x7f, 0xff, 0xff, 0xff}
+	resp, err := s.NC.RequestMsg(m, 5*time.Second)
+	if err != nil || resp.Header.Get(protocol.HeaderServiceErrorCode) != "1001" {
+		t.Fatalf("huge declared array: %v %v", err, resp)
+	}
+	// A reserved child id that spells a drain scope cannot close admission for everyone.
+	user, err := s.Client.UserGrant(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "x", ChildID: "all", Prompt: protocol.Text("say x")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: protocol.Authority{Grant: user.Grant}, Parents: []string{"all"}}); err != nil {
+		t.Fatal(err)
+	}
+	other := s.Root()
+	if _, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: other.Ref(), Label: "y", Prompt: protocol.Text("say y")}); err != nil {
+		t.Fatalf("an unrelated root's start after a drain of \"all\": %v", err)
+	}
+	// A root is not a continuable child; an epoch is not disposed through runs.dispose.
+	if _, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: root.SessionID, Authority: protocol.Authority{Grant: user.Grant}, Message: protocol.Text("x")}); protocol.CodeOf(err) != protocol.CodeNotResumable {
+		t.Errorf("followup to a root: %v", err)
+	}
+	c, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "z", Prompt: protocol.Text("sleep 30s")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var epoch string
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		for _, ev := range s.Lifecycle(root.SessionID) {
+			if ev.Type == protocol.LifecycleStart && ev.ID == c.ChildID {
+				epoch = ev.RunID
+			}
+		}
+		return epoch != ""
+	}, "epoch started")
+	if _, err := s.Client.Dispose(ctx, protocol.RunRef{RunID: epoch, Parent: ptr(root.Ref())}); protocol.CodeOf(err) != protocol.CodeInvalidArgument {
+		t.Errorf("runs.dispose of a continuable epoch: %v", err)
+	}
+}

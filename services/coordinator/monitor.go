@@ -65,7 +65,7 @@ func (c *Coordinator) sweep() []job {
 	var jobs []job
 	// A drain below a root lasts while that exact root agent lives.
 	for scope, m := range c.agents.drainMarks() {
-		if scope == "all" {
+		if scope == drainAll {
 			continue
 		}
 		if l, ok := c.agents.get(scope); !ok || l.rec.CredentialHash != m.CredentialHash {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/oklog/ulid/v2"
 
@@ -70,7 +72,7 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request) (any, err
 	if r.SessionID != "" {
 		return c.agentsReopen(ctx, r)
 	}
-	if r.Cwd == "" || !filepath.IsAbs(r.Cwd) || len(r.Cwd) > CwdBytesMax {
+	if r.Cwd == "" || !filepath.IsAbs(r.Cwd) || len(r.Cwd) > CwdBytesMax || strings.ContainsFunc(r.Cwd, unicode.IsControl) {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "cwd must be an absolute path of at most %d bytes", CwdBytesMax)
 	}
 	now := store.NowMs()

@@ -142,9 +142,18 @@ func (c *Coordinator) checkPrompt(prompt []protocol.ContentBlock) error {
 }
 
 // validNotify checks a client-chosen notify subject: literal tokens only.
-func validNotify(s string) bool {
-	if s == "" || len(s) > 512 || strings.ContainsAny(s, " \t\r\n*>") {
+// validNotify checks a client-chosen notify subject: printable ASCII literal
+// tokens, at most 512 bytes, and never a subject of the deployment itself or
+// of the system ($JS, $KV, $SRV…): the settling host publishes there with its
+// own permissions, so a notify subject must not reach Brood's state.
+func (c *Coordinator) validNotify(s string) bool {
+	if s == "" || len(s) > 512 || strings.HasPrefix(s, "$") || strings.HasPrefix(s, c.subj.Prefix()+".") {
 		return false
+	}
+	for _, r := range s {
+		if r <= ' ' || r > '~' || r == '*' || r == '>' {
+			return false
+		}
 	}
 	for _, tok := range strings.Split(s, ".") {
 		if tok == "" {
@@ -174,8 +183,9 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	if err := req.Decode(&r); err != nil {
 		return nil, err
 	}
-	if r.Notify != "" && !validNotify(r.Notify) {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "notify must be a literal subject without wildcards")
+	if r.Notify != "" && !c.validNotify(r.Notify) {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument,
+			"notify must be a literal subject of printable ASCII without wildcards, outside %s.> and $-subjects (use your connection's inbox prefix)", c.subj.Prefix())
 	}
 	a, err := c.admit(ctx, r.Provider, r.Parent, r.Prompt, r.Options)
 	if err != nil {
@@ -293,7 +303,10 @@ func (c *Coordinator) runsAwait(ctx context.Context, req rpc.Request) (any, erro
 	if rec.Value.State == protocol.RunSettled || ref.WaitMs <= 0 {
 		return status(rec.Value), nil
 	}
-	wait := min(time.Duration(ref.WaitMs)*time.Millisecond, c.cfg.RunAwaitWaitMax)
+	wait := c.cfg.RunAwaitWaitMax
+	if ref.WaitMs < wait.Milliseconds() {
+		wait = time.Duration(ref.WaitMs) * time.Millisecond
+	}
 	return c.waitSettled(ctx, ref.RunID, wait)
 }
 
@@ -352,6 +365,10 @@ func (c *Coordinator) runsDispose(ctx context.Context, req rpc.Request) (any, er
 	}
 	if rec.Value.State == protocol.RunSettled {
 		return status(rec.Value), nil
+	}
+	if rec.Value.Mode == protocol.ModeContinuable {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument,
+			"run %s is an epoch of continuable child %s: stop its turn with continuable.interrupt or end it with continuable.drain", rec.Value.RunID, rec.Value.ChildID)
 	}
 	return c.disposeRun(ctx, rec.Value, protocol.CauseDisposed)
 }
