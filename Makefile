@@ -30,6 +30,11 @@ vet:
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 2s -count 1 ./bench/
 
+# The crash and restart tests, repeated (killed and paused workers, a killed
+# coordinator, a restarted server): longer than `make test` wants, bounded.
+chaos: acp-deps
+	$(GO) test -race -count=5 -timeout 30m -run 'TestKilled|TestWorkerKilled|TestWorkerPaused|TestServerRestart|TestConcurrentRuns' ./integration/
+
 fmt:
 	gofmt -w .
 
