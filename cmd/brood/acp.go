@@ -178,7 +178,7 @@ func acpAgentCmd(g *globals) *cobra.Command {
 			}
 			svc, err := acpagent.New(acpagent.Config{
 				Client: cl, Store: st, Models: models, In: os.Stdin, Out: os.Stdout, Logger: log,
-				Tools: acpagent.DelegationTools(subagentProvider),
+				Tools: acpagent.DelegationTools(subagentProvider, mf.workspaceRoots...),
 			})
 			if err != nil {
 				return err

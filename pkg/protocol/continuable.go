@@ -180,8 +180,9 @@ type OwnershipRecord struct {
 }
 
 // DrainRecord marks a drain in brood_agents under `drain.<scope>`:
-// `drain.all` for everything, `drain.<root>` below one live root (held
-// while that exact root agent, by its credential hash, stays live).
+// `drain.all.sessions` for everything (until lifted), `drain.<root>` below
+// one live root (held while that exact root agent, by its credential hash,
+// stays live, or until lifted).
 type DrainRecord struct {
 	Root           string `msgpack:"root,omitempty" json:"root,omitempty"`
 	CredentialHash string `msgpack:"credentialHash,omitempty" json:"credentialHash,omitempty"`

@@ -61,14 +61,15 @@ func DefaultTools(ToolSpec) ([]*agent.Tool, error) {
 	return []*agent.Tool{agent.ListDirTool()}, nil
 }
 
-// DelegationTools gives every session the workspace tools and the delegation
+// DelegationTools gives every session the workspace tools (bounded by
+// workspaceRoots, when given) and the delegation
 // tools: `subagent` on provider (foreground one-shot, or run_in_background
 // for a continuable child), send_message, interrupt_agent and list_agents,
 // all acting with the session agent's own credential.
-func DelegationTools(provider string) ToolsFactory {
+func DelegationTools(provider string, workspaceRoots ...string) ToolsFactory {
 	return func(spec ToolSpec) ([]*agent.Tool, error) {
 		return []*agent.Tool{
-			agent.ListDirTool(), agent.ReadFileTool(),
+			agent.ListDirTool(workspaceRoots...), agent.ReadFileTool(workspaceRoots...),
 			agent.SubagentTool(agent.SubagentConfig{Client: spec.Client, Provider: provider,
 				Background: agent.BackgroundStarter(spec.Client, provider)}),
 			agent.SendMessageTool(spec.Client), agent.InterruptAgentTool(spec.Client), agent.ListAgentsTool(spec.Client),

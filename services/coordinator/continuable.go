@@ -566,6 +566,8 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (an
 	var selected []leaseState
 	leases := c.agents.snapshot()
 	switch {
+	case r.Lift && (r.Parent != "" || len(r.Children) > 0):
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "lift reopens a global or per-parent drain; a drain of given children closes no admission")
 	case r.Parent != "" || len(r.Children) > 0:
 		if r.Parent == "" || len(r.Children) == 0 || len(r.Parents) > 0 {
 			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "children are drained with their parent: give parent and children, nothing else")
