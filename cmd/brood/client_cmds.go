@@ -191,9 +191,10 @@ func runCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-func runOnce(s *session, f runFlags, opts protocol.StartOptions, prompt string) error {
-	ctx, cancel := ctxWithSignals()
-	defer cancel()
+// withRoot opens a root agent in the current directory for fn and closes it
+// afterwards (its one-shot runs are disposed with it; continuable children
+// live on).
+func withRoot(ctx context.Context, s *session, fn func(root *client.Root) error) error {
 	cwd, err := os.Getwd()
 	if err != nil {
 		return err
@@ -207,6 +208,16 @@ func runOnce(s *session, f runFlags, opts protocol.StartOptions, prompt string) 
 		defer ccancel()
 		_ = root.Close(cctx)
 	}()
+	return fn(root)
+}
+
+func runOnce(s *session, f runFlags, opts protocol.StartOptions, prompt string) error {
+	ctx, cancel := ctxWithSignals()
+	defer cancel()
+	return withRoot(ctx, s, func(root *client.Root) error { return runIn(ctx, s, root, f, opts, prompt) })
+}
+
+func runIn(ctx context.Context, s *session, root *client.Root, f runFlags, opts protocol.StartOptions, prompt string) error {
 	run, err := s.cl.StartRun(ctx, root.Ref(), f.provider, protocol.Text(prompt), opts)
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
+	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -41,33 +42,25 @@ func startCmd(g *globals) *cobra.Command {
 				return protocol.Errorf(protocol.CodeInvalidArgument, "--provider is required")
 			}
 			return withClient(g, func(ctx context.Context, s *session) error {
-				cwd, err := os.Getwd()
-				if err != nil {
-					return err
-				}
-				root, err := s.cl.OpenRoot(ctx, cwd)
-				if err != nil {
-					return err
-				}
-				defer func() {
-					cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
-					defer ccancel()
-					_ = root.Close(cctx)
-				}()
-				if label == "" {
-					label = firstWords(strings.Join(args, " "), 5)
-				}
-				r, err := s.cl.StartContinuable(ctx, protocol.ContinuableStartRequest{
-					Provider: provider, Parent: root.Ref(), Label: label, ChildID: childID, Prompt: protocol.Text(strings.Join(args, " ")),
+				return withRoot(ctx, s, func(root *client.Root) error {
+					if label == "" {
+						label = firstWords(strings.Join(args, " "), 5)
+					}
+					r, err := s.cl.StartContinuable(ctx, protocol.ContinuableStartRequest{
+						Provider: provider, Parent: root.Ref(), Label: label, ChildID: childID, Prompt: protocol.Text(strings.Join(args, " ")),
+					})
+					if err != nil {
+						return err
+					}
+					if asJSON {
+						return printJSON(os.Stdout, struct {
+							protocol.ContinuableStartReply
+							ParentSession string `json:"parentSession"`
+						}{r, root.SessionID})
+					}
+					fmt.Printf("childId %s\nmessageId %s\nparentSession %s\n", r.ChildID, r.MessageID, root.SessionID)
+					return nil
 				})
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					return printJSON(os.Stdout, r)
-				}
-				fmt.Printf("childId %s\nmessageId %s\n", r.ChildID, r.MessageID)
-				return nil
 			})
 		},
 	}

@@ -249,20 +249,7 @@ func (s *Store) PublishEvent(ev protocol.LifecycleEvent, onErr func(error)) {
 	msg.Data = data
 	// The msg id makes a retried publish of the same edge count once.
 	msg.Header.Set(jetstream.MsgIDHeader, "ev."+ev.RunID+"."+kind)
-	fut, err := s.JS.PublishMsgAsync(msg)
-	if err != nil {
-		onErr(err)
-		return
-	}
-	go func() {
-		select {
-		case <-fut.Ok():
-		case err := <-fut.Err():
-			onErr(err)
-		case <-time.After(10 * time.Second):
-			onErr(errors.New("no acknowledgement of lifecycle event within 10s"))
-		}
-	}()
+	s.publishAsync(msg, "lifecycle event", onErr)
 }
 
 // RecordBytesTarget is the size AppendChunked aims each record at, well under
@@ -328,22 +315,11 @@ func (s *Store) PutChildIndexAsync(parent string, rec protocol.ChildIndexRecord,
 	}
 	msg := nats.NewMsg(s.Subj.Children(parent, rec.ChildID))
 	msg.Data = data
-	fut, err := s.JS.PublishMsgAsync(msg, jetstream.WithExpectLastSequencePerSubject(0))
-	if err != nil {
-		onErr(err)
-		return
-	}
-	go func() {
-		select {
-		case <-fut.Ok():
-		case err := <-fut.Err():
-			if !isWrongLastSeq(err) {
-				onErr(err)
-			}
-		case <-time.After(10 * time.Second):
-			onErr(errors.New("no acknowledgement of the child index entry within 10s"))
+	s.publishAsync(msg, "child index entry", func(err error) {
+		if !isWrongLastSeq(err) { // already indexed
+			onErr(err)
 		}
-	}()
+	}, jetstream.WithExpectLastSequencePerSubject(0))
 }
 
 // ChildIndex returns a parent's child index in creation order.
@@ -375,4 +351,29 @@ func (s *Store) ChildIndex(ctx context.Context, parent string) ([]protocol.Child
 			return out, nil
 		}
 	}
+}
+
+// AckWaitMax bounds the wait for the acknowledgement of a publish made off
+// the caller's path.
+const AckWaitMax = 10 * time.Second
+
+// publishAsync publishes msg without waiting on the caller's path; a refused
+// or missing acknowledgement (within AckWaitMax) is reported to onErr.
+func (s *Store) publishAsync(msg *nats.Msg, what string, onErr func(error), opts ...jetstream.PublishOpt) {
+	fut, err := s.JS.PublishMsgAsync(msg, opts...)
+	if err != nil {
+		onErr(err)
+		return
+	}
+	go func() {
+		t := time.NewTimer(AckWaitMax)
+		defer t.Stop()
+		select {
+		case <-fut.Ok():
+		case err := <-fut.Err():
+			onErr(err)
+		case <-t.C:
+			onErr(fmt.Errorf("no acknowledgement of the %s within %s", what, AckWaitMax))
+		}
+	}()
 }
