@@ -86,15 +86,11 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 			}
 			at.options(cmd, &o)
 			o.Logger = log
-			nc, err := connect(g.natsURL, "brood-acp-bridge", true)
+			nc, st, err := serviceConn(cmd.Context(), g, "brood-acp-bridge", sf)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			st, err := sf.provision(cmd.Context(), nc, g.prefix)
-			if err != nil {
-				return err
-			}
 			b, err := newACPBridge(nc, st, t, agents, o, log)
 			if err != nil {
 				return err

@@ -129,6 +129,21 @@ func (s *storeFlags) provision(ctx context.Context, nc *nats.Conn, prefix string
 	return st, nil
 }
 
+// serviceConn connects a service process (reconnecting forever) and
+// provisions Brood's streams and buckets; close the connection when done.
+func serviceConn(ctx context.Context, g *globals, name string, sf storeFlags) (*nats.Conn, *store.Store, error) {
+	nc, err := connect(g.natsURL, name, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := sf.provision(ctx, nc, g.prefix)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, st, nil
+}
+
 func newCoordinator(nc *nats.Conn, st *store.Store, t timing, log *slog.Logger) (*coordinator.Coordinator, error) {
 	return coordinator.New(coordinator.Config{
 		NC: nc, Store: st, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, RootLease: t.rootLease, Logger: log,
@@ -170,15 +185,11 @@ func coordinatorCmd(g *globals) *cobra.Command {
 			if err := t.validate(); err != nil {
 				return err
 			}
-			nc, err := connect(g.natsURL, "brood-coordinator", true)
+			nc, st, err := serviceConn(cmd.Context(), g, "brood-coordinator", sf)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			st, err := sf.provision(cmd.Context(), nc, g.prefix)
-			if err != nil {
-				return err
-			}
 			c, err := newCoordinator(nc, st, t, log)
 			if err != nil {
 				return err
@@ -216,15 +227,11 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 			if err != nil {
 				return err
 			}
-			nc, err := connect(g.natsURL, "brood-"+use, true)
+			nc, st, err := serviceConn(cmd.Context(), g, "brood-"+use, sf)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			st, err := sf.provision(cmd.Context(), nc, g.prefix)
-			if err != nil {
-				return err
-			}
 			w, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, log, desc)
 			if err != nil {
 				return err

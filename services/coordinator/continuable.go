@@ -372,6 +372,21 @@ func (c *Coordinator) childHeaderOf(ctx context.Context, childID string) (protoc
 	return h, nil
 }
 
+// childFor reads a child's header (NOT_RESUMABLE for an unknown id) and
+// checks the authority acting on it; it returns the parent's lease when the
+// parent acted. rootsRefused refuses a root session as NOT_RESUMABLE.
+func (c *Coordinator) childFor(ctx context.Context, childID string, auth protocol.Authority, rootsRefused bool) (protocol.SessionHeader, *leaseState, error) {
+	h, err := c.childHeaderOf(ctx, childID)
+	if err != nil {
+		return h, nil, err
+	}
+	if rootsRefused && (h.ParentSession == "" || h.Origin != protocol.OriginSubagent) {
+		return h, nil, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": "it is a root session, not a child"})
+	}
+	parent, err := c.authorizeFor(ctx, auth, h)
+	return h, parent, err
+}
+
 // continuableFollowup routes a message by residency only: resident (running
 // or waiting) → into the inbox, where the activation claims it as its next
 // turn; none → into the inbox, then a cold resume that claims it. FIFO per
@@ -381,14 +396,7 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) 
 	if err := req.Decode(&r); err != nil {
 		return nil, err
 	}
-	h, err := c.childHeaderOf(ctx, r.ChildID)
-	if err != nil {
-		return nil, err
-	}
-	if h.ParentSession == "" || h.Origin != protocol.OriginSubagent {
-		return nil, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": "it is a root session, not a child"})
-	}
-	parent, err := c.authorizeFor(ctx, r.Authority, h)
+	h, parent, err := c.childFor(ctx, r.ChildID, r.Authority, true)
 	if err != nil {
 		return nil, err
 	}
@@ -453,11 +461,8 @@ func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request) (an
 	if err := req.Decode(&r); err != nil {
 		return nil, err
 	}
-	h, err := c.childHeaderOf(ctx, r.ChildID)
+	h, _, err := c.childFor(ctx, r.ChildID, r.Authority, false)
 	if err != nil {
-		return nil, err
-	}
-	if _, err := c.authorizeFor(ctx, r.Authority, h); err != nil {
 		return nil, err
 	}
 	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, h.ID)

@@ -3,8 +3,6 @@
 package spawnworker
 
 import (
-	"context"
-
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -21,20 +19,11 @@ func Descriptor(name string) protocol.ProviderDescriptor {
 // to spawn unless SubagentProvider says otherwise.
 type Config = worker.InProcessConfig
 
-// Service is a running spawn worker.
-type Service struct{ host *worker.Host }
+// Service is a running worker: a host serving this one provider (Run(ctx)
+// serves until ctx is done, then drains; ID names the host).
+type Service = worker.Host
 
 // New builds the worker.
 func New(cfg Config) (*Service, error) {
-	h, err := worker.NewInProcessHost(cfg, Descriptor(DefaultName))
-	if err != nil {
-		return nil, err
-	}
-	return &Service{host: h}, nil
+	return worker.NewInProcessHost(cfg, Descriptor(DefaultName))
 }
-
-// HostID returns the worker's host id.
-func (s *Service) HostID() string { return s.host.ID() }
-
-// Run serves until ctx is done, then drains (nil on a clean stop).
-func (s *Service) Run(ctx context.Context) error { return s.host.Run(ctx) }
