@@ -150,6 +150,18 @@ func (p *Process) ExitStatus() string {
 	return p.waitErr.Error()
 }
 
+// WaitStderr waits, at most d, until the agent's stderr reached its end (every
+// writer closed it), so a tail read right after the process exited holds what
+// it wrote last. A grandchild holding stderr open only delays it by d.
+func (p *Process) WaitStderr(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-p.stderrDone:
+	case <-t.C:
+	}
+}
+
 // StderrTail returns at most n bytes of the end of the agent's stderr, whole
 // lines where possible, with the Redact values replaced.
 func (p *Process) StderrTail(n int) string {

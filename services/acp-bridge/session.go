@@ -439,6 +439,10 @@ func (s *Session) await(ctx context.Context, t *turnState, done <-chan struct{},
 
 // exitEnding describes an agent that went away during what, with the end of
 // its stderr (secrets configured for it redacted).
+// StderrSettleMax bounds how long a diagnostic waits for the rest of a dead
+// agent's stderr.
+const StderrSettleMax = 500 * time.Millisecond
+
 func (s *Session) exitEnding(what string) *ending {
 	s.mu.Lock()
 	proc := s.proc
@@ -447,6 +451,8 @@ func (s *Session) exitEnding(what string) *ending {
 	case <-proc.Exited():
 	case <-time.After(s.o.ExitGrace):
 	}
+	// The stderr copier may still hold the agent's last words.
+	proc.WaitStderr(StderrSettleMax)
 	msg := fmt.Sprintf("the ACP agent closed its stdout during %s", what)
 	if st := proc.ExitStatus(); st != "" {
 		msg = fmt.Sprintf("the ACP agent exited (%s) during %s", st, what)
