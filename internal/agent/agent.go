@@ -141,6 +141,9 @@ type Agent struct {
 	mu     sync.Mutex
 	events []protocol.SessionEvent
 	turn   int64
+	// callIDs keeps recorded tool-call ids unique in the session; used by
+	// the turn's goroutine only.
+	callIDs *CallIDs
 
 	// appendMu serializes appends: the log has one writer, and inbox
 	// bookkeeping may append while a turn runs.
@@ -161,6 +164,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, limits: cfg.Limits.withDefaults(), log: cfg.Logger.With("session", cfg.Header.ID)}
 	a.events = append([]protocol.SessionEvent(nil), cfg.Events...)
 	a.turn = LastTurn(a.events)
+	a.callIDs = NewCallIDs(a.events)
 	return a, nil
 }
 
@@ -293,6 +297,7 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	if msg.Content == nil {
 		msg.Content = []protocol.ContentBlock{}
 	}
+	modelIDs := a.recordCallIDs(&msg)
 	b.add(a, protocol.EvAssistantMessage, protocol.AssistantMessageData{
 		Turn: turn, Step: step, Message: msg, Usage: resp.Usage, Interrupted: resp.Finish == model.FinishLength,
 	})
@@ -311,8 +316,12 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
 		return a.end(ctx, turn, &b, errReason(fmt.Sprintf("the model asked for %d tool calls in one step; the limit is %d", len(msg.ToolCalls), a.limits.ToolCallsPerStepMax))), true
 	}
-	for _, c := range msg.ToolCalls {
-		b.add(a, protocol.EvToolCall, protocol.ToolCallData{Turn: turn, Step: step, CallID: c.ID, Name: c.Name, Arguments: c.Arguments})
+	for i, c := range msg.ToolCalls {
+		d := protocol.ToolCallData{Turn: turn, Step: step, CallID: c.ID, Name: c.Name, Arguments: c.Arguments}
+		if modelIDs[i] != c.ID {
+			d.ModelCallID = modelIDs[i]
+		}
+		b.add(a, protocol.EvToolCall, d)
 	}
 	if b.err != nil {
 		return a.end(ctx, turn, nil, errReason(b.err.Error())), true
@@ -347,6 +356,22 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 		return out, true
 	}
 	return Outcome{}, false
+}
+
+// recordCallIDs gives msg's tool calls session-unique ids (see CallIDs) and
+// returns the ids the model gave, in order.
+func (a *Agent) recordCallIDs(msg *protocol.AssistantMessage) []string {
+	if len(msg.ToolCalls) == 0 {
+		return nil
+	}
+	calls := append([]protocol.ToolCall(nil), msg.ToolCalls...)
+	orig := make([]string, len(calls))
+	for i := range calls {
+		orig[i] = calls[i].ID
+		calls[i].ID = a.callIDs.Unique(calls[i].ID)
+	}
+	msg.ToolCalls = calls
+	return orig
 }
 
 // runTools runs a step's tool calls: in parallel, except that a message
@@ -388,6 +413,11 @@ func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCa
 	t, ok := a.cfg.Tools.Lookup(c.Name)
 	if !ok {
 		return ErrorResult("unknown tool %q: it is not available to this agent", c.Name)
+	}
+	// Arguments that are not a JSON object never reach a tool (empty ones
+	// mean {}); the raw text stays in the log and is quoted back.
+	if strings.TrimSpace(c.Arguments) != "" && !argsObject(c.Arguments) {
+		return argsError(c)
 	}
 	defer func() {
 		if p := recover(); p != nil {

@@ -22,12 +22,15 @@ func CompletedPrefix(events []protocol.SessionEvent) int {
 // ValidateReplay checks the invariants a log must keep to be replayed or used
 // as a seed: seqs contiguous from 0; turns balanced and never nested; steps
 // balanced inside their turn; every tool call answered by exactly one result
-// in the same turn, and no result without its call. open allows the last
-// turn to be still running.
+// in the same turn, and no result without its call; tool-call ids unique in
+// the whole session (the runtime records them so, see CallIDs: a model
+// conversation may not repeat one). open allows the last turn to be still
+// running.
 func ValidateReplay(events []protocol.SessionEvent, open bool) error {
 	inTurn, inStep := false, false
 	var turn int64
 	calls := map[string]bool{}
+	used := map[string]int64{} // every call id of the session → its turn
 	for i, ev := range events {
 		if ev.Seq != int64(i) {
 			return fmt.Errorf("event %d has seq %d: seqs must be contiguous from 0", i, ev.Seq)
@@ -70,10 +73,10 @@ func ValidateReplay(events []protocol.SessionEvent, open bool) error {
 			if !inStep {
 				return fmt.Errorf("event %d: tool/call outside a step", i)
 			}
-			if _, dup := calls[d.CallID]; dup {
-				return fmt.Errorf("event %d: tool call id %s used twice in turn %d", i, d.CallID, turn)
+			if t, dup := used[d.CallID]; dup {
+				return fmt.Errorf("event %d: tool call id %s used twice (turns %d and %d)", i, d.CallID, t, turn)
 			}
-			calls[d.CallID] = false
+			calls[d.CallID], used[d.CallID] = false, turn
 		case protocol.EvToolResult:
 			var d protocol.ToolResultData
 			if err := ev.Decode(&d); err != nil {

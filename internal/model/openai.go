@@ -37,8 +37,9 @@ const (
 	openAIStreamIdleTimeoutDefault = 60 * time.Second
 	openAIRequestTimeoutDefault    = 10 * time.Minute
 
-	// openAIToolCallsMax bounds the tool-call index a stream may use, so a
-	// broken server cannot make the adapter track an unbounded set of calls.
+	// openAIToolCallsMax bounds the tool-call index a stream may use and the
+	// calls of one answer, so a broken server cannot make the adapter track
+	// an unbounded set of calls.
 	openAIToolCallsMax = 128
 	// openAIErrorBodyBytesMax bounds how much of an HTTP error body is read.
 	openAIErrorBodyBytesMax = 4096
@@ -186,8 +187,10 @@ func (o *OpenAI) Name() string { return o.cfg.Model }
 //
 // The answer: text deltas joined; reasoning_content deltas joined (nil when no
 // delta carried one, "" when they were all empty); tool calls assembled by
-// their index, in index order, with arguments exactly as streamed; a refusal
-// as an extra text block. Finish: a refusal or "content_filter" is
+// their index, in index order, with arguments exactly as streamed; a fragment
+// continues the latest call at its index unless it names a different id
+// (some servers give every call index 0), so two calls are never merged; a
+// refusal as an extra text block. Finish: a refusal or "content_filter" is
 // FinishRefusal, "length" FinishLength (even with tool calls, whose arguments
 // are then cut), otherwise FinishToolCalls whenever tool calls are present,
 // else "stop" is FinishStop. Usage is set when the stream sent it.
@@ -476,13 +479,22 @@ func (a *streamAcc) addCall(tc openai.ChatCompletionChunkChoiceDeltaToolCall) *f
 	if idx < 0 || idx >= openAIToolCallsMax {
 		return &failure{diag: fmt.Sprintf("malformed stream: tool call index %d outside 0..%d", idx, openAIToolCallsMax-1)}
 	}
+	// A fragment continues the latest call at its index, unless it names a
+	// different id: some servers give every call of a message index 0, so a
+	// new id at a used index starts a new call rather than merging two.
 	var c *protocol.ToolCall
-	for i := range a.calls {
+	for i := len(a.calls) - 1; i >= 0; i-- {
 		if a.calls[i].index == idx {
-			c = &a.calls[i].call
+			if tc.ID == "" || a.calls[i].call.ID == "" || a.calls[i].call.ID == tc.ID {
+				c = &a.calls[i].call
+			}
+			break
 		}
 	}
 	if c == nil {
+		if len(a.calls) >= openAIToolCallsMax {
+			return &failure{diag: fmt.Sprintf("malformed stream: more than %d tool calls in one answer", openAIToolCallsMax)}
+		}
 		a.calls = append(a.calls, indexedCall{index: idx})
 		c = &a.calls[len(a.calls)-1].call
 	}

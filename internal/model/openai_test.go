@@ -229,6 +229,20 @@ func TestOpenAIStream(t *testing.T) {
 			chunk(`{"tool_calls":[{"id":"b","type":"function","function":{"name":"y","arguments":"{}"}}]}`, `"tool_calls"`)),
 			wantCalls: []protocol.ToolCall{{ID: "a", Name: "x", Arguments: `{"k":1}`}, {ID: "b", Name: "y", Arguments: "{}"}},
 			wantFin:   FinishToolCalls},
+		// Issue 14, item 1: a server that gives every call index 0 must not
+		// have its calls merged into one ({}{"path":"x"}) and the second lost.
+		{name: "two complete calls both at index 0", body: sse(
+			chunk(`{"tool_calls":[{"index":0,"id":"A","type":"function","function":{"name":"list_dir","arguments":"{}"}}]}`, "null"),
+			chunk(`{"tool_calls":[{"index":0,"id":"B","type":"function","function":{"name":"read_file","arguments":"{\"path\":\"x\"}"}}]}`, `"tool_calls"`)),
+			wantCalls: []protocol.ToolCall{{ID: "A", Name: "list_dir", Arguments: "{}"}, {ID: "B", Name: "read_file", Arguments: `{"path":"x"}`}},
+			wantFin:   FinishToolCalls},
+		{name: "fragments at a reused index follow the latest id", body: sse(
+			chunk(`{"tool_calls":[{"index":0,"id":"A","type":"function","function":{"name":"list_dir","arguments":"{\"pa"}}]}`, "null"),
+			chunk(`{"tool_calls":[{"index":0,"function":{"arguments":"th\":\".\"}"}}]}`, "null"),
+			chunk(`{"tool_calls":[{"index":0,"id":"B","type":"function","function":{"name":"read_file","arguments":"{\"path\""}}]}`, "null"),
+			chunk(`{"tool_calls":[{"index":0,"id":"B","function":{"arguments":":\"x\"}"}}]}`, `"tool_calls"`)),
+			wantCalls: []protocol.ToolCall{{ID: "A", Name: "list_dir", Arguments: `{"path":"."}`}, {ID: "B", Name: "read_file", Arguments: `{"path":"x"}`}},
+			wantFin:   FinishToolCalls},
 		{name: "deepseek insufficient_system_resource", body: fixture(t, "deepseek_insufficient_resource.sse"),
 			wantErr: `stream ended with finish_reason "insufficient_system_resource"`},
 		{name: "error event in stream", body: sse(

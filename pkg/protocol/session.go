@@ -201,13 +201,16 @@ type AssistantMessageData struct {
 	Interrupted bool             `msgpack:"interrupted,omitempty" json:"interrupted,omitempty"`
 }
 
-// ToolCallData is the data of tool/call.
+// ToolCallData is the data of tool/call. CallID is unique in the session
+// (the id the call, this event and its result share); ModelCallID is the id
+// the model gave, present only when the runtime had to rename a repeated one.
 type ToolCallData struct {
-	Turn      int64  `msgpack:"turn" json:"turn"`
-	Step      int64  `msgpack:"step" json:"step"`
-	CallID    string `msgpack:"callId" json:"callId"`
-	Name      string `msgpack:"name" json:"name"`
-	Arguments string `msgpack:"arguments" json:"arguments"`
+	Turn        int64  `msgpack:"turn" json:"turn"`
+	Step        int64  `msgpack:"step" json:"step"`
+	CallID      string `msgpack:"callId" json:"callId"`
+	Name        string `msgpack:"name" json:"name"`
+	Arguments   string `msgpack:"arguments" json:"arguments"`
+	ModelCallID string `msgpack:"modelCallId,omitempty" json:"modelCallId,omitempty"`
 }
 
 // ToolResultData is the data of tool/result.
