@@ -403,16 +403,20 @@ func TestDrainScopes(t *testing.T) {
 		if _, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: protocol.Authority{Parent: &p}}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
 			t.Fatalf("drain without a grant = %v", err)
 		}
-		// Admission stays closed: no new child, no followup; the queued item waits.
+		// Admission stays closed: no new child; a followup is accepted but
+		// held, like the queued item, until the lift.
 		if _, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "x", Prompt: protocol.Text("say x")}); protocol.CodeOf(err) != protocol.CodeDraining {
 			t.Fatalf("start during a global drain = %v", err)
 		}
-		if _, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: a.ChildID, Authority: ref(root), Message: protocol.Text("say x")}); protocol.CodeOf(err) != protocol.CodeDraining {
-			t.Fatalf("followup during a global drain = %v", err)
+		held, err := s.Client.FollowupReply(ctx, protocol.FollowupRequest{ChildID: a.ChildID, Authority: ref(root), Message: protocol.Text("say held")})
+		if err != nil || held.MessageID == "" || !strings.Contains(held.Held, "drain") {
+			t.Fatalf("followup during a global drain = %+v, %v; want accepted and held", held, err)
 		}
 		time.Sleep(500 * time.Millisecond)
-		if st := state(t, s, b.ChildID, ref(root)); st != protocol.StateNone {
-			t.Fatalf("a drained child resumed its queued work while drained: %s", st)
+		for _, id := range []string{a.ChildID, b.ChildID} {
+			if st := state(t, s, id, ref(root)); st != protocol.StateNone {
+				t.Fatalf("a drained child resumed its queued work while drained: %s", st)
+			}
 		}
 		// Lifted: the queued item, never dropped, runs now.
 		if _, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: user, Lift: true}); err != nil {
@@ -423,6 +427,11 @@ func TestDrainScopes(t *testing.T) {
 			claims, _, _ := turnsOf(evs)
 			return len(claims) == 2 && claims[1] == queued
 		}, "the queued item runs after the lift")
+		testutil.Eventually(t, 15*time.Second, func() bool {
+			_, evs := s.Log(a.ChildID)
+			claims, _, _ := turnsOf(evs)
+			return len(claims) == 2 && claims[1] == held.MessageID
+		}, "the held followup runs after the lift")
 	})
 }
 

@@ -60,7 +60,7 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 			"BROOD_*; set what it needs with env. --config FILE holds the same as JSON (see services/acp-bridge).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
+			log := newLogger(g.logLevel, slog.LevelInfo, g.errOut)
 			if err := t.validate(); err != nil {
 				return err
 			}
@@ -103,6 +103,7 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 	t.flags(cmd)
 	at.flags(cmd)
 	sf.flags(cmd)
+	natsFlag(cmd, g)
 	return cmd
 }
 
@@ -151,7 +152,7 @@ func acpAgentCmd(g *globals) *cobra.Command {
 			"lineage passed in the _meta of session/new (by the ACP bridge) keeps depth limits and tool ceilings.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := newLogger(g.logLevel, slog.LevelWarn, os.Stderr)
+			log := newLogger(g.logLevel, slog.LevelWarn, g.errOut)
 			models, err := mf.factory()
 			if err != nil {
 				return err
@@ -184,5 +185,6 @@ func acpAgentCmd(g *globals) *cobra.Command {
 	}
 	mf.flags(cmd)
 	cmd.Flags().StringVar(&subagentProvider, "subagent-provider", "spawn", "provider the agents' subagent tool delegates to")
+	clientFlags(cmd, g)
 	return cmd
 }

@@ -18,14 +18,17 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// session is a client verb's connection and client.
+// session is a client verb's connection and client, and where it writes.
 type session struct {
-	cl  *client.Client
-	log *slog.Logger
+	cl     *client.Client
+	log    *slog.Logger
+	out    io.Writer
+	errOut io.Writer
+	grant  string // the user grant minted for this command, once asked for
 }
 
 func openClient(g *globals) (*session, func(), error) {
-	log := newLogger(g.logLevel, slog.LevelWarn, os.Stderr)
+	log := newLogger(g.logLevel, slog.LevelWarn, g.errOut)
 	nc, err := connect(g.natsURL, "brood-cli", false)
 	if err != nil {
 		return nil, nil, err
@@ -35,7 +38,7 @@ func openClient(g *globals) (*session, func(), error) {
 		nc.Close()
 		return nil, nil, err
 	}
-	return &session{cl: cl, log: log}, func() { cl.Close(); nc.Close() }, nil
+	return &session{cl: cl, log: log, out: g.out, errOut: g.errOut}, func() { cl.Close(); nc.Close() }, nil
 }
 
 // withClient runs a client verb: a connection and client for its duration,
@@ -71,9 +74,9 @@ func providersCmd(g *globals) *cobra.Command {
 					return err
 				}
 				if asJSON {
-					return printJSON(os.Stdout, r)
+					return printJSON(s.out, r)
 				}
-				tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+				tw := tabwriter.NewWriter(s.out, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "PROVIDER\tINSTANCES\tOUTPUT-SCHEMA\tDEPTH-LIMIT\tTOOL-FILTER\tPERSONA\tINHERITS-CONTEXT\tCONTINUABLE\tTOOLS")
 				for _, d := range r.Providers {
 					c := d.Capabilities
@@ -89,6 +92,7 @@ func providersCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	clientFlags(cmd, g)
 	return cmd
 }
 
@@ -99,8 +103,9 @@ func yes(b bool) string {
 	return "no"
 }
 
-// runFlags are `brood run`'s options.
-type runFlags struct {
+// childFlags are the composition flags shared by `brood run` and `brood
+// start`: depth cap, tool filter and persona (and, for run, --schema).
+type childFlags struct {
 	provider   string
 	asJSON     bool
 	schema     string
@@ -110,11 +115,27 @@ type runFlags struct {
 	persona    string
 }
 
+// register adds the flags to cmd; withSchema adds --schema (one-shot only:
+// structured output is a result contract, a continuable child has none).
+func (f *childFlags) register(cmd *cobra.Command, withSchema bool) {
+	cmd.Flags().StringVar(&f.provider, "provider", "", "provider name (see brood providers)")
+	if withSchema {
+		cmd.Flags().StringVar(&f.schema, "schema", "", "JSON Schema file: the child must return structured output matching it")
+	}
+	cmd.Flags().Int64Var(&f.maxDepth, "max-depth", 0, "absolute delegation depth cap for the child (0 refuses any child)")
+	cmd.Flags().StringVar(&f.allowTools, "allow-tools", "", "comma-separated tools the child may use (\"\" hides every tool)")
+	cmd.Flags().StringVar(&f.denyTools, "deny-tools", "", "comma-separated tools the child may not use")
+	cmd.Flags().StringVar(&f.persona, "persona", "", "the child's persona, a template with {{provider}}, {{model}}, {{cwd}}")
+}
+
 // startOptions builds the start options from the flags the user set; an
 // unset flag sends nothing, so capability checks see only what was asked.
-func (f *runFlags) startOptions(cmd *cobra.Command) (protocol.StartOptions, error) {
+func (f *childFlags) startOptions(cmd *cobra.Command) (protocol.StartOptions, error) {
 	var o protocol.StartOptions
 	fl := cmd.Flags()
+	if f.provider == "" {
+		return o, protocol.Errorf(protocol.CodeInvalidArgument, "--provider is required (`brood providers` lists them)")
+	}
 	if fl.Changed("schema") {
 		data, err := os.ReadFile(f.schema)
 		if err != nil {
@@ -157,18 +178,16 @@ func splitList(s string) []string {
 }
 
 func runCmd(g *globals) *cobra.Command {
-	var f runFlags
+	var f childFlags
 	cmd := &cobra.Command{
 		Use:   "run --provider NAME [flags] PROMPT",
 		Short: "Run a one-shot child from a root opened in the current directory; prints its output",
 		Long: "Opens a root agent in the current directory, starts a one-shot child on the provider, waits for\n" +
-			"its result and prints the output (--json: runId, childId and the whole result). Exits 0 only\n" +
-			"when the stop reason is completed. Ctrl-C disposes the child.",
+			"its result and prints the output on stdout (--json: runId, childId and the whole result). The\n" +
+			"child's id goes to stderr as soon as it started, for `brood log CHILD` in another terminal.\n" +
+			"Exits 0 only when the stop reason is completed. Ctrl-C disposes the child.",
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if f.provider == "" {
-				return protocol.Errorf(protocol.CodeInvalidArgument, "--provider is required")
-			}
 			opts, err := f.startOptions(cmd)
 			if err != nil {
 				return err
@@ -181,13 +200,9 @@ func runCmd(g *globals) *cobra.Command {
 			return runOnce(s, f, opts, strings.Join(args, " "))
 		},
 	}
-	cmd.Flags().StringVar(&f.provider, "provider", "", "provider name (see brood providers)")
+	f.register(cmd, true)
 	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print runId, childId and the whole result as JSON")
-	cmd.Flags().StringVar(&f.schema, "schema", "", "JSON Schema file: the child must return structured output matching it")
-	cmd.Flags().Int64Var(&f.maxDepth, "max-depth", 0, "absolute delegation depth cap for the child (0 refuses any child)")
-	cmd.Flags().StringVar(&f.allowTools, "allow-tools", "", "comma-separated tools the child may use (\"\" hides every tool)")
-	cmd.Flags().StringVar(&f.denyTools, "deny-tools", "", "comma-separated tools the child may not use")
-	cmd.Flags().StringVar(&f.persona, "persona", "", "the child's persona, a template with {{provider}}, {{model}}, {{cwd}}")
+	clientFlags(cmd, g)
 	return cmd
 }
 
@@ -211,16 +226,24 @@ func withRoot(ctx context.Context, s *session, fn func(root *client.Root) error)
 	return fn(root)
 }
 
-func runOnce(s *session, f runFlags, opts protocol.StartOptions, prompt string) error {
+func runOnce(s *session, f childFlags, opts protocol.StartOptions, prompt string) error {
 	ctx, cancel := ctxWithSignals()
 	defer cancel()
 	return withRoot(ctx, s, func(root *client.Root) error { return runIn(ctx, s, root, f, opts, prompt) })
 }
 
-func runIn(ctx context.Context, s *session, root *client.Root, f runFlags, opts protocol.StartOptions, prompt string) error {
+func runIn(ctx context.Context, s *session, root *client.Root, f childFlags, opts protocol.StartOptions, prompt string) error {
 	run, err := s.cl.StartRun(ctx, root.Ref(), f.provider, protocol.Text(prompt), opts)
 	if err != nil {
 		return err
+	}
+	if !f.asJSON {
+		// stdout stays the output; the id is for `brood log` meanwhile.
+		if run.RunID != run.ChildID {
+			fmt.Fprintf(s.errOut, "child %s (run %s)\n", run.ChildID, run.RunID)
+		} else {
+			fmt.Fprintf(s.errOut, "child %s\n", run.ChildID)
+		}
 	}
 	res, err := run.Result(ctx)
 	if err != nil {
@@ -234,7 +257,7 @@ func runIn(ctx context.Context, s *session, root *client.Root, f runFlags, opts 
 		res = *st.Result
 	}
 	if f.asJSON {
-		if err := printJSON(os.Stdout, struct {
+		if err := printJSON(s.out, struct {
 			RunID         string                  `json:"runId"`
 			ChildID       string                  `json:"childId"`
 			ParentSession string                  `json:"parentSession"`
@@ -242,39 +265,26 @@ func runIn(ctx context.Context, s *session, root *client.Root, f runFlags, opts 
 		}{run.RunID, run.ChildID, root.SessionID, res}); err != nil {
 			return err
 		}
-	} else {
-		if text := protocol.PlainText(res.Output); text != "" {
-			fmt.Println(text)
-		}
-		if res.Structured != nil {
-			if err := json.NewEncoder(os.Stdout).Encode(res.Structured); err != nil {
-				return err
-			}
-		}
 	}
-	if res.StopReason != protocol.StopCompleted {
-		code := string(res.ErrorCode)
-		if code == "" {
-			code = strings.ToUpper(strings.ReplaceAll(string(res.StopReason), "-", "_"))
-		}
-		msg := fmt.Sprintf("%s: run %s ended with stopReason %s", code, run.RunID, res.StopReason)
-		if res.Diagnostic != "" {
-			msg += ": " + res.Diagnostic
-		}
-		fmt.Fprintln(os.Stderr, msg)
-		return exitError{1}
-	}
-	return nil
+	return printResult(s, "run "+run.RunID, res, f.asJSON)
 }
 
 func logCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var asJSON, follow bool
 	cmd := &cobra.Command{
-		Use:   "log SESSION",
-		Short: "Print a session's header, then every event of its log in order",
-		Args:  cobra.ExactArgs(1),
+		Use:   "log SESSION [--follow]",
+		Short: "Print a session's header, then every event of its log in order (--follow: and new ones live)",
+		Long: "Prints the session's header and every event of its log. With --follow it goes on printing each\n" +
+			"event as it is logged, until the session's agent is done: a one-shot child's turn ended, or a\n" +
+			"continuable child has no live activation and nothing queued (a root's log: until Ctrl-C).\n" +
+			"--json prints {header, events}; with --follow, one JSON object per line: {\"header\":…} first,\n" +
+			"then each event.",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClient(g, func(ctx context.Context, s *session) error {
+				if follow {
+					return followLog(ctx, s, args[0], asJSON)
+				}
 				h, events, err := s.cl.Log(ctx, args[0])
 				if err != nil {
 					return err
@@ -283,19 +293,21 @@ func logCmd(g *globals) *cobra.Command {
 					if events == nil {
 						events = []protocol.SessionEvent{}
 					}
-					return printJSON(os.Stdout, struct {
+					return printJSON(s.out, struct {
 						Header protocol.SessionHeader  `json:"header"`
 						Events []protocol.SessionEvent `json:"events"`
 					}{h, events})
 				}
-				printHeader(os.Stdout, h)
+				printHeader(s.out, h)
 				for _, ev := range events {
-					fmt.Fprintln(os.Stdout, formatEvent(ev, h))
+					fmt.Fprintln(s.out, formatEvent(ev, h))
 				}
 				return nil
 			})
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print {header, events} as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print {header, events} as JSON (--follow: JSON lines)")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "go on printing events as they are logged, until the session's agent is done")
+	clientFlags(cmd, g)
 	return cmd
 }

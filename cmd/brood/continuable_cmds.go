@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"os"
-	"sort"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -19,55 +19,65 @@ import (
 
 // userAuthority mints a user grant: the CLI acts for the human user, as a
 // trusted host (only hosts allowed to call authority.user can).
+// One grant serves a whole command.
 func (s *session) userAuthority(ctx context.Context) (protocol.Authority, error) {
+	if s.grant != "" {
+		return protocol.Authority{Grant: s.grant}, nil
+	}
 	g, err := s.cl.UserGrant(ctx)
 	if err != nil {
 		return protocol.Authority{}, err
 	}
+	s.grant = g.Grant
 	return protocol.Authority{Grant: g.Grant}, nil
 }
 
 func startCmd(g *globals) *cobra.Command {
-	var provider, label, childID string
-	var asJSON bool
+	var f childFlags
+	var label, childID string
 	cmd := &cobra.Command{
-		Use:   "start --provider NAME [--label L] PROMPT",
-		Short: "Start a continuable child from a root opened in the current directory; prints childId and messageId",
-		Long: "Starts a continuable child: its session outlives the command, and `brood followup CHILD MESSAGE`\n" +
-			"sends it more turns later, even after every process restarted. The root opened for the start is\n" +
-			"closed when the command ends; the child lives on.",
+		Use:   "start --provider NAME [--label L] [flags] PROMPT",
+		Short: "Start a continuable (background) child from a root opened in the current directory; prints childId",
+		Long: "Starts a continuable child and returns at once: the child works in the background, its session\n" +
+			"outlives the command, and `brood followup CHILD MESSAGE` sends it more turns later, even after\n" +
+			"every process restarted. `brood state CHILD` and `brood result CHILD` tell how it is doing and\n" +
+			"what it answered. The root opened for the start is closed when the command ends; the child lives on.",
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if provider == "" {
-				return protocol.Errorf(protocol.CodeInvalidArgument, "--provider is required")
+			o, err := f.startOptions(cmd)
+			if err != nil {
+				return err
+			}
+			prompt := strings.Join(args, " ")
+			if label == "" {
+				label = firstWords(prompt, 5)
 			}
 			return withClient(g, func(ctx context.Context, s *session) error {
 				return withRoot(ctx, s, func(root *client.Root) error {
-					if label == "" {
-						label = firstWords(strings.Join(args, " "), 5)
-					}
 					r, err := s.cl.StartContinuable(ctx, protocol.ContinuableStartRequest{
-						Provider: provider, Parent: root.Ref(), Label: label, ChildID: childID, Prompt: protocol.Text(strings.Join(args, " ")),
+						Provider: f.provider, Parent: root.Ref(), Label: label, ChildID: childID, Prompt: protocol.Text(prompt),
+						Options: protocol.ContinuableOptions{MaxDepth: o.MaxDepth, ToolFilter: o.ToolFilter, Persona: o.Persona},
 					})
 					if err != nil {
 						return err
 					}
-					if asJSON {
-						return printJSON(os.Stdout, struct {
+					if f.asJSON {
+						return printJSON(s.out, struct {
 							protocol.ContinuableStartReply
 							ParentSession string `json:"parentSession"`
 						}{r, root.SessionID})
 					}
-					fmt.Printf("childId %s\nmessageId %s\nparentSession %s\n", r.ChildID, r.MessageID, root.SessionID)
+					fmt.Fprintf(s.out, "childId %s\nmessageId %s\nparentSession %s\n", r.ChildID, r.MessageID, root.SessionID)
 					return nil
 				})
 			})
 		},
 	}
-	cmd.Flags().StringVar(&provider, "provider", "", "provider name (see brood providers)")
+	f.register(cmd, false)
 	cmd.Flags().StringVar(&label, "label", "", "a short label for the child (default: the prompt's first words)")
 	cmd.Flags().StringVar(&childID, "child-id", "", "reserve this child id (^[A-Za-z0-9_-]{1,64}$; an id ever used is DUPLICATE_CHILD)")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print JSON")
+	clientFlags(cmd, g)
 	return cmd
 }
 
@@ -81,36 +91,52 @@ func firstWords(s string, n int) string {
 
 func followupCmd(g *globals) *cobra.Command {
 	var key string
+	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "followup CHILD MESSAGE",
 		Short: "Send a continuable child its next turn, as the user (with a user grant); prints messageId",
-		Args:  cobra.MinimumNArgs(2),
+		Long: "Queues MESSAGE as the child's next turn. A child with no live activation is resumed on a live\n" +
+			"host of its provider. While a drain holds admission closed the message is accepted and waits\n" +
+			"(it runs once `brood drain --lift` reopens admission); the answer says so.",
+		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClient(g, func(ctx context.Context, s *session) error {
 				auth, err := s.userAuthority(ctx)
 				if err != nil {
 					return err
 				}
-				mid, err := s.cl.Followup(ctx, protocol.FollowupRequest{
+				r, err := s.cl.FollowupReply(ctx, protocol.FollowupRequest{
 					ChildID: args[0], Authority: auth, Message: protocol.Text(strings.Join(args[1:], " ")), IdempotencyKey: key,
 				})
 				if err != nil {
 					return err
 				}
-				fmt.Printf("messageId %s\n", mid)
+				if asJSON {
+					return printJSON(s.out, r)
+				}
+				fmt.Fprintf(s.out, "messageId %s\n", r.MessageID)
+				if r.Held != "" {
+					fmt.Fprintf(s.errOut, "held: %s\n", r.Held)
+				}
 				return nil
 			})
 		},
 	}
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "a retry with the same key within 2 minutes is accepted once")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	clientFlags(cmd, g)
 	return cmd
 }
 
 func stateCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var asJSON bool
+	cmd := &cobra.Command{
 		Use:   "state CHILD",
 		Short: "Print a continuable child's residency: running, waiting, or none",
-		Args:  cobra.ExactArgs(1),
+		Long: "running: an activation is working or ready for its next turn; waiting: it owns live children\n" +
+			"and cannot settle yet; none: no live activation (a followup resumes it). An unknown id is\n" +
+			"NOT_FOUND; a one-shot child has no residency (`brood result` tells how it ended).",
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClient(g, func(ctx context.Context, s *session) error {
 				auth, err := s.userAuthority(ctx)
@@ -121,51 +147,60 @@ func stateCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				fmt.Println(st.State)
+				if asJSON {
+					return printJSON(s.out, st)
+				}
+				fmt.Fprintln(s.out, st.State)
 				return nil
 			})
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print {childId, state, hostId?, runId?} as JSON")
+	clientFlags(cmd, g)
+	return cmd
 }
 
 func childrenCmd(g *globals) *cobra.Command {
 	var descendants, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "children [PARENT] [--descendants]",
-		Short: "List a parent's children (without PARENT: the live continuable activations)",
-		Args:  cobra.MaximumNArgs(1),
+		Short: "List a parent's children (without PARENT: every live continuable activation)",
+		Long: "Rows are in creation order (createdAt, then id), a subtree in pre-order. Without PARENT the\n" +
+			"list is every continuable child with a live activation, whoever its parent.",
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClient(g, func(ctx context.Context, s *session) error {
-				var rows []protocol.ChildRow
-				var err error
-				if len(args) == 0 {
-					rows, err = liveActivations(ctx, s)
-				} else {
-					var auth protocol.Authority
-					if auth, err = s.userAuthority(ctx); err != nil {
-						return err
-					}
-					rows, err = s.cl.Children(ctx, protocol.ChildrenListRequest{Parent: args[0], Authority: auth, Descendants: descendants})
-					for i := range rows {
-						if rows[i].ParentID == "" {
-							rows[i].ParentID, rows[i].Depth = args[0], 1
-						}
-					}
-				}
+				auth, err := s.userAuthority(ctx)
 				if err != nil {
 					return err
 				}
-				if asJSON {
-					return printJSON(os.Stdout, rows)
+				req := protocol.ChildrenListRequest{Authority: auth, Descendants: descendants}
+				if len(args) == 1 {
+					req.Parent = args[0]
 				}
-				tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "CHILD\tKIND\tMODE\tACTIVITY\tPROVIDER\tLABEL\tPARENT\tDEPTH")
+				rows, err := s.cl.Children(ctx, req)
+				if err != nil {
+					return err
+				}
+				for i := range rows {
+					if rows[i].ParentID == "" && req.Parent != "" {
+						rows[i].ParentID, rows[i].Depth = req.Parent, 1
+					}
+				}
+				if asJSON {
+					if rows == nil {
+						rows = []protocol.ChildRow{}
+					}
+					return printJSON(s.out, rows)
+				}
+				tw := tabwriter.NewWriter(s.out, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "CHILD\tKIND\tMODE\tSTATE\tPROVIDER\tLABEL\tPARENT\tDEPTH")
 				for _, r := range rows {
 					kind, label := r.Kind, r.Label
 					if r.Kind == protocol.RowDiagnostic {
 						kind, label = "diagnostic", r.Reason
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.ID, kind, r.Mode, r.Activity, r.Provider, label, r.ParentID, r.Depth)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.ID, kind, dash(r.Mode), dash(r.State), dash(r.Provider), dash(clipLabel(label)), dash(r.ParentID), r.Depth)
 				}
 				if len(rows) == 0 {
 					fmt.Fprintln(tw, "(no children)")
@@ -176,51 +211,232 @@ func childrenCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&descendants, "descendants", false, "every descendant, in pre-order, with parent and depth")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	clientFlags(cmd, g)
 	return cmd
 }
 
-// liveActivations lists resident continuable activations from the leases.
-func liveActivations(ctx context.Context, s *session) ([]protocol.ChildRow, error) {
-	js, err := jetstream.New(s.cl.Conn())
-	if err != nil {
-		return nil, err
+// dash shows an absent value in a table as "-", so a column is never blank.
+func dash(s string) string {
+	if s == "" {
+		return "-"
 	}
-	kv, err := js.KeyValue(ctx, s.cl.Subjects().BucketAgents())
-	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "bucket %s: %v", s.cl.Subjects().BucketAgents(), err)
+	return s
+}
+
+// clipLabel keeps a table row on one line.
+func clipLabel(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if r := []rune(s); len(r) > 40 {
+		return string(r[:39]) + "…"
 	}
-	lister, err := kv.ListKeys(ctx)
-	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "list leases: %v", err)
+	return s
+}
+
+func interruptCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "interrupt CHILD",
+		Short: "Stop a continuable child's current turn; its queued messages wait for the next followup",
+		Long: "Stops the child's current turn only (it ends `aborted (user)`); the activation stays, and its\n" +
+			"queued messages stay parked until the next `brood followup`. A child with no live activation\n" +
+			"has nothing to stop (exit 0, and it says so); an unknown id is NOT_FOUND.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(g, func(ctx context.Context, s *session) error {
+				auth, err := s.userAuthority(ctx)
+				if err != nil {
+					return err
+				}
+				r, err := s.cl.InterruptReply(ctx, args[0], auth)
+				if err != nil {
+					return err
+				}
+				if !r.Interrupted {
+					// Say why: an unknown id or a one-shot child is an error.
+					if _, err := s.cl.State(ctx, args[0], auth); err != nil {
+						return err
+					}
+				}
+				if asJSON {
+					return printJSON(s.out, r)
+				}
+				if r.Interrupted {
+					fmt.Fprintf(s.out, "interrupted %s: its turn stops; queued messages wait for the next followup\n", args[0])
+				} else {
+					fmt.Fprintf(s.out, "%s has no live activation: nothing to interrupt\n", args[0])
+				}
+				return nil
+			})
+		},
 	}
-	var rows []protocol.ChildRow
-	for key := range lister.Keys() {
-		if strings.Contains(key, ".") {
-			continue
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print {childId, interrupted} as JSON")
+	clientFlags(cmd, g)
+	return cmd
+}
+
+func disposeCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "dispose ID",
+		Short: "End a child: a one-shot run settles aborted; a continuable child's activation (and its subtree's) ends",
+		Long: "ID is a one-shot run (or child) id: the run is cancelled and settles `aborted` with its partial\n" +
+			"output, printed like `brood run` prints a result. Or ID is a continuable child: its activation and\n" +
+			"those of its descendants end, child first (their turns end `aborted (disposed)`); the session stays,\n" +
+			"and a later followup resumes it. Messages already queued are never dropped: a child that has some\n" +
+			"is resumed to run them (hold them with `brood drain --parent PARENT` first). Idempotent.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(g, func(ctx context.Context, s *session) error {
+				auth, err := s.userAuthority(ctx)
+				if err != nil {
+					return err
+				}
+				id := args[0]
+				st, err := s.cl.Dispose(ctx, protocol.RunRef{RunID: id, Grant: auth.Grant})
+				if err == nil {
+					return printRunStatus(s, st, asJSON, false)
+				}
+				if !errors.Is(err, protocol.ErrNotFound) {
+					return err
+				}
+				// Not a one-shot run: a continuable child.
+				r, err := s.cl.Drain(ctx, protocol.DrainRequest{Authority: auth, Children: []string{id}})
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(s.out, struct {
+						ChildID string `json:"childId"`
+						protocol.DrainReply
+					}{id, r})
+				}
+				if len(r.Disposed) == 0 {
+					fmt.Fprintf(s.out, "%s has no live activation: nothing to dispose\n", id)
+					return nil
+				}
+				fmt.Fprintf(s.out, "disposed %s, child first:\n", plural(len(r.Disposed), "activation"))
+				for _, d := range r.Disposed {
+					fmt.Fprintln(s.out, d)
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: the run's status, or {childId, disposed}")
+	clientFlags(cmd, g)
+	return cmd
+}
+
+// printRunStatus prints a one-shot run's status like `brood run` prints its
+// result. judge: a settled run that did not complete exits 1 with its code
+// (brood result); otherwise how it ended goes to stderr (brood dispose, whose
+// success is the run's end).
+func printRunStatus(s *session, st protocol.RunStatus, asJSON, judge bool) error {
+	if asJSON {
+		if err := printJSON(s.out, st); err != nil {
+			return err
 		}
-		e, err := kv.Get(ctx, key)
-		if err != nil {
-			continue
-		}
-		var rec protocol.AgentRecord
-		if protocol.Unmarshal(protocol.Msgpack, e.Value(), &rec) != nil || rec.Kind != protocol.AgentContinuable {
-			continue
-		}
-		rows = append(rows, protocol.ChildRow{Kind: protocol.RowChild, ID: rec.SessionID, Mode: protocol.ModeContinuable,
-			Activity: protocol.ActivityRunning, Provider: rec.Provider, ParentID: rec.ParentSession, Depth: len(rec.Ancestry)})
 	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i].ID < rows[j].ID })
-	return rows, nil
+	if st.Result == nil {
+		if !asJSON {
+			fmt.Fprintf(s.errOut, "run %s (child %s) is %s\n", st.RunID, st.ChildID, st.State)
+		}
+		return nil
+	}
+	if !judge {
+		if !asJSON {
+			if text := protocol.PlainText(st.Result.Output); text != "" {
+				fmt.Fprintln(s.out, text)
+			}
+			fmt.Fprintf(s.errOut, "run %s (child %s) settled: stopReason %s\n", st.RunID, st.ChildID, st.Result.StopReason)
+		}
+		return nil
+	}
+	return printResult(s, "run "+st.RunID, *st.Result, asJSON)
+}
+
+// printResult prints a result's output (and structured value) unless asJSON,
+// and returns exit status 1 with the code first on stderr when the stop
+// reason is not completed.
+func printResult(s *session, what string, res protocol.SubagentResult, asJSON bool) error {
+	if !asJSON {
+		if text := protocol.PlainText(res.Output); text != "" {
+			fmt.Fprintln(s.out, text)
+		}
+		if res.Structured != nil {
+			if err := printJSONLine(s.out, res.Structured); err != nil {
+				return err
+			}
+		}
+	}
+	if res.StopReason == protocol.StopCompleted {
+		return nil
+	}
+	code := string(res.ErrorCode)
+	if code == "" {
+		code = strings.ToUpper(strings.ReplaceAll(string(res.StopReason), "-", "_"))
+	}
+	msg := fmt.Sprintf("%s: %s ended with stopReason %s", code, what, res.StopReason)
+	if res.Diagnostic != "" {
+		msg += ": " + res.Diagnostic
+	}
+	fmt.Fprintln(s.errOut, msg)
+	return exitError{1}
+}
+
+func grantCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "grant",
+		Short: "Mint a user grant (authority.user) for acting on children by hand, e.g. with nats req",
+		Long: "Prints a user grant: a token that acts for the human user on any continuable child (followup,\n" +
+			"state, interrupt, drain, children.list) and on one-shot runs (runs.await, runs.dispose). Put it in\n" +
+			"a request as {\"authority\": {\"grant\": \"...\"}} (runs: {\"grant\": \"...\"}). Only NATS users\n" +
+			"allowed to call authority.user can mint one. It expires after 24 hours by default.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withClient(g, func(ctx context.Context, s *session) error {
+				r, err := s.cl.UserGrant(ctx)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(s.out, r)
+				}
+				fmt.Fprintf(s.out, "grant %s\nexpiresAt %s\n", r.Grant, time.UnixMilli(r.ExpiresAt).UTC().Format(time.RFC3339))
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print {grant, expiresAt} as JSON (expiresAt in epoch ms)")
+	clientFlags(cmd, g)
+	return cmd
+}
+
+// plural is "1 activation", "2 activations".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 func drainCmd(g *globals) *cobra.Command {
 	var parents []string
-	var lift bool
+	var lift, list, asJSON bool
 	cmd := &cobra.Command{
-		Use:   "drain [--parent ID ...]",
-		Short: "Dispose continuable activations child-first (all, or the descendants of the given parents); sessions and queued messages stay",
-		Args:  cobra.NoArgs,
+		Use:   "drain [--parent ID ...] | --lift [--parent ID ...] | --list",
+		Short: "Close admission and end continuable activations child-first; --lift reopens, --list shows drains",
+		Long: "Without --parent: every activation, and admission to continuable children stays closed until\n" +
+			"`brood drain --lift`. With --parent: the descendants of each parent (closed while that parent\n" +
+			"stays live, or until lifted). Sessions stay, and no accepted message is dropped: queued messages,\n" +
+			"and followups sent meanwhile, wait and run once admission reopens. New children are refused\n" +
+			"(DRAINING). Turns ended by a drain are logged `aborted (drain)`.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if list && (lift || len(parents) > 0) {
+				return protocol.Errorf(protocol.CodeInvalidArgument, "--list takes no other flag")
+			}
 			s, done, err := openClient(g)
 			if err != nil {
 				return err
@@ -232,24 +448,60 @@ func drainCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if list {
+				r, err := s.cl.Drains(ctx, auth)
+				if err != nil {
+					return err
+				}
+				return printDrains(s, r, asJSON)
+			}
 			r, err := s.cl.Drain(ctx, protocol.DrainRequest{Authority: auth, Parents: parents, Lift: lift})
 			if err != nil {
 				return err
 			}
+			if asJSON {
+				return printJSON(s.out, r)
+			}
 			if lift {
-				fmt.Println("drain lifted: admission is open again; queued messages run now")
+				fmt.Fprintln(s.out, "drain lifted: admission is open again; queued messages run now")
 				return nil
 			}
-			fmt.Printf("drained %d activations; admission stays closed until `brood drain --lift`\n", len(r.Disposed))
+			fmt.Fprintf(s.out, "drained %s; admission stays closed until `brood drain --lift`\n", plural(len(r.Disposed), "activation"))
 			for _, id := range r.Disposed {
-				fmt.Println(id)
+				fmt.Fprintln(s.out, id)
 			}
 			return nil
 		},
 	}
 	cmd.Flags().StringSliceVar(&parents, "parent", nil, "drain only the descendants of this parent (repeatable)")
 	cmd.Flags().BoolVar(&lift, "lift", false, "reopen admission closed by an earlier drain (of the same --parent scope, or global)")
+	cmd.Flags().BoolVar(&list, "list", false, "list the drains holding admission closed")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	clientFlags(cmd, g)
 	return cmd
+}
+
+func printDrains(s *session, r protocol.DrainsListReply, asJSON bool) error {
+	if asJSON {
+		return printJSON(s.out, r)
+	}
+	tw := tabwriter.NewWriter(s.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SCOPE\tSINCE\tHOLDS")
+	for _, d := range r.Drains {
+		since := "-"
+		if d.CreatedAt > 0 {
+			since = time.UnixMilli(d.CreatedAt).UTC().Format(time.RFC3339)
+		}
+		scope := "every activation"
+		if d.Root != "" {
+			scope = "descendants of " + d.Root
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", scope, since, d.Holds)
+	}
+	if len(r.Drains) == 0 {
+		fmt.Fprintln(tw, "(no drains: admission is open)")
+	}
+	return tw.Flush()
 }
 
 func watchCmd(g *globals) *cobra.Command {
@@ -269,6 +521,7 @@ func watchCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print each event as a JSON line")
+	clientFlags(cmd, g)
 	return cmd
 }
 
@@ -293,9 +546,9 @@ func watch(ctx context.Context, s *session, root string, asJSON bool) error {
 	depth := map[string]int{}
 	if root != "" {
 		depth[root] = 0
-		fmt.Printf("watching the subtree of %s (Ctrl-C stops)\n", root)
+		fmt.Fprintf(s.errOut, "watching the subtree of %s (Ctrl-C stops)\n", root)
 	} else {
-		fmt.Println("watching every parent (Ctrl-C stops)")
+		fmt.Fprintln(s.errOut, "watching every parent (Ctrl-C stops)")
 	}
 	it, err := cons.Messages()
 	if err != nil {
@@ -322,7 +575,7 @@ func watch(ctx context.Context, s *session, root string, asJSON bool) error {
 			depth[ev.ID] = d + 1
 		}
 		if asJSON {
-			_ = printJSONLine(ev)
+			_ = printJSONLine(s.out, ev)
 			continue
 		}
 		line := fmt.Sprintf("%s%s %s %s (%s, run %s)", strings.Repeat("  ", d), time.UnixMilli(ev.Time).UTC().Format("15:04:05.000"),
@@ -339,12 +592,12 @@ func watch(ctx context.Context, s *session, root string, asJSON bool) error {
 		if root == "" && d == 0 {
 			line += " [parent " + ev.ParentSession + "]"
 		}
-		fmt.Println(line)
+		fmt.Fprintln(s.out, line)
 	}
 }
 
-func printJSONLine(v any) error {
-	enc := json.NewEncoder(os.Stdout)
+func printJSONLine(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
 }

@@ -24,12 +24,16 @@ type exitError struct{ code int }
 
 func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 
-// globals are the flags every command takes.
+// globals are the flags shared by commands and where a command writes. Each
+// flag is registered only on the commands that honour it, so a flag a verb
+// would ignore is refused (brood dev runs its own server and takes no --nats).
 type globals struct {
 	natsURL  string
 	prefix   string
 	logLevel string
 	timeout  time.Duration
+	out      io.Writer // what the command answers (stdout)
+	errOut   io.Writer // diagnostics and ids for the user (stderr)
 }
 
 func defaultNATSURL() string {
@@ -39,38 +43,110 @@ func defaultNATSURL() string {
 	return "nats://127.0.0.1:4222"
 }
 
+// natsFlag registers --nats on a command that talks to a NATS server.
+func natsFlag(cmd *cobra.Command, g *globals) {
+	cmd.Flags().StringVar(&g.natsURL, "nats", defaultNATSURL(), "NATS URL ($BROOD_NATS_URL when set)")
+}
+
+// clientFlags registers the flags of a client verb: --nats and --timeout.
+func clientFlags(cmd *cobra.Command, g *globals) {
+	natsFlag(cmd, g)
+	cmd.Flags().DurationVar(&g.timeout, "timeout", 10*time.Second, "timeout of each coordinator request")
+}
+
+// Command groups of `brood --help`, by what a user wants to do.
+const (
+	groupStart    = "start"
+	groupDelegate = "delegate"
+	groupObserve  = "observe"
+	groupSteer    = "steer"
+	groupServices = "services"
+)
+
+func init() {
+	cobra.EnableCommandSorting = false // help lists verbs in the order of a session
+}
+
 func main() {
-	g := &globals{}
-	root := &cobra.Command{
-		Use:           "brood",
-		Short:         "Brood: AI agents delegating work to child agents over NATS",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
-	root.PersistentFlags().StringVar(&g.natsURL, "nats", defaultNATSURL(), "NATS URL ($BROOD_NATS_URL when set)")
-	root.PersistentFlags().StringVar(&g.prefix, "prefix", protocol.DefaultPrefix, "subject prefix of the deployment")
-	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (services default info, client verbs warn)")
-	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 10*time.Second, "timeout of each coordinator request")
-	root.AddCommand(
-		devCmd(g), coordinatorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g), acpBridgeCmd(g), acpAgentCmd(g),
-		providersCmd(g), runCmd(g), logCmd(g),
-		startCmd(g), followupCmd(g), stateCmd(g), childrenCmd(g), drainCmd(g), watchCmd(g),
-	)
+	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// execute runs the brood command line with args and returns the process exit
+// status: 0 on success; 1 with the error's code first on the first line of
+// stderr (DESIGN.md §9); a verb's own status (brood run: 1 when the stop
+// reason is not completed).
+func execute(args []string, stdout, stderr io.Writer) int {
+	g := &globals{out: stdout, errOut: stderr}
+	root := newRoot(g)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
 	err := root.Execute()
 	if err == nil {
-		return
+		return 0
 	}
 	var ee exitError
 	if errors.As(err, &ee) {
-		os.Exit(ee.code)
+		return ee.code
 	}
-	// Errors print their code first on stderr (DESIGN.md §9).
 	if pe := protocol.CodeOf(err); pe != "" {
-		fmt.Fprintln(os.Stderr, protocol.AsError(err).Error())
+		fmt.Fprintln(stderr, protocol.AsError(err).Error())
 	} else {
-		fmt.Fprintln(os.Stderr, "ERROR: "+err.Error())
+		fmt.Fprintln(stderr, "ERROR: "+err.Error())
 	}
-	os.Exit(1)
+	return 1
+}
+
+func newRoot(g *globals) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "brood",
+		Short: "Brood: AI agents delegating work to child agents over NATS",
+		Long: "Brood: AI agents delegating work to child agents over NATS.\n\n" +
+			"Start with `brood dev` (embedded NATS and every service in one process), then in another\n" +
+			"terminal `brood providers`, `brood run --provider spawn \"say hello\"`, `brood start ...`.",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.prefix, "prefix", protocol.DefaultPrefix, "subject prefix of the deployment")
+	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "", "log level: debug, info, warn, error (services default info, client verbs warn)")
+	root.SetFlagErrorFunc(flagError)
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
+		switch strings.ToLower(g.logLevel) {
+		case "", "debug", "info", "warn", "error":
+			return nil
+		}
+		return protocol.Errorf(protocol.CodeInvalidArgument, "--log-level %q must be debug, info, warn or error", g.logLevel)
+	}
+	root.AddGroup(
+		&cobra.Group{ID: groupStart, Title: "Run everything in one process:"},
+		&cobra.Group{ID: groupDelegate, Title: "Delegate work to children:"},
+		&cobra.Group{ID: groupObserve, Title: "See what children do and answered:"},
+		&cobra.Group{ID: groupSteer, Title: "Steer children (stop, end, hold):"},
+		&cobra.Group{ID: groupServices, Title: "Run the services separately (one per process):"},
+	)
+	add := func(group string, cmds ...*cobra.Command) {
+		for _, c := range cmds {
+			c.GroupID = group
+			root.AddCommand(c)
+		}
+	}
+	add(groupStart, devCmd(g))
+	add(groupDelegate, providersCmd(g), runCmd(g), startCmd(g), followupCmd(g))
+	add(groupObserve, stateCmd(g), resultCmd(g), childrenCmd(g), logCmd(g), watchCmd(g))
+	add(groupSteer, interruptCmd(g), disposeCmd(g), drainCmd(g), grantCmd(g))
+	add(groupServices, coordinatorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g), acpBridgeCmd(g), acpAgentCmd(g))
+	return root
+}
+
+// flagError turns a flag the command does not take (or a malformed value)
+// into INVALID_ARGUMENT with a hint, so a flag is never silently ignored.
+func flagError(cmd *cobra.Command, err error) error {
+	hint := fmt.Sprintf("`%s --help` lists its flags", cmd.CommandPath())
+	if cmd.Name() == "dev" && strings.Contains(err.Error(), "--nats") {
+		hint = "brood dev runs its own embedded NATS server: choose its address with --listen HOST:PORT, " +
+			"or run the services separately against an existing server (brood coordinator --nats URL, ...)"
+	}
+	return protocol.Errorf(protocol.CodeInvalidArgument, "%s: %v; %s", cmd.CommandPath(), err, hint)
 }
 
 func newLogger(level string, def slog.Level, w io.Writer) *slog.Logger {

@@ -181,7 +181,7 @@ func coordinatorCmd(g *globals) *cobra.Command {
 		Short: "Run a coordinator replica (provider registry, authority, runs)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
+			log := newLogger(g.logLevel, slog.LevelInfo, g.errOut)
 			if err := t.validate(); err != nil {
 				return err
 			}
@@ -199,6 +199,7 @@ func coordinatorCmd(g *globals) *cobra.Command {
 	}
 	t.flags(cmd)
 	sf.flags(cmd)
+	natsFlag(cmd, g)
 	return cmd
 }
 
@@ -219,7 +220,7 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
+			log := newLogger(g.logLevel, slog.LevelInfo, g.errOut)
 			if err := t.validate(); err != nil {
 				return err
 			}
@@ -242,6 +243,7 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 	t.flags(cmd)
 	mf.flags(cmd)
 	sf.flags(cmd)
+	natsFlag(cmd, g)
 	return cmd
 }
 
@@ -258,7 +260,7 @@ func devCmd(g *globals) *cobra.Command {
 		Short: "Run an embedded NATS server with JetStream, a coordinator and every provider in one process",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log := newLogger(g.logLevel, slog.LevelInfo, os.Stderr)
+			log := newLogger(g.logLevel, slog.LevelInfo, g.errOut)
 			if err := t.validate(); err != nil {
 				return err
 			}
@@ -319,13 +321,13 @@ func devCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("brood dev: NATS client URL %s\n", ns.ClientURL())
-			fmt.Printf("brood dev: data in %s; JetStream %s\n", dir, ns.FsyncMode())
-			fmt.Printf("brood dev: providers spawn, fork, acp; model %s; Ctrl-C drains and exits\n", mf.kind)
+			fmt.Fprintf(g.out, "brood dev: NATS client URL %s\n", ns.ClientURL())
+			fmt.Fprintf(g.out, "brood dev: data in %s; JetStream %s\n", dir, ns.FsyncMode())
+			fmt.Fprintf(g.out, "brood dev: providers spawn, fork, acp; model %s; Ctrl-C drains and exits\n", mf.kind)
 			err = serve(c, spawn, fork, bridge)
 			_ = nc.Drain()
 			if err == nil {
-				fmt.Println("brood dev: drained and stopped")
+				fmt.Fprintln(g.out, "brood dev: drained and stopped")
 			}
 			return err
 		},

@@ -57,14 +57,18 @@ func SendMessageTool(cl *client.Client) *Tool {
 				return ErrorResult("send_message: subagent_id and message are both required")
 			}
 			parent := self(tc)
-			mid, err := cl.Followup(ctx, protocol.FollowupRequest{
+			r, err := cl.FollowupReply(ctx, protocol.FollowupRequest{
 				ChildID: in.ID, Authority: protocol.Authority{Parent: &parent}, Message: protocol.Text(in.Message),
 			})
 			if err != nil {
 				return ErrorResult("The message was not delivered: %v", err)
 			}
-			res := TextResult(fmt.Sprintf("message queued as the next turn for subagent %s", in.ID))
-			res.Meta = map[string]string{"childId": in.ID, "messageId": mid}
+			text := fmt.Sprintf("message queued as the next turn for subagent %s", in.ID)
+			if r.Held != "" {
+				text += "; it waits: " + r.Held
+			}
+			res := TextResult(text)
+			res.Meta = map[string]string{"childId": in.ID, "messageId": r.MessageID}
 			return res
 		},
 	}

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"strings"
+
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -97,10 +99,29 @@ func OneShotOutcome(events []protocol.SessionEvent, ownerCancelled, structuredRe
 			res.Structured = s
 		case res.StopReason == protocol.StopCompleted:
 			res.StopReason = protocol.StopError
-			res.Diagnostic = "the child finished without a valid structured_output capture"
+			res.Diagnostic = protocol.TruncateDiagnostic("the child finished without a valid structured_output capture: " + structuredRefusal(events))
 		}
 	}
 	return res
+}
+
+// structuredRefusal says why no structured output was captured: the
+// validator's messages on the last refused structured_output call (each
+// "<field path>: <reason>"), or that the child never made one.
+func structuredRefusal(events []protocol.SessionEvent) string {
+	for i := len(events) - 1; i >= 0; i-- {
+		if events[i].Type != protocol.EvToolResult {
+			continue
+		}
+		var d protocol.ToolResultData
+		if events[i].Decode(&d) != nil || d.Name != model.StructuredOutputTool || !d.IsError {
+			continue
+		}
+		text := strings.TrimPrefix(protocol.AllText(d.Content), "INVALID_ARGS: ")
+		text, _, _ = strings.Cut(text, "; fix the value and call structured_output again")
+		return "its last structured_output value was refused: " + text
+	}
+	return "it never called structured_output with a value"
 }
 
 // CapturedStructured returns the last successful structured_output capture in

@@ -174,3 +174,13 @@ func (s *Store) claimedMessageID(ctx context.Context, sessionID string, seq prot
 	}
 	return ""
 }
+
+// Count returns how many items are pending in the session's inbox, from the
+// stream's per-subject state (no message is read).
+func (in *SessionInbox) Count(ctx context.Context) (uint64, error) {
+	info, err := in.s.Inbox.Info(ctx, jetstream.WithSubjectFilter(in.Subject()))
+	if err != nil {
+		return 0, err
+	}
+	return info.State.Subjects[in.Subject()], nil
+}

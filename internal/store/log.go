@@ -377,3 +377,19 @@ func (s *Store) publishAsync(msg *nats.Msg, what string, onErr func(error), opts
 		}
 	}()
 }
+
+// ChildIndexEntry returns one child's entry in its parent's child index
+// (ErrNotFound when there is none yet: one-shot entries are written off the
+// start's path).
+func (s *Store) ChildIndexEntry(ctx context.Context, parent, child string) (protocol.ChildIndexRecord, error) {
+	var rec protocol.ChildIndexRecord
+	m, err := s.Sessions.GetLastMsgForSubject(ctx, s.Subj.Children(parent, child))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return rec, ErrNotFound
+	}
+	if err != nil {
+		return rec, err
+	}
+	err = protocol.Unmarshal(protocol.Msgpack, m.Data, &rec)
+	return rec, err
+}

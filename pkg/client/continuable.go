@@ -18,9 +18,16 @@ func (c *Client) StartContinuable(ctx context.Context, req protocol.ContinuableS
 
 // Followup sends a message that becomes one of the child's next turns.
 func (c *Client) Followup(ctx context.Context, req protocol.FollowupRequest) (string, error) {
+	r, err := c.FollowupReply(ctx, req)
+	return r.MessageID, err
+}
+
+// FollowupReply is Followup with the whole reply (Held says why an accepted
+// message waits).
+func (c *Client) FollowupReply(ctx context.Context, req protocol.FollowupRequest) (protocol.FollowupReply, error) {
 	var r protocol.FollowupReply
 	err := c.Call(ctx, protocol.EpContinuableFollowup, req, &r)
-	return r.MessageID, err
+	return r, err
 }
 
 // State reports a child's residency: running, waiting, or none.
@@ -32,7 +39,22 @@ func (c *Client) State(ctx context.Context, childID string, auth protocol.Author
 
 // Interrupt stops a child's current turn and parks its queue until the next send.
 func (c *Client) Interrupt(ctx context.Context, childID string, auth protocol.Authority) error {
-	return c.Call(ctx, protocol.EpContinuableInterrupt, protocol.InterruptRequest{ChildID: childID, Authority: auth}, nil)
+	_, err := c.InterruptReply(ctx, childID, auth)
+	return err
+}
+
+// InterruptReply is Interrupt with the reply: whether a live activation got it.
+func (c *Client) InterruptReply(ctx context.Context, childID string, auth protocol.Authority) (protocol.InterruptReply, error) {
+	var r protocol.InterruptReply
+	err := c.Call(ctx, protocol.EpContinuableInterrupt, protocol.InterruptRequest{ChildID: childID, Authority: auth}, &r)
+	return r, err
+}
+
+// Drains lists the drain markers and what each holds closed.
+func (c *Client) Drains(ctx context.Context, auth protocol.Authority) (protocol.DrainsListReply, error) {
+	var r protocol.DrainsListReply
+	err := c.Call(ctx, protocol.EpContinuableDrains, protocol.DrainsListRequest{Authority: auth}, &r)
+	return r, err
 }
 
 // Report sends a resident child's report to its live parent.

@@ -52,9 +52,12 @@ type FollowupRequest struct {
 	IdempotencyKey string         `msgpack:"idempotencyKey,omitempty" json:"idempotencyKey,omitempty"`
 }
 
-// FollowupReply carries the accepted message's id.
+// FollowupReply carries the accepted message's id. Held, when set, says why
+// the accepted message waits instead of running now (a drain holds the
+// child's admission closed: it runs once the drain is lifted).
 type FollowupReply struct {
 	MessageID string `msgpack:"messageId" json:"messageId"`
+	Held      string `msgpack:"held,omitempty" json:"held,omitempty"`
 }
 
 // Activation states (seed: ActivationState; `none` is the seed's undefined).
@@ -71,12 +74,14 @@ type ChildRef struct {
 	Authority Authority `msgpack:"authority" json:"authority"`
 }
 
-// StateReply answers continuable.state.
+// StateReply answers continuable.state. Queued counts the accepted messages
+// still waiting in the child's inbox (unclaimed), answered by the coordinator.
 type StateReply struct {
 	ChildID string `msgpack:"childId" json:"childId"`
 	State   string `msgpack:"state" json:"state"`
 	HostID  string `msgpack:"hostId,omitempty" json:"hostId,omitempty"`
 	RunID   string `msgpack:"runId,omitempty" json:"runId,omitempty"`
+	Queued  uint64 `msgpack:"queued,omitempty" json:"queued,omitempty"`
 }
 
 // InterruptRequest is the body of continuable.interrupt: it stops the
@@ -86,6 +91,14 @@ type StateReply struct {
 type InterruptRequest struct {
 	ChildID   string    `msgpack:"childId" json:"childId"`
 	Authority Authority `msgpack:"authority" json:"authority"`
+}
+
+// InterruptReply answers continuable.interrupt: Interrupted is true when a
+// live activation of the child got the interrupt, false when there was none
+// (an accepted no-op).
+type InterruptReply struct {
+	ChildID     string `msgpack:"childId" json:"childId"`
+	Interrupted bool   `msgpack:"interrupted" json:"interrupted"`
 }
 
 // ReportRequest is the body of continuable.report: the child (by its own
@@ -98,12 +111,16 @@ type ReportRequest struct {
 
 // DrainRequest is the body of continuable.drain. No parents and no children:
 // every activation, and admission to continuable children stays closed
-// (DRAINING) until a drain with Lift reopens it. Parents: the descendants of
-// each (admission below them answers DRAINING while they stay live, or until
-// lifted). Parent plus Children: those direct children of one parent and
-// their subtrees. Accepted inbox items are never dropped: they wait, and run
-// once admission reopens. Authority: a user grant, or (for the children of
-// one parent) that parent's credential. Lift (with a grant) removes the
+// until a drain with Lift reopens it. Parents: the descendants of each
+// (admission below them stays closed while they stay live, or until lifted).
+// Parent plus Children: those direct children of one parent and their
+// subtrees (admission untouched). Children without Parent (user grant only):
+// those children, whoever their parent, and their subtrees. While admission
+// is closed, continuable.start answers DRAINING and followups are accepted
+// but held (FollowupReply.Held): accepted inbox items are never dropped, they
+// wait and run once admission reopens. Turns a drain ends are logged
+// `aborted` with cause `drain`. Authority: a user grant, or (for the children
+// of one parent) that parent's credential. Lift (with a grant) removes the
 // drain markers of the given scope instead of draining.
 type DrainRequest struct {
 	Authority Authority `msgpack:"authority" json:"authority"`
@@ -119,7 +136,30 @@ type DrainReply struct {
 	Failed   []string `msgpack:"failed,omitempty" json:"failed,omitempty"`
 }
 
-// ChildrenListRequest is the body of children.list.
+// DrainsListRequest is the body of continuable.drains (user grant).
+type DrainsListRequest struct {
+	Authority Authority `msgpack:"authority" json:"authority"`
+}
+
+// DrainMarker is one drain marker: Root is empty for the global drain.
+// CreatedAt is epoch ms (0 for a marker written before it was recorded);
+// Holds says what it keeps closed now: "until lifted", "while ROOT stays
+// live, or until lifted", or "nothing" once its root ended.
+type DrainMarker struct {
+	Root      string `msgpack:"root,omitempty" json:"root,omitempty"`
+	CreatedAt int64  `msgpack:"createdAt,omitempty" json:"createdAt,omitempty"`
+	Holds     string `msgpack:"holds" json:"holds"`
+	Active    bool   `msgpack:"active" json:"active"`
+}
+
+// DrainsListReply lists the drain markers, the global one first, then by root.
+type DrainsListReply struct {
+	Drains []DrainMarker `msgpack:"drains" json:"drains"`
+}
+
+// ChildrenListRequest is the body of children.list. Parent "" (user grant
+// only) lists every continuable child with a live activation, whoever its
+// parent, with parentId and depth set.
 type ChildrenListRequest struct {
 	Parent      string    `msgpack:"parent" json:"parent"`
 	Authority   Authority `msgpack:"authority" json:"authority"`
@@ -187,6 +227,7 @@ type DrainRecord struct {
 	Root           string `msgpack:"root,omitempty" json:"root,omitempty"`
 	CredentialHash string `msgpack:"credentialHash,omitempty" json:"credentialHash,omitempty"`
 	Until          int64  `msgpack:"until,omitempty" json:"until,omitempty"`
+	CreatedAt      int64  `msgpack:"createdAt,omitempty" json:"createdAt,omitempty"`
 }
 
 // ChildIndexRecord is a child's entry in the parent's child index

@@ -63,7 +63,7 @@ var Catalogue = []CatalogueEntry{
 	{CodeInvalidToolFilter, 1008, "invalid tool filter: {reason}", "name at least one of allow/deny and only tools the provider offers and the parent may use"},
 	{CodeInvalidPersona, 1009, "invalid persona template: {reason}", "use only {{provider}}, {{model}} and {{cwd}} references"},
 	{CodeLimitExceeded, 1010, "{limit} exceeded: {reason}", "send less or split the work; nothing was truncated"},
-	{CodeDraining, 1011, "admission is closed: {reason}", "retry after the drain finished, or on another lineage"},
+	{CodeDraining, 1011, "admission is closed: {reason}", "nothing was created; start it once the drain is lifted, or in a lineage no drain holds"},
 	{CodeDuplicateChild, 1012, "child id \"{childId}\" was already used", "choose a new child id or omit it"},
 	{CodeNotResumable, 1013, "session {childId} cannot be resumed: {reason}", "nothing was delivered"},
 	{CodeDurabilityFailed, 1014, "JetStream did not acknowledge the session's writes: {reason}", "check the JetStream servers; the durable record is reconciled once writes are accepted again"},

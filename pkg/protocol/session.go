@@ -121,6 +121,7 @@ const (
 	CauseUser     = "user"
 	CauseParent   = "parent"
 	CauseDisposed = "disposed"
+	CauseDrain    = "drain"
 	CauseHostLost = "host-lost"
 )
 

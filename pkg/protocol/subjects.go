@@ -27,6 +27,7 @@ const (
 	EpContinuableFollowup  = "continuable.followup"
 	EpContinuableState     = "continuable.state"
 	EpContinuableDrain     = "continuable.drain"
+	EpContinuableDrains    = "continuable.drains"
 	EpContinuableInterrupt = "continuable.interrupt"
 	EpContinuableReport    = "continuable.report"
 	EpChildrenList         = "children.list"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -111,23 +112,30 @@ func (c *Coordinator) lineage(ctx context.Context, h protocol.SessionHeader) ([]
 func (c *Coordinator) drainingFor(lineage []string) string {
 	marks := c.agents.drainMarks()
 	if m, ok := marks[drainAll]; ok && (m.Until == 0 || m.Until > store.NowMs()) {
-		return "every activation is being drained"
+		return "a global drain holds admission closed until it is lifted (`brood drain --lift`)"
 	}
 	for _, id := range lineage {
 		m, ok := marks[id]
 		if !ok {
 			continue
 		}
-		if l, live := c.agents.get(id); live && l.rec.CredentialHash == m.CredentialHash {
-			return fmt.Sprintf("the descendants of %s are being drained", id)
+		if c.markHolds(id, m) {
+			return fmt.Sprintf("a drain of the descendants of %s holds admission closed while %s stays live, or until it is lifted (`brood drain --lift --parent %s`)", id, id, id)
 		}
 	}
 	return ""
 }
 
+// markHolds reports whether a per-root drain marker still closes admission:
+// while the exact root agent that was drained (by its credential hash) is live.
+func (c *Coordinator) markHolds(root string, m protocol.DrainRecord) bool {
+	l, live := c.agents.get(root)
+	return live && l.rec.CredentialHash == m.CredentialHash
+}
+
 func (c *Coordinator) checkDraining(lineage []string) error {
 	if why := c.drainingFor(lineage); why != "" {
-		return protocol.Errorf(protocol.CodeDraining, "%s", why)
+		return protocol.NewError(protocol.CodeDraining, map[string]any{"reason": why})
 	}
 	return nil
 }
@@ -358,12 +366,18 @@ func (c *Coordinator) coldResume(ctx context.Context, h protocol.SessionHeader, 
 	return nil
 }
 
-func (c *Coordinator) childHeaderOf(ctx context.Context, childID string) (protocol.SessionHeader, error) {
+// childHeaderOf reads a child's header. An unknown id is NOT_RESUMABLE for
+// a request that would deliver something (the seed's code), and NOT_FOUND
+// for a read-only query (query true).
+func (c *Coordinator) childHeaderOf(ctx context.Context, childID string, query bool) (protocol.SessionHeader, error) {
 	if !protocol.ValidID(childID) {
 		return protocol.SessionHeader{}, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
 	}
 	h, err := c.headers.get(ctx, c.st, childID)
 	if errors.Is(err, store.ErrNotFound) {
+		if query {
+			return h, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "session " + childID})
+		}
 		return h, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": childID, "reason": "no such session"})
 	}
 	if err != nil {
@@ -372,15 +386,19 @@ func (c *Coordinator) childHeaderOf(ctx context.Context, childID string) (protoc
 	return h, nil
 }
 
-// childFor reads a child's header (NOT_RESUMABLE for an unknown id) and
-// checks the authority acting on it; it returns the parent's lease when the
-// parent acted. rootsRefused refuses a root session as NOT_RESUMABLE.
-func (c *Coordinator) childFor(ctx context.Context, childID string, auth protocol.Authority, rootsRefused bool) (protocol.SessionHeader, *leaseState, error) {
-	h, err := c.childHeaderOf(ctx, childID)
+// childFor reads a child's header and checks the authority acting on it; it
+// returns the parent's lease when the parent acted. A followup (query false)
+// gets NOT_RESUMABLE for an unknown id or a root session; a read-only query
+// gets NOT_FOUND for an unknown id and INVALID_ARGUMENT for a root.
+func (c *Coordinator) childFor(ctx context.Context, childID string, auth protocol.Authority, query bool) (protocol.SessionHeader, *leaseState, error) {
+	h, err := c.childHeaderOf(ctx, childID, query)
 	if err != nil {
 		return h, nil, err
 	}
-	if rootsRefused && (h.ParentSession == "" || h.Origin != protocol.OriginSubagent) {
+	if h.ParentSession == "" || h.Origin != protocol.OriginSubagent {
+		if query {
+			return h, nil, protocol.Errorf(protocol.CodeInvalidArgument, "session %s is a root session, not a child", h.ID)
+		}
 		return h, nil, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": "it is a root session, not a child"})
 	}
 	parent, err := c.authorizeFor(ctx, auth, h)
@@ -396,7 +414,7 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) 
 	if err := req.Decode(&r); err != nil {
 		return nil, err
 	}
-	h, parent, err := c.childFor(ctx, r.ChildID, r.Authority, true)
+	h, parent, err := c.childFor(ctx, r.ChildID, r.Authority, false)
 	if err != nil {
 		return nil, err
 	}
@@ -410,9 +428,11 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) 
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lineage: %v", err)
 	}
-	if err := c.checkDraining(append(up, h.ID)); err != nil {
-		return nil, err
-	}
+	// A drain holds admission closed: the message is accepted and waits
+	// (never dropped), and runs once the drain is lifted (the liveness sweep
+	// resumes the child then). Upstream refused it with DRAINING; its inbox
+	// was not durable, so there was nothing to hold it in.
+	held := c.drainingFor(append(up, h.ID))
 	lease, err := c.resident(ctx, h.ID)
 	if err != nil {
 		return nil, err
@@ -422,7 +442,7 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) 
 		if desc, err = c.resumable(ctx, h); err != nil {
 			return nil, err
 		}
-		if _, ok := c.reg.provider(desc.Provider); !ok {
+		if _, ok := c.reg.provider(desc.Provider); !ok && held == "" {
 			return nil, protocol.Errorf(protocol.CodeUnavailable, "no live host of provider %s can resume %s", desc.Provider, h.ID)
 		}
 	} else if lease.Value.Kind != protocol.AgentContinuable {
@@ -447,6 +467,9 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) 
 	if err != nil {
 		return nil, inboxError(err)
 	}
+	if held != "" {
+		return protocol.FollowupReply{MessageID: mid, Held: held}, nil
+	}
 	if lease == nil {
 		if err := c.coldResume(ctx, h, desc, owner); err != nil {
 			// The message is accepted and durable; the liveness sweep resumes it.
@@ -461,13 +484,20 @@ func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request) (an
 	if err := req.Decode(&r); err != nil {
 		return nil, err
 	}
-	h, _, err := c.childFor(ctx, r.ChildID, r.Authority, false)
+	h, _, err := c.childFor(ctx, r.ChildID, r.Authority, true)
 	if err != nil {
 		return nil, err
 	}
+	queued, err := c.st.InboxOf(h.ID).Count(ctx)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the inbox of %s: %v", h.ID, err)
+	}
 	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, h.ID)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && (l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value))) {
-		return protocol.StateReply{ChildID: h.ID, State: protocol.StateNone}, nil
+		if err := c.refuseOneShot(ctx, h); err != nil {
+			return nil, err
+		}
+		return protocol.StateReply{ChildID: h.ID, State: protocol.StateNone, Queued: queued}, nil
 	}
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease: %v", err)
@@ -478,7 +508,19 @@ func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request) (an
 	if err := rpc.Call(hctx, c.cfg.NC, c.subj.Host(l.Value.HostID, protocol.OpHostState), protocol.HostChildRequest{ChildID: h.ID}, &st); err != nil {
 		return nil, err
 	}
+	st.Queued = queued
 	return st, nil
+}
+
+// refuseOneShot answers INVALID_ARGUMENT for a one-shot child: it has no
+// residency to report, and `none` would read as "idle, resumable".
+func (c *Coordinator) refuseOneShot(ctx context.Context, h protocol.SessionHeader) error {
+	e, err := c.st.ChildIndexEntry(ctx, h.ParentSession, h.ID)
+	if err != nil || e.Mode != protocol.ModeOneShot {
+		return nil // unindexed yet or unreadable: report what the lease says
+	}
+	return protocol.Errorf(protocol.CodeInvalidArgument,
+		"session %s is a one-shot child, not a continuable one: it has no activation state (`brood result %s` or runs.await tell how it ended)", h.ID, h.ID)
 }
 
 // continuableInterrupt stops the target's current turn only and parks its
@@ -512,7 +554,7 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request)
 	}
 	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, r.ChildID)
 	if err != nil || l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value) {
-		return protocol.Empty{}, nil // absent, one-shot or settled: nothing to stop
+		return protocol.InterruptReply{ChildID: r.ChildID}, nil // absent, one-shot or settled: nothing to stop
 	}
 	if caller != "" && !contains(l.Value.Ancestry, caller) {
 		return nil, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not an ancestor of %s", caller, r.ChildID)
@@ -522,7 +564,7 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request)
 	if err := rpc.Call(hctx, c.cfg.NC, c.subj.Host(l.Value.HostID, protocol.OpHostInterrupt), protocol.HostChildRequest{ChildID: r.ChildID, Cause: cause}, nil); err != nil {
 		return nil, err
 	}
-	return protocol.Empty{}, nil
+	return protocol.InterruptReply{ChildID: r.ChildID, Interrupted: true}, nil
 }
 
 // continuableReport sends a child's report to its live parent, joining the
@@ -570,9 +612,31 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (an
 	}
 	var selected []leaseState
 	leases := c.agents.snapshot()
+	cause := protocol.CauseDrain
 	switch {
 	case r.Lift && (r.Parent != "" || len(r.Children) > 0):
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "lift reopens a global or per-parent drain; a drain of given children closes no admission")
+	case r.Parent == "" && len(r.Children) > 0:
+		// Given children, whoever their parent: a user grant only.
+		if len(r.Parents) > 0 {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "children are drained on their own or with their parent, not with parents")
+		}
+		if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
+			return nil, err
+		}
+		roots := map[string]bool{}
+		for _, id := range r.Children {
+			if _, err := c.childHeaderOf(ctx, id, true); err != nil {
+				return nil, err
+			}
+			roots[id] = true
+		}
+		for _, l := range leases {
+			if l.rec.Kind == protocol.AgentContinuable && (roots[l.rec.SessionID] || intersects(l.rec.Ancestry, roots)) {
+				selected = append(selected, l)
+			}
+		}
+		cause = protocol.CauseDisposed
 	case r.Parent != "" || len(r.Children) > 0:
 		if r.Parent == "" || len(r.Children) == 0 || len(r.Parents) > 0 {
 			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "children are drained with their parent: give parent and children, nothing else")
@@ -615,6 +679,12 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (an
 			if err := store.Delete(ctx, c.st.Agents, keyDrain+scope, 0); err != nil {
 				return nil, protocol.Errorf(protocol.CodeUnavailable, "lift the drain of %s: %v", scope, err)
 			}
+			c.waitMark(scope, false)
+		}
+		// Held messages run now, not at the next liveness tick.
+		select {
+		case c.kick <- struct{}{}:
+		default:
 		}
 		return protocol.DrainReply{Disposed: []string{}}, nil
 	default:
@@ -630,17 +700,17 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (an
 		}
 		if len(roots) == 0 {
 			// Admission stays closed until lifted: pending items wait, never dropped.
-			if _, err := store.Put(ctx, c.st.Agents, keyDrain+drainAll, protocol.DrainRecord{}); err != nil {
+			if _, err := store.Put(ctx, c.st.Agents, keyDrain+drainAll, protocol.DrainRecord{CreatedAt: store.NowMs()}); err != nil {
 				return nil, protocol.Errorf(protocol.CodeUnavailable, "mark the drain: %v", err)
 			}
-			c.waitMark(drainAll)
+			c.waitMark(drainAll, true)
 		}
 		for p := range roots {
 			if l, ok := c.agents.get(p); ok {
-				if _, err := store.Put(ctx, c.st.Agents, keyDrain+p, protocol.DrainRecord{Root: p, CredentialHash: l.rec.CredentialHash}); err != nil {
+				if _, err := store.Put(ctx, c.st.Agents, keyDrain+p, protocol.DrainRecord{Root: p, CredentialHash: l.rec.CredentialHash, CreatedAt: store.NowMs()}); err != nil {
 					return nil, protocol.Errorf(protocol.CodeUnavailable, "mark the drain: %v", err)
 				}
-				c.waitMark(p)
+				c.waitMark(p, true)
 			}
 		}
 		for _, l := range leases {
@@ -653,7 +723,7 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (an
 	sortDeepestFirst(selected)
 	reply := protocol.DrainReply{Disposed: []string{}}
 	for _, l := range selected {
-		if err := c.disposeActivation(ctx, l.rec.HostID, l.rec.SessionID, protocol.CauseParent); err != nil {
+		if err := c.disposeActivation(ctx, l.rec.HostID, l.rec.SessionID, cause); err != nil {
 			reply.Failed = append(reply.Failed, l.rec.SessionID)
 			continue
 		}
@@ -666,12 +736,45 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (an
 	return reply, nil
 }
 
-// waitMark waits (briefly) until this replica's cache shows a drain marker,
-// so admission decisions that follow see it.
-func (c *Coordinator) waitMark(scope string) {
+// continuableDrains lists the drain markers and what each holds closed now
+// (user grant): the global one first, then per-root markers by root.
+func (c *Coordinator) continuableDrains(ctx context.Context, req rpc.Request) (any, error) {
+	var r protocol.DrainsListRequest
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
+		return nil, err
+	}
+	marks := c.agents.drainMarks()
+	reply := protocol.DrainsListReply{Drains: []protocol.DrainMarker{}}
+	if m, ok := marks[drainAll]; ok {
+		reply.Drains = append(reply.Drains, protocol.DrainMarker{CreatedAt: m.CreatedAt, Holds: "until lifted", Active: true})
+	}
+	roots := make([]string, 0, len(marks))
+	for scope := range marks {
+		if scope != drainAll {
+			roots = append(roots, scope)
+		}
+	}
+	sort.Strings(roots)
+	for _, root := range roots {
+		m := marks[root]
+		d := protocol.DrainMarker{Root: root, CreatedAt: m.CreatedAt, Holds: "nothing: " + root + " ended (lift removes the marker)"}
+		if c.markHolds(root, m) {
+			d.Holds, d.Active = "while "+root+" stays live, or until lifted", true
+		}
+		reply.Drains = append(reply.Drains, d)
+	}
+	return reply, nil
+}
+
+// waitMark waits (briefly) until this replica's cache shows a drain marker
+// (present) or its removal, so admission decisions that follow see it.
+func (c *Coordinator) waitMark(scope string, present bool) {
 	deadline := time.Now().Add(2 * time.Second)
 	for time.Now().Before(deadline) {
-		if _, ok := c.agents.drainMarks()[scope]; ok {
+		if _, ok := c.agents.drainMarks()[scope]; ok == present {
 			return
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -703,6 +806,9 @@ func (c *Coordinator) childrenList(ctx context.Context, req rpc.Request) (any, e
 	if err := req.Decode(&r); err != nil {
 		return nil, err
 	}
+	if r.Parent == "" {
+		return c.liveChildrenList(ctx, r)
+	}
 	if !protocol.ValidID(r.Parent) {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "parent must be a valid session id")
 	}
@@ -729,6 +835,7 @@ func (c *Coordinator) childrenList(ctx context.Context, req rpc.Request) (any, e
 		if err != nil {
 			return err
 		}
+		sortIndex(idx)
 		for _, e := range idx {
 			if seen[e.ChildID] || len(rows) >= ChildRowsMax {
 				continue
@@ -755,6 +862,46 @@ func (c *Coordinator) childrenList(ctx context.Context, req rpc.Request) (any, e
 	if rows == nil {
 		rows = []protocol.ChildRow{}
 	}
+	return protocol.ChildrenListReply{Rows: rows}, nil
+}
+
+// sortIndex orders a child index by creation (createdAt, then id): the
+// index's own order is the order its entries were written, which for
+// children started in parallel varies from run to run.
+func sortIndex(idx []protocol.ChildIndexRecord) {
+	sort.SliceStable(idx, func(i, j int) bool {
+		if idx[i].CreatedAt != idx[j].CreatedAt {
+			return idx[i].CreatedAt < idx[j].CreatedAt
+		}
+		return idx[i].ChildID < idx[j].ChildID
+	})
+}
+
+// liveChildrenList answers children.list without a parent (user grant only):
+// every continuable child with a live activation, whoever its parent, as
+// rows with parentId and depth (from its ancestry), in creation order.
+func (c *Coordinator) liveChildrenList(ctx context.Context, r protocol.ChildrenListRequest) (any, error) {
+	if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
+		return nil, err
+	}
+	if r.Descendants {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "descendants needs a parent")
+	}
+	rows := []protocol.ChildRow{}
+	for _, l := range c.agents.snapshot() {
+		if l.rec.Kind != protocol.AgentContinuable || !c.leaseLive(l.rec) || len(rows) >= ChildRowsMax {
+			continue
+		}
+		row := c.childRow(ctx, protocol.ChildIndexRecord{ChildID: l.rec.SessionID, Mode: protocol.ModeContinuable, Provider: l.rec.Provider})
+		row.ParentID, row.Depth = l.rec.ParentSession, len(l.rec.Ancestry)
+		rows = append(rows, row)
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].CreatedAt != rows[j].CreatedAt {
+			return rows[i].CreatedAt < rows[j].CreatedAt
+		}
+		return rows[i].ID < rows[j].ID
+	})
 	return protocol.ChildrenListReply{Rows: rows}, nil
 }
 

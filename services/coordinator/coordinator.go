@@ -120,6 +120,7 @@ type Coordinator struct {
 	mu      sync.Mutex
 	working map[string]bool // sessions with a takeover or disposal in progress
 	ready   chan struct{}
+	kick    chan struct{} // runs the liveness sweep now (a drain was lifted)
 }
 
 // Ready is closed once the replica serves its endpoints.
@@ -139,6 +140,7 @@ func New(cfg Config) (*Coordinator, error) {
 		headers: &headerCache{m: map[string]protocol.SessionHeader{}, max: cfg.HeadersCachedMax},
 		working: map[string]bool{},
 		ready:   make(chan struct{}),
+		kick:    make(chan struct{}, 1),
 	}, nil
 }
 
@@ -163,6 +165,7 @@ func (c *Coordinator) endpoints() []endpoint {
 		{protocol.EpContinuableFollowup, c.continuableFollowup},
 		{protocol.EpContinuableState, c.continuableState},
 		{protocol.EpContinuableDrain, c.continuableDrain},
+		{protocol.EpContinuableDrains, c.continuableDrains},
 		{protocol.EpContinuableInterrupt, c.continuableInterrupt},
 		{protocol.EpContinuableReport, c.continuableReport},
 		{protocol.EpChildrenList, c.childrenList},

@@ -318,6 +318,8 @@ func (c *Coordinator) liveness(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-c.kick: // a drain was lifted: held messages run now
+			clear(skip)
 		}
 		info, err := c.st.Inbox.Info(ctx, jetstream.WithSubjectFilter(c.subj.Inbox("*")))
 		if err != nil {

@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+func TestHelpGroupsVerbsByWhatAUserWantsToDo(t *testing.T) {
+	c := &cli{t: t}
+	o := c.runBare("--help")
+	if o.code != 0 {
+		t.Fatalf("exit %d: %s", o.code, o.err)
+	}
+	groups := []struct {
+		title string
+		verbs []string
+	}{
+		{"Run everything in one process:", []string{"dev"}},
+		{"Delegate work to children:", []string{"providers", "run", "start", "followup"}},
+		{"See what children do and answered:", []string{"state", "result", "children", "log", "watch"}},
+		{"Steer children (stop, end, hold):", []string{"interrupt", "dispose", "drain", "grant"}},
+		{"Run the services separately (one per process):", []string{"coordinator", "spawn-worker", "fork-worker", "acp-bridge", "acp-agent"}},
+	}
+	rest := o.out
+	for _, g := range groups {
+		i := strings.Index(rest, g.title)
+		if i < 0 {
+			t.Fatalf("group %q missing or out of order in:\n%s", g.title, o.out)
+		}
+		rest = rest[i+len(g.title):]
+		section := rest
+		if j := strings.Index(section, "\n\n"); j >= 0 {
+			section = section[:j]
+		}
+		for _, v := range g.verbs {
+			if !regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(v) + ` `).MatchString(section) {
+				t.Errorf("verb %s not listed under %q:\n%s", v, g.title, section)
+			}
+		}
+	}
+}
+
+func TestVerbsRefuseFlagsTheyDoNotHonour(t *testing.T) {
+	c := &cli{t: t}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dev", "--nats", "nats://127.0.0.1:4333"}, "--listen HOST:PORT"},
+		{[]string{"coordinator", "--timeout", "3s"}, "`brood coordinator --help` lists its flags"},
+		{[]string{"start", "--provider", "spawn", "--schema", "s.json", "x"}, "unknown flag: --schema"},
+		{[]string{"providers", "--log-level", "loud"}, `--log-level "loud" must be`},
+		{[]string{"state", "--max-depth", "2", "X"}, "unknown flag: --max-depth"},
+	} {
+		t.Run(strings.Join(tc.args[:2], " "), func(t *testing.T) {
+			o := c.runBare(tc.args...)
+			if o.code != 1 || !strings.HasPrefix(o.err, "INVALID_ARGUMENT: ") || !strings.Contains(o.err, tc.want) {
+				t.Fatalf("exit %d stderr %q; want INVALID_ARGUMENT mentioning %q", o.code, o.err, tc.want)
+			}
+		})
+	}
+}
+
+func TestProvidersVerb(t *testing.T) {
+	c := newCLI(t)
+	o := c.ok("providers")
+	if !regexp.MustCompile(`(?m)^PROVIDER +INSTANCES`).MatchString(o.out) || !regexp.MustCompile(`(?m)^spawn +1 +yes`).MatchString(o.out) {
+		t.Fatalf("table:\n%s", o.out)
+	}
+	r := decodeJSON[protocol.ProvidersListReply](t, c.ok("providers", "--json").out)
+	if r.Instances["spawn"] != 1 || r.Instances["fork"] != 1 {
+		t.Fatalf("json: %+v", r)
+	}
+}
+
+func TestRunVerb(t *testing.T) {
+	c := newCLI(t)
+	idLine := regexp.MustCompile(`^child [0-9A-Z]{26}\n`)
+
+	o := c.ok("run", "--provider", "spawn", "say hello")
+	if o.out != "hello\n" || !idLine.MatchString(o.err) {
+		t.Fatalf("stdout %q stderr %q: want the output on stdout and the child id on stderr", o.out, o.err)
+	}
+	child := strings.Fields(o.err)[1]
+	if lo := c.ok("log", child); !strings.Contains(lo.out, "session "+child) || !strings.Contains(lo.out, "turn 1 completed") {
+		t.Fatalf("the printed id is not the child's session:\n%s", lo.out)
+	}
+
+	o = c.ok("run", "--provider", "spawn", "--json", "say hi")
+	j := decodeJSON[struct {
+		RunID, ChildID, ParentSession string
+		Result                        protocol.SubagentResult
+	}](t, o.out)
+	if j.ChildID == "" || j.RunID != j.ChildID || j.Result.StopReason != protocol.StopCompleted || protocol.PlainText(j.Result.Output) != "hi" || o.err != "" {
+		t.Fatalf("json %+v stderr %q", j, o.err)
+	}
+
+	o = c.run("run", "--provider", "spawn", "fail boom")
+	if o.code != 1 || !idLine.MatchString(o.err) || !strings.Contains(o.err, "ERROR: run ") || !strings.Contains(o.err, "stopReason error") || !strings.Contains(o.err, "boom") {
+		t.Fatalf("a failing child: exit %d stderr %q", o.code, o.err)
+	}
+	o = c.fails("NO_PROVIDER", "run", "--provider", "nope", "x")
+	if strings.Contains(o.err, "child ") {
+		t.Fatalf("a refused start printed a child: %q", o.err)
+	}
+	c.fails("INVALID_ARGUMENT", "run", "x")
+
+	// Structured output: the value, or why it was refused (field and reason).
+	schema := t.TempDir() + "/s.json"
+	if err := os.WriteFile(schema, []byte(`{"type":"object","properties":{"answer":{"type":"integer"}},"required":["answer"],"additionalProperties":false}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if o = c.ok("run", "--provider", "spawn", "--schema", schema, `json {"answer":42}`); o.out != "{\"answer\":42}\n" {
+		t.Fatalf("structured output: %q", o.out)
+	}
+	o = c.run("run", "--provider", "spawn", "--schema", schema, `json {"answer":"x"}`)
+	if o.code != 1 || !strings.Contains(o.err, "stopReason error") || !strings.Contains(o.err, "/answer") || !strings.Contains(o.err, "want integer") {
+		t.Fatalf("a refused structured value: exit %d stderr %q", o.code, o.err)
+	}
+	o = c.run("run", "--provider", "spawn", "--schema", schema, "say no json")
+	if o.code != 1 || !strings.Contains(o.err, "it never called structured_output") {
+		t.Fatalf("no structured value: exit %d stderr %q", o.code, o.err)
+	}
+}
+
+// startChild runs `brood start` and returns the child id.
+func (c *cli) startChild(args ...string) string {
+	c.t.Helper()
+	o := c.ok(append([]string{"start", "--provider", "spawn"}, args...)...)
+	return field(c.t, o.out, "childId")
+}
+
+func TestStartVerb(t *testing.T) {
+	c := newCLI(t)
+	o := c.ok("start", "--provider", "spawn", "--label", "tour", "say one")
+	id, parent := field(t, o.out, "childId"), field(t, o.out, "parentSession")
+	if field(t, o.out, "messageId") == "" || id == "" || parent == "" {
+		t.Fatalf("start printed %q", o.out)
+	}
+	j := decodeJSON[struct{ ChildID, MessageID, ParentSession string }](t,
+		c.ok("start", "--provider", "spawn", "--json", "--max-depth", "2", "--deny-tools", "read_file", "--persona", "You are {{provider}}.", "say two").out)
+	if j.ChildID == "" || j.MessageID == "" || j.ParentSession == "" {
+		t.Fatalf("json %+v", j)
+	}
+	h, _ := c.stack.Log(j.ChildID)
+	if h.DepthCap == nil || *h.DepthCap != 2 {
+		t.Fatalf("--max-depth not applied: depthCap %v", h.DepthCap)
+	}
+	if h.ToolCeiling == nil || len(h.ToolCeiling.Deny) != 1 || h.ToolCeiling.Deny[0] != "read_file" {
+		t.Fatalf("--deny-tools not applied: %+v", h.ToolCeiling)
+	}
+	c.fails("INVALID_PERSONA", "start", "--provider", "spawn", "--persona", "{{nope}}", "x")
+	c.fails("INVALID_TOOL_FILTER", "start", "--provider", "spawn", "--allow-tools", "no_such_tool", "x")
+}
+
+func TestGrantVerb(t *testing.T) {
+	c := newCLI(t)
+	o := c.ok("grant")
+	if g := field(t, o.out, "grant"); len(g) < 20 {
+		t.Fatalf("grant %q", g)
+	}
+	if _, err := time.Parse(time.RFC3339, field(t, o.out, "expiresAt")); err != nil {
+		t.Fatal(err)
+	}
+	j := decodeJSON[protocol.UserGrantReply](t, c.ok("grant", "--json").out)
+	if j.Grant == "" || j.ExpiresAt <= time.Now().UnixMilli() {
+		t.Fatalf("json %+v", j)
+	}
+	// The grant acts for the user: a followup by hand with it is accepted.
+	child := c.startChild("say one")
+	var r protocol.FollowupReply
+	err := c.stack.Client.Call(context.Background(), protocol.EpContinuableFollowup, protocol.FollowupRequest{
+		ChildID: child, Authority: protocol.Authority{Grant: j.Grant}, Message: protocol.Text("say two"),
+	}, &r)
+	if err != nil || r.MessageID == "" {
+		t.Fatalf("followup with the minted grant: %+v %v", r, err)
+	}
+}
+
+func TestStateVerb(t *testing.T) {
+	c := newCLI(t)
+	busy := c.startChild("sleep 30s\nsay late")
+	idle := c.startChild("say quick")
+	c.eventually("the busy child runs", func() bool { return c.ok("state", busy).out == "running\n" })
+	c.eventually("the quick child settles", func() bool { return c.ok("state", idle).out == "none\n" })
+	st := decodeJSON[protocol.StateReply](t, c.ok("state", "--json", busy).out)
+	if st.ChildID != busy || st.State != protocol.StateRunning || st.HostID == "" {
+		t.Fatalf("json %+v", st)
+	}
+
+	// Read-only queries about what is not a continuable child say so.
+	o := c.fails("NOT_FOUND", "state", "01NOSUCHCHILD0000000000000")
+	if strings.Contains(o.err, "delivered") {
+		t.Fatalf("a query answered like a delivery: %q", o.err)
+	}
+	oneShot := strings.Fields(c.ok("run", "--provider", "spawn", "say once").err)[1]
+	c.eventually("the one-shot child is indexed", func() bool {
+		o := c.run("state", oneShot)
+		return o.code == 1 && strings.HasPrefix(o.err, "INVALID_ARGUMENT: ") && strings.Contains(o.err, "one-shot")
+	})
+	parent := field(t, c.ok("start", "--provider", "spawn", "say x").out, "parentSession")
+	c.fails("INVALID_ARGUMENT", "state", parent)
+}
+
+func TestChildrenVerbListsInCreationOrder(t *testing.T) {
+	c := newCLI(t)
+	// A continuable child starts three background children in parallel.
+	call := func(n string) string {
+		return `call subagent {"description":"child ` + n + `","prompt":"sleep 60s\nsay ` + n + `","run_in_background":true}`
+	}
+	o := c.ok("start", "--provider", "spawn", "--label", "parent", call("one")+"\n"+call("two")+"\n"+call("three")+"\nsleep 60s\nsay done")
+	p, root := field(t, o.out, "childId"), field(t, o.out, "parentSession")
+	var rows []protocol.ChildRow
+	c.eventually("three children listed", func() bool {
+		rows = decodeJSON[[]protocol.ChildRow](t, c.ok("children", "--json", p).out)
+		labelled := 0
+		for _, r := range rows {
+			if r.Kind == protocol.RowChild && r.Label != "" {
+				labelled++
+			}
+		}
+		return labelled == 3
+	})
+	for i := 1; i < len(rows); i++ {
+		a, b := rows[i-1], rows[i]
+		if a.CreatedAt > b.CreatedAt || a.CreatedAt == b.CreatedAt && a.ID > b.ID {
+			t.Fatalf("rows not in creation order: %+v", rows)
+		}
+	}
+	table := c.ok("children", p).out
+	for i := 0; i < 5; i++ {
+		if again := c.ok("children", p).out; again != table {
+			t.Fatalf("the listing changes between calls:\n%s\n%s", table, again)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(table), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("table:\n%s", table)
+	}
+	for i, r := range rows {
+		if !strings.HasPrefix(lines[i+1], r.ID+" ") || !strings.Contains(lines[i+1], " "+r.Label+" ") || r.Label == "" {
+			t.Fatalf("row %d %q, want %s labelled %q", i, lines[i+1], r.ID, r.Label)
+		}
+	}
+	// --descendants: the subtree in pre-order with parent and depth.
+	desc := decodeJSON[[]protocol.ChildRow](t, c.ok("children", "--json", "--descendants", root).out)
+	if len(desc) != 4 || desc[0].ID != p || desc[0].Depth != 1 || desc[0].ParentID != root {
+		t.Fatalf("descendants: %+v", desc)
+	}
+	for i, r := range rows {
+		if d := desc[i+1]; d.ID != r.ID || d.Depth != 2 || d.ParentID != p {
+			t.Fatalf("descendant %d: %+v, want %s at depth 2 under %s", i, d, r.ID, p)
+		}
+	}
+}
+
+func TestLogVerbFollowsLive(t *testing.T) {
+	c := newCLI(t)
+	child := c.startChild("--label", "follow me", "sleep 1500ms\nsay followed")
+	c.eventually("the child runs", func() bool { return c.ok("state", child).out == "running\n" })
+	done := make(chan outcome, 1)
+	go func() { done <- c.run("log", "--follow", child) }()
+	var o outcome
+	select {
+	case o = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("log --follow did not end after the child went idle")
+	}
+	if o.code != 0 {
+		t.Fatalf("exit %d: %s", o.code, o.err)
+	}
+	for _, want := range []string{"session " + child, "events:", "turn/start", "followed", "turn 1 completed"} {
+		if !strings.Contains(o.out, want) {
+			t.Fatalf("log --follow lacks %q:\n%s", want, o.out)
+		}
+	}
+	// The followed output is the whole log, in order, each event once.
+	if all := c.ok("log", child).out; o.out != all {
+		t.Fatalf("follow printed\n%s\nlog prints\n%s", o.out, all)
+	}
+	// JSON lines: the header, then each event in order.
+	lines := strings.Split(strings.TrimSpace(c.ok("log", "--follow", "--json", child).out), "\n")
+	hdr := decodeJSON[struct{ Header protocol.SessionHeader }](t, lines[0])
+	if hdr.Header.ID != child {
+		t.Fatalf("first line %s", lines[0])
+	}
+	for i, l := range lines[1:] {
+		if ev := decodeJSON[protocol.SessionEvent](t, l); ev.Seq != int64(i) {
+			t.Fatalf("line %d has seq %d", i+1, ev.Seq)
+		}
+	}
+	// A one-shot child's log ends the follow at its turn's end.
+	oneShot := strings.Fields(c.ok("run", "--provider", "spawn", "say once").err)[1]
+	if o := c.ok("log", "-f", oneShot); !strings.Contains(o.out, "turn 1 completed") {
+		t.Fatalf("log -f of a one-shot child:\n%s", o.out)
+	}
+	c.fails("NOT_FOUND", "log", "--follow", "01NOSUCHCHILD0000000000000")
+}

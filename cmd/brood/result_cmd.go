@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// childResult is what `brood result` reports about a continuable child: its
+// last finished turn and what it answered there.
+type childResult struct {
+	ChildID    string                  `json:"childId"`
+	State      string                  `json:"state"`
+	Turn       int64                   `json:"turn,omitempty"`
+	StopReason protocol.StopReason     `json:"stopReason,omitempty"`
+	Output     []protocol.ContentBlock `json:"output"`
+	Diagnostic string                  `json:"diagnostic,omitempty"`
+}
+
+// resultWaitPoll is how often `brood result --wait` asks whether a
+// continuable child went idle.
+const resultWaitPoll = 200 * time.Millisecond
+
+func resultCmd(g *globals) *cobra.Command {
+	var asJSON, wait bool
+	cmd := &cobra.Command{
+		Use:   "result ID [--wait]",
+		Short: "Print what a child answered: a one-shot run's result, or a continuable child's last finished turn",
+		Long: "For a one-shot run (or child) id: its result, as `brood run` prints it (--wait waits until it\n" +
+			"settles). For a continuable child: the answer of its last finished turn, with the turn and how it\n" +
+			"ended on stderr (--wait first waits until it has no live activation and nothing queued: it ran\n" +
+			"what it was sent; a drain holds queued messages until it is lifted).\n" +
+			"Exits 1 with the code first on stderr when that run or turn did not complete.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withClient(g, func(ctx context.Context, s *session) error {
+				auth, err := s.userAuthority(ctx)
+				if err != nil {
+					return err
+				}
+				id := args[0]
+				ref := protocol.RunRef{RunID: id, Grant: auth.Grant}
+				for {
+					if wait {
+						ref.WaitMs = 30_000
+					}
+					st, err := s.cl.Await(ctx, ref)
+					if err == nil {
+						if wait && st.State != protocol.RunSettled {
+							continue
+						}
+						return printRunStatus(s, st, asJSON, true)
+					}
+					if !errors.Is(err, protocol.ErrNotFound) {
+						return err
+					}
+					break
+				}
+				// Not a one-shot run: a continuable child.
+				st, err := s.cl.State(ctx, id, auth)
+				for wait && err == nil && (st.State != protocol.StateNone || st.Queued > 0) {
+					select {
+					case <-ctx.Done():
+						return protocol.Errorf(protocol.CodeCancelled, "waiting for %s: %v", id, ctx.Err())
+					case <-time.After(resultWaitPoll):
+					}
+					st, err = s.cl.State(ctx, id, auth)
+				}
+				if err != nil {
+					return err
+				}
+				r, err := lastTurnResult(ctx, s, id)
+				if err != nil {
+					return err
+				}
+				r.State = st.State
+				return printChildResult(s, r, asJSON)
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: a run's status, or {childId, state, turn, stopReason, output}")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the run settled, or the continuable child went idle")
+	clientFlags(cmd, g)
+	return cmd
+}
+
+// lastTurnResult reads a child's last finished turn from its log.
+func lastTurnResult(ctx context.Context, s *session, id string) (childResult, error) {
+	h, events, err := s.cl.Log(ctx, id)
+	if err != nil {
+		return childResult{}, err
+	}
+	if h.SeedLength <= int64(len(events)) {
+		events = events[h.SeedLength:]
+	}
+	r := childResult{ChildID: id, Output: []protocol.ContentBlock{}}
+	end := -1
+	for i := len(events) - 1; i >= 0; i-- {
+		if events[i].Type == protocol.EvTurnEnd {
+			end = i
+			break
+		}
+	}
+	if end < 0 {
+		return r, nil
+	}
+	start := 0
+	for i := end; i >= 0; i-- {
+		if events[i].Type == protocol.EvTurnStart {
+			start = i
+			break
+		}
+	}
+	var d protocol.TurnEndData
+	if err := events[end].Decode(&d); err != nil {
+		return r, protocol.Errorf(protocol.CodeInternal, "turn/end of %s does not decode: %v", id, err)
+	}
+	r.Turn, r.StopReason, r.Diagnostic = d.Turn, agent.StopReasonOf(d.Reason.Kind), d.Reason.Error
+	if d.Reason.Cause != "" && r.Diagnostic == "" {
+		r.Diagnostic = "cause " + d.Reason.Cause
+	}
+	r.Output = agent.SelectOutput(events[start : end+1])
+	return r, nil
+}
+
+func printChildResult(s *session, r childResult, asJSON bool) error {
+	if asJSON {
+		if err := printJSON(s.out, r); err != nil {
+			return err
+		}
+	}
+	if r.Turn == 0 && r.StopReason == "" {
+		if !asJSON {
+			fmt.Fprintf(s.errOut, "%s has not finished a turn yet (state %s)\n", r.ChildID, r.State)
+		}
+		return nil
+	}
+	if !asJSON {
+		fmt.Fprintf(s.errOut, "%s: turn %d %s (state %s)\n", r.ChildID, r.Turn, r.StopReason, r.State)
+	}
+	return printResult(s, fmt.Sprintf("turn %d of %s", r.Turn, r.ChildID),
+		protocol.SubagentResult{Output: r.Output, StopReason: r.StopReason, Diagnostic: r.Diagnostic}, asJSON)
+}
