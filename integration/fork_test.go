@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"testing"
+	"time"
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
@@ -125,7 +126,7 @@ func TestForkSeedsTheBalancedCompletedPrefix(t *testing.T) {
 			if last.Role != model.RoleUser || protocol.PlainText(last.Content) != "say forked" {
 				t.Fatalf("last message = %+v", last)
 			}
-			framed := len(last.Content) == 2 && last.Content[0].Framing && last.Content[0].Text == worker.SeedFraming
+			framed := len(last.Content) == 2 && last.Content[0].Framing && last.Content[0].Text == agent.SeedFraming
 			if framed != (tt.seed > 0) {
 				t.Fatalf("framing present = %v with seed %d: %+v", framed, tt.seed, last.Content)
 			}
@@ -186,4 +187,47 @@ func (f modelFunc) Provider() string { return "test" }
 func (f modelFunc) Name() string     { return "test" }
 func (f modelFunc) Stream(ctx context.Context, req model.Request, onText func(string)) (model.Response, error) {
 	return f(ctx, req, onText)
+}
+
+// TestBackgroundForkChildIsFramed is issue 14, item 4: a continuable fork
+// child (a background subagent, or continuable.start on fork) gets the same
+// boundary note before its first task as a one-shot fork child, and only
+// there: its later turns are not framed again.
+func TestBackgroundForkChildIsFramed(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddForkWorker()
+	root := s.Root()
+	parentHistory(t, s, root, 2, false)
+	start, err := s.Client.StartContinuable(context.Background(), protocol.ContinuableStartRequest{
+		Provider: "fork", Parent: root.Ref(), Label: "forked", Prompt: protocol.Text("say forked"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	userMessages := func() []protocol.UserMessageData {
+		h, evs := s.Log(start.ChildID)
+		var out []protocol.UserMessageData
+		for _, ev := range evs[h.SeedLength:] {
+			var d protocol.UserMessageData
+			if ev.Type == protocol.EvUserMessage && ev.Decode(&d) == nil {
+				out = append(out, d)
+			}
+		}
+		return out
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { _, evs := s.Log(start.ChildID); return turnEnds(evs) == 3 }, "the child's first turn ended")
+	p := root.Ref()
+	followup(t, s, start.ChildID, protocol.Authority{Parent: &p}, "say again")
+	testutil.Eventually(t, 10*time.Second, func() bool { _, evs := s.Log(start.ChildID); return turnEnds(evs) == 4 }, "the child's second turn ended")
+	ums := userMessages()
+	if len(ums) != 2 {
+		t.Fatalf("%d own user messages", len(ums))
+	}
+	if c := ums[0].Content; len(c) != 2 || !c[0].Framing || c[0].Text != agent.SeedFraming || protocol.PlainText(c) != "say forked" {
+		t.Fatalf("first task %+v, want the seed framing before it", c)
+	}
+	if c := ums[1].Content; len(c) != 1 || c[0].Framing || protocol.PlainText(c) != "say again" {
+		t.Fatalf("second turn %+v, want no framing", c)
+	}
 }

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +19,7 @@ type recordingModel struct {
 	model.Model
 	mu    sync.Mutex
 	tools [][]string
+	first []string // per request: the text of its first user message
 }
 
 func (r *recordingModel) Stream(ctx context.Context, req model.Request, onText func(string)) (model.Response, error) {
@@ -24,8 +27,16 @@ func (r *recordingModel) Stream(ctx context.Context, req model.Request, onText f
 	for _, t := range req.Tools {
 		names = append(names, t.Name)
 	}
+	first := ""
+	for _, m := range req.Messages {
+		if m.Role == model.RoleUser {
+			first = protocol.PlainText(m.Content)
+			break
+		}
+	}
 	r.mu.Lock()
 	r.tools = append(r.tools, names)
+	r.first = append(r.first, first)
 	r.mu.Unlock()
 	return r.Model.Stream(ctx, req, onText)
 }
@@ -108,11 +119,14 @@ func TestNestedDelegationThroughTheSubagentTool(t *testing.T) {
 }
 
 func TestDepthLimitNarrowsDownTheTree(t *testing.T) {
-	s, _ := runtimeStack(t)
+	s, rec := runtimeStack(t)
 	root := s.Root()
-	// The child is capped at depth 2: its own child (depth 2) may delegate no further,
-	// even though the subagent tool asks for the default cap of 3.
-	script := "call subagent {\"description\":\"d\",\"prompt\":\"call subagent {\\\"description\\\":\\\"e\\\",\\\"prompt\\\":\\\"say too deep\\\"}\"}\nsay done"
+	// The child is capped at depth 2: its own child (depth 2) may delegate no
+	// further, even though the subagent tool asks for the default cap of 3,
+	// so it is not offered the subagent tool at all (issue 14, item 4), and
+	// a call to it anyway is refused as unknown, starting nothing.
+	inner := `call subagent {"description":"e","prompt":"say too deep"}`
+	script := "call subagent {\"description\":\"d\",\"prompt\":" + strconv.Quote(inner) + "}\nsay done"
 	run, res, err := s.Run(root.Ref(), "spawn", script, protocol.StartOptions{MaxDepth: int64(2)})
 	if err != nil || res.StopReason != protocol.StopCompleted {
 		t.Fatalf("result = %+v, %v", res, err)
@@ -126,8 +140,8 @@ func TestDepthLimitNarrowsDownTheTree(t *testing.T) {
 		}
 	}
 	h, gevs := s.Log(grandchild)
-	if h.DepthCap == nil || *h.DepthCap != 2 {
-		t.Fatalf("grandchild depthCap = %v", h.DepthCap)
+	if h.DepthCap == nil || *h.DepthCap != 2 || h.DelegationDepth != 2 {
+		t.Fatalf("grandchild depth %d, depthCap %v", h.DelegationDepth, h.DepthCap)
 	}
 	var refused protocol.ToolResultData
 	for _, ev := range gevs {
@@ -135,8 +149,29 @@ func TestDepthLimitNarrowsDownTheTree(t *testing.T) {
 			_ = ev.Decode(&refused)
 		}
 	}
-	if !refused.IsError || !strings.Contains(protocol.PlainText(refused.Content), "DEPTH_EXCEEDED") {
+	if !refused.IsError || !strings.Contains(protocol.PlainText(refused.Content), `unknown tool "subagent"`) || refused.Meta["childId"] != "" {
 		t.Fatalf("great-grandchild start = %+v", refused)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	checked := 0
+	for i, names := range rec.tools {
+		offered := slices.Contains(names, "subagent")
+		switch rec.first[i] {
+		case inner: // the grandchild, at its cap
+			checked++
+			if offered {
+				t.Fatalf("the grandchild at its depth cap was offered subagent: %v", names)
+			}
+		case script: // the child, below its cap
+			checked++
+			if !offered {
+				t.Fatalf("the child below its cap was not offered subagent: %v", names)
+			}
+		}
+	}
+	if checked < 3 {
+		t.Fatalf("%d requests of the child and grandchild recorded", checked)
 	}
 }
 

@@ -215,6 +215,9 @@ func (a *Agent) OpenTurn(ctx context.Context, in Input) (Outcome, bool) {
 	if content == nil {
 		content = []protocol.ContentBlock{}
 	}
+	if a.firstOwnTurn() {
+		content = FrameSeeded(content)
+	}
 	id := in.MessageID
 	if id == "" {
 		id = fmt.Sprintf("%s-t%d", a.cfg.Header.ID, turn)
@@ -231,6 +234,39 @@ func (a *Agent) OpenTurn(ctx context.Context, in Input) (Outcome, bool) {
 	a.turn = turn
 	a.mu.Unlock()
 	return Outcome{Turn: turn}, true
+}
+
+// SeedFraming is the note added, as a framing block, before the task of a
+// seeded (fork) child's first own turn: the inherited turns are its parent's
+// context (DESIGN.md §6).
+const SeedFraming = "The conversation above is context inherited from your parent agent; you are a subagent forked from it. " +
+	"Do not continue the parent's work on your own: your task is the following."
+
+// FrameSeeded returns content preceded by the SeedFraming block.
+func FrameSeeded(content []protocol.ContentBlock) []protocol.ContentBlock {
+	return append([]protocol.ContentBlock{{Type: protocol.BlockText, Text: SeedFraming, Framing: true}}, content...)
+}
+
+// firstOwnTurn reports whether the session is seeded and no turn of its own
+// has taken input yet: its next turn is its first, whichever path opens it (a
+// one-shot start, or a continuable child's first claimed prompt), and gets
+// the seed framing.
+func (a *Agent) firstOwnTurn() bool {
+	seed := a.cfg.Header.SeedLength
+	if seed <= 0 {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if int64(len(a.events)) < seed {
+		return false
+	}
+	for _, ev := range a.events[seed:] {
+		if ev.Type == protocol.EvUserMessage {
+			return false
+		}
+	}
+	return true
 }
 
 // RunSteps runs the open turn's steps until the turn ends.

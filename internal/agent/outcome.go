@@ -17,6 +17,15 @@ import (
 // skipped. Text blocks are the content; tool calls are not output. The
 // result is never nil.
 func SelectOutput(events []protocol.SessionEvent) []protocol.ContentBlock {
+	out, _ := SelectOutputFrom(events)
+	return out
+}
+
+// SelectOutputFrom is SelectOutput plus the message the output came from
+// (nil when there is no output): its seq, turn and step, and whether it is
+// the last assistant message in events (false when a later one was empty).
+func SelectOutputFrom(events []protocol.SessionEvent) ([]protocol.ContentBlock, *protocol.OutputSource) {
+	last := true
 	for i := len(events) - 1; i >= 0; i-- {
 		ev := events[i]
 		if ev.Type != protocol.EvAssistantMessage {
@@ -24,13 +33,15 @@ func SelectOutput(events []protocol.SessionEvent) []protocol.ContentBlock {
 		}
 		var d protocol.AssistantMessageData
 		if ev.Decode(&d) != nil {
+			last = false
 			continue
 		}
 		if hasText(d.Message.Content) {
-			return d.Message.Content
+			return d.Message.Content, &protocol.OutputSource{Seq: ev.Seq, Turn: d.Turn, Step: d.Step, Last: last}
 		}
+		last = false
 	}
-	return []protocol.ContentBlock{}
+	return []protocol.ContentBlock{}, nil
 }
 
 func hasText(blocks []protocol.ContentBlock) bool {
@@ -79,7 +90,8 @@ func StopReasonOf(kind string) protocol.StopReason {
 // structured output that was not captured turns completed into error. The
 // diagnostic is the turn's error text.
 func OneShotOutcome(events []protocol.SessionEvent, ownerCancelled, structuredRequested bool) protocol.SubagentResult {
-	res := protocol.SubagentResult{Output: SelectOutput(events), StopReason: protocol.StopError}
+	res := protocol.SubagentResult{StopReason: protocol.StopError}
+	res.Output, res.OutputFrom = SelectOutputFrom(events)
 	end, ok := LastTurnEnd(events)
 	if ok {
 		res.StopReason = StopReasonOf(end.Reason.Kind)
@@ -254,7 +266,8 @@ func CloseOpenTurn(events []protocol.SessionEvent, reason protocol.TurnEndReason
 // recorded failure beats a later cancellation. Output is the epoch's own
 // (never a previous epoch's or a fork parent's).
 func EpochOutcome(events []protocol.SessionEvent) protocol.SubagentResult {
-	res := protocol.SubagentResult{Output: SelectOutput(events), StopReason: protocol.StopCompleted}
+	res := protocol.SubagentResult{StopReason: protocol.StopCompleted}
+	res.Output, res.OutputFrom = SelectOutputFrom(events)
 	var (
 		inTurn, stepped, claimed bool
 		last                     = ""

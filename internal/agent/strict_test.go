@@ -170,3 +170,78 @@ func toolResults(t *testing.T, evs []protocol.SessionEvent) []protocol.ToolResul
 	}
 	return out
 }
+
+// TestSubagentHiddenAtTheDepthCap: a session that could only get
+// DEPTH_EXCEEDED from the subagent tool is not offered it (issue 14, item 4).
+func TestSubagentHiddenAtTheDepthCap(t *testing.T) {
+	capAt := func(n int64) *int64 { return &n }
+	tests := []struct {
+		name     string
+		h        protocol.SessionHeader
+		managed  bool
+		offered  bool
+		maxDepth int64
+	}{
+		{"root", protocol.SessionHeader{}, false, true, 0},
+		{"below the tool's default cap", protocol.SessionHeader{DelegationDepth: 2}, false, true, 0},
+		{"at the tool's default cap of 3", protocol.SessionHeader{DelegationDepth: 3}, false, false, 0},
+		{"at the header's cap", protocol.SessionHeader{DelegationDepth: 1, DepthCap: capAt(1)}, false, false, 0},
+		{"below the header's cap", protocol.SessionHeader{DelegationDepth: 1, DepthCap: capAt(2)}, false, true, 0},
+		{"a tool cap of 5 lets depth 3 delegate", protocol.SessionHeader{DelegationDepth: 3}, false, true, 5},
+		{"provider-managed: only the header counts", protocol.SessionHeader{DelegationDepth: 9}, true, true, 0},
+		{"provider-managed at the header's cap", protocol.SessionHeader{DelegationDepth: 2, DepthCap: capAt(2)}, true, false, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg, err := NewRegistry(ListDirTool(), SubagentTool(SubagentConfig{Provider: "spawn", MaxDepth: tt.maxDepth, ProviderManaged: tt.managed}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, offered := reg.ForSession(tt.h).Lookup("subagent")
+			if offered != tt.offered {
+				t.Fatalf("subagent offered = %v, want %v", offered, tt.offered)
+			}
+			if _, ok := reg.ForSession(tt.h).Lookup("list_dir"); !ok {
+				t.Fatal("list_dir was dropped")
+			}
+		})
+	}
+}
+
+// TestOutputSaysWhichMessageItCameFrom is issue 14, item 9: the output rule
+// skips an empty last message, and the result says so.
+func TestOutputSaysWhichMessageItCameFrom(t *testing.T) {
+	srv := fakeopenai.New(t, fakeopenai.Config{},
+		fakeopenai.Reply{Text: "Let me look first.", Calls: []fakeopenai.Call{{ID: "a", Name: "list_dir", Arguments: "{}"}}},
+		fakeopenai.Say(""))
+	a := newTestAgent(t, strictModel(t, srv), &memLog{}, t.TempDir())
+	if out := a.RunTurn(context.Background(), userInput("look")); out.Reason.Kind != protocol.TurnCompleted {
+		t.Fatalf("turn ended %+v", out.Reason)
+	}
+	evs := a.Events()
+	res := OneShotOutcome(evs, false, false)
+	if res.StopReason != protocol.StopCompleted || protocol.PlainText(res.Output) != "Let me look first." {
+		t.Fatalf("result %+v", res)
+	}
+	f := res.OutputFrom
+	if f == nil || f.Last || f.Turn != 1 || f.Step != 1 || evs[f.Seq].Type != protocol.EvAssistantMessage {
+		t.Fatalf("outputFrom %+v", f)
+	}
+	tool := resultToTool("child", res)
+	if text := protocol.PlainText(tool.Content); !strings.Contains(text, "Let me look first.") || !strings.Contains(text, "from turn 1, step 1; its last message was empty") {
+		t.Fatalf("tool result %q", text)
+	}
+	// A last message with text is the output and says it is the last.
+	srv.Push(fakeopenai.Say("All done."))
+	a.RunTurn(context.Background(), userInput("finish"))
+	res = EpochOutcome(a.Events())
+	if protocol.PlainText(res.Output) != "All done." || res.OutputFrom == nil || !res.OutputFrom.Last || res.OutputFrom.Turn != 2 {
+		t.Fatalf("epoch result %+v %+v", res, res.OutputFrom)
+	}
+	if text := protocol.PlainText(resultToTool("child", res).Content); text != "All done." {
+		t.Fatalf("tool result %q", text)
+	}
+	if res := OneShotOutcome(nil, false, false); res.OutputFrom != nil {
+		t.Fatalf("no output, yet outputFrom %+v", res.OutputFrom)
+	}
+}

@@ -69,7 +69,13 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 	return &Tool{
 		Name:        name,
 		Description: desc,
-		Parameters:  json.RawMessage(`{"type":"object","properties":{` + props + `},"required":["description","prompt"],"additionalProperties":false}`),
+		Available: func(h protocol.SessionHeader) bool {
+			if cfg.ProviderManaged {
+				return MayDelegate(h, 0)
+			}
+			return MayDelegate(h, maxDepth)
+		},
+		Parameters: json.RawMessage(`{"type":"object","properties":{` + props + `},"required":["description","prompt"],"additionalProperties":false}`),
 		Run: func(ctx context.Context, tc ToolContext, args string) ToolResult {
 			var in struct {
 				Description string `json:"description"`
@@ -115,6 +121,21 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 	}
 }
 
+// MayDelegate reports whether a session with header h can start a child
+// through a subagent tool that sends maxDepth (0: none, provider-managed):
+// the child's depth, h's depth plus one, must not exceed the smaller of the
+// header's depth cap and maxDepth (the coordinator's DEPTH_EXCEEDED rule,
+// upstream-behaviour §1.5). A session at its cap is not offered the tool at
+// all (Brood's departure from upstream, which kept it visible and failed the
+// call).
+func MayDelegate(h protocol.SessionHeader, maxDepth int64) bool {
+	child := h.DelegationDepth + 1
+	if h.DepthCap != nil && child > *h.DepthCap {
+		return false
+	}
+	return maxDepth <= 0 || child <= maxDepth
+}
+
 // resultToTool maps a child's result to the parent's tool result
 // (upstream-behaviour §6, result mapping).
 func resultToTool(childID string, res protocol.SubagentResult) ToolResult {
@@ -122,6 +143,9 @@ func resultToTool(childID string, res protocol.SubagentResult) ToolResult {
 	if res.StopReason == protocol.StopCompleted {
 		if text == "" {
 			text = "(the subagent finished without output)"
+		}
+		if note := EarlierOutputNote(res.OutputFrom); note != "" {
+			text += "\n\n" + note
 		}
 		return TextResult(text)
 	}
@@ -150,6 +174,15 @@ func resultToTool(childID string, res protocol.SubagentResult) ToolResult {
 		b.WriteString("\nPartial output before the run ended:\n" + text)
 	}
 	return ToolResult{Content: protocol.Text(b.String()), IsError: true}
+}
+
+// EarlierOutputNote says, for a parent, that an output is not the child's
+// last message (its last one was empty), or "" when it is (issue 14).
+func EarlierOutputNote(from *protocol.OutputSource) string {
+	if from == nil || from.Last {
+		return ""
+	}
+	return fmt.Sprintf("(Note: this is the subagent's message from turn %d, step %d; its last message was empty, so this may not be its final answer.)", from.Turn, from.Step)
 }
 
 func quote(s string) string {

@@ -47,6 +47,10 @@ type Tool struct {
 	Description string
 	Parameters  json.RawMessage
 	Run         func(ctx context.Context, tc ToolContext, args string) ToolResult
+	// Available, when set, says whether a session may be offered the tool
+	// at all (the subagent tool is hidden from a session at its depth cap);
+	// Registry.ForSession drops the tool where it answers false.
+	Available func(h protocol.SessionHeader) bool
 }
 
 // Registry is an agent's tool set: global tools (subject to tool filters) and
@@ -184,6 +188,19 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// ForSession returns the registry without the tools that are not available
+// to the session with header h (Tool.Available): they vanish from the prompt
+// and are refused as unknown when called anyway.
+func (r *Registry) ForSession(h protocol.SessionHeader) *Registry {
+	out := &Registry{local: r.local}
+	for _, t := range r.tools {
+		if t.Available == nil || t.Available(h) {
+			out.tools = append(out.tools, t)
+		}
+	}
+	return out
 }
 
 // Ceiling returns the registry without the global tools a tool ceiling (the

@@ -589,6 +589,9 @@ func SettledNotice(childID string, res protocol.SubagentResult) (string, []proto
 	body := line + "\nNo closing message."
 	if text != "" {
 		body = line + "\nClosing message:\n" + text
+		if note := agent.EarlierOutputNote(res.OutputFrom); note != "" {
+			body += "\n" + note
+		}
 	}
 	return line, protocol.Text(body)
 }

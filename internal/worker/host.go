@@ -39,12 +39,6 @@ type Preparer interface {
 	Prepare(ctx context.Context, req protocol.ProviderPrepareRequest) (protocol.ProviderPrepareReply, error)
 }
 
-// Framer is implemented by providers that frame a child's task (a fork
-// child's note that the inherited turns are its parent's context).
-type Framer interface {
-	FramePrompt(prompt []protocol.ContentBlock, h protocol.SessionHeader) []protocol.ContentBlock
-}
-
 // Closer is implemented by sessions that hold resources beyond their turn (an
 // ACP agent process): the host calls Close once the run settled or was
 // dropped. Close must be idempotent and bounded in time.

@@ -43,11 +43,6 @@ type InProcess struct {
 // DefaultSeedEventsMax is the default bound of a fork seed.
 const DefaultSeedEventsMax = 100_000
 
-// SeedFraming is the note added, as a framing block, before a seeded child's
-// task: the inherited turns are its parent's context (DESIGN.md §6).
-const SeedFraming = "The conversation above is context inherited from your parent agent; you are a subagent forked from it. " +
-	"Do not continue the parent's work on your own: your task is the following."
-
 // Prepare returns the child's creation spec: the length of the parent's
 // balanced completed-turn prefix for a seeded provider (upstream-behaviour
 // §3.6), 0 otherwise.
@@ -90,14 +85,6 @@ func (p *InProcess) readSeed(ctx context.Context, parent string, n int) ([]proto
 	return seed, nil
 }
 
-// FramePrompt adds the seed framing before a seeded child's task.
-func (p *InProcess) FramePrompt(prompt []protocol.ContentBlock, h protocol.SessionHeader) []protocol.ContentBlock {
-	if !p.Seeded || h.SeedLength == 0 {
-		return prompt
-	}
-	return append([]protocol.ContentBlock{{Type: protocol.BlockText, Text: SeedFraming, Framing: true}}, prompt...)
-}
-
 // writeSeed copies the seed into the child's log (records under the size
 // limit) and closes it with session/end-seed.
 func (p *InProcess) writeSeed(ctx context.Context, spec SessionSpec) ([]protocol.SessionEvent, error) {
@@ -137,7 +124,7 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 	}
 	// The ceiling every ancestor narrowed (DESIGN.md §7): a descendant never
 	// gets a tool an ancestor was denied, whatever its own filter says.
-	reg = reg.Ceiling(spec.Header.ToolCeiling)
+	reg = reg.Ceiling(spec.Header.ToolCeiling).ForSession(spec.Header)
 	var sections []string
 	if p.Local != nil {
 		if local := p.Local(spec); len(local) > 0 {

@@ -100,12 +100,9 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	var opened bool
 	var out agent.Outcome
 	if derr == nil {
-		prompt := req.Prompt
-		if f, ok := p.(Framer); ok {
-			prompt = f.FramePrompt(prompt, req.Header)
-		}
+		// A seeded child's session frames its first turn itself (agent.SeedFraming).
 		out, opened = sess.OpenTurn(runCtx, agent.Input{
-			Content: prompt, Source: protocol.MessageSource{Kind: protocol.SourceUser}, Extra: []protocol.SessionEvent{desc},
+			Content: req.Prompt, Source: protocol.MessageSource{Kind: protocol.SourceUser}, Extra: []protocol.SessionEvent{desc},
 		})
 	}
 	wg.Wait()

@@ -185,15 +185,30 @@ const DiagnosticBytesMax = 4096
 
 // SubagentResult is the terminal outcome of a run or epoch (seed: SubagentResult).
 // Output is the child's final assistant output (upstream-behaviour §3.8), never
-// nil on the wire; Structured is present only after a requested outputSchema
+// nil on the wire; OutputFrom names the message it came from (absent when
+// Output is empty); Structured is present only after a requested outputSchema
 // was satisfied; Diagnostic (≤ 4096 bytes, never secrets or payloads) and
 // ErrorCode explain non-completed results.
 type SubagentResult struct {
 	Output     []ContentBlock `msgpack:"output" json:"output"`
+	OutputFrom *OutputSource  `msgpack:"outputFrom,omitempty" json:"outputFrom,omitempty"`
 	Structured any            `msgpack:"structured" json:"structured,omitempty"`
 	StopReason StopReason     `msgpack:"stopReason" json:"stopReason"`
 	Diagnostic string         `msgpack:"diagnostic,omitempty" json:"diagnostic,omitempty"`
 	ErrorCode  Code           `msgpack:"errorCode,omitempty" json:"errorCode,omitempty"`
+}
+
+// OutputSource names the assistant/message a result's output came from: its
+// seq in the child's log, its turn and step, and Last, whether it is the
+// child's last assistant message. The output rule skips empty messages
+// (upstream-behaviour §3.8), so when the child's last message was empty the
+// output is an earlier one (a preamble such as "Let me look first.") and
+// Last is false: a parent can tell it is not a final answer (issue 14).
+type OutputSource struct {
+	Seq  int64 `msgpack:"seq" json:"seq"`
+	Turn int64 `msgpack:"turn" json:"turn"`
+	Step int64 `msgpack:"step" json:"step"`
+	Last bool  `msgpack:"last" json:"last"`
 }
 
 // TruncateDiagnostic cuts s to at most DiagnosticBytesMax bytes at a UTF-8

@@ -51,6 +51,7 @@ func (s *Service) build(root *client.Root, h protocol.SessionHeader, events []pr
 	if err != nil {
 		return nil, acp.NewInternalError(map[string]any{"error": "tools: " + err.Error()})
 	}
+	reg = reg.ForSession(h) // no subagent tool at the depth cap
 	system, err := agent.SystemPrompt(s.cfg.Persona, map[string]string{"provider": m.Provider(), "model": m.Name(), "cwd": h.Cwd}, h)
 	if err != nil {
 		return nil, acp.NewInternalError(map[string]any{"error": "system prompt: " + err.Error()})
