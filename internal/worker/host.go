@@ -347,10 +347,24 @@ func (h *Host) heartbeatLoop(ctx context.Context) {
 		func(err error) { h.log.Warn("heartbeat failed", "err", err) })
 }
 
+// verifyLeases stops the agents whose lease is provably gone (deleted, or
+// naming another holder or run). A lease that cannot be read is kept: a
+// failed read is no evidence, and the fenced appends stop an agent whose
+// session was taken over anyway.
 func (h *Host) verifyLeases(ctx context.Context) {
+	lost := func(id string, still func(protocol.AgentRecord) bool) bool {
+		rec, err := store.Get[protocol.AgentRecord](ctx, h.st.Agents, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return true
+		case err != nil:
+			h.log.Warn("could not read a lease after a heartbeat gap; keeping the agent", "session", id, "err", err)
+			return false
+		}
+		return !still(rec.Value)
+	}
 	for _, a := range h.snapshotActs() {
-		rec, err := store.Get[protocol.AgentRecord](ctx, h.st.Agents, a.childID)
-		if err == nil && rec.Value.HostID == h.id && rec.Value.RunID == a.runID {
+		if !lost(a.childID, func(rec protocol.AgentRecord) bool { return rec.HostID == h.id && rec.RunID == a.runID }) {
 			continue
 		}
 		h.log.Warn("lease lost; stopping activation without publishing", "session", a.childID, "run", a.runID)
@@ -360,8 +374,7 @@ func (h *Host) verifyLeases(ctx context.Context) {
 		a.dispose(agent.ErrLeaseLost)
 	}
 	for _, r := range h.snapshotRuns() {
-		rec, err := store.Get[protocol.AgentRecord](ctx, h.st.Agents, r.childID)
-		if err == nil && rec.Value.HostID == h.id && rec.Value.Epoch == r.epoch {
+		if !lost(r.childID, func(rec protocol.AgentRecord) bool { return rec.HostID == h.id && rec.Epoch == r.epoch }) {
 			continue
 		}
 		h.log.Warn("lease lost; stopping agent without publishing", "session", r.childID, "run", r.runID)

@@ -14,81 +14,233 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// watchBucket feeds every value of kv, then every change, to put/del until ctx
-// is done. ready is closed once the initial values were delivered. Initial
-// values report the server's write time; later ones the local arrival time.
-func watchBucket(ctx context.Context, log *slog.Logger, kv jetstream.KeyValue, ready chan struct{},
-	put func(key string, e jetstream.KeyValueEntry, seen time.Time), del func(key string)) error {
-	w, err := kv.WatchAll(ctx)
-	if err != nil {
-		return err
+// kvWatch keeps a cache of one KV bucket current through a watch (an ordered
+// consumer), in stream order: apply gets every key's value, then every change.
+// Each key's revision is applied at most once, so values the watch delivers
+// again after a restart are not news. The watch can be restarted (restart);
+// after a restart the keys that disappeared meanwhile are applied as deleted.
+//
+// Why restart by hand: after a server restart the client's ordered consumer
+// notices that its consumer is gone only by missing idle heartbeats (nats.go
+// checks every 2 × 5 s), and recreating it can fail while JetStream recovers,
+// so the watch can stay silent for half a minute. A coordinator finds out
+// sooner from its own heartbeat: written, but not delivered back
+// (registry.stalled).
+type kvWatch struct {
+	kv    jetstream.KeyValue
+	name  string
+	log   *slog.Logger
+	put   func(key string, e jetstream.KeyValueEntry)
+	del   func(key string)
+	ready chan struct{} // closed once the first snapshot was applied
+	again chan struct{} // restart requests
+
+	revs map[string]uint64 // the revision applied per live key (run's own)
+}
+
+func newKVWatch(kv jetstream.KeyValue, name string, log *slog.Logger, put func(string, jetstream.KeyValueEntry), del func(string)) *kvWatch {
+	return &kvWatch{kv: kv, name: name, log: log, put: put, del: del,
+		ready: make(chan struct{}), again: make(chan struct{}, 1), revs: map[string]uint64{}}
+}
+
+// restart asks run to replace the watch with a new one (non-blocking).
+func (w *kvWatch) restart() {
+	select {
+	case w.again <- struct{}{}:
+	default:
 	}
-	go func() {
-		defer w.Stop()
-		initial := true
-		for {
+}
+
+// kvWatchRetry is how long run waits before opening a watch again after
+// opening one failed (the server is down or JetStream recovering).
+const kvWatchRetry = 250 * time.Millisecond
+
+// run watches until ctx is done, opening the watch again whenever it ends or
+// restart is called.
+func (w *kvWatch) run(ctx context.Context, onRestart func()) {
+	for first := true; ctx.Err() == nil; first = false {
+		if !first && onRestart != nil {
+			onRestart()
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		kw, err := w.kv.WatchAll(wctx)
+		if err != nil {
+			cancel()
+			if ctx.Err() == nil {
+				w.log.Warn("KV watch could not be opened; retrying", "bucket", w.name, "err", err)
+			}
 			select {
 			case <-ctx.Done():
+			case <-time.After(kvWatchRetry):
+			}
+			continue
+		}
+		w.consume(ctx, kw)
+		_ = kw.Stop()
+		cancel()
+	}
+}
+
+// consume applies one watch's updates until it ends, ctx is done or a
+// restart is requested.
+func (w *kvWatch) consume(ctx context.Context, kw jetstream.KeyWatcher) {
+	snapshot := map[string]bool{} // keys of the initial values; nil once they are in
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.again:
+			w.log.Info("restarting a KV watch", "bucket", w.name)
+			return
+		case e, ok := <-kw.Updates():
+			if !ok {
+				w.log.Warn("KV watch ended; opening it again", "bucket", w.name)
 				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e == nil {
-					if initial {
-						initial = false
-						close(ready)
-					}
+			}
+			if e == nil { // the initial values are in
+				if snapshot == nil {
 					continue
 				}
-				seen := time.Now()
-				if initial && e.Created().Before(seen) {
-					seen = e.Created()
+				for key := range w.revs {
+					if !snapshot[key] { // gone while the previous watch was silent
+						delete(w.revs, key)
+						w.del(key)
+					}
 				}
-				switch e.Operation() {
-				case jetstream.KeyValuePut:
-					put(e.Key(), e, seen)
+				snapshot = nil
+				select {
+				case <-w.ready:
 				default:
-					del(e.Key())
+					close(w.ready)
 				}
+				continue
+			}
+			key := e.Key()
+			if snapshot != nil {
+				snapshot[key] = e.Operation() == jetstream.KeyValuePut
+			}
+			if rev, ok := w.revs[key]; ok && e.Revision() <= rev {
+				continue // delivered again after a restart: not news
+			}
+			if e.Operation() == jetstream.KeyValuePut {
+				w.revs[key] = e.Revision()
+				w.put(key, e)
+			} else if _, ok := w.revs[key]; ok {
+				delete(w.revs, key)
+				w.del(key)
 			}
 		}
-	}()
-	_ = log
-	return nil
+	}
 }
 
 // hostState is one host as this coordinator last saw it.
 type hostState struct {
-	rec  protocol.HostRecord
-	seen time.Time
+	rec protocol.HostRecord
+	// obs is the observed clock (registry.obs) when its latest heartbeat
+	// reached this coordinator.
+	obs time.Duration
 }
 
-// registry is the provider registry, derived from live records in
-// brood_hosts (DESIGN.md §4): a provider exists while at least one live,
-// non-draining host offers it; instances must have equal descriptors (the
+// registry is the provider registry, derived from the records in brood_hosts
+// (DESIGN.md §4): a provider exists while at least one live, non-draining
+// host offers it; instances must have equal descriptors (the
 // earliest-started instance defines it; a conflicting one is ignored).
+//
+// Liveness is judged on evidence about the host only (shared/RELIABILITY.md;
+// DESIGN.md §14): a host is dead once this coordinator has watched the
+// bucket, provably current, for longer than the expiry without seeing a
+// heartbeat from it. The proof is the coordinator's own heartbeat: the watch
+// delivers in stream order, so when our own record written at time t comes
+// back, every heartbeat any host stored before t has come back too. The
+// observed clock (obs) advances by the time between two consecutive own
+// heartbeats that came back, and stands still while they do not: while this
+// coordinator is cut off, paused, or its watch is restarting or cannot read
+// the bucket. A gap longer than gapMax between two own heartbeats is not
+// counted either (the server itself may have been down: nobody could write),
+// and a host's silence counts only from the latest such gap, so a host gets
+// the whole expiry of observed time after it. A host is dead when more than
+// the expiry of observed time passed since its latest heartbeat (or the
+// latest gap) came back; a new heartbeat from it makes it live again.
 type registry struct {
-	mu     sync.Mutex
-	hosts  map[string]*hostState
-	expiry time.Duration
-	ready  chan struct{}
-	log    *slog.Logger
+	mu       sync.Mutex
+	hosts    map[string]*hostState
+	self     string
+	expiry   time.Duration
+	gapMax   time.Duration
+	staleMax time.Duration
+	log      *slog.Logger
+
+	obs      time.Duration // the observed clock
+	gapObs   time.Duration // the observed clock at the latest gap
+	ownIssue int64         // issue time (ms) of the latest own heartbeat delivered
+	ownRev   uint64        // its revision
+	// unconfirmed is when the oldest own heartbeat written but not yet
+	// delivered back was written (zero: none); wroteRev its revision.
+	unconfirmed time.Time
+	wroteRev    uint64
 }
 
-func newRegistry(expiry time.Duration, log *slog.Logger) *registry {
-	return &registry{hosts: map[string]*hostState{}, expiry: expiry, ready: make(chan struct{}), log: log}
+// newRegistry returns the registry of the coordinator self, which heartbeats
+// every interval; hosts expire after expiry of observed time.
+func newRegistry(self string, interval, expiry time.Duration, log *slog.Logger) *registry {
+	return &registry{
+		hosts: map[string]*hostState{}, self: self, expiry: expiry, log: log,
+		gapMax:   max(expiry/2, interval*3/2),
+		staleMax: max(3*interval, 2*time.Second),
+	}
 }
 
-func (r *registry) put(key string, e jetstream.KeyValueEntry, seen time.Time) {
+func (r *registry) put(key string, e jetstream.KeyValueEntry) {
 	rec, err := store.Decode[protocol.HostRecord](e)
 	if err != nil {
 		r.log.Warn("undecodable host record", "host", key, "err", err)
 		return
 	}
 	r.mu.Lock()
-	r.hosts[key] = &hostState{rec: rec, seen: seen}
-	r.mu.Unlock()
+	defer r.mu.Unlock()
+	if key == r.self {
+		r.ownBeat(rec.Heartbeat, e.Revision())
+	}
+	r.hosts[key] = &hostState{rec: rec, obs: r.obs}
+}
+
+// ownBeat advances the observed clock with an own heartbeat that came back.
+func (r *registry) ownBeat(issueMs int64, rev uint64) {
+	if d := time.Duration(issueMs-r.ownIssue) * time.Millisecond; r.ownIssue != 0 && d > 0 && d <= r.gapMax {
+		r.obs += d
+	} else {
+		r.gapObs = r.obs // a gap (or the first heartbeat): every silence starts again here
+	}
+	r.ownIssue, r.ownRev = issueMs, rev
+	if rev >= r.wroteRev {
+		r.unconfirmed = time.Time{}
+	}
+}
+
+// wrote records an own heartbeat that JetStream acknowledged at rev.
+func (r *registry) wrote(rev uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rev <= r.ownRev {
+		return
+	}
+	if r.unconfirmed.IsZero() {
+		r.unconfirmed = time.Now()
+	}
+	r.wroteRev = max(r.wroteRev, rev)
+}
+
+// stalled reports whether an own heartbeat JetStream acknowledged more than
+// staleMax ago has not come back through the watch: the watch is silent and
+// must be opened again. It resets the wait, so a restart is asked for once.
+func (r *registry) stalled() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.unconfirmed.IsZero() || time.Since(r.unconfirmed) <= r.staleMax {
+		return false
+	}
+	r.unconfirmed = time.Time{}
+	return true
 }
 
 func (r *registry) del(key string) {
@@ -97,16 +249,35 @@ func (r *registry) del(key string) {
 	r.mu.Unlock()
 }
 
-func (r *registry) liveLocked(h *hostState, now time.Time) bool {
-	return now.Sub(h.seen) <= r.expiry
+// observed returns the observed clock.
+func (r *registry) observed() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.obs
 }
 
-// hostLive reports whether host id heartbeats within the expiry.
+// expired reports whether more than the expiry of observed time passed
+// since since, in one stretch without a gap.
+func (r *registry) expired(since time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.expiredLocked(since)
+}
+
+func (r *registry) expiredLocked(since time.Duration) bool {
+	return r.obs-max(since, r.gapObs) > r.expiry
+}
+
+func (r *registry) liveLocked(h *hostState) bool {
+	return !r.expiredLocked(h.obs)
+}
+
+// hostLive reports whether host id is known and not judged dead.
 func (r *registry) hostLive(id string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	h, ok := r.hosts[id]
-	return ok && r.liveLocked(h, time.Now())
+	return ok && r.liveLocked(h)
 }
 
 // hostKnown reports whether a record of host id exists, live or not.
@@ -117,14 +288,13 @@ func (r *registry) hostKnown(id string) (kind string, live, ok bool) {
 	if !ok {
 		return "", false, false
 	}
-	return h.rec.Kind, r.liveLocked(h, time.Now()), true
+	return h.rec.Kind, r.liveLocked(h), true
 }
 
 // providers returns the live providers sorted by name and their instance counts.
 func (r *registry) providers() ([]protocol.ProviderDescriptor, map[string]int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := time.Now()
 	type inst struct {
 		d       protocol.ProviderDescriptor
 		started int64
@@ -132,7 +302,7 @@ func (r *registry) providers() ([]protocol.ProviderDescriptor, map[string]int) {
 	}
 	var all []inst
 	for id, h := range r.hosts {
-		if !r.liveLocked(h, now) || h.rec.Draining {
+		if !r.liveLocked(h) || h.rec.Draining {
 			continue
 		}
 		for _, d := range h.rec.Providers {
@@ -177,25 +347,14 @@ func (r *registry) provider(name string) (protocol.ProviderDescriptor, bool) {
 	return protocol.ProviderDescriptor{}, false
 }
 
-// deadHosts returns the ids of hosts whose last heartbeat is older than the expiry.
-func (r *registry) deadHosts() map[string]bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := time.Now()
-	out := map[string]bool{}
-	for id, h := range r.hosts {
-		if !r.liveLocked(h, now) {
-			out[id] = true
-		}
-	}
-	return out
-}
-
 // leaseState is one lease as this coordinator last saw it.
 type leaseState struct {
 	rec       protocol.AgentRecord
 	rev       uint64
 	firstSeen time.Time
+	// firstObs is the registry's observed clock when the lease was first
+	// seen: a holder never seen heartbeating is judged from then.
+	firstObs time.Duration
 }
 
 // agentIndex caches brood_agents (leases): credentials for authority checks,
@@ -204,12 +363,12 @@ type agentIndex struct {
 	mu     sync.Mutex
 	byID   map[string]*leaseState
 	drains map[string]protocol.DrainRecord
-	ready  chan struct{}
+	clock  func() time.Duration // the registry's observed clock
 	log    *slog.Logger
 }
 
-func newAgentIndex(log *slog.Logger) *agentIndex {
-	return &agentIndex{byID: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{}, ready: make(chan struct{}), log: log}
+func newAgentIndex(clock func() time.Duration, log *slog.Logger) *agentIndex {
+	return &agentIndex{byID: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{}, clock: clock, log: log}
 }
 
 // Keys of brood_agents other than leases (which are bare session ids).
@@ -219,7 +378,7 @@ const (
 	keyDrain = "drain."
 )
 
-func (a *agentIndex) put(key string, e jetstream.KeyValueEntry, seen time.Time) {
+func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
 	switch {
 	case strings.HasPrefix(key, keyDrain):
 		if rec, err := store.Decode[protocol.DrainRecord](e); err == nil {
@@ -236,13 +395,14 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry, seen time.Time) 
 		a.log.Warn("undecodable agent record", "session", key, "err", err)
 		return
 	}
+	obs := a.clock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	first := seen
+	l := &leaseState{rec: rec, rev: e.Revision(), firstSeen: time.Now(), firstObs: obs}
 	if old, ok := a.byID[key]; ok {
-		first = old.firstSeen
+		l.firstSeen, l.firstObs = old.firstSeen, old.firstObs
 	}
-	a.byID[key] = &leaseState{rec: rec, rev: e.Revision(), firstSeen: first}
+	a.byID[key] = l
 }
 
 func (a *agentIndex) del(key string) {
@@ -279,12 +439,17 @@ func (a *agentIndex) get(id string) (leaseState, bool) {
 
 // observe stores a fresher lease read directly from the bucket.
 func (a *agentIndex) observe(rec protocol.AgentRecord, rev uint64) {
+	obs := a.clock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if old, ok := a.byID[rec.SessionID]; ok && old.rev >= rev {
-		return
+	l := &leaseState{rec: rec, rev: rev, firstSeen: time.Now(), firstObs: obs}
+	if old, ok := a.byID[rec.SessionID]; ok {
+		if old.rev >= rev {
+			return
+		}
+		l.firstSeen, l.firstObs = old.firstSeen, old.firstObs
 	}
-	a.byID[rec.SessionID] = &leaseState{rec: rec, rev: rev, firstSeen: time.Now()}
+	a.byID[rec.SessionID] = l
 }
 
 // snapshot returns every cached lease.

@@ -117,6 +117,8 @@ type Coordinator struct {
 	headers *headerCache
 	started int64
 
+	hostsWatch, agentsWatch *kvWatch
+
 	mu      sync.Mutex
 	working map[string]bool // sessions with a takeover or disposal in progress
 	ready   chan struct{}
@@ -133,14 +135,18 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	cfg.defaults()
 	log := cfg.Logger.With("coordinator", cfg.ID)
+	reg := newRegistry(cfg.ID, cfg.HeartbeatInterval, cfg.HostExpiry, log)
+	agents := newAgentIndex(reg.observed, log)
 	return &Coordinator{
 		cfg: cfg, st: cfg.Store, subj: cfg.Store.Subj, log: log,
-		reg:     newRegistry(cfg.HostExpiry, log),
-		agents:  newAgentIndex(log),
-		headers: &headerCache{m: map[string]protocol.SessionHeader{}, max: cfg.HeadersCachedMax},
-		working: map[string]bool{},
-		ready:   make(chan struct{}),
-		kick:    make(chan struct{}, 1),
+		reg:         reg,
+		agents:      agents,
+		hostsWatch:  newKVWatch(cfg.Store.Hosts, "hosts", log, reg.put, reg.del),
+		agentsWatch: newKVWatch(cfg.Store.Agents, "agents", log, agents.put, agents.del),
+		headers:     &headerCache{m: map[string]protocol.SessionHeader{}, max: cfg.HeadersCachedMax},
+		working:     map[string]bool{},
+		ready:       make(chan struct{}),
+		kick:        make(chan struct{}, 1),
 	}, nil
 }
 
@@ -179,20 +185,19 @@ func (c *Coordinator) endpoints() []endpoint {
 func (c *Coordinator) Run(ctx context.Context) error {
 	c.started = store.NowMs()
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopWatch()
-	if err := watchBucket(watchCtx, c.log, c.st.Hosts, c.reg.ready, c.reg.put, c.reg.del); err != nil {
-		return fmt.Errorf("coordinator: watch hosts: %w", err)
+	var watches sync.WaitGroup
+	defer func() { stopWatch(); watches.Wait() }()
+	for _, w := range []*kvWatch{c.hostsWatch, c.agentsWatch} {
+		watches.Add(1)
+		go func() { defer watches.Done(); w.run(watchCtx, nil) }()
 	}
-	if err := watchBucket(watchCtx, c.log, c.st.Agents, c.agents.ready, c.agents.put, c.agents.del); err != nil {
-		return fmt.Errorf("coordinator: watch agents: %w", err)
-	}
-	for _, ch := range []chan struct{}{c.reg.ready, c.agents.ready} {
+	for _, w := range []*kvWatch{c.hostsWatch, c.agentsWatch} {
 		select {
-		case <-ch:
+		case <-w.ready:
 		case <-ctx.Done():
 			return nil
 		case <-time.After(30 * time.Second):
-			return errors.New("coordinator: initial KV watch did not complete within 30s")
+			return fmt.Errorf("coordinator: the initial values of KV bucket %s were not read within 30s", w.name)
 		}
 	}
 	if err := c.beat(ctx); err != nil {
@@ -250,13 +255,19 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	return nil
 }
 
+// beat writes this replica's heartbeat. The registry waits for it to come
+// back through the hosts watch: that is how this replica proves its own view
+// current before it judges any host (registry).
 func (c *Coordinator) beat(ctx context.Context) error {
 	bctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval+time.Second)
 	defer cancel()
-	_, err := store.Put(bctx, c.st.Hosts, c.cfg.ID, protocol.HostRecord{
+	rev, err := store.Put(bctx, c.st.Hosts, c.cfg.ID, protocol.HostRecord{
 		HostID: c.cfg.ID, Kind: protocol.HostCoordinator, Providers: []protocol.ProviderDescriptor{},
 		Heartbeat: store.NowMs(), StartedAt: c.started, HeartbeatMs: c.cfg.HeartbeatInterval.Milliseconds(),
 	})
+	if err == nil {
+		c.reg.wrote(rev)
+	}
 	return err
 }
 

@@ -22,7 +22,9 @@ const TakeoverAttemptsMax = 3
 // monitor judges liveness from the cached leases and host records, every
 // quarter of the host expiry: it settles the runs of dead hosts (HOST_LOST),
 // expires lapsed roots and disposes one-shot runs whose parent is gone.
-// Every action is a CAS, so replicas racing on the same session are safe.
+// Every action is a CAS, so replicas racing on the same session are safe. It
+// also opens the KV watches again when this replica's own heartbeat does not
+// come back through them (registry.stalled): the caches were silent.
 func (c *Coordinator) monitor(ctx context.Context) {
 	interval := min(c.cfg.HeartbeatInterval, c.cfg.HostExpiry/4)
 	t := time.NewTicker(interval)
@@ -34,6 +36,11 @@ func (c *Coordinator) monitor(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if c.reg.stalled() {
+			c.log.Warn("own heartbeat did not come back through the hosts watch; opening the KV watches again")
+			c.hostsWatch.restart()
+			c.agentsWatch.restart()
 		}
 		for _, job := range c.sweep() {
 			wg.Add(1)
@@ -80,7 +87,7 @@ func (c *Coordinator) sweep() []job {
 			if l.rec.ExpiresAt < nowMs {
 				jobs = append(jobs, job{l.rec.SessionID, func(ctx context.Context) { c.expireRoot(ctx, l) }})
 			}
-		case c.holderDead(l, now):
+		case c.holderDead(l):
 			jobs = append(jobs, job{l.rec.SessionID, func(ctx context.Context) { c.takeOver(ctx, l) }})
 		case l.rec.Kind == protocol.AgentOneShot && l.rec.ParentSession != "" && !live[l.rec.ParentSession] &&
 			now.Sub(l.firstSeen) > c.cfg.HostExpiry:
@@ -91,10 +98,12 @@ func (c *Coordinator) sweep() []job {
 }
 
 // holderDead reports whether the lease's holder stopped heartbeating: a
-// worker past the expiry, or a coordinator that died during a takeover. A
-// takeover of this replica's own that did not finish counts too, so it is
-// resumed. An unknown holder is judged from when the lease was first seen.
-func (c *Coordinator) holderDead(l leaseState, now time.Time) bool {
+// worker past the expiry, or a coordinator that died during a takeover
+// (judged by the registry, on evidence about the holder only). A takeover of
+// this replica's own that did not finish counts too, so it is resumed. A
+// holder never seen heartbeating is judged from when the lease was first
+// seen, on the same observed clock.
+func (c *Coordinator) holderDead(l leaseState) bool {
 	if l.rec.TakenOverBy == c.cfg.ID {
 		return true
 	}
@@ -102,7 +111,7 @@ func (c *Coordinator) holderDead(l leaseState, now time.Time) bool {
 	if known {
 		return !live
 	}
-	return now.Sub(l.firstSeen) > c.cfg.HostExpiry
+	return c.reg.expired(l.firstObs)
 }
 
 // expireRoot ends a root whose lease lapsed: its credential dies with the

@@ -25,13 +25,14 @@ const CwdBytesMax = 4096
 // authorize checks that p is the credential of the current live agent of
 // p.SessionID (DESIGN.md §7, Authority) and returns its lease. A replaced or
 // disposed agent's credential is dead. The check uses the watched cache and
-// falls back to a direct read, so a lease written a moment ago is found.
+// falls back to a direct read, so a lease written (or renewed) a moment ago
+// is found even when the watch is behind.
 func (c *Coordinator) authorize(ctx context.Context, p protocol.ParentRef) (leaseState, error) {
 	if !protocol.ValidID(p.SessionID) || p.Credential == "" {
 		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "a parent sessionId and credential are required")
 	}
 	l, ok := c.agents.get(p.SessionID)
-	if !ok || !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) {
+	if !ok || !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) || !c.leaseLive(l.rec) {
 		fresh, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, p.SessionID)
 		if err != nil {
 			if errors.Is(err, store.ErrNotFound) {

@@ -1,0 +1,151 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/internal/embedded"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
+)
+
+// syncBuffer is a log sink shared by goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestServerRestartIsNotHostLoss (issue 16, fault 3): a separate coordinator
+// process and a separate spawn-worker process, with the production timing
+// (heartbeat 1 s, host expiry 5 s), against a server that is stopped for
+// longer than the host expiry and restarted on the same store and port, while
+// continuable children sleep across the restart. A coordinator that was cut
+// off itself, or whose watch restarted, must not count that time against the
+// worker: no `host lost`, no child settled HOST_LOST, the provider listed
+// again promptly by every coordinator, and the children complete. A
+// coordinator started fresh after the restart (as `brood dev` starts its own)
+// must not judge the worker from the records it finds either.
+func TestServerRestartIsNotHostLoss(t *testing.T) {
+	dir := t.TempDir()
+	port, err := embedded.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	startServer := func() *embedded.Server {
+		srv, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: port, DataDir: dir, ServerName: "restart"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return srv
+	}
+	srv := startServer()
+	s := testutil.StackOn(t, srv)
+	url := srv.ClientURL()
+
+	// The coordinator in this process stands for brood dev's own: it stops
+	// with the server and a fresh one starts after the restart.
+	var devLog syncBuffer
+	startDevCoordinator := func() func() {
+		c, err := coordinator.New(coordinator.Config{NC: s.Conn(), Store: s.Store,
+			Logger: slog.New(slog.NewTextHandler(&devLog, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := testutil.Background(t, c)
+		select {
+		case <-c.Ready():
+		case <-time.After(20 * time.Second):
+			t.Fatal("coordinator not serving after 20s")
+		}
+		return stop
+	}
+	stopDev := startDevCoordinator()
+	coord := startProc(t, "coordinator", "--nats", url, "--log-level", "info")
+	coord.waitStderr(t, "coordinator serving", 20*time.Second)
+	w := startProc(t, "spawn-worker", "--nats", url, "--log-level", "info")
+	w.waitStderr(t, "host serving", 20*time.Second)
+	s.WaitProvider("spawn")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log of the in-process coordinator:\n%s", devLog.String())
+		}
+	})
+
+	root := s.Root()
+	const children = 6
+	var kids []protocol.ContinuableStartReply
+	for i := 0; i < children; i++ {
+		kids = append(kids, startCont(t, s, root.Ref(), "sleep 14s\nsay done"))
+	}
+	for _, k := range kids {
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			_, evs := s.Log(k.ChildID)
+			claims, _, _ := turnsOf(evs)
+			return len(claims) == 1
+		}, "child %s runs its first turn", k.ChildID)
+	}
+
+	// Down for longer than the host expiry: nobody can write a heartbeat.
+	stopDev()
+	srv.Shutdown()
+	const downtime = 6 * time.Second
+	time.Sleep(downtime) // the fault's duration, not a wait for a condition
+	srv = startServer()
+	t.Cleanup(srv.Shutdown)
+	stopDev = startDevCoordinator()
+	defer stopDev()
+
+	// Every coordinator lists the provider again promptly, and keeps listing it.
+	listed := func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		r, err := s.Client.Providers(ctx)
+		return err == nil && r.Instances["spawn"] > 0
+	}
+	testutil.Eventually(t, 10*time.Second, listed, "the provider is listed after the restart")
+	for _, k := range kids {
+		testutil.Eventually(t, 60*time.Second, func() bool {
+			if !listed() {
+				t.Fatalf("a coordinator answered without the live spawn provider after the restart")
+			}
+			st, err := s.Client.State(context.Background(), k.ChildID, ref(root))
+			return err == nil && st.State == protocol.StateNone // UNAVAILABLE until the worker is back
+		}, "child %s settles", k.ChildID)
+	}
+
+	for _, k := range kids {
+		_, evs := s.Log(k.ChildID)
+		claims, answers, ends := turnsOf(evs)
+		if len(claims) != 1 || strings.Join(answers, ",") != "done" || strings.Join(ends, ",") != protocol.TurnCompleted {
+			t.Errorf("child %s: claims %v answers %v ends %v; want its one turn completed", k.ChildID, claims, answers, ends)
+		}
+	}
+	for _, ev := range lifecycleOf(t, s, root.SessionID) {
+		if ev.Type == protocol.LifecycleEnd && ev.ErrorCode == protocol.CodeHostLost {
+			t.Errorf("child %s settled %s with HOST_LOST", ev.ID, ev.StopReason)
+		}
+	}
+	for name, log := range map[string]string{"coordinator process": coord.Stderr(), "in-process coordinator": devLog.String()} {
+		if strings.Contains(log, "host lost") {
+			t.Errorf("the %s declared the live worker lost", name)
+		}
+	}
+}

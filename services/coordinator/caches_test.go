@@ -1,0 +1,178 @@
+package coordinator
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// entry is a KV entry as a watch delivers it.
+type entry struct {
+	key string
+	val []byte
+	rev uint64
+	op  jetstream.KeyValueOp
+}
+
+func (e entry) Bucket() string                  { return "test" }
+func (e entry) Key() string                     { return e.key }
+func (e entry) Value() []byte                   { return e.val }
+func (e entry) Revision() uint64                { return e.rev }
+func (e entry) Created() time.Time              { return time.Time{} }
+func (e entry) Delta() uint64                   { return 0 }
+func (e entry) Operation() jetstream.KeyValueOp { return e.op }
+
+func hostEntry(t *testing.T, id string, rev uint64, heartbeatMs int64) entry {
+	t.Helper()
+	rec := protocol.HostRecord{HostID: id, Kind: protocol.HostCoordinator, Heartbeat: heartbeatMs}
+	if id != "self" {
+		rec.Kind, rec.Providers = protocol.HostWorker, []protocol.ProviderDescriptor{{Name: "spawn"}}
+	}
+	data, err := protocol.Marshal(protocol.Msgpack, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return entry{key: id, val: data, rev: rev}
+}
+
+// TestRegistryJudgesHostsOnEvidenceOnly drives the registry with the
+// heartbeats its hosts watch delivers, in stream order: the observer's own
+// ("self", every second) and a worker's ("w"). The expiry is 5 s.
+func TestRegistryJudgesHostsOnEvidenceOnly(t *testing.T) {
+	type beat struct {
+		host string
+		atMs int64 // when the heartbeat was written (the observer's own carry it)
+	}
+	own := func(from, to int64) []beat { // own heartbeats every second in [from, to]
+		var out []beat
+		for s := from; s <= to; s++ {
+			out = append(out, beat{"self", s * 1000})
+		}
+		return out
+	}
+	cat := func(parts ...[]beat) []beat {
+		var out []beat
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	tests := []struct {
+		name  string
+		beats []beat
+		live  bool
+	}{
+		{"the worker stopped while the observer watched for longer than the expiry",
+			cat([]beat{{"w", 0}}, own(0, 7)), false},
+		{"the worker stopped, but the observer watched for less than the expiry",
+			cat([]beat{{"w", 0}}, own(0, 4)), true},
+		{"the observer was cut off: its own heartbeats stopped coming back",
+			cat([]beat{{"w", 0}}, own(0, 2), own(30, 31)), true},
+		{"after the observer's gap the worker gets the whole expiry again",
+			cat([]beat{{"w", 0}}, own(0, 2), own(30, 34)), true},
+		{"after the gap, the expiry of observed time without the worker",
+			cat([]beat{{"w", 0}}, own(0, 2), own(30, 36)), false},
+		{"a server restart: nobody wrote for 6 s, then the worker came back",
+			cat([]beat{{"w", 0}}, own(0, 1), own(8, 9), []beat{{"w", 9500}}, own(10, 20)), false},
+		{"a server restart: the worker came back and keeps beating",
+			cat([]beat{{"w", 0}}, own(0, 1), own(8, 9), []beat{{"w", 9500}}, own(10, 14), []beat{{"w", 14500}}, own(15, 19)), true},
+		{"before the observer's first own heartbeat nothing is judged",
+			[]beat{{"w", 0}}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRegistry("self", time.Second, 5*time.Second, slog.Default())
+			for i, b := range tc.beats {
+				r.put(b.host, hostEntry(t, b.host, uint64(i+1), b.atMs))
+			}
+			if got := r.hostLive("w"); got != tc.live {
+				t.Fatalf("hostLive = %v, want %v (observed %s)", got, tc.live, r.observed())
+			}
+			if _, counts := r.providers(); (counts["spawn"] > 0) != tc.live {
+				t.Fatalf("providers count %v; want listed = %v", counts, tc.live)
+			}
+		})
+	}
+}
+
+func TestRegistryStalledWhenOwnHeartbeatDoesNotComeBack(t *testing.T) {
+	r := newRegistry("self", time.Second, 5*time.Second, slog.Default())
+	r.staleMax = 50 * time.Millisecond
+	r.put("self", hostEntry(t, "self", 1, 1000))
+	r.wrote(1) // already delivered: nothing to wait for
+	if r.stalled() {
+		t.Fatal("stalled with nothing outstanding")
+	}
+	r.wrote(2)
+	if r.stalled() {
+		t.Fatal("stalled at once")
+	}
+	time.Sleep(60 * time.Millisecond)
+	if !r.stalled() {
+		t.Fatal("not stalled after staleMax")
+	}
+	if r.stalled() {
+		t.Fatal("a stall is reported once, then waited for again")
+	}
+	r.wrote(3)
+	r.put("self", hostEntry(t, "self", 3, 2000))
+	time.Sleep(60 * time.Millisecond)
+	if r.stalled() {
+		t.Fatal("stalled although the heartbeat came back")
+	}
+}
+
+// fakeWatcher is a KeyWatcher fed by the test.
+type fakeWatcher struct{ ch chan jetstream.KeyValueEntry }
+
+func (f *fakeWatcher) Updates() <-chan jetstream.KeyValueEntry { return f.ch }
+func (f *fakeWatcher) Stop() error                             { return nil }
+
+// TestKVWatchAppliesEachRevisionOnce: values a restarted watch delivers
+// again are not news, and keys that vanished while the previous watch was
+// silent are applied as deleted.
+func TestKVWatchAppliesEachRevisionOnce(t *testing.T) {
+	var applied []string
+	w := newKVWatch(nil, "test", slog.Default(),
+		func(key string, e jetstream.KeyValueEntry) {
+			applied = append(applied, "put "+key+"@"+string(e.Value()))
+		},
+		func(key string) { applied = append(applied, "del "+key) })
+	feed := func(es ...jetstream.KeyValueEntry) {
+		fw := &fakeWatcher{ch: make(chan jetstream.KeyValueEntry, len(es))}
+		for _, e := range es {
+			fw.ch <- e
+		}
+		close(fw.ch)
+		w.consume(context.Background(), fw)
+	}
+	feed(entry{key: "a", val: []byte("1"), rev: 1}, entry{key: "b", val: []byte("1"), rev: 2}, nil,
+		entry{key: "a", val: []byte("2"), rev: 3})
+	select {
+	case <-w.ready:
+	default:
+		t.Fatal("not ready after the initial values")
+	}
+	// The restarted watch: a unchanged, b gone, c new.
+	feed(entry{key: "a", val: []byte("2"), rev: 3}, entry{key: "c", val: []byte("1"), rev: 5}, nil,
+		entry{key: "c", rev: 6, op: jetstream.KeyValueDelete})
+	want := []string{"put a@1", "put b@1", "put a@2", "put c@1", "del b", "del c"}
+	if strings.Join(applied, ",") != strings.Join(want, ",") {
+		t.Fatalf("applied %v\nwant    %v", applied, want)
+	}
+	var keys []string
+	for k := range w.revs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	if strings.Join(keys, ",") != "a" {
+		t.Fatalf("tracked keys %v", keys)
+	}
+}
