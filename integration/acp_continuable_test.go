@@ -30,7 +30,7 @@ func TestContinuableACPChildren(t *testing.T) {
 	acpDep(t, tsSDK)
 	script := acpDep(t, tsAgentScript)
 	example := acpDep(t, goExampleAgent)
-	s := acpStack(t, acpTestOptions(t),
+	s := acpStack(t, realAgentOptions(t),
 		acpbridge.AgentConfig{Name: "ts", Command: "node", Args: []string{script}, Env: map[string]string{"TS_AGENT_STATE_DIR": t.TempDir()}},
 		acpbridge.AgentConfig{Name: "example", Command: example, Permission: acpbridge.PolicyAllow})
 	root := s.Root()

@@ -69,12 +69,22 @@ func fakeAgent(t *testing.T) string {
 	return fakeBin
 }
 
-// acpTestOptions are short bounds so fault tests finish quickly.
+// acpTestOptions are short bounds so fault tests of the fake agent finish
+// quickly.
 func acpTestOptions(t *testing.T) acpbridge.Options {
 	return acpbridge.Options{
 		SilenceTimeout: 2 * time.Second, EOFGrace: 300 * time.Millisecond, TermGrace: 300 * time.Millisecond,
 		Logger: testutil.Logger(t),
 	}
+}
+
+// realAgentOptions are acpTestOptions for real agents (node, the Go SDK's
+// example): their start-up on a loaded machine can take longer than the
+// fake agent's silence bound, which they do not test.
+func realAgentOptions(t *testing.T) acpbridge.Options {
+	o := acpTestOptions(t)
+	o.SilenceTimeout = 30 * time.Second
+	return o
 }
 
 // acpStack is a stack with a coordinator and an in-process ACP bridge host
@@ -187,7 +197,7 @@ func toolEvents(t *testing.T, evs []protocol.SessionEvent) []string {
 // (about 5 s each): streamed text, two tool calls, one permission request.
 func TestACPGoSDKExampleAgent(t *testing.T) {
 	bin := acpDep(t, goExampleAgent)
-	s := acpStack(t, acpTestOptions(t),
+	s := acpStack(t, realAgentOptions(t),
 		acpbridge.AgentConfig{Name: "example-allow", Command: bin, Permission: acpbridge.PolicyAllow},
 		acpbridge.AgentConfig{Name: "example-reject", Command: bin, Permission: acpbridge.PolicyReject})
 	root := s.Root()
@@ -228,7 +238,7 @@ func TestACPGoSDKExampleAgent(t *testing.T) {
 func TestACPTypeScriptAgent(t *testing.T) {
 	acpDep(t, tsSDK)
 	script := acpDep(t, tsAgentScript)
-	s := acpStack(t, acpTestOptions(t), acpbridge.AgentConfig{Name: "ts", Command: "node", Args: []string{script},
+	s := acpStack(t, realAgentOptions(t), acpbridge.AgentConfig{Name: "ts", Command: "node", Args: []string{script},
 		Env: map[string]string{"TS_AGENT_STATE_DIR": t.TempDir()}})
 	root := s.Root()
 	t.Run("chunks", func(t *testing.T) {
@@ -253,7 +263,7 @@ func TestACPTypeScriptAgent(t *testing.T) {
 func TestACPCodexAuthenticationRequired(t *testing.T) {
 	bin := acpDep(t, codexACP)
 	const bound = 20 * time.Second
-	s := acpStack(t, acpTestOptions(t), acpbridge.AgentConfig{Name: "codex", Command: bin,
+	s := acpStack(t, realAgentOptions(t), acpbridge.AgentConfig{Name: "codex", Command: bin,
 		Env: map[string]string{"HOME": t.TempDir()}})
 	root := s.Root()
 	ids, res, took := runFor(t, s, root.Ref(), "codex", "say hi", bound)
