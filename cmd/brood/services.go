@@ -144,9 +144,26 @@ func serviceConn(ctx context.Context, g *globals, name string, sf storeFlags) (*
 	return nc, st, nil
 }
 
-func newCoordinator(nc *nats.Conn, st *store.Store, t timing, log *slog.Logger) (*coordinator.Coordinator, error) {
+// coordinatorLimits are the coordinator's admission limits (DESIGN.md §4).
+type coordinatorLimits struct {
+	liveChildrenMax int
+}
+
+func (l *coordinatorLimits) flags(cmd *cobra.Command) {
+	cmd.Flags().IntVar(&l.liveChildrenMax, "live-children-max", 64, "most live children one parent may have (LIMIT_EXCEEDED beyond)")
+}
+
+func (l coordinatorLimits) validate() error {
+	if l.liveChildrenMax <= 0 {
+		return protocol.Errorf(protocol.CodeInvalidArgument, "--live-children-max must be positive")
+	}
+	return nil
+}
+
+func newCoordinator(nc *nats.Conn, st *store.Store, t timing, l coordinatorLimits, log *slog.Logger) (*coordinator.Coordinator, error) {
 	return coordinator.New(coordinator.Config{
-		NC: nc, Store: st, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, RootLease: t.rootLease, Logger: log,
+		NC: nc, Store: st, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, RootLease: t.rootLease,
+		LiveChildrenMax: l.liveChildrenMax, Logger: log,
 	})
 }
 
@@ -176,6 +193,7 @@ func (t timing) validate() error {
 func coordinatorCmd(g *globals) *cobra.Command {
 	var t timing
 	var sf storeFlags
+	var lim coordinatorLimits
 	cmd := &cobra.Command{
 		Use:   "coordinator",
 		Short: "Run a coordinator replica (provider registry, authority, runs)",
@@ -185,12 +203,15 @@ func coordinatorCmd(g *globals) *cobra.Command {
 			if err := t.validate(); err != nil {
 				return err
 			}
+			if err := lim.validate(); err != nil {
+				return err
+			}
 			nc, st, err := serviceConn(cmd.Context(), g, "brood-coordinator", sf)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			c, err := newCoordinator(nc, st, t, log)
+			c, err := newCoordinator(nc, st, t, lim, log)
 			if err != nil {
 				return err
 			}
@@ -200,6 +221,7 @@ func coordinatorCmd(g *globals) *cobra.Command {
 	t.flags(cmd)
 	sf.flags(cmd)
 	natsFlag(cmd, g)
+	lim.flags(cmd)
 	return cmd
 }
 
@@ -250,6 +272,7 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 func devCmd(g *globals) *cobra.Command {
 	var (
 		t      timing
+		lim    coordinatorLimits
 		mf     modelFlags
 		data   string
 		listen string
@@ -262,6 +285,9 @@ func devCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(g.logLevel, slog.LevelInfo, g.errOut)
 			if err := t.validate(); err != nil {
+				return err
+			}
+			if err := lim.validate(); err != nil {
 				return err
 			}
 			if fsync != embedded.FsyncInterval && fsync != embedded.FsyncAlways {
@@ -301,7 +327,7 @@ func devCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := newCoordinator(nc, st, t, log)
+			c, err := newCoordinator(nc, st, t, lim, log)
 			if err != nil {
 				return err
 			}
@@ -336,6 +362,7 @@ func devCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:4222", "host:port the embedded NATS server listens on (port 0 picks one)")
 	cmd.Flags().StringVar(&fsync, "fsync", embedded.FsyncInterval, "JetStream flush mode: interval (server default, 2 min) or always")
 	t.flags(cmd)
+	lim.flags(cmd)
 	mf.flags(cmd)
 	return cmd
 }

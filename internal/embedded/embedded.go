@@ -193,3 +193,27 @@ func FreePort() (int, error) {
 	_, p, _ := net.SplitHostPort(l.Addr().String())
 	return strconv.Atoi(p)
 }
+
+// RunConfigFile runs a node from a nats-server config file (the server's own
+// format, e.g. deploy/nats/cluster/node-1.conf) until ctx ends or the server
+// stops, logging as the file says (to stderr by default). It is how a node of
+// the version Brood embeds runs as a process of its own (`brood nats-server`),
+// which the chaos harness kills -9 and pauses.
+func RunConfigFile(ctx context.Context, path string) error {
+	opts, err := server.ProcessConfigFile(path)
+	if err != nil {
+		return fmt.Errorf("embedded: %w", err)
+	}
+	opts.NoSigs = true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return fmt.Errorf("embedded: %w", err)
+	}
+	ns.ConfigureLogger()
+	ns.Start()
+	if !ns.ReadyForConnections(DefaultReadyTimeout) {
+		ns.Shutdown()
+		return fmt.Errorf("embedded: server not ready after %s", DefaultReadyTimeout)
+	}
+	return (&Server{ns: ns}).Run(ctx)
+}

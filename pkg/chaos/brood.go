@@ -1,0 +1,119 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// BroodConfig is the Brood deployment a chaos run starts on a Cluster: real
+// `brood` processes, each with its own endpoint, every stream and bucket R3
+// (`--replicas 3`, as deploy/README.md runs them).
+type BroodConfig struct {
+	// Binary is the brood binary (Build). Required.
+	Binary string
+	// Coordinators (2) and SpawnWorkers (2) are the processes started (a
+	// negative number starts none); ForkWorkers (0) adds fork-worker processes.
+	Coordinators int
+	SpawnWorkers int
+	ForkWorkers  int
+	// Heartbeat and HostExpiry of every process (1 s and 5 s, the defaults).
+	Heartbeat  time.Duration
+	HostExpiry time.Duration
+	// DrainGrace of the workers (10 s, the default).
+	DrainGrace time.Duration
+	// LiveChildrenMax of the coordinators (0: their default, 64).
+	LiveChildrenMax int
+	// LogLevel of the processes ("info").
+	LogLevel string
+	// StartTimeout bounds each process's start (30 s).
+	StartTimeout time.Duration
+}
+
+// Brood is a running deployment: its processes by role.
+type Brood struct {
+	Coordinators []*Process
+	Workers      []*Process
+}
+
+// All returns every process of the deployment.
+func (b *Brood) All() []*Process {
+	return append(append([]*Process(nil), b.Coordinators...), b.Workers...)
+}
+
+// StartBrood starts the deployment's processes, spreading their preferred
+// nodes over the cluster: the first coordinator alone (it provisions the
+// streams and buckets), then the rest.
+func (c *Cluster) StartBrood(ctx context.Context, cfg BroodConfig) (*Brood, error) {
+	if cfg.Binary == "" {
+		return nil, fmt.Errorf("chaos: BroodConfig.Binary is required")
+	}
+	if cfg.Coordinators == 0 {
+		cfg.Coordinators = 2
+	}
+	if cfg.SpawnWorkers == 0 {
+		cfg.SpawnWorkers = 2
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = time.Second
+	}
+	if cfg.HostExpiry <= 0 {
+		cfg.HostExpiry = 5 * time.Second
+	}
+	if cfg.DrainGrace <= 0 {
+		cfg.DrainGrace = 10 * time.Second
+	}
+	if cfg.LogLevel == "" {
+		cfg.LogLevel = "info"
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = 30 * time.Second
+	}
+	common := []string{"--replicas", "3", "--log-level", cfg.LogLevel,
+		"--heartbeat", cfg.Heartbeat.String(), "--host-expiry", cfg.HostExpiry.String()}
+	var specs []ProcessSpec
+	next := 0
+	add := func(name, ready string, args ...string) {
+		specs = append(specs, ProcessSpec{
+			Name: name, Binary: cfg.Binary, Args: append(args, common...), FirstNode: next % len(c.nodes), ReadyLine: ready,
+		})
+		next++
+	}
+	for i := 1; i <= max(cfg.Coordinators, 0); i++ {
+		args := []string{"coordinator"}
+		if cfg.LiveChildrenMax > 0 {
+			args = append(args, "--live-children-max", strconv.Itoa(cfg.LiveChildrenMax))
+		}
+		add(fmt.Sprintf("coordinator-%d", i), "coordinator serving", args...)
+	}
+	worker := func(kind string, n int) {
+		for i := 1; i <= max(n, 0); i++ {
+			add(fmt.Sprintf("%s-%d", kind, i), "host serving", kind, "--drain-grace", cfg.DrainGrace.String())
+		}
+	}
+	worker("spawn-worker", cfg.SpawnWorkers)
+	worker("fork-worker", cfg.ForkWorkers)
+
+	b := &Brood{}
+	start := func(s ProcessSpec) error {
+		sctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
+		defer cancel()
+		p, err := c.StartProcess(sctx, s)
+		if err != nil {
+			return err
+		}
+		if s.Args[0] == "coordinator" {
+			b.Coordinators = append(b.Coordinators, p)
+		} else {
+			b.Workers = append(b.Workers, p)
+		}
+		return nil
+	}
+	for _, s := range specs {
+		if err := start(s); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}

@@ -1,0 +1,254 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Endpoint is one client of the cluster (a process, or a connection of the
+// test itself) with its own proxy to every node, so a fault can cut exactly
+// that client from one server ("a client cut from its server") or from all.
+type Endpoint struct {
+	Name    string
+	proxies []*Proxy // by node index
+}
+
+// NewEndpoint creates the proxies of a new client named name.
+func (c *Cluster) NewEndpoint(name string) (*Endpoint, error) {
+	e := &Endpoint{Name: name}
+	for _, n := range c.nodes {
+		p, err := NewProxy(name+">"+n.Name, n.ClientAddr())
+		if err != nil {
+			e.close()
+			return nil, err
+		}
+		e.proxies = append(e.proxies, p)
+	}
+	c.mu.Lock()
+	c.endpoints = append(c.endpoints, e)
+	c.mu.Unlock()
+	return e, nil
+}
+
+// URLs is the comma-separated list of the endpoint's proxy URLs, starting at
+// node first (so clients spread over the nodes) and going round.
+func (e *Endpoint) URLs(first int) string {
+	var us []string
+	for k := range e.proxies {
+		us = append(us, "nats://"+e.proxies[(first+k)%len(e.proxies)].Addr())
+	}
+	return strings.Join(us, ",")
+}
+
+// Proxy returns the endpoint's proxy to node i.
+func (e *Endpoint) Proxy(i int) *Proxy { return e.proxies[i] }
+
+// Connected returns the nodes the endpoint has open connections to.
+func (e *Endpoint) Connected() []int {
+	var out []int
+	for i, p := range e.proxies {
+		if p.Active() > 0 {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// SetNode sets the endpoint's link to node i.
+func (e *Endpoint) SetNode(i int, mode LinkMode, delay time.Duration) { e.proxies[i].Set(mode, delay) }
+
+// SetAll sets the endpoint's links to every node.
+func (e *Endpoint) SetAll(mode LinkMode, delay time.Duration) {
+	for _, p := range e.proxies {
+		p.Set(mode, delay)
+	}
+}
+
+// Heal lets every link of the endpoint pass again.
+func (e *Endpoint) Heal() { e.SetAll(Pass, 0) }
+
+func (e *Endpoint) close() {
+	for _, p := range e.proxies {
+		p.Close()
+	}
+}
+
+// ProcessSpec describes a process of the system under test.
+type ProcessSpec struct {
+	// Name is unique in the cluster ("coordinator-1", "spawn-worker-2").
+	Name string
+	// Binary is the program (for Brood's services, the brood binary of Build).
+	Binary string
+	// Args are its arguments; the harness appends URLFlag and the endpoint's
+	// proxy URLs (e.g. `--nats nats://127.0.0.1:41001,...`).
+	Args []string
+	// URLFlag is the flag that takes the NATS URLs ("--nats").
+	URLFlag string
+	// FirstNode is the node whose proxy comes first in the URL list.
+	FirstNode int
+	// Env is added to the harness's environment.
+	Env []string
+	// ReadyLine is printed by the process once it serves; Start waits for it
+	// ("" waits for nothing).
+	ReadyLine string
+}
+
+// Process is a process of the system under test, reaching the cluster through
+// its own Endpoint. Kill, Pause, Resume and Restart are the process faults;
+// the endpoint's links are the network faults between it and the servers.
+type Process struct {
+	c    *Cluster
+	Spec ProcessSpec
+	*Endpoint
+	logPath string
+
+	mu       sync.Mutex
+	proc     *osProc
+	paused   bool
+	restarts int
+}
+
+// StartProcess creates the process's endpoint and starts it.
+func (c *Cluster) StartProcess(ctx context.Context, spec ProcessSpec) (*Process, error) {
+	if spec.Name == "" || spec.Binary == "" {
+		return nil, errors.New("chaos: ProcessSpec.Name and Binary are required")
+	}
+	if spec.URLFlag == "" {
+		spec.URLFlag = "--nats"
+	}
+	ep, err := c.NewEndpoint(spec.Name)
+	if err != nil {
+		return nil, err
+	}
+	p := &Process{c: c, Spec: spec, Endpoint: ep, logPath: filepath.Join(c.cfg.Dir, "logs", spec.Name+".log")}
+	c.mu.Lock()
+	c.procs = append(c.procs, p)
+	c.mu.Unlock()
+	return p, p.Start(ctx)
+}
+
+// Processes returns every process started so far.
+func (c *Cluster) Processes() []*Process {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*Process(nil), c.procs...)
+}
+
+// LogPath is the file the process's output is appended to (every run).
+func (p *Process) LogPath() string { return p.logPath }
+
+// Start starts the process (again) and waits for its ReadyLine.
+func (p *Process) Start(ctx context.Context) error {
+	p.mu.Lock()
+	if p.proc != nil && !p.proc.exited() {
+		p.mu.Unlock()
+		return fmt.Errorf("chaos: process %s is running", p.Spec.Name)
+	}
+	args := append(append([]string(nil), p.Spec.Args...), p.Spec.URLFlag, p.URLs(p.Spec.FirstNode))
+	op, err := startProc(p.Spec.Binary, args, p.Spec.Env, p.logPath, "start "+p.Spec.Name)
+	if err != nil {
+		p.mu.Unlock()
+		return err
+	}
+	if p.proc != nil {
+		p.restarts++
+	}
+	p.proc, p.paused = op, false
+	p.mu.Unlock()
+	if p.Spec.ReadyLine == "" {
+		return nil
+	}
+	if err := op.waitOutput(ctx, p.Spec.ReadyLine); err != nil {
+		return fmt.Errorf("chaos: process %s: %w (see %s)", p.Spec.Name, err, p.logPath)
+	}
+	return nil
+}
+
+// Running reports whether the process is alive (paused counts).
+func (p *Process) Running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.proc != nil && !p.proc.exited()
+}
+
+// Paused reports whether the process is stopped with SIGSTOP.
+func (p *Process) Paused() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.paused
+}
+
+// Restarts counts the starts after the first.
+func (p *Process) Restarts() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.restarts
+}
+
+// Pid is the running process's id (0 when none).
+func (p *Process) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.proc == nil || p.proc.exited() {
+		return 0
+	}
+	return p.proc.Pid()
+}
+
+// Kill sends SIGKILL and waits for the exit.
+func (p *Process) Kill() {
+	p.mu.Lock()
+	op := p.proc
+	p.paused = false
+	p.mu.Unlock()
+	if op != nil {
+		op.kill()
+	}
+}
+
+// Terminate stops the process the way an operator does (SIGTERM: a drain),
+// killing it after grace.
+func (p *Process) Terminate(grace time.Duration) {
+	p.mu.Lock()
+	op := p.proc
+	p.paused = false
+	p.mu.Unlock()
+	if op != nil {
+		op.terminate(grace)
+	}
+}
+
+// Pause stops the process with SIGSTOP.
+func (p *Process) Pause() error { return p.signalPaused(syscall.SIGSTOP, true) }
+
+// Resume continues a paused process with SIGCONT.
+func (p *Process) Resume() error { return p.signalPaused(syscall.SIGCONT, false) }
+
+func (p *Process) signalPaused(sig syscall.Signal, paused bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.proc == nil || p.proc.exited() {
+		return fmt.Errorf("chaos: process %s is not running", p.Spec.Name)
+	}
+	if err := p.proc.signal(sig); err != nil {
+		return err
+	}
+	p.paused = paused
+	return nil
+}
+
+// Output is what the current run of the process printed so far (bounded).
+func (p *Process) Output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.proc == nil {
+		return ""
+	}
+	return p.proc.output()
+}
