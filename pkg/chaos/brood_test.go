@@ -13,8 +13,8 @@ import (
 
 // TestBroodOnProxiedCluster starts the deployment a chaos run uses (2
 // coordinators, 2 spawn workers, R3) and runs a one-shot child through a
-// client endpoint, then again after the worker that ran it was killed -9
-// and its node's routes were cut and healed.
+// client endpoint, then again while a worker is killed -9 and node 2 is
+// unreachable, and after both healed.
 func TestBroodOnProxiedCluster(t *testing.T) {
 	c := testCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -40,7 +40,7 @@ func TestBroodOnProxiedCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	eventually(t, 30*time.Second, "spawn listed with 2 instances", func() bool {
+	eventually(t, 60*time.Second, "spawn listed with 2 instances", func() bool {
 		r, err := cl.Providers(ctx)
 		return err == nil && r.Instances["spawn"] == 2
 	})
@@ -68,9 +68,11 @@ func TestBroodOnProxiedCluster(t *testing.T) {
 	}
 	run("before")
 	b.Workers[0].Kill()
-	c.Isolate(1, Cut)
+	// Node 2 cut off from the other nodes and from every client: the
+	// processes and the client reconnect to the majority.
+	c.Unreachable(1, Cut)
 	run("during")
-	c.HealRoutes()
+	c.HealAll()
 	if err := b.Workers[0].Start(ctx); err != nil {
 		t.Fatal(err)
 	}

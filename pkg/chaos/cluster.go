@@ -250,6 +250,20 @@ func (c *Cluster) Isolate(i int, mode LinkMode) {
 	c.Partition(mode, []int{i}, others)
 }
 
+// Unreachable isolates node i from the other nodes and from every client
+// (mode Drop or Cut): with Cut, clients reconnect to the other nodes; with
+// Drop they learn nothing until their own timeouts.
+func (c *Cluster) Unreachable(i int, mode LinkMode) {
+	c.Isolate(i, mode)
+	c.mu.Lock()
+	eps := append([]*Endpoint(nil), c.endpoints...)
+	c.mu.Unlock()
+	for _, e := range eps {
+		e.SetNode(i, mode, 0)
+	}
+	c.logf("node %s unreachable (%s)", c.nodes[i].Name, mode)
+}
+
 // HealRoutes lets every route pass again, without delay.
 func (c *Cluster) HealRoutes() {
 	for _, p := range c.routes {

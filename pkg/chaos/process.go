@@ -143,31 +143,57 @@ func (c *Cluster) Processes() []*Process {
 // LogPath is the file the process's output is appended to (every run).
 func (p *Process) LogPath() string { return p.logPath }
 
-// Start starts the process (again) and waits for its ReadyLine.
+// Start starts the process (again) and waits for its ReadyLine. A process
+// that exits before printing it is started again after RestartDelay until
+// ctx ends, as a supervisor (systemd Restart=on-failure, Kubernetes) would:
+// Brood's services exit when they cannot provision JetStream, which is
+// expected while the cluster recovers from a fault.
 func (p *Process) Start(ctx context.Context) error {
+	for {
+		op, err := p.startOnce()
+		if err != nil {
+			return err
+		}
+		if p.Spec.ReadyLine == "" {
+			return nil
+		}
+		err = op.waitOutput(ctx, p.Spec.ReadyLine)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || !op.exited() {
+			op.kill()
+			return fmt.Errorf("chaos: process %s: %w (see %s)", p.Spec.Name, err, p.logPath)
+		}
+		p.c.logf("process %s: %v; starting it again", p.Spec.Name, err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("chaos: process %s: %w (see %s)", p.Spec.Name, err, p.logPath)
+		case <-time.After(RestartDelay):
+		}
+	}
+}
+
+// RestartDelay is how long Start waits before starting a process that
+// exited during its start again.
+const RestartDelay = 500 * time.Millisecond
+
+func (p *Process) startOnce() (*osProc, error) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.proc != nil && !p.proc.exited() {
-		p.mu.Unlock()
-		return fmt.Errorf("chaos: process %s is running", p.Spec.Name)
+		return nil, fmt.Errorf("chaos: process %s is running", p.Spec.Name)
 	}
 	args := append(append([]string(nil), p.Spec.Args...), p.Spec.URLFlag, p.URLs(p.Spec.FirstNode))
 	op, err := startProc(p.Spec.Binary, args, p.Spec.Env, p.logPath, "start "+p.Spec.Name)
 	if err != nil {
-		p.mu.Unlock()
-		return err
+		return nil, err
 	}
 	if p.proc != nil {
 		p.restarts++
 	}
 	p.proc, p.paused = op, false
-	p.mu.Unlock()
-	if p.Spec.ReadyLine == "" {
-		return nil
-	}
-	if err := op.waitOutput(ctx, p.Spec.ReadyLine); err != nil {
-		return fmt.Errorf("chaos: process %s: %w (see %s)", p.Spec.Name, err, p.logPath)
-	}
-	return nil
+	return op, nil
 }
 
 // Running reports whether the process is alive (paused counts).
