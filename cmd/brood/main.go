@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	"github.com/brood-dev/brood/internal/buildinfo"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -104,6 +105,7 @@ func newRoot(g *globals) *cobra.Command {
 		Long: "Brood: AI agents delegating work to child agents over NATS.\n\n" +
 			"Start with `brood dev` (embedded NATS and every service in one process), then in another\n" +
 			"terminal `brood providers`, `brood run --provider spawn \"say hello\"`, `brood start ...`.",
+		Version:       buildinfo.Version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}

@@ -48,7 +48,8 @@ func (r Request) Decode(v any) error {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "empty request body")
 	}
 	if err := protocol.UnmarshalRequest(r.Encoding, r.data, v); err != nil {
-		return protocol.Errorf(protocol.CodeInvalidArgument, "request body is not valid %s for this endpoint: %v", r.Encoding, err)
+		return protocol.Errorf(protocol.CodeInvalidArgument, "request body is not valid %s for this endpoint: %v (send a MessagePack map, or a JSON object; JSON may carry the header %s: %s)",
+			r.Encoding, err, protocol.HeaderContentType, protocol.ContentTypeJSON)
 	}
 	return nil
 }
@@ -65,7 +66,7 @@ func Endpoint(ctx context.Context, nc *nats.Conn, log *slog.Logger, sem chan str
 	return micro.HandlerFunc(func(mr micro.Request) {
 		dispatch(ctx, log, sem, h, Request{
 			nc: nc, subject: mr.Subject(), reply: mr.Reply(), data: mr.Data(), header: nats.Header(mr.Headers()),
-			Encoding: protocol.EncodingOf(mr.Headers()),
+			Encoding: protocol.RequestEncoding(mr.Headers(), mr.Data()),
 		})
 	})
 }
@@ -74,7 +75,7 @@ func Endpoint(ctx context.Context, nc *nats.Conn, log *slog.Logger, sem chan str
 func MsgHandler(ctx context.Context, nc *nats.Conn, log *slog.Logger, sem chan struct{}, h Handler) nats.MsgHandler {
 	return func(m *nats.Msg) {
 		dispatch(ctx, log, sem, h, Request{
-			nc: nc, subject: m.Subject, reply: m.Reply, data: m.Data, header: m.Header, Encoding: protocol.EncodingOf(m.Header),
+			nc: nc, subject: m.Subject, reply: m.Reply, data: m.Data, header: m.Header, Encoding: protocol.RequestEncoding(m.Header, m.Data),
 		})
 	}
 }
@@ -141,11 +142,7 @@ func respond(log *slog.Logger, req Request, h nats.Header, data []byte) {
 }
 
 func contentHeader(enc protocol.Encoding) nats.Header {
-	ct := protocol.ContentTypeMsgpack
-	if enc == protocol.JSON {
-		ct = protocol.ContentTypeJSON
-	}
-	return nats.Header{protocol.HeaderContentType: []string{ct}}
+	return nats.Header{protocol.HeaderContentType: []string{enc.ContentType()}}
 }
 
 // Call sends req to subject and decodes the reply into reply (which may be

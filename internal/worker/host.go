@@ -19,6 +19,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/buildinfo"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -137,7 +138,7 @@ func New(cfg Config) (*Host, error) {
 		cfg.RequestsInFlightMax = 1024
 	}
 	if cfg.Version == "" {
-		cfg.Version = "0.1.0"
+		cfg.Version = buildinfo.Version
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

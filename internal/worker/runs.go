@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
@@ -193,7 +195,7 @@ func (h *Host) execute(r *hostedRun) {
 func (h *Host) settle(r *hostedRun, res protocol.SubagentResult) {
 	rec := protocol.RunRecord{
 		RunID: r.runID, ChildID: r.childID, ParentSession: r.req.Header.ParentSession, Provider: r.req.Provider,
-		Mode: protocol.ModeOneShot, Notify: r.req.Notify, State: protocol.RunSettled, Remote: r.remote,
+		Mode: protocol.ModeOneShot, Notify: r.req.Notify, NotifyJSON: r.req.NotifyJSON, State: protocol.RunSettled, Remote: r.remote,
 		Structured: r.req.Options.OutputSchema != "",
 		CreatedAt:  r.req.Header.CreatedAt, SettledAt: store.NowMs(), SettledBy: h.id, Result: &res,
 	}
@@ -232,11 +234,16 @@ func (h *Host) settle(r *hostedRun, res protocol.SubagentResult) {
 func PublishSettled(st *store.Store, rec protocol.RunRecord, onErr func(error)) {
 	res := *rec.Result
 	if rec.Notify != "" {
-		data, err := protocol.Marshal(protocol.Msgpack, protocol.RunNotice{
+		enc := protocol.Msgpack
+		if rec.NotifyJSON {
+			enc = protocol.JSON // in the encoding of the start request
+		}
+		data, err := protocol.Marshal(enc, protocol.RunNotice{
 			RunID: rec.RunID, ChildID: rec.ChildID, ParentSession: rec.ParentSession, Provider: rec.Provider, Result: res,
 		})
 		if err == nil {
-			err = st.NC.Publish(rec.Notify, data)
+			err = st.NC.PublishMsg(&nats.Msg{Subject: rec.Notify, Data: data, Header: nats.Header{
+				protocol.HeaderContentType: []string{enc.ContentType()}}})
 		}
 		if err != nil {
 			onErr(fmt.Errorf("notify %s: %w", rec.Notify, err))

@@ -39,6 +39,36 @@ func (e Encoding) String() string {
 	return "msgpack"
 }
 
+// ContentType is the media type of the encoding (the Content-Type header).
+func (e Encoding) ContentType() string {
+	if e == JSON {
+		return ContentTypeJSON
+	}
+	return ContentTypeMsgpack
+}
+
+// RequestEncoding returns the encoding of a request: JSON when its
+// Content-Type header says so (EncodingOf); otherwise JSON when the body,
+// after ASCII whitespace, starts with `{` (a JSON object: what `nats req`
+// sends when the header is forgotten), else MessagePack. The sniff cannot
+// misread a MessagePack request, which is always a map (first byte 0x80–0x8f,
+// 0xde or 0xdf), never the integer 0x7b that `{` would be.
+func RequestEncoding(header map[string][]string, body []byte) Encoding {
+	if EncodingOf(header) == JSON {
+		return JSON
+	}
+	for _, b := range body {
+		switch b {
+		case ' ', '\t', '\n', '\r':
+			continue
+		case '{':
+			return JSON
+		}
+		return Msgpack
+	}
+	return Msgpack
+}
+
 // EncodingOf returns the encoding a request asked for. NATS header lookups are
 // case-sensitive, so the Content-Type header is matched in any case, and the
 // media type in any case with parameters ignored.
@@ -57,9 +87,18 @@ func EncodingOf(header map[string][]string) Encoding {
 
 // Marshal encodes v. MessagePack uses compact integers, so an int64 holding 7
 // travels as one byte and JavaScript decoders keep exact values up to 2^53.
+//
+// JSON is written without HTML escaping, so `>` in a subject or a message
+// stays `>` rather than `\u003e`, and without a trailing newline.
 func Marshal(enc Encoding, v any) ([]byte, error) {
 	if enc == JSON {
-		return json.Marshal(v)
+		var buf bytes.Buffer
+		e := json.NewEncoder(&buf)
+		e.SetEscapeHTML(false)
+		if err := e.Encode(v); err != nil {
+			return nil, err
+		}
+		return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 	}
 	var buf bytes.Buffer
 	e := msgpack.NewEncoder(&buf)

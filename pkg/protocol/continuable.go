@@ -17,6 +17,9 @@ type ContinuableOptions struct {
 	MaxDepth   any         `msgpack:"maxDepth" json:"maxDepth,omitempty"`
 	ToolFilter *ToolFilter `msgpack:"toolFilter,omitempty" json:"toolFilter,omitempty"`
 	Persona    *string     `msgpack:"persona,omitempty" json:"persona,omitempty"`
+	// Label is accepted here too, as in runs.start's options; the request's
+	// top-level label is the documented place (protocol.OneLabel).
+	Label string `msgpack:"label,omitempty" json:"label,omitempty"`
 }
 
 // ContinuableStartRequest is the body of continuable.start. Label is

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -206,5 +207,41 @@ func TestZeroValuesInUntypedFieldsSurvive(t *testing.T) {
 		if rout.Structured == nil {
 			t.Errorf("%v: empty structured object lost", enc)
 		}
+	}
+}
+
+func TestRequestEncodingSniffsJSONWithoutTheHeader(t *testing.T) {
+	mp, err := Marshal(Msgpack, map[string]any{"cwd": "/tmp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	json := map[string][]string{HeaderContentType: {"Application/JSON; charset=utf-8"}}
+	for _, tc := range []struct {
+		name   string
+		header map[string][]string
+		body   []byte
+		want   Encoding
+	}{
+		{"msgpack map", nil, mp, Msgpack},
+		{"JSON object", nil, []byte(`{"cwd":"/tmp"}`), JSON},
+		{"JSON after blanks", nil, []byte(" \t\r\n{}"), JSON},
+		{"header wins", json, mp, JSON},
+		{"empty", nil, nil, Msgpack},
+		{"not JSON text", nil, []byte("cwd=/tmp"), Msgpack},
+		{"a JSON array is no request", nil, []byte(`[1]`), Msgpack},
+	} {
+		if got := RequestEncoding(tc.header, tc.body); got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestJSONIsWrittenWithoutHTMLEscaping(t *testing.T) {
+	data, err := Marshal(JSON, Errorf(CodeInvalidArgument, "notify must be outside brood.> & <none>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(data); !strings.Contains(s, "brood.> & <none>") || strings.Contains(s, `\u003e`) || strings.HasSuffix(s, "\n") {
+		t.Fatalf("%s", data)
 	}
 }

@@ -64,6 +64,9 @@ type RunRecord struct {
 	Provider      string `msgpack:"provider" json:"provider"`
 	Mode          string `msgpack:"mode" json:"mode"`
 	Notify        string `msgpack:"notify,omitempty" json:"notify,omitempty"`
+	// NotifyJSON: the start request was JSON, so the notice on Notify is
+	// JSON too (otherwise MessagePack).
+	NotifyJSON bool `msgpack:"notifyJson,omitempty" json:"notifyJson,omitempty"`
 	// Structured records that an outputSchema was requested, so whoever
 	// settles derives the result the same way.
 	Structured bool `msgpack:"structured,omitempty" json:"structured,omitempty"`
@@ -95,6 +98,7 @@ type ProviderStartRequest struct {
 	Provider    string          `msgpack:"provider" json:"provider"`
 	Prompt      []ContentBlock  `msgpack:"prompt" json:"prompt"`
 	Notify      string          `msgpack:"notify,omitempty" json:"notify,omitempty"`
+	NotifyJSON  bool            `msgpack:"notifyJson,omitempty" json:"notifyJson,omitempty"`
 	RunRevision Seq             `msgpack:"runRevision" json:"runRevision"`
 	Options     ResolvedOptions `msgpack:"options" json:"options"`
 	Ancestry    []string        `msgpack:"ancestry,omitempty" json:"ancestry,omitempty"`

@@ -244,6 +244,8 @@ type StartOptions struct {
 	ToolFilter   *ToolFilter `msgpack:"toolFilter,omitempty" json:"toolFilter,omitempty"`
 	Persona      *string     `msgpack:"persona,omitempty" json:"persona,omitempty"`
 	// Label is a short display label (the subagent tool's description).
+	// Deprecated: send the request's top-level label (documented in both
+	// runs.start and continuable.start); this place is still accepted.
 	Label string `msgpack:"label,omitempty" json:"label,omitempty"`
 }
 
@@ -253,9 +255,23 @@ type StartOptions struct {
 type RunStartRequest struct {
 	Provider string         `msgpack:"provider" json:"provider"`
 	Parent   ParentRef      `msgpack:"parent" json:"parent"`
+	Label    string         `msgpack:"label,omitempty" json:"label,omitempty"`
 	Prompt   []ContentBlock `msgpack:"prompt" json:"prompt"`
 	Notify   string         `msgpack:"notify,omitempty" json:"notify,omitempty"`
 	Options  StartOptions   `msgpack:"options" json:"options"`
+}
+
+// OneLabel merges a request's top-level label with one sent under options
+// (both places are accepted; the top level is the documented one): either
+// alone, or both equal. Two different labels are INVALID_ARGUMENT.
+func OneLabel(top, inOptions string) (string, error) {
+	switch {
+	case inOptions == "" || inOptions == top:
+		return top, nil
+	case top == "":
+		return inOptions, nil
+	}
+	return "", Errorf(CodeInvalidArgument, "label %q and options.label %q differ: send one (the top-level label)", top, inOptions)
 }
 
 func (r *RunStartRequest) normalizeNumbers() {

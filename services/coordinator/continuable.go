@@ -156,6 +156,9 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 	if err != nil {
 		return nil, err
 	}
+	if r.Label, err = protocol.OneLabel(r.Label, r.Options.Label); err != nil {
+		return nil, err
+	}
 	if strings.TrimSpace(r.Label) == "" || len(r.Label) > 256 {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "label is required (at most 256 bytes)")
 	}

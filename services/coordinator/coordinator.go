@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/oklog/ulid/v2"
 
+	"github.com/brood-dev/brood/internal/buildinfo"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/worker"
@@ -99,7 +101,7 @@ func (c *Config) defaults() {
 		c.LivenessInterval = 2 * time.Second
 	}
 	if c.Version == "" {
-		c.Version = "0.1.0"
+		c.Version = buildinfo.Version
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -224,6 +226,12 @@ func (c *Coordinator) Run(ctx context.Context) error {
 			return fmt.Errorf("coordinator: endpoint %s: %w", ep.subject, err)
 		}
 	}
+	catchAll, err := c.serveUnknownEndpoints(reqCtx, sem)
+	if err != nil {
+		_ = svc.Stop()
+		return err
+	}
+	defer func() { _ = catchAll.Unsubscribe() }()
 	// The server knows the endpoints' subscriptions once a flush returns.
 	if err := c.cfg.NC.FlushTimeout(5 * time.Second); err != nil {
 		_ = svc.Stop()
@@ -253,6 +261,42 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	_ = store.Delete(dctx, c.st.Hosts, c.cfg.ID, 0)
 	c.log.Info("coordinator stopped")
 	return nil
+}
+
+// serveUnknownEndpoints answers a request to a subject under the coordinator
+// group that names no endpoint (a typo) with NOT_FOUND and the list of
+// endpoints, so it is told apart from a stopped coordinator (no responders).
+// It is a plain queue subscription on `<p>.v1.coord.>` beside the micro
+// service (so `nats micro stats` counts only real endpoints) in a queue group
+// of its own; a request to a real endpoint reaches it too (one more delivery
+// per request, a map lookup) and is left to that endpoint unanswered.
+func (c *Coordinator) serveUnknownEndpoints(ctx context.Context, sem chan struct{}) (*nats.Subscription, error) {
+	known := map[string]bool{}
+	var names []string
+	for _, ep := range c.endpoints() {
+		known[ep.subject] = true
+		names = append(names, ep.subject)
+	}
+	sort.Strings(names)
+	group := c.subj.CoordGroup() + "."
+	unknown := rpc.MsgHandler(ctx, c.cfg.NC, c.log, sem, func(_ context.Context, req rpc.Request) (any, error) {
+		ep := strings.TrimPrefix(req.Subject(), group)
+		return nil, &protocol.Error{Code: protocol.CodeNotFound,
+			Message: fmt.Sprintf("endpoint %q not found; the coordinator serves %s.<endpoint> for: %s", ep, c.subj.CoordGroup(), strings.Join(names, ", ")),
+			Details: map[string]any{"what": "endpoint " + ep, "endpoints": names}}
+	})
+	// Its own queue group: NATS groups queue subscribers by queue name across
+	// subjects, so sharing the endpoints' group would take requests from them.
+	sub, err := c.cfg.NC.QueueSubscribe(group+">", protocol.CoordinatorQueue+"-unknown-endpoints", func(m *nats.Msg) {
+		if m.Reply == "" || known[strings.TrimPrefix(m.Subject, group)] {
+			return
+		}
+		unknown(m)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: catch-all subscription: %w", err)
+	}
+	return sub, nil
 }
 
 // beat writes this replica's heartbeat. The registry waits for it to come

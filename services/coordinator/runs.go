@@ -187,6 +187,10 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument,
 			"notify must be a literal subject of printable ASCII without wildcards, outside %s.> and $-subjects (use your connection's inbox prefix)", c.subj.Prefix())
 	}
+	var err error
+	if r.Options.Label, err = protocol.OneLabel(r.Label, r.Options.Label); err != nil {
+		return nil, err
+	}
 	a, err := c.admit(ctx, r.Provider, r.Parent, r.Prompt, r.Options)
 	if err != nil {
 		return nil, err
@@ -207,7 +211,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	}
 	rec := protocol.RunRecord{
 		RunID: runID, ChildID: childID, ParentSession: a.pheader.ID, Provider: a.desc.Name,
-		Mode: protocol.ModeOneShot, Notify: r.Notify, Structured: a.options.OutputSchema != "", Remote: a.desc.Remote,
+		Mode: protocol.ModeOneShot, Notify: r.Notify, NotifyJSON: req.Encoding == protocol.JSON, Structured: a.options.OutputSchema != "", Remote: a.desc.Remote,
 		State: protocol.RunRunning, CreatedAt: now,
 	}
 	var runRev uint64
@@ -225,7 +229,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	defer cancel()
 	var reply protocol.ProviderStartReply
 	err = rpc.Call(pctx, c.cfg.NC, c.subj.Provider(a.desc.Name, protocol.OpProviderStart), protocol.ProviderStartRequest{
-		RunID: runID, Header: header, Provider: a.desc.Name, Prompt: r.Prompt, Notify: r.Notify,
+		RunID: runID, Header: header, Provider: a.desc.Name, Prompt: r.Prompt, Notify: r.Notify, NotifyJSON: req.Encoding == protocol.JSON,
 		RunRevision: protocol.Seq(runRev), Options: a.options, Ancestry: ancestry(a),
 	}, &reply)
 	if err != nil {
