@@ -56,7 +56,10 @@ const (
 	CoordinatorService    = "brood-coordinator"
 	ProviderServicePrefix = "brood-provider-"
 	CoordinatorQueue      = "brood-coordinator"
-	ProviderQueue         = "brood-provider"
+	// CoordinatorUnknownQueue is the queue group of the coordinators'
+	// catch-all on <p>.v1.coord.> that answers a mistyped endpoint NOT_FOUND.
+	CoordinatorUnknownQueue = "brood-coordinator-unknown-endpoints"
+	ProviderQueue           = "brood-provider"
 )
 
 // Lifecycle event kinds, the last token of an events subject.

@@ -287,7 +287,7 @@ func (c *Coordinator) serveUnknownEndpoints(ctx context.Context, sem chan struct
 	})
 	// Its own queue group: NATS groups queue subscribers by queue name across
 	// subjects, so sharing the endpoints' group would take requests from them.
-	sub, err := c.cfg.NC.QueueSubscribe(group+">", protocol.CoordinatorQueue+"-unknown-endpoints", func(m *nats.Msg) {
+	sub, err := c.cfg.NC.QueueSubscribe(group+">", protocol.CoordinatorUnknownQueue, func(m *nats.Msg) {
 		if m.Reply == "" || known[strings.TrimPrefix(m.Subject, group)] {
 			return
 		}
