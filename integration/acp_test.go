@@ -210,9 +210,9 @@ func TestACPGoSDKExampleAgent(t *testing.T) {
 		// allowed: the agent applies the change and says so
 		{"example-allow", "Perfect! I've successfully updated the configuration.", "skip the configuration update",
 			"call call_1 Reading project files|result call_1 ok|call call_2 Modifying critical configuration file|result call_2 ok"},
-		// rejected (outcome cancelled): the example agent ends its turn at
-		// once, end_turn, without a word more; the pending call is closed
-		{"example-reject", "Now I understand the project structure.", "Perfect!",
+		// rejected: the agent's reject_once option is selected (issue 14),
+		// so it says it skips the change, end_turn; the pending call is closed
+		{"example-reject", "I'll skip the configuration update.", "Perfect!",
 			"call call_1 Reading project files|result call_1 ok|call call_2 Modifying critical configuration file|result call_2 error"},
 	}
 	for _, tt := range tests {
@@ -317,6 +317,27 @@ func TestACPFaults(t *testing.T) {
 			}
 		}
 	}
+	permissionCheck := func(output string, counts protocol.PermissionCounts) check {
+		return func(t *testing.T, res protocol.SubagentResult, evs []protocol.SessionEvent, _ time.Duration) {
+			t.Helper()
+			if res.StopReason != protocol.StopCompleted || protocol.PlainText(res.Output) != output {
+				t.Fatalf("result %+v, want completed %q", res, output)
+			}
+			if res.Permissions == nil || *res.Permissions != counts {
+				t.Fatalf("result permissions %+v, want %+v", res.Permissions, counts)
+			}
+			var logged []protocol.ACPPermissionData
+			for _, ev := range evs {
+				var d protocol.ACPPermissionData
+				if ev.Type == protocol.EvACPPermission && ev.Decode(&d) == nil {
+					logged = append(logged, d)
+				}
+			}
+			if len(logged) != 1 || logged[0].ToolCallID != "p1" || logged[0].Granted != (counts.Granted == 1) {
+				t.Fatalf("acp/permission events %+v", logged)
+			}
+		}
+	}
 	tests := []struct {
 		name, provider, prompt string
 		check                  check
@@ -324,14 +345,22 @@ func TestACPFaults(t *testing.T) {
 		{"stray stdout text", "fake", "junk", is(protocol.StopCompleted, "after junk", "", 10*time.Second)},
 		{"a 300 KiB line", "fake", "long 307200", is(protocol.StopCompleted, strings.Repeat("x", 307200), "", 10*time.Second)},
 		{"a line over the limit", "fake-small", "huge 1100000", is(protocol.StopError, "", "over the 1048576-byte limit", 10*time.Second)},
+		// Issue 14, item 7: a line that crosses the limit and never ends fails
+		// the turn at once, saying so (not after the silence bound, as silence).
+		{"a line over the limit that never ends", "fake-small", "endless 1100000", is(protocol.StopError, "", "over the 1048576-byte limit", 10*time.Second)},
+		// Issue 14, item 6: output that trails the prompt's answer is not lost.
+		{"output trailing the answer", "fake", "trailing 20ms", is(protocol.StopCompleted, "main trailing", "", 10*time.Second)},
 		{"dies mid-turn", "fake", "die", is(protocol.StopError, "partial", "exited (exit status 3) during session/prompt; the end of its stderr: fatal: the fake agent crashed on purpose", 5*time.Second)},
 		{"goes silent", "fake", "silent", is(protocol.StopError, "partial", "sent no message for", 6*time.Second)},
 		{"refusal", "fake", "refuse", is(protocol.StopRefusal, "I will not", "", 10*time.Second)},
 		{"max tokens", "fake", "maxtokens", is(protocol.StopMaxTokens, "partial", "", 10*time.Second)},
 		{"cancelled by the agent", "fake", "cancelled", is(protocol.StopAborted, "", "", 10*time.Second)},
 		{"max_turn_requests", "fake", "maxturns", is(protocol.StopError, "", `stop reason "max_turn_requests"`, 10*time.Second)},
-		{"permission rejected", "fake", "permission", is(protocol.StopCompleted, "cancelled", "", 10*time.Second)},
-		{"permission allowed", "fake-allow", "permission", is(protocol.StopCompleted, "selected yes", "", 10*time.Second)},
+		// Issue 14, item 5: the reject option is selected, and the request,
+		// its answer and the count are in the log and the result.
+		{"permission rejected", "fake", "permission", permissionCheck("selected no", protocol.PermissionCounts{Requested: 1, Denied: 1})},
+		{"permission rejected, no reject option offered", "fake", "permission-allow-only", permissionCheck("cancelled", protocol.PermissionCounts{Requested: 1, Denied: 1})},
+		{"permission allowed", "fake-allow", "permission", permissionCheck("selected yes", protocol.PermissionCounts{Requested: 1, Granted: 1})},
 		{"command not found", "missing", "echo x", is(protocol.StopError, "", `could not start the ACP agent "/nonexistent/acp-agent"`, 10*time.Second)},
 		{"cwd is the parent's", "fake", "cwd", is(protocol.StopCompleted, dir, "", 10*time.Second)},
 		{"tool calls", "fake", "tools", func(t *testing.T, res protocol.SubagentResult, evs []protocol.SessionEvent, _ time.Duration) {

@@ -15,7 +15,14 @@
 //	cwd           answers with its working directory
 //	meta          answers with the _meta it got in session/new, as JSON
 //	tools         reports a completed tool call and one left pending, end_turn
-//	permission    asks one permission, answers with the outcome, end_turn
+//	permission    asks one permission (reject_once "no", allow_once "yes"),
+//	              answers with the outcome, end_turn
+//	permission-allow-only  the same, offering allow_once "yes" only
+//	trailing D    streams "main", answers end_turn, D later streams " trailing"
+//	late D        streams "main", answers end_turn, D later streams " late",
+//	              reports a tool call "late-tool" and asks a permission
+//	endless N     writes N bytes on one stdout line that never ends, then
+//	              stays silent (ignores cancel)
 //	refuse | maxtokens | cancelled | maxturns   the matching stop reason
 //	slow D        streams "partial", waits D honouring session/cancel
 //
@@ -175,6 +182,42 @@ func (f *fake) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptRespo
 			return answer("selected " + string(r.Outcome.Selected.OptionId))
 		}
 		return answer("cancelled")
+	case "permission-allow-only":
+		r, err := f.conn.RequestPermission(ctx, acp.RequestPermissionRequest{SessionId: sid,
+			ToolCall: acp.ToolCallUpdate{ToolCallId: "p1", Title: acp.Ptr("Write a file")},
+			Options:  []acp.PermissionOption{{Kind: acp.PermissionOptionKindAllowOnce, Name: "Yes", OptionId: "yes"}}})
+		if err != nil {
+			return acp.PromptResponse{}, err
+		}
+		if r.Outcome.Selected != nil {
+			return answer("selected " + string(r.Outcome.Selected.OptionId))
+		}
+		return answer("cancelled")
+	case "trailing", "late":
+		d, _ := time.ParseDuration(arg)
+		f.chunk(ctx, sid, "main")
+		go func() {
+			time.Sleep(d)
+			bg := context.Background()
+			f.chunk(bg, sid, " "+word)
+			if word == "late" {
+				_ = f.conn.SessionUpdate(bg, acp.SessionNotification{SessionId: sid, Update: acp.StartToolCall("late-tool", "Late work",
+					acp.WithStartKind(acp.ToolKindRead), acp.WithStartStatus(acp.ToolCallStatusCompleted))})
+				_, _ = f.conn.RequestPermission(bg, acp.RequestPermissionRequest{SessionId: sid,
+					ToolCall: acp.ToolCallUpdate{ToolCallId: "late-p", Title: acp.Ptr("Late write")},
+					Options: []acp.PermissionOption{
+						{Kind: acp.PermissionOptionKindAllowOnce, Name: "Yes", OptionId: "yes"},
+						{Kind: acp.PermissionOptionKindRejectOnce, Name: "No", OptionId: "no"},
+					}})
+			}
+		}()
+		return end, nil
+	case "endless":
+		n, _ := strconv.Atoi(arg)
+		f.out.mu.Lock()
+		_, _ = os.Stdout.WriteString(`{"jsonrpc":"2.0","method":"_fake/noise","params":{"pad":"` + strings.Repeat("y", n))
+		f.out.mu.Unlock()
+		sleepForever()
 	case "refuse":
 		f.chunk(ctx, sid, "I will not")
 		return acp.PromptResponse{StopReason: acp.StopReasonRefusal}, nil

@@ -85,8 +85,80 @@ func TestLineFilter(t *testing.T) {
 	drops = nil
 	f = NewLineFilter(strings.NewReader(long+"\n"+`{"a":1}`+"\n"), 1000, nil, func(d Drop) { drops = append(drops, d) })
 	out, _ = io.ReadAll(f)
-	if string(out) != `{"a":1}`+"\n" || len(drops) != 1 || !drops[0].Oversize || drops[0].Bytes != len(long)+1 {
+	if string(out) != `{"a":1}`+"\n" || len(drops) != 1 || !drops[0].Oversize || drops[0].Bytes <= 1002 || drops[0].Bytes > len(long)+1 {
 		t.Fatalf("oversize: out %q drops %+v", out, drops)
+	}
+}
+
+// chunkReader returns its chunks one Read each.
+type chunkReader struct{ chunks []string }
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if len(r.chunks) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.chunks[0])
+	r.chunks[0] = r.chunks[0][n:]
+	if r.chunks[0] == "" {
+		r.chunks = r.chunks[1:]
+	}
+	return n, nil
+}
+
+// TestLineFilterOversizeLineEndingInTheCrossingRead: a line whose newline
+// arrives in the very read that takes it past the limit is still oversize.
+func TestLineFilterOversizeLineEndingInTheCrossingRead(t *testing.T) {
+	var drops []Drop
+	r := &chunkReader{chunks: []string{strings.Repeat("x", 1000), strings.Repeat("x", 500) + "\n" + `{"a":1}` + "\n"}}
+	out, _ := io.ReadAll(NewLineFilter(r, 1000, nil, func(d Drop) { drops = append(drops, d) }))
+	if string(out) != `{"a":1}`+"\n" || len(drops) != 1 || !drops[0].Oversize || drops[0].Bytes != 1500 {
+		t.Fatalf("out %q drops %+v", out, drops)
+	}
+}
+
+// TestLineFilterReportsAnOversizeLineWhenItCrossesTheLimit is issue 14,
+// item 7: an agent that writes more than the limit without a newline (and
+// then nothing) is reported at once, not when (if ever) the line ends.
+func TestLineFilterReportsAnOversizeLineWhenItCrossesTheLimit(t *testing.T) {
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	dropped := make(chan Drop, 4)
+	f := NewLineFilter(pr, 1000, nil, func(d Drop) { dropped <- d })
+	out := make(chan string, 1)
+	go func() {
+		b := make([]byte, 100)
+		n, _ := f.Read(b)
+		out <- string(b[:n])
+	}()
+	// Small writes, as an agent streaming its output would do.
+	for i := 0; i < 11; i++ {
+		if _, err := pw.Write([]byte(strings.Repeat("z", 100))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case d := <-dropped:
+		if !d.Oversize || d.Bytes <= 1002 || d.Bytes > 1100 {
+			t.Fatalf("drop %+v", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the oversize line was not reported while it had no newline")
+	}
+	// The rest of the line is discarded without another report; the next
+	// line goes through.
+	if _, err := pw.Write([]byte(strings.Repeat("z", 5000) + "\n" + `{"ok":true}` + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-out:
+		if got != `{"ok":true}`+"\n" {
+			t.Fatalf("forwarded %q", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the line after the oversize one was not forwarded")
+	}
+	if len(dropped) != 0 {
+		t.Fatalf("reported again: %+v", <-dropped)
 	}
 }
 

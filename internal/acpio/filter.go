@@ -1,10 +1,8 @@
 package acpio
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"io"
 )
 
@@ -15,10 +13,14 @@ const LineBytesMaxDefault = 8 << 20
 
 // Drop describes a stdout line the filter did not forward.
 type Drop struct {
-	// Oversize: the line was longer than the limit (a lost protocol message,
-	// so the caller should end the turn); otherwise it was not a JSON object.
+	// Oversize: the line grew past the limit (a lost protocol message, so the
+	// caller should end the turn). It is reported the moment the limit is
+	// crossed, before the line ends (an agent may never end it); the rest of
+	// the line is then read and discarded without another report. Otherwise
+	// the line was not a JSON object.
 	Oversize bool
-	// Bytes is the line's length, newline excluded.
+	// Bytes is the line's length, newline excluded; for an oversize line,
+	// what had arrived when the limit was crossed.
 	Bytes int
 }
 
@@ -28,11 +30,12 @@ type Drop struct {
 // line is ever split or truncated. Lines up to the limit pass however long
 // (64 KiB is no boundary). Not safe for concurrent use (one reader).
 type LineFilter struct {
-	br      *bufio.Reader
+	r       io.Reader
 	max     int
 	onLine  func()
 	onDrop  func(Drop)
-	line    []byte
+	buf     []byte // bytes read and not yet consumed: the start of the next line
+	chunk   []byte // read buffer
 	pending []byte
 	err     error
 }
@@ -50,7 +53,7 @@ func NewLineFilter(r io.Reader, maxLineBytes int, onLine func(), onDrop func(Dro
 	if onDrop == nil {
 		onDrop = func(Drop) {}
 	}
-	return &LineFilter{br: bufio.NewReaderSize(r, 64<<10), max: maxLineBytes, onLine: onLine, onDrop: onDrop}
+	return &LineFilter{r: r, max: maxLineBytes, onLine: onLine, onDrop: onDrop, chunk: make([]byte, 64<<10)}
 }
 
 // Read implements io.Reader.
@@ -66,37 +69,65 @@ func (f *LineFilter) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// next reads one line and either queues it for Read or reports its drop.
+// next reads one line and either queues it for Read or reports its drop. It
+// reads what is available rather than whole buffers, so a line that crosses
+// the limit is reported at once even when the agent never ends it.
 func (f *LineFilter) next() {
-	f.line = f.line[:0]
-	total, oversize := 0, false
+	limit := f.max + 2 // the limit plus "\r\n"
+	scanned, oversize, total := 0, false, 0
 	for {
-		chunk, err := f.br.ReadSlice('\n')
-		total += len(chunk)
-		if !oversize {
-			if len(f.line)+len(chunk) > f.max+2 { // the limit plus "\r\n"
-				oversize = true
-				f.line = f.line[:0]
-			} else {
-				f.line = append(f.line, chunk...)
+		if i := bytes.IndexByte(f.buf[scanned:], '\n'); i >= 0 {
+			end := scanned + i + 1
+			line := f.buf[:end]
+			f.buf = f.buf[end:]
+			switch {
+			case oversize: // the rest of an oversize line, already reported
+				f.compact()
+			case end > limit: // it ended in the read that crossed the limit
+				f.onDrop(Drop{Oversize: true, Bytes: end - 1})
+				f.compact()
+			default:
+				f.emit(line)
 			}
+			return
 		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			continue
+		scanned = len(f.buf)
+		if !oversize && len(f.buf) > limit {
+			oversize = true
+			f.onDrop(Drop{Oversize: true, Bytes: len(f.buf)})
 		}
+		if oversize { // keep nothing of it: only look for its end
+			total += len(f.buf)
+			f.buf, scanned = f.buf[:0], 0
+		}
+		if f.err != nil {
+			if !oversize && len(f.buf) > 0 { // a last line without a newline
+				line := f.buf
+				f.buf = nil
+				f.emit(line)
+			}
+			return
+		}
+		n, err := f.r.Read(f.chunk)
+		f.buf = append(f.buf, f.chunk[:n]...)
 		if err != nil {
 			f.err = err
-			if total == 0 {
-				return
-			}
 		}
-		break
 	}
-	if oversize {
-		f.onDrop(Drop{Oversize: true, Bytes: total})
-		return
+}
+
+// compact drops the consumed front of buf once it is large, so a rare huge
+// line does not pin its memory.
+func (f *LineFilter) compact() {
+	if cap(f.buf) > 1<<20 && len(f.buf) < 64<<10 {
+		f.buf = append([]byte(nil), f.buf...)
 	}
-	body := bytes.TrimSpace(f.line)
+}
+
+// emit forwards a whole line that is a JSON object, or reports its drop.
+func (f *LineFilter) emit(line []byte) {
+	defer f.compact()
+	body := bytes.TrimSpace(line)
 	if len(body) == 0 {
 		return
 	}
@@ -104,9 +135,6 @@ func (f *LineFilter) next() {
 		f.onDrop(Drop{Bytes: len(body)})
 		return
 	}
-	f.pending = append(body, '\n')
-	if cap(f.line) > 1<<20 { // do not keep a huge buffer after a rare huge line
-		f.line = nil
-	}
+	f.pending = append(append(make([]byte, 0, len(body)+1), body...), '\n')
 	f.onLine()
 }

@@ -44,6 +44,28 @@ func SelectOutputFrom(events []protocol.SessionEvent) ([]protocol.ContentBlock, 
 	return []protocol.ContentBlock{}, nil
 }
 
+// CountPermissions counts the acp/permission events in events (nil when
+// there are none).
+func CountPermissions(events []protocol.SessionEvent) *protocol.PermissionCounts {
+	var c protocol.PermissionCounts
+	for _, ev := range events {
+		var d protocol.ACPPermissionData
+		if ev.Type != protocol.EvACPPermission || ev.Decode(&d) != nil {
+			continue
+		}
+		c.Requested++
+		if d.Granted {
+			c.Granted++
+		} else {
+			c.Denied++
+		}
+	}
+	if c.Requested == 0 {
+		return nil
+	}
+	return &c
+}
+
 func hasText(blocks []protocol.ContentBlock) bool {
 	for _, b := range blocks {
 		if b.Text != "" {
@@ -90,7 +112,7 @@ func StopReasonOf(kind string) protocol.StopReason {
 // structured output that was not captured turns completed into error. The
 // diagnostic is the turn's error text.
 func OneShotOutcome(events []protocol.SessionEvent, ownerCancelled, structuredRequested bool) protocol.SubagentResult {
-	res := protocol.SubagentResult{StopReason: protocol.StopError}
+	res := protocol.SubagentResult{StopReason: protocol.StopError, Permissions: CountPermissions(events)}
 	res.Output, res.OutputFrom = SelectOutputFrom(events)
 	end, ok := LastTurnEnd(events)
 	if ok {
@@ -266,7 +288,7 @@ func CloseOpenTurn(events []protocol.SessionEvent, reason protocol.TurnEndReason
 // recorded failure beats a later cancellation. Output is the epoch's own
 // (never a previous epoch's or a fork parent's).
 func EpochOutcome(events []protocol.SessionEvent) protocol.SubagentResult {
-	res := protocol.SubagentResult{StopReason: protocol.StopCompleted}
+	res := protocol.SubagentResult{StopReason: protocol.StopCompleted, Permissions: CountPermissions(events)}
 	res.Output, res.OutputFrom = SelectOutputFrom(events)
 	var (
 		inTurn, stepped, claimed bool

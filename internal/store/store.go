@@ -97,10 +97,31 @@ var (
 	ErrFenced = errors.New("store: log append fenced by another writer")
 )
 
+// ErrMaxPayload is returned when the NATS server's max_payload is below what
+// Brood's records need.
+var ErrMaxPayload = errors.New("store: the NATS server's max_payload is too small")
+
+// CheckMaxPayload refuses a connection whose server accepts messages smaller
+// than need bytes (the streams' max message size, Config.MsgBytesMax): a
+// log record, header or inbox item may be that large, and a server with a
+// smaller max_payload would accept the service and then fail its first large
+// write (issue 14). The error names both sizes and the setting to change.
+func CheckMaxPayload(nc *nats.Conn, need int32) error {
+	if got := nc.MaxPayload(); got < int64(need) {
+		return fmt.Errorf("%w: it is %d bytes, and Brood's records need %d (the streams' max message size): set max_payload to at least %d (for example max_payload: 1MB) in the nats-server configuration",
+			ErrMaxPayload, got, need, need)
+	}
+	return nil
+}
+
 // Provision creates or updates every stream and bucket with explicit settings
 // and returns the store. It is idempotent and safe to run concurrently from
-// several processes.
+// several processes. It refuses a server whose max_payload is below
+// cfg.MsgBytesMax (ErrMaxPayload).
 func Provision(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg Config) (*Store, error) {
+	if err := CheckMaxPayload(nc, cfg.MsgBytesMax); err != nil {
+		return nil, err
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -192,8 +213,12 @@ func Provision(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg C
 }
 
 // Bind returns a store on streams and buckets that already exist (clients that
-// only read, such as `brood log`).
+// only read, such as `brood log`). Like Provision it refuses a server whose
+// max_payload is below the default max message size (ErrMaxPayload).
 func Bind(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Store, error) {
+	if err := CheckMaxPayload(nc, DefaultConfig().MsgBytesMax); err != nil {
+		return nil, err
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/brood-dev/brood/internal/embedded"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -126,4 +129,28 @@ func TestKVRecordsCompareAndSet(t *testing.T) {
 	if err != nil || got.Value.SettledBy != "0" {
 		t.Fatalf("record = %+v, %v", got, err)
 	}
+}
+
+// TestSmallMaxPayloadIsRefusedAtStart is issue 14, item 7: a server whose
+// max_payload is below the 1 MiB Brood's records need is refused when a
+// service starts, saying why, instead of failing its first large record later.
+func TestSmallMaxPayloadIsRefusedAtStart(t *testing.T) {
+	s, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: -1, DataDir: t.TempDir(), ServerName: "small", MaxPayloadBytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	nc := testutil.Connect(t, s.ClientURL())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = store.Provision(ctx, nc, protocol.MustSubjects(""), store.DefaultConfig())
+	if !errors.Is(err, store.ErrMaxPayload) || !strings.Contains(err.Error(), "it is 65536 bytes, and Brood's records need 1048576") ||
+		!strings.Contains(err.Error(), "max_payload") {
+		t.Fatalf("provision = %v, want ErrMaxPayload naming both sizes", err)
+	}
+	if _, err := store.Bind(ctx, nc, protocol.MustSubjects("")); !errors.Is(err, store.ErrMaxPayload) {
+		t.Fatalf("bind = %v, want ErrMaxPayload", err)
+	}
+	// The default server (1 MiB) is accepted.
+	testutil.Store(t, testutil.Connect(t, testutil.Server(t).ClientURL()))
 }

@@ -110,3 +110,60 @@ func LastACPSession(events []SessionEvent) (ACPSessionData, bool) {
 	}
 	return ACPSessionData{}, false
 }
+
+// EvACPPermission is the log-only event the ACP bridge appends for every
+// `session/request_permission` an ACP child sent, with the answer it got
+// (issue 14): nobody is asked, the provider's policy (and the child's tool
+// ceiling) decides. Results count these events (SubagentResult.Permissions).
+const EvACPPermission = "acp/permission"
+
+// ACPPermissionOption is one option the agent offered.
+type ACPPermissionOption struct {
+	OptionID string `msgpack:"optionId" json:"optionId"`
+	Kind     string `msgpack:"kind" json:"kind"`
+	Name     string `msgpack:"name" json:"name"`
+}
+
+// ACPPermissionData is the data of acp/permission. Turn (and Step) is the
+// turn the request arrived in, or, for a request after that turn was sealed,
+// the turn it belongs to (Late). ToolCallID and Title name what the agent
+// wanted to do; Options are what it offered. The answer: Outcome "selected"
+// with OptionID and OptionKind, or "cancelled" (when no offered option fits
+// the decision); Granted says whether the agent was allowed; Policy is the
+// policy applied (allow or reject) and Why the reason it applied.
+type ACPPermissionData struct {
+	Turn       int64                 `msgpack:"turn" json:"turn"`
+	Step       int64                 `msgpack:"step" json:"step"`
+	Late       bool                  `msgpack:"late,omitempty" json:"late,omitempty"`
+	ToolCallID string                `msgpack:"toolCallId" json:"toolCallId"`
+	Title      string                `msgpack:"title,omitempty" json:"title,omitempty"`
+	Options    []ACPPermissionOption `msgpack:"options" json:"options"`
+	Policy     string                `msgpack:"policy" json:"policy"`
+	Why        string                `msgpack:"why" json:"why"`
+	Outcome    string                `msgpack:"outcome" json:"outcome"`
+	OptionID   string                `msgpack:"optionId,omitempty" json:"optionId,omitempty"`
+	OptionKind string                `msgpack:"optionKind,omitempty" json:"optionKind,omitempty"`
+	Granted    bool                  `msgpack:"granted" json:"granted"`
+}
+
+// EvACPLateUpdate is the log-only event the ACP bridge appends for output an
+// ACP agent sent after the turn it belongs to was sealed (issue 14): after a
+// `session/prompt` is answered the bridge waits for a short quiet period, and
+// what arrives in it still counts for the turn; what arrives later, before
+// the next prompt is sent, is recorded here against that turn, never the
+// next one, and is not part of any output.
+const EvACPLateUpdate = "acp/late-update"
+
+// ACPLateUpdateData is the data of acp/late-update. Kind is the ACP update
+// kind (agent_message_chunk, tool_call, tool_call_update, …); Text is the
+// message text (consecutive chunks joined; cut to 64 KiB with OmittedBytes
+// counting the rest); ToolCallID, Title and Status describe a tool call.
+type ACPLateUpdateData struct {
+	Turn         int64  `msgpack:"turn" json:"turn"`
+	Kind         string `msgpack:"kind" json:"kind"`
+	Text         string `msgpack:"text,omitempty" json:"text,omitempty"`
+	OmittedBytes int64  `msgpack:"omittedBytes,omitempty" json:"omittedBytes,omitempty"`
+	ToolCallID   string `msgpack:"toolCallId,omitempty" json:"toolCallId,omitempty"`
+	Title        string `msgpack:"title,omitempty" json:"title,omitempty"`
+	Status       string `msgpack:"status,omitempty" json:"status,omitempty"`
+}

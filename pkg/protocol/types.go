@@ -196,6 +196,17 @@ type SubagentResult struct {
 	StopReason StopReason     `msgpack:"stopReason" json:"stopReason"`
 	Diagnostic string         `msgpack:"diagnostic,omitempty" json:"diagnostic,omitempty"`
 	ErrorCode  Code           `msgpack:"errorCode,omitempty" json:"errorCode,omitempty"`
+	// Permissions counts the permission requests an ACP child made and how
+	// they were answered (acp/permission events); absent when none.
+	Permissions *PermissionCounts `msgpack:"permissions,omitempty" json:"permissions,omitempty"`
+}
+
+// PermissionCounts counts a child's permission requests (ACP
+// `session/request_permission`): Requested = Granted + Denied.
+type PermissionCounts struct {
+	Requested int64 `msgpack:"requested" json:"requested"`
+	Granted   int64 `msgpack:"granted" json:"granted"`
+	Denied    int64 `msgpack:"denied" json:"denied"`
 }
 
 // OutputSource names the assistant/message a result's output came from: its

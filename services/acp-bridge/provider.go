@@ -27,6 +27,13 @@ type Options struct {
 	// ExitGrace is how long a turn waits, after the agent exited, for the
 	// messages it wrote before exiting (1 s).
 	ExitGrace time.Duration
+	// SealQuiet and SealWaitMax bound the wait after the agent answered a
+	// session/prompt (issue 14): the turn is sealed once the agent sent
+	// nothing for SealQuiet (100 ms), at most SealWaitMax (1 s) after the
+	// answer; updates in that time count for the turn, later ones are logged
+	// as acp/late-update of the sealed turn.
+	SealQuiet   time.Duration
+	SealWaitMax time.Duration
 	// LineBytesMax bounds one line of the agent's stdout (8 MiB); a longer
 	// line is a protocol failure that ends the turn `error`.
 	LineBytesMax int
@@ -56,6 +63,8 @@ func (o Options) withDefaults() Options {
 	def(&o.EOFGrace, acpio.EOFGraceDefault)
 	def(&o.TermGrace, acpio.TermGraceDefault)
 	def(&o.ExitGrace, time.Second)
+	def(&o.SealQuiet, 100*time.Millisecond)
+	def(&o.SealWaitMax, time.Second)
 	def(&o.AppendTimeout, 10*time.Second)
 	if o.LineBytesMax <= 0 {
 		o.LineBytesMax = acpio.LineBytesMaxDefault

@@ -73,6 +73,19 @@ type Session struct {
 	acpID     acp.SessionId
 	prompting chan struct{} // closed when the last session/prompt call returned
 
+	// callIDs keeps logged tool-call ids unique in the session (agents may
+	// reuse ids across turns); guarded by mu.
+	callIDs *agent.CallIDs
+	// sealed is the last turn whose record is closed; what the agent sends
+	// while no turn is current is logged as late output of that turn.
+	sealed    int64
+	late      []lateItem // guarded by mu; written by lateWriter
+	lateBytes int64      // text of late chunks kept for the sealed turn
+	lateCount int        // late events queued for the sealed turn
+	lateKick  chan struct{}
+	lateStop  chan struct{}
+	lateDone  chan struct{}
+
 	lastRecv      atomic.Int64 // unix nanos of the agent's last JSON message
 	dropped       atomic.Int64 // stdout lines that were not JSON objects
 	violation     chan struct{}
@@ -89,7 +102,9 @@ func newSession(p *Provider, spec worker.SessionSpec, cwd string) *Session {
 		lifetime: lifetime, stop: stop,
 		events:    append([]protocol.SessionEvent(nil), spec.Events...),
 		turn:      agent.LastTurn(spec.Events),
+		callIDs:   agent.NewCallIDs(spec.Events),
 		violation: make(chan struct{}),
+		lateKick:  make(chan struct{}, 1), lateStop: make(chan struct{}), lateDone: make(chan struct{}),
 	}
 }
 
@@ -199,8 +214,47 @@ func (s *Session) RunSteps(ctx context.Context) agent.Outcome {
 	e := s.await(ctx, t, done, "the turn")
 	if e == nil {
 		e = s.promptEnding(res)
+		if res.err == nil {
+			// Updates may trail the answer (issue 14): they still count
+			// for this turn until the agent was quiet for a moment.
+			if f := s.awaitQuiet(ctx, t); f != nil {
+				e = f
+			}
+		}
 	}
 	return s.endTurn(ctx, t, turn, *e)
+}
+
+// awaitQuiet waits, after the agent answered the turn's prompt, until it sent
+// nothing for SealQuiet, at most SealWaitMax in all: session/update messages
+// that arrive in that time still belong to the turn. It returns the failure
+// of the turn when something broke it meanwhile (a violation, a failed
+// append, an answer over its limit), else nil; a done ctx ends the wait
+// early with the answer as it was.
+func (s *Session) awaitQuiet(ctx context.Context, t *turnState) *ending {
+	deadline := time.Now().Add(s.o.SealWaitMax)
+	for {
+		s.mu.Lock()
+		last := t.lastUpdate
+		s.mu.Unlock()
+		wait := min(time.Until(last.Add(s.o.SealQuiet)), time.Until(deadline))
+		if wait <= 0 {
+			return nil
+		}
+		tm := time.NewTimer(wait)
+		select {
+		case <-t.failed:
+			tm.Stop()
+			return t.failure
+		case <-s.violation:
+			tm.Stop()
+			return errEnding("%s", s.violationMsg)
+		case <-ctx.Done():
+			tm.Stop()
+			return nil
+		case <-tm.C:
+		}
+	}
 }
 
 // ending is how a turn ends: the turn/end reason, or fenced (append
@@ -264,6 +318,7 @@ func (s *Session) attach(ctx context.Context) (protocol.ACPSessionData, *ending)
 	s.mu.Lock()
 	s.proc, s.conn = proc, conn
 	s.mu.Unlock()
+	go s.lateWriter()
 	s.logger.Debug("ACP agent started", "pid", proc.Pid(), "command", a.Command, "cwd", s.cwd)
 
 	var init acp.InitializeResponse
@@ -365,6 +420,11 @@ func (s *Session) startPrompt(prompt []acp.ContentBlock) (<-chan struct{}, *prom
 	go func() {
 		defer close(done)
 		res.resp, res.err = conn.Prompt(s.lifetime, acp.PromptRequest{SessionId: id, Prompt: prompt})
+		s.mu.Lock()
+		if s.cur != nil {
+			s.cur.lastUpdate = time.Now() // the quiet period starts at the answer
+		}
+		s.mu.Unlock()
 	}()
 	return done, res
 }
@@ -548,6 +608,9 @@ func (s *Session) endTurn(ctx context.Context, t *turnState, turn int64, e endin
 	if s.cur == t {
 		s.cur = nil
 	}
+	if t != nil {
+		s.sealed, s.lateBytes, s.lateCount = turn, 0, 0
+	}
 	var b evBuf
 	if t != nil {
 		t.done = true
@@ -556,7 +619,7 @@ func (s *Session) endTurn(ctx context.Context, t *turnState, turn int64, e endin
 		for _, id := range t.order {
 			if ts := t.tools[id]; !ts.resulted {
 				b.add(protocol.EvToolResult, protocol.ToolResultData{
-					Turn: turn, Step: t.step, CallID: id, Name: ts.name, IsError: true,
+					Turn: turn, Step: t.step, CallID: ts.logID, Name: ts.name, IsError: true,
 					Content: protocol.Text("the tool call had not finished when the turn ended (" + e.reason.Kind + ")"),
 				})
 			}
@@ -679,6 +742,13 @@ func (s *Session) Close() error {
 			return
 		}
 		rep := proc.Teardown(s.o.EOFGrace, s.o.TermGrace)
+		// What the agent sent until it was gone is logged, then the writer ends.
+		close(s.lateStop)
+		select {
+		case <-s.lateDone:
+		case <-time.After(s.o.AppendTimeout + time.Second):
+			s.logger.Warn("late ACP output was not logged in time")
+		}
 		s.logger.Debug("ACP agent torn down", "pid", proc.Pid(), "how", rep.String(), "exit", proc.ExitStatus())
 		if n := s.dropped.Load(); n > 0 {
 			s.logger.Info("lines that were not JSON objects were dropped from the ACP agent's stdout", "lines", n)
@@ -696,8 +766,8 @@ func (s *Session) touch() { s.lastRecv.Store(time.Now().UnixNano()) }
 func (s *Session) onDrop(d acpio.Drop) {
 	if d.Oversize {
 		s.violationOnce.Do(func() {
-			s.violationMsg = fmt.Sprintf("the ACP agent wrote a line of %d bytes to its stdout, over the %d-byte limit; the message was dropped, so the conversation cannot go on",
-				d.Bytes, s.o.LineBytesMax)
+			s.violationMsg = fmt.Sprintf("the ACP agent wrote a line to its stdout over the %d-byte limit (%d bytes had arrived without a newline when it crossed it); the message is lost, so the conversation cannot go on",
+				s.o.LineBytesMax, d.Bytes)
 			close(s.violation)
 		})
 		return
@@ -714,24 +784,58 @@ func ceilingDeniesAny(c *protocol.ToolFilter) bool {
 
 // onPermission answers a permission request by policy; nobody is asked
 // (upstream-behaviour §4). A child whose tool ceiling denies any tool has
-// every request rejected (fail closed, DESIGN.md §7).
+// every request rejected (fail closed, DESIGN.md §7), and so has a request
+// that arrives when no turn is running (the turn it belongs to is over).
+// Reject selects the agent's reject_once (else reject_always) option, allow
+// its allow_once (else allow_always) option; the `cancelled` outcome is the
+// answer only when no offered option fits. Every request and its answer is
+// logged (acp/permission) and counted in the result (issue 14).
 func (s *Session) onPermission(req acp.RequestPermissionRequest) acp.RequestPermissionResponse {
 	policy, why := s.p.agent.Permission, "provider policy"
 	if ceilingDeniesAny(s.header.ToolCeiling) {
 		policy, why = PolicyReject, "the child's tool ceiling denies tools"
 	}
-	resp := acp.RequestPermissionResponse{Outcome: acp.RequestPermissionOutcome{Cancelled: &acp.RequestPermissionOutcomeCancelled{}}}
-	decision := "cancelled"
+	s.mu.Lock()
+	t := s.cur
+	late := t == nil || t.done
+	s.mu.Unlock()
+	if late {
+		policy, why = PolicyReject, "no turn is running: the turn it belongs to is over"
+	}
+	prefer := []acp.PermissionOptionKind{acp.PermissionOptionKindRejectOnce, acp.PermissionOptionKindRejectAlways}
 	if policy == PolicyAllow {
+		prefer = []acp.PermissionOptionKind{acp.PermissionOptionKindAllowOnce, acp.PermissionOptionKindAllowAlways}
+	}
+	d := protocol.ACPPermissionData{ToolCallID: string(req.ToolCall.ToolCallId), Policy: string(policy), Why: why, Outcome: "cancelled",
+		Options: make([]protocol.ACPPermissionOption, 0, len(req.Options))}
+	if req.ToolCall.Title != nil {
+		d.Title = *req.ToolCall.Title
+	}
+	for _, o := range req.Options {
+		d.Options = append(d.Options, protocol.ACPPermissionOption{OptionID: string(o.OptionId), Kind: string(o.Kind), Name: o.Name})
+	}
+	resp := acp.RequestPermissionResponse{Outcome: acp.RequestPermissionOutcome{Cancelled: &acp.RequestPermissionOutcomeCancelled{}}}
+pick:
+	for _, kind := range prefer {
 		for _, o := range req.Options {
-			if o.Kind == acp.PermissionOptionKindAllowOnce || o.Kind == acp.PermissionOptionKindAllowAlways {
+			if o.Kind == kind {
 				resp.Outcome = acp.RequestPermissionOutcome{Selected: &acp.RequestPermissionOutcomeSelected{OptionId: o.OptionId}}
-				decision = "selected " + string(o.OptionId)
-				break
+				d.Outcome, d.OptionID, d.OptionKind = "selected", string(o.OptionId), string(o.Kind)
+				d.Granted = policy == PolicyAllow
+				break pick
 			}
 		}
 	}
-	s.logger.Info("ACP permission request answered", "toolCallId", req.ToolCall.ToolCallId, "decision", decision, "why", why)
+	s.mu.Lock()
+	if t := s.cur; t != nil && !t.done {
+		d.Turn, d.Step = t.turn, t.step
+		t.add(protocol.EvACPPermission, d)
+	} else {
+		d.Turn, d.Late = s.sealed, true
+		s.queueLate(lateItem{perm: &d})
+	}
+	s.mu.Unlock()
+	s.logger.Info("ACP permission request answered", "toolCallId", d.ToolCallID, "outcome", d.Outcome, "option", d.OptionID, "granted", d.Granted, "why", why)
 	return resp
 }
 
@@ -741,10 +845,15 @@ func (s *Session) onPermission(req acp.RequestPermissionRequest) acp.RequestPerm
 func (s *Session) onUpdate(n acp.SessionNotification) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := s.cur
-	if t == nil || t.done || n.SessionId != s.acpID {
+	if n.SessionId != s.acpID {
 		return
 	}
+	t := s.cur
+	if t == nil || t.done {
+		s.onLateUpdate(n.Update)
+		return
+	}
+	t.lastUpdate = time.Now()
 	u := n.Update
 	switch {
 	case u.AgentMessageChunk != nil:
@@ -779,6 +888,122 @@ func (s *Session) onUpdate(n acp.SessionNotification) {
 	}
 }
 
+// LateUpdatesMax bounds the acp/late-update and late acp/permission events
+// logged for one sealed turn; later ones are dropped with a warning.
+const LateUpdatesMax = 256
+
+// lateItem is a late event waiting for lateWriter: an update (message text
+// chunks are joined into one) or a permission request.
+type lateItem struct {
+	upd  *protocol.ACPLateUpdateData
+	perm *protocol.ACPPermissionData
+}
+
+// onLateUpdate records an update that arrived while no turn was current
+// (Session.mu held): after a turn was sealed it belongs to that turn, and is
+// logged against it as acp/late-update, never counted for the next turn.
+// Message text and tool-call reports are kept; thoughts, plans and the rest
+// are dropped as they are during a turn. Before any turn was sealed (the
+// history an agent replays during session/load) nothing is recorded.
+func (s *Session) onLateUpdate(u acp.SessionUpdate) {
+	if s.sealed == 0 {
+		return
+	}
+	d := &protocol.ACPLateUpdateData{Turn: s.sealed}
+	switch {
+	case u.AgentMessageChunk != nil:
+		tb := u.AgentMessageChunk.Content.Text
+		if tb == nil || tb.Text == "" {
+			return
+		}
+		d.Kind = "agent_message_chunk"
+		keep := min(int64(len(tb.Text)), max(0, int64(s.o.ToolTextBytesMax)-s.lateBytes))
+		s.lateBytes += int64(len(tb.Text))
+		if n := len(s.late); n > 0 && s.late[n-1].upd != nil && s.late[n-1].upd.Kind == d.Kind && s.late[n-1].upd.Turn == d.Turn {
+			prev := s.late[n-1].upd
+			prev.Text += tb.Text[:keep]
+			prev.OmittedBytes += int64(len(tb.Text)) - keep
+			return
+		}
+		d.Text, d.OmittedBytes = tb.Text[:keep], int64(len(tb.Text))-keep
+	case u.ToolCall != nil:
+		d.Kind, d.ToolCallID, d.Title, d.Status = "tool_call", string(u.ToolCall.ToolCallId), u.ToolCall.Title, string(u.ToolCall.Status)
+	case u.ToolCallUpdate != nil:
+		d.Kind, d.ToolCallID = "tool_call_update", string(u.ToolCallUpdate.ToolCallId)
+		if u.ToolCallUpdate.Title != nil {
+			d.Title = *u.ToolCallUpdate.Title
+		}
+		if u.ToolCallUpdate.Status != nil {
+			d.Status = string(*u.ToolCallUpdate.Status)
+		}
+	default:
+		return
+	}
+	s.queueLate(lateItem{upd: d})
+}
+
+// queueLate queues a late event for lateWriter (Session.mu held).
+func (s *Session) queueLate(it lateItem) {
+	if s.lateCount >= LateUpdatesMax {
+		if s.lateCount == LateUpdatesMax {
+			s.logger.Warn("the ACP agent keeps sending output after its turn ended; no more of it is logged", "turn", s.sealed, "limit", LateUpdatesMax)
+		}
+		s.lateCount++
+		return
+	}
+	s.lateCount++
+	s.late = append(s.late, it)
+	select {
+	case s.lateKick <- struct{}{}:
+	default:
+	}
+}
+
+// lateWriter appends late events as they come, off the SDK's notification
+// goroutine, until Close; then it logs what is left and ends.
+func (s *Session) lateWriter() {
+	defer close(s.lateDone)
+	for {
+		select {
+		case <-s.lateKick:
+			s.flushLate()
+		case <-s.lateStop:
+			s.flushLate()
+			return
+		}
+	}
+}
+
+func (s *Session) flushLate() {
+	s.logMu.Lock()
+	defer s.logMu.Unlock()
+	s.mu.Lock()
+	items := s.late
+	s.late = nil
+	s.mu.Unlock()
+	if len(items) == 0 {
+		return
+	}
+	var b evBuf
+	var turn int64
+	for _, it := range items {
+		if it.upd != nil {
+			turn = it.upd.Turn
+			b.add(protocol.EvACPLateUpdate, *it.upd)
+		} else {
+			turn = it.perm.Turn
+			b.add(protocol.EvACPPermission, *it.perm)
+		}
+	}
+	if b.err != nil {
+		s.logger.Warn("late ACP output not logged", "err", b.err)
+		return
+	}
+	if _, ok := s.append(context.Background(), turn, b.evs); !ok {
+		s.logger.Warn("late ACP output not logged: the session log refused it", "turn", turn)
+	}
+}
+
 // toolStart returns the call's state, logging tool/call the first time the
 // agent mentions it.
 func (s *Session) toolStart(t *turnState, id, title, kind string, rawInput any) *toolState {
@@ -795,7 +1020,7 @@ func (s *Session) toolStart(t *turnState, id, title, kind string, rawInput any) 
 	if len(name) > 200 {
 		name = name[:200]
 	}
-	ts := &toolState{name: name}
+	ts := &toolState{name: name, logID: s.callIDs.Unique(id)}
 	t.tools[id] = ts
 	t.order = append(t.order, id)
 	args := "{}"
@@ -807,7 +1032,11 @@ func (s *Session) toolStart(t *turnState, id, title, kind string, rawInput any) 
 	if len(args) > s.o.ToolTextBytesMax {
 		args = fmt.Sprintf(`{"omittedBytes":%d}`, len(args))
 	}
-	t.add(protocol.EvToolCall, protocol.ToolCallData{Turn: t.turn, Step: t.step, CallID: id, Name: name, Arguments: args})
+	call := protocol.ToolCallData{Turn: t.turn, Step: t.step, CallID: ts.logID, Name: name, Arguments: args}
+	if ts.logID != id {
+		call.ModelCallID = id
+	}
+	t.add(protocol.EvToolCall, call)
 	return ts
 }
 
@@ -838,13 +1067,14 @@ func (s *Session) toolEnd(t *turnState, ts *toolState, id string, status acp.Too
 		text = fmt.Sprintf("(the tool's output of %d bytes is not kept in the log; the limit is %d bytes)", len(text), s.o.ToolTextBytesMax)
 	}
 	t.add(protocol.EvToolResult, protocol.ToolResultData{
-		Turn: t.turn, Step: t.step, CallID: id, Name: ts.name, Content: protocol.Text(text), IsError: status == acp.ToolCallStatusFailed,
+		Turn: t.turn, Step: t.step, CallID: ts.logID, Name: ts.name, Content: protocol.Text(text), IsError: status == acp.ToolCallStatusFailed,
 	})
 }
 
 // turnState is one running turn, guarded by Session.mu.
 type turnState struct {
 	turn, step int64
+	lastUpdate time.Time // the last update of this turn, or the answer
 	text       strings.Builder
 	overflow   bool
 	tools      map[string]*toolState
@@ -862,6 +1092,7 @@ type turnState struct {
 
 type toolState struct {
 	name     string
+	logID    string // the session-unique id the call is logged under
 	resulted bool
 }
 

@@ -188,8 +188,8 @@ func TestSessionCeilingRejectsPermissions(t *testing.T) {
 		want    string
 	}{
 		{nil, "selected yes"},
-		{&protocol.ToolFilter{Deny: []string{"read_file"}}, "cancelled"},
-		{&protocol.ToolFilter{Allow: []string{"list_dir", "read_file", "subagent"}}, "cancelled"},
+		{&protocol.ToolFilter{Deny: []string{"read_file"}}, "selected no"},
+		{&protocol.ToolFilter{Allow: []string{"list_dir", "read_file", "subagent"}}, "selected no"},
 	} {
 		log := &memLog{}
 		s, _ := p.NewSession(context.Background(), worker.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir(), ToolCeiling: tt.ceiling}, Log: log})
@@ -198,6 +198,131 @@ func TestSessionCeilingRejectsPermissions(t *testing.T) {
 		if r.Kind != protocol.TurnCompleted || out != tt.want {
 			t.Errorf("ceiling %+v: %+v %q, want %q", tt.ceiling, r, out, tt.want)
 		}
+		perms := permissions(t, log.events())
+		if len(perms) != 1 || perms[0].Granted != (tt.ceiling == nil) ||
+			(tt.ceiling != nil && perms[0].Why != "the child's tool ceiling denies tools") {
+			t.Errorf("ceiling %+v: acp/permission %+v", tt.ceiling, perms)
+		}
+	}
+}
+
+func permissions(t *testing.T, evs []protocol.SessionEvent) []protocol.ACPPermissionData {
+	t.Helper()
+	var out []protocol.ACPPermissionData
+	for _, ev := range evs {
+		if ev.Type == protocol.EvACPPermission {
+			var d protocol.ACPPermissionData
+			if err := ev.Decode(&d); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// TestSessionPermissionsAreLoggedAndCounted is issue 14, item 5: under the
+// reject policy the agent's reject option is selected when it offers one
+// (the `cancelled` outcome only when it offers none), and every request and
+// its answer is in the child's log and counted in its result.
+func TestSessionPermissionsAreLoggedAndCounted(t *testing.T) {
+	tests := []struct {
+		policy      Policy
+		prompt      string
+		out         string
+		outcome     string
+		option      string
+		granted     bool
+		counts      protocol.PermissionCounts
+		optionKinds string
+	}{
+		{PolicyReject, "permission", "selected no", "selected", "no", false, protocol.PermissionCounts{Requested: 1, Denied: 1}, "reject_once allow_once"},
+		{PolicyReject, "permission-allow-only", "cancelled", "cancelled", "", false, protocol.PermissionCounts{Requested: 1, Denied: 1}, "allow_once"},
+		{PolicyAllow, "permission", "selected yes", "selected", "yes", true, protocol.PermissionCounts{Requested: 1, Granted: 1}, "reject_once allow_once"},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.policy)+" "+tt.prompt, func(t *testing.T) {
+			p, err := NewProvider(AgentConfig{Name: "fake", Command: fakeAgent(t), Permission: tt.policy}, testOptions(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			log := &memLog{}
+			s, _ := p.NewSession(context.Background(), worker.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir()}, Log: log})
+			r, out := turn(t, s, log, tt.prompt)
+			_ = s.(worker.Closer).Close()
+			if r.Kind != protocol.TurnCompleted || out != tt.out {
+				t.Fatalf("turn %+v %q, want %q", r, out, tt.out)
+			}
+			perms := permissions(t, log.events())
+			if len(perms) != 1 {
+				t.Fatalf("%d acp/permission events", len(perms))
+			}
+			d := perms[0]
+			var kinds []string
+			for _, o := range d.Options {
+				kinds = append(kinds, o.Kind)
+			}
+			if d.Turn != 1 || d.Step != 1 || d.Late || d.ToolCallID != "p1" || d.Title != "Write a file" || d.Policy != string(tt.policy) ||
+				d.Outcome != tt.outcome || d.OptionID != tt.option || d.Granted != tt.granted || strings.Join(kinds, " ") != tt.optionKinds {
+				t.Fatalf("acp/permission %+v", d)
+			}
+			res := agent.OneShotOutcome(log.events(), false, false)
+			if res.Permissions == nil || *res.Permissions != tt.counts {
+				t.Fatalf("result permissions %+v, want %+v", res.Permissions, tt.counts)
+			}
+		})
+	}
+}
+
+// TestSessionLateUpdates is issue 14, item 6: updates that trail the answer
+// to session/prompt within the quiet period count for the turn; later ones
+// are logged against the sealed turn (acp/late-update, and a permission
+// request then is rejected and logged late), never credited to the next turn.
+func TestSessionLateUpdates(t *testing.T) {
+	o := testOptions(t)
+	o.SealQuiet, o.SealWaitMax = 300*time.Millisecond, 600*time.Millisecond
+	p, err := NewProvider(AgentConfig{Name: "fake", Command: fakeAgent(t), Permission: PolicyAllow}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &memLog{}
+	s, _ := p.NewSession(context.Background(), worker.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir()}, Log: log})
+	defer s.(worker.Closer).Close()
+	if r, out := turn(t, s, log, "trailing 20ms"); r.Kind != protocol.TurnCompleted || out != "main trailing" {
+		t.Fatalf("turn 1: %+v %q, want the trailing chunk in the output", r, out)
+	}
+	if r, out := turn(t, s, log, "late 1500ms"); r.Kind != protocol.TurnCompleted || out != "main" {
+		t.Fatalf("turn 2: %+v %q", r, out)
+	}
+	var late []protocol.ACPLateUpdateData
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		late = late[:0]
+		for _, ev := range log.events() {
+			var d protocol.ACPLateUpdateData
+			if ev.Type == protocol.EvACPLateUpdate && ev.Decode(&d) == nil {
+				late = append(late, d)
+			}
+		}
+		return len(late) == 2 && len(permissions(t, log.events())) == 1
+	}, "the late output of turn 2 was logged")
+	if late[0].Turn != 2 || late[0].Kind != "agent_message_chunk" || late[0].Text != " late" ||
+		late[1].Turn != 2 || late[1].Kind != "tool_call" || late[1].ToolCallID != "late-tool" {
+		t.Fatalf("late updates %+v", late)
+	}
+	if perm := permissions(t, log.events())[0]; perm.Turn != 2 || !perm.Late || perm.Granted || perm.OptionID != "no" {
+		t.Fatalf("late permission %+v (rejected whatever the policy: the turn is over)", perm)
+	}
+	before := len(log.events())
+	if r, out := turn(t, s, log, "echo three"); r.Kind != protocol.TurnCompleted || out != "echo: three" {
+		t.Fatalf("turn 3: %+v %q", r, out)
+	}
+	for _, ev := range log.events()[before:] {
+		if ev.Type == protocol.EvACPLateUpdate || ev.Type == protocol.EvACPPermission || ev.Type == protocol.EvToolCall {
+			t.Fatalf("turn 3 got %s: late output reached the next turn", ev.Type)
+		}
+	}
+	if err := agent.ValidateReplay(log.events(), false); err != nil {
+		t.Fatalf("the log does not replay: %v", err)
 	}
 }
 
