@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -542,60 +541,11 @@ func TestACPBridgeToBroodACPAgent(t *testing.T) {
 // provider (this binary's own ACP agent), and `brood run --provider acp
 // "say hi"` prints the agent's answer.
 func TestDevACPProvider(t *testing.T) {
-	dev := exec.Command(broodBin, "dev", "--data", t.TempDir(), "--listen", "127.0.0.1:0")
-	stdout, err := dev.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	dev.Stderr = &lockedBuilder{b: &stderr}
-	if err := dev.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = dev.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = dev.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			_ = dev.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("brood dev stderr:\n%s", stderr.String())
-		}
-	})
-	urls := make(chan string, 1)
-	go func() {
-		buf := make([]byte, 4096)
-		var seen string
-		for {
-			n, err := stdout.Read(buf)
-			seen += string(buf[:n])
-			if i := strings.Index(seen, "NATS client URL "); i >= 0 {
-				if j := strings.IndexByte(seen[i:], '\n'); j >= 0 {
-					urls <- strings.TrimSpace(seen[i+len("NATS client URL ") : i+j])
-					_, _ = io.Copy(io.Discard, stdout)
-					return
-				}
-			}
-			if err != nil {
-				close(urls)
-				return
-			}
-		}
-	}()
-	var url string
-	select {
-	case url = <-urls:
-	case <-time.After(20 * time.Second):
-		t.Fatal("brood dev did not print its URL")
-	}
-	if url == "" {
-		t.Fatal("brood dev exited before printing its URL")
-	}
-	var out []byte
+	url := startDev(t).natsURL
+	var (
+		out []byte
+		err error
+	)
 	testutil.Eventually(t, 20*time.Second, func() bool {
 		run := exec.Command(broodBin, "run", "--nats", url, "--provider", "acp", "say hi")
 		run.Dir = t.TempDir()
@@ -605,15 +555,4 @@ func TestDevACPProvider(t *testing.T) {
 	if string(out) != "hi\n" {
 		t.Fatalf("brood run printed %q", out)
 	}
-}
-
-type lockedBuilder struct {
-	mu sync.Mutex
-	b  *strings.Builder
-}
-
-func (l *lockedBuilder) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
 }

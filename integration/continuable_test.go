@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
@@ -24,6 +26,35 @@ func contStack(t *testing.T) *testutil.Stack {
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	return s
+}
+
+// meteredStack is contStack whose coordinator and worker count in m, as in
+// one `brood dev` process.
+func meteredStack(t *testing.T) (*testutil.Stack, *telemetry.Metrics) {
+	m := telemetry.NewMetrics("test")
+	s := testutil.NewStack(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.Metrics = m })
+	s.AddSpawnWorker(func(c *worker.InProcessConfig) { c.Metrics = m })
+	return s, m
+}
+
+// eventuallySample waits until sum(name{labels}) == v (absent counts as 0):
+// gauges follow the components' state a moment after clients see it.
+func eventuallySample(t *testing.T, m *telemetry.Metrics, v float64, name string, labels ...string) {
+	t.Helper()
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		got, _ := gathered(t, m).Sum(name, labels...)
+		return got == v
+	}, "%s%v = %v", name, labels, v)
+}
+
+func gathered(t *testing.T, m *telemetry.Metrics) telemetry.Families {
+	t.Helper()
+	f, err := m.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
 
 func ref(r *client.Root) protocol.Authority {
@@ -89,7 +120,7 @@ func turnsOf(evs []protocol.SessionEvent) (claims []string, answers []string, en
 }
 
 func TestFollowupsWhileRunningBecomeSeparateTurnsInOrder(t *testing.T) {
-	s := contStack(t)
+	s, m := meteredStack(t)
 	root := s.Root()
 	start := startCont(t, s, root.Ref(), "sleep 400ms\nsay one")
 	m2 := followup(t, s, start.ChildID, ref(root), "say two")
@@ -103,10 +134,17 @@ func TestFollowupsWhileRunningBecomeSeparateTurnsInOrder(t *testing.T) {
 	if strings.Join(answers, ",") != "one,two,three" || strings.Join(ends, ",") != "completed,completed,completed" {
 		t.Fatalf("answers = %v, ends = %v", answers, ends)
 	}
+	// Both followups found the activation resident; one epoch ran them all.
+	f := gathered(t, m)
+	wantSample(t, f, 2, "brood_followup_accept_duration_seconds_count", "route", telemetry.RouteResident)
+	wantSample(t, f, 0, "brood_followup_accept_duration_seconds_count", "route", telemetry.RouteCold)
+	wantSample(t, f, 1, "brood_runs_started_total", "mode", protocol.ModeContinuable)
+	wantSample(t, f, 1, "brood_runs_settled_total", "mode", protocol.ModeContinuable, "stop_reason", "completed")
+	wantSample(t, f, 3, "brood_model_requests_total", "adapter", "scripted")
 }
 
 func TestColdResumeStartsANewEpochWithOneDescriptor(t *testing.T) {
-	s := contStack(t)
+	s, m := meteredStack(t)
 	root := s.Root()
 	start := startCont(t, s, root.Ref(), "say one")
 	waitState(t, s, start.ChildID, ref(root), protocol.StateNone, 10*time.Second)
@@ -140,6 +178,13 @@ func TestColdResumeStartsANewEpochWithOneDescriptor(t *testing.T) {
 	if runs[0] == runs[1] {
 		t.Fatal("the resumed epoch reused the first epoch's runId")
 	}
+	f := gathered(t, m)
+	cont := []string{"provider", "spawn", "mode", protocol.ModeContinuable}
+	wantSample(t, f, 1, "brood_followup_accept_duration_seconds_count", "route", telemetry.RouteCold)
+	wantSample(t, f, 2, "brood_runs_started_total", cont...)
+	wantSample(t, f, 2, "brood_runs_settled_total", append(cont, "stop_reason", "completed")...)
+	wantSample(t, f, 2, "brood_delegation_duration_seconds_count", cont...)
+	eventuallySample(t, m, 0, "brood_activations_live")
 }
 
 func TestParentWaitsForItsRunningGrandchild(t *testing.T) {
@@ -472,7 +517,7 @@ func TestInterruptParksTheQueue(t *testing.T) {
 }
 
 func TestDurabilityFailedWhenTheLogRefusesTheFinalFlush(t *testing.T) {
-	s := contStack(t)
+	s, m := meteredStack(t)
 	ctx := context.Background()
 	root := s.Root()
 	c := startCont(t, s, root.Ref(), "sleep 700ms\nsay done")
@@ -508,6 +553,13 @@ func TestDurabilityFailedWhenTheLogRefusesTheFinalFlush(t *testing.T) {
 	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, c.ChildID); err == nil {
 		t.Fatal("the activation still holds its lease")
 	}
+	f := gathered(t, m)
+	cont := []string{"provider", "spawn", "mode", protocol.ModeContinuable}
+	wantSample(t, f, 1, "brood_runs_started_total", cont...)
+	wantSample(t, f, 1, "brood_durability_failed_total", cont...)
+	wantSample(t, f, 1, "brood_runs_settled_total", append(cont, "stop_reason", "error", "error_code", "DURABILITY_FAILED")...)
+	wantSample(t, f, 1, "brood_delegation_start_duration_seconds_count", cont...)
+	eventuallySample(t, m, 0, "brood_activations_live", "provider", "spawn")
 }
 
 func TestReportsAndListing(t *testing.T) {

@@ -4,11 +4,13 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,4 +94,89 @@ func (p *proc) waitStderr(t *testing.T, s string, total time.Duration) {
 func spawnWorkerProc(t *testing.T, url string) *proc {
 	return startProc(t, "spawn-worker", "--nats", url, "--log-level", "info",
 		"--heartbeat", testutil.TestHeartbeat.String(), "--host-expiry", testutil.TestHostExpiry.String())
+}
+
+// dev is a `brood dev` process started by a test, with what it printed.
+type dev struct {
+	natsURL    string
+	metricsURL string // http://ADDR/metrics when started with --metrics
+	stdout     []string
+}
+
+// startDev runs `brood dev` on a fresh data directory and a free port, with
+// extra args, and waits for its start-up lines. It is stopped (SIGTERM, a
+// drain) at the end of the test.
+func startDev(t *testing.T, args ...string) *dev {
+	t.Helper()
+	cmd := exec.Command(broodBin, append([]string{"dev", "--data", t.TempDir(), "--listen", "127.0.0.1:0"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &lockedBuilder{b: &stderr}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("brood dev stderr:\n%s", stderr.String())
+		}
+	})
+	// The banner ends with the line naming Ctrl-C (and the metrics line, when asked).
+	lines := make(chan []string, 1)
+	go func() {
+		var seen []string
+		sc := bufio.NewScanner(stdout)
+		sent := false
+		for sc.Scan() {
+			seen = append(seen, sc.Text())
+			last := sc.Text()
+			if !sent && (strings.Contains(last, "metrics on ") || (strings.Contains(last, "Ctrl-C") && !slices.Contains(args, "--metrics"))) {
+				lines <- append([]string(nil), seen...)
+				sent = true
+			}
+		}
+		if !sent {
+			lines <- seen
+		}
+	}()
+	d := &dev{}
+	select {
+	case d.stdout = <-lines:
+	case <-time.After(30 * time.Second):
+		t.Fatal("brood dev did not print its start-up lines in 30s")
+	}
+	for _, l := range d.stdout {
+		if _, v, ok := strings.Cut(l, "NATS client URL "); ok {
+			d.natsURL = strings.TrimSpace(v)
+		}
+		if _, v, ok := strings.Cut(l, "metrics on "); ok {
+			d.metricsURL = strings.TrimSpace(v)
+		}
+	}
+	if d.natsURL == "" {
+		t.Fatalf("brood dev printed no NATS URL: %q", d.stdout)
+	}
+	return d
+}
+
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  *strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -156,7 +157,8 @@ func lastTurnEnd(t *testing.T, evs []protocol.SessionEvent) protocol.TurnEndData
 
 func TestWorkerKilledMidRunIsSettledHostLost(t *testing.T) {
 	s := testutil.NewStack(t)
-	coord := s.AddCoordinator()
+	m := telemetry.NewMetrics("test")
+	coord := s.AddCoordinator(func(c *coordinatorConfig) { c.Metrics = m })
 	w := spawnWorkerProc(t, s.Server.ClientURL())
 	s.WaitProvider("spawn")
 	root := s.Root()
@@ -191,6 +193,15 @@ func TestWorkerKilledMidRunIsSettledHostLost(t *testing.T) {
 	if _, err := store.Get[protocol.AgentRecord](context.Background(), s.Store.Agents, r.ChildID); err == nil {
 		t.Error("the lease of the settled session is still held")
 	}
+	// The coordinator that took the session over counts it (the killed
+	// worker counted nothing: it had no metrics, and it is gone).
+	f := gathered(t, m)
+	one := []string{"provider", "spawn", "mode", protocol.ModeOneShot}
+	wantSample(t, f, 1, "brood_runs_started_total", one...)
+	wantSample(t, f, 1, "brood_takeovers_total", "mode", protocol.ModeOneShot)
+	wantSample(t, f, 1, "brood_host_lost_total", one...)
+	wantSample(t, f, 1, "brood_runs_settled_total", append(one, "stop_reason", "error", "error_code", "HOST_LOST")...)
+	wantSample(t, f, 1, "brood_delegation_duration_seconds_count", one...)
 }
 
 func TestWorkerPausedPastExpiryPublishesNothing(t *testing.T) {

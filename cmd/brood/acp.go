@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	acpagent "github.com/brood-dev/brood/services/acp-agent"
@@ -46,6 +47,7 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 		t          timing
 		at         acpTiming
 		sf         storeFlags
+		mf         metricsFlags
 		configFile string
 		specs      []string
 	)
@@ -86,16 +88,20 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 			}
 			at.options(cmd, &o)
 			o.Logger = log
+			if err := mf.listen(); err != nil {
+				return err
+			}
+			defer mf.close()
 			nc, st, err := serviceConn(cmd.Context(), g, "brood-acp-bridge", sf)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			b, err := newACPBridge(nc, st, t, agents, o, log)
+			b, err := newACPBridge(nc, st, t, agents, o, mf.metrics(), log)
 			if err != nil {
 				return err
 			}
-			return serve(b)
+			return serve(mf.actors(b)...)
 		},
 	}
 	cmd.Flags().StringVar(&configFile, "config", "", "JSON config file: {\"agents\": [...], \"silenceTimeout\": \"60s\", ...}")
@@ -103,14 +109,15 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 	t.flags(cmd)
 	at.flags(cmd)
 	sf.flags(cmd)
+	mf.flags(cmd)
 	natsFlag(cmd, g)
 	return cmd
 }
 
-func newACPBridge(nc *nats.Conn, st *store.Store, t timing, agents []acpbridge.AgentConfig, o acpbridge.Options, log *slog.Logger) (*acpbridge.Service, error) {
+func newACPBridge(nc *nats.Conn, st *store.Store, t timing, agents []acpbridge.AgentConfig, o acpbridge.Options, m *telemetry.Metrics, log *slog.Logger) (*acpbridge.Service, error) {
 	return acpbridge.New(acpbridge.Config{
 		NC: nc, Store: st, Agents: agents, Options: o,
-		HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, DrainGrace: t.drainGrace, Logger: log,
+		HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, DrainGrace: t.drainGrace, Logger: log, Metrics: m,
 	})
 }
 

@@ -14,9 +14,11 @@ import (
 	"github.com/oklog/run"
 	"github.com/spf13/cobra"
 
+	"github.com/brood-dev/brood/internal/buildinfo"
 	"github.com/brood-dev/brood/internal/embedded"
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 	acpbridge "github.com/brood-dev/brood/services/acp-bridge"
@@ -45,6 +47,50 @@ func serve(actors ...actor) error {
 		return nil
 	}
 	return err
+}
+
+// metricsFlags is --metrics ADDR of every service: Prometheus metrics of
+// the process on http://ADDR/metrics (internal/telemetry lists them).
+type metricsFlags struct {
+	addr string
+	m    *telemetry.Metrics
+	srv  *telemetry.MetricsServer
+}
+
+func (f *metricsFlags) flags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.addr, "metrics", "", "serve Prometheus metrics on http://ADDR/metrics (host:port; off when empty)")
+}
+
+// listen starts listening when --metrics was given, so a busy address fails
+// the command before anything else starts; metrics() is nil otherwise.
+func (f *metricsFlags) listen() error {
+	if f.addr == "" {
+		return nil
+	}
+	f.m = telemetry.NewMetrics(buildinfo.Version)
+	srv, err := telemetry.ListenMetrics(f.addr, f.m)
+	if err != nil {
+		return err
+	}
+	f.srv = srv
+	return nil
+}
+
+func (f *metricsFlags) metrics() *telemetry.Metrics { return f.m }
+
+// close releases the listener (after serve, or when start-up failed).
+func (f *metricsFlags) close() {
+	if f.srv != nil {
+		f.srv.Close()
+	}
+}
+
+// actors is the metrics server as an actor of the process's run group.
+func (f *metricsFlags) actors(others ...actor) []actor {
+	if f.srv == nil {
+		return others
+	}
+	return append(others, f.srv)
 }
 
 // timing holds the liveness settings shared by services.
@@ -160,18 +206,18 @@ func (l coordinatorLimits) validate() error {
 	return nil
 }
 
-func newCoordinator(nc *nats.Conn, st *store.Store, t timing, l coordinatorLimits, log *slog.Logger) (*coordinator.Coordinator, error) {
+func newCoordinator(nc *nats.Conn, st *store.Store, t timing, l coordinatorLimits, m *telemetry.Metrics, log *slog.Logger) (*coordinator.Coordinator, error) {
 	return coordinator.New(coordinator.Config{
 		NC: nc, Store: st, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, RootLease: t.rootLease,
-		LiveChildrenMax: l.liveChildrenMax, Logger: log,
+		LiveChildrenMax: l.liveChildrenMax, Logger: log, Metrics: m,
 	})
 }
 
 // newInProcessWorker builds the worker of an in-process provider (spawn, fork).
-func newInProcessWorker(nc *nats.Conn, st *store.Store, t timing, models worker.ModelFactory, roots []string, log *slog.Logger, desc protocol.ProviderDescriptor) (*worker.Host, error) {
+func newInProcessWorker(nc *nats.Conn, st *store.Store, t timing, models worker.ModelFactory, roots []string, m *telemetry.Metrics, log *slog.Logger, desc protocol.ProviderDescriptor) (*worker.Host, error) {
 	return worker.NewInProcessHost(worker.InProcessConfig{
 		NC: nc, Store: st, Models: models, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry,
-		DrainGrace: t.drainGrace, WorkspaceRoots: roots, Logger: log,
+		DrainGrace: t.drainGrace, WorkspaceRoots: roots, Logger: log, Metrics: m,
 	}, desc)
 }
 
@@ -194,6 +240,7 @@ func coordinatorCmd(g *globals) *cobra.Command {
 	var t timing
 	var sf storeFlags
 	var lim coordinatorLimits
+	var mf metricsFlags
 	cmd := &cobra.Command{
 		Use:   "coordinator",
 		Short: "Run a coordinator replica (provider registry, authority, runs)",
@@ -206,20 +253,25 @@ func coordinatorCmd(g *globals) *cobra.Command {
 			if err := lim.validate(); err != nil {
 				return err
 			}
+			if err := mf.listen(); err != nil {
+				return err
+			}
+			defer mf.close()
 			nc, st, err := serviceConn(cmd.Context(), g, "brood-coordinator", sf)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			c, err := newCoordinator(nc, st, t, lim, log)
+			c, err := newCoordinator(nc, st, t, lim, mf.metrics(), log)
 			if err != nil {
 				return err
 			}
-			return serve(c)
+			return serve(mf.actors(c)...)
 		},
 	}
 	t.flags(cmd)
 	sf.flags(cmd)
+	mf.flags(cmd)
 	natsFlag(cmd, g)
 	lim.flags(cmd)
 	return cmd
@@ -237,6 +289,7 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 	var t timing
 	var mf modelFlags
 	var sf storeFlags
+	var met metricsFlags
 	cmd := &cobra.Command{
 		Use:   use,
 		Short: short,
@@ -250,21 +303,26 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 			if err != nil {
 				return err
 			}
+			if err := met.listen(); err != nil {
+				return err
+			}
+			defer met.close()
 			nc, st, err := serviceConn(cmd.Context(), g, "brood-"+use, sf)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			w, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, log, desc)
+			w, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, met.metrics(), log, desc)
 			if err != nil {
 				return err
 			}
-			return serve(w)
+			return serve(met.actors(w)...)
 		},
 	}
 	t.flags(cmd)
 	mf.flags(cmd)
 	sf.flags(cmd)
+	met.flags(cmd)
 	natsFlag(cmd, g)
 	return cmd
 }
@@ -277,6 +335,7 @@ func devCmd(g *globals) *cobra.Command {
 		data   string
 		listen string
 		fsync  string
+		met    metricsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -313,6 +372,10 @@ func devCmd(g *globals) *cobra.Command {
 			if err := checkListen(host, port); err != nil {
 				return err
 			}
+			if err := met.listen(); err != nil {
+				return err
+			}
+			defer met.close()
 			ns, err := embedded.Start(embedded.Config{Host: host, Port: port, DataDir: filepath.Join(dir, "jetstream"), Fsync: fsync})
 			if err != nil {
 				return protocol.Errorf(protocol.CodeUnavailable, "%v", err)
@@ -327,15 +390,15 @@ func devCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := newCoordinator(nc, st, t, lim, log)
+			c, err := newCoordinator(nc, st, t, lim, met.metrics(), log)
 			if err != nil {
 				return err
 			}
-			spawn, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, log, spawnworker.Descriptor(spawnworker.DefaultName))
+			spawn, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, met.metrics(), log, spawnworker.Descriptor(spawnworker.DefaultName))
 			if err != nil {
 				return err
 			}
-			fork, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, log, forkworker.Descriptor(forkworker.DefaultName))
+			fork, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, met.metrics(), log, forkworker.Descriptor(forkworker.DefaultName))
 			if err != nil {
 				return err
 			}
@@ -343,14 +406,17 @@ func devCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			bridge, err := newACPBridge(nc, st, t, acpAgents, acpbridge.Options{Logger: log}, log)
+			bridge, err := newACPBridge(nc, st, t, acpAgents, acpbridge.Options{Logger: log}, met.metrics(), log)
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(g.out, "brood dev: NATS client URL %s\n", ns.ClientURL())
 			fmt.Fprintf(g.out, "brood dev: data in %s; JetStream %s\n", dir, ns.FsyncMode())
 			fmt.Fprintf(g.out, "brood dev: providers spawn, fork, acp; model %s; Ctrl-C drains and exits\n", mf.kind)
-			err = serve(c, spawn, fork, bridge)
+			if met.srv != nil {
+				fmt.Fprintf(g.out, "brood dev: metrics on http://%s/metrics\n", met.srv.Addr())
+			}
+			err = serve(met.actors(c, spawn, fork, bridge)...)
 			_ = nc.Drain()
 			if err == nil {
 				fmt.Fprintln(g.out, "brood dev: drained and stopped")
@@ -364,6 +430,7 @@ func devCmd(g *globals) *cobra.Command {
 	t.flags(cmd)
 	lim.flags(cmd)
 	mf.flags(cmd)
+	met.flags(cmd)
 	return cmd
 }
 

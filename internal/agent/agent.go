@@ -17,6 +17,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -93,6 +94,8 @@ type Config struct {
 	// whether anything arrived since the last look, nil meaning always look.
 	Inbox      Inbox
 	InboxDirty func() bool
+	// Metrics, when set, counts the agent's model and tool calls.
+	Metrics *telemetry.Metrics
 }
 
 // Cancel is the cause given to a turn's context when its owner stops it; the
@@ -306,7 +309,7 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	}
 	req := model.Request{System: a.cfg.System, Messages: history, Tools: a.cfg.Tools.Specs()}
 	var partial strings.Builder
-	resp, merr := a.cfg.Model.Stream(ctx, req, func(s string) { partial.WriteString(s) })
+	resp, merr := a.callModel(ctx, req, func(s string) { partial.WriteString(s) })
 
 	var b eventBuf
 	b.add(a, protocol.EvStepStart, protocol.StepData{Turn: turn, Step: step})
@@ -445,11 +448,30 @@ func (a *Agent) runTools(ctx context.Context, turn, step int64, calls []protocol
 	return results
 }
 
+// callModel makes one model call and counts it (brood_model_*).
+func (a *Agent) callModel(ctx context.Context, req model.Request, onText func(string)) (model.Response, error) {
+	m := a.cfg.Model
+	start := time.Now()
+	resp, err := m.Stream(ctx, req, onText)
+	outcome := telemetry.OutcomeOK
+	switch {
+	case err != nil && ctx.Err() != nil:
+		outcome = telemetry.OutcomeCancelled
+	case err != nil:
+		outcome = telemetry.OutcomeError
+	}
+	a.cfg.Metrics.ModelCall(m.Provider(), m.Name(), outcome, time.Since(start), resp.Usage)
+	return resp, err
+}
+
 func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCall) (res ToolResult) {
 	t, ok := a.cfg.Tools.Lookup(c.Name)
 	if !ok {
+		a.cfg.Metrics.ToolCall(telemetry.ToolUnknown, true, 0)
 		return ErrorResult("unknown tool %q: it is not available to this agent", c.Name)
 	}
+	start := time.Now()
+	defer func() { a.cfg.Metrics.ToolCall(c.Name, res.IsError, time.Since(start)) }()
 	// Arguments that are not a JSON object never reach a tool (empty ones
 	// mean {}); the raw text stays in the log and is quoted back.
 	if strings.TrimSpace(c.Arguments) != "" && !argsObject(c.Arguments) {

@@ -49,7 +49,8 @@ type activation struct {
 	runRev   uint64
 	epoch    int64
 	owner    string
-	start    int // index of the epoch's first event
+	start    int       // index of the epoch's first event
+	began    time.Time // when the host was asked to activate it
 
 	sess  ContinuableSession
 	inbox *store.SessionInbox
@@ -88,6 +89,7 @@ func (a *activation) poke() {
 // descriptor, close a turn a dead host left open), then the agent, the inbox
 // subscriptions and subagent/start.
 func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRequest) (any, error) {
+	began := time.Now()
 	if h.isDraining() {
 		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
 	}
@@ -137,7 +139,7 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 
 	a := &activation{
 		h: h, childID: req.ChildID, header: req.Header, provider: req.Descriptor.Provider, remote: p.Descriptor().Remote, runID: req.RunID,
-		runRev: uint64(req.RunRevision), epoch: 1, owner: req.Owner, leaseRev: leaseRev,
+		runRev: uint64(req.RunRevision), epoch: 1, owner: req.Owner, leaseRev: leaseRev, began: began,
 		inbox: h.st.InboxOf(req.ChildID), wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	a.dirty.Store(true)
@@ -498,6 +500,8 @@ func (a *activation) teardown() {
 			return
 		}
 		log.Warn("could not settle the epoch record", "err", err)
+	} else {
+		h.cfg.Metrics.RunSettled(a.provider, protocol.ModeContinuable, res, time.Since(a.began))
 	}
 	a.mu.Lock()
 	a.result = &res

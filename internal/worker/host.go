@@ -22,6 +22,7 @@ import (
 	"github.com/brood-dev/brood/internal/buildinfo"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -97,6 +98,9 @@ type Config struct {
 	// Version is reported by the micro services.
 	Version string
 	Logger  *slog.Logger
+	// Metrics, when set, counts the runs and epochs this host settles and its
+	// requests, and reports its live runs and activations.
+	Metrics *telemetry.Metrics
 }
 
 // Host is one provider worker process.
@@ -202,6 +206,7 @@ func (h *Host) Run(ctx context.Context) error {
 		return fmt.Errorf("worker: first heartbeat: %w", err)
 	}
 	h.log.Info("host serving", "providers", h.providerNames())
+	defer h.cfg.Metrics.HostGauges(h.liveActivations, h.liveRuns)()
 
 	beatDone := make(chan struct{})
 	beatCtx, stopBeat := context.WithCancel(context.WithoutCancel(ctx))
@@ -217,6 +222,50 @@ func (h *Host) Run(ctx context.Context) error {
 	_ = store.Delete(dctx, h.st.Hosts, h.id, 0)
 	h.log.Info("host drained")
 	return nil
+}
+
+// liveActivations reports the resident activations by provider
+// (brood_activations_live).
+func (h *Host) liveActivations(add func(v float64, labels ...string)) {
+	counts := h.zeroCounts()
+	for _, a := range h.snapshotActs() {
+		counts[a.provider]++
+	}
+	for p, n := range counts {
+		add(float64(n), p)
+	}
+}
+
+// liveRuns reports the hosted one-shot runs by provider (brood_runs_live).
+func (h *Host) liveRuns(add func(v float64, labels ...string)) {
+	counts := h.zeroCounts()
+	for _, r := range h.snapshotRuns() {
+		counts[r.req.Provider]++
+	}
+	for p, n := range counts {
+		add(float64(n), p)
+	}
+}
+
+func (h *Host) zeroCounts() map[string]int {
+	counts := map[string]int{}
+	for _, name := range h.providerNames() {
+		counts[name] = 0
+	}
+	return counts
+}
+
+// instrument counts a provider endpoint's answers and their latency.
+func (h *Host) instrument(endpoint string, handle rpc.Handler) rpc.Handler {
+	if h.cfg.Metrics == nil {
+		return handle
+	}
+	return func(ctx context.Context, req rpc.Request) (any, error) {
+		start := time.Now()
+		reply, err := handle(ctx, req)
+		h.cfg.Metrics.Request("provider", endpoint, time.Since(start), err)
+		return reply, err
+	}
 }
 
 func (h *Host) providerNames() []string {
@@ -247,7 +296,7 @@ func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider)
 		}
 		return h.startRun(ctx, p, r)
 	}
-	if err := g.AddEndpoint(protocol.OpProviderStart, rpc.Endpoint(ctx, h.cfg.NC, h.log, sem, start),
+	if err := g.AddEndpoint(protocol.OpProviderStart, rpc.Endpoint(ctx, h.cfg.NC, h.log, sem, h.instrument(protocol.OpProviderStart, start)),
 		micro.WithEndpointSubject(protocol.OpProviderStart)); err != nil {
 		_ = svc.Stop()
 		return nil, err
@@ -263,7 +312,7 @@ func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider)
 			}
 			return h.activate(ctx, p, r)
 		}
-		if err := g.AddEndpoint(protocol.OpProviderActivate, rpc.Endpoint(ctx, h.cfg.NC, h.log, sem, activate),
+		if err := g.AddEndpoint(protocol.OpProviderActivate, rpc.Endpoint(ctx, h.cfg.NC, h.log, sem, h.instrument(protocol.OpProviderActivate, activate)),
 			micro.WithEndpointSubject(protocol.OpProviderActivate)); err != nil {
 			_ = svc.Stop()
 			return nil, err
@@ -280,7 +329,7 @@ func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider)
 			}
 			return pr.Prepare(ctx, r)
 		}
-		if err := g.AddEndpoint(protocol.OpProviderPrepare, rpc.Endpoint(ctx, h.cfg.NC, h.log, sem, prepare),
+		if err := g.AddEndpoint(protocol.OpProviderPrepare, rpc.Endpoint(ctx, h.cfg.NC, h.log, sem, h.instrument(protocol.OpProviderPrepare, prepare)),
 			micro.WithEndpointSubject(protocol.OpProviderPrepare)); err != nil {
 			_ = svc.Stop()
 			return nil, err

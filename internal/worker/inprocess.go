@@ -9,6 +9,7 @@ import (
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -38,6 +39,8 @@ type InProcess struct {
 	SeedEventsMax int
 	// Local returns child-only tools added after filtering (report).
 	Local func(spec SessionSpec) []*agent.Tool
+	// Metrics, when set, counts the agents' model and tool calls.
+	Metrics *telemetry.Metrics
 }
 
 // DefaultSeedEventsMax is the default bound of a fork seed.
@@ -168,6 +171,6 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 	return agent.New(agent.Config{
 		Header: spec.Header, Log: spec.Log, Events: events, Model: m, Tools: reg,
 		System: system, Credential: spec.Credential, Limits: p.Limits, Logger: logger,
-		Inbox: spec.Inbox, InboxDirty: spec.InboxDirty,
+		Inbox: spec.Inbox, InboxDirty: spec.InboxDirty, Metrics: p.Metrics,
 	})
 }

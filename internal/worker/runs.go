@@ -221,6 +221,7 @@ func (h *Host) settle(r *hostedRun, res protocol.SubagentResult) {
 	r.result = &res
 	leaseRev := r.leaseRev
 	r.mu.Unlock()
+	h.cfg.Metrics.RunSettled(rec.Provider, rec.Mode, res, time.Duration(rec.SettledAt-rec.CreatedAt)*time.Millisecond)
 	PublishSettled(h.st, rec, h.eventErr)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

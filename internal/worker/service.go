@@ -8,6 +8,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -39,6 +40,9 @@ type InProcessConfig struct {
 	HostExpiry        time.Duration
 	DrainGrace        time.Duration
 	Logger            *slog.Logger
+	// Metrics, when set, counts the host's settlements and its agents'
+	// model and tool calls, and reports its live runs and activations.
+	Metrics *telemetry.Metrics
 }
 
 // InProcessDescriptor is the descriptor of an in-process provider: every
@@ -75,7 +79,7 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 		agent.SendMessageTool(cl), agent.InterruptAgentTool(cl), agent.ListAgentsTool(cl)}
 	report := agent.ReportTool(cl)
 	p := &InProcess{
-		Desc: desc, Models: cfg.Models, Persona: cfg.Persona, Limits: cfg.Limits, Logger: cfg.Logger,
+		Desc: desc, Models: cfg.Models, Persona: cfg.Persona, Limits: cfg.Limits, Logger: cfg.Logger, Metrics: cfg.Metrics,
 		Store: cfg.Store, Seeded: desc.InheritsParentContext,
 		Tools: func(SessionSpec) ([]*agent.Tool, error) { return global, nil },
 		Local: func(spec SessionSpec) []*agent.Tool {
@@ -88,5 +92,6 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 	return New(Config{
 		NC: cfg.NC, Store: cfg.Store, Providers: []Provider{p}, HostID: cfg.HostID,
 		HeartbeatInterval: cfg.HeartbeatInterval, HostExpiry: cfg.HostExpiry, DrainGrace: cfg.DrainGrace, Logger: cfg.Logger,
+		Metrics: cfg.Metrics,
 	})
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/worker"
 )
 
@@ -44,6 +45,9 @@ type Config struct {
 	HostExpiry        time.Duration
 	DrainGrace        time.Duration
 	Logger            *slog.Logger
+	// Metrics, when set, counts the host's settlements and requests and
+	// the ACP agent processes (Options.Metrics defaults to it).
+	Metrics *telemetry.Metrics
 }
 
 // Service is a running ACP bridge: one worker host serving one provider per
@@ -58,6 +62,9 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Options.Logger == nil {
 		cfg.Options.Logger = cfg.Logger
 	}
+	if cfg.Options.Metrics == nil {
+		cfg.Options.Metrics = cfg.Metrics
+	}
 	providers, err := Providers(cfg.Agents, cfg.Options)
 	if err != nil {
 		return nil, err
@@ -65,6 +72,7 @@ func New(cfg Config) (*Service, error) {
 	h, err := worker.New(worker.Config{
 		NC: cfg.NC, Store: cfg.Store, Providers: providers, HostID: cfg.HostID,
 		HeartbeatInterval: cfg.HeartbeatInterval, HostExpiry: cfg.HostExpiry, DrainGrace: cfg.DrainGrace, Logger: cfg.Logger,
+		Metrics: cfg.Metrics,
 	})
 	if err != nil {
 		return nil, err

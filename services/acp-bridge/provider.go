@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/acpio"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -50,6 +51,9 @@ type Options struct {
 	// Version is reported to agents as clientInfo.version.
 	Version string
 	Logger  *slog.Logger
+	// Metrics, when set, counts the agent processes started, failed to
+	// start and exited, and reports those alive.
+	Metrics *telemetry.Metrics
 }
 
 func (o Options) withDefaults() Options {

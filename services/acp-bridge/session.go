@@ -309,8 +309,11 @@ func (s *Session) attach(ctx context.Context) (protocol.ACPSessionData, *ending)
 		},
 	})
 	if err != nil {
+		s.o.Metrics.ACPStartFailed(a.Name)
 		return data, &ending{reason: errReason(fmt.Sprintf("could not start the ACP agent %q: %v", a.Command, err))}
 	}
+	exited := s.o.Metrics.ACPStarted(a.Name)
+	go func() { <-proc.Exited(); exited() }()
 	s.touch()
 	filter := acpio.NewLineFilter(proc.Stdout, s.o.LineBytesMax, s.touch, s.onDrop)
 	conn := acp.NewClientSideConnection(client{s}, proc.Stdin, filter)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -114,8 +115,10 @@ func acpSessions(evs []protocol.SessionEvent) []protocol.ACPSessionData {
 // recorded ACP session (the agent advertised session/load) and goes on.
 func TestSessionFollowupAndColdResume(t *testing.T) {
 	script := tsAgent(t)
+	o := testOptions(t)
+	o.Metrics = telemetry.NewMetrics("test")
 	p, err := NewProvider(AgentConfig{Name: "ts", Command: "node", Args: []string{script},
-		Env: map[string]string{"TS_AGENT_STATE_DIR": t.TempDir()}}, testOptions(t))
+		Env: map[string]string{"TS_AGENT_STATE_DIR": t.TempDir()}}, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +134,9 @@ func TestSessionFollowupAndColdResume(t *testing.T) {
 	if r, out := turn(t, s1, log, "turns"); r.Kind != protocol.TurnCompleted || out != "turns before this one: 1" {
 		t.Fatalf("followup on the resident session: %+v %q", r, out)
 	}
+	acpMetrics(t, o.Metrics, 1, 1, 0) // one process served both turns
 	_ = s1.(worker.Closer).Close()
+	acpMetrics(t, o.Metrics, 0, 1, 1)
 
 	s2, err := p.NewSession(context.Background(), worker.SessionSpec{Header: h, Log: log, Events: log.events()})
 	if err != nil {
@@ -141,6 +146,7 @@ func TestSessionFollowupAndColdResume(t *testing.T) {
 		t.Fatalf("after a cold resume: %+v %q", r, out)
 	}
 	_ = s2.(worker.Closer).Close()
+	acpMetrics(t, o.Metrics, 0, 2, 2)
 	sessions := acpSessions(log.events())
 	if len(sessions) != 2 || sessions[0].SessionID != sessions[1].SessionID || sessions[0].Loaded || !sessions[1].Loaded || !sessions[0].LoadSession {
 		t.Fatalf("acp/session events %+v", sessions)
@@ -154,6 +160,51 @@ func TestSessionFollowupAndColdResume(t *testing.T) {
 	}
 	if len(turns) != 3 || turns[2] != 3 {
 		t.Fatalf("turns %v", turns)
+	}
+}
+
+// acpMetrics waits until the ACP process metrics of provider ts are live,
+// started and exited.
+func acpMetrics(t *testing.T, m *telemetry.Metrics, live, started, exited float64) {
+	t.Helper()
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		f, err := m.Gather()
+		if err != nil {
+			return false
+		}
+		l, _ := f.Sum("brood_acp_agent_processes", "provider", "ts")
+		s, _ := f.Sum("brood_acp_agent_processes_started_total", "provider", "ts")
+		e, _ := f.Sum("brood_acp_agent_processes_exited_total", "provider", "ts")
+		return l == live && s == started && e == exited
+	}, "ACP processes: %v live, %v started, %v exited", live, started, exited)
+}
+
+// An agent whose command cannot be started ends the turn error, counted.
+func TestSessionStartFailureIsCounted(t *testing.T) {
+	o := testOptions(t)
+	o.Metrics = telemetry.NewMetrics("test")
+	p, err := NewProvider(AgentConfig{Name: "ts", Command: filepath.Join(t.TempDir(), "no-such-agent")}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &memLog{}
+	s, err := p.NewSession(context.Background(), worker.SessionSpec{Header: protocol.SessionHeader{ID: "child-1", Cwd: t.TempDir(), ParentSession: "p"}, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.(worker.Closer).Close()
+	if r, _ := turn(t, s, log, "hello"); r.Kind != protocol.TurnError || !strings.Contains(r.Error, "could not start the ACP agent") {
+		t.Fatalf("turn: %+v", r)
+	}
+	f, err := o.Metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := f.Sum("brood_acp_agent_process_start_failures_total", "provider", "ts"); n != 1 {
+		t.Fatalf("start failures = %v, want 1", n)
+	}
+	if n, _ := f.Sum("brood_acp_agent_processes_started_total"); n != 0 {
+		t.Fatalf("started = %v, want 0", n)
 	}
 }
 

@@ -272,6 +272,30 @@ func (r *registry) liveLocked(h *hostState) bool {
 	return !r.expiredLocked(h.obs)
 }
 
+// liveHosts reports the live hosts by kind (brood_hosts_live).
+func (r *registry) liveHosts(add func(v float64, labels ...string)) {
+	counts := map[string]int{protocol.HostWorker: 0, protocol.HostCoordinator: 0}
+	r.mu.Lock()
+	for _, h := range r.hosts {
+		if r.liveLocked(h) {
+			counts[h.rec.Kind]++
+		}
+	}
+	r.mu.Unlock()
+	for kind, n := range counts {
+		add(float64(n), kind)
+	}
+}
+
+// liveInstances reports the live instances of each provider
+// (brood_provider_instances).
+func (r *registry) liveInstances(add func(v float64, labels ...string)) {
+	_, counts := r.providers()
+	for name, n := range counts {
+		add(float64(n), name)
+	}
+}
+
 // hostLive reports whether host id is known and not judged dead.
 func (r *registry) hostLive(id string) bool {
 	r.mu.Lock()

@@ -13,6 +13,7 @@ import (
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -141,6 +142,7 @@ func (c *Coordinator) checkDraining(lineage []string) error {
 }
 
 func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (any, error) {
+	began := time.Now()
 	var r protocol.ContinuableStartRequest
 	if err := req.Decode(&r); err != nil {
 		return nil, err
@@ -247,6 +249,7 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 		rollback()
 		return nil, inboxError(err)
 	}
+	c.cfg.Metrics.StartAnswered(desc.Name, protocol.ModeContinuable, time.Since(began))
 	return protocol.ContinuableStartReply{ChildID: childID, MessageID: mid}, nil
 }
 
@@ -272,6 +275,7 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 	if err != nil {
 		return protocol.ActivateReply{}, protocol.Errorf(protocol.CodeUnavailable, "record the epoch: %v", err)
 	}
+	c.cfg.Metrics.RunStarted(rec.Provider, rec.Mode)
 	pctx, cancel := untilDeadline(ctx, c.cfg.ProviderStartTimeout)
 	defer cancel()
 	var reply protocol.ActivateReply
@@ -413,6 +417,7 @@ func (c *Coordinator) childFor(ctx context.Context, childID string, auth protoco
 // turn; none → into the inbox, then a cold resume that claims it. FIFO per
 // child; an idempotency key makes a retry count once.
 func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) (any, error) {
+	began := time.Now()
 	var r protocol.FollowupRequest
 	if err := req.Decode(&r); err != nil {
 		return nil, err
@@ -471,14 +476,18 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) 
 		return nil, inboxError(err)
 	}
 	if held != "" {
+		c.cfg.Metrics.FollowupAccepted(telemetry.RouteHeld, time.Since(began))
 		return protocol.FollowupReply{MessageID: mid, Held: held}, nil
 	}
+	route := telemetry.RouteResident
 	if lease == nil {
+		route = telemetry.RouteCold
 		if err := c.coldResume(ctx, h, desc, owner); err != nil {
 			// The message is accepted and durable; the liveness sweep resumes it.
 			c.log.Warn("cold resume failed; the accepted message waits for the liveness sweep", "session", h.ID, "err", err)
 		}
 	}
+	c.cfg.Metrics.FollowupAccepted(route, time.Since(began))
 	return protocol.FollowupReply{MessageID: mid}, nil
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/brood-dev/brood/internal/buildinfo"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -61,6 +62,10 @@ type Config struct {
 	LivenessInterval time.Duration
 	Version          string
 	Logger           *slog.Logger
+	// Metrics, when set, counts what this replica does (runs it admits or
+	// settles, takeovers, followups, requests) and reports the hosts and
+	// inbox depth it sees.
+	Metrics *telemetry.Metrics
 }
 
 func (c *Config) defaults() {
@@ -221,7 +226,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	g := svc.AddGroup(c.subj.CoordGroup())
 	for _, ep := range c.endpoints() {
 		name := strings.ReplaceAll(ep.subject, ".", "_")
-		if err := g.AddEndpoint(name, rpc.Endpoint(reqCtx, c.cfg.NC, c.log, sem, ep.handle), micro.WithEndpointSubject(ep.subject)); err != nil {
+		if err := g.AddEndpoint(name, rpc.Endpoint(reqCtx, c.cfg.NC, c.log, sem, c.instrument(ep)), micro.WithEndpointSubject(ep.subject)); err != nil {
 			_ = svc.Stop()
 			return fmt.Errorf("coordinator: endpoint %s: %w", ep.subject, err)
 		}
@@ -239,6 +244,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}
 	c.log.Info("coordinator serving")
 	close(c.ready)
+	defer c.cfg.Metrics.CoordinatorGauges(c.reg.liveHosts, c.reg.liveInstances, c.inboxDepth)()
 
 	var bg sync.WaitGroup
 	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
@@ -297,6 +303,32 @@ func (c *Coordinator) serveUnknownEndpoints(ctx context.Context, sem chan struct
 		return nil, fmt.Errorf("coordinator: catch-all subscription: %w", err)
 	}
 	return sub, nil
+}
+
+// instrument counts ep's answers and their latency (brood_requests_total,
+// brood_request_duration_seconds).
+func (c *Coordinator) instrument(ep endpoint) rpc.Handler {
+	if c.cfg.Metrics == nil {
+		return ep.handle
+	}
+	return func(ctx context.Context, req rpc.Request) (any, error) {
+		start := time.Now()
+		reply, err := ep.handle(ctx, req)
+		c.cfg.Metrics.Request("coordinator", ep.subject, time.Since(start), err)
+		return reply, err
+	}
+}
+
+// inboxDepth reads the pending items of every inbox and how many sessions
+// have some (one stream info, bounded to 2 s).
+func (c *Coordinator) inboxDepth() (items, sessions float64, ok bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	info, err := c.st.Inbox.Info(ctx)
+	if err != nil {
+		return 0, 0, false
+	}
+	return float64(info.State.Msgs), float64(info.State.NumSubjects), true
 }
 
 // beat writes this replica's heartbeat. The registry waits for it to come

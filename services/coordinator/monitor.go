@@ -195,6 +195,7 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 			return // another replica won the lease
 		}
 		c.agents.observe(taken, leaseRev)
+		c.cfg.Metrics.TakeOver(protocol.ModeOneShot)
 		c.log.Warn("host lost; taking the session over", "session", id, "host", deadHost, "run", fresh.Value.RunID)
 	}
 	events, err := c.closeInterrupted(ctx, id)
@@ -225,6 +226,7 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 			return
 		}
 	} else {
+		c.settled(rec)
 		worker.PublishSettled(c.st, rec, func(err error) { c.log.Warn("lifecycle event not acknowledged", "err", err) })
 		c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", res.StopReason, "errorCode", res.ErrorCode)
 	}
@@ -277,6 +279,7 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 			return
 		}
 		c.agents.observe(taken, leaseRev)
+		c.cfg.Metrics.TakeOver(protocol.ModeContinuable)
 		c.log.Warn("host lost; ending the activation's epoch", "session", id, "host", deadHost, "run", fresh.Value.RunID)
 	}
 	events, err := c.closeInterrupted(ctx, id)
@@ -299,6 +302,7 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), c.cfg.ID, &res
 		if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision); err == nil {
 			settled = true
+			c.settled(rec)
 		}
 	}
 	if err := store.Delete(ctx, c.st.Agents, id, leaseRev); err != nil {

@@ -179,6 +179,7 @@ func ancestry(a admission) []string {
 // asks a provider instance to publish the child, and answers {runId, childId}
 // at publication (DESIGN.md §7).
 func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, error) {
+	began := time.Now()
 	var r protocol.RunStartRequest
 	if err := req.Decode(&r); err != nil {
 		return nil, err
@@ -221,6 +222,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	); err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "record the run: %v", err)
 	}
+	c.cfg.Metrics.RunStarted(rec.Provider, rec.Mode)
 	c.st.PutChildIndexAsync(header.ParentSession, protocol.ChildIndexRecord{
 		ChildID: childID, CreatedAt: now, Mode: protocol.ModeOneShot, Provider: a.desc.Name,
 	}, func(err error) { c.log.Warn("child index entry not written", "child", childID, "err", err) })
@@ -236,6 +238,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 		c.failRun(context.WithoutCancel(ctx), rec, runRev, err)
 		return nil, err
 	}
+	c.cfg.Metrics.StartAnswered(rec.Provider, rec.Mode, time.Since(began))
 	return protocol.RunStartReply{RunID: runID, ChildID: childID}, nil
 }
 
@@ -251,7 +254,15 @@ func (c *Coordinator) failRun(ctx context.Context, rec protocol.RunRecord, rev u
 	}
 	if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, rev); err != nil {
 		c.log.Warn("could not settle a run that failed to start", "run", rec.RunID, "err", err)
+		return
 	}
+	c.settled(rec)
+}
+
+// settled counts a settlement this replica won (brood_runs_settled_total and
+// the delegation's duration from its record).
+func (c *Coordinator) settled(rec protocol.RunRecord) {
+	c.cfg.Metrics.RunSettled(rec.Provider, rec.Mode, *rec.Result, time.Duration(rec.SettledAt-rec.CreatedAt)*time.Millisecond)
 }
 
 // authorizeRun checks that ref may act on rec: the run's parent with its live

@@ -1,0 +1,90 @@
+package integration
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/internal/telemetry"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// scrape reads url's metrics in the Prometheus text format.
+func scrape(t *testing.T, url string) (telemetry.Families, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s, %v", url, resp.Status, err)
+	}
+	f, err := telemetry.ParseText(bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("the scrape of %s does not parse: %v", url, err)
+	}
+	return f, string(body)
+}
+
+// wantSample checks sum(name{labels}) == v; absent counts as 0.
+func wantSample(t *testing.T, f telemetry.Families, v float64, name string, labels ...string) {
+	t.Helper()
+	if got, ok := f.Sum(name, labels...); (!ok && v != 0) || got != v {
+		t.Errorf("%s%v = %v (present %v), want %v", name, labels, got, ok, v)
+	}
+}
+
+// TestDevMetricsCountARun is issue 11's acceptance: `brood dev --metrics
+// ADDR`, then one `brood run`: the scrape shows the run started and settled
+// under its provider and stop reason, with a delegation latency observation,
+// and the fleet it ran on.
+func TestDevMetricsCountARun(t *testing.T) {
+	d := startDev(t, "--metrics", "127.0.0.1:0")
+	if d.metricsURL == "" {
+		t.Fatalf("brood dev --metrics printed no metrics address: %q", d.stdout)
+	}
+	run := exec.Command(broodBin, "run", "--nats", d.natsURL, "--provider", "spawn", "call list_dir {}\nsay ok")
+	run.Dir = t.TempDir()
+	out, err := run.Output()
+	if err != nil || string(out) != "ok\n" {
+		t.Fatalf("brood run: %q, %v", out, err)
+	}
+	// The run's settlement is counted before its result is published, and
+	// the host's lease release follows: wait until nothing runs.
+	var (
+		f    telemetry.Families
+		text string
+	)
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		f, text = scrape(t, d.metricsURL)
+		n, _ := f.Sum("brood_runs_live")
+		return n == 0
+	}, "no run live after the result")
+	one := []string{"provider", "spawn", "mode", protocol.ModeOneShot}
+	wantSample(t, f, 1, "brood_runs_started_total", one...)
+	wantSample(t, f, 1, "brood_runs_settled_total", append(one, "stop_reason", "completed", "error_code", "")...)
+	wantSample(t, f, 1, "brood_delegation_duration_seconds_count", one...)
+	if sum, _ := f.Sum("brood_delegation_duration_seconds_sum", one...); sum <= 0 || sum > 30 {
+		t.Errorf("delegation took %vs by the histogram", sum)
+	}
+	wantSample(t, f, 1, "brood_delegation_start_duration_seconds_count", one...)
+	wantSample(t, f, 1, "brood_requests_total", "service", "coordinator", "endpoint", protocol.EpRunsStart, "code", "")
+	wantSample(t, f, 1, "brood_requests_total", "service", "provider", "endpoint", protocol.OpProviderStart, "code", "")
+	wantSample(t, f, 2, "brood_model_requests_total", "adapter", "scripted", "outcome", "ok")
+	wantSample(t, f, 1, "brood_tool_calls_total", "tool", "list_dir", "outcome", "ok")
+	wantSample(t, f, 0, "brood_runs_settled_total", "stop_reason", "error")
+	wantSample(t, f, 3, "brood_hosts_live", "kind", "worker") // spawn, fork, acp
+	wantSample(t, f, 1, "brood_hosts_live", "kind", "coordinator")
+	wantSample(t, f, 1, "brood_provider_instances", "provider", "spawn")
+	wantSample(t, f, 0, "brood_inbox_pending_items")
+	wantSample(t, f, 1, "brood_build_info")
+	if t.Failed() {
+		t.Logf("scrape:\n%s", text)
+	}
+}
