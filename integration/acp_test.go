@@ -108,6 +108,19 @@ func eventTypes(evs []protocol.SessionEvent) string {
 	return strings.Join(ts, " ")
 }
 
+// firstUserSource is the source of the first user/message in evs.
+func firstUserSource(t *testing.T, evs []protocol.SessionEvent) protocol.MessageSource {
+	t.Helper()
+	for _, ev := range evs {
+		var d protocol.UserMessageData
+		if ev.Type == protocol.EvUserMessage && ev.Decode(&d) == nil {
+			return d.Source
+		}
+	}
+	t.Fatalf("no user/message in %s", eventTypes(evs))
+	return protocol.MessageSource{}
+}
+
 func acpTurnEnd(t *testing.T, evs []protocol.SessionEvent) protocol.TurnEndReason {
 	t.Helper()
 	for i := len(evs) - 1; i >= 0; i-- {
@@ -513,6 +526,42 @@ func TestACPBridgeToBroodACPAgent(t *testing.T) {
 	if acpTurnEnd(t, inner).Kind != protocol.TurnCompleted {
 		t.Fatalf("the ACP agent's log %s", eventTypes(inner))
 	}
+	// A prompt from the user (a client's root) is the user's in the agent's
+	// own log; one relayed from a parent (its followup) keeps that source
+	// through the bridge.
+	if src := firstUserSource(t, inner); src.Kind != protocol.SourceUser {
+		t.Fatalf("the ACP agent logged the user's prompt as %+v", src)
+	}
+	cont, err := s.Client.StartContinuable(context.Background(), protocol.ContinuableStartRequest{
+		Provider: "acp", Parent: root.Ref(), Label: "relay", Prompt: protocol.Text("say first"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	followup(t, s, cont.ChildID, ref(root), "say relayed")
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		_, evs := s.Log(cont.ChildID)
+		d, ok := acpbridge.LastACPSession(evs)
+		if !ok {
+			return false
+		}
+		_, inner := s.Log(d.SessionID)
+		var last protocol.UserMessageData
+		for _, ev := range inner {
+			if ev.Type == protocol.EvUserMessage {
+				_ = ev.Decode(&last)
+			}
+		}
+		return protocol.AllText(last.Content) == "say relayed" && last.Source.Kind == protocol.SourceCoordinator &&
+			last.Source.SenderSessionID == root.SessionID
+	}, "the relayed followup is logged in the ACP agent's session with its source")
+	// A failing turn is the child's error with the agent's reason; the
+	// note the agent streams for editors is no part of the answer.
+	ids, res, _ = runFor(t, s, root.Ref(), "acp", "fail boom", 30*time.Second)
+	if res.StopReason != protocol.StopError || !strings.Contains(res.Diagnostic, "boom") || strings.Contains(protocol.PlainText(res.Output), "turn failed") {
+		t.Fatalf("a failing turn through the bridge: %+v", res)
+	}
+	_ = ids
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -216,3 +216,89 @@ func TestACPAgentOverACP(t *testing.T) {
 	}
 	b.exit(t)
 }
+
+// TestACPAgentForEditors: what an editor sees from `brood acp-agent`. A turn
+// that fails is a stop reason (end_turn, the reason in _meta and streamed as
+// a marked note), not a JSON-RPC error; a subagent tool call's update carries
+// the child's id; a prompt relayed by an agent is logged with its source.
+func TestACPAgentForEditors(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	a := startACPAgent(t, s.Server.ClientURL())
+	if _, err := a.conn.Initialize(ctx, acp.InitializeRequest{ProtocolVersion: acp.ProtocolVersionNumber}); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := a.conn.NewSession(ctx, acp.NewSessionRequest{Cwd: t.TempDir(), McpServers: []acp.McpServer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	r, err := a.conn.Prompt(ctx, acp.PromptRequest{SessionId: ns.SessionId, Prompt: []acp.ContentBlock{acp.TextBlock("fail boom")}})
+	if err != nil {
+		t.Fatalf("a failing turn answered a JSON-RPC error: %v", err)
+	}
+	var te struct{ TurnEnd protocol.ACPTurnEnd }
+	if r.StopReason != acp.StopReasonEndTurn || !protocol.ACPMetaOf(r.Meta, &te) || te.TurnEnd.Kind != protocol.TurnError || !strings.Contains(te.TurnEnd.Error, "boom") {
+		t.Fatalf("response %+v", r)
+	}
+	a.rec.mu.Lock()
+	var noted bool
+	for _, u := range a.rec.updates {
+		if c := u.AgentMessageChunk; c != nil && c.Content.Text != nil && strings.Contains(c.Content.Text.Text, "boom") {
+			var m struct{ Notice string }
+			noted = protocol.ACPMetaOf(c.Meta, &m) && m.Notice == protocol.ACPNoticeTurnError
+		}
+	}
+	a.rec.updates = nil
+	a.rec.mu.Unlock()
+	if !noted {
+		t.Fatal("the editor was not shown why the turn failed")
+	}
+
+	r, err = a.conn.Prompt(ctx, acp.PromptRequest{SessionId: ns.SessionId, Prompt: []acp.ContentBlock{acp.TextBlock(
+		"call subagent {\"description\":\"a child\",\"prompt\":\"say from the child\"}\nsay done")}})
+	if err != nil || r.StopReason != acp.StopReasonEndTurn {
+		t.Fatalf("subagent prompt: %+v %v", r, err)
+	}
+	a.rec.mu.Lock()
+	var child string
+	for _, u := range a.rec.updates {
+		if c := u.ToolCallUpdate; c != nil && c.Status != nil && *c.Status == acp.ToolCallStatusCompleted {
+			var m struct{ ChildID string }
+			if protocol.ACPMetaOf(c.Meta, &m) {
+				child = m.ChildID
+			}
+			if out, ok := c.RawOutput.(map[string]any); !ok || out["childId"] != child {
+				t.Errorf("rawOutput %v, want the child id %s", c.RawOutput, child)
+			}
+		}
+	}
+	a.rec.updates = nil
+	a.rec.mu.Unlock()
+	if child == "" {
+		t.Fatal("the subagent tool-call update carries no child id")
+	}
+	if h, evs := s.Log(child); h.ParentSession != string(ns.SessionId) || acpTurnEnd(t, evs).Kind != protocol.TurnCompleted {
+		t.Fatalf("the linked child %s: header %+v", child, h)
+	}
+
+	relay := protocol.MessageSource{Kind: protocol.SourceCoordinator, Form: "relay", SenderSessionID: "01PARENTAGENT0000000000000"}
+	_, err = a.conn.Prompt(ctx, acp.PromptRequest{SessionId: ns.SessionId, Prompt: []acp.ContentBlock{acp.TextBlock("say relayed")},
+		Meta: map[string]any{protocol.ACPMetaKey: protocol.ACPPromptMeta{Source: &relay}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, evs := s.Log(string(ns.SessionId))
+	var last protocol.UserMessageData
+	for _, ev := range evs {
+		if ev.Type == protocol.EvUserMessage {
+			_ = ev.Decode(&last)
+		}
+	}
+	if last.Source != relay {
+		t.Fatalf("the relayed prompt was logged with source %+v, want %+v", last.Source, relay)
+	}
+}

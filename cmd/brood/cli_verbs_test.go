@@ -302,3 +302,29 @@ func TestLogVerbFollowsLive(t *testing.T) {
 	}
 	c.fails("NOT_FOUND", "log", "--follow", "01NOSUCHCHILD0000000000000")
 }
+
+func TestLogNamesWhoSentEachPrompt(t *testing.T) {
+	c := newCLI(t)
+	o := c.ok("run", "--provider", "spawn", "--json", `call subagent {"description":"grandchild","prompt":"say deep"}`+"\nsay done")
+	child := decodeJSON[struct{ ChildID string }](t, o.out).ChildID
+	if lo := c.ok("log", child).out; !regexp.MustCompile(`user/message +\[user\] call subagent`).MatchString(lo) {
+		t.Fatalf("the user's prompt:\n%s", lo)
+	}
+	rows := decodeJSON[[]protocol.ChildRow](t, c.ok("children", "--json", child).out)
+	if len(rows) != 1 {
+		t.Fatalf("children of %s: %+v", child, rows)
+	}
+	if lo := c.ok("log", rows[0].ID).out; !strings.Contains(lo, "[parent "+child+"] say deep") {
+		t.Fatalf("the agent's prompt is not logged as its:\n%s", lo)
+	}
+	h, evs := c.stack.Log(rows[0].ID)
+	var d protocol.UserMessageData
+	for _, ev := range evs {
+		if ev.Type == protocol.EvUserMessage && ev.Decode(&d) == nil {
+			break
+		}
+	}
+	if d.Source != (protocol.MessageSource{Kind: protocol.SourceCoordinator, Form: "relay", SenderSessionID: h.ParentSession}) {
+		t.Fatalf("source %+v", d.Source)
+	}
+}

@@ -89,7 +89,7 @@ func formatEvent(ev protocol.SessionEvent, h protocol.SessionHeader) string {
 	case protocol.EvUserMessage:
 		var d protocol.UserMessageData
 		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("[%s] %s", d.Source.Kind, clip(protocol.AllText(d.Content)))
+			detail = fmt.Sprintf("[%s] %s", sourceLabel(d.Source), clip(protocol.AllText(d.Content)))
 		}
 	case protocol.EvAssistantMessage:
 		var d protocol.AssistantMessageData
@@ -122,7 +122,7 @@ func formatEvent(ev protocol.SessionEvent, h protocol.SessionHeader) string {
 	case protocol.EvInboxEnqueue:
 		var d protocol.InboxEnqueueData
 		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("message %s inbox seq %s from %s", d.MessageID, d.InboxSeq, d.Source.Kind)
+			detail = fmt.Sprintf("message %s inbox seq %s from %s", d.MessageID, d.InboxSeq, sourceLabel(d.Source))
 		}
 	case protocol.EvInboxDequeue:
 		var d protocol.InboxDequeueData
@@ -158,4 +158,22 @@ func formatEvent(ev protocol.SessionEvent, h protocol.SessionHeader) string {
 		marker = "s"
 	}
 	return fmt.Sprintf("%s%5d  %-20s %s", marker, ev.Seq, ev.Type, detail)
+}
+
+// sourceLabel names who a message came from: the user, or the session that
+// sent it (a parent agent's prompt or followup, relayed by the coordinator;
+// a child's report or settlement notice).
+func sourceLabel(src protocol.MessageSource) string {
+	if src.SenderSessionID == "" {
+		return src.Kind
+	}
+	switch src.Kind {
+	case protocol.SourceCoordinator:
+		return "parent " + src.SenderSessionID
+	case protocol.SourceSubagentReport:
+		return "report of " + src.SenderSessionID
+	case protocol.SourceSubagentSettled:
+		return "notice of " + src.SenderSessionID
+	}
+	return src.Kind + " " + src.SenderSessionID
 }

@@ -103,8 +103,12 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	var out agent.Outcome
 	if derr == nil {
 		// A seeded child's session frames its first turn itself (agent.SeedFraming).
+		src := protocol.MessageSource{Kind: protocol.SourceUser}
+		if req.Source != nil && req.Source.Kind != "" {
+			src = *req.Source // provenance only, as the coordinator judged it
+		}
 		out, opened = sess.OpenTurn(runCtx, agent.Input{
-			Content: req.Prompt, Source: protocol.MessageSource{Kind: protocol.SourceUser}, Extra: []protocol.SessionEvent{desc},
+			Content: req.Prompt, Source: src, Extra: []protocol.SessionEvent{desc},
 		})
 	}
 	wg.Wait()

@@ -167,3 +167,41 @@ type ACPLateUpdateData struct {
 	Title        string `msgpack:"title,omitempty" json:"title,omitempty"`
 	Status       string `msgpack:"status,omitempty" json:"status,omitempty"`
 }
+
+// ACPPromptMeta is what the ACP bridge puts under `_meta.brood` of
+// `session/prompt` for a Brood ACP agent: the prompt's provenance (who sent
+// it: the user, a parent agent's relay, a report), so the agent logs the
+// message with its real source instead of `user`. Provenance only, never
+// authority (DESIGN.md §7).
+type ACPPromptMeta struct {
+	Source *MessageSource `json:"source,omitempty"`
+}
+
+// ACPTurnEnd is what a Brood ACP agent puts under `_meta.brood.turnEnd` of a
+// `session/prompt` response whose turn failed: ACP has no stop reason for an
+// error, so the response says `end_turn` (an editor shows the error text
+// streamed before it), and this records the real end for the ACP bridge,
+// which logs the turn `error` with Error as its diagnostic.
+type ACPTurnEnd struct {
+	Kind  string `json:"kind"`
+	Error string `json:"error,omitempty"`
+}
+
+// ACPNoticeTurnError is the `_meta.brood.notice` of the agent message chunk
+// in which a Brood ACP agent tells an editor why a turn failed (see
+// ACPTurnEnd); the ACP bridge leaves that text out of the child's answer.
+const ACPNoticeTurnError = "turn-error"
+
+// ACPMetaOf decodes `_meta.brood` into v; false when there is none or it does
+// not decode (a foreign agent's `_meta` is never trusted to mean anything).
+func ACPMetaOf(meta map[string]any, v any) bool {
+	raw, ok := meta[ACPMetaKey]
+	if !ok || raw == nil {
+		return false
+	}
+	b, err := json.Marshal(raw)
+	if err != nil {
+		return false
+	}
+	return json.Unmarshal(b, v) == nil
+}

@@ -245,3 +245,19 @@ func TestJSONIsWrittenWithoutHTMLEscaping(t *testing.T) {
 		t.Fatalf("%s", data)
 	}
 }
+
+func TestPromptSourceNamesTheAgentThatWroteIt(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		parent SessionHeader
+		want   MessageSource
+	}{
+		{"a client's root", SessionHeader{ID: "R"}, MessageSource{Kind: SourceUser}},
+		{"an agent", SessionHeader{ID: "A", ParentSession: "R", Origin: OriginSubagent}, MessageSource{Kind: SourceCoordinator, Form: "relay", SenderSessionID: "A"}},
+		{"a Brood ACP agent's root", SessionHeader{ID: "E", Origin: OriginReopenable}, MessageSource{Kind: SourceCoordinator, Form: "relay", SenderSessionID: "E"}},
+	} {
+		if got := PromptSource(tc.parent); got != tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+		}
+	}
+}

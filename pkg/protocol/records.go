@@ -93,12 +93,15 @@ type ResolvedOptions struct {
 // after it validated a runs.start and wrote the child's header and run record.
 // RunRevision is the brood_runs revision the settlement CAS must match.
 type ProviderStartRequest struct {
-	RunID       string          `msgpack:"runId" json:"runId"`
-	Header      SessionHeader   `msgpack:"header" json:"header"`
-	Provider    string          `msgpack:"provider" json:"provider"`
-	Prompt      []ContentBlock  `msgpack:"prompt" json:"prompt"`
-	Notify      string          `msgpack:"notify,omitempty" json:"notify,omitempty"`
-	NotifyJSON  bool            `msgpack:"notifyJson,omitempty" json:"notifyJson,omitempty"`
+	RunID      string         `msgpack:"runId" json:"runId"`
+	Header     SessionHeader  `msgpack:"header" json:"header"`
+	Provider   string         `msgpack:"provider" json:"provider"`
+	Prompt     []ContentBlock `msgpack:"prompt" json:"prompt"`
+	Notify     string         `msgpack:"notify,omitempty" json:"notify,omitempty"`
+	NotifyJSON bool           `msgpack:"notifyJson,omitempty" json:"notifyJson,omitempty"`
+	// Source is the prompt's provenance as the coordinator judged it
+	// (PromptSource); absent means the user.
+	Source      *MessageSource  `msgpack:"source,omitempty" json:"source,omitempty"`
 	RunRevision Seq             `msgpack:"runRevision" json:"runRevision"`
 	Options     ResolvedOptions `msgpack:"options" json:"options"`
 	Ancestry    []string        `msgpack:"ancestry,omitempty" json:"ancestry,omitempty"`

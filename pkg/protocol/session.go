@@ -266,3 +266,15 @@ type DescriptorData struct {
 	Persona       *string     `msgpack:"persona,omitempty" json:"persona,omitempty"`
 	ToolFilter    *ToolFilter `msgpack:"toolFilter,omitempty" json:"toolFilter,omitempty"`
 }
+
+// PromptSource is the provenance of a child's first prompt, judged from the
+// parent's header: a client's root (no parent, no origin: `brood run`, `brood
+// start`, a program holding a root) speaks for the user; any other parent is
+// an agent whose model wrote the prompt (the subagent tool, also in a Brood
+// ACP agent's root), relayed by the coordinator as a parent's followup is.
+func PromptSource(parent SessionHeader) MessageSource {
+	if parent.ParentSession == "" && parent.Origin == "" {
+		return MessageSource{Kind: SourceUser}
+	}
+	return MessageSource{Kind: SourceCoordinator, Form: "relay", SenderSessionID: parent.ID}
+}

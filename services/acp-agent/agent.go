@@ -341,7 +341,14 @@ func (s *Service) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptRe
 	if len(content) == 0 {
 		return acp.PromptResponse{}, acp.NewInvalidParams(map[string]any{"error": "the prompt has no text"})
 	}
-	return ss.prompt(ctx, content)
+	// Who sent it: the ACP bridge says so for a prompt relayed from a parent
+	// agent (provenance only); an editor's prompt is the user's.
+	src := protocol.MessageSource{Kind: protocol.SourceUser}
+	var pm protocol.ACPPromptMeta
+	if protocol.ACPMetaOf(p.Meta, &pm) && pm.Source != nil && pm.Source.Kind != "" {
+		src = *pm.Source
+	}
+	return ss.prompt(ctx, content, src)
 }
 
 // Cancel implements acp.Agent: the session's running turn ends aborted{user}.

@@ -88,9 +88,15 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// prompt runs one turn. The SDK cancels ctx on session/cancel and when the
-// client disconnects: the turn then ends aborted{user}.
-func (ss *session) prompt(ctx context.Context, content []protocol.ContentBlock) (acp.PromptResponse, error) {
+// prompt runs one turn whose message came from src (the user, unless the ACP
+// bridge said otherwise). The SDK cancels ctx on session/cancel and when the
+// client disconnects: the turn then ends aborted{user}. A turn that fails
+// (a model error) is a stop reason, not a JSON-RPC error: the error text is
+// streamed as a marked agent message (so an editor shows why) and the
+// response says end_turn with `_meta.brood.turnEnd` {kind: error, error}.
+// Only what is not a turn's answer (the log fenced, JetStream refusing
+// writes, a closing session) is a JSON-RPC error.
+func (ss *session) prompt(ctx context.Context, content []protocol.ContentBlock, src protocol.MessageSource) (acp.PromptResponse, error) {
 	ss.turnMu.Lock()
 	defer ss.turnMu.Unlock()
 	tctx, cancel := context.WithCancelCause(context.Background())
@@ -105,7 +111,7 @@ func (ss *session) prompt(ctx context.Context, content []protocol.ContentBlock) 
 	ss.cancel = cancel
 	ss.streamed = false
 	ss.mu.Unlock()
-	out := ss.agent.RunTurn(tctx, agent.Input{Content: content, Source: protocol.MessageSource{Kind: protocol.SourceUser}})
+	out := ss.agent.RunTurn(tctx, agent.Input{Content: content, Source: src})
 	ss.mu.Lock()
 	ss.cancel = nil
 	ss.mu.Unlock()
@@ -126,9 +132,22 @@ func (ss *session) prompt(ctx context.Context, content []protocol.ContentBlock) 
 	case protocol.TurnAborted:
 		return acp.PromptResponse{StopReason: acp.StopReasonCancelled}, nil
 	default:
-		return acp.PromptResponse{}, acp.NewInternalError(map[string]any{"error": "the turn failed: " + out.Reason.Error})
+		msg := out.Reason.Error
+		if msg == "" {
+			msg = "the turn ended " + out.Reason.Kind
+		}
+		u := acp.UpdateAgentMessageText("\n[the turn failed: " + msg + "]")
+		u.AgentMessageChunk.Meta = map[string]any{protocol.ACPMetaKey: map[string]any{"notice": ACPNoticeTurnError}}
+		ss.notify(u)
+		return acp.PromptResponse{StopReason: acp.StopReasonEndTurn, Meta: map[string]any{
+			protocol.ACPMetaKey: map[string]any{"turnEnd": protocol.ACPTurnEnd{Kind: out.Reason.Kind, Error: msg}}}}, nil
 	}
 }
+
+// ACPNoticeTurnError marks (in `_meta.brood.notice` of an agent message
+// chunk) the text that tells an editor why a turn failed: it is no part of
+// the agent's answer, and the ACP bridge leaves it out of the child's log.
+const ACPNoticeTurnError = protocol.ACPNoticeTurnError
 
 func (ss *session) cancelTurn(cause string) {
 	ss.mu.Lock()
@@ -256,8 +275,20 @@ func toolUpdate(ev protocol.SessionEvent) (acp.SessionUpdate, bool) {
 		if d.IsError {
 			status = acp.ToolCallStatusFailed
 		}
-		return acp.UpdateToolCall(acp.ToolCallId(d.CallID), acp.WithUpdateStatus(status),
-			acp.WithUpdateContent([]acp.ToolCallContent{acp.ToolContent(acp.TextBlock(protocol.AllText(d.Content)))})), true
+		opts := []acp.ToolCallUpdateOpt{acp.WithUpdateStatus(status),
+			acp.WithUpdateContent([]acp.ToolCallContent{acp.ToolContent(acp.TextBlock(protocol.AllText(d.Content)))})}
+		if len(d.Meta) > 0 {
+			// The ids the tool produced (subagent: childId, runId; send_message:
+			// messageId), so an editor can link to the child's log.
+			meta := make(map[string]any, len(d.Meta))
+			for k, v := range d.Meta {
+				meta[k] = v
+			}
+			opts = append(opts, acp.WithUpdateRawOutput(meta), func(u *acp.SessionToolCallUpdate) {
+				u.Meta = map[string]any{protocol.ACPMetaKey: meta}
+			})
+		}
+		return acp.UpdateToolCall(acp.ToolCallId(d.CallID), opts...), true
 	}
 	return acp.SessionUpdate{}, false
 }

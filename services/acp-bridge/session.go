@@ -66,6 +66,7 @@ type Session struct {
 	events    []protocol.SessionEvent
 	turn      int64
 	prompt    []acp.ContentBlock
+	source    protocol.MessageSource // the open turn's message provenance
 	fenced    bool
 	cur       *turnState
 	proc      *acpio.Process
@@ -163,7 +164,7 @@ func (s *Session) OpenTurn(ctx context.Context, in agent.Input) (agent.Outcome, 
 		}
 	}
 	s.mu.Lock()
-	s.turn, s.prompt = turn, prompt
+	s.turn, s.prompt, s.source = turn, prompt, in.Source
 	s.mu.Unlock()
 	return agent.Outcome{Turn: turn}, true
 }
@@ -176,7 +177,7 @@ func (s *Session) OpenTurn(ctx context.Context, in agent.Input) (agent.Outcome, 
 // more is appended.
 func (s *Session) RunSteps(ctx context.Context) agent.Outcome {
 	s.mu.Lock()
-	turn, prompt, attached := s.turn, s.prompt, s.conn != nil
+	turn, prompt, source, attached := s.turn, s.prompt, s.source, s.conn != nil
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeoutCause(ctx, s.o.TurnTimeout, errTurnTimeout)
 	defer cancel()
@@ -210,7 +211,7 @@ func (s *Session) RunSteps(ctx context.Context) agent.Outcome {
 		return out
 	}
 	go s.writer(ctx, t)
-	done, res := s.startPrompt(prompt)
+	done, res := s.startPrompt(prompt, source)
 	e := s.await(ctx, t, done, "the turn")
 	if e == nil {
 		e = s.promptEnding(res)
@@ -410,7 +411,11 @@ type promptResult struct {
 // a turn that ends early asks the agent to stop with session/cancel rather
 // than abandoning the request (an abandoned request is a JSON-RPC error, not
 // a stop reason, DESIGN.md §12); Close is the hard stop.
-func (s *Session) startPrompt(prompt []acp.ContentBlock) (<-chan struct{}, *promptResult) {
+//
+// The prompt's provenance travels in `_meta.brood.source` (ACPPromptMeta), so
+// a Brood ACP agent logs a message relayed from a parent agent as such, not
+// as the user's; other agents ignore `_meta`.
+func (s *Session) startPrompt(prompt []acp.ContentBlock, source protocol.MessageSource) (<-chan struct{}, *promptResult) {
 	res := &promptResult{}
 	done := make(chan struct{})
 	s.mu.Lock()
@@ -422,7 +427,11 @@ func (s *Session) startPrompt(prompt []acp.ContentBlock) (<-chan struct{}, *prom
 	}
 	go func() {
 		defer close(done)
-		res.resp, res.err = conn.Prompt(s.lifetime, acp.PromptRequest{SessionId: id, Prompt: prompt})
+		var meta map[string]any
+		if source.Kind != "" {
+			meta = map[string]any{protocol.ACPMetaKey: protocol.ACPPromptMeta{Source: &source}}
+		}
+		res.resp, res.err = conn.Prompt(s.lifetime, acp.PromptRequest{SessionId: id, Prompt: prompt, Meta: meta})
 		s.mu.Lock()
 		if s.cur != nil {
 			s.cur.lastUpdate = time.Now() // the quiet period starts at the answer
@@ -582,6 +591,14 @@ func (s *Session) promptEnding(res *promptResult) *ending {
 	}
 	switch r := res.resp.StopReason; r {
 	case acp.StopReasonEndTurn:
+		// A Brood ACP agent says end_turn for a failed turn and records
+		// the real end in _meta (ACP has no error stop reason).
+		var m struct {
+			TurnEnd *protocol.ACPTurnEnd `json:"turnEnd"`
+		}
+		if protocol.ACPMetaOf(res.resp.Meta, &m) && m.TurnEnd != nil && m.TurnEnd.Kind == protocol.TurnError {
+			return &ending{reason: errReason("the ACP agent's turn failed: " + m.TurnEnd.Error)}
+		}
 		return &ending{reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}
 	case acp.StopReasonMaxTokens:
 		return &ending{reason: protocol.TurnEndReason{Kind: protocol.TurnMaxTokens}, cut: true}
@@ -861,7 +878,7 @@ func (s *Session) onUpdate(n acp.SessionNotification) {
 	switch {
 	case u.AgentMessageChunk != nil:
 		tb := u.AgentMessageChunk.Content.Text
-		if tb == nil || t.overflow {
+		if tb == nil || t.overflow || isTurnErrorNotice(u.AgentMessageChunk.Meta) {
 			return
 		}
 		if t.text.Len()+len(tb.Text) > s.o.OutputBytesMax {
@@ -916,7 +933,7 @@ func (s *Session) onLateUpdate(u acp.SessionUpdate) {
 	switch {
 	case u.AgentMessageChunk != nil:
 		tb := u.AgentMessageChunk.Content.Text
-		if tb == nil || tb.Text == "" {
+		if tb == nil || tb.Text == "" || isTurnErrorNotice(u.AgentMessageChunk.Meta) {
 			return
 		}
 		d.Kind = "agent_message_chunk"
@@ -1005,6 +1022,15 @@ func (s *Session) flushLate() {
 	if _, ok := s.append(context.Background(), turn, b.evs); !ok {
 		s.logger.Warn("late ACP output not logged: the session log refused it", "turn", turn)
 	}
+}
+
+// isTurnErrorNotice reports a Brood ACP agent's note on why a turn failed
+// (ACPNoticeTurnError): for an editor's eyes, not the child's answer.
+func isTurnErrorNotice(meta map[string]any) bool {
+	var m struct {
+		Notice string `json:"notice"`
+	}
+	return protocol.ACPMetaOf(meta, &m) && m.Notice == protocol.ACPNoticeTurnError
 }
 
 // toolStart returns the call's state, logging tool/call the first time the

@@ -243,7 +243,7 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 		return nil, err
 	}
 	mid, _, err := c.st.Enqueue(ctx, childID, store.InboxItem{
-		Content: r.Prompt, Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextTurn,
+		Content: r.Prompt, Source: protocol.PromptSource(a.pheader), Delivery: store.DeliveryNextTurn,
 	}, "")
 	if err != nil {
 		rollback()

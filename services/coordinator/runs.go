@@ -171,6 +171,8 @@ func (c *Coordinator) childHeader(a admission, id string, now int64) protocol.Se
 	}
 }
 
+func ptrTo[T any](v T) *T { return &v }
+
 func ancestry(a admission) []string {
 	return append(append([]string(nil), a.parent.rec.Ancestry...), a.pheader.ID)
 }
@@ -231,7 +233,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	defer cancel()
 	var reply protocol.ProviderStartReply
 	err = rpc.Call(pctx, c.cfg.NC, c.subj.Provider(a.desc.Name, protocol.OpProviderStart), protocol.ProviderStartRequest{
-		RunID: runID, Header: header, Provider: a.desc.Name, Prompt: r.Prompt, Notify: r.Notify, NotifyJSON: req.Encoding == protocol.JSON,
+		RunID: runID, Header: header, Provider: a.desc.Name, Prompt: r.Prompt, Notify: r.Notify, NotifyJSON: req.Encoding == protocol.JSON, Source: ptrTo(protocol.PromptSource(a.pheader)),
 		RunRevision: protocol.Seq(runRev), Options: a.options, Ancestry: ancestry(a),
 	}, &reply)
 	if err != nil {
