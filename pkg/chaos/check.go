@@ -1,0 +1,887 @@
+package chaos
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// The invariants of shared/RELIABILITY.md, in the order the report prints them.
+var invariantTitles = []struct{ name, title string }{
+	{"I1", "every accepted message appears in its child's log exactly once"},
+	{"I2", "no message becomes two turns, no run settles twice"},
+	{"I3", "messages from one sender to one child keep their order"},
+	{"I4", "nothing from a sender without authority reaches an inbox or a log"},
+	{"I5", "descendants of a closed root or disposed run end within the bound"},
+	{"I6", "every child is terminal or resumable; no record stays running"},
+	{"I7", "lifecycle events pair up per run; every log replays balanced"},
+	{"I8", "depth and live-children limits are never exceeded"},
+	{"L1", "once faults heal, every accepted message is processed within the bound"},
+}
+
+// examplesMax bounds the violations a verdict lists.
+const examplesMax = 8
+
+// Verdict is one invariant's result.
+type Verdict struct {
+	Name       string   `json:"name"`
+	Title      string   `json:"title"`
+	Checked    int      `json:"checked"`
+	Violations int      `json:"violations"`
+	Examples   []string `json:"examples,omitempty"`
+}
+
+// Holds reports whether the invariant held.
+func (v Verdict) Holds() bool { return v.Violations == 0 }
+
+// Summary counts what a run did and what went wrong.
+type Summary struct {
+	Seed            int64          `json:"seed"`
+	Ops             int            `json:"ops"`
+	Accepted        int            `json:"accepted"`
+	Messages        int            `json:"messages"`
+	Unknown         int            `json:"unknown"`
+	Lost            int            `json:"lost"`
+	Duplicated      int            `json:"duplicated"`
+	Stuck           int            `json:"stuck"`
+	LimitBreaches   int            `json:"limitBreaches"`
+	LongestRecovery time.Duration  `json:"longestRecovery"`
+	RecoveryAfter   string         `json:"recoveryAfter,omitempty"`
+	Faults          map[string]int `json:"faults"`
+	ByKind          map[string]map[string]int
+}
+
+// Report is the checker's verdict on a History.
+type Report struct {
+	Verdicts []Verdict `json:"verdicts"`
+	Summary  Summary   `json:"summary"`
+}
+
+// OK reports whether every invariant held.
+func (r *Report) OK() bool {
+	for _, v := range r.Verdicts {
+		if !v.Holds() {
+			return false
+		}
+	}
+	return true
+}
+
+// Verdict returns the verdict of invariant name ("I1" ... "L1").
+func (r *Report) Verdict(name string) Verdict {
+	for _, v := range r.Verdicts {
+		if v.Name == name {
+			return v
+		}
+	}
+	return Verdict{Name: name}
+}
+
+// Lines renders the report: one line per invariant (and its examples), then
+// the summary.
+func (r *Report) Lines() []string {
+	var out []string
+	for _, v := range r.Verdicts {
+		state := "holds"
+		if !v.Holds() {
+			state = fmt.Sprintf("VIOLATED %d times", v.Violations)
+		}
+		out = append(out, fmt.Sprintf("%s %s: %s (%d checked)", v.Name, state, v.Title, v.Checked))
+		for _, e := range v.Examples {
+			out = append(out, "    "+e)
+		}
+	}
+	s := r.Summary
+	out = append(out, fmt.Sprintf("seed %d: %d operations, %d accepted (%d messages), %d unknown; lost %d, duplicated %d, stuck %d, limit breaches %d; longest recovery %s%s",
+		s.Seed, s.Ops, s.Accepted, s.Messages, s.Unknown, s.Lost, s.Duplicated, s.Stuck, s.LimitBreaches,
+		s.LongestRecovery.Round(time.Millisecond), after(s.RecoveryAfter)))
+	var classes []string
+	for c, n := range s.Faults {
+		classes = append(classes, fmt.Sprintf("%s×%d", c, n))
+	}
+	sort.Strings(classes)
+	out = append(out, "faults: "+strings.Join(classes, ", "))
+	return out
+}
+
+func after(f string) string {
+	if f == "" {
+		return ""
+	}
+	return " (after " + f + ")"
+}
+
+// markerRE finds the op markers the workload puts in every message it sends.
+var markerRE = regexp.MustCompile(`#op(\d+)#`)
+
+// Marker is the text that identifies op id in a message or prompt.
+func Marker(id int64) string { return "#op" + strconv.FormatInt(id, 10) + "#" }
+
+// session is the checker's index of one session.
+type session struct {
+	id        string
+	header    protocol.SessionHeader
+	hasHeader bool
+	events    []Event
+	dequeues  map[string][]int64 // messageId -> times claimed
+	order     map[string]int     // messageId -> position among first claims
+	pending   map[string]bool    // messageIds still in the inbox
+	turns     int
+	runs      []protocol.RunRecord
+}
+
+// occurrence is a message carrying an op's marker.
+type occurrence struct {
+	session, messageID string
+}
+
+type checker struct {
+	h        *History
+	snap     *Snapshot
+	sessions map[string]*session
+	occ      map[int64][]occurrence // op id -> messages carrying its marker
+	ops      map[int64]*Op
+	v        map[string]*Verdict
+	sum      Summary
+	// processed: accepted message -> when it was claimed and when its
+	// processing bound started (for the recovery figure).
+	processedAt map[string]int64
+	opMessages  map[string]bool
+}
+
+// Check judges a history against I1–I8 and L1 (shared/RELIABILITY.md).
+// The bounds count from the later of the event and the end of every fault
+// window that overlaps the bound (a fault extends the wait to its heal plus
+// the bound); L1 also waits out drains until their lift and interrupts until
+// the child's next message (its queue is parked until then,
+// upstream-behaviour §5.11).
+func Check(h *History) *Report {
+	c := &checker{h: h, snap: h.Snapshot, sessions: map[string]*session{}, occ: map[int64][]occurrence{},
+		ops: map[int64]*Op{}, v: map[string]*Verdict{}, processedAt: map[string]int64{}}
+	if c.snap == nil {
+		c.snap = &Snapshot{}
+	}
+	for _, t := range invariantTitles {
+		c.v[t.name] = &Verdict{Name: t.name, Title: t.title}
+	}
+	c.sum = Summary{Seed: h.Seed, Faults: map[string]int{}, ByKind: map[string]map[string]int{}}
+	for _, f := range h.Faults {
+		c.sum.Faults[f.Class]++
+	}
+	for _, op := range h.Ops {
+		c.ops[op.ID] = op
+		c.sum.Ops++
+		if c.sum.ByKind[op.Kind] == nil {
+			c.sum.ByKind[op.Kind] = map[string]int{}
+		}
+		c.sum.ByKind[op.Kind][op.Outcome]++
+		switch op.Outcome {
+		case OutcomeOK:
+			c.sum.Accepted++
+		case OutcomeUnknown:
+			c.sum.Unknown++
+		}
+	}
+	c.index()
+	c.checkMessages()
+	c.checkRuns()
+	c.checkOrder()
+	c.checkForeign()
+	c.checkCascades()
+	c.checkRecords()
+	c.checkLifecycle()
+	c.checkLimits()
+	c.recovery()
+	r := &Report{Summary: c.sum}
+	for _, t := range invariantTitles {
+		r.Verdicts = append(r.Verdicts, *c.v[t.name])
+	}
+	return r
+}
+
+func (c *checker) fail(name, format string, args ...any) {
+	v := c.v[name]
+	v.Violations++
+	if len(v.Examples) < examplesMax {
+		v.Examples = append(v.Examples, fmt.Sprintf(format, args...))
+	}
+}
+
+func (c *checker) checked(name string) { c.v[name].Checked++ }
+
+func (c *checker) sess(id string) *session {
+	s := c.sessions[id]
+	if s == nil {
+		s = &session{id: id, dequeues: map[string][]int64{}, order: map[string]int{}, pending: map[string]bool{}}
+		c.sessions[id] = s
+	}
+	return s
+}
+
+func (c *checker) index() {
+	for id, h := range c.snap.Headers {
+		s := c.sess(id)
+		s.header, s.hasHeader = h, true
+	}
+	for id, evs := range c.snap.Logs {
+		s := c.sess(id)
+		s.events = evs
+		for _, ev := range evs {
+			switch ev.Type {
+			case protocol.EvInboxDequeue:
+				var d protocol.InboxDequeueData
+				if ev.Decode(&d) == nil {
+					if _, seen := s.order[d.MessageID]; !seen {
+						s.order[d.MessageID] = len(s.order)
+					}
+					s.dequeues[d.MessageID] = append(s.dequeues[d.MessageID], ev.Time)
+				}
+			case protocol.EvUserMessage:
+				var d protocol.UserMessageData
+				if ev.Decode(&d) == nil && !carriesOutput(d.Source) {
+					c.noteMarkers(protocol.AllText(d.Content), id, d.ID)
+				}
+			case protocol.EvTurnStart:
+				s.turns++
+			}
+		}
+	}
+	for id, items := range c.snap.Inbox {
+		s := c.sess(id)
+		for _, it := range items {
+			s.pending[it.MessageID] = true
+			if !carriesOutput(it.Source) {
+				c.noteMarkers(it.Text, id, it.MessageID)
+			}
+		}
+	}
+	for _, r := range c.snap.Runs {
+		s := c.sess(r.ChildID)
+		s.runs = append(s.runs, r)
+	}
+}
+
+// carriesOutput reports whether a message relays another agent's output
+// (a settlement notice, a report): the markers in it are that agent's
+// answer, not a message someone sent.
+func carriesOutput(src protocol.MessageSource) bool {
+	return src.Kind == protocol.SourceSubagentSettled || src.Kind == protocol.SourceSubagentReport
+}
+
+func (c *checker) noteMarkers(text, sessionID, messageID string) {
+	for _, m := range markerRE.FindAllStringSubmatch(text, -1) {
+		id, err := strconv.ParseInt(m[1], 10, 64)
+		if err != nil {
+			continue
+		}
+		o := occurrence{session: sessionID, messageID: messageID}
+		dup := false
+		for _, x := range c.occ[id] {
+			if x == o {
+				dup = true
+			}
+		}
+		if !dup {
+			c.occ[id] = append(c.occ[id], o)
+		}
+	}
+}
+
+// isRoot reports whether a session is a root (no parent): its inbox is read
+// by its client, never claimed by an agent.
+func (c *checker) isRoot(id string) bool {
+	s := c.sessions[id]
+	return s != nil && s.hasHeader && s.header.ParentSession == ""
+}
+
+// messageOps are the operations that put a message in a child's inbox.
+func isMessageOp(op *Op) bool { return op.Kind == OpStart || op.Kind == OpFollowup }
+
+// checkMessages: I1 (each accepted message claimed once, none lost; a
+// refused one never delivered), I2 (none claimed twice, no marker in two
+// messages), L1 (claimed within the bound, none left pending).
+func (c *checker) checkMessages() {
+	for _, op := range c.h.Ops {
+		if !isMessageOp(op) {
+			continue
+		}
+		occ := c.occ[op.ID]
+		ids := map[string]bool{}
+		for _, o := range occ {
+			ids[o.messageID] = true
+		}
+		if len(ids) > 1 {
+			c.sum.Duplicated++
+			c.fail("I2", "op %d (%s to %s): its message was accepted %d times as %v", op.ID, op.Kind, op.Child, len(ids), keys(ids))
+		}
+		switch op.Outcome {
+		case OutcomeOK:
+			c.sum.Messages++
+			c.checked("I1")
+			c.checked("L1")
+			c.checkAccepted(op, op.MessageID)
+		case OutcomeUnknown:
+			for id := range ids {
+				c.checkAccepted(op, id)
+			}
+		case OutcomeFail:
+			c.checked("I1")
+			for id := range ids {
+				c.fail("I1", "op %d (%s to %s) was refused (%s) yet its message %s was accepted", op.ID, op.Kind, op.Child, op.Code, id)
+			}
+		}
+	}
+	// Every other claim (notices, reports) once at most; nothing left pending
+	// for a session that has an agent to claim it.
+	for _, s := range c.sessions {
+		for mid, times := range s.dequeues {
+			if len(times) > 1 && !c.isOpMessage(mid) {
+				c.sum.Duplicated++
+				c.fail("I2", "message %s claimed %d times by %s", mid, len(times), s.id)
+			}
+		}
+		if c.isRoot(s.id) {
+			continue
+		}
+		for mid := range s.pending {
+			if len(s.dequeues[mid]) > 0 || c.isOpMessage(mid) {
+				continue
+			}
+			if c.undeliverableNotice(s, mid) {
+				continue
+			}
+			c.sum.Stuck++
+			c.fail("L1", "inbox item %s of %s is still pending after the bound", mid, s.id)
+		}
+	}
+}
+
+// undeliverableNotice reports whether a pending item is a notice or report
+// to a one-shot session that has ended: nothing will ever run it, and the
+// sender was told nothing else (notices to a parent that is gone are
+// dropped, DESIGN.md §7).
+func (c *checker) undeliverableNotice(s *session, mid string) bool {
+	for _, it := range c.snap.Inbox[s.id] {
+		if it.MessageID != mid {
+			continue
+		}
+		if it.Source.Kind != protocol.SourceSubagentSettled && it.Source.Kind != protocol.SourceSubagentReport {
+			return false
+		}
+	}
+	for _, r := range s.runs {
+		if r.Mode == protocol.ModeOneShot && r.State == protocol.RunSettled {
+			return true
+		}
+	}
+	return false
+}
+
+func (c *checker) isOpMessage(mid string) bool {
+	if c.opMessages == nil {
+		c.opMessages = map[string]bool{}
+		for _, op := range c.h.Ops {
+			if isMessageOp(op) && op.MessageID != "" {
+				c.opMessages[op.MessageID] = true
+			}
+			for _, o := range c.occ[op.ID] {
+				if isMessageOp(op) {
+					c.opMessages[o.messageID] = true
+				}
+			}
+		}
+	}
+	return c.opMessages[mid]
+}
+
+// checkAccepted judges one accepted message id of op.
+func (c *checker) checkAccepted(op *Op, mid string) {
+	s := c.sessions[op.Child]
+	var times []int64
+	pending := false
+	if s != nil {
+		times, pending = s.dequeues[mid], s.pending[mid]
+	}
+	switch {
+	case len(times) == 1:
+		c.processed(op, mid, times[0])
+	case len(times) > 1:
+		c.sum.Duplicated++
+		c.fail("I2", "op %d (%s to %s): message %s claimed %d times", op.ID, op.Kind, op.Child, mid, len(times))
+	case pending:
+		c.sum.Stuck++
+		c.fail("L1", "op %d (%s to %s): message %s accepted at %s is still pending", op.ID, op.Kind, op.Child, mid, c.at(op.Complete))
+	case op.Outcome == OutcomeOK:
+		c.sum.Lost++
+		c.fail("I1", "op %d (%s to %s): message %s accepted at %s is neither in the log nor in the inbox: lost", op.ID, op.Kind, op.Child, mid, c.at(op.Complete))
+	}
+}
+
+// processed judges the delay of a claimed message (L1).
+func (c *checker) processed(op *Op, mid string, at int64) {
+	c.processedAt[mid] = at
+	accepted := op.Complete
+	if op.Outcome != OutcomeOK || accepted == 0 {
+		return
+	}
+	from := c.waitStart(op, accepted, at)
+	deadline := c.faultAware(from, c.h.Bounds.Process)
+	if at > deadline {
+		c.fail("L1", "op %d (%s to %s): message %s accepted at %s claimed at %s, past the bound (%s after %s)",
+			op.ID, op.Kind, op.Child, mid, c.at(accepted), c.at(at), c.h.Bounds.Process, c.at(from))
+	}
+}
+
+// waitStart is when a message's processing bound starts: its acceptance,
+// or the lift of a drain over its child, or the next message after an
+// interrupt that parked it.
+func (c *checker) waitStart(op *Op, accepted, claimed int64) int64 {
+	from := accepted
+	for _, d := range c.h.Ops {
+		if d.Kind != OpDrain || d.Outcome != OutcomeOK || d.Invoke > claimed || !c.drainCovers(d, op.Child) {
+			continue
+		}
+		end := c.liftAfter(d)
+		if end > accepted {
+			from = max(from, end)
+		}
+	}
+	for _, in := range c.h.Ops {
+		if in.Kind != OpInterrupt || in.Child != op.Child || in.Outcome == OutcomeFail || in.Invoke < accepted-1 || in.Invoke > claimed {
+			continue
+		}
+		from = max(from, c.nextSend(op.Child, in.Invoke))
+	}
+	return from
+}
+
+// liftAfter is when the drain d was lifted (the end of the history if never).
+func (c *checker) liftAfter(d *Op) int64 {
+	for _, l := range c.h.Ops {
+		if l.Kind == OpLift && l.Outcome == OutcomeOK && l.Invoke >= d.Invoke && l.Scope == d.Scope && sameSet(l.Targets, d.Targets) {
+			return l.Complete
+		}
+	}
+	return c.snap.TakenAt
+}
+
+// nextSend is when the next message to child after t was sent.
+func (c *checker) nextSend(child string, t int64) int64 {
+	best := c.snap.TakenAt
+	for _, op := range c.h.Ops {
+		if isMessageOp(op) && op.Child == child && op.Invoke > t && op.Outcome != OutcomeFail && op.Complete < best {
+			best = op.Complete
+		}
+	}
+	return best
+}
+
+// drainCovers reports whether drain op d holds child's queue.
+func (c *checker) drainCovers(d *Op, child string) bool {
+	switch d.Scope {
+	case "all":
+		return true
+	case "parent":
+		for _, p := range d.Targets {
+			if c.descends(child, p) {
+				return true
+			}
+		}
+	case "children":
+		for _, t := range d.Targets {
+			if child == t || c.descends(child, t) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// descends reports whether id is a strict descendant of ancestor.
+func (c *checker) descends(id, ancestor string) bool {
+	for i := 0; i < 64; i++ {
+		s := c.sessions[id]
+		if s == nil || !s.hasHeader || s.header.ParentSession == "" {
+			return false
+		}
+		id = s.header.ParentSession
+		if id == ancestor {
+			return true
+		}
+	}
+	return false
+}
+
+// faultAware is t0 plus bound, extended past every fault window that
+// overlaps it to that window's end plus bound.
+func (c *checker) faultAware(t0 int64, bound time.Duration) int64 {
+	b := bound.Milliseconds()
+	d := t0 + b
+	for _, f := range c.h.Faults {
+		if f.Start <= d && f.End >= t0 {
+			d = max(d, f.End+b)
+		}
+	}
+	return d
+}
+
+// checkRuns: I2 for one-shot runs (one turn, one notice, one end event).
+func (c *checker) checkRuns() {
+	ends := map[string]int{}
+	for _, ev := range c.snap.Lifecycle {
+		if ev.Type == protocol.LifecycleEnd {
+			ends[ev.RunID]++
+		}
+	}
+	for runID, n := range ends {
+		if n > 1 {
+			c.sum.Duplicated++
+			c.fail("I2", "run %s has %d subagent/end events: settled more than once", runID, n)
+		}
+	}
+	for _, op := range c.h.Ops {
+		if op.Kind != OpRun {
+			continue
+		}
+		c.checked("I2")
+		if len(op.Notices) > 1 {
+			c.sum.Duplicated++
+			c.fail("I2", "op %d: run %s was announced settled %d times (%v)", op.ID, op.RunID, len(op.Notices), op.Notices)
+		}
+		if op.Outcome == OutcomeFail {
+			c.checked("I1")
+			for _, o := range c.occ[op.ID] {
+				c.fail("I1", "op %d (run) was refused (%s) yet child %s got its prompt", op.ID, op.Code, o.session)
+			}
+		}
+		children := map[string]bool{}
+		for _, o := range c.occ[op.ID] {
+			if s := c.sessions[o.session]; s != nil && s.hasHeader && s.header.ParentSession == op.Parent {
+				children[o.session] = true
+			}
+		}
+		if len(children) > 1 {
+			c.sum.Duplicated++
+			c.fail("I2", "op %d: one runs.start made %d children %v", op.ID, len(children), keys(children))
+		}
+	}
+	for _, s := range c.sessions {
+		oneShot := false
+		for _, r := range s.runs {
+			if r.Mode == protocol.ModeOneShot {
+				oneShot = true
+			}
+		}
+		if oneShot && s.turns > 1 {
+			c.sum.Duplicated++
+			c.fail("I2", "one-shot child %s ran %d turns", s.id, s.turns)
+		}
+	}
+}
+
+// checkOrder: I3, per sender and child, claims follow the order of the
+// sender's accepted messages (a sender sends one at a time).
+func (c *checker) checkOrder() {
+	type key struct{ child, sender string }
+	bySender := map[key][]*Op{}
+	for _, op := range c.h.Ops {
+		if isMessageOp(op) && op.Outcome == OutcomeOK && op.Sender != "" {
+			k := key{op.Child, op.Sender}
+			bySender[k] = append(bySender[k], op)
+		}
+	}
+	for k, ops := range bySender {
+		sort.Slice(ops, func(i, j int) bool { return ops[i].Invoke < ops[j].Invoke })
+		s := c.sessions[k.child]
+		if s == nil {
+			continue
+		}
+		last, lastOp := -1, int64(0)
+		for _, op := range ops {
+			pos, ok := s.order[op.MessageID]
+			if !ok {
+				continue
+			}
+			c.checked("I3")
+			if pos < last {
+				c.fail("I3", "child %s claimed op %d's message before op %d's, sent earlier by %s", k.child, op.ID, lastOp, k.sender)
+			}
+			last, lastOp = pos, op.ID
+		}
+	}
+}
+
+// checkForeign: I4, a request without authority is refused and leaves no
+// trace in any inbox or log.
+func (c *checker) checkForeign() {
+	for _, op := range c.h.Ops {
+		if op.Kind != OpForeign {
+			continue
+		}
+		c.checked("I4")
+		if op.Outcome == OutcomeOK {
+			c.fail("I4", "op %d (%s, acting on %s) was accepted", op.ID, op.ForeignKind, op.Child)
+		}
+		for _, o := range c.occ[op.ID] {
+			c.fail("I4", "op %d (%s): its message reached %s as %s", op.ID, op.ForeignKind, o.session, o.messageID)
+		}
+	}
+}
+
+// checkCascades: I5, after an accepted root close or run dispose at T,
+// every run or epoch record of every descendant that existed at T settles
+// by T plus the bound, and every one-shot descendant created later settles
+// within the bound of its creation.
+func (c *checker) checkCascades() {
+	for _, op := range c.h.Ops {
+		var top string
+		switch {
+		case op.Kind == OpCloseRoot && op.Outcome == OutcomeOK:
+			top = op.Root
+		case op.Kind == OpDispose && op.Outcome == OutcomeOK:
+			top = op.Child
+		default:
+			continue
+		}
+		t := op.Complete
+		for id, s := range c.sessions {
+			if id != top && !c.descends(id, top) {
+				continue
+			}
+			if id == top && op.Kind == OpCloseRoot {
+				continue
+			}
+			for _, r := range s.runs {
+				var from int64
+				switch {
+				case r.Mode == protocol.ModeOneShot:
+					from = max(t, r.CreatedAt)
+				case r.CreatedAt <= t:
+					from = t
+				default:
+					continue
+				}
+				c.checked("I5")
+				deadline := c.faultAware(from, c.h.Bounds.Cascade)
+				switch {
+				case r.State != protocol.RunSettled:
+					c.fail("I5", "op %d (%s of %s at %s): descendant %s run %s never settled", op.ID, op.Kind, top, c.at(t), id, r.RunID)
+				case r.SettledAt > deadline:
+					c.fail("I5", "op %d (%s of %s at %s): descendant %s run %s settled at %s, past the bound", op.ID, op.Kind, top, c.at(t), id, r.RunID, c.at(r.SettledAt))
+				}
+			}
+		}
+	}
+}
+
+// checkRecords: I6, no run or epoch record stays running past host expiry
+// plus the grace; every accepted continuable child can be resumed from its
+// log (its descriptor is there).
+func (c *checker) checkRecords() {
+	limit := (c.h.Bounds.HostExpiry + c.h.Bounds.Grace).Milliseconds()
+	for _, r := range c.snap.Runs {
+		c.checked("I6")
+		if r.State != protocol.RunSettled && c.faultAware(r.CreatedAt, 0)+limit < c.snap.TakenAt {
+			c.sum.Stuck++
+			c.fail("I6", "run %s (%s child %s) is still running, created at %s", r.RunID, r.Mode, r.ChildID, c.at(r.CreatedAt))
+		}
+	}
+	for _, op := range c.h.Ops {
+		if op.Kind != OpStart || op.Outcome != OutcomeOK {
+			continue
+		}
+		c.checked("I6")
+		s := c.sessions[op.Child]
+		if s == nil || !s.hasHeader {
+			c.fail("I6", "op %d: continuable child %s has no header", op.ID, op.Child)
+			continue
+		}
+		found := false
+		for _, ev := range s.events {
+			if ev.Type == protocol.EvSubagentDescriptor {
+				found = true
+				break
+			}
+		}
+		if !found {
+			c.fail("I6", "op %d: continuable child %s has no descriptor in its log: not resumable", op.ID, op.Child)
+		}
+	}
+}
+
+// checkLifecycle: I7, per run one subagent/start and one subagent/end, in
+// that order; every log replays as balanced with no turn left open.
+func (c *checker) checkLifecycle() {
+	type pair struct {
+		starts, ends     int
+		startAt, endAt   int64
+		child, parentSes string
+	}
+	runs := map[string]*pair{}
+	for _, ev := range c.snap.Lifecycle {
+		p := runs[ev.RunID]
+		if p == nil {
+			p = &pair{child: ev.ID, parentSes: ev.ParentSession}
+			runs[ev.RunID] = p
+		}
+		switch ev.Type {
+		case protocol.LifecycleStart:
+			p.starts++
+			p.startAt = ev.Time
+		case protocol.LifecycleEnd:
+			p.ends++
+			p.endAt = ev.Time
+		}
+	}
+	for runID, p := range runs {
+		c.checked("I7")
+		switch {
+		case p.starts != 1 || p.ends != 1:
+			c.fail("I7", "run %s of %s: %d subagent/start and %d subagent/end", runID, p.child, p.starts, p.ends)
+		case p.endAt < p.startAt:
+			c.fail("I7", "run %s of %s: subagent/end at %s before its start at %s", runID, p.child, c.at(p.endAt), c.at(p.startAt))
+		}
+	}
+	for id, s := range c.sessions {
+		if len(s.events) == 0 {
+			continue
+		}
+		c.checked("I7")
+		evs := make([]protocol.SessionEvent, len(s.events))
+		for i, e := range s.events {
+			evs[i] = e.session()
+		}
+		if err := agent.ValidateReplay(evs, false); err != nil {
+			c.fail("I7", "log of %s does not replay: %v", id, err)
+		}
+	}
+}
+
+// checkLimits: I8, no header deeper than its cap or the deployment's, and
+// no parent with more live children than the limit at any moment (a child
+// is live from its run or epoch record's creation to its settlement).
+func (c *checker) checkLimits() {
+	for id, s := range c.sessions {
+		if !s.hasHeader {
+			continue
+		}
+		c.checked("I8")
+		d := s.header.DelegationDepth
+		if s.header.DepthCap != nil && d > *s.header.DepthCap {
+			c.sum.LimitBreaches++
+			c.fail("I8", "session %s at depth %d exceeds its cap %d", id, d, *s.header.DepthCap)
+		} else if c.h.Limits.DepthMax > 0 && d > c.h.Limits.DepthMax {
+			c.sum.LimitBreaches++
+			c.fail("I8", "session %s at depth %d exceeds the deployment's %d", id, d, c.h.Limits.DepthMax)
+		}
+	}
+	if c.h.Limits.LiveChildrenMax <= 0 {
+		return
+	}
+	type edge struct {
+		at    int64
+		delta int
+		child string
+	}
+	byParent := map[string][]edge{}
+	for _, r := range c.snap.Runs {
+		end := r.SettledAt
+		if r.State != protocol.RunSettled {
+			end = c.snap.TakenAt
+		}
+		byParent[r.ParentSession] = append(byParent[r.ParentSession], edge{r.CreatedAt, 1, r.ChildID}, edge{end, -1, r.ChildID})
+	}
+	for parent, es := range byParent {
+		c.checked("I8")
+		sort.Slice(es, func(i, j int) bool {
+			if es[i].at != es[j].at {
+				return es[i].at < es[j].at
+			}
+			return es[i].delta < es[j].delta // ends first
+		})
+		live := map[string]int{}
+		worst, worstAt := 0, int64(0)
+		for _, e := range es {
+			live[e.child] += e.delta
+			if live[e.child] <= 0 {
+				delete(live, e.child)
+			}
+			if len(live) > worst {
+				worst, worstAt = len(live), e.at
+			}
+		}
+		if worst > c.h.Limits.LiveChildrenMax {
+			c.sum.LimitBreaches++
+			c.fail("I8", "parent %s had %d live children at %s; the limit is %d", parent, worst, c.at(worstAt), c.h.Limits.LiveChildrenMax)
+		}
+	}
+}
+
+// recovery finds the longest wait after a fault healed: for each fault, the
+// latest claim of a message accepted before its heal and the latest
+// settlement of a one-shot run created before it, measured from the heal.
+func (c *checker) recovery() {
+	for _, f := range c.h.Faults {
+		var worst int64
+		for _, op := range c.h.Ops {
+			if !isMessageOp(op) || op.Outcome != OutcomeOK || op.Complete > f.End {
+				continue
+			}
+			at, ok := c.processedAt[op.MessageID]
+			if !ok || at <= f.End {
+				continue
+			}
+			if from := c.waitStart(op, op.Complete, at); from > f.End {
+				continue // it waited for a drain's lift or its next message
+			}
+			worst = max(worst, at-f.End)
+		}
+		for _, r := range c.snap.Runs {
+			if r.Mode == protocol.ModeOneShot && r.CreatedAt < f.End && r.State == protocol.RunSettled && r.SettledAt > f.End {
+				worst = max(worst, r.SettledAt-f.End)
+			}
+		}
+		if d := time.Duration(worst) * time.Millisecond; d > c.sum.LongestRecovery {
+			c.sum.LongestRecovery, c.sum.RecoveryAfter = d, f.Class+" "+f.Target
+		}
+	}
+}
+
+// at renders an epoch-ms time as an offset from the history's start.
+func (c *checker) at(ms int64) string {
+	if ms == 0 {
+		return "never"
+	}
+	return "+" + (time.Duration(ms-c.h.Start) * time.Millisecond).Round(time.Millisecond).String()
+}
+
+func keys(m map[string]bool) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	m := map[string]bool{}
+	for _, x := range a {
+		m[x] = true
+	}
+	for _, x := range b {
+		if !m[x] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,279 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// RunConfig configures one chaos run: a cluster, a Brood deployment, the
+// seeded workload and fault schedule, then the check.
+type RunConfig struct {
+	// Dir holds the cluster's stores and every log. Required.
+	Dir string
+	// Brood is the brood binary (Build). Required.
+	Brood string
+	Seed  int64
+	// Duration of the workload under faults (the heal, the last messages and
+	// the check come after it).
+	Duration time.Duration
+	// Classes of faults to draw from (FaultClasses).
+	Classes []string
+	// Clients of the workload (4).
+	Clients int
+	// Heartbeat and HostExpiry of every Brood process (500 ms, 3 s).
+	Heartbeat  time.Duration
+	HostExpiry time.Duration
+	// LiveChildrenMax of the coordinators (8).
+	LiveChildrenMax int
+	// Bounds the checker holds Brood to (DefaultBounds).
+	Bounds Bounds
+	// FaultHoldMax, FaultGapMax shape the schedule (8 s, 4 s).
+	FaultHoldMax time.Duration
+	FaultGapMax  time.Duration
+	// HistoryPath, when set, receives the history as gzipped JSON.
+	HistoryPath string
+	Logf        func(format string, args ...any)
+}
+
+// DefaultBounds are the bounds of RELIABILITY.md, for a deployment with
+// the given host expiry.
+func DefaultBounds(hostExpiry time.Duration) Bounds {
+	return Bounds{HostExpiry: hostExpiry, Grace: 20 * time.Second, Cascade: 30 * time.Second, Process: 60 * time.Second}
+}
+
+// Result is a finished run: its history and the checker's report.
+type Result struct {
+	History  *History
+	Report   *Report
+	Schedule []Step
+}
+
+// RunChaos runs one seed end to end and checks it. It returns an error
+// only when the harness itself failed (a cluster that would not start, a
+// snapshot that could not be read); invariant violations are in the report.
+func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
+	if cfg.Dir == "" || cfg.Brood == "" {
+		return nil, fmt.Errorf("chaos: RunConfig.Dir and Brood are required")
+	}
+	if cfg.Clients <= 0 {
+		cfg.Clients = 4
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = 500 * time.Millisecond
+	}
+	if cfg.HostExpiry <= 0 {
+		cfg.HostExpiry = 3 * time.Second
+	}
+	if cfg.LiveChildrenMax <= 0 {
+		cfg.LiveChildrenMax = 8
+	}
+	if cfg.Bounds == (Bounds{}) {
+		cfg.Bounds = DefaultBounds(cfg.HostExpiry)
+	}
+	logf := cfg.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	c, err := StartCluster(ctx, ClusterConfig{
+		Dir: cfg.Dir, ServerCommand: ServerCommand(cfg.Brood), SyncAlways: []int{2}, Logf: logf,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	b, err := c.StartBrood(ctx, BroodConfig{
+		Binary: cfg.Brood, Heartbeat: cfg.Heartbeat, HostExpiry: cfg.HostExpiry, DrainGrace: 2 * time.Second,
+		LiveChildrenMax: cfg.LiveChildrenMax,
+	})
+	if err != nil {
+		return nil, err
+	}
+	observer, err := connectDirect(c)
+	if err != nil {
+		return nil, err
+	}
+	defer observer.Close()
+	if err := waitProviders(ctx, observer, "spawn", len(b.Workers)); err != nil {
+		return nil, err
+	}
+	cwd := filepath.Join(cfg.Dir, "workspace")
+	if err := os.MkdirAll(cwd, 0o755); err != nil {
+		return nil, err
+	}
+	rec := NewRecorder()
+	wl, err := NewWorkload(c, rec, WorkloadConfig{
+		Seed: cfg.Seed, Clients: cfg.Clients, LiveChildrenMax: cfg.LiveChildrenMax, Cwd: cwd, Logf: logf,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer wl.Close()
+	steps := NewSchedule(ScheduleConfig{
+		Seed: cfg.Seed, Duration: cfg.Duration, Classes: cfg.Classes, HostExpiry: cfg.HostExpiry,
+		HoldMax: cfg.FaultHoldMax, GapMax: cfg.FaultGapMax,
+	})
+	var plan []string
+	for _, s := range steps {
+		plan = append(plan, s.String())
+	}
+	logf("seed %d: schedule: %s", cfg.Seed, strings.Join(plan, "; "))
+
+	start := time.Now()
+	nemesis := NewNemesis(c, b, wl.Endpoints(), rec, logf)
+	wctx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	defer cancel()
+	nemDone := make(chan struct{})
+	go func() {
+		defer close(nemDone)
+		nemesis.Run(wctx, steps)
+	}()
+	wl.Run(wctx)
+	<-nemDone
+	healed := time.Now()
+	logf("seed %d: workload and faults done after %s; healing", cfg.Seed, healed.Sub(start).Round(time.Second))
+	hctx, hcancel := context.WithTimeout(ctx, 2*time.Minute)
+	err = waitHealthy(hctx, c)
+	hcancel()
+	if err != nil {
+		return nil, err
+	}
+	wl.Finish(ctx)
+	logf("seed %d: last messages sent after %s; waiting for quiet", cfg.Seed, time.Since(start).Round(time.Second))
+	st, err := store.Bind(ctx, observer, protocol.MustSubjects(""))
+	if err != nil {
+		return nil, err
+	}
+	snap, err := quiesce(ctx, st, wl.Roots(), cfg.Bounds.Process)
+	if err != nil {
+		return nil, err
+	}
+	h := &History{
+		Seed: cfg.Seed, Bounds: cfg.Bounds, Limits: Limits{LiveChildrenMax: cfg.LiveChildrenMax, DepthMax: 3},
+		Start: start.UnixMilli(), Healed: healed.UnixMilli(), Ops: rec.Ops(), Faults: rec.Faults(), Snapshot: snap,
+	}
+	wl.CloseRoots(ctx)
+	if cfg.HistoryPath != "" {
+		if err := h.Save(cfg.HistoryPath); err != nil {
+			return nil, err
+		}
+	}
+	return &Result{History: h, Report: Check(h), Schedule: steps}, nil
+}
+
+// connectDirect connects the harness's observer to the nodes themselves,
+// around the proxies.
+func connectDirect(c *Cluster) (*nats.Conn, error) {
+	var urls []string
+	for _, n := range c.Nodes() {
+		urls = append(urls, n.ClientURL())
+	}
+	return nats.Connect(strings.Join(urls, ","), nats.Name("chaos-observer"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100*time.Millisecond), nats.Timeout(5*time.Second))
+}
+
+func waitProviders(ctx context.Context, nc *nats.Conn, provider string, n int) error {
+	cl, err := client.New(nc, client.Options{})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		r, err := cl.Providers(pctx)
+		cancel()
+		if err == nil && r.Instances[provider] >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("chaos: provider %s not listed with %d instances within a minute (%v)", provider, n, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// waitHealthy waits until the meta group and every Brood stream and bucket
+// have a leader with every replica current.
+func waitHealthy(ctx context.Context, c *Cluster) error {
+	if err := c.WaitMetaLeader(ctx); err != nil {
+		return err
+	}
+	streams := append([]string{"BROOD_SESSIONS", "BROOD_EVENTS", "KV_brood_hosts"}, leaderStreams...)
+	for _, s := range streams {
+		for !c.StreamCurrent(ctx, s) {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("chaos: stream %s not current after the heal: %w", s, ctx.Err())
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}
+	return nil
+}
+
+// quiesce waits, up to bound, until no run or epoch record is running and
+// no inbox but a root's holds an item, and returns the last snapshot read.
+func quiesce(ctx context.Context, st *store.Store, roots map[string]bool, bound time.Duration) (*Snapshot, error) {
+	deadline := time.Now().Add(bound)
+	for {
+		snap, err := takeSnapshotRetrying(ctx, st)
+		if err != nil {
+			return nil, err
+		}
+		if quiet(snap, roots) || time.Now().After(deadline) {
+			return snap, nil
+		}
+		select {
+		case <-ctx.Done():
+			return snap, nil
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// takeSnapshotRetrying reads a snapshot, trying again (for up to a minute)
+// after a transient JetStream error.
+func takeSnapshotRetrying(ctx context.Context, st *store.Store) (*Snapshot, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		snap, err := TakeSnapshot(ctx, st)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return snap, err
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func quiet(s *Snapshot, roots map[string]bool) bool {
+	ended := map[string]bool{} // one-shot sessions that settled
+	for _, r := range s.Runs {
+		if r.State != protocol.RunSettled {
+			return false
+		}
+		if r.Mode == protocol.ModeOneShot {
+			ended[r.ChildID] = true
+		}
+	}
+	for id, items := range s.Inbox {
+		if roots[id] {
+			continue
+		}
+		for _, it := range items {
+			notice := it.Source.Kind == protocol.SourceSubagentSettled || it.Source.Kind == protocol.SourceSubagentReport
+			if !(notice && ended[id]) {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -1,0 +1,231 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Snapshot is Brood's durable state as the checker reads it once the faults
+// healed: every session header and log, every lifecycle event, every run
+// record (settled ones are kept 24 hours), the agent records and the items
+// still pending in each inbox.
+type Snapshot struct {
+	TakenAt   int64                             `json:"takenAt"`
+	Headers   map[string]protocol.SessionHeader `json:"headers"`
+	Logs      map[string][]Event                `json:"logs"`
+	Lifecycle []protocol.LifecycleEvent         `json:"lifecycle"`
+	Runs      map[string]protocol.RunRecord     `json:"runs"`
+	Agents    map[string]protocol.AgentRecord   `json:"agents"`
+	// Keys of brood_agents that are not leases (owns.*, drain.*, grant.*).
+	OtherKeys []string                `json:"otherKeys,omitempty"`
+	Inbox     map[string][]InboxEntry `json:"inbox"`
+}
+
+// Event is one session event with its data kept as MessagePack.
+type Event struct {
+	Seq  int64  `json:"seq"`
+	Type string `json:"type"`
+	Time int64  `json:"time"`
+	Data []byte `json:"data,omitempty"`
+}
+
+// Decode decodes the event's data into v.
+func (e Event) Decode(v any) error { return protocol.Unmarshal(protocol.Msgpack, e.Data, v) }
+
+func (e Event) session() protocol.SessionEvent {
+	return protocol.SessionEvent{Seq: e.Seq, Type: e.Type, Time: e.Time, Data: e.Data}
+}
+
+// InboxEntry is one pending inbox item.
+type InboxEntry struct {
+	Seq       uint64                 `json:"seq"`
+	MessageID string                 `json:"messageId"`
+	Text      string                 `json:"text"`
+	Source    protocol.MessageSource `json:"source"`
+	Delivery  string                 `json:"delivery"`
+}
+
+// SnapshotReadTimeout bounds reading the whole durable state.
+const SnapshotReadTimeout = 5 * time.Minute
+
+// TakeSnapshot reads the durable state through st (a connection of the
+// harness's own), each stream in one pass of an ordered consumer that must
+// reach the stream's last sequence as it was when the pass began.
+func TakeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, SnapshotReadTimeout)
+	defer cancel()
+	s := &Snapshot{
+		TakenAt: time.Now().UnixMilli(),
+		Headers: map[string]protocol.SessionHeader{}, Logs: map[string][]Event{},
+		Runs: map[string]protocol.RunRecord{}, Agents: map[string]protocol.AgentRecord{}, Inbox: map[string][]InboxEntry{},
+	}
+	sessPrefix := st.Subj.Session("")
+	if err := readStream(ctx, st.Sessions, func(m jetstream.Msg) error {
+		if !strings.HasPrefix(m.Subject(), sessPrefix) {
+			return nil // the child index
+		}
+		var h protocol.SessionHeader
+		if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &h); err != nil {
+			return fmt.Errorf("header %s: %w", m.Subject(), err)
+		}
+		s.Headers[h.ID] = h
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := readStream(ctx, st.Log, func(m jetstream.Msg) error {
+		id := protocol.SessionIDFromSubject(m.Subject())
+		var rec protocol.LogRecord
+		if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &rec); err != nil {
+			return fmt.Errorf("log record %s: %w", m.Subject(), err)
+		}
+		for _, ev := range rec.Events {
+			s.Logs[id] = append(s.Logs[id], Event{Seq: ev.Seq, Type: ev.Type, Time: ev.Time, Data: ev.Data})
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := readStream(ctx, st.Events, func(m jetstream.Msg) error {
+		var ev protocol.LifecycleEvent
+		if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &ev); err != nil {
+			return fmt.Errorf("lifecycle event: %w", err)
+		}
+		s.Lifecycle = append(s.Lifecycle, ev)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := readStream(ctx, st.Inbox, func(m jetstream.Msg) error {
+		var it store.InboxItem
+		if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &it); err != nil {
+			return fmt.Errorf("inbox item: %w", err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return err
+		}
+		id := protocol.SessionIDFromSubject(m.Subject())
+		s.Inbox[id] = append(s.Inbox[id], InboxEntry{
+			Seq: md.Sequence.Stream, MessageID: it.MessageID, Text: protocol.AllText(it.Content), Source: it.Source, Delivery: it.Delivery,
+		})
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := readBucket(ctx, st.Runs, func(key string, v []byte) error {
+		var r protocol.RunRecord
+		if err := protocol.Unmarshal(protocol.Msgpack, v, &r); err != nil {
+			return fmt.Errorf("run %s: %w", key, err)
+		}
+		s.Runs[key] = r
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := readBucket(ctx, st.Agents, func(key string, v []byte) error {
+		if strings.Contains(key, ".") {
+			s.OtherKeys = append(s.OtherKeys, key)
+			return nil
+		}
+		var a protocol.AgentRecord
+		if err := protocol.Unmarshal(protocol.Msgpack, v, &a); err != nil {
+			return fmt.Errorf("agent %s: %w", key, err)
+		}
+		s.Agents[key] = a
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// readStream passes every message of str, in order, to f, and fails unless
+// the pass reached the last sequence the stream had when it began.
+func readStream(ctx context.Context, str jetstream.Stream, f func(jetstream.Msg) error) error {
+	info, err := str.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("snapshot: stream info: %w", err)
+	}
+	name := info.Config.Name
+	last := info.State.LastSeq
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	cons, err := str.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return fmt.Errorf("snapshot: %s: %w", name, err)
+	}
+	for {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			return fmt.Errorf("snapshot: %s: %w", name, err)
+		}
+		n := 0
+		var seq uint64
+		for m := range batch.Messages() {
+			n++
+			md, err := m.Metadata()
+			if err != nil {
+				return err
+			}
+			seq = md.Sequence.Stream
+			if err := f(m); err != nil {
+				return fmt.Errorf("snapshot: %s@%d: %w", name, seq, err)
+			}
+			if seq >= last {
+				return nil
+			}
+		}
+		if err := batch.Error(); err != nil {
+			return fmt.Errorf("snapshot: %s: %w", name, err)
+		}
+		if n == 0 {
+			if ctx.Err() != nil {
+				return fmt.Errorf("snapshot: %s stopped at %d of %d: %w", name, seq, last, ctx.Err())
+			}
+			// Nothing came: done if nothing is pending for the consumer (the
+			// messages up to last may have been deleted meanwhile, as
+			// claimed inbox items are).
+			ci, err := cons.Info(ctx)
+			if err != nil {
+				return fmt.Errorf("snapshot: %s: %w", name, err)
+			}
+			if ci.NumPending == 0 {
+				return nil
+			}
+		}
+	}
+}
+
+// readBucket passes every live key of kv and its value to f.
+func readBucket(ctx context.Context, kv jetstream.KeyValue, f func(key string, v []byte) error) error {
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("snapshot: watch %s: %w", kv.Bucket(), err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return fmt.Errorf("snapshot: watch %s closed", kv.Bucket())
+			}
+			if e == nil {
+				return nil // the initial values are done
+			}
+			if err := f(e.Key(), e.Value()); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("snapshot: %s: %w", kv.Bucket(), ctx.Err())
+		}
+	}
+}
