@@ -184,6 +184,31 @@ func (a *Agent) Events() []protocol.SessionEvent {
 	return append([]protocol.SessionEvent(nil), a.events...)
 }
 
+// Delegated reports whether the session's own turns (after any seed) called
+// a tool that may start children (Tool.Delegates), so it may have
+// descendants to dispose when it ends.
+func (a *Agent) Delegated() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	own := a.events
+	if seed := a.cfg.Header.SeedLength; seed > 0 && seed <= int64(len(own)) {
+		own = own[seed:]
+	}
+	for _, ev := range own {
+		if ev.Type != protocol.EvToolCall {
+			continue
+		}
+		var d protocol.ToolCallData
+		if ev.Decode(&d) != nil {
+			continue
+		}
+		if t, ok := a.cfg.Tools.Lookup(d.Name); ok && t.Delegates {
+			return true
+		}
+	}
+	return false
+}
+
 // EventCount returns how many events the session has.
 func (a *Agent) EventCount() int {
 	a.mu.Lock()

@@ -18,6 +18,10 @@ const DefaultSubagentMaxDepth = 3
 // SubagentDisposeTimeout bounds the dispose of a child whose parent's turn was cancelled.
 const SubagentDisposeTimeout = 30 * time.Second
 
+// SubagentStartTimeout bounds a foreground start, which a cancelled turn
+// waits for (so that the child it created is disposed, never left running).
+const SubagentStartTimeout = 30 * time.Second
+
 // SubagentConfig configures the model-facing `subagent` tool (DESIGN.md §8;
 // upstream-behaviour §6). The provider is chosen by configuration only; the
 // model never names one.
@@ -69,6 +73,7 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 	return &Tool{
 		Name:        name,
 		Description: desc,
+		Delegates:   true,
 		Available: func(h protocol.SessionHeader) bool {
 			if cfg.ProviderManaged {
 				return MayDelegate(h, 0)
@@ -99,7 +104,12 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 				opts.MaxDepth = maxDepth
 			}
 			parent := protocol.ParentRef{SessionID: tc.Header.ID, Credential: tc.Credential}
-			run, err := cfg.Client.StartRun(ctx, parent, cfg.Provider, protocol.Text(in.Prompt), opts)
+			// The start is not abandoned when the turn is cancelled meanwhile:
+			// a child created after its parent stopped listening would run
+			// unseen; its run is learnt, then disposed below.
+			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), SubagentStartTimeout)
+			run, err := cfg.Client.StartRun(sctx, parent, cfg.Provider, protocol.Text(in.Prompt), opts)
+			scancel()
 			if err != nil {
 				return ErrorResult("The subagent could not be started: %v", err)
 			}

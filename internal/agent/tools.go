@@ -51,6 +51,9 @@ type Tool struct {
 	// at all (the subagent tool is hidden from a session at its depth cap);
 	// Registry.ForSession drops the tool where it answers false.
 	Available func(h protocol.SessionHeader) bool
+	// Delegates marks a tool that may start children (the subagent tool):
+	// an agent that called one has descendants to dispose when it ends.
+	Delegates bool
 }
 
 // Registry is an agent's tool set: global tools (subject to tool filters) and

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,6 +52,7 @@ type activation struct {
 	owner    string
 	start    int       // index of the epoch's first event
 	began    time.Time // when the host was asked to activate it
+	ancestry []string  // its ancestors, root first (lease Ancestry)
 
 	sess  ContinuableSession
 	inbox *store.SessionInbox
@@ -70,6 +72,7 @@ type activation struct {
 	parked     bool
 	parkedSeen map[protocol.Seq]bool
 	closing    bool
+	stopCause  string
 	awaiting   time.Time // a fresh activation waits for its first prompt until then
 	fenced     bool
 	durability error
@@ -139,7 +142,7 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 
 	a := &activation{
 		h: h, childID: req.ChildID, header: req.Header, provider: req.Descriptor.Provider, remote: p.Descriptor().Remote, runID: req.RunID,
-		runRev: uint64(req.RunRevision), epoch: 1, owner: req.Owner, leaseRev: leaseRev, began: began,
+		runRev: uint64(req.RunRevision), epoch: 1, owner: req.Owner, leaseRev: leaseRev, began: began, ancestry: req.Ancestry,
 		inbox: h.st.InboxOf(req.ChildID), wake: make(chan struct{}, 1), done: make(chan struct{}),
 	}
 	a.dirty.Store(true)
@@ -241,6 +244,13 @@ func (a *activation) state() string {
 func (a *activation) loop() {
 	defer close(a.done)
 	log := a.h.log.With("session", a.childID, "run", a.runID)
+	// Nothing under an ended one-shot run starts work again (ending.go):
+	// checked once the activation is registered, so a dispose that came
+	// while it was being created, and found nothing yet, is not lost.
+	if a.endIfOrphaned(log) {
+		a.teardown()
+		return
+	}
 	for a.ctx.Err() == nil && !a.h.isDraining() {
 		ran, err := a.runNext()
 		if err != nil {
@@ -452,8 +462,47 @@ func (a *activation) interrupt(cause string) {
 func (a *activation) stop(cause string) {
 	a.mu.Lock()
 	a.closing = true
+	if a.stopCause == "" {
+		a.stopCause = cause
+	}
 	a.mu.Unlock()
 	a.dispose(&agent.Cancel{Cause: cause})
+}
+
+// OrphanCheckAttemptsMax bounds the reads of an activation's ancestors when
+// the store answers with errors.
+const OrphanCheckAttemptsMax = 3
+
+// endIfOrphaned discards the pending inbox items, unrun, of a child that has
+// an ended one-shot ancestor, and reports whether it has one (the epoch then
+// ends without a turn). Read errors are retried, then taken as "not ended".
+func (a *activation) endIfOrphaned(log *slog.Logger) bool {
+	var anc string
+	var err error
+	for attempt := 1; attempt <= OrphanCheckAttemptsMax; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		anc, err = EndedAncestor(ctx, a.h.st, a.ancestry)
+		cancel()
+		if err == nil {
+			break
+		}
+		time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+	}
+	if err != nil {
+		log.Warn("could not check whether an ancestor ended; going on", "err", err)
+		return false
+	}
+	if anc == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := discardPending(ctx, a.sess, a.inbox, fmt.Sprintf("parent: its ancestor %s ended", anc))
+	if err != nil {
+		log.Warn("could not discard the pending items of a child whose ancestor ended", "ancestor", anc, "err", err)
+	}
+	log.Info("an ancestor ended; the child starts no work", "ancestor", anc, "discarded", n)
+	return true
 }
 
 // teardown ends the epoch (see the order at the top of this file).
@@ -470,12 +519,15 @@ func (a *activation) teardown() {
 	}()
 	a.mu.Lock()
 	a.closing = true
-	fenced, durability := a.fenced, a.durability
+	fenced, durability, cause := a.fenced, a.durability, a.stopCause
 	a.mu.Unlock()
 	a.unsubscribe()
 	if fenced {
 		log.Warn("lease lost; activation stopped without publishing")
 		return
+	}
+	if cause == protocol.CauseParent {
+		a.endIfOrphaned(log) // disposed by an ancestor's end: drop what waits
 	}
 	events := a.sess.Events()
 	if a.start <= len(events) {
@@ -540,7 +592,8 @@ func OwnsKey(parent string) string { return "owns." + parent }
 // (DESIGN.md §7, Ownership). Hosts and coordinators (HOST_LOST) both use it.
 func EndEpoch(ctx context.Context, st *store.Store, e EpochEnd, onErr func(error)) {
 	if e.Parent != "" {
-		if _, err := store.Get[protocol.AgentRecord](ctx, st.Agents, e.Parent); err == nil {
+		// No notice to a parent that is gone or ending (its turn is over).
+		if p, err := store.Get[protocol.AgentRecord](ctx, st.Agents, e.Parent); err == nil && !p.Value.Ending {
 			summary, content := SettledNotice(e.ChildID, e.Result)
 			_, _, err := st.Enqueue(ctx, e.Parent, store.InboxItem{
 				Content:  content,

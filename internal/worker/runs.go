@@ -39,7 +39,10 @@ type hostedRun struct {
 	settled chan struct{}
 	done    chan struct{}
 
+	cred string // the agent's credential (it ends its descendants with it)
+
 	mu       sync.Mutex
+	lease    protocol.AgentRecord // as last written by this host
 	leaseRev uint64
 	result   *protocol.SubagentResult
 }
@@ -87,6 +90,7 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 		Provider: req.Provider, CredentialHash: protocol.HashCredential(cred), ParentSession: req.Header.ParentSession,
 		Ancestry: req.Ancestry, Notify: req.Notify, CreatedAt: store.NowMs(),
 	}
+	r.lease, r.cred = lease, cred
 	var (
 		wg       sync.WaitGroup
 		leaseErr error
@@ -177,6 +181,10 @@ func (h *Host) execute(r *hostedRun) {
 	out := r.sess.RunSteps(r.ctx)
 	if out.Fenced {
 		h.log.Warn("lease lost; agent stopped without publishing", "session", r.childID, "run", r.runID)
+		return
+	}
+	// The run's end disposes its descendants before it settles (ending.go).
+	if d, ok := r.sess.(Delegator); ok && d.Delegated() && !h.endDescendants(r) {
 		return
 	}
 	var c *agent.Cancel

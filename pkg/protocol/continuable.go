@@ -133,6 +133,15 @@ type DrainRequest struct {
 	Lift      bool      `msgpack:"lift,omitempty" json:"lift,omitempty"`
 }
 
+// DescendantsDisposeRequest is the body of descendants.dispose: the agent
+// (with its own credential; its lease may be ending) whose live continuable
+// descendants are to be disposed, child first. A one-shot run's host sends it
+// when the run's turn is over, before the run settles (issue 14). Answered
+// with a DrainReply.
+type DescendantsDisposeRequest struct {
+	Agent ParentRef `msgpack:"agent" json:"agent"`
+}
+
 // DrainReply lists the activations the drain disposed, child-first.
 type DrainReply struct {
 	Disposed []string `msgpack:"disposed" json:"disposed"`

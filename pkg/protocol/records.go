@@ -52,6 +52,10 @@ type AgentRecord struct {
 	EpochStart int64  `msgpack:"epochStart,omitempty" json:"epochStart,omitempty"`
 	// TakenOverBy names the coordinator that took the lease from a dead host.
 	TakenOverBy string `msgpack:"takenOverBy,omitempty" json:"takenOverBy,omitempty"`
+	// Ending marks a one-shot agent whose turn is over and whose descendants
+	// are being disposed before its run settles (issue 14): it authorizes
+	// nothing any more, and no descendant of it starts work again.
+	Ending bool `msgpack:"ending,omitempty" json:"ending,omitempty"`
 }
 
 // RunRecord is one run (or continuable epoch) in KV brood_runs (DESIGN.md §4).

@@ -31,6 +31,7 @@ const (
 	EpContinuableInterrupt = "continuable.interrupt"
 	EpContinuableReport    = "continuable.report"
 	EpChildrenList         = "children.list"
+	EpDescendantsDispose   = "descendants.dispose"
 	EpAuthorityUser        = "authority.user"
 )
 

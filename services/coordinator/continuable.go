@@ -233,8 +233,10 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 		}
 	}
 	// Admission: the parent must still be the exact live agent, and its
-	// lineage not draining, when the prompt is accepted.
-	if _, err := c.authorize(ctx, r.Parent); err != nil {
+	// lineage not draining, when the prompt is accepted. The lease is read
+	// fresh: a parent whose run just ended (its lease ending or gone) must
+	// not be taken as live from a cache that has not seen it yet.
+	if _, err := c.authorizeFresh(ctx, r.Parent); err != nil {
 		rollback()
 		return nil, err
 	}
@@ -435,6 +437,14 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) 
 	up, err := c.lineage(ctx, h)
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lineage: %v", err)
+	}
+	// Nothing under an ended one-shot run starts work again (a parent's end,
+	// internal/worker/ending.go). A live parent has no ended ancestor, so
+	// only a user grant's followup needs the check.
+	if parent == nil {
+		if err := c.endedAncestor(ctx, h.ID, up); err != nil {
+			return nil, err
+		}
 	}
 	// A drain holds admission closed: the message is accepted and waits
 	// (never dropped), and runs once the drain is lifted (the liveness sweep

@@ -182,6 +182,7 @@ func (c *Coordinator) endpoints() []endpoint {
 		{protocol.EpContinuableInterrupt, c.continuableInterrupt},
 		{protocol.EpContinuableReport, c.continuableReport},
 		{protocol.EpChildrenList, c.childrenList},
+		{protocol.EpDescendantsDispose, c.descendantsDispose},
 		{protocol.EpAuthorityUser, c.authorityUser},
 	}
 }

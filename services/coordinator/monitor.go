@@ -218,6 +218,12 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		res.ErrorCode = protocol.CodeHostLost
 		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating for more than %s; the coordinator closed the open turn as interrupted", deadHost, c.cfg.HostExpiry)
 	}
+	// The run's end disposes its descendants before it settles, as its host
+	// would have (internal/worker/ending.go); the lease, taken over, already
+	// counts as ended for them.
+	if _, err := c.disposeDescendants(ctx, id); err != nil {
+		c.log.Warn("takeover: the run's descendants were not all disposed", "session", id, "err", err)
+	}
 	rec := run.Value
 	rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), c.cfg.ID, &res
 	if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision); err != nil {

@@ -52,14 +52,39 @@ func (c *Coordinator) authorize(ctx context.Context, p protocol.ParentRef) (leas
 	return l, nil
 }
 
+// authorizeFresh is authorize on the lease as stored now, never the cache:
+// for the last admission check before something is accepted.
+func (c *Coordinator) authorizeFresh(ctx context.Context, p protocol.ParentRef) (leaseState, error) {
+	if !protocol.ValidID(p.SessionID) || p.Credential == "" {
+		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "a parent sessionId and credential are required")
+	}
+	fresh, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, p.SessionID)
+	if errors.Is(err, store.ErrNotFound) {
+		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "session %s has no live agent", p.SessionID)
+	}
+	if err != nil {
+		return leaseState{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %v", p.SessionID, err)
+	}
+	c.agents.observe(fresh.Value, fresh.Revision)
+	l := leaseState{rec: fresh.Value, rev: fresh.Revision}
+	if !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) {
+		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "the credential is not that of the live agent of session %s", p.SessionID)
+	}
+	if !c.leaseLive(l.rec) {
+		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "the agent of session %s is no longer live", p.SessionID)
+	}
+	return l, nil
+}
+
 // leaseLive reports whether a lease names a live agent: a root before its
 // expiry, or an agent on a host that heartbeats. A lease taken over by a
-// coordinator names no live agent.
+// coordinator, or marked ending (a one-shot run whose turn is over), names no
+// live agent.
 func (c *Coordinator) leaseLive(rec protocol.AgentRecord) bool {
 	if rec.Kind == protocol.AgentRoot {
 		return rec.ExpiresAt > store.NowMs()
 	}
-	if rec.TakenOverBy != "" {
+	if rec.TakenOverBy != "" || rec.Ending {
 		return false
 	}
 	return c.reg.hostLive(rec.HostID)

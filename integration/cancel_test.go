@@ -1,0 +1,318 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
+)
+
+// timedModel is the scripted model recording when each request was made and
+// for which task (the text of its first user message), so a test can tell
+// whether a session asked its model anything after a point in time.
+type timedModel struct {
+	model.Model
+	mu    sync.Mutex
+	calls []timedCall
+}
+
+type timedCall struct {
+	at    time.Time
+	first string
+}
+
+func (m *timedModel) Stream(ctx context.Context, req model.Request, onText func(string)) (model.Response, error) {
+	first := ""
+	for _, msg := range req.Messages {
+		if msg.Role == model.RoleUser {
+			first = protocol.PlainText(msg.Content)
+			break
+		}
+	}
+	m.mu.Lock()
+	m.calls = append(m.calls, timedCall{at: time.Now(), first: first})
+	m.mu.Unlock()
+	return m.Model.Stream(ctx, req, onText)
+}
+
+// requests counts the requests for task made after since.
+func (m *timedModel) requests(task string, since time.Time) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, c := range m.calls {
+		if c.first == task && c.at.After(since) {
+			n++
+		}
+	}
+	return n
+}
+
+// backgroundCall is a scripted `call subagent` line that starts prompt as a
+// continuable child in the background.
+func backgroundCall(t *testing.T, label, prompt string) string {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{"description": label, "prompt": prompt, "run_in_background": true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "call subagent " + string(b)
+}
+
+// slowWork is a script of n steps, each a model request that waits d and
+// then lists the workspace.
+func slowWork(n int, d time.Duration, last string) string {
+	var b strings.Builder
+	for i := 0; i < n; i++ {
+		b.WriteString("sleep " + d.String() + "\ncall list_dir {}\n")
+	}
+	return b.String() + "say " + last
+}
+
+// childrenOf returns the ids of parent's children (its child index).
+func childrenOf(t *testing.T, s *testutil.Stack, parent string) []string {
+	t.Helper()
+	idx, err := s.Store.ChildIndex(context.Background(), parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range idx {
+		out = append(out, e.ChildID)
+	}
+	return out
+}
+
+func leaseOf(t *testing.T, s *testutil.Stack, id string) (protocol.AgentRecord, bool) {
+	t.Helper()
+	rec, err := store.Get[protocol.AgentRecord](context.Background(), s.Store.Agents, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return protocol.AgentRecord{}, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec.Value, true
+}
+
+// cancelStack is a coordinator (fast liveness sweep, so a resume would show
+// quickly) and a spawn worker on a timed scripted model.
+func cancelStack(t *testing.T) (*testutil.Stack, *timedModel) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LivenessInterval = 100 * time.Millisecond })
+	m := &timedModel{Model: model.NewScripted()}
+	s.AddSpawnWorker(func(c *worker.InProcessConfig) { c.Models = func() (model.Model, error) { return m, nil } })
+	return s, m
+}
+
+// TestCancellingARunReachesEveryDescendant is issue 14, item 8: a one-shot
+// run whose script starts a background subagent (which starts one of its
+// own), each doing slow steps, is disposed (what Ctrl-C of `brood run`
+// does). Once the dispose is answered every descendant has ended `aborted`
+// (cause parent), the grandchild before the child, and none of them makes a
+// model request or runs a tool again; nothing resumes them, and a followup
+// to one is refused.
+func TestCancellingARunReachesEveryDescendant(t *testing.T) {
+	s, m := cancelStack(t)
+	root := s.Root()
+	grandchild := slowWork(20, 150*time.Millisecond, "grandchild done")
+	child := backgroundCall(t, "grandchild", grandchild) + "\n" + slowWork(20, 150*time.Millisecond, "child done")
+	parent := backgroundCall(t, "child", child) + "\nsleep 30s\nsay parent done"
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text(parent), protocol.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		return m.requests(child, time.Time{}) >= 2 && m.requests(grandchild, time.Time{}) >= 2
+	}, "the child and the grandchild are working")
+	st, err := run.Dispose(ctx)
+	acked := time.Now()
+	if err != nil || st.Result == nil || st.Result.StopReason != protocol.StopAborted {
+		t.Fatalf("dispose: %+v %v", st, err)
+	}
+	kids := childrenOf(t, s, run.ChildID)
+	if len(kids) != 1 {
+		t.Fatalf("the run has children %v", kids)
+	}
+	c := kids[0]
+	grand := childrenOf(t, s, c)
+	if len(grand) != 1 {
+		t.Fatalf("the child has children %v", grand)
+	}
+	g := grand[0]
+	// Already when the dispose was answered: both ended, aborted by their parent.
+	for _, id := range []string{g, c} {
+		if l, live := leaseOf(t, s, id); live {
+			t.Fatalf("%s still has a lease after the dispose was answered: %+v", id, l)
+		}
+		_, evs := s.Log(id)
+		if r := acpTurnEnd(t, evs); r.Kind != protocol.TurnAborted || r.Cause != protocol.CauseParent {
+			t.Fatalf("%s's last turn ended %+v, want aborted by its parent", id, r)
+		}
+	}
+	// Child first: the grandchild's epoch ended before the child's.
+	var ends []string
+	for _, ev := range s.Lifecycle("*") {
+		if ev.Type == protocol.LifecycleEnd && (ev.ID == c || ev.ID == g) {
+			ends = append(ends, ev.ID)
+			if ev.StopReason != protocol.StopAborted {
+				t.Fatalf("subagent/end of %s: %s", ev.ID, ev.StopReason)
+			}
+		}
+	}
+	if !slices.Equal(ends, []string{g, c}) {
+		t.Fatalf("subagent/end order %v, want grandchild %s then child %s", ends, g, c)
+	}
+	_, cevs := s.Log(c)
+	_, gevs := s.Log(g)
+
+	// A message that reaches the child's inbox after its ancestor ended (as
+	// a start racing with the end would leave) is discarded, never run.
+	mid, _, err := s.Store.Enqueue(ctx, c, store.InboxItem{Content: protocol.Text("say resumed"),
+		Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextTurn}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, evs := s.Log(c)
+		for _, ev := range evs[len(cevs):] {
+			var d protocol.InboxDiscardData
+			if ev.Type == protocol.EvInboxDiscard && ev.Decode(&d) == nil && d.MessageID == mid && strings.Contains(d.Reason, "ended") {
+				return true
+			}
+		}
+		return false
+	}, "the late message was discarded")
+	// A followup with a user grant is refused.
+	_, err = s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: c, Authority: grant(t, s), Message: protocol.Text("say again")})
+	if protocol.CodeOf(err) != protocol.CodeNotResumable || !strings.Contains(err.Error(), run.ChildID) {
+		t.Fatalf("followup after the run ended: %v, want NOT_RESUMABLE naming the run", err)
+	}
+
+	// Watch for as long as their scripts still had work (and many liveness
+	// sweeps): absence of work has no event to wait for, so the window is
+	// bounded instead. Neither asks its model anything nor runs a tool.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		if n := m.requests(child, acked) + m.requests(grandchild, acked) + m.requests("say resumed", acked); n > 0 {
+			t.Fatalf("%d model requests of descendants after the dispose was answered", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, evs := s.Log(g)
+	if len(evs) != len(gevs) {
+		t.Fatalf("the grandchild's log grew after the dispose was answered: %s", eventTypes(evs[len(gevs):]))
+	}
+	_, evs = s.Log(c)
+	for _, ev := range evs[len(cevs):] {
+		if ev.Type == protocol.EvStepStart || ev.Type == protocol.EvToolCall || ev.Type == protocol.EvTurnStart {
+			t.Fatalf("the child worked after the dispose was answered: %s", eventTypes(evs[len(cevs):]))
+		}
+	}
+}
+
+// TestARunsEndDisposesItsBackgroundChildren: the rule holds for every end of
+// a one-shot run, not only a cancel: a run that completes while its
+// background child works has the child disposed before its result settles.
+func TestARunsEndDisposesItsBackgroundChildren(t *testing.T) {
+	s, m := cancelStack(t)
+	root := s.Root()
+	child := slowWork(50, 100*time.Millisecond, "child done")
+	run, res, err := s.Run(root.Ref(), "spawn", backgroundCall(t, "child", child)+"\nsleep 500ms\nsay parent done", protocol.StartOptions{})
+	settled := time.Now()
+	if err != nil || res.StopReason != protocol.StopCompleted || protocol.PlainText(res.Output) != "parent done" {
+		t.Fatalf("result %+v %v", res, err)
+	}
+	kids := childrenOf(t, s, run.ChildID)
+	if len(kids) != 1 {
+		t.Fatalf("children %v", kids)
+	}
+	if l, live := leaseOf(t, s, kids[0]); live {
+		t.Fatalf("the child still has a lease after its parent's result: %+v", l)
+	}
+	_, evs := s.Log(kids[0])
+	if r := acpTurnEnd(t, evs); r.Kind != protocol.TurnAborted || r.Cause != protocol.CauseParent {
+		t.Fatalf("the child's turn ended %+v", r)
+	}
+	if n := m.requests(child, settled); n > 0 {
+		t.Fatalf("%d model requests of the child after its parent's result", n)
+	}
+}
+
+// TestCancelReachesAChildBeingCreated: the run is disposed while its
+// background child's activation is still being created (its provider is
+// stuck composing it). The child never makes a model request: the dispose
+// that reaches its host before the activation exists is caught when the
+// activation starts.
+func TestCancelReachesAChildBeingCreated(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LivenessInterval = 100 * time.Millisecond })
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	slow := &timedModel{Model: model.NewScripted()}
+	s.AddInProcessWorker(worker.InProcessDescriptor("slow", false), func(c *worker.InProcessConfig) {
+		c.Models = func() (model.Model, error) {
+			once.Do(func() { close(entered); <-release })
+			return slow, nil
+		}
+	})
+	s.AddSpawnWorker(func(c *worker.InProcessConfig) { c.SubagentProvider = "slow" })
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run, err := s.Client.StartRun(ctx, root.Ref(), "spawn",
+		protocol.Text(backgroundCall(t, "child", "say I should never run")+"\nsleep 30s\nsay parent done"), protocol.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the child's activation was never composed")
+	}
+	st, err := run.Dispose(ctx)
+	if err != nil || st.Result == nil || st.Result.StopReason != protocol.StopAborted {
+		t.Fatalf("dispose: %+v %v", st, err)
+	}
+	close(release)
+	kids := childrenOf(t, s, run.ChildID)
+	if len(kids) != 1 {
+		t.Fatalf("children %v", kids)
+	}
+	c := kids[0]
+	// The activation finishes its creation, finds its parent's run ended,
+	// and settles without a turn; whatever reached its inbox is discarded.
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		if _, live := leaseOf(t, s, c); live {
+			return false
+		}
+		items, err := s.Store.InboxOf(c).Pending(ctx, 0)
+		return err == nil && len(items) == 0
+	}, "the child being created ended with nothing pending")
+	deadline := time.Now().Add(time.Second) // several liveness sweeps
+	for time.Now().Before(deadline) {
+		if n := slow.requests("say I should never run", time.Time{}); n > 0 {
+			t.Fatalf("the child made %d model requests", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, evs := s.Log(c)
+	for _, ev := range evs {
+		if ev.Type == protocol.EvTurnStart {
+			t.Fatalf("the child ran a turn: %s", eventTypes(evs))
+		}
+	}
+}

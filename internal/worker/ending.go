@@ -1,0 +1,194 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// A parent's end (DESIGN.md §14; RELIABILITY.md I5; issue 14). A one-shot run
+// is one unit of work: when its turn is over — completed, failed, disposed,
+// cancelled — its live descendants are disposed, child first, before the run
+// settles (so before runs.dispose answers): every continuable descendant's
+// activation ends its epoch `aborted` (cause `parent`) and its accepted but
+// unclaimed inbox items are discarded (logged agent/inbox/discard), and the
+// one-shot runs those descendants started are disposed with them by their own
+// subagent tools. Nothing under an ended one-shot run starts work again: an
+// activation of such a descendant (a cold resume, the liveness sweep, a
+// start that raced with the end) discards what is pending and settles
+// without running a turn, and followups to it are refused (NOT_RESUMABLE).
+//
+// Order, so that a descendant being created at that moment is reached too:
+// (1) the run's lease is marked Ending (it authorizes nothing from then on:
+// no new child of it is admitted); (2) descendants.dispose walks the child
+// index from the run and disposes every live continuable descendant; (3) the
+// run settles and its lease goes. A descendant whose lease was created before
+// (2) read it is disposed by (2); one created after it finds its ended
+// ancestor when its activation starts.
+//
+// Roots are the exception: a root stands for the user, so closing one (or
+// its lease lapsing) disposes its one-shot runs, while its continuable
+// children live on as the user's (`brood start`); `brood drain --parent`
+// ends them. A continuable parent cannot settle while it owns live children,
+// and its drain disposes its descendants child first.
+
+// DescendantsDisposeTimeout bounds the wait of a run's host for the
+// coordinator to dispose the run's descendants.
+const DescendantsDisposeTimeout = 30 * time.Second
+
+// Delegator is implemented by sessions that can tell whether they started
+// children (*agent.Agent): only those need their descendants disposed.
+type Delegator interface{ Delegated() bool }
+
+// EndedAncestor returns the first session of ancestry (ids, root first) that
+// is a one-shot agent whose run ended or is ending (its lease gone, Ending,
+// or taken over from a dead host), or "" when there is none. A session with
+// no lease is one-shot when its parent's child index says so; roots (no
+// parent, or not indexed) never count as ended.
+func EndedAncestor(ctx context.Context, st *store.Store, ancestry []string) (string, error) {
+	for _, id := range ancestry {
+		rec, err := store.Get[protocol.AgentRecord](ctx, st.Agents, id)
+		switch {
+		case err == nil:
+			if rec.Value.Kind == protocol.AgentOneShot && (rec.Value.Ending || rec.Value.TakenOverBy != "") {
+				return id, nil
+			}
+			continue
+		case !errors.Is(err, store.ErrNotFound):
+			return "", fmt.Errorf("read the lease of %s: %w", id, err)
+		}
+		h, err := st.GetHeader(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("read the header of %s: %w", id, err)
+		}
+		if h.ParentSession == "" {
+			continue // a root
+		}
+		mode, err := modeOf(ctx, st, h)
+		if err != nil {
+			return "", err
+		}
+		if mode == protocol.ModeOneShot {
+			return id, nil
+		}
+	}
+	return "", nil
+}
+
+// modeOf returns a child's mode from its parent's child index, else (a
+// one-shot entry is written off the start's path, so it may be missing) from
+// the descriptor in the child's own log; "" for a session with neither (a
+// lineage root).
+func modeOf(ctx context.Context, st *store.Store, h protocol.SessionHeader) (string, error) {
+	e, err := st.ChildIndexEntry(ctx, h.ParentSession, h.ID)
+	if err == nil {
+		return e.Mode, nil
+	}
+	if !errors.Is(err, store.ErrNotFound) {
+		return "", fmt.Errorf("read the child index entry of %s: %w", h.ID, err)
+	}
+	log, err := st.ReadLog(ctx, h.ID)
+	if err != nil {
+		return "", fmt.Errorf("read the log of %s: %w", h.ID, err)
+	}
+	own := log.Events
+	if h.SeedLength > 0 && h.SeedLength <= int64(len(own)) {
+		own = own[h.SeedLength:]
+	}
+	for _, ev := range own {
+		var d protocol.DescriptorData
+		if ev.Type == protocol.EvSubagentDescriptor && ev.Decode(&d) == nil {
+			return d.Mode, nil
+		}
+	}
+	return "", nil
+}
+
+// endDescendants runs steps (1) and (2) of a one-shot run's end (see above).
+// It reports false when the run's lease changed hands (a coordinator took it
+// over): the host then publishes nothing.
+func (h *Host) endDescendants(r *hostedRun) bool {
+	r.mu.Lock()
+	lease, rev := r.lease, r.leaseRev
+	r.mu.Unlock()
+	lease.Ending = true
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	newRev, err := store.Update(ctx, h.st.Agents, r.childID, lease, rev)
+	cancel()
+	switch {
+	case errors.Is(err, store.ErrConflict):
+		h.log.Warn("the run's lease changed hands before it ended; publishing nothing", "session", r.childID, "run", r.runID)
+		return false
+	case err != nil:
+		// Admission stays open a moment longer; the descendants are still
+		// disposed, and their activations check their ancestors.
+		h.log.Warn("could not mark the run's lease ending", "session", r.childID, "err", err)
+	default:
+		r.mu.Lock()
+		r.lease, r.leaseRev = lease, newRev
+		r.mu.Unlock()
+	}
+	dctx, dcancel := context.WithTimeout(context.Background(), DescendantsDisposeTimeout)
+	defer dcancel()
+	var reply protocol.DrainReply
+	for attempt := 1; ; attempt++ {
+		err = rpc.Call(dctx, h.cfg.NC, h.subj.Coord(protocol.EpDescendantsDispose),
+			protocol.DescendantsDisposeRequest{Agent: protocol.ParentRef{SessionID: r.childID, Credential: r.cred}}, &reply)
+		if err == nil || attempt >= 3 || dctx.Err() != nil || protocol.CodeOf(err) != protocol.CodeUnavailable {
+			break
+		}
+		time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+	}
+	if err != nil {
+		h.log.Error("could not dispose the run's descendants", "session", r.childID, "run", r.runID, "err", err)
+	} else if len(reply.Disposed) > 0 {
+		h.log.Info("the run's end disposed its descendants", "session", r.childID, "disposed", len(reply.Disposed))
+	}
+	return true
+}
+
+// discardPending drops every unclaimed item of a continuable session unrun,
+// logging agent/inbox/enqueue (when unseen) and agent/inbox/discard for each
+// before it leaves the inbox (DESIGN.md §5: accepted work dropped unrun is
+// logged). It returns how many it dropped.
+func discardPending(ctx context.Context, sess ContinuableSession, in agent.Inbox, reason string) (int, error) {
+	items, err := sess.Unclaimed(ctx, in)
+	if err != nil || len(items) == 0 {
+		return 0, err
+	}
+	seen, _ := agent.InboxCursor(sess.Events())
+	now := store.NowMs()
+	var evs []protocol.SessionEvent
+	seqs := make([]protocol.Seq, 0, len(items))
+	for _, it := range items {
+		if !seen[it.Seq] {
+			ev, err := protocol.NewEvent(protocol.EvInboxEnqueue, now, protocol.InboxEnqueueData{MessageID: it.MessageID, InboxSeq: it.Seq, Source: it.Source})
+			if err != nil {
+				return 0, err
+			}
+			evs = append(evs, ev)
+		}
+		ev, err := protocol.NewEvent(protocol.EvInboxDiscard, now, protocol.InboxDiscardData{MessageID: it.MessageID, InboxSeq: it.Seq, Reason: reason})
+		if err != nil {
+			return 0, err
+		}
+		evs = append(evs, ev)
+		seqs = append(seqs, it.Seq)
+	}
+	if err := sess.Append(ctx, evs...); err != nil {
+		return 0, err
+	}
+	if err := in.Remove(ctx, seqs...); err != nil {
+		return len(items), fmt.Errorf("discarded items not removed (their logged discard skips them): %w", err)
+	}
+	return len(items), nil
+}
