@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -314,5 +316,64 @@ func TestCancelReachesAChildBeingCreated(t *testing.T) {
 		if ev.Type == protocol.EvTurnStart {
 			t.Fatalf("the child ran a turn: %s", eventTypes(evs))
 		}
+	}
+}
+
+// TestInterruptingBroodRunStopsItsBackgroundChild is the issue's own input
+// (issue 14, item 8): `brood run` of a script that starts a background
+// subagent doing slow steps, interrupted (SIGINT) once the child works. The
+// run ends aborted, and by the time `brood run` exited the child has ended
+// too and makes no model request afterwards.
+func TestInterruptingBroodRunStopsItsBackgroundChild(t *testing.T) {
+	s, m := cancelStack(t)
+	child := slowWork(40, 100*time.Millisecond, "child done")
+	script := backgroundCall(t, "slow child", child) + "\nsleep 30s\nsay parent done"
+	cmd := exec.Command(broodBin, "run", "--nats", s.Server.ClientURL(), "--provider", "spawn", script)
+	cmd.Dir = t.TempDir()
+	var stderr strings.Builder
+	cmd.Stderr = &lockedBuilder{b: &stderr}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	testutil.Eventually(t, 20*time.Second, func() bool { return m.requests(child, time.Time{}) >= 2 }, "the background child works")
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-exited:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("brood run did not exit after SIGINT; stderr:\n%s", stderr.String())
+	}
+	done := time.Now()
+	if err == nil || !strings.Contains(stderr.String(), "aborted") {
+		t.Fatalf("brood run: %v, stderr:\n%s", err, stderr.String())
+	}
+	var parent string
+	for _, ev := range s.Lifecycle("*") {
+		if ev.Type == protocol.LifecycleStart && ev.Mode == protocol.ModeOneShot {
+			parent = ev.ID
+		}
+	}
+	kids := childrenOf(t, s, parent)
+	if len(kids) != 1 {
+		t.Fatalf("the run %s has children %v", parent, kids)
+	}
+	if l, live := leaseOf(t, s, kids[0]); live {
+		t.Fatalf("the background child is still live after brood run exited: %+v", l)
+	}
+	_, evs := s.Log(kids[0])
+	if r := acpTurnEnd(t, evs); r.Kind != protocol.TurnAborted || r.Cause != protocol.CauseParent {
+		t.Fatalf("the child's turn ended %+v", r)
+	}
+	deadline := time.Now().Add(time.Second) // the child's script had seconds of work left
+	for time.Now().Before(deadline) {
+		if n := m.requests(child, done); n > 0 {
+			t.Fatalf("the child made %d model requests after brood run exited", n)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
