@@ -108,7 +108,14 @@ type dev struct {
 // drain) at the end of the test.
 func startDev(t *testing.T, args ...string) *dev {
 	t.Helper()
+	return startDevEnv(t, nil, args...)
+}
+
+// startDevEnv is startDev with env added to the process's environment.
+func startDevEnv(t *testing.T, env []string, args ...string) *dev {
+	t.Helper()
 	cmd := exec.Command(broodBin, append([]string{"dev", "--data", t.TempDir(), "--listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -25,6 +25,7 @@ type session struct {
 	out    io.Writer
 	errOut io.Writer
 	grant  string // the user grant minted for this command, once asked for
+	ctx    context.Context
 }
 
 func openClient(g *globals) (*session, func(), error) {
@@ -38,7 +39,7 @@ func openClient(g *globals) (*session, func(), error) {
 		nc.Close()
 		return nil, nil, err
 	}
-	return &session{cl: cl, log: log, out: g.out, errOut: g.errOut}, func() { cl.Close(); nc.Close() }, nil
+	return &session{cl: cl, log: log, out: g.out, errOut: g.errOut, ctx: g.ctx}, func() { cl.Close(); nc.Close() }, nil
 }
 
 // withClient runs a client verb: a connection and client for its duration,
@@ -49,7 +50,7 @@ func withClient(g *globals, fn func(ctx context.Context, s *session) error) erro
 		return err
 	}
 	defer done()
-	ctx, cancel := ctxWithSignals()
+	ctx, cancel := ctxWithSignals(g.ctx)
 	defer cancel()
 	return fn(ctx, s)
 }
@@ -227,7 +228,7 @@ func withRoot(ctx context.Context, s *session, fn func(root *client.Root) error)
 }
 
 func runOnce(s *session, f childFlags, opts protocol.StartOptions, prompt string) error {
-	ctx, cancel := ctxWithSignals()
+	ctx, cancel := ctxWithSignals(s.ctx)
 	defer cancel()
 	return withRoot(ctx, s, func(root *client.Root) error { return runIn(ctx, s, root, f, opts, prompt) })
 }

@@ -15,8 +15,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/brood-dev/brood/internal/buildinfo"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -35,6 +38,51 @@ type globals struct {
 	timeout  time.Duration
 	out      io.Writer // what the command answers (stdout)
 	errOut   io.Writer // diagnostics and ids for the user (stderr)
+	// ctx is the command's base context: it carries the span of a client
+	// verb ("brood run"), so the requests it makes join one trace.
+	ctx      context.Context
+	span     trace.Span
+	shutdown func(context.Context) error // flushes exported spans
+}
+
+// isService reports whether cmd runs a long-lived service (its process is
+// traced as brood-<name>, without a span of its own).
+func isService(cmd *cobra.Command) bool {
+	return cmd.GroupID == groupServices || cmd.GroupID == groupStart
+}
+
+// startTracing configures tracing from the OTEL_* environment (off unless
+// asked, telemetry.SetupTracing) and opens a client verb's span.
+func (g *globals) startTracing(cmd *cobra.Command) error {
+	name := "brood"
+	if isService(cmd) {
+		name = "brood-" + cmd.Name()
+	}
+	_, shutdown, err := telemetry.SetupTracing(context.Background(), name)
+	if err != nil {
+		return err
+	}
+	g.shutdown = shutdown
+	if !isService(cmd) {
+		g.ctx, g.span = telemetry.Tracer().Start(context.Background(), "brood "+cmd.Name())
+	}
+	return nil
+}
+
+// stopTracing ends a client verb's span and flushes what was exported
+// (bounded to 5 s).
+func (g *globals) stopTracing(err error) {
+	if g.span != nil {
+		if err != nil {
+			g.span.SetStatus(codes.Error, err.Error())
+		}
+		g.span.End()
+	}
+	if g.shutdown != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = g.shutdown(ctx)
+	}
 }
 
 func defaultNATSURL() string {
@@ -77,12 +125,13 @@ func main() {
 // stderr (DESIGN.md §9); a verb's own status (brood run: 1 when the stop
 // reason is not completed).
 func execute(args []string, stdout, stderr io.Writer) int {
-	g := &globals{out: stdout, errOut: stderr}
+	g := &globals{out: stdout, errOut: stderr, ctx: context.Background()}
 	root := newRoot(g)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	err := root.Execute()
+	g.stopTracing(err)
 	if err == nil {
 		return 0
 	}
@@ -115,9 +164,10 @@ func newRoot(g *globals) *cobra.Command {
 	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error {
 		switch strings.ToLower(g.logLevel) {
 		case "", "debug", "info", "warn", "error":
-			return nil
+		default:
+			return protocol.Errorf(protocol.CodeInvalidArgument, "--log-level %q must be debug, info, warn or error", g.logLevel)
 		}
-		return protocol.Errorf(protocol.CodeInvalidArgument, "--log-level %q must be debug, info, warn or error", g.logLevel)
+		return g.startTracing(cmd)
 	}
 	root.AddGroup(
 		&cobra.Group{ID: groupStart, Title: "Run everything in one process:"},
@@ -182,7 +232,8 @@ func connect(url, name string, reconnect bool) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// ctxWithSignals is the context of a client verb: cancelled by Ctrl-C.
-func ctxWithSignals() (context.Context, context.CancelFunc) {
-	return signalContext(context.Background())
+// ctxWithSignals is the context of a client verb: base (the verb's, with
+// its span) cancelled by Ctrl-C.
+func ctxWithSignals(base context.Context) (context.Context, context.CancelFunc) {
+	return signalContext(base)
 }

@@ -477,7 +477,8 @@ func (a *Agent) runTools(ctx context.Context, turn, step int64, calls []protocol
 func (a *Agent) callModel(ctx context.Context, req model.Request, onText func(string)) (model.Response, error) {
 	m := a.cfg.Model
 	start := time.Now()
-	resp, err := m.Stream(ctx, req, onText)
+	sctx, span := telemetry.StartModel(ctx, m.Provider(), m.Name())
+	resp, err := m.Stream(sctx, req, onText)
 	outcome := telemetry.OutcomeOK
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -486,17 +487,25 @@ func (a *Agent) callModel(ctx context.Context, req model.Request, onText func(st
 		outcome = telemetry.OutcomeError
 	}
 	a.cfg.Metrics.ModelCall(m.Provider(), m.Name(), outcome, time.Since(start), resp.Usage)
+	telemetry.EndModel(span, string(resp.Finish), resp.Usage, err)
 	return resp, err
 }
 
 func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCall) (res ToolResult) {
 	t, ok := a.cfg.Tools.Lookup(c.Name)
 	if !ok {
+		_, span := telemetry.StartTool(ctx, telemetry.ToolUnknown, c.ID)
+		res = ErrorResult("unknown tool %q: it is not available to this agent", c.Name)
+		telemetry.EndTool(span, true, "unknown tool")
 		a.cfg.Metrics.ToolCall(telemetry.ToolUnknown, true, 0)
-		return ErrorResult("unknown tool %q: it is not available to this agent", c.Name)
+		return res
 	}
 	start := time.Now()
-	defer func() { a.cfg.Metrics.ToolCall(c.Name, res.IsError, time.Since(start)) }()
+	ctx, span := telemetry.StartTool(ctx, c.Name, c.ID)
+	defer func() {
+		a.cfg.Metrics.ToolCall(c.Name, res.IsError, time.Since(start))
+		telemetry.EndTool(span, res.IsError, headline(res))
+	}()
 	// Arguments that are not a JSON object never reach a tool (empty ones
 	// mean {}); the raw text stays in the log and is quoted back.
 	if strings.TrimSpace(c.Arguments) != "" && !argsObject(c.Arguments) {
@@ -521,6 +530,15 @@ func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCa
 			c.Name, size, a.limits.ToolOutputBytesMax)
 	}
 	return res
+}
+
+// headline is the first line of a tool result's text (a span status).
+func headline(r ToolResult) string {
+	text := protocol.PlainText(r.Content)
+	if i := strings.IndexByte(text, '\n'); i >= 0 {
+		text = text[:i]
+	}
+	return protocol.TruncateDiagnostic(text)
 }
 
 // endCancelled ends the turn after ctx was done: aborted with the owner's

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/tracecontext"
 )
 
 // Request is one request handed to a Handler. Replies go straight to the
@@ -89,8 +90,10 @@ func dispatch(ctx context.Context, log *slog.Logger, sem chan struct{}, h Handle
 	}
 	go func() {
 		defer func() { <-sem }()
+		ctx, span := tracecontext.StartServer(ctx, req.subject, req.header)
 		reply, err := h(ctx, req)
 		Reply(log, req, reply, err)
+		tracecontext.End(span, err)
 	}()
 }
 
@@ -160,6 +163,14 @@ func Call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) er
 	}
 	msg := nats.NewMsg(subject)
 	msg.Data = data
+	ctx, span := tracecontext.StartClient(ctx, subject, msg.Header)
+	err = call(ctx, nc, msg, reply)
+	tracecontext.End(span, err)
+	return err
+}
+
+func call(ctx context.Context, nc *nats.Conn, msg *nats.Msg, reply any) error {
+	subject := msg.Subject
 	resp, err := nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {
 		switch {

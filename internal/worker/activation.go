@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -56,6 +58,7 @@ type activation struct {
 
 	sess  ContinuableSession
 	inbox *store.SessionInbox
+	span  trace.Span // the epoch's
 	subs  []*nats.Subscription
 	dirty atomic.Bool
 
@@ -202,13 +205,17 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 		release()
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "flush the inbox subscription: %v", err)
 	}
-	a.ctx, a.dispose = context.WithCancelCause(context.Background())
+	base, span := telemetry.StartRun(ctx, a.provider, protocol.ModeContinuable, a.runID, req.Header)
+	a.ctx, a.dispose = context.WithCancelCause(base)
+	a.span = span
 	h.mu.Lock()
 	if h.draining {
 		h.mu.Unlock()
 		a.unsubscribe()
 		release()
-		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
+		err := protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
+		telemetry.EndRun(span, nil, err)
+		return nil, err
 	}
 	h.acts[req.ChildID] = a
 	h.mu.Unlock()
@@ -320,7 +327,9 @@ func (a *activation) runNext() (bool, error) {
 		a.noteOutcome(out)
 		return false, nil
 	}
-	out = a.sess.RunSteps(turnCtx)
+	stepsCtx, span := telemetry.StartTurn(turnCtx, out.Turn)
+	out = a.sess.RunSteps(stepsCtx)
+	telemetry.EndTurn(span, out.Reason, out.Err)
 	a.noteOutcome(out)
 	return true, nil
 }
@@ -522,6 +531,8 @@ func (a *activation) teardown() {
 	fenced, durability, cause := a.fenced, a.durability, a.stopCause
 	a.mu.Unlock()
 	a.unsubscribe()
+	var final *protocol.SubagentResult // nil: fenced, nothing published
+	defer func() { telemetry.EndRun(a.span, final, nil) }()
 	if fenced {
 		log.Warn("lease lost; activation stopped without publishing")
 		return
@@ -539,6 +550,7 @@ func (a *activation) teardown() {
 		res.ErrorCode = protocol.CodeDurabilityFailed
 		res.Diagnostic = protocol.TruncateDiagnostic("the epoch's final flush was not acknowledged by JetStream: " + durability.Error())
 	}
+	final = &res
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	rec := protocol.RunRecord{

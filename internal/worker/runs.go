@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -33,6 +35,7 @@ type hostedRun struct {
 	sess           Session
 	ctx            context.Context
 	cancel         context.CancelCauseFunc
+	span           trace.Span // the run's; ended once it left the host
 	// settled is closed once the run's outcome is decided (settled, lost to
 	// another settler, or dropped after a fence); done once its session was
 	// also closed and the run left the host.
@@ -56,7 +59,13 @@ func (h *Host) isDraining() bool {
 // startRun publishes a child: it composes the session, takes the lease and
 // logs the first turn's opening (concurrently), then answers; the turn runs
 // on. Nothing is published when composition fails.
-func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderStartRequest) (any, error) {
+func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderStartRequest) (_ any, err error) {
+	var span trace.Span
+	defer func() {
+		if err != nil && span != nil {
+			telemetry.EndRun(span, nil, err)
+		}
+	}()
 	if h.isDraining() {
 		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
 	}
@@ -71,10 +80,11 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	if err != nil {
 		return nil, err
 	}
-	runCtx, cancel := context.WithCancelCause(context.Background())
+	base, span := telemetry.StartRun(ctx, req.Provider, protocol.ModeOneShot, req.RunID, req.Header)
+	runCtx, cancel := context.WithCancelCause(base)
 	r := &hostedRun{
 		runID: req.RunID, childID: childID, remote: p.Descriptor().Remote, req: req, epoch: 1, seedLen: seed,
-		sess: sess, ctx: runCtx, cancel: cancel, settled: make(chan struct{}), done: make(chan struct{}),
+		sess: sess, ctx: runCtx, cancel: cancel, settled: make(chan struct{}), done: make(chan struct{}), span: span,
 	}
 	h.mu.Lock()
 	if h.draining {
@@ -175,6 +185,8 @@ func (h *Host) unregister(r *hostedRun) {
 // the session (then it publishes nothing).
 func (h *Host) execute(r *hostedRun) {
 	defer close(r.done)
+	var final *protocol.SubagentResult // nil: fenced, nothing published
+	defer func() { telemetry.EndRun(r.span, final, nil) }()
 	defer h.unregister(r)
 	defer closeSession(r.sess)
 	defer close(r.settled)
@@ -199,6 +211,7 @@ func (h *Host) execute(r *hostedRun) {
 		res.ErrorCode = protocol.CodeDurabilityFailed
 		res.Diagnostic = protocol.TruncateDiagnostic("JetStream did not acknowledge the session log: " + out.Err.Error())
 	}
+	final = &res
 	h.settle(r, res)
 }
 

@@ -1,0 +1,137 @@
+// Package tracecontext carries OpenTelemetry trace context in NATS message
+// headers, so one delegation tree is one trace across processes: a request
+// carries the W3C `traceparent` (and `tracestate`, `baggage`) headers of the
+// span that sent it, and whoever serves it continues that trace
+// (docs/protocol.md, "Trace context"). It uses the global propagator
+// (otel.GetTextMapPropagator); Brood's processes set it to W3C trace context
+// and baggage. Without an OpenTelemetry SDK configured nothing is recorded,
+// but a received context still passes through to the requests a handler
+// makes.
+package tracecontext
+
+import (
+	"context"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Carrier adapts a nats.Header to the OpenTelemetry TextMapCarrier. NATS
+// header names are case-sensitive: Set writes the name as given (W3C names
+// are lowercase); Get finds a name in any case.
+type Carrier nats.Header
+
+// Get returns the first value of key, matched in any case.
+func (c Carrier) Get(key string) string {
+	if v, ok := c[key]; ok && len(v) > 0 {
+		return v[0]
+	}
+	for k, v := range c {
+		if len(v) > 0 && strings.EqualFold(k, key) {
+			return v[0]
+		}
+	}
+	return ""
+}
+
+// Set replaces key's values (any case variant of key is removed first).
+func (c Carrier) Set(key, value string) {
+	for k := range c {
+		if k != key && strings.EqualFold(k, key) {
+			delete(c, k)
+		}
+	}
+	c[key] = []string{value}
+}
+
+// Keys lists the header names.
+func (c Carrier) Keys() []string {
+	out := make([]string, 0, len(c))
+	for k := range c {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Inject writes ctx's trace context into h (h must not be nil).
+func Inject(ctx context.Context, h nats.Header) {
+	otel.GetTextMapPropagator().Inject(ctx, Carrier(h))
+}
+
+// Extract returns ctx with the trace context carried by h (a nil h carries
+// none).
+func Extract(ctx context.Context, h nats.Header) context.Context {
+	if h == nil {
+		return ctx
+	}
+	return otel.GetTextMapPropagator().Extract(ctx, Carrier(h))
+}
+
+// TracerName names the tracer of Brood's spans.
+const TracerName = "github.com/brood-dev/brood"
+
+func tracer() trace.Tracer { return otel.Tracer(TracerName) }
+
+// Span attribute keys of requests (OpenTelemetry messaging conventions, and
+// Brood's own under brood.*).
+const (
+	AttrMessagingSystem = "messaging.system"
+	AttrDestination     = "messaging.destination.name"
+	AttrErrorCode       = "brood.error_code"
+)
+
+// SpanName is the name of a request's spans: low-cardinality, from the
+// subject after the version token (`<prefix>.v1.<kind>.<rest>`): "coord
+// runs.start", "provider spawn.start", "host dispose" (the host id left
+// out); any other subject is "nats request".
+func SpanName(subject string) string {
+	toks := strings.Split(subject, ".")
+	for i := 0; i+2 < len(toks); i++ {
+		if toks[i] != "v1" {
+			continue
+		}
+		switch kind, rest := toks[i+1], toks[i+2:]; kind {
+		case "coord", "provider":
+			return kind + " " + strings.Join(rest, ".")
+		case "host":
+			if len(rest) >= 2 {
+				return "host " + strings.Join(rest[1:], ".")
+			}
+		}
+		break
+	}
+	return "nats request"
+}
+
+// StartClient starts the client span of a request to subject and injects
+// its context into h (must not be nil). End it with End once the reply (or
+// the failure) arrived.
+func StartClient(ctx context.Context, subject string, h nats.Header) (context.Context, trace.Span) {
+	ctx, span := tracer().Start(ctx, SpanName(subject), trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attribute.String(AttrMessagingSystem, "nats"), attribute.String(AttrDestination, subject)))
+	Inject(ctx, h)
+	return ctx, span
+}
+
+// StartServer continues the trace carried by a request's headers h with the
+// server span of its handling. End it with End once answered.
+func StartServer(ctx context.Context, subject string, h nats.Header) (context.Context, trace.Span) {
+	return tracer().Start(Extract(ctx, h), SpanName(subject), trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(attribute.String(AttrMessagingSystem, "nats"), attribute.String(AttrDestination, subject)))
+}
+
+// End ends span; a non-nil err marks it failed with its catalogue code.
+func End(span trace.Span, err error) {
+	if err != nil {
+		pe := protocol.AsError(err)
+		span.SetAttributes(attribute.String(AttrErrorCode, string(pe.Code)))
+		span.SetStatus(codes.Error, pe.Error())
+	}
+	span.End()
+}
