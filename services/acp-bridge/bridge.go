@@ -11,10 +11,14 @@
 //
 //	record 1 (host)   turn/start, user/message (the prompt), subagent/descriptor
 //	record 2          acp/session {sessionId, loadSession} (first turn of an ACP session), step/start
-//	records 3…        tool/call, tool/result as the agent reports them (coalesced)
+//	records 3…        tool/call, tool/result, acp/permission as the agent reports
+//	                  and asks (coalesced)
 //	last record       pending tool results closed as errors, assistant/message
 //	                  (every agent_message_chunk text, interrupted when cut),
 //	                  step/end, turn/end {completed|max-tokens|blocked|aborted|error}
+//	between turns     acp/late-update and late acp/permission: what the agent sent
+//	                  after the turn was sealed (a quiet period after its answer),
+//	                  against that turn
 //
 // A startup failure (spawn, initialize, session/new) ends the turn `error`
 // right after record 1, without a step.
