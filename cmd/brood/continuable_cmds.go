@@ -362,6 +362,10 @@ func printResult(s *session, what string, res protocol.SubagentResult, asJSON bo
 	if !asJSON {
 		if text := protocol.PlainText(res.Output); text != "" {
 			fmt.Fprintln(s.out, text)
+			// The output rule skips an empty last message (issue 14): say so.
+			if f := res.OutputFrom; f != nil && !f.Last {
+				fmt.Fprintf(s.errOut, "note: the output above is the child's message of turn %d, step %d; its last message was empty\n", f.Turn, f.Step)
+			}
 		}
 		if res.Structured != nil {
 			if err := printJSONLine(s.out, res.Structured); err != nil {

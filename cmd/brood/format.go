@@ -106,6 +106,9 @@ func formatEvent(ev protocol.SessionEvent, h protocol.SessionHeader) string {
 		var d protocol.ToolCallData
 		if ev.Decode(&d) == nil {
 			detail = fmt.Sprintf("%s %s %s", d.CallID, d.Name, clip(d.Arguments))
+			if d.ModelCallID != "" {
+				detail += " [the model's id " + d.ModelCallID + "]"
+			}
 		}
 	case protocol.EvToolResult:
 		var d protocol.ToolResultData
@@ -148,6 +151,33 @@ func formatEvent(ev protocol.SessionEvent, h protocol.SessionHeader) string {
 			detail = fmt.Sprintf("ACP session %s of %q, loadSession %v", d.SessionID, d.Agent, d.LoadSession)
 			if d.Loaded {
 				detail += " (loaded)"
+			}
+		}
+	case protocol.EvACPPermission:
+		var d protocol.ACPPermissionData
+		if ev.Decode(&d) == nil {
+			answer := "denied"
+			if d.Granted {
+				answer = "granted"
+			}
+			detail = fmt.Sprintf("%s %s: %s (%s", d.ToolCallID, clip(d.Title), answer, d.Outcome)
+			if d.OptionID != "" {
+				detail += " " + d.OptionID + " " + d.OptionKind
+			}
+			detail += "; " + d.Policy + ": " + d.Why + ")"
+			if d.Late {
+				detail += fmt.Sprintf(" [late, turn %d]", d.Turn)
+			}
+		}
+	case protocol.EvACPLateUpdate:
+		var d protocol.ACPLateUpdateData
+		if ev.Decode(&d) == nil {
+			detail = fmt.Sprintf("turn %d, after its end: %s", d.Turn, d.Kind)
+			if d.Text != "" {
+				detail += " " + clip(d.Text)
+			}
+			if d.ToolCallID != "" {
+				detail += fmt.Sprintf(" %s %s %s", d.ToolCallID, clip(d.Title), d.Status)
 			}
 		}
 	case protocol.EvSessionEndSeed:

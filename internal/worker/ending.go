@@ -140,13 +140,23 @@ func (h *Host) endDescendants(r *hostedRun) bool {
 	dctx, dcancel := context.WithTimeout(context.Background(), DescendantsDisposeTimeout)
 	defer dcancel()
 	var reply protocol.DrainReply
+	// A coordinator that is away (restarting) is waited for, within the
+	// bound: the run must not settle while its descendants still work.
 	for attempt := 1; ; attempt++ {
 		err = rpc.Call(dctx, h.cfg.NC, h.subj.Coord(protocol.EpDescendantsDispose),
 			protocol.DescendantsDisposeRequest{Agent: protocol.ParentRef{SessionID: r.childID, Credential: r.cred}}, &reply)
-		if err == nil || attempt >= 3 || dctx.Err() != nil || protocol.CodeOf(err) != protocol.CodeUnavailable {
+		if err == nil || protocol.CodeOf(err) != protocol.CodeUnavailable {
 			break
 		}
-		time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+		t := time.NewTimer(min(time.Duration(attempt)*200*time.Millisecond, 2*time.Second))
+		select {
+		case <-dctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+		if dctx.Err() != nil {
+			break
+		}
 	}
 	if err != nil {
 		h.log.Error("could not dispose the run's descendants", "session", r.childID, "run", r.runID, "err", err)

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// TestLogShowsTheEdgeEvents: `brood log` renders the events issue 14 added
+// (a renamed tool-call id, ACP permission answers, late ACP output).
+func TestLogShowsTheEdgeEvents(t *testing.T) {
+	ev := func(typ string, data any) protocol.SessionEvent {
+		e, err := protocol.NewEvent(typ, 1, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	tests := []struct {
+		ev   protocol.SessionEvent
+		want string
+	}{
+		{ev(protocol.EvToolCall, protocol.ToolCallData{CallID: "call_0_2", Name: "list_dir", Arguments: "{}", ModelCallID: "call_0"}),
+			"call_0_2 list_dir {} [the model's id call_0]"},
+		{ev(protocol.EvACPPermission, protocol.ACPPermissionData{Turn: 1, ToolCallID: "p1", Title: "Write a file", Policy: "reject", Why: "provider policy",
+			Outcome: "selected", OptionID: "no", OptionKind: "reject_once"}),
+			"p1 Write a file: denied (selected no reject_once; reject: provider policy)"},
+		{ev(protocol.EvACPPermission, protocol.ACPPermissionData{Turn: 2, Late: true, ToolCallID: "p2", Policy: "reject", Why: "no turn is running", Outcome: "cancelled"}),
+			"[late, turn 2]"},
+		{ev(protocol.EvACPLateUpdate, protocol.ACPLateUpdateData{Turn: 3, Kind: "agent_message_chunk", Text: " late"}),
+			"turn 3, after its end: agent_message_chunk  late"},
+	}
+	for _, tt := range tests {
+		if got := formatEvent(tt.ev, protocol.SessionHeader{}); !strings.Contains(got, tt.want) {
+			t.Errorf("%s rendered %q, want it to contain %q", tt.ev.Type, got, tt.want)
+		}
+	}
+}
