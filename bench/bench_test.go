@@ -121,7 +121,7 @@ func BenchmarkOneShotLatency(b *testing.B) {
 	floor := 2*rr + 5*pub
 	ctx := context.Background()
 	for i := 0; i < 50; i++ { // warm up caches and connections
-		run, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text("say ok"), protocol.StartOptions{})
+		run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok"), Options: protocol.StartOptions{}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -133,7 +133,7 @@ func BenchmarkOneShotLatency(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		t := time.Now()
-		run, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text("say ok"), protocol.StartOptions{})
+		run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok"), Options: protocol.StartOptions{}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -177,7 +177,7 @@ func BenchmarkOneShotThroughput(b *testing.B) {
 		go func() {
 			defer wg.Done()
 			for next.Add(1) <= int64(b.N) {
-				run, err := s.Client.StartRun(ctx, roots[p].Ref(), "spawn", protocol.Text("say ok"), protocol.StartOptions{})
+				run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: roots[p].Ref(), Provider: "spawn", Prompt: protocol.Text("say ok"), Options: protocol.StartOptions{}})
 				if err != nil {
 					b.Error(err)
 					return

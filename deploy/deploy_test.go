@@ -406,6 +406,13 @@ var permCases = []permCase{
 	{user: "worker", sub: true, subject: "$SRV.PING", allowed: true},
 	{user: "worker", sub: true, subject: "brood.v1.inbox.S1", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.inbox.S1", allowed: true},
+	// Read endpoints: long polls and follows wake on log and event subjects;
+	// follow credit comes on the replica's own subject in the queue group.
+	{user: "coordinator", sub: true, subject: "brood.v1.log.S1", allowed: true},
+	{user: "coordinator", sub: true, subject: "brood.v1.events.*.*", allowed: true},
+	{user: "coordinator", sub: true, subject: "brood.v1.coord.follow.C1", queue: "brood-coordinator", allowed: true},
+	{user: "client", subject: "brood.v1.coord.follow.C1", allowed: true},
+	{user: "client", subject: "brood.v1.coord.inbox.read", allowed: true},
 	{user: "client", sub: true, subject: "brood.v1.inbox.S1"},
 	{user: "client", sub: true, subject: "brood.v1.provider.spawn.start", queue: "brood-provider"},
 	{user: "client", sub: true, subject: "brood.v1.host.H1.*"},
@@ -843,11 +850,11 @@ func testBroodOnCluster(t *testing.T, urls []string) {
 		return err == nil && r.Instances[spawnworker.DefaultName] > 0
 	})
 
-	root, err := cl.OpenRoot(ctx, t.TempDir())
+	root, err := cl.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	run, err := cl.StartRun(ctx, root.Ref(), spawnworker.DefaultName, protocol.Text("say ok"), protocol.StartOptions{})
+	run, err := cl.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: spawnworker.DefaultName, Prompt: protocol.Text("say ok"), Options: protocol.StartOptions{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -858,12 +865,13 @@ func testBroodOnCluster(t *testing.T, urls []string) {
 	if res.StopReason != protocol.StopCompleted || len(res.Output) != 1 || res.Output[0].Text != "ok" {
 		t.Fatalf("result %+v, want completed with output ok", res)
 	}
-	h, events, err := cl.Log(ctx, run.ChildID)
+	// The root's own credential reads its child's log through the coordinator.
+	l, err := cl.Log(ctx, protocol.LogReadRequest{SessionID: run.ChildID, Authority: root.Authority()})
 	if err != nil {
 		t.Fatalf("client reads the child's log: %v", err)
 	}
-	if h.ID != run.ChildID || len(events) == 0 {
-		t.Fatalf("log of %s: header %s, %d events", run.ChildID, h.ID, len(events))
+	if l.Header.ID != run.ChildID || len(l.Events) == 0 {
+		t.Fatalf("log of %s: header %s, %d events", run.ChildID, l.Header.ID, len(l.Events))
 	}
 	if err := root.Close(ctx); err != nil {
 		t.Fatal(err)

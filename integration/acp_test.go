@@ -166,7 +166,7 @@ func runFor(t *testing.T, s *testutil.Stack, parent protocol.ParentRef, provider
 	ctx, cancel := context.WithTimeout(context.Background(), total)
 	defer cancel()
 	start := time.Now()
-	run, err := s.Client.StartRun(ctx, parent, provider, protocol.Text(prompt), protocol.StartOptions{})
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: parent, Provider: provider, Prompt: protocol.Text(prompt), Options: protocol.StartOptions{}})
 	if err != nil {
 		t.Fatalf("start %q on %s: %v", prompt, provider, err)
 	}
@@ -431,7 +431,7 @@ func TestACPDisposeKillsTheProcessTree(t *testing.T) {
 	root := s.Root(dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	run, err := s.Client.StartRun(ctx, root.Ref(), "fake", protocol.Text("stubborn"), protocol.StartOptions{})
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "fake", Prompt: protocol.Text("stubborn"), Options: protocol.StartOptions{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -565,7 +565,7 @@ func TestACPBridgeToBroodACPAgent(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	run, err := s.Client.StartRun(ctx, root.Ref(), "acp", protocol.Text("sleep 30s\nsay late"), protocol.StartOptions{})
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "acp", Prompt: protocol.Text("sleep 30s\nsay late"), Options: protocol.StartOptions{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -302,3 +302,104 @@ func TestACPAgentForEditors(t *testing.T) {
 		t.Fatalf("the relayed prompt was logged with source %+v, want %+v", last.Source, relay)
 	}
 }
+
+// TestACPAgentTakesBackgroundNoticesAsTurns: an ACP session of `brood
+// acp-agent` starts background children (run_in_background). A child that
+// settles while the agent is idle wakes it: the notice becomes a new turn
+// without any prompt, and the editor sees it (the notice as the user's side,
+// then the agent's answer). A child that settles while a turn runs joins that
+// turn at its next step. The root's inbox is empty afterwards.
+func TestACPAgentTakesBackgroundNoticesAsTurns(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	a := startACPAgent(t, s.Server.ClientURL())
+	if _, err := a.conn.Initialize(ctx, acp.InitializeRequest{ProtocolVersion: acp.ProtocolVersionNumber}); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := a.conn.NewSession(ctx, acp.NewSessionRequest{Cwd: t.TempDir(), McpServers: []acp.McpServer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := string(ns.SessionId)
+	prompt := func(text string) {
+		t.Helper()
+		r, err := a.conn.Prompt(ctx, acp.PromptRequest{SessionId: ns.SessionId, Prompt: []acp.ContentBlock{acp.TextBlock(text)}})
+		if err != nil || r.StopReason != acp.StopReasonEndTurn {
+			t.Fatalf("prompt %q: %+v, %v", text, r, err)
+		}
+	}
+	turns := func() []string {
+		_, evs := s.Log(id)
+		var kinds []string
+		for _, ev := range evs {
+			var d protocol.UserMessageData
+			if ev.Type == protocol.EvUserMessage && ev.Decode(&d) == nil {
+				kinds = append(kinds, d.Source.Kind)
+			}
+		}
+		return kinds
+	}
+
+	// Idle: the child takes a moment, so the prompted turn has ended when
+	// its notice arrives.
+	prompt(`call subagent {"description":"slow job","prompt":"sleep 1s\nsay child result","run_in_background":true}` + "\nsay started")
+	if got := strings.Join(a.rec.take(), "|"); got != "tool_call subagent|tool_call_update completed|agent: started" {
+		t.Fatalf("updates of the prompted turn: %s", got)
+	}
+	var updates []string
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		updates = append(updates, a.rec.take()...)
+		joined := strings.Join(updates, "|")
+		return strings.Contains(joined, "Closing message:\nchild result|agent: echo: Subagent")
+	}, "the editor sees the notice and the agent's answer, unprompted")
+	if !strings.HasPrefix(updates[0], "user: Subagent ") || !strings.Contains(updates[0], "is done and idle until you send it more.") {
+		t.Fatalf("updates of the notice's turn: %q", updates)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return strings.Join(turns(), ",") == "user,subagent-settled"
+	}, "the log holds the notice as a turn of its own: %v", turns())
+	_, evs := s.Log(id)
+	if acpTurnEnd(t, evs).Kind != protocol.TurnCompleted || evs[len(evs)-1].Type != protocol.EvTurnEnd {
+		t.Fatalf("log %s", eventTypes(evs))
+	}
+	var opening []string
+	for i := len(evs) - 1; i >= 0 && evs[i].Type != protocol.EvTurnStart; i-- {
+		opening = append([]string{evs[i].Type}, opening...)
+	}
+	if !strings.HasPrefix(strings.Join(opening, " "), "agent/inbox/enqueue agent/inbox/dequeue user/message step/start") {
+		t.Fatalf("the notice's turn: %v", opening)
+	}
+
+	// Busy: a notice that arrives while a turn runs joins it at its next
+	// step (the scripted model then answers the newest user message: the notice).
+	prompt(`call subagent {"description":"quick job","prompt":"say quick","run_in_background":true}` +
+		"\nsleep 5s\ncall list_dir {}\nsay done") // the quick child settles during the 5 s
+	got := strings.Join(a.rec.take(), "|")
+	// The notice joins at the first step that starts after it arrived: the
+	// second or the third, depending on how fast the quick child settled.
+	if !strings.HasPrefix(got, "tool_call subagent|tool_call_update completed|") ||
+		!strings.Contains(got, "|user: Subagent ") || !strings.HasSuffix(got, "Closing message:\nquick") ||
+		!strings.Contains(got, "Closing message:\nquick|agent: echo: Subagent ") {
+		t.Fatalf("updates of the busy turn: %s", got)
+	}
+	if k := strings.Join(turns(), ","); k != "user,subagent-settled,user,subagent-settled" {
+		t.Fatalf("user messages %s", k)
+	}
+	_, evs = s.Log(id)
+	starts := 0
+	for _, ev := range evs {
+		if ev.Type == protocol.EvTurnStart {
+			starts++
+		}
+	}
+	if starts != 3 {
+		t.Fatalf("%d turns, want 3 (the second notice joined the running turn): %s", starts, eventTypes(evs))
+	}
+	if p, err := s.Client.Inbox(ctx, protocol.InboxReadRequest{SessionID: id, Authority: s.Grant()}); err != nil || len(p.Items) != 0 {
+		t.Fatalf("the root's inbox afterwards: %+v, %v", p, err)
+	}
+	a.exit(t)
+}

@@ -133,7 +133,7 @@ func TestCancellingARunReachesEveryDescendant(t *testing.T) {
 	parent := backgroundCall(t, "child", child) + "\nsleep 30s\nsay parent done"
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	run, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text(parent), protocol.StartOptions{})
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text(parent), Options: protocol.StartOptions{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,8 +275,7 @@ func TestCancelReachesAChildBeingCreated(t *testing.T) {
 	root := s.Root()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	run, err := s.Client.StartRun(ctx, root.Ref(), "spawn",
-		protocol.Text(backgroundCall(t, "child", "say I should never run")+"\nsleep 30s\nsay parent done"), protocol.StartOptions{})
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text(backgroundCall(t, "child", "say I should never run") + "\nsleep 30s\nsay parent done"), Options: protocol.StartOptions{}})
 	if err != nil {
 		t.Fatal(err)
 	}

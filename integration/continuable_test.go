@@ -79,12 +79,12 @@ func followup(t *testing.T, s *testutil.Stack, child string, auth protocol.Autho
 	if err != nil {
 		t.Fatalf("followup %q: %v", text, err)
 	}
-	return mid
+	return mid.MessageID
 }
 
 func state(t *testing.T, s *testutil.Stack, child string, auth protocol.Authority) string {
 	t.Helper()
-	st, err := s.Client.State(context.Background(), child, auth)
+	st, err := s.Client.State(context.Background(), protocol.ChildRef{ChildID: child, Authority: auth})
 	if err != nil {
 		t.Fatalf("state: %v", err)
 	}
@@ -453,7 +453,7 @@ func TestDrainScopes(t *testing.T) {
 		if _, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "x", Prompt: protocol.Text("say x")}); protocol.CodeOf(err) != protocol.CodeDraining {
 			t.Fatalf("start during a global drain = %v", err)
 		}
-		held, err := s.Client.FollowupReply(ctx, protocol.FollowupRequest{ChildID: a.ChildID, Authority: ref(root), Message: protocol.Text("say held")})
+		held, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: a.ChildID, Authority: ref(root), Message: protocol.Text("say held")})
 		if err != nil || held.MessageID == "" || !strings.Contains(held.Held, "drain") {
 			t.Fatalf("followup during a global drain = %+v, %v; want accepted and held", held, err)
 		}
@@ -489,7 +489,7 @@ func TestInterruptParksTheQueue(t *testing.T) {
 		_, evs := s.Log(c.ChildID)
 		return len(evs) >= 4
 	}, "the first turn runs")
-	if err := s.Client.Interrupt(context.Background(), c.ChildID, grant(t, s)); err != nil {
+	if _, err := s.Client.Interrupt(context.Background(), protocol.InterruptRequest{ChildID: c.ChildID, Authority: grant(t, s)}); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 5*time.Second, func() bool {
@@ -613,19 +613,19 @@ func TestReportsAndListing(t *testing.T) {
 	if err := s.Store.PutChildIndex(ctx, root.SessionID, protocol.ChildIndexRecord{ChildID: "DAMAGED", CreatedAt: 1, Mode: protocol.ModeContinuable}); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := s.Client.Children(ctx, protocol.ChildrenListRequest{Parent: root.SessionID, Authority: ref(root), Descendants: true})
+	list, err := s.Client.Children(ctx, protocol.ChildrenListRequest{Parent: root.SessionID, Authority: ref(root), Descendants: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	kinds := map[string]string{}
-	for _, r := range rows {
+	for _, r := range list.Rows {
 		kinds[r.ID] = r.Kind + "/" + r.Mode + r.Reason
 		if r.ID == c.ChildID && (!r.HasChildren || r.Depth != 1) {
 			t.Errorf("row of the child = %+v", r)
 		}
 	}
-	if kinds[c.ChildID] != "child/continuable" || kinds["DAMAGED"] != "diagnostic/corrupt" || len(rows) != 3 {
-		t.Fatalf("rows = %+v", rows)
+	if kinds[c.ChildID] != "child/continuable" || kinds["DAMAGED"] != "diagnostic/corrupt" || len(list.Rows) != 3 {
+		t.Fatalf("list.Rows = %+v", list.Rows)
 	}
 	// Only the parent (or the user) lists its children.
 	stranger := s.Root()

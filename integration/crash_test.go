@@ -80,7 +80,7 @@ func TestServerRestartLosesNoAcceptedMessage(t *testing.T) {
 	var m3 string
 	testutil.Eventually(t, 15*time.Second, func() bool {
 		mid, err := s.Client.Followup(context.Background(), protocol.FollowupRequest{ChildID: start.ChildID, Authority: ref(root), Message: protocol.Text("say three")})
-		m3 = mid
+		m3 = mid.MessageID
 		return err == nil
 	}, "the deployment accepts followups again")
 	want := []string{start.MessageID, m2, m3}
@@ -124,7 +124,7 @@ func TestKilledCoordinatorLosesNoAcceptedMessage(t *testing.T) {
 			m, err := s.Client.Followup(ctx, protocol.FollowupRequest{
 				ChildID: start.ChildID, Authority: ref(root), Message: protocol.Text("say m" + key), IdempotencyKey: key,
 			})
-			mid = m
+			mid = m.MessageID
 			return err == nil
 		}, "followup %d accepted", i)
 		want = append(want, mid)

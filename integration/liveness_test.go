@@ -126,7 +126,7 @@ func TestServerRestartIsNotHostLoss(t *testing.T) {
 			if !listed() {
 				t.Fatalf("a coordinator answered without the live spawn provider after the restart")
 			}
-			st, err := s.Client.State(context.Background(), k.ChildID, ref(root))
+			st, err := s.Client.State(context.Background(), protocol.ChildRef{ChildID: k.ChildID, Authority: ref(root)})
 			return err == nil && st.State == protocol.StateNone // UNAVAILABLE until the worker is back
 		}, "child %s settles", k.ChildID)
 	}

@@ -215,7 +215,7 @@ func withRoot(ctx context.Context, s *session, fn func(root *client.Root) error)
 	if err != nil {
 		return err
 	}
-	root, err := s.cl.OpenRoot(ctx, cwd)
+	root, err := s.cl.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: cwd})
 	if err != nil {
 		return err
 	}
@@ -234,7 +234,7 @@ func runOnce(s *session, f childFlags, opts protocol.StartOptions, prompt string
 }
 
 func runIn(ctx context.Context, s *session, root *client.Root, f childFlags, opts protocol.StartOptions, prompt string) error {
-	run, err := s.cl.StartRun(ctx, root.Ref(), f.provider, protocol.Text(prompt), opts)
+	run, err := s.cl.StartRun(ctx, protocol.RunStartRequest{Provider: f.provider, Parent: root.Ref(), Prompt: protocol.Text(prompt), Options: opts})
 	if err != nil {
 		return err
 	}
@@ -279,17 +279,18 @@ func logCmd(g *globals) *cobra.Command {
 			"event as it is logged, until the session's agent is done: a one-shot child's turn ended, or a\n" +
 			"continuable child has no live activation and nothing queued (a root's log: until Ctrl-C).\n" +
 			"--json prints {header, events}; with --follow, one JSON object per line: {\"header\":…} first,\n" +
-			"then each event.",
+			"then each event. It reads through the coordinator, as the user (with a user grant).",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(g, func(ctx context.Context, s *session) error {
+			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
 				if follow {
-					return followLog(ctx, s, args[0], asJSON)
+					return followLog(ctx, s, args[0], auth, asJSON)
 				}
-				h, events, err := s.cl.Log(ctx, args[0])
+				l, err := s.cl.Log(ctx, protocol.LogReadRequest{SessionID: args[0], Authority: auth})
 				if err != nil {
 					return err
 				}
+				h, events := l.Header, l.Events
 				if asJSON {
 					if events == nil {
 						events = []protocol.SessionEvent{}

@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/spf13/cobra"
 
 	"github.com/brood-dev/brood/pkg/client"
@@ -30,6 +29,17 @@ func (s *session) userAuthority(ctx context.Context) (protocol.Authority, error)
 	}
 	s.grant = g.Grant
 	return protocol.Authority{Grant: g.Grant}, nil
+}
+
+// withUser is withClient for a verb that acts as the user: fn gets a user grant.
+func withUser(g *globals, fn func(ctx context.Context, s *session, auth protocol.Authority) error) error {
+	return withClient(g, func(ctx context.Context, s *session) error {
+		auth, err := s.userAuthority(ctx)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, s, auth)
+	})
 }
 
 func startCmd(g *globals) *cobra.Command {
@@ -100,12 +110,8 @@ func followupCmd(g *globals) *cobra.Command {
 			"(it runs once `brood drain --lift` reopens admission); the answer says so.",
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(g, func(ctx context.Context, s *session) error {
-				auth, err := s.userAuthority(ctx)
-				if err != nil {
-					return err
-				}
-				r, err := s.cl.FollowupReply(ctx, protocol.FollowupRequest{
+			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
+				r, err := s.cl.Followup(ctx, protocol.FollowupRequest{
 					ChildID: args[0], Authority: auth, Message: protocol.Text(strings.Join(args[1:], " ")), IdempotencyKey: key,
 				})
 				if err != nil {
@@ -138,12 +144,8 @@ func stateCmd(g *globals) *cobra.Command {
 			"NOT_FOUND; a one-shot child has no residency (`brood result` tells how it ended).",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(g, func(ctx context.Context, s *session) error {
-				auth, err := s.userAuthority(ctx)
-				if err != nil {
-					return err
-				}
-				st, err := s.cl.State(ctx, args[0], auth)
+			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
+				st, err := s.cl.State(ctx, protocol.ChildRef{ChildID: args[0], Authority: auth})
 				if err != nil {
 					return err
 				}
@@ -169,19 +171,16 @@ func childrenCmd(g *globals) *cobra.Command {
 			"list is every continuable child with a live activation, whoever its parent.",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(g, func(ctx context.Context, s *session) error {
-				auth, err := s.userAuthority(ctx)
-				if err != nil {
-					return err
-				}
+			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
 				req := protocol.ChildrenListRequest{Authority: auth, Descendants: descendants}
 				if len(args) == 1 {
 					req.Parent = args[0]
 				}
-				rows, err := s.cl.Children(ctx, req)
+				list, err := s.cl.Children(ctx, req)
 				if err != nil {
 					return err
 				}
+				rows := list.Rows
 				for i := range rows {
 					if rows[i].ParentID == "" && req.Parent != "" {
 						rows[i].ParentID, rows[i].Depth = req.Parent, 1
@@ -242,18 +241,14 @@ func interruptCmd(g *globals) *cobra.Command {
 			"has nothing to stop (exit 0, and it says so); an unknown id is NOT_FOUND.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(g, func(ctx context.Context, s *session) error {
-				auth, err := s.userAuthority(ctx)
-				if err != nil {
-					return err
-				}
-				r, err := s.cl.InterruptReply(ctx, args[0], auth)
+			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
+				r, err := s.cl.Interrupt(ctx, protocol.InterruptRequest{ChildID: args[0], Authority: auth})
 				if err != nil {
 					return err
 				}
 				if !r.Interrupted {
 					// Say why: an unknown id or a one-shot child is an error.
-					if _, err := s.cl.State(ctx, args[0], auth); err != nil {
+					if _, err := s.cl.State(ctx, protocol.ChildRef{ChildID: args[0], Authority: auth}); err != nil {
 						return err
 					}
 				}
@@ -286,11 +281,7 @@ func disposeCmd(g *globals) *cobra.Command {
 			"is resumed to run them (hold them with `brood drain --parent PARENT` first). Idempotent.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(g, func(ctx context.Context, s *session) error {
-				auth, err := s.userAuthority(ctx)
-				if err != nil {
-					return err
-				}
+			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
 				id := args[0]
 				st, err := s.cl.Dispose(ctx, protocol.RunRef{RunID: id, Grant: auth.Grant})
 				if err == nil {
@@ -453,7 +444,7 @@ func drainCmd(g *globals) *cobra.Command {
 				return err
 			}
 			if list {
-				r, err := s.cl.Drains(ctx, auth)
+				r, err := s.cl.Drains(ctx, protocol.DrainsListRequest{Authority: auth})
 				if err != nil {
 					return err
 				}
@@ -529,24 +520,20 @@ func watchCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// watch follows BROOD_EVENTS from now on with an ordered consumer and keeps
-// the subtree under root (every parent when root is ""): a child seen
-// starting under a watched parent is watched too, so grandchildren show.
+// watch follows lifecycle events from now on through the coordinator
+// (events.follow, as the user): the subtree of root, or every parent when
+// root is "". A child seen starting under a watched parent is indented below
+// it, so grandchildren show as a tree.
 func watch(ctx context.Context, s *session, root string, asJSON bool) error {
-	js, err := jetstream.New(s.cl.Conn())
+	auth, err := s.userAuthority(ctx)
 	if err != nil {
 		return err
 	}
-	stream, err := js.Stream(ctx, s.cl.Subjects().StreamEvents())
+	f, err := s.cl.Follow(ctx, protocol.EventsFollowRequest{Parent: root, Descendants: root != "", Authority: auth})
 	if err != nil {
-		return protocol.Errorf(protocol.CodeUnavailable, "stream %s: %v", s.cl.Subjects().StreamEvents(), err)
+		return err
 	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{s.cl.Subjects().EventsAll("*")}, DeliverPolicy: jetstream.DeliverNewPolicy,
-	})
-	if err != nil {
-		return protocol.Errorf(protocol.CodeUnavailable, "watch: %v", err)
-	}
+	defer f.Close()
 	depth := map[string]int{}
 	if root != "" {
 		depth[root] = 0
@@ -554,27 +541,15 @@ func watch(ctx context.Context, s *session, root string, asJSON bool) error {
 	} else {
 		fmt.Fprintln(s.errOut, "watching every parent (Ctrl-C stops)")
 	}
-	it, err := cons.Messages()
-	if err != nil {
-		return err
-	}
-	go func() { <-ctx.Done(); it.Stop() }()
 	for {
-		m, err := it.Next()
+		ev, err := f.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return err
 		}
-		var ev protocol.LifecycleEvent
-		if protocol.Unmarshal(protocol.Msgpack, m.Data(), &ev) != nil {
-			continue
-		}
-		d, watched := depth[ev.ParentSession]
-		if root != "" && !watched {
-			continue
-		}
+		d := depth[ev.ParentSession]
 		if ev.Type == protocol.LifecycleStart {
 			depth[ev.ID] = d + 1
 		}
@@ -604,4 +579,83 @@ func printJSONLine(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
+}
+
+func inboxCmd(g *globals) *cobra.Command {
+	var ack, asJSON bool
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "inbox SESSION [--wait D] [--ack]",
+		Short: "Show a root's inbox: the settlement notices and reports of its background children",
+		Long: "Prints every pending item of a session's inbox, oldest first: the settlement notices and reports\n" +
+			"that a root's continuable children sent it while it was live (a root's client reads them;\n" +
+			"nothing else consumes them). --wait waits up to that long (at most 60s) for a first item;\n" +
+			"--ack deletes the items shown (a root's inbox only: a child's items are claimed by its own\n" +
+			"activation). It reads through the coordinator, as the user (with a user grant).",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
+				items, err := readInbox(ctx, s, args[0], auth, wait)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					if err := printJSON(s.out, items); err != nil {
+						return err
+					}
+				} else {
+					printInbox(s.out, items)
+				}
+				if !ack || len(items) == 0 {
+					return nil
+				}
+				for start := 0; start < len(items); start += protocol.InboxAckSeqsMax {
+					end := min(start+protocol.InboxAckSeqsMax, len(items))
+					seqs := make([]protocol.Seq, 0, end-start)
+					for _, it := range items[start:end] {
+						seqs = append(seqs, it.Seq)
+					}
+					if _, err := s.cl.Ack(ctx, protocol.InboxAckRequest{SessionID: args[0], Authority: auth, Seqs: seqs}); err != nil {
+						return err
+					}
+				}
+				fmt.Fprintf(s.errOut, "acknowledged %s\n", plural(len(items), "item"))
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&ack, "ack", false, "delete the items shown from the inbox (a root's inbox only)")
+	cmd.Flags().DurationVar(&wait, "wait", 0, "wait up to this long for an item when the inbox is empty (at most 60s)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the items as JSON")
+	clientFlags(cmd, g)
+	return cmd
+}
+
+// readInbox reads every pending item of a session's inbox, page by page.
+func readInbox(ctx context.Context, s *session, id string, auth protocol.Authority, wait time.Duration) ([]protocol.InboxItem, error) {
+	items := []protocol.InboxItem{}
+	req := protocol.InboxReadRequest{SessionID: id, Authority: auth, WaitMs: wait.Milliseconds()}
+	for {
+		page, err := s.cl.Inbox(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, page.Items...)
+		if !page.More || len(page.Items) == 0 {
+			return items, nil
+		}
+		req.AfterSeq, req.WaitMs = page.Items[len(page.Items)-1].Seq, 0
+	}
+}
+
+func printInbox(w io.Writer, items []protocol.InboxItem) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tMESSAGE\tKIND\tFROM\tDELIVERY\tTEXT")
+	for _, it := range items {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", it.Seq, it.MessageID, it.Source.Kind, dash(it.Source.SenderSessionID), it.Delivery, clip(protocol.AllText(it.Content)))
+	}
+	if len(items) == 0 {
+		fmt.Fprintln(tw, "(inbox empty)")
+	}
+	_ = tw.Flush()
 }

@@ -5,25 +5,22 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // followLog prints a session's header and log, then each new event as it is
-// logged, until the session's agent is done (see logCmd). It reads the log
-// subject with an ordered consumer from its first record, so the history and
-// the live part come from one ordered stream with no gap between them.
-func followLog(ctx context.Context, s *session, id string, asJSON bool) error {
+// logged, until the session's agent is done (see logCmd). It reads pages of
+// the log through the coordinator (sessions.log) from the first event on,
+// and once caught up long-polls for the next one, so the history and the
+// live part come from one ordered read with no gap between them.
+func followLog(ctx context.Context, s *session, id string, auth protocol.Authority, asJSON bool) error {
 	if !protocol.ValidID(id) {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "session id %q is not a valid id", id)
 	}
-	// The header (NOT_FOUND for an unknown id) and how much is history.
-	h, history, err := s.cl.Log(ctx, id)
+	h, err := s.cl.Header(ctx, protocol.SessionGetRequest{SessionID: id, Authority: auth})
 	if err != nil {
 		return err
 	}
-	pending := int64(len(history))
 	if asJSON {
 		if err := printJSONLine(s.out, struct {
 			Header protocol.SessionHeader `json:"header"`
@@ -33,62 +30,30 @@ func followLog(ctx context.Context, s *session, id string, asJSON bool) error {
 	} else {
 		printHeader(s.out, h)
 	}
-	js, err := jetstream.New(s.cl.Conn())
-	if err != nil {
-		return err
-	}
-	stream, err := js.Stream(ctx, s.cl.Subjects().StreamLog())
-	if err != nil {
-		return protocol.Errorf(protocol.CodeUnavailable, "stream %s: %v", s.cl.Subjects().StreamLog(), err)
-	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{s.cl.Subjects().Log(id)}, DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
-	if err != nil {
-		return protocol.Errorf(protocol.CodeUnavailable, "follow %s: %v", id, err)
-	}
-	msgs := make(chan jetstream.Msg, 64)
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case msgs <- m:
-		case <-ctx.Done():
-		}
-	})
-	if err != nil {
-		return protocol.Errorf(protocol.CodeUnavailable, "follow %s: %v", id, err)
-	}
-	defer cc.Stop()
-
 	mode := ""
 	if h.ParentSession == "" {
 		mode = "root"
 	}
-	// A continuable activation settles a moment after its last turn ends,
-	// and logs nothing then: once caught up, ask again every followDonePoll.
-	tick := time.NewTicker(followDonePoll)
-	defer tick.Stop()
-	next, ownTurnEnded := int64(0), false
+	req := protocol.LogReadRequest{SessionID: id, Authority: auth}
+	caughtUp, ownTurnEnded := false, false
 	for {
-		if next >= pending && s.followDone(ctx, id, mode, ownTurnEnded) {
+		if caughtUp && s.followDone(ctx, id, mode, ownTurnEnded, auth) {
 			return nil
 		}
-		var m jetstream.Msg
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-			continue
-		case m = <-msgs:
+		// A continuable activation settles a moment after its last turn ends,
+		// and logs nothing then: once caught up, wait at most followDonePoll.
+		req.WaitMs = 0
+		if caughtUp {
+			req.WaitMs = followDonePoll.Milliseconds()
 		}
-		var rec protocol.LogRecord
-		if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &rec); err != nil {
-			return protocol.Errorf(protocol.CodeInternal, "log record of %s does not decode: %v", id, err)
-		}
-		for _, ev := range rec.Events {
-			if ev.Seq < next {
-				continue
+		page, err := s.cl.LogPage(ctx, req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
 			}
-			next = ev.Seq + 1
+			return err
+		}
+		for _, ev := range page.Events {
 			if asJSON {
 				if err := printJSONLine(s.out, ev); err != nil {
 					return err
@@ -106,6 +71,7 @@ func followLog(ctx context.Context, s *session, id string, asJSON bool) error {
 				ownTurnEnded = ownTurnEnded || ev.Seq >= h.SeedLength
 			}
 		}
+		req.FromSeq, req.Cursor, caughtUp = page.NextSeq, page.Cursor, page.Complete
 	}
 }
 
@@ -115,18 +81,14 @@ const followDonePoll = 500 * time.Millisecond
 // followDone reports whether a followed session's agent is done: a one-shot
 // child once its turn ended (turnEnded: one of its own turns ended); a continuable child once it has no live
 // activation and nothing queued; a root never (Ctrl-C ends the follow).
-func (s *session) followDone(ctx context.Context, id, mode string, turnEnded bool) bool {
+func (s *session) followDone(ctx context.Context, id, mode string, turnEnded bool, auth protocol.Authority) bool {
 	switch mode {
 	case "root":
 		return false
 	case protocol.ModeOneShot:
 		return turnEnded
 	case protocol.ModeContinuable:
-		auth, err := s.userAuthority(ctx)
-		if err != nil {
-			return false
-		}
-		st, err := s.cl.State(ctx, id, auth)
+		st, err := s.cl.State(ctx, protocol.ChildRef{ChildID: id, Authority: auth})
 		return err == nil && st.State == protocol.StateNone && st.Queued == 0
 	}
 	return false // no descriptor seen yet: the child is being created

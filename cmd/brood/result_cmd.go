@@ -39,11 +39,7 @@ func resultCmd(g *globals) *cobra.Command {
 			"Exits 1 with the code first on stderr when that run or turn did not complete.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withClient(g, func(ctx context.Context, s *session) error {
-				auth, err := s.userAuthority(ctx)
-				if err != nil {
-					return err
-				}
+			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
 				id := args[0]
 				ref := protocol.RunRef{RunID: id, Grant: auth.Grant}
 				for {
@@ -63,19 +59,19 @@ func resultCmd(g *globals) *cobra.Command {
 					break
 				}
 				// Not a one-shot run: a continuable child.
-				st, err := s.cl.State(ctx, id, auth)
+				st, err := s.cl.State(ctx, protocol.ChildRef{ChildID: id, Authority: auth})
 				for wait && err == nil && (st.State != protocol.StateNone || st.Queued > 0) {
 					select {
 					case <-ctx.Done():
 						return protocol.Errorf(protocol.CodeCancelled, "waiting for %s: %v", id, ctx.Err())
 					case <-time.After(resultWaitPoll):
 					}
-					st, err = s.cl.State(ctx, id, auth)
+					st, err = s.cl.State(ctx, protocol.ChildRef{ChildID: id, Authority: auth})
 				}
 				if err != nil {
 					return err
 				}
-				r, err := lastTurnResult(ctx, s, id)
+				r, err := lastTurnResult(ctx, s, id, auth)
 				if err != nil {
 					return err
 				}
@@ -91,11 +87,12 @@ func resultCmd(g *globals) *cobra.Command {
 }
 
 // lastTurnResult reads a child's last finished turn from its log.
-func lastTurnResult(ctx context.Context, s *session, id string) (childResult, error) {
-	h, events, err := s.cl.Log(ctx, id)
+func lastTurnResult(ctx context.Context, s *session, id string, auth protocol.Authority) (childResult, error) {
+	l, err := s.cl.Log(ctx, protocol.LogReadRequest{SessionID: id, Authority: auth})
 	if err != nil {
 		return childResult{}, err
 	}
+	h, events := l.Header, l.Events
 	if h.SeedLength <= int64(len(events)) {
 		events = events[h.SeedLength:]
 	}

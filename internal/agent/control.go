@@ -57,7 +57,7 @@ func SendMessageTool(cl *client.Client) *Tool {
 				return ErrorResult("send_message: subagent_id and message are both required")
 			}
 			parent := self(tc)
-			r, err := cl.FollowupReply(ctx, protocol.FollowupRequest{
+			r, err := cl.Followup(ctx, protocol.FollowupRequest{
 				ChildID: in.ID, Authority: protocol.Authority{Parent: &parent}, Message: protocol.Text(in.Message),
 			})
 			if err != nil {
@@ -92,7 +92,7 @@ func InterruptAgentTool(cl *client.Client) *Tool {
 				return ErrorResult("interrupt_agent: agent_id is required")
 			}
 			caller := self(tc)
-			if err := cl.Interrupt(ctx, in.ID, protocol.Authority{Parent: &caller}); err != nil {
+			if _, err := cl.Interrupt(ctx, protocol.InterruptRequest{ChildID: in.ID, Authority: protocol.Authority{Parent: &caller}}); err != nil {
 				return ErrorResult("The interrupt was not accepted: %v", err)
 			}
 			return TextResult(`{"accepted":true}`)
@@ -119,13 +119,13 @@ func ListAgentsTool(cl *client.Client) *Tool {
 				return ErrorResult("list_agents: scope must be children or descendants")
 			}
 			caller := self(tc)
-			rows, err := cl.Children(ctx, protocol.ChildrenListRequest{
+			list, err := cl.Children(ctx, protocol.ChildrenListRequest{
 				Parent: tc.Header.ID, Authority: protocol.Authority{Parent: &caller}, Descendants: in.Scope == "descendants",
 			})
 			if err != nil {
 				return ErrorResult("list_agents failed: %v", err)
 			}
-			return TextResult(RenderAgentRows(rows, in.Scope == "descendants"))
+			return TextResult(RenderAgentRows(list.Rows, in.Scope == "descendants"))
 		},
 	}
 }
@@ -175,7 +175,7 @@ func ReportTool(cl *client.Client) *Tool {
 			if strings.TrimSpace(in.Output) == "" {
 				return ErrorResult("report: output is required")
 			}
-			if _, err := cl.Report(ctx, self(tc), protocol.Text(in.Output)); err != nil {
+			if _, err := cl.Report(ctx, protocol.ReportRequest{Child: self(tc), Content: protocol.Text(in.Output)}); err != nil {
 				return ErrorResult("The report was not delivered: %v", err)
 			}
 			return TextResult("report delivered to your parent")

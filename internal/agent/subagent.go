@@ -108,7 +108,7 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 			// a child created after its parent stopped listening would run
 			// unseen; its run is learnt, then disposed below.
 			sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), SubagentStartTimeout)
-			run, err := cfg.Client.StartRun(sctx, parent, cfg.Provider, protocol.Text(in.Prompt), opts)
+			run, err := cfg.Client.StartRun(sctx, protocol.RunStartRequest{Provider: cfg.Provider, Parent: parent, Prompt: protocol.Text(in.Prompt), Options: opts})
 			scancel()
 			if err != nil {
 				return ErrorResult("The subagent could not be started: %v", err)

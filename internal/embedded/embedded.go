@@ -49,6 +49,9 @@ type Config struct {
 	Routes      []string
 	// Logging turns the server's own log on (to stderr).
 	Logging bool
+	// Users, when given, are the only users the server accepts (tests of
+	// NATS permissions); without them the server needs no authentication.
+	Users []*server.User
 }
 
 // DefaultMaxPayloadBytes is the max message size of Brood deployments.
@@ -89,6 +92,7 @@ func Start(cfg Config) (*Server, error) {
 		JetStreamMaxMemory: -1,
 		JetStreamMaxStore:  -1,
 	}
+	opts.Users = cfg.Users
 	switch cfg.Fsync {
 	case "", FsyncInterval:
 		if cfg.SyncInterval > 0 {

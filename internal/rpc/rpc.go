@@ -6,16 +6,13 @@ package rpc
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/pkg/tracecontext"
 )
@@ -38,6 +35,20 @@ func (r Request) Data() []byte { return r.data }
 
 // Subject is the subject the request was sent to.
 func (r Request) Subject() string { return r.subject }
+
+// ReplySubject is the request's reply subject ("" for a plain publish).
+func (r Request) ReplySubject() string { return r.reply }
+
+// Publish encodes v in the request's encoding and publishes it to subject
+// on the request's connection, with the matching Content-Type header (the
+// later messages of a stream answering this request).
+func (r Request) Publish(subject string, v any) error {
+	data, err := protocol.Marshal(r.Encoding, v)
+	if err != nil {
+		return err
+	}
+	return r.nc.PublishMsg(&nats.Msg{Subject: subject, Header: contentHeader(r.Encoding), Data: data})
+}
 
 // Headers are the request's headers.
 func (r Request) Headers() nats.Header { return r.header }
@@ -97,10 +108,16 @@ func dispatch(ctx context.Context, log *slog.Logger, sem chan struct{}, h Handle
 	}()
 }
 
+// Replied is what a Handler returns when it already answered the request
+// itself with Reply (a stream whose first message must be the reply).
+var Replied any = replied{}
+
+type replied struct{}
+
 // Reply sends reply or err in the request's encoding. A request without a
 // reply subject (a plain publish) gets nothing.
 func Reply(log *slog.Logger, req Request, reply any, err error) {
-	if req.reply == "" {
+	if req.reply == "" || (err == nil && reply == Replied) {
 		return
 	}
 	if err != nil {
@@ -148,74 +165,13 @@ func contentHeader(enc protocol.Encoding) nats.Header {
 	return nats.Header{protocol.HeaderContentType: []string{enc.ContentType()}}
 }
 
-// Call sends req to subject and decodes the reply into reply (which may be
-// nil). Error replies come back as *protocol.Error; no responders and timeouts
-// as UNAVAILABLE. ctx must carry a deadline or Call applies DefaultTimeout.
+// Call is client.Call: the one request path of clients and services.
 func Call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) error {
-	data, err := protocol.Marshal(protocol.Msgpack, req)
-	if err != nil {
-		return protocol.Errorf(protocol.CodeInvalidArgument, "encode request: %v", err)
-	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
-		defer cancel()
-	}
-	msg := nats.NewMsg(subject)
-	msg.Data = data
-	ctx, span := tracecontext.StartClient(ctx, subject, msg.Header)
-	err = call(ctx, nc, msg, reply)
-	tracecontext.End(span, err)
-	return err
+	return client.Call(ctx, nc, subject, req, reply)
 }
 
-func call(ctx context.Context, nc *nats.Conn, msg *nats.Msg, reply any) error {
-	subject := msg.Subject
-	resp, err := nc.RequestMsgWithContext(ctx, msg)
-	if err != nil {
-		switch {
-		case errors.Is(err, nats.ErrNoResponders):
-			return protocol.Errorf(protocol.CodeUnavailable, "nobody serves %s", subject)
-		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
-			return protocol.Errorf(protocol.CodeUnavailable, "no reply from %s in time", subject)
-		case errors.Is(err, context.Canceled):
-			return protocol.Errorf(protocol.CodeCancelled, "request to %s cancelled", subject)
-		default:
-			return protocol.Errorf(protocol.CodeUnavailable, "request to %s: %v", subject, err)
-		}
-	}
-	if perr := ErrorOf(resp); perr != nil {
-		return perr
-	}
-	if reply == nil {
-		return nil
-	}
-	if err := protocol.Unmarshal(protocol.EncodingOf(resp.Header), resp.Data, reply); err != nil {
-		return protocol.Errorf(protocol.CodeInternal, "decode reply from %s: %v", subject, err)
-	}
-	return nil
-}
-
-// ErrorOf returns the *protocol.Error carried by a micro error reply, or nil.
-func ErrorOf(msg *nats.Msg) *protocol.Error {
-	if msg.Header == nil {
-		return nil
-	}
-	codeNum := msg.Header.Get(protocol.HeaderServiceErrorCode)
-	desc := msg.Header.Get(protocol.HeaderServiceError)
-	if codeNum == "" && desc == "" {
-		return nil
-	}
-	var pe protocol.Error
-	if len(msg.Data) > 0 && protocol.Unmarshal(protocol.EncodingOf(msg.Header), msg.Data, &pe) == nil && pe.Code != "" {
-		return &pe
-	}
-	code, message, ok := strings.Cut(desc, ": ")
-	if !ok {
-		return &protocol.Error{Code: protocol.CodeInternal, Message: fmt.Sprintf("error %s: %s", codeNum, desc)}
-	}
-	return &protocol.Error{Code: protocol.Code(code), Message: message}
-}
+// ErrorOf is client.ErrorOf.
+func ErrorOf(msg *nats.Msg) *protocol.Error { return client.ErrorOf(msg) }
 
 // DefaultTimeout bounds a Call whose context has no deadline.
-const DefaultTimeout = 10 * time.Second
+const DefaultTimeout = client.DefaultTimeout

@@ -23,27 +23,16 @@ import (
 // about 30 KB and 7 goroutines, and a stream allows 1,000 consumers unless
 // raised; 10,000 resident agents would not fit.)
 
-// Inbox item kinds and deliveries.
+// Inbox item deliveries (protocol.Delivery*).
 const (
-	// DeliveryNextTurn queues the item as a turn of its own (followups, prompts).
-	DeliveryNextTurn = "next-turn"
-	// DeliveryNextStep joins the running turn at its next step, or starts a
-	// turn when the agent is idle (settlement notices, reports).
-	DeliveryNextStep = "next-step"
-	// DeliveryQuiet is read at the next step or turn but wakes nobody.
-	DeliveryQuiet = "quiet"
+	DeliveryNextTurn = protocol.DeliveryNextTurn
+	DeliveryNextStep = protocol.DeliveryNextStep
+	DeliveryQuiet    = protocol.DeliveryQuiet
 )
 
-// InboxItem is one pending inbox item: the body of a BROOD_INBOX message,
-// whose Brood-Message-Id header repeats MessageID.
-type InboxItem struct {
-	MessageID string                  `msgpack:"messageId" json:"messageId"`
-	Content   []protocol.ContentBlock `msgpack:"content" json:"content"`
-	Source    protocol.MessageSource  `msgpack:"source" json:"source"`
-	Delivery  string                  `msgpack:"delivery" json:"delivery"`
-	// Seq is the item's BROOD_INBOX stream sequence (set when read).
-	Seq protocol.Seq `msgpack:"-" json:"-"`
-}
+// InboxItem is one pending inbox item (protocol.InboxItem): the body of a
+// BROOD_INBOX message; Seq is set when read and never stored.
+type InboxItem = protocol.InboxItem
 
 // Enqueue accepts an item into a session's inbox and returns its messageId
 // and inbox sequence. A non-empty idempotencyKey becomes the Nats-Msg-Id, so
@@ -53,6 +42,7 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 	if item.MessageID == "" {
 		item.MessageID = ulid.Make().String()
 	}
+	item.Seq = 0 // the stream assigns it
 	if item.Delivery == "" {
 		item.Delivery = DeliveryNextTurn
 	}

@@ -3,6 +3,7 @@ package testutil
 import (
 	"context"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,9 +32,14 @@ const (
 type Stack struct {
 	T      testing.TB
 	Server *embedded.Server
+	// URL is what the stack's services connect to.
+	URL    string
 	NC     *nats.Conn
 	Store  *store.Store
 	Client *client.Client
+
+	grantMu sync.Mutex // parallel subtests share the stack's grant
+	grant   string
 }
 
 // NewStack starts a server, provisions it and connects a client. Add
@@ -46,19 +52,26 @@ func NewStack(t testing.TB) *Stack {
 // StackOn is NewStack on a server the test started (to restart it).
 func StackOn(t testing.TB, s *embedded.Server) *Stack {
 	t.Helper()
-	nc := Connect(t, s.ClientURL())
+	return StackAt(t, s, s.ClientURL())
+}
+
+// StackAt is StackOn whose services connect with url (a URL that carries a
+// user and password, on a server with users).
+func StackAt(t testing.TB, s *embedded.Server, url string) *Stack {
+	t.Helper()
+	nc := Connect(t, url)
 	st := Store(t, nc)
 	cl, err := client.New(nc, client.Options{AwaitFallback: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	return &Stack{T: t, Server: s, NC: nc, Store: st, Client: cl}
+	return &Stack{T: t, Server: s, URL: url, NC: nc, Store: st, Client: cl}
 }
 
 // Conn opens another connection to the stack's server (one per service, as
 // separate processes would have).
-func (s *Stack) Conn() *nats.Conn { return Connect(s.T, s.Server.ClientURL()) }
+func (s *Stack) Conn() *nats.Conn { return Connect(s.T, s.URL) }
 
 // AddCoordinator starts a coordinator replica on its own connection.
 func (s *Stack) AddCoordinator(mod ...func(*coordinator.Config)) *coordinator.Coordinator {
@@ -173,7 +186,7 @@ func (s *Stack) Root(dir ...string) *client.Root {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r, err := s.Client.OpenRoot(ctx, cwd)
+	r, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: cwd})
 	if err != nil {
 		s.T.Fatalf("open root: %v", err)
 	}
@@ -189,7 +202,7 @@ func (s *Stack) Root(dir ...string) *client.Root {
 func (s *Stack) Run(parent protocol.ParentRef, provider, prompt string, opts protocol.StartOptions) (*client.Run, protocol.SubagentResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	run, err := s.Client.StartRun(ctx, parent, provider, protocol.Text(prompt), opts)
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Provider: provider, Parent: parent, Prompt: protocol.Text(prompt), Options: opts})
 	if err != nil {
 		return nil, protocol.SubagentResult{}, err
 	}
@@ -197,16 +210,34 @@ func (s *Stack) Run(parent protocol.ParentRef, provider, prompt string, opts pro
 	return run, res, err
 }
 
-// Log reads a session's header and events.
+// Log reads a session's header and events through the coordinator, with a
+// user grant.
 func (s *Stack) Log(id string) (protocol.SessionHeader, []protocol.SessionEvent) {
 	s.T.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	h, evs, err := s.Client.Log(ctx, id)
+	l, err := s.Client.Log(ctx, protocol.LogReadRequest{SessionID: id, Authority: s.Grant()})
 	if err != nil {
 		s.T.Fatalf("log %s: %v", id, err)
 	}
-	return h, evs
+	return l.Header, l.Events
+}
+
+// Grant mints a user grant (once per stack) and returns it as an Authority.
+func (s *Stack) Grant() protocol.Authority {
+	s.T.Helper()
+	s.grantMu.Lock()
+	defer s.grantMu.Unlock()
+	if s.grant == "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		g, err := s.Client.UserGrant(ctx)
+		if err != nil {
+			s.T.Fatalf("user grant: %v", err)
+		}
+		s.grant = g.Grant
+	}
+	return protocol.Authority{Grant: s.grant}
 }
 
 // SessionCount is the number of session headers ever written.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/internal/embedded"
@@ -25,6 +26,18 @@ import (
 func Server(t testing.TB) *embedded.Server {
 	t.Helper()
 	return ServerIn(t, t.TempDir())
+}
+
+// ServerWithUsers is Server accepting only the given users (tests of NATS
+// permissions); connect with their names and passwords in the URL.
+func ServerWithUsers(t testing.TB, users []*server.User) *embedded.Server {
+	t.Helper()
+	s, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: -1, DataDir: t.TempDir(), ServerName: "test", Users: users})
+	if err != nil {
+		t.Fatalf("embedded server: %v", err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s
 }
 
 // ServerIn is Server with a given store directory (to restart on the same data).

@@ -44,7 +44,7 @@ func TestBroodOnProxiedCluster(t *testing.T) {
 		r, err := cl.Providers(ctx)
 		return err == nil && r.Instances["spawn"] == 2
 	})
-	root, err := cl.OpenRoot(ctx, t.TempDir())
+	root, err := cl.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestBroodOnProxiedCluster(t *testing.T) {
 		eventually(t, 60*time.Second, "a one-shot run completes", func() bool {
 			rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 			defer cancel()
-			r, err := cl.StartRun(rctx, root.Ref(), "spawn", protocol.Text("say "+text), protocol.StartOptions{})
+			r, err := cl.StartRun(rctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say " + text), Options: protocol.StartOptions{}})
 			if err != nil {
 				t.Logf("start: %v", err)
 				return false

@@ -353,7 +353,7 @@ func (c *wclient) mintGrant(ctx context.Context) {
 func (c *wclient) openRoot(ctx context.Context) {
 	op := c.invoke(&Op{Kind: OpOpenRoot})
 	octx, cancel := context.WithTimeout(context.Background(), c.w.cfg.OpTimeout)
-	root, err := c.cl.OpenRoot(octx, c.w.cfg.Cwd)
+	root, err := c.cl.OpenRoot(octx, protocol.AgentsOpenRequest{Cwd: c.w.cfg.Cwd})
 	cancel()
 	if err != nil && octx.Err() != nil && protocol.CodeOf(err) == "" {
 		err = fmt.Errorf("%w: %v", errTimeout, err)

@@ -173,7 +173,7 @@ type DrainsListReply struct {
 // only) lists every continuable child with a live activation, whoever its
 // parent, with parentId and depth set.
 type ChildrenListRequest struct {
-	Parent      string    `msgpack:"parent" json:"parent"`
+	Parent      string    `msgpack:"parent,omitempty" json:"parent,omitempty"`
 	Authority   Authority `msgpack:"authority" json:"authority"`
 	Descendants bool      `msgpack:"descendants,omitempty" json:"descendants,omitempty"`
 }

@@ -99,10 +99,23 @@ func (c Code) Number() int { return catalogueByCode[c].Number }
 // Nats-Service-Error-Code (numeric) and Nats-Service-Error ("CODE: message").
 // Errors match with errors.Is by Code only, so
 // errors.Is(err, protocol.ErrNoProvider) holds for any NO_PROVIDER error.
+// Cause, never sent on the wire, is the local error behind one the client
+// made itself (a timeout, a cancelled context, a lost connection): Unwrap
+// returns it, so errors.Is(err, context.DeadlineExceeded) holds as well.
 type Error struct {
 	Code    Code           `msgpack:"code" json:"code"`
 	Message string         `msgpack:"message" json:"message"`
 	Details map[string]any `msgpack:"details,omitempty" json:"details,omitempty"`
+	Cause   error          `msgpack:"-" json:"-"`
+}
+
+// Unwrap returns the local cause, if any.
+func (e *Error) Unwrap() error { return e.Cause }
+
+// WithCause returns e with cause recorded (e itself, for chaining).
+func (e *Error) WithCause(cause error) *Error {
+	e.Cause = cause
+	return e
 }
 
 func (e *Error) Error() string {

@@ -116,6 +116,14 @@ func (s Subjects) root() string { return s.prefix + "." + Version }
 // Coord is the subject of a coordinator endpoint, e.g. brood.v1.coord.runs.start.
 func (s Subjects) Coord(endpoint string) string { return s.root() + ".coord." + endpoint }
 
+// FollowCredit is the subject on which one coordinator replica takes the
+// credit requests of the follows it streams (events.follow), e.g.
+// brood.v1.coord.follow.<coordinatorId>: a follow lives in one replica, so
+// its credit must reach that replica, not any member of the queue group.
+func (s Subjects) FollowCredit(coordinatorID string) string {
+	return s.root() + ".coord.follow." + coordinatorID
+}
+
 // CoordGroup is the subject group of all coordinator endpoints.
 func (s Subjects) CoordGroup() string { return s.root() + ".coord" }
 

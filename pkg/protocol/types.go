@@ -387,6 +387,9 @@ type LifecycleEvent struct {
 	StopReason           StopReason     `msgpack:"stopReason,omitempty" json:"stopReason,omitempty"`
 	LastAssistantMessage []ContentBlock `msgpack:"lastAssistantMessage,omitempty" json:"lastAssistantMessage,omitempty"`
 	ErrorCode            Code           `msgpack:"errorCode,omitempty" json:"errorCode,omitempty"`
+	// Seq is the event's BROOD_EVENTS stream sequence: absent in the stored
+	// body, set when the event is read through events.read or events.follow.
+	Seq Seq `msgpack:"seq,omitempty" json:"seq,omitempty"`
 }
 
 // Lifecycle event types.

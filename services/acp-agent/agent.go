@@ -15,7 +15,13 @@
 // Write order, per operation (each log append fenced on the previous record):
 //
 //	session/new    coordinator: header (BROOD_SESSIONS) ∥ root lease (brood_agents Create)
-//	session/prompt turn opening record → one record per step (two with tool calls) → turn end
+//	session/prompt turn opening record → one record per step (two with tool calls) → turn end;
+//	               at each step, items waiting in the root's inbox (inbox.read) are claimed
+//	               into the step (enqueue, dequeue, user/message) and then acknowledged (inbox.ack)
+//	notice         (a background child's settlement notice or report arrives while idle; the
+//	               session's watcher long-polls inbox.read) turn opening record with the claim
+//	               (enqueue, dequeue, user/message) → steps → turn end → inbox.ack; the editor
+//	               gets session/update notifications for it, the notice as the user's side
 //	session/load   coordinator: lease Create, or CAS over a lapsed lease (the previous
 //	               incarnation's credential dies) → log read (batch direct get, with a
 //	               completeness check) → turn/end{interrupted} for a turn the previous
@@ -237,7 +243,7 @@ func (s *Service) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.
 			DepthCap: lineage.DepthCap, ToolCeiling: lineage.ToolCeiling,
 		}
 	}
-	root, err := s.cfg.Client.OpenRootWith(ctx, req)
+	root, err := s.cfg.Client.OpenRoot(ctx, req)
 	if err != nil {
 		return acp.NewSessionResponse{}, brood("open a Brood session", err)
 	}
@@ -254,6 +260,7 @@ func (s *Service) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.
 		s.closeRoot(root)
 		return acp.NewSessionResponse{}, err
 	}
+	ss.watch()
 	s.log.Info("ACP session opened", "session", root.SessionID, "depth", h.DelegationDepth, "parent", h.ParentSession)
 	return acp.NewSessionResponse{SessionId: acp.SessionId(root.SessionID)}, nil
 }
@@ -279,7 +286,7 @@ func (s *Service) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (ac
 	if err != nil {
 		return acp.LoadSessionResponse{}, brood("mint a user grant to reopen session "+id, err)
 	}
-	root, err := s.cfg.Client.OpenRootWith(ctx, protocol.AgentsOpenRequest{SessionID: id, Grant: grant.Grant})
+	root, err := s.cfg.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{SessionID: id, Grant: grant.Grant})
 	if err != nil {
 		return acp.LoadSessionResponse{}, brood("reopen session "+id, err)
 	}
@@ -318,6 +325,7 @@ func (s *Service) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (ac
 		return acp.LoadSessionResponse{}, err
 	}
 	ss.replay(ctx, events)
+	ss.watch()
 	s.log.Info("ACP session loaded", "session", id, "events", len(events))
 	return acp.LoadSessionResponse{}, nil
 }

@@ -20,8 +20,12 @@ type session struct {
 	id    string
 	root  *client.Root
 	agent *agent.Agent
+	inbox rootInbox
 
 	turnMu sync.Mutex // one turn at a time
+
+	stopWatch context.CancelFunc // of the inbox watcher
+	watching  sync.WaitGroup
 
 	mu       sync.Mutex
 	cancel   context.CancelCauseFunc // of the running turn
@@ -56,11 +60,14 @@ func (s *Service) build(root *client.Root, h protocol.SessionHeader, events []pr
 	if err != nil {
 		return nil, acp.NewInternalError(map[string]any{"error": "system prompt: " + err.Error()})
 	}
-	ss := &session{s: s, id: h.ID, root: root}
+	ss := &session{s: s, id: h.ID, root: root, inbox: rootInbox{root: root}}
+	// The root's inbox feeds the agent: notices and reports join a running
+	// turn at its next step (the agent looks at every step), and the
+	// watcher turns those that arrive while it is idle into turns of their own.
 	ss.agent, err = agent.New(agent.Config{
 		Header: h, Log: observedLog{inner: log, on: ss.appended}, Events: events,
 		Model: teeModel{Model: m, onText: ss.text}, Tools: reg, System: system,
-		Credential: root.Credential, Limits: s.cfg.Limits, Logger: s.log,
+		Credential: root.Credential, Limits: s.cfg.Limits, Logger: s.log, Inbox: ss.inbox,
 	})
 	if err != nil {
 		return nil, acp.NewInternalError(map[string]any{"error": err.Error()})
@@ -88,15 +95,13 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// prompt runs one turn whose message came from src (the user, unless the ACP
-// bridge said otherwise). The SDK cancels ctx on session/cancel and when the
-// client disconnects: the turn then ends aborted{user}. A turn that fails
-// (a model error) is a stop reason, not a JSON-RPC error: the error text is
-// streamed as a marked agent message (so an editor shows why) and the
-// response says end_turn with `_meta.brood.turnEnd` {kind: error, error}.
-// Only what is not a turn's answer (the log fenced, JetStream refusing
-// writes, a closing session) is a JSON-RPC error.
-func (ss *session) prompt(ctx context.Context, content []protocol.ContentBlock, src protocol.MessageSource) (acp.PromptResponse, error) {
+// errClosing refuses a turn on a session that is closing.
+var errClosing = errors.New("the session is closing")
+
+// turn runs one turn with run under the turn lock, cancellable by
+// session/cancel (cancelTurn); the turn ends aborted{user} when ctx (the
+// prompt's) is cancelled.
+func (ss *session) turn(ctx context.Context, run func(tctx context.Context) agent.Outcome) (agent.Outcome, error) {
 	ss.turnMu.Lock()
 	defer ss.turnMu.Unlock()
 	tctx, cancel := context.WithCancelCause(context.Background())
@@ -106,15 +111,33 @@ func (ss *session) prompt(ctx context.Context, content []protocol.ContentBlock, 
 	ss.mu.Lock()
 	if ss.closed {
 		ss.mu.Unlock()
-		return acp.PromptResponse{}, acp.NewInternalError(map[string]any{"error": "the session is closing"})
+		return agent.Outcome{}, errClosing
 	}
 	ss.cancel = cancel
 	ss.streamed = false
 	ss.mu.Unlock()
-	out := ss.agent.RunTurn(tctx, agent.Input{Content: content, Source: src})
+	out := run(tctx)
 	ss.mu.Lock()
 	ss.cancel = nil
 	ss.mu.Unlock()
+	return out, nil
+}
+
+// prompt runs one turn whose message came from src (the user, unless the ACP
+// bridge said otherwise). The SDK cancels ctx on session/cancel and when the
+// client disconnects: the turn then ends aborted{user}. A turn that fails
+// (a model error) is a stop reason, not a JSON-RPC error: the error text is
+// streamed as a marked agent message (so an editor shows why) and the
+// response says end_turn with `_meta.brood.turnEnd` {kind: error, error}.
+// Only what is not a turn's answer (the log fenced, JetStream refusing
+// writes, a closing session) is a JSON-RPC error.
+func (ss *session) prompt(ctx context.Context, content []protocol.ContentBlock, src protocol.MessageSource) (acp.PromptResponse, error) {
+	out, err := ss.turn(ctx, func(tctx context.Context) agent.Outcome {
+		return ss.agent.RunTurn(tctx, agent.Input{Content: content, Source: src})
+	})
+	if err != nil {
+		return acp.PromptResponse{}, acp.NewInternalError(map[string]any{"error": err.Error()})
+	}
 	switch {
 	case out.Fenced:
 		return acp.PromptResponse{}, acp.NewInternalError(map[string]any{"error": "session " + ss.id +
@@ -157,18 +180,23 @@ func (ss *session) cancelTurn(cause string) {
 	}
 }
 
-// close ends a running turn (aborted, disposed), waits for it within ctx and
-// closes the root (its lease ends; its one-shot runs are disposed).
+// close stops the inbox watcher, ends a running turn (aborted, disposed),
+// waits for both within ctx and closes the root (its lease ends; its
+// one-shot runs are disposed).
 func (ss *session) close(ctx context.Context) {
 	ss.mu.Lock()
 	ss.closed = true
 	ss.mu.Unlock()
+	if ss.stopWatch != nil {
+		ss.stopWatch()
+	}
 	ss.cancelTurn(protocol.CauseDisposed)
 	done := make(chan struct{})
 	go func() {
 		// Taking the turn lock is waiting for the running turn to end.
 		ss.turnMu.Lock()
-		defer ss.turnMu.Unlock()
+		ss.turnMu.Unlock()
+		ss.watching.Wait()
 		close(done)
 	}()
 	select {
@@ -216,6 +244,16 @@ func (ss *session) appended(evs []protocol.SessionEvent) {
 			ss.mu.Unlock()
 			if t := protocol.AllText(d.Message.Content); t != "" && !streamed {
 				ss.notify(acp.UpdateAgentMessageText(t))
+			}
+		case protocol.EvUserMessage:
+			// Input the editor did not send (a background child's notice or
+			// report, claimed from the root's inbox) is shown as the user's
+			// side of the turn; what the editor sent is not echoed.
+			var d protocol.UserMessageData
+			if ev.Decode(&d) == nil && (d.Source.Kind == protocol.SourceSubagentSettled || d.Source.Kind == protocol.SourceSubagentReport) {
+				if t := protocol.AllText(d.Content); t != "" {
+					ss.notify(acp.UpdateUserMessageText(t))
+				}
 			}
 		case protocol.EvToolCall, protocol.EvToolResult:
 			if u, ok := toolUpdate(ev); ok {

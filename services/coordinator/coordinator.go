@@ -52,6 +52,9 @@ type Config struct {
 	RequestsInFlightMax int
 	// HeadersCachedMax bounds the session header cache (10,000).
 	HeadersCachedMax int
+	// FollowsMax bounds the follows (events.follow) one replica streams at
+	// once (256); more are LIMIT_EXCEEDED.
+	FollowsMax int
 	// GrantTTL is how long a user grant lives (24 h); UserGrantsDisabled
 	// refuses authority.user altogether.
 	GrantTTL           time.Duration
@@ -99,6 +102,9 @@ func (c *Config) defaults() {
 	if c.HeadersCachedMax <= 0 {
 		c.HeadersCachedMax = 10000
 	}
+	if c.FollowsMax <= 0 {
+		c.FollowsMax = 256
+	}
 	if c.GrantTTL <= 0 {
 		c.GrantTTL = DefaultGrantTTL
 	}
@@ -122,6 +128,7 @@ type Coordinator struct {
 	reg     *registry
 	agents  *agentIndex
 	headers *headerCache
+	follows *followRegistry
 	started int64
 
 	hostsWatch, agentsWatch *kvWatch
@@ -151,6 +158,7 @@ func New(cfg Config) (*Coordinator, error) {
 		hostsWatch:  newKVWatch(cfg.Store.Hosts, "hosts", log, reg.put, reg.del),
 		agentsWatch: newKVWatch(cfg.Store.Agents, "agents", log, agents.put, agents.del),
 		headers:     &headerCache{m: map[string]protocol.SessionHeader{}, max: cfg.HeadersCachedMax},
+		follows:     &followRegistry{m: map[string]*follow{}, max: cfg.FollowsMax},
 		working:     map[string]bool{},
 		ready:       make(chan struct{}),
 		kick:        make(chan struct{}, 1),
@@ -184,6 +192,12 @@ func (c *Coordinator) endpoints() []endpoint {
 		{protocol.EpChildrenList, c.childrenList},
 		{protocol.EpDescendantsDispose, c.descendantsDispose},
 		{protocol.EpAuthorityUser, c.authorityUser},
+		{protocol.EpSessionsGet, c.sessionsGet},
+		{protocol.EpSessionsLog, c.sessionsLog},
+		{protocol.EpEventsRead, c.eventsRead},
+		{protocol.EpEventsFollow, c.eventsFollow},
+		{protocol.EpInboxRead, c.inboxRead},
+		{protocol.EpInboxAck, c.inboxAck},
 	}
 }
 
@@ -238,6 +252,15 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = catchAll.Unsubscribe() }()
+	// Credit requests of this replica's follows reach this replica only: its
+	// own subject (in the queue group, which the deployment's permissions require).
+	creditSub, err := c.cfg.NC.QueueSubscribe(c.subj.FollowCredit(c.cfg.ID), protocol.CoordinatorQueue,
+		rpc.MsgHandler(reqCtx, c.cfg.NC, c.log, sem, c.followCredit))
+	if err != nil {
+		_ = svc.Stop()
+		return fmt.Errorf("coordinator: follow credit subscription: %w", err)
+	}
+	defer creditSub.Unsubscribe()
 	// The server knows the endpoints' subscriptions once a flush returns.
 	if err := c.cfg.NC.FlushTimeout(5 * time.Second); err != nil {
 		_ = svc.Stop()
@@ -263,6 +286,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	stopBg()
 	bg.Wait()
 	stopReqs()
+	c.follows.wg.Wait() // each follow ended with an "end" message
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = store.Delete(dctx, c.st.Hosts, c.cfg.ID, 0)
@@ -292,10 +316,25 @@ func (c *Coordinator) serveUnknownEndpoints(ctx context.Context, sem chan struct
 			Message: fmt.Sprintf("endpoint %q not found; the coordinator serves %s.<endpoint> for: %s", ep, c.subj.CoordGroup(), strings.Join(names, ", ")),
 			Details: map[string]any{"what": "endpoint " + ep, "endpoints": names}}
 	})
+	goneFollow := rpc.MsgHandler(ctx, c.cfg.NC, c.log, sem, func(_ context.Context, req rpc.Request) (any, error) {
+		return nil, protocol.NewError(protocol.CodeNotFound, map[string]any{
+			"what": "the follow's coordinator " + strings.TrimPrefix(req.Subject(), group+followCreditToken) + " (resume the follow after its last sequence)"})
+	})
 	// Its own queue group: NATS groups queue subscribers by queue name across
 	// subjects, so sharing the endpoints' group would take requests from them.
 	sub, err := c.cfg.NC.QueueSubscribe(group+">", protocol.CoordinatorUnknownQueue, func(m *nats.Msg) {
-		if m.Reply == "" || known[strings.TrimPrefix(m.Subject, group)] {
+		ep := strings.TrimPrefix(m.Subject, group)
+		if m.Reply == "" || known[ep] {
+			return
+		}
+		// follow.<coordinatorId> is the credit subject of one replica's
+		// follows (FollowCredit): that replica answers while it lives; for
+		// one that is gone, NOT_FOUND tells the client to resume the follow.
+		if id, ok := strings.CutPrefix(ep, followCreditToken); ok {
+			if _, live, known := c.reg.hostKnown(id); id == c.cfg.ID || (known && live) {
+				return
+			}
+			goneFollow(m)
 			return
 		}
 		unknown(m)

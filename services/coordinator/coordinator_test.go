@@ -137,7 +137,7 @@ func TestDisposeMidRunAborts(t *testing.T) {
 	s.AddSpawnWorker()
 	root := s.Root()
 	ctx := context.Background()
-	run, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text("call list_dir {}\nsleep 30s\nsay never"), protocol.StartOptions{})
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("call list_dir {}\nsleep 30s\nsay never"), Options: protocol.StartOptions{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestClosingTheRootDisposesItsRuns(t *testing.T) {
 	s.AddSpawnWorker()
 	root := s.Root()
 	ctx := context.Background()
-	run, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text("sleep 30s\nsay never"), protocol.StartOptions{})
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("sleep 30s\nsay never"), Options: protocol.StartOptions{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,12 +286,12 @@ func TestLiveChildrenPerParentAreBounded(t *testing.T) {
 	root := s.Root()
 	ctx := context.Background()
 	for i := 0; i < 2; i++ {
-		if _, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text("sleep 30s"), protocol.StartOptions{}); err != nil {
+		if _, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("sleep 30s"), Options: protocol.StartOptions{}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	testutil.Eventually(t, 5*time.Second, func() bool {
-		_, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text("say x"), protocol.StartOptions{})
+		_, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say x"), Options: protocol.StartOptions{}})
 		return protocol.CodeOf(err) == protocol.CodeLimitExceeded
 	}, "a third live child is refused with LIMIT_EXCEEDED")
 }

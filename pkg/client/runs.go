@@ -1,0 +1,169 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// DisposeTimeout bounds runs.dispose when ctx has no deadline (40 s: the
+// coordinator may wait 20 s for a host that cannot answer).
+const DisposeTimeout = 40 * time.Second
+
+// Run is a started one-shot run.
+type Run struct {
+	c       *Client
+	RunID   string
+	ChildID string
+	parent  protocol.ParentRef
+	notice  chan protocol.RunNotice
+	token   string
+}
+
+func (c *Client) ensureNotify() (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.notifySub != nil {
+		return c.notifyPrefix, nil
+	}
+	prefix := c.ownInbox("brood")
+	sub, err := c.nc.Subscribe(prefix+".*", c.onNotice)
+	if err != nil {
+		return "", err
+	}
+	c.notifySub, c.notifyPrefix = sub, prefix
+	return prefix, nil
+}
+
+func (c *Client) onNotice(m *nats.Msg) {
+	token := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	var n protocol.RunNotice
+	if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &n); err != nil {
+		return
+	}
+	c.mu.Lock()
+	ch := c.waiters[token]
+	delete(c.waiters, token)
+	c.mu.Unlock()
+	if ch != nil {
+		ch <- n
+	}
+}
+
+// StartRun starts a one-shot child (runs.start) and returns once the child is
+// published; its result arrives with Run.Result. req.Notify is set by the
+// client (a subject under its own inbox prefix, subscribed before the start);
+// a value given there is replaced.
+func (c *Client) StartRun(ctx context.Context, req protocol.RunStartRequest) (*Run, error) {
+	prefix, err := c.ensureNotify()
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "subscribe for results: %v", err).WithCause(err)
+	}
+	token := nuid.Next()
+	ch := make(chan protocol.RunNotice, 1)
+	c.mu.Lock()
+	c.waiters[token] = ch
+	c.mu.Unlock()
+	req.Notify = prefix + "." + token
+	var reply protocol.RunStartReply
+	if err := c.Call(ctx, protocol.EpRunsStart, req, &reply); err != nil {
+		c.mu.Lock()
+		delete(c.waiters, token)
+		c.mu.Unlock()
+		return nil, err
+	}
+	return &Run{c: c, RunID: reply.RunID, ChildID: reply.ChildID, parent: req.Parent, notice: ch, token: token}, nil
+}
+
+// Result waits for the run's result: its notice, or runs.await when none came
+// within Options.AwaitFallback (retried while the coordinator is
+// UNAVAILABLE). A child that did not complete is a result with another stop
+// reason, not an error; a cancelled ctx is CANCELLED (the run goes on:
+// Dispose it).
+func (r *Run) Result(ctx context.Context) (protocol.SubagentResult, error) {
+	t := time.NewTimer(r.c.opts.AwaitFallback)
+	defer t.Stop()
+	defer r.forget()
+	for {
+		select {
+		case n := <-r.notice:
+			return n.Result, nil
+		case <-ctx.Done():
+			return protocol.SubagentResult{}, protocol.Errorf(protocol.CodeCancelled, "waiting for run %s: %v", r.RunID, ctx.Err()).WithCause(ctx.Err())
+		case <-t.C:
+			st, err := r.c.Await(ctx, protocol.RunRef{RunID: r.RunID, Parent: &r.parent, WaitMs: r.c.opts.AwaitFallback.Milliseconds()})
+			if err != nil && !errors.Is(err, protocol.ErrUnavailable) {
+				return protocol.SubagentResult{}, err
+			}
+			if err == nil && st.State == protocol.RunSettled && st.Result != nil {
+				return *st.Result, nil
+			}
+			t.Reset(r.c.opts.AwaitFallback)
+		}
+	}
+}
+
+func (r *Run) forget() {
+	r.c.mu.Lock()
+	delete(r.c.waiters, r.token)
+	r.c.mu.Unlock()
+}
+
+// Dispose cancels the run (runs.dispose; idempotent) and returns its settled
+// status.
+func (r *Run) Dispose(ctx context.Context) (protocol.RunStatus, error) {
+	return r.c.Dispose(ctx, protocol.RunRef{RunID: r.RunID, Parent: &r.parent})
+}
+
+// Await asks runs.await for a run's status, waiting up to ref.WaitMs
+// (capped by the coordinator at 60 s) for it to settle.
+func (c *Client) Await(ctx context.Context, ref protocol.RunRef) (protocol.RunStatus, error) {
+	var st protocol.RunStatus
+	err := c.callWaiting(ctx, protocol.EpRunsAwait, ref.WaitMs, ref, &st)
+	return st, err
+}
+
+// Dispose asks runs.dispose to cancel a run and returns its settled status.
+// ctx without a deadline gets DisposeTimeout.
+func (c *Client) Dispose(ctx context.Context, ref protocol.RunRef) (protocol.RunStatus, error) {
+	var st protocol.RunStatus
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DisposeTimeout)
+		defer cancel()
+	}
+	err := c.Call(ctx, protocol.EpRunsDispose, ref, &st)
+	return st, err
+}
+
+// ResultError returns nil for a completed result and an error describing any
+// other stop reason (for callers that treat non-completion as failure): a
+// *protocol.Error with the result's errorCode, or CANCELLED for aborted and
+// INTERNAL for the other stop reasons.
+func ResultError(res protocol.SubagentResult) error {
+	if res.StopReason == protocol.StopCompleted {
+		return nil
+	}
+	code := res.ErrorCode
+	if code == "" {
+		code = protocol.CodeInternal
+		if res.StopReason == protocol.StopAborted {
+			code = protocol.CodeCancelled
+		}
+	}
+	msg := "run ended with stopReason " + string(res.StopReason)
+	if res.Diagnostic != "" {
+		msg += ": " + res.Diagnostic
+	}
+	return &protocol.Error{Code: code, Message: msg, Details: map[string]any{"stopReason": string(res.StopReason)}}
+}
+
+// String renders a run for logs.
+func (r *Run) String() string { return fmt.Sprintf("run %s (child %s)", r.RunID, r.ChildID) }
