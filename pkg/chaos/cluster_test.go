@@ -94,9 +94,13 @@ func TestClusterFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc, js := connectEndpoint(t, app, 0)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t"}, Replicas: 3, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
-	}
+	// A meta leader may not see every peer current yet ("no suitable peers
+	// for placement"): placement is retried until all three are.
+	var createErr error
+	eventually(t, 60*time.Second, "stream T created on three peers", func() bool {
+		_, createErr = js.CreateStream(ctx, jetstream.StreamConfig{Name: "T", Subjects: []string{"t"}, Replicas: 3, Storage: jetstream.FileStorage})
+		return createErr == nil
+	})
 	eventually(t, 60*time.Second, "stream T current on all replicas", func() bool { return c.StreamCurrent(ctx, "T") })
 
 	t.Run("kill -9 of the stream leader", func(t *testing.T) {
