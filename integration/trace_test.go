@@ -72,7 +72,7 @@ func TestNestedDelegationIsOneTrace(t *testing.T) {
 
 	ctx, parent := tp.Tracer("test").Start(context.Background(), "parent")
 	prompt := `call subagent {"description":"grandchild","prompt":"say from the grandchild"}` + "\nsay done"
-	run, err := s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text(prompt), protocol.StartOptions{})
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text(prompt), Options: protocol.StartOptions{}})
 	if err != nil {
 		t.Fatal(err)
 	}
