@@ -35,15 +35,8 @@ type timedCall struct {
 }
 
 func (m *timedModel) Stream(ctx context.Context, req model.Request, onText func(string)) (model.Response, error) {
-	first := ""
-	for _, msg := range req.Messages {
-		if msg.Role == model.RoleUser {
-			first = protocol.PlainText(msg.Content)
-			break
-		}
-	}
 	m.mu.Lock()
-	m.calls = append(m.calls, timedCall{at: time.Now(), first: first})
+	m.calls = append(m.calls, timedCall{at: time.Now(), first: firstUserText(req)})
 	m.mu.Unlock()
 	return m.Model.Stream(ctx, req, onText)
 }

@@ -27,18 +27,21 @@ func (r *recordingModel) Stream(ctx context.Context, req model.Request, onText f
 	for _, t := range req.Tools {
 		names = append(names, t.Name)
 	}
-	first := ""
-	for _, m := range req.Messages {
-		if m.Role == model.RoleUser {
-			first = protocol.PlainText(m.Content)
-			break
-		}
-	}
 	r.mu.Lock()
 	r.tools = append(r.tools, names)
-	r.first = append(r.first, first)
+	r.first = append(r.first, firstUserText(req))
 	r.mu.Unlock()
 	return r.Model.Stream(ctx, req, onText)
+}
+
+// firstUserText is the text of a request's first user message (its task).
+func firstUserText(req model.Request) string {
+	for _, m := range req.Messages {
+		if m.Role == model.RoleUser {
+			return protocol.PlainText(m.Content)
+		}
+	}
+	return ""
 }
 
 func runtimeStack(t *testing.T) (*testutil.Stack, *recordingModel) {
