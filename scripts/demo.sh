@@ -87,5 +87,31 @@ done
 step "brood log $CONT  (both turns, one before and one after the restart)"
 "$BIN" log "$CONT"
 
+step "brood result $CONT  (what it answered last: the answer on stdout, the turn on stderr)"
+"$BIN" result "$CONT"
+
+step "three background children: brood start ... (two slow, one quick)"
+A=$("$BIN" start --provider spawn --label slow-a $'sleep 60s\nsay a' | awk '/^childId/{print $2}')
+B=$("$BIN" start --provider spawn --label quick-b "say b" | awk '/^childId/{print $2}')
+C=$("$BIN" start --provider spawn --label slow-c $'sleep 60s\nsay c' | awk '/^childId/{print $2}')
+for _ in $(seq 1 100); do
+  [ "$("$BIN" state "$A")" = running ] && [ "$("$BIN" state "$C")" = running ] && [ "$("$BIN" state "$B")" = none ] && break
+  sleep 0.1
+done
+echo "a: $("$BIN" state "$A")  b: $("$BIN" state "$B")  c: $("$BIN" state "$C")"
+"$BIN" result "$B"
+"$BIN" children
+
+step "brood interrupt $A; brood dispose $C"
+"$BIN" interrupt "$A"
+"$BIN" dispose "$C"
+
+step "brood drain; a followup meanwhile is held; brood drain --list; brood drain --lift"
+"$BIN" drain
+"$BIN" followup "$B" "say held until the lift"
+"$BIN" drain --list
+"$BIN" drain --lift
+"$BIN" result --wait "$B"
+
 step "Ctrl-C drains brood dev"
 stop_dev
