@@ -29,7 +29,7 @@ func TestBackgroundChildrenTour(t *testing.T) {
 		t.Fatalf("result of b: stdout %q stderr %q", o.out, o.err)
 	}
 	r := decodeJSON[childResult](t, c.ok("result", "--json", b).out)
-	if r.ChildID != b || r.Turn != 1 || r.StopReason != protocol.StopCompleted || protocol.PlainText(r.Output) != "b" || r.State != protocol.StateNone {
+	if r.SessionID != b || !r.Finished || r.Mode != protocol.ModeContinuable || r.Turn != 1 || r.StopReason != protocol.StopCompleted || protocol.PlainText(r.Output) != "b" || r.State != protocol.StateNone {
 		t.Fatalf("result --json: %+v", r)
 	}
 	if o = c.ok("result", a); o.out != "" || !strings.Contains(o.err, "has not finished a turn yet (state running)") {
@@ -56,7 +56,9 @@ func TestBackgroundChildrenTour(t *testing.T) {
 		t.Fatalf("children (live) lists the settled child b:\n%s", o.out)
 	}
 
-	// interrupt: the turn ends aborted (user); the activation stays.
+	// interrupt: the turn ends aborted (user). (Interrupted before its turn
+	// began, the prompt would stay parked until the next followup.)
+	c.eventually("a's turn is under way", func() bool { return strings.Contains(c.ok("log", a).out, "user/message") })
 	o = c.ok("interrupt", a)
 	if o.out != "interrupted "+a+": its turn stops; queued messages wait for the next followup\n" {
 		t.Fatalf("interrupt: %q", o.out)
@@ -74,6 +76,7 @@ func TestBackgroundChildrenTour(t *testing.T) {
 	c.fails("NOT_FOUND", "interrupt", "01NOSUCHCHILD0000000000000")
 
 	// dispose: c's activation ends; its turn is logged aborted (disposed).
+	c.eventually("c's turn is under way", func() bool { return strings.Contains(c.ok("log", cc).out, "user/message") })
 	o = c.ok("dispose", cc)
 	if o.out != "disposed 1 activation, child first:\n"+cc+"\n" {
 		t.Fatalf("dispose: %q", o.out)
@@ -91,7 +94,7 @@ func TestBackgroundChildrenTour(t *testing.T) {
 
 	// drain: a running turn ends aborted (drain); admission stays closed.
 	d := c.startChild("--label", "slow d", "sleep 60s\nsay d")
-	c.eventually("d runs", func() bool { return c.ok("state", d).out == "running\n" })
+	c.eventually("d's turn is under way", func() bool { return strings.Contains(c.ok("log", d).out, "user/message") })
 	o = c.ok("drain")
 	if o.out != "drained 1 activation; admission stays closed until `brood drain --lift`\n"+d+"\n" {
 		t.Fatalf("drain: %q", o.out)

@@ -8,19 +8,14 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // childResult is what `brood result` reports about a continuable child: its
-// last finished turn and what it answered there.
+// last finished turn (sessions.result) and its residency now.
 type childResult struct {
-	ChildID    string                  `json:"childId"`
-	State      string                  `json:"state"`
-	Turn       int64                   `json:"turn,omitempty"`
-	StopReason protocol.StopReason     `json:"stopReason,omitempty"`
-	Output     []protocol.ContentBlock `json:"output"`
-	Diagnostic string                  `json:"diagnostic,omitempty"`
+	protocol.SessionResultReply
+	State string `json:"state"`
 }
 
 // resultWaitPoll is how often `brood result --wait` asks whether a
@@ -71,11 +66,11 @@ func resultCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				r, err := lastTurnResult(ctx, s, id, auth)
+				res, err := s.cl.SessionResult(ctx, protocol.SessionResultRequest{SessionID: id, Authority: auth})
 				if err != nil {
 					return err
 				}
-				r.State = st.State
+				r := childResult{SessionResultReply: res, State: st.State}
 				return printChildResult(s, r, asJSON)
 			})
 		},
@@ -86,61 +81,21 @@ func resultCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
-// lastTurnResult reads a child's last finished turn from its log.
-func lastTurnResult(ctx context.Context, s *session, id string, auth protocol.Authority) (childResult, error) {
-	l, err := s.cl.Log(ctx, protocol.LogReadRequest{SessionID: id, Authority: auth})
-	if err != nil {
-		return childResult{}, err
-	}
-	h, events := l.Header, l.Events
-	if h.SeedLength <= int64(len(events)) {
-		events = events[h.SeedLength:]
-	}
-	r := childResult{ChildID: id, Output: []protocol.ContentBlock{}}
-	end := -1
-	for i := len(events) - 1; i >= 0; i-- {
-		if events[i].Type == protocol.EvTurnEnd {
-			end = i
-			break
-		}
-	}
-	if end < 0 {
-		return r, nil
-	}
-	start := 0
-	for i := end; i >= 0; i-- {
-		if events[i].Type == protocol.EvTurnStart {
-			start = i
-			break
-		}
-	}
-	var d protocol.TurnEndData
-	if err := events[end].Decode(&d); err != nil {
-		return r, protocol.Errorf(protocol.CodeInternal, "turn/end of %s does not decode: %v", id, err)
-	}
-	r.Turn, r.StopReason, r.Diagnostic = d.Turn, agent.StopReasonOf(d.Reason.Kind), d.Reason.Error
-	if d.Reason.Cause != "" && r.Diagnostic == "" {
-		r.Diagnostic = "cause " + d.Reason.Cause
-	}
-	r.Output = agent.SelectOutput(events[start : end+1])
-	return r, nil
-}
-
 func printChildResult(s *session, r childResult, asJSON bool) error {
 	if asJSON {
 		if err := printJSON(s.out, r); err != nil {
 			return err
 		}
 	}
-	if r.Turn == 0 && r.StopReason == "" {
+	if !r.Finished {
 		if !asJSON {
-			fmt.Fprintf(s.errOut, "%s has not finished a turn yet (state %s)\n", r.ChildID, r.State)
+			fmt.Fprintf(s.errOut, "%s has not finished a turn yet (state %s)\n", r.SessionID, r.State)
 		}
 		return nil
 	}
 	if !asJSON {
-		fmt.Fprintf(s.errOut, "%s: turn %d %s (state %s)\n", r.ChildID, r.Turn, r.StopReason, r.State)
+		fmt.Fprintf(s.errOut, "%s: turn %d %s (state %s)\n", r.SessionID, r.Turn, r.StopReason, r.State)
 	}
-	return printResult(s, fmt.Sprintf("turn %d of %s", r.Turn, r.ChildID),
-		protocol.SubagentResult{Output: r.Output, StopReason: r.StopReason, Diagnostic: r.Diagnostic}, asJSON)
+	return printResult(s, fmt.Sprintf("turn %d of %s", r.Turn, r.SessionID),
+		protocol.SubagentResult{Output: r.Output, StopReason: r.StopReason, Diagnostic: r.Diagnostic, Structured: r.Structured}, asJSON)
 }

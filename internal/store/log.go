@@ -94,12 +94,64 @@ func (s *Store) ReadLog(ctx context.Context, id string) (SessionLog, error) {
 		}
 		return out, fmt.Errorf("read log %s: %w", id, err)
 	}
-	next := uint64(1)
-	for out.LastSubjSeq < last.Sequence {
+	out.Events, err = s.readRecords(ctx, id, 1, last.Sequence, 0)
+	out.LastSubjSeq = last.Sequence
+	return out, err
+}
+
+// ReadLogTail reads the end of a session's log without reading all of it:
+// the session's records in a window of the stream before its last record,
+// widened (×8, from LogTailWindow stream sequences) until enough(events)
+// holds or the window reaches the stream's start (then the events are the
+// whole log, and whole is true). Events are contiguous and in order; the
+// first may have any seq. An empty log gives no events and whole true.
+func (s *Store) ReadLogTail(ctx context.Context, id string, enough func([]protocol.SessionEvent) bool) (events []protocol.SessionEvent, whole bool, err error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, LogReadTimeout)
+		defer cancel()
+	}
+	subject := s.Subj.Log(id)
+	last, err := s.Log.GetLastMsgForSubject(ctx, subject)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, true, nil
+		}
+		return nil, false, fmt.Errorf("read log %s: %w", id, err)
+	}
+	for window := uint64(LogTailWindow); ; window *= 8 {
+		from := uint64(1)
+		if last.Sequence > window {
+			from = last.Sequence - window
+		}
+		first := int64(-1)
+		if from == 1 {
+			first = 0 // the whole log: it starts at seq 0
+		}
+		events, err = s.readRecords(ctx, id, from, last.Sequence, first)
+		if err != nil || from == 1 || enough(events) {
+			return events, from == 1 && err == nil, err
+		}
+	}
+}
+
+// LogTailWindow is the first window (in stream sequences) ReadLogTail reads.
+const LogTailWindow = 256
+
+// readRecords reads session id's records with stream sequences in [from,
+// to], to being the subject's last record, and flattens them into events.
+// firstSeq is the seq the first event must have (-1: any); every later event
+// must follow the one before it.
+func (s *Store) readRecords(ctx context.Context, id string, from, to uint64, firstSeq int64) ([]protocol.SessionEvent, error) {
+	subject := s.Subj.Log(id)
+	var events []protocol.SessionEvent
+	next, reached := from, uint64(0)
+	want := firstSeq
+	for reached < to {
 		msgs, err := jetstreamext.GetBatch(ctx, s.JS, s.Subj.StreamLog(), LogReadBatch,
 			jetstreamext.GetBatchSubject(subject), jetstreamext.GetBatchSeq(next))
 		if err != nil {
-			return out, fmt.Errorf("read log %s: %w", id, err)
+			return events, fmt.Errorf("read log %s: %w", id, err)
 		}
 		got := 0
 		for m, err := range msgs {
@@ -107,30 +159,31 @@ func (s *Store) ReadLog(ctx context.Context, id string) (SessionLog, error) {
 				if errors.Is(err, jetstreamext.ErrNoMessages) {
 					break
 				}
-				return out, fmt.Errorf("read log %s at stream seq %d: %w", id, next, err)
+				return events, fmt.Errorf("read log %s at stream seq %d: %w", id, next, err)
 			}
-			if m.Sequence > last.Sequence {
+			if m.Sequence > to {
 				break
 			}
 			var rec protocol.LogRecord
 			if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &rec); err != nil {
-				return out, fmt.Errorf("decode log record %s@%d: %w", id, m.Sequence, err)
+				return events, fmt.Errorf("decode log record %s@%d: %w", id, m.Sequence, err)
 			}
 			for _, ev := range rec.Events {
-				if ev.Seq != int64(len(out.Events)) {
-					return out, fmt.Errorf("log %s is not contiguous: event seq %d at position %d", id, ev.Seq, len(out.Events))
+				if want >= 0 && ev.Seq != want {
+					return events, fmt.Errorf("log %s is not contiguous: event seq %d where %d was due", id, ev.Seq, want)
 				}
-				out.Events = append(out.Events, ev)
+				want = ev.Seq + 1
+				events = append(events, ev)
 			}
-			out.LastSubjSeq = m.Sequence
+			reached = m.Sequence
 			next = m.Sequence + 1
 			got++
 		}
-		if got == 0 && out.LastSubjSeq < last.Sequence {
-			return out, fmt.Errorf("read log %s: stopped at stream seq %d before the last record %d", id, out.LastSubjSeq, last.Sequence)
+		if got == 0 && reached < to {
+			return events, fmt.Errorf("read log %s: stopped at stream seq %d before the last record %d", id, reached, to)
 		}
 	}
-	return out, nil
+	return events, nil
 }
 
 // LogWriter appends records to one session's log. It is the single writer's

@@ -154,3 +154,55 @@ func TestSmallMaxPayloadIsRefusedAtStart(t *testing.T) {
 	// The default server (1 MiB) is accepted.
 	testutil.Store(t, testutil.Connect(t, testutil.Server(t).ClientURL()))
 }
+
+func TestLogTailReadsOnlyAsFarBackAsNeeded(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	w := st.NewLogWriter("A", 0, 0)
+	other := st.NewLogWriter("B", 0, 0)
+	const records = 3000
+	for i := 0; i < records; i++ {
+		if _, err := w.Append(ctx, event(t, 0)); err != nil {
+			t.Fatalf("append %d: %v", i, err)
+		}
+		if _, err := other.Append(ctx, event(t, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name      string
+		needSeq   int64 // enough once an event with this seq (or earlier) was read
+		wantWhole bool
+	}{
+		{"the last few events", records - 5, false},
+		{"further back: the window widens", records - 800, false},
+		{"everything", 0, true},
+	} {
+		var calls int
+		evs, whole, err := st.ReadLogTail(ctx, "A", func(evs []protocol.SessionEvent) bool {
+			calls++
+			return len(evs) > 0 && evs[0].Seq <= tc.needSeq
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if whole != tc.wantWhole || len(evs) == 0 || evs[0].Seq > tc.needSeq || evs[len(evs)-1].Seq != records-1 {
+			t.Fatalf("%s: whole %v, events %d..%d", tc.name, whole, evs[0].Seq, evs[len(evs)-1].Seq)
+		}
+		for i := 1; i < len(evs); i++ {
+			if evs[i].Seq != evs[i-1].Seq+1 {
+				t.Fatalf("%s: not contiguous at %d", tc.name, i)
+			}
+		}
+		if !tc.wantWhole && len(evs) >= records {
+			t.Fatalf("%s: read the whole log (%d events)", tc.name, len(evs))
+		}
+		if tc.needSeq == records-5 && (calls != 1 || len(evs) > store.LogTailWindow) {
+			t.Fatalf("%s: %d reads, %d events; want one read of at most %d", tc.name, calls, len(evs), store.LogTailWindow)
+		}
+	}
+	if evs, whole, err := st.ReadLogTail(ctx, "nobody", func([]protocol.SessionEvent) bool { return false }); err != nil || !whole || len(evs) != 0 {
+		t.Fatalf("empty log: %v %v %v", evs, whole, err)
+	}
+}

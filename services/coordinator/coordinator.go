@@ -198,6 +198,7 @@ func (c *Coordinator) endpoints() []endpoint {
 		{protocol.EpEventsFollow, c.eventsFollow},
 		{protocol.EpInboxRead, c.inboxRead},
 		{protocol.EpInboxAck, c.inboxAck},
+		{protocol.EpSessionsResult, c.sessionsResult},
 	}
 }
 

@@ -1,0 +1,76 @@
+package coordinator
+
+import (
+	"context"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// sessionsResult answers a child's last finished turn from the tail of its
+// log (store.ReadLogTail): the client never reads the whole log, and the
+// coordinator reads only as far back as that turn's start.
+func (c *Coordinator) sessionsResult(ctx context.Context, req rpc.Request) (any, error) {
+	var r protocol.SessionResultRequest
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	h, _, err := c.childFor(ctx, r.SessionID, r.Authority, true)
+	if err != nil {
+		return nil, err
+	}
+	events, _, err := c.st.ReadLogTail(ctx, h.ID, func(evs []protocol.SessionEvent) bool {
+		_, _, ok := lastOwnTurn(evs, h.SeedLength)
+		return ok || (len(evs) > 0 && evs[0].Seq <= h.SeedLength)
+	})
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %v", h.ID, err)
+	}
+	reply := protocol.SessionResultReply{SessionID: h.ID, Output: []protocol.ContentBlock{}}
+	if e, err := c.st.ChildIndexEntry(ctx, h.ParentSession, h.ID); err == nil {
+		reply.Mode = e.Mode
+	}
+	start, end, ok := lastOwnTurn(events, h.SeedLength)
+	if !ok {
+		return reply, nil
+	}
+	var d protocol.TurnEndData
+	if err := events[end].Decode(&d); err != nil {
+		return nil, protocol.Errorf(protocol.CodeInternal, "turn/end of %s does not decode: %v", h.ID, err)
+	}
+	turn := events[start : end+1]
+	reply.Finished, reply.Turn, reply.EndedAt = true, d.Turn, events[end].Time
+	reply.StopReason = agent.StopReasonOf(d.Reason.Kind)
+	reply.Output = agent.SelectOutput(turn)
+	reply.Diagnostic = d.Reason.Error
+	if reply.Diagnostic == "" && d.Reason.Cause != "" {
+		reply.Diagnostic = "cause " + d.Reason.Cause
+	}
+	if v, ok := agent.CapturedStructured(turn); ok {
+		reply.Structured = v
+	}
+	return reply, nil
+}
+
+// lastOwnTurn finds the last turn that ended among the session's own events
+// (seq at or after seedLength): the index of its turn/start and turn/end in
+// evs. ok is false when no own turn ended in evs, or its start is not in evs.
+func lastOwnTurn(evs []protocol.SessionEvent, seedLength int64) (start, end int, ok bool) {
+	end = -1
+	for i := len(evs) - 1; i >= 0 && evs[i].Seq >= seedLength; i-- {
+		if evs[i].Type == protocol.EvTurnEnd {
+			end = i
+			break
+		}
+	}
+	if end < 0 {
+		return 0, 0, false
+	}
+	for i := end - 1; i >= 0 && evs[i].Seq >= seedLength; i-- {
+		if evs[i].Type == protocol.EvTurnStart {
+			return i, end, true
+		}
+	}
+	return 0, end, false
+}
