@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/brood
 PKGS    := ./...
 
-.PHONY: all build run test test-short bench chaos vet fmt clean acp-deps
+.PHONY: all build run test test-short bench chaos vet fmt clean acp-deps ts-deps ts-test
 
 all: build
 
@@ -16,8 +16,9 @@ run: build
 	./scripts/demo.sh $(BIN)
 
 # Unit and integration tests on embedded servers, with the race detector.
-test: vet acp-deps
+test: vet acp-deps ts-deps
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(MAKE) ts-test
 
 test-short: acp-deps
 	$(GO) test -count=1 -timeout 10m $(PKGS)
@@ -61,5 +62,20 @@ $(ACP_NPM_DIR)/node_modules/.installed: $(ACP_NPM_DIR)/package.json $(ACP_NPM_DI
 	cd $(ACP_NPM_DIR) && npm ci --no-audit --no-fund
 	touch $@
 
+# The TypeScript client (clients/typescript): its dependencies from the npm
+# registry, pinned by its committed package-lock.json (npm ci runs again only
+# when the manifest changes), and its tests (node --test) against a fresh
+# `brood dev` built here, on a free loopback port and a temp data dir.
+TS_CLIENT_DIR := clients/typescript
+
+ts-deps: $(TS_CLIENT_DIR)/node_modules/.installed
+
+$(TS_CLIENT_DIR)/node_modules/.installed: $(TS_CLIENT_DIR)/package.json $(TS_CLIENT_DIR)/package-lock.json
+	cd $(TS_CLIENT_DIR) && npm ci --no-audit --no-fund
+	touch $@
+
+ts-test: ts-deps build
+	cd $(TS_CLIENT_DIR) && BROOD_BIN=$(CURDIR)/$(BIN) npm test
+
 clean:
-	rm -rf bin .deps $(ACP_NPM_DIR)/node_modules
+	rm -rf bin .deps $(ACP_NPM_DIR)/node_modules $(TS_CLIENT_DIR)/node_modules $(TS_CLIENT_DIR)/dist

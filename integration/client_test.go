@@ -23,7 +23,7 @@ import (
 // leastPrivilege is a server with a service user that may do anything and a
 // client user "alice" that may only send requests to the coordinator and
 // subscribe under her own inbox prefix: no JetStream API, no stream subject,
-// no other inbox (what docs/protocol.md §4.1 says a client needs).
+// no other inbox (what docs/protocol.md §5.16 says a client needs).
 func leastPrivilege(t *testing.T) (*testutil.Stack, *nats.Conn, *violations) {
 	t.Helper()
 	srv := testutil.ServerWithUsers(t, []*server.User{

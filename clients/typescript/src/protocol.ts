@@ -1,0 +1,520 @@
+// The wire shapes of the Brood coordinator API, written from docs/protocol.md
+// (section numbers below are that document's). Every body is MessagePack;
+// keys are camelCase exactly as here. A field marked `?` may be absent;
+// decoders treat an absent field as its zero value and `null` as absent.
+
+/** A JetStream stream sequence or KV revision: a decimal string (§1.5). */
+export type Seq = string;
+
+/** Epoch milliseconds, UTC (§1.5). */
+export type Millis = number;
+
+/** Coordinator endpoints (§3), served on `<prefix>.v1.coord.<endpoint>`. */
+export const Endpoints = {
+  providersList: "providers.list",
+  agentsOpen: "agents.open",
+  agentsRenew: "agents.renew",
+  agentsClose: "agents.close",
+  runsStart: "runs.start",
+  runsAwait: "runs.await",
+  runsDispose: "runs.dispose",
+  continuableStart: "continuable.start",
+  continuableFollowup: "continuable.followup",
+  continuableState: "continuable.state",
+  continuableDrain: "continuable.drain",
+  continuableDrains: "continuable.drains",
+  continuableInterrupt: "continuable.interrupt",
+  continuableReport: "continuable.report",
+  childrenList: "children.list",
+  authorityUser: "authority.user",
+  sessionsGet: "sessions.get",
+  sessionsLog: "sessions.log",
+  eventsRead: "events.read",
+  eventsFollow: "events.follow",
+  inboxRead: "inbox.read",
+  inboxAck: "inbox.ack",
+} as const;
+export type Endpoint = (typeof Endpoints)[keyof typeof Endpoints];
+
+/** Bounds of the read endpoints (§10). */
+export const Limits = {
+  readWaitMsMax: 60_000,
+  runAwaitWaitMsMax: 60_000,
+  inboxAckSeqsMax: 256,
+  inboxPageItemsMax: 256,
+  followCreditMsgsMax: 1024,
+  followLeaseMs: 30_000,
+} as const;
+
+/** A block of content; the only type is text (§1.5). */
+export interface ContentBlock {
+  type: "text";
+  text: string;
+  /** Text the runtime added around the caller's words (a fork's note). */
+  framing?: boolean;
+}
+
+/** `{sessionId, credential}`: "I am the current live agent of sessionId" (§4). */
+export interface ParentRef {
+  sessionId: string;
+  credential: string;
+}
+
+/** A parent's credential or a user grant; a grant wins when both are given (§4). */
+export interface Authority {
+  parent?: ParentRef;
+  grant?: string;
+}
+
+export interface ToolFilter {
+  allow?: string[] | null;
+  deny?: string[] | null;
+}
+
+export interface Capabilities {
+  outputSchema: boolean;
+  depthLimit: boolean;
+  toolFilter: boolean;
+  persona: boolean;
+}
+
+/** A provider descriptor (§9.1). */
+export interface ProviderDescriptor {
+  name: string;
+  capabilities: Capabilities;
+  inheritsParentContext: boolean;
+  continuable: boolean;
+  remote?: boolean;
+  /** Names of the global tools its agents offer; `null` means none. */
+  tools: string[] | null;
+}
+
+/** §5.1 */
+export interface ProvidersListReply {
+  providers: ProviderDescriptor[];
+  instances: Record<string, number>;
+}
+
+/** §5.2 */
+export interface RootLineage {
+  parentSession: string;
+  delegationDepth: number;
+  depthCap?: number;
+  toolCeiling?: ToolFilter;
+}
+
+/** §5.2 */
+export interface AgentsOpenRequest {
+  cwd?: string;
+  label?: string;
+  reopenable?: boolean;
+  lineage?: RootLineage;
+  sessionId?: string;
+  grant?: string;
+}
+
+/** §5.2 */
+export interface AgentsOpenReply {
+  sessionId: string;
+  credential: string;
+  leaseMs: number;
+  expiresAt: Millis;
+}
+
+/** §5.3 */
+export interface AgentsRenewReply {
+  expiresAt: Millis;
+}
+
+/** §5.5 */
+export interface StartOptions {
+  outputSchema?: unknown;
+  maxDepth?: number;
+  toolFilter?: ToolFilter;
+  persona?: string;
+}
+
+/** §5.5 */
+export interface RunStartRequest {
+  provider: string;
+  parent: ParentRef;
+  prompt: ContentBlock[];
+  /** Set by the client (a subject under its own inbox prefix). */
+  notify?: string;
+  label?: string;
+  options?: StartOptions;
+}
+
+/** §5.5 */
+export interface RunStartReply {
+  runId: string;
+  childId: string;
+}
+
+export type StopReason = "completed" | "aborted" | "error" | "max-tokens" | "refusal" | (string & {});
+
+/** §6.2 */
+export interface SubagentResult {
+  output: ContentBlock[];
+  /** Present (non-null) only when an outputSchema was requested and satisfied. */
+  structured?: unknown;
+  stopReason: StopReason;
+  diagnostic?: string;
+  errorCode?: string;
+  /** Which message `output` came from; absent when `output` is empty. */
+  outputFrom?: OutputSource;
+}
+
+/** §6.2: where a result's output came from in the child's log. */
+export interface OutputSource {
+  seq: number;
+  turn: number;
+  step: number;
+  /** False when the child's last assistant message was empty and `output` is an earlier one. */
+  last: boolean;
+}
+
+/** §6.1 */
+export interface RunNotice {
+  runId: string;
+  childId: string;
+  parentSession: string;
+  provider: string;
+  result: SubagentResult;
+}
+
+/** §5.6, §5.7 */
+export interface RunRef {
+  runId: string;
+  parent?: ParentRef;
+  grant?: string;
+  waitMs?: number;
+}
+
+/** §5.6 */
+export interface RunStatus {
+  runId: string;
+  childId: string;
+  state: "running" | "settled";
+  result?: SubagentResult;
+}
+
+/** §5.8 */
+export interface ContinuableOptions {
+  maxDepth?: number;
+  toolFilter?: ToolFilter;
+  persona?: string;
+}
+
+/** §5.8 */
+export interface ContinuableStartRequest {
+  provider: string;
+  parent: ParentRef;
+  label: string;
+  childId?: string;
+  prompt: ContentBlock[];
+  options?: ContinuableOptions;
+}
+
+/** §5.8 */
+export interface ContinuableStartReply {
+  childId: string;
+  messageId: string;
+}
+
+/** §8.6 */
+export interface MessageSource {
+  kind: "user" | "coordinator" | "subagent-report" | "subagent-settled" | (string & {});
+  form?: string;
+  senderSessionId?: string;
+  summary?: string;
+}
+
+/** §5.9 */
+export interface FollowupRequest {
+  childId: string;
+  authority: Authority;
+  message: ContentBlock[];
+  source?: MessageSource;
+  idempotencyKey?: string;
+}
+
+/** §5.9 */
+export interface FollowupReply {
+  messageId: string;
+  /** Why the accepted message waits instead of running now (a drain). */
+  held?: string;
+}
+
+/** §5.10 */
+export interface ChildRef {
+  childId: string;
+  authority: Authority;
+}
+
+/** §5.10 */
+export interface StateReply {
+  childId: string;
+  state: "running" | "waiting" | "settled" | "none";
+  hostId?: string;
+  runId?: string;
+  queued?: number;
+}
+
+/** §5.11 */
+export interface InterruptRequest {
+  childId: string;
+  authority: Authority;
+}
+
+/** §5.11 */
+export interface InterruptReply {
+  childId: string;
+  interrupted: boolean;
+}
+
+/** §5.12 */
+export interface ReportRequest {
+  child: ParentRef;
+  content: ContentBlock[];
+}
+
+/** §5.13 */
+export interface DrainRequest {
+  authority: Authority;
+  parents?: string[];
+  parent?: string;
+  children?: string[];
+  lift?: boolean;
+}
+
+/** §5.13 */
+export interface DrainReply {
+  disposed: string[];
+  failed?: string[];
+}
+
+/** §5.13 `continuable.drains` */
+export interface DrainsListRequest {
+  authority: Authority;
+}
+
+export interface DrainMarker {
+  root?: string;
+  createdAt?: Millis;
+  holds: string;
+  active: boolean;
+}
+
+export interface DrainsListReply {
+  drains: DrainMarker[];
+}
+
+/** §5.14 */
+export interface ChildrenListRequest {
+  parent?: string;
+  authority: Authority;
+  descendants?: boolean;
+}
+
+/** §5.14 */
+export interface ChildRow {
+  kind: "child" | "diagnostic";
+  id: string;
+  activity?: "running" | "inactive";
+  state?: string;
+  hasChildren?: boolean;
+  mode?: "one-shot" | "continuable";
+  label?: string;
+  provider?: string;
+  reason?: string;
+  parentId?: string;
+  depth?: number;
+  createdAt?: Millis;
+}
+
+/** §5.14 */
+export interface ChildrenListReply {
+  rows: ChildRow[];
+}
+
+/** §5.15 */
+export interface UserGrantReply {
+  grant: string;
+  expiresAt: Millis;
+}
+
+/** §8.1 */
+export interface SessionHeader {
+  version: number;
+  id: string;
+  createdAt: Millis;
+  cwd?: string;
+  parentSession?: string;
+  seedLength?: number;
+  origin?: string;
+  delegationDepth?: number;
+  toolCeiling?: ToolFilter;
+  depthCap?: number;
+}
+
+/** §8.2: one log entry; `data` is the type's data map (§8.3). */
+export interface SessionEvent {
+  seq: number;
+  type: string;
+  time: Millis;
+  data: Record<string, unknown>;
+}
+
+/** §5.17 */
+export interface SessionGetRequest {
+  sessionId: string;
+  authority: Authority;
+}
+
+/** §5.18 */
+export interface LogReadRequest {
+  sessionId: string;
+  authority: Authority;
+  fromSeq?: number;
+  cursor?: Seq;
+  eventsMax?: number;
+  waitMs?: number;
+}
+
+/** §5.18 */
+export interface LogPage {
+  events: SessionEvent[];
+  nextSeq: number;
+  cursor: Seq;
+  complete: boolean;
+}
+
+/** §7.5: a lifecycle event; `seq` is set when read through the coordinator. */
+export interface LifecycleEvent {
+  type: "subagent/start" | "subagent/end";
+  runId: string;
+  provider: string;
+  id: string;
+  parentSession: string;
+  local: boolean;
+  mode: "one-shot" | "continuable";
+  time: Millis;
+  stopReason?: StopReason;
+  lastAssistantMessage?: ContentBlock[];
+  errorCode?: string;
+  seq?: Seq;
+}
+
+/** §5.19 */
+export interface EventsReadRequest {
+  parent?: string;
+  descendants?: boolean;
+  authority: Authority;
+  afterSeq?: Seq;
+  eventsMax?: number;
+}
+
+/** §5.19 */
+export interface EventsPage {
+  events: LifecycleEvent[];
+  cursor: Seq;
+  complete: boolean;
+}
+
+/** §5.19 */
+export interface EventsFollowRequest {
+  parent?: string;
+  descendants?: boolean;
+  authority: Authority;
+  /** Resume after this sequence (past events first); absent: new events only. */
+  afterSeq?: Seq;
+  creditMsgs?: number;
+  heartbeatMs?: number;
+}
+
+/** §5.19: the first message on a follow's reply subject. */
+export interface EventsFollowReply {
+  followId: string;
+  seq: Seq;
+  creditSubject: string;
+  creditMsgs: number;
+  heartbeatMs: number;
+  leaseMs: number;
+}
+
+/** §5.19: every later message of a follow. */
+export interface FollowMessage {
+  kind: "event" | "heartbeat" | "end";
+  seq: Seq;
+  event?: LifecycleEvent;
+  error?: ErrorBody;
+}
+
+/** §5.19 */
+export interface FollowCreditRequest {
+  followId: string;
+  creditMsgs: number;
+  stop?: boolean;
+}
+
+/** §5.19 */
+export interface FollowCreditReply {
+  creditMsgs: number;
+}
+
+/** §7.4: a pending inbox item; `inboxSeq` is set when read. */
+export interface InboxItem {
+  messageId: string;
+  content: ContentBlock[];
+  source: MessageSource;
+  delivery: "next-turn" | "next-step" | "quiet" | (string & {});
+  inboxSeq?: Seq;
+}
+
+/** §5.20 */
+export interface InboxReadRequest {
+  sessionId: string;
+  authority: Authority;
+  afterSeq?: Seq;
+  itemsMax?: number;
+  waitMs?: number;
+}
+
+/** §5.20 */
+export interface InboxPage {
+  items: InboxItem[];
+  more: boolean;
+}
+
+/** §5.20 */
+export interface InboxAckRequest {
+  sessionId: string;
+  authority: Authority;
+  seqs: Seq[];
+}
+
+/** §5.20 */
+export interface InboxAckReply {
+  removed: number;
+}
+
+/** §2.1: the body of an error reply. */
+export interface ErrorBody {
+  code: string;
+  message: string;
+  details?: Record<string, unknown>;
+}
+
+/** A list of one text block. */
+export function text(s: string): ContentBlock[] {
+  return [{ type: "text", text: s }];
+}
+
+/** The caller's text of blocks (framing left out), joined by newlines. */
+export function plainText(blocks: ContentBlock[] | null | undefined): string {
+  return (blocks ?? [])
+    .filter((b) => b.type === "text" && !b.framing)
+    .map((b) => b.text)
+    .join("\n");
+}
