@@ -328,3 +328,113 @@ func TestLogNamesWhoSentEachPrompt(t *testing.T) {
 		t.Fatalf("source %+v", d.Source)
 	}
 }
+
+func TestWatchVerb(t *testing.T) {
+	c := newCLI(t)
+	line := regexp.MustCompile(`^\d\d:\d\d:\d\d\.\d{3} subagent/(start|end) [0-9A-Z]{26} \(spawn, run [0-9A-Z]{26}\)( → completed: ok)? \[parent [0-9A-Z]{26}\]$`)
+	for _, asJSON := range []bool{false, true} {
+		args := []string{"watch", "--count", "2"}
+		if asJSON {
+			args = append(args, "--json")
+		}
+		done := make(chan outcome, 1)
+		go func() { done <- c.run(args...) }()
+		var o outcome
+	runs:
+		for {
+			c.ok("run", "--provider", "spawn", "say ok")
+			select {
+			case o = <-done:
+				break runs
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		lines := strings.Split(strings.TrimSpace(o.out), "\n")
+		if o.code != 0 || len(lines) != 2 || o.err != "watching every parent (Ctrl-C stops)\n" {
+			t.Fatalf("watch %v: exit %d\n%s\n%s", args, o.code, o.out, o.err)
+		}
+		for _, l := range lines {
+			if asJSON {
+				ev := decodeJSON[protocol.LifecycleEvent](t, l)
+				if ev.Provider != "spawn" || ev.ID == "" || (ev.Type != protocol.LifecycleStart && ev.Type != protocol.LifecycleEnd) {
+					t.Fatalf("json event %s", l)
+				}
+			} else if !line.MatchString(l) {
+				t.Fatalf("event line %q", l)
+			}
+		}
+	}
+	c.fails("INVALID_ARGUMENT", "watch", "--count", "-1")
+}
+
+func TestSteeringVerbsInJSON(t *testing.T) {
+	c := newCLI(t)
+	busy := c.startChild("sleep 60s\nsay late")
+	idle := c.startChild("say quick")
+	c.eventually("the busy child's turn is under way and the quick one done", func() bool {
+		return strings.Contains(c.ok("log", busy).out, "user/message") && c.ok("state", idle).out == "none\n"
+	})
+
+	f := decodeJSON[protocol.FollowupReply](t, c.ok("followup", "--json", idle, "say again").out)
+	if f.MessageID == "" || f.Held != "" {
+		t.Fatalf("followup --json %+v", f)
+	}
+	in := decodeJSON[protocol.InterruptReply](t, c.ok("interrupt", "--json", busy).out)
+	if in.ChildID != busy || !in.Interrupted {
+		t.Fatalf("interrupt --json %+v", in)
+	}
+	c.eventually("the quick child ran its followup", func() bool { return c.ok("result", idle).out == "again\n" })
+	in = decodeJSON[protocol.InterruptReply](t, c.ok("interrupt", "--json", idle).out)
+	if in.Interrupted {
+		t.Fatalf("interrupt --json of an idle child %+v", in)
+	}
+
+	other := c.startChild("sleep 60s\nsay late")
+	c.eventually("its turn is under way", func() bool { return strings.Contains(c.ok("log", other).out, "user/message") })
+	d := decodeJSON[struct {
+		ChildID  string
+		Disposed []string
+	}](t, c.ok("dispose", "--json", other).out)
+	if d.ChildID != other || len(d.Disposed) != 1 || d.Disposed[0] != other {
+		t.Fatalf("dispose --json %+v", d)
+	}
+
+	// A one-shot run: dispose settles it aborted and prints its status.
+	root := c.stack.Root()
+	run, err := c.stack.Client.StartRun(context.Background(), protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("sleep 60s\nsay never")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := c.ok("dispose", run.RunID)
+	if o.err != "run "+run.RunID+" (child "+run.ChildID+") settled: stopReason aborted\n" {
+		t.Fatalf("dispose of a one-shot run: stdout %q stderr %q", o.out, o.err)
+	}
+	st := decodeJSON[protocol.RunStatus](t, c.ok("dispose", "--json", run.RunID).out)
+	if st.RunID != run.RunID || st.State != protocol.RunSettled || st.Result == nil || st.Result.StopReason != protocol.StopAborted {
+		t.Fatalf("dispose --json of a settled run %+v", st)
+	}
+	if o := c.run("result", run.RunID); o.code != 1 || !strings.HasPrefix(o.err, "ABORTED: run "+run.RunID+" ended with stopReason aborted") {
+		t.Fatalf("result of the disposed run: exit %d stderr %q", o.code, o.err)
+	}
+
+	c.eventually("every activation went idle", func() bool {
+		return c.ok("state", busy).out == "none\n" && c.ok("state", idle).out == "none\n" && c.ok("state", other).out == "none\n"
+	})
+	dr := decodeJSON[protocol.DrainReply](t, c.ok("drain", "--json").out)
+	if dr.Disposed == nil || len(dr.Disposed) != 0 {
+		t.Fatalf("drain --json %+v (the busy child was interrupted and went idle)", dr)
+	}
+	ls := decodeJSON[protocol.DrainsListReply](t, c.ok("drain", "--list", "--json").out)
+	if len(ls.Drains) != 1 || ls.Drains[0].Root != "" || !ls.Drains[0].Active || ls.Drains[0].Holds != "until lifted" || ls.Drains[0].CreatedAt == 0 {
+		t.Fatalf("drain --list --json %+v", ls)
+	}
+	h := decodeJSON[protocol.FollowupReply](t, c.ok("followup", "--json", idle, "say held").out)
+	if !strings.Contains(h.Held, "drain --lift") {
+		t.Fatalf("followup --json during a drain %+v", h)
+	}
+	c.fails("INVALID_ARGUMENT", "drain", "--list", "--lift")
+	c.ok("drain", "--lift", "--json")
+	if ls := decodeJSON[protocol.DrainsListReply](t, c.ok("drain", "--list", "--json").out); len(ls.Drains) != 0 {
+		t.Fatalf("after the lift %+v", ls)
+	}
+}

@@ -501,6 +501,7 @@ func printDrains(s *session, r protocol.DrainsListReply, asJSON bool) error {
 
 func watchCmd(g *globals) *cobra.Command {
 	var asJSON bool
+	var count int
 	cmd := &cobra.Command{
 		Use:   "watch [PARENT]",
 		Short: "Print live lifecycle events (subagent/start, subagent/end) of a parent's subtree, as a tree; Ctrl-C stops",
@@ -511,11 +512,15 @@ func watchCmd(g *globals) *cobra.Command {
 				if len(args) == 1 {
 					root = args[0]
 				}
-				return watch(ctx, s, root, asJSON)
+				if count < 0 {
+					return protocol.Errorf(protocol.CodeInvalidArgument, "--count must not be negative")
+				}
+				return watch(ctx, s, root, asJSON, count)
 			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print each event as a JSON line")
+	cmd.Flags().IntVar(&count, "count", 0, "stop after this many events (0: until Ctrl-C)")
 	clientFlags(cmd, g)
 	return cmd
 }
@@ -524,7 +529,7 @@ func watchCmd(g *globals) *cobra.Command {
 // (events.follow, as the user): the subtree of root, or every parent when
 // root is "". A child seen starting under a watched parent is indented below
 // it, so grandchildren show as a tree.
-func watch(ctx context.Context, s *session, root string, asJSON bool) error {
+func watch(ctx context.Context, s *session, root string, asJSON bool, count int) error {
 	auth, err := s.userAuthority(ctx)
 	if err != nil {
 		return err
@@ -541,7 +546,7 @@ func watch(ctx context.Context, s *session, root string, asJSON bool) error {
 	} else {
 		fmt.Fprintln(s.errOut, "watching every parent (Ctrl-C stops)")
 	}
-	for {
+	for seen := 0; count == 0 || seen < count; seen++ {
 		ev, err := f.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -573,6 +578,7 @@ func watch(ctx context.Context, s *session, root string, asJSON bool) error {
 		}
 		fmt.Fprintln(s.out, line)
 	}
+	return nil
 }
 
 func printJSONLine(w io.Writer, v any) error {
