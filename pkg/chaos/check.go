@@ -764,8 +764,7 @@ func (c *checker) checkLifecycle() {
 }
 
 // checkLimits: I8, no header deeper than its cap or the deployment's, and
-// no parent with more live children than the limit at any moment (a child
-// is live from its run or epoch record's creation to its settlement).
+// no child admitted while its parent already had the limit of live children.
 func (c *checker) checkLimits() {
 	for id, s := range c.sessions {
 		if !s.hasHeader {
@@ -784,41 +783,44 @@ func (c *checker) checkLimits() {
 	if c.h.Limits.LiveChildrenMax <= 0 {
 		return
 	}
-	type edge struct {
-		at    int64
-		delta int
-		child string
+	// A child is live from its run or epoch record's creation to its
+	// settlement; it is admitted at its first record's creation. No
+	// admission may find the limit reached. (A child made live again by a
+	// cold resume is not admitted: an accepted message is never refused.)
+	type span struct {
+		child    string
+		from, to int64
 	}
-	byParent := map[string][]edge{}
+	byParent := map[string][]span{}
+	first := map[string]int64{}
 	for _, r := range c.snap.Runs {
-		end := r.SettledAt
+		to := r.SettledAt
 		if r.State != protocol.RunSettled {
-			end = c.snap.TakenAt
+			to = c.snap.TakenAt
 		}
-		byParent[r.ParentSession] = append(byParent[r.ParentSession], edge{r.CreatedAt, 1, r.ChildID}, edge{end, -1, r.ChildID})
+		byParent[r.ParentSession] = append(byParent[r.ParentSession], span{r.ChildID, r.CreatedAt, to})
+		if f, ok := first[r.ChildID]; !ok || r.CreatedAt < f {
+			first[r.ChildID] = r.CreatedAt
+		}
 	}
-	for parent, es := range byParent {
-		c.checked("I8")
-		sort.Slice(es, func(i, j int) bool {
-			if es[i].at != es[j].at {
-				return es[i].at < es[j].at
+	for parent, spans := range byParent {
+		admitted := map[string]bool{}
+		for _, sp := range spans {
+			if admitted[sp.child] || first[sp.child] != sp.from {
+				continue
 			}
-			return es[i].delta < es[j].delta // ends first
-		})
-		live := map[string]int{}
-		worst, worstAt := 0, int64(0)
-		for _, e := range es {
-			live[e.child] += e.delta
-			if live[e.child] <= 0 {
-				delete(live, e.child)
+			admitted[sp.child] = true
+			c.checked("I8")
+			live := map[string]bool{}
+			for _, o := range spans {
+				if o.child != sp.child && o.from <= sp.from && sp.from < o.to {
+					live[o.child] = true
+				}
 			}
-			if len(live) > worst {
-				worst, worstAt = len(live), e.at
+			if len(live) >= c.h.Limits.LiveChildrenMax {
+				c.sum.LimitBreaches++
+				c.fail("I8", "parent %s admitted child %s at %s with %d children live; the limit is %d", parent, sp.child, c.at(sp.from), len(live), c.h.Limits.LiveChildrenMax)
 			}
-		}
-		if worst > c.h.Limits.LiveChildrenMax {
-			c.sum.LimitBreaches++
-			c.fail("I8", "parent %s had %d live children at %s; the limit is %d", parent, worst, c.at(worstAt), c.h.Limits.LiveChildrenMax)
 		}
 	}
 }

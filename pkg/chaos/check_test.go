@@ -219,7 +219,7 @@ func TestCheckerCatchesBrokenHistories(t *testing.T) {
 				b.h.Snapshot.Runs[id] = protocol.RunRecord{RunID: id, ChildID: id, ParentSession: tRoot, Mode: protocol.ModeOneShot,
 					State: protocol.RunSettled, CreatedAt: 2_000_000, SettledAt: 2_000_500}
 			}
-		}, map[string]string{"I8": "had 3 live children"}},
+		}, map[string]string{"I8": "with 2 children live"}},
 		{"an accepted message still pending", func(b *histBuilder) {
 			b.child("A", 0)
 			f := b.op(&Op{Kind: OpFollowup, Sender: tRoot, Child: "A", MessageID: "late"})

@@ -188,17 +188,25 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 	} else if !protocol.ValidID(childID) {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
 	}
+	if err := c.reserveChild(ctx, a.pheader.ID, childID); err != nil {
+		return nil, err
+	}
+	release := func() { c.releaseChild(context.WithoutCancel(ctx), a.pheader.ID, childID) }
 	now := store.NowMs()
 	header := c.childHeader(a, childID, now)
 	if desc.InheritsParentContext {
 		if header.SeedLength, err = c.prepare(ctx, desc.Name, a.pheader.ID, childID); err != nil {
+			release()
 			return nil, err
 		}
 	}
 	if err := c.st.PutHeader(ctx, header); err != nil {
 		if errors.Is(err, store.ErrConflict) {
+			// The id is taken (a retried start finds its own child): the
+			// slot stays with that child.
 			return nil, protocol.NewError(protocol.CodeDuplicateChild, map[string]any{"childId": childID})
 		}
+		release()
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "write the header: %v", err)
 	}
 	c.headers.add(header)
@@ -217,9 +225,11 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 	}
 	reply, err := c.activateEpoch(ctx, header, descriptor, owner, ancestry(a), true)
 	if err != nil {
+		release()
 		return nil, err
 	}
 	rollback := func() {
+		release()
 		rctx := context.WithoutCancel(ctx)
 		c.disposeActivation(rctx, reply.HostID, childID, protocol.CauseDisposed)
 		if owner != "" {

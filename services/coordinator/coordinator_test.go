@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -294,6 +295,54 @@ func TestLiveChildrenPerParentAreBounded(t *testing.T) {
 		_, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say x"), Options: protocol.StartOptions{}})
 		return protocol.CodeOf(err) == protocol.CodeLimitExceeded
 	}, "a third live child is refused with LIMIT_EXCEEDED")
+}
+
+// TestLiveChildrenLimitHoldsForConcurrentStarts: a burst of starts for one
+// parent, one-shot and continuable, spread over two coordinator replicas,
+// admits no more than the limit (chaos seed 1 found 11 live children of a
+// parent whose limit was 8: every start of the burst saw the same count
+// before any child had a lease).
+func TestLiveChildrenLimitHoldsForConcurrentStarts(t *testing.T) {
+	const limit, burst = 3, 12
+	s := testutil.NewStack(t)
+	for i := 0; i < 2; i++ {
+		s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = limit })
+	}
+	s.AddSpawnWorker()
+	for _, continuable := range []bool{false, true} {
+		root := s.Root()
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		admitted, refused := 0, 0
+		for i := 0; i < burst; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				var err error
+				if continuable {
+					_, err = s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "burst", Prompt: protocol.Text("sleep 20s\nsay x")})
+				} else {
+					_, err = s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text("sleep 20s\nsay x"), protocol.StartOptions{})
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				switch protocol.CodeOf(err) {
+				case "":
+					admitted++
+				case protocol.CodeLimitExceeded:
+					refused++
+				default:
+					t.Errorf("start: %v", err)
+				}
+			}()
+		}
+		wg.Wait()
+		if admitted != limit || refused != burst-limit {
+			t.Fatalf("continuable %v: %d admitted, %d refused; want %d and %d", continuable, admitted, refused, limit, burst-limit)
+		}
+	}
 }
 
 // Regressions of the adversarial review: each attack gets a clear refusal.

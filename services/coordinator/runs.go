@@ -204,10 +204,15 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	if a.desc.Remote {
 		runID = ulid.Make().String() // remote providers: a fresh id in the parent's namespace
 	}
+	if err := c.reserveChild(ctx, a.pheader.ID, childID); err != nil {
+		return nil, err
+	}
+	release := func() { c.releaseChild(context.WithoutCancel(ctx), a.pheader.ID, childID) }
 	header := c.childHeader(a, childID, now)
 	if a.desc.InheritsParentContext {
 		seed, err := c.prepare(ctx, a.desc.Name, a.pheader.ID, childID)
 		if err != nil {
+			release()
 			return nil, err
 		}
 		header.SeedLength = seed
@@ -222,6 +227,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 		func() error { return c.st.PutHeader(ctx, header) },
 		func() (err error) { runRev, err = store.Create(ctx, c.st.Runs, runID, rec); return err },
 	); err != nil {
+		release()
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "record the run: %v", err)
 	}
 	c.cfg.Metrics.RunStarted(rec.Provider, rec.Mode)
@@ -238,6 +244,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	}, &reply)
 	if err != nil {
 		c.failRun(context.WithoutCancel(ctx), rec, runRev, err)
+		release()
 		return nil, err
 	}
 	c.cfg.Metrics.StartAnswered(rec.Provider, rec.Mode, time.Since(began))
@@ -432,12 +439,4 @@ func (c *Coordinator) prepare(ctx context.Context, provider, parent, childID str
 }
 
 // liveChildren counts the children of parent that have a live agent now.
-func (c *Coordinator) liveChildren(parent string) int {
-	n := 0
-	for _, l := range c.agents.snapshot() {
-		if l.rec.ParentSession == parent && l.rec.Kind != protocol.AgentRoot && c.leaseLive(l.rec) {
-			n++
-		}
-	}
-	return n
-}
+func (c *Coordinator) liveChildren(parent string) int { return len(c.liveChildIDs(parent)) }

@@ -1,0 +1,145 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Live-children slots (DESIGN.md §4, agent limits; RELIABILITY.md I8). The
+// leases in this replica's cache say which children are live, but two
+// starts for one parent, on two replicas or on one, both see the same count
+// before either child has a lease: a burst would be admitted past
+// LiveChildrenMax. So every admission of a new child also takes a slot in
+// the parent's slot record, brood_agents `slots.<parent>`, by
+// compare-and-set: the admissions of one parent are serialized by the
+// record's revision, whichever replica serves them.
+//
+// A slot is released lazily: the next admission drops every slot whose
+// child has no live lease once slotGrace has passed since it was taken (the
+// time a start needs to reach its provider and for the child's lease to be
+// seen), and a start that fails releases its slot at once. Children made
+// live again by a cold resume take no slot: an accepted message is never
+// refused, but they count against the parent's next admission.
+
+// keySlots prefixes a parent's slot record in brood_agents.
+const keySlots = "slots."
+
+// slotAttemptsMax bounds the compare-and-set attempts of one admission.
+const slotAttemptsMax = 8
+
+// childSlotsRecord is a parent's slot record.
+type childSlotsRecord struct {
+	Slots []childSlot `msgpack:"slots"`
+}
+
+// childSlot is one admitted child; ReservedAt is epoch ms.
+type childSlot struct {
+	ChildID    string `msgpack:"childId"`
+	ReservedAt int64  `msgpack:"reservedAt"`
+}
+
+// slotGrace is how long a slot counts without a live lease behind it.
+func (c *Coordinator) slotGrace() int64 {
+	return (c.cfg.ProviderStartTimeout + 2*c.cfg.HostExpiry).Milliseconds()
+}
+
+// reserveChild takes a live-children slot of parent for child, or refuses
+// with LIMIT_EXCEEDED when the parent's live children (slots still in
+// grace, and children with a live lease) already reach the limit. Taking a
+// slot the child already holds (a retried start) succeeds.
+func (c *Coordinator) reserveChild(ctx context.Context, parent, child string) error {
+	key := keySlots + parent
+	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
+		cur, err := store.Get[childSlotsRecord](ctx, c.st.Agents, key)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return protocol.Errorf(protocol.CodeUnavailable, "read the live children of %s: %v", parent, err)
+		}
+		now := store.NowMs()
+		live := c.liveChildIDs(parent)
+		var kept []childSlot
+		held := false
+		for _, s := range cur.Value.Slots {
+			switch {
+			case s.ChildID == child:
+				held = true
+				kept = append(kept, childSlot{ChildID: child, ReservedAt: now})
+			case live[s.ChildID] || now-s.ReservedAt < c.slotGrace():
+				kept = append(kept, s)
+			}
+		}
+		count := len(kept)
+		for id := range live {
+			if !hasSlot(kept, id) {
+				count++
+			}
+		}
+		if !held {
+			if count >= c.cfg.LiveChildrenMax {
+				return protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+					"limit": "live children per parent", "reason": fmt.Sprintf("session %s already has %d live children; the limit is %d", parent, count, c.cfg.LiveChildrenMax)})
+			}
+			kept = append(kept, childSlot{ChildID: child, ReservedAt: now})
+		}
+		if cur.Revision == 0 {
+			_, err = store.Create(ctx, c.st.Agents, key, childSlotsRecord{Slots: kept})
+		} else {
+			_, err = store.Update(ctx, c.st.Agents, key, childSlotsRecord{Slots: kept}, cur.Revision)
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, store.ErrConflict) {
+			return protocol.Errorf(protocol.CodeUnavailable, "reserve a live-child slot of %s: %v", parent, err)
+		}
+	}
+	return protocol.Errorf(protocol.CodeUnavailable, "the live children of %s kept changing; retry", parent)
+}
+
+// releaseChild gives back child's slot after its start failed (best effort:
+// a slot left behind lapses after slotGrace).
+func (c *Coordinator) releaseChild(ctx context.Context, parent, child string) {
+	key := keySlots + parent
+	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
+		cur, err := store.Get[childSlotsRecord](ctx, c.st.Agents, key)
+		if err != nil {
+			return
+		}
+		var kept []childSlot
+		for _, s := range cur.Value.Slots {
+			if s.ChildID != child {
+				kept = append(kept, s)
+			}
+		}
+		if len(kept) == len(cur.Value.Slots) {
+			return
+		}
+		_, err = store.Update(ctx, c.st.Agents, key, childSlotsRecord{Slots: kept}, cur.Revision)
+		if !errors.Is(err, store.ErrConflict) {
+			return
+		}
+	}
+}
+
+// liveChildIDs are the children of parent with a live agent now.
+func (c *Coordinator) liveChildIDs(parent string) map[string]bool {
+	out := map[string]bool{}
+	for _, l := range c.agents.snapshot() {
+		if l.rec.ParentSession == parent && l.rec.Kind != protocol.AgentRoot && c.leaseLive(l.rec) {
+			out[l.rec.SessionID] = true
+		}
+	}
+	return out
+}
+
+func hasSlot(slots []childSlot, id string) bool {
+	for _, s := range slots {
+		if s.ChildID == id {
+			return true
+		}
+	}
+	return false
+}
