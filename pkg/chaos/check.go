@@ -54,7 +54,7 @@ type Summary struct {
 	LongestRecovery time.Duration  `json:"longestRecovery"`
 	RecoveryAfter   string         `json:"recoveryAfter,omitempty"`
 	Faults          map[string]int `json:"faults"`
-	ByKind          map[string]map[string]int
+	ByKind          map[string]map[string]int `json:"byKind"`
 }
 
 // Report is the checker's verdict on a History.
@@ -107,6 +107,18 @@ func (r *Report) Lines() []string {
 	}
 	sort.Strings(classes)
 	out = append(out, "faults: "+strings.Join(classes, ", "))
+	var kinds []string
+	for k, outcomes := range s.ByKind {
+		var parts []string
+		for _, o := range []string{OutcomeOK, OutcomeFail, OutcomeUnknown} {
+			if n := outcomes[o]; n > 0 {
+				parts = append(parts, fmt.Sprintf("%d %s", n, o))
+			}
+		}
+		kinds = append(kinds, k+" "+strings.Join(parts, "/"))
+	}
+	sort.Strings(kinds)
+	out = append(out, "operations: "+strings.Join(kinds, ", "))
 	return out
 }
 
@@ -493,13 +505,8 @@ func (c *checker) drainCovers(d *Op, child string) bool {
 				return true
 			}
 		}
-	case "children":
-		for _, t := range d.Targets {
-			if child == t || c.descends(child, t) {
-				return true
-			}
-		}
 	}
+	// A drain of given children leaves no marker: nothing waits for a lift.
 	return false
 }
 

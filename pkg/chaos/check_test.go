@@ -255,9 +255,9 @@ func TestCheckerBoundsWaitForFaultsDrainsAndInterrupts(t *testing.T) {
 			case "fault":
 				b.h.Faults = []FaultRecord{{Class: FaultIsolate, Start: at - 10, End: at + 100_000}}
 			case "drain":
-				b.op(&Op{Kind: OpDrain, Scope: "children", Parent: tRoot, Targets: []string{"A"}})
+				b.op(&Op{Kind: OpDrain, Scope: "parent", Targets: []string{tRoot}})
 				b.now += 100_000
-				b.op(&Op{Kind: OpLift, Scope: "children", Parent: tRoot, Targets: []string{"A"}})
+				b.op(&Op{Kind: OpLift, Scope: "parent", Targets: []string{tRoot}})
 			case "interrupt":
 				b.op(&Op{Kind: OpInterrupt, Child: "A"})
 				b.now += 100_000

@@ -616,6 +616,23 @@ func (c *wclient) startOn(r *wroot, script string) *Op {
 	return op
 }
 
+// forget drops a child that does not exist (an unknown start that did not land).
+func (c *wclient) forget(ch *wchild) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	drop := func(list []*wchild) []*wchild {
+		out := list[:0]
+		for _, x := range list {
+			if x != ch {
+				out = append(out, x)
+			}
+		}
+		return out
+	}
+	ch.root.children = drop(ch.root.children)
+	c.orphans = drop(c.orphans)
+}
+
 func (c *wclient) addChild(r *wroot, id string) {
 	c.mu.Lock()
 	r.children = append(r.children, &wchild{id: id, root: r})
@@ -740,6 +757,9 @@ func (c *wclient) followup(ch *wchild, s sender, keyed bool, sleepMs int) *Op {
 			if s.auth.Parent != nil {
 				c.rootGone(ch.root, err)
 			}
+			if protocol.CodeOf(err) == protocol.CodeNotResumable {
+				c.forget(ch) // its start never landed
+			}
 			return op
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -787,8 +807,9 @@ func (c *wclient) cascade(ctx context.Context) {
 	c.mu.Unlock()
 }
 
-// drainAndLift drains one child's subtree, one root's descendants, or
-// (rarely) everything, waits, and lifts the drain.
+// drainAndLift drains one child's subtree (its activations are disposed;
+// nothing stays closed), or one root's descendants or (rarely) everything,
+// which stay closed until this client lifts the drain after a while.
 func (c *wclient) drainAndLift(ctx context.Context) {
 	g := c.userGrant()
 	if g == "" {
@@ -821,7 +842,7 @@ func (c *wclient) drainAndLift(ctx context.Context) {
 	var reply protocol.DrainReply
 	err := c.call(protocol.EpContinuableDrain, req, &reply)
 	c.w.rec.Complete(op, err)
-	if outcome, _, _ := Classify(err); outcome == OutcomeFail {
+	if outcome, _, _ := Classify(err); outcome == OutcomeFail || op.Scope == "children" {
 		return
 	}
 	c.drains = append(c.drains, op)
@@ -981,8 +1002,8 @@ func (c *wclient) lastMessage(ctx context.Context, ch *wchild, s sender) {
 	deadline := time.Now().Add(2 * c.w.cfg.RetryBudget)
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		op := c.followup(ch, s, true, 0)
-		if op.Outcome == OutcomeOK || op.Code == string(protocol.CodeNotFound) {
-			return
+		if op.Outcome == OutcomeOK || (op.Outcome == OutcomeFail && op.Code != string(protocol.CodeDraining)) {
+			return // accepted, or refused for good (a child whose start never landed)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
