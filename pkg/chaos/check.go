@@ -42,18 +42,18 @@ func (v Verdict) Holds() bool { return v.Violations == 0 }
 
 // Summary counts what a run did and what went wrong.
 type Summary struct {
-	Seed            int64          `json:"seed"`
-	Ops             int            `json:"ops"`
-	Accepted        int            `json:"accepted"`
-	Messages        int            `json:"messages"`
-	Unknown         int            `json:"unknown"`
-	Lost            int            `json:"lost"`
-	Duplicated      int            `json:"duplicated"`
-	Stuck           int            `json:"stuck"`
-	LimitBreaches   int            `json:"limitBreaches"`
-	LongestRecovery time.Duration  `json:"longestRecovery"`
-	RecoveryAfter   string         `json:"recoveryAfter,omitempty"`
-	Faults          map[string]int `json:"faults"`
+	Seed            int64                     `json:"seed"`
+	Ops             int                       `json:"ops"`
+	Accepted        int                       `json:"accepted"`
+	Messages        int                       `json:"messages"`
+	Unknown         int                       `json:"unknown"`
+	Lost            int                       `json:"lost"`
+	Duplicated      int                       `json:"duplicated"`
+	Stuck           int                       `json:"stuck"`
+	LimitBreaches   int                       `json:"limitBreaches"`
+	LongestRecovery time.Duration             `json:"longestRecovery"`
+	RecoveryAfter   string                    `json:"recoveryAfter,omitempty"`
+	Faults          map[string]int            `json:"faults"`
 	ByKind          map[string]map[string]int `json:"byKind"`
 }
 
