@@ -48,6 +48,7 @@ type Summary struct {
 	Messages        int                       `json:"messages"`
 	Unknown         int                       `json:"unknown"`
 	Lost            int                       `json:"lost"`
+	Discarded       int                       `json:"discarded"`
 	Duplicated      int                       `json:"duplicated"`
 	Stuck           int                       `json:"stuck"`
 	LimitBreaches   int                       `json:"limitBreaches"`
@@ -98,8 +99,8 @@ func (r *Report) Lines() []string {
 		}
 	}
 	s := r.Summary
-	out = append(out, fmt.Sprintf("seed %d: %d operations, %d accepted (%d messages), %d unknown; lost %d, duplicated %d, stuck %d, limit breaches %d; longest recovery %s%s",
-		s.Seed, s.Ops, s.Accepted, s.Messages, s.Unknown, s.Lost, s.Duplicated, s.Stuck, s.LimitBreaches,
+	out = append(out, fmt.Sprintf("seed %d: %d operations, %d accepted (%d messages, %d discarded by a cascade), %d unknown; lost %d, duplicated %d, stuck %d, limit breaches %d; longest recovery %s%s",
+		s.Seed, s.Ops, s.Accepted, s.Messages, s.Discarded, s.Unknown, s.Lost, s.Duplicated, s.Stuck, s.LimitBreaches,
 		s.LongestRecovery.Round(time.Millisecond), after(s.RecoveryAfter)))
 	var classes []string
 	for c, n := range s.Faults {
@@ -142,6 +143,7 @@ type session struct {
 	hasHeader bool
 	events    []Event
 	dequeues  map[string][]int64 // messageId -> times claimed
+	discards  map[string]string  // messageId -> reason dropped unrun
 	order     map[string]int     // messageId -> position among first claims
 	pending   map[string]bool    // messageIds still in the inbox
 	turns     int
@@ -230,7 +232,7 @@ func (c *checker) checked(name string) { c.v[name].Checked++ }
 func (c *checker) sess(id string) *session {
 	s := c.sessions[id]
 	if s == nil {
-		s = &session{id: id, dequeues: map[string][]int64{}, order: map[string]int{}, pending: map[string]bool{}}
+		s = &session{id: id, dequeues: map[string][]int64{}, discards: map[string]string{}, order: map[string]int{}, pending: map[string]bool{}}
 		c.sessions[id] = s
 	}
 	return s
@@ -253,6 +255,11 @@ func (c *checker) index() {
 						s.order[d.MessageID] = len(s.order)
 					}
 					s.dequeues[d.MessageID] = append(s.dequeues[d.MessageID], ev.Time)
+				}
+			case protocol.EvInboxDiscard:
+				var d protocol.InboxDiscardData
+				if ev.Decode(&d) == nil {
+					s.discards[d.MessageID] = d.Reason
 				}
 			case protocol.EvUserMessage:
 				var d protocol.UserMessageData
@@ -416,16 +423,28 @@ func (c *checker) isOpMessage(mid string) bool {
 func (c *checker) checkAccepted(op *Op, mid string) {
 	s := c.sessions[op.Child]
 	var times []int64
-	pending := false
+	pending, discarded := false, false
+	reason := ""
 	if s != nil {
 		times, pending = s.dequeues[mid], s.pending[mid]
+		reason, discarded = s.discards[mid]
 	}
 	switch {
+	case len(times) == 1 && discarded:
+		c.sum.Duplicated++
+		c.fail("I2", "op %d (%s to %s): message %s both claimed and discarded", op.ID, op.Kind, op.Child, mid)
 	case len(times) == 1:
 		c.processed(op, mid, times[0])
 	case len(times) > 1:
 		c.sum.Duplicated++
 		c.fail("I2", "op %d (%s to %s): message %s claimed %d times", op.ID, op.Kind, op.Child, mid, len(times))
+	case discarded && c.underEndedRun(op.Child):
+		// Dropped unrun, and logged so, because a one-shot ancestor ended:
+		// its descendants end with it (I5), their queues with them.
+		c.sum.Discarded++
+	case discarded:
+		c.sum.Lost++
+		c.fail("I1", "op %d (%s to %s): message %s accepted at %s was discarded unrun (%s) with no ended ancestor", op.ID, op.Kind, op.Child, mid, c.at(op.Complete), reason)
 	case pending:
 		c.sum.Stuck++
 		c.fail("L1", "op %d (%s to %s): message %s accepted at %s is still pending", op.ID, op.Kind, op.Child, mid, c.at(op.Complete))
@@ -433,6 +452,26 @@ func (c *checker) checkAccepted(op *Op, mid string) {
 		c.sum.Lost++
 		c.fail("I1", "op %d (%s to %s): message %s accepted at %s is neither in the log nor in the inbox: lost", op.ID, op.Kind, op.Child, mid, c.at(op.Complete))
 	}
+}
+
+// underEndedRun reports whether id descends from a one-shot child whose
+// run settled.
+func (c *checker) underEndedRun(id string) bool {
+	for i := 0; i < 64; i++ {
+		s := c.sessions[id]
+		if s == nil || !s.hasHeader || s.header.ParentSession == "" {
+			return false
+		}
+		id = s.header.ParentSession
+		if p := c.sessions[id]; p != nil {
+			for _, r := range p.runs {
+				if r.Mode == protocol.ModeOneShot && r.State == protocol.RunSettled {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // processed judges the delay of a claimed message (L1).

@@ -170,6 +170,12 @@ func TestCheckerCatchesBrokenHistories(t *testing.T) {
 			log := b.h.Snapshot.Logs["A"]
 			b.h.Snapshot.Logs["A"] = log[:len(log)-7] // the turn that claimed the last one never logged
 		}, map[string]string{"I1": "A-m2 accepted at"}},
+		{"an accepted message dropped unrun though no ancestor ended", func(b *histBuilder) {
+			b.child("A", 0)
+			f := b.op(&Op{Kind: OpFollowup, Sender: tRoot, Child: "A", MessageID: "dropped"})
+			f.Marker = Marker(f.ID)
+			b.event("A", protocol.EvInboxDiscard, protocol.InboxDiscardData{MessageID: "dropped", Reason: "cancelled"})
+		}, map[string]string{"I1": "discarded unrun (cancelled)"}},
 		{"a message claimed twice: two turns", func(b *histBuilder) {
 			ops := b.child("A", 1)
 			b.turn("A", ops[1].MessageID, "say "+ops[1].Marker)
