@@ -516,6 +516,34 @@ func TestInterruptParksTheQueue(t *testing.T) {
 	}
 }
 
+// TestInterruptRefusesNonAncestorsWhetherOrNotTheChildRuns: another root's
+// credential is refused on an idle child as on a running one (chaos seed 1
+// found it answered {interrupted: false} as if it had authority), an
+// unknown child is NOT_FOUND, and the parent's own interrupt of its idle
+// child has nothing to stop.
+func TestInterruptRefusesNonAncestorsWhetherOrNotTheChildRuns(t *testing.T) {
+	s := contStack(t)
+	owner, other := s.Root(), s.Root()
+	c := startCont(t, s, owner.Ref(), "say idle")
+	waitState(t, s, c.ChildID, ref(owner), protocol.StateNone, 10*time.Second)
+	ctx := context.Background()
+	if _, err := s.Client.InterruptReply(ctx, c.ChildID, ref(other)); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+		t.Fatalf("another root interrupts an idle child: %v, want UNAUTHORIZED", err)
+	}
+	if _, err := s.Client.InterruptReply(ctx, "no-such-child", ref(owner)); protocol.CodeOf(err) != protocol.CodeNotFound {
+		t.Fatalf("interrupt of an unknown child: %v, want NOT_FOUND", err)
+	}
+	r, err := s.Client.InterruptReply(ctx, c.ChildID, ref(owner))
+	if err != nil || r.Interrupted {
+		t.Fatalf("the parent interrupts its idle child: %+v, %v; want nothing to stop", r, err)
+	}
+	busy := startCont(t, s, owner.Ref(), "sleep 30s\nsay busy")
+	waitState(t, s, busy.ChildID, ref(owner), protocol.StateRunning, 10*time.Second)
+	if _, err := s.Client.InterruptReply(ctx, busy.ChildID, ref(other)); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+		t.Fatalf("another root interrupts a running child: %v, want UNAUTHORIZED", err)
+	}
+}
+
 func TestDurabilityFailedWhenTheLogRefusesTheFinalFlush(t *testing.T) {
 	s, m := meteredStack(t)
 	ctx := context.Background()

@@ -581,15 +581,27 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request)
 		if caller == r.ChildID {
 			return nil, protocol.Errorf(protocol.CodeUnauthorized, "an agent cannot interrupt itself")
 		}
+		// The ancestry comes from the headers, live or not: a caller
+		// that is not an ancestor is refused whether or not anything runs
+		// (chaos seed 1: another root's interrupt of an idle child was
+		// answered as if it had authority).
+		h, err := c.childHeaderOf(ctx, r.ChildID, true)
+		if err != nil {
+			return nil, err
+		}
+		up, err := c.lineage(ctx, h)
+		if err != nil {
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the ancestry of %s: %v", r.ChildID, err)
+		}
+		if !contains(up, caller) {
+			return nil, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not an ancestor of %s", caller, r.ChildID)
+		}
 	default:
 		return nil, protocol.Errorf(protocol.CodeUnauthorized, "an ancestor's credential or a user grant is required")
 	}
 	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, r.ChildID)
 	if err != nil || l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value) {
 		return protocol.InterruptReply{ChildID: r.ChildID}, nil // absent, one-shot or settled: nothing to stop
-	}
-	if caller != "" && !contains(l.Value.Ancestry, caller) {
-		return nil, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not an ancestor of %s", caller, r.ChildID)
 	}
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
