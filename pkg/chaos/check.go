@@ -167,6 +167,10 @@ type checker struct {
 	// processing bound started (for the recovery figure).
 	processedAt map[string]int64
 	opMessages  map[string]bool
+	// epochStart: a continuable epoch's subagent/start time. Its settled
+	// record carries the child's creation time, not its own
+	// (internal/worker settles with the header's CreatedAt).
+	epochStart map[string]int64
 }
 
 // Check judges a history against I1–I8 and L1 (shared/RELIABILITY.md).
@@ -284,6 +288,20 @@ func (c *checker) index() {
 		s := c.sess(r.ChildID)
 		s.runs = append(s.runs, r)
 	}
+	c.epochStart = map[string]int64{}
+	for _, ev := range c.snap.Lifecycle {
+		if ev.Type == protocol.LifecycleStart && ev.Mode == protocol.ModeContinuable {
+			c.epochStart[ev.RunID] = ev.Time
+		}
+	}
+}
+
+// created is when a run or epoch began.
+func (c *checker) created(r protocol.RunRecord) int64 {
+	if s, ok := c.epochStart[r.RunID]; ok && s > r.CreatedAt {
+		return s
+	}
+	return r.CreatedAt
 }
 
 // carriesOutput reports whether a message relays another agent's output
@@ -708,7 +726,7 @@ func (c *checker) checkCascades() {
 				switch {
 				case r.Mode == protocol.ModeOneShot:
 					from = max(t, r.CreatedAt)
-				case r.CreatedAt <= t:
+				case c.created(r) <= t:
 					from = t
 				default:
 					continue
@@ -733,9 +751,9 @@ func (c *checker) checkRecords() {
 	limit := (c.h.Bounds.HostExpiry + c.h.Bounds.Grace).Milliseconds()
 	for _, r := range c.snap.Runs {
 		c.checked("I6")
-		if r.State != protocol.RunSettled && c.faultAware(r.CreatedAt, 0)+limit < c.snap.TakenAt {
+		if r.State != protocol.RunSettled && c.faultAware(c.created(r), 0)+limit < c.snap.TakenAt {
 			c.sum.Stuck++
-			c.fail("I6", "run %s (%s child %s) is still running, created at %s", r.RunID, r.Mode, r.ChildID, c.at(r.CreatedAt))
+			c.fail("I6", "run %s (%s child %s) is still running, created at %s", r.RunID, r.Mode, r.ChildID, c.at(c.created(r)))
 		}
 	}
 	for _, op := range c.h.Ops {
@@ -837,16 +855,25 @@ func (c *checker) checkLimits() {
 		child    string
 		from, to int64
 	}
+	ended := map[string]int64{} // run -> its subagent/end
+	for _, ev := range c.snap.Lifecycle {
+		if ev.Type == protocol.LifecycleEnd {
+			ended[ev.RunID] = ev.Time
+		}
+	}
 	byParent := map[string][]span{}
 	first := map[string]int64{}
 	for _, r := range c.snap.Runs {
-		to := r.SettledAt
+		from, to := c.created(r), r.SettledAt
 		if r.State != protocol.RunSettled {
 			to = c.snap.TakenAt
 		}
-		byParent[r.ParentSession] = append(byParent[r.ParentSession], span{r.ChildID, r.CreatedAt, to})
-		if f, ok := first[r.ChildID]; !ok || r.CreatedAt < f {
-			first[r.ChildID] = r.CreatedAt
+		if e, ok := ended[r.RunID]; ok && e < to {
+			to = e // a record left running (I6) does not keep its child live
+		}
+		byParent[r.ParentSession] = append(byParent[r.ParentSession], span{r.ChildID, from, to})
+		if f, ok := first[r.ChildID]; !ok || from < f {
+			first[r.ChildID] = from
 		}
 	}
 	for parent, spans := range byParent {
