@@ -527,19 +527,19 @@ func TestInterruptRefusesNonAncestorsWhetherOrNotTheChildRuns(t *testing.T) {
 	c := startCont(t, s, owner.Ref(), "say idle")
 	waitState(t, s, c.ChildID, ref(owner), protocol.StateNone, 10*time.Second)
 	ctx := context.Background()
-	if _, err := s.Client.InterruptReply(ctx, c.ChildID, ref(other)); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+	if _, err := s.Client.Interrupt(ctx, protocol.InterruptRequest{ChildID: c.ChildID, Authority: ref(other)}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
 		t.Fatalf("another root interrupts an idle child: %v, want UNAUTHORIZED", err)
 	}
-	if _, err := s.Client.InterruptReply(ctx, "no-such-child", ref(owner)); protocol.CodeOf(err) != protocol.CodeNotFound {
+	if _, err := s.Client.Interrupt(ctx, protocol.InterruptRequest{ChildID: "no-such-child", Authority: ref(owner)}); protocol.CodeOf(err) != protocol.CodeNotFound {
 		t.Fatalf("interrupt of an unknown child: %v, want NOT_FOUND", err)
 	}
-	r, err := s.Client.InterruptReply(ctx, c.ChildID, ref(owner))
+	r, err := s.Client.Interrupt(ctx, protocol.InterruptRequest{ChildID: c.ChildID, Authority: ref(owner)})
 	if err != nil || r.Interrupted {
 		t.Fatalf("the parent interrupts its idle child: %+v, %v; want nothing to stop", r, err)
 	}
 	busy := startCont(t, s, owner.Ref(), "sleep 30s\nsay busy")
 	waitState(t, s, busy.ChildID, ref(owner), protocol.StateRunning, 10*time.Second)
-	if _, err := s.Client.InterruptReply(ctx, busy.ChildID, ref(other)); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+	if _, err := s.Client.Interrupt(ctx, protocol.InterruptRequest{ChildID: busy.ChildID, Authority: ref(other)}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
 		t.Fatalf("another root interrupts a running child: %v, want UNAUTHORIZED", err)
 	}
 }

@@ -324,7 +324,7 @@ func TestLiveChildrenLimitHoldsForConcurrentStarts(t *testing.T) {
 				if continuable {
 					_, err = s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "burst", Prompt: protocol.Text("sleep 20s\nsay x")})
 				} else {
-					_, err = s.Client.StartRun(ctx, root.Ref(), "spawn", protocol.Text("sleep 20s\nsay x"), protocol.StartOptions{})
+					_, err = s.Client.StartRun(ctx, protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("sleep 20s\nsay x")})
 				}
 				mu.Lock()
 				defer mu.Unlock()
