@@ -91,8 +91,11 @@ func endEvents(t *testing.T, s *testutil.Stack, parent string) map[string]int {
 func TestConcurrentRunsOnReplicas(t *testing.T) {
 	const runs = 200
 	s := testutil.NewStack(t)
-	s.AddCoordinator()
-	s.AddCoordinator()
+	// All 200 children of one root may be live at once: the limit must not
+	// refuse any (the default 64 would, now that concurrent starts respect it).
+	roomy := func(c *coordinatorConfig) { c.LiveChildrenMax = runs }
+	s.AddCoordinator(roomy)
+	s.AddCoordinator(roomy)
 	s.AddSpawnWorker()
 	s.AddSpawnWorker()
 	testutil.Eventually(t, 5*time.Second, func() bool {

@@ -135,6 +135,7 @@ type Coordinator struct {
 
 	mu      sync.Mutex
 	working map[string]bool // sessions with a takeover or disposal in progress
+	slots   slotCache       // what this replica knows of the parents' slot records (slots.go)
 	ready   chan struct{}
 	kick    chan struct{} // runs the liveness sweep now (a drain was lifted)
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand"
+	"sync"
+	"time"
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -29,7 +32,7 @@ import (
 const keySlots = "slots."
 
 // slotAttemptsMax bounds the compare-and-set attempts of one admission.
-const slotAttemptsMax = 8
+const slotAttemptsMax = 32
 
 // childSlotsRecord is a parent's slot record.
 type childSlotsRecord struct {
@@ -50,19 +53,28 @@ func (c *Coordinator) slotGrace() int64 {
 // reserveChild takes a live-children slot of parent for child, or refuses
 // with LIMIT_EXCEEDED when the parent's live children (slots still in
 // grace, and children with a live lease) already reach the limit. Taking a
-// slot the child already holds (a retried start) succeeds.
+// slot the child already holds (a retried start) succeeds. This replica's
+// admissions of one parent wait for each other (so they do not race on the
+// record) and reuse the record they last wrote; only another replica's
+// write makes one read it again.
 func (c *Coordinator) reserveChild(ctx context.Context, parent, child string) error {
+	ps := c.slots.of(parent)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
 	key := keySlots + parent
 	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
-		cur, err := store.Get[childSlotsRecord](ctx, c.st.Agents, key)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return protocol.Errorf(protocol.CodeUnavailable, "read the live children of %s: %v", parent, err)
+		if !ps.known {
+			cur, err := store.Get[childSlotsRecord](ctx, c.st.Agents, key)
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return protocol.Errorf(protocol.CodeUnavailable, "read the live children of %s: %v", parent, err)
+			}
+			ps.rec, ps.rev, ps.known = cur.Value, cur.Revision, true
 		}
 		now := store.NowMs()
 		live := c.liveChildIDs(parent)
 		var kept []childSlot
 		held := false
-		for _, s := range cur.Value.Slots {
+		for _, s := range ps.rec.Slots {
 			switch {
 			case s.ChildID == child:
 				held = true
@@ -84,24 +96,73 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child string) er
 			}
 			kept = append(kept, childSlot{ChildID: child, ReservedAt: now})
 		}
-		if cur.Revision == 0 {
-			_, err = store.Create(ctx, c.st.Agents, key, childSlotsRecord{Slots: kept})
+		next := childSlotsRecord{Slots: kept}
+		var rev uint64
+		var err error
+		if ps.rev == 0 {
+			rev, err = store.Create(ctx, c.st.Agents, key, next)
 		} else {
-			_, err = store.Update(ctx, c.st.Agents, key, childSlotsRecord{Slots: kept}, cur.Revision)
+			rev, err = store.Update(ctx, c.st.Agents, key, next, ps.rev)
 		}
 		if err == nil {
+			ps.rec, ps.rev = next, rev
 			return nil
 		}
+		ps.known = false // another replica wrote, or the write's outcome is unknown: read again
 		if !errors.Is(err, store.ErrConflict) {
 			return protocol.Errorf(protocol.CodeUnavailable, "reserve a live-child slot of %s: %v", parent, err)
+		}
+		select {
+		case <-ctx.Done():
+			return protocol.Errorf(protocol.CodeUnavailable, "reserve a live-child slot of %s: %v", parent, ctx.Err())
+		case <-time.After(time.Duration(rand.Int63n(int64(slotBackoffMax)))):
 		}
 	}
 	return protocol.Errorf(protocol.CodeUnavailable, "the live children of %s kept changing; retry", parent)
 }
 
+// slotBackoffMax bounds the random wait before a conflicting admission
+// tries again, so two replicas' admissions of one parent interleave.
+const slotBackoffMax = 20 * time.Millisecond
+
+// parentSlots is what this replica last knew of one parent's slot record.
+type parentSlots struct {
+	mu    sync.Mutex
+	rec   childSlotsRecord
+	rev   uint64
+	known bool
+}
+
+// slotCache holds parentSlots by parent, at most slotParentsCachedMax.
+type slotCache struct {
+	mu sync.Mutex
+	m  map[string]*parentSlots
+}
+
+// slotParentsCachedMax bounds the parents whose slot record a replica keeps.
+const slotParentsCachedMax = 10000
+
+func (sc *slotCache) of(parent string) *parentSlots {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.m == nil || len(sc.m) >= slotParentsCachedMax {
+		sc.m = map[string]*parentSlots{} // dropping an entry only costs a read
+	}
+	ps := sc.m[parent]
+	if ps == nil {
+		ps = &parentSlots{}
+		sc.m[parent] = ps
+	}
+	return ps
+}
+
 // releaseChild gives back child's slot after its start failed (best effort:
 // a slot left behind lapses after slotGrace).
 func (c *Coordinator) releaseChild(ctx context.Context, parent, child string) {
+	ps := c.slots.of(parent)
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	ps.known = false
 	key := keySlots + parent
 	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
 		cur, err := store.Get[childSlotsRecord](ctx, c.st.Agents, key)
