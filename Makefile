@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/brood
 PKGS    := ./...
 
-.PHONY: all build run test test-short bench chaos vet fmt clean acp-deps ts-deps ts-test
+.PHONY: all build run test test-short bench chaos vet fmt clean acp-deps ts-deps ts-test ui-deps ui-screenshot
 
 all: build
 
@@ -16,11 +16,11 @@ run: build
 	./scripts/demo.sh $(BIN)
 
 # Unit and integration tests on embedded servers, with the race detector.
-test: vet acp-deps ts-deps
+test: vet acp-deps ts-deps ui-deps
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(MAKE) ts-test
 
-test-short: acp-deps
+test-short: acp-deps ui-deps
 	$(GO) test -count=1 -timeout 10m $(PKGS)
 
 vet:
@@ -76,6 +76,21 @@ $(TS_CLIENT_DIR)/node_modules/.installed: $(TS_CLIENT_DIR)/package.json $(TS_CLI
 
 ts-test: ts-deps build
 	cd $(TS_CLIENT_DIR) && BROOD_BIN=$(CURDIR)/$(BIN) npm test
+
+# The browser test of the web view (services/webui) drives headless Chromium:
+# Debian's chromium package, installed when missing (CI runs as root on
+# Debian; elsewhere install it yourself or set BROOD_CHROMIUM to a binary).
+CHROMIUM ?= /usr/bin/chromium
+
+ui-deps:
+	@test -x "$${BROOD_CHROMIUM:-$(CHROMIUM)}" || { \
+		echo "installing Debian's chromium for the web view's browser test"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
+# docs/web-ui.png, the README's picture of the web view, taken by the browser
+# test at the end of its nested delegation.
+ui-screenshot: ui-deps
+	BROOD_UI_SCREENSHOT=$(CURDIR)/docs/web-ui.png $(GO) test -count=1 -run TestBrowserShowsTheTreeGrowAndTheChildsLog ./services/webui/
 
 clean:
 	rm -rf bin .deps $(ACP_NPM_DIR)/node_modules $(TS_CLIENT_DIR)/node_modules $(TS_CLIENT_DIR)/dist

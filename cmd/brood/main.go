@@ -184,7 +184,7 @@ func newRoot(g *globals) *cobra.Command {
 	}
 	add(groupStart, devCmd(g))
 	add(groupDelegate, providersCmd(g), runCmd(g), startCmd(g), followupCmd(g))
-	add(groupObserve, stateCmd(g), resultCmd(g), childrenCmd(g), logCmd(g), watchCmd(g), inboxCmd(g))
+	add(groupObserve, stateCmd(g), resultCmd(g), childrenCmd(g), logCmd(g), watchCmd(g), inboxCmd(g), uiCmd(g))
 	add(groupSteer, interruptCmd(g), disposeCmd(g), drainCmd(g), grantCmd(g))
 	add(groupServices, coordinatorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g), acpBridgeCmd(g), acpAgentCmd(g))
 	root.AddCommand(natsServerCmd()) // hidden: the chaos harness's nodes

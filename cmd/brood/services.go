@@ -25,6 +25,7 @@ import (
 	"github.com/brood-dev/brood/services/coordinator"
 	forkworker "github.com/brood-dev/brood/services/fork-worker"
 	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
+	"github.com/brood-dev/brood/services/webui"
 )
 
 // actor is a long-lived component: Run until ctx is done, nil on a drain.
@@ -336,6 +337,7 @@ func devCmd(g *globals) *cobra.Command {
 		listen string
 		fsync  string
 		met    metricsFlags
+		ui     uiFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -410,13 +412,26 @@ func devCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			actors := met.actors(c, spawn, fork, bridge)
+			var web *webui.Server
+			if ui.listen != "" {
+				w, done, err := ui.newWebUI(nc, g.prefix, log)
+				if err != nil {
+					return err
+				}
+				defer done()
+				web, actors = w, append(actors, w)
+			}
 			fmt.Fprintf(g.out, "brood dev: NATS client URL %s\n", ns.ClientURL())
 			fmt.Fprintf(g.out, "brood dev: data in %s; JetStream %s\n", dir, ns.FsyncMode())
+			if web != nil {
+				fmt.Fprintf(g.out, "brood dev: web view on %s\n", web.URL())
+			}
 			fmt.Fprintf(g.out, "brood dev: providers spawn, fork, acp; model %s; Ctrl-C drains and exits\n", mf.kind)
 			if met.srv != nil {
 				fmt.Fprintf(g.out, "brood dev: metrics on http://%s/metrics\n", met.srv.Addr())
 			}
-			err = serve(met.actors(c, spawn, fork, bridge)...)
+			err = serve(actors...)
 			_ = nc.Drain()
 			if err == nil {
 				fmt.Fprintln(g.out, "brood dev: drained and stopped")
@@ -427,6 +442,7 @@ func devCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&data, "data", "./.brood", "directory of JetStream's file storage")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:4222", "host:port the embedded NATS server listens on (port 0 picks one)")
 	cmd.Flags().StringVar(&fsync, "fsync", embedded.FsyncInterval, "JetStream flush mode: interval (server default, 2 min) or always")
+	ui.flags(cmd, "ui", "", "also serve the web view on host:port (e.g. "+DefaultUIListen+"; off when empty); beyond loopback it needs --access-token")
 	t.flags(cmd)
 	lim.flags(cmd)
 	mf.flags(cmd)

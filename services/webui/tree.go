@@ -1,0 +1,216 @@
+package webui
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Node is one session of the delegation tree as the page shows it: a child
+// (from its lifecycle events) or a root (a parent that is no child).
+type Node struct {
+	ID       string `json:"id"`
+	Parent   string `json:"parent,omitempty"`
+	Root     bool   `json:"root,omitempty"`
+	Provider string `json:"provider,omitempty"`
+	Mode     string `json:"mode,omitempty"`
+	RunID    string `json:"runId,omitempty"`
+	// State is running while a run or epoch is open, else settled
+	// (one-shot) or idle (continuable, resumable by a followup).
+	State      string `json:"state"`
+	StopReason string `json:"stopReason,omitempty"`
+	ErrorCode  string `json:"errorCode,omitempty"`
+	// Start is the first start's time, End the last end's (epoch ms; 0:
+	// none); Epochs counts the runs or epochs started.
+	Start  int64 `json:"start,omitempty"`
+	End    int64 `json:"end,omitempty"`
+	Epochs int   `json:"epochs,omitempty"`
+	// Seq is the lifecycle stream sequence of the last event applied.
+	Seq string `json:"seq,omitempty"`
+}
+
+// Node states.
+const (
+	StateRunning = "running"
+	StateSettled = "settled"
+	StateIdle    = "idle"
+	// StateRoot: a parent known only as the parent of children (a client's
+	// root agent, or a child whose own start left the stream).
+	StateRoot = "root"
+)
+
+// hub keeps the tree from one follow of every lifecycle event (past events
+// first: the stream keeps 24 hours) and broadcasts each node it changes to
+// the page streams subscribed.
+type hub struct {
+	cl       *client.Client
+	auth     func() protocol.Authority
+	log      *slog.Logger
+	nodesMax int
+
+	mu    sync.Mutex
+	nodes map[string]*Node
+	subs  map[chan []Node]struct{}
+	ready chan struct{} // closed once the past events were applied
+	once  sync.Once
+}
+
+func newHub(cl *client.Client, auth func() protocol.Authority, nodesMax int, log *slog.Logger) *hub {
+	return &hub{cl: cl, auth: auth, log: log, nodesMax: nodesMax, nodes: map[string]*Node{},
+		subs: map[chan []Node]struct{}{}, ready: make(chan struct{})}
+}
+
+// run follows the lifecycle events until ctx is done, reopening the follow
+// after the last sequence seen when it fails.
+func (h *hub) run(ctx context.Context) {
+	var after protocol.Seq
+	for ctx.Err() == nil {
+		if err := h.follow(ctx, &after); err != nil && ctx.Err() == nil {
+			h.log.Warn("lifecycle follow failed; retrying", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+func (h *hub) follow(ctx context.Context, after *protocol.Seq) error {
+	// Past events in pages, then the live follow after the last one.
+	for {
+		page, err := h.cl.Events(ctx, protocol.EventsReadRequest{Authority: h.auth(), AfterSeq: *after, EventsMax: protocol.EventsPageMax})
+		if err != nil {
+			return err
+		}
+		h.apply(page.Events...)
+		*after = page.Cursor
+		if page.Complete {
+			break
+		}
+	}
+	h.once.Do(func() { close(h.ready) })
+	at := *after
+	f, err := h.cl.Follow(ctx, protocol.EventsFollowRequest{Authority: h.auth(), AfterSeq: &at})
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for {
+		ev, err := f.Next(ctx)
+		if err != nil {
+			return err
+		}
+		h.apply(ev)
+		*after = f.Cursor()
+	}
+}
+
+// apply folds events into the tree and broadcasts the nodes they changed.
+func (h *hub) apply(evs ...protocol.LifecycleEvent) {
+	if len(evs) == 0 {
+		return
+	}
+	h.mu.Lock()
+	changed := map[string]*Node{}
+	for _, ev := range evs {
+		n := h.nodes[ev.ID]
+		if n == nil {
+			n = &Node{ID: ev.ID}
+			h.nodes[ev.ID] = n
+		}
+		n.Root = false
+		n.Parent, n.Provider, n.Mode, n.RunID, n.Seq = ev.ParentSession, ev.Provider, ev.Mode, ev.RunID, ev.Seq.String()
+		switch ev.Type {
+		case protocol.LifecycleStart:
+			if n.Start == 0 {
+				n.Start = ev.Time
+			}
+			n.Epochs++
+			n.State, n.StopReason, n.ErrorCode, n.End = StateRunning, "", "", 0
+		case protocol.LifecycleEnd:
+			if n.Start == 0 {
+				n.Start = ev.Time // its start is older than the stream keeps
+			}
+			n.State = StateSettled
+			if ev.Mode == protocol.ModeContinuable {
+				n.State = StateIdle
+			}
+			n.StopReason, n.ErrorCode, n.End = string(ev.StopReason), string(ev.ErrorCode), ev.Time
+		}
+		changed[n.ID] = n
+		if ev.ParentSession != "" {
+			p := h.nodes[ev.ParentSession]
+			if p == nil { // a root (or a child whose start is older than the stream)
+				p = &Node{ID: ev.ParentSession, Root: true, State: StateRoot, Start: ev.Time}
+				h.nodes[p.ID] = p
+				changed[p.ID] = p
+			}
+		}
+	}
+	h.trimLocked()
+	out := make([]Node, 0, len(changed))
+	for _, n := range changed {
+		out = append(out, *n)
+	}
+	subs := make([]chan []Node, 0, len(h.subs))
+	for ch := range h.subs {
+		subs = append(subs, ch)
+	}
+	h.mu.Unlock()
+	for _, ch := range subs {
+		select {
+		case ch <- out:
+		default: // a page that does not keep up is dropped and reconnects
+			h.unsubscribe(ch)
+		}
+	}
+}
+
+// trimLocked drops the oldest settled nodes beyond nodesMax.
+func (h *hub) trimLocked() {
+	if len(h.nodes) <= h.nodesMax {
+		return
+	}
+	var old []*Node
+	for _, n := range h.nodes {
+		if n.State != StateRunning {
+			old = append(old, n)
+		}
+	}
+	sort.Slice(old, func(i, j int) bool { return old[i].Start < old[j].Start })
+	for _, n := range old {
+		if len(h.nodes) <= h.nodesMax {
+			break
+		}
+		delete(h.nodes, n.ID)
+	}
+}
+
+// subscribe returns the tree now and a channel of the nodes that change
+// after it; a subscriber that falls behind is closed.
+func (h *hub) subscribe() ([]Node, chan []Node) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	snap := make([]Node, 0, len(h.nodes))
+	for _, n := range h.nodes {
+		snap = append(snap, *n)
+	}
+	sort.Slice(snap, func(i, j int) bool { return snap[i].Start < snap[j].Start })
+	ch := make(chan []Node, 256)
+	h.subs[ch] = struct{}{}
+	return snap, ch
+}
+
+func (h *hub) unsubscribe(ch chan []Node) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.subs[ch]; ok {
+		delete(h.subs, ch)
+		close(ch)
+	}
+}
