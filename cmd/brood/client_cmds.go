@@ -114,6 +114,7 @@ type childFlags struct {
 	allowTools string
 	denyTools  string
 	persona    string
+	progress   string // --progress of run
 }
 
 // register adds the flags to cmd; withSchema adds --schema (one-shot only:
@@ -203,6 +204,7 @@ func runCmd(g *globals) *cobra.Command {
 	}
 	f.register(cmd, true)
 	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print runId, childId and the whole result as JSON")
+	progressFlag(cmd, &f.progress)
 	clientFlags(cmd, g)
 	return cmd
 }
@@ -234,19 +236,42 @@ func runOnce(s *session, f childFlags, opts protocol.StartOptions, prompt string
 }
 
 func runIn(ctx context.Context, s *session, root *client.Root, f childFlags, opts protocol.StartOptions, prompt string) error {
-	run, err := s.cl.StartRun(ctx, protocol.RunStartRequest{Provider: f.provider, Parent: root.Ref(), Prompt: protocol.Text(prompt), Options: opts})
+	show, err := wantProgress(f.progress, s)
 	if err != nil {
 		return err
 	}
+	ref := root.Ref()
+	auth := protocol.Authority{Parent: &ref} // the root reads its own subtree
+	var p *progress
+	if show && !f.asJSON {
+		if p, err = newProgress(ctx, s, root.SessionID, 1, auth); err != nil {
+			return err
+		}
+		defer p.finish()
+	}
+	run, err := s.cl.StartRun(ctx, protocol.RunStartRequest{Provider: f.provider, Parent: ref, Prompt: protocol.Text(prompt), Options: opts})
+	if err != nil {
+		return err
+	}
+	if p != nil {
+		p.followLog(run.ChildID, auth, nil)
+	}
 	if !f.asJSON {
 		// stdout stays the output; the id is for `brood log` meanwhile.
+		line := "child " + run.ChildID
 		if run.RunID != run.ChildID {
-			fmt.Fprintf(s.errOut, "child %s (run %s)\n", run.ChildID, run.RunID)
+			line += " (run " + run.RunID + ")"
+		}
+		if p != nil {
+			p.line(0, "%s", line)
 		} else {
-			fmt.Fprintf(s.errOut, "child %s\n", run.ChildID)
+			fmt.Fprintln(s.errOut, line)
 		}
 	}
 	res, err := run.Result(ctx)
+	if p != nil {
+		p.finish() // the result goes on a clean line
+	}
 	if err != nil {
 		// Interrupted: dispose the child, then report how it ended.
 		dctx, dcancel := context.WithTimeout(context.Background(), 30*time.Second)

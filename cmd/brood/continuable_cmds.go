@@ -100,20 +100,27 @@ func firstWords(s string, n int) string {
 }
 
 func followupCmd(g *globals) *cobra.Command {
-	var key string
-	var asJSON bool
+	var key, progressMode string
+	var asJSON, wait bool
 	cmd := &cobra.Command{
-		Use:   "followup CHILD MESSAGE",
-		Short: "Send a continuable child its next turn, as the user (with a user grant); prints messageId",
+		Use:   "followup CHILD MESSAGE [--wait]",
+		Short: "Send a continuable child its next turn, as the user (with a user grant); prints messageId (--wait: the turn's answer)",
 		Long: "Queues MESSAGE as the child's next turn. A child with no live activation is resumed on a live\n" +
 			"host of its provider. While a drain holds admission closed the message is accepted and waits\n" +
-			"(it runs once `brood drain --lift` reopens admission); the answer says so.",
+			"(it runs once `brood drain --lift` reopens admission); the answer says so.\n" +
+			"--wait waits for the turn that runs MESSAGE and prints its answer, as `brood result` would (the\n" +
+			"messageId goes to stderr); on a terminal it shows the turn's tool calls and descendants meanwhile.\n" +
+			"It exits 1 with the code first on stderr when that turn did not complete.",
 		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
-				r, err := s.cl.Followup(ctx, protocol.FollowupRequest{
+				req := protocol.FollowupRequest{
 					ChildID: args[0], Authority: auth, Message: protocol.Text(strings.Join(args[1:], " ")), IdempotencyKey: key,
-				})
+				}
+				if wait {
+					return followupWait(ctx, s, req, progressMode, asJSON)
+				}
+				r, err := s.cl.Followup(ctx, req)
 				if err != nil {
 					return err
 				}
@@ -129,9 +136,95 @@ func followupCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "a retry with the same key within 2 minutes is accepted once")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (--wait: {childId, state, turn, stopReason, output})")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the turn that runs the message and print its answer")
+	progressFlag(cmd, &progressMode)
 	clientFlags(cmd, g)
 	return cmd
+}
+
+// followupWait sends a followup and waits for the turn that claims it (the
+// agent/inbox/dequeue naming its messageId), showing its progress, then
+// prints that turn's answer.
+func followupWait(ctx context.Context, s *session, req protocol.FollowupRequest, mode string, asJSON bool) error {
+	show, err := wantProgress(mode, s)
+	if err != nil {
+		return err
+	}
+	var p *progress
+	if show && !asJSON {
+		if p, err = newProgress(ctx, s, req.ChildID, 0, req.Authority); err != nil {
+			return err
+		}
+		defer p.finish()
+		p.watchChild(req.ChildID)
+	}
+	r, err := s.cl.Followup(ctx, req)
+	if err != nil {
+		return err
+	}
+	say := func(format string, args ...any) {
+		if p != nil {
+			p.line(0, format, args...)
+		} else if !asJSON {
+			fmt.Fprintf(s.errOut, format+"\n", args...)
+		}
+	}
+	say("messageId %s", r.MessageID)
+	if r.Held != "" {
+		say("held: %s (it runs once the drain is lifted)", r.Held)
+	}
+	res, err := waitTurn(ctx, s, req.ChildID, req.Authority, r.MessageID, p)
+	if p != nil {
+		p.finish()
+	}
+	if err != nil {
+		return err
+	}
+	if st, err := s.cl.State(ctx, protocol.ChildRef{ChildID: req.ChildID, Authority: req.Authority}); err == nil {
+		res.State = st.State
+	}
+	return printChildResult(s, res, asJSON)
+}
+
+// waitTurn reads the child's log until the turn that claimed messageID
+// ended, and returns that turn's result. Tool calls of that turn go to p
+// (when set) as they are logged.
+func waitTurn(ctx context.Context, s *session, child string, auth protocol.Authority, messageID string, p *progress) (childResult, error) {
+	req := protocol.LogReadRequest{SessionID: child, Authority: auth, WaitMs: 10_000}
+	var turn []protocol.SessionEvent // since the last turn/start
+	ours := false
+	for {
+		page, err := s.cl.LogPage(ctx, req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return childResult{}, protocol.Errorf(protocol.CodeCancelled, "waiting for the turn of %s: %v", messageID, ctx.Err())
+			}
+			return childResult{}, err
+		}
+		for _, ev := range page.Events {
+			switch ev.Type {
+			case protocol.EvTurnStart:
+				turn, ours = turn[:0], false
+			case protocol.EvInboxDequeue:
+				var d protocol.InboxDequeueData
+				if ev.Decode(&d) == nil && d.MessageID == messageID {
+					ours = true
+				}
+			}
+			turn = append(turn, ev)
+			if !ours {
+				continue
+			}
+			if p != nil {
+				p.onEvent(ev)
+			}
+			if ev.Type == protocol.EvTurnEnd {
+				return turnResult(child, turn)
+			}
+		}
+		req.FromSeq, req.Cursor = page.NextSeq, page.Cursor
+	}
 }
 
 func stateCmd(g *globals) *cobra.Command {
@@ -502,10 +595,14 @@ func printDrains(s *session, r protocol.DrainsListReply, asJSON bool) error {
 func watchCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	var count int
+	var mode string
 	cmd := &cobra.Command{
 		Use:   "watch [PARENT]",
-		Short: "Print live lifecycle events (subagent/start, subagent/end) of a parent's subtree, as a tree; Ctrl-C stops",
-		Args:  cobra.MaximumNArgs(1),
+		Short: "Draw the live tree of a parent's subtree (every root without PARENT); piped, print each lifecycle event; Ctrl-C stops",
+		Long: "On a terminal, draws the live delegation tree (each session with provider, state, stop reason and\n" +
+			"duration; the last 24 hours, then live) and redraws it in place as lifecycle events arrive. Piped\n" +
+			"(or with --json, --count N or --tree never) it prints one line per event from now on, indented by depth.",
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withClient(g, func(ctx context.Context, s *session) error {
 				root := ""
@@ -515,12 +612,30 @@ func watchCmd(g *globals) *cobra.Command {
 				if count < 0 {
 					return protocol.Errorf(protocol.CodeInvalidArgument, "--count must not be negative")
 				}
+				draw := false
+				switch mode {
+				case treeAlways:
+					draw = true
+				case treeAuto, "":
+					draw = isTerminal(s.out) && count == 0
+				case treeNever:
+				default:
+					return protocol.Errorf(protocol.CodeInvalidArgument, "--tree %q must be auto, always or never", mode)
+				}
+				if draw && !asJSON {
+					auth, err := s.userAuthority(ctx)
+					if err != nil {
+						return err
+					}
+					return watchTree(ctx, s, root, auth)
+				}
 				return watch(ctx, s, root, asJSON, count)
 			})
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print each event as a JSON line")
 	cmd.Flags().IntVar(&count, "count", 0, "stop after this many events (0: until Ctrl-C)")
+	cmd.Flags().StringVar(&mode, "tree", treeAuto, "draw the tree: auto (on a terminal), always, never (one line per event)")
 	clientFlags(cmd, g)
 	return cmd
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -79,6 +80,13 @@ func resultCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the run settled, or the continuable child went idle")
 	clientFlags(cmd, g)
 	return cmd
+}
+
+// turnResult is the result of one finished turn: its events from
+// turn/start to turn/end.
+func turnResult(id string, turn []protocol.SessionEvent) (childResult, error) {
+	r, err := agent.TurnResult(id, turn)
+	return childResult{SessionResultReply: r}, err
 }
 
 func printChildResult(s *session, r childResult, asJSON bool) error {

@@ -340,3 +340,30 @@ func EpochOutcome(events []protocol.SessionEvent) protocol.SubagentResult {
 	}
 	return res
 }
+
+// TurnResult is what one finished turn answered (sessions.result, `brood
+// followup --wait`): turn holds its events from turn/start to turn/end. The
+// stop reason and output follow the one-shot rules (StopReasonOf,
+// SelectOutput); a cause stands in for a missing diagnostic.
+func TurnResult(sessionID string, turn []protocol.SessionEvent) (protocol.SessionResultReply, error) {
+	reply := protocol.SessionResultReply{SessionID: sessionID, Output: []protocol.ContentBlock{}}
+	if len(turn) == 0 || turn[len(turn)-1].Type != protocol.EvTurnEnd {
+		return reply, nil
+	}
+	last := turn[len(turn)-1]
+	var d protocol.TurnEndData
+	if err := last.Decode(&d); err != nil {
+		return reply, protocol.Errorf(protocol.CodeInternal, "turn/end of %s does not decode: %v", sessionID, err)
+	}
+	reply.Finished, reply.Turn, reply.EndedAt = true, d.Turn, last.Time
+	reply.StopReason = StopReasonOf(d.Reason.Kind)
+	reply.Output = SelectOutput(turn)
+	reply.Diagnostic = d.Reason.Error
+	if reply.Diagnostic == "" && d.Reason.Cause != "" {
+		reply.Diagnostic = "cause " + d.Reason.Cause
+	}
+	if v, ok := CapturedStructured(turn); ok {
+		reply.Structured = v
+	}
+	return reply, nil
+}

@@ -27,29 +27,17 @@ func (c *Coordinator) sessionsResult(ctx context.Context, req rpc.Request) (any,
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %v", h.ID, err)
 	}
-	reply := protocol.SessionResultReply{SessionID: h.ID, Output: []protocol.ContentBlock{}}
+	mode := ""
 	if e, err := c.st.ChildIndexEntry(ctx, h.ParentSession, h.ID); err == nil {
-		reply.Mode = e.Mode
+		mode = e.Mode
 	}
-	start, end, ok := lastOwnTurn(events, h.SeedLength)
-	if !ok {
-		return reply, nil
+	reply := protocol.SessionResultReply{SessionID: h.ID, Output: []protocol.ContentBlock{}}
+	if start, end, ok := lastOwnTurn(events, h.SeedLength); ok {
+		if reply, err = agent.TurnResult(h.ID, events[start:end+1]); err != nil {
+			return nil, err
+		}
 	}
-	var d protocol.TurnEndData
-	if err := events[end].Decode(&d); err != nil {
-		return nil, protocol.Errorf(protocol.CodeInternal, "turn/end of %s does not decode: %v", h.ID, err)
-	}
-	turn := events[start : end+1]
-	reply.Finished, reply.Turn, reply.EndedAt = true, d.Turn, events[end].Time
-	reply.StopReason = agent.StopReasonOf(d.Reason.Kind)
-	reply.Output = agent.SelectOutput(turn)
-	reply.Diagnostic = d.Reason.Error
-	if reply.Diagnostic == "" && d.Reason.Cause != "" {
-		reply.Diagnostic = "cause " + d.Reason.Cause
-	}
-	if v, ok := agent.CapturedStructured(turn); ok {
-		reply.Structured = v
-	}
+	reply.Mode = mode
 	return reply, nil
 }
 

@@ -44,24 +44,115 @@ const (
 	StateRoot = "root"
 )
 
+// Tree folds lifecycle events into the nodes of the delegation tree (the
+// web view's and `brood watch`'s). Not safe for concurrent use.
+type Tree struct {
+	nodes    map[string]*Node
+	nodesMax int
+}
+
+// NewTree returns an empty tree that keeps at most nodesMax nodes (the
+// oldest settled ones go first).
+func NewTree(nodesMax int) *Tree { return &Tree{nodes: map[string]*Node{}, nodesMax: nodesMax} }
+
+// Apply folds evs in (in stream order) and returns the nodes they changed.
+func (t *Tree) Apply(evs ...protocol.LifecycleEvent) []Node {
+	changed := map[string]*Node{}
+	for _, ev := range evs {
+		n := t.nodes[ev.ID]
+		if n == nil {
+			n = &Node{ID: ev.ID}
+			t.nodes[ev.ID] = n
+		}
+		n.Root = false
+		n.Parent, n.Provider, n.Mode, n.RunID, n.Seq = ev.ParentSession, ev.Provider, ev.Mode, ev.RunID, ev.Seq.String()
+		switch ev.Type {
+		case protocol.LifecycleStart:
+			if n.Start == 0 {
+				n.Start = ev.Time
+			}
+			n.Epochs++
+			n.State, n.StopReason, n.ErrorCode, n.End = StateRunning, "", "", 0
+		case protocol.LifecycleEnd:
+			if n.Start == 0 {
+				n.Start = ev.Time // its start is older than the stream keeps
+			}
+			n.State = StateSettled
+			if ev.Mode == protocol.ModeContinuable {
+				n.State = StateIdle
+			}
+			n.StopReason, n.ErrorCode, n.End = string(ev.StopReason), string(ev.ErrorCode), ev.Time
+		}
+		changed[n.ID] = n
+		if ev.ParentSession != "" {
+			p := t.nodes[ev.ParentSession]
+			if p == nil { // a root (or a child whose start is older than the stream)
+				p = &Node{ID: ev.ParentSession, Root: true, State: StateRoot, Start: ev.Time}
+				t.nodes[p.ID] = p
+				changed[p.ID] = p
+			}
+		}
+	}
+	t.trim()
+	out := make([]Node, 0, len(changed))
+	for _, n := range changed {
+		out = append(out, *n)
+	}
+	return out
+}
+
+// trim drops the oldest settled nodes beyond nodesMax.
+func (t *Tree) trim() {
+	if len(t.nodes) <= t.nodesMax {
+		return
+	}
+	var old []*Node
+	for _, n := range t.nodes {
+		if n.State != StateRunning {
+			old = append(old, n)
+		}
+	}
+	sort.Slice(old, func(i, j int) bool { return old[i].Start < old[j].Start })
+	for _, n := range old {
+		if len(t.nodes) <= t.nodesMax {
+			break
+		}
+		delete(t.nodes, n.ID)
+	}
+}
+
+// Nodes returns every node, oldest start first.
+func (t *Tree) Nodes() []Node {
+	out := make([]Node, 0, len(t.nodes))
+	for _, n := range t.nodes {
+		out = append(out, *n)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Start != out[j].Start {
+			return out[i].Start < out[j].Start
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
 // hub keeps the tree from one follow of every lifecycle event (past events
 // first: the stream keeps 24 hours) and broadcasts each node it changes to
 // the page streams subscribed.
 type hub struct {
-	cl       *client.Client
-	auth     func() protocol.Authority
-	log      *slog.Logger
-	nodesMax int
+	cl   *client.Client
+	auth func() protocol.Authority
+	log  *slog.Logger
 
 	mu    sync.Mutex
-	nodes map[string]*Node
+	tree  *Tree
 	subs  map[chan []Node]struct{}
 	ready chan struct{} // closed once the past events were applied
 	once  sync.Once
 }
 
 func newHub(cl *client.Client, auth func() protocol.Authority, nodesMax int, log *slog.Logger) *hub {
-	return &hub{cl: cl, auth: auth, log: log, nodesMax: nodesMax, nodes: map[string]*Node{},
+	return &hub{cl: cl, auth: auth, log: log, tree: NewTree(nodesMax),
 		subs: map[chan []Node]struct{}{}, ready: make(chan struct{})}
 }
 
@@ -116,47 +207,7 @@ func (h *hub) apply(evs ...protocol.LifecycleEvent) {
 		return
 	}
 	h.mu.Lock()
-	changed := map[string]*Node{}
-	for _, ev := range evs {
-		n := h.nodes[ev.ID]
-		if n == nil {
-			n = &Node{ID: ev.ID}
-			h.nodes[ev.ID] = n
-		}
-		n.Root = false
-		n.Parent, n.Provider, n.Mode, n.RunID, n.Seq = ev.ParentSession, ev.Provider, ev.Mode, ev.RunID, ev.Seq.String()
-		switch ev.Type {
-		case protocol.LifecycleStart:
-			if n.Start == 0 {
-				n.Start = ev.Time
-			}
-			n.Epochs++
-			n.State, n.StopReason, n.ErrorCode, n.End = StateRunning, "", "", 0
-		case protocol.LifecycleEnd:
-			if n.Start == 0 {
-				n.Start = ev.Time // its start is older than the stream keeps
-			}
-			n.State = StateSettled
-			if ev.Mode == protocol.ModeContinuable {
-				n.State = StateIdle
-			}
-			n.StopReason, n.ErrorCode, n.End = string(ev.StopReason), string(ev.ErrorCode), ev.Time
-		}
-		changed[n.ID] = n
-		if ev.ParentSession != "" {
-			p := h.nodes[ev.ParentSession]
-			if p == nil { // a root (or a child whose start is older than the stream)
-				p = &Node{ID: ev.ParentSession, Root: true, State: StateRoot, Start: ev.Time}
-				h.nodes[p.ID] = p
-				changed[p.ID] = p
-			}
-		}
-	}
-	h.trimLocked()
-	out := make([]Node, 0, len(changed))
-	for _, n := range changed {
-		out = append(out, *n)
-	}
+	out := h.tree.Apply(evs...)
 	subs := make([]chan []Node, 0, len(h.subs))
 	for ch := range h.subs {
 		subs = append(subs, ch)
@@ -171,36 +222,12 @@ func (h *hub) apply(evs ...protocol.LifecycleEvent) {
 	}
 }
 
-// trimLocked drops the oldest settled nodes beyond nodesMax.
-func (h *hub) trimLocked() {
-	if len(h.nodes) <= h.nodesMax {
-		return
-	}
-	var old []*Node
-	for _, n := range h.nodes {
-		if n.State != StateRunning {
-			old = append(old, n)
-		}
-	}
-	sort.Slice(old, func(i, j int) bool { return old[i].Start < old[j].Start })
-	for _, n := range old {
-		if len(h.nodes) <= h.nodesMax {
-			break
-		}
-		delete(h.nodes, n.ID)
-	}
-}
-
 // subscribe returns the tree now and a channel of the nodes that change
 // after it; a subscriber that falls behind is closed.
 func (h *hub) subscribe() ([]Node, chan []Node) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	snap := make([]Node, 0, len(h.nodes))
-	for _, n := range h.nodes {
-		snap = append(snap, *n)
-	}
-	sort.Slice(snap, func(i, j int) bool { return snap[i].Start < snap[j].Start })
+	snap := h.tree.Nodes()
 	ch := make(chan []Node, 256)
 	h.subs[ch] = struct{}{}
 	return snap, ch
