@@ -167,7 +167,7 @@ func TestClientNeedsOnlyCoordinatorRequestsAndItsInbox(t *testing.T) {
 
 	var notices []protocol.InboxItem
 	testutil.Eventually(t, 20*time.Second, func() bool {
-		items, err := root.Notices(ctx, 2*time.Second)
+		items, err := root.Notices(ctx, protocol.InboxReadRequest{WaitMs: 2_000})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -110,12 +110,14 @@ func (r *Root) fill(id *string, auth *protocol.Authority) {
 	}
 }
 
-// Notices waits up to wait for the root's next inbox items, returns them and
-// deletes them (read, then ack): the way a root's client consumes the
-// settlement notices and reports of its background children. An item is
-// returned at least once: one whose ack failed comes again on the next call.
-func (r *Root) Notices(ctx context.Context, wait time.Duration) ([]protocol.InboxItem, error) {
-	page, err := r.Inbox(ctx, protocol.InboxReadRequest{WaitMs: wait.Milliseconds()})
+// Notices reads the root's next inbox items (inbox.read: with req.WaitMs it
+// waits up to that long for one; req.SessionID and req.Authority are filled
+// in when empty), returns them and deletes them (inbox.ack): the way a
+// root's client consumes the settlement notices and reports of its
+// background children. An item is returned at least once: one whose ack
+// failed comes again on the next call.
+func (r *Root) Notices(ctx context.Context, req protocol.InboxReadRequest) ([]protocol.InboxItem, error) {
+	page, err := r.Inbox(ctx, req)
 	if err != nil || len(page.Items) == 0 {
 		return page.Items, err
 	}

@@ -547,7 +547,7 @@ func TestRootInboxReadAndAck(t *testing.T) {
 	// A long poll answers when the next notice arrives.
 	done := make(chan []protocol.InboxItem, 1)
 	go func() {
-		items, _ := root.Notices(ctx, 30*time.Second)
+		items, _ := root.Notices(ctx, protocol.InboxReadRequest{WaitMs: 30_000})
 		done <- items
 	}()
 	if _, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: start.ChildID, Authority: root.Authority(), Message: protocol.Text("say again")}); err != nil {
