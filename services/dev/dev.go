@@ -59,7 +59,9 @@ type Deployment struct {
 }
 
 // actor is a long-lived service component.
-type actor interface{ Run(ctx context.Context) error }
+type actor interface {
+	Run(ctx context.Context) error
+}
 
 // Start starts the server, provisions Brood's streams and buckets, runs a
 // coordinator and the spawn and fork workers, and returns once both
