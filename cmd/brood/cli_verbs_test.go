@@ -438,3 +438,19 @@ func TestSteeringVerbsInJSON(t *testing.T) {
 		t.Fatalf("after the lift %+v", ls)
 	}
 }
+
+func TestStateOfARunningOneShotChild(t *testing.T) {
+	c := newCLI(t)
+	root := c.stack.Root()
+	run, err := c.stack.Client.StartRun(context.Background(), protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("sleep 60s\nsay never")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := c.fails("INVALID_ARGUMENT", "state", run.ChildID)
+	if !strings.Contains(o.err, "one-shot") {
+		t.Fatalf("state of a running one-shot child: %q", o.err)
+	}
+	if o := c.ok("result", run.RunID); o.err != "run "+run.RunID+" (child "+run.ChildID+") is running\n" {
+		t.Fatalf("result of a running one-shot run: %q", o.err)
+	}
+}

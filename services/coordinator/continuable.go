@@ -526,6 +526,9 @@ func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request) (an
 	}
 	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, h.ID)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && (l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value))) {
+		if err == nil && l.Value.Kind == protocol.AgentOneShot {
+			return nil, oneShotHasNoState(h.ID) // running, before its index entry is written
+		}
 		if err := c.refuseOneShot(ctx, h); err != nil {
 			return nil, err
 		}
@@ -551,8 +554,12 @@ func (c *Coordinator) refuseOneShot(ctx context.Context, h protocol.SessionHeade
 	if err != nil || e.Mode != protocol.ModeOneShot {
 		return nil // unindexed yet or unreadable: report what the lease says
 	}
+	return oneShotHasNoState(h.ID)
+}
+
+func oneShotHasNoState(id string) error {
 	return protocol.Errorf(protocol.CodeInvalidArgument,
-		"session %s is a one-shot child, not a continuable one: it has no activation state (`brood result %s` or runs.await tell how it ended)", h.ID, h.ID)
+		"session %s is a one-shot child, not a continuable one: it has no activation state (`brood result %s` or runs.await tell how it ended)", id, id)
 }
 
 // continuableInterrupt stops the target's current turn only and parks its
