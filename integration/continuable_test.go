@@ -2,6 +2,9 @@ package integration
 
 import (
 	"context"
+	"math/rand/v2"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -690,4 +693,100 @@ func TestSendMessageAndInterruptTools(t *testing.T) {
 		t.Fatalf("grandchild turn ends %v: the first turn was interrupted", ends)
 	}
 	waitState(t, s, c.ChildID, ref(root), protocol.StateNone, 15*time.Second)
+}
+
+// turnEndReasons returns the reason of every turn/end of a log, in order.
+func turnEndReasons(evs []protocol.SessionEvent) []protocol.TurnEndReason {
+	var out []protocol.TurnEndReason
+	for _, ev := range evs {
+		var d protocol.TurnEndData
+		if ev.Type == protocol.EvTurnEnd && ev.Decode(&d) == nil {
+			out = append(out, d.Reason)
+		}
+	}
+	return out
+}
+
+// TestInterruptRacesTheTurnAboutToRun (issue 16, fault 5): an interrupt
+// answered {} takes effect on the turn running or about to run at that
+// moment, also while the first message is being picked up, and a message
+// sent after it returns always runs. Random delays (seeded; BROOD_TEST_SEED
+// replays a run) separate the start, two followups and the interrupt, which
+// comes before, between or after the followups. The first message's turn
+// sleeps 3 s, so whenever the interrupt comes it is running or about to run:
+// it must end aborted (cause user), and every other message must run once,
+// in order: the parked followups first, then the one sent after.
+func TestInterruptRacesTheTurnAboutToRun(t *testing.T) {
+	s := contStack(t)
+	root := s.Root()
+	user := grant(t, s)
+	seed := time.Now().UnixNano()
+	if v := os.Getenv("BROOD_TEST_SEED"); v != "" {
+		var err error
+		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
+			t.Fatalf("BROOD_TEST_SEED: %v", err)
+		}
+	}
+	t.Logf("seed %d (BROOD_TEST_SEED replays it)", seed)
+	rng := rand.New(rand.NewPCG(uint64(seed), 0))
+	const iterations = 60
+	type plan struct {
+		interruptAfter int              // followups sent before the interrupt (0, 1 or 2)
+		delays         [4]time.Duration // before each of: followup, followup, interrupt (in plan order), last message
+	}
+	plans := make([]plan, iterations)
+	for i := range plans {
+		plans[i].interruptAfter = rng.IntN(3)
+		for j := range plans[i].delays {
+			if rng.IntN(3) > 0 { // a third of the steps follow at once
+				plans[i].delays[j] = time.Duration(rng.IntN(25)) * time.Millisecond
+			}
+		}
+	}
+	for i, p := range plans {
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			c := startCont(t, s, root.Ref(), "sleep 3s\nsay one")
+			want := []string{c.MessageID}
+			step := 0
+			for k, text := range []string{"say two", "say three"} {
+				if k == p.interruptAfter {
+					time.Sleep(p.delays[step])
+					step++
+					if _, err := s.Client.Interrupt(ctx, protocol.InterruptRequest{ChildID: c.ChildID, Authority: user}); err != nil {
+						t.Fatalf("interrupt: %v", err)
+					}
+				}
+				time.Sleep(p.delays[step])
+				step++
+				want = append(want, followup(t, s, c.ChildID, ref(root), text))
+			}
+			if p.interruptAfter == 2 {
+				time.Sleep(p.delays[step])
+				if _, err := s.Client.Interrupt(ctx, protocol.InterruptRequest{ChildID: c.ChildID, Authority: user}); err != nil {
+					t.Fatalf("interrupt: %v", err)
+				}
+			}
+			time.Sleep(p.delays[3])
+			want = append(want, followup(t, s, c.ChildID, ref(root), "say after"))
+			testutil.Eventually(t, 20*time.Second, func() bool {
+				_, evs := s.Log(c.ChildID)
+				claims, _, _ := turnsOf(evs)
+				return len(claims) >= len(want) && len(turnEndReasons(evs)) >= len(want)
+			}, "every message is claimed and its turn ends (plan %+v)", p)
+			_, evs := s.Log(c.ChildID)
+			claims, answers, _ := turnsOf(evs)
+			ends := turnEndReasons(evs)
+			if strings.Join(claims, ",") != strings.Join(want, ",") {
+				t.Fatalf("plan %+v: claims %v, want %v", p, claims, want)
+			}
+			if ends[0].Kind != protocol.TurnAborted || ends[0].Cause != protocol.CauseUser {
+				t.Fatalf("plan %+v: the first turn ended %+v; the interrupt must abort the turn running or about to run", p, ends[0])
+			}
+			if strings.Join(answers, ",") != "two,three,after" {
+				t.Fatalf("plan %+v: answers %v, want two,three,after", p, answers)
+			}
+		})
+	}
 }

@@ -65,21 +65,41 @@ type activation struct {
 	ctx     context.Context
 	dispose context.CancelCauseFunc
 	wake    chan struct{}
-	done    chan struct{}
+	// built is closed once the activation is materialized and its loop runs,
+	// or its materialization failed (then done is closed too).
+	built chan struct{}
+	done  chan struct{}
 
-	mu         sync.Mutex
-	leaseRev   uint64
+	mu       sync.Mutex
+	leaseRev uint64
+	// turnCancel cancels the open turn: set once its claim is logged, nil
+	// while no turn is open (claiming, or between turns).
 	turnCancel context.CancelCauseFunc
+	claiming   bool
 	running    bool
 	waiting    bool
 	parked     bool
 	parkedSeen map[protocol.Seq]bool
+	abort      *pendingAbort
 	closing    bool
 	stopCause  string
 	awaiting   time.Time // a fresh activation waits for its first prompt until then
 	fenced     bool
 	durability error
 	result     *protocol.SubagentResult
+}
+
+// pendingAbort is an interrupt that came while no turn was open: the turn
+// that was about to run at that moment ends aborted as soon as it is claimed
+// (DESIGN.md §7; upstream-behaviour §5.11 cancels the running turn, and in
+// Brood a turn is about to run from the moment its message is accepted).
+type pendingAbort struct {
+	cause string
+	// claim: a claim was in progress, and whatever it opens is that turn.
+	claim bool
+	// seqs: otherwise the first of these items (unclaimed at the interrupt)
+	// to be claimed is; an item sent later is never aborted by it.
+	seqs map[protocol.Seq]bool
 }
 
 func (a *activation) poke() {
@@ -102,14 +122,51 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	if !protocol.ValidID(req.ChildID) || !protocol.ValidID(req.RunID) || req.Header.ID != req.ChildID {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "childId, runId and header.id must be valid and agree")
 	}
-	h.mu.Lock()
-	if cur := h.acts[req.ChildID]; cur != nil {
-		h.mu.Unlock()
-		return nil, protocol.NewError(protocol.CodeActivationClosing, map[string]any{
-			"reason": fmt.Sprintf("session %s is already resident on host %s", req.ChildID, h.id)})
+	a := &activation{
+		h: h, childID: req.ChildID, header: req.Header, provider: req.Descriptor.Provider, remote: p.Descriptor().Remote, runID: req.RunID,
+		runRev: uint64(req.RunRevision), epoch: 1, owner: req.Owner, began: began, ancestry: req.Ancestry,
+		inbox: h.st.InboxOf(req.ChildID), wake: make(chan struct{}, 1), built: make(chan struct{}), done: make(chan struct{}),
 	}
+	base, span := telemetry.StartRun(ctx, a.provider, protocol.ModeContinuable, a.runID, req.Header)
+	a.ctx, a.dispose = context.WithCancelCause(base)
+	a.span = span
+	// The activation is known to this host before its lease exists, so a
+	// host request (interrupt, state, dispose) that found the lease finds the
+	// activation too; it waits for built where it must.
+	h.mu.Lock()
+	if cur := h.acts[req.ChildID]; cur != nil || h.draining {
+		h.mu.Unlock()
+		var err error
+		if cur == nil {
+			err = protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
+		} else {
+			err = protocol.NewError(protocol.CodeActivationClosing, map[string]any{
+				"reason": fmt.Sprintf("session %s is already resident on host %s", req.ChildID, h.id)})
+		}
+		a.dispose(err)
+		telemetry.EndRun(span, nil, err)
+		return nil, err
+	}
+	h.acts[req.ChildID] = a
 	h.mu.Unlock()
+	reply, err := h.materialize(ctx, p, req, a)
+	if err != nil {
+		h.mu.Lock()
+		if h.acts[req.ChildID] == a {
+			delete(h.acts, req.ChildID)
+		}
+		h.mu.Unlock()
+		a.dispose(err)
+		telemetry.EndRun(span, nil, err)
+		close(a.built)
+		close(a.done)
+		return nil, err
+	}
+	return reply, nil
+}
 
+// materialize builds a registered activation and starts its loop (see activate).
+func (h *Host) materialize(ctx context.Context, p Provider, req protocol.ActivateRequest, a *activation) (any, error) {
 	cred := protocol.NewCredential()
 	lease := protocol.AgentRecord{
 		SessionID: req.ChildID, Kind: protocol.AgentContinuable, HostID: h.id, Epoch: 1, RunID: req.RunID,
@@ -142,16 +199,13 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	}
 	release := func() { _ = store.Delete(context.WithoutCancel(ctx), h.st.Agents, req.ChildID, leaseRev) }
 	lw := h.st.NewLogWriter(req.ChildID, lastSubjSeq, int64(len(events)))
-
-	a := &activation{
-		h: h, childID: req.ChildID, header: req.Header, provider: req.Descriptor.Provider, remote: p.Descriptor().Remote, runID: req.RunID,
-		runRev: uint64(req.RunRevision), epoch: 1, owner: req.Owner, leaseRev: leaseRev, began: began, ancestry: req.Ancestry,
-		inbox: h.st.InboxOf(req.ChildID), wake: make(chan struct{}, 1), done: make(chan struct{}),
-	}
-	a.dirty.Store(true)
+	a.mu.Lock()
+	a.leaseRev = leaseRev
 	if req.Fresh {
 		a.awaiting = time.Now().Add(FirstPromptWait)
 	}
+	a.mu.Unlock()
+	a.dirty.Store(true)
 	opts := protocol.ResolvedOptions{Persona: req.Descriptor.Persona, ToolFilter: req.Descriptor.ToolFilter, Label: req.Descriptor.Label}
 	sess, err := p.NewSession(ctx, SessionSpec{
 		Header: req.Header, Options: opts, Credential: cred, Log: lw, Events: events,
@@ -205,24 +259,21 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 		release()
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "flush the inbox subscription: %v", err)
 	}
-	base, span := telemetry.StartRun(ctx, a.provider, protocol.ModeContinuable, a.runID, req.Header)
-	a.ctx, a.dispose = context.WithCancelCause(base)
-	a.span = span
-	h.mu.Lock()
-	if h.draining {
-		h.mu.Unlock()
+	if err := context.Cause(a.ctx); err != nil { // disposed (a drain, a lost lease) while it was built
 		a.unsubscribe()
 		release()
-		err := protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
-		telemetry.EndRun(span, nil, err)
-		return nil, err
+		closeSession(cs)
+		if h.isDraining() {
+			return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
+		}
+		return nil, protocol.NewError(protocol.CodeActivationClosing, map[string]any{
+			"reason": fmt.Sprintf("the activation of %s was stopped while it started: %v", req.ChildID, err)})
 	}
-	h.acts[req.ChildID] = a
-	h.mu.Unlock()
 	h.st.PublishEvent(protocol.LifecycleEvent{
 		Type: protocol.LifecycleStart, RunID: a.runID, Provider: a.provider, ID: a.childID,
 		ParentSession: a.header.ParentSession, Local: !a.remote, Mode: protocol.ModeContinuable, Time: store.NowMs(),
 	}, h.eventErr)
+	close(a.built)
 	go a.loop()
 	return protocol.ActivateReply{HostID: h.id, RunID: a.runID}, nil
 }
@@ -304,7 +355,9 @@ func (a *activation) loop() {
 }
 
 // runNext claims and runs one turn, unless the queue is parked by an
-// interrupt and nothing new arrived since.
+// interrupt and nothing new arrived since. An interrupt never cuts a claim
+// short: it cancels the turn once the claim is logged (pendingAbort), so the
+// interrupted message is claimed once and its turn ends aborted.
 func (a *activation) runNext() (bool, error) {
 	if a.isParked() {
 		return false, nil
@@ -312,14 +365,34 @@ func (a *activation) runNext() (bool, error) {
 	turnCtx, cancel := context.WithCancelCause(a.ctx)
 	defer cancel(nil)
 	a.mu.Lock()
-	a.turnCancel, a.running = cancel, true
+	a.claiming, a.running = true, true
 	a.mu.Unlock()
 	defer func() {
 		a.mu.Lock()
-		a.turnCancel, a.running = nil, false
+		a.turnCancel, a.claiming, a.running = nil, false, false
 		a.mu.Unlock()
 	}()
-	out, claimed, err := a.sess.ClaimNext(turnCtx, a.inbox)
+	out, claimed, err := a.sess.ClaimNext(a.ctx, a.inbox)
+	var abort *agent.Cancel
+	a.mu.Lock()
+	a.claiming = false
+	if p := a.abort; p != nil {
+		switch {
+		case claimed: // the first turn claimed since the interrupt
+			if seq, ok := openingClaim(a.sess.Events()); p.claim || (ok && p.seqs[seq]) {
+				abort = &agent.Cancel{Cause: p.cause}
+			}
+			a.abort = nil
+		case len(p.seqs) == 0:
+			a.abort = nil // the claim in progress found nothing to run
+		default:
+			p.claim = false
+		}
+	}
+	if claimed {
+		a.turnCancel = cancel
+	}
+	a.mu.Unlock()
 	if err != nil {
 		return false, err
 	}
@@ -327,11 +400,30 @@ func (a *activation) runNext() (bool, error) {
 		a.noteOutcome(out)
 		return false, nil
 	}
+	if abort != nil {
+		cancel(abort)
+	}
 	stepsCtx, span := telemetry.StartTurn(turnCtx, out.Turn)
 	out = a.sess.RunSteps(stepsCtx)
 	telemetry.EndTurn(span, out.Reason, out.Err)
 	a.noteOutcome(out)
 	return true, nil
+}
+
+// openingClaim returns the inbox sequence the open turn was opened with:
+// the last agent/inbox/dequeue right after the claim.
+func openingClaim(events []protocol.SessionEvent) (protocol.Seq, bool) {
+	for i := len(events) - 1; i >= 0; i-- {
+		if events[i].Type != protocol.EvInboxDequeue {
+			continue
+		}
+		var d protocol.InboxDequeueData
+		if events[i].Decode(&d) != nil {
+			return 0, false
+		}
+		return d.InboxSeq, true
+	}
+	return 0, false
 }
 
 func (a *activation) noteOutcome(out agent.Outcome) {
@@ -385,12 +477,13 @@ func (a *activation) sleep(d time.Duration) {
 }
 
 // isParked reports whether an interrupt parked the queue and no new item
-// arrived since; a new item unparks it, and the parked items run first.
+// arrived since; a new item unparks it, and the parked items run first. A
+// pending abort unparks the queue for the turn it ends.
 func (a *activation) isParked() bool {
 	a.mu.Lock()
-	parked, seen := a.parked, a.parkedSeen
+	parked, seen, aborting := a.parked, a.parkedSeen, a.abort != nil
 	a.mu.Unlock()
-	if !parked {
+	if !parked || aborting {
 		return false
 	}
 	items, err := a.sess.Unclaimed(a.ctx, a.inbox)
@@ -449,21 +542,53 @@ func (a *activation) trySettle() bool {
 	return true
 }
 
-// interrupt stops the current turn only; the queue stays parked until the
-// next send (upstream-behaviour §5.11).
-func (a *activation) interrupt(cause string) {
-	items, _ := a.sess.Unclaimed(a.ctx, a.inbox)
+// InterruptReadTimeout bounds the inbox read of an interrupt.
+const InterruptReadTimeout = 5 * time.Second
+
+// interrupt stops the turn running or about to run at this moment, and
+// parks the queue until the next send (upstream-behaviour §5.11): the open
+// turn is cancelled; with no turn open, the turn a claim in progress opens,
+// or else the turn of the oldest message waiting, ends aborted as soon as it
+// is claimed (pendingAbort). The messages waiting now stay parked; one sent
+// after the interrupt unparks them and runs after them. An error means the
+// interrupt did not take effect (the inbox could not be read).
+func (a *activation) interrupt(ctx context.Context, cause string) error {
+	select {
+	case <-a.built:
+	case <-ctx.Done():
+		return protocol.Errorf(protocol.CodeUnavailable, "the activation of %s is still starting", a.childID)
+	}
+	select {
+	case <-a.done:
+		return nil // it failed to start or already ended: nothing to stop
+	default:
+	}
+	rctx, cancel := context.WithTimeout(ctx, InterruptReadTimeout)
+	defer cancel()
+	items, err := a.sess.Unclaimed(rctx, a.inbox)
+	if err != nil {
+		return protocol.Errorf(protocol.CodeUnavailable, "interrupt %s: read its inbox: %v", a.childID, err)
+	}
 	seen := map[protocol.Seq]bool{}
+	waiting := map[protocol.Seq]bool{}
 	for _, it := range items {
 		seen[it.Seq] = true
+		if it.Delivery != store.DeliveryQuiet {
+			waiting[it.Seq] = true
+		}
 	}
 	a.mu.Lock()
 	a.parked, a.parkedSeen = true, seen
-	cancel := a.turnCancel
-	a.mu.Unlock()
-	if cancel != nil {
-		cancel(&agent.Cancel{Cause: cause})
+	turn := a.turnCancel
+	if turn == nil && a.abort == nil && (a.claiming || len(waiting) > 0) {
+		a.abort = &pendingAbort{cause: cause, claim: a.claiming, seqs: waiting}
 	}
+	a.mu.Unlock()
+	if turn != nil {
+		turn(&agent.Cancel{Cause: cause})
+	}
+	a.poke()
+	return nil
 }
 
 // stop disposes the activation: the current turn is cancelled with cause and

@@ -305,7 +305,9 @@ func (h *Host) handleHost(ctx context.Context, req rpc.Request) (any, error) {
 			return nil, err
 		}
 		if a := h.activationOf(r.ChildID); a != nil {
-			a.interrupt(r.Cause)
+			if err := a.interrupt(ctx, r.Cause); err != nil {
+				return nil, err
+			}
 		}
 		return protocol.Empty{}, nil
 	case protocol.OpHostState:
