@@ -1,26 +1,46 @@
 // Package rpc holds the request/reply plumbing shared by Brood's services and
 // clients: encoding negotiation (MessagePack or JSON), error replies in the
-// micro format with the protocol error body, and bounded concurrent handling
-// of micro endpoints.
+// micro format with the protocol error body, and the serving of requests
+// (Server): concurrent, bounded, tracked handlers whose answers the NATS micro
+// protocol reports truthfully.
+//
+// Why Brood serves the micro protocol itself rather than through nats.go's
+// micro package (v1.55, read in its source): a micro endpoint is one
+// subscription whose callback runs its requests one after another, and
+// micro's statistics are updated in its own wrapper around Handler.Handle
+// (processing time is the time Handle took; an error counts when the request
+// was answered with Request.Error before Handle returned). A handler that
+// returns at once and answers from a goroutine of its own keeps concurrency
+// but makes `nats micro stats` show about zero processing time and no errors;
+// a handler that answers before returning is truthful but serves one request
+// at a time per endpoint, so one long wait (runs.await, a dispose) would hold
+// up every caller of that endpoint. micro offers no concurrent endpoint and
+// no way to report statistics from elsewhere (its per-endpoint counters are
+// unexported; StatsHandler only adds a free-form data field). So a Service
+// here answers PING, INFO and STATS on micro's control subjects
+// ($SRV.<verb>[.<name>[.<id>]], micro.ControlSubject) with micro's own types
+// (micro.Ping, micro.Info, micro.Stats), while its endpoints are queue
+// subscriptions whose requests run concurrently and are counted when their
+// reply is sent: the request, the time from receipt to reply, and an error
+// reply as an error. `nats micro ls|info|stats` see no difference.
+//
+// Lifecycle (STYLE.md): a Server tracks every handler goroutine it starts,
+// so a service's Run can return only after its in-flight handlers finished
+// (Server.Stop), the way net/http's Shutdown waits for active connections.
 package rpc
 
 import (
 	"context"
 	"log/slog"
-	"strconv"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
-	"github.com/brood-dev/brood/pkg/tracecontext"
 )
 
 // Request is one request handed to a Handler. Replies go straight to the
-// request's reply subject on the service's connection: a micro.Request must
-// not be answered after its handler returned (micro updates its stats from
-// it), and handlers here answer from their own goroutine.
+// request's reply subject on the server's connection.
 type Request struct {
 	nc       *nats.Conn
 	subject  string
@@ -28,6 +48,10 @@ type Request struct {
 	data     []byte
 	header   nats.Header
 	Encoding protocol.Encoding
+}
+
+func requestOf(nc *nats.Conn, m *nats.Msg) Request {
+	return Request{nc: nc, subject: m.Subject, reply: m.Reply, data: m.Data, header: m.Header, Encoding: protocol.RequestEncoding(m.Header, m.Data)}
 }
 
 // Data is the request body.
@@ -66,47 +90,12 @@ func (r Request) Decode(v any) error {
 	return nil
 }
 
-// Handler answers one request: a reply value or an error. A *protocol.Error is
-// sent as is; any other error becomes INTERNAL.
+// Handler answers one request: a reply value (nil: {}) or an error. A
+// *protocol.Error is sent as is; any other error becomes INTERNAL. ctx is
+// the serving Server's (with the request's trace span): it is cancelled when
+// the server stops, and a handler must then return promptly. Handlers run
+// concurrently.
 type Handler func(ctx context.Context, req Request) (any, error)
-
-// Endpoint adapts h to a micro handler that runs each request in its own
-// goroutine, at most sem's capacity at once (a micro endpoint otherwise
-// handles its requests one after another on one subscription). ctx bounds
-// every request; when it is done, requests are answered UNAVAILABLE.
-func Endpoint(ctx context.Context, nc *nats.Conn, log *slog.Logger, sem chan struct{}, h Handler) micro.Handler {
-	return micro.HandlerFunc(func(mr micro.Request) {
-		dispatch(ctx, log, sem, h, Request{
-			nc: nc, subject: mr.Subject(), reply: mr.Reply(), data: mr.Data(), header: nats.Header(mr.Headers()),
-			Encoding: protocol.RequestEncoding(mr.Headers(), mr.Data()),
-		})
-	})
-}
-
-// MsgHandler is Endpoint for a plain subscription (host subjects).
-func MsgHandler(ctx context.Context, nc *nats.Conn, log *slog.Logger, sem chan struct{}, h Handler) nats.MsgHandler {
-	return func(m *nats.Msg) {
-		dispatch(ctx, log, sem, h, Request{
-			nc: nc, subject: m.Subject, reply: m.Reply, data: m.Data, header: m.Header, Encoding: protocol.RequestEncoding(m.Header, m.Data),
-		})
-	}
-}
-
-func dispatch(ctx context.Context, log *slog.Logger, sem chan struct{}, h Handler, req Request) {
-	select {
-	case sem <- struct{}{}:
-	case <-ctx.Done():
-		Reply(log, req, nil, protocol.Errorf(protocol.CodeUnavailable, "service is stopping"))
-		return
-	}
-	go func() {
-		defer func() { <-sem }()
-		ctx, span := tracecontext.StartServer(ctx, req.subject, req.header)
-		reply, err := h(ctx, req)
-		Reply(log, req, reply, err)
-		tracecontext.End(span, err)
-	}()
-}
 
 // Replied is what a Handler returns when it already answered the request
 // itself with Reply (a stream whose first message must be the reply).
@@ -117,48 +106,7 @@ type replied struct{}
 // Reply sends reply or err in the request's encoding. A request without a
 // reply subject (a plain publish) gets nothing.
 func Reply(log *slog.Logger, req Request, reply any, err error) {
-	if req.reply == "" || (err == nil && reply == Replied) {
-		return
-	}
-	if err != nil {
-		ReplyError(log, req, err)
-		return
-	}
-	if reply == nil {
-		reply = protocol.Empty{}
-	}
-	data, merr := protocol.Marshal(req.Encoding, reply)
-	if merr != nil {
-		ReplyError(log, req, protocol.Errorf(protocol.CodeInternal, "encode reply: %v", merr))
-		return
-	}
-	respond(log, req, contentHeader(req.Encoding), data)
-}
-
-// ReplyError sends err as a micro error reply (headers Nats-Service-Error-Code
-// and Nats-Service-Error) with the protocol error body.
-func ReplyError(log *slog.Logger, req Request, err error) {
-	pe := protocol.AsError(err)
-	if pe.Code == protocol.CodeInternal {
-		log.Error("request failed", "subject", req.subject, "err", err)
-	}
-	body, merr := protocol.Marshal(req.Encoding, pe)
-	if merr != nil {
-		body = nil
-	}
-	h := contentHeader(req.Encoding)
-	h.Set(micro.ErrorCodeHeader, strconv.Itoa(pe.Code.Number()))
-	h.Set(micro.ErrorHeader, pe.Error())
-	respond(log, req, h, body)
-}
-
-func respond(log *slog.Logger, req Request, h nats.Header, data []byte) {
-	if req.reply == "" {
-		return
-	}
-	if err := req.nc.PublishMsg(&nats.Msg{Subject: req.reply, Header: h, Data: data}); err != nil {
-		log.Debug("reply failed", "subject", req.subject, "err", err)
-	}
+	_ = send(log, req, reply, err)
 }
 
 func contentHeader(enc protocol.Encoding) nats.Header {

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/brood-dev/brood/internal/agent"
@@ -165,44 +164,39 @@ func (h *Host) ID() string { return h.id }
 
 // Run registers the host, serves its providers until ctx is done, then drains:
 // it stops admitting, lets in-flight turns finish within DrainGrace, disposes
-// what is left and removes its host record. A drain returns nil.
+// what is left, stops serving its host subjects and removes its host record.
+// It returns only after every request handler it started returned. A drain
+// returns nil.
 func (h *Host) Run(ctx context.Context) error {
 	if err := h.checkDuplicates(ctx); err != nil {
 		return err
 	}
 	h.started = store.NowMs()
-	reqCtx, stopReqs := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopReqs()
-	sem := make(chan struct{}, h.cfg.RequestsInFlightMax)
-
-	hostSub, err := h.cfg.NC.Subscribe(h.subj.HostAll(h.id), rpc.MsgHandler(reqCtx, h.cfg.NC, h.log, sem, h.handleHost))
-	if err != nil {
+	srv := rpc.NewServer(h.cfg.NC, h.cfg.RequestsInFlightMax, h.log)
+	stopServing := func() {
+		sctx, cancel := context.WithTimeout(context.Background(), HostStopGrace)
+		defer cancel()
+		srv.Stop(sctx)
+	}
+	if err := srv.Handle(h.subj.HostAll(h.id), h.handleHost); err != nil {
 		return err
 	}
-	defer hostSub.Unsubscribe()
-
-	var svcs []micro.Service
+	var svcs []*rpc.Service
 	for _, p := range h.cfg.Providers {
-		svc, err := h.serveProvider(reqCtx, sem, p)
+		svc, err := h.serveProvider(srv, p)
 		if err != nil {
-			for _, s := range svcs {
-				_ = s.Stop()
-			}
+			stopServing()
 			return err
 		}
 		svcs = append(svcs, svc)
 	}
 	if err := h.cfg.NC.FlushTimeout(5 * time.Second); err != nil {
-		for _, s := range svcs {
-			_ = s.Stop()
-		}
+		stopServing()
 		return fmt.Errorf("worker: flush subscriptions: %w", err)
 	}
 	// The host record makes the providers visible: only once they are served.
 	if err := h.beat(ctx); err != nil {
-		for _, s := range svcs {
-			_ = s.Stop()
-		}
+		stopServing()
 		return fmt.Errorf("worker: first heartbeat: %w", err)
 	}
 	h.log.Info("host serving", "providers", h.providerNames())
@@ -216,13 +210,24 @@ func (h *Host) Run(ctx context.Context) error {
 	h.drain(svcs)
 	stopBeat()
 	<-beatDone
-	stopReqs()
+	// The host subjects are served until the drain is over (a coordinator
+	// may still ask for state or a dispose meanwhile).
+	stopServing()
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = store.Delete(dctx, h.st.Hosts, h.id, 0)
 	h.log.Info("host drained")
 	return nil
 }
+
+// HostStopGrace bounds how long a drained host waits for the requests to its
+// host subjects still in flight before cancelling them.
+const HostStopGrace = 5 * time.Second
+
+// DrainTeardownMax bounds how long a drain waits, for all of them together,
+// for the runs and activations it disposed to stop (their teardown writes
+// are bounded by 15 s each, in parallel).
+const DrainTeardownMax = 20 * time.Second
 
 // liveActivations reports the resident activations by provider
 // (brood_activations_live).
@@ -276,9 +281,9 @@ func (h *Host) providerNames() []string {
 	return out
 }
 
-func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider) (micro.Service, error) {
+func (h *Host) serveProvider(srv *rpc.Server, p Provider) (*rpc.Service, error) {
 	d := p.Descriptor()
-	svc, err := micro.AddService(h.cfg.NC, micro.Config{
+	svc, err := srv.AddService(rpc.ServiceConfig{
 		Name:        protocol.ProviderServicePrefix + d.Name,
 		Version:     h.cfg.Version,
 		Description: "Brood provider " + d.Name,
@@ -288,7 +293,7 @@ func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider)
 	if err != nil {
 		return nil, fmt.Errorf("worker: micro service for %s: %w", d.Name, err)
 	}
-	g := svc.AddGroup(h.subj.ProviderGroup(d.Name))
+	prefix := h.subj.ProviderGroup(d.Name) + "."
 	start := func(ctx context.Context, req rpc.Request) (any, error) {
 		var r protocol.ProviderStartRequest
 		if err := req.Decode(&r); err != nil {
@@ -296,9 +301,7 @@ func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider)
 		}
 		return h.startRun(ctx, p, r)
 	}
-	if err := g.AddEndpoint(protocol.OpProviderStart, rpc.Endpoint(ctx, h.cfg.NC, h.log, sem, h.instrument(protocol.OpProviderStart, start)),
-		micro.WithEndpointSubject(protocol.OpProviderStart)); err != nil {
-		_ = svc.Stop()
+	if err := svc.AddEndpoint(protocol.OpProviderStart, prefix+protocol.OpProviderStart, h.instrument(protocol.OpProviderStart, start)); err != nil {
 		return nil, err
 	}
 	if d.Continuable {
@@ -312,9 +315,7 @@ func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider)
 			}
 			return h.activate(ctx, p, r)
 		}
-		if err := g.AddEndpoint(protocol.OpProviderActivate, rpc.Endpoint(ctx, h.cfg.NC, h.log, sem, h.instrument(protocol.OpProviderActivate, activate)),
-			micro.WithEndpointSubject(protocol.OpProviderActivate)); err != nil {
-			_ = svc.Stop()
+		if err := svc.AddEndpoint(protocol.OpProviderActivate, prefix+protocol.OpProviderActivate, h.instrument(protocol.OpProviderActivate, activate)); err != nil {
 			return nil, err
 		}
 	}
@@ -329,9 +330,7 @@ func (h *Host) serveProvider(ctx context.Context, sem chan struct{}, p Provider)
 			}
 			return pr.Prepare(ctx, r)
 		}
-		if err := g.AddEndpoint(protocol.OpProviderPrepare, rpc.Endpoint(ctx, h.cfg.NC, h.log, sem, h.instrument(protocol.OpProviderPrepare, prepare)),
-			micro.WithEndpointSubject(protocol.OpProviderPrepare)); err != nil {
-			_ = svc.Stop()
+		if err := svc.AddEndpoint(protocol.OpProviderPrepare, prefix+protocol.OpProviderPrepare, h.instrument(protocol.OpProviderPrepare, prepare)); err != nil {
 			return nil, err
 		}
 	}
@@ -469,9 +468,11 @@ func (h *Host) snapshotRuns() []*hostedRun {
 	return out
 }
 
-// drain stops admission, waits for in-flight runs within the grace, then
-// disposes the rest.
-func (h *Host) drain(svcs []micro.Service) {
+// drain stops admission, lets in-flight turns finish within the grace, then
+// disposes the rest, under one deadline for the whole drain: DrainGrace for
+// the turns (the provider endpoints' requests in flight included), then
+// DrainTeardownMax for every disposal together.
+func (h *Host) drain(svcs []*rpc.Service) {
 	h.mu.Lock()
 	h.draining = true
 	h.mu.Unlock()
@@ -479,13 +480,16 @@ func (h *Host) drain(svcs []micro.Service) {
 	bctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	_ = h.beat(bctx)
 	cancel()
+	grace, cancel := context.WithTimeout(context.Background(), h.cfg.DrainGrace)
+	defer cancel()
 	for _, s := range svcs {
-		_ = s.Stop()
+		s.Stop(grace) // starts and activations in flight finish (or are refused): nothing new after this
 	}
-	// In-flight turns (one-shot runs, running activations) get the grace.
-	deadline := time.Now().Add(h.cfg.DrainGrace)
-	for time.Now().Before(deadline) && h.busy() {
-		time.Sleep(20 * time.Millisecond)
+	for grace.Err() == nil && h.busy() {
+		select {
+		case <-grace.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 	for _, r := range h.snapshotRuns() {
 		r.cancel(&agent.Cancel{Cause: protocol.CauseDisposed})
@@ -495,18 +499,22 @@ func (h *Host) drain(svcs []micro.Service) {
 	for _, a := range h.snapshotActs() {
 		a.stop(protocol.CauseDisposed)
 	}
+	teardown := time.NewTimer(DrainTeardownMax)
+	defer teardown.Stop()
 	for _, a := range h.snapshotActs() {
 		select {
 		case <-a.done:
-		case <-time.After(10 * time.Second):
-			h.log.Error("activation did not stop after dispose", "session", a.childID)
+		case <-teardown.C:
+			h.log.Error("activations did not stop within the drain's teardown bound", "bound", DrainTeardownMax.String(), "left", len(h.snapshotActs()))
+			return
 		}
 	}
 	for _, r := range h.snapshotRuns() {
 		select {
 		case <-r.done:
-		case <-time.After(10 * time.Second):
-			h.log.Error("run did not stop after dispose", "run", r.runID)
+		case <-teardown.C:
+			h.log.Error("runs did not stop within the drain's teardown bound", "bound", DrainTeardownMax.String(), "left", len(h.snapshotRuns()))
+			return
 		}
 	}
 }

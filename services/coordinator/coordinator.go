@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/brood-dev/brood/internal/buildinfo"
@@ -50,6 +49,10 @@ type Config struct {
 	RunAwaitWaitMax time.Duration
 	// RequestsInFlightMax bounds concurrently handled requests (1024).
 	RequestsInFlightMax int
+	// StopGrace is how long a stopping replica lets requests in flight
+	// finish before it cancels them (5 s); they then answer UNAVAILABLE, so
+	// callers retry on another replica.
+	StopGrace time.Duration
 	// HeadersCachedMax bounds the session header cache (10,000).
 	HeadersCachedMax int
 	// FollowsMax bounds the follows (events.follow) one replica streams at
@@ -98,6 +101,9 @@ func (c *Config) defaults() {
 	}
 	if c.RequestsInFlightMax <= 0 {
 		c.RequestsInFlightMax = 1024
+	}
+	if c.StopGrace <= 0 {
+		c.StopGrace = 5 * time.Second
 	}
 	if c.HeadersCachedMax <= 0 {
 		c.HeadersCachedMax = 10000
@@ -204,8 +210,9 @@ func (c *Coordinator) endpoints() []endpoint {
 }
 
 // Run starts the caches, serves the endpoints and watches liveness until ctx
-// is done; then it stops admitting and drains the micro service. A stop
-// through ctx returns nil.
+// is done; then it stops admitting, lets the requests in flight finish
+// (StopGrace, then they are cancelled) and returns only once every request
+// handler and background task returned. A stop through ctx returns nil.
 func (c *Coordinator) Run(ctx context.Context) error {
 	c.started = store.NowMs()
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
@@ -227,10 +234,13 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if err := c.beat(ctx); err != nil {
 		return fmt.Errorf("coordinator: first heartbeat: %w", err)
 	}
-	reqCtx, stopReqs := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopReqs()
-	sem := make(chan struct{}, c.cfg.RequestsInFlightMax)
-	svc, err := micro.AddService(c.cfg.NC, micro.Config{
+	srv := rpc.NewServer(c.cfg.NC, c.cfg.RequestsInFlightMax, c.log)
+	stopServing := func() {
+		sctx, cancel := context.WithTimeout(context.Background(), c.cfg.StopGrace)
+		defer cancel()
+		srv.Stop(sctx)
+	}
+	svc, err := srv.AddService(rpc.ServiceConfig{
 		Name:        protocol.CoordinatorService,
 		Version:     c.cfg.Version,
 		Description: "Brood coordinator: providers, roots, runs, continuable children",
@@ -240,32 +250,26 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("coordinator: micro service: %w", err)
 	}
-	g := svc.AddGroup(c.subj.CoordGroup())
 	for _, ep := range c.endpoints() {
 		name := strings.ReplaceAll(ep.subject, ".", "_")
-		if err := g.AddEndpoint(name, rpc.Endpoint(reqCtx, c.cfg.NC, c.log, sem, c.instrument(ep)), micro.WithEndpointSubject(ep.subject)); err != nil {
-			_ = svc.Stop()
+		if err := svc.AddEndpoint(name, c.subj.CoordGroup()+"."+ep.subject, c.instrument(ep)); err != nil {
+			stopServing()
 			return fmt.Errorf("coordinator: endpoint %s: %w", ep.subject, err)
 		}
 	}
-	catchAll, err := c.serveUnknownEndpoints(reqCtx, sem)
-	if err != nil {
-		_ = svc.Stop()
+	if err := c.serveUnknownEndpoints(srv); err != nil {
+		stopServing()
 		return err
 	}
-	defer func() { _ = catchAll.Unsubscribe() }()
 	// Credit requests of this replica's follows reach this replica only: its
 	// own subject (in the queue group, which the deployment's permissions require).
-	creditSub, err := c.cfg.NC.QueueSubscribe(c.subj.FollowCredit(c.cfg.ID), protocol.CoordinatorQueue,
-		rpc.MsgHandler(reqCtx, c.cfg.NC, c.log, sem, c.followCredit))
-	if err != nil {
-		_ = svc.Stop()
+	if err := srv.Subscribe(c.subj.FollowCredit(c.cfg.ID), protocol.CoordinatorQueue, nil, c.followCredit); err != nil {
+		stopServing()
 		return fmt.Errorf("coordinator: follow credit subscription: %w", err)
 	}
-	defer creditSub.Unsubscribe()
 	// The server knows the endpoints' subscriptions once a flush returns.
 	if err := c.cfg.NC.FlushTimeout(5 * time.Second); err != nil {
-		_ = svc.Stop()
+		stopServing()
 		return fmt.Errorf("coordinator: flush subscriptions: %w", err)
 	}
 	c.log.Info("coordinator serving")
@@ -284,10 +288,11 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	go func() { defer bg.Done(); c.monitor(bgCtx) }()
 
 	<-ctx.Done()
-	_ = svc.Stop()
+	// Admit nothing more; the requests in flight finish (within the grace,
+	// then cancelled, which ends the follows too) before Run returns.
+	stopServing()
 	stopBg()
 	bg.Wait()
-	stopReqs()
 	c.follows.wg.Wait() // each follow ended with an "end" message
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -303,7 +308,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 // service (so `nats micro stats` counts only real endpoints) in a queue group
 // of its own; a request to a real endpoint reaches it too (one more delivery
 // per request, a map lookup) and is left to that endpoint unanswered.
-func (c *Coordinator) serveUnknownEndpoints(ctx context.Context, sem chan struct{}) (*nats.Subscription, error) {
+func (c *Coordinator) serveUnknownEndpoints(srv *rpc.Server) error {
 	known := map[string]bool{}
 	var names []string
 	for _, ep := range c.endpoints() {
@@ -312,39 +317,36 @@ func (c *Coordinator) serveUnknownEndpoints(ctx context.Context, sem chan struct
 	}
 	sort.Strings(names)
 	group := c.subj.CoordGroup() + "."
-	unknown := rpc.MsgHandler(ctx, c.cfg.NC, c.log, sem, func(_ context.Context, req rpc.Request) (any, error) {
+	answer := func(_ context.Context, req rpc.Request) (any, error) {
 		ep := strings.TrimPrefix(req.Subject(), group)
+		if id, ok := strings.CutPrefix(ep, followCreditToken); ok {
+			return nil, protocol.NewError(protocol.CodeNotFound, map[string]any{
+				"what": "the follow's coordinator " + id + " (resume the follow after its last sequence)"})
+		}
 		return nil, &protocol.Error{Code: protocol.CodeNotFound,
 			Message: fmt.Sprintf("endpoint %q not found; the coordinator serves %s.<endpoint> for: %s", ep, c.subj.CoordGroup(), strings.Join(names, ", ")),
 			Details: map[string]any{"what": "endpoint " + ep, "endpoints": names}}
-	})
-	goneFollow := rpc.MsgHandler(ctx, c.cfg.NC, c.log, sem, func(_ context.Context, req rpc.Request) (any, error) {
-		return nil, protocol.NewError(protocol.CodeNotFound, map[string]any{
-			"what": "the follow's coordinator " + strings.TrimPrefix(req.Subject(), group+followCreditToken) + " (resume the follow after its last sequence)"})
-	})
-	// Its own queue group: NATS groups queue subscribers by queue name across
-	// subjects, so sharing the endpoints' group would take requests from them.
-	sub, err := c.cfg.NC.QueueSubscribe(group+">", protocol.CoordinatorUnknownQueue, func(m *nats.Msg) {
+	}
+	accept := func(m *nats.Msg) bool {
 		ep := strings.TrimPrefix(m.Subject, group)
 		if m.Reply == "" || known[ep] {
-			return
+			return false
 		}
 		// follow.<coordinatorId> is the credit subject of one replica's
 		// follows (FollowCredit): that replica answers while it lives; for
 		// one that is gone, NOT_FOUND tells the client to resume the follow.
 		if id, ok := strings.CutPrefix(ep, followCreditToken); ok {
-			if _, live, known := c.reg.hostKnown(id); id == c.cfg.ID || (known && live) {
-				return
-			}
-			goneFollow(m)
-			return
+			_, live, known := c.reg.hostKnown(id)
+			return id != c.cfg.ID && !(known && live)
 		}
-		unknown(m)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("coordinator: catch-all subscription: %w", err)
+		return true
 	}
-	return sub, nil
+	// Its own queue group: NATS groups queue subscribers by queue name across
+	// subjects, so sharing the endpoints' group would take requests from them.
+	if err := srv.Subscribe(group+">", protocol.CoordinatorUnknownQueue, accept, answer); err != nil {
+		return fmt.Errorf("coordinator: catch-all subscription: %w", err)
+	}
+	return nil
 }
 
 // instrument counts ep's answers and their latency (brood_requests_total,

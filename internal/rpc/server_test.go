@@ -1,0 +1,207 @@
+package rpc_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"go.uber.org/goleak"
+
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+type echo struct {
+	Text string `msgpack:"text" json:"text"`
+}
+
+func serve(t *testing.T, inFlightMax int, h rpc.Handler) (*nats.Conn, *rpc.Server, *rpc.Service) {
+	t.Helper()
+	srvNATS := testutil.Server(t)
+	nc := testutil.Connect(t, srvNATS.ClientURL())
+	snc := testutil.Connect(t, srvNATS.ClientURL())
+	srv := rpc.NewServer(snc, inFlightMax, slog.Default())
+	svc, err := srv.AddService(rpc.ServiceConfig{Name: "test-svc", Version: "1.0.0", Description: "test", QueueGroup: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.AddEndpoint("work", "test.work", h); err != nil {
+		t.Fatal(err)
+	}
+	if err := snc.FlushTimeout(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop(context.Background()) })
+	return nc, srv, svc
+}
+
+// TestStopWaitsForHandlersInFlight: Stop returns only after every handler
+// returned; a handler still running when the grace ends has its context
+// cancelled, and its caller is told UNAVAILABLE (retry elsewhere).
+func TestStopWaitsForHandlersInFlight(t *testing.T) {
+	tests := []struct {
+		name     string
+		grace    time.Duration
+		release  bool // the handler finishes by itself within the grace
+		wantCode protocol.Code
+	}{
+		{"finishes within the grace", 30 * time.Second, true, ""},
+		{"cancelled when the grace ends", 100 * time.Millisecond, false, protocol.CodeUnavailable},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			started, release := make(chan struct{}), make(chan struct{})
+			var returned atomic.Bool
+			nc, srv, _ := serve(t, 4, func(ctx context.Context, req rpc.Request) (any, error) {
+				close(started)
+				defer returned.Store(true)
+				select {
+				case <-release:
+					return echo{"done"}, nil
+				case <-ctx.Done():
+					return nil, protocol.Errorf(protocol.CodeCancelled, "cancelled")
+				}
+			})
+			callErr := make(chan error, 1)
+			go func() { callErr <- rpc.Call(context.Background(), nc, "test.work", echo{"x"}, nil) }()
+			select {
+			case <-started:
+			case err := <-callErr:
+				t.Fatalf("the request did not reach its handler: %v", err)
+			}
+			stopped := make(chan struct{})
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), tc.grace)
+				defer cancel()
+				srv.Stop(ctx)
+				close(stopped)
+			}()
+			if tc.release {
+				select {
+				case <-stopped:
+					t.Fatal("Stop returned while a handler was in flight")
+				case <-time.After(200 * time.Millisecond):
+				}
+				close(release)
+			}
+			select {
+			case <-stopped:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Stop did not return")
+			}
+			if !returned.Load() {
+				t.Fatal("Stop returned before the handler did")
+			}
+			if err := <-callErr; protocol.CodeOf(err) != tc.wantCode {
+				t.Fatalf("caller got %v, want code %q", err, tc.wantCode)
+			}
+		})
+	}
+}
+
+// TestEndpointRequestsRunConcurrently: requests to one endpoint do not wait
+// for each other (each handler here waits for all of them to arrive), and at
+// most inFlightMax run at once.
+func TestEndpointRequestsRunConcurrently(t *testing.T) {
+	const n, limit = 8, 8
+	var arrived sync.WaitGroup
+	arrived.Add(n)
+	var running, peak atomic.Int32
+	nc, _, _ := serve(t, limit, func(ctx context.Context, req rpc.Request) (any, error) {
+		cur := running.Add(1)
+		defer running.Add(-1)
+		for p := peak.Load(); cur > p && !peak.CompareAndSwap(p, cur); p = peak.Load() {
+		}
+		arrived.Done()
+		arrived.Wait()
+		return echo{"ok"}, nil
+	})
+	errs := make(chan error, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			errs <- rpc.Call(ctx, nc, "test.work", echo{"x"}, nil)
+		}()
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if peak.Load() != n {
+		t.Fatalf("peak concurrency %d, want %d", peak.Load(), n)
+	}
+}
+
+// TestMicroStatsAreTruthful: `nats micro stats` (STATS on $SRV) counts every
+// request, its error replies, and the time handlers took, although handlers
+// answer from their own goroutines; PING and INFO answer as nats.go micro's.
+func TestMicroStatsAreTruthful(t *testing.T) {
+	const took = 30 * time.Millisecond
+	nc, _, svc := serve(t, 16, func(ctx context.Context, req rpc.Request) (any, error) {
+		var r echo
+		if err := req.Decode(&r); err != nil {
+			return nil, err
+		}
+		time.Sleep(took)
+		if r.Text == "bad" {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "bad request")
+		}
+		return r, nil
+	})
+	var wg sync.WaitGroup
+	for _, text := range []string{"a", "b", "bad", "c", "bad"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = rpc.Call(context.Background(), nc, "test.work", echo{text}, nil)
+		}()
+	}
+	wg.Wait()
+	ask := func(subject string, v any) {
+		t.Helper()
+		m, err := nc.Request(subject, nil, 5*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", subject, err)
+		}
+		if err := json.Unmarshal(m.Data, v); err != nil {
+			t.Fatalf("%s: %v", subject, err)
+		}
+	}
+	var stats micro.Stats
+	ask("$SRV.STATS.test-svc."+svc.ID(), &stats)
+	if stats.Type != micro.StatsResponseType || len(stats.Endpoints) != 1 {
+		t.Fatalf("stats = %+v", stats)
+	}
+	e := stats.Endpoints[0]
+	if e.Name != "work" || e.Subject != "test.work" || e.QueueGroup != "q" || e.NumRequests != 5 || e.NumErrors != 2 ||
+		!strings.HasPrefix(e.LastError, "1001:INVALID_ARGUMENT: ") {
+		t.Fatalf("endpoint stats = %+v", e)
+	}
+	if e.ProcessingTime < 5*took || e.AverageProcessingTime < took {
+		t.Fatalf("processing time %s (average %s), want at least %s (average %s)", e.ProcessingTime, e.AverageProcessingTime, 5*took, took)
+	}
+	var info micro.Info
+	ask("$SRV.INFO.test-svc", &info)
+	if info.Type != micro.InfoResponseType || info.ID != svc.ID() || info.Version != "1.0.0" || len(info.Endpoints) != 1 || info.Endpoints[0].Subject != "test.work" {
+		t.Fatalf("info = %+v", info)
+	}
+	var ping micro.Ping
+	ask("$SRV.PING", &ping)
+	if ping.Type != micro.PingResponseType || ping.Name != "test-svc" || ping.ID != svc.ID() {
+		t.Fatalf("ping = %+v", ping)
+	}
+}
