@@ -429,7 +429,17 @@ func TestDrainScopes(t *testing.T) {
 		a := startCont(t, s, root.Ref(), long)
 		b := startCont(t, s, root.Ref(), long)
 		queued := followup(t, s, b.ChildID, ref(root), "say queued")
-		waitState(t, s, b.ChildID, ref(root), protocol.StateRunning, 5*time.Second)
+		// Both first turns run (their prompts claimed) before the drain: a
+		// prompt still unclaimed would stay queued, and after the lift its
+		// 30 s turn would come first (issue 16, fault 6: a running activation
+		// is not yet a running turn on a loaded machine).
+		for _, id := range []string{a.ChildID, b.ChildID} {
+			testutil.Eventually(t, 15*time.Second, func() bool {
+				_, evs := s.Log(id)
+				claims, _, _ := turnsOf(evs)
+				return len(claims) == 1
+			}, "the first turn of %s runs", id)
+		}
 		r, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: user})
 		if err != nil {
 			t.Fatal(err)

@@ -6,11 +6,15 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/embedded"
+	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
 )
@@ -148,4 +152,81 @@ func TestServerRestartIsNotHostLoss(t *testing.T) {
 			t.Errorf("the %s declared the live worker lost", name)
 		}
 	}
+}
+
+// gatedProvider is an in-process provider whose activations hang while it
+// is gated (a provider instance that takes a start and never answers).
+type gatedProvider struct {
+	worker.Provider
+	gated   atomic.Bool
+	release chan struct{}
+}
+
+func (g *gatedProvider) NewSession(ctx context.Context, spec worker.SessionSpec) (worker.Session, error) {
+	if g.gated.Load() {
+		select {
+		case <-g.release:
+		case <-ctx.Done():
+		}
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "the gated provider never answered")
+	}
+	return g.Provider.NewSession(ctx, spec)
+}
+
+// TestLivenessResumesDoNotWaitForEachOther (issue 16, fault 6; L1): accepted
+// messages of children with no live activation run within the stated bound
+// (a liveness sweep, then one resume) when nothing stops them, even while
+// other children's resumes hang on a provider that does not answer: one
+// resume never waits for another.
+func TestLivenessResumesDoNotWaitForEachOther(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.ProviderStartTimeout = 30 * time.Second })
+	s.AddSpawnWorker()
+	g := &gatedProvider{release: make(chan struct{}), Provider: &worker.InProcess{
+		Desc:   protocol.ProviderDescriptor{Name: "gated", Continuable: true, Tools: []string{}},
+		Models: func() (model.Model, error) { return model.NewScripted(), nil },
+		Tools:  func(worker.SessionSpec) ([]*agent.Tool, error) { return nil, nil },
+	}}
+	s.AddHost(g)
+	t.Cleanup(func() { close(g.release) })
+	root := s.Root()
+	ctx := context.Background()
+	const each = 4
+	var gated, free []string
+	for i := 0; i < each; i++ {
+		for _, p := range []string{"gated", "spawn"} {
+			c, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: p, Parent: root.Ref(), Label: p, Prompt: protocol.Text("say first")})
+			if err != nil {
+				t.Fatalf("start on %s: %v", p, err)
+			}
+			if p == "gated" {
+				gated = append(gated, c.ChildID)
+			} else {
+				free = append(free, c.ChildID)
+			}
+		}
+	}
+	for _, id := range append(append([]string(nil), gated...), free...) {
+		waitState(t, s, id, ref(root), protocol.StateNone, 20*time.Second)
+	}
+	// Items accepted while no activation is live (as after a host died):
+	// the gated provider now hangs on every activation.
+	g.gated.Store(true)
+	want := map[string]string{}
+	for _, id := range append(append([]string(nil), gated...), free...) {
+		mid, _, err := s.Store.Enqueue(ctx, id, storeItem("say again"), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[id] = mid
+	}
+	enqueued := time.Now()
+	for _, id := range free {
+		testutil.Eventually(t, 15*time.Second, func() bool {
+			_, evs := s.Log(id)
+			claims, _, _ := turnsOf(evs)
+			return len(claims) == 2 && claims[1] == want[id]
+		}, "the accepted item of %s runs although other resumes hang", id)
+	}
+	t.Logf("every free child's item was claimed %s after it was accepted", time.Since(enqueued))
 }

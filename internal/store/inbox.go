@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -97,20 +98,26 @@ func (s *Store) InboxOf(sessionID string) *SessionInbox {
 // Subject is the inbox subject (a core subscription on it wakes the agent).
 func (in *SessionInbox) Subject() string { return in.s.Subj.Inbox(in.sessionID) }
 
-// Pending returns the items with a sequence above after, oldest first.
+// Pending returns the items with a sequence above after, oldest first, or
+// an error: never fewer items than the inbox holds. (A batch direct get
+// ends without an error when its deadline passes, the connection's request
+// timeout when ctx has none, so each answer is checked: every item carries
+// how many more match, Nats-Num-Pending, and an answer with neither an item
+// nor the server's "no messages" is an error.)
 func (in *SessionInbox) Pending(ctx context.Context, after protocol.Seq) ([]InboxItem, error) {
 	var out []InboxItem
 	next := uint64(after) + 1
 	for {
-		msgs, err := jetstreamext.GetBatch(ctx, in.s.JS, in.s.Subj.StreamInbox(), 256,
+		msgs, err := jetstreamext.GetBatch(ctx, in.s.JS, in.s.Subj.StreamInbox(), InboxReadBatch,
 			jetstreamext.GetBatchSubject(in.Subject()), jetstreamext.GetBatchSeq(next))
 		if err != nil {
 			return nil, fmt.Errorf("read inbox %s: %w", in.sessionID, err)
 		}
-		got := 0
+		got, more, none := 0, uint64(0), false
 		for m, err := range msgs {
 			if err != nil {
 				if errors.Is(err, jetstreamext.ErrNoMessages) {
+					none = true
 					break
 				}
 				return nil, fmt.Errorf("read inbox %s: %w", in.sessionID, err)
@@ -119,16 +126,35 @@ func (in *SessionInbox) Pending(ctx context.Context, after protocol.Seq) ([]Inbo
 			if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &it); err != nil {
 				return nil, fmt.Errorf("decode inbox item %s@%d: %w", in.sessionID, m.Sequence, err)
 			}
+			if more, err = strconv.ParseUint(m.Header.Get(headerNumPending), 10, 64); err != nil {
+				return nil, fmt.Errorf("read inbox %s: item %d has no valid %s header", in.sessionID, m.Sequence, headerNumPending)
+			}
 			it.Seq = protocol.Seq(m.Sequence)
 			out = append(out, it)
 			next = m.Sequence + 1
 			got++
 		}
-		if got < 256 {
+		switch {
+		case none:
+			return out, nil
+		case got == 0:
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("read inbox %s: %w", in.sessionID, err)
+			}
+			return nil, fmt.Errorf("read inbox %s: no answer from the stream in time", in.sessionID)
+		case more == 0:
 			return out, nil
 		}
+		// More items match: the batch was full, or its answer was cut short.
 	}
 }
+
+// InboxReadBatch is how many items one direct get of an inbox asks for.
+const InboxReadBatch = 256
+
+// headerNumPending is the header of a batch direct get's answers that counts
+// the matching messages after this one (nats-server JSNumPending).
+const headerNumPending = "Nats-Num-Pending"
 
 // Remove deletes claimed or discarded items; an item already gone is fine.
 func (in *SessionInbox) Remove(ctx context.Context, seqs ...protocol.Seq) error {

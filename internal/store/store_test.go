@@ -206,3 +206,58 @@ func TestLogTailReadsOnlyAsFarBackAsNeeded(t *testing.T) {
 		t.Fatalf("empty log: %v %v %v", evs, whole, err)
 	}
 }
+
+// TestInboxPendingIsCompleteOrAnError: Pending returns every pending item of
+// the session, across batches and beside other sessions' items, or an error;
+// a read whose deadline passed is an error, never a short (empty) list, so
+// an activation never takes a cut-off read for an empty inbox.
+func TestInboxPendingIsCompleteOrAnError(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	const n = 2*store.InboxReadBatch + 88
+	var seqs []protocol.Seq
+	for i := 0; i < n; i++ {
+		for _, id := range []string{"S1", "S2"} {
+			_, seq, err := st.Enqueue(ctx, id, store.InboxItem{Content: protocol.Text(fmt.Sprintf("%s %d", id, i))}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if id == "S1" {
+				seqs = append(seqs, seq)
+			}
+		}
+	}
+	tests := []struct {
+		name  string
+		id    string
+		after protocol.Seq
+		want  []protocol.Seq
+	}{
+		{"all of them", "S1", 0, seqs},
+		{"after a sequence", "S1", seqs[300], seqs[301:]},
+		{"after the last", "S1", seqs[n-1], nil},
+		{"an empty inbox", "S3", 0, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			items, err := st.InboxOf(tc.id).Pending(ctx, tc.after)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(items) != len(tc.want) {
+				t.Fatalf("%d items, want %d", len(items), len(tc.want))
+			}
+			for i, it := range items {
+				if it.Seq != tc.want[i] {
+					t.Fatalf("item %d has seq %d, want %d", i, it.Seq, tc.want[i])
+				}
+			}
+		})
+	}
+	expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	if items, err := st.InboxOf("S1").Pending(expired, 0); err == nil {
+		t.Fatalf("a read past its deadline returned %d items and no error", len(items))
+	}
+}

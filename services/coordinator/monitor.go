@@ -325,20 +325,41 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	c.resumePending(ctx, id)
 }
 
+// LivenessResumesMax bounds the cold resumes the liveness sweep runs at
+// once; sessions beyond it wait for the next sweep.
+const LivenessResumesMax = 16
+
 // liveness resumes continuable children that have accepted items in their
-// inbox but no live activation (DESIGN.md §4, Liveness): an accepted message
-// never waits for another followup to be noticed.
+// inbox but no live activation (DESIGN.md §4, Liveness; RELIABILITY.md, L1):
+// an accepted message never waits for another followup to be noticed. Each
+// sweep (every LivenessInterval, and at once when a drain is lifted) starts
+// the resumes it finds in parallel, each bounded by resumeTimeout, so one
+// slow or failing resume (a provider that does not answer) delays no other
+// session, and a resume that failed or was cut off is tried again at the
+// next sweep. Only a session that can never be resumed (a root's inbox, a
+// one-shot child, an ACP session without session/load) is skipped, until
+// its inbox changes or a minute passed.
 func (c *Coordinator) liveness(ctx context.Context) {
 	t := time.NewTicker(c.cfg.LivenessInterval)
 	defer t.Stop()
-	skip := map[string]time.Time{} // sessions found not resumable, until when
+	type never struct {
+		pending uint64 // the inbox's item count when it was found not resumable
+		until   time.Time
+	}
+	var mu sync.Mutex
+	skip := map[string]never{}
+	slots := make(chan struct{}, LivenessResumesMax)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-c.kick: // a drain was lifted: held messages run now
+			mu.Lock()
 			clear(skip)
+			mu.Unlock()
 		}
 		info, err := c.st.Inbox.Info(ctx, jetstream.WithSubjectFilter(c.subj.Inbox("*")))
 		if err != nil {
@@ -347,34 +368,71 @@ func (c *Coordinator) liveness(ctx context.Context) {
 		now := time.Now()
 		for subject, n := range info.State.Subjects {
 			id := protocol.SessionIDFromSubject(subject)
-			if n == 0 || now.Before(skip[id]) {
+			mu.Lock()
+			sk, skipped := skip[id]
+			mu.Unlock()
+			if n == 0 || (skipped && sk.pending == n && now.Before(sk.until)) {
 				continue
 			}
 			if l, ok := c.agents.get(id); ok && c.leaseLive(l.rec) {
 				continue // resident: the activation claims its own inbox
 			}
-			if !c.resumePending(ctx, id) {
-				skip[id] = now.Add(time.Minute)
+			if !c.claim("resume." + id) {
+				continue // a resume of it is in flight
 			}
+			select {
+			case slots <- struct{}{}:
+			default:
+				c.release("resume." + id) // every slot is busy: the next sweep
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-slots }()
+				defer c.release("resume." + id)
+				rctx, cancel := context.WithTimeout(ctx, c.resumeTimeout())
+				defer cancel()
+				resumable := c.resume(rctx, id)
+				mu.Lock()
+				if resumable {
+					delete(skip, id)
+				} else {
+					skip[id] = never{pending: n, until: now.Add(time.Minute)}
+				}
+				mu.Unlock()
+			}()
 		}
 	}
 }
 
+// resumeTimeout bounds one cold resume: the reads it needs and the
+// provider's answer to activate.
+func (c *Coordinator) resumeTimeout() time.Duration {
+	return c.cfg.ProviderStartTimeout + 10*time.Second
+}
+
 // resumePending cold-resumes a child with pending inbox items and no live
-// activation. It reports false when the session will never be resumed (not
-// a continuable child), so callers stop asking.
+// activation (unless a resume of it is in flight). It reports false when
+// the session will never be resumed (not a continuable child), so callers
+// stop asking.
 func (c *Coordinator) resumePending(ctx context.Context, id string) bool {
 	if !c.claim("resume." + id) {
 		return true
 	}
 	defer c.release("resume." + id)
+	return c.resume(ctx, id)
+}
+
+// resume is resumePending for a caller that claimed "resume."+id.
+func (c *Coordinator) resume(ctx context.Context, id string) bool {
 	items, err := c.st.InboxOf(id).Pending(ctx, 0)
 	if err != nil || len(items) == 0 {
 		return true
 	}
 	h, err := c.headers.get(ctx, c.st, id)
 	if err != nil {
-		return err != nil && !errors.Is(err, store.ErrNotFound)
+		return !errors.Is(err, store.ErrNotFound)
 	}
 	if h.ParentSession == "" || h.Origin != protocol.OriginSubagent {
 		return false // a root's inbox is its client's to read
@@ -392,7 +450,7 @@ func (c *Coordinator) resumePending(ctx context.Context, id string) bool {
 		return !errors.Is(err, protocol.ErrNotResumable)
 	}
 	if err := c.coldResume(ctx, h, d, ""); err != nil {
-		c.log.Warn("liveness: cold resume failed; will retry", "session", id, "err", err)
+		c.log.Warn("liveness: cold resume failed; the next sweep tries again", "session", id, "err", err)
 	}
 	return true
 }
