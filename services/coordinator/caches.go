@@ -55,6 +55,11 @@ func (w *kvWatch) restart() {
 // opening one failed (the server is down or JetStream recovering).
 const kvWatchRetry = 250 * time.Millisecond
 
+// kvWatchInitialMax bounds how long a new watch may take to deliver the
+// bucket's current values; a slower one is opened again (its consumer may
+// have been created while the stream was still electing a leader).
+const kvWatchInitialMax = 10 * time.Second
+
 // run watches until ctx is done, opening the watch again whenever it ends or
 // restart is called.
 func (w *kvWatch) run(ctx context.Context, onRestart func()) {
@@ -85,10 +90,17 @@ func (w *kvWatch) run(ctx context.Context, onRestart func()) {
 // restart is requested.
 func (w *kvWatch) consume(ctx context.Context, kw jetstream.KeyWatcher) {
 	snapshot := map[string]bool{} // keys of the initial values; nil once they are in
+	initial := time.NewTimer(kvWatchInitialMax)
+	defer initial.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-initial.C:
+			if snapshot != nil {
+				w.log.Warn("KV watch delivered no complete snapshot in time; opening it again", "bucket", w.name, "bound", kvWatchInitialMax.String())
+				return
+			}
 		case <-w.again:
 			w.log.Info("restarting a KV watch", "bucket", w.name)
 			return
