@@ -255,26 +255,13 @@ func (h *Host) settle(r *hostedRun, res protocol.SubagentResult) {
 	}
 }
 
-// PublishSettled publishes a settled run to its notify subject and emits
-// subagent/end; only the settlement winner calls it.
+// PublishSettled emits subagent/end, then publishes the settled run to its
+// notify subject; only the settlement winner calls it. The end event goes
+// first, on the same connection, so the events stream holds it before
+// anything a caller does once it has the result (the next run's
+// subagent/start): readers of the events see them in causal order.
 func PublishSettled(st *store.Store, rec protocol.RunRecord, onErr func(error)) {
 	res := *rec.Result
-	if rec.Notify != "" {
-		enc := protocol.Msgpack
-		if rec.NotifyJSON {
-			enc = protocol.JSON // in the encoding of the start request
-		}
-		data, err := protocol.Marshal(enc, protocol.RunNotice{
-			RunID: rec.RunID, ChildID: rec.ChildID, ParentSession: rec.ParentSession, Provider: rec.Provider, Result: res,
-		})
-		if err == nil {
-			err = st.NC.PublishMsg(&nats.Msg{Subject: rec.Notify, Data: data, Header: nats.Header{
-				protocol.HeaderContentType: []string{enc.ContentType()}}})
-		}
-		if err != nil {
-			onErr(fmt.Errorf("notify %s: %w", rec.Notify, err))
-		}
-	}
 	ev := protocol.LifecycleEvent{
 		Type: protocol.LifecycleEnd, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,
 		ParentSession: rec.ParentSession, Local: !rec.Remote, Mode: rec.Mode, Time: store.NowMs(),
@@ -284,6 +271,23 @@ func PublishSettled(st *store.Store, rec protocol.RunRecord, onErr func(error)) 
 		ev.LastAssistantMessage = res.Output
 	}
 	st.PublishEvent(ev, onErr)
+	if rec.Notify == "" {
+		return
+	}
+	enc := protocol.Msgpack
+	if rec.NotifyJSON {
+		enc = protocol.JSON // in the encoding of the start request
+	}
+	data, err := protocol.Marshal(enc, protocol.RunNotice{
+		RunID: rec.RunID, ChildID: rec.ChildID, ParentSession: rec.ParentSession, Provider: rec.Provider, Result: res,
+	})
+	if err == nil {
+		err = st.NC.PublishMsg(&nats.Msg{Subject: rec.Notify, Data: data, Header: nats.Header{
+			protocol.HeaderContentType: []string{enc.ContentType()}}})
+	}
+	if err != nil {
+		onErr(fmt.Errorf("notify %s: %w", rec.Notify, err))
+	}
 }
 
 // handleHost serves `<prefix>.v1.host.<hostId>.<op>`.
