@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -45,6 +46,7 @@ func TestChaos(t *testing.T) {
 	}
 	var total Summary
 	total.Faults = map[string]int{}
+	table := NewTable()
 	allHeld := true
 	for _, seed := range seeds {
 		dir := t.TempDir()
@@ -73,6 +75,7 @@ func TestChaos(t *testing.T) {
 			allHeld = false
 			t.Errorf("seed %d: invariants violated (logs in %s)", seed, cfg.Dir)
 		}
+		table.Add(res.Report)
 		s := res.Report.Summary
 		total.Ops += s.Ops
 		total.Accepted += s.Accepted
@@ -100,7 +103,10 @@ func TestChaos(t *testing.T) {
 	for c, n := range total.Faults {
 		classesSeen = append(classesSeen, fmt.Sprintf("%s×%d", c, n))
 	}
+	sort.Strings(classesSeen)
 	t.Logf("chaos total faults: %s", strings.Join(classesSeen, ", "))
+	t.Logf("chaos fault classes × invariants (checks in each class's windows, %s before a fault to %s after its heal):\n%s",
+		faultLead, faultTail, table.Markdown())
 }
 
 var checkHistory = flag.String("chaos.check", "", "a saved history (-chaos.history) for TestCheckSavedHistory to check again")
@@ -119,6 +125,9 @@ func TestCheckSavedHistory(t *testing.T) {
 	for _, line := range r.Lines() {
 		t.Log(line)
 	}
+	table := NewTable()
+	table.Add(r)
+	t.Logf("fault classes × invariants:\n%s", table.Markdown())
 	if !r.OK() {
 		t.Error("invariants violated")
 	}

@@ -3,6 +3,7 @@ package chaos
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -62,6 +63,18 @@ type Summary struct {
 type Report struct {
 	Verdicts []Verdict `json:"verdicts"`
 	Summary  Summary   `json:"summary"`
+	// ByClass attributes every check to the fault classes whose windows
+	// held it (NoFault for none): class -> invariant -> cell.
+	ByClass map[string]map[string]*Cell `json:"byClass"`
+	// Recovery is, per fault class, the longest wait after one of its
+	// faults healed (see Summary.LongestRecovery).
+	Recovery map[string]time.Duration `json:"recovery"`
+}
+
+// Cell counts the checks of one invariant in one fault class's windows.
+type Cell struct {
+	Checked    int `json:"checked"`
+	Violations int `json:"violations"`
 }
 
 // OK reports whether every invariant held.
@@ -167,6 +180,8 @@ type checker struct {
 	// processing bound started (for the recovery figure).
 	processedAt map[string]int64
 	opMessages  map[string]bool
+	byClass     map[string]map[string]*Cell
+	recoveries  map[string]time.Duration
 	// epochStart: a continuable epoch's subagent/start time. Its settled
 	// record carries the child's creation time, not its own
 	// (internal/worker settles with the header's CreatedAt).
@@ -181,7 +196,8 @@ type checker struct {
 // upstream-behaviour §5.11).
 func Check(h *History) *Report {
 	c := &checker{h: h, snap: h.Snapshot, sessions: map[string]*session{}, occ: map[int64][]occurrence{},
-		ops: map[int64]*Op{}, v: map[string]*Verdict{}, processedAt: map[string]int64{}}
+		ops: map[int64]*Op{}, v: map[string]*Verdict{}, processedAt: map[string]int64{},
+		byClass: map[string]map[string]*Cell{}, recoveries: map[string]time.Duration{}}
 	if c.snap == nil {
 		c.snap = &Snapshot{}
 	}
@@ -216,22 +232,88 @@ func Check(h *History) *Report {
 	c.checkLifecycle()
 	c.checkLimits()
 	c.recovery()
-	r := &Report{Summary: c.sum}
+	r := &Report{Summary: c.sum, ByClass: c.byClass, Recovery: c.recoveries}
 	for _, t := range invariantTitles {
 		r.Verdicts = append(r.Verdicts, *c.v[t.name])
 	}
 	return r
 }
 
-func (c *checker) fail(name, format string, args ...any) {
+// fail records a violation of invariant name by something that happened at
+// at (epoch ms), which attributes it to the faults around that time.
+func (c *checker) fail(name string, at int64, format string, args ...any) {
 	v := c.v[name]
 	v.Violations++
 	if len(v.Examples) < examplesMax {
 		v.Examples = append(v.Examples, fmt.Sprintf(format, args...))
 	}
+	for _, class := range c.classesAt(at) {
+		c.cell(class, name).Violations++
+	}
 }
 
-func (c *checker) checked(name string) { c.v[name].Checked++ }
+// checked counts one check of invariant name on something at at.
+func (c *checker) checked(name string, at int64) {
+	c.v[name].Checked++
+	for _, class := range c.classesAt(at) {
+		c.cell(class, name).Checked++
+	}
+}
+
+// Attribution windows: a check belongs to every fault whose window, from
+// faultLead before its start to faultTail after its heal, holds the time of
+// what was checked; the rest belong to NoFault.
+const (
+	faultLead = 2 * time.Second
+	faultTail = 10 * time.Second
+	// NoFault names the checks no fault window holds.
+	NoFault = "no fault"
+)
+
+func (c *checker) classesAt(at int64) []string {
+	var out []string
+	for _, f := range c.h.Faults {
+		if at >= f.Start-faultLead.Milliseconds() && at <= f.End+faultTail.Milliseconds() && !slices.Contains(out, f.Class) {
+			out = append(out, f.Class)
+		}
+	}
+	if len(out) == 0 {
+		out = append(out, NoFault)
+	}
+	return out
+}
+
+func (c *checker) cell(class, name string) *Cell {
+	row := c.byClass[class]
+	if row == nil {
+		row = map[string]*Cell{}
+		c.byClass[class] = row
+	}
+	if row[name] == nil {
+		row[name] = &Cell{}
+	}
+	return row[name]
+}
+
+// runEnd is the time of run's last subagent/end.
+func (c *checker) runEnd(runID string) int64 {
+	var t int64
+	for _, ev := range c.snap.Lifecycle {
+		if ev.RunID == runID && ev.Type == protocol.LifecycleEnd {
+			t = max(t, ev.Time)
+		}
+	}
+	return t
+}
+
+// firstTime is the time of a session's first event (its header's creation
+// when it has none).
+func (s *session) firstTime() int64 {
+	if len(s.events) > 0 {
+		return s.events[0].Time
+	}
+	return s.header.CreatedAt
+}
 
 func (c *checker) sess(id string) *session {
 	s := c.sessions[id]
@@ -355,22 +437,22 @@ func (c *checker) checkMessages() {
 		}
 		if len(ids) > 1 {
 			c.sum.Duplicated++
-			c.fail("I2", "op %d (%s to %s): its message was accepted %d times as %v", op.ID, op.Kind, op.Child, len(ids), keys(ids))
+			c.fail("I2", op.Invoke, "op %d (%s to %s): its message was accepted %d times as %v", op.ID, op.Kind, op.Child, len(ids), keys(ids))
 		}
 		switch op.Outcome {
 		case OutcomeOK:
 			c.sum.Messages++
-			c.checked("I1")
-			c.checked("L1")
+			c.checked("I1", op.Complete)
+			c.checked("L1", op.Complete)
 			c.checkAccepted(op, op.MessageID)
 		case OutcomeUnknown:
 			for id := range ids {
 				c.checkAccepted(op, id)
 			}
 		case OutcomeFail:
-			c.checked("I1")
+			c.checked("I1", op.Invoke)
 			for id := range ids {
-				c.fail("I1", "op %d (%s to %s) was refused (%s) yet its message %s was accepted", op.ID, op.Kind, op.Child, op.Code, id)
+				c.fail("I1", op.Invoke, "op %d (%s to %s) was refused (%s) yet its message %s was accepted", op.ID, op.Kind, op.Child, op.Code, id)
 			}
 		}
 	}
@@ -380,7 +462,7 @@ func (c *checker) checkMessages() {
 		for mid, times := range s.dequeues {
 			if len(times) > 1 && !c.isOpMessage(mid) {
 				c.sum.Duplicated++
-				c.fail("I2", "message %s claimed %d times by %s", mid, len(times), s.id)
+				c.fail("I2", times[0], "message %s claimed %d times by %s", mid, len(times), s.id)
 			}
 		}
 		if c.isRoot(s.id) {
@@ -394,7 +476,7 @@ func (c *checker) checkMessages() {
 				continue
 			}
 			c.sum.Stuck++
-			c.fail("L1", "inbox item %s of %s is still pending after the bound", mid, s.id)
+			c.fail("L1", c.snap.TakenAt, "inbox item %s of %s is still pending after the bound", mid, s.id)
 		}
 	}
 }
@@ -450,25 +532,25 @@ func (c *checker) checkAccepted(op *Op, mid string) {
 	switch {
 	case len(times) == 1 && discarded:
 		c.sum.Duplicated++
-		c.fail("I2", "op %d (%s to %s): message %s both claimed and discarded", op.ID, op.Kind, op.Child, mid)
+		c.fail("I2", op.Complete, "op %d (%s to %s): message %s both claimed and discarded", op.ID, op.Kind, op.Child, mid)
 	case len(times) == 1:
 		c.processed(op, mid, times[0])
 	case len(times) > 1:
 		c.sum.Duplicated++
-		c.fail("I2", "op %d (%s to %s): message %s claimed %d times", op.ID, op.Kind, op.Child, mid, len(times))
+		c.fail("I2", op.Complete, "op %d (%s to %s): message %s claimed %d times", op.ID, op.Kind, op.Child, mid, len(times))
 	case discarded && c.underEndedRun(op.Child):
 		// Dropped unrun, and logged so, because a one-shot ancestor ended:
 		// its descendants end with it (I5), their queues with them.
 		c.sum.Discarded++
 	case discarded:
 		c.sum.Lost++
-		c.fail("I1", "op %d (%s to %s): message %s accepted at %s was discarded unrun (%s) with no ended ancestor", op.ID, op.Kind, op.Child, mid, c.at(op.Complete), reason)
+		c.fail("I1", op.Complete, "op %d (%s to %s): message %s accepted at %s was discarded unrun (%s) with no ended ancestor", op.ID, op.Kind, op.Child, mid, c.at(op.Complete), reason)
 	case pending:
 		c.sum.Stuck++
-		c.fail("L1", "op %d (%s to %s): message %s accepted at %s is still pending", op.ID, op.Kind, op.Child, mid, c.at(op.Complete))
+		c.fail("L1", op.Complete, "op %d (%s to %s): message %s accepted at %s is still pending", op.ID, op.Kind, op.Child, mid, c.at(op.Complete))
 	case op.Outcome == OutcomeOK:
 		c.sum.Lost++
-		c.fail("I1", "op %d (%s to %s): message %s accepted at %s is neither in the log nor in the inbox: lost", op.ID, op.Kind, op.Child, mid, c.at(op.Complete))
+		c.fail("I1", op.Complete, "op %d (%s to %s): message %s accepted at %s is neither in the log nor in the inbox: lost", op.ID, op.Kind, op.Child, mid, c.at(op.Complete))
 	}
 }
 
@@ -502,7 +584,7 @@ func (c *checker) processed(op *Op, mid string, at int64) {
 	from := c.waitStart(op, accepted, at)
 	deadline := c.faultAware(from, c.h.Bounds.Process)
 	if at > deadline {
-		c.fail("L1", "op %d (%s to %s): message %s accepted at %s claimed at %s, past the bound (%s after %s)",
+		c.fail("L1", accepted, "op %d (%s to %s): message %s accepted at %s claimed at %s, past the bound (%s after %s)",
 			op.ID, op.Kind, op.Child, mid, c.at(accepted), c.at(at), c.h.Bounds.Process, c.at(from))
 	}
 }
@@ -606,22 +688,22 @@ func (c *checker) checkRuns() {
 	for runID, n := range ends {
 		if n > 1 {
 			c.sum.Duplicated++
-			c.fail("I2", "run %s has %d subagent/end events: settled more than once", runID, n)
+			c.fail("I2", c.runEnd(runID), "run %s has %d subagent/end events: settled more than once", runID, n)
 		}
 	}
 	for _, op := range c.h.Ops {
 		if op.Kind != OpRun {
 			continue
 		}
-		c.checked("I2")
+		c.checked("I2", op.Invoke)
 		if len(op.Notices) > 1 {
 			c.sum.Duplicated++
-			c.fail("I2", "op %d: run %s was announced settled %d times (%v)", op.ID, op.RunID, len(op.Notices), op.Notices)
+			c.fail("I2", op.Invoke, "op %d: run %s was announced settled %d times (%v)", op.ID, op.RunID, len(op.Notices), op.Notices)
 		}
 		if op.Outcome == OutcomeFail {
-			c.checked("I1")
+			c.checked("I1", op.Invoke)
 			for _, o := range c.occ[op.ID] {
-				c.fail("I1", "op %d (run) was refused (%s) yet child %s got its prompt", op.ID, op.Code, o.session)
+				c.fail("I1", op.Invoke, "op %d (run) was refused (%s) yet child %s got its prompt", op.ID, op.Code, o.session)
 			}
 		}
 		children := map[string]bool{}
@@ -632,7 +714,7 @@ func (c *checker) checkRuns() {
 		}
 		if len(children) > 1 {
 			c.sum.Duplicated++
-			c.fail("I2", "op %d: one runs.start made %d children %v", op.ID, len(children), keys(children))
+			c.fail("I2", op.Invoke, "op %d: one runs.start made %d children %v", op.ID, len(children), keys(children))
 		}
 	}
 	for _, s := range c.sessions {
@@ -644,7 +726,7 @@ func (c *checker) checkRuns() {
 		}
 		if oneShot && s.turns > 1 {
 			c.sum.Duplicated++
-			c.fail("I2", "one-shot child %s ran %d turns", s.id, s.turns)
+			c.fail("I2", s.firstTime(), "one-shot child %s ran %d turns", s.id, s.turns)
 		}
 	}
 }
@@ -672,9 +754,9 @@ func (c *checker) checkOrder() {
 			if !ok {
 				continue
 			}
-			c.checked("I3")
+			c.checked("I3", op.Invoke)
 			if pos < last {
-				c.fail("I3", "child %s claimed op %d's message before op %d's, sent earlier by %s", k.child, op.ID, lastOp, k.sender)
+				c.fail("I3", op.Invoke, "child %s claimed op %d's message before op %d's, sent earlier by %s", k.child, op.ID, lastOp, k.sender)
 			}
 			last, lastOp = pos, op.ID
 		}
@@ -688,12 +770,12 @@ func (c *checker) checkForeign() {
 		if op.Kind != OpForeign {
 			continue
 		}
-		c.checked("I4")
+		c.checked("I4", op.Invoke)
 		if op.Outcome == OutcomeOK {
-			c.fail("I4", "op %d (%s, acting on %s) was accepted", op.ID, op.ForeignKind, op.Child)
+			c.fail("I4", op.Invoke, "op %d (%s, acting on %s) was accepted", op.ID, op.ForeignKind, op.Child)
 		}
 		for _, o := range c.occ[op.ID] {
-			c.fail("I4", "op %d (%s): its message reached %s as %s", op.ID, op.ForeignKind, o.session, o.messageID)
+			c.fail("I4", op.Invoke, "op %d (%s): its message reached %s as %s", op.ID, op.ForeignKind, o.session, o.messageID)
 		}
 	}
 }
@@ -731,13 +813,13 @@ func (c *checker) checkCascades() {
 				default:
 					continue
 				}
-				c.checked("I5")
+				c.checked("I5", t)
 				deadline := c.faultAware(from, c.h.Bounds.Cascade)
 				switch {
 				case r.State != protocol.RunSettled:
-					c.fail("I5", "op %d (%s of %s at %s): descendant %s run %s never settled", op.ID, op.Kind, top, c.at(t), id, r.RunID)
+					c.fail("I5", t, "op %d (%s of %s at %s): descendant %s run %s never settled", op.ID, op.Kind, top, c.at(t), id, r.RunID)
 				case r.SettledAt > deadline:
-					c.fail("I5", "op %d (%s of %s at %s): descendant %s run %s settled at %s, past the bound", op.ID, op.Kind, top, c.at(t), id, r.RunID, c.at(r.SettledAt))
+					c.fail("I5", t, "op %d (%s of %s at %s): descendant %s run %s settled at %s, past the bound", op.ID, op.Kind, top, c.at(t), id, r.RunID, c.at(r.SettledAt))
 				}
 			}
 		}
@@ -750,20 +832,20 @@ func (c *checker) checkCascades() {
 func (c *checker) checkRecords() {
 	limit := (c.h.Bounds.HostExpiry + c.h.Bounds.Grace).Milliseconds()
 	for _, r := range c.snap.Runs {
-		c.checked("I6")
+		c.checked("I6", c.created(r))
 		if r.State != protocol.RunSettled && c.faultAware(c.created(r), 0)+limit < c.snap.TakenAt {
 			c.sum.Stuck++
-			c.fail("I6", "run %s (%s child %s) is still running, created at %s", r.RunID, r.Mode, r.ChildID, c.at(c.created(r)))
+			c.fail("I6", c.created(r), "run %s (%s child %s) is still running, created at %s", r.RunID, r.Mode, r.ChildID, c.at(c.created(r)))
 		}
 	}
 	for _, op := range c.h.Ops {
 		if op.Kind != OpStart || op.Outcome != OutcomeOK {
 			continue
 		}
-		c.checked("I6")
+		c.checked("I6", op.Invoke)
 		s := c.sessions[op.Child]
 		if s == nil || !s.hasHeader {
-			c.fail("I6", "op %d: continuable child %s has no header", op.ID, op.Child)
+			c.fail("I6", op.Invoke, "op %d: continuable child %s has no header", op.ID, op.Child)
 			continue
 		}
 		found := false
@@ -774,7 +856,7 @@ func (c *checker) checkRecords() {
 			}
 		}
 		if !found {
-			c.fail("I6", "op %d: continuable child %s has no descriptor in its log: not resumable", op.ID, op.Child)
+			c.fail("I6", op.Invoke, "op %d: continuable child %s has no descriptor in its log: not resumable", op.ID, op.Child)
 		}
 	}
 }
@@ -804,25 +886,25 @@ func (c *checker) checkLifecycle() {
 		}
 	}
 	for runID, p := range runs {
-		c.checked("I7")
+		c.checked("I7", p.startAt)
 		switch {
 		case p.starts != 1 || p.ends != 1:
-			c.fail("I7", "run %s of %s: %d subagent/start and %d subagent/end", runID, p.child, p.starts, p.ends)
+			c.fail("I7", max(p.startAt, p.endAt), "run %s of %s: %d subagent/start and %d subagent/end", runID, p.child, p.starts, p.ends)
 		case p.endAt < p.startAt:
-			c.fail("I7", "run %s of %s: subagent/end at %s before its start at %s", runID, p.child, c.at(p.endAt), c.at(p.startAt))
+			c.fail("I7", p.startAt, "run %s of %s: subagent/end at %s before its start at %s", runID, p.child, c.at(p.endAt), c.at(p.startAt))
 		}
 	}
 	for id, s := range c.sessions {
 		if len(s.events) == 0 {
 			continue
 		}
-		c.checked("I7")
+		c.checked("I7", s.firstTime())
 		evs := make([]protocol.SessionEvent, len(s.events))
 		for i, e := range s.events {
 			evs[i] = e.session()
 		}
 		if err := agent.ValidateReplay(evs, false); err != nil {
-			c.fail("I7", "log of %s does not replay: %v", id, err)
+			c.fail("I7", s.firstTime(), "log of %s does not replay: %v", id, err)
 		}
 	}
 }
@@ -834,14 +916,14 @@ func (c *checker) checkLimits() {
 		if !s.hasHeader {
 			continue
 		}
-		c.checked("I8")
+		c.checked("I8", s.header.CreatedAt)
 		d := s.header.DelegationDepth
 		if s.header.DepthCap != nil && d > *s.header.DepthCap {
 			c.sum.LimitBreaches++
-			c.fail("I8", "session %s at depth %d exceeds its cap %d", id, d, *s.header.DepthCap)
+			c.fail("I8", s.header.CreatedAt, "session %s at depth %d exceeds its cap %d", id, d, *s.header.DepthCap)
 		} else if c.h.Limits.DepthMax > 0 && d > c.h.Limits.DepthMax {
 			c.sum.LimitBreaches++
-			c.fail("I8", "session %s at depth %d exceeds the deployment's %d", id, d, c.h.Limits.DepthMax)
+			c.fail("I8", s.header.CreatedAt, "session %s at depth %d exceeds the deployment's %d", id, d, c.h.Limits.DepthMax)
 		}
 	}
 	if c.h.Limits.LiveChildrenMax <= 0 {
@@ -883,7 +965,7 @@ func (c *checker) checkLimits() {
 				continue
 			}
 			admitted[sp.child] = true
-			c.checked("I8")
+			c.checked("I8", sp.from)
 			live := map[string]bool{}
 			for _, o := range spans {
 				if o.child != sp.child && o.from <= sp.from && sp.from < o.to {
@@ -892,7 +974,7 @@ func (c *checker) checkLimits() {
 			}
 			if len(live) >= c.h.Limits.LiveChildrenMax {
 				c.sum.LimitBreaches++
-				c.fail("I8", "parent %s admitted child %s at %s with %d children live; the limit is %d", parent, sp.child, c.at(sp.from), len(live), c.h.Limits.LiveChildrenMax)
+				c.fail("I8", sp.from, "parent %s admitted child %s at %s with %d children live; the limit is %d", parent, sp.child, c.at(sp.from), len(live), c.h.Limits.LiveChildrenMax)
 			}
 		}
 	}
@@ -922,9 +1004,11 @@ func (c *checker) recovery() {
 				worst = max(worst, r.SettledAt-f.End)
 			}
 		}
-		if d := time.Duration(worst) * time.Millisecond; d > c.sum.LongestRecovery {
+		d := time.Duration(worst) * time.Millisecond
+		if d > c.sum.LongestRecovery {
 			c.sum.LongestRecovery, c.sum.RecoveryAfter = d, f.Class+" "+f.Target
 		}
+		c.recoveries[f.Class] = max(c.recoveries[f.Class], d)
 	}
 }
 
