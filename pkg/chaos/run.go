@@ -30,6 +30,12 @@ type RunConfig struct {
 	Classes []string
 	// Clients of the workload (4).
 	Clients int
+	// Provider of the workload's children ("spawn"). Workers, when given,
+	// are the processes that serve it (your provider's workers: the
+	// nemesis kills and pauses them like Brood's); otherwise two Brood
+	// spawn workers do.
+	Provider string
+	Workers  []ProcessSpec
 	// Heartbeat and HostExpiry of every Brood process (500 ms, 3 s).
 	Heartbeat  time.Duration
 	HostExpiry time.Duration
@@ -91,19 +97,33 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 		return nil, err
 	}
 	defer c.Close()
+	if cfg.Provider == "" {
+		cfg.Provider = "spawn"
+	}
+	spawnWorkers := 0
+	if len(cfg.Workers) > 0 {
+		spawnWorkers = -1
+	}
 	b, err := c.StartBrood(ctx, BroodConfig{
 		Binary: cfg.Brood, Heartbeat: cfg.Heartbeat, HostExpiry: cfg.HostExpiry, DrainGrace: 2 * time.Second,
-		LiveChildrenMax: cfg.LiveChildrenMax,
+		LiveChildrenMax: cfg.LiveChildrenMax, SpawnWorkers: spawnWorkers,
 	})
 	if err != nil {
 		return nil, err
+	}
+	for _, spec := range cfg.Workers {
+		p, err := c.StartProcess(ctx, spec)
+		if err != nil {
+			return nil, err
+		}
+		b.Workers = append(b.Workers, p)
 	}
 	observer, err := connectDirect(c)
 	if err != nil {
 		return nil, err
 	}
 	defer observer.Close()
-	if err := waitProviders(ctx, observer, "spawn", len(b.Workers)); err != nil {
+	if err := waitProviders(ctx, observer, cfg.Provider, len(b.Workers)); err != nil {
 		return nil, err
 	}
 	cwd := filepath.Join(cfg.Dir, "workspace")
@@ -112,7 +132,7 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 	}
 	rec := NewRecorder()
 	wl, err := NewWorkload(c, rec, WorkloadConfig{
-		Seed: cfg.Seed, Clients: cfg.Clients, LiveChildrenMax: cfg.LiveChildrenMax, Cwd: cwd, Logf: logf,
+		Seed: cfg.Seed, Clients: cfg.Clients, Provider: cfg.Provider, LiveChildrenMax: cfg.LiveChildrenMax, Cwd: cwd, Logf: logf,
 	})
 	if err != nil {
 		return nil, err
