@@ -1,0 +1,202 @@
+package chaos
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Recorded histories of deliberately broken builds (testdata/): the checker
+// must catch each, naming the invariant the break violates, and pass the
+// good history they come from.
+//
+// testdata/good.json.gz is the history of a real run (TestChaos, seed 1,
+// 6 s, a worker killed -9). A broken build's fault shows only when a fault
+// lands in a window of a few microseconds (between an inbox item's delete
+// and its claim's append; between a host's last append and its settlement),
+// so a short run of the broken build rarely trips it; each broken history is
+// therefore the good history with exactly what that build leaves behind
+// when it does, written by TestRecordBrokenBuilds (-chaos.mkbroken=GOOD):
+//
+//   - broken-delete-before-claim: the worker deletes an inbox item before it
+//     logs the claim and dies in between: the claim, its turn and the item
+//     are gone, yet the followup was answered with its messageId.
+//   - broken-settle-without-cas: the host settles a one-shot run with a plain
+//     put instead of the compare-and-set, after a coordinator settled it
+//     HOST_LOST: both writes land and both publish, the client gets two
+//     notices, and the record holds the second result.
+var brokenBuilds = []struct {
+	file, invariant, example string
+}{
+	{"broken-delete-before-claim.json.gz", "I1", "is neither in the log nor in the inbox: lost"},
+	{"broken-settle-without-cas.json.gz", "I2", "announced settled 2 times"},
+}
+
+func TestCheckerCatchesRecordedBrokenBuilds(t *testing.T) {
+	good, err := LoadHistory(filepath.Join("testdata", "good.json.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := Check(good); !r.OK() {
+		t.Fatalf("the good history fails:\n%s", strings.Join(r.Lines(), "\n"))
+	}
+	for _, b := range brokenBuilds {
+		t.Run(b.file, func(t *testing.T) {
+			h, err := LoadHistory(filepath.Join("testdata", b.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := Check(h)
+			for _, v := range r.Verdicts {
+				if v.Name == b.invariant {
+					if v.Holds() || !strings.Contains(strings.Join(v.Examples, "\n"), b.example) {
+						t.Errorf("%s: %d violations %v; want one saying %q", v.Name, v.Violations, v.Examples, b.example)
+					}
+				} else if !v.Holds() {
+					t.Errorf("%s violated too: %v", v.Name, v.Examples)
+				}
+			}
+			if t.Failed() {
+				t.Log(strings.Join(r.Lines(), "\n"))
+			}
+		})
+	}
+}
+
+var makeBroken = flag.String("chaos.mkbroken", "", "a good history for TestRecordBrokenBuilds to write testdata/ from")
+
+// TestRecordBrokenBuilds writes testdata/: the good history and, from it,
+// the histories the broken builds leave (see brokenBuilds).
+func TestRecordBrokenBuilds(t *testing.T) {
+	if *makeBroken == "" {
+		t.Skip("no -chaos.mkbroken history given")
+	}
+	load := func() *History {
+		h, err := LoadHistory(*makeBroken)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	if err := os.MkdirAll("testdata", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := load().Save(filepath.Join("testdata", "good.json.gz")); err != nil {
+		t.Fatal(err)
+	}
+
+	// Delete before claim: the first accepted followup claimed in a turn of
+	// its own loses that turn and its item.
+	h := load()
+	lost := false
+	for _, op := range sortedOps(h) {
+		if op.Kind != OpFollowup || op.Outcome != OutcomeOK || lost {
+			continue
+		}
+		if dropTurnOf(h.Snapshot, op.Child, op.MessageID) {
+			t.Logf("broken-delete-before-claim: op %d, message %s of %s", op.ID, op.MessageID, op.Child)
+			lost = true
+		}
+	}
+	if !lost {
+		t.Fatal("no followup to lose")
+	}
+	if err := h.Save(filepath.Join("testdata", brokenBuilds[0].file)); err != nil {
+		t.Fatal(err)
+	}
+
+	// Settle without CAS: the first completed one-shot run gets a second
+	// settlement, HOST_LOST, published and written after the host's.
+	h = load()
+	settled := false
+	for _, op := range sortedOps(h) {
+		if op.Kind != OpRun || op.Outcome != OutcomeOK || len(op.Notices) != 1 || op.Notices[0].StopReason != string(protocol.StopCompleted) {
+			continue
+		}
+		rec, ok := h.Snapshot.Runs[op.RunID]
+		if !ok {
+			continue
+		}
+		at := op.Notices[0].At + 900
+		op.Notices = append(op.Notices, Notice{At: at, StopReason: string(protocol.StopError), ErrorCode: string(protocol.CodeHostLost)})
+		rec.SettledAt, rec.SettledBy = at, "coordinator"
+		rec.Result = &protocol.SubagentResult{Output: []protocol.ContentBlock{}, StopReason: protocol.StopError, ErrorCode: protocol.CodeHostLost,
+			Diagnostic: "the host stopped heartbeating"}
+		h.Snapshot.Runs[op.RunID] = rec
+		t.Logf("broken-settle-without-cas: op %d, run %s", op.ID, op.RunID)
+		settled = true
+		break
+	}
+	if !settled {
+		t.Fatal("no run to settle twice")
+	}
+	if err := h.Save(filepath.Join("testdata", brokenBuilds[1].file)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func sortedOps(h *History) []*Op {
+	ops := append([]*Op(nil), h.Ops...)
+	sort.Slice(ops, func(i, j int) bool { return ops[i].Invoke < ops[j].Invoke })
+	return ops
+}
+
+// dropTurnOf removes from session's log the turn that claimed messageID
+// (and any enqueue of it), renumbering the events after it, when that turn
+// claimed nothing else. It reports whether it did.
+func dropTurnOf(s *Snapshot, session, messageID string) bool {
+	evs := s.Logs[session]
+	start, end := -1, -1
+	for i, ev := range evs {
+		switch ev.Type {
+		case protocol.EvTurnStart:
+			start = i
+		case protocol.EvInboxDequeue:
+			var d protocol.InboxDequeueData
+			if ev.Decode(&d) == nil && d.MessageID == messageID && start >= 0 {
+				for j := i; j < len(evs); j++ {
+					if evs[j].Type == protocol.EvTurnEnd {
+						end = j
+						break
+					}
+				}
+			}
+		}
+		if end >= 0 {
+			break
+		}
+	}
+	if start < 0 || end < 0 {
+		return false
+	}
+	claims := 0
+	for _, ev := range evs[start : end+1] {
+		if ev.Type == protocol.EvInboxDequeue {
+			claims++
+		}
+	}
+	if claims != 1 {
+		return false
+	}
+	var out []Event
+	for i, ev := range evs {
+		if i >= start && i <= end {
+			continue
+		}
+		if ev.Type == protocol.EvInboxEnqueue {
+			var d protocol.InboxEnqueueData
+			if ev.Decode(&d) == nil && d.MessageID == messageID {
+				continue
+			}
+		}
+		ev.Seq = int64(len(out))
+		out = append(out, ev)
+	}
+	s.Logs[session] = out
+	return true
+}
