@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -136,8 +137,11 @@ type History struct {
 	Snapshot *Snapshot     `json:"snapshot"`
 }
 
-// Save writes the history as gzipped JSON.
+// Save writes the history as gzipped JSON (creating its directory).
 func (h *History) Save(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
 	f, err := os.Create(path)
 	if err != nil {
 		return err
