@@ -39,7 +39,7 @@ type RunConfig struct {
 	// Heartbeat and HostExpiry of every Brood process (500 ms, 3 s).
 	Heartbeat  time.Duration
 	HostExpiry time.Duration
-	// LiveChildrenMax of the coordinators (8).
+	// LiveChildrenMax of the coordinators (10).
 	LiveChildrenMax int
 	// Bounds the checker holds Brood to (DefaultBounds).
 	Bounds Bounds
@@ -81,7 +81,7 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 		cfg.HostExpiry = 3 * time.Second
 	}
 	if cfg.LiveChildrenMax <= 0 {
-		cfg.LiveChildrenMax = 8
+		cfg.LiveChildrenMax = 10
 	}
 	if cfg.Bounds == (Bounds{}) {
 		cfg.Bounds = DefaultBounds(cfg.HostExpiry)

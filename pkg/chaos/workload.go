@@ -426,13 +426,14 @@ func subagentCall(prompt string, background bool) string {
 	return "call subagent " + string(b)
 }
 
-// nested is a chain of depth levels of one-shot delegation below the child.
+// nested is a chain of depth (≥ 1) levels of one-shot delegation below the
+// child: one call line, whose answer the caller's next lines follow.
 func nested(depth int) string {
 	s := "say leaf"
-	for i := 0; i < depth; i++ {
+	for i := 1; i < depth; i++ {
 		s = subagentCall(s, false) + "\nsay up"
 	}
-	return s
+	return subagentCall(s, false)
 }
 
 func (c *wclient) oneShot(ctx context.Context) {
@@ -581,12 +582,37 @@ func (c *wclient) startScript(marker string) string {
 	return fmt.Sprintf("sleep %dms\nsay %s", c.rng.Intn(600), marker)
 }
 
+// ChildrenPerRootMax is how many continuable children the workload gives
+// one root before it starts on another (a new one, once a client has
+// rootsMax roots: the fullest is closed, a cascade): resumed children are
+// live too, and a root at the live-children limit has every start refused.
+const ChildrenPerRootMax = 5
+
+// rootsMax is how many roots a client keeps open.
+const rootsMax = 3
+
 func (c *wclient) startChild(ctx context.Context) {
-	r := c.pickRoot()
-	if r == nil {
+	var room, fullest *wroot
+	most := -1
+	for _, r := range c.liveRoots() {
+		c.mu.Lock()
+		n := len(r.children)
+		c.mu.Unlock()
+		if n < ChildrenPerRootMax && (room == nil || c.rng.Intn(2) == 0) {
+			room = r
+		}
+		if n > most {
+			fullest, most = r, n
+		}
+	}
+	if room == nil {
+		if len(c.liveRoots()) >= rootsMax && fullest != nil {
+			c.closeRoot(fullest)
+		}
+		c.openRoot(ctx)
 		return
 	}
-	c.startOn(r, "")
+	c.startOn(room, "")
 }
 
 // startOn starts a continuable child of r with a chosen id, retrying an
@@ -794,6 +820,11 @@ func (c *wclient) cascade(ctx context.Context) {
 	if noChildren {
 		c.startOn(r, subagentCall("sleep 800ms\nsay deep", true))
 	}
+	c.closeRoot(r)
+}
+
+// closeRoot closes r (a cascade cancel when it has descendants).
+func (c *wclient) closeRoot(r *wroot) {
 	if !r.closed.CompareAndSwap(false, true) {
 		return
 	}
