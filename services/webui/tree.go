@@ -101,18 +101,25 @@ func (t *Tree) Apply(evs ...protocol.LifecycleEvent) []Node {
 	return out
 }
 
-// trim drops the oldest settled nodes beyond nodesMax.
+// trim drops the oldest settled nodes beyond nodesMax. A root is not
+// settled (it stands for its client), and it starts when its first child
+// does: counting it made the choice between the two a coin toss.
 func (t *Tree) trim() {
 	if len(t.nodes) <= t.nodesMax {
 		return
 	}
 	var old []*Node
 	for _, n := range t.nodes {
-		if n.State != StateRunning {
+		if n.State != StateRunning && n.State != StateRoot {
 			old = append(old, n)
 		}
 	}
-	sort.Slice(old, func(i, j int) bool { return old[i].Start < old[j].Start })
+	sort.Slice(old, func(i, j int) bool {
+		if old[i].Start != old[j].Start {
+			return old[i].Start < old[j].Start
+		}
+		return old[i].ID < old[j].ID
+	})
 	for _, n := range old {
 		if len(t.nodes) <= t.nodesMax {
 			break
