@@ -148,6 +148,8 @@ func (c *Coordinator) eventsFollow(ctx context.Context, req rpc.Request) (any, e
 		FollowID: f.id, Seq: start, CreditSubject: c.subj.FollowCredit(c.cfg.ID), CreditMsgs: f.credit,
 		HeartbeatMs: heartbeat, LeaseMs: protocol.FollowLeaseMs,
 	}, nil)
+	// ctx is the server's lifetime (rpc.Server), not this request's: the
+	// follow outlives the handler and ends when the replica stops serving.
 	go func() {
 		defer c.follows.remove(f.id)
 		c.runFollow(ctx, f, start)
