@@ -345,7 +345,7 @@ func TestACPAgentTakesBackgroundNoticesAsTurns(t *testing.T) {
 
 	// Idle: the child takes a moment, so the prompted turn has ended when
 	// its notice arrives.
-	prompt(`call subagent {"description":"slow job","prompt":"sleep 1s\nsay child result","run_in_background":true}` + "\nsay started")
+	prompt(`call subagent {"description":"slow job","prompt":"sleep 3s\nsay child result","run_in_background":true}` + "\nsay started")
 	if got := strings.Join(a.rec.take(), "|"); got != "tool_call subagent|tool_call_update completed|agent: started" {
 		t.Fatalf("updates of the prompted turn: %s", got)
 	}
@@ -375,11 +375,11 @@ func TestACPAgentTakesBackgroundNoticesAsTurns(t *testing.T) {
 
 	// Busy: a notice that arrives while a turn runs joins it at its next
 	// step (the scripted model then answers the newest user message: the notice).
-	prompt(`call subagent {"description":"quick job","prompt":"say quick","run_in_background":true}` +
-		"\nsleep 5s\ncall list_dir {}\nsay done") // the quick child settles during the 5 s
+	// The turn goes on for up to 40 short steps; the notice joins the first
+	// step that starts after it arrived, and the answer to it ends the turn.
+	prompt(`call subagent {"description":"quick job","prompt":"say quick","run_in_background":true}` + "\n" +
+		strings.Repeat("sleep 500ms\ncall list_dir {}\n", 40) + "say done")
 	got := strings.Join(a.rec.take(), "|")
-	// The notice joins at the first step that starts after it arrived: the
-	// second or the third, depending on how fast the quick child settled.
 	if !strings.HasPrefix(got, "tool_call subagent|tool_call_update completed|") ||
 		!strings.Contains(got, "|user: Subagent ") || !strings.HasSuffix(got, "Closing message:\nquick") ||
 		!strings.Contains(got, "Closing message:\nquick|agent: echo: Subagent ") {
