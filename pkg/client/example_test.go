@@ -217,19 +217,23 @@ func ExampleClient_Events() {
 		}
 	}
 
+	// Lifecycle events are stored off the runs' path, a moment after their
+	// results arrive: read on from the cursor until all four are there.
+	var seen []protocol.LifecycleEvent
 	req := protocol.EventsReadRequest{Parent: root.SessionID, Authority: root.Authority(), EventsMax: 3}
-	for {
+	for len(seen) < 4 {
 		page, err := cl.Events(ctx, req)
 		if err != nil {
 			panic(err)
 		}
-		for _, ev := range page.Events {
-			fmt.Println(strings.TrimSpace(ev.Type + " " + protocol.PlainText(ev.LastAssistantMessage)))
-		}
-		if page.Complete {
-			break
-		}
+		seen = append(seen, page.Events...)
 		req.AfterSeq = page.Cursor
+		if page.Complete && len(seen) < 4 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	for _, ev := range seen {
+		fmt.Println(strings.TrimSpace(ev.Type + " " + protocol.PlainText(ev.LastAssistantMessage)))
 	}
 	// Output:
 	// subagent/start
