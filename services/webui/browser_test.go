@@ -1,4 +1,4 @@
-package webui_test
+package webui
 
 import (
 	"context"
@@ -12,9 +12,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/brood-dev/brood/internal/testutil"
-	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
-	"github.com/brood-dev/brood/services/webui"
 )
 
 // chromiumPath is Debian's chromium, installed by `make ui-deps` (which
@@ -122,18 +120,7 @@ func sel(format string, args ...any) string {
 // a conversation (its prompt, the subagent call with its arguments, then the
 // result with a link to the grandchild, the answer), and the tree settles.
 func TestBrowserShowsTheTreeGrowAndTheChildsLog(t *testing.T) {
-	s := testutil.NewStack(t)
-	s.AddCoordinator()
-	s.AddSpawnWorker()
-	cl, err := client.New(s.Conn(), client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := webui.New(webui.Config{Client: cl, Listen: "127.0.0.1:0", Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.Background(t, srv)
+	s, srv := stackServer(t, Config{})
 	b := newBrowser(t)
 	b.do("open the page", chromedp.Navigate(srv.URL()))
 	b.waitFor("the tree stream is live", `document.getElementById("status").textContent === "live"`)

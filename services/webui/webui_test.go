@@ -15,6 +15,26 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
+// stackServer starts a stack (a coordinator, a spawn worker) and a web view
+// on a loopback port that reads it with a grant it mints; cfg sets the rest.
+func stackServer(t *testing.T, cfg Config) (*testutil.Stack, *Server) {
+	t.Helper()
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	cl, err := client.New(s.Conn(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Client, cfg.Listen, cfg.Logger = cl, "127.0.0.1:0", testutil.Logger(t)
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Background(t, srv)
+	return s, srv
+}
+
 func TestListenBeyondLoopbackNeedsAToken(t *testing.T) {
 	cl := &client.Client{}
 	for _, tt := range []struct {
@@ -170,18 +190,7 @@ func TestTreeFoldsLifecycleEvents(t *testing.T) {
 // A stack-backed check of the JSON API the page reads: the tree stream and a
 // session's log stream through the coordinator with a minted grant.
 func TestStreams(t *testing.T) {
-	s := testutil.NewStack(t)
-	s.AddCoordinator()
-	s.AddSpawnWorker()
-	cl, err := client.New(s.Conn(), client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := New(Config{Client: cl, Listen: "127.0.0.1:0", StreamsMax: 2, Logger: testutil.Logger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.Background(t, srv)
+	s, srv := stackServer(t, Config{StreamsMax: 2})
 	root := s.Root()
 	run, err := s.Client.StartRun(context.Background(), protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("say hello")})
 	if err != nil {
