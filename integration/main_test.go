@@ -100,6 +100,7 @@ func spawnWorkerProc(t *testing.T, url string) *proc {
 type dev struct {
 	natsURL    string
 	metricsURL string // http://ADDR/metrics when started with --metrics
+	uiURL      string // the web view's page when started with --ui
 	stdout     []string
 }
 
@@ -169,6 +170,9 @@ func startDevEnv(t *testing.T, env []string, args ...string) *dev {
 		}
 		if _, v, ok := strings.Cut(l, "metrics on "); ok {
 			d.metricsURL = strings.TrimSpace(v)
+		}
+		if _, v, ok := strings.Cut(l, "web view on "); ok {
+			d.uiURL = strings.TrimSpace(v)
 		}
 	}
 	if d.natsURL == "" {
