@@ -251,3 +251,85 @@ func TestOTLPExportFromEnvironment(t *testing.T) {
 		t.Fatal("the CLI's span has a parent: it should be the trace's root")
 	}
 }
+
+// TestFollowupTurnIsInTheFollowupsTrace: a continuable child's turns
+// continue the trace of the request that accepted their message (the start's
+// prompt, then a followup, through the trace context its inbox item
+// carries), each linked to the epoch's span.
+func TestFollowupTurnIsInTheFollowupsTrace(t *testing.T) {
+	rec, tp := recordSpans(t)
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	root := s.Root()
+	tracer := tp.Tracer("test")
+
+	sctx, starter := tracer.Start(context.Background(), "starter")
+	start, err := s.Client.StartContinuable(sctx, protocol.ContinuableStartRequest{
+		Provider: "spawn", Parent: root.Ref(), Label: "traced", Prompt: protocol.Text("sleep 500ms\nsay one")})
+	starter.End()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := root.Ref()
+	fctx, follower := tracer.Start(context.Background(), "follower")
+	if _, err := s.Client.Followup(fctx, protocol.FollowupRequest{
+		ChildID: start.ChildID, Authority: protocol.Authority{Parent: &ref}, Message: protocol.Text("say two")}); err != nil {
+		t.Fatal(err)
+	}
+	follower.End()
+
+	spans := map[trace.SpanID]sdktrace.ReadOnlySpan{}
+	var turns []sdktrace.ReadOnlySpan
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		turns = nil
+		for _, sp := range rec.Ended() {
+			spans[sp.SpanContext().SpanID()] = sp
+			if sp.Name() == "turn" && (sp.SpanContext().TraceID() == starter.SpanContext().TraceID() || sp.SpanContext().TraceID() == follower.SpanContext().TraceID()) {
+				turns = append(turns, sp)
+			}
+		}
+		for _, turn := range turns {
+			for _, l := range turn.Links() {
+				if _, ok := spans[l.SpanContext.SpanID()]; !ok {
+					return false // the epoch ends a moment after its last turn
+				}
+			}
+		}
+		return len(turns) == 2
+	}, "both turns' spans and the epoch's ended")
+	// up walks from sp to its trace's root, naming each span.
+	up := func(sp sdktrace.ReadOnlySpan) []string {
+		var chain []string
+		for {
+			chain = append(chain, describe(sp))
+			p, ok := spans[sp.Parent().SpanID()]
+			if !ok {
+				return chain
+			}
+			sp = p
+		}
+	}
+	for _, turn := range turns {
+		var want []string
+		switch turn.SpanContext().TraceID() {
+		case starter.SpanContext().TraceID():
+			want = []string{"turn (internal)", "coord continuable.start (server)", "coord continuable.start (client)", "starter (internal)"}
+		default:
+			want = []string{"turn (internal)", "coord continuable.followup (server)", "coord continuable.followup (client)", "follower (internal)"}
+		}
+		if got := up(turn); strings.Join(got, " ← ") != strings.Join(want, " ← ") {
+			t.Errorf("turn %s: chain\n  %s\nwant\n  %s", attr(turn, telemetry.AttrTurn), strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+		}
+		// The link leads to the epoch's span, in the starter's trace.
+		links := turn.Links()
+		if len(links) != 1 {
+			t.Fatalf("turn %s has %d links", attr(turn, telemetry.AttrTurn), len(links))
+		}
+		epoch, ok := spans[links[0].SpanContext.SpanID()]
+		if !ok || epoch.Name() != "run spawn" || attr(epoch, telemetry.AttrMode) != protocol.ModeContinuable ||
+			epoch.SpanContext().TraceID() != starter.SpanContext().TraceID() {
+			t.Errorf("turn %s links %v, not the epoch's span", attr(turn, telemetry.AttrTurn), links[0].SpanContext)
+		}
+	}
+}

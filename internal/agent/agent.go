@@ -132,6 +132,9 @@ type Outcome struct {
 	Reason protocol.TurnEndReason
 	Fenced bool
 	Err    error
+	// Trace is the trace context of the inbox item a claimed turn runs (the
+	// request that accepted it; protocol.InboxItem.Trace), nil when none.
+	Trace map[string][]string
 }
 
 // Agent is one live session. Turns run one at a time; Events may be read

@@ -145,6 +145,7 @@ func ClaimNextOf(ctx context.Context, s TurnOpener, in Inbox, log *slog.Logger) 
 	if err := in.Remove(ctx, it.Seq); err != nil {
 		log.Warn("claimed inbox item not removed; it is skipped by its logged claim", "seq", it.Seq, "err", err)
 	}
+	out.Trace = it.Trace
 	return out, true, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/tracecontext"
 )
 
 // The inbox (DESIGN.md §4). Each session's pending items are the messages on
@@ -54,6 +55,7 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 	msg := nats.NewMsg(s.Subj.Inbox(sessionID))
 	msg.Data = data
 	msg.Header.Set(protocol.HeaderMessageID, item.MessageID)
+	tracecontext.Inject(ctx, msg.Header)
 	var opts []jetstream.PublishOpt
 	if idempotencyKey != "" {
 		opts = append(opts, jetstream.WithMsgID(sessionID+"."+idempotencyKey))
@@ -130,6 +132,12 @@ func (in *SessionInbox) Pending(ctx context.Context, after protocol.Seq) ([]Inbo
 				return nil, fmt.Errorf("read inbox %s: item %d has no valid %s header", in.sessionID, m.Sequence, headerNumPending)
 			}
 			it.Seq = protocol.Seq(m.Sequence)
+			if tp := m.Header.Get(tracecontext.HeaderTraceparent); tp != "" {
+				it.Trace = map[string][]string{tracecontext.HeaderTraceparent: {tp}}
+				if ts := m.Header.Get(tracecontext.HeaderTracestate); ts != "" {
+					it.Trace[tracecontext.HeaderTracestate] = []string{ts}
+				}
+			}
 			out = append(out, it)
 			next = m.Sequence + 1
 			got++

@@ -156,9 +156,17 @@ func EndRun(span trace.Span, res *protocol.SubagentResult, err error) {
 }
 
 // StartTurn starts the span of one turn of a continuable child's epoch (a
-// one-shot run's turn is its run span).
-func StartTurn(ctx context.Context, turn int64) (context.Context, trace.Span) {
-	return Tracer().Start(ctx, "turn", trace.WithAttributes(attribute.Int64(AttrTurn, turn)))
+// one-shot run's turn is its run span). The turn continues the trace of the
+// request that accepted its message (item: the inbox item's trace context,
+// a followup's or the start's), linked to its epoch's span in ctx; without
+// one it is a child of the epoch's span.
+func StartTurn(ctx context.Context, turn int64, item map[string][]string) (context.Context, trace.Span) {
+	opts := []trace.SpanStartOption{trace.WithAttributes(attribute.Int64(AttrTurn, turn))}
+	if from := trace.SpanContextFromContext(tracecontext.Extract(context.Background(), item)); from.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.LinkFromContext(ctx, attribute.String("brood.link", "epoch"))))
+		ctx = trace.ContextWithRemoteSpanContext(ctx, from)
+	}
+	return Tracer().Start(ctx, "turn", opts...)
 }
 
 // EndTurn ends a turn's span with how the turn ended; err is a log append

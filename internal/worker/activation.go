@@ -403,7 +403,7 @@ func (a *activation) runNext() (bool, error) {
 	if abort != nil {
 		cancel(abort)
 	}
-	stepsCtx, span := telemetry.StartTurn(turnCtx, out.Turn)
+	stepsCtx, span := telemetry.StartTurn(turnCtx, out.Turn, out.Trace)
 	out = a.sess.RunSteps(stepsCtx)
 	telemetry.EndTurn(span, out.Reason, out.Err)
 	a.noteOutcome(out)

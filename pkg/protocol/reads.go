@@ -240,4 +240,8 @@ type InboxItem struct {
 	Source    MessageSource  `msgpack:"source" json:"source"`
 	Delivery  string         `msgpack:"delivery" json:"delivery"`
 	Seq       Seq            `msgpack:"inboxSeq,omitempty" json:"inboxSeq,omitempty"`
+	// Trace is the W3C trace context (traceparent, tracestate headers) of
+	// the request that accepted the item, read from its message's headers;
+	// never encoded. The turn that claims the item continues that trace.
+	Trace map[string][]string `msgpack:"-" json:"-"`
 }

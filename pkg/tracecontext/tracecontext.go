@@ -73,6 +73,12 @@ func Extract(ctx context.Context, h nats.Header) context.Context {
 	return otel.GetTextMapPropagator().Extract(ctx, Carrier(h))
 }
 
+// W3C trace context header names, as Brood writes them.
+const (
+	HeaderTraceparent = "traceparent"
+	HeaderTracestate  = "tracestate"
+)
+
 // TracerName names the tracer of Brood's spans.
 const TracerName = "github.com/brood-dev/brood"
 
