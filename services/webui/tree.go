@@ -101,16 +101,15 @@ func (t *Tree) Apply(evs ...protocol.LifecycleEvent) []Node {
 	return out
 }
 
-// trim drops the oldest settled nodes beyond nodesMax. A root is not
-// settled (it stands for its client), and it starts when its first child
-// does: counting it made the choice between the two a coin toss.
+// trim drops the oldest settled (or idle) children beyond nodesMax, then
+// the roots left without children.
 func (t *Tree) trim() {
 	if len(t.nodes) <= t.nodesMax {
 		return
 	}
 	var old []*Node
 	for _, n := range t.nodes {
-		if n.State != StateRunning && n.State != StateRoot {
+		if n.State == StateSettled || n.State == StateIdle {
 			old = append(old, n)
 		}
 	}
@@ -125,6 +124,15 @@ func (t *Tree) trim() {
 			break
 		}
 		delete(t.nodes, n.ID)
+	}
+	parents := map[string]bool{}
+	for _, n := range t.nodes {
+		parents[n.Parent] = true
+	}
+	for id, n := range t.nodes {
+		if n.Root && !parents[id] {
+			delete(t.nodes, id)
+		}
 	}
 }
 
