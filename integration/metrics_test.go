@@ -2,11 +2,16 @@ package integration
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/testutil"
@@ -43,7 +48,8 @@ func wantSample(t *testing.T, f telemetry.Families, v float64, name string, labe
 // TestDevMetricsCountARun is issue 11's acceptance: `brood dev --metrics
 // ADDR`, then one `brood run`: the scrape shows the run started and settled
 // under its provider and stop reason, with a delegation latency observation,
-// and the fleet it ran on.
+// and the fleet it ran on; `nats micro stats` (the $SRV.STATS answer) counts
+// the same requests, their error and their time.
 func TestDevMetricsCountARun(t *testing.T) {
 	d := startDev(t, "--metrics", "127.0.0.1:0")
 	if d.metricsURL == "" {
@@ -84,6 +90,40 @@ func TestDevMetricsCountARun(t *testing.T) {
 	wantSample(t, f, 1, "brood_provider_instances", "provider", "spawn")
 	wantSample(t, f, 0, "brood_inbox_pending_items")
 	wantSample(t, f, 1, "brood_build_info")
+
+	// A refused start counts under its code, in the metrics and in `nats
+	// micro stats` alike, which count every request and its time too.
+	bad := exec.Command(broodBin, "run", "--nats", d.natsURL, "--provider", "nope", "say x")
+	bad.Dir = t.TempDir()
+	if out, err := bad.CombinedOutput(); err == nil || !strings.HasPrefix(string(out), "NO_PROVIDER") {
+		t.Fatalf("run on an unknown provider: %v %s", err, out)
+	}
+	f, text = scrape(t, d.metricsURL)
+	wantSample(t, f, 1, "brood_requests_total", "service", "coordinator", "endpoint", protocol.EpRunsStart, "code", "NO_PROVIDER")
+	nc, err := nats.Connect(d.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	msg, err := nc.Request("$SRV.STATS."+protocol.CoordinatorService, nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats micro.Stats
+	if err := json.Unmarshal(msg.Data, &stats); err != nil {
+		t.Fatal(err)
+	}
+	var ep *micro.EndpointStats
+	for _, e := range stats.Endpoints {
+		if strings.HasSuffix(e.Subject, "."+protocol.EpRunsStart) {
+			ep = e
+		}
+	}
+	sum, _ := f.Sum("brood_request_duration_seconds_sum", "service", "coordinator", "endpoint", protocol.EpRunsStart)
+	if ep == nil || ep.NumRequests != 2 || ep.NumErrors != 1 || ep.ProcessingTime <= 0 ||
+		ep.ProcessingTime.Seconds() < sum/2 || ep.ProcessingTime.Seconds() > 2*sum+0.5 {
+		t.Errorf("micro stats of runs.start: %+v; the metrics measured %.6fs", ep, sum)
+	}
 	if t.Failed() {
 		t.Logf("scrape:\n%s", text)
 	}
