@@ -40,7 +40,6 @@ const (
 const (
 	OpProviderStart   = "start"
 	OpProviderPrepare = "prepare"
-	OpProviderResume  = "resume"
 )
 
 // Host operations, served by one host process on `<prefix>.v1.host.<hostId>.<op>`
@@ -49,7 +48,6 @@ const (
 	OpHostDispose   = "dispose"
 	OpHostCancel    = "cancel"
 	OpHostInterrupt = "interrupt"
-	OpHostWake      = "wake"
 )
 
 // Micro service names and queue groups.
