@@ -71,7 +71,7 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 			if configFile != "" {
 				f, err := acpbridge.LoadFile(configFile)
 				if err != nil {
-					return protocol.Errorf(protocol.CodeInvalidArgument, "--config: %v", err)
+					return protocol.Errorf(protocol.CodeInvalidArgument, "--config: %w", err)
 				}
 				f.Apply(&o)
 				agents = append(agents, f.Agents...)
@@ -79,7 +79,7 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 			for _, s := range specs {
 				a, err := acpbridge.ParseAgentSpec(s)
 				if err != nil {
-					return protocol.Errorf(protocol.CodeInvalidArgument, "%v", err)
+					return protocol.Errorf(protocol.CodeInvalidArgument, "%w", err)
 				}
 				agents = append(agents, a)
 			}
@@ -178,7 +178,7 @@ func acpAgentCmd(g *globals) *cobra.Command {
 			st, err := store.Bind(bctx, nc, cl.Subjects())
 			cancel()
 			if err != nil {
-				return protocol.Errorf(protocol.CodeUnavailable, "%v", err)
+				return protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 			}
 			svc, err := acpagent.New(acpagent.Config{
 				Client: cl, Store: st, Models: models, In: os.Stdin, Out: os.Stdout, Logger: log,

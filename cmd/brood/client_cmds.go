@@ -141,11 +141,11 @@ func (f *childFlags) startOptions(cmd *cobra.Command) (protocol.StartOptions, er
 	if fl.Changed("schema") {
 		data, err := os.ReadFile(f.schema)
 		if err != nil {
-			return o, protocol.Errorf(protocol.CodeInvalidArgument, "--schema: %v", err)
+			return o, protocol.Errorf(protocol.CodeInvalidArgument, "--schema: %w", err)
 		}
 		v, err := agent.DecodeJSONValue(string(data))
 		if err != nil {
-			return o, protocol.Errorf(protocol.CodeInvalidArgument, "--schema %s is not JSON: %v", f.schema, err)
+			return o, protocol.Errorf(protocol.CodeInvalidArgument, "--schema %s is not JSON: %w", f.schema, err)
 		}
 		o.OutputSchema = v
 	}

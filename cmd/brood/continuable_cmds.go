@@ -198,7 +198,7 @@ func waitTurn(ctx context.Context, s *session, child string, auth protocol.Autho
 		page, err := s.cl.LogPage(ctx, req)
 		if err != nil {
 			if ctx.Err() != nil {
-				return childResult{}, protocol.Errorf(protocol.CodeCancelled, "waiting for the turn of %s: %v", messageID, ctx.Err())
+				return childResult{}, protocol.Errorf(protocol.CodeCancelled, "waiting for the turn of %s: %w", messageID, ctx.Err())
 			}
 			return childResult{}, err
 		}

@@ -199,7 +199,7 @@ func flagError(cmd *cobra.Command, err error) error {
 		hint = "brood dev runs its own embedded NATS server: choose its address with --listen HOST:PORT, " +
 			"or run the services separately against an existing server (brood coordinator --nats URL, ...)"
 	}
-	return protocol.Errorf(protocol.CodeInvalidArgument, "%s: %v; %s", cmd.CommandPath(), err, hint)
+	return protocol.Errorf(protocol.CodeInvalidArgument, "%s: %w; %s", cmd.CommandPath(), err, hint)
 }
 
 func newLogger(level string, def slog.Level, w io.Writer) *slog.Logger {
@@ -227,7 +227,7 @@ func connect(url, name string, reconnect bool) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "connect to NATS at %s: %v", url, err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "connect to NATS at %s: %w", url, err)
 	}
 	return nc, nil
 }

@@ -59,7 +59,7 @@ func resultCmd(g *globals) *cobra.Command {
 				for wait && err == nil && (st.State != protocol.StateNone || st.Queued > 0) {
 					select {
 					case <-ctx.Done():
-						return protocol.Errorf(protocol.CodeCancelled, "waiting for %s: %v", id, ctx.Err())
+						return protocol.Errorf(protocol.CodeCancelled, "waiting for %s: %w", id, ctx.Err())
 					case <-time.After(resultWaitPoll):
 					}
 					st, err = s.cl.State(ctx, protocol.ChildRef{ChildID: id, Authority: auth})

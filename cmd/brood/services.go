@@ -143,7 +143,7 @@ func (m *modelFlags) factory() (worker.ModelFactory, error) {
 		}
 		om, err := model.NewOpenAI(cfg)
 		if err != nil {
-			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--model openai: %v", err)
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--model openai: %w", err)
 		}
 		return func() (model.Model, error) { return om, nil }, nil
 	default:
@@ -163,7 +163,7 @@ func (s *storeFlags) flags(cmd *cobra.Command) {
 func (s *storeFlags) provision(ctx context.Context, nc *nats.Conn, prefix string) (*store.Store, error) {
 	subj, err := protocol.NewSubjects(prefix)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "%v", err)
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "%w", err)
 	}
 	cfg := store.DefaultConfig()
 	cfg.Replicas = s.replicas
@@ -171,7 +171,7 @@ func (s *storeFlags) provision(ctx context.Context, nc *nats.Conn, prefix string
 	defer cancel()
 	st, err := store.Provision(pctx, nc, subj, cfg)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "provision JetStream: %v", err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "provision JetStream: %w", err)
 	}
 	return st, nil
 }
@@ -380,7 +380,7 @@ func devCmd(g *globals) *cobra.Command {
 			defer met.close()
 			ns, err := embedded.Start(embedded.Config{Host: host, Port: port, DataDir: filepath.Join(dir, "jetstream"), Fsync: fsync})
 			if err != nil {
-				return protocol.Errorf(protocol.CodeUnavailable, "%v", err)
+				return protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 			}
 			defer ns.Shutdown()
 			nc, err := connect(ns.ClientURL(), "brood-dev", true)
@@ -453,7 +453,7 @@ func devCmd(g *globals) *cobra.Command {
 func splitListen(s string) (string, int, error) {
 	host, portStr, err := netSplit(s)
 	if err != nil {
-		return "", 0, protocol.Errorf(protocol.CodeInvalidArgument, "--listen %q: %v", s, err)
+		return "", 0, protocol.Errorf(protocol.CodeInvalidArgument, "--listen %q: %w", s, err)
 	}
 	var port int
 	if _, err := fmt.Sscanf(portStr, "%d", &port); err != nil || port < 0 || port > 65535 {
@@ -469,11 +469,11 @@ func splitListen(s string) (string, int, error) {
 // servers on one JetStream store would corrupt it.
 func lockDataDir(dir string) (func(), error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--data %s: %v", dir, err)
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--data %s: %w", dir, err)
 	}
 	f, err := os.OpenFile(filepath.Join(dir, "brood.lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--data %s: %v", dir, err)
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--data %s: %w", dir, err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()

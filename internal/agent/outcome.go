@@ -353,7 +353,7 @@ func TurnResult(sessionID string, turn []protocol.SessionEvent) (protocol.Sessio
 	last := turn[len(turn)-1]
 	var d protocol.TurnEndData
 	if err := last.Decode(&d); err != nil {
-		return reply, protocol.Errorf(protocol.CodeInternal, "turn/end of %s does not decode: %v", sessionID, err)
+		return reply, protocol.Errorf(protocol.CodeInternal, "turn/end of %s does not decode: %w", sessionID, err)
 	}
 	reply.Finished, reply.Turn, reply.EndedAt = true, d.Turn, last.Time
 	reply.StopReason = StopReasonOf(d.Reason.Kind)

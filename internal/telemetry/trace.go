@@ -66,7 +66,7 @@ func SetupTracing(ctx context.Context, service string) (enabled bool, shutdown f
 		resource.WithFromEnv(), resource.WithTelemetrySDK(), resource.WithHost(), resource.WithProcessPID())
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		_ = exp.Shutdown(ctx)
-		return false, noop, protocol.Errorf(protocol.CodeInvalidArgument, "OTEL_RESOURCE_ATTRIBUTES: %v", err)
+		return false, noop, protocol.Errorf(protocol.CodeInvalidArgument, "OTEL_RESOURCE_ATTRIBUTES: %w", err)
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	otel.SetTracerProvider(tp)

@@ -65,7 +65,7 @@ func (p *InProcess) Prepare(ctx context.Context, req protocol.ProviderPrepareReq
 func (p *InProcess) readSeed(ctx context.Context, parent string, n int) ([]protocol.SessionEvent, error) {
 	log, err := p.Store.ReadLog(ctx, parent)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the parent's log: %v", err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the parent's log: %w", err)
 	}
 	if n < 0 {
 		n = agent.CompletedPrefix(log.Events)
@@ -83,7 +83,7 @@ func (p *InProcess) readSeed(ctx context.Context, parent string, n int) ([]proto
 	}
 	seed := log.Events[:n]
 	if err := agent.ValidateReplay(seed, false); err != nil {
-		return nil, protocol.Errorf(protocol.CodeInternal, "the parent's history does not replay: %v", err)
+		return nil, protocol.Errorf(protocol.CodeInternal, "the parent's history does not replay: %w", err)
 	}
 	return seed, nil
 }
@@ -101,7 +101,7 @@ func (p *InProcess) writeSeed(ctx context.Context, spec SessionSpec) ([]protocol
 	}
 	written, err := store.AppendChunked(ctx, spec.Log, append(append([]protocol.SessionEvent(nil), seed...), end))
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "write the seed: %v", err)
+		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "write the seed: %w", err)
 	}
 	return written, nil
 }
@@ -114,11 +114,11 @@ func (p *InProcess) Descriptor() protocol.ProviderDescriptor { return p.Desc }
 func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, error) {
 	tools, err := p.Tools(spec)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeInternal, "compose tools: %v", err)
+		return nil, protocol.Errorf(protocol.CodeInternal, "compose tools: %w", err)
 	}
 	reg, err := agent.NewRegistry(tools...)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeInternal, "compose tools: %v", err)
+		return nil, protocol.Errorf(protocol.CodeInternal, "compose tools: %w", err)
 	}
 	if f := spec.Options.ToolFilter; f != nil {
 		if reg, err = reg.Restrict(*f); err != nil {
@@ -144,7 +144,7 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 	}
 	m, err := p.Models()
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "model: %v", err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "model: %w", err)
 	}
 	persona := p.Persona
 	if persona == "" {

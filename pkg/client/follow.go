@@ -58,7 +58,7 @@ func (f *Follow) open(ctx context.Context) error {
 	ch := make(chan *nats.Msg, protocol.FollowCreditMsgsMax+16)
 	sub, err := f.c.nc.ChanSubscribe(deliver, ch)
 	if err != nil {
-		return protocol.Errorf(protocol.CodeUnavailable, "subscribe for the follow: %v", err).WithCause(err)
+		return protocol.Errorf(protocol.CodeUnavailable, "subscribe for the follow: %w", err)
 	}
 	fail := func(err error) error {
 		_ = sub.Unsubscribe()
@@ -66,7 +66,7 @@ func (f *Follow) open(ctx context.Context) error {
 	}
 	data, err := protocol.Marshal(protocol.Msgpack, f.req)
 	if err != nil {
-		return fail(protocol.Errorf(protocol.CodeInvalidArgument, "encode request: %v", err).WithCause(err))
+		return fail(protocol.Errorf(protocol.CodeInvalidArgument, "encode request: %w", err))
 	}
 	subject := f.c.subj.Coord(protocol.EpEventsFollow)
 	if err := f.c.nc.PublishMsg(&nats.Msg{Subject: subject, Reply: deliver, Data: data}); err != nil {
@@ -130,7 +130,7 @@ func (f *Follow) Next(ctx context.Context) (protocol.LifecycleEvent, error) {
 			f.grant(ctx, false)
 		case <-ctx.Done():
 			t.Stop()
-			return protocol.LifecycleEvent{}, protocol.Errorf(protocol.CodeCancelled, "following events: %v", ctx.Err()).WithCause(ctx.Err())
+			return protocol.LifecycleEvent{}, protocol.Errorf(protocol.CodeCancelled, "following events: %w", ctx.Err())
 		}
 	}
 }

@@ -99,9 +99,10 @@ func (c Code) Number() int { return catalogueByCode[c].Number }
 // Nats-Service-Error-Code (numeric) and Nats-Service-Error ("CODE: message").
 // Errors match with errors.Is by Code only, so
 // errors.Is(err, protocol.ErrNoProvider) holds for any NO_PROVIDER error.
-// Cause, never sent on the wire, is the local error behind one the client
-// made itself (a timeout, a cancelled context, a lost connection): Unwrap
-// returns it, so errors.Is(err, context.DeadlineExceeded) holds as well.
+// Cause, never sent on the wire, is the local error behind it (a timeout, a
+// cancelled context, a lost connection, a refused JetStream write): Errorf
+// records what it was given with %w, and Unwrap returns it, so
+// errors.Is(err, context.DeadlineExceeded) holds as well.
 type Error struct {
 	Code    Code           `msgpack:"code" json:"code"`
 	Message string         `msgpack:"message" json:"message"`
@@ -149,9 +150,20 @@ func NewError(code Code, details map[string]any) *Error {
 	return &Error{Code: code, Message: msg, Details: details}
 }
 
-// Errorf is NewError for the common case of one `reason` detail.
+// Errorf is NewError for the common case of one `reason` detail, formatted
+// as fmt.Errorf formats: an error given with %w becomes the Cause (several
+// %w: all of them), so errors.Is and errors.As reach it, while the wire
+// carries only its text.
 func Errorf(code Code, format string, args ...any) *Error {
-	return NewError(code, map[string]any{"reason": fmt.Sprintf(format, args...)})
+	reason := fmt.Errorf(format, args...)
+	e := NewError(code, map[string]any{"reason": reason.Error()})
+	switch w := reason.(type) {
+	case interface{ Unwrap() error }:
+		e.Cause = w.Unwrap()
+	case interface{ Unwrap() []error }:
+		e.Cause = reason
+	}
+	return e
 }
 
 // AsError returns err as a *Error: itself when it is one (or wraps one), else
@@ -164,7 +176,7 @@ func AsError(err error) *Error {
 	if errors.As(err, &e) {
 		return e
 	}
-	return Errorf(CodeInternal, "%v", err)
+	return Errorf(CodeInternal, "%w", err)
 }
 
 // CodeOf returns the Code of err, or "" when err carries none.

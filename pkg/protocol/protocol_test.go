@@ -59,6 +59,58 @@ func TestErrorsMatchByCode(t *testing.T) {
 	}
 }
 
+// TestErrorfKeepsItsCause: an error given to Errorf with %w is the Cause
+// (errors.Is and errors.As reach it; the code still decides the match by
+// code); with %v only its text is kept; the message and the wire form are the
+// same either way, and the cause never travels.
+func TestErrorfKeepsItsCause(t *testing.T) {
+	root := errors.New("nats: timeout")
+	other := errors.New("store: conflict")
+	tests := []struct {
+		name      string
+		err       *Error
+		reaches   []error
+		reachesNo []error
+	}{
+		{"%w", Errorf(CodeUnavailable, "read the lease of %s: %w", "s1", root), []error{root, ErrUnavailable}, []error{other, ErrInternal}},
+		{"%v", Errorf(CodeUnavailable, "read the lease of %s: %v", "s1", root), []error{ErrUnavailable}, []error{root}},
+		{"two %w", Errorf(CodeUnavailable, "read the lease of %s: %w; then %w", "s1", root, other), []error{root, other, ErrUnavailable}, nil},
+		{"wrapped chain", Errorf(CodeInternal, "settle: %w", fmt.Errorf("write: %w", root)), []error{root, ErrInternal}, []error{ErrUnavailable}},
+		{"AsError", AsError(fmt.Errorf("encode: %w", root)), []error{root, ErrInternal}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, target := range tt.reaches {
+				if !errors.Is(tt.err, target) {
+					t.Errorf("errors.Is(%v, %v) = false, want true", tt.err, target)
+				}
+			}
+			for _, target := range tt.reachesNo {
+				if errors.Is(tt.err, target) {
+					t.Errorf("errors.Is(%v, %v) = true, want false", tt.err, target)
+				}
+			}
+			if !strings.Contains(tt.err.Message, "nats: timeout") {
+				t.Errorf("message %q lost the cause's text", tt.err.Message)
+			}
+			wire, err := Marshal(JSON, tt.err)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var back Error
+			if err := Unmarshal(JSON, wire, &back); err != nil {
+				t.Fatal(err)
+			}
+			if back.Code != tt.err.Code || back.Message != tt.err.Message || back.Cause != nil {
+				t.Errorf("on the wire %s came back as %+v", wire, back)
+			}
+		})
+	}
+	if got, want := Errorf(CodeUnavailable, "x: %w", root).Message, Errorf(CodeUnavailable, "x: %v", root).Message; got != want {
+		t.Errorf("%%w and %%v give different messages: %q and %q", got, want)
+	}
+}
+
 func TestEncodingOfHeaderInAnyCase(t *testing.T) {
 	tests := []struct {
 		h    map[string][]string

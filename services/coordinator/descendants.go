@@ -43,7 +43,7 @@ func (c *Coordinator) authorizeSelf(ctx context.Context, p protocol.ParentRef) e
 		return protocol.Errorf(protocol.CodeUnauthorized, "session %s has no agent", p.SessionID)
 	}
 	if err != nil {
-		return protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %v", p.SessionID, err)
+		return protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", p.SessionID, err)
 	}
 	if !protocol.CredentialMatches(p.Credential, l.Value.CredentialHash) || l.Value.TakenOverBy != "" {
 		return protocol.Errorf(protocol.CodeUnauthorized, "the credential is not that of the agent of session %s", p.SessionID)
@@ -74,7 +74,7 @@ func (c *Coordinator) disposeDescendants(ctx context.Context, id string) (protoc
 		queue = queue[1:]
 		idx, err := c.st.ChildIndex(ctx, p)
 		if err != nil {
-			return protocol.DrainReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the child index of %s: %v", p, err)
+			return protocol.DrainReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the child index of %s: %w", p, err)
 		}
 		for _, e := range idx {
 			if visited[e.ChildID] {
@@ -86,7 +86,7 @@ func (c *Coordinator) disposeDescendants(ctx context.Context, id string) (protoc
 			if err == nil {
 				consider(l.Value)
 			} else if !errors.Is(err, store.ErrNotFound) {
-				return protocol.DrainReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %v", e.ChildID, err)
+				return protocol.DrainReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", e.ChildID, err)
 			}
 		}
 	}
@@ -144,7 +144,7 @@ func (c *Coordinator) disposeDescendants(ctx context.Context, id string) (protoc
 func (c *Coordinator) endedAncestor(ctx context.Context, childID string, lineage []string) error {
 	anc, err := worker.EndedAncestor(ctx, c.st, lineage)
 	if err != nil {
-		return protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %v", childID, err)
+		return protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %w", childID, err)
 	}
 	if anc != "" {
 		return protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": childID,

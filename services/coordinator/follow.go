@@ -129,7 +129,7 @@ func (c *Coordinator) eventsFollow(ctx context.Context, req rpc.Request) (any, e
 	} else {
 		last, err := c.st.LastEventSeq(ctx, scope.subject)
 		if err != nil {
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the events stream: %v", err)
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the events stream: %w", err)
 		}
 		start = protocol.Seq(last)
 	}
@@ -170,7 +170,7 @@ func (c *Coordinator) runFollow(ctx context.Context, f *follow, cursor protocol.
 	}
 	sub, err := c.cfg.NC.Subscribe(f.scope.subject, func(*nats.Msg) { f.poke() })
 	if err != nil {
-		end(protocol.Errorf(protocol.CodeUnavailable, "subscribe to the events: %v", err))
+		end(protocol.Errorf(protocol.CodeUnavailable, "subscribe to the events: %w", err))
 		return
 	}
 	defer sub.Unsubscribe()

@@ -54,14 +54,14 @@ func (c *Coordinator) covers(ctx context.Context, r reader, id string) (bool, er
 		return false, nil
 	}
 	if err != nil {
-		return false, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %v", id, err)
+		return false, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %w", id, err)
 	}
 	up, err := c.lineage(ctx, h)
 	if errors.Is(err, store.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
-		return false, protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %v", id, err)
+		return false, protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %w", id, err)
 	}
 	return contains(up, r.agent), nil
 }
@@ -92,7 +92,7 @@ func (c *Coordinator) headerFor(ctx context.Context, id string) (protocol.Sessio
 		return h, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "session " + id})
 	}
 	if err != nil {
-		return h, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %v", id, err)
+		return h, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %w", id, err)
 	}
 	return h, nil
 }
@@ -138,7 +138,7 @@ func (c *Coordinator) sessionsLog(ctx context.Context, req rpc.Request) (any, er
 		return len(page.Events) > 0, err
 	})
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "%v", err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 	}
 	return page, nil
 }
@@ -256,7 +256,7 @@ func (c *Coordinator) eventsRead(ctx context.Context, req rpc.Request) (any, err
 		if protocol.CodeOf(err) != "" {
 			return nil, err
 		}
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "%v", err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 	}
 	return page, nil
 }
@@ -312,7 +312,7 @@ func (c *Coordinator) isRoot(ctx context.Context, h protocol.SessionHeader) (boo
 	case err == nil:
 		return l.Value.Kind == protocol.AgentRoot, nil
 	case !errors.Is(err, store.ErrNotFound):
-		return false, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %v", h.ID, err)
+		return false, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", h.ID, err)
 	}
 	return h.ParentSession == "" || h.Origin == protocol.OriginReopenable, nil
 }
@@ -333,7 +333,7 @@ func (c *Coordinator) inboxRead(ctx context.Context, req rpc.Request) (any, erro
 		return len(page.Items) > 0, err
 	})
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "%v", err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 	}
 	return page, nil
 }
@@ -354,7 +354,7 @@ func (c *Coordinator) inboxAck(ctx context.Context, req rpc.Request) (any, error
 		if protocol.CodeOf(err) != "" {
 			return nil, err
 		}
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "%v", err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 	}
 	return protocol.InboxAckReply{Removed: n}, nil
 }

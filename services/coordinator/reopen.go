@@ -45,7 +45,7 @@ func (c *Coordinator) narrowRoot(ctx context.Context, h *protocol.SessionHeader,
 			return bad("parent session %s does not exist", l.ParentSession)
 		}
 		if err != nil {
-			return protocol.Errorf(protocol.CodeUnavailable, "read the lineage parent's header: %v", err)
+			return protocol.Errorf(protocol.CodeUnavailable, "read the lineage parent's header: %w", err)
 		}
 		h.ParentSession = p.ID
 		h.Origin = protocol.OriginSubagent
@@ -89,7 +89,7 @@ func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenReq
 		return nil, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "session " + id})
 	}
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %v", id, err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %w", id, err)
 	}
 	if h.Origin != protocol.OriginReopenable {
 		return nil, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": id,
@@ -106,7 +106,7 @@ func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenReq
 	case errors.Is(err, store.ErrNotFound):
 		_, err = store.Create(ctx, c.st.Agents, id, lease)
 	case err != nil:
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %v", id, err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", id, err)
 	case cur.Value.Kind == protocol.AgentRoot && cur.Value.ExpiresAt <= now:
 		lease.Epoch = cur.Value.Epoch + 1
 		_, err = store.Update(ctx, c.st.Agents, id, lease, cur.Revision)
@@ -119,7 +119,7 @@ func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenReq
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "another process reopened session %s at the same moment; retry", id)
 	}
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "reopen %s: %v", id, err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "reopen %s: %w", id, err)
 	}
 	c.agents.del(id)
 	c.disposeRunsOf(context.WithoutCancel(ctx), id)

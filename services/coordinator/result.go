@@ -25,7 +25,7 @@ func (c *Coordinator) sessionsResult(ctx context.Context, req rpc.Request) (any,
 		return ok || (len(evs) > 0 && evs[0].Seq <= h.SeedLength)
 	})
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %v", h.ID, err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", h.ID, err)
 	}
 	mode := ""
 	if e, err := c.st.ChildIndexEntry(ctx, h.ParentSession, h.ID); err == nil {

@@ -122,7 +122,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	host, _, err := net.SplitHostPort(cfg.Listen)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "listen address %q: %v (want host:port)", cfg.Listen, err)
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "listen address %q: %w (want host:port)", cfg.Listen, err)
 	}
 	loopback := IsLoopback(host)
 	if !loopback && cfg.AccessToken == "" {
@@ -131,7 +131,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "cannot listen on %s: %v; choose another address (port 0 picks a free one)", cfg.Listen, err)
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "cannot listen on %s: %w; choose another address (port 0 picks a free one)", cfg.Listen, err)
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger.With("component", "webui"), ln: ln, loopback: loopback,
 		streams: make(chan struct{}, cfg.StreamsMax), grant: cfg.Grant, ready: make(chan struct{})}
