@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
 
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -36,6 +37,11 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	d.Stop()
 	os.RemoveAll(dir)
+	// Nothing the client or the deployment started outlives them.
+	if err := goleak.Find(); err != nil && code == 0 {
+		fmt.Fprintln(os.Stderr, "goleak:", err)
+		code = 1
+	}
 	os.Exit(code)
 }
 
@@ -263,6 +269,31 @@ func Example_errors() {
 	// Output:
 	// true true NO_PROVIDER 1002 nope
 	// true true
+}
+
+// A child that does not complete is a result, not an error; ResultError
+// turns such a result into a *client.RunError for callers that treat it as
+// a failure: it carries the result and matches the catalogue code of the
+// run's end (its errorCode, CANCELLED for aborted, INTERNAL otherwise).
+func ExampleResultError() {
+	nc, cl := connect()
+	defer nc.Close()
+	ctx := context.Background()
+	root, _ := cl.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: os.TempDir()})
+	defer root.Close(ctx)
+
+	run, err := cl.StartRun(ctx, protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("refuse")})
+	if err != nil {
+		panic(err)
+	}
+	res, err := run.Result(ctx)
+	if err != nil {
+		panic(err)
+	}
+	err = client.ResultError(res)
+	var runErr *client.RunError
+	fmt.Println(errors.As(err, &runErr), runErr.StopReason(), runErr.Code(), errors.Is(err, protocol.ErrInternal))
+	// Output: true refusal INTERNAL true
 }
 
 // A continuable child takes more turns with followups; its state says

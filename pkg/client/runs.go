@@ -64,7 +64,7 @@ func (c *Client) onNotice(m *nats.Msg) {
 func (c *Client) StartRun(ctx context.Context, req protocol.RunStartRequest) (*Run, error) {
 	prefix, err := c.ensureNotify()
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "subscribe for results: %v", err).WithCause(err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "subscribe for results: %w", err)
 	}
 	token := nuid.Next()
 	ch := make(chan protocol.RunNotice, 1)
@@ -96,7 +96,7 @@ func (r *Run) Result(ctx context.Context) (protocol.SubagentResult, error) {
 		case n := <-r.notice:
 			return n.Result, nil
 		case <-ctx.Done():
-			return protocol.SubagentResult{}, protocol.Errorf(protocol.CodeCancelled, "waiting for run %s: %v", r.RunID, ctx.Err()).WithCause(ctx.Err())
+			return protocol.SubagentResult{}, protocol.Errorf(protocol.CodeCancelled, "waiting for run %s: %w", r.RunID, ctx.Err())
 		case <-t.C:
 			st, err := r.c.Await(ctx, protocol.RunRef{RunID: r.RunID, Parent: &r.parent, WaitMs: r.c.opts.AwaitFallback.Milliseconds()})
 			if err != nil && !errors.Is(err, protocol.ErrUnavailable) {
@@ -143,26 +143,51 @@ func (c *Client) Dispose(ctx context.Context, ref protocol.RunRef) (protocol.Run
 	return st, err
 }
 
-// ResultError returns nil for a completed result and an error describing any
-// other stop reason (for callers that treat non-completion as failure): a
-// *protocol.Error with the result's errorCode, or CANCELLED for aborted and
-// INTERNAL for the other stop reasons.
+// ResultError returns nil for a completed result and a *RunError for any
+// other stop reason (for callers that treat non-completion as failure).
 func ResultError(res protocol.SubagentResult) error {
 	if res.StopReason == protocol.StopCompleted {
 		return nil
 	}
-	code := res.ErrorCode
-	if code == "" {
-		code = protocol.CodeInternal
-		if res.StopReason == protocol.StopAborted {
-			code = protocol.CodeCancelled
-		}
+	return &RunError{Result: res}
+}
+
+// RunError is a run that settled without completing, as an error: Result is
+// what it settled with (stop reason, errorCode, diagnostic, partial output).
+// It wraps the *protocol.Error of its code, the result's errorCode or, when
+// it has none, CANCELLED for aborted and INTERNAL for any other stop reason:
+// errors.Is(err, protocol.ErrHostLost) holds for a run settled HOST_LOST,
+// protocol.CodeOf gives the code, and errors.As(err, &runErr) the result.
+type RunError struct {
+	Result protocol.SubagentResult
+}
+
+// StopReason is the stop reason the run settled with.
+func (e *RunError) StopReason() protocol.StopReason { return e.Result.StopReason }
+
+// Code is the catalogue code of the run's end (see RunError).
+func (e *RunError) Code() protocol.Code {
+	switch {
+	case e.Result.ErrorCode != "":
+		return e.Result.ErrorCode
+	case e.Result.StopReason == protocol.StopAborted:
+		return protocol.CodeCancelled
+	default:
+		return protocol.CodeInternal
 	}
-	msg := "run ended with stopReason " + string(res.StopReason)
-	if res.Diagnostic != "" {
-		msg += ": " + res.Diagnostic
+}
+
+func (e *RunError) Error() string { return e.protocolError().Error() }
+
+// Unwrap returns the *protocol.Error of the run's code.
+func (e *RunError) Unwrap() error { return e.protocolError() }
+
+func (e *RunError) protocolError() *protocol.Error {
+	msg := "run ended with stopReason " + string(e.Result.StopReason)
+	if e.Result.Diagnostic != "" {
+		msg += ": " + e.Result.Diagnostic
 	}
-	return &protocol.Error{Code: code, Message: msg, Details: map[string]any{"stopReason": string(res.StopReason)}}
+	return &protocol.Error{Code: e.Code(), Message: msg, Details: map[string]any{"stopReason": string(e.Result.StopReason)}}
 }
 
 // String renders a run for logs.
