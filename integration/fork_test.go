@@ -8,6 +8,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/client"
@@ -115,7 +116,7 @@ func TestForkSeedsTheBalancedCompletedPrefix(t *testing.T) {
 				}
 				own++
 			}
-			if err := agent.ValidateReplay(evs, false); err != nil {
+			if err := sessionlog.ValidateReplay(evs, false); err != nil {
 				t.Fatalf("the child's log does not replay: %v", err)
 			}
 			if got := firstOwnTurn(t, evs, own); got != tt.firstTurn {
@@ -175,7 +176,7 @@ func TestForkTakenMidTurnByTheChildsOwnTool(t *testing.T) {
 	if gh.SeedLength != 6 {
 		t.Fatalf("grandchild seedLength = %d, want the 6 events of the one completed turn", gh.SeedLength)
 	}
-	if err := agent.ValidateReplay(gevs, false); err != nil {
+	if err := sessionlog.ValidateReplay(gevs, false); err != nil {
 		t.Fatalf("grandchild log does not replay: %v", err)
 	}
 }

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/fakeopenai"
 	"github.com/brood-dev/brood/internal/worker"
@@ -70,7 +70,7 @@ func TestForkOfASessionWhoseServerRepeatsCallIDs(t *testing.T) {
 	if res == nil || res.IsError || protocol.PlainText(res.Content) != "forked" {
 		t.Fatalf("the fork's result %+v", res)
 	}
-	if err := agent.ValidateReplay(evs, false); err != nil {
+	if err := sessionlog.ValidateReplay(evs, false); err != nil {
 		t.Fatalf("the session does not replay: %v", err)
 	}
 	for _, r := range srv.Requests() {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -143,7 +143,7 @@ func (f *childFlags) startOptions(cmd *cobra.Command) (protocol.StartOptions, er
 		if err != nil {
 			return o, protocol.Errorf(protocol.CodeInvalidArgument, "--schema: %w", err)
 		}
-		v, err := agent.DecodeJSONValue(string(data))
+		v, err := sessionlog.DecodeJSONValue(string(data))
 		if err != nil {
 			return o, protocol.Errorf(protocol.CodeInvalidArgument, "--schema %s is not JSON: %w", f.schema, err)
 		}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -85,7 +85,7 @@ func resultCmd(g *globals) *cobra.Command {
 // turnResult is the result of one finished turn: its events from
 // turn/start to turn/end.
 func turnResult(id string, turn []protocol.SessionEvent) (childResult, error) {
-	r, err := agent.TurnResult(id, turn)
+	r, err := sessionlog.TurnResult(id, turn)
 	return childResult{SessionResultReply: r}, err
 }
 

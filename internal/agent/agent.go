@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -169,7 +170,7 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, limits: cfg.Limits.withDefaults(), log: cfg.Logger.With("session", cfg.Header.ID)}
 	a.events = append([]protocol.SessionEvent(nil), cfg.Events...)
-	a.turn = LastTurn(a.events)
+	a.turn = sessionlog.LastTurn(a.events)
 	a.callIDs = NewCallIDs(a.events)
 	return a, nil
 }

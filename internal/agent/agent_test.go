@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -98,7 +99,7 @@ func TestTurnRecordsOneRecordPerStep(t *testing.T) {
 	if err := evs[5].Decode(&res); err != nil || res.IsError || protocol.PlainText(res.Content) != "a.txt" {
 		t.Fatalf("list_dir result = %+v, %v", res, err)
 	}
-	r := OneShotOutcome(evs, false, false)
+	r := sessionlog.OneShotOutcome(evs, false, false)
 	if r.StopReason != protocol.StopCompleted || protocol.PlainText(r.Output) != "done" {
 		t.Fatalf("result = %+v", r)
 	}
@@ -130,7 +131,7 @@ func TestTurnEndReasons(t *testing.T) {
 			if out.Reason.Kind != tt.kind {
 				t.Fatalf("turn end = %+v, want %s", out.Reason, tt.kind)
 			}
-			r := OneShotOutcome(a.Events(), false, false)
+			r := sessionlog.OneShotOutcome(a.Events(), false, false)
 			if r.StopReason != tt.stop || protocol.PlainText(r.Output) != tt.output {
 				t.Fatalf("result = %+v", r)
 			}
@@ -177,7 +178,7 @@ func TestCancelKeepsPartialOutputAndCause(t *testing.T) {
 	if out.Reason.Kind != protocol.TurnAborted || out.Reason.Cause != protocol.CauseDisposed {
 		t.Fatalf("reason = %+v", out.Reason)
 	}
-	r := OneShotOutcome(a.Events(), true, false)
+	r := sessionlog.OneShotOutcome(a.Events(), true, false)
 	if r.StopReason != protocol.StopAborted || protocol.PlainText(r.Output) != "partial answ" {
 		t.Fatalf("result = %+v", r)
 	}
@@ -283,7 +284,7 @@ func TestCloseOpenTurnBalancesTheLog(t *testing.T) {
 	call, _ := protocol.NewEvent(protocol.EvToolCall, 0, protocol.ToolCallData{Turn: 1, Step: 1, CallID: "c1", Name: "list_dir"})
 	evs, _ := log.Append(context.Background(), step, call)
 	all := append(a.Events(), evs...)
-	closing, err := CloseOpenTurn(all, protocol.TurnEndReason{Kind: protocol.TurnInterrupted}, 0)
+	closing, err := sessionlog.CloseOpenTurn(all, protocol.TurnEndReason{Kind: protocol.TurnInterrupted}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,10 +295,10 @@ func TestCloseOpenTurnBalancesTheLog(t *testing.T) {
 	if strings.Join(types, ",") != "tool/result,step/end,turn/end" {
 		t.Fatalf("closing = %v", types)
 	}
-	if _, open, _, _, pending := OpenTurn(append(all, closing...)); open || len(pending) > 0 {
+	if _, open, _, _, pending := sessionlog.OpenTurn(append(all, closing...)); open || len(pending) > 0 {
 		t.Fatal("turn still open after closing")
 	}
-	if r := OneShotOutcome(append(all, closing...), false, false); r.StopReason != protocol.StopError {
+	if r := sessionlog.OneShotOutcome(append(all, closing...), false, false); r.StopReason != protocol.StopError {
 		t.Fatalf("interrupted must derive error, got %s", r.StopReason)
 	}
 }

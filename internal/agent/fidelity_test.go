@@ -9,6 +9,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -91,7 +92,7 @@ func TestConversationSurvivesTheLogByteForByte(t *testing.T) {
 		t.Fatalf("usage = %+v", usage.Usage)
 	}
 	// The decoded tool arguments keep exact integers.
-	v, err := agent.DecodeJSONValue(args)
+	v, err := sessionlog.DecodeJSONValue(args)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,7 @@
 package agent
 
 import (
-	"encoding/json"
 	"fmt"
-	"strings"
 
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -74,19 +72,4 @@ func History(events []protocol.SessionEvent) ([]model.Message, error) {
 		}
 	}
 	return msgs, nil
-}
-
-// DecodeJSONValue decodes JSON text into a plain value whose integers keep
-// their exact values (int64/uint64) instead of becoming float64.
-func DecodeJSONValue(text string) (any, error) {
-	d := json.NewDecoder(strings.NewReader(text))
-	d.UseNumber()
-	var v any
-	if err := d.Decode(&v); err != nil {
-		return nil, err
-	}
-	if d.More() {
-		return nil, fmt.Errorf("trailing data after the JSON value")
-	}
-	return protocol.NormalizeNumbers(v), nil
 }

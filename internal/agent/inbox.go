@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -19,40 +20,10 @@ type Inbox interface {
 	Remove(ctx context.Context, seqs ...protocol.Seq) error
 }
 
-// InboxCursor reads from a log which inbox items were seen (named by any
-// inbox event) and which are done (dequeued or discarded). A done item is
-// never claimed again, whatever the inbox stream still holds, so an item is
-// claimed exactly once even when its delivery repeats or the agent is rebuilt
-// from its log right after it logged a claim. (Items are claimed out of
-// order: next-step items join a running turn ahead of queued next turns.)
-func InboxCursor(events []protocol.SessionEvent) (seen, done map[protocol.Seq]bool) {
-	seen, done = map[protocol.Seq]bool{}, map[protocol.Seq]bool{}
-	for _, ev := range events {
-		switch ev.Type {
-		case protocol.EvInboxEnqueue:
-			var d protocol.InboxEnqueueData
-			if ev.Decode(&d) == nil {
-				seen[d.InboxSeq] = true
-			}
-		case protocol.EvInboxDequeue:
-			var d protocol.InboxDequeueData
-			if ev.Decode(&d) == nil {
-				seen[d.InboxSeq], done[d.InboxSeq] = true, true
-			}
-		case protocol.EvInboxDiscard:
-			var d protocol.InboxDiscardData
-			if ev.Decode(&d) == nil {
-				seen[d.InboxSeq], done[d.InboxSeq] = true, true
-			}
-		}
-	}
-	return seen, done
-}
-
 func (a *Agent) cursor() (seen, done map[protocol.Seq]bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return InboxCursor(a.events)
+	return sessionlog.InboxCursor(a.events)
 }
 
 // Unclaimed returns the pending items not yet claimed or discarded, oldest
@@ -64,7 +35,7 @@ func (a *Agent) Unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, err
 
 // UnclaimedOf is Unclaimed for any session, given its events.
 func UnclaimedOf(ctx context.Context, events []protocol.SessionEvent, in Inbox, log *slog.Logger) ([]store.InboxItem, error) {
-	_, done := InboxCursor(events)
+	_, done := sessionlog.InboxCursor(events)
 	items, err := in.Pending(ctx, 0)
 	if err != nil {
 		return nil, err
@@ -111,7 +82,7 @@ func (a *Agent) ClaimNext(ctx context.Context, in Inbox) (out Outcome, claimed b
 // ClaimNextOf is ClaimNext for any session that opens turns.
 func ClaimNextOf(ctx context.Context, s TurnOpener, in Inbox, log *slog.Logger) (out Outcome, claimed bool, err error) {
 	events := s.Events()
-	seen, _ := InboxCursor(events)
+	seen, _ := sessionlog.InboxCursor(events)
 	items, err := UnclaimedOf(ctx, events, in, log)
 	if err != nil {
 		return Outcome{}, false, err

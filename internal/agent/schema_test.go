@@ -12,13 +12,14 @@ import (
 	"testing"
 
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // decodeSchema decodes schema text the way the wire does (protocol numbers).
 func decodeSchema(t *testing.T, text string) any {
 	t.Helper()
-	v, err := DecodeJSONValue(text)
+	v, err := sessionlog.DecodeJSONValue(text)
 	if err != nil {
 		t.Fatalf("bad test schema %s: %v", text, err)
 	}
@@ -396,7 +397,7 @@ func TestStructuredCaptureThroughTheRuntime(t *testing.T) {
 			if out.Err != nil || out.Fenced || out.Reason.Kind != protocol.TurnCompleted {
 				t.Fatalf("outcome = %+v", out)
 			}
-			r := OneShotOutcome(a.Events(), false, true)
+			r := sessionlog.OneShotOutcome(a.Events(), false, true)
 			if r.StopReason != tt.stop || !reflect.DeepEqual(r.Structured, tt.structured) {
 				t.Fatalf("result = %+v (structured %#v), want %s %#v", r, r.Structured, tt.stop, tt.structured)
 			}

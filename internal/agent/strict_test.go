@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/testutil/fakeopenai"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -133,7 +134,7 @@ func TestStrictServerAcceptsEveryRequest(t *testing.T) {
 				t.Fatalf("the strict server refused requests: %q", rej)
 			}
 			evs := a.Events()
-			if err := ValidateReplay(evs, false); err != nil {
+			if err := sessionlog.ValidateReplay(evs, false); err != nil {
 				t.Fatalf("the log does not replay: %v", err)
 			}
 			tt.check(t, evs, srv.Requests())
@@ -219,7 +220,7 @@ func TestOutputSaysWhichMessageItCameFrom(t *testing.T) {
 		t.Fatalf("turn ended %+v", out.Reason)
 	}
 	evs := a.Events()
-	res := OneShotOutcome(evs, false, false)
+	res := sessionlog.OneShotOutcome(evs, false, false)
 	if res.StopReason != protocol.StopCompleted || protocol.PlainText(res.Output) != "Let me look first." {
 		t.Fatalf("result %+v", res)
 	}
@@ -234,14 +235,14 @@ func TestOutputSaysWhichMessageItCameFrom(t *testing.T) {
 	// A last message with text is the output and says it is the last.
 	srv.Push(fakeopenai.Say("All done."))
 	a.RunTurn(context.Background(), userInput("finish"))
-	res = EpochOutcome(a.Events())
+	res = sessionlog.EpochOutcome(a.Events())
 	if protocol.PlainText(res.Output) != "All done." || res.OutputFrom == nil || !res.OutputFrom.Last || res.OutputFrom.Turn != 2 {
 		t.Fatalf("epoch result %+v %+v", res, res.OutputFrom)
 	}
 	if text := protocol.PlainText(resultToTool("child", res).Content); text != "All done." {
 		t.Fatalf("tool result %q", text)
 	}
-	if res := OneShotOutcome(nil, false, false); res.OutputFrom != nil {
+	if res := sessionlog.OneShotOutcome(nil, false, false); res.OutputFrom != nil {
 		t.Fatalf("no output, yet outputFrom %+v", res.OutputFrom)
 	}
 }

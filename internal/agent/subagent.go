@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -154,7 +155,7 @@ func resultToTool(childID string, res protocol.SubagentResult) ToolResult {
 		if text == "" {
 			text = "(the subagent finished without output)"
 		}
-		if note := EarlierOutputNote(res.OutputFrom); note != "" {
+		if note := sessionlog.EarlierOutputNote(res.OutputFrom); note != "" {
 			text += "\n\n" + note
 		}
 		return TextResult(text)
@@ -184,15 +185,6 @@ func resultToTool(childID string, res protocol.SubagentResult) ToolResult {
 		b.WriteString("\nPartial output before the run ended:\n" + text)
 	}
 	return ToolResult{Content: protocol.Text(b.String()), IsError: true}
-}
-
-// EarlierOutputNote says, for a parent, that an output is not the child's
-// last message (its last one was empty), or "" when it is (issue 14).
-func EarlierOutputNote(from *protocol.OutputSource) string {
-	if from == nil || from.Last {
-		return ""
-	}
-	return fmt.Sprintf("(Note: this is the subagent's message from turn %d, step %d; its last message was empty, so this may not be its final answer.)", from.Turn, from.Step)
 }
 
 func quote(s string) string {

@@ -36,7 +36,7 @@ func (*Scripted) Provider() string { return "scripted" }
 func (*Scripted) Name() string     { return "scripted" }
 
 // StructuredOutputTool is the child-only capture tool the `json` directive calls.
-const StructuredOutputTool = "structured_output"
+const StructuredOutputTool = protocol.ToolStructuredOutput
 
 type directive struct {
 	verb string // sleep, say, call, json, fail, refuse, max-tokens

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -853,34 +852,4 @@ func updateOwnership(ctx context.Context, st *store.Store, parent string, change
 		}
 	}
 	return fmt.Errorf("ownership record of %s kept changing", parent)
-}
-
-// FoldDescriptor reads how to rebuild a continuable child: the first
-// subagent/descriptor of the child's own events (after its seed), which must
-// be version 2 and continuable (upstream-behaviour §3.5, §5.4).
-func FoldDescriptor(events []protocol.SessionEvent, seedLength int64) (protocol.DescriptorData, error) {
-	own := events
-	if seedLength > 0 && seedLength <= int64(len(events)) {
-		own = events[seedLength:]
-	}
-	for _, ev := range own {
-		if ev.Type != protocol.EvSubagentDescriptor {
-			continue
-		}
-		var d protocol.DescriptorData
-		if err := ev.Decode(&d); err != nil {
-			return d, fmt.Errorf("the descriptor is corrupt: %v", err)
-		}
-		if d.Version != protocol.DescriptorVersion {
-			return d, fmt.Errorf("the descriptor has unsupported version %d", d.Version)
-		}
-		if d.Mode != protocol.ModeContinuable {
-			return d, fmt.Errorf("it is a %s child: its one run is over; start a new child instead of retrying", d.Mode)
-		}
-		if d.Provider == "" || strings.TrimSpace(d.Label) == "" {
-			return d, fmt.Errorf("the descriptor lacks its provider or label")
-		}
-		return d, nil
-	}
-	return protocol.DescriptorData{}, fmt.Errorf("its log has no continuable descriptor")
 }

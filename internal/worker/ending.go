@@ -8,6 +8,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -100,17 +101,7 @@ func modeOf(ctx context.Context, st *store.Store, h protocol.SessionHeader) (str
 	if err != nil {
 		return "", fmt.Errorf("read the log of %s: %w", h.ID, err)
 	}
-	own := log.Events
-	if h.SeedLength > 0 && h.SeedLength <= int64(len(own)) {
-		own = own[h.SeedLength:]
-	}
-	for _, ev := range own {
-		var d protocol.DescriptorData
-		if ev.Type == protocol.EvSubagentDescriptor && ev.Decode(&d) == nil {
-			return d.Mode, nil
-		}
-	}
-	return "", nil
+	return sessionlog.Mode(log.Events, h.SeedLength), nil
 }
 
 // endDescendants runs steps (1) and (2) of a one-shot run's end (see above).
@@ -175,7 +166,7 @@ func discardPending(ctx context.Context, sess ContinuableSession, in agent.Inbox
 	if err != nil || len(items) == 0 {
 		return 0, err
 	}
-	seen, _ := agent.InboxCursor(sess.Events())
+	seen, _ := sessionlog.InboxCursor(sess.Events())
 	now := store.NowMs()
 	var evs []protocol.SessionEvent
 	seqs := make([]protocol.Seq, 0, len(items))

@@ -8,6 +8,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -68,7 +69,7 @@ func (p *InProcess) readSeed(ctx context.Context, parent string, n int) ([]proto
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the parent's log: %w", err)
 	}
 	if n < 0 {
-		n = agent.CompletedPrefix(log.Events)
+		n = sessionlog.CompletedPrefix(log.Events)
 	}
 	if n > len(log.Events) {
 		return nil, protocol.Errorf(protocol.CodeInternal, "the parent's log has %d events, fewer than the seed's %d", len(log.Events), n)
@@ -82,7 +83,7 @@ func (p *InProcess) readSeed(ctx context.Context, parent string, n int) ([]proto
 			"limit": "fork seed events", "reason": fmt.Sprintf("the parent's completed history has %d events; the limit is %d", n, limit)})
 	}
 	seed := log.Events[:n]
-	if err := agent.ValidateReplay(seed, false); err != nil {
+	if err := sessionlog.ValidateReplay(seed, false); err != nil {
 		return nil, protocol.Errorf(protocol.CodeInternal, "the parent's history does not replay: %w", err)
 	}
 	return seed, nil

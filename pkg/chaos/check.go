@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -903,7 +903,7 @@ func (c *checker) checkLifecycle() {
 		for i, e := range s.events {
 			evs[i] = e.session()
 		}
-		if err := agent.ValidateReplay(evs, false); err != nil {
+		if err := sessionlog.ValidateReplay(evs, false); err != nil {
 			c.fail("I7", s.firstTime(), "log of %s does not replay: %v", id, err)
 		}
 	}

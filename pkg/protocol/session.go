@@ -33,6 +33,11 @@ type SessionHeader struct {
 	DepthCap        *int64      `msgpack:"depthCap,omitempty" json:"depthCap,omitempty"`
 }
 
+// ToolStructuredOutput is the name of the child-only tool that captures a
+// structured output: its tool/call and tool/result events carry this name,
+// and a run's structured value is read from them (docs/protocol.md §8).
+const ToolStructuredOutput = "structured_output"
+
 // Event types of the session log (DESIGN.md §5; upstream-behaviour §3.2).
 const (
 	EvTurnStart          = "turn/start"

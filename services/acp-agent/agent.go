@@ -42,6 +42,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/acpio"
 	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/client"
@@ -305,7 +306,7 @@ func (s *Service) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (ac
 	}
 	lw := s.cfg.Store.NewLogWriter(id, lg.LastSubjSeq, int64(len(lg.Events)))
 	events := lg.Events
-	closing, err := agent.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted}, store.NowMs())
+	closing, err := sessionlog.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted}, store.NowMs())
 	if err == nil && len(closing) > 0 {
 		var written []protocol.SessionEvent
 		if written, err = lw.Append(ctx, closing...); err == nil {

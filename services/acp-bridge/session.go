@@ -15,6 +15,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/acpio"
 	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -102,7 +103,7 @@ func newSession(p *Provider, spec worker.SessionSpec, cwd string) *Session {
 		logger:   p.opts.Logger.With("provider", p.agent.Name, "session", spec.Header.ID),
 		lifetime: lifetime, stop: stop,
 		events:    append([]protocol.SessionEvent(nil), spec.Events...),
-		turn:      agent.LastTurn(spec.Events),
+		turn:      sessionlog.LastTurn(spec.Events),
 		callIDs:   agent.NewCallIDs(spec.Events),
 		violation: make(chan struct{}),
 		lateKick:  make(chan struct{}, 1), lateStop: make(chan struct{}), lateDone: make(chan struct{}),

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/testutil"
@@ -95,7 +96,7 @@ func turn(t *testing.T, sess worker.Session, log *memLog, prompt string) (protoc
 	if out.Fenced || out.Err != nil {
 		t.Fatalf("turn: %+v", out)
 	}
-	return out.Reason, protocol.PlainText(agent.SelectOutput(log.events()[before:]))
+	return out.Reason, protocol.PlainText(sessionlog.SelectOutput(log.events()[before:]))
 }
 
 func acpSessions(evs []protocol.SessionEvent) []protocol.ACPSessionData {
@@ -317,7 +318,7 @@ func TestSessionPermissionsAreLoggedAndCounted(t *testing.T) {
 				d.Outcome != tt.outcome || d.OptionID != tt.option || d.Granted != tt.granted || strings.Join(kinds, " ") != tt.optionKinds {
 				t.Fatalf("acp/permission %+v", d)
 			}
-			res := agent.OneShotOutcome(log.events(), false, false)
+			res := sessionlog.OneShotOutcome(log.events(), false, false)
 			if res.Permissions == nil || *res.Permissions != tt.counts {
 				t.Fatalf("result permissions %+v, want %+v", res.Permissions, tt.counts)
 			}
@@ -372,7 +373,7 @@ func TestSessionLateUpdates(t *testing.T) {
 			t.Fatalf("turn 3 got %s: late output reached the next turn", ev.Type)
 		}
 	}
-	if err := agent.ValidateReplay(log.events(), false); err != nil {
+	if err := sessionlog.ValidateReplay(log.events(), false); err != nil {
 		t.Fatalf("the log does not replay: %v", err)
 	}
 }

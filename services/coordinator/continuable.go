@@ -10,8 +10,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
-	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/worker"
@@ -343,7 +343,7 @@ func (c *Coordinator) resumable(ctx context.Context, h protocol.SessionHeader) (
 	if err != nil {
 		return protocol.DescriptorData{}, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %v", h.ID, err)
 	}
-	d, err := worker.FoldDescriptor(log.Events, h.SeedLength)
+	d, err := sessionlog.Descriptor(log.Events, h.SeedLength)
 	if err != nil {
 		return d, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": err.Error()})
 	}
@@ -972,22 +972,9 @@ func (c *Coordinator) childRow(ctx context.Context, e protocol.ChildIndexRecord)
 	if err != nil {
 		return protocol.ChildRow{Kind: protocol.RowDiagnostic, ID: e.ChildID, Reason: protocol.DiagnosticUnavailable}
 	}
-	own := log.Events
-	if h.SeedLength <= int64(len(own)) {
-		own = own[h.SeedLength:]
-	}
-	var d *protocol.DescriptorData
-	for _, ev := range own { // last wins: the child's own descriptor
-		if ev.Type == protocol.EvSubagentDescriptor {
-			var x protocol.DescriptorData
-			if ev.Decode(&x) == nil && x.Version == protocol.DescriptorVersion {
-				d = &x
-			} else {
-				d = nil
-			}
-		}
-	}
-	if d == nil {
+	own := sessionlog.Own(log.Events, h.SeedLength)
+	d, ok := sessionlog.ListedDescriptor(own)
+	if !ok {
 		if row.Activity == protocol.ActivityRunning {
 			row.Kind, row.Reason = protocol.RowDiagnostic, "creating"
 			return row
@@ -996,7 +983,7 @@ func (c *Coordinator) childRow(ctx context.Context, e protocol.ChildIndexRecord)
 	}
 	row.Mode, row.Label, row.Provider = d.Mode, d.Label, d.Provider
 	if d.Mode == protocol.ModeOneShot {
-		if _, ok := agent.LastTurnEnd(own); ok && row.Activity == protocol.ActivityRunning {
+		if _, ok := sessionlog.LastTurnEnd(own); ok && row.Activity == protocol.ActivityRunning {
 			row.State = protocol.StateRunning
 		}
 	}

@@ -3,8 +3,8 @@ package coordinator
 import (
 	"context"
 
-	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -33,7 +33,7 @@ func (c *Coordinator) sessionsResult(ctx context.Context, req rpc.Request) (any,
 	}
 	reply := protocol.SessionResultReply{SessionID: h.ID, Output: []protocol.ContentBlock{}}
 	if start, end, ok := lastOwnTurn(events, h.SeedLength); ok {
-		if reply, err = agent.TurnResult(h.ID, events[start:end+1]); err != nil {
+		if reply, err = sessionlog.TurnResult(h.ID, events[start:end+1]); err != nil {
 			return nil, err
 		}
 	}

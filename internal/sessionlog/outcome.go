@@ -1,16 +1,27 @@
-package agent
+// Package sessionlog is the reading of a session log: pure folds over its
+// events, with no I/O, that every party which must agree on what a log says
+// uses the same way. A run's result (the output selection rule and the stop
+// reasons, upstream-behaviour §3.8–§3.9: OneShotOutcome, EpochOutcome,
+// TurnResult), the open turn and how to close it (OpenTurn, CloseOpenTurn),
+// the descriptor that rebuilds a continuable child (Descriptor), the inbox
+// items a log has seen and claimed (InboxCursor), the balanced
+// completed-turn prefix a fork seeds from (CompletedPrefix) and the
+// invariants of a replayable log (ValidateReplay).
+//
+// Hosts settle from these folds and coordinators settle from the same folds
+// on HOST_LOST, so a result never depends on who settled it; the chaos
+// checker (pkg/chaos) and the CLI read logs with them too. A fold of a
+// child's result is always taken over its own events: after its seed
+// (Own), or after its epoch's first event.
+package sessionlog
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 
-	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
-
-// This file is the one place that reads a run's result out of a log: the
-// output selection rule (upstream-behaviour §3.8) and the stop-reason
-// derivations (§3.9). Hosts and coordinators (HOST_LOST) both use it, always
-// on the child's own events (after seedLength, or after the epoch boundary).
 
 // SelectOutput returns the content of the last assistant message with
 // non-empty content; empty (usage-only or tool-call-only) messages are
@@ -148,7 +159,7 @@ func structuredRefusal(events []protocol.SessionEvent) string {
 			continue
 		}
 		var d protocol.ToolResultData
-		if events[i].Decode(&d) != nil || d.Name != model.StructuredOutputTool || !d.IsError {
+		if events[i].Decode(&d) != nil || d.Name != protocol.ToolStructuredOutput || !d.IsError {
 			continue
 		}
 		text := strings.TrimPrefix(protocol.AllText(d.Content), "INVALID_ARGS: ")
@@ -168,12 +179,12 @@ func CapturedStructured(events []protocol.SessionEvent) (any, bool) {
 		switch ev.Type {
 		case protocol.EvToolCall:
 			var d protocol.ToolCallData
-			if ev.Decode(&d) == nil && d.Name == model.StructuredOutputTool {
+			if ev.Decode(&d) == nil && d.Name == protocol.ToolStructuredOutput {
 				calls[d.CallID] = d.Arguments
 			}
 		case protocol.EvToolResult:
 			var d protocol.ToolResultData
-			if ev.Decode(&d) != nil || d.Name != model.StructuredOutputTool || d.IsError {
+			if ev.Decode(&d) != nil || d.Name != protocol.ToolStructuredOutput || d.IsError {
 				continue
 			}
 			args, ok := calls[d.CallID]
@@ -366,4 +377,28 @@ func TurnResult(sessionID string, turn []protocol.SessionEvent) (protocol.Sessio
 		reply.Structured = v
 	}
 	return reply, nil
+}
+
+// DecodeJSONValue decodes JSON text into a plain value whose integers keep
+// their exact values (int64/uint64) instead of becoming float64.
+func DecodeJSONValue(text string) (any, error) {
+	d := json.NewDecoder(strings.NewReader(text))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		return nil, err
+	}
+	if d.More() {
+		return nil, fmt.Errorf("trailing data after the JSON value")
+	}
+	return protocol.NormalizeNumbers(v), nil
+}
+
+// EarlierOutputNote says, for a parent, that an output is not the child's
+// last message (its last one was empty), or "" when it is (issue 14).
+func EarlierOutputNote(from *protocol.OutputSource) string {
+	if from == nil || from.Last {
+		return ""
+	}
+	return fmt.Sprintf("(Note: this is the subagent's message from turn %d, step %d; its last message was empty, so this may not be its final answer.)", from.Turn, from.Step)
 }
