@@ -121,8 +121,11 @@ func cancelStack(t *testing.T) (*testutil.Stack, *timedModel) {
 func TestCancellingARunReachesEveryDescendant(t *testing.T) {
 	s, m := cancelStack(t)
 	root := s.Root()
-	grandchild := slowWork(20, 150*time.Millisecond, "grandchild done")
-	child := backgroundCall(t, "grandchild", grandchild) + "\n" + slowWork(20, 150*time.Millisecond, "child done")
+	// Work enough for the dispose to find both still working on a loaded
+	// machine (about 9 s each, under the 64 steps of a turn; the dispose cuts it short): with 3 s, a
+	// dispose that took that long under load met a turn already completed.
+	grandchild := slowWork(60, 150*time.Millisecond, "grandchild done")
+	child := backgroundCall(t, "grandchild", grandchild) + "\n" + slowWork(60, 150*time.Millisecond, "child done")
 	parent := backgroundCall(t, "child", child) + "\nsleep 30s\nsay parent done"
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
