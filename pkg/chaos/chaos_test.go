@@ -75,6 +75,9 @@ func TestChaos(t *testing.T) {
 			allHeld = false
 			t.Errorf("seed %d: invariants violated (logs in %s)", seed, cfg.Dir)
 		}
+		if len(res.Crashes) > 0 {
+			t.Errorf("seed %d: processes crashed:\n%s", seed, strings.Join(res.Crashes, "\n"))
+		}
 		table.Add(res.Report)
 		s := res.Report.Summary
 		total.Ops += s.Ops

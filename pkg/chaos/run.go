@@ -62,6 +62,10 @@ type Result struct {
 	History  *History
 	Report   *Report
 	Schedule []Step
+	// Crashes lists the lines of the processes' logs that say a process
+	// crashed on its own (a panic, a fatal error, a data race): the nemesis
+	// only kills with SIGKILL, which leaves no such line.
+	Crashes []string
 }
 
 // RunChaos runs one seed end to end and checks it. It returns an error
@@ -187,7 +191,36 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 			return nil, err
 		}
 	}
-	return &Result{History: h, Report: Check(h), Schedule: steps}, nil
+	return &Result{History: h, Report: Check(h), Schedule: steps, Crashes: crashes(c)}, nil
+}
+
+// crashMarks are what Go prints when a process dies of a bug.
+var crashMarks = []string{"panic: ", "fatal error: ", "WARNING: DATA RACE"}
+
+// crashes scans every process's and node's log for crashMarks.
+func crashes(c *Cluster) []string {
+	var logs []string
+	for _, p := range c.Processes() {
+		logs = append(logs, p.LogPath())
+	}
+	for _, n := range c.Nodes() {
+		logs = append(logs, n.logPath)
+	}
+	var out []string
+	for _, path := range logs {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			for _, m := range crashMarks {
+				if strings.Contains(line, m) {
+					out = append(out, filepath.Base(path)+": "+line)
+				}
+			}
+		}
+	}
+	return out
 }
 
 // connectDirect connects the harness's observer to the nodes themselves,
