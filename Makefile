@@ -34,7 +34,8 @@ bench:
 
 # The chaos suite (pkg/chaos, docs/chaos.md): for each seed, the seeded
 # workload against a 3-node cluster (2 coordinators, 2 spawn workers, R3)
-# under the seeded fault schedule, then the history checker (I1-I8, L1).
+# under the seeded fault schedule, then the history checker (I1-I8, L1);
+# the services run built with -race, so a data race a fault provokes fails it.
 # Bounded: about 20 minutes with the defaults. Replay one seed with
 # `make chaos CHAOS_SEEDS=7`; keep its stores, logs and history with
 # CHAOS_ARGS='-chaos.keep -chaos.history=DIR'.
@@ -42,7 +43,7 @@ CHAOS_SEEDS    ?= 1,2,3,4
 CHAOS_DURATION ?= 3m
 CHAOS_ARGS     ?=
 chaos:
-	$(GO) test -count=1 -timeout 60m -run '^TestChaos$$' -v ./pkg/chaos/ -args -chaos \
+	$(GO) test -count=1 -timeout 60m -run '^TestChaos$$' -v ./pkg/chaos/ -args -chaos -chaos.race \
 		-chaos.seeds=$(CHAOS_SEEDS) -chaos.duration=$(CHAOS_DURATION) $(CHAOS_ARGS)
 
 fmt:

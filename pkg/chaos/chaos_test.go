@@ -20,6 +20,7 @@ var (
 	chaosHistory  = flag.String("chaos.history", "", "directory to save each seed's history in (gzipped JSON)")
 	chaosClasses  = flag.String("chaos.classes", "", "comma-separated fault classes (default: every class)")
 	chaosKeep     = flag.Bool("chaos.keep", false, "keep each seed's directory (stores and logs) and print its path")
+	chaosRace     = flag.Bool("chaos.race", false, "run Brood's services built with the race detector")
 )
 
 // TestChaos runs the seeded workload against a 3-node cluster with two
@@ -58,7 +59,7 @@ func TestChaos(t *testing.T) {
 			t.Logf("seed %d: stores and logs in %s", seed, dir)
 		}
 		cfg := RunConfig{
-			Dir: dir, Brood: broodBin, Seed: seed, Duration: *chaosDuration, Classes: classes,
+			Dir: dir, Brood: broodBin, ServiceBinary: broodRaceBin, Seed: seed, Duration: *chaosDuration, Classes: classes,
 			Logf: func(format string, args ...any) { t.Logf(format, args...) },
 		}
 		if *chaosHistory != "" {

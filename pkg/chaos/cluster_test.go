@@ -2,8 +2,10 @@ package chaos
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,16 +14,26 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// broodBin is the brood binary built once for the package's tests.
-var broodBin string
+// broodBin is the brood binary built once for the package's tests;
+// broodRaceBin the same with the race detector (-chaos.race only).
+var broodBin, broodRaceBin string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
 	dir, err := os.MkdirTemp("", "brood-chaos-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	broodBin, err = Build(context.Background(), dir)
+	if err == nil && *chaosRace {
+		// The services' binary with the race detector (the nodes keep the
+		// plain one): a data race a fault provokes ends the run.
+		raceDir := filepath.Join(dir, "race")
+		if err = os.MkdirAll(raceDir, 0o755); err == nil {
+			broodRaceBin, err = Build(context.Background(), raceDir, "-race")
+		}
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)

@@ -20,9 +20,12 @@ import (
 type RunConfig struct {
 	// Dir holds the cluster's stores and every log. Required.
 	Dir string
-	// Brood is the brood binary (Build). Required.
-	Brood string
-	Seed  int64
+	// Brood is the brood binary (Build). Required. ServiceBinary, when
+	// set, runs the coordinators and workers instead (a build with -race);
+	// the nodes always run Brood.
+	Brood         string
+	ServiceBinary string
+	Seed          int64
 	// Duration of the workload under faults (the heal, the last messages and
 	// the check come after it).
 	Duration time.Duration
@@ -108,8 +111,12 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 	if len(cfg.Workers) > 0 {
 		spawnWorkers = -1
 	}
+	services := cfg.Brood
+	if cfg.ServiceBinary != "" {
+		services = cfg.ServiceBinary
+	}
 	b, err := c.StartBrood(ctx, BroodConfig{
-		Binary: cfg.Brood, Heartbeat: cfg.Heartbeat, HostExpiry: cfg.HostExpiry, DrainGrace: 2 * time.Second,
+		Binary: services, Heartbeat: cfg.Heartbeat, HostExpiry: cfg.HostExpiry, DrainGrace: 2 * time.Second,
 		LiveChildrenMax: cfg.LiveChildrenMax, SpawnWorkers: spawnWorkers,
 	})
 	if err != nil {
