@@ -34,7 +34,7 @@ var brokenBuilds = []struct {
 	file, invariant, example string
 }{
 	{"broken-delete-before-claim.json.gz", "I1", "is neither in the log nor in the inbox: lost"},
-	{"broken-settle-without-cas.json.gz", "I2", "announced settled 2 times"},
+	{"broken-settle-without-cas.json.gz", "I2", "announced settled 2 times with 2 results"},
 }
 
 func TestCheckerCatchesRecordedBrokenBuilds(t *testing.T) {

@@ -185,7 +185,13 @@ func TestCheckerCatchesBrokenHistories(t *testing.T) {
 			op := b.op(&Op{Kind: OpRun, Root: tRoot, Parent: tRoot, RunID: "R1", Child: "R1"})
 			op.Notices = []Notice{{At: b.tick(), StopReason: "completed"}, {At: b.tick(), StopReason: "error", ErrorCode: "HOST_LOST"}}
 			b.epoch("R1", "R1", protocol.ModeOneShot, op.Invoke, b.tick())
-		}, map[string]string{"I2": "announced settled 2 times"}},
+		}, map[string]string{"I2": "announced settled 2 times with 2 results"}},
+		{"a notice delivered again is no second settlement", func(b *histBuilder) {
+			b.header("R1", tRoot, 1)
+			op := b.op(&Op{Kind: OpRun, Root: tRoot, Parent: tRoot, RunID: "R1", Child: "R1"})
+			op.Notices = []Notice{{At: b.tick(), StopReason: "completed"}, {At: b.tick(), StopReason: "completed"}}
+			b.epoch("R1", "R1", protocol.ModeOneShot, op.Invoke, b.tick())
+		}, nil},
 		{"a retried followup stored twice", func(b *histBuilder) {
 			ops := b.child("A", 1)
 			b.turn("A", "another-id", "say "+ops[1].Marker)
