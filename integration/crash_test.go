@@ -2,12 +2,15 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/embedded"
+	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -138,5 +141,66 @@ func TestKilledCoordinatorLosesNoAcceptedMessage(t *testing.T) {
 	claims, _, _ := turnsOf(evs)
 	if strings.Join(claims, ",") != strings.Join(want, ",") {
 		t.Fatalf("claims = %v\nwant     %v", claims, want)
+	}
+}
+
+// TestTakeoverFencesTheLostHostOutOfTheLog: a host that stops heartbeating
+// while its activation has no turn open (paused past the expiry between two
+// turns, or before the first prompt) is taken over, and when it comes back
+// its next append to the log, a claim, is refused: the takeover writes
+// agent/takeover fenced on the log's last record. (Chaos seed 2: a worker
+// paused past the expiry claimed a prompt after its activation had been
+// ended; the turn stayed open for good and the message never ran.)
+func TestTakeoverFencesTheLostHostOutOfTheLog(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	root := s.Root()
+	ctx := context.Background()
+	const child, runID, lostHost = "paused-child", "paused-epoch", "host-that-paused"
+	now := store.NowMs()
+	if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
+		ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// The lost host's own writer, as it stood when the host paused.
+	lost := s.Store.NewLogWriter(child, 0, 0)
+	desc, _ := protocol.NewEvent(protocol.EvSubagentDescriptor, now, protocol.DescriptorData{Version: protocol.DescriptorVersion, Mode: protocol.ModeContinuable, Provider: "spawn"})
+	if _, err := lost.Append(ctx, desc); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Create(ctx, s.Store.Runs, runID, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID,
+		Provider: "spawn", Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Create(ctx, s.Store.Agents, child, protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable,
+		HostID: lostHost, Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
+		ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now, EpochStart: 1}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+		return err == nil && r.Value.State == protocol.RunSettled
+	}, "the coordinator ends the lost host's epoch")
+	// The host comes back and claims the prompt it was about to claim.
+	claim := []protocol.SessionEvent{}
+	for _, e := range []struct {
+		typ  string
+		data any
+	}{
+		{protocol.EvTurnStart, protocol.TurnData{Turn: 1}},
+		{protocol.EvInboxDequeue, protocol.InboxDequeueData{MessageID: "m1", InboxSeq: 1, Turn: 1}},
+	} {
+		ev, _ := protocol.NewEvent(e.typ, store.NowMs(), e.data)
+		claim = append(claim, ev)
+	}
+	if _, err := lost.Append(ctx, claim...); !errors.Is(err, store.ErrFenced) {
+		t.Fatalf("the lost host's claim after the takeover: %v, want it fenced", err)
+	}
+	_, evs := s.Log(child)
+	if last := evs[len(evs)-1]; last.Type != protocol.EvAgentTakeover {
+		t.Fatalf("the log ends with %s, want agent/takeover", last.Type)
+	}
+	if err := agent.ValidateReplay(evs, false); err != nil {
+		t.Fatalf("the log does not replay: %v", err)
 	}
 }

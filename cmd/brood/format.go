@@ -182,6 +182,11 @@ func formatEvent(ev protocol.SessionEvent, h protocol.SessionHeader) string {
 		}
 	case protocol.EvSessionEndSeed:
 		detail = "──── end of the inherited seed; the child's own events follow ────"
+	case protocol.EvAgentTakeover:
+		var d protocol.TakeoverData
+		if ev.Decode(&d) == nil {
+			detail = fmt.Sprintf("host %s lost; coordinator %s took the session over (epoch %d)", d.HostID, d.By, d.Epoch)
+		}
 	}
 	marker := " "
 	if h.SeedLength > 0 && ev.Seq < h.SeedLength {

@@ -53,6 +53,12 @@ const (
 	EvInboxDiscard       = "agent/inbox/discard"
 	EvSessionEndSeed     = "session/end-seed"
 	EvSubagentDescriptor = "subagent/descriptor"
+	// EvAgentTakeover is log-only: a coordinator took the session over from
+	// a host that stopped heartbeating while no turn was open. Being a write
+	// fenced on the log's last record, it fences the lost host out of the
+	// log: a host that comes back from a pause cannot append a claim (or a
+	// first turn) after the takeover (DESIGN.md §4, one writer per log).
+	EvAgentTakeover = "agent/takeover"
 )
 
 // SessionEvent is one log entry {seq, type, time, data}; Seq is contiguous
@@ -238,6 +244,14 @@ type InboxEnqueueData struct {
 	MessageID string        `msgpack:"messageId" json:"messageId"`
 	InboxSeq  Seq           `msgpack:"inboxSeq" json:"inboxSeq"`
 	Source    MessageSource `msgpack:"source" json:"source"`
+}
+
+// TakeoverData is the data of agent/takeover: the host that was lost, the
+// coordinator that took the session over, and the lease epoch it took.
+type TakeoverData struct {
+	HostID string `msgpack:"hostId" json:"hostId"`
+	By     string `msgpack:"by" json:"by"`
+	Epoch  int64  `msgpack:"epoch" json:"epoch"`
 }
 
 // InboxDequeueData is the data of agent/inbox/dequeue: the claim of one inbox

@@ -186,7 +186,7 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		return
 	}
 	leaseRev := fresh.Revision
-	deadHost := fresh.Value.HostID
+	deadHost, epoch := fresh.Value.HostID, fresh.Value.Epoch
 	if fresh.Value.TakenOverBy != c.cfg.ID {
 		taken := fresh.Value
 		taken.HostID, taken.TakenOverBy = c.cfg.ID, c.cfg.ID
@@ -194,11 +194,12 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		if leaseRev, err = store.Update(ctx, c.st.Agents, id, taken, fresh.Revision); err != nil {
 			return // another replica won the lease
 		}
+		epoch = taken.Epoch
 		c.agents.observe(taken, leaseRev)
 		c.cfg.Metrics.TakeOver(protocol.ModeOneShot)
 		c.log.Warn("host lost; taking the session over", "session", id, "host", deadHost, "run", fresh.Value.RunID)
 	}
-	events, err := c.closeInterrupted(ctx, id)
+	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: epoch})
 	if err != nil {
 		c.log.Warn("takeover: could not close the open turn; will retry", "session", id, "err", err)
 		return
@@ -242,18 +243,33 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 }
 
 // closeInterrupted appends turn/end{interrupted} (and results for open tool
-// calls) when the session's last turn is open, fenced on the log's last
-// record; a host that appended meanwhile makes it re-read and retry. It
-// returns the session's events afterwards.
-func (c *Coordinator) closeInterrupted(ctx context.Context, id string) ([]protocol.SessionEvent, error) {
+// calls) when the session's last turn is open, and agent/takeover (fence)
+// when none is, fenced on the log's last record; a host that appended
+// meanwhile makes it re-read and retry. Either way the lost host's next
+// append is refused. It returns the session's events afterwards.
+func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence protocol.TakeoverData) ([]protocol.SessionEvent, error) {
 	for attempt := 0; attempt < TakeoverAttemptsMax; attempt++ {
 		log, err := c.st.ReadLog(ctx, id)
 		if err != nil {
 			return nil, err
 		}
 		closing, err := agent.CloseOpenTurn(log.Events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
-		if err != nil || len(closing) == 0 {
+		if err != nil {
 			return log.Events, err
+		}
+		if n := len(log.Events); len(closing) == 0 && n > 0 && isTakeover(log.Events[n-1], fence) {
+			return log.Events, nil // this takeover, resumed: already written
+		}
+		if len(closing) == 0 {
+			// No turn is open: the takeover is still written, so the lost
+			// host's next append (a claim, a first turn) is refused (chaos
+			// seed 2: a worker paused past the expiry claimed a prompt
+			// after its activation had been ended, and the turn stayed open).
+			ev, err := protocol.NewEvent(protocol.EvAgentTakeover, store.NowMs(), fence)
+			if err != nil {
+				return nil, err
+			}
+			closing = []protocol.SessionEvent{ev}
 		}
 		w := c.st.NewLogWriter(id, log.LastSubjSeq, int64(len(log.Events)))
 		written, err := w.Append(ctx, closing...)
@@ -267,6 +283,12 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string) ([]protoc
 	return nil, fmt.Errorf("the log of %s kept changing during %d attempts", id, TakeoverAttemptsMax)
 }
 
+// isTakeover reports whether ev is the agent/takeover of fence's coordinator and epoch.
+func isTakeover(ev protocol.SessionEvent, fence protocol.TakeoverData) bool {
+	var d protocol.TakeoverData
+	return ev.Type == protocol.EvAgentTakeover && ev.Decode(&d) == nil && d.By == fence.By && d.Epoch == fence.Epoch
+}
+
 // takeOverActivation ends the epoch of a continuable child whose host died.
 // The child is not failed: its turn in flight is closed as interrupted, the
 // epoch settles (aborted, HOST_LOST), the parent gets its notice and the
@@ -274,7 +296,7 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string) ([]protoc
 // resumed on a live host (DESIGN.md §7, Settlement 2; §4, Liveness).
 func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record[protocol.AgentRecord]) {
 	id := fresh.Value.SessionID
-	deadHost := fresh.Value.HostID
+	deadHost, leaseEpoch := fresh.Value.HostID, fresh.Value.Epoch
 	leaseRev := fresh.Revision
 	if fresh.Value.TakenOverBy != c.cfg.ID {
 		taken := fresh.Value
@@ -284,11 +306,12 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		if leaseRev, err = store.Update(ctx, c.st.Agents, id, taken, fresh.Revision); err != nil {
 			return
 		}
+		leaseEpoch = taken.Epoch
 		c.agents.observe(taken, leaseRev)
 		c.cfg.Metrics.TakeOver(protocol.ModeContinuable)
 		c.log.Warn("host lost; ending the activation's epoch", "session", id, "host", deadHost, "run", fresh.Value.RunID)
 	}
-	events, err := c.closeInterrupted(ctx, id)
+	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: leaseEpoch})
 	if err != nil {
 		c.log.Warn("takeover: could not close the open turn; will retry", "session", id, "err", err)
 		return
