@@ -204,3 +204,68 @@ func TestTakeoverFencesTheLostHostOutOfTheLog(t *testing.T) {
 		t.Fatalf("the log does not replay: %v", err)
 	}
 }
+
+// TestSettlementOutlivesItsWinner: a host that settled a run or an epoch
+// and died before it published the end (it publishes before it releases its
+// lease) is taken over, and the coordinator publishes the end with the
+// settled result: subagent/end, the notice to the caller, the settlement
+// notice to a live parent. (Chaos seed 2: a worker killed between the
+// settlement and subagent/end left a subagent/start without its end.)
+func TestSettlementOutlivesItsWinner(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	root := s.Root()
+	ctx := context.Background()
+	n := watchNotices(t, s.NC, "winner")
+	for _, mode := range []string{protocol.ModeOneShot, protocol.ModeContinuable} {
+		t.Run(mode, func(t *testing.T) {
+			child, runID := "died-after-settling-"+mode, "run-of-"+mode
+			now := store.NowMs()
+			if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
+				ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1}); err != nil {
+				t.Fatal(err)
+			}
+			res := protocol.SubagentResult{Output: protocol.Text("done"), StopReason: protocol.StopCompleted}
+			rec := protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID, Provider: "spawn", Mode: mode,
+				State: protocol.RunSettled, CreatedAt: now, SettledAt: now, SettledBy: "host-that-died", Result: &res}
+			kind := protocol.AgentContinuable
+			if mode == protocol.ModeOneShot {
+				kind, rec.Notify = protocol.AgentOneShot, "test.notify.winner."+runID
+			}
+			if _, err := store.Create(ctx, s.Store.Runs, runID, rec); err != nil {
+				t.Fatal(err)
+			}
+			s.Store.PublishEvent(protocol.LifecycleEvent{Type: protocol.LifecycleStart, RunID: runID, Provider: "spawn", ID: child,
+				ParentSession: root.SessionID, Local: true, Mode: mode, Time: now}, func(err error) { t.Error(err) })
+			if _, err := store.Create(ctx, s.Store.Agents, child, protocol.AgentRecord{SessionID: child, Kind: kind,
+				HostID: "host-that-died", Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
+				ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now, EpochStart: 0}); err != nil {
+				t.Fatal(err)
+			}
+			testutil.Eventually(t, 20*time.Second, func() bool {
+				_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
+				return errors.Is(err, store.ErrNotFound)
+			}, "the coordinator takes the dead host's lease over and releases it")
+			testutil.Eventually(t, 10*time.Second, func() bool { return endEvents(t, s, root.SessionID)[runID] == 1 }, "one subagent/end for %s", runID)
+			if mode == protocol.ModeOneShot {
+				testutil.Eventually(t, 10*time.Second, func() bool { return len(n.get(runID)) > 0 }, "the caller's notice")
+				if got := n.get(runID)[0].Result; got.StopReason != protocol.StopCompleted {
+					t.Fatalf("notice with %+v, want the settled result", got)
+				}
+				return
+			}
+			rref := root.Ref()
+			page, err := s.Client.Inbox(ctx, protocol.InboxReadRequest{SessionID: root.SessionID, Authority: protocol.Authority{Parent: &rref}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			found := false
+			for _, it := range page.Items {
+				found = found || (it.Source.Kind == protocol.SourceSubagentSettled && it.Source.SenderSessionID == child)
+			}
+			if !found {
+				t.Fatalf("the root's inbox has no settlement notice from %s: %+v", child, page.Items)
+			}
+		})
+	}
+}

@@ -695,13 +695,18 @@ func (a *activation) teardown() {
 	a.result = &res
 	leaseRev := a.leaseRev
 	a.mu.Unlock()
-	if err := store.Delete(ctx, h.st.Agents, a.childID, leaseRev); err != nil {
-		log.Warn("could not release the lease", "err", err)
-	}
+	// The epoch's end is published while the lease is still held: should
+	// this host die before it released the lease, a coordinator takes the
+	// lease over, finds the record settled and publishes the end again
+	// (idempotently), so no notice and no subagent/end is ever lost (chaos
+	// seed 2: a worker killed between the settlement and the end).
 	EndEpoch(ctx, h.st, EpochEnd{
 		ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
 		Provider: a.provider, Remote: a.remote, Result: res,
 	}, h.eventErr)
+	if err := store.Delete(ctx, h.st.Agents, a.childID, leaseRev); err != nil {
+		log.Warn("could not release the lease", "err", err)
+	}
 	log.Info("activation settled", "stopReason", res.StopReason)
 }
 

@@ -177,6 +177,12 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		return
 	}
 	run, err := store.Get[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID)
+	if err == nil && run.Value.State == protocol.RunSettled && run.Value.Result != nil {
+		// The host settled, then died holding the lease: it may not have
+		// published. Publishing again is harmless (subagent/end carries a
+		// Nats-Msg-Id; a notice comes at least once, with the same result).
+		worker.PublishSettled(c.st, run.Value, func(err error) { c.log.Warn("settled run not republished", "run", run.Value.RunID, "err", err) })
+	}
 	if errors.Is(err, store.ErrNotFound) || (err == nil && run.Value.State == protocol.RunSettled) {
 		_ = store.Delete(ctx, c.st.Agents, id, fresh.Revision)
 		return
@@ -333,18 +339,25 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 			settled = true
 			c.settled(rec)
 		}
+	} else if err == nil && run.Value.Result != nil {
+		// The host settled the epoch, then died holding the lease (it
+		// publishes before it releases): publish its end again, idempotently
+		// (the notice and subagent/end carry their ids), with its result.
+		settled, res = true, *run.Value.Result
 	}
-	if err := store.Delete(ctx, c.st.Agents, id, leaseRev); err != nil {
-		c.log.Warn("takeover: could not release the lease", "session", id, "err", err)
-		return
-	}
-	c.agents.del(id)
+	// Published before the lease goes, as a host does: a replica that dies
+	// here is taken over in turn and publishes again.
 	if settled {
 		worker.EndEpoch(ctx, c.st, worker.EpochEnd{
 			ChildID: id, Parent: fresh.Value.ParentSession, Owner: fresh.Value.Owner, RunID: fresh.Value.RunID,
 			Provider: fresh.Value.Provider, Remote: c.isRemote(fresh.Value.Provider), Result: res,
 		}, func(err error) { c.log.Warn("epoch end not fully published", "err", err) })
 	}
+	if err := store.Delete(ctx, c.st.Agents, id, leaseRev); err != nil {
+		c.log.Warn("takeover: could not release the lease", "session", id, "err", err)
+		return
+	}
+	c.agents.del(id)
 	c.resumePending(ctx, id)
 }
 
