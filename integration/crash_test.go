@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/embedded"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
@@ -200,7 +200,7 @@ func TestTakeoverFencesTheLostHostOutOfTheLog(t *testing.T) {
 	if last := evs[len(evs)-1]; last.Type != protocol.EvAgentTakeover {
 		t.Fatalf("the log ends with %s, want agent/takeover", last.Type)
 	}
-	if err := agent.ValidateReplay(evs, false); err != nil {
+	if err := sessionlog.ValidateReplay(evs, false); err != nil {
 		t.Fatalf("the log does not replay: %v", err)
 	}
 }
