@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/embedded"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
