@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	"github.com/brood-dev/brood/internal/acpio"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/client"
@@ -23,10 +24,10 @@ type acpTiming struct {
 }
 
 func (a *acpTiming) flags(cmd *cobra.Command) {
-	cmd.Flags().DurationVar(&a.silence, "silence-timeout", 60*time.Second, "a turn whose ACP agent sends nothing for this long ends error")
-	cmd.Flags().DurationVar(&a.turn, "turn-timeout", 10*time.Minute, "bound of one ACP turn, startup included")
-	cmd.Flags().DurationVar(&a.eofGrace, "eof-grace", 6*time.Second, "teardown: wait this long after closing the agent's stdin before SIGTERM")
-	cmd.Flags().DurationVar(&a.termGrace, "term-grace", 3*time.Second, "teardown: wait this long after SIGTERM before SIGKILL")
+	cmd.Flags().DurationVar(&a.silence, "silence-timeout", acpbridge.DefaultSilenceTimeout, "a turn whose ACP agent sends nothing for this long ends error")
+	cmd.Flags().DurationVar(&a.turn, "turn-timeout", acpbridge.DefaultTurnTimeout, "bound of one ACP turn, startup included")
+	cmd.Flags().DurationVar(&a.eofGrace, "eof-grace", acpio.EOFGraceDefault, "teardown: wait this long after closing the agent's stdin before SIGTERM")
+	cmd.Flags().DurationVar(&a.termGrace, "term-grace", acpio.TermGraceDefault, "teardown: wait this long after SIGTERM before SIGKILL")
 }
 
 // options applies the flags that were set over the config file's timing.

@@ -103,10 +103,10 @@ type timing struct {
 }
 
 func (t *timing) flags(cmd *cobra.Command) {
-	cmd.Flags().DurationVar(&t.heartbeat, "heartbeat", time.Second, "heartbeat interval of this process in brood_hosts")
-	cmd.Flags().DurationVar(&t.hostExpiry, "host-expiry", 5*time.Second, "a host whose heartbeat is older than this is dead")
-	cmd.Flags().DurationVar(&t.drainGrace, "drain-grace", 10*time.Second, "how long a stopping worker lets in-flight turns finish")
-	cmd.Flags().DurationVar(&t.rootLease, "root-lease", 30*time.Second, "lease of a root agent between renewals (coordinator)")
+	cmd.Flags().DurationVar(&t.heartbeat, "heartbeat", protocol.DefaultHeartbeatInterval, "heartbeat interval of this process in brood_hosts")
+	cmd.Flags().DurationVar(&t.hostExpiry, "host-expiry", protocol.DefaultHostExpiry, "a host whose heartbeat is older than this is dead")
+	cmd.Flags().DurationVar(&t.drainGrace, "drain-grace", worker.DefaultDrainGrace, "how long a stopping worker lets in-flight turns finish")
+	cmd.Flags().DurationVar(&t.rootLease, "root-lease", coordinator.DefaultRootLease, "lease of a root agent between renewals (coordinator)")
 }
 
 // modelFlags configure in-process agents: their model, and the directories

@@ -85,12 +85,14 @@ type Config struct {
 	Providers []Provider
 	// HostID names this process; default a new ULID.
 	HostID string
-	// HeartbeatInterval is how often the host record is rewritten (1 s).
+	// HeartbeatInterval is how often the host record is rewritten
+	// (protocol.DefaultHeartbeatInterval, 1 s).
 	HeartbeatInterval time.Duration
-	// HostExpiry is how old a heartbeat may be before the host counts as dead (5 s).
+	// HostExpiry is how old a heartbeat may be before the host counts as
+	// dead (protocol.DefaultHostExpiry, 5 s).
 	HostExpiry time.Duration
 	// DrainGrace is how long a stopping host lets in-flight turns finish
-	// before disposing them (10 s).
+	// before disposing them (DefaultDrainGrace, 10 s).
 	DrainGrace time.Duration
 	// RequestsInFlightMax bounds concurrently handled requests (1024).
 	RequestsInFlightMax int
@@ -101,6 +103,10 @@ type Config struct {
 	// requests, and reports its live runs and activations.
 	Metrics *telemetry.Metrics
 }
+
+// DefaultDrainGrace is how long a stopping host lets in-flight turns finish
+// unless Config.DrainGrace says otherwise.
+const DefaultDrainGrace = 10 * time.Second
 
 // Host is one provider worker process.
 type Host struct {
@@ -129,13 +135,13 @@ func New(cfg Config) (*Host, error) {
 		return nil, fmt.Errorf("worker: host id %q must match ^[A-Za-z0-9_-]{1,64}$", cfg.HostID)
 	}
 	if cfg.HeartbeatInterval <= 0 {
-		cfg.HeartbeatInterval = time.Second
+		cfg.HeartbeatInterval = protocol.DefaultHeartbeatInterval
 	}
 	if cfg.HostExpiry <= 0 {
-		cfg.HostExpiry = 5 * time.Second
+		cfg.HostExpiry = protocol.DefaultHostExpiry
 	}
 	if cfg.DrainGrace <= 0 {
-		cfg.DrainGrace = 10 * time.Second
+		cfg.DrainGrace = DefaultDrainGrace
 	}
 	if cfg.RequestsInFlightMax <= 0 {
 		cfg.RequestsInFlightMax = 1024

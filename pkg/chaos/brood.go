@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // BroodConfig is the Brood deployment a chaos run starts on a Cluster: real
@@ -18,7 +20,8 @@ type BroodConfig struct {
 	Coordinators int
 	SpawnWorkers int
 	ForkWorkers  int
-	// Heartbeat and HostExpiry of every process (1 s and 5 s, the defaults).
+	// Heartbeat and HostExpiry of every process (default
+	// protocol.DefaultHeartbeatInterval and DefaultHostExpiry).
 	Heartbeat  time.Duration
 	HostExpiry time.Duration
 	// DrainGrace of the workers (10 s, the default).
@@ -56,10 +59,10 @@ func (c *Cluster) StartBrood(ctx context.Context, cfg BroodConfig) (*Brood, erro
 		cfg.SpawnWorkers = 2
 	}
 	if cfg.Heartbeat <= 0 {
-		cfg.Heartbeat = time.Second
+		cfg.Heartbeat = protocol.DefaultHeartbeatInterval
 	}
 	if cfg.HostExpiry <= 0 {
-		cfg.HostExpiry = 5 * time.Second
+		cfg.HostExpiry = protocol.DefaultHostExpiry
 	}
 	if cfg.DrainGrace <= 0 {
 		cfg.DrainGrace = 10 * time.Second

@@ -6,6 +6,8 @@ import (
 	"math/rand"
 	"strings"
 	"time"
+
+	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // Fault classes of the schedule (the point 3; RELIABILITY.md's table).
@@ -98,7 +100,7 @@ func NewSchedule(cfg ScheduleConfig) []Step {
 		cfg.GapMax = 4 * time.Second
 	}
 	if cfg.HostExpiry <= 0 {
-		cfg.HostExpiry = 5 * time.Second
+		cfg.HostExpiry = protocol.DefaultHostExpiry
 	}
 	rng := rand.New(rand.NewSource(cfg.Seed))
 	var steps []Step

@@ -1,5 +1,18 @@
 package protocol
 
+import "time"
+
+// Liveness of hosts (DESIGN.md §4): every host (worker or coordinator)
+// rewrites its brood_hosts record each heartbeat interval, and a host whose
+// record has not changed for longer than the host expiry is dead: its
+// sessions are taken over (HOST_LOST). These are the defaults of every
+// component and of `brood --heartbeat` / `--host-expiry`; a deployment that
+// changes one sets it alike everywhere, the expiry longer than the interval.
+const (
+	DefaultHeartbeatInterval = time.Second
+	DefaultHostExpiry        = 5 * time.Second
+)
+
 // Host kinds recorded in brood_hosts.
 const (
 	HostWorker      = "worker"

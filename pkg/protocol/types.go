@@ -272,6 +272,14 @@ type RunStartRequest struct {
 	Options  StartOptions   `msgpack:"options" json:"options"`
 }
 
+// LabelBytesMax bounds a child's label (a continuable child's is required
+// and not blank); a longer one is INVALID_ARGUMENT.
+const LabelBytesMax = 256
+
+// NotifySubjectBytesMax bounds a runs.start notify subject; a longer one is
+// INVALID_ARGUMENT.
+const NotifySubjectBytesMax = 512
+
 // OneLabel merges a request's top-level label with one sent under options
 // (both places are accepted; the top level is the documented one): either
 // alone, or both equal. Two different labels are INVALID_ARGUMENT.

@@ -56,14 +56,21 @@ type Options struct {
 	Metrics *telemetry.Metrics
 }
 
+// Defaults of Options' timing that `brood acp-bridge` shows as its flags'
+// defaults.
+const (
+	DefaultSilenceTimeout = 60 * time.Second
+	DefaultTurnTimeout    = 10 * time.Minute
+)
+
 func (o Options) withDefaults() Options {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
 			*d = v
 		}
 	}
-	def(&o.SilenceTimeout, 60*time.Second)
-	def(&o.TurnTimeout, 10*time.Minute)
+	def(&o.SilenceTimeout, DefaultSilenceTimeout)
+	def(&o.TurnTimeout, DefaultTurnTimeout)
 	def(&o.EOFGrace, acpio.EOFGraceDefault)
 	def(&o.TermGrace, acpio.TermGraceDefault)
 	def(&o.ExitGrace, time.Second)

@@ -37,6 +37,31 @@ const LineageDepthMax = 1024
 // DefaultGrantTTL is how long a user grant lives.
 const DefaultGrantTTL = 24 * time.Hour
 
+// Bounds of the coordinator's calls to one host (docs/protocol.md, limits).
+const (
+	// HostCallTimeout bounds a host's answer to state and interrupt.
+	HostCallTimeout = 5 * time.Second
+	// hostDisposeTimeout bounds a host's answer to dispose: its own wait for
+	// the run or activation to end, plus a margin for the reply.
+	hostDisposeTimeout = worker.DisposeWaitMax + 2*time.Second
+)
+
+// A session whose lease names a dead host is taken over before it is used
+// (resident): at most residentAttemptsMax reads of its lease, waiting
+// residentRetryWait while another goroutine of this replica takes it over.
+const (
+	residentAttemptsMax = 3
+	residentRetryWait   = 100 * time.Millisecond
+)
+
+// After a drain marker is written or removed, admission waits up to
+// markWaitMax, looking every markPollInterval, until this replica's cache
+// shows the change (waitMark).
+const (
+	markWaitMax      = 2 * time.Second
+	markPollInterval = 5 * time.Millisecond
+)
+
 // checkGrant verifies a user grant minted by authority.user.
 func (c *Coordinator) checkGrant(ctx context.Context, grant string) error {
 	if grant == "" {
@@ -161,8 +186,8 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 	if r.Label, err = protocol.OneLabel(r.Label, r.Options.Label); err != nil {
 		return nil, err
 	}
-	if strings.TrimSpace(r.Label) == "" || len(r.Label) > 256 {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "label is required (at most 256 bytes)")
+	if strings.TrimSpace(r.Label) == "" || len(r.Label) > protocol.LabelBytesMax {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "label is required (at most %d bytes)", protocol.LabelBytesMax)
 	}
 	lineage := append(append([]string(nil), parent.rec.Ancestry...), r.Parent.SessionID)
 	if err := c.checkDraining(lineage); err != nil {
@@ -304,7 +329,7 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 
 // disposeActivation asks a host to end an activation's epoch and waits for it.
 func (c *Coordinator) disposeActivation(ctx context.Context, hostID, childID, cause string) error {
-	hctx, cancel := context.WithTimeout(ctx, worker.DisposeWaitMax+2*time.Second)
+	hctx, cancel := context.WithTimeout(ctx, hostDisposeTimeout)
 	defer cancel()
 	return rpc.Call(hctx, c.cfg.NC, c.subj.Host(hostID, protocol.OpHostDispose),
 		protocol.HostRunRequest{ChildID: childID, Cause: cause}, nil)
@@ -314,7 +339,7 @@ func (c *Coordinator) disposeActivation(ctx context.Context, hostID, childID, ca
 // live; a lease held by a dead host is taken over first (HOST_LOST) so the
 // child can resume elsewhere.
 func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Record[protocol.AgentRecord], error) {
-	for attempt := 0; attempt < 3; attempt++ {
+	for attempt := 0; attempt < residentAttemptsMax; attempt++ {
 		l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, childID)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, nil
@@ -330,7 +355,7 @@ func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Reco
 			c.takeOver(ctx, leaseState{rec: l.Value, rev: l.Revision})
 			c.release(childID)
 		} else {
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(residentRetryWait)
 		}
 	}
 	return nil, protocol.Errorf(protocol.CodeUnavailable, "session %s is changing hands; retry", childID)
@@ -538,7 +563,7 @@ func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request) (an
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease: %v", err)
 	}
 	var st protocol.StateReply
-	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	hctx, cancel := context.WithTimeout(ctx, HostCallTimeout)
 	defer cancel()
 	if err := rpc.Call(hctx, c.cfg.NC, c.subj.Host(l.Value.HostID, protocol.OpHostState), protocol.HostChildRequest{ChildID: h.ID}, &st); err != nil {
 		return nil, err
@@ -610,7 +635,7 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request)
 	if err != nil || l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value) {
 		return protocol.InterruptReply{ChildID: r.ChildID}, nil // absent, one-shot or settled: nothing to stop
 	}
-	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	hctx, cancel := context.WithTimeout(ctx, HostCallTimeout)
 	defer cancel()
 	if err := rpc.Call(hctx, c.cfg.NC, c.subj.Host(l.Value.HostID, protocol.OpHostInterrupt), protocol.HostChildRequest{ChildID: r.ChildID, Cause: cause}, nil); err != nil {
 		return nil, err
@@ -823,12 +848,12 @@ func (c *Coordinator) continuableDrains(ctx context.Context, req rpc.Request) (a
 // waitMark waits (briefly) until this replica's cache shows a drain marker
 // (present) or its removal, so admission decisions that follow see it.
 func (c *Coordinator) waitMark(scope string, present bool) {
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(markWaitMax)
 	for time.Now().Before(deadline) {
 		if _, ok := c.agents.drainMarks()[scope]; ok == present {
 			return
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(markPollInterval)
 	}
 }
 

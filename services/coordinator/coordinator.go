@@ -33,11 +33,14 @@ type Config struct {
 	Store *store.Store
 	// ID names this replica; default a new ULID.
 	ID string
-	// HeartbeatInterval: how often this replica's record is rewritten (1 s).
+	// HeartbeatInterval: how often this replica's record is rewritten
+	// (protocol.DefaultHeartbeatInterval, 1 s).
 	HeartbeatInterval time.Duration
-	// HostExpiry: a host whose last heartbeat is older is dead (5 s).
+	// HostExpiry: a host whose last heartbeat is older is dead
+	// (protocol.DefaultHostExpiry, 5 s).
 	HostExpiry time.Duration
-	// RootLease: how long a root agent lives without agents.renew (30 s).
+	// RootLease: how long a root agent lives without agents.renew
+	// (DefaultRootLease, 30 s).
 	RootLease time.Duration
 	// PromptBytesMax bounds a prompt's text (256 KiB).
 	PromptBytesMax int
@@ -79,13 +82,13 @@ func (c *Config) defaults() {
 		c.ID = ulid.Make().String()
 	}
 	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = time.Second
+		c.HeartbeatInterval = protocol.DefaultHeartbeatInterval
 	}
 	if c.HostExpiry <= 0 {
-		c.HostExpiry = 5 * time.Second
+		c.HostExpiry = protocol.DefaultHostExpiry
 	}
 	if c.RootLease <= 0 {
-		c.RootLease = 30 * time.Second
+		c.RootLease = DefaultRootLease
 	}
 	if c.PromptBytesMax <= 0 {
 		c.PromptBytesMax = 256 << 10

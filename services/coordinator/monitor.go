@@ -365,6 +365,10 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 // once; sessions beyond it wait for the next sweep.
 const LivenessResumesMax = 16
 
+// notResumableRecheck is how long the liveness sweep skips a session it
+// found can never be resumed, unless its inbox changes first.
+const notResumableRecheck = time.Minute
+
 // liveness resumes continuable children that have accepted items in their
 // inbox but no live activation (DESIGN.md §4, Liveness; RELIABILITY.md, L1):
 // an accepted message never waits for another followup to be noticed. Each
@@ -374,7 +378,7 @@ const LivenessResumesMax = 16
 // session, and a resume that failed or was cut off is tried again at the
 // next sweep. Only a session that can never be resumed (a root's inbox, a
 // one-shot child, an ACP session without session/load) is skipped, until
-// its inbox changes or a minute passed.
+// its inbox changes or notResumableRecheck passed.
 func (c *Coordinator) liveness(ctx context.Context) {
 	t := time.NewTicker(c.cfg.LivenessInterval)
 	defer t.Stop()
@@ -434,7 +438,7 @@ func (c *Coordinator) liveness(ctx context.Context) {
 				if resumable {
 					delete(skip, id)
 				} else {
-					skip[id] = never{pending: n, until: now.Add(time.Minute)}
+					skip[id] = never{pending: n, until: now.Add(notResumableRecheck)}
 				}
 				mu.Unlock()
 			}()

@@ -19,6 +19,14 @@ import (
 // client, which renews them, and do not heartbeat.
 const RootHostID = "client"
 
+// DefaultRootLease is how long a root agent lives without agents.renew
+// unless Config.RootLease says otherwise.
+const DefaultRootLease = 30 * time.Second
+
+// renewAttemptsMax bounds the compare-and-set attempts of one agents.renew
+// that races with another write of the root's lease.
+const renewAttemptsMax = 3
+
 // CwdBytesMax bounds a root's workspace path.
 const CwdBytesMax = 4096
 
@@ -127,7 +135,7 @@ func (c *Coordinator) agentsRenew(ctx context.Context, req rpc.Request) (any, er
 	if err := req.Decode(&p); err != nil {
 		return nil, err
 	}
-	for attempt := 0; attempt < 3; attempt++ {
+	for attempt := 0; attempt < renewAttemptsMax; attempt++ {
 		l, err := c.authorize(ctx, p)
 		if err != nil {
 			return nil, err

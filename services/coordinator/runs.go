@@ -109,8 +109,8 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 		}
 		a.options.Persona = o.Persona
 	}
-	if len(o.Label) > 256 {
-		return a, protocol.Errorf(protocol.CodeInvalidArgument, "label is longer than 256 bytes")
+	if len(o.Label) > protocol.LabelBytesMax {
+		return a, protocol.Errorf(protocol.CodeInvalidArgument, "label is longer than %d bytes", protocol.LabelBytesMax)
 	}
 	a.options.Label = o.Label
 	return a, nil
@@ -141,13 +141,12 @@ func (c *Coordinator) checkPrompt(prompt []protocol.ContentBlock) error {
 	return nil
 }
 
-// validNotify checks a client-chosen notify subject: literal tokens only.
 // validNotify checks a client-chosen notify subject: printable ASCII literal
-// tokens, at most 512 bytes, and never a subject of the deployment itself or
+// tokens, at most protocol.NotifySubjectBytesMax bytes, and never a subject of the deployment itself or
 // of the system ($JS, $KV, $SRV…): the settling host publishes there with its
 // own permissions, so a notify subject must not reach Brood's state.
 func (c *Coordinator) validNotify(s string) bool {
-	if s == "" || len(s) > 512 || strings.HasPrefix(s, "$") || strings.HasPrefix(s, c.subj.Prefix()+".") {
+	if s == "" || len(s) > protocol.NotifySubjectBytesMax || strings.HasPrefix(s, "$") || strings.HasPrefix(s, c.subj.Prefix()+".") {
 		return false
 	}
 	for _, r := range s {
@@ -407,7 +406,7 @@ func (c *Coordinator) disposeWait() time.Duration {
 func (c *Coordinator) disposeRun(ctx context.Context, rec protocol.RunRecord, cause string) (protocol.RunStatus, error) {
 	lease, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, rec.ChildID)
 	if err == nil && lease.Value.RunID == rec.RunID && lease.Value.TakenOverBy == "" && c.reg.hostLive(lease.Value.HostID) {
-		hctx, cancel := context.WithTimeout(ctx, worker.DisposeWaitMax+2*time.Second)
+		hctx, cancel := context.WithTimeout(ctx, hostDisposeTimeout)
 		var st protocol.RunStatus
 		herr := rpc.Call(hctx, c.cfg.NC, c.subj.Host(lease.Value.HostID, protocol.OpHostDispose),
 			protocol.HostRunRequest{RunID: rec.RunID, ChildID: rec.ChildID, Cause: cause}, &st)

@@ -40,7 +40,8 @@ type Config struct {
 	Port int
 	// Prefix is the subject prefix (default "brood").
 	Prefix string
-	// HeartbeatInterval and HostExpiry of the services (1 s and 5 s).
+	// HeartbeatInterval and HostExpiry of the services (zero: the services'
+	// defaults, protocol.DefaultHeartbeatInterval and DefaultHostExpiry).
 	HeartbeatInterval time.Duration
 	HostExpiry        time.Duration
 	// Logger receives the services' logs (default: discarded).
@@ -75,12 +76,6 @@ func Start(ctx context.Context, cfg Config) (*Deployment, error) {
 	}
 	if cfg.Port == 0 {
 		cfg.Port = -1
-	}
-	if cfg.HeartbeatInterval <= 0 {
-		cfg.HeartbeatInterval = time.Second
-	}
-	if cfg.HostExpiry <= 0 {
-		cfg.HostExpiry = 5 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
