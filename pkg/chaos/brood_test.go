@@ -48,6 +48,11 @@ func TestBroodOnProxiedCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = root.Close(cctx) // stops its renewals
+	}()
 	run := func(text string) {
 		t.Helper()
 		var res protocol.SubagentResult

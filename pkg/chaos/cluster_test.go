@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
 )
 
 // broodBin is the brood binary built once for the package's tests;
@@ -41,6 +42,11 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	// Proxies, recorders and process watchers all end with their test.
+	if err := goleak.Find(); err != nil && code == 0 {
+		fmt.Fprintln(os.Stderr, "goleak:", err)
+		code = 1
+	}
 	os.Exit(code)
 }
 
