@@ -62,6 +62,7 @@ var users = []struct {
 	{"worker", "BROOD_NATS_WORKER_PASSWORD", "workerTestSecret1", false},
 	{"client", "BROOD_NATS_CLIENT_PASSWORD", "clientTestSecret1", false},
 	{"trusted-host", "BROOD_NATS_TRUSTED_PASSWORD", "trustedTestSecret1", true},
+	{"admin", "BROOD_NATS_ADMIN_PASSWORD", "adminTestSecret1", false},
 	{"sys", "BROOD_NATS_SYS_PASSWORD", "sysTestSecret1", false},
 }
 
@@ -417,7 +418,28 @@ var permCases = []permCase{
 	{user: "client", sub: true, subject: "brood.v1.provider.spawn.start", queue: "brood-provider"},
 	{user: "client", sub: true, subject: "brood.v1.host.H1.*"},
 	{user: "client", sub: true, subject: "brood.v1.log.>"},
-	{user: "client", sub: true, subject: "_INBOX.abc.>", allowed: true},
+	// Private replies: each user subscribes only under its own inbox prefix.
+	{user: "client", sub: true, subject: "_INBOX.client.abc.>", allowed: true},
+	{user: "client", sub: true, subject: "_INBOX.abc.>"},
+	{user: "client", sub: true, subject: "_INBOX.>"},
+	{user: "client", sub: true, subject: "_INBOX.trusted-host.>"},
+	{user: "trusted-host", sub: true, subject: "_INBOX.trusted-host.abc", allowed: true},
+	{user: "trusted-host", sub: true, subject: "_INBOX.client.abc"},
+	{user: "worker", sub: true, subject: "_INBOX.worker.abc", allowed: true},
+	{user: "worker", sub: true, subject: "_INBOX.client.abc"},
+	{user: "coordinator", sub: true, subject: "_INBOX.coordinator.abc", allowed: true},
+	{user: "coordinator", sub: true, subject: "_INBOX.trusted-host.abc"},
+	// Stream administration belongs to the admin step (brood provision).
+	{user: "admin", subject: "$JS.API.STREAM.CREATE.BROOD_LOG", allowed: true},
+	{user: "admin", subject: "$JS.API.STREAM.UPDATE.KV_brood_agents", allowed: true},
+	{user: "admin", sub: true, subject: "_INBOX.admin.abc", allowed: true},
+	{user: "coordinator", subject: "$JS.API.STREAM.CREATE.BROOD_LOG"},
+	{user: "coordinator", subject: "$JS.API.STREAM.UPDATE.BROOD_LOG"},
+	{user: "coordinator", subject: "$JS.API.STREAM.INFO.BROOD_LOG", allowed: true},
+	{user: "worker", subject: "$JS.API.STREAM.CREATE.brood_coord"},
+	{user: "worker", subject: "$JS.API.STREAM.UPDATE.BROOD_LOG"},
+	{user: "worker", subject: "$JS.API.STREAM.UPDATE.KV_brood_agents"},
+	{user: "worker", subject: "$JS.API.STREAM.INFO.BROOD_LOG", allowed: true},
 }
 
 // checkPermissionsStatic evaluates permCases against the parsed users with
@@ -632,7 +654,7 @@ func connectAs(t testing.TB, urls, user string, v *violations) *nats.Conn {
 		v = &violations{}
 	}
 	nc, err := nats.Connect(urls, nats.UserInfo(user, passwordOf(t, user)), nats.Name("deploy-test-"+user),
-		nats.Timeout(5*time.Second), nats.ErrorHandler(v.handler))
+		nats.CustomInboxPrefix(protocol.UserInboxPrefix(user)), nats.Timeout(5*time.Second), nats.ErrorHandler(v.handler))
 	if err != nil {
 		t.Fatalf("connect as %s to %s: %v", user, urls, err)
 	}
@@ -783,9 +805,10 @@ func TestClusterRuns(t *testing.T) {
 	})
 }
 
-// testBroodOnCluster runs what `brood coordinator --replicas 3`, `brood
-// spawn-worker --replicas 3` and `brood run` do, each as its own user, and
-// fails on any permission violation a connection was told about.
+// testBroodOnCluster runs what `brood provision --replicas 3` (as admin),
+// `brood coordinator --replicas 3`, `brood spawn-worker --replicas 3` and
+// `brood run` do, each as its own user, and fails on any permission
+// violation a connection was told about.
 func testBroodOnCluster(t *testing.T, urls []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -795,19 +818,26 @@ func testBroodOnCluster(t *testing.T, urls []string) {
 	v := &violations{}
 	all := strings.Join(urls, ",")
 
-	provision := func(nc *nats.Conn) *store.Store {
+	// The admin step (brood provision --replicas 3), then each service
+	// checks the streams and buckets as its own user, never changing them.
+	pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer pcancel()
+	if _, err := store.Provision(pctx, connectAs(t, all, "admin", v), subj, cfg); err != nil {
+		t.Fatalf("provision R3 streams and buckets as admin: %v", err)
+	}
+	open := func(nc *nats.Conn) *store.Store {
 		t.Helper()
-		pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
-		defer pcancel()
-		st, err := store.Provision(pctx, nc, subj, cfg)
+		octx, ocancel := context.WithTimeout(ctx, 10*time.Second)
+		defer ocancel()
+		st, err := store.Open(octx, nc, subj, cfg)
 		if err != nil {
-			t.Fatalf("provision R3 streams and buckets as %s: %v", nc.Opts.User, err)
+			t.Fatalf("open R3 streams and buckets as %s: %v", nc.Opts.User, err)
 		}
 		return st
 	}
 
 	coordNC := connectAs(t, all, "coordinator", v)
-	coordStore := provision(coordNC)
+	coordStore := open(coordNC)
 	for _, str := range []jetstream.Stream{coordStore.Sessions, coordStore.Log, coordStore.Inbox, coordStore.Events} {
 		if info := str.CachedInfo(); info.Config.Replicas != 3 || info.Config.Storage != jetstream.FileStorage {
 			t.Fatalf("stream %s: %d replicas, %s storage; want R3 file", info.Config.Name, info.Config.Replicas, info.Config.Storage)
@@ -829,7 +859,7 @@ func testBroodOnCluster(t *testing.T, urls []string) {
 
 	workerNC := connectAs(t, urls[1], "worker", v)
 	w, err := spawnworker.New(spawnworker.Config{
-		NC: workerNC, Store: provision(workerNC),
+		NC: workerNC, Store: open(workerNC),
 		Models:            func() (model.Model, error) { return model.NewScripted(), nil },
 		HeartbeatInterval: testutil.TestHeartbeat, HostExpiry: testutil.TestHostExpiry,
 		DrainGrace: 2 * time.Second, Logger: testutil.Logger(t),

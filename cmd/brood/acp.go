@@ -93,7 +93,7 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer mf.close()
-			nc, st, err := serviceConn(cmd.Context(), g, "brood-acp-bridge", sf)
+			nc, st, err := serviceConn(cmd.Context(), g, "brood-acp-bridge", sf, log)
 			if err != nil {
 				return err
 			}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	neturl "net/url"
 	"os"
 	"strings"
 	"time"
@@ -94,7 +95,7 @@ func defaultNATSURL() string {
 
 // natsFlag registers --nats on a command that talks to a NATS server.
 func natsFlag(cmd *cobra.Command, g *globals) {
-	cmd.Flags().StringVar(&g.natsURL, "nats", defaultNATSURL(), "NATS URL ($BROOD_NATS_URL when set)")
+	cmd.Flags().StringVar(&g.natsURL, "nats", defaultNATSURL(), "NATS URL ($BROOD_NATS_URL when set); the user comes from $BROOD_NATS_USER and $BROOD_NATS_PASSWORD, or $BROOD_NATS_CREDS (a credentials file), never from the command line")
 }
 
 // clientFlags registers the flags of a client verb: --nats and --timeout.
@@ -186,7 +187,7 @@ func newRoot(g *globals) *cobra.Command {
 	add(groupDelegate, providersCmd(g), runCmd(g), startCmd(g), followupCmd(g))
 	add(groupObserve, stateCmd(g), resultCmd(g), childrenCmd(g), logCmd(g), watchCmd(g), inboxCmd(g), uiCmd(g))
 	add(groupSteer, interruptCmd(g), disposeCmd(g), drainCmd(g), grantCmd(g))
-	add(groupServices, coordinatorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g), acpBridgeCmd(g), acpAgentCmd(g))
+	add(groupServices, provisionCmd(g), coordinatorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g), acpBridgeCmd(g), acpAgentCmd(g))
 	root.AddCommand(natsServerCmd()) // hidden: the chaos harness's nodes
 	return root
 }
@@ -217,9 +218,96 @@ func newLogger(level string, def slog.Level, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
 }
 
-// connect dials NATS for a process named name.
+// Where a process's NATS user and password come from, so they never appear
+// on a command line (ps shows those): a credentials file, or a user and a
+// password in the environment; a user and password in the URL still work.
+const (
+	envNATSUser     = "BROOD_NATS_USER"
+	envNATSPassword = "BROOD_NATS_PASSWORD"
+	envNATSCreds    = "BROOD_NATS_CREDS"
+)
+
+// natsAuth returns the connect options of the user in the environment:
+// $BROOD_NATS_CREDS (a NATS credentials file), or $BROOD_NATS_USER with
+// $BROOD_NATS_PASSWORD. Neither set: the URL's user, if any.
+func natsAuth() ([]nats.Option, error) {
+	creds, user, pass := os.Getenv(envNATSCreds), os.Getenv(envNATSUser), os.Getenv(envNATSPassword)
+	switch {
+	case creds != "" && (user != "" || pass != ""):
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "set either $%s or $%s and $%s, not both", envNATSCreds, envNATSUser, envNATSPassword)
+	case creds != "":
+		return []nats.Option{nats.UserCredentials(creds)}, nil
+	case user != "":
+		return []nats.Option{nats.UserInfo(user, pass)}, nil
+	case pass != "":
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "$%s is set without $%s", envNATSPassword, envNATSUser)
+	}
+	return nil, nil
+}
+
+// envNATSInboxPrefix overrides the inbox prefix of a process's connection.
+const envNATSInboxPrefix = "BROOD_NATS_INBOX_PREFIX"
+
+// inboxPrefix is the inbox prefix of a connection to url: every reply, run
+// notice and followed event of the process arrives under it, and a
+// deployment with users lets each user subscribe only under its own
+// (docs/security.md): $BROOD_NATS_INBOX_PREFIX, else _INBOX.<user> for the
+// user of $BROOD_NATS_USER or of the URL, else nats.go's _INBOX (no user).
+func inboxPrefix(url string) (string, error) {
+	if p := os.Getenv(envNATSInboxPrefix); p != "" {
+		if !validInboxPrefix(p) {
+			return "", protocol.Errorf(protocol.CodeInvalidArgument, "$%s %q must be a subject without wildcards, e.g. _INBOX.alice", envNATSInboxPrefix, p)
+		}
+		return p, nil
+	}
+	user := os.Getenv(envNATSUser)
+	if user == "" {
+		first, _, _ := strings.Cut(url, ",")
+		if u, err := neturl.Parse(strings.TrimSpace(first)); err == nil && u.User != nil {
+			user = u.User.Username()
+		}
+	}
+	if user == "" {
+		return "", nil
+	}
+	if !protocol.ValidID(user) {
+		return "", protocol.Errorf(protocol.CodeInvalidArgument,
+			"NATS user %q cannot name its inbox prefix _INBOX.<user> (a user name matches %s); set $%s", user, "^[A-Za-z0-9_-]{1,64}$", envNATSInboxPrefix)
+	}
+	return protocol.UserInboxPrefix(user), nil
+}
+
+// validInboxPrefix: literal subject tokens, no wildcards or whitespace.
+func validInboxPrefix(p string) bool {
+	for _, tok := range strings.Split(p, ".") {
+		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n") {
+			return false
+		}
+	}
+	return true
+}
+
+// connect dials NATS for a process named name, as the user of the
+// environment (natsAuth), with that user's inbox prefix (inboxPrefix).
 func connect(url, name string, reconnect bool) (*nats.Conn, error) {
-	opts := []nats.Option{nats.Name(name), nats.Timeout(5 * time.Second)}
+	auth, err := natsAuth()
+	if err != nil {
+		return nil, err
+	}
+	prefix, err := inboxPrefix(url)
+	if err != nil {
+		return nil, err
+	}
+	if prefix != "" {
+		auth = append(auth, nats.CustomInboxPrefix(prefix))
+	}
+	return connectWith(url, name, reconnect, auth...)
+}
+
+// connectWith dials NATS with explicit options (brood dev's own server
+// takes none of the environment's).
+func connectWith(url, name string, reconnect bool, extra ...nats.Option) (*nats.Conn, error) {
+	opts := append([]nats.Option{nats.Name(name), nats.Timeout(5 * time.Second)}, extra...)
 	if reconnect {
 		opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
 	} else {
@@ -227,9 +315,20 @@ func connect(url, name string, reconnect bool) (*nats.Conn, error) {
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "connect to NATS at %s: %w", url, err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "connect to NATS at %s: %w", redactURL(url), err)
 	}
 	return nc, nil
+}
+
+// redactURL hides the passwords of a comma-separated NATS URL list.
+func redactURL(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		if u, err := neturl.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			parts[i] = u.Redacted()
+		}
+	}
+	return strings.Join(parts, ",")
 }
 
 // ctxWithSignals is the context of a client verb: base (the verb's, with

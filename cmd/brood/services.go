@@ -151,39 +151,26 @@ func (m *modelFlags) factory() (worker.ModelFactory, error) {
 	}
 }
 
-// storeFlags are the JetStream settings a service provisions with.
+// storeFlags are what a service checks Brood's streams and buckets against.
 type storeFlags struct {
 	replicas int
 }
 
 func (s *storeFlags) flags(cmd *cobra.Command) {
-	cmd.Flags().IntVar(&s.replicas, "replicas", 1, "replicas of Brood's streams and buckets (1 in dev, 3 in a cluster)")
+	cmd.Flags().IntVar(&s.replicas, "replicas", 0, "replicas the streams and buckets must have (0: whatever `brood provision` gave them); the service only checks, it never changes them")
 }
 
-func (s *storeFlags) provision(ctx context.Context, nc *nats.Conn, prefix string) (*store.Store, error) {
-	subj, err := protocol.NewSubjects(prefix)
-	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "%w", err)
-	}
-	cfg := store.DefaultConfig()
-	cfg.Replicas = s.replicas
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	st, err := store.Provision(pctx, nc, subj, cfg)
-	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "provision JetStream: %w", err)
-	}
-	return st, nil
-}
-
-// serviceConn connects a service process (reconnecting forever) and
-// provisions Brood's streams and buckets; close the connection when done.
-func serviceConn(ctx context.Context, g *globals, name string, sf storeFlags) (*nats.Conn, *store.Store, error) {
+// serviceConn connects a service process (reconnecting forever) and opens
+// Brood's streams and buckets, waiting while they are not provisioned
+// (openStore); close the connection when done.
+func serviceConn(ctx context.Context, g *globals, name string, sf storeFlags, log *slog.Logger) (*nats.Conn, *store.Store, error) {
 	nc, err := connect(g.natsURL, name, true)
 	if err != nil {
 		return nil, nil, err
 	}
-	st, err := sf.provision(ctx, nc, g.prefix)
+	sctx, cancel := signalContext(ctx)
+	defer cancel()
+	st, err := openStore(sctx, nc, g.prefix, sf, log)
 	if err != nil {
 		nc.Close()
 		return nil, nil, err
@@ -258,7 +245,7 @@ func coordinatorCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer mf.close()
-			nc, st, err := serviceConn(cmd.Context(), g, "brood-coordinator", sf)
+			nc, st, err := serviceConn(cmd.Context(), g, "brood-coordinator", sf, log)
 			if err != nil {
 				return err
 			}
@@ -308,7 +295,7 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 				return err
 			}
 			defer met.close()
-			nc, st, err := serviceConn(cmd.Context(), g, "brood-"+use, sf)
+			nc, st, err := serviceConn(cmd.Context(), g, "brood-"+use, sf, log)
 			if err != nil {
 				return err
 			}
@@ -383,12 +370,20 @@ func devCmd(g *globals) *cobra.Command {
 				return protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 			}
 			defer ns.Shutdown()
-			nc, err := connect(ns.ClientURL(), "brood-dev", true)
+			nc, err := connectWith(ns.ClientURL(), "brood-dev", true)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			st, err := (&storeFlags{replicas: 1}).provision(cmd.Context(), nc, g.prefix)
+			// brood dev is its own admin: it provisions R1 streams and buckets.
+			subj, err := protocol.NewSubjects(g.prefix)
+			if err != nil {
+				return protocol.Errorf(protocol.CodeInvalidArgument, "%v", err)
+			}
+			if err := provision(cmd.Context(), nc, subj, store.DefaultConfig(), provisionRetryMax, log); err != nil {
+				return err
+			}
+			st, err := openStore(cmd.Context(), nc, g.prefix, storeFlags{replicas: 1}, log)
 			if err != nil {
 				return err
 			}

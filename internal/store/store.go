@@ -37,6 +37,8 @@ import (
 // default (DESIGN.md §4). DefaultConfig gives the documented defaults.
 type Config struct {
 	// Replicas of every stream and bucket: 1 in `brood dev`, 3 in a cluster.
+	// Open checks it only when above 0 (a service that was not told the
+	// replica count runs on what the admin provisioned).
 	Replicas int
 	// Storage is file storage unless a test asks for memory.
 	Storage jetstream.StorageType
@@ -114,106 +116,9 @@ func CheckMaxPayload(nc *nats.Conn, need int32) error {
 	return nil
 }
 
-// Provision creates or updates every stream and bucket with explicit settings
-// and returns the store. It is idempotent and safe to run concurrently from
-// several processes. It refuses a server whose max_payload is below
-// cfg.MsgBytesMax (ErrMaxPayload).
-func Provision(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg Config) (*Store, error) {
-	if err := CheckMaxPayload(nc, cfg.MsgBytesMax); err != nil {
-		return nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, err
-	}
-	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: cfg}
-	streams := []struct {
-		dst *jetstream.Stream
-		cfg jetstream.StreamConfig
-	}{
-		{&s.Sessions, jetstream.StreamConfig{
-			Name:                 subj.StreamSessions(),
-			Description:          "Brood session headers (immutable, one per session id, ever) and each parent's child index",
-			Subjects:             []string{subj.Session("*"), subj.ChildrenOf("*")},
-			Retention:            jetstream.LimitsPolicy,
-			MaxMsgsPerSubject:    1,
-			Discard:              jetstream.DiscardNew,
-			DiscardNewPerSubject: true,
-			DenyDelete:           true,
-			DenyPurge:            true,
-		}},
-		{&s.Log, jetstream.StreamConfig{
-			Name:              subj.StreamLog(),
-			Description:       "Brood session logs: records of SessionEvents, one fenced writer per session",
-			Subjects:          []string{subj.Log("*")},
-			Retention:         jetstream.LimitsPolicy,
-			MaxMsgsPerSubject: -1,
-			Discard:           jetstream.DiscardNew,
-			DenyDelete:        true,
-			DenyPurge:         true,
-		}},
-		{&s.Inbox, jetstream.StreamConfig{
-			Name:                 subj.StreamInbox(),
-			Description:          "Brood inboxes: exactly the pending items of each session",
-			Subjects:             []string{subj.Inbox("*")},
-			Retention:            jetstream.LimitsPolicy,
-			MaxMsgsPerSubject:    cfg.InboxItemsMax,
-			Discard:              jetstream.DiscardNew,
-			DiscardNewPerSubject: true,
-		}},
-		{&s.Events, jetstream.StreamConfig{
-			Name:              subj.StreamEvents(),
-			Description:       "Brood lifecycle events subagent/start and subagent/end by parent",
-			Subjects:          []string{subj.Events("*", "*")},
-			Retention:         jetstream.LimitsPolicy,
-			MaxAge:            cfg.EventsMaxAge,
-			MaxMsgsPerSubject: -1,
-			Discard:           jetstream.DiscardOld,
-		}},
-	}
-	for _, st := range streams {
-		c := st.cfg
-		c.Storage = cfg.Storage
-		c.Replicas = cfg.Replicas
-		c.MaxMsgSize = cfg.MsgBytesMax
-		c.MaxMsgs = -1
-		c.MaxBytes = -1
-		c.Duplicates = cfg.DuplicateWindow
-		c.AllowDirect = true
-		// MaxAge stays 0 (no age limit) except for BROOD_EVENTS: an accepted
-		// item or logged event is never expired away.
-		str, err := js.CreateOrUpdateStream(ctx, c)
-		if err != nil {
-			return nil, fmt.Errorf("provision stream %s: %w", c.Name, err)
-		}
-		*st.dst = str
-	}
-	buckets := []struct {
-		dst *jetstream.KeyValue
-		cfg jetstream.KeyValueConfig
-	}{
-		{&s.Agents, jetstream.KeyValueConfig{Bucket: subj.BucketAgents(), Description: "Brood agent leases by session id"}},
-		{&s.Hosts, jetstream.KeyValueConfig{Bucket: subj.BucketHosts(), Description: "Brood live hosts and their heartbeats", TTL: cfg.HostsMaxAge}},
-		{&s.Runs, jetstream.KeyValueConfig{Bucket: subj.BucketRuns(), Description: "Brood run records by run id", TTL: cfg.RunsMaxAge}},
-	}
-	for _, b := range buckets {
-		c := b.cfg
-		c.History = 1
-		c.Storage = cfg.Storage
-		c.Replicas = cfg.Replicas
-		c.MaxValueSize = cfg.MsgBytesMax
-		c.MaxBytes = -1
-		kv, err := js.CreateOrUpdateKeyValue(ctx, c)
-		if err != nil {
-			return nil, fmt.Errorf("provision bucket %s: %w", c.Bucket, err)
-		}
-		*b.dst = kv
-	}
-	return s, nil
-}
-
-// Bind returns a store on streams and buckets that already exist (clients that
-// only read, such as `brood log`). Like Provision it refuses a server whose
+// Bind returns a store on streams and buckets that already exist, without
+// checking their configuration (readers such as the chaos observer and
+// `brood acp-agent`; services Open). Like Open it refuses a server whose
 // max_payload is below the default max message size (ErrMaxPayload).
 func Bind(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Store, error) {
 	if err := CheckMaxPayload(nc, DefaultConfig().MsgBytesMax); err != nil {
@@ -223,26 +128,9 @@ func Bind(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Store, e
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: DefaultConfig()}
-	for _, p := range []struct {
-		dst  *jetstream.Stream
-		name string
-	}{{&s.Sessions, subj.StreamSessions()}, {&s.Log, subj.StreamLog()}, {&s.Inbox, subj.StreamInbox()}, {&s.Events, subj.StreamEvents()}} {
-		str, err := js.Stream(ctx, p.name)
-		if err != nil {
-			return nil, fmt.Errorf("stream %s: %w (is a Brood coordinator running against this server?)", p.name, err)
-		}
-		*p.dst = str
-	}
-	for _, p := range []struct {
-		dst  *jetstream.KeyValue
-		name string
-	}{{&s.Agents, subj.BucketAgents()}, {&s.Hosts, subj.BucketHosts()}, {&s.Runs, subj.BucketRuns()}} {
-		kv, err := js.KeyValue(ctx, p.name)
-		if err != nil {
-			return nil, fmt.Errorf("bucket %s: %w", p.name, err)
-		}
-		*p.dst = kv
+	s, err := bind(ctx, js, nc, subj, DefaultConfig())
+	if err != nil {
+		return nil, fmt.Errorf("%w (has `brood provision` run against this server?)", err)
 	}
 	return s, nil
 }

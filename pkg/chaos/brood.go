@@ -3,7 +3,9 @@ package chaos
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -45,9 +47,9 @@ func (b *Brood) All() []*Process {
 	return append(append([]*Process(nil), b.Coordinators...), b.Workers...)
 }
 
-// StartBrood starts the deployment's processes, spreading their preferred
-// nodes over the cluster: the first coordinator alone (it provisions the
-// streams and buckets), then the rest.
+// StartBrood provisions Brood's R3 streams and buckets (`brood provision
+// --replicas 3`, the admin step), then starts the deployment's processes,
+// spreading their preferred nodes over the cluster.
 func (c *Cluster) StartBrood(ctx context.Context, cfg BroodConfig) (*Brood, error) {
 	if cfg.Binary == "" {
 		return nil, fmt.Errorf("chaos: BroodConfig.Binary is required")
@@ -72,6 +74,9 @@ func (c *Cluster) StartBrood(ctx context.Context, cfg BroodConfig) (*Brood, erro
 	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = 30 * time.Second
+	}
+	if err := c.provision(ctx, cfg.Binary, cfg.StartTimeout); err != nil {
+		return nil, err
 	}
 	common := []string{"--replicas", "3", "--log-level", cfg.LogLevel,
 		"--heartbeat", cfg.Heartbeat.String(), "--host-expiry", cfg.HostExpiry.String()}
@@ -119,4 +124,21 @@ func (c *Cluster) StartBrood(ctx context.Context, cfg BroodConfig) (*Brood, erro
 		}
 	}
 	return b, nil
+}
+
+// provision runs `brood provision --replicas 3` against every node directly
+// (not through a proxy: it is the operator's step before the deployment).
+func (c *Cluster) provision(ctx context.Context, binary string, timeout time.Duration) error {
+	var urls []string
+	for _, n := range c.nodes {
+		urls = append(urls, "nats://"+n.ClientAddr())
+	}
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out, err := exec.CommandContext(pctx, binary, "provision", "--replicas", "3", "--timeout", timeout.String(),
+		"--nats", strings.Join(urls, ",")).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("chaos: brood provision: %v: %s", err, out)
+	}
+	return nil
 }

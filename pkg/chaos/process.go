@@ -146,8 +146,8 @@ func (p *Process) LogPath() string { return p.logPath }
 // Start starts the process (again) and waits for its ReadyLine. A process
 // that exits before printing it is started again after RestartDelay until
 // ctx ends, as a supervisor (systemd Restart=on-failure, Kubernetes) would:
-// Brood's services exit when they cannot provision JetStream, which is
-// expected while the cluster recovers from a fault.
+// Brood's services exit when they cannot open their streams and buckets,
+// which is expected while the cluster recovers from a fault.
 func (p *Process) Start(ctx context.Context) error {
 	for {
 		op, err := p.startOnce()

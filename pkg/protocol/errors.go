@@ -37,6 +37,11 @@ const (
 	CodeNotFound                 Code = "NOT_FOUND"
 	CodeUnavailable              Code = "UNAVAILABLE"
 	CodeInternal                 Code = "INTERNAL"
+	// CodePermissionDenied is made by a client or service itself when NATS
+	// refused its connection's user a publish or subscription (a
+	// permissions violation): the role it acts in lacks the right
+	// (docs/security.md). No coordinator answers it.
+	CodePermissionDenied Code = "PERMISSION_DENIED"
 )
 
 // CatalogueEntry describes one error code: its stable numeric code (sent in
@@ -75,6 +80,7 @@ var Catalogue = []CatalogueEntry{
 	{CodeNotFound, 1020, "{what} not found", "check the id"},
 	{CodeUnavailable, 1021, "{reason}", "retry later, or check that the coordinator, the workers and JetStream are running"},
 	{CodeInternal, 1022, "internal error: {reason}", "report this with the logs; the request may not have been completed"},
+	{CodePermissionDenied, 1024, "permission denied: {reason}", "connect as a NATS user of the role this needs (docs/security.md lists each role and its rights); nothing was done"},
 }
 
 var catalogueByCode = func() map[Code]CatalogueEntry {
@@ -245,4 +251,5 @@ var (
 	ErrNotFound                 = &Error{Code: CodeNotFound}
 	ErrUnavailable              = &Error{Code: CodeUnavailable}
 	ErrInternal                 = &Error{Code: CodeInternal}
+	ErrPermissionDenied         = &Error{Code: CodePermissionDenied}
 )

@@ -78,6 +78,12 @@ var (
 // `^[A-Za-z0-9_-]{1,64}$` (DESIGN.md §4), so it is always one subject token.
 func ValidID(s string) bool { return idRE.MatchString(s) }
 
+// UserInboxPrefix is the inbox prefix of the connections of NATS user user,
+// _INBOX.<user>: a deployment with users lets each subscribe only under its
+// own (docs/security.md), so no user sees another's replies, run notices or
+// followed events.
+func UserInboxPrefix(user string) string { return "_INBOX." + user }
+
 // Subjects builds every subject, stream and bucket name of one deployment.
 // The zero value is not valid; use NewSubjects.
 type Subjects struct {

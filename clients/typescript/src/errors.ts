@@ -30,6 +30,7 @@ export const Catalogue = {
   NOT_FOUND: 1020,
   UNAVAILABLE: 1021,
   INTERNAL: 1022,
+  PERMISSION_DENIED: 1024,
 } as const;
 
 export type Code = keyof typeof Catalogue;
@@ -74,6 +75,7 @@ export class HostLostError extends BroodError {}
 export class NotFoundError extends BroodError {}
 export class UnavailableError extends BroodError {}
 export class InternalError extends BroodError {}
+export class PermissionDeniedError extends BroodError {}
 
 type ErrorClass = new (code: string, message: string, details?: Record<string, unknown>, options?: ErrorOptions) => BroodError;
 
@@ -101,6 +103,7 @@ export const ErrorClasses: Record<Code, ErrorClass> = {
   NOT_FOUND: NotFoundError,
   UNAVAILABLE: UnavailableError,
   INTERNAL: InternalError,
+  PERMISSION_DENIED: PermissionDeniedError,
 };
 
 /**
