@@ -48,7 +48,7 @@ func provisionCmd(g *globals) *cobra.Command {
 			}
 			subj, err := protocol.NewSubjects(g.prefix)
 			if err != nil {
-				return protocol.Errorf(protocol.CodeInvalidArgument, "%v", err)
+				return protocol.Errorf(protocol.CodeInvalidArgument, "%w", err)
 			}
 			nc, err := connect(g.natsURL, "brood-provision", false)
 			if err != nil {
@@ -115,7 +115,7 @@ func provision(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg s
 func openStore(ctx context.Context, nc *nats.Conn, prefix string, sf storeFlags, log *slog.Logger) (*store.Store, error) {
 	subj, err := protocol.NewSubjects(prefix)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "%v", err)
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "%w", err)
 	}
 	cfg := store.DefaultConfig()
 	cfg.Replicas = sf.replicas
@@ -136,7 +136,7 @@ func openStore(ctx context.Context, nc *nats.Conn, prefix string, sf storeFlags,
 		}
 		select {
 		case <-ctx.Done():
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "stopped while waiting for Brood's streams and buckets: %v", err).WithCause(err)
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "stopped while waiting for Brood's streams and buckets: %w", err)
 		case <-time.After(storeOpenWait):
 		}
 	}
@@ -150,7 +150,7 @@ func storeError(nc *nats.Conn, what string, err error) error {
 		if what == "provision" {
 			role = "the admin role"
 		}
-		return protocol.Errorf(protocol.CodePermissionDenied, "%s Brood's streams and buckets: %v; connect as a NATS user with %s (docs/security.md)", what, pv, role).WithCause(err)
+		return protocol.Errorf(protocol.CodePermissionDenied, "%s Brood's streams and buckets: %w; connect as a NATS user with %s (docs/security.md)", what, pv, role)
 	}
 	msg := err.Error()
 	if strings.HasPrefix(msg, "store: ") {
