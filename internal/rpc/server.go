@@ -62,15 +62,9 @@ func (s *Server) Subscribe(subject, queue string, accept func(*nats.Msg) bool, h
 			s.dispatch(nil, nil, requestOf(s.nc, m), h)
 		}
 	}
-	var sub *nats.Subscription
-	var err error
-	if queue == "" {
-		sub, err = s.nc.Subscribe(subject, cb)
-	} else {
-		sub, err = s.nc.QueueSubscribe(subject, queue, cb)
-	}
+	sub, err := subscribe(s.nc, subject, queue, cb)
 	if err != nil {
-		return fmt.Errorf("rpc: subscribe to %s: %w", subject, err)
+		return err
 	}
 	s.mu.Lock()
 	s.subs = append(s.subs, sub)
@@ -284,16 +278,19 @@ func (s *Server) AddService(cfg ServiceConfig) (*Service, error) {
 	return svc, nil
 }
 
-func (svc *Service) subscribe(subject, queue string, cb nats.MsgHandler) error {
-	var sub *nats.Subscription
-	var err error
-	if queue == "" {
-		sub, err = svc.srv.nc.Subscribe(subject, cb)
-	} else {
-		sub, err = svc.srv.nc.QueueSubscribe(subject, queue, cb)
-	}
+// subscribe subscribes cb to subject, in queue group queue unless it is "".
+func subscribe(nc *nats.Conn, subject, queue string, cb nats.MsgHandler) (*nats.Subscription, error) {
+	sub, err := nc.QueueSubscribe(subject, queue, cb) // an empty queue is a plain subscription
 	if err != nil {
-		return fmt.Errorf("rpc: subscribe to %s: %w", subject, err)
+		return nil, fmt.Errorf("rpc: subscribe to %s: %w", subject, err)
+	}
+	return sub, nil
+}
+
+func (svc *Service) subscribe(subject, queue string, cb nats.MsgHandler) error {
+	sub, err := subscribe(svc.srv.nc, subject, queue, cb)
+	if err != nil {
+		return err
 	}
 	svc.mu.Lock()
 	svc.subs = append(svc.subs, sub)
