@@ -13,6 +13,7 @@ import (
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/embedded"
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -229,4 +230,53 @@ func TestLivenessResumesDoNotWaitForEachOther(t *testing.T) {
 		}, "the accepted item of %s runs although other resumes hang", id)
 	}
 	t.Logf("every free child's item was claimed %s after it was accepted", time.Since(enqueued))
+}
+
+// TestResumedChildReleasesItsParentsOwnership (issue 16, the loaded-run
+// failure of TestSendMessageAndInterruptTools): a continuable parent sent its
+// child a message while the child's epoch was ending; the followup
+// registered the parent's ownership of the child again after that epoch had
+// released it, and the liveness sweep resumed the child for the message. The
+// resumed epoch must release the edge when it ends, or the parent waits for
+// a child that is gone, forever.
+func TestResumedChildReleasesItsParentsOwnership(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = 300 * time.Millisecond })
+	s.AddSpawnWorker()
+	root := s.Root()
+	user := grant(t, s)
+	ctx := context.Background()
+	parent := startCont(t, s, root.Ref(),
+		"call subagent {\"description\":\"quick\",\"prompt\":\"say hi\",\"run_in_background\":true}\nsleep 4s\nsay done")
+	var child string
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		_, evs := s.Log(parent.ChildID)
+		for _, ev := range evs {
+			var d protocol.ToolResultData
+			if ev.Type == protocol.EvToolResult && ev.Decode(&d) == nil && d.Meta["childId"] != "" {
+				child = d.Meta["childId"]
+			}
+		}
+		return child != "" && state(t, s, child, user) == protocol.StateNone
+	}, "the child ran and its epoch ended")
+	// The interleaving seen under load: the parent's followup registers the
+	// edge after the ended epoch released it, and its message waits for the
+	// liveness sweep.
+	if err := worker.RegisterOwnership(ctx, s.Store, parent.ChildID, child); err != nil {
+		t.Fatal(err)
+	}
+	mid, _, err := s.Store.Enqueue(ctx, child, store.InboxItem{Content: protocol.Text("say again"),
+		Source: protocol.MessageSource{Kind: protocol.SourceCoordinator, Form: "relay", SenderSessionID: parent.ChildID}, Delivery: store.DeliveryNextTurn}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		_, evs := s.Log(child)
+		claims, _, _ := turnsOf(evs)
+		return len(claims) == 2 && claims[1] == mid && state(t, s, child, user) == protocol.StateNone
+	}, "the child is resumed for the message and its epoch ends")
+	waitState(t, s, parent.ChildID, ref(root), protocol.StateNone, 20*time.Second)
+	if rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, worker.OwnsKey(parent.ChildID)); err == nil && len(rec.Value.Children) > 0 {
+		t.Fatalf("the parent still owns %v", rec.Value.Children)
+	}
 }

@@ -384,7 +384,12 @@ func (c *Coordinator) resumable(ctx context.Context, h protocol.SessionHeader) (
 // coldResume materializes a new epoch of a child with no live activation in
 // any live host of its descriptor's provider (cold resume never calls the
 // provider's own logic; it reuses the descriptor's route, persona and tool
-// filter).
+// filter). A continuable owner owns the child before the epoch can run
+// anything: the edge is registered first, so an epoch that ends at once
+// releases it (registered after the activation, it could come back after
+// that release and leave the owner waiting forever). A resume that fails
+// keeps the edge: the child still has accepted work, and the epoch that
+// eventually runs it releases the edge when it ends.
 func (c *Coordinator) coldResume(ctx context.Context, h protocol.SessionHeader, d protocol.DescriptorData, owner string) error {
 	if _, ok := c.reg.provider(d.Provider); !ok {
 		return protocol.Errorf(protocol.CodeUnavailable, "no live host of provider %s can resume %s", d.Provider, h.ID)
@@ -393,18 +398,17 @@ func (c *Coordinator) coldResume(ctx context.Context, h protocol.SessionHeader, 
 	if err != nil {
 		return protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %v", h.ID, err)
 	}
+	if owner != "" {
+		if err := worker.RegisterOwnership(ctx, c.st, owner, h.ID); err != nil {
+			return protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
+		}
+	}
 	reply, err := c.activateEpoch(ctx, h, d, owner, up, false)
 	if err != nil {
 		if errors.Is(err, protocol.ErrActivationClosing) {
 			return nil // another party resumed it meanwhile; it will claim the inbox
 		}
 		return err
-	}
-	if owner != "" {
-		if err := worker.RegisterOwnership(ctx, c.st, owner, h.ID); err != nil {
-			c.disposeActivation(context.WithoutCancel(ctx), reply.HostID, h.ID, protocol.CauseDisposed)
-			return protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
-		}
 	}
 	c.log.Info("cold resume", "session", h.ID, "host", reply.HostID, "run", reply.RunID)
 	return nil

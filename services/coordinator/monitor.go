@@ -489,10 +489,23 @@ func (c *Coordinator) resume(ctx context.Context, id string) bool {
 	if err != nil {
 		return !errors.Is(err, protocol.ErrNotResumable)
 	}
-	if err := c.coldResume(ctx, h, d, ""); err != nil {
+	if err := c.coldResume(ctx, h, d, c.ownerOf(ctx, h)); err != nil {
 		c.log.Warn("liveness: cold resume failed; the next sweep tries again", "session", id, "err", err)
 	}
 	return true
+}
+
+// ownerOf returns the continuable parent that owns a resumed child: its
+// parent while that is a live continuable agent (a continuable parent owns
+// its live continuable children, DESIGN.md §7), else "". An epoch resumed
+// without its owner would never release the edge its parent's followup
+// registered, and the parent would wait for it forever.
+func (c *Coordinator) ownerOf(ctx context.Context, h protocol.SessionHeader) string {
+	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, h.ParentSession)
+	if err != nil || l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value) {
+		return ""
+	}
+	return h.ParentSession
 }
 
 func (c *Coordinator) isRemote(provider string) bool {
