@@ -20,8 +20,9 @@ import (
 // its BROOD_INBOX subject; an item is deleted once its claim is logged in the
 // session log, so the subject holds exactly what is pending. Agents read it
 // with direct gets after the last inbox sequence their log claimed, and wake
-// on a core subscription to the same subject: no consumer, no acks, nothing
-// per agent on the server. (An ordered consumer per resident agent would cost
+// on core subscriptions to the same subject and to the session's wake
+// subject (published after the item was acknowledged): no consumer, no
+// acks, nothing per agent on the server. (An ordered consumer per resident agent would cost
 // about 30 KB and 7 goroutines, and a stream allows 1,000 consumers unless
 // raised; 10,000 resident agents would not fit.)
 
@@ -83,6 +84,12 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 		return "", protocol.Seq(ack.Sequence), protocol.Errorf(protocol.CodeUnavailable,
 			"idempotency key %q was already used; its message could not be found again, retry later", idempotencyKey)
 	}
+	// The item's copy on the inbox subject reaches a resident activation as
+	// the stream ingests it, possibly before a read can see it: the
+	// activation would find nothing and sleep until its re-check. The
+	// wake-up, published once the stream acknowledged the item, comes when a
+	// read finds it (activation.go).
+	_ = s.NC.Publish(s.Subj.Wake(sessionID), nil)
 	return item.MessageID, protocol.Seq(ack.Sequence), nil
 }
 
