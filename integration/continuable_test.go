@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -678,10 +679,15 @@ func TestReportsAndListing(t *testing.T) {
 func TestSendMessageAndInterruptTools(t *testing.T) {
 	s := contStack(t)
 	root := s.Root()
-	// The child starts a slow grandchild, interrupts it, then sends it a message.
+	// The child starts a slow grandchild, interrupts it, then sends it a
+	// message, each through its own tool. They are separate turns of the
+	// child: the interrupted grandchild settles at once (nothing queued), and
+	// its settlement notice, joining the child's running turn at its next
+	// step, ends that turn there (the scripted model answers the newest user
+	// message), so a send in the same turn may never happen.
 	c := startCont(t, s, root.Ref(),
 		"call subagent {\"description\":\"slow\",\"prompt\":\"sleep 30s\\nsay never\",\"run_in_background\":true}\nsay started")
-	waitState(t, s, c.ChildID, ref(root), protocol.StateWaiting, 10*time.Second)
+	waitState(t, s, c.ChildID, ref(root), protocol.StateWaiting, 20*time.Second)
 	_, evs := s.Log(c.ChildID)
 	grand := ""
 	for _, ev := range evs {
@@ -690,19 +696,65 @@ func TestSendMessageAndInterruptTools(t *testing.T) {
 			grand = d.Meta["childId"]
 		}
 	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("the child:%s\nthe grandchild:%s", explainLog(t, s, c.ChildID), explainLog(t, s, grand))
+		}
+	}()
 	g := grant(t, s)
-	followup(t, s, c.ChildID, g, "call interrupt_agent {\"agent_id\":\""+grand+"\"}\nsleep 1ms\ncall send_message {\"subagent_id\":\""+grand+"\",\"message\":\"say woken\"}\nsay sent")
-	testutil.Eventually(t, 15*time.Second, func() bool {
+	followup(t, s, c.ChildID, g, "call interrupt_agent {\"agent_id\":\""+grand+"\"}\nsay interrupted")
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		_, gevs := s.Log(grand)
+		ends := turnEndReasons(gevs)
+		return len(ends) > 0
+	}, "the grandchild's first turn ends")
+	_, gevs := s.Log(grand)
+	if end := turnEndReasons(gevs)[0]; end.Kind != protocol.TurnAborted || end.Cause != protocol.CauseParent {
+		t.Fatalf("the grandchild's first turn ended %+v; the interrupt must abort it (cause parent)", end)
+	}
+	followup(t, s, c.ChildID, g, "call send_message {\"subagent_id\":\""+grand+"\",\"message\":\"say woken\"}\nsay sent")
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		_, gevs := s.Log(grand)
 		_, answers, _ := turnsOf(gevs)
 		return len(answers) > 0 && answers[len(answers)-1] == "woken"
 	}, "the grandchild ran the message its parent sent")
-	_, gevs := s.Log(grand)
-	_, _, ends := turnsOf(gevs)
-	if ends[0] != protocol.TurnAborted {
-		t.Fatalf("grandchild turn ends %v: the first turn was interrupted", ends)
+	waitState(t, s, c.ChildID, ref(root), protocol.StateNone, 20*time.Second)
+}
+
+// explainLog renders a session's events for a failure message: each event's
+// type, with tool results, turn ends and messages, and its pending items.
+func explainLog(t *testing.T, s *testutil.Stack, id string) string {
+	t.Helper()
+	var b strings.Builder
+	_, evs := s.Log(id)
+	for _, ev := range evs {
+		b.WriteString("\n  " + ev.Type)
+		switch ev.Type {
+		case protocol.EvToolResult:
+			var d protocol.ToolResultData
+			if ev.Decode(&d) == nil {
+				fmt.Fprintf(&b, " %s error=%v %.200q", d.Name, d.IsError, protocol.PlainText(d.Content))
+			}
+		case protocol.EvTurnEnd:
+			var d protocol.TurnEndData
+			if ev.Decode(&d) == nil {
+				fmt.Fprintf(&b, " %+v", d.Reason)
+			}
+		case protocol.EvUserMessage:
+			var d protocol.UserMessageData
+			if ev.Decode(&d) == nil {
+				fmt.Fprintf(&b, " %s %.120q", d.Source.Kind, protocol.PlainText(d.Content))
+			}
+		case protocol.EvAssistantMessage:
+			var d protocol.AssistantMessageData
+			if ev.Decode(&d) == nil {
+				fmt.Fprintf(&b, " %.120q", protocol.PlainText(d.Message.Content))
+			}
+		}
 	}
-	waitState(t, s, c.ChildID, ref(root), protocol.StateNone, 15*time.Second)
+	items, err := s.Store.InboxOf(id).Pending(context.Background(), 0)
+	fmt.Fprintf(&b, "\n  pending inbox items: %d (%v)", len(items), err)
+	return b.String()
 }
 
 // turnEndReasons returns the reason of every turn/end of a log, in order.
