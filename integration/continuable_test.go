@@ -562,8 +562,11 @@ func TestDurabilityFailedWhenTheLogRefusesTheFinalFlush(t *testing.T) {
 	s, m := meteredStack(t)
 	ctx := context.Background()
 	root := s.Root()
-	c := startCont(t, s, root.Ref(), "sleep 700ms\nsay done")
-	testutil.Eventually(t, 5*time.Second, func() bool { _, evs := s.Log(c.ChildID); return len(evs) >= 3 }, "turn opened")
+	// The turn sleeps long enough for the stream to be frozen before it ends,
+	// even on a loaded machine (the wait below is a condition, this margin is
+	// not one).
+	c := startCont(t, s, root.Ref(), "sleep 3s\nsay done")
+	testutil.Eventually(t, 20*time.Second, func() bool { _, evs := s.Log(c.ChildID); return len(evs) >= 3 }, "turn opened")
 	// The log stream stops accepting writes; core NATS and the other streams stay up.
 	info, err := s.Store.Log.Info(ctx)
 	if err != nil {
@@ -574,7 +577,7 @@ func TestDurabilityFailedWhenTheLogRefusesTheFinalFlush(t *testing.T) {
 	if _, err := s.Store.JS.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, s, c.ChildID, ref(root), protocol.StateNone, 10*time.Second)
+	waitState(t, s, c.ChildID, ref(root), protocol.StateNone, 20*time.Second)
 	var end protocol.LifecycleEvent
 	testutil.Eventually(t, 5*time.Second, func() bool {
 		for _, ev := range lifecycleOf(t, s, root.SessionID) {
