@@ -2,10 +2,12 @@ package protocol
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 )
 
-// RequestDepthMax bounds how deeply a request's values may nest.
+// RequestDepthMax bounds how deeply a request's values may nest, in both
+// encodings (arrays and maps/objects each count a level).
 const RequestDepthMax = 128
 
 // CheckMsgpack walks one MessagePack value without allocating and refuses
@@ -15,6 +17,9 @@ const RequestDepthMax = 128
 // value. Requests from the network are checked before they are decoded.
 func CheckMsgpack(b []byte, depthMax int) error {
 	end, err := skipValue(b, 0, depthMax)
+	if errors.Is(err, errTooDeep) {
+		return fmt.Errorf("MessagePack nests deeper than %d levels", depthMax)
+	}
 	if err != nil {
 		return err
 	}
@@ -49,11 +54,24 @@ func uintAt(b []byte, off, size int) (int, error) {
 	}
 }
 
-// skipValue returns the offset after the value at off.
+// fixedSize is the payload size of each MessagePack code whose value has a
+// fixed size (floats, ints, fixext with its type byte); lenSize is the size
+// of the length field of each str, bin, ext, array and map code. Zero: not
+// such a code. Tables, so the walk allocates nothing.
+var (
+	fixedSize = [256]int8{0xca: 4, 0xcb: 8, 0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8, 0xd0: 1, 0xd1: 2, 0xd2: 4, 0xd3: 8,
+		0xd4: 2, 0xd5: 3, 0xd6: 5, 0xd7: 9, 0xd8: 17}
+	lenSize = [256]int8{0xc4: 1, 0xc5: 2, 0xc6: 4, 0xd9: 1, 0xda: 2, 0xdb: 4, 0xc7: 1, 0xc8: 2, 0xc9: 4,
+		0xdc: 2, 0xdd: 4, 0xde: 2, 0xdf: 4}
+)
+
+// errTooDeep is skipValue's answer to a container nested too deeply.
+var errTooDeep = errors.New("nested too deeply")
+
+// skipValue returns the offset after the value at off, which may open at
+// most depth more levels of arrays and maps (each container is a level, as
+// in CheckJSONDepth).
 func skipValue(b []byte, off, depth int) (int, error) {
-	if depth < 0 {
-		return 0, fmt.Errorf("MessagePack nests deeper than %d levels", RequestDepthMax)
-	}
 	if err := need(b, off, 1); err != nil {
 		return 0, err
 	}
@@ -70,15 +88,11 @@ func skipValue(b []byte, off, depth int) (int, error) {
 		n := int(c & 0x1f)
 		return off + n, need(b, off, n)
 	}
-	fixed := map[byte]int{0xca: 4, 0xcb: 8, 0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8, 0xd0: 1, 0xd1: 2, 0xd2: 4, 0xd3: 8,
-		0xd4: 2, 0xd5: 3, 0xd6: 5, 0xd7: 9, 0xd8: 17}
-	if n, ok := fixed[c]; ok {
+	if n := int(fixedSize[c]); n > 0 {
 		return off + n, need(b, off, n)
 	}
-	lenSize := map[byte]int{0xc4: 1, 0xc5: 2, 0xc6: 4, 0xd9: 1, 0xda: 2, 0xdb: 4, 0xc7: 1, 0xc8: 2, 0xc9: 4,
-		0xdc: 2, 0xdd: 4, 0xde: 2, 0xdf: 4}
-	size, ok := lenSize[c]
-	if !ok {
+	size := int(lenSize[c])
+	if size == 0 {
 		return 0, fmt.Errorf("reserved MessagePack code 0x%02x at byte %d", c, off-1)
 	}
 	n, err := uintAt(b, off, size)
@@ -98,6 +112,9 @@ func skipValue(b []byte, off, depth int) (int, error) {
 }
 
 func skipItems(b []byte, off, n, depth int) (int, error) {
+	if depth <= 0 {
+		return 0, errTooDeep
+	}
 	if n > len(b)-off { // every item takes at least one byte
 		return 0, fmt.Errorf("MessagePack declares %d items at byte %d, more than the message holds", n, off)
 	}
@@ -108,4 +125,33 @@ func skipItems(b []byte, off, n, depth int) (int, error) {
 		}
 	}
 	return off, nil
+}
+
+// CheckJSONDepth refuses JSON text whose arrays and objects nest deeper than
+// depthMax, without allocating (encoding/json alone allows 10,000 levels).
+// It only counts brackets outside strings; the decoder judges the rest.
+func CheckJSONDepth(b []byte, depthMax int) error {
+	depth, inString, escaped := 0, false, false
+	for i, c := range b {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			if depth++; depth > depthMax {
+				return fmt.Errorf("JSON nests deeper than %d levels at byte %d", depthMax, i)
+			}
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return nil
 }

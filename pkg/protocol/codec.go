@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"strings"
 
@@ -127,11 +128,27 @@ func Unmarshal(enc Encoding, data []byte, v any) error {
 	}
 	d := msgpack.NewDecoder(bytes.NewReader(data))
 	d.UseLooseInterfaceDecoding(true)
-	if err := d.Decode(v); err != nil {
+	if err := decodeMsgpack(d, v); err != nil {
 		return err
 	}
 	normalizeTarget(v)
 	return nil
+}
+
+// decodeMsgpack is d.Decode(v) with the msgpack library's panics turned
+// into errors. The library (v5.4.1) panics on a map that gives the key of
+// an untyped (any) struct field twice: it decodes the second value into the
+// unaddressable copy the first left in the interface ("reflect.Value.SetInt
+// using unaddressable value"). A record or reply with such a map must be
+// refused like any other malformed input, never crash its reader
+// (FuzzDecodeRequest found it).
+func decodeMsgpack(d *msgpack.Decoder, v any) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("MessagePack the decoder cannot read (a key given twice?): %v", p)
+		}
+	}()
+	return d.Decode(v)
 }
 
 // normalizeTarget applies NormalizeNumbers to the untyped parts of a decoded value.
@@ -148,12 +165,18 @@ func normalizeTarget(v any) {
 	}
 }
 
-// UnmarshalRequest decodes an untrusted request strictly: the MessagePack
-// structure is checked first (CheckMsgpack: declared lengths, depth, trailing
-// bytes), and a field the message type does not know is an error in both
-// encodings, so an option is never accepted and then ignored.
+// UnmarshalRequest decodes an untrusted request strictly: the structure is
+// checked first (MessagePack: CheckMsgpack, declared lengths, depth and
+// trailing bytes; JSON: CheckJSONDepth), so both encodings nest at most
+// RequestDepthMax levels; a field the message type does not know is an error
+// in both encodings, so an option is never accepted and then ignored; and a
+// JSON number no float64 holds (1e400) is an error rather than a value
+// Brood could not write back.
 func UnmarshalRequest(enc Encoding, data []byte, v any) error {
 	if enc == JSON {
+		if err := CheckJSONDepth(data, RequestDepthMax); err != nil {
+			return err
+		}
 		d := json.NewDecoder(bytes.NewReader(data))
 		d.UseNumber()
 		d.DisallowUnknownFields()
@@ -162,6 +185,9 @@ func UnmarshalRequest(enc Encoding, data []byte, v any) error {
 		}
 		if d.More() {
 			return fmt.Errorf("trailing data after the JSON value")
+		}
+		if err := checkJSONNumbers(reflect.ValueOf(v)); err != nil {
+			return err
 		}
 		normalizeTarget(v)
 		return nil
@@ -172,10 +198,50 @@ func UnmarshalRequest(enc Encoding, data []byte, v any) error {
 	d := msgpack.NewDecoder(bytes.NewReader(data))
 	d.UseLooseInterfaceDecoding(true)
 	d.DisallowUnknownFields(true)
-	if err := d.Decode(v); err != nil {
+	if err := decodeMsgpack(d, v); err != nil {
 		return err
 	}
 	normalizeTarget(v)
+	return nil
+}
+
+// checkJSONNumbers refuses a json.Number anywhere in v (the untyped fields
+// of a request decoded with UseNumber) that no float64 holds: NormalizeNumbers
+// would make it NaN, which no JSON text can carry back.
+func checkJSONNumbers(v reflect.Value) error {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if v.IsNil() {
+			return nil
+		}
+		if n, ok := v.Interface().(json.Number); ok {
+			if _, err := strconv.ParseFloat(string(n), 64); err != nil {
+				return fmt.Errorf("number %s is out of the range of a float64", n)
+			}
+			return nil
+		}
+		return checkJSONNumbers(v.Elem())
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				if err := checkJSONNumbers(v.Field(i)); err != nil {
+					return err
+				}
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		for i := range v.Len() {
+			if err := checkJSONNumbers(v.Index(i)); err != nil {
+				return err
+			}
+		}
+	case reflect.Map:
+		for it := v.MapRange(); it.Next(); {
+			if err := checkJSONNumbers(it.Value()); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
 }
 

@@ -1,6 +1,8 @@
 package protocol
 
 import (
+	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -200,6 +202,131 @@ func TestSeqTravelsAsString(t *testing.T) {
 		}
 	}
 }
+
+// TestSeqFromJSON: a sequence reads from a decimal string (escapes
+// allowed), an unsigned integer or null, without a decoder of its own (one
+// per sequence cost kilobytes per few request bytes; FuzzDecodeRequest).
+func TestSeqFromJSON(t *testing.T) {
+	tests := []struct {
+		json string
+		want Seq
+		ok   bool
+	}{
+		{`"17"`, 17, true},
+		{`"18446744073709551615"`, 1<<64 - 1, true},
+		{`"\u0031\u0037"`, 17, true},
+		{`17`, 17, true},
+		{`null`, 0, true},
+		{`"18446744073709551616"`, 0, false},
+		{`"-1"`, 0, false},
+		{`-1`, 0, false},
+		{`1.5`, 0, false},
+		{`"1 "`, 0, false},
+		{`""`, 0, false},
+		{`true`, 0, false},
+		{`{"a":1}`, 0, false},
+		{`["1"]`, 0, false},
+	}
+	for _, tt := range tests {
+		var s Seq
+		err := s.UnmarshalJSON([]byte(tt.json))
+		if (err == nil) != tt.ok || s != tt.want {
+			t.Errorf("%s: %d, %v; want %d, ok=%v", tt.json, s, err, tt.want, tt.ok)
+		}
+		var r InboxAckRequest
+		err = UnmarshalRequest(JSON, []byte(`{"seqs":[`+tt.json+`]}`), &r)
+		if (err == nil) != tt.ok || (tt.ok && (len(r.Seqs) != 1 || r.Seqs[0] != tt.want)) {
+			t.Errorf("in a request %s: %v, %v", tt.json, r.Seqs, err)
+		}
+	}
+	// One stray quote, as a direct caller might pass it.
+	var s Seq
+	if err := s.UnmarshalJSON([]byte(`"`)); err == nil {
+		t.Error(`a lone quote was accepted`)
+	}
+	// A thousand sequences cost a few bytes each, not a decoder each.
+	body := []byte(`{"seqs":[` + strings.Repeat(`"1",`, 999) + `"1"]}`)
+	allocs := testing.AllocsPerRun(3, func() {
+		var r InboxAckRequest
+		_ = UnmarshalRequest(JSON, body, &r)
+	})
+	if allocs > 1200 {
+		t.Errorf("decoding 1000 seqs allocated %.0f times", allocs)
+	}
+}
+
+// TestRequestNestingIsTheSameInBothEncodings: 128 levels of arrays and
+// maps pass and 129 do not, in MessagePack and in JSON alike.
+func TestRequestNestingIsTheSameInBothEncodings(t *testing.T) {
+	for _, depth := range []int{RequestDepthMax - 1, RequestDepthMax, RequestDepthMax + 1} {
+		// options (1) and outputSchema's arrays: depth containers in all,
+		// counting the request map itself.
+		inner := depth - 2
+		js := `{"options":{"outputSchema":` + strings.Repeat("[", inner) + strings.Repeat("]", inner) + `}}`
+		var jv, mv RunStartRequest
+		jerr := UnmarshalRequest(JSON, []byte(js), &jv)
+		mp := append(mustHex(t, "81a76f7074696f6e7381ac6f7574707574536368656d61"), append(bytesOf(0x91, inner-1), 0x90)...)
+		merr := UnmarshalRequest(Msgpack, mp, &mv)
+		want := depth <= RequestDepthMax
+		if (jerr == nil) != want || (merr == nil) != want {
+			t.Errorf("depth %d: JSON %v, MessagePack %v; want accepted=%v", depth, jerr, merr, want)
+		}
+	}
+}
+
+// TestJSONNumbersBeyondADoubleAreRefused: 1e400 in an untyped field is
+// INVALID_ARGUMENT rather than a NaN that no JSON reply could carry.
+func TestJSONNumbersBeyondADoubleAreRefused(t *testing.T) {
+	var v RunStartRequest
+	err := UnmarshalRequest(JSON, []byte(`{"options":{"outputSchema":{"default":[1,-1e400]}}}`), &v)
+	if err == nil || !strings.Contains(err.Error(), "-1e400 is out of the range") {
+		t.Fatalf("err = %v", err)
+	}
+	var tiny RunStartRequest
+	if err := UnmarshalRequest(JSON, []byte(`{"options":{"maxDepth":1e-400}}`), &tiny); err != nil || tiny.Options.MaxDepth != 0.0 {
+		t.Fatalf("1e-400: %#v, %v", tiny.Options.MaxDepth, err)
+	}
+}
+
+// TestRepeatedUntypedKeysAreRefusedNotPanics: the msgpack library panics
+// when a map gives an untyped field's key twice; requests, replies and
+// records alike get an error instead (a worker's run record must not crash
+// the coordinator that reads it).
+func TestRepeatedUntypedKeysAreRefusedNotPanics(t *testing.T) {
+	tests := map[string]string{
+		"maxDepth twice":       "81a76f7074696f6e7382a86d61784465707468 01 a86d61784465707468 02",
+		"outputSchema twice":   "81a76f7074696f6e7382ac6f7574707574536368656d61 9101 ac6f7574707574536368656d61 9102",
+		"outputSchema maps":    "81a76f7074696f6e7382ac6f7574707574536368656d61 81a16101 ac6f7574707574536368656d61 81a16202",
+		"outputSchema strings": "81a76f7074696f6e7382ac6f7574707574536368656d61 a178 ac6f7574707574536368656d61 a179",
+	}
+	for name, h := range tests {
+		b := mustHex(t, strings.ReplaceAll(h, " ", ""))
+		var r RunStartRequest
+		if err := UnmarshalRequest(Msgpack, b, &r); err == nil {
+			t.Errorf("%s: request accepted", name)
+		}
+		if err := Unmarshal(Msgpack, b, &r); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// A settled run record whose result gives "structured" twice.
+	rec := mustHex(t, "81a6726573756c7482aa7374727563747572656401aa7374727563747572656402")
+	var rr RunRecord
+	if err := Unmarshal(Msgpack, rec, &rr); err == nil {
+		t.Error("run record accepted")
+	}
+}
+
+func mustHex(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := hex.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func bytesOf(b byte, n int) []byte { return bytes.Repeat([]byte{b}, n) }
 
 func TestSubjectsAndNames(t *testing.T) {
 	s := MustSubjects("")

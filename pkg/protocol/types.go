@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strconv"
@@ -71,14 +72,28 @@ func (s *Seq) DecodeMsgpack(dec *msgpack.Decoder) error {
 
 func (s Seq) MarshalJSON() ([]byte, error) { return json.Marshal(s.String()) }
 
+// UnmarshalJSON takes a decimal string, an unsigned integer or null. It
+// reads b in place: a decoder per sequence would cost kilobytes for each
+// few bytes of a request (an inbox.ack of many seqs).
 func (s *Seq) UnmarshalJSON(b []byte) error {
-	var v any
-	d := json.NewDecoder(strings.NewReader(string(b)))
-	d.UseNumber()
-	if err := d.Decode(&v); err != nil {
-		return err
+	switch {
+	case len(b) == 0:
+		return fmt.Errorf("sequence is empty")
+	case string(b) == "null":
+		return s.set(nil)
+	case b[0] == '"':
+		if len(b) >= 2 && b[len(b)-1] == '"' && !bytes.ContainsAny(b[1:len(b)-1], `"\`) {
+			return s.set(string(b[1 : len(b)-1]))
+		}
+		var str string // escapes: let encoding/json read them
+		if err := json.Unmarshal(b, &str); err != nil {
+			return err
+		}
+		return s.set(str)
+	case b[0] == '-' || (b[0] >= '0' && b[0] <= '9'):
+		return s.set(json.Number(b))
 	}
-	return s.set(v)
+	return fmt.Errorf("sequence %.20s is not a decimal string or an unsigned integer", b)
 }
 
 func (s *Seq) set(v any) error {
