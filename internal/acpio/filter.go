@@ -13,14 +13,16 @@ const LineBytesMaxDefault = 8 << 20
 
 // Drop describes a stdout line the filter did not forward.
 type Drop struct {
-	// Oversize: the line grew past the limit (a lost protocol message, so the
-	// caller should end the turn). It is reported the moment the limit is
-	// crossed, before the line ends (an agent may never end it); the rest of
-	// the line is then read and discarded without another report. Otherwise
-	// the line was not a JSON object.
+	// Oversize: the line grew past the limit, its length without the
+	// newline ("\n" or "\r\n") over maxLineBytes (a lost protocol message,
+	// so the caller should end the turn). It is reported the moment the
+	// limit is crossed, before the line ends (an agent may never end it);
+	// the rest of the line is then read and discarded without another
+	// report. Otherwise the line was not a JSON object.
 	Oversize bool
-	// Bytes is the line's length, newline excluded; for an oversize line,
-	// what had arrived when the limit was crossed.
+	// Bytes is, for a line that is not a JSON object, the length of its
+	// text with surrounding white space trimmed; for an oversize line, what
+	// had arrived when the limit was crossed (more than the limit).
 	Bytes int
 }
 
@@ -28,7 +30,10 @@ type Drop struct {
 // JSON objects, each whole and newline-terminated, to the SDK's reader: stray
 // text (a banner, a debug print) never reaches the JSON-RPC decoder, and no
 // line is ever split or truncated. Lines up to the limit pass however long
-// (64 KiB is no boundary). Not safe for concurrent use (one reader).
+// (64 KiB is no boundary); a forwarded line is the agent's line with
+// surrounding white space trimmed, so it is never longer than the limit. The
+// filter holds at most the limit plus one read of the agent's output. Not
+// safe for concurrent use (one reader).
 type LineFilter struct {
 	r       io.Reader
 	max     int
@@ -56,10 +61,12 @@ func NewLineFilter(r io.Reader, maxLineBytes int, onLine func(), onDrop func(Dro
 	return &LineFilter{r: r, max: maxLineBytes, onLine: onLine, onDrop: onDrop, chunk: make([]byte, 64<<10)}
 }
 
-// Read implements io.Reader.
+// Read implements io.Reader. The agent's read error (io.EOF at its exit)
+// is returned once every line read before it was forwarded or dropped, also
+// when the error came with the last bytes.
 func (f *LineFilter) Read(p []byte) (int, error) {
 	for len(f.pending) == 0 {
-		if f.err != nil {
+		if f.err != nil && len(f.buf) == 0 {
 			return 0, f.err
 		}
 		f.next()
@@ -73,8 +80,7 @@ func (f *LineFilter) Read(p []byte) (int, error) {
 // reads what is available rather than whole buffers, so a line that crosses
 // the limit is reported at once even when the agent never ends it.
 func (f *LineFilter) next() {
-	limit := f.max + 2 // the limit plus "\r\n"
-	scanned, oversize, total := 0, false, 0
+	scanned, oversize := 0, false
 	for {
 		if i := bytes.IndexByte(f.buf[scanned:], '\n'); i >= 0 {
 			end := scanned + i + 1
@@ -83,7 +89,7 @@ func (f *LineFilter) next() {
 			switch {
 			case oversize: // the rest of an oversize line, already reported
 				f.compact()
-			case end > limit: // it ended in the read that crossed the limit
+			case lineLength(line[:end-1]) > f.max: // it ended in the read that crossed the limit
 				f.onDrop(Drop{Oversize: true, Bytes: end - 1})
 				f.compact()
 			default:
@@ -92,12 +98,12 @@ func (f *LineFilter) next() {
 			return
 		}
 		scanned = len(f.buf)
-		if !oversize && len(f.buf) > limit {
+		// No newline yet: a trailing "\r" may still be the start of "\r\n".
+		if !oversize && lineLength(f.buf) > f.max {
 			oversize = true
 			f.onDrop(Drop{Oversize: true, Bytes: len(f.buf)})
 		}
 		if oversize { // keep nothing of it: only look for its end
-			total += len(f.buf)
 			f.buf, scanned = f.buf[:0], 0
 		}
 		if f.err != nil {
@@ -114,6 +120,15 @@ func (f *LineFilter) next() {
 			f.err = err
 		}
 	}
+}
+
+// lineLength is the length of a line without its newline: its bytes less
+// one "\r" at the end ("\r\n" ends a line as "\n" does).
+func lineLength(line []byte) int {
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		return n - 1
+	}
+	return len(line)
 }
 
 // compact drops the consumed front of buf once it is large, so a rare huge
