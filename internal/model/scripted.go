@@ -25,9 +25,14 @@ import (
 //     `max-tokens <text>` gives that partial text and ends max-tokens.
 //     When the lines run out, the answer is empty and the turn ends.
 //
-// Blank lines are skipped; any other line inside a script is a model error
-// naming the line, so a typo never passes silently.
-type Scripted struct{}
+// Blank lines are skipped; any other line inside a script (or a sleep
+// without a duration ≥ 0, a call without a tool name) is a model error
+// naming the first such line, so a typo never passes silently.
+type Scripted struct {
+	// sleep waits d or until ctx is done (its error); nil: a timer. Tests
+	// replace it to walk scripts without waiting.
+	sleep func(ctx context.Context, d time.Duration) error
+}
 
 // NewScripted returns the scripted model.
 func NewScripted() *Scripted { return &Scripted{} }
@@ -39,9 +44,10 @@ func (*Scripted) Name() string     { return "scripted" }
 const StructuredOutputTool = protocol.ToolStructuredOutput
 
 type directive struct {
-	verb string // sleep, say, call, json, fail, refuse, max-tokens
-	arg  string // text, duration, or json
-	tool string // for call
+	verb string        // sleep, say, call, json, fail, refuse, max-tokens
+	arg  string        // text, duration, or json
+	tool string        // for call
+	dur  time.Duration // for sleep
 	line int
 }
 
@@ -83,6 +89,13 @@ func parseScript(text string) ([]group, error) {
 				d.arg = "{}"
 			}
 		}
+		if verb == "sleep" {
+			dur, err := time.ParseDuration(rest)
+			if err != nil || dur < 0 {
+				return nil, fmt.Errorf("scripted: line %d: sleep needs a duration like 2s or 150ms", i+1)
+			}
+			d.dur = dur
+		}
 		ds = append(ds, d)
 	}
 	var groups []group
@@ -91,11 +104,7 @@ func parseScript(text string) ([]group, error) {
 		d := ds[i]
 		switch d.verb {
 		case "sleep":
-			dur, err := time.ParseDuration(d.arg)
-			if err != nil || dur < 0 {
-				return nil, fmt.Errorf("scripted: line %d: sleep needs a duration like 2s or 150ms", d.line)
-			}
-			cur.sleeps = append(cur.sleeps, dur)
+			cur.sleeps = append(cur.sleeps, d.dur)
 		case "call":
 			cur.answer = append(cur.answer, d)
 			for i+1 < len(ds) && ds[i+1].verb == "call" {
@@ -147,13 +156,13 @@ func (s *Scripted) Stream(ctx context.Context, req Request, onText func(string))
 		return textResponse("", FinishStop), nil
 	}
 	g := groups[pos]
+	sleep := s.sleep
+	if sleep == nil {
+		sleep = sleepCtx
+	}
 	for _, d := range g.sleeps {
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return Response{}, ctx.Err()
-		case <-t.C:
+		if err := sleep(ctx, d); err != nil {
+			return Response{}, err
 		}
 	}
 	if len(g.answer) == 0 {
@@ -182,6 +191,18 @@ func (s *Scripted) Stream(ctx context.Context, req Request, onText func(string))
 			calls[i] = protocol.ToolCall{ID: callID(len(req.Messages), i), Name: c.tool, Arguments: c.arg}
 		}
 		return Response{Message: protocol.AssistantMessage{Content: []protocol.ContentBlock{}, ToolCalls: calls}, Finish: FinishToolCalls}, nil
+	}
+}
+
+// sleepCtx waits d, or until ctx is done (ctx's error).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 
