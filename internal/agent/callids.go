@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -69,9 +68,12 @@ func ReplayArguments(raw string) string {
 	return "{}"
 }
 
+// argsObject reports whether raw is one JSON object, with only JSON white
+// space (space, tab, CR, LF; RFC 8259 §2) around it: what a tool's strict
+// decoder and a strict server accept. Unicode spaces such as U+00A0 are not
+// JSON white space.
 func argsObject(raw string) bool {
-	b := bytes.TrimSpace([]byte(raw))
-	return len(b) > 0 && b[0] == '{' && json.Valid(b)
+	return strings.HasPrefix(strings.TrimLeft(raw, " \t\r\n"), "{") && json.Valid([]byte(raw))
 }
 
 // argsError is the error result of a call whose arguments are not a JSON

@@ -33,6 +33,12 @@ const (
 	// schemaContainersMax bounds the objects and arrays one check visits, so
 	// a Go value sharing subtrees cannot make the walk exponential.
 	schemaContainersMax = 10_000
+	// schemaNodesMax bounds the schemas one output schema holds (the root
+	// and every schema under properties, items and oneOf). Each compiles
+	// to a validator of its own, several kilobytes (up to about 20 KiB
+	// deep down), so this bound keeps a check and its compilation within a
+	// few tens of megabytes however the payload is spent.
+	schemaNodesMax = 1_000
 	// schemaViolationsMax bounds the violations listed in one error; the
 	// rest are counted in a last entry.
 	schemaViolationsMax = 64
@@ -93,7 +99,8 @@ var schemaMsgPrinter = message.NewPrinter(language.English)
 // required lists declared properties once each; enum is non-empty; enum and
 // const values match the type and const is among the enum values; numbers
 // anywhere are finite and not -0, and integer values are integral; the root
-// has type "object".
+// has type "object"; at most schemaDepthMax levels of nesting,
+// schemaContainersMax objects and arrays, schemaNodesMax schemas.
 //
 // On failure the error is one UNSUPPORTED_SCHEMA *protocol.Error whose
 // details "violations" ([]string) lists every violation as
@@ -258,6 +265,7 @@ type schemaChecker struct {
 	violations []string
 	dropped    int
 	containers int
+	nodes      int
 	stopped    bool
 	// open holds the objects and arrays on the current path, to report a
 	// cycle instead of walking it.
@@ -333,6 +341,11 @@ func (c *schemaChecker) node(path string, v any, depth int) {
 		return
 	}
 	defer c.leave(m)
+	if c.nodes++; c.nodes > schemaNodesMax {
+		c.stopped = true
+		c.add("", "the schema holds more than %d schemas (the root and those under properties, items and oneOf)", schemaNodesMax)
+		return
+	}
 	c.keywords(path, m, depth)
 	typ, hasType := m["type"]
 	oneOf, hasOneOf := m["oneOf"]

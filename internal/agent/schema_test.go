@@ -13,6 +13,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/sessionlog"
+	"github.com/brood-dev/brood/internal/testutil/fuzzcheck"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -208,8 +209,12 @@ func TestCheckOutputSchemaGoValues(t *testing.T) {
 		deep = map[string]any{"type": "array", "items": deep}
 	}
 	shared := map[string]any{"type": "object"}
-	for i := 0; i < 30; i++ { // 2^30 paths without the container limit
+	for i := 0; i < 30; i++ { // 2^30 paths without the schema limit
 		shared = map[string]any{"type": "object", "properties": map[string]any{"a": shared, "b": shared}}
+	}
+	sharedValue := []any{}
+	for i := 0; i < 30; i++ { // 2^30 paths without the container limit
+		sharedValue = []any{sharedValue, sharedValue}
 	}
 	tests := []struct {
 		name     string
@@ -231,7 +236,8 @@ func TestCheckOutputSchemaGoValues(t *testing.T) {
 		{"Go string slice", map[string]any{"type": "object", "required": []string{"a"}}, []string{"/required"}, "a Go []string"},
 		{"Go float32", prop(map[string]any{"type": "number", "default": float32(1)}), []string{"/properties/a/default"}, "is not a JSON value"},
 		{"cycle", cyclic, []string{"/properties/self"}, "contains itself"},
-		{"shared subtrees", shared, []string{"(root)"}, "more than 10000 objects and arrays"},
+		{"shared subtrees", shared, []string{"(root)"}, "more than 1000 schemas"},
+		{"shared annotation subtrees", map[string]any{"type": "object", "default": sharedValue}, []string{"(root)"}, "more than 10000 objects and arrays"},
 		{"too deep", map[string]any{"type": "object", "properties": map[string]any{"a": deep}}, []string{"/properties/a" + strings.Repeat("/items", 63)}, "nests deeper"},
 	}
 	for _, tt := range tests {
@@ -253,6 +259,33 @@ func TestCheckOutputSchemaGoValues(t *testing.T) {
 	ok := prop(map[string]any{"type": "integer", "enum": []any{1, int64(2), uint64(3), json.Number("4"), 5.0}, "const": json.Number("5")})
 	if canonical, err := CheckOutputSchema(ok); err != nil || !strings.Contains(canonical, `"enum":[1,2,3,4,5]`) {
 		t.Fatalf("canonical = %s, %v", canonical, err)
+	}
+}
+
+// TestCheckOutputSchemaBoundsItsSchemas: each schema compiles to a validator
+// of several kilobytes, so a schema of schemaNodesMax schemas is the most a
+// request can make Brood compile (found by FuzzCheckOutputSchema: 2 KiB per
+// byte of `{},` oneOf branches, so a 1 MiB request compiled for gigabytes
+// before this bound).
+func TestCheckOutputSchemaBoundsItsSchemas(t *testing.T) {
+	branches := func(n int) string {
+		return `{"type":"object","properties":{"a":{"oneOf":[` + strings.Repeat(`{},`, n-1) + `{}]}}}`
+	}
+	// The root, property a, and its branches.
+	atMost := decodeSchema(t, branches(schemaNodesMax-2))
+	var err error
+	allocated := fuzzcheck.Allocated(func() { _, err = CheckOutputSchema(atMost) })
+	if err != nil {
+		t.Fatalf("%d schemas refused: %v", schemaNodesMax, err)
+	}
+	if allocated > 16<<20 { // about 7 MiB measured
+
+		t.Fatalf("checking %d schemas allocated %d bytes", schemaNodesMax, allocated)
+	}
+	_, err = CheckOutputSchema(decodeSchema(t, branches(schemaNodesMax-1)))
+	vs := violations(t, err)
+	if len(vs) != 1 || vs[0] != fmt.Sprintf("(root): the schema holds more than %d schemas (the root and those under properties, items and oneOf)", schemaNodesMax) {
+		t.Fatalf("violations %q", vs)
 	}
 }
 
