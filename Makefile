@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/brood
 PKGS    := ./...
 
-.PHONY: all build run test test-short bench chaos vet fmt clean acp-deps ts-deps ts-test ui-deps ui-screenshot
+.PHONY: all build run test test-short bench chaos fuzz vet fmt clean acp-deps ts-deps ts-test ui-deps ui-screenshot
 
 all: build
 
@@ -45,6 +45,27 @@ CHAOS_ARGS     ?=
 chaos:
 	$(GO) test -count=1 -timeout 60m -run '^TestChaos$$' -v ./pkg/chaos/ -args -chaos -chaos.race \
 		-chaos.seeds=$(CHAOS_SEEDS) -chaos.duration=$(CHAOS_DURATION) $(CHAOS_ARGS)
+
+# The fuzz targets (Go's native fuzzing, docs in README.md): every
+# `func FuzzX(f *testing.F)` of the module, one go test invocation each (go
+# test fuzzes one target at a time), FUZZTIME each. `make test` runs their
+# seed corpora (testdata/fuzz/FuzzX/) as ordinary tests. A failing input is
+# written to testdata/fuzz/FuzzX/ and replays with
+# `go test -run 'FuzzX/<file>' ./<package>`: fix the fault and commit the
+# input as a regression seed. Pick targets with FUZZ (a regexp over their
+# names), e.g. `make fuzz FUZZ=LineFilter FUZZTIME=2m`; FUZZ_ARGS adds go
+# test flags (-parallel 1 on a busy machine).
+FUZZTIME  ?= 30s
+FUZZ      ?= .
+FUZZ_ARGS ?=
+fuzz:
+	@set -e; for file in $$(grep -rl --include='*_test.go' --exclude-dir=node_modules --exclude-dir=.deps '^func Fuzz' . | sort); do \
+		dir=$$(dirname $$file); \
+		for name in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(f \*testing\.F).*/\1/p' $$file | grep -E -- '$(FUZZ)'); do \
+			echo "== $$name ($$dir, $(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $(FUZZ_ARGS) $$dir; \
+		done; \
+	done
 
 fmt:
 	gofmt -w .
