@@ -1,0 +1,164 @@
+package coordinator
+
+import (
+	"context"
+	"sort"
+
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/sessionlog"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// childrenList lists a parent's children (or its descendants, in pre-order):
+// identity from each child's own descriptor; a damaged child is a diagnostic
+// row, never a failed list (upstream-behaviour §5.15).
+func (c *Coordinator) childrenList(ctx context.Context, req rpc.Request) (any, error) {
+	var r protocol.ChildrenListRequest
+	if err := req.Decode(&r); err != nil {
+		return nil, err
+	}
+	if r.Parent == "" {
+		return c.liveChildrenList(ctx, r)
+	}
+	if !protocol.ValidID(r.Parent) {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "parent must be a valid session id")
+	}
+	if err := c.authorizeListing(ctx, r); err != nil {
+		return nil, err
+	}
+	rows, err := c.childRows(ctx, r.Parent, r.Descendants)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "list children: %w", err)
+	}
+	return protocol.ChildrenListReply{Rows: rows}, nil
+}
+
+// authorizeListing: a user grant lists anyone's children, an agent (its
+// live credential) only its own.
+func (c *Coordinator) authorizeListing(ctx context.Context, r protocol.ChildrenListRequest) error {
+	switch {
+	case r.Authority.Grant != "":
+		return c.checkGrant(ctx, r.Authority.Grant)
+	case r.Authority.Parent != nil:
+		if _, err := c.authorize(ctx, *r.Authority.Parent); err != nil {
+			return err
+		}
+		if r.Authority.Parent.SessionID != r.Parent {
+			return protocol.Errorf(protocol.CodeUnauthorized, "an agent lists only its own children")
+		}
+		return nil
+	default:
+		return protocol.Errorf(protocol.CodeUnauthorized, "the parent's credential or a user grant is required")
+	}
+}
+
+// childRows walks the child index from parent in creation order: its
+// children, and with descendants their subtrees in pre-order (rows then say
+// their parent and depth); at most ChildRowsMax rows, each session once.
+func (c *Coordinator) childRows(ctx context.Context, parent string, descendants bool) ([]protocol.ChildRow, error) {
+	rows := []protocol.ChildRow{}
+	seen := map[string]bool{parent: true}
+	var walk func(parent string, depth int) error
+	walk = func(parent string, depth int) error {
+		idx, err := c.st.ChildIndex(ctx, parent)
+		if err != nil {
+			return err
+		}
+		sortIndex(idx)
+		for _, e := range idx {
+			if seen[e.ChildID] || len(rows) >= ChildRowsMax {
+				continue
+			}
+			seen[e.ChildID] = true
+			row := c.childRow(ctx, e)
+			if descendants {
+				row.ParentID, row.Depth = parent, depth
+			}
+			sub, _ := c.st.ChildIndex(ctx, e.ChildID)
+			row.HasChildren = len(sub) > 0
+			rows = append(rows, row)
+			if descendants && row.HasChildren {
+				if err := walk(e.ChildID, depth+1); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	err := walk(parent, 1)
+	return rows, err
+}
+
+// sortIndex orders a child index by creation (createdAt, then id): the
+// index's own order is the order its entries were written, which for
+// children started in parallel varies from run to run.
+func sortIndex(idx []protocol.ChildIndexRecord) {
+	sort.SliceStable(idx, func(i, j int) bool {
+		if idx[i].CreatedAt != idx[j].CreatedAt {
+			return idx[i].CreatedAt < idx[j].CreatedAt
+		}
+		return idx[i].ChildID < idx[j].ChildID
+	})
+}
+
+// liveChildrenList answers children.list without a parent (user grant only):
+// every continuable child with a live activation, whoever its parent, as
+// rows with parentId and depth (from its ancestry), in creation order.
+func (c *Coordinator) liveChildrenList(ctx context.Context, r protocol.ChildrenListRequest) (any, error) {
+	if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
+		return nil, err
+	}
+	if r.Descendants {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "descendants needs a parent")
+	}
+	rows := []protocol.ChildRow{}
+	for _, l := range c.agents.snapshot() {
+		if l.rec.Kind != protocol.AgentContinuable || !c.leaseLive(l.rec) || len(rows) >= ChildRowsMax {
+			continue
+		}
+		row := c.childRow(ctx, protocol.ChildIndexRecord{ChildID: l.rec.SessionID, Mode: protocol.ModeContinuable, Provider: l.rec.Provider})
+		row.ParentID, row.Depth = l.rec.ParentSession, len(l.rec.Ancestry)
+		rows = append(rows, row)
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].CreatedAt != rows[j].CreatedAt {
+			return rows[i].CreatedAt < rows[j].CreatedAt
+		}
+		return rows[i].ID < rows[j].ID
+	})
+	return protocol.ChildrenListReply{Rows: rows}, nil
+}
+
+// ChildRowsMax bounds one listing.
+const ChildRowsMax = 10000
+
+func (c *Coordinator) childRow(ctx context.Context, e protocol.ChildIndexRecord) protocol.ChildRow {
+	h, err := c.headers.get(ctx, c.st, e.ChildID)
+	if err != nil {
+		return protocol.ChildRow{Kind: protocol.RowDiagnostic, ID: e.ChildID, Reason: protocol.DiagnosticUnavailable}
+	}
+	row := protocol.ChildRow{Kind: protocol.RowChild, ID: e.ChildID, CreatedAt: h.CreatedAt, Activity: protocol.ActivityInactive, State: protocol.StateNone}
+	if l, ok := c.agents.get(e.ChildID); ok && c.leaseLive(l.rec) {
+		row.Activity, row.State = protocol.ActivityRunning, protocol.StateRunning
+	}
+	log, err := c.st.ReadLog(ctx, e.ChildID)
+	if err != nil {
+		return protocol.ChildRow{Kind: protocol.RowDiagnostic, ID: e.ChildID, Reason: protocol.DiagnosticUnavailable}
+	}
+	own := sessionlog.Own(log.Events, h.SeedLength)
+	d, ok := sessionlog.ListedDescriptor(own)
+	if !ok {
+		if row.Activity == protocol.ActivityRunning {
+			row.Kind, row.Reason = protocol.RowDiagnostic, "creating"
+			return row
+		}
+		return protocol.ChildRow{Kind: protocol.RowDiagnostic, ID: e.ChildID, Reason: protocol.DiagnosticCorrupt}
+	}
+	row.Mode, row.Label, row.Provider = d.Mode, d.Label, d.Provider
+	if d.Mode == protocol.ModeOneShot {
+		if _, ok := sessionlog.LastTurnEnd(own); ok && row.Activity == protocol.ActivityRunning {
+			row.State = protocol.StateRunning
+		}
+	}
+	return row
+}
