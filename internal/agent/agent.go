@@ -324,13 +324,8 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	if err := ctx.Err(); err != nil {
 		return a.endCancelled(ctx, turn, nil), true
 	}
-	if a.cfg.Inbox != nil && (a.cfg.InboxDirty == nil || a.cfg.InboxDirty()) {
-		if err := a.claimSteps(ctx, turn); err != nil {
-			if errors.Is(err, store.ErrFenced) {
-				return Outcome{Turn: turn, Fenced: true}, true
-			}
-			a.log.Warn("could not claim next-step inbox items; they wait for the next step", "err", err)
-		}
+	if out, fenced := a.claimStepItems(ctx, turn); fenced {
+		return out, true
 	}
 	history, err := History(a.Events())
 	if err != nil {
@@ -343,23 +338,7 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	var b eventBuf
 	b.add(a, protocol.EvStepStart, protocol.StepData{Turn: turn, Step: step})
 	if merr != nil {
-		if ctx.Err() != nil {
-			if partial.Len() > 0 {
-				b.add(a, protocol.EvAssistantMessage, protocol.AssistantMessageData{
-					Turn: turn, Step: step, Interrupted: true,
-					Message: protocol.AssistantMessage{Content: protocol.Text(partial.String())},
-				})
-			}
-			b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
-			return a.endCancelled(ctx, turn, &b), true
-		}
-		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
-		diag := merr.Error()
-		var me *model.Error
-		if errors.As(merr, &me) {
-			diag = me.Diagnostic
-		}
-		return a.end(ctx, turn, &b, errReason(diag)), true
+		return a.endModelFailed(ctx, turn, step, &b, merr, partial.String()), true
 	}
 	msg := resp.Message
 	if msg.Content == nil {
@@ -369,20 +348,9 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	b.add(a, protocol.EvAssistantMessage, protocol.AssistantMessageData{
 		Turn: turn, Step: step, Message: msg, Usage: resp.Usage, Interrupted: resp.Finish == model.FinishLength,
 	})
-	switch {
-	case resp.Finish == model.FinishLength:
+	if reason, ends := a.answerEnds(resp.Finish, msg); ends {
 		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
-		return a.end(ctx, turn, &b, protocol.TurnEndReason{Kind: protocol.TurnMaxTokens}), true
-	case resp.Finish == model.FinishRefusal:
-		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
-		return a.end(ctx, turn, &b, protocol.TurnEndReason{Kind: protocol.TurnBlocked}), true
-	case len(msg.ToolCalls) == 0:
-		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
-		return a.end(ctx, turn, &b, protocol.TurnEndReason{Kind: protocol.TurnCompleted}), true
-	}
-	if len(msg.ToolCalls) > a.limits.ToolCallsPerStepMax {
-		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
-		return a.end(ctx, turn, &b, errReason(fmt.Sprintf("the model asked for %d tool calls in one step; the limit is %d", len(msg.ToolCalls), a.limits.ToolCallsPerStepMax))), true
+		return a.end(ctx, turn, &b, reason), true
 	}
 	for i, c := range msg.ToolCalls {
 		d := protocol.ToolCallData{Turn: turn, Step: step, CallID: c.ID, Name: c.Name, Arguments: c.Arguments}
@@ -397,11 +365,74 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	if out, ok := a.append(ctx, turn, b.evs); !ok {
 		return out, true
 	}
+	return a.runStepTools(ctx, turn, step, msg.ToolCalls)
+}
 
-	results := a.runTools(ctx, turn, step, msg.ToolCalls)
+// claimStepItems claims the next-step inbox items (notices, reports) that
+// arrived since the last step, so they join this one. It reports true, with
+// the outcome, when the log refused the claim: the session was taken over.
+// Any other failure leaves the items for the next step.
+func (a *Agent) claimStepItems(ctx context.Context, turn int64) (Outcome, bool) {
+	if a.cfg.Inbox == nil || (a.cfg.InboxDirty != nil && !a.cfg.InboxDirty()) {
+		return Outcome{}, false
+	}
+	if err := a.claimSteps(ctx, turn); err != nil {
+		if errors.Is(err, store.ErrFenced) {
+			return Outcome{Turn: turn, Fenced: true}, true
+		}
+		a.log.Warn("could not claim next-step inbox items; they wait for the next step", "err", err)
+	}
+	return Outcome{}, false
+}
+
+// endModelFailed ends the turn after a model call failed: aborted when ctx
+// was cancelled (keeping the text streamed so far, marked interrupted),
+// error with the model's diagnostic otherwise.
+func (a *Agent) endModelFailed(ctx context.Context, turn, step int64, b *eventBuf, merr error, partial string) Outcome {
+	if ctx.Err() != nil {
+		if partial != "" {
+			b.add(a, protocol.EvAssistantMessage, protocol.AssistantMessageData{
+				Turn: turn, Step: step, Interrupted: true,
+				Message: protocol.AssistantMessage{Content: protocol.Text(partial)},
+			})
+		}
+		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
+		return a.endCancelled(ctx, turn, b)
+	}
+	b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
+	diag := merr.Error()
+	var me *model.Error
+	if errors.As(merr, &me) {
+		diag = me.Diagnostic
+	}
+	return a.end(ctx, turn, b, errReason(diag))
+}
+
+// answerEnds reports whether a model answer ends the turn, and how: cut at
+// the token limit (max-tokens), refused (blocked), without tool calls
+// (completed), or with more tool calls than a step may run (error).
+func (a *Agent) answerEnds(finish model.Finish, msg protocol.AssistantMessage) (protocol.TurnEndReason, bool) {
+	switch {
+	case finish == model.FinishLength:
+		return protocol.TurnEndReason{Kind: protocol.TurnMaxTokens}, true
+	case finish == model.FinishRefusal:
+		return protocol.TurnEndReason{Kind: protocol.TurnBlocked}, true
+	case len(msg.ToolCalls) == 0:
+		return protocol.TurnEndReason{Kind: protocol.TurnCompleted}, true
+	case len(msg.ToolCalls) > a.limits.ToolCallsPerStepMax:
+		return errReason(fmt.Sprintf("the model asked for %d tool calls in one step; the limit is %d", len(msg.ToolCalls), a.limits.ToolCallsPerStepMax)), true
+	}
+	return protocol.TurnEndReason{}, false
+}
+
+// runStepTools runs a step's logged tool calls and logs their results and
+// the step's end; the turn ends when ctx was cancelled (aborted) or a tool
+// concluded it (completed), and goes on to its next step otherwise.
+func (a *Agent) runStepTools(ctx context.Context, turn, step int64, calls []protocol.ToolCall) (Outcome, bool) {
+	results := a.runTools(ctx, turn, step, calls)
 	var rb eventBuf
 	conclude := false
-	for i, c := range msg.ToolCalls {
+	for i, c := range calls {
 		r := results[i]
 		rb.add(a, protocol.EvToolResult, protocol.ToolResultData{
 			Turn: turn, Step: step, CallID: c.ID, Name: c.Name, Content: r.Content, IsError: r.IsError, Meta: r.Meta,
