@@ -61,138 +61,159 @@ func clip(s string) string {
 	return fmt.Sprintf("%s…(+%d bytes)", s[:cut], len(s)-cut)
 }
 
-// formatEvent renders one event on one line.
+// formatEvent renders one event on one line: its seq (marked s when it is
+// part of an inherited seed), its type and what eventDetails says of it.
 func formatEvent(ev protocol.SessionEvent, h protocol.SessionHeader) string {
 	detail := ""
-	switch ev.Type {
-	case protocol.EvTurnStart:
-		var d protocol.TurnData
-		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("turn %d", d.Turn)
-		}
-	case protocol.EvTurnEnd:
-		var d protocol.TurnEndData
-		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("turn %d %s", d.Turn, d.Reason.Kind)
-			if d.Reason.Cause != "" {
-				detail += " (" + d.Reason.Cause + ")"
-			}
-			if d.Reason.Error != "" {
-				detail += ": " + clip(d.Reason.Error)
-			}
-		}
-	case protocol.EvStepStart, protocol.EvStepEnd:
-		var d protocol.StepData
-		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("turn %d step %d", d.Turn, d.Step)
-		}
-	case protocol.EvUserMessage:
-		var d protocol.UserMessageData
-		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("[%s] %s", sourceLabel(d.Source), clip(protocol.AllText(d.Content)))
-		}
-	case protocol.EvAssistantMessage:
-		var d protocol.AssistantMessageData
-		if ev.Decode(&d) == nil {
-			detail = clip(protocol.AllText(d.Message.Content))
-			for _, c := range d.Message.ToolCalls {
-				detail += fmt.Sprintf(" →%s(%s)", c.Name, clip(c.Arguments))
-			}
-			if d.Interrupted {
-				detail += " [interrupted]"
-			}
-		}
-	case protocol.EvToolCall:
-		var d protocol.ToolCallData
-		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("%s %s %s", d.CallID, d.Name, clip(d.Arguments))
-			if d.ModelCallID != "" {
-				detail += " [the model's id " + d.ModelCallID + "]"
-			}
-		}
-	case protocol.EvToolResult:
-		var d protocol.ToolResultData
-		if ev.Decode(&d) == nil {
-			status := "ok"
-			if d.IsError {
-				status = "error"
-			}
-			detail = fmt.Sprintf("%s %s %s: %s", d.CallID, d.Name, status, clip(protocol.AllText(d.Content)))
-			if id := d.Meta["childId"]; id != "" {
-				detail += " [child " + id + "]"
-			}
-		}
-	case protocol.EvInboxEnqueue:
-		var d protocol.InboxEnqueueData
-		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("message %s inbox seq %s from %s", d.MessageID, d.InboxSeq, sourceLabel(d.Source))
-		}
-	case protocol.EvInboxDequeue:
-		var d protocol.InboxDequeueData
-		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("message %s inbox seq %s claimed by turn %d", d.MessageID, d.InboxSeq, d.Turn)
-		}
-	case protocol.EvInboxDiscard:
-		var d protocol.InboxDiscardData
-		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("message %s inbox seq %s discarded: %s", d.MessageID, d.InboxSeq, d.Reason)
-		}
-	case protocol.EvSubagentDescriptor:
-		var d protocol.DescriptorData
-		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("v%d %s provider %s", d.Version, d.Mode, d.Provider)
-			if d.Label != "" {
-				detail += " label " + clip(d.Label)
-			}
-		}
-	case protocol.EvACPSession:
-		var d protocol.ACPSessionData
-		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("ACP session %s of %q, loadSession %v", d.SessionID, d.Agent, d.LoadSession)
-			if d.Loaded {
-				detail += " (loaded)"
-			}
-		}
-	case protocol.EvACPPermission:
-		var d protocol.ACPPermissionData
-		if ev.Decode(&d) == nil {
-			answer := "denied"
-			if d.Granted {
-				answer = "granted"
-			}
-			detail = fmt.Sprintf("%s %s: %s (%s", d.ToolCallID, clip(d.Title), answer, d.Outcome)
-			if d.OptionID != "" {
-				detail += " " + d.OptionID + " " + d.OptionKind
-			}
-			detail += "; " + d.Policy + ": " + d.Why + ")"
-			if d.Late {
-				detail += fmt.Sprintf(" [late, turn %d]", d.Turn)
-			}
-		}
-	case protocol.EvACPLateUpdate:
-		var d protocol.ACPLateUpdateData
-		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("turn %d, after its end: %s", d.Turn, d.Kind)
-			if d.Text != "" {
-				detail += " " + clip(d.Text)
-			}
-			if d.ToolCallID != "" {
-				detail += fmt.Sprintf(" %s %s %s", d.ToolCallID, clip(d.Title), d.Status)
-			}
-		}
-	case protocol.EvSessionEndSeed:
-		detail = "──── end of the inherited seed; the child's own events follow ────"
-	case protocol.EvAgentTakeover:
-		var d protocol.TakeoverData
-		if ev.Decode(&d) == nil {
-			detail = fmt.Sprintf("host %s lost; coordinator %s took the session over (epoch %d)", d.HostID, d.By, d.Epoch)
-		}
+	if f := eventDetails[ev.Type]; f != nil {
+		detail = f(ev)
 	}
 	marker := " "
 	if h.SeedLength > 0 && ev.Seq < h.SeedLength {
 		marker = "s"
 	}
 	return fmt.Sprintf("%s%5d  %-20s %s", marker, ev.Seq, ev.Type, detail)
+}
+
+// eventDetails renders the data of each event type the log view knows; an
+// event of another type, or whose data does not decode, shows none.
+var eventDetails = map[string]func(protocol.SessionEvent) string{
+	protocol.EvTurnStart:          detail(func(d protocol.TurnData) string { return fmt.Sprintf("turn %d", d.Turn) }),
+	protocol.EvTurnEnd:            detail(turnEndDetail),
+	protocol.EvStepStart:          detail(stepDetail),
+	protocol.EvStepEnd:            detail(stepDetail),
+	protocol.EvUserMessage:        detail(userMessageDetail),
+	protocol.EvAssistantMessage:   detail(assistantMessageDetail),
+	protocol.EvToolCall:           detail(toolCallDetail),
+	protocol.EvToolResult:         detail(toolResultDetail),
+	protocol.EvInboxEnqueue:       detail(inboxEnqueueDetail),
+	protocol.EvInboxDequeue:       detail(inboxDequeueDetail),
+	protocol.EvInboxDiscard:       detail(inboxDiscardDetail),
+	protocol.EvSubagentDescriptor: detail(descriptorDetail),
+	protocol.EvACPSession:         detail(acpSessionDetail),
+	protocol.EvACPPermission:      detail(acpPermissionDetail),
+	protocol.EvACPLateUpdate:      detail(acpLateUpdateDetail),
+	protocol.EvSessionEndSeed: func(protocol.SessionEvent) string {
+		return "──── end of the inherited seed; the child's own events follow ────"
+	},
+	protocol.EvAgentTakeover: detail(func(d protocol.TakeoverData) string {
+		return fmt.Sprintf("host %s lost; coordinator %s took the session over (epoch %d)", d.HostID, d.By, d.Epoch)
+	}),
+}
+
+// detail decodes an event's data as T and renders it with f ("" when it
+// does not decode).
+func detail[T any](f func(T) string) func(protocol.SessionEvent) string {
+	return func(ev protocol.SessionEvent) string {
+		var d T
+		if ev.Decode(&d) != nil {
+			return ""
+		}
+		return f(d)
+	}
+}
+
+func turnEndDetail(d protocol.TurnEndData) string {
+	s := fmt.Sprintf("turn %d %s", d.Turn, d.Reason.Kind)
+	if d.Reason.Cause != "" {
+		s += " (" + d.Reason.Cause + ")"
+	}
+	if d.Reason.Error != "" {
+		s += ": " + clip(d.Reason.Error)
+	}
+	return s
+}
+
+func stepDetail(d protocol.StepData) string { return fmt.Sprintf("turn %d step %d", d.Turn, d.Step) }
+
+func userMessageDetail(d protocol.UserMessageData) string {
+	return fmt.Sprintf("[%s] %s", sourceLabel(d.Source), clip(protocol.AllText(d.Content)))
+}
+
+func assistantMessageDetail(d protocol.AssistantMessageData) string {
+	s := clip(protocol.AllText(d.Message.Content))
+	for _, c := range d.Message.ToolCalls {
+		s += fmt.Sprintf(" →%s(%s)", c.Name, clip(c.Arguments))
+	}
+	if d.Interrupted {
+		s += " [interrupted]"
+	}
+	return s
+}
+
+func toolCallDetail(d protocol.ToolCallData) string {
+	s := fmt.Sprintf("%s %s %s", d.CallID, d.Name, clip(d.Arguments))
+	if d.ModelCallID != "" {
+		s += " [the model's id " + d.ModelCallID + "]"
+	}
+	return s
+}
+
+func toolResultDetail(d protocol.ToolResultData) string {
+	status := "ok"
+	if d.IsError {
+		status = "error"
+	}
+	s := fmt.Sprintf("%s %s %s: %s", d.CallID, d.Name, status, clip(protocol.AllText(d.Content)))
+	if id := d.Meta["childId"]; id != "" {
+		s += " [child " + id + "]"
+	}
+	return s
+}
+
+func inboxEnqueueDetail(d protocol.InboxEnqueueData) string {
+	return fmt.Sprintf("message %s inbox seq %s from %s", d.MessageID, d.InboxSeq, sourceLabel(d.Source))
+}
+
+func inboxDequeueDetail(d protocol.InboxDequeueData) string {
+	return fmt.Sprintf("message %s inbox seq %s claimed by turn %d", d.MessageID, d.InboxSeq, d.Turn)
+}
+
+func inboxDiscardDetail(d protocol.InboxDiscardData) string {
+	return fmt.Sprintf("message %s inbox seq %s discarded: %s", d.MessageID, d.InboxSeq, d.Reason)
+}
+
+func descriptorDetail(d protocol.DescriptorData) string {
+	s := fmt.Sprintf("v%d %s provider %s", d.Version, d.Mode, d.Provider)
+	if d.Label != "" {
+		s += " label " + clip(d.Label)
+	}
+	return s
+}
+
+func acpSessionDetail(d protocol.ACPSessionData) string {
+	s := fmt.Sprintf("ACP session %s of %q, loadSession %v", d.SessionID, d.Agent, d.LoadSession)
+	if d.Loaded {
+		s += " (loaded)"
+	}
+	return s
+}
+
+func acpPermissionDetail(d protocol.ACPPermissionData) string {
+	answer := "denied"
+	if d.Granted {
+		answer = "granted"
+	}
+	s := fmt.Sprintf("%s %s: %s (%s", d.ToolCallID, clip(d.Title), answer, d.Outcome)
+	if d.OptionID != "" {
+		s += " " + d.OptionID + " " + d.OptionKind
+	}
+	s += "; " + d.Policy + ": " + d.Why + ")"
+	if d.Late {
+		s += fmt.Sprintf(" [late, turn %d]", d.Turn)
+	}
+	return s
+}
+
+func acpLateUpdateDetail(d protocol.ACPLateUpdateData) string {
+	s := fmt.Sprintf("turn %d, after its end: %s", d.Turn, d.Kind)
+	if d.Text != "" {
+		s += " " + clip(d.Text)
+	}
+	if d.ToolCallID != "" {
+		s += fmt.Sprintf(" %s %s %s", d.ToolCallID, clip(d.Title), d.Status)
+	}
+	return s
 }
 
 // sourceLabel names who a message came from: the user, or the session that
