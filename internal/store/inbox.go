@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -57,11 +58,17 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 	msg.Data = data
 	msg.Header.Set(protocol.HeaderMessageID, item.MessageID)
 	tracecontext.Inject(ctx, msg.Header)
-	var opts []jetstream.PublishOpt
+	// The msg id makes a retry store the item once: the caller's key, else
+	// the item's own messageId (a key has no dot, so the two never collide).
+	msgID := sessionID + ".m." + item.MessageID
 	if idempotencyKey != "" {
-		opts = append(opts, jetstream.WithMsgID(sessionID+"."+idempotencyKey))
+		msgID = sessionID + "." + idempotencyKey
 	}
-	ack, err := s.JS.PublishMsg(ctx, msg, opts...)
+	var ack *jetstream.PubAck
+	err = Retry(ctx, func(ctx context.Context) (err error) {
+		ack, err = s.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(msgID))
+		return err
+	})
 	if err != nil {
 		// The server answers a full subject with discard-new-per-subject as
 		// "maximum messages per subject exceeded" (nats-server ErrMaxMsgsPerSubject).
@@ -71,7 +78,7 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 		}
 		return "", 0, err
 	}
-	if ack.Duplicate {
+	if ack.Duplicate && idempotencyKey != "" {
 		// The original item may already be claimed (and deleted); its id is
 		// only needed when it is still there.
 		if m, gerr := s.Inbox.GetMsg(ctx, ack.Sequence); gerr == nil {
@@ -91,6 +98,28 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 	// read finds it (activation.go).
 	_ = s.NC.Publish(s.Subj.Wake(sessionID), nil)
 	return item.MessageID, protocol.Seq(ack.Sequence), nil
+}
+
+// errCodeSequenceNotFound is JetStream's answer (10043) to the deletion of a
+// message a replicated stream no longer holds.
+const errCodeSequenceNotFound = 10043
+
+// errCodeRE finds the JetStream error code in an error's text.
+var errCodeRE = regexp.MustCompile(`err_code=(\d+)`)
+
+// deleteError returns a refused message deletion with its JetStream API error
+// as a value (nats.go wraps only its text), so Transient and the not-found
+// codes can be told apart.
+func deleteError(err error) error {
+	if !errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+		return err
+	}
+	m := errCodeRE.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	code, _ := strconv.Atoi(m[1])
+	return fmt.Errorf("%w (%w)", err, &jetstream.APIError{ErrorCode: jetstream.ErrorCode(code), Description: err.Error()})
 }
 
 // SessionInbox reads and trims one session's inbox.
@@ -113,7 +142,17 @@ func (in *SessionInbox) Subject() string { return in.s.Subj.Inbox(in.sessionID) 
 // timeout when ctx has none, so each answer is checked: every item carries
 // how many more match, Nats-Num-Pending, and an answer with neither an item
 // nor the server's "no messages" is an error.)
+// Transient failures read again (retry.go).
 func (in *SessionInbox) Pending(ctx context.Context, after protocol.Seq) ([]InboxItem, error) {
+	var out []InboxItem
+	err := retryEach(ctx, LogReadAttemptTimeout, func(ctx context.Context, _ bool) (err error) {
+		out, err = in.pending(ctx, after)
+		return err
+	})
+	return out, err
+}
+
+func (in *SessionInbox) pending(ctx context.Context, after protocol.Seq) ([]InboxItem, error) {
 	var out []InboxItem
 	next := uint64(after) + 1
 	for {
@@ -156,7 +195,7 @@ func (in *SessionInbox) Pending(ctx context.Context, after protocol.Seq) ([]Inbo
 			if err := ctx.Err(); err != nil {
 				return nil, fmt.Errorf("read inbox %s: %w", in.sessionID, err)
 			}
-			return nil, fmt.Errorf("read inbox %s: no answer from the stream in time", in.sessionID)
+			return nil, fmt.Errorf("read inbox %s: %w: no answer from the stream in time", in.sessionID, ErrIncompleteRead)
 		case more == 0:
 			return out, nil
 		}
@@ -174,7 +213,15 @@ const headerNumPending = "Nats-Num-Pending"
 // Remove deletes claimed or discarded items; an item already gone is fine.
 func (in *SessionInbox) Remove(ctx context.Context, seqs ...protocol.Seq) error {
 	for _, seq := range seqs {
-		if err := in.s.Inbox.DeleteMsg(ctx, uint64(seq)); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		err := Retry(ctx, func(ctx context.Context) error {
+			err := deleteError(in.s.Inbox.DeleteMsg(ctx, uint64(seq)))
+			var apiErr *jetstream.APIError
+			if errors.Is(err, jetstream.ErrMsgNotFound) || (errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeSequenceNotFound) {
+				return nil // already gone (an earlier attempt, or another claimer)
+			}
+			return err
+		})
+		if err != nil {
 			return fmt.Errorf("remove inbox item %s@%d: %w", in.sessionID, seq, err)
 		}
 	}

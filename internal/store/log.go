@@ -23,6 +23,10 @@ const LogReadBatch = 512
 // and a completeness check (DESIGN.md §4).
 const LogReadTimeout = 30 * time.Second
 
+// LogReadAttemptTimeout bounds one attempt of a whole-log read; a failed or
+// timed-out attempt reads again from the start within the read's deadline.
+const LogReadAttemptTimeout = LogReadTimeout / 3
+
 // PutHeader stores a session's immutable header. The publish expects the
 // subject to be empty (last subject sequence 0), so an id is used once, ever;
 // a second header for the same id is ErrConflict.
@@ -36,27 +40,35 @@ func (s *Store) PutHeader(ctx context.Context, h protocol.SessionHeader) error {
 	// The msg id is this call's own, so two writers racing for one id are
 	// never deduplicated into each other; only one can land.
 	msgID := "hdr." + h.ID + "." + nuid.Next()
-	_, err = s.JS.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(0), jetstream.WithMsgID(msgID))
-	if err == nil {
-		return nil
-	}
-	if isWrongLastSeq(err) || errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, context.DeadlineExceeded) {
-		// A retried publish that actually landed comes back as a conflict
-		// (DESIGN.md §12): it is ours if the stored header carries our msg id.
-		if m, gerr := s.Sessions.GetLastMsgForSubject(ctx, s.Subj.Session(h.ID)); gerr == nil {
-			if m.Header.Get(jetstream.MsgIDHeader) == msgID {
-				return nil
-			}
-			return fmt.Errorf("%w: session %s already has a header", ErrConflict, h.ID)
+	return retry(ctx, func(ctx context.Context, unknown bool) error {
+		_, err := s.JS.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(0), jetstream.WithMsgID(msgID))
+		if err == nil || !isWrongLastSeq(err) {
+			return err
 		}
-	}
-	return err
+		// A retried publish that actually landed comes back as a conflict
+		// (DESIGN.md §12): it is ours if the stored header carries our msg
+		// id; no header yet means a write was in flight (10164): again.
+		m, gerr := s.leaderLast(ctx, s.Subj.StreamSessions(), s.Subj.Session(h.ID))
+		switch {
+		case errors.Is(gerr, jetstream.ErrMsgNotFound):
+			return errBusy
+		case gerr != nil:
+			return gerr // transient: ask again; otherwise the caller sees it
+		case m.Header.Get(jetstream.MsgIDHeader) == msgID:
+			return nil
+		}
+		return fmt.Errorf("%w: session %s already has a header", ErrConflict, h.ID)
+	})
 }
 
 // GetHeader reads a session's header; ErrNotFound when the id was never used.
 func (s *Store) GetHeader(ctx context.Context, id string) (protocol.SessionHeader, error) {
 	var h protocol.SessionHeader
-	m, err := s.Sessions.GetLastMsgForSubject(ctx, s.Subj.Session(id))
+	var m *jetstream.RawStreamMsg
+	err := Retry(ctx, func(ctx context.Context) (err error) {
+		m, err = s.Sessions.GetLastMsgForSubject(ctx, s.Subj.Session(id))
+		return err
+	})
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return h, ErrNotFound
@@ -80,12 +92,27 @@ type SessionLog struct {
 // ReadLog reads a session's whole log with batch direct gets, checking that it
 // reached the subject's last record and that event seqs are contiguous from 0.
 func (s *Store) ReadLog(ctx context.Context, id string) (SessionLog, error) {
-	var out SessionLog
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, LogReadTimeout)
 		defer cancel()
 	}
+	// A read is idempotent: a transient failure reads the whole log again.
+	// An attempt may take a third of the read's deadline (a long log). Direct
+	// gets that came back incomplete are read again from the leader.
+	var out SessionLog
+	err := retryEach(ctx, LogReadAttemptTimeout, func(ctx context.Context, _ bool) (err error) {
+		out, err = s.readLog(ctx, id)
+		if errors.Is(err, ErrIncompleteRead) {
+			out, err = s.readLogOrdered(ctx, id)
+		}
+		return err
+	})
+	return out, err
+}
+
+func (s *Store) readLog(ctx context.Context, id string) (SessionLog, error) {
+	var out SessionLog
 	subject := s.Subj.Log(id)
 	last, err := s.Log.GetLastMsgForSubject(ctx, subject)
 	if err != nil {
@@ -111,6 +138,15 @@ func (s *Store) ReadLogTail(ctx context.Context, id string, enough func([]protoc
 		ctx, cancel = context.WithTimeout(ctx, LogReadTimeout)
 		defer cancel()
 	}
+	// Transient failures read again, as ReadLog does.
+	err = retryEach(ctx, LogReadAttemptTimeout, func(ctx context.Context, _ bool) (err error) {
+		events, whole, err = s.readLogTail(ctx, id, enough)
+		return err
+	})
+	return events, whole, err
+}
+
+func (s *Store) readLogTail(ctx context.Context, id string, enough func([]protocol.SessionEvent) bool) (events []protocol.SessionEvent, whole bool, err error) {
 	subject := s.Subj.Log(id)
 	last, err := s.Log.GetLastMsgForSubject(ctx, subject)
 	if err != nil {
@@ -164,26 +200,88 @@ func (s *Store) readRecords(ctx context.Context, id string, from, to uint64, fir
 			if m.Sequence > to {
 				break
 			}
-			var rec protocol.LogRecord
-			if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &rec); err != nil {
-				return events, fmt.Errorf("decode log record %s@%d: %w", id, m.Sequence, err)
-			}
-			for _, ev := range rec.Events {
-				if want >= 0 && ev.Seq != want {
-					return events, fmt.Errorf("log %s is not contiguous: event seq %d where %d was due", id, ev.Seq, want)
-				}
-				want = ev.Seq + 1
-				events = append(events, ev)
+			if events, err = addRecord(events, &want, id, m.Sequence, m.Data); err != nil {
+				return events, err
 			}
 			reached = m.Sequence
 			next = m.Sequence + 1
 			got++
 		}
 		if got == 0 && reached < to {
-			return events, fmt.Errorf("read log %s: stopped at stream seq %d before the last record %d", id, reached, to)
+			return events, fmt.Errorf("read log %s: %w: stopped at stream seq %d before the last record %d", id, ErrIncompleteRead, reached, to)
 		}
 	}
 	return events, nil
+}
+
+// addRecord appends the events of one log record (stream sequence seq) to
+// events; want is the seq the next event must have (-1: any) and is advanced.
+func addRecord(events []protocol.SessionEvent, want *int64, id string, seq uint64, data []byte) ([]protocol.SessionEvent, error) {
+	var rec protocol.LogRecord
+	if err := protocol.Unmarshal(protocol.Msgpack, data, &rec); err != nil {
+		return events, fmt.Errorf("decode log record %s@%d: %w", id, seq, err)
+	}
+	for _, ev := range rec.Events {
+		if *want >= 0 && ev.Seq != *want {
+			return events, fmt.Errorf("log %s is not contiguous: event seq %d where %d was due", id, ev.Seq, *want)
+		}
+		*want = ev.Seq + 1
+		events = append(events, ev)
+	}
+	return events, nil
+}
+
+// readLogOrdered reads a session's whole log through an ordered consumer,
+// which the stream's leader serves, up to the last record the leader names:
+// the fallback when direct gets (which a replica that is not yet current may
+// answer) came back incomplete.
+func (s *Store) readLogOrdered(ctx context.Context, id string) (SessionLog, error) {
+	var out SessionLog
+	subject := s.Subj.Log(id)
+	last, err := s.leaderLast(ctx, s.Subj.StreamLog(), subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return out, nil
+	}
+	if err != nil {
+		return out, fmt.Errorf("read log %s: %w", id, err)
+	}
+	cons, err := s.Log.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+	if err != nil {
+		return out, fmt.Errorf("read log %s: %w", id, err)
+	}
+	want := int64(0)
+	for out.LastSubjSeq < last.Sequence {
+		wait := time.Second
+		if d, ok := ctx.Deadline(); ok {
+			wait = max(min(time.Until(d), wait), 100*time.Millisecond)
+		}
+		batch, err := cons.Fetch(LogReadBatch, jetstream.FetchMaxWait(wait))
+		if err != nil {
+			return out, fmt.Errorf("read log %s: %w", id, err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			meta, err := m.Metadata()
+			if err != nil {
+				return out, fmt.Errorf("read log %s: %w", id, err)
+			}
+			if meta.Sequence.Stream > last.Sequence {
+				break
+			}
+			if out.Events, err = addRecord(out.Events, &want, id, meta.Sequence.Stream, m.Data()); err != nil {
+				return out, err
+			}
+			out.LastSubjSeq = meta.Sequence.Stream
+			got++
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+			return out, fmt.Errorf("read log %s: %w", id, err)
+		}
+		if got == 0 && ctx.Err() != nil {
+			return out, fmt.Errorf("read log %s: %w: stopped at stream seq %d before the last record %d", id, ErrIncompleteRead, out.LastSubjSeq, last.Sequence)
+		}
+	}
+	return out, nil
 }
 
 // LogWriter appends records to one session's log. It is the single writer's
@@ -246,40 +344,65 @@ func (w *LogWriter) Append(ctx context.Context, evs ...protocol.SessionEvent) ([
 	msg := nats.NewMsg(w.subject)
 	msg.Data = data
 	msgID := w.sessionID + "." + strconv.FormatInt(out[0].Seq, 10) + "." + w.token
-	ack, err := w.s.JS.PublishMsg(ctx, msg,
-		jetstream.WithExpectLastSequencePerSubject(w.lastSubjSeq), jetstream.WithMsgID(msgID))
-	if err != nil {
-		seq, ok := w.landed(ctx, msgID, err)
-		if !ok {
-			if isWrongLastSeq(err) {
-				w.fenced = true
-				return nil, fmt.Errorf("%w: session %s (expected last record %d)", ErrFenced, w.sessionID, w.lastSubjSeq)
-			}
-			return nil, fmt.Errorf("append to log %s: %w", w.sessionID, err)
+	var seq uint64
+	err = retry(ctx, func(ctx context.Context, unknown bool) error {
+		ack, err := w.s.JS.PublishMsg(ctx, msg,
+			jetstream.WithExpectLastSequencePerSubject(w.lastSubjSeq), jetstream.WithMsgID(msgID))
+		if err == nil {
+			seq = ack.Sequence
+			return nil
 		}
-		w.lastSubjSeq = seq
-	} else {
-		w.lastSubjSeq = ack.Sequence
+		if !isWrongLastSeq(err) {
+			return err
+		}
+		// Refused: ours if a retry of a publish that landed; the log as we
+		// left it if another write was in flight (10164): again; else
+		// another writer appended: fenced.
+		m, gerr := w.s.leaderLast(ctx, w.s.Subj.StreamLog(), w.subject)
+		switch {
+		case errors.Is(gerr, jetstream.ErrMsgNotFound) && w.lastSubjSeq == 0:
+			return errBusy
+		case gerr != nil:
+			return gerr
+		case m.Header.Get(jetstream.MsgIDHeader) == msgID:
+			seq = m.Sequence
+			return nil
+		case m.Sequence == w.lastSubjSeq:
+			return errBusy
+		}
+		return errFencedAt
+	})
+	if err != nil && Transient(err) {
+		// The budget ran out on an unknown outcome: one last look.
+		if s, ok := w.landed(msgID); ok {
+			seq, err = s, nil
+		}
 	}
+	switch {
+	case errors.Is(err, errFencedAt):
+		w.fenced = true
+		return nil, fmt.Errorf("%w: session %s (expected last record %d)", ErrFenced, w.sessionID, w.lastSubjSeq)
+	case err != nil:
+		return nil, fmt.Errorf("append to log %s: %w", w.sessionID, err)
+	}
+	w.lastSubjSeq = seq
 	w.nextSeq += int64(len(out))
 	return out, nil
 }
 
-// landed checks, after a failed append, whether the record is in fact the
-// subject's last message (a publish whose ack was lost, or a retry of one that
-// landed, DESIGN.md §12).
-func (w *LogWriter) landed(ctx context.Context, msgID string, perr error) (uint64, bool) {
-	if !isWrongLastSeq(perr) && !errors.Is(perr, context.DeadlineExceeded) &&
-		!errors.Is(perr, jetstream.ErrNoStreamResponse) && !errors.Is(perr, nats.ErrTimeout) {
-		return 0, false
-	}
-	cctx := ctx
-	if ctx.Err() != nil {
-		var cancel context.CancelFunc
-		cctx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-	}
-	m, err := w.s.Log.GetLastMsgForSubject(cctx, w.subject)
+// errFencedAt is an append refused because another writer's record is last.
+var errFencedAt = errors.New("fenced")
+
+// landedWait bounds the last look at the log after an append's budget ran out.
+const landedWait = 2 * time.Second
+
+// landed checks, after an append whose outcome stayed unknown, whether the
+// record is in fact the subject's last message (a publish whose ack was
+// lost, DESIGN.md §12).
+func (w *LogWriter) landed(msgID string) (uint64, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), landedWait)
+	defer cancel()
+	m, err := w.s.leaderLast(ctx, w.s.Subj.StreamLog(), w.subject)
 	if err != nil || m.Header.Get(jetstream.MsgIDHeader) != msgID {
 		return 0, false
 	}
@@ -287,22 +410,28 @@ func (w *LogWriter) landed(ctx context.Context, msgID string, perr error) (uint6
 }
 
 // PublishEvent publishes a lifecycle event to BROOD_EVENTS without waiting on
-// the caller's path; a failed acknowledgement is reported to onErr.
-func (s *Store) PublishEvent(ev protocol.LifecycleEvent, onErr func(error)) {
+// the caller's path; a failed acknowledgement is reported to onErr. The
+// returned channel is closed once the event is stored or given up on: a
+// host publishes a run's subagent/end only after its subagent/start, so the
+// stream holds them in that order even when the start had to be retried.
+func (s *Store) PublishEvent(ev protocol.LifecycleEvent, onErr func(error)) <-chan struct{} {
 	kind := protocol.EventKindStart
 	if ev.Type == protocol.LifecycleEnd {
 		kind = protocol.EventKindEnd
 	}
+	done := make(chan struct{})
 	data, err := protocol.Marshal(protocol.Msgpack, ev)
 	if err != nil {
 		onErr(err)
-		return
+		close(done)
+		return done
 	}
 	msg := nats.NewMsg(s.Subj.Events(ev.ParentSession, kind))
 	msg.Data = data
 	// The msg id makes a retried publish of the same edge count once.
 	msg.Header.Set(jetstream.MsgIDHeader, "ev."+ev.RunID+"."+kind)
-	s.publishAsync(msg, "lifecycle event", onErr)
+	s.publishAsync(msg, "lifecycle event", onErr, done)
+	return done
 }
 
 // RecordBytesTarget is the size AppendChunked aims each record at, well under
@@ -343,7 +472,8 @@ func AppendChunked(ctx context.Context, w Appender, evs []protocol.SessionEvent)
 	return out, flush(len(evs))
 }
 
-// PutChildIndex records a child in its parent's child index (once per child).
+// PutChildIndex records a child in its parent's child index (once per child),
+// retrying transient failures.
 func (s *Store) PutChildIndex(ctx context.Context, parent string, rec protocol.ChildIndexRecord) error {
 	data, err := protocol.Marshal(protocol.Msgpack, rec)
 	if err != nil {
@@ -351,11 +481,13 @@ func (s *Store) PutChildIndex(ctx context.Context, parent string, rec protocol.C
 	}
 	msg := nats.NewMsg(s.Subj.Children(parent, rec.ChildID))
 	msg.Data = data
-	_, err = s.JS.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(0))
-	if err != nil && isWrongLastSeq(err) {
-		return nil // already indexed
-	}
-	return err
+	return Retry(ctx, func(ctx context.Context) error {
+		_, err := s.JS.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(0))
+		if err != nil && isWrongLastSeq(err) {
+			return nil // already indexed (by us, or an earlier attempt)
+		}
+		return err
+	})
 }
 
 // PutChildIndexAsync is PutChildIndex off the caller's path: the index serves
@@ -372,7 +504,7 @@ func (s *Store) PutChildIndexAsync(parent string, rec protocol.ChildIndexRecord,
 		if !isWrongLastSeq(err) { // already indexed
 			onErr(err)
 		}
-	}, jetstream.WithExpectLastSequencePerSubject(0))
+	}, nil, jetstream.WithExpectLastSequencePerSubject(0))
 }
 
 // ChildIndex returns a parent's child index in creation order.
@@ -406,29 +538,66 @@ func (s *Store) ChildIndex(ctx context.Context, parent string) ([]protocol.Child
 	}
 }
 
-// AckWaitMax bounds the wait for the acknowledgement of a publish made off
+// AckWaitMax bounds the wait for the acknowledgement of one publish made off
 // the caller's path.
 const AckWaitMax = 10 * time.Second
 
-// publishAsync publishes msg without waiting on the caller's path; a refused
-// or missing acknowledgement (within AckWaitMax) is reported to onErr.
-func (s *Store) publishAsync(msg *nats.Msg, what string, onErr func(error), opts ...jetstream.PublishOpt) {
-	fut, err := s.JS.PublishMsgAsync(msg, opts...)
-	if err != nil {
+// AsyncBudget bounds the retries of a publish made off the caller's path
+// (lifecycle events, child index entries) through an election: they carry a
+// Nats-Msg-Id or an expected sequence, so a retry is stored once.
+const AsyncBudget = 30 * time.Second
+
+// publishAsync publishes msg without waiting on the caller's path; transient
+// failures (retry.go) are retried within AsyncBudget, and a refused or
+// missing acknowledgement after that is reported to onErr.
+// done (when not nil) is closed once the message is stored or given up on.
+func (s *Store) publishAsync(msg *nats.Msg, what string, onErr func(error), done chan struct{}, opts ...jetstream.PublishOpt) {
+	fut, err := s.JS.PublishMsgAsync(copyMsg(msg), opts...)
+	if err != nil && !Transient(err) {
 		onErr(err)
+		if done != nil {
+			close(done)
+		}
 		return
 	}
 	go func() {
-		t := time.NewTimer(AckWaitMax)
-		defer t.Stop()
-		select {
-		case <-fut.Ok():
-		case err := <-fut.Err():
-			onErr(err)
-		case <-t.C:
-			onErr(fmt.Errorf("no acknowledgement of the %s within %s", what, AckWaitMax))
+		if done != nil {
+			defer close(done)
+		}
+		deadline := time.Now().Add(AsyncBudget)
+		wait := retryWaitMin
+		for {
+			if err == nil {
+				t := time.NewTimer(AckWaitMax)
+				select {
+				case <-fut.Ok():
+					t.Stop()
+					return
+				case err = <-fut.Err():
+				case <-t.C:
+					err = fmt.Errorf("no acknowledgement of the %s within %s: %w", what, AckWaitMax, nats.ErrTimeout)
+				}
+				t.Stop()
+			}
+			if !Transient(err) || time.Now().Add(wait).After(deadline) {
+				onErr(err)
+				return
+			}
+			time.Sleep(wait)
+			wait = min(2*wait, retryWaitMax)
+			fut, err = s.JS.PublishMsgAsync(copyMsg(msg), opts...)
 		}
 	}()
+}
+
+// copyMsg is msg as a new message (an async publish takes ownership of it).
+func copyMsg(m *nats.Msg) *nats.Msg {
+	c := nats.NewMsg(m.Subject)
+	c.Data = m.Data
+	for k, v := range m.Header {
+		c.Header[k] = append([]string(nil), v...)
+	}
+	return c
 }
 
 // ChildIndexEntry returns one child's entry in its parent's child index

@@ -196,8 +196,13 @@ func Provision(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg C
 	if err != nil {
 		return nil, err
 	}
+	// Transient failures (a cluster still electing leaders) are retried
+	// within ctx's deadline (retry.go).
 	for _, c := range cfg.streamConfigs(subj) {
-		if _, err := js.CreateOrUpdateStream(ctx, c); err != nil {
+		if err := Retry(ctx, func(ctx context.Context) error {
+			_, err := js.CreateOrUpdateStream(ctx, c)
+			return err
+		}); err != nil {
 			return nil, fmt.Errorf("provision stream %s: %w", c.Name, err)
 		}
 	}
@@ -265,7 +270,7 @@ func bind(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, subj proto
 		if err != nil {
 			return nil, fmt.Errorf("bucket %s: %w", p.name, err)
 		}
-		*p.dst = kv
+		*p.dst = &bucket{KeyValue: kv, s: s} // landed-write checks read from the leader
 	}
 	return s, nil
 }

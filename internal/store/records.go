@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,10 +17,15 @@ type Record[T any] struct {
 	Revision uint64
 }
 
-// Get reads key from kv. A missing or deleted key is ErrNotFound.
+// Get reads key from kv, retrying transient failures (retry.go). A missing
+// or deleted key is ErrNotFound.
 func Get[T any](ctx context.Context, kv jetstream.KeyValue, key string) (Record[T], error) {
 	var r Record[T]
-	e, err := kv.Get(ctx, key)
+	var e jetstream.KeyValueEntry
+	err := Retry(ctx, func(ctx context.Context) (err error) {
+		e, err = kv.Get(ctx, key)
+		return err
+	})
 	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
 			return r, ErrNotFound
@@ -33,60 +39,155 @@ func Get[T any](ctx context.Context, kv jetstream.KeyValue, key string) (Record[
 	return r, nil
 }
 
-// Create writes key only if it does not exist (or was deleted). An existing
-// key is ErrConflict.
+// GetLatest is Get answered by the bucket stream's leader, never by a replica
+// that may not have the latest write yet (for decisions that rest on it).
+func GetLatest[T any](ctx context.Context, kv jetstream.KeyValue, key string) (Record[T], error) {
+	var r Record[T]
+	var st kvState
+	err := Retry(ctx, func(ctx context.Context) (err error) {
+		st, err = readLeader(ctx, kv, key)
+		return err
+	})
+	if err != nil {
+		return r, err
+	}
+	if !st.found {
+		return r, ErrNotFound
+	}
+	if err := protocol.Unmarshal(protocol.Msgpack, st.data, &r.Value); err != nil {
+		return r, fmt.Errorf("decode %s/%s: %w", kv.Bucket(), key, err)
+	}
+	r.Revision = st.rev
+	return r, nil
+}
+
+// isKVConflict reports a KV compare-and-set refusal (10071 or, on replicated
+// buckets, 10164: DESIGN.md §12).
+func isKVConflict(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || isWrongLastSeq(err)
+}
+
+// A refused compare-and-set is not always a lost race. A replicated stream
+// also answers 10164 while another write to the same subject is in flight
+// (which may be our own earlier attempt, whose answer was lost, or a write
+// that is then lost with its leader), and a retry of a write that landed is
+// refused too (DESIGN.md §12). So every refusal is decided by reading the key
+// from the leader: our value there means our write landed; the key as we
+// expected it (unchanged) means nothing changed yet, and the write is tried
+// again (errBusy, transient); anything else is the conflict.
+
+// kvState is a key as the leader has it.
+type kvState struct {
+	data  []byte
+	rev   uint64
+	found bool
+}
+
+func readLeader(ctx context.Context, kv jetstream.KeyValue, key string) (kvState, error) {
+	v, rev, found, err := latest(ctx, kv, key)
+	return kvState{v, rev, found}, err
+}
+
+// Create writes key only if it does not exist (or was deleted), retrying
+// transient failures. An existing key is ErrConflict, unless it holds this
+// very value (an earlier attempt whose answer was lost landed).
 func Create[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T) (uint64, error) {
 	data, err := protocol.Marshal(protocol.Msgpack, v)
 	if err != nil {
 		return 0, err
 	}
-	rev, err := kv.Create(ctx, key, data)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) || isWrongLastSeq(err) {
-			return 0, fmt.Errorf("%w: %s/%s exists", ErrConflict, kv.Bucket(), key)
+	var rev uint64
+	err = retry(ctx, func(ctx context.Context, unknown bool) (err error) {
+		rev, err = kv.Create(ctx, key, data)
+		if err == nil || !isKVConflict(err) {
+			return err
 		}
-		return 0, err
-	}
-	return rev, nil
+		st, gerr := readLeader(ctx, kv, key)
+		switch {
+		case gerr != nil:
+			return gerr // ask again
+		case st.found && bytes.Equal(st.data, data):
+			rev = st.rev
+			return nil
+		case !st.found:
+			return errBusy
+		}
+		return fmt.Errorf("%w: %s/%s exists", ErrConflict, kv.Bucket(), key)
+	})
+	return rev, err
 }
 
-// Update writes key only if its revision is still rev (compare-and-set). A
-// lost race is ErrConflict.
+// Update writes key only if its revision is still rev (compare-and-set),
+// retrying transient failures. A lost race is ErrConflict, unless the key
+// holds this very value at a later revision (an earlier attempt whose answer
+// was lost landed).
 func Update[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T, rev uint64) (uint64, error) {
 	data, err := protocol.Marshal(protocol.Msgpack, v)
 	if err != nil {
 		return 0, err
 	}
-	nrev, err := kv.Update(ctx, key, data, rev)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || isWrongLastSeq(err) {
-			return 0, fmt.Errorf("%w: %s/%s changed since revision %d", ErrConflict, kv.Bucket(), key, rev)
+	var nrev uint64
+	err = retry(ctx, func(ctx context.Context, unknown bool) (err error) {
+		nrev, err = kv.Update(ctx, key, data, rev)
+		if err == nil || !isKVConflict(err) {
+			return err
 		}
-		return 0, err
-	}
-	return nrev, nil
+		st, gerr := readLeader(ctx, kv, key)
+		switch {
+		case gerr != nil:
+			return gerr // ask again
+		case st.found && st.rev > rev && bytes.Equal(st.data, data):
+			nrev = st.rev
+			return nil
+		case st.found && st.rev == rev:
+			return errBusy
+		}
+		return fmt.Errorf("%w: %s/%s changed since revision %d", ErrConflict, kv.Bucket(), key, rev)
+	})
+	return nrev, err
 }
 
-// Put writes key unconditionally (host heartbeats only).
+// Put writes key unconditionally (host heartbeats, markers), retrying
+// transient failures.
 func Put[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T) (uint64, error) {
 	data, err := protocol.Marshal(protocol.Msgpack, v)
 	if err != nil {
 		return 0, err
 	}
-	return kv.Put(ctx, key, data)
+	var rev uint64
+	err = Retry(ctx, func(ctx context.Context) (err error) {
+		rev, err = kv.Put(ctx, key, data)
+		return err
+	})
+	return rev, err
 }
 
-// Delete removes key if its revision is still rev; rev 0 deletes unconditionally.
+// Delete removes key if its revision is still rev; rev 0 deletes
+// unconditionally. Transient failures are retried; a refused conditional
+// delete succeeded when the key is gone after an attempt whose answer was
+// lost, is tried again while the key is unchanged, and is ErrConflict
+// otherwise.
 func Delete(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64) error {
 	var opts []jetstream.KVDeleteOpt
 	if rev > 0 {
 		opts = append(opts, jetstream.LastRevision(rev))
 	}
-	err := kv.Delete(ctx, key, opts...)
-	if err != nil && (errors.Is(err, jetstream.ErrKeyRevisionMismatch) || isWrongLastSeq(err)) {
+	return retry(ctx, func(ctx context.Context, unknown bool) error {
+		err := kv.Delete(ctx, key, opts...)
+		if err == nil || !isKVConflict(err) {
+			return err
+		}
+		st, gerr := readLeader(ctx, kv, key)
+		switch {
+		case gerr != nil:
+			return gerr // ask again
+		case !st.found && unknown:
+			return nil
+		case st.found && st.rev == rev:
+			return errBusy
+		}
 		return fmt.Errorf("%w: %s/%s changed since revision %d", ErrConflict, kv.Bucket(), key, rev)
-	}
-	return err
+	})
 }
 
 // Decode decodes one KV entry's value (for watchers).

@@ -1,0 +1,131 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/brood-dev/brood/internal/embedded"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// TestDeleteErrorKeepsTheCode: nats.go reports a refused message deletion
+// with the API error as text only; deleteError recovers its code, so an
+// election's "temporarily unavailable" is retried and "not found" is gone.
+func TestDeleteErrorKeepsTheCode(t *testing.T) {
+	refused := func(code int) error {
+		return fmt.Errorf("%w: nats: API error: code=400 err_code=%d description=x", jetstream.ErrMsgDeleteUnsuccessful, code)
+	}
+	if err := deleteError(refused(10008)); !Transient(err) {
+		t.Errorf("10008 after deleteError: not transient: %v", err)
+	}
+	var apiErr *jetstream.APIError
+	if err := deleteError(refused(errCodeSequenceNotFound)); !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeSequenceNotFound || Transient(err) {
+		t.Errorf("10043 after deleteError = %v", err)
+	}
+	if err := deleteError(jetstream.ErrMsgNotFound); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Errorf("other errors pass through: %v", err)
+	}
+}
+
+// TestLeaderReads: the reads that decide whether a write landed (leaderLast,
+// a bucket's leaderGet) see the latest value, a deleted key as gone, and a
+// missing subject as not found.
+func TestLeaderReads(t *testing.T) {
+	srv, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: -1, DataDir: t.TempDir(), ServerName: "leader"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := Provision(ctx, nc, protocol.MustSubjects(""), DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ok := st.Runs.(*bucket)
+	if !ok {
+		t.Fatalf("the store's buckets are %T, not *bucket", st.Runs)
+	}
+	if _, _, found, err := b.leaderGet(ctx, "K"); found || err != nil {
+		t.Fatalf("missing key: found %v, %v", found, err)
+	}
+	rev, err := Put(ctx, st.Runs, "K", protocol.RunRecord{RunID: "K"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, got, found, err := b.leaderGet(ctx, "K")
+	var rec protocol.RunRecord
+	if err != nil || !found || got != rev || protocol.Unmarshal(protocol.Msgpack, data, &rec) != nil || rec.RunID != "K" {
+		t.Fatalf("leaderGet = rev %d (want %d), found %v, %+v, %v", got, rev, found, rec, err)
+	}
+	if err := Delete(ctx, st.Runs, "K", rev); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, found, err := b.leaderGet(ctx, "K"); found || err != nil {
+		t.Fatalf("deleted key: found %v, %v", found, err)
+	}
+	if _, err := st.leaderLast(ctx, st.Subj.StreamLog(), st.Subj.Log("none")); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("missing subject: %v", err)
+	}
+}
+
+// TestReadLogOrderedMatchesDirect: the leader-served fallback of a whole-log
+// read returns what the direct gets return, across several fetches.
+func TestReadLogOrderedMatchesDirect(t *testing.T) {
+	srv, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: -1, DataDir: t.TempDir(), ServerName: "ordered"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := Provision(ctx, nc, protocol.MustSubjects(""), DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, other := st.NewLogWriter("A", 0, 0), st.NewLogWriter("B", 0, 0)
+	for i := 0; i < 2*LogReadBatch+7; i++ {
+		ev, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{Turn: int64(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Append(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		if i%5 == 0 {
+			if _, err := other.Append(ctx, ev); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	direct, err := st.ReadLog(ctx, "A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ordered, err := st.readLogOrdered(ctx, "A")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ordered.Events) != len(direct.Events) || ordered.LastSubjSeq != direct.LastSubjSeq || len(direct.Events) != 2*LogReadBatch+7 {
+		t.Fatalf("ordered read: %d events, last %d; direct: %d events, last %d", len(ordered.Events), ordered.LastSubjSeq, len(direct.Events), direct.LastSubjSeq)
+	}
+	if empty, err := st.readLogOrdered(ctx, "none"); err != nil || len(empty.Events) != 0 {
+		t.Fatalf("ordered read of an empty log: %+v, %v", empty, err)
+	}
+}

@@ -1,0 +1,232 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Transient JetStream failures (shared/RELIABILITY.md: never treat a leader
+// election as final). While a stream's or bucket's leader is being elected,
+// or a client reconnects to another node, a request can find no responder,
+// get "no response from stream", be answered "temporarily unavailable", or
+// get no answer at all (the node that had it died). Every write of the store
+// is retried on these within its caller's deadline, and made idempotent:
+//
+//   - stream appends carry a Nats-Msg-Id and, when conditional, are checked
+//     against the subject's last message after a refusal (a retry of an
+//     append that landed comes back as a conflict, DESIGN.md §12);
+//   - KV creates and updates that come back as a conflict after an attempt
+//     with an unknown outcome read the key: our own value there means the
+//     earlier attempt landed;
+//   - a conditional KV delete that comes back as a conflict after an unknown
+//     attempt succeeded when the key is gone.
+//
+// The caller's context deadline is the operation's budget; an operation whose
+// context has no deadline gets WriteBudget. Running out of it returns the last
+// error: that is what DURABILITY_FAILED and UNAVAILABLE mean to callers.
+
+// AttemptTimeout bounds one attempt of a JetStream request: a request sent to
+// a node that then died is never answered, and must not use the whole budget.
+const AttemptTimeout = 2 * time.Second
+
+// WriteBudget is the budget of a store operation whose context has no deadline.
+const WriteBudget = 10 * time.Second
+
+// Backoff between attempts: doubling from retryWaitMin up to retryWaitMax.
+const (
+	retryWaitMin = 25 * time.Millisecond
+	retryWaitMax = 500 * time.Millisecond
+)
+
+// errBusy is a conditional write refused while the key or subject was
+// unchanged: another write to it was in flight (JetStream answers 10164),
+// so it is tried again.
+var errBusy = errors.New("another write to the same key or subject is in flight")
+
+// ErrIncompleteRead is a whole-log read whose batches stopped before the
+// subject's last record: a replica that is not yet current (after a restart
+// or an election) answered the direct get. Reading again is the remedy.
+var ErrIncompleteRead = errors.New("incomplete read")
+
+// Transient reports whether err is a JetStream or connection failure that a
+// retry of the same request can outlive (elections, reconnects, a lost
+// answer, a lagging replica), as opposed to a refusal.
+func Transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, ErrIncompleteRead) || errors.Is(err, errBusy) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case 10004, // JSClusterIncompleteErr: incomplete results
+			10007, // JSClusterNotAssignedErr
+			10008, // JSClusterNotAvailErr: JetStream system temporarily unavailable
+			10009, // JSClusterNotLeaderErr: cluster can not handle request
+			10118, // JSStreamOfflineErr
+			10158, // duplicate message id is in process (a retry racing the original)
+			10163: // expected last sequence per subject temporarily unavailable
+			return true
+		}
+	}
+	return false
+}
+
+// withBudget returns ctx bounded by WriteBudget when it has no deadline.
+func withBudget(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, WriteBudget)
+}
+
+// retry calls op until it returns nil or an error that is not Transient, or
+// ctx's budget ran out. Each attempt gets at most AttemptTimeout; unknown
+// tells op whether an earlier attempt may have landed (its answer was lost),
+// so op can recognise its own write.
+func retry(ctx context.Context, op func(ctx context.Context, unknown bool) error) error {
+	return retryEach(ctx, AttemptTimeout, op)
+}
+
+// retryEach is retry with attempts of at most attempt each (long reads),
+// but never more than a third of the budget left (and at least
+// AttemptTimeout), so a request lost with a node leaves time to ask again.
+func retryEach(ctx context.Context, attempt time.Duration, op func(ctx context.Context, unknown bool) error) error {
+	ctx, cancel := withBudget(ctx)
+	defer cancel()
+	wait := retryWaitMin
+	unknown := false
+	for {
+		each := attempt
+		if d, ok := ctx.Deadline(); ok && attempt > AttemptTimeout {
+			each = min(attempt, max(AttemptTimeout, time.Until(d)/3))
+		}
+		actx, acancel := context.WithTimeout(ctx, each)
+		err := op(actx, unknown)
+		acancel()
+		if err == nil || !Transient(err) || ctx.Err() != nil {
+			if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+				return ctx.Err()
+			}
+			return err
+		}
+		// A request that got no answer (or a 503 after it was sent) may have
+		// been carried out.
+		unknown = true
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, retryWaitMax)
+	}
+}
+
+// Retry runs op under the store's retry rules (see Transient) within ctx's
+// deadline, or WriteBudget. op must be idempotent.
+func Retry(ctx context.Context, op func(ctx context.Context) error) error {
+	return retry(ctx, func(ctx context.Context, _ bool) error { return op(ctx) })
+}
+
+// Reads that decide whether a write of ours landed go to the stream's
+// leader. Brood's streams and buckets allow direct gets, which any replica
+// answers once it is nearly caught up, so right after an election a
+// follower can answer without the write that was just acknowledged; deciding
+// "not ours" from such an answer would report a landed write as fenced or
+// conflicting. The stream's message-get API is answered by its leader only.
+
+// leaderMsg is the message part of a $JS.API.STREAM.MSG.GET answer.
+type leaderMsg struct {
+	Message *struct {
+		Subject string `json:"subject"`
+		Seq     uint64 `json:"seq"`
+		Header  []byte `json:"hdrs,omitempty"`
+		Data    []byte `json:"data,omitempty"`
+	} `json:"message,omitempty"`
+	Error *jetstream.APIError `json:"error,omitempty"`
+}
+
+// leaderLast reads the last message of subject in stream from the stream's
+// leader. No message is jetstream.ErrMsgNotFound.
+func (s *Store) leaderLast(ctx context.Context, stream, subject string) (*jetstream.RawStreamMsg, error) {
+	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.NC.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return nil, err
+	}
+	var r leaderMsg
+	if err := json.Unmarshal(resp.Data, &r); err != nil {
+		return nil, fmt.Errorf("decode the stream's answer: %w", err)
+	}
+	switch {
+	case r.Error != nil && r.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, jetstream.ErrMsgNotFound
+	case r.Error != nil:
+		return nil, r.Error
+	case r.Message == nil:
+		return nil, jetstream.ErrInvalidJetStreamResponse
+	}
+	m := &jetstream.RawStreamMsg{Subject: r.Message.Subject, Sequence: r.Message.Seq, Data: r.Message.Data, Header: nats.Header{}}
+	if len(r.Message.Header) > 0 {
+		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// bucket is a KV bucket of the store: its reads that decide whether a write
+// landed go to the bucket stream's leader (leaderGet).
+type bucket struct {
+	jetstream.KeyValue
+	s *Store
+}
+
+// leaderGet reads key from the bucket stream's leader: its value and
+// revision, or found false when the key has no value (never written,
+// deleted or purged).
+func (b *bucket) leaderGet(ctx context.Context, key string) (data []byte, rev uint64, found bool, err error) {
+	m, err := b.s.leaderLast(ctx, "KV_"+b.Bucket(), "$KV."+b.Bucket()+"."+key)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, 0, false, nil
+	}
+	if err != nil {
+		return nil, 0, false, err
+	}
+	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+		return nil, m.Sequence, false, nil
+	}
+	return m.Data, m.Sequence, true, nil
+}
+
+// latest reads key's value and revision for a landed-write check: from the
+// leader when kv is a bucket of a Store, else kv.Get.
+func latest(ctx context.Context, kv jetstream.KeyValue, key string) (data []byte, rev uint64, found bool, err error) {
+	if b, ok := kv.(*bucket); ok {
+		return b.leaderGet(ctx, key)
+	}
+	e, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+		return nil, 0, false, nil
+	}
+	if err != nil {
+		return nil, 0, false, err
+	}
+	return e.Value(), e.Revision(), true, nil
+}

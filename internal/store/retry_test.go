@@ -1,0 +1,245 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+func TestTransient(t *testing.T) {
+	api := func(code jetstream.ErrorCode) error {
+		return fmt.Errorf("nats: %w", &jetstream.APIError{ErrorCode: code, Code: 503})
+	}
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"no responders", nats.ErrNoResponders, true},
+		{"no response from stream", jetstream.ErrNoStreamResponse, true},
+		{"attempt timed out", context.DeadlineExceeded, true},
+		{"request timeout", nats.ErrTimeout, true},
+		{"reconnecting", nats.ErrConnectionReconnecting, true},
+		{"incomplete read (a lagging replica)", fmt.Errorf("read log X: %w", store.ErrIncompleteRead), true},
+		{"temporarily unavailable (10008)", api(10008), true},
+		{"cluster cannot handle request (10009)", api(10009), true},
+		{"stream offline (10118)", api(10118), true},
+		{"duplicate message id in process (10158)", api(10158), true},
+		{"expected last sequence not ready (10163)", api(10163), true},
+		{"wrong last sequence (10071)", api(jetstream.JSErrCodeStreamWrongLastSequence), false},
+		{"wrong last sequence, replicated (10164)", api(jetstream.JSErrCodeStreamWrongLastSequenceConstant), false},
+		{"store failed (10077)", api(10077), false},
+		{"key exists", jetstream.ErrKeyExists, false},
+		{"cancelled", context.Canceled, false},
+		{"closed", nats.ErrConnectionClosed, false},
+		{"conflict", store.ErrConflict, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := store.Transient(c.err); got != c.want {
+				t.Fatalf("Transient(%v) = %v, want %v", c.err, got, c.want)
+			}
+		})
+	}
+}
+
+// lostAcks is a KV whose first write of each kind lands but answers as if
+// the node died before acknowledging it (the answer of a request in flight
+// during a leader election).
+type lostAcks struct {
+	jetstream.KeyValue
+	creates, updates, deletes atomic.Int32
+}
+
+func (k *lostAcks) Create(ctx context.Context, key string, v []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	rev, err := k.KeyValue.Create(ctx, key, v, opts...)
+	if err == nil && k.creates.Add(1) == 1 {
+		return 0, context.DeadlineExceeded
+	}
+	return rev, err
+}
+
+func (k *lostAcks) Update(ctx context.Context, key string, v []byte, last uint64) (uint64, error) {
+	rev, err := k.KeyValue.Update(ctx, key, v, last)
+	if err == nil && k.updates.Add(1) == 1 {
+		return 0, jetstream.ErrNoStreamResponse
+	}
+	return rev, err
+}
+
+func (k *lostAcks) Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {
+	err := k.KeyValue.Delete(ctx, key, opts...)
+	if err == nil && k.deletes.Add(1) == 1 {
+		return nats.ErrTimeout
+	}
+	return err
+}
+
+// TestWritesWhoseAnswerWasLostAreRecognised: a compare-and-set whose first
+// attempt landed without an answer is retried, comes back as a conflict, and
+// is recognised as our own write, not reported lost or conflicting; a real
+// conflict stays a conflict.
+func TestWritesWhoseAnswerWasLostAreRecognised(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	kv := &lostAcks{KeyValue: st.Runs}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	rec := protocol.RunRecord{RunID: "R1", ChildID: "R1", State: protocol.RunRunning, CreatedAt: 1}
+	rev, err := store.Create(ctx, kv, "R1", rec)
+	if err != nil || rev == 0 {
+		t.Fatalf("create whose answer was lost = %d, %v; want our revision", rev, err)
+	}
+	if _, err := store.Create(ctx, kv, "R1", protocol.RunRecord{RunID: "R1", State: "other"}); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("create of an existing key with another value = %v, want ErrConflict", err)
+	}
+	claimed := rec
+	claimed.SettledBy = "H1"
+	nrev, err := store.Update(ctx, kv, "R1", claimed, rev)
+	if err != nil || nrev <= rev {
+		t.Fatalf("update whose answer was lost = %d, %v; want a newer revision", nrev, err)
+	}
+	got, err := store.Get[protocol.RunRecord](ctx, kv, "R1")
+	if err != nil || got.Value.SettledBy != "H1" || got.Revision != nrev {
+		t.Fatalf("after the update: %+v rev %d, %v", got.Value, got.Revision, err)
+	}
+	other := rec
+	other.SettledBy = "H2"
+	if _, err := store.Update(ctx, kv, "R1", other, rev); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a second claim at the creation revision = %v, want ErrConflict", err)
+	}
+	if err := store.Delete(ctx, kv, "R1", nrev); err != nil {
+		t.Fatalf("conditional delete whose answer was lost = %v", err)
+	}
+	if _, err := store.Get[protocol.RunRecord](ctx, kv, "R1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("after the delete: %v", err)
+	}
+	if n := kv.creates.Load() + kv.updates.Load() + kv.deletes.Load(); n < 3 {
+		t.Fatalf("%d writes reached the bucket; the lost answers were not exercised", n)
+	}
+}
+
+// lostPublish is a JetStream whose first publish lands but answers as if no
+// acknowledgement came.
+type lostPublish struct {
+	jetstream.JetStream
+	n atomic.Int32
+}
+
+func (j *lostPublish) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	ack, err := j.JetStream.PublishMsg(ctx, m, opts...)
+	if j.n.Add(1) == 1 && err == nil {
+		return nil, jetstream.ErrNoStreamResponse
+	}
+	return ack, err
+}
+
+// TestFencedAppendWhoseAnswerWasLostIsOurs: a log append that landed without
+// an acknowledgement is retried, refused by its own fence, recognised by its
+// msg id, and the writer goes on after it; a header likewise.
+func TestFencedAppendWhoseAnswerWasLostIsOurs(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	for _, name := range []string{"append", "header", "inbox"} {
+		t.Run(name, func(t *testing.T) {
+			js := &lostPublish{JetStream: st.JS}
+			lossy := *st
+			lossy.JS = js
+			switch name {
+			case "append":
+				w := lossy.NewLogWriter("L1", 0, 0)
+				if _, err := w.Append(ctx, event(t, 1)); err != nil {
+					t.Fatalf("append whose ack was lost: %v", err)
+				}
+				if _, err := w.Append(ctx, event(t, 2)); err != nil {
+					t.Fatalf("next append: %v", err)
+				}
+				log, err := st.ReadLog(ctx, "L1")
+				if err != nil || len(log.Events) != 2 {
+					t.Fatalf("log = %d events, %v; want each record once", len(log.Events), err)
+				}
+			case "header":
+				if err := lossy.PutHeader(ctx, protocol.SessionHeader{Version: 1, ID: "H1", CreatedAt: 1, Cwd: "/w"}); err != nil {
+					t.Fatalf("header whose ack was lost: %v", err)
+				}
+				if err := st.PutHeader(ctx, protocol.SessionHeader{Version: 1, ID: "H1", CreatedAt: 1, Cwd: "/w"}); !errors.Is(err, store.ErrConflict) {
+					t.Fatalf("another writer's header = %v, want ErrConflict", err)
+				}
+			case "inbox":
+				mid, _, err := lossy.Enqueue(ctx, "I1", store.InboxItem{Content: protocol.Text("x")}, "")
+				if err != nil || mid == "" {
+					t.Fatalf("enqueue whose ack was lost = %q, %v", mid, err)
+				}
+				items, err := st.InboxOf("I1").Pending(ctx, 0)
+				if err != nil || len(items) != 1 || items[0].MessageID != mid {
+					t.Fatalf("inbox = %+v, %v; want the item once", items, err)
+				}
+			}
+			if js.n.Load() < 2 {
+				t.Fatalf("%d publishes; the lost acknowledgement was not retried", js.n.Load())
+			}
+		})
+	}
+}
+
+// busyOnce is a KV whose first conditional write of each kind is refused
+// with 10164 without being carried out: the answer of a replicated stream
+// while another write to the subject is in flight (DESIGN.md §12).
+type busyOnce struct {
+	jetstream.KeyValue
+	creates, updates atomic.Int32
+}
+
+var errInFlight = fmt.Errorf("nats: %w", &jetstream.APIError{ErrorCode: jetstream.JSErrCodeStreamWrongLastSequenceConstant, Code: 400})
+
+func (k *busyOnce) Create(ctx context.Context, key string, v []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	if k.creates.Add(1) == 1 {
+		return 0, errInFlight
+	}
+	return k.KeyValue.Create(ctx, key, v, opts...)
+}
+
+func (k *busyOnce) Update(ctx context.Context, key string, v []byte, last uint64) (uint64, error) {
+	if k.updates.Add(1) == 1 {
+		return 0, errInFlight
+	}
+	return k.KeyValue.Update(ctx, key, v, last)
+}
+
+// TestRefusalWhileUnchangedIsRetried: a compare-and-set refused while the
+// key is as expected (another write was in flight) is tried again, not
+// reported as a lost race; one refused because the key changed is a conflict.
+func TestRefusalWhileUnchangedIsRetried(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	kv := &busyOnce{KeyValue: st.Runs}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rec := protocol.RunRecord{RunID: "B1", State: protocol.RunRunning}
+	rev, err := store.Create(ctx, kv, "B1", rec)
+	if err != nil {
+		t.Fatalf("create refused while the key was absent: %v", err)
+	}
+	rec.SettledBy = "H1"
+	if _, err := store.Update(ctx, kv, "B1", rec, rev); err != nil {
+		t.Fatalf("update refused while the key was unchanged: %v", err)
+	}
+	if kv.creates.Load() != 2 || kv.updates.Load() != 2 {
+		t.Fatalf("%d creates, %d updates: the refusals were not retried", kv.creates.Load(), kv.updates.Load())
+	}
+	rec.SettledBy = "H2"
+	if _, err := store.Update(ctx, kv, "B1", rec, rev); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("update at a stale revision = %v, want ErrConflict", err)
+	}
+}
