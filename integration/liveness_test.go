@@ -181,7 +181,7 @@ func (g *gatedProvider) NewSession(ctx context.Context, spec worker.SessionSpec)
 // resume never waits for another.
 func TestLivenessResumesDoNotWaitForEachOther(t *testing.T) {
 	s := testutil.NewStack(t)
-	s.AddCoordinator(func(c *coordinatorConfig) { c.ProviderStartTimeout = 30 * time.Second })
+	s.AddCoordinator(func(c *coordinatorConfig) { c.ProviderAttemptTimeout, c.RequestBudget = 30*time.Second, 30*time.Second })
 	s.AddSpawnWorker()
 	g := &gatedProvider{release: make(chan struct{}), Provider: &worker.InProcess{
 		Desc:   protocol.ProviderDescriptor{Name: "gated", Continuable: true, Tools: []string{}},

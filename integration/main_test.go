@@ -60,13 +60,41 @@ func (w lockedWriter) Write(b []byte) (int, error) {
 // startProc runs `brood args...`; it is killed at the end of the test.
 func startProc(t *testing.T, args ...string) *proc {
 	t.Helper()
+	return startProcWith(t, nil, args...)
+}
+
+// startProcGroup is startProc in a process group of its own (as `setsid`
+// would), so signal reaches the process and anything it started.
+func startProcGroup(t *testing.T, args ...string) *proc {
+	t.Helper()
+	return startProcWith(t, &syscall.SysProcAttr{Setpgid: true}, args...)
+}
+
+// signal sends sig to the process's group (startProcGroup) or the process.
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	pid := p.cmd.Process.Pid
+	if p.cmd.SysProcAttr != nil && p.cmd.SysProcAttr.Setpgid {
+		pid = -pid
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		t.Fatalf("signal %v: %v", sig, err)
+	}
+}
+
+func startProcWith(t *testing.T, attr *syscall.SysProcAttr, args ...string) *proc {
+	t.Helper()
 	p := &proc{cmd: exec.Command(broodBin, args...), done: make(chan struct{})}
+	p.cmd.SysProcAttr = attr
 	p.cmd.Stderr = lockedWriter{p}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
+		if attr != nil && attr.Setpgid {
+			_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGCONT)
+		}
 		_ = p.cmd.Process.Signal(syscall.SIGCONT)
 		_ = p.cmd.Process.Kill()
 		<-p.done
@@ -190,4 +218,11 @@ func (l *lockedBuilder) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
+}
+
+// spawnWorkerGroup starts a spawn worker process in its own process group
+// (to pause it with SIGSTOP) with the given host expiry.
+func spawnWorkerGroup(t *testing.T, url string, expiry time.Duration) *proc {
+	return startProcGroup(t, "spawn-worker", "--nats", url, "--log-level", "info",
+		"--heartbeat", testutil.TestHeartbeat.String(), "--host-expiry", expiry.String())
 }

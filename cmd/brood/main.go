@@ -21,6 +21,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/buildinfo"
 	"github.com/brood-dev/brood/internal/telemetry"
+	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -101,7 +102,7 @@ func natsFlag(cmd *cobra.Command, g *globals) {
 // clientFlags registers the flags of a client verb: --nats and --timeout.
 func clientFlags(cmd *cobra.Command, g *globals) {
 	natsFlag(cmd, g)
-	cmd.Flags().DurationVar(&g.timeout, "timeout", 10*time.Second, "timeout of each coordinator request")
+	cmd.Flags().DurationVar(&g.timeout, "timeout", client.DefaultTimeout, "timeout of each coordinator request (the coordinator answers within it)")
 }
 
 // Command groups of `brood --help`, by what a user wants to do.

@@ -32,6 +32,8 @@ package rpc
 import (
 	"context"
 	"log/slog"
+	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -76,6 +78,16 @@ func (r Request) Publish(subject string, v any) error {
 
 // Headers are the request's headers.
 func (r Request) Headers() nats.Header { return r.header }
+
+// Timeout is how long the caller waits for the reply, from the request's
+// Brood-Timeout header (0 when absent or malformed).
+func (r Request) Timeout() time.Duration {
+	ms, err := strconv.ParseInt(r.header.Get(protocol.HeaderTimeout), 10, 64)
+	if err != nil || ms <= 0 {
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
+}
 
 // Decode decodes the request body into v in the request's encoding. A body that
 // does not decode is an INVALID_ARGUMENT error.

@@ -30,9 +30,10 @@ const (
 // Stack is a Brood deployment inside the test process: an embedded server,
 // coordinators and workers, and a client.
 type Stack struct {
-	T      testing.TB
+	T testing.TB
+	// Server is the embedded server (nil on a Cluster).
 	Server *embedded.Server
-	// URL is what the stack's services connect to.
+	// URL is what the stack's services connect to (a cluster's URLs).
 	URL    string
 	NC     *nats.Conn
 	Store  *store.Store
@@ -59,14 +60,30 @@ func StackOn(t testing.TB, s *embedded.Server) *Stack {
 // user and password, on a server with users).
 func StackAt(t testing.TB, s *embedded.Server, url string) *Stack {
 	t.Helper()
+	st := stackOnURL(t, url, store.DefaultConfig())
+	st.Server = s
+	return st
+}
+
+// StackOnCluster is NewStack on a cluster: every connection may reach any
+// node, and every stream and bucket has replicas copies.
+func StackOnCluster(t testing.TB, c *Cluster, replicas int) *Stack {
+	t.Helper()
+	cfg := store.DefaultConfig()
+	cfg.Replicas = replicas
+	return stackOnURL(t, c.URLs(), cfg)
+}
+
+func stackOnURL(t testing.TB, url string, cfg store.Config) *Stack {
+	t.Helper()
 	nc := Connect(t, url)
-	st := Store(t, nc)
+	st := StoreWith(t, nc, cfg)
 	cl, err := client.New(nc, client.Options{AwaitFallback: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(cl.Close)
-	return &Stack{T: t, Server: s, URL: url, NC: nc, Store: st, Client: cl}
+	return &Stack{T: t, URL: url, NC: nc, Store: st, Client: cl}
 }
 
 // Conn opens another connection to the stack's server (one per service, as

@@ -65,9 +65,15 @@ func Connect(t testing.TB, url string) *nats.Conn {
 // Store provisions Brood's streams and buckets (file storage, R1).
 func Store(t testing.TB, nc *nats.Conn) *store.Store {
 	t.Helper()
+	return StoreWith(t, nc, store.DefaultConfig())
+}
+
+// StoreWith provisions Brood's streams and buckets with cfg.
+func StoreWith(t testing.TB, nc *nats.Conn, cfg store.Config) *store.Store {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, err := store.Provision(ctx, nc, protocol.MustSubjects(""), store.DefaultConfig())
+	st, err := store.Provision(ctx, nc, protocol.MustSubjects(""), cfg)
 	if err != nil {
 		t.Fatalf("provision: %v", err)
 	}

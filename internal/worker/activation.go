@@ -48,7 +48,8 @@ type activation struct {
 	provider string
 	remote   bool
 	runID    string
-	runRev   uint64
+	run      protocol.RunRecord // the epoch's record as claimed
+	runRev   uint64             // the claim's revision: settlement's CAS
 	epoch    int64
 	owner    string
 	start    int       // index of the epoch's first event
@@ -68,6 +69,9 @@ type activation struct {
 	// or its materialization failed (then done is closed too).
 	built chan struct{}
 	done  chan struct{}
+	// started is closed once subagent/start is stored (or given up on):
+	// subagent/end follows it.
+	started <-chan struct{}
 
 	mu       sync.Mutex
 	leaseRev uint64
@@ -118,12 +122,19 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	if h.isDraining() {
 		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
 	}
-	if !protocol.ValidID(req.ChildID) || !protocol.ValidID(req.RunID) || req.Header.ID != req.ChildID {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "childId, runId and header.id must be valid and agree")
+	if !protocol.ValidID(req.ChildID) || !protocol.ValidID(req.RunID) || req.Header.ID != req.ChildID || req.Run.RunID != req.RunID {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "childId, runId, run.runId and header.id must be valid and agree")
 	}
+	// Nothing is written before the epoch is claimed (claim.go); from then on
+	// a failure settles the epoch never started.
+	cctx, cancelClaim, err := h.withDeadline(ctx, req.Deadline, "activate", req.RunID)
+	if err != nil {
+		return nil, err
+	}
+	defer cancelClaim()
 	a := &activation{
 		h: h, childID: req.ChildID, header: req.Header, provider: req.Descriptor.Provider, remote: p.Descriptor().Remote, runID: req.RunID,
-		runRev: uint64(req.RunRevision), epoch: 1, owner: req.Owner, began: began, ancestry: req.Ancestry,
+		epoch: 1, owner: req.Owner, began: began, ancestry: req.Ancestry,
 		inbox: h.st.InboxOf(req.ChildID), wake: make(chan struct{}, 1), built: make(chan struct{}), done: make(chan struct{}),
 	}
 	base, span := telemetry.StartRun(ctx, a.provider, protocol.ModeContinuable, a.runID, req.Header)
@@ -148,8 +159,17 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	}
 	h.acts[req.ChildID] = a
 	h.mu.Unlock()
-	reply, err := h.materialize(ctx, p, req, a)
+	claimed := false
+	a.run, a.runRev, err = h.claim(cctx, req.Run, uint64(req.RunRevision), req.ChildID)
+	var reply any
+	if err == nil {
+		claimed = true
+		reply, err = h.materialize(context.WithoutCancel(ctx), p, req, a)
+	}
 	if err != nil {
+		if claimed {
+			err = h.abandon(a.run, a.runRev, err)
+		}
 		h.mu.Lock()
 		if h.acts[req.ChildID] == a {
 			delete(h.acts, req.ChildID)
@@ -194,7 +214,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 			return nil, protocol.NewError(protocol.CodeActivationClosing, map[string]any{
 				"reason": fmt.Sprintf("session %s has a live lease elsewhere", req.ChildID)})
 		}
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "take the lease of %s: %v", req.ChildID, err)
+		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %v", req.ChildID, err)
 	}
 	release := func() { _ = store.Delete(context.WithoutCancel(ctx), h.st.Agents, req.ChildID, leaseRev) }
 	lw := h.st.NewLogWriter(req.ChildID, lastSubjSeq, int64(len(events)))
@@ -268,7 +288,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		return nil, protocol.NewError(protocol.CodeActivationClosing, map[string]any{
 			"reason": fmt.Sprintf("the activation of %s was stopped while it started: %v", req.ChildID, err)})
 	}
-	h.st.PublishEvent(protocol.LifecycleEvent{
+	a.started = h.st.PublishEvent(protocol.LifecycleEvent{
 		Type: protocol.LifecycleStart, RunID: a.runID, Provider: a.provider, ID: a.childID,
 		ParentSession: a.header.ParentSession, Local: !a.remote, Mode: protocol.ModeContinuable, Time: store.NowMs(),
 	}, h.eventErr)
@@ -675,39 +695,33 @@ func (a *activation) teardown() {
 		res.Diagnostic = protocol.TruncateDiagnostic("the epoch's final flush was not acknowledged by JetStream: " + durability.Error())
 	}
 	final = &res
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	rec := protocol.RunRecord{
-		RunID: a.runID, ChildID: a.childID, ParentSession: a.header.ParentSession, Provider: a.provider, Remote: a.remote,
-		Mode: protocol.ModeContinuable, State: protocol.RunSettled, CreatedAt: a.header.CreatedAt,
-		SettledAt: store.NowMs(), SettledBy: h.id, Result: &res,
-	}
-	if _, err := store.Update(ctx, h.st.Runs, a.runID, rec, a.runRev); err != nil {
-		if errors.Is(err, store.ErrConflict) {
-			log.Info("epoch already settled by another party; dropping this result")
-			return
-		}
-		log.Warn("could not settle the epoch record", "err", err)
-	} else {
+	rec := a.run
+	rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), h.id, &res
+	// Until the settlement lands the lease stays: the epoch is still this
+	// host's, and a coordinator ends it (HOST_LOST) if this host goes away.
+	h.settle(rec, a.runRev, func() {
 		h.cfg.Metrics.RunSettled(a.provider, protocol.ModeContinuable, res, time.Since(a.began))
-	}
-	a.mu.Lock()
-	a.result = &res
-	leaseRev := a.leaseRev
-	a.mu.Unlock()
-	// The epoch's end is published while the lease is still held: should
-	// this host die before it released the lease, a coordinator takes the
-	// lease over, finds the record settled and publishes the end again
-	// (idempotently), so no notice and no subagent/end is ever lost (chaos
-	// seed 2: a worker killed between the settlement and the end).
-	EndEpoch(ctx, h.st, EpochEnd{
-		ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
-		Provider: a.provider, Remote: a.remote, Result: res,
-	}, h.eventErr)
-	if err := store.Delete(ctx, h.st.Agents, a.childID, leaseRev); err != nil {
-		log.Warn("could not release the lease", "err", err)
-	}
-	log.Info("activation settled", "stopReason", res.StopReason)
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		a.mu.Lock()
+		a.result = &res
+		leaseRev := a.leaseRev
+		a.mu.Unlock()
+		// The epoch's end is published while the lease is still held: should
+		// this host die before it released the lease, a coordinator takes the
+		// lease over, finds the record settled and publishes the end again
+		// (idempotently), so no notice and no subagent/end is ever lost (chaos
+		// seed 2: a worker killed between the settlement and the end).
+		<-a.started // subagent/end follows subagent/start on the stream
+		EndEpoch(ctx, h.st, EpochEnd{
+			ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
+			Provider: a.provider, Remote: a.remote, Result: res,
+		}, h.eventErr)
+		if err := store.Delete(ctx, h.st.Agents, a.childID, leaseRev); err != nil {
+			log.Warn("could not release the lease", "err", err)
+		}
+		log.Info("activation settled", "stopReason", res.StopReason)
+	})
 }
 
 func mustEvent(typ string, data any) protocol.SessionEvent {

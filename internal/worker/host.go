@@ -121,6 +121,8 @@ type Host struct {
 	acts     map[string]*activation // by child id
 	draining bool
 	started  int64
+
+	unsettled unsettled // settlements whose budget ran out (claim.go)
 }
 
 // New validates cfg and returns a host; Run serves it.
@@ -299,7 +301,9 @@ func (h *Host) serveProvider(srv *rpc.Server, p Provider) (*rpc.Service, error) 
 	if err != nil {
 		return nil, fmt.Errorf("worker: micro service for %s: %w", d.Name, err)
 	}
-	prefix := h.subj.ProviderGroup(d.Name) + "."
+	// This instance's own subjects, <prefix>.v1.provider.<name>.<hostId>.<op>:
+	// the coordinator picks the instance (dispatch.go in the coordinator).
+	prefix := h.subj.ProviderInstance(d.Name, h.id, "")
 	start := func(ctx context.Context, req rpc.Request) (any, error) {
 		var r protocol.ProviderStartRequest
 		if err := req.Decode(&r); err != nil {
@@ -334,6 +338,11 @@ func (h *Host) serveProvider(srv *rpc.Server, p Provider) (*rpc.Service, error) 
 			if !protocol.ValidID(r.ParentSession) {
 				return nil, protocol.Errorf(protocol.CodeInvalidArgument, "parentSession must be a valid id")
 			}
+			ctx, cancel, err := h.withDeadline(ctx, r.Deadline, "prepare", r.ChildID)
+			if err != nil {
+				return nil, err
+			}
+			defer cancel()
 			return pr.Prepare(ctx, r)
 		}
 		if err := svc.AddEndpoint(protocol.OpProviderPrepare, prefix+protocol.OpProviderPrepare, h.instrument(protocol.OpProviderPrepare, prepare)); err != nil {
@@ -394,7 +403,14 @@ func (h *Host) beat(ctx context.Context) error {
 // have taken its sessions over: it checks every lease and stops the agents
 // whose lease is gone (DESIGN.md §7, Settlement 3).
 func (h *Host) heartbeatLoop(ctx context.Context) {
-	HeartbeatLoop(ctx, h.cfg.HeartbeatInterval, h.cfg.HostExpiry, h.beat,
+	beat := func(ctx context.Context) error {
+		err := h.beat(ctx)
+		if err == nil {
+			h.unsettled.retry(h.log) // JetStream takes writes again
+		}
+		return err
+	}
+	HeartbeatLoop(ctx, h.cfg.HeartbeatInterval, h.cfg.HostExpiry, beat,
 		func(gap time.Duration) {
 			h.log.Warn("heartbeat gap exceeded the host expiry; verifying leases", "gap", gap.String())
 			h.verifyLeases(ctx)

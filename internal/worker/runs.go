@@ -18,10 +18,6 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// SettleAttemptsMax bounds the retries of a settlement write that JetStream
-// did not acknowledge (a lost CAS is final and never retried).
-const SettleAttemptsMax = 5
-
 // DisposeWaitMax bounds how long a dispose waits for the run to settle.
 const DisposeWaitMax = 15 * time.Second
 
@@ -30,6 +26,8 @@ type hostedRun struct {
 	runID, childID string
 	remote         bool
 	req            protocol.ProviderStartRequest
+	run            protocol.RunRecord // as claimed
+	runRev         uint64             // the claim's revision: settlement's CAS
 	epoch          int64
 	seedLen        int64
 	sess           Session
@@ -41,6 +39,9 @@ type hostedRun struct {
 	// also closed and the run left the host.
 	settled chan struct{}
 	done    chan struct{}
+	// started is closed once subagent/start is stored (or given up on):
+	// subagent/end follows it.
+	started <-chan struct{}
 
 	cred string // the agent's credential (it ends its descendants with it)
 
@@ -56,9 +57,11 @@ func (h *Host) isDraining() bool {
 	return h.draining
 }
 
-// startRun publishes a child: it composes the session, takes the lease and
-// logs the first turn's opening (concurrently), then answers; the turn runs
-// on. Nothing is published when composition fails.
+// startRun publishes a child: it drops a request whose deadline passed and
+// claims the run (claim.go), composes the session, takes the lease and logs
+// the first turn's opening (concurrently), then answers; the turn runs on.
+// Nothing is written before the claim; a failure after it settles the run as
+// never started.
 func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderStartRequest) (_ any, err error) {
 	var span trace.Span
 	defer func() {
@@ -70,27 +73,39 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
 	}
 	childID := req.Header.ID
-	if !protocol.ValidID(childID) || !protocol.ValidID(req.RunID) {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "runId and header.id must be valid ids")
+	if !protocol.ValidID(childID) || !protocol.ValidID(req.RunID) || req.Run.RunID != req.RunID {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "runId, run.runId and header.id must be valid ids and agree")
 	}
+	cctx, cancel, err := h.withDeadline(ctx, req.Deadline, "start", req.RunID)
+	if err != nil {
+		return nil, err
+	}
+	run, runRev, err := h.claim(cctx, req.Run, uint64(req.RunRevision), childID)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	// The run is ours from here: it starts, or it is settled never started.
+	ctx = context.WithoutCancel(ctx)
 	cred := protocol.NewCredential()
 	seed := req.Header.SeedLength
 	lw := h.st.NewLogWriter(childID, 0, 0)
 	sess, err := p.NewSession(ctx, SessionSpec{Header: req.Header, Options: req.Options, Credential: cred, Log: lw})
 	if err != nil {
-		return nil, err
+		return nil, h.abandon(run, runRev, err)
 	}
 	base, span := telemetry.StartRun(ctx, req.Provider, protocol.ModeOneShot, req.RunID, req.Header)
-	runCtx, cancel := context.WithCancelCause(base)
+	runCtx, cancelRun := context.WithCancelCause(base)
 	r := &hostedRun{
-		runID: req.RunID, childID: childID, remote: p.Descriptor().Remote, req: req, epoch: 1, seedLen: seed,
-		sess: sess, ctx: runCtx, cancel: cancel, settled: make(chan struct{}), done: make(chan struct{}), span: span,
+		runID: req.RunID, childID: childID, remote: p.Descriptor().Remote, req: req, run: run, runRev: runRev,
+		epoch: 1, seedLen: seed, sess: sess, ctx: runCtx, cancel: cancelRun, settled: make(chan struct{}), done: make(chan struct{}), span: span,
 	}
 	h.mu.Lock()
 	if h.draining {
 		h.mu.Unlock()
-		cancel(nil)
-		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
+		cancelRun(nil)
+		closeSession(sess)
+		return nil, h.abandon(run, runRev, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id))
 	}
 	h.runs[r.runID] = r
 	h.mu.Unlock()
@@ -128,26 +143,30 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	wg.Wait()
 	if derr != nil || leaseErr != nil || !opened {
 		h.unregister(r)
-		cancel(nil)
+		cancelRun(nil)
 		closeSession(sess)
+		var cause error
 		switch {
 		case derr != nil:
-			return nil, protocol.Errorf(protocol.CodeInternal, "encode descriptor: %v", derr)
+			cause = protocol.Errorf(protocol.CodeInternal, "encode descriptor: %v", derr)
 		case leaseErr != nil:
 			if opened {
 				h.closeTurn(ctx, lw, sess.Events(), protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the host could not take the session lease"})
 			}
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "take the lease of %s: %v", childID, leaseErr)
+			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %v", childID, leaseErr)
 		default:
-			if r.leaseRev > 0 { // ours: release it, at its revision
-				_ = store.Delete(ctx, h.st.Agents, childID, r.leaseRev)
-			}
-			return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "log the first turn of %s: %v", childID, out.Err)
+			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "log the first turn of %s: %v", childID, out.Err)
 		}
+		if r.leaseRev > 0 { // ours: release it, at its revision
+			_ = store.Delete(ctx, h.st.Agents, childID, r.leaseRev)
+		}
+		close(r.settled)
+		close(r.done)
+		return nil, h.abandon(run, runRev, cause)
 	}
 	// subagent/start is published by the host that published the child, so it
 	// always precedes this run's subagent/end on the stream.
-	h.st.PublishEvent(protocol.LifecycleEvent{
+	r.started = h.st.PublishEvent(protocol.LifecycleEvent{
 		Type: protocol.LifecycleStart, RunID: r.runID, Provider: req.Provider, ID: childID,
 		ParentSession: req.Header.ParentSession, Local: !p.Descriptor().Remote, Mode: protocol.ModeOneShot, Time: store.NowMs(),
 	}, h.eventErr)
@@ -212,47 +231,32 @@ func (h *Host) execute(r *hostedRun) {
 		res.Diagnostic = protocol.TruncateDiagnostic("JetStream did not acknowledge the session log: " + out.Err.Error())
 	}
 	final = &res
-	h.settle(r, res)
+	h.settleRun(r, res)
 }
 
-// settle records the result by CAS on the run record (DESIGN.md §7,
-// Settlement 1); only the winner publishes notify and subagent/end.
-func (h *Host) settle(r *hostedRun, res protocol.SubagentResult) {
-	rec := protocol.RunRecord{
-		RunID: r.runID, ChildID: r.childID, ParentSession: r.req.Header.ParentSession, Provider: r.req.Provider,
-		Mode: protocol.ModeOneShot, Notify: r.req.Notify, NotifyJSON: r.req.NotifyJSON, State: protocol.RunSettled, Remote: r.remote,
-		Structured: r.req.Options.OutputSchema != "",
-		CreatedAt:  r.req.Header.CreatedAt, SettledAt: store.NowMs(), SettledBy: h.id, Result: &res,
-	}
-	var err error
-	for attempt := 1; attempt <= SettleAttemptsMax; attempt++ {
+// settleRun records the result by CAS on the run record at the claim's
+// revision, retrying transient failures (DESIGN.md §7, Settlement 1; settle
+// in claim.go); only the winner publishes notify and subagent/end, then
+// releases the lease. Until the settlement lands the lease stays: the run is
+// still this host's, and a coordinator settles it from the log if this host
+// goes away.
+func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult) {
+	rec := r.run
+	rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), h.id, &res
+	h.settle(rec, r.runRev, func() {
+		r.mu.Lock()
+		r.result = &res
+		leaseRev := r.leaseRev
+		r.mu.Unlock()
+		h.cfg.Metrics.RunSettled(rec.Provider, rec.Mode, res, time.Duration(rec.SettledAt-rec.CreatedAt)*time.Millisecond)
+		<-r.started
+		PublishSettled(h.st, rec, h.eventErr)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err = store.Update(ctx, h.st.Runs, r.runID, rec, uint64(r.req.RunRevision))
-		cancel()
-		if err == nil || errors.Is(err, store.ErrConflict) {
-			break
+		defer cancel()
+		if err := store.Delete(ctx, h.st.Agents, r.childID, leaseRev); err != nil {
+			h.log.Warn("could not release the lease", "session", r.childID, "err", err)
 		}
-		time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
-	}
-	if errors.Is(err, store.ErrConflict) {
-		h.log.Info("run already settled by another party; dropping this result", "run", r.runID)
-		return
-	}
-	if err != nil {
-		h.log.Error("could not settle run", "run", r.runID, "err", err)
-		return
-	}
-	r.mu.Lock()
-	r.result = &res
-	leaseRev := r.leaseRev
-	r.mu.Unlock()
-	h.cfg.Metrics.RunSettled(rec.Provider, rec.Mode, res, time.Duration(rec.SettledAt-rec.CreatedAt)*time.Millisecond)
-	PublishSettled(h.st, rec, h.eventErr)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := store.Delete(ctx, h.st.Agents, r.childID, leaseRev); err != nil {
-		h.log.Warn("could not release the lease", "session", r.childID, "err", err)
-	}
+	})
 }
 
 // PublishSettled emits subagent/end, then publishes the settled run to its
@@ -271,15 +275,21 @@ func PublishSettled(st *store.Store, rec protocol.RunRecord, onErr func(error)) 
 		ev.LastAssistantMessage = res.Output
 	}
 	st.PublishEvent(ev, onErr)
+	publishNotice(st, rec, onErr)
+}
+
+// publishNotice publishes a settled run's RunNotice to its notify subject,
+// in the encoding of the start request.
+func publishNotice(st *store.Store, rec protocol.RunRecord, onErr func(error)) {
 	if rec.Notify == "" {
 		return
 	}
 	enc := protocol.Msgpack
 	if rec.NotifyJSON {
-		enc = protocol.JSON // in the encoding of the start request
+		enc = protocol.JSON
 	}
 	data, err := protocol.Marshal(enc, protocol.RunNotice{
-		RunID: rec.RunID, ChildID: rec.ChildID, ParentSession: rec.ParentSession, Provider: rec.Provider, Result: res,
+		RunID: rec.RunID, ChildID: rec.ChildID, ParentSession: rec.ParentSession, Provider: rec.Provider, Result: *rec.Result,
 	})
 	if err == nil {
 		err = st.NC.PublishMsg(&nats.Msg{Subject: rec.Notify, Data: data, Header: nats.Header{

@@ -24,6 +24,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -37,7 +38,10 @@ import (
 type Options struct {
 	// Prefix is the deployment's subject prefix; default "brood".
 	Prefix string
-	// Timeout bounds each request whose context has no deadline (10 s).
+	// Timeout bounds each request whose context has no deadline
+	// (DefaultTimeout, 30 s): longer than a coordinator's whole budget for a
+	// request (20 s), so the client hears the coordinator's own answer. Each
+	// request tells the coordinator how long it waits (header Brood-Timeout).
 	Timeout time.Duration
 	// AwaitFallback is how long Run.Result waits for its notice before it
 	// asks runs.await instead (10 s).
@@ -90,7 +94,12 @@ func (c *Client) Close() {
 
 // Call sends a request to a coordinator endpoint (protocol.Ep*) and decodes
 // the reply into reply (nil to ignore it). ctx without a deadline gets
-// Options.Timeout. Errors are *protocol.Error (see Call at package level).
+// Options.Timeout. Errors are *protocol.Error (see Call at package level). No
+// responders (no coordinator is subscribed just now: they are reconnecting
+// after their NATS server went away, or none runs) means the request reached
+// nobody, so Call asks again, every noRespondersWait for up to
+// NoRespondersRetryMax (within ctx's deadline), for every endpoint; then it
+// answers UNAVAILABLE.
 func (c *Client) Call(ctx context.Context, endpoint string, req, reply any) error {
 	return c.callSubject(ctx, c.subj.Coord(endpoint), req, reply)
 }
@@ -101,8 +110,30 @@ func (c *Client) callSubject(ctx context.Context, subject string, req, reply any
 		ctx, cancel = context.WithTimeout(ctx, c.opts.Timeout)
 		defer cancel()
 	}
-	return Call(ctx, c.nc, subject, req, reply)
+	giveUp := time.Now().Add(NoRespondersRetryMax)
+	for {
+		err := Call(ctx, c.nc, subject, req, reply)
+		if !errors.Is(err, nats.ErrNoResponders) || time.Now().Add(noRespondersWait).After(giveUp) {
+			return err
+		}
+		t := time.NewTimer(noRespondersWait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }
+
+// NoRespondersRetryMax bounds how long Call keeps asking when no coordinator
+// is subscribed: long enough for coordinators to reconnect to another NATS
+// server, short enough that a deployment without one answers promptly.
+const NoRespondersRetryMax = 3 * time.Second
+
+// noRespondersWait is the pause before a request that reached no coordinator
+// is sent again.
+const noRespondersWait = 200 * time.Millisecond
 
 // callWaiting is Call for a request that may wait on the coordinator for
 // up to waitMs (a long poll): its deadline covers the wait plus Options.Timeout.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -13,8 +14,11 @@ import (
 	"github.com/brood-dev/brood/pkg/tracecontext"
 )
 
-// DefaultTimeout bounds a request whose context has no deadline (10 s).
-const DefaultTimeout = 10 * time.Second
+// DefaultTimeout bounds a request whose context has no deadline, and is
+// Options.Timeout's default (30 s): longer than a coordinator's whole budget
+// for a request without Brood-Timeout (20 s), so a caller hears the
+// coordinator's own answer (docs/protocol.md §2.4).
+const DefaultTimeout = 30 * time.Second
 
 // Call sends req (MessagePack) to subject as a NATS request and decodes the
 // reply into reply (which may be nil). It is the one request path of the
@@ -30,7 +34,9 @@ const DefaultTimeout = 10 * time.Second
 //   - a cancelled ctx is CANCELLED, with cause context.Canceled;
 //   - any other transport failure is UNAVAILABLE with that cause.
 //
-// ctx without a deadline gets DefaultTimeout.
+// ctx without a deadline gets DefaultTimeout. The request carries the time
+// left until ctx's deadline in the Brood-Timeout header, so the callee can
+// answer within it (docs/protocol.md §2.4).
 func Call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) error {
 	data, err := protocol.Marshal(protocol.Msgpack, req)
 	if err != nil {
@@ -43,6 +49,9 @@ func Call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) er
 	}
 	msg := nats.NewMsg(subject)
 	msg.Data = data
+	if d, ok := ctx.Deadline(); ok {
+		msg.Header.Set(protocol.HeaderTimeout, strconv.FormatInt(time.Until(d).Milliseconds(), 10))
+	}
 	// The request carries the W3C trace context of ctx (pkg/tracecontext).
 	ctx, span := tracecontext.StartClient(ctx, subject, msg.Header)
 	err = request(ctx, nc, msg, reply)

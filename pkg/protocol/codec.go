@@ -28,6 +28,11 @@ const (
 	ContentTypeMsgpack = "application/msgpack"
 	// HeaderMessageID carries an inbox item's messageId on BROOD_INBOX.
 	HeaderMessageID = "Brood-Message-Id"
+	// HeaderTimeout carries how long the caller waits for the reply, in
+	// milliseconds (decimal), measured when the request was sent: the
+	// coordinator answers within it (docs/protocol.md §2.4). Relative, so
+	// clocks need not agree.
+	HeaderTimeout = "Brood-Timeout"
 	// HeaderServiceError and HeaderServiceErrorCode are the micro error headers.
 	HeaderServiceError     = "Nats-Service-Error"
 	HeaderServiceErrorCode = "Nats-Service-Error-Code"

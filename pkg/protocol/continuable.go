@@ -253,14 +253,20 @@ type ChildIndexRecord struct {
 }
 
 // ActivateRequest asks a provider host to materialize an activation of a
-// continuable child (`provider.<name>.activate`): its first (Fresh: write the
+// continuable child (`provider.<name>.<hostId>.activate`): its first (Fresh: write the
 // descriptor after any seed) or a cold resume (read the log, fold the
 // descriptor). RunRevision is the brood_runs revision of the epoch's record.
+//
+// Run is the epoch's record as created at RunRevision, claimed by the host
+// before it writes anything else, and Deadline (epoch ms) when the
+// coordinator stops waiting, as in ProviderStartRequest.
 type ActivateRequest struct {
 	ChildID     string          `msgpack:"childId" json:"childId"`
 	Header      SessionHeader   `msgpack:"header" json:"header"`
 	RunID       string          `msgpack:"runId" json:"runId"`
 	RunRevision Seq             `msgpack:"runRevision" json:"runRevision"`
+	Run         RunRecord       `msgpack:"run" json:"run"`
+	Deadline    int64           `msgpack:"deadline" json:"deadline"`
 	Fresh       bool            `msgpack:"fresh,omitempty" json:"fresh,omitempty"`
 	Descriptor  *DescriptorData `msgpack:"descriptor,omitempty" json:"descriptor,omitempty"`
 	Owner       string          `msgpack:"owner,omitempty" json:"owner,omitempty"`

@@ -37,6 +37,7 @@ const (
 	CodeNotFound                 Code = "NOT_FOUND"
 	CodeUnavailable              Code = "UNAVAILABLE"
 	CodeInternal                 Code = "INTERNAL"
+	CodeNotPending               Code = "NOT_PENDING"
 	// CodePermissionDenied is made by a client or service itself when NATS
 	// refused its connection's user a publish or subscription (a
 	// permissions violation): the role it acts in lacks the right
@@ -80,6 +81,7 @@ var Catalogue = []CatalogueEntry{
 	{CodeNotFound, 1020, "{what} not found", "check the id"},
 	{CodeUnavailable, 1021, "{reason}", "retry later, or check that the coordinator, the workers and JetStream are running"},
 	{CodeInternal, 1022, "internal error: {reason}", "report this with the logs; the request may not have been completed"},
+	{CodeNotPending, 1023, "run {runId} is no longer waiting to start: {reason}", "another instance started it, or its requester gave up; nothing was done"},
 	{CodePermissionDenied, 1024, "permission denied: {reason}", "connect as a NATS user of the role this needs (docs/security.md lists each role and its rights); nothing was done"},
 }
 
@@ -251,5 +253,6 @@ var (
 	ErrNotFound                 = &Error{Code: CodeNotFound}
 	ErrUnavailable              = &Error{Code: CodeUnavailable}
 	ErrInternal                 = &Error{Code: CodeInternal}
+	ErrNotPending               = &Error{Code: CodeNotPending}
 	ErrPermissionDenied         = &Error{Code: CodePermissionDenied}
 )

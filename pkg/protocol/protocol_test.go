@@ -331,13 +331,13 @@ func bytesOf(b byte, n int) []byte { return bytes.Repeat([]byte{b}, n) }
 func TestSubjectsAndNames(t *testing.T) {
 	s := MustSubjects("")
 	tests := map[string]string{
-		s.Coord(EpRunsStart):                 "brood.v1.coord.runs.start",
-		s.Provider("spawn", OpProviderStart): "brood.v1.provider.spawn.start",
-		s.Host("H1", OpHostDispose):          "brood.v1.host.H1.dispose",
-		s.Log("S"):                           "brood.v1.log.S",
-		s.Events("P", EventKindEnd):          "brood.v1.events.P.end",
-		s.StreamLog():                        "BROOD_LOG",
-		s.BucketRuns():                       "brood_runs",
+		s.Coord(EpRunsStart): "brood.v1.coord.runs.start",
+		s.ProviderInstance("spawn", "H1", OpProviderStart): "brood.v1.provider.spawn.H1.start",
+		s.Host("H1", OpHostDispose):                        "brood.v1.host.H1.dispose",
+		s.Log("S"):                                         "brood.v1.log.S",
+		s.Events("P", EventKindEnd):                        "brood.v1.events.P.end",
+		s.StreamLog():                                      "BROOD_LOG",
+		s.BucketRuns():                                     "brood_runs",
 	}
 	for got, want := range tests {
 		if got != want {

@@ -89,12 +89,21 @@ type RunRecord struct {
 	Structured bool `msgpack:"structured,omitempty" json:"structured,omitempty"`
 	// Remote marks a run of a remote provider (ACP): no Brood agent of the
 	// host runs it, so its lifecycle events say local false.
-	Remote    bool            `msgpack:"remote,omitempty" json:"remote,omitempty"`
-	State     string          `msgpack:"state" json:"state"`
-	CreatedAt int64           `msgpack:"createdAt" json:"createdAt"`
-	SettledAt int64           `msgpack:"settledAt,omitempty" json:"settledAt,omitempty"`
-	SettledBy string          `msgpack:"settledBy,omitempty" json:"settledBy,omitempty"`
-	Result    *SubagentResult `msgpack:"result,omitempty" json:"result,omitempty"`
+	Remote    bool   `msgpack:"remote,omitempty" json:"remote,omitempty"`
+	State     string `msgpack:"state" json:"state"`
+	CreatedAt int64  `msgpack:"createdAt" json:"createdAt"`
+	// HostID and StartedAt are written by the host that claimed the run (a
+	// compare-and-set at the revision the coordinator created it at, before
+	// the host writes anything else): at most one host ever starts a run,
+	// and a coordinator that gave up on it fences every late host out.
+	HostID    string `msgpack:"hostId,omitempty" json:"hostId,omitempty"`
+	StartedAt int64  `msgpack:"startedAt,omitempty" json:"startedAt,omitempty"`
+	// NotStarted marks a run settled without its child ever being published
+	// (its result says why): it has no subagent/start and no subagent/end.
+	NotStarted bool            `msgpack:"notStarted,omitempty" json:"notStarted,omitempty"`
+	SettledAt  int64           `msgpack:"settledAt,omitempty" json:"settledAt,omitempty"`
+	SettledBy  string          `msgpack:"settledBy,omitempty" json:"settledBy,omitempty"`
+	Result     *SubagentResult `msgpack:"result,omitempty" json:"result,omitempty"`
 }
 
 // ResolvedOptions are the start options after the coordinator validated them,
@@ -106,9 +115,14 @@ type ResolvedOptions struct {
 	Label        string      `msgpack:"label,omitempty" json:"label,omitempty"`
 }
 
-// ProviderStartRequest is what a coordinator sends to `provider.<name>.start`
-// after it validated a runs.start and wrote the child's header and run record.
-// RunRevision is the brood_runs revision the settlement CAS must match.
+// ProviderStartRequest is what a coordinator sends to one provider instance,
+// `provider.<name>.<hostId>.start`, after it validated a runs.start and wrote
+// the child's header and run record. Run is that record as created, at
+// brood_runs revision RunRevision: the host claims it by writing it back
+// with its hostId at that revision, before anything else, and settles it
+// at the claim's revision. Deadline (epoch ms, the coordinator's clock) is
+// when the coordinator stops waiting: a host that receives the request later
+// drops it unanswered.
 type ProviderStartRequest struct {
 	RunID      string         `msgpack:"runId" json:"runId"`
 	Header     SessionHeader  `msgpack:"header" json:"header"`
@@ -120,6 +134,8 @@ type ProviderStartRequest struct {
 	// (PromptSource); absent means the user.
 	Source      *MessageSource  `msgpack:"source,omitempty" json:"source,omitempty"`
 	RunRevision Seq             `msgpack:"runRevision" json:"runRevision"`
+	Run         RunRecord       `msgpack:"run" json:"run"`
+	Deadline    int64           `msgpack:"deadline" json:"deadline"`
 	Options     ResolvedOptions `msgpack:"options" json:"options"`
 	Ancestry    []string        `msgpack:"ancestry,omitempty" json:"ancestry,omitempty"`
 }
@@ -139,10 +155,13 @@ type HostRunRequest struct {
 
 // ProviderPrepareRequest asks a provider that inherits parent context for a
 // child's creation spec before the child's header is written (seed:
-// prepareContinuable), served on `provider.<name>.prepare`.
+// prepareContinuable), served on `provider.<name>.<hostId>.prepare`.
+// Deadline is as in ProviderStartRequest.
 type ProviderPrepareRequest struct {
 	ParentSession string `msgpack:"parentSession" json:"parentSession"`
 	ChildID       string `msgpack:"childId" json:"childId"`
+	Provider      string `msgpack:"provider,omitempty" json:"provider,omitempty"`
+	Deadline      int64  `msgpack:"deadline,omitempty" json:"deadline,omitempty"`
 }
 
 // ProviderPrepareReply is the provider's creation spec: how many leading

@@ -35,8 +35,12 @@ const (
 	EpAuthorityUser        = "authority.user"
 )
 
-// Provider operations, served by each provider worker on
-// `<prefix>.v1.provider.<name>.<op>` in the queue group ProviderQueue.
+// Provider operations, served by each instance of a provider on its own
+// subject `<prefix>.v1.provider.<name>.<hostId>.<op>` (in the queue group
+// ProviderQueue, of which it is the one member): the coordinator picks a live
+// instance and moves to another when one does not answer in time, which a
+// queue group shared by every instance could not do (it keeps delivering to
+// a paused member).
 const (
 	OpProviderStart   = "start"
 	OpProviderPrepare = "prepare"
@@ -131,9 +135,10 @@ func (s Subjects) FollowCredit(coordinatorID string) string {
 // CoordGroup is the subject group of all coordinator endpoints.
 func (s Subjects) CoordGroup() string { return s.root() + ".coord" }
 
-// Provider is the subject of a provider operation, e.g. brood.v1.provider.spawn.start.
-func (s Subjects) Provider(name, op string) string {
-	return s.root() + ".provider." + name + "." + op
+// ProviderInstance is the subject of an operation of one instance (host) of a
+// provider, e.g. brood.v1.provider.spawn.<hostId>.start.
+func (s Subjects) ProviderInstance(name, hostID, op string) string {
+	return s.root() + ".provider." + name + "." + hostID + "." + op
 }
 
 // ProviderGroup is the subject group of one provider's operations.

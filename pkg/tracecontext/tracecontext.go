@@ -94,8 +94,9 @@ const (
 
 // SpanName is the name of a request's spans: low-cardinality, from the
 // subject after the version token (`<prefix>.v1.<kind>.<rest>`): "coord
-// runs.start", "provider spawn.start", "host dispose" (the host id left
-// out); any other subject is "nats request".
+// runs.start", "provider spawn.start" (from a provider instance's subject
+// `provider.spawn.<hostId>.start`, the host id left out), "host dispose"
+// (the host id left out); any other subject is "nats request".
 func SpanName(subject string) string {
 	toks := strings.Split(subject, ".")
 	for i := 0; i+2 < len(toks); i++ {
@@ -103,7 +104,12 @@ func SpanName(subject string) string {
 			continue
 		}
 		switch kind, rest := toks[i+1], toks[i+2:]; kind {
-		case "coord", "provider":
+		case "coord":
+			return kind + " " + strings.Join(rest, ".")
+		case "provider":
+			if len(rest) == 3 { // <name>.<hostId>.<op>
+				rest = []string{rest[0], rest[2]}
+			}
 			return kind + " " + strings.Join(rest, ".")
 		case "host":
 			if len(rest) >= 2 {

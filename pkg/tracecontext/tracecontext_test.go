@@ -15,6 +15,7 @@ func TestSpanName(t *testing.T) {
 		{"brood.v1.coord.runs.start", "coord runs.start"},
 		{"acme.v1.coord.continuable.followup", "coord continuable.followup"},
 		{"brood.v1.provider.spawn.start", "provider spawn.start"},
+		{"brood.v1.provider.spawn.01HOSTID.start", "provider spawn.start"},
 		{"brood.v1.host.01HOSTID.dispose", "host dispose"},
 		{"brood.v1.host.01HOSTID", "nats request"},
 		{"_INBOX.abc.brood.x", "nats request"},

@@ -267,18 +267,29 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 		return protocol.ActivateReply{}, protocol.Errorf(protocol.CodeUnavailable, "record the epoch: %v", err)
 	}
 	c.cfg.Metrics.RunStarted(rec.Provider, rec.Mode)
-	pctx, cancel := untilDeadline(ctx, c.cfg.ProviderStartTimeout)
-	defer cancel()
-	var reply protocol.ActivateReply
-	err = rpc.Call(pctx, c.cfg.NC, c.subj.Provider(desc.Provider, protocol.OpProviderActivate), protocol.ActivateRequest{
-		ChildID: header.ID, Header: header, RunID: runID, RunRevision: protocol.Seq(rev), Fresh: fresh,
+	req := protocol.ActivateRequest{
+		ChildID: header.ID, Header: header, RunID: runID, RunRevision: protocol.Seq(rev), Run: rec, Fresh: fresh,
 		Descriptor: &desc, Owner: owner, Ancestry: ancestry,
-	}, &reply)
-	if err != nil {
-		c.failRun(context.WithoutCancel(ctx), rec, rev, err)
-		return reply, err
 	}
-	return reply, nil
+	var reply protocol.ActivateReply
+	dctx, cancel := reserve(ctx)
+	_, err = c.dispatch(dctx, desc.Provider, protocol.OpProviderActivate, func(deadline int64) any {
+		req.Deadline = deadline
+		return req
+	}, &reply)
+	cancel()
+	if err != nil && (errors.Is(err, protocol.ErrNotPending) || c.failRun(ctx, rec, rev, err)) {
+		// An instance claimed the epoch (one whose answer we did not wait
+		// for): it is resident there, or was settled never started.
+		if err = c.claimedRun(ctx, rec, rev, err); err == nil {
+			run, rerr := store.GetLatest[protocol.RunRecord](context.WithoutCancel(ctx), c.st.Runs, runID)
+			if rerr != nil {
+				return reply, protocol.Errorf(protocol.CodeUnavailable, "read the epoch %s: %v", runID, rerr)
+			}
+			return protocol.ActivateReply{HostID: run.Value.HostID, RunID: runID}, nil
+		}
+	}
+	return reply, err
 }
 
 // disposeActivation asks a host to end an activation's epoch and waits for it.

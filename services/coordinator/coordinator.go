@@ -46,8 +46,18 @@ type Config struct {
 	PromptBytesMax int
 	// LiveChildrenMax bounds the live children of one parent (64).
 	LiveChildrenMax int
-	// ProviderStartTimeout bounds the provider's answer to a start (10 s).
-	ProviderStartTimeout time.Duration
+	// ProviderAttemptTimeout bounds one attempt of a provider start, prepare
+	// or activate at one instance (4 s): an instance that does not answer in
+	// time is suspected and the request goes to another live instance
+	// (dispatch.go).
+	ProviderAttemptTimeout time.Duration
+	// RequestBudget is this replica's whole budget for one request whose
+	// caller did not send how long it waits (header Brood-Timeout) (20 s):
+	// below every client's default timeout (30 s), so a client hears the
+	// coordinator's own answer. A request that says how long its caller
+	// waits gets that, less replyMargin. Endpoints that wait by design keep
+	// their own bounds (ownBound; docs/protocol.md §2.4).
+	RequestBudget time.Duration
 	// RunAwaitWaitMax caps runs.await's waitMs (60 s).
 	RunAwaitWaitMax time.Duration
 	// RequestsInFlightMax bounds concurrently handled requests (1024).
@@ -96,8 +106,11 @@ func (c *Config) defaults() {
 	if c.LiveChildrenMax <= 0 {
 		c.LiveChildrenMax = 64
 	}
-	if c.ProviderStartTimeout <= 0 {
-		c.ProviderStartTimeout = 10 * time.Second
+	if c.ProviderAttemptTimeout <= 0 {
+		c.ProviderAttemptTimeout = DefaultProviderAttemptTimeout
+	}
+	if c.RequestBudget <= 0 {
+		c.RequestBudget = DefaultRequestBudget
 	}
 	if c.RunAwaitWaitMax <= 0 {
 		c.RunAwaitWaitMax = 60 * time.Second
@@ -142,11 +155,12 @@ type Coordinator struct {
 
 	hostsWatch, agentsWatch *kvWatch
 
-	mu      sync.Mutex
-	working map[string]bool // sessions with a takeover or disposal in progress
-	slots   slotCache       // what this replica knows of the parents' slot records (slots.go)
-	ready   chan struct{}
-	kick    chan struct{} // runs the liveness sweep now (a drain was lifted)
+	mu        sync.Mutex
+	working   map[string]bool // sessions with a takeover or disposal in progress
+	slots     slotCache       // what this replica knows of the parents' slot records (slots.go)
+	suspected suspects        // provider instances that let an attempt time out
+	ready     chan struct{}
+	kick      chan struct{} // runs the liveness sweep now (a drain was lifted)
 }
 
 // Ready is closed once the replica serves its endpoints.
@@ -255,7 +269,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}
 	for _, ep := range c.endpoints() {
 		name := strings.ReplaceAll(ep.subject, ".", "_")
-		if err := svc.AddEndpoint(name, c.subj.CoordGroup()+"."+ep.subject, c.instrument(ep)); err != nil {
+		if err := svc.AddEndpoint(name, c.subj.CoordGroup()+"."+ep.subject, c.budgeted(ep.subject, c.instrument(ep))); err != nil {
 			stopServing()
 			return fmt.Errorf("coordinator: endpoint %s: %w", ep.subject, err)
 		}

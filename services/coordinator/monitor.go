@@ -447,9 +447,9 @@ func (c *Coordinator) liveness(ctx context.Context) {
 }
 
 // resumeTimeout bounds one cold resume: the reads it needs and the
-// provider's answer to activate.
+// attempts at the provider's instances to activate it (a request's budget).
 func (c *Coordinator) resumeTimeout() time.Duration {
-	return c.cfg.ProviderStartTimeout + 10*time.Second
+	return c.cfg.RequestBudget + 10*time.Second
 }
 
 // resumePending cold-resumes a child with pending inbox items and no live

@@ -195,8 +195,3 @@ func parallel(fns ...func() error) error {
 	}
 	return first
 }
-
-// untilDeadline returns a context bounded by d.
-func untilDeadline(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, d)
-}

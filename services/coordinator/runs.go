@@ -40,14 +40,16 @@ func (c *Coordinator) admit(ctx context.Context, providerName string, parent pro
 	return c.admitWith(ctx, desc, parent, prompt, o)
 }
 
-// lookupProvider resolves a provider name to its live descriptor (NO_PROVIDER).
+// lookupProvider resolves a provider name to its live descriptor:
+// NO_PROVIDER when no host ever registered it (or every one stopped),
+// UNAVAILABLE while its registered instances are all silent (dispatch.go).
 func (c *Coordinator) lookupProvider(name string) (protocol.ProviderDescriptor, error) {
 	if name == "" {
 		return protocol.ProviderDescriptor{}, protocol.Errorf(protocol.CodeInvalidArgument, "provider is required")
 	}
 	desc, ok := c.reg.provider(name)
 	if !ok {
-		return desc, protocol.NewError(protocol.CodeNoProvider, map[string]any{"provider": name})
+		return desc, c.noInstance(name)
 	}
 	return desc, nil
 }
@@ -234,15 +236,22 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 		ChildID: childID, CreatedAt: now, Mode: protocol.ModeOneShot, Provider: a.desc.Name,
 	}, func(err error) { c.log.Warn("child index entry not written", "child", childID, "err", err) })
 	c.headers.add(header)
-	pctx, cancel := untilDeadline(ctx, c.cfg.ProviderStartTimeout)
-	defer cancel()
-	var reply protocol.ProviderStartReply
-	err = rpc.Call(pctx, c.cfg.NC, c.subj.Provider(a.desc.Name, protocol.OpProviderStart), protocol.ProviderStartRequest{
-		RunID: runID, Header: header, Provider: a.desc.Name, Prompt: r.Prompt, Notify: r.Notify, NotifyJSON: req.Encoding == protocol.JSON, Source: ptrTo(protocol.PromptSource(a.pheader)),
-		RunRevision: protocol.Seq(runRev), Options: a.options, Ancestry: ancestry(a),
-	}, &reply)
+	start := protocol.ProviderStartRequest{
+		RunID: runID, Header: header, Provider: a.desc.Name, Prompt: r.Prompt, Notify: r.Notify, NotifyJSON: req.Encoding == protocol.JSON,
+		Source: ptrTo(protocol.PromptSource(a.pheader)), RunRevision: protocol.Seq(runRev), Run: rec, Options: a.options, Ancestry: ancestry(a),
+	}
+	dctx, cancel := reserve(ctx)
+	_, err = c.dispatch(dctx, a.desc.Name, protocol.OpProviderStart, func(deadline int64) any {
+		start.Deadline = deadline
+		return start
+	}, &protocol.ProviderStartReply{})
+	cancel()
+	if err != nil && (errors.Is(err, protocol.ErrNotPending) || c.failRun(ctx, rec, runRev, err)) {
+		// An instance claimed the run (one whose answer we did not wait
+		// for): it started the child, or settled it never started.
+		err = c.claimedRun(ctx, rec, runRev, err)
+	}
 	if err != nil {
-		c.failRun(context.WithoutCancel(ctx), rec, runRev, err)
 		release()
 		return nil, err
 	}
@@ -250,8 +259,38 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	return protocol.RunStartReply{RunID: runID, ChildID: childID}, nil
 }
 
-// failRun settles a run whose child was never published, so nobody waits on it.
-func (c *Coordinator) failRun(ctx context.Context, rec protocol.RunRecord, rev uint64, cause error) {
+// claimedRun tells what became of a run whose record changed under the
+// coordinator (read from the leader): nil when an instance started (or is
+// starting) the child, else the error the run was settled with never
+// started. A record still unclaimed means the change was not a claim: the
+// run is settled never started with cause, and cause is returned.
+func (c *Coordinator) claimedRun(ctx context.Context, rec protocol.RunRecord, rev uint64, cause error) error {
+	for attempt := 0; attempt < claimReadsMax; attempt++ {
+		run, err := store.GetLatest[protocol.RunRecord](context.WithoutCancel(ctx), c.st.Runs, rec.RunID)
+		switch {
+		case err != nil:
+			return protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", rec.RunID, err)
+		case run.Value.NotStarted && run.Value.Result != nil:
+			return protocol.Errorf(run.Value.Result.ErrorCode, "%s", run.Value.Result.Diagnostic)
+		case run.Value.State == protocol.RunSettled || run.Value.HostID != "":
+			return nil
+		}
+		if !c.failRun(ctx, rec, rev, cause) {
+			return cause
+		}
+	}
+	return cause
+}
+
+// claimReadsMax bounds the reads of a run record whose state keeps changing.
+const claimReadsMax = 3
+
+// failRun settles a run that no instance took, so nobody waits on it and no
+// instance starts it late (the CAS at the creation revision fences every
+// claim out). It reports true when an instance claimed the run first: then
+// the run is that instance's, and the start succeeded after all. The write
+// gets what is left of ctx's budget, then goes on in the background.
+func (c *Coordinator) failRun(ctx context.Context, rec protocol.RunRecord, rev uint64, cause error) bool {
 	pe := protocol.AsError(cause)
 	rec.State = protocol.RunSettled
 	rec.SettledAt = store.NowMs()
@@ -260,11 +299,32 @@ func (c *Coordinator) failRun(ctx context.Context, rec protocol.RunRecord, rev u
 		Output: []protocol.ContentBlock{}, StopReason: protocol.StopError, ErrorCode: pe.Code,
 		Diagnostic: protocol.TruncateDiagnostic("the child was never started: " + pe.Error()),
 	}
-	if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, rev); err != nil {
-		c.log.Warn("could not settle a run that failed to start", "run", rec.RunID, "err", err)
-		return
+	rec.NotStarted = true
+	settle := func(ctx context.Context) (bool, error) {
+		_, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, rev)
+		if errors.Is(err, store.ErrConflict) {
+			return true, nil
+		}
+		return false, err
 	}
-	c.settled(rec)
+	claimed, err := settle(ctx)
+	if err == nil {
+		if !claimed {
+			c.settled(rec)
+		}
+		return claimed
+	}
+	// Out of budget: answer now, keep settling (the fence) in the background.
+	go func() {
+		bctx, cancel := context.WithTimeout(context.Background(), worker.SettleBudget)
+		defer cancel()
+		if claimed, err := settle(bctx); err != nil {
+			c.log.Error("could not settle a run that failed to start; it stays running", "run", rec.RunID, "err", err)
+		} else if !claimed {
+			c.settled(rec)
+		}
+	}()
+	return false
 }
 
 // settled counts a settlement this replica won (brood_runs_settled_total and
@@ -421,14 +481,15 @@ func (c *Coordinator) disposeRun(ctx context.Context, rec protocol.RunRecord, ca
 	return c.waitSettled(ctx, rec.RunID, c.disposeWait())
 }
 
-// prepare asks a provider that inherits parent context for the child's
-// creation spec: the length of the seed its header records.
+// prepare asks a live instance of a provider that inherits parent context
+// for the child's creation spec: the length of the seed its header records.
 func (c *Coordinator) prepare(ctx context.Context, provider, parent, childID string) (int64, error) {
-	pctx, cancel := untilDeadline(ctx, c.cfg.ProviderStartTimeout)
-	defer cancel()
+	req := protocol.ProviderPrepareRequest{ParentSession: parent, ChildID: childID, Provider: provider}
 	var reply protocol.ProviderPrepareReply
-	if err := rpc.Call(pctx, c.cfg.NC, c.subj.Provider(provider, protocol.OpProviderPrepare),
-		protocol.ProviderPrepareRequest{ParentSession: parent, ChildID: childID}, &reply); err != nil {
+	if _, err := c.dispatch(ctx, provider, protocol.OpProviderPrepare, func(deadline int64) any {
+		req.Deadline = deadline
+		return req
+	}, &reply); err != nil {
 		return 0, err
 	}
 	if reply.SeedLength < 0 {

@@ -45,9 +45,11 @@ type childSlot struct {
 	ReservedAt int64  `msgpack:"reservedAt"`
 }
 
-// slotGrace is how long a slot counts without a live lease behind it.
+// slotGrace is how long a slot counts without a live lease behind it: a
+// start's whole budget (its attempts at the provider's instances) and two
+// host expiries for the child's lease to be seen.
 func (c *Coordinator) slotGrace() int64 {
-	return (c.cfg.ProviderStartTimeout + 2*c.cfg.HostExpiry).Milliseconds()
+	return (c.cfg.RequestBudget + 2*c.cfg.HostExpiry).Milliseconds()
 }
 
 // reserveChild takes a live-children slot of parent for child, or refuses

@@ -5,6 +5,7 @@
 import { decode, encode } from "@msgpack/msgpack";
 import {
   createInbox,
+  headers,
   NoRespondersError,
   nuid,
   RequestError,
@@ -67,7 +68,12 @@ import {
 export interface ClientOptions {
   /** The deployment's subject prefix (default "brood"). */
   prefix?: string;
-  /** Bound of each request (default 10 000 ms). */
+  /**
+   * Bound of each request (default 30 000 ms: longer than a coordinator's
+   * whole budget of 20 s, so the client hears the coordinator's own answer;
+   * each request tells the coordinator how long it waits, header
+   * Brood-Timeout, docs/protocol.md §2.4).
+   */
   timeoutMs?: number;
   /** How long Run.result waits for its notice before asking runs.await (default 10 000 ms). */
   awaitFallbackMs?: number;
@@ -177,7 +183,7 @@ export class Client {
     }
     this.nc = nc;
     this.prefix = prefix;
-    this.timeoutMs = opts.timeoutMs ?? 10_000;
+    this.timeoutMs = opts.timeoutMs ?? 30_000;
     this.awaitFallbackMs = opts.awaitFallbackMs ?? 10_000;
     const fromConn = (nc as { options?: { inboxPrefix?: string } }).options?.inboxPrefix;
     this.inboxPrefix = opts.inboxPrefix ?? fromConn ?? "_INBOX";
@@ -202,8 +208,11 @@ export class Client {
   async callSubject<T>(subject: string, body: unknown, opts: CallOptions = {}): Promise<T> {
     if (opts.signal?.aborted) throw cancelled(`request to ${subject}`, opts.signal);
     let m: Msg;
+    const timeout = opts.timeoutMs ?? this.timeoutMs;
+    const h = headers();
+    h.set("Brood-Timeout", String(timeout));
     try {
-      m = await abortable(this.nc.request(subject, encodeBody(body), { timeout: opts.timeoutMs ?? this.timeoutMs }), opts.signal, `request to ${subject}`);
+      m = await abortable(this.nc.request(subject, encodeBody(body), { timeout, headers: h }), opts.signal, `request to ${subject}`);
     } catch (err) {
       if (err instanceof CancelledError) throw err;
       throw transportError(subject, err);

@@ -30,6 +30,7 @@ export const Catalogue = {
   NOT_FOUND: 1020,
   UNAVAILABLE: 1021,
   INTERNAL: 1022,
+  NOT_PENDING: 1023,
   PERMISSION_DENIED: 1024,
 } as const;
 
@@ -75,6 +76,7 @@ export class HostLostError extends BroodError {}
 export class NotFoundError extends BroodError {}
 export class UnavailableError extends BroodError {}
 export class InternalError extends BroodError {}
+export class NotPendingError extends BroodError {}
 export class PermissionDeniedError extends BroodError {}
 
 type ErrorClass = new (code: string, message: string, details?: Record<string, unknown>, options?: ErrorOptions) => BroodError;
@@ -103,6 +105,7 @@ export const ErrorClasses: Record<Code, ErrorClass> = {
   NOT_FOUND: NotFoundError,
   UNAVAILABLE: UnavailableError,
   INTERNAL: InternalError,
+  NOT_PENDING: NotPendingError,
   PERMISSION_DENIED: PermissionDeniedError,
 };
 

@@ -1,0 +1,210 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Stale requests and the claim (DESIGN.md §14: work whose requester gave up
+// is dropped without writing anything).
+//
+// A start or an activation carries the coordinator's deadline, and the run
+// record the coordinator created for it with that record's revision. Before
+// it writes or emits anything, the host
+//
+//  1. drops the request when its deadline passed (the coordinator stopped
+//     waiting: it may have given the run to another instance, or settled it
+//     as never started), and
+//  2. claims the run: a compare-and-set of the run record, at the revision
+//     the coordinator created it at, to the same record naming this host.
+//
+// Exactly one party changes a record at a revision, so at most one host
+// starts a run, and a coordinator that gave up on a run (settling it at that
+// revision) fences out every host that would start it late: the claim fails
+// with NOT_PENDING and the host drops the request. From the claim on, the
+// run is this host's: a failure later settles it (never started) itself.
+
+// ClaimBudgetMax bounds the claim of a request whose deadline (by this host's
+// clock) is further away than that.
+const ClaimBudgetMax = 30 * time.Second
+
+// withDeadline bounds ctx by a request's deadline (epoch ms), or returns
+// UNAVAILABLE when the deadline already passed: the requester stopped
+// waiting (or this host's clock is ahead of it), and nothing is done.
+func (h *Host) withDeadline(ctx context.Context, deadlineMs int64, what, id string) (context.Context, context.CancelFunc, error) {
+	if deadlineMs <= 0 {
+		c, cancel := context.WithTimeout(ctx, ClaimBudgetMax)
+		return c, cancel, nil
+	}
+	left := time.Until(time.UnixMilli(deadlineMs))
+	if left <= 0 {
+		h.log.Warn("dropping a request that arrived after its deadline (was this process paused? are clocks in sync?)",
+			"op", what, "id", id, "late", (-left).String())
+		return nil, nil, protocol.Errorf(protocol.CodeUnavailable, "host %s received the %s of %s %s after its deadline and dropped it",
+			h.id, what, id, (-left).Round(time.Millisecond))
+	}
+	c, cancel := context.WithTimeout(ctx, min(left, ClaimBudgetMax))
+	return c, cancel, nil
+}
+
+// claim fences a start or an activation (see above): it writes run, which
+// must be the record the coordinator created at rev, back with this host's
+// id, and returns the claimed record and its revision. NOT_PENDING: another
+// party changed the record first; UNAVAILABLE: JetStream did not take the
+// write within ctx's deadline. Nothing else is written either way.
+func (h *Host) claim(ctx context.Context, run protocol.RunRecord, rev uint64, childID string) (protocol.RunRecord, uint64, error) {
+	if run.ChildID != childID || run.State != protocol.RunRunning || rev == 0 {
+		return run, 0, protocol.Errorf(protocol.CodeInvalidArgument, "run must be the running record of child %s at its revision", childID)
+	}
+	run.HostID, run.StartedAt = h.id, store.NowMs()
+	nrev, err := store.Update(ctx, h.st.Runs, run.RunID, run, rev)
+	switch {
+	case errors.Is(err, store.ErrConflict):
+		return run, 0, protocol.NewError(protocol.CodeNotPending, map[string]any{
+			"runId": run.RunID, "reason": "its record changed since the coordinator created it (another instance started it, or it was settled)"})
+	case err != nil:
+		return run, 0, protocol.Errorf(protocol.CodeUnavailable, "claim run %s: %v", run.RunID, err)
+	}
+	return run, nrev, nil
+}
+
+// SettleBudget bounds the settlement of a run or epoch through transient
+// JetStream failures (a leader election, a reconnect); a lost CAS is final.
+const SettleBudget = 60 * time.Second
+
+// settleRecord settles a claimed run record by CAS at rev within
+// SettleBudget. It reports whether this host won; false with a nil error
+// when another party settled first.
+func (h *Host) settleRecord(rec protocol.RunRecord, rev uint64) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), SettleBudget)
+	defer cancel()
+	return settleAt(ctx, h.st, rec, rev)
+}
+
+func settleAt(ctx context.Context, st *store.Store, rec protocol.RunRecord, rev uint64) (bool, error) {
+	_, err := store.Update(ctx, st.Runs, rec.RunID, rec, rev)
+	if errors.Is(err, store.ErrConflict) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// settle settles rec at rev and, if this host won, calls won (which
+// publishes). When SettleBudget runs out (JetStream took no write for that
+// long), the settlement waits in h.unsettled and is tried again after each
+// heartbeat JetStream acknowledges, so no record this host owns stays
+// running once JetStream is back; meanwhile its lease stays held.
+func (h *Host) settle(rec protocol.RunRecord, rev uint64, won func()) {
+	ok, err := h.settleRecord(rec, rev)
+	switch {
+	case err != nil:
+		h.log.Error("could not settle; retrying after each heartbeat JetStream takes", "run", rec.RunID, "err", err)
+		h.unsettled.add(rec.RunID, func(ctx context.Context) bool {
+			ok, err := settleAt(ctx, h.st, rec, rev)
+			if err != nil {
+				return false
+			}
+			if ok {
+				won()
+			} else {
+				h.log.Info("settled by another party meanwhile; dropping this result", "run", rec.RunID)
+			}
+			return true
+		})
+	case ok:
+		won()
+	default:
+		h.log.Info("already settled by another party; dropping this result", "run", rec.RunID)
+	}
+}
+
+// UnsettledMax bounds the settlements a host keeps retrying; beyond it the
+// oldest is given up (its lease stays held; a coordinator settles it from the
+// log when the host goes away).
+const UnsettledMax = 10000
+
+// unsettled holds settlements whose budget ran out, by run id.
+type unsettled struct {
+	mu      sync.Mutex
+	pending map[string]func(ctx context.Context) bool
+	order   []string
+	busy    bool
+}
+
+func (u *unsettled) add(runID string, try func(ctx context.Context) bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.pending == nil {
+		u.pending = map[string]func(ctx context.Context) bool{}
+	}
+	if len(u.order) >= UnsettledMax {
+		delete(u.pending, u.order[0])
+		u.order = u.order[1:]
+	}
+	u.pending[runID] = try
+	u.order = append(u.order, runID)
+}
+
+// retry tries every waiting settlement once, in the background, unless a
+// round is under way; the ones that landed (or lost) leave.
+func (u *unsettled) retry(log *slog.Logger) {
+	u.mu.Lock()
+	if u.busy || len(u.order) == 0 {
+		u.mu.Unlock()
+		return
+	}
+	u.busy = true
+	ids := append([]string(nil), u.order...)
+	u.mu.Unlock()
+	go func() {
+		for _, id := range ids {
+			u.mu.Lock()
+			try := u.pending[id]
+			u.mu.Unlock()
+			if try == nil {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), SettleBudget)
+			done := try(ctx)
+			cancel()
+			if !done {
+				break // JetStream refuses again: wait for the next heartbeat
+			}
+			log.Info("a settlement that had run out of budget landed", "run", id)
+			u.mu.Lock()
+			delete(u.pending, id)
+			for i, o := range u.order {
+				if o == id {
+					u.order = append(u.order[:i], u.order[i+1:]...)
+					break
+				}
+			}
+			u.mu.Unlock()
+		}
+		u.mu.Lock()
+		u.busy = false
+		u.mu.Unlock()
+	}()
+}
+
+// abandon settles a claimed run that never started (a failure after the
+// claim, before the child was published): stop reason error with cause's
+// code, no subagent/start and so no subagent/end; a one-shot run's notify
+// subject hears the result, since its coordinator may already have answered
+// the start. It returns cause.
+func (h *Host) abandon(run protocol.RunRecord, rev uint64, cause error) error {
+	pe := protocol.AsError(cause)
+	run.State, run.SettledAt, run.SettledBy, run.NotStarted = protocol.RunSettled, store.NowMs(), h.id, true
+	run.Result = &protocol.SubagentResult{
+		Output: []protocol.ContentBlock{}, StopReason: protocol.StopError, ErrorCode: pe.Code,
+		Diagnostic: protocol.TruncateDiagnostic("the child was never started: " + pe.Error()),
+	}
+	h.settle(run, rev, func() { publishNotice(h.st, run, h.eventErr) })
+	return cause
+}
