@@ -399,12 +399,28 @@ type agentIndex struct {
 	mu     sync.Mutex
 	byID   map[string]*leaseState
 	drains map[string]protocol.DrainRecord
-	clock  func() time.Duration // the registry's observed clock
-	log    *slog.Logger
+	// ended holds the sessions whose lease this replica saw and then saw
+	// deleted (a run settled, an epoch ended), until a lease of theirs
+	// appears again: their live-children slot is free at once (slots.go).
+	ended map[string]bool
+	clock func() time.Duration // the registry's observed clock
+	log   *slog.Logger
 }
 
+// endedMax bounds agentIndex.ended; past it the set starts over, which only
+// lets the slots of the forgotten sessions wait out their grace.
+const endedMax = 100_000
+
 func newAgentIndex(clock func() time.Duration, log *slog.Logger) *agentIndex {
-	return &agentIndex{byID: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{}, clock: clock, log: log}
+	return &agentIndex{byID: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{}, ended: map[string]bool{}, clock: clock, log: log}
+}
+
+// hasEnded reports whether session id's lease was seen and then deleted,
+// with no lease since.
+func (a *agentIndex) hasEnded(id string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.ended[id]
 }
 
 // Keys of brood_agents other than leases (which are bare session ids).
@@ -439,14 +455,19 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
 		l.firstSeen, l.firstObs = old.firstSeen, old.firstObs
 	}
 	a.byID[key] = l
+	delete(a.ended, key)
 }
 
 func (a *agentIndex) del(key string) {
 	a.mu.Lock()
 	if strings.HasPrefix(key, keyDrain) {
 		delete(a.drains, strings.TrimPrefix(key, keyDrain))
-	} else {
+	} else if _, ok := a.byID[key]; ok {
 		delete(a.byID, key)
+		if len(a.ended) >= endedMax {
+			a.ended = map[string]bool{}
+		}
+		a.ended[key] = true
 	}
 	a.mu.Unlock()
 }

@@ -297,6 +297,33 @@ func TestLiveChildrenPerParentAreBounded(t *testing.T) {
 	}, "a third live child is refused with LIMIT_EXCEEDED")
 }
 
+// TestEndedChildrenFreeTheirSlots: a parent that delegates short runs one
+// after another is never refused for children that already ended: a
+// child's live-children slot is freed once its lease came and went, not
+// only after the slot's grace (which spans a start's whole budget).
+func TestEndedChildrenFreeTheirSlots(t *testing.T) {
+	const limit = 2
+	s := testutil.NewStack(t)
+	for i := 0; i < 2; i++ {
+		s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = limit })
+	}
+	s.AddSpawnWorker()
+	root := s.Root()
+	for i := 0; i < 4*limit; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
+		if err != nil {
+			cancel()
+			t.Fatalf("run %d of a parent whose earlier children all ended: %v", i, err)
+		}
+		if _, err := run.Result(ctx); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		cancel()
+	}
+}
+
 // TestLiveChildrenLimitHoldsForConcurrentStarts: a burst of starts for one
 // parent, one-shot and continuable, spread over two coordinator replicas,
 // admits no more than the limit (chaos seed 1 found 11 live children of a

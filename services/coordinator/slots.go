@@ -24,7 +24,10 @@ import (
 // A slot is released lazily: the next admission drops every slot whose
 // child has no live lease once slotGrace has passed since it was taken (the
 // time a start needs to reach its provider and for the child's lease to be
-// seen), and a start that fails releases its slot at once. Children made
+// seen), or at once when this replica saw the child's lease come and go (the
+// child ended: a parent delegating many short runs one after another is not
+// refused for children long settled), and a start that fails releases its
+// slot at once. Children made
 // live again by a cold resume take no slot: an accepted message is never
 // refused, but they count against the parent's next admission.
 
@@ -81,7 +84,7 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child string) er
 			case s.ChildID == child:
 				held = true
 				kept = append(kept, childSlot{ChildID: child, ReservedAt: now})
-			case live[s.ChildID] || now-s.ReservedAt < c.slotGrace():
+			case live[s.ChildID] || (now-s.ReservedAt < c.slotGrace() && !c.agents.hasEnded(s.ChildID)):
 				kept = append(kept, s)
 			}
 		}
