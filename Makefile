@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/brood
 PKGS    := ./...
 
-.PHONY: all build run test test-short bench chaos fuzz vet fmt clean acp-deps ts-deps ts-test ui-deps ui-screenshot
+.PHONY: all build run test test-short bench chaos chaos-seams fuzz vet fmt clean acp-deps ts-deps ts-test ui-deps ui-screenshot
 
 all: build
 
@@ -42,7 +42,7 @@ bench:
 CHAOS_SEEDS    ?= 1,2,3,4
 CHAOS_DURATION ?= 3m
 CHAOS_ARGS     ?=
-chaos:
+chaos: chaos-seams
 	$(GO) test -count=1 -timeout 60m -run '^TestChaos$$' -v ./pkg/chaos/ -args -chaos -chaos.race \
 		-chaos.seeds=$(CHAOS_SEEDS) -chaos.duration=$(CHAOS_DURATION) $(CHAOS_ARGS)
 
@@ -66,6 +66,13 @@ fuzz:
 			$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $(FUZZ_ARGS) $$dir; \
 		done; \
 	done
+
+# The seam tests of issue 16, repeated: paused and stale workers (real brood
+# processes, SIGSTOP/SIGCONT), leader elections on the 3-node cluster of
+# deploy/ (in process, every stream R3). About 10 minutes.
+chaos-seams: acp-deps
+	$(GO) test -race -count=5 -timeout 30m -run 'TestPausedWorker|TestStaleStart|TestSilentProvider|TestWorkerPaused|TestKilled' ./integration/
+	$(GO) test -race -count=5 -timeout 30m -run 'TestLeaderElectionsAreNotFailures' ./deploy/
 
 fmt:
 	gofmt -w .

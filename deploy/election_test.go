@@ -1,0 +1,370 @@
+package deploy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
+	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
+)
+
+// broodStreams are the streams of Brood's streams and buckets, by the name a
+// leader election concerns.
+var broodStreams = []string{"BROOD_LOG", "KV_brood_runs", "KV_brood_agents", "BROOD_SESSIONS", "BROOD_INBOX", "KV_brood_hosts", "BROOD_EVENTS"}
+
+// broodAccount is the account of accounts.conf that holds Brood's streams.
+const broodAccount = "BROOD"
+
+// electionLoad is what the workload of TestLeaderElectionsAreNotFailures saw.
+type electionLoad struct {
+	mu        sync.Mutex
+	runs      []string          // run ids started
+	failures  []string          // anything a client was told that is not success
+	unknown   []string          // requests that got no answer at all (see below)
+	results   map[string]int    // stop reason (and error code) -> count
+	followups map[string]string // idempotency key -> messageId, once accepted
+	order     []string          // messageIds in the order they were accepted
+}
+
+func (l *electionLoad) fail(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.failures = append(l.failures, fmt.Sprintf(format, args...))
+}
+
+// serviceConn connects as user to every node, reconnecting at once to
+// another node when its node goes away (as a deployment's services should).
+func serviceConn(t *testing.T, urls, user string, v *violations) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(urls, nats.UserInfo(user, passwordOf(t, user)), nats.Name("election-test-"+user),
+		nats.CustomInboxPrefix(protocol.UserInboxPrefix(user)),
+		nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.ErrorHandler(v.handler))
+	if err != nil {
+		t.Fatalf("connect as %s: %v", user, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// TestLeaderElectionsAreNotFailures (issue 16, fault 4): the 3-node cluster
+// of deploy/nats/cluster with every stream and bucket R3, two coordinators
+// and two spawn workers (each as its user), one-shot runs and followups
+// flowing; the node that leads each of Brood's streams and buckets in turn is
+// shut down and started again. Elections are transient: no start is refused,
+// no run settles DURABILITY_FAILED or HOST_LOST, no followup is refused or
+// lost, no run or epoch record is left running, and every subagent/start has
+// exactly one subagent/end. The workload's own client sits on a node that
+// stays up (a client whose server dies with its request cannot hear any
+// answer, and a followup it retries with its idempotency key is stored once);
+// a start in flight through a coordinator's node as it stops may go
+// unanswered (core NATS delivers at most once): such unknown outcomes are
+// counted, and whatever they started must still settle.
+func TestLeaderElectionsAreNotFailures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a minute of leader elections")
+	}
+	setPasswords(t)
+	opts := clusterOptions(t)
+	for _, o := range opts {
+		requireLoopback(t, o)
+		o.StoreDir = t.TempDir()
+	}
+	remapPorts(t, opts)
+	cl := testutil.StartCluster(t, opts)
+	all := cl.URLs()
+	v := &violations{}
+	cfg := store.DefaultConfig()
+	cfg.Replicas = 3
+	// The admin step (brood provision --replicas 3); each service opens the
+	// streams and buckets as its own user.
+	pctx, pcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer pcancel()
+	if _, err := store.Provision(pctx, serviceConn(t, all, "admin", v), protocol.MustSubjects(""), cfg); err != nil {
+		t.Fatalf("provision R3 streams and buckets as admin: %v", err)
+	}
+	provision := func(nc *nats.Conn) *store.Store {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		st, err := store.Open(ctx, nc, protocol.MustSubjects(""), cfg)
+		if err != nil {
+			t.Fatalf("open R3 streams and buckets as %s: %v", nc.Opts.User, err)
+		}
+		return st
+	}
+	const beat, expiry = 200 * time.Millisecond, 3 * time.Second
+	for i := 0; i < 2; i++ {
+		nc := serviceConn(t, all, "coordinator", v)
+		c, err := coordinator.New(coordinator.Config{NC: nc, Store: provision(nc), HeartbeatInterval: beat, HostExpiry: expiry,
+			LivenessInterval: 300 * time.Millisecond, Logger: testutil.Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.Background(t, c)
+		<-c.Ready()
+	}
+	for i := 0; i < 2; i++ {
+		nc := serviceConn(t, all, "worker", v)
+		w, err := spawnworker.New(spawnworker.Config{NC: nc, Store: provision(nc),
+			Models:            func() (model.Model, error) { return model.NewScripted(), nil },
+			HeartbeatInterval: beat, HostExpiry: expiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.Background(t, w)
+	}
+
+	// The workload's client moves to a node that stays up before each stop.
+	clientOn := func(node int) *client.Client {
+		nc := serviceConn(t, cl.URL(node), "trusted-host", v)
+		c, err := client.New(nc, client.Options{AwaitFallback: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	var cur atomic.Pointer[client.Client]
+	cur.Store(clientOn(0))
+	ctx := context.Background()
+	waitFor(t, 20*time.Second, "two spawn instances", func() bool {
+		r, err := cur.Load().Providers(ctx)
+		return err == nil && r.Instances[spawnworker.DefaultName] == 2
+	})
+	root, err := cur.Load().OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant, err := cur.Load().UserGrant(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := cur.Load().StartContinuable(ctx, protocol.ContinuableStartRequest{
+		Provider: spawnworker.DefaultName, Parent: root.Ref(), Label: "elections", Prompt: protocol.Text("say started"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	load := &electionLoad{results: map[string]int{}, followups: map[string]string{}}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := 0; g < 3; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+				sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
+				run, err := cur.Load().StartRun(sctx, protocol.RunStartRequest{Provider: spawnworker.DefaultName, Parent: root.Ref(), Prompt: protocol.Text("say ok")})
+				scancel()
+				if errors.Is(err, context.DeadlineExceeded) {
+					load.mu.Lock()
+					load.unknown = append(load.unknown, err.Error())
+					load.mu.Unlock()
+					continue
+				}
+				if err != nil {
+					load.fail("runs.start: %v", err)
+					continue
+				}
+				rctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+				load.mu.Lock()
+				load.runs = append(load.runs, run.RunID)
+				load.mu.Unlock()
+				res, err := run.Result(rctx)
+				cancel()
+				if err != nil {
+					load.fail("result of %s: %v", run.RunID, err)
+					continue
+				}
+				k := string(res.StopReason)
+				if res.ErrorCode != "" {
+					k += "/" + string(res.ErrorCode)
+					load.fail("run %s: %s: %s", run.RunID, k, res.Diagnostic)
+				}
+				load.mu.Lock()
+				load.results[k]++
+				load.mu.Unlock()
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() { // followups, each retried with its key until accepted
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(150 * time.Millisecond):
+			}
+			key := fmt.Sprintf("f%d", i)
+			for attempt := 0; ; attempt++ {
+				fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				reply, err := cur.Load().Followup(fctx, protocol.FollowupRequest{
+					ChildID: child.ChildID, Authority: protocol.Authority{Grant: grant.Grant}, Message: protocol.Text("say " + key), IdempotencyKey: key,
+				})
+				cancel()
+				if err == nil {
+					load.mu.Lock()
+					load.followups[key] = reply.MessageID
+					load.order = append(load.order, reply.MessageID)
+					load.mu.Unlock()
+					break
+				}
+				if errors.Is(err, context.DeadlineExceeded) {
+					// No answer: unknown, retried with the same key.
+					load.mu.Lock()
+					load.unknown = append(load.unknown, fmt.Sprintf("followup %s (attempt %d): %v", key, attempt, err))
+					load.mu.Unlock()
+				} else {
+					load.fail("followup %s (attempt %d): %v", key, attempt, err)
+				}
+				if attempt >= 3 {
+					load.fail("followup %s: not accepted in %d attempts", key, attempt+1)
+					break
+				}
+			}
+		}
+	}()
+
+	const stops = 4
+	for _, stream := range broodStreams[:stops] {
+		time.Sleep(time.Second) // runs flow with every node up
+		cl.WaitStreamCurrent(broodAccount, broodStreams...)
+		leader := cl.StreamLeader(broodAccount, stream)
+		cur.Store(clientOn((leader + 1) % cl.Size()))
+		t.Logf("stopping node %d, the leader of %s", leader+1, stream)
+		cl.Stop(leader)
+		time.Sleep(2 * time.Second) // runs flow through the election
+		cl.Restart(leader)
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	cl.WaitStreamCurrent(broodAccount, broodStreams...)
+
+	load.mu.Lock()
+	defer load.mu.Unlock()
+	t.Logf("%d runs %v, %d followups, %d requests unanswered %v", len(load.runs), load.results, len(load.order), len(load.unknown), load.unknown)
+	if len(load.failures) > 0 {
+		t.Errorf("%d failures a client was told of:\n%s", len(load.failures), strings.Join(load.failures, "\n"))
+	}
+	// A request in flight through a node as it stops can be lost (core NATS
+	// delivers at most once): its client hears nothing, and the outcome is
+	// unknown (docs/protocol.md §2.3). The workload's client is on a node
+	// that stays up, so only a coordinator's own node can lose one, with
+	// what it had in flight when it stopped: a few per stop at most.
+	if len(load.unknown) > 2*stops {
+		t.Errorf("%d requests got no answer at all:\n%s", len(load.unknown), strings.Join(load.unknown, "\n"))
+	}
+	if len(load.runs) < 20 || len(load.order) < 10 {
+		t.Fatalf("too little flowed: %d runs, %d followups", len(load.runs), len(load.order))
+	}
+	// Every accepted followup is claimed, once, in order.
+	cur.Store(clientOn(0))
+	var claims []string
+	waitFor(t, 30*time.Second, "every accepted followup claimed", func() bool {
+		log, err := cur.Load().Log(ctx, protocol.LogReadRequest{SessionID: child.ChildID, Authority: protocol.Authority{Grant: grant.Grant}})
+		if err != nil {
+			return false
+		}
+		claims = claimsOf(log.Events)
+		return len(claims) >= len(load.order)+1
+	})
+	if got, want := strings.Join(claims[1:], ","), strings.Join(load.order, ","); got != want {
+		t.Errorf("claims after the first prompt:\n%s\nwant the accepted followups once each, in order:\n%s", got, want)
+	}
+	// Nothing is left running, and the lifecycle events balance.
+	st := provision(serviceConn(t, cl.URL(0), "coordinator", v))
+	var running []string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		running = running[:0]
+		lister, err := st.Runs.ListKeys(ctx)
+		if err != nil {
+			continue
+		}
+		for k := range lister.Keys() {
+			r, err := store.Get[protocol.RunRecord](ctx, st.Runs, k)
+			if err == nil && r.Value.State == protocol.RunRunning {
+				l, lerr := store.Get[protocol.AgentRecord](ctx, st.Agents, r.Value.ChildID)
+				running = append(running, fmt.Sprintf("%s (%s, child %s, host %q, created %s ago; lease %+v %v)", k, r.Value.Mode, r.Value.ChildID,
+					r.Value.HostID, time.Since(time.UnixMilli(r.Value.CreatedAt)).Round(time.Millisecond), l.Value, lerr))
+			}
+		}
+		if len(running) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("records left running:\n%s", strings.Join(running, "\n"))
+		}
+	}
+	starts, ends := map[string]int{}, map[string]int{}
+	events := lifecycle(t, st, root.SessionID)
+	for _, ev := range events {
+		if ev.Type == protocol.LifecycleStart {
+			starts[ev.RunID]++
+			continue
+		}
+		ends[ev.RunID]++
+		if ev.ErrorCode == protocol.CodeHostLost || ev.ErrorCode == protocol.CodeDurabilityFailed {
+			t.Errorf("run %s of %s ended %s", ev.RunID, ev.ID, ev.ErrorCode)
+		}
+	}
+	var unbalanced []string
+	for id := range starts {
+		if starts[id] != 1 || ends[id] != 1 {
+			unbalanced = append(unbalanced, fmt.Sprintf("%s: %d starts, %d ends", id, starts[id], ends[id]))
+		}
+	}
+	for id := range ends {
+		if starts[id] == 0 {
+			unbalanced = append(unbalanced, fmt.Sprintf("%s: an end without a start", id))
+		}
+	}
+	sort.Strings(unbalanced)
+	if len(unbalanced) > 0 {
+		t.Errorf("lifecycle events unbalanced:\n%s", strings.Join(unbalanced, "\n"))
+	}
+	if vs := v.list(); len(vs) > 0 {
+		t.Errorf("permission violations:\n%s", strings.Join(vs, "\n"))
+	}
+}
+
+// claimsOf lists the messageIds a log claimed, in order.
+func claimsOf(evs []protocol.SessionEvent) []string {
+	var out []string
+	for _, ev := range evs {
+		if ev.Type == protocol.EvInboxDequeue {
+			var d protocol.InboxDequeueData
+			if ev.Decode(&d) == nil {
+				out = append(out, d.MessageID)
+			}
+		}
+	}
+	return out
+}
+
+// lifecycle reads every lifecycle event under parent.
+func lifecycle(t *testing.T, st *store.Store, parent string) []protocol.LifecycleEvent {
+	t.Helper()
+	return (&testutil.Stack{T: t, Store: st}).Lifecycle(parent)
+}
