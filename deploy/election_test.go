@@ -149,6 +149,7 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = root.Close(context.Background()) }() // stops its renewals
 	grant, err := cur.Load().UserGrant(ctx)
 	if err != nil {
 		t.Fatal(err)
