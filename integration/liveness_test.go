@@ -276,7 +276,7 @@ func TestResumedChildReleasesItsParentsOwnership(t *testing.T) {
 		return len(claims) == 2 && claims[1] == mid && state(t, s, child, user) == protocol.StateNone
 	}, "the child is resumed for the message and its epoch ends")
 	waitState(t, s, parent.ChildID, ref(root), protocol.StateNone, 20*time.Second)
-	if rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, worker.OwnsKey(parent.ChildID)); err == nil && len(rec.Value.Children) > 0 {
+	if rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey(parent.ChildID)); err == nil && len(rec.Value.Children) > 0 {
 		t.Fatalf("the parent still owns %v", rec.Value.Children)
 	}
 }

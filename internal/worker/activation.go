@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -247,7 +248,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		first = append(first, mustEvent(protocol.EvSubagentDescriptor, *req.Descriptor))
 	} else {
 		// A turn a dead host left open is closed before this epoch begins.
-		closing, err := agent.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
+		closing, err := sessionlog.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
 		if err != nil {
 			release()
 			return nil, protocol.Errorf(protocol.CodeInternal, "close the open turn of %s: %v", req.ChildID, err)
@@ -531,7 +532,7 @@ func (a *activation) isParked() bool {
 // ownsLiveChildren reads the ownership record: a parent that owns live
 // continuable children is waiting and cannot settle.
 func (a *activation) ownsLiveChildren() (bool, error) {
-	rec, err := store.Get[protocol.OwnershipRecord](a.ctx, a.h.st.Agents, OwnsKey(a.childID))
+	rec, err := store.Get[protocol.OwnershipRecord](a.ctx, a.h.st.Agents, store.OwnsKey(a.childID))
 	if errors.Is(err, store.ErrNotFound) {
 		return false, nil
 	}
@@ -688,7 +689,7 @@ func (a *activation) teardown() {
 	if a.start <= len(events) {
 		events = events[a.start:]
 	}
-	res := agent.EpochOutcome(events)
+	res := sessionlog.EpochOutcome(events)
 	if durability != nil {
 		res.StopReason = protocol.StopError
 		res.ErrorCode = protocol.CodeDurabilityFailed
@@ -738,9 +739,6 @@ type EpochEnd struct {
 	Remote                                  bool
 	Result                                  protocol.SubagentResult
 }
-
-// OwnsKey is the brood_agents key of a continuable parent's ownership record.
-func OwnsKey(parent string) string { return "owns." + parent }
 
 // EndEpoch delivers the subagent-settled notice to the live parent, then
 // releases the ownership edge and wakes the parent, then emits subagent/end
@@ -801,7 +799,7 @@ func SettledNotice(childID string, res protocol.SubagentResult) (string, []proto
 	body := line + "\nNo closing message."
 	if text != "" {
 		body = line + "\nClosing message:\n" + text
-		if note := agent.EarlierOutputNote(res.OutputFrom); note != "" {
+		if note := sessionlog.EarlierOutputNote(res.OutputFrom); note != "" {
 			body += "\n" + note
 		}
 	}
@@ -840,7 +838,7 @@ func ReleaseOwnership(ctx context.Context, st *store.Store, parent, child string
 const OwnershipAttemptsMax = 16
 
 func updateOwnership(ctx context.Context, st *store.Store, parent string, change func([]string) []string) error {
-	key := OwnsKey(parent)
+	key := store.OwnsKey(parent)
 	for attempt := 0; attempt < OwnershipAttemptsMax; attempt++ {
 		cur, err := store.Get[protocol.OwnershipRecord](ctx, st.Agents, key)
 		switch {

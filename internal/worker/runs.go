@@ -13,6 +13,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -183,7 +184,7 @@ func closeSession(s Session) {
 func (h *Host) eventErr(err error) { h.log.Warn("lifecycle event not acknowledged", "err", err) }
 
 func (h *Host) closeTurn(ctx context.Context, lw *store.LogWriter, events []protocol.SessionEvent, reason protocol.TurnEndReason) {
-	evs, err := agent.CloseOpenTurn(events, reason, store.NowMs())
+	evs, err := sessionlog.CloseOpenTurn(events, reason, store.NowMs())
 	if err == nil && len(evs) > 0 {
 		_, err = lw.Append(ctx, evs...)
 	}
@@ -224,7 +225,7 @@ func (h *Host) execute(r *hostedRun) {
 	if int64(len(events)) >= r.seedLen {
 		events = events[r.seedLen:]
 	}
-	res := agent.OneShotOutcome(events, ownerCancelled, r.req.Options.OutputSchema != "")
+	res := sessionlog.OneShotOutcome(events, ownerCancelled, r.req.Options.OutputSchema != "")
 	if out.Err != nil {
 		res.StopReason = protocol.StopError
 		res.ErrorCode = protocol.CodeDurabilityFailed

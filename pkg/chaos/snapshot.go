@@ -131,7 +131,7 @@ func TakeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 		return nil, err
 	}
 	if err := readBucket(ctx, st.Agents, func(key string, v []byte) error {
-		if strings.Contains(key, ".") {
+		if kind, _ := store.KindOf(key); kind != store.KindLease {
 			s.OtherKeys = append(s.OtherKeys, key)
 			return nil
 		}

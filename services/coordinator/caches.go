@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -423,24 +422,19 @@ func (a *agentIndex) hasEnded(id string) bool {
 	return a.ended[id]
 }
 
-// Keys of brood_agents other than leases (which are bare session ids).
-const (
-	keyOwns  = "owns."
-	keyGrant = "grant."
-	keyDrain = "drain."
-)
-
 func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
-	switch {
-	case strings.HasPrefix(key, keyDrain):
+	kind, id := store.KindOf(key)
+	switch kind {
+	case store.KindDrain:
 		if rec, err := store.Decode[protocol.DrainRecord](e); err == nil {
 			a.mu.Lock()
-			a.drains[strings.TrimPrefix(key, keyDrain)] = rec
+			a.drains[id] = rec
 			a.mu.Unlock()
 		}
 		return
-	case strings.Contains(key, "."):
-		return // ownership records and grants are read directly when needed
+	case store.KindLease:
+	default:
+		return // ownership, slot and grant records are read directly when needed
 	}
 	rec, err := store.Decode[protocol.AgentRecord](e)
 	if err != nil {
@@ -451,23 +445,28 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	l := &leaseState{rec: rec, rev: e.Revision(), firstSeen: time.Now(), firstObs: obs}
-	if old, ok := a.byID[key]; ok {
+	if old, ok := a.byID[id]; ok {
 		l.firstSeen, l.firstObs = old.firstSeen, old.firstObs
 	}
-	a.byID[key] = l
-	delete(a.ended, key)
+	a.byID[id] = l
+	delete(a.ended, id)
 }
 
 func (a *agentIndex) del(key string) {
+	kind, id := store.KindOf(key)
 	a.mu.Lock()
-	if strings.HasPrefix(key, keyDrain) {
-		delete(a.drains, strings.TrimPrefix(key, keyDrain))
-	} else if _, ok := a.byID[key]; ok {
-		delete(a.byID, key)
+	switch kind {
+	case store.KindDrain:
+		delete(a.drains, id)
+	case store.KindLease:
+		if _, ok := a.byID[id]; !ok {
+			break
+		}
+		delete(a.byID, id)
 		if len(a.ended) >= endedMax {
 			a.ended = map[string]bool{}
 		}
-		a.ended[key] = true
+		a.ended[id] = true
 	}
 	a.mu.Unlock()
 }

@@ -54,7 +54,7 @@ func (c *Coordinator) checkGrant(ctx context.Context, grant string) error {
 	if grant == "" {
 		return protocol.Errorf(protocol.CodeUnauthorized, "no user grant")
 	}
-	rec, err := store.Get[protocol.UserGrantRecord](ctx, c.st.Agents, keyGrant+protocol.HashCredential(grant))
+	rec, err := store.Get[protocol.UserGrantRecord](ctx, c.st.Agents, store.GrantKey(protocol.HashCredential(grant)))
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return protocol.Errorf(protocol.CodeUnauthorized, "the user grant is unknown")
@@ -76,7 +76,7 @@ func (c *Coordinator) authorityUser(ctx context.Context, req rpc.Request) (any, 
 	}
 	grant := protocol.NewCredential()
 	exp := store.NowMs() + c.cfg.GrantTTL.Milliseconds()
-	if _, err := store.Put(ctx, c.st.Agents, keyGrant+protocol.HashCredential(grant), protocol.UserGrantRecord{ExpiresAt: exp, MintedBy: c.cfg.ID}); err != nil {
+	if _, err := store.Put(ctx, c.st.Agents, store.GrantKey(protocol.HashCredential(grant)), protocol.UserGrantRecord{ExpiresAt: exp, MintedBy: c.cfg.ID}); err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "store the grant: %v", err)
 	}
 	return protocol.UserGrantReply{Grant: grant, ExpiresAt: exp}, nil

@@ -12,10 +12,6 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// drainAll is the scope of a global drain; it holds a dot, so no session id
-// (^[A-Za-z0-9_-]{1,64}$) can name the same marker.
-const drainAll = "all.sessions"
-
 // After a drain marker is written or removed, admission waits up to
 // markWaitMax, looking every markPollInterval, until this replica's cache
 // shows the change (waitMark).
@@ -28,7 +24,7 @@ const (
 // lineage (ancestors plus itself) is given, or "".
 func (c *Coordinator) drainingFor(lineage []string) string {
 	marks := c.agents.drainMarks()
-	if m, ok := marks[drainAll]; ok && (m.Until == 0 || m.Until > store.NowMs()) {
+	if m, ok := marks[store.DrainAll]; ok && (m.Until == 0 || m.Until > store.NowMs()) {
 		return "a global drain holds admission closed until it is lifted (`brood drain --lift`)"
 	}
 	for _, id := range lineage {
@@ -174,14 +170,14 @@ func (c *Coordinator) drainDescendants(ctx context.Context, r protocol.DrainRequ
 	}
 	if len(roots) == 0 {
 		// Admission stays closed until lifted: pending items wait, never dropped.
-		if _, err := store.Put(ctx, c.st.Agents, keyDrain+drainAll, protocol.DrainRecord{CreatedAt: store.NowMs()}); err != nil {
+		if _, err := store.Put(ctx, c.st.Agents, store.DrainKey(store.DrainAll), protocol.DrainRecord{CreatedAt: store.NowMs()}); err != nil {
 			return nil, protocol.Errorf(protocol.CodeUnavailable, "mark the drain: %w", err)
 		}
-		c.waitMark(drainAll, true)
+		c.waitMark(store.DrainAll, true)
 	}
 	for p := range roots {
 		if l, ok := c.agents.get(p); ok {
-			if _, err := store.Put(ctx, c.st.Agents, keyDrain+p, protocol.DrainRecord{Root: p, CredentialHash: l.rec.CredentialHash, CreatedAt: store.NowMs()}); err != nil {
+			if _, err := store.Put(ctx, c.st.Agents, store.DrainKey(p), protocol.DrainRecord{Root: p, CredentialHash: l.rec.CredentialHash, CreatedAt: store.NowMs()}); err != nil {
 				return nil, protocol.Errorf(protocol.CodeUnavailable, "mark the drain: %w", err)
 			}
 			c.waitMark(p, true)
@@ -205,10 +201,10 @@ func (c *Coordinator) liftDrains(ctx context.Context, r protocol.DrainRequest) (
 	}
 	scopes := r.Parents
 	if len(scopes) == 0 {
-		scopes = []string{drainAll}
+		scopes = []string{store.DrainAll}
 	}
 	for _, scope := range scopes {
-		if err := store.Delete(ctx, c.st.Agents, keyDrain+scope, 0); err != nil {
+		if err := store.Delete(ctx, c.st.Agents, store.DrainKey(scope), 0); err != nil {
 			return nil, protocol.Errorf(protocol.CodeUnavailable, "lift the drain of %s: %w", scope, err)
 		}
 		c.waitMark(scope, false)
@@ -253,12 +249,12 @@ func (c *Coordinator) continuableDrains(ctx context.Context, req rpc.Request) (a
 	}
 	marks := c.agents.drainMarks()
 	reply := protocol.DrainsListReply{Drains: []protocol.DrainMarker{}}
-	if m, ok := marks[drainAll]; ok {
+	if m, ok := marks[store.DrainAll]; ok {
 		reply.Drains = append(reply.Drains, protocol.DrainMarker{CreatedAt: m.CreatedAt, Holds: "until lifted", Active: true})
 	}
 	roots := make([]string, 0, len(marks))
 	for scope := range marks {
-		if scope != drainAll {
+		if scope != store.DrainAll {
 			roots = append(roots, scope)
 		}
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -72,11 +72,11 @@ func (c *Coordinator) sweep() []job {
 	var jobs []job
 	// A drain below a root lasts while that exact root agent lives.
 	for scope, m := range c.agents.drainMarks() {
-		if scope == drainAll {
+		if scope == store.DrainAll {
 			continue
 		}
 		if l, ok := c.agents.get(scope); !ok || l.rec.CredentialHash != m.CredentialHash {
-			key := keyDrain + scope
+			key := store.DrainKey(scope)
 			jobs = append(jobs, job{key, func(ctx context.Context) { _ = store.Delete(ctx, c.st.Agents, key, 0) }})
 		}
 	}
@@ -219,8 +219,8 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	if header.SeedLength <= int64(len(events)) {
 		own = events[header.SeedLength:]
 	}
-	res := agent.OneShotOutcome(own, false, run.Value.Structured)
-	if end, ok := agent.LastTurnEnd(own); ok && end.Reason.Kind == protocol.TurnInterrupted {
+	res := sessionlog.OneShotOutcome(own, false, run.Value.Structured)
+	if end, ok := sessionlog.LastTurnEnd(own); ok && end.Reason.Kind == protocol.TurnInterrupted {
 		res.StopReason = protocol.StopError
 		res.ErrorCode = protocol.CodeHostLost
 		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating for more than %s; the coordinator closed the open turn as interrupted", deadHost, c.cfg.HostExpiry)
@@ -259,7 +259,7 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence pro
 		if err != nil {
 			return nil, err
 		}
-		closing, err := agent.CloseOpenTurn(log.Events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
+		closing, err := sessionlog.CloseOpenTurn(log.Events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
 		if err != nil {
 			return log.Events, err
 		}
@@ -326,8 +326,8 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	if fresh.Value.EpochStart <= int64(len(events)) {
 		epoch = events[fresh.Value.EpochStart:]
 	}
-	res := agent.EpochOutcome(epoch)
-	if end, ok := agent.LastTurnEnd(epoch); ok && end.Reason.Kind == protocol.TurnInterrupted {
+	res := sessionlog.EpochOutcome(epoch)
+	if end, ok := sessionlog.LastTurnEnd(epoch); ok && end.Reason.Kind == protocol.TurnInterrupted {
 		res.ErrorCode = protocol.CodeHostLost
 		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating; the turn in flight was closed as interrupted and accepted messages resume on another host", deadHost)
 	}

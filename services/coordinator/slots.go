@@ -31,9 +31,6 @@ import (
 // live again by a cold resume take no slot: an accepted message is never
 // refused, but they count against the parent's next admission.
 
-// keySlots prefixes a parent's slot record in brood_agents.
-const keySlots = "slots."
-
 // slotAttemptsMax bounds the compare-and-set attempts of one admission.
 const slotAttemptsMax = 32
 
@@ -66,7 +63,7 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child string) er
 	ps := c.slots.of(parent)
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	key := keySlots + parent
+	key := store.SlotsKey(parent)
 	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
 		if !ps.known {
 			cur, err := store.Get[childSlotsRecord](ctx, c.st.Agents, key)
@@ -168,7 +165,7 @@ func (c *Coordinator) releaseChild(ctx context.Context, parent, child string) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	ps.known = false
-	key := keySlots + parent
+	key := store.SlotsKey(parent)
 	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
 		cur, err := store.Get[childSlotsRecord](ctx, c.st.Agents, key)
 		if err != nil {

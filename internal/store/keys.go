@@ -1,0 +1,88 @@
+package store
+
+import "strings"
+
+// The key layout of Brood's KV buckets (docs/protocol.md §7.6-§7.8), in one
+// place: every key a service reads or writes is built by a function of this
+// file, and every key a watcher sees is told apart by KindOf, so a change of
+// layout (issue 17 lays keys out by provider, so that a NATS permission on
+// $KV.<bucket>.<prefix>.> can scope a role) is a change of this file only.
+//
+//	bucket        key                      value
+//	brood_agents  <sessionId>              protocol.AgentRecord: the session's lease
+//	              owns.<parentSession>     protocol.OwnershipRecord: live continuable children it owns
+//	              slots.<parentSession>    the children admitted under the live-children limit (coordinator)
+//	              grant.<hex-sha256>       protocol.UserGrantRecord: a minted user grant
+//	              drain.all.sessions       protocol.DrainRecord: the global drain
+//	              drain.<sessionId>        protocol.DrainRecord: a drain at and below one agent
+//	brood_runs    <runId>                  protocol.RunRecord
+//	brood_hosts   <hostId>                 protocol.HostRecord
+//
+// Session, run and host ids never hold a dot (protocol ids are
+// ^[A-Za-z0-9_-]+$), so a bare id can never name a prefixed key, and every
+// prefixed key holds one.
+
+// Prefixes of the brood_agents keys that are not leases.
+const (
+	prefixOwns  = "owns."
+	prefixSlots = "slots."
+	prefixGrant = "grant."
+	prefixDrain = "drain."
+)
+
+// DrainAll is the scope of the global drain (its key is drain.all.sessions):
+// it holds a dot, so no session id names the same key.
+const DrainAll = "all.sessions"
+
+// LeaseKey is the brood_agents key of a session's lease.
+func LeaseKey(sessionID string) string { return sessionID }
+
+// OwnsKey is the brood_agents key of a continuable parent's ownership record.
+func OwnsKey(parent string) string { return prefixOwns + parent }
+
+// SlotsKey is the brood_agents key of a parent's live-children slot record.
+func SlotsKey(parent string) string { return prefixSlots + parent }
+
+// GrantKey is the brood_agents key of a user grant, by the grant's hash
+// (protocol.HashCredential): the grant itself is never stored.
+func GrantKey(grantHash string) string { return prefixGrant + grantHash }
+
+// DrainKey is the brood_agents key of the drain marker of scope: a session
+// id, or DrainAll.
+func DrainKey(scope string) string { return prefixDrain + scope }
+
+// RunKey is the brood_runs key of a run record.
+func RunKey(runID string) string { return runID }
+
+// HostKey is the brood_hosts key of a host's record.
+func HostKey(hostID string) string { return hostID }
+
+// AgentsKind is what a brood_agents key holds.
+type AgentsKind int
+
+// The kinds of brood_agents keys.
+const (
+	KindOther     AgentsKind = iota // a key of no known layout
+	KindLease                       // <sessionId>
+	KindOwnership                   // owns.<parentSession>
+	KindSlots                       // slots.<parentSession>
+	KindGrant                       // grant.<hash>
+	KindDrain                       // drain.<scope>
+)
+
+// KindOf returns what the brood_agents key holds and the id it is keyed by
+// (the session, parent, grant hash or drain scope).
+func KindOf(key string) (AgentsKind, string) {
+	for _, p := range []struct {
+		prefix string
+		kind   AgentsKind
+	}{{prefixOwns, KindOwnership}, {prefixSlots, KindSlots}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}} {
+		if id, ok := strings.CutPrefix(key, p.prefix); ok {
+			return p.kind, id
+		}
+	}
+	if key == "" || strings.Contains(key, ".") {
+		return KindOther, key
+	}
+	return KindLease, key
+}
