@@ -101,6 +101,27 @@ func leaseOf(t *testing.T, s *testutil.Stack, id string) (protocol.AgentRecord, 
 	return rec.Value, true
 }
 
+// settlementNoticesFrom counts the events of evs about a settlement notice
+// of sender: its enqueue, its claim as a user message.
+func settlementNoticesFrom(evs []protocol.SessionEvent, sender string) int {
+	n := 0
+	for _, ev := range evs {
+		var e protocol.InboxEnqueueData
+		var u protocol.UserMessageData
+		switch {
+		case ev.Type == protocol.EvInboxEnqueue && ev.Decode(&e) == nil:
+			if e.Source.Kind == protocol.SourceSubagentSettled && e.Source.SenderSessionID == sender {
+				n++
+			}
+		case ev.Type == protocol.EvUserMessage && ev.Decode(&u) == nil:
+			if u.Source.Kind == protocol.SourceSubagentSettled && u.Source.SenderSessionID == sender {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // cancelStack is a coordinator (fast liveness sweep, so a resume would show
 // quickly) and a spawn worker on a timed scripted model.
 func cancelStack(t *testing.T) (*testutil.Stack, *timedModel) {
@@ -116,8 +137,9 @@ func cancelStack(t *testing.T) (*testutil.Stack, *timedModel) {
 // own), each doing slow steps, is disposed (what Ctrl-C of `brood run`
 // does). Once the dispose is answered every descendant has ended `aborted`
 // (cause parent), the grandchild before the child, and none of them makes a
-// model request or runs a tool again; nothing resumes them, and a followup
-// to one is refused.
+// model request or runs a tool again; the grandchild's end gives the child
+// no settlement notice (no work for a session the same end disposes);
+// nothing resumes them, and a followup to one is refused.
 func TestCancellingARunReachesEveryDescendant(t *testing.T) {
 	s, m := cancelStack(t)
 	root := s.Root()
@@ -160,6 +182,14 @@ func TestCancellingARunReachesEveryDescendant(t *testing.T) {
 		if r := acpTurnEnd(t, evs); r.Kind != protocol.TurnAborted || r.Cause != protocol.CauseParent {
 			t.Fatalf("%s's last turn ended %+v, want aborted by its parent", id, r)
 		}
+	}
+	// The grandchild's end, caused by the run's, gave the child (disposed by
+	// the same end) no settlement notice: a notice joining the child's turn
+	// at its next step gave it work before its dispose came, and its turn
+	// completed instead of ending aborted.
+	_, cl := s.Log(c)
+	if n := settlementNoticesFrom(cl, g); n > 0 {
+		t.Fatalf("the child's log shows %d events of the grandchild's settlement notice: %s", n, eventTypes(cl))
 	}
 	// Child first: the grandchild's epoch ended before the child's.
 	var ends []string

@@ -91,6 +91,9 @@ type activation struct {
 	fenced     bool
 	durability error
 	result     *protocol.SubagentResult
+	// orphaned: an ancestor of it is an ended one-shot run (endIfOrphaned
+	// found it and dropped what waited).
+	orphaned bool
 }
 
 // pendingAbort is an interrupt that came while no turn was open: the turn
@@ -649,6 +652,9 @@ func (a *activation) endIfOrphaned(log *slog.Logger) bool {
 	if anc == "" {
 		return false
 	}
+	a.mu.Lock()
+	a.orphaned = true
+	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	n, err := discardPending(ctx, a.sess, a.inbox, fmt.Sprintf("parent: its ancestor %s ended", anc))
@@ -673,7 +679,7 @@ func (a *activation) teardown() {
 	}()
 	a.mu.Lock()
 	a.closing = true
-	fenced, durability, cause := a.fenced, a.durability, a.stopCause
+	fenced, durability, cause, orphaned := a.fenced, a.durability, a.stopCause, a.orphaned
 	a.mu.Unlock()
 	a.unsubscribe()
 	var final *protocol.SubagentResult // nil: fenced, nothing published
@@ -682,8 +688,14 @@ func (a *activation) teardown() {
 		log.Warn("lease lost; activation stopped without publishing")
 		return
 	}
-	if cause == protocol.CauseParent {
-		a.endIfOrphaned(log) // disposed by an ancestor's end: drop what waits
+	// Disposed by an ancestor's end: what waits is dropped, and the parent
+	// gets no notice, since the same end disposes the parent and a notice
+	// would give it one more step of work before its dispose reached it (a
+	// child's turn took its disposed grandchild's notice and completed
+	// instead of ending aborted). The same holds for an activation that
+	// found its ended ancestor when it started.
+	if cause == protocol.CauseParent && !orphaned {
+		orphaned = a.endIfOrphaned(log)
 	}
 	events := a.sess.Events()
 	if a.start <= len(events) {
@@ -716,7 +728,7 @@ func (a *activation) teardown() {
 		<-a.started // subagent/end follows subagent/start on the stream
 		EndEpoch(ctx, h.st, EpochEnd{
 			ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
-			Provider: a.provider, Remote: a.remote, Result: res,
+			Provider: a.provider, Remote: a.remote, Result: res, AncestorEnded: orphaned,
 		}, h.eventErr)
 		if err := store.Delete(ctx, h.st.Agents, a.childID, leaseRev); err != nil {
 			log.Warn("could not release the lease", "err", err)
@@ -738,13 +750,20 @@ type EpochEnd struct {
 	ChildID, Parent, Owner, RunID, Provider string
 	Remote                                  bool
 	Result                                  protocol.SubagentResult
+	// AncestorEnded: an ancestor of the child is an ended one-shot run
+	// (EndedAncestor), so the parent, under it too, is being disposed by
+	// its end and gets no notice (internal/worker/ending.go).
+	AncestorEnded bool
 }
 
 // EndEpoch delivers the subagent-settled notice to the live parent, then
 // releases the ownership edge and wakes the parent, then emits subagent/end
 // (DESIGN.md §7, Ownership). Hosts and coordinators (HOST_LOST) both use it.
+// A parent under an ended one-shot ancestor (e.AncestorEnded) gets no notice:
+// that ancestor's end disposes it, and nothing under an ended run starts work
+// again (RELIABILITY.md I5).
 func EndEpoch(ctx context.Context, st *store.Store, e EpochEnd, onErr func(error)) {
-	if e.Parent != "" {
+	if e.Parent != "" && !e.AncestorEnded {
 		// No notice to a parent that is gone or ending (its turn is over).
 		if p, err := store.Get[protocol.AgentRecord](ctx, st.Agents, e.Parent); err == nil && !p.Value.Ending {
 			summary, content := SettledNotice(e.ChildID, e.Result)

@@ -348,9 +348,16 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	// Published before the lease goes, as a host does: a replica that dies
 	// here is taken over in turn and publishes again.
 	if settled {
+		// A child under an ended one-shot run gives its parent, disposed by
+		// the same end, no notice (worker.EndEpoch); a failed read is taken
+		// as "not ended", as the host does.
+		anc, err := worker.EndedAncestor(ctx, c.st, fresh.Value.Ancestry)
+		if err != nil {
+			c.log.Warn("takeover: could not check whether an ancestor ended", "session", id, "err", err)
+		}
 		worker.EndEpoch(ctx, c.st, worker.EpochEnd{
 			ChildID: id, Parent: fresh.Value.ParentSession, Owner: fresh.Value.Owner, RunID: fresh.Value.RunID,
-			Provider: fresh.Value.Provider, Remote: c.isRemote(fresh.Value.Provider), Result: res,
+			Provider: fresh.Value.Provider, Remote: c.isRemote(fresh.Value.Provider), Result: res, AncestorEnded: anc != "",
 		}, func(err error) { c.log.Warn("epoch end not fully published", "err", err) })
 	}
 	if err := store.Delete(ctx, c.st.Agents, id, leaseRev); err != nil {
