@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -191,6 +192,9 @@ func TestColdResumeStartsANewEpochWithOneDescriptor(t *testing.T) {
 	eventuallySample(t, m, 0, "brood_activations_live")
 }
 
+// TestParentWaitsForItsRunningGrandchild: a continuable child that started a
+// background grandchild waits for it (DESIGN.md §7, Ownership), takes its
+// settlement notice in the same epoch, and settles only after it.
 func TestParentWaitsForItsRunningGrandchild(t *testing.T) {
 	s := contStack(t)
 	root := s.Root()
@@ -201,7 +205,6 @@ func TestParentWaitsForItsRunningGrandchild(t *testing.T) {
 	}, "the child waits for the grandchild it owns")
 	// The grandchild settles; its notice wakes the child, which then settles too.
 	waitState(t, s, start.ChildID, ref(root), protocol.StateNone, 15*time.Second)
-	var childEnd, grandEnd time.Time
 	_, evs := s.Log(start.ChildID)
 	var grand string
 	for _, ev := range evs {
@@ -223,19 +226,57 @@ func TestParentWaitsForItsRunningGrandchild(t *testing.T) {
 	if !notice {
 		t.Fatal("the child never received the grandchild's settlement notice")
 	}
-	for _, ev := range lifecycleOf(t, s, root.SessionID) {
-		if ev.Type == protocol.LifecycleEnd && ev.ID == start.ChildID {
-			childEnd = time.UnixMilli(ev.Time)
+	// One epoch each: the child waited for the notice rather than settling
+	// and being resumed by it.
+	childRun := onlyEpoch(t, s, root.SessionID, start.ChildID)
+	grandRun := onlyEpoch(t, s, start.ChildID, grand)
+	// Settlement order is the order of the epochs' run records in
+	// brood_runs (one stream, so its revisions order them), not that of the
+	// subagent/end timestamps: an epoch's end is published after it
+	// released its parent's ownership edge (DESIGN.md §7), so a parent that
+	// settles at once can stamp its end a moment before its child's.
+	c, g := settledRun(t, s, childRun), settledRun(t, s, grandRun)
+	if c.Revision <= g.Revision {
+		t.Fatalf("the child's epoch %s settled at revision %d, before the grandchild's %s at %d: the child must settle only after it",
+			childRun, c.Revision, grandRun, g.Revision)
+	}
+}
+
+// onlyEpoch waits for child's subagent/end among parent's lifecycle events
+// and returns the runId of its one epoch; more than one epoch fails.
+func onlyEpoch(t *testing.T, s *testutil.Stack, parent, child string) string {
+	t.Helper()
+	var starts, ends []string
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		starts, ends = nil, nil
+		for _, ev := range lifecycleOf(t, s, parent) {
+			switch {
+			case ev.ID != child:
+			case ev.Type == protocol.LifecycleStart:
+				starts = append(starts, ev.RunID)
+			case ev.Type == protocol.LifecycleEnd:
+				ends = append(ends, ev.RunID)
+			}
 		}
+		return len(ends) > 0 && len(ends) == len(starts)
+	}, "the subagent/end of %s", child)
+	if len(starts) != 1 || !slices.Equal(starts, ends) {
+		t.Fatalf("%s had epochs %v ending %v, want one", child, starts, ends)
 	}
-	for _, ev := range lifecycleOf(t, s, start.ChildID) {
-		if ev.Type == protocol.LifecycleEnd && ev.ID == grand {
-			grandEnd = time.UnixMilli(ev.Time)
-		}
+	return starts[0]
+}
+
+// settledRun returns the settled run record of runID.
+func settledRun(t *testing.T, s *testutil.Stack, runID string) store.Record[protocol.RunRecord] {
+	t.Helper()
+	rec, err := store.Get[protocol.RunRecord](context.Background(), s.Store.Runs, runID)
+	if err != nil {
+		t.Fatalf("run %s: %v", runID, err)
 	}
-	if childEnd.IsZero() || grandEnd.IsZero() || childEnd.Before(grandEnd) {
-		t.Fatalf("child ended %v, grandchild %v: the child must settle only after it", childEnd, grandEnd)
+	if rec.Value.State != protocol.RunSettled {
+		t.Fatalf("run %s is %s, want settled", runID, rec.Value.State)
 	}
+	return rec
 }
 
 func TestFollowupAuthority(t *testing.T) {
