@@ -27,6 +27,9 @@ type timedModel struct {
 	model.Model
 	mu    sync.Mutex
 	calls []timedCall
+	// before, when set, runs before a recorded request is passed on: a test
+	// holds a session's request there until a condition holds.
+	before func(ctx context.Context, task string)
 }
 
 type timedCall struct {
@@ -36,9 +39,21 @@ type timedCall struct {
 
 func (m *timedModel) Stream(ctx context.Context, req model.Request, onText func(string)) (model.Response, error) {
 	m.mu.Lock()
-	m.calls = append(m.calls, timedCall{at: time.Now(), first: firstUserText(req)})
+	first := firstUserText(req)
+	m.calls = append(m.calls, timedCall{at: time.Now(), first: first})
+	before := m.before
 	m.mu.Unlock()
+	if before != nil {
+		before(ctx, first)
+	}
 	return m.Model.Stream(ctx, req, onText)
+}
+
+// holdBefore sets the model's before hook.
+func (m *timedModel) holdBefore(f func(ctx context.Context, task string)) {
+	m.mu.Lock()
+	m.before = f
+	m.mu.Unlock()
 }
 
 // requests counts the requests for task made after since.
@@ -259,10 +274,27 @@ func TestARunsEndDisposesItsBackgroundChildren(t *testing.T) {
 	s, m := cancelStack(t)
 	root := s.Root()
 	child := slowWork(50, 100*time.Millisecond, "child done")
-	run, res, err := s.Run(root.Ref(), "spawn", backgroundCall(t, "child", child)+"\nsleep 500ms\nsay parent done", protocol.StartOptions{})
+	parent := backgroundCall(t, "child", child) + "\nsay parent done"
+	// The parent's last request (the one that ends the run) waits until the
+	// child works: a fixed sleep there let the run end, on a loaded
+	// machine, before the child's turn began, and the child then had no
+	// turn to abort.
+	m.holdBefore(func(ctx context.Context, task string) {
+		if task != parent || m.requests(parent, time.Time{}) < 2 {
+			return
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for m.requests(child, time.Time{}) < 2 && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	run, res, err := s.Run(root.Ref(), "spawn", parent, protocol.StartOptions{})
 	settled := time.Now()
 	if err != nil || res.StopReason != protocol.StopCompleted || protocol.PlainText(res.Output) != "parent done" {
 		t.Fatalf("result %+v %v", res, err)
+	}
+	if n := m.requests(child, time.Time{}); n < 2 {
+		t.Fatalf("the child made %d model requests before its parent's end, want it working (2)", n)
 	}
 	kids := childrenOf(t, s, run.ChildID)
 	if len(kids) != 1 {
