@@ -93,11 +93,13 @@ func (s *Stack) Conn() *nats.Conn { return Connect(s.T, s.URL) }
 // AddCoordinator starts a coordinator replica on its own connection.
 func (s *Stack) AddCoordinator(mod ...func(*coordinator.Config)) *coordinator.Coordinator {
 	s.T.Helper()
-	cfg := coordinator.Config{NC: s.Conn(), Store: s.Store, HeartbeatInterval: TestHeartbeat, HostExpiry: TestHostExpiry, Logger: Logger(s.T)}
+	nc := s.Conn()
+	// The store is on the replica's own connection before the mods run, so
+	// a mod may wrap it (store.WithFaults).
+	cfg := coordinator.Config{NC: nc, Store: s.storeOn(nc), HeartbeatInterval: TestHeartbeat, HostExpiry: TestHostExpiry, Logger: Logger(s.T)}
 	for _, m := range mod {
 		m(&cfg)
 	}
-	cfg.Store = s.storeOn(cfg.NC)
 	c, err := coordinator.New(cfg)
 	if err != nil {
 		s.T.Fatal(err)
