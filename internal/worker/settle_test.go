@@ -1,0 +1,214 @@
+package worker_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Contention tests of the settlement compare-and-set (DESIGN.md §7,
+// Settlement 1 and 2; RELIABILITY.md I2: a run settles exactly once). A
+// worker is paused at its settlement write (testutil.Pause: the write is
+// held and the worker's heartbeats fail), a coordinator takes the run or
+// epoch over and settles it, and then the worker comes back and tries its
+// own settlement: it must lose, and publish nothing.
+
+// notices subscribes to subject and returns the channel its messages arrive
+// on (a channel subscription: once the connection was flushed, everything
+// the server delivered before is in the channel).
+func notices(t *testing.T, nc *nats.Conn, subject string) chan *nats.Msg {
+	t.Helper()
+	ch := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(subject, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+func runRecord(t *testing.T, st *store.Store, runID string) protocol.RunRecord {
+	t.Helper()
+	r, err := store.Get[protocol.RunRecord](context.Background(), st.Runs, runID)
+	if err != nil {
+		t.Fatalf("read run %s: %v", runID, err)
+	}
+	return r.Value
+}
+
+func waitHeld(t *testing.T, p *testutil.Pause, what string) {
+	t.Helper()
+	select {
+	case <-p.Held():
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the worker never reached %s", what)
+	}
+}
+
+// TestSettlementAWorkerFinishingAfterATakeoverPublishesNothing: a one-shot
+// run's turn ends, and its worker pauses before its settlement write. The
+// coordinator judges it dead, takes the session over and settles the run
+// with the result its log records. When the worker comes back, its
+// settlement compare-and-set is refused: the run keeps the coordinator's
+// settlement, and the caller gets exactly one notice and one subagent/end.
+func TestSettlementAWorkerFinishingAfterATakeoverPublishesNothing(t *testing.T) {
+	s := testutil.NewStack(t)
+	coord := s.AddCoordinator()
+	runs := s.Store.Runs.Bucket()
+	pause := testutil.NewPause(func(w store.Write) bool {
+		return w.Bucket == runs && (w.Op == store.OpKVUpdate || w.Op == store.OpKVPut)
+	})
+	var workerNC *nats.Conn
+	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		workerNC = c.NC
+		c.Store = c.Store.WithFaults(pause.Faults(c.Store))
+	})
+	t.Cleanup(pause.Release)
+	root := s.Root()
+	const notify = "test.notify.settle-race"
+	got := notices(t, s.NC, notify)
+	var reply protocol.RunStartReply
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{
+		Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("say finished"), Notify: notify,
+	}, &reply); err != nil {
+		t.Fatalf("runs.start: %v", err)
+	}
+	waitHeld(t, pause, "its settlement")
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		return runRecord(t, s.Store, reply.RunID).SettledBy == coord.ID()
+	}, "the coordinator settles the run of the paused worker")
+	testutil.Eventually(t, 30*time.Second, func() bool { return len(got) == 1 }, "the coordinator's notice")
+	taken := runRecord(t, s.Store, reply.RunID)
+
+	pause.Release()
+	stopWorker() // the worker sends its settlement, then drains
+	if err := workerNC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	answers := pause.Answers()
+	if len(answers) == 0 {
+		t.Fatal("the worker never sent its settlement after the pause")
+	}
+	for i, err := range answers {
+		if err == nil {
+			t.Fatalf("the worker's settlement write %d landed over the coordinator's", i+1)
+		}
+	}
+	after := runRecord(t, s.Store, reply.RunID)
+	if after.SettledBy != coord.ID() || after.SettledAt != taken.SettledAt {
+		t.Fatalf("the run record changed after the takeover: settled by %s at %d, was %s at %d",
+			after.SettledBy, after.SettledAt, taken.SettledBy, taken.SettledAt)
+	}
+	if n := len(got); n != 1 {
+		t.Fatalf("%d notices, want exactly 1", n)
+	}
+	var notice protocol.RunNotice
+	if err := protocol.Unmarshal(protocol.Msgpack, (<-got).Data, &notice); err != nil {
+		t.Fatal(err)
+	}
+	if notice.RunID != reply.RunID || notice.Result.StopReason != after.Result.StopReason ||
+		protocol.PlainText(notice.Result.Output) != "finished" {
+		t.Fatalf("notice = %+v, want the settled result %+v", notice, *after.Result)
+	}
+	ends := 0
+	for _, ev := range s.Lifecycle(root.SessionID) {
+		if ev.Type == protocol.LifecycleEnd && ev.RunID == reply.RunID {
+			ends++
+		}
+	}
+	if ends != 1 {
+		t.Fatalf("%d subagent/end events, want 1", ends)
+	}
+}
+
+// TestSettlementAnEpochEndingAfterATakeoverPublishesNothing: a continuable
+// child's epoch ends (its work is done) and its worker pauses before the
+// epoch record's settlement. The coordinator takes the activation over and
+// settles the epoch; when the worker comes back its compare-and-set is
+// refused, the record keeps the coordinator's settlement, and the parent
+// has exactly one settlement notice and one subagent/end.
+func TestSettlementAnEpochEndingAfterATakeoverPublishesNothing(t *testing.T) {
+	s := testutil.NewStack(t)
+	coord := s.AddCoordinator()
+	runs := s.Store.Runs.Bucket()
+	pause := testutil.NewPause(func(w store.Write) bool {
+		return w.Bucket == runs && (w.Op == store.OpKVUpdate || w.Op == store.OpKVPut)
+	})
+	var workerNC *nats.Conn
+	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		workerNC = c.NC
+		c.Store = c.Store.WithFaults(pause.Faults(c.Store))
+	})
+	t.Cleanup(pause.Release)
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{
+		Provider: "spawn", Parent: root.Ref(), Label: "epoch", Prompt: protocol.Text("say finished"),
+	})
+	if err != nil {
+		t.Fatalf("continuable.start: %v", err)
+	}
+	waitHeld(t, pause, "the settlement of its epoch")
+	runID := pause.HeldWrite().Key
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		return runRecord(t, s.Store, runID).SettledBy == coord.ID()
+	}, "the coordinator settles the epoch of the paused worker")
+	taken := runRecord(t, s.Store, runID)
+
+	pause.Release()
+	stopWorker()
+	if err := workerNC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	answers := pause.Answers()
+	if len(answers) == 0 {
+		t.Fatal("the worker never sent the epoch's settlement after the pause")
+	}
+	for i, err := range answers {
+		if err == nil {
+			t.Fatalf("the worker's epoch settlement write %d landed over the coordinator's", i+1)
+		}
+	}
+	after := runRecord(t, s.Store, runID)
+	if after.SettledBy != coord.ID() || after.SettledAt != taken.SettledAt || after.ChildID != start.ChildID {
+		t.Fatalf("the epoch record changed after the takeover: %+v, was %+v", after, taken)
+	}
+	items, err := s.Store.InboxOf(root.SessionID).Pending(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	settledNotices := 0
+	for _, it := range items {
+		if it.Source.Kind == protocol.SourceSubagentSettled && it.Source.SenderSessionID == start.ChildID {
+			settledNotices++
+		}
+	}
+	if settledNotices != 1 {
+		t.Fatalf("%d settlement notices in the parent's inbox, want 1", settledNotices)
+	}
+	ends := 0
+	for _, ev := range s.Lifecycle(root.SessionID) {
+		if ev.Type == protocol.LifecycleEnd && ev.RunID == runID {
+			ends++
+		}
+	}
+	if ends != 1 {
+		t.Fatalf("%d subagent/end events for the epoch, want 1", ends)
+	}
+}
