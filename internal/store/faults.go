@@ -37,9 +37,11 @@ const (
 type Write struct {
 	Op WriteOp
 	// Bucket and Key name a KV write's key; Revision is the revision an
-	// OpKVUpdate expects.
+	// OpKVUpdate expects; Value is what a create, update or put writes (read
+	// only; Decode it with protocol.Unmarshal, Msgpack).
 	Bucket, Key string
 	Revision    uint64
+	Value       []byte
 	// Stream and Seq name an OpMsgDelete's message.
 	Stream string
 	Seq    uint64
@@ -110,19 +112,19 @@ func (kv faultKV) write(ctx context.Context, w Write, do func() (uint64, error))
 }
 
 func (kv faultKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
-	return kv.write(ctx, Write{Op: OpKVCreate, Key: key}, func() (uint64, error) { return kv.KeyValue.Create(ctx, key, value, opts...) })
+	return kv.write(ctx, Write{Op: OpKVCreate, Key: key, Value: value}, func() (uint64, error) { return kv.KeyValue.Create(ctx, key, value, opts...) })
 }
 
 func (kv faultKV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
-	return kv.write(ctx, Write{Op: OpKVUpdate, Key: key, Revision: rev}, func() (uint64, error) { return kv.KeyValue.Update(ctx, key, value, rev) })
+	return kv.write(ctx, Write{Op: OpKVUpdate, Key: key, Revision: rev, Value: value}, func() (uint64, error) { return kv.KeyValue.Update(ctx, key, value, rev) })
 }
 
 func (kv faultKV) Put(ctx context.Context, key string, value []byte) (uint64, error) {
-	return kv.write(ctx, Write{Op: OpKVPut, Key: key}, func() (uint64, error) { return kv.KeyValue.Put(ctx, key, value) })
+	return kv.write(ctx, Write{Op: OpKVPut, Key: key, Value: value}, func() (uint64, error) { return kv.KeyValue.Put(ctx, key, value) })
 }
 
 func (kv faultKV) PutString(ctx context.Context, key string, value string) (uint64, error) {
-	return kv.write(ctx, Write{Op: OpKVPut, Key: key}, func() (uint64, error) { return kv.KeyValue.PutString(ctx, key, value) })
+	return kv.write(ctx, Write{Op: OpKVPut, Key: key, Value: []byte(value)}, func() (uint64, error) { return kv.KeyValue.PutString(ctx, key, value) })
 }
 
 func (kv faultKV) Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {

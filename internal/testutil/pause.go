@@ -7,7 +7,21 @@ import (
 	"sync/atomic"
 
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
 )
+
+// Settlement selects the writes of st's run records that settle one (a
+// compare-and-set or, were it ever one, a put of a settled record).
+func Settlement(st *store.Store) func(store.Write) bool {
+	runs := st.Runs.Bucket()
+	return func(w store.Write) bool {
+		if w.Bucket != runs || (w.Op != store.OpKVUpdate && w.Op != store.OpKVPut) {
+			return false
+		}
+		var rec protocol.RunRecord
+		return protocol.Unmarshal(protocol.Msgpack, w.Value, &rec) == nil && rec.State == protocol.RunSettled
+	}
+}
 
 // Pause makes a service look paused at a chosen write (issue 15's contention
 // tests): the first write that Hold selects is held, unsent, until Release,

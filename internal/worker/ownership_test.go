@@ -55,7 +55,7 @@ func TestOwnershipUpdatesRacingLoseNothing(t *testing.T) {
 	}
 	owned := func() []string {
 		t.Helper()
-		r, err := store.Get[protocol.OwnershipRecord](ctx, base.Agents, worker.OwnsKey(parent))
+		r, err := store.Get[protocol.OwnershipRecord](ctx, base.Agents, store.OwnsKey(parent))
 		if err != nil {
 			t.Fatalf("read the ownership record: %v", err)
 		}
@@ -89,7 +89,7 @@ func TestOwnershipUpdatesRacingLoseNothing(t *testing.T) {
 		t.Fatalf("owned after concurrent releases = %v, want %v", got, even)
 	}
 	all(release, every)
-	if _, err := store.Get[protocol.OwnershipRecord](ctx, base.Agents, worker.OwnsKey(parent)); err != store.ErrNotFound {
+	if _, err := store.Get[protocol.OwnershipRecord](ctx, base.Agents, store.OwnsKey(parent)); err != store.ErrNotFound {
 		t.Fatalf("the record of a parent that owns nothing: %v, want it deleted", err)
 	}
 }

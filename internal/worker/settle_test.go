@@ -64,10 +64,7 @@ func waitHeld(t *testing.T, p *testutil.Pause, what string) {
 func TestSettlementAWorkerFinishingAfterATakeoverPublishesNothing(t *testing.T) {
 	s := testutil.NewStack(t)
 	coord := s.AddCoordinator()
-	runs := s.Store.Runs.Bucket()
-	pause := testutil.NewPause(func(w store.Write) bool {
-		return w.Bucket == runs && (w.Op == store.OpKVUpdate || w.Op == store.OpKVPut)
-	})
+	pause := testutil.NewPause(testutil.Settlement(s.Store))
 	var workerNC *nats.Conn
 	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
 		workerNC = c.NC
@@ -145,10 +142,7 @@ func TestSettlementAWorkerFinishingAfterATakeoverPublishesNothing(t *testing.T) 
 func TestSettlementAnEpochEndingAfterATakeoverPublishesNothing(t *testing.T) {
 	s := testutil.NewStack(t)
 	coord := s.AddCoordinator()
-	runs := s.Store.Runs.Bucket()
-	pause := testutil.NewPause(func(w store.Write) bool {
-		return w.Bucket == runs && (w.Op == store.OpKVUpdate || w.Op == store.OpKVPut)
-	})
+	pause := testutil.NewPause(testutil.Settlement(s.Store))
 	var workerNC *nats.Conn
 	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
 		workerNC = c.NC

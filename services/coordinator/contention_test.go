@@ -44,12 +44,6 @@ func (s *seen) has(match func(store.Write) bool) bool {
 	return false
 }
 
-func settlementWrite(runs string) func(store.Write) bool {
-	return func(w store.Write) bool {
-		return w.Bucket == runs && (w.Op == store.OpKVUpdate || w.Op == store.OpKVPut)
-	}
-}
-
 func waitHeld(t *testing.T, p *testutil.Pause, what string) {
 	t.Helper()
 	select {
@@ -68,15 +62,14 @@ func waitHeld(t *testing.T, p *testutil.Pause, what string) {
 // (DESIGN.md §7, Settlement 2; RELIABILITY.md I2).
 func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 	s := testutil.NewStack(t)
-	runs := s.Store.Runs.Bucket()
-	pauseA := testutil.NewPause(settlementWrite(runs))
+	pauseA := testutil.NewPause(testutil.Settlement(s.Store))
 	var aWrites seen
 	var aNC *nats.Conn
 	a := s.AddCoordinator(func(c *coordinator.Config) {
 		aNC = c.NC
 		c.Store = c.Store.WithFaults(aWrites.wrap(pauseA.Faults(c.Store)))
 	})
-	pauseW := testutil.NewPause(settlementWrite(runs))
+	pauseW := testutil.NewPause(testutil.Settlement(s.Store))
 	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
 		c.Store = c.Store.WithFaults(pauseW.Faults(c.Store))
 	})
@@ -161,7 +154,7 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 // settled once (DESIGN.md §7, Settlement 2: every takeover step is a CAS).
 func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 	s := testutil.NewStack(t)
-	agents, runs := s.Store.Agents.Bucket(), s.Store.Runs.Bucket()
+	agents := s.Store.Agents.Bucket()
 	var child string
 	var childMu sync.Mutex
 	leaseWrite := func(w store.Write) bool {
@@ -176,7 +169,7 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 		ids[i] = c.ID()
 		t.Cleanup(h.Release)
 	}
-	pauseW := testutil.NewPause(settlementWrite(runs))
+	pauseW := testutil.NewPause(testutil.Settlement(s.Store))
 	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
 		c.Store = c.Store.WithFaults(pauseW.Faults(c.Store))
 	})
