@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -102,8 +102,8 @@ func asyncPublishRate(b *testing.B, js jetstream.JetStream) float64 {
 	return n / time.Since(start).Seconds()
 }
 
-func stack(b *testing.B) (*testutil.Stack, *client.Root) {
-	s := testutil.NewStack(b)
+func newStack(b *testing.B) (*stack.Stack, *client.Root) {
+	s := stack.New(b)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	return s, s.Root()
@@ -114,7 +114,7 @@ func stack(b *testing.B) (*testutil.Stack, *client.Root) {
 // single-record fenced publishes) measured on the same server in the same
 // run. Budget: ratio ≤ 1.5.
 func BenchmarkOneShotLatency(b *testing.B) {
-	s, root := stack(b)
+	s, root := newStack(b)
 	js, _ := jetstream.New(s.NC)
 	rr := requestReplyP50(b, s.NC)
 	pub := fencedPublishP50(b, js)
@@ -160,7 +160,7 @@ func BenchmarkOneShotLatency(b *testing.B) {
 // runs/s ≥ 1/12 of the publish rate.
 func BenchmarkOneShotThroughput(b *testing.B) {
 	const parents = 64
-	s, _ := stack(b)
+	s, _ := newStack(b)
 	js, _ := jetstream.New(s.NC)
 	rate := asyncPublishRate(b, js)
 	roots := make([]*client.Root, parents)

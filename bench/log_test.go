@@ -8,13 +8,13 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // longLog writes a session of n events in records of five (a step each) and
 // returns the number of records.
-func longLog(b *testing.B, s *testutil.Stack, id string, n int) int {
+func longLog(b *testing.B, s *stack.Stack, id string, n int) int {
 	b.Helper()
 	w := s.Store.NewLogWriter(id, 0, 0)
 	ctx := context.Background()
@@ -46,7 +46,7 @@ func longLog(b *testing.B, s *testutil.Stack, id string, n int) int {
 }
 
 // orderedRead reads a subject with a bare ordered consumer (the baseline).
-func orderedRead(b *testing.B, s *testutil.Stack, subject string, records int) time.Duration {
+func orderedRead(b *testing.B, s *stack.Stack, subject string, records int) time.Duration {
 	b.Helper()
 	ctx := context.Background()
 	start := time.Now()
@@ -75,7 +75,7 @@ func orderedRead(b *testing.B, s *testutil.Stack, subject string, records int) t
 // resume) next to a bare ordered consumer reading the same records in the
 // same run. Budget (DESIGN.md §13, cold resume): ratio ≤ 2.
 func BenchmarkReadLog10k(b *testing.B) {
-	s := testutil.NewStack(b)
+	s := stack.New(b)
 	const events = 10000
 	records := longLog(b, s, "LONG", events)
 	// Another session's records interleave in the stream, as in production.

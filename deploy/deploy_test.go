@@ -30,6 +30,7 @@ import (
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
@@ -844,8 +845,8 @@ func testBroodOnCluster(t *testing.T, urls []string) {
 		}
 	}
 	coord, err := coordinator.New(coordinator.Config{
-		NC: coordNC, Store: coordStore, HeartbeatInterval: testutil.TestHeartbeat,
-		HostExpiry: testutil.TestHostExpiry, Logger: testutil.Logger(t),
+		NC: coordNC, Store: coordStore, HeartbeatInterval: stack.Heartbeat,
+		HostExpiry: stack.HostExpiry, Logger: testutil.Logger(t),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -861,7 +862,7 @@ func testBroodOnCluster(t *testing.T, urls []string) {
 	w, err := spawnworker.New(spawnworker.Config{
 		NC: workerNC, Store: open(workerNC),
 		Models:            func() (model.Model, error) { return model.NewScripted(), nil },
-		HeartbeatInterval: testutil.TestHeartbeat, HostExpiry: testutil.TestHostExpiry,
+		HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry,
 		DrainGrace: 2 * time.Second, Logger: testutil.Logger(t),
 	})
 	if err != nil {

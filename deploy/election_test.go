@@ -16,6 +16,7 @@ import (
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
@@ -367,5 +368,5 @@ func claimsOf(evs []protocol.SessionEvent) []string {
 // lifecycle reads every lifecycle event under parent.
 func lifecycle(t *testing.T, st *store.Store, parent string) []protocol.LifecycleEvent {
 	t.Helper()
-	return (&testutil.Stack{T: t, Store: st}).Lifecycle(parent)
+	return (&stack.Stack{T: t, Store: st}).Lifecycle(parent)
 }

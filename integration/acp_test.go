@@ -15,6 +15,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/acpio"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 	acpbridge "github.com/brood-dev/brood/services/acp-bridge"
 )
@@ -88,9 +89,9 @@ func realAgentOptions(t *testing.T) acpbridge.Options {
 
 // acpStack is a stack with a coordinator and an in-process ACP bridge host
 // serving agents.
-func acpStack(t *testing.T, o acpbridge.Options, agents ...acpbridge.AgentConfig) *testutil.Stack {
+func acpStack(t *testing.T, o acpbridge.Options, agents ...acpbridge.AgentConfig) *stack.Stack {
 	t.Helper()
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	ps, err := acpbridge.Providers(agents, o)
 	if err != nil {
@@ -161,7 +162,7 @@ func TestACPFakeAgentOneShot(t *testing.T) {
 }
 
 // runFor starts a run and waits for its result, failing the test after total.
-func runFor(t *testing.T, s *testutil.Stack, parent protocol.ParentRef, provider, prompt string, total time.Duration) (runIDs [2]string, res protocol.SubagentResult, took time.Duration) {
+func runFor(t *testing.T, s *stack.Stack, parent protocol.ParentRef, provider, prompt string, total time.Duration) (runIDs [2]string, res protocol.SubagentResult, took time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), total)
 	defer cancel()
@@ -306,7 +307,7 @@ func TestACPFaults(t *testing.T) {
 		}
 		return p
 	}
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddHost(
 		mk(acpbridge.AgentConfig{Name: "fake", Command: fake}, o),
@@ -500,7 +501,7 @@ func TestACPChildCwdMustBeEnterable(t *testing.T) {
 // session is at the child's depth under the same parent. A dispose reaches
 // through: the agent's turn ends aborted too, and the agent exits at EOF.
 func TestACPBridgeToBroodACPAgent(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	ps, err := acpbridge.Providers([]acpbridge.AgentConfig{{Name: "acp", Command: broodBin, Args: []string{"acp-agent", "--nats", s.Server.ClientURL()}}},
 		acpbridge.Options{SilenceTimeout: 10 * time.Second, Logger: testutil.Logger(t)})

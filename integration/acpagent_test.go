@@ -12,6 +12,7 @@ import (
 	acp "github.com/coder/acp-go-sdk"
 
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -129,7 +130,7 @@ func (a *acpAgentProc) exit(t *testing.T) {
 // streamed chunks and tool calls; then a new process loads the session and
 // replays its history, and the session goes on.
 func TestACPAgentOverACP(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	parent := s.Root()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -222,7 +223,7 @@ func TestACPAgentOverACP(t *testing.T) {
 // a marked note), not a JSON-RPC error; a subagent tool call's update carries
 // the child's id; a prompt relayed by an agent is logged with its source.
 func TestACPAgentForEditors(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -310,7 +311,7 @@ func TestACPAgentForEditors(t *testing.T) {
 // then the agent's answer). A child that settles while a turn runs joins that
 // turn at its next step. The root's inbox is empty afterwards.
 func TestACPAgentTakesBackgroundNoticesAsTurns(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)

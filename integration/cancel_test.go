@@ -15,6 +15,7 @@ import (
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
@@ -91,7 +92,7 @@ func slowWork(n int, d time.Duration, last string) string {
 }
 
 // childrenOf returns the ids of parent's children (its child index).
-func childrenOf(t *testing.T, s *testutil.Stack, parent string) []string {
+func childrenOf(t *testing.T, s *stack.Stack, parent string) []string {
 	t.Helper()
 	idx, err := s.Store.ChildIndex(context.Background(), parent)
 	if err != nil {
@@ -104,7 +105,7 @@ func childrenOf(t *testing.T, s *testutil.Stack, parent string) []string {
 	return out
 }
 
-func leaseOf(t *testing.T, s *testutil.Stack, id string) (protocol.AgentRecord, bool) {
+func leaseOf(t *testing.T, s *stack.Stack, id string) (protocol.AgentRecord, bool) {
 	t.Helper()
 	rec, err := store.Get[protocol.AgentRecord](context.Background(), s.Store.Agents, id)
 	if errors.Is(err, store.ErrNotFound) {
@@ -139,8 +140,8 @@ func settlementNoticesFrom(evs []protocol.SessionEvent, sender string) int {
 
 // cancelStack is a coordinator (fast liveness sweep, so a resume would show
 // quickly) and a spawn worker on a timed scripted model.
-func cancelStack(t *testing.T) (*testutil.Stack, *timedModel) {
-	s := testutil.NewStack(t)
+func cancelStack(t *testing.T) (*stack.Stack, *timedModel) {
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinator.Config) { c.LivenessInterval = 100 * time.Millisecond })
 	m := &timedModel{Model: model.NewScripted()}
 	s.AddSpawnWorker(func(c *worker.InProcessConfig) { c.Models = func() (model.Model, error) { return m, nil } })
@@ -318,7 +319,7 @@ func TestARunsEndDisposesItsBackgroundChildren(t *testing.T) {
 // that reaches its host before the activation exists is caught when the
 // activation starts.
 func TestCancelReachesAChildBeingCreated(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinator.Config) { c.LivenessInterval = 100 * time.Millisecond })
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once

@@ -16,6 +16,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -24,7 +25,7 @@ import (
 // client user "alice" that may only send requests to the coordinator and
 // subscribe under her own inbox prefix: no JetStream API, no stream subject,
 // no other inbox (what docs/protocol.md §5.16 says a client needs).
-func leastPrivilege(t *testing.T) (*testutil.Stack, *nats.Conn, *violations) {
+func leastPrivilege(t *testing.T) (*stack.Stack, *nats.Conn, *violations) {
 	t.Helper()
 	srv := testutil.ServerWithUsers(t, []*server.User{
 		{Username: "svc", Password: "svcpw"},
@@ -34,7 +35,7 @@ func leastPrivilege(t *testing.T) (*testutil.Stack, *nats.Conn, *violations) {
 		}},
 	})
 	host := strings.TrimPrefix(srv.ClientURL(), "nats://")
-	s := testutil.StackAt(t, srv, "nats://svc:svcpw@"+host)
+	s := stack.At(t, srv, "nats://svc:svcpw@"+host)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	v := &violations{}
@@ -236,7 +237,7 @@ func ptrTo[T any](v T) *T { return &v }
 
 // broodOut runs a brood client verb against the stack (as its service user)
 // and returns its stdout.
-func broodOut(t *testing.T, s *testutil.Stack, args ...string) string {
+func broodOut(t *testing.T, s *stack.Stack, args ...string) string {
 	t.Helper()
 	cmd := exec.Command(broodBin, append(args, "--nats", s.URL)...)
 	out, err := cmd.Output()

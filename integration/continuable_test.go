@@ -14,6 +14,7 @@ import (
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -26,8 +27,8 @@ func storeItem(text string) store.InboxItem {
 	return store.InboxItem{Content: protocol.Text(text), Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextTurn}
 }
 
-func contStack(t *testing.T) *testutil.Stack {
-	s := testutil.NewStack(t)
+func contStack(t *testing.T) *stack.Stack {
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	return s
@@ -35,9 +36,9 @@ func contStack(t *testing.T) *testutil.Stack {
 
 // meteredStack is contStack whose coordinator and worker count in m, as in
 // one `brood dev` process.
-func meteredStack(t *testing.T) (*testutil.Stack, *telemetry.Metrics) {
+func meteredStack(t *testing.T) (*stack.Stack, *telemetry.Metrics) {
 	m := telemetry.NewMetrics("test")
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinatorConfig) { c.Metrics = m })
 	s.AddSpawnWorker(func(c *worker.InProcessConfig) { c.Metrics = m })
 	return s, m
@@ -67,7 +68,7 @@ func ref(r *client.Root) protocol.Authority {
 	return protocol.Authority{Parent: &p}
 }
 
-func startCont(t *testing.T, s *testutil.Stack, parent protocol.ParentRef, prompt string) protocol.ContinuableStartReply {
+func startCont(t *testing.T, s *stack.Stack, parent protocol.ParentRef, prompt string) protocol.ContinuableStartReply {
 	t.Helper()
 	r, err := s.Client.StartContinuable(context.Background(), protocol.ContinuableStartRequest{
 		Provider: "spawn", Parent: parent, Label: "worker", Prompt: protocol.Text(prompt),
@@ -78,7 +79,7 @@ func startCont(t *testing.T, s *testutil.Stack, parent protocol.ParentRef, promp
 	return r
 }
 
-func followup(t *testing.T, s *testutil.Stack, child string, auth protocol.Authority, text string) string {
+func followup(t *testing.T, s *stack.Stack, child string, auth protocol.Authority, text string) string {
 	t.Helper()
 	mid, err := s.Client.Followup(context.Background(), protocol.FollowupRequest{ChildID: child, Authority: auth, Message: protocol.Text(text)})
 	if err != nil {
@@ -87,7 +88,7 @@ func followup(t *testing.T, s *testutil.Stack, child string, auth protocol.Autho
 	return mid.MessageID
 }
 
-func state(t *testing.T, s *testutil.Stack, child string, auth protocol.Authority) string {
+func state(t *testing.T, s *stack.Stack, child string, auth protocol.Authority) string {
 	t.Helper()
 	st, err := s.Client.State(context.Background(), protocol.ChildRef{ChildID: child, Authority: auth})
 	if err != nil {
@@ -96,7 +97,7 @@ func state(t *testing.T, s *testutil.Stack, child string, auth protocol.Authorit
 	return st.State
 }
 
-func waitState(t *testing.T, s *testutil.Stack, child string, auth protocol.Authority, want string, d time.Duration) {
+func waitState(t *testing.T, s *stack.Stack, child string, auth protocol.Authority, want string, d time.Duration) {
 	t.Helper()
 	testutil.Eventually(t, d, func() bool { return state(t, s, child, auth) == want }, "state of %s is %s", child, want)
 }
@@ -378,7 +379,7 @@ func TestNotResumable(t *testing.T) {
 }
 
 func TestPendingItemsWithoutActivationAreResumed(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = 200 * time.Millisecond })
 	s.AddSpawnWorker()
 	root := s.Root()
@@ -397,7 +398,7 @@ func TestPendingItemsWithoutActivationAreResumed(t *testing.T) {
 	}, "the pending item is claimed by a resumed activation")
 }
 
-func grant(t *testing.T, s *testutil.Stack) protocol.Authority {
+func grant(t *testing.T, s *stack.Stack) protocol.Authority {
 	t.Helper()
 	g, err := s.Client.UserGrant(context.Background())
 	if err != nil {
@@ -767,7 +768,7 @@ func TestSendMessageAndInterruptTools(t *testing.T) {
 
 // explainLog renders a session's events for a failure message: each event's
 // type, with tool results, turn ends and messages, and its pending items.
-func explainLog(t *testing.T, s *testutil.Stack, id string) string {
+func explainLog(t *testing.T, s *stack.Stack, id string) string {
 	t.Helper()
 	var b strings.Builder
 	_, evs := s.Log(id)

@@ -12,6 +12,7 @@ import (
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -20,7 +21,7 @@ import (
 // resumes the child, and every accepted messageId appears in the child's log
 // exactly once, in order.
 func TestKilledHostLosesNoAcceptedMessage(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = 300 * time.Millisecond })
 	w1 := spawnWorkerProc(t, s.Server.ClientURL())
 	s.WaitProvider("spawn")
@@ -68,7 +69,7 @@ func TestServerRestartLosesNoAcceptedMessage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := testutil.StackOn(t, srv)
+	s := stack.On(t, srv)
 	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = 300 * time.Millisecond })
 	s.AddSpawnWorker()
 	root := s.Root()
@@ -104,10 +105,10 @@ func TestServerRestartLosesNoAcceptedMessage(t *testing.T) {
 // retry with the same idempotency key, and every message is accepted and
 // claimed exactly once, in order.
 func TestKilledCoordinatorLosesNoAcceptedMessage(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	c2 := startProc(t, "coordinator", "--nats", s.Server.ClientURL(), "--log-level", "info",
-		"--heartbeat", testutil.TestHeartbeat.String(), "--host-expiry", testutil.TestHostExpiry.String())
+		"--heartbeat", stack.Heartbeat.String(), "--host-expiry", stack.HostExpiry.String())
 	c2.waitStderr(t, "coordinator serving", 10*time.Second)
 	s.AddSpawnWorker()
 	root := s.Root()
@@ -152,7 +153,7 @@ func TestKilledCoordinatorLosesNoAcceptedMessage(t *testing.T) {
 // paused past the expiry claimed a prompt after its activation had been
 // ended; the turn stayed open for good and the message never ran.)
 func TestTakeoverFencesTheLostHostOutOfTheLog(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	root := s.Root()
 	ctx := context.Background()
@@ -212,7 +213,7 @@ func TestTakeoverFencesTheLostHostOutOfTheLog(t *testing.T) {
 // notice to a live parent. (Chaos seed 2: a worker killed between the
 // settlement and subagent/end left a subagent/start without its end.)
 func TestSettlementOutlivesItsWinner(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	root := s.Root()
 	ctx := context.Background()

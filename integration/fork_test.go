@@ -10,6 +10,7 @@ import (
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -18,7 +19,7 @@ import (
 // parentHistory writes turns into a root's log, as a root that talks to a
 // model (an ACP editor session) has: each completed turn is a user message and
 // an answer; inFlight adds a turn that called a tool and is still waiting.
-func parentHistory(t *testing.T, s *testutil.Stack, root *client.Root, completed int, inFlight bool) []protocol.SessionEvent {
+func parentHistory(t *testing.T, s *stack.Stack, root *client.Root, completed int, inFlight bool) []protocol.SessionEvent {
 	t.Helper()
 	var evs []protocol.SessionEvent
 	add := func(typ string, data any) {
@@ -66,7 +67,7 @@ func firstOwnTurn(t *testing.T, evs []protocol.SessionEvent, from int) int64 {
 }
 
 func TestForkSeedsTheBalancedCompletedPrefix(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	rec := &recordingModel{Model: model.NewScripted()}
 	var firstRequest []model.Message
@@ -136,7 +137,7 @@ func TestForkSeedsTheBalancedCompletedPrefix(t *testing.T) {
 }
 
 func TestForkChildThatSaysNothingReportsNoOutput(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddForkWorker()
 	root := s.Root()
@@ -151,7 +152,7 @@ func TestForkChildThatSaysNothingReportsNoOutput(t *testing.T) {
 }
 
 func TestForkTakenMidTurnByTheChildsOwnTool(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddForkWorker()
 	root := s.Root()
@@ -195,7 +196,7 @@ func (f modelFunc) Stream(ctx context.Context, req model.Request, onText func(st
 // boundary note before its first task as a one-shot fork child, and only
 // there: its later turns are not framed again.
 func TestBackgroundForkChildIsFramed(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddForkWorker()
 	root := s.Root()

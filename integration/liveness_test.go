@@ -15,6 +15,7 @@ import (
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
@@ -62,7 +63,7 @@ func TestServerRestartIsNotHostLoss(t *testing.T) {
 		return srv
 	}
 	srv := startServer()
-	s := testutil.StackOn(t, srv)
+	s := stack.On(t, srv)
 	url := srv.ClientURL()
 
 	// The coordinator in this process stands for brood dev's own: it stops
@@ -180,7 +181,7 @@ func (g *gatedProvider) NewSession(ctx context.Context, spec worker.SessionSpec)
 // other children's resumes hang on a provider that does not answer: one
 // resume never waits for another.
 func TestLivenessResumesDoNotWaitForEachOther(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinatorConfig) { c.ProviderAttemptTimeout, c.RequestBudget = 30*time.Second, 30*time.Second })
 	s.AddSpawnWorker()
 	g := &gatedProvider{release: make(chan struct{}), Provider: &worker.InProcess{
@@ -240,7 +241,7 @@ func TestLivenessResumesDoNotWaitForEachOther(t *testing.T) {
 // resumed epoch must release the edge when it ends, or the parent waits for
 // a child that is gone, forever.
 func TestResumedChildReleasesItsParentsOwnership(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = 300 * time.Millisecond })
 	s.AddSpawnWorker()
 	root := s.Root()

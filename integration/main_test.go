@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 )
 
 // broodBin is the brood binary built once for the process tests.
@@ -121,7 +122,7 @@ func (p *proc) waitStderr(t *testing.T, s string, total time.Duration) {
 // spawnWorkerProc starts a spawn worker process with the test timing.
 func spawnWorkerProc(t *testing.T, url string) *proc {
 	return startProc(t, "spawn-worker", "--nats", url, "--log-level", "info",
-		"--heartbeat", testutil.TestHeartbeat.String(), "--host-expiry", testutil.TestHostExpiry.String())
+		"--heartbeat", stack.Heartbeat.String(), "--host-expiry", stack.HostExpiry.String())
 }
 
 // dev is a `brood dev` process started by a test, with what it printed.
@@ -224,5 +225,5 @@ func (l *lockedBuilder) Write(p []byte) (int, error) {
 // (to pause it with SIGSTOP) with the given host expiry.
 func spawnWorkerGroup(t *testing.T, url string, expiry time.Duration) *proc {
 	return startProcGroup(t, "spawn-worker", "--nats", url, "--log-level", "info",
-		"--heartbeat", testutil.TestHeartbeat.String(), "--host-expiry", expiry.String())
+		"--heartbeat", stack.Heartbeat.String(), "--host-expiry", expiry.String())
 }

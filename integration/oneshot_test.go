@@ -14,6 +14,7 @@ import (
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -62,7 +63,7 @@ func (n *notices) total() int {
 }
 
 // startRaw sends runs.start with a notify subject of the test's own.
-func startRaw(t *testing.T, s *testutil.Stack, parent protocol.ParentRef, prompt, notify string) protocol.RunStartReply {
+func startRaw(t *testing.T, s *stack.Stack, parent protocol.ParentRef, prompt, notify string) protocol.RunStartReply {
 	t.Helper()
 	var reply protocol.RunStartReply
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -77,7 +78,7 @@ func startRaw(t *testing.T, s *testutil.Stack, parent protocol.ParentRef, prompt
 }
 
 // endEvents counts subagent/end events per run id under parent.
-func endEvents(t *testing.T, s *testutil.Stack, parent string) map[string]int {
+func endEvents(t *testing.T, s *stack.Stack, parent string) map[string]int {
 	t.Helper()
 	out := map[string]int{}
 	for _, ev := range s.Lifecycle(parent) {
@@ -90,7 +91,7 @@ func endEvents(t *testing.T, s *testutil.Stack, parent string) map[string]int {
 
 func TestConcurrentRunsOnReplicas(t *testing.T) {
 	const runs = 200
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	// All 200 children of one root may be live at once: the limit must not
 	// refuse any (the default 64 would, now that concurrent starts respect it).
 	roomy := func(c *coordinatorConfig) { c.LiveChildrenMax = runs }
@@ -159,7 +160,7 @@ func lastTurnEnd(t *testing.T, evs []protocol.SessionEvent) protocol.TurnEndData
 }
 
 func TestWorkerKilledMidRunIsSettledHostLost(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	m := telemetry.NewMetrics("test")
 	coord := s.AddCoordinator(func(c *coordinatorConfig) { c.Metrics = m })
 	w := spawnWorkerProc(t, s.Server.ClientURL())
@@ -173,8 +174,8 @@ func TestWorkerKilledMidRunIsSettledHostLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	testutil.Eventually(t, testutil.TestHostExpiry+5*time.Second, func() bool { return len(n.get(r.RunID)) > 0 }, "HOST_LOST settlement")
-	if d := time.Since(killed); d > testutil.TestHostExpiry+3*time.Second {
+	testutil.Eventually(t, stack.HostExpiry+5*time.Second, func() bool { return len(n.get(r.RunID)) > 0 }, "HOST_LOST settlement")
+	if d := time.Since(killed); d > stack.HostExpiry+3*time.Second {
 		t.Errorf("settled %s after the kill; expected within the expiry plus a margin", d)
 	}
 	res := n.get(r.RunID)[0].Result
@@ -208,7 +209,7 @@ func TestWorkerKilledMidRunIsSettledHostLost(t *testing.T) {
 }
 
 func TestWorkerPausedPastExpiryPublishesNothing(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	coord := s.AddCoordinator()
 	w := spawnWorkerProc(t, s.Server.ClientURL())
 	s.WaitProvider("spawn")
@@ -219,7 +220,7 @@ func TestWorkerPausedPastExpiryPublishesNothing(t *testing.T) {
 	if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, testutil.TestHostExpiry+5*time.Second, func() bool { return len(n.get(r.RunID)) > 0 }, "HOST_LOST settlement")
+	testutil.Eventually(t, stack.HostExpiry+5*time.Second, func() bool { return len(n.get(r.RunID)) > 0 }, "HOST_LOST settlement")
 	res := n.get(r.RunID)[0].Result
 	if res.StopReason != protocol.StopError || res.ErrorCode != protocol.CodeHostLost {
 		t.Fatalf("result = %+v", res)
@@ -257,7 +258,7 @@ func TestWorkerPausedPastExpiryPublishesNothing(t *testing.T) {
 }
 
 // lifecycleOf reads every lifecycle event under parent.
-func lifecycleOf(t *testing.T, s *testutil.Stack, parent string) []protocol.LifecycleEvent {
+func lifecycleOf(t *testing.T, s *stack.Stack, parent string) []protocol.LifecycleEvent {
 	t.Helper()
 	return s.Lifecycle(parent)
 }

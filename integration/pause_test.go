@@ -12,6 +12,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -56,7 +57,7 @@ func (l logSeen) count(s string) int {
 }
 
 // spawnInstances waits until the coordinators list n spawn instances.
-func spawnInstances(t *testing.T, s *testutil.Stack, n int, within time.Duration) {
+func spawnInstances(t *testing.T, s *stack.Stack, n int, within time.Duration) {
 	t.Helper()
 	testutil.Eventually(t, within, func() bool {
 		r, err := s.Client.Providers(context.Background())
@@ -66,7 +67,7 @@ func spawnInstances(t *testing.T, s *testutil.Stack, n int, within time.Duration
 
 // timedRun runs prompt on spawn and returns its result and how long the
 // start took (the result of `say` follows at once).
-func timedRun(t *testing.T, s *testutil.Stack, parent protocol.ParentRef, prompt string) (string, protocol.SubagentResult, time.Duration) {
+func timedRun(t *testing.T, s *stack.Stack, parent protocol.ParentRef, prompt string) (string, protocol.SubagentResult, time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -89,10 +90,10 @@ func timedRun(t *testing.T, s *testutil.Stack, parent protocol.ParentRef, prompt
 // the provider's queue group, the runs it picked waited for the whole start
 // timeout and ended UNAVAILABLE, since a paused member keeps its subscription.
 func TestPausedWorkerIsNotDispatchedTo(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
-	w2 := spawnWorkerGroup(t, s.URL, testutil.TestHostExpiry)
+	w2 := spawnWorkerGroup(t, s.URL, stack.HostExpiry)
 	spawnInstances(t, s, 2, 10*time.Second)
 	w2.signal(t, syscall.SIGSTOP)
 	spawnInstances(t, s, 1, 10*time.Second)
@@ -118,7 +119,7 @@ func TestPausedWorkerIsNotDispatchedTo(t *testing.T) {
 func TestPausedWorkerCostsOneAttempt(t *testing.T) {
 	const expiry = 30 * time.Second // the paused worker stays "live" throughout
 	const attempt = 2 * time.Second
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	seen := newLogSeen(testutil.Logger(t).Handler())
 	s.AddCoordinator(func(c *coordinatorConfig) {
 		c.HostExpiry, c.ProviderAttemptTimeout, c.Logger = expiry, attempt, slog.New(seen)
@@ -200,7 +201,7 @@ func TestPausedWorkerCostsOneAttempt(t *testing.T) {
 // emitted subagent/start for a run already settled.
 func TestStaleStartIsDropped(t *testing.T) {
 	const expiry = 30 * time.Second
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinatorConfig) { c.HostExpiry, c.ProviderAttemptTimeout = expiry, time.Second })
 	w := spawnWorkerGroup(t, s.URL, expiry)
 	spawnInstances(t, s, 1, 10*time.Second)
@@ -241,7 +242,7 @@ func TestStaleStartIsDropped(t *testing.T) {
 }
 
 // runRecords reads every record of brood_runs.
-func runRecords(t *testing.T, s *testutil.Stack) []protocol.RunRecord {
+func runRecords(t *testing.T, s *stack.Stack) []protocol.RunRecord {
 	t.Helper()
 	ctx := context.Background()
 	lister, err := s.Store.Runs.ListKeys(ctx)
@@ -268,9 +269,9 @@ func runRecords(t *testing.T, s *testutil.Stack) []protocol.RunRecord {
 // UNAVAILABLE, which a client retries; NO_PROVIDER is only for a provider no
 // host registered.
 func TestSilentProviderIsUnavailableNotMissing(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
-	w := spawnWorkerGroup(t, s.URL, testutil.TestHostExpiry)
+	w := spawnWorkerGroup(t, s.URL, stack.HostExpiry)
 	spawnInstances(t, s, 1, 10*time.Second)
 	root := s.Root()
 	w.signal(t, syscall.SIGSTOP)

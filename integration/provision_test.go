@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -22,7 +23,7 @@ import (
 func TestServicesStartedTogetherWaitForTheAdminStep(t *testing.T) {
 	srv := testutil.Server(t)
 	url := srv.ClientURL()
-	timing := []string{"--log-level", "info", "--heartbeat", testutil.TestHeartbeat.String(), "--host-expiry", testutil.TestHostExpiry.String()}
+	timing := []string{"--log-level", "info", "--heartbeat", stack.Heartbeat.String(), "--host-expiry", stack.HostExpiry.String()}
 	procs := []*proc{
 		startProc(t, append([]string{"coordinator", "--nats", url}, timing...)...),
 		startProc(t, append([]string{"coordinator", "--nats", url}, timing...)...),

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/brood-dev/brood/internal/model"
-	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -44,8 +44,8 @@ func firstUserText(req model.Request) string {
 	return ""
 }
 
-func runtimeStack(t *testing.T) (*testutil.Stack, *recordingModel) {
-	s := testutil.NewStack(t)
+func runtimeStack(t *testing.T) (*stack.Stack, *recordingModel) {
+	s := stack.New(t)
 	s.AddCoordinator()
 	rec := &recordingModel{Model: model.NewScripted()}
 	s.AddSpawnWorker(func(c *worker.InProcessConfig) {

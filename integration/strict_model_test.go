@@ -9,6 +9,7 @@ import (
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/fakeopenai"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -48,7 +49,7 @@ func TestForkOfASessionWhoseServerRepeatsCallIDs(t *testing.T) {
 		fakeopenai.Say("forked"),
 		fakeopenai.Say("done"),
 	)
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
 		c.Models, c.SubagentProvider, c.SubagentInherits = openAIOn(srv), "fork", true

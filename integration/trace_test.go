@@ -23,6 +23,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -65,7 +66,7 @@ func describe(s sdktrace.ReadOnlySpan) string {
 // travels in the NATS headers of every request (issue 11, acceptance).
 func TestNestedDelegationIsOneTrace(t *testing.T) {
 	rec, tp := recordSpans(t)
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	root := s.Root()
@@ -258,7 +259,7 @@ func TestOTLPExportFromEnvironment(t *testing.T) {
 // carries), each linked to the epoch's span.
 func TestFollowupTurnIsInTheFollowupsTrace(t *testing.T) {
 	rec, tp := recordSpans(t)
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	root := s.Root()

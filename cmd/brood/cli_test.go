@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 )
 
 // cli is a Brood deployment inside the test process (an embedded server, a
@@ -16,13 +17,13 @@ import (
 // as a user sees them.
 type cli struct {
 	t     *testing.T
-	stack *testutil.Stack
+	stack *stack.Stack
 	url   string
 }
 
 func newCLI(t *testing.T) *cli {
 	t.Helper()
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	s.AddForkWorker()

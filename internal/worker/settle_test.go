@@ -9,6 +9,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -62,7 +63,7 @@ func waitHeld(t *testing.T, p *testutil.Pause, what string) {
 // settlement compare-and-set is refused: the run keeps the coordinator's
 // settlement, and the caller gets exactly one notice and one subagent/end.
 func TestSettlementAWorkerFinishingAfterATakeoverPublishesNothing(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	coord := s.AddCoordinator()
 	pause := testutil.NewPause(testutil.Settlement(s.Store))
 	var workerNC *nats.Conn
@@ -140,7 +141,7 @@ func TestSettlementAWorkerFinishingAfterATakeoverPublishesNothing(t *testing.T) 
 // refused, the record keeps the coordinator's settlement, and the parent
 // has exactly one settlement notice and one subagent/end.
 func TestSettlementAnEpochEndingAfterATakeoverPublishesNothing(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	coord := s.AddCoordinator()
 	pause := testutil.NewPause(testutil.Settlement(s.Store))
 	var workerNC *nats.Conn

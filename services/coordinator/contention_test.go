@@ -10,6 +10,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
@@ -61,7 +62,7 @@ func waitHeld(t *testing.T, p *testutil.Pause, what string) {
 // run settles once, by B, with one notice and one subagent/end
 // (DESIGN.md §7, Settlement 2; RELIABILITY.md I2).
 func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	pauseA := testutil.NewPause(testutil.Settlement(s.Store))
 	var aWrites seen
 	var aNC *nats.Conn
@@ -153,7 +154,7 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 // once. Exactly one wins the lease; the session is fenced once and the run
 // settled once (DESIGN.md §7, Settlement 2: every takeover step is a CAS).
 func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	agents := s.Store.Agents.Bucket()
 	var child string
 	var childMu sync.Mutex

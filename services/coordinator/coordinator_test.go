@@ -14,6 +14,7 @@ import (
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
@@ -31,7 +32,7 @@ func nocaps() worker.Provider {
 func ptr[T any](v T) *T { return &v }
 
 func TestStartChecksRefuseBeforeAnythingIsCreated(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	s.AddHost(nocaps())
@@ -85,7 +86,7 @@ func TestStartChecksRefuseBeforeAnythingIsCreated(t *testing.T) {
 }
 
 func TestRunCompletesWithLifecycleEvents(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	root := s.Root()
@@ -127,13 +128,13 @@ func TestRunCompletesWithLifecycleEvents(t *testing.T) {
 	}
 }
 
-func lifecycle(t *testing.T, s *testutil.Stack, parent string) []protocol.LifecycleEvent {
+func lifecycle(t *testing.T, s *stack.Stack, parent string) []protocol.LifecycleEvent {
 	t.Helper()
 	return s.Lifecycle(parent)
 }
 
 func TestDisposeMidRunAborts(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	root := s.Root()
@@ -174,7 +175,7 @@ func TestDisposeMidRunAborts(t *testing.T) {
 }
 
 func TestClosingTheRootDisposesItsRuns(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	root := s.Root()
@@ -201,7 +202,7 @@ func TestClosingTheRootDisposesItsRuns(t *testing.T) {
 }
 
 func TestRootLeaseLapses(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinator.Config) { c.RootLease = 300 * time.Millisecond })
 	var open protocol.AgentsOpenReply
 	if err := s.Client.Call(context.Background(), protocol.EpAgentsOpen, protocol.AgentsOpenRequest{Cwd: t.TempDir()}, &open); err != nil {
@@ -218,7 +219,7 @@ func TestRootLeaseLapses(t *testing.T) {
 }
 
 func TestJSONRequestsAreAnsweredInJSON(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	req := func(endpoint, body string, header string) *nats.Msg {
@@ -253,7 +254,7 @@ func TestJSONRequestsAreAnsweredInJSON(t *testing.T) {
 }
 
 func TestServicesAreDiscoverable(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	sub, err := s.NC.SubscribeSync(nats.NewInbox())
@@ -281,7 +282,7 @@ func TestServicesAreDiscoverable(t *testing.T) {
 }
 
 func TestLiveChildrenPerParentAreBounded(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 2 })
 	s.AddSpawnWorker()
 	root := s.Root()
@@ -303,7 +304,7 @@ func TestLiveChildrenPerParentAreBounded(t *testing.T) {
 // only after the slot's grace (which spans a start's whole budget).
 func TestEndedChildrenFreeTheirSlots(t *testing.T) {
 	const limit = 2
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	for i := 0; i < 2; i++ {
 		s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = limit })
 	}
@@ -331,7 +332,7 @@ func TestEndedChildrenFreeTheirSlots(t *testing.T) {
 // before any child had a lease).
 func TestLiveChildrenLimitHoldsForConcurrentStarts(t *testing.T) {
 	const limit, burst = 3, 12
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	for i := 0; i < 2; i++ {
 		s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = limit })
 	}
@@ -374,7 +375,7 @@ func TestLiveChildrenLimitHoldsForConcurrentStarts(t *testing.T) {
 
 // Regressions of the adversarial review: each attack gets a clear refusal.
 func TestHostileRequestsAreRefused(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	root := s.Root()

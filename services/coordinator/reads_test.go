@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -17,7 +18,7 @@ import (
 // readStack is a stack with a root whose child delegated once more: root →
 // child (one-shot) → grandchild (one-shot), all settled.
 type readStack struct {
-	s                   *testutil.Stack
+	s                   *stack.Stack
 	root, other         *client.Root
 	child, grandchild   string
 	grant               protocol.Authority
@@ -26,7 +27,7 @@ type readStack struct {
 
 func newReadStack(t *testing.T) *readStack {
 	t.Helper()
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	r := &readStack{s: s, root: s.Root(), other: s.Root(), grant: s.Grant()}
@@ -138,7 +139,7 @@ func TestLogPagesAddUpToTheLog(t *testing.T) {
 }
 
 func TestLogLongPollWakesOnANewEvent(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	root := s.Root()
@@ -363,7 +364,7 @@ func TestFollowSendsOnlyWhatWasCredited(t *testing.T) {
 	}
 }
 
-func coordinatorID(t *testing.T, s *testutil.Stack) string {
+func coordinatorID(t *testing.T, s *stack.Stack) string {
 	t.Helper()
 	var id string
 	testutil.Eventually(t, 5*time.Second, func() bool {
@@ -384,7 +385,7 @@ func coordinatorID(t *testing.T, s *testutil.Stack) string {
 }
 
 func TestFollowEndsWhenItsAuthorityDies(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	root := s.Root()
@@ -460,7 +461,7 @@ func TestClientFollowResumesWithoutGapsOrRepeats(t *testing.T) {
 }
 
 // settledNotice waits until the root's inbox holds n items.
-func waitInbox(t *testing.T, s *testutil.Stack, id string, auth protocol.Authority, n int) []protocol.InboxItem {
+func waitInbox(t *testing.T, s *stack.Stack, id string, auth protocol.Authority, n int) []protocol.InboxItem {
 	t.Helper()
 	var items []protocol.InboxItem
 	testutil.Eventually(t, 20*time.Second, func() bool {
@@ -472,7 +473,7 @@ func waitInbox(t *testing.T, s *testutil.Stack, id string, auth protocol.Authori
 }
 
 func TestRootInboxReadAndAck(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	root, other := s.Root(), s.Root()

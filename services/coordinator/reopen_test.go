@@ -7,11 +7,12 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
 )
 
-func openRaw(t *testing.T, s *testutil.Stack, req protocol.AgentsOpenRequest) (protocol.AgentsOpenReply, error) {
+func openRaw(t *testing.T, s *stack.Stack, req protocol.AgentsOpenRequest) (protocol.AgentsOpenReply, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -24,7 +25,7 @@ func openRaw(t *testing.T, s *testutil.Stack, req protocol.AgentsOpenRequest) (p
 // narrowed to it, and only ever narrowed: depth at least the parent's + 1,
 // cap and ceiling no wider than the parent's.
 func TestRootLineageOnlyNarrows(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	cwd := t.TempDir()
 	p := s.Root()
@@ -62,7 +63,7 @@ func TestRootLineageOnlyNarrows(t *testing.T) {
 // A reopenable root can be made live again by id once no live agent holds
 // it; the previous credential is dead from then on.
 func TestReopenRoot(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinator.Config) { c.RootLease = 500 * time.Millisecond })
 	cwd := t.TempDir()
 	first, err := openRaw(t, s, protocol.AgentsOpenRequest{Cwd: cwd, Reopenable: true})

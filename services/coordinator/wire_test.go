@@ -12,6 +12,7 @@ import (
 	"github.com/brood-dev/brood/internal/buildinfo"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -35,7 +36,7 @@ func jsonHeader() nats.Header {
 // JSON without the header, a mistyped endpoint, `>` in error texts, run
 // notices in the request's encoding, and the label's two places.
 func TestDrivingTheCoordinatorByHand(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	nc := s.Conn()
@@ -172,7 +173,7 @@ func TestDrivingTheCoordinatorByHand(t *testing.T) {
 }
 
 // descriptorLabel is the label recorded in a child's descriptor ("" if none yet).
-func descriptorLabel(t *testing.T, s *testutil.Stack, id string) string {
+func descriptorLabel(t *testing.T, s *stack.Stack, id string) string {
 	_, evs := s.Log(id)
 	for _, ev := range evs {
 		var d protocol.DescriptorData
@@ -184,7 +185,7 @@ func descriptorLabel(t *testing.T, s *testutil.Stack, id string) string {
 }
 
 func TestEveryMicroServiceReportsTheBuildVersion(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	s.AddForkWorker()

@@ -11,15 +11,16 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // stackServer starts a stack (a coordinator, a spawn worker) and a web view
 // on a loopback port that reads it with a grant it mints; cfg sets the rest.
-func stackServer(t *testing.T, cfg Config) (*testutil.Stack, *Server) {
+func stackServer(t *testing.T, cfg Config) (*stack.Stack, *Server) {
 	t.Helper()
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	cl, err := client.New(s.Conn(), client.Options{})

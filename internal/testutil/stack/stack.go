@@ -1,4 +1,8 @@
-package testutil
+// Package stack runs a Brood deployment inside a test process: an embedded
+// nats-server (or a cluster), coordinators, workers and a client. It builds
+// the services, so only tests of the services and of the whole product use
+// it; leaf packages' tests use internal/testutil alone.
+package stack
 
 import (
 	"context"
@@ -13,6 +17,7 @@ import (
 	"github.com/brood-dev/brood/internal/embedded"
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -23,8 +28,8 @@ import (
 
 // Timing of test stacks: fast heartbeats so host loss is judged in about a second.
 const (
-	TestHeartbeat  = 100 * time.Millisecond
-	TestHostExpiry = time.Second
+	Heartbeat  = 100 * time.Millisecond
+	HostExpiry = time.Second
 )
 
 // Stack is a Brood deployment inside the test process: an embedded server,
@@ -43,31 +48,31 @@ type Stack struct {
 	grant   string
 }
 
-// NewStack starts a server, provisions it and connects a client. Add
+// New starts a server, provisions it and connects a client. Add
 // coordinators and workers with the Add methods.
-func NewStack(t testing.TB) *Stack {
+func New(t testing.TB) *Stack {
 	t.Helper()
-	return StackOn(t, Server(t))
+	return On(t, testutil.Server(t))
 }
 
-// StackOn is NewStack on a server the test started (to restart it).
-func StackOn(t testing.TB, s *embedded.Server) *Stack {
+// On is New on a server the test started (to restart it).
+func On(t testing.TB, s *embedded.Server) *Stack {
 	t.Helper()
-	return StackAt(t, s, s.ClientURL())
+	return At(t, s, s.ClientURL())
 }
 
-// StackAt is StackOn whose services connect with url (a URL that carries a
+// At is On whose services connect with url (a URL that carries a
 // user and password, on a server with users).
-func StackAt(t testing.TB, s *embedded.Server, url string) *Stack {
+func At(t testing.TB, s *embedded.Server, url string) *Stack {
 	t.Helper()
 	st := stackOnURL(t, url, store.DefaultConfig())
 	st.Server = s
 	return st
 }
 
-// StackOnCluster is NewStack on a cluster: every connection may reach any
+// OnCluster is New on a cluster: every connection may reach any
 // node, and every stream and bucket has replicas copies.
-func StackOnCluster(t testing.TB, c *Cluster, replicas int) *Stack {
+func OnCluster(t testing.TB, c *testutil.Cluster, replicas int) *Stack {
 	t.Helper()
 	cfg := store.DefaultConfig()
 	cfg.Replicas = replicas
@@ -76,8 +81,8 @@ func StackOnCluster(t testing.TB, c *Cluster, replicas int) *Stack {
 
 func stackOnURL(t testing.TB, url string, cfg store.Config) *Stack {
 	t.Helper()
-	nc := Connect(t, url)
-	st := StoreWith(t, nc, cfg)
+	nc := testutil.Connect(t, url)
+	st := testutil.StoreWith(t, nc, cfg)
 	cl, err := client.New(nc, client.Options{AwaitFallback: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +93,7 @@ func stackOnURL(t testing.TB, url string, cfg store.Config) *Stack {
 
 // Conn opens another connection to the stack's server (one per service, as
 // separate processes would have).
-func (s *Stack) Conn() *nats.Conn { return Connect(s.T, s.URL) }
+func (s *Stack) Conn() *nats.Conn { return testutil.Connect(s.T, s.URL) }
 
 // AddCoordinator starts a coordinator replica on its own connection.
 func (s *Stack) AddCoordinator(mod ...func(*coordinator.Config)) *coordinator.Coordinator {
@@ -96,7 +101,7 @@ func (s *Stack) AddCoordinator(mod ...func(*coordinator.Config)) *coordinator.Co
 	nc := s.Conn()
 	// The store is on the replica's own connection before the mods run, so
 	// a mod may wrap it (store.WithFaults).
-	cfg := coordinator.Config{NC: nc, Store: s.storeOn(nc), HeartbeatInterval: TestHeartbeat, HostExpiry: TestHostExpiry, Logger: Logger(s.T)}
+	cfg := coordinator.Config{NC: nc, Store: s.storeOn(nc), HeartbeatInterval: Heartbeat, HostExpiry: HostExpiry, Logger: testutil.Logger(s.T)}
 	for _, m := range mod {
 		m(&cfg)
 	}
@@ -104,7 +109,7 @@ func (s *Stack) AddCoordinator(mod ...func(*coordinator.Config)) *coordinator.Co
 	if err != nil {
 		s.T.Fatal(err)
 	}
-	Background(s.T, c)
+	testutil.Background(s.T, c)
 	select {
 	case <-c.Ready():
 	case <-time.After(10 * time.Second):
@@ -131,7 +136,7 @@ func (s *Stack) AddInProcessWorker(desc protocol.ProviderDescriptor, mod ...func
 	nc := s.Conn()
 	cfg := worker.InProcessConfig{
 		NC: nc, Store: s.storeOn(nc), Models: func() (model.Model, error) { return model.NewScripted(), nil },
-		HeartbeatInterval: TestHeartbeat, HostExpiry: TestHostExpiry, DrainGrace: 2 * time.Second, Logger: Logger(s.T),
+		HeartbeatInterval: Heartbeat, HostExpiry: HostExpiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(s.T),
 	}
 	for _, m := range mod {
 		m(&cfg)
@@ -140,7 +145,7 @@ func (s *Stack) AddInProcessWorker(desc protocol.ProviderDescriptor, mod ...func
 	if err != nil {
 		s.T.Fatal(err)
 	}
-	stop := Background(s.T, w)
+	stop := testutil.Background(s.T, w)
 	name := desc.Name
 	if cfg.Name != "" {
 		name = cfg.Name
@@ -155,12 +160,12 @@ func (s *Stack) AddHost(providers ...worker.Provider) *worker.Host {
 	nc := s.Conn()
 	h, err := worker.New(worker.Config{
 		NC: nc, Store: s.storeOn(nc), Providers: providers,
-		HeartbeatInterval: TestHeartbeat, HostExpiry: TestHostExpiry, DrainGrace: 2 * time.Second, Logger: Logger(s.T),
+		HeartbeatInterval: Heartbeat, HostExpiry: HostExpiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(s.T),
 	})
 	if err != nil {
 		s.T.Fatal(err)
 	}
-	Background(s.T, h)
+	testutil.Background(s.T, h)
 	for _, p := range providers {
 		s.WaitProvider(p.Descriptor().Name)
 	}
@@ -184,7 +189,7 @@ func (s *Stack) WaitProvider(name string) {
 	if name == "" {
 		name = spawnworker.DefaultName
 	}
-	Eventually(s.T, 10*time.Second, func() bool {
+	testutil.Eventually(s.T, 10*time.Second, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		r, err := s.Client.Providers(ctx)

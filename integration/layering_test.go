@@ -1,0 +1,52 @@
+package integration
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// The layering of the module (cmd → services → internal → pkg; issue 13),
+// checked on what the go tool resolves: a leaf package's tests build no
+// service and no worker host (the test harness that runs a deployment is
+// internal/testutil/stack, apart from internal/testutil), pkg/client talks
+// to Brood over the wire only (no internal/ package), and pkg/protocol,
+// the wire contract, stands on nothing of Brood's.
+func TestLayering(t *testing.T) {
+	const mod = "github.com/brood-dev/brood/"
+	for _, tc := range []struct {
+		pkg       string
+		test      bool // with its tests' dependencies
+		forbidden []string
+	}{
+		{"internal/store", true, []string{"services/", "internal/worker", "internal/testutil/stack"}},
+		{"internal/agent", true, []string{"services/", "internal/worker", "internal/testutil/stack"}},
+		{"internal/model", true, []string{"services/", "internal/worker", "internal/testutil/stack"}},
+		{"internal/sessionlog", true, []string{"services/", "internal/worker", "internal/store", "internal/testutil"}},
+		{"internal/rpc", true, []string{"services/", "internal/worker", "internal/testutil/stack"}},
+		{"pkg/protocol", false, []string{"services/", "internal/"}},
+		{"pkg/protocol", true, []string{"services/", "internal/worker", "internal/store", "internal/testutil/stack"}},
+		{"internal/testutil", false, []string{"services/", "internal/worker"}},
+		{"pkg/client", false, []string{"internal/", "services/"}},
+	} {
+		args := []string{"list", "-deps"}
+		if tc.test {
+			args = append(args, "-test")
+		}
+		out, err := exec.Command("go", append(args, mod+tc.pkg)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", tc.pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			rel, ok := strings.CutPrefix(dep, mod)
+			if !ok || strings.HasPrefix(rel, tc.pkg) {
+				continue
+			}
+			for _, f := range tc.forbidden {
+				if strings.HasPrefix(rel, f) {
+					t.Errorf("%s (tests: %v) depends on %s", tc.pkg, tc.test, rel)
+				}
+			}
+		}
+	}
+}
