@@ -245,7 +245,7 @@ func TestParentWaitsForItsRunningGrandchild(t *testing.T) {
 
 // onlyEpoch waits for child's subagent/end among parent's lifecycle events
 // and returns the runId of its one epoch; more than one epoch fails.
-func onlyEpoch(t *testing.T, s *testutil.Stack, parent, child string) string {
+func onlyEpoch(t *testing.T, s *stack.Stack, parent, child string) string {
 	t.Helper()
 	var starts, ends []string
 	testutil.Eventually(t, 10*time.Second, func() bool {
@@ -268,7 +268,7 @@ func onlyEpoch(t *testing.T, s *testutil.Stack, parent, child string) string {
 }
 
 // settledRun returns the settled run record of runID.
-func settledRun(t *testing.T, s *testutil.Stack, runID string) store.Record[protocol.RunRecord] {
+func settledRun(t *testing.T, s *stack.Stack, runID string) store.Record[protocol.RunRecord] {
 	t.Helper()
 	rec, err := store.Get[protocol.RunRecord](context.Background(), s.Store.Runs, runID)
 	if err != nil {
