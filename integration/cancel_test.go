@@ -384,7 +384,10 @@ func TestCancelReachesAChildBeingCreated(t *testing.T) {
 // too and makes no model request afterwards.
 func TestInterruptingBroodRunStopsItsBackgroundChild(t *testing.T) {
 	s, m := cancelStack(t)
-	child := slowWork(40, 100*time.Millisecond, "child done")
+	// About 9 s of work (as in TestCancellingARunReachesEveryDescendant):
+	// SIGINT, brood run's dispose and the cascade must reach the child's
+	// turn before it completes on its own, on a loaded machine too.
+	child := slowWork(60, 150*time.Millisecond, "child done")
 	script := backgroundCall(t, "slow child", child) + "\nsleep 30s\nsay parent done"
 	cmd := exec.Command(broodBin, "run", "--nats", s.Server.ClientURL(), "--provider", "spawn", script)
 	cmd.Dir = t.TempDir()
