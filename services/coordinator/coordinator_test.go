@@ -13,6 +13,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
@@ -322,6 +323,57 @@ func TestEndedChildrenFreeTheirSlots(t *testing.T) {
 			t.Fatal(err)
 		}
 		cancel()
+	}
+}
+
+// TestASettledChildFreesItsSlotBeforeItsLeaseGoes: a host publishes a run's
+// result before it deletes the run's lease, so the parent may start its next
+// child while the coordinator still sees the last one's lease. A child whose
+// run is settled is not live: with a limit of 1, the next start is admitted
+// at once (under load, TestEndedChildrenFreeTheirSlots was refused when its
+// next start came in that window).
+func TestASettledChildFreesItsSlotBeforeItsLeaseGoes(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 1 })
+	w, _ := s.AddSpawnWorker()
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// A child of the root on the live worker, its run running: its lease
+	// is written the way a host writes it.
+	const child = "settled-lease-left"
+	now := store.NowMs()
+	run := protocol.RunRecord{RunID: child, ChildID: child, ParentSession: root.SessionID, Provider: "spawn",
+		Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: now}
+	runRev, err := store.Create(ctx, s.Store.Runs, child, run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaseRev, err := store.Create(ctx, s.Store.Agents, child, protocol.AgentRecord{SessionID: child, Kind: protocol.AgentOneShot,
+		HostID: w.ID(), Epoch: 1, RunID: child, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
+		ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = store.Delete(context.Background(), s.Store.Agents, child, leaseRev) }()
+	start := func() error {
+		r, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
+		if err == nil {
+			_, err = r.Result(ctx)
+		}
+		return err
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return protocol.CodeOf(start()) == protocol.CodeLimitExceeded
+	}, "the coordinator counts the running child")
+	// Settled, its lease still there: the next start is admitted.
+	run.State, run.SettledAt, run.SettledBy = protocol.RunSettled, store.NowMs(), w.ID()
+	run.Result = &protocol.SubagentResult{Output: protocol.Text("done"), StopReason: protocol.StopCompleted}
+	if _, err := store.Update(ctx, s.Store.Runs, child, run, runRev); err != nil {
+		t.Fatal(err)
+	}
+	if err := start(); err != nil {
+		t.Fatalf("a start after the only child settled, its lease not yet deleted: %v", err)
 	}
 }
 

@@ -67,9 +67,14 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 		return a, err
 	}
 	a.parent = l
-	if n := c.liveChildren(parent.SessionID); n >= c.cfg.LiveChildrenMax {
-		return a, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
-			"limit": "live children per parent", "reason": fmt.Sprintf("session %s already has %d live children; the limit is %d", parent.SessionID, n, c.cfg.LiveChildrenMax)})
+	// A first, cheap look at the limit (the slot record decides, slots.go);
+	// children this replica's cache still counts are read fresh before a
+	// refusal, since a run's result comes before its lease goes.
+	if live := c.liveChildIDs(parent.SessionID); len(live) >= c.cfg.LiveChildrenMax {
+		if n := len(live) - len(c.endedChildren(ctx, nil, live)); n >= c.cfg.LiveChildrenMax {
+			return a, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+				"limit": "live children per parent", "reason": fmt.Sprintf("session %s already has %d live children; the limit is %d", parent.SessionID, n, c.cfg.LiveChildrenMax)})
+		}
 	}
 	var maxDepth *int64
 	if o.MaxDepth != nil {
@@ -497,6 +502,3 @@ func (c *Coordinator) prepare(ctx context.Context, provider, parent, childID str
 	}
 	return reply.SeedLength, nil
 }
-
-// liveChildren counts the children of parent that have a live agent now.
-func (c *Coordinator) liveChildren(parent string) int { return len(c.liveChildIDs(parent)) }

@@ -74,21 +74,14 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child string) er
 		}
 		now := store.NowMs()
 		live := c.liveChildIDs(parent)
-		var kept []childSlot
-		held := false
-		for _, s := range ps.rec.Slots {
-			switch {
-			case s.ChildID == child:
-				held = true
-				kept = append(kept, childSlot{ChildID: child, ReservedAt: now})
-			case live[s.ChildID] || (now-s.ReservedAt < c.slotGrace() && !c.agents.hasEnded(s.ChildID)):
-				kept = append(kept, s)
-			}
-		}
-		count := len(kept)
-		for id := range live {
-			if !hasSlot(kept, id) {
-				count++
+		kept, held, count := c.countSlots(ps.rec.Slots, child, live, nil, now)
+		if !held && count >= c.cfg.LiveChildrenMax {
+			// This replica's lease cache follows the bucket through a
+			// watch, and a run's result reaches its parent before its host
+			// deletes the lease: before refusing, the children counted are
+			// read fresh, and those that ended are not counted.
+			if ended := c.endedChildren(ctx, kept, live); len(ended) > 0 {
+				kept, held, count = c.countSlots(ps.rec.Slots, child, live, ended, now)
 			}
 		}
 		if !held {
@@ -185,6 +178,69 @@ func (c *Coordinator) releaseChild(ctx context.Context, parent, child string) {
 			return
 		}
 	}
+}
+
+// countSlots returns the slots of slots to keep (child's own renewed at now),
+// whether child held one already, and how many live children they and live
+// (children with a live lease, slot or not) count. A slot is kept while its
+// child is live, or within slotGrace of its reservation unless its child is
+// known to have ended (this replica saw its lease come and go, or ended
+// names it); a child in ended is not live.
+func (c *Coordinator) countSlots(slots []childSlot, child string, live, ended map[string]bool, now int64) (kept []childSlot, held bool, count int) {
+	isLive := func(id string) bool { return live[id] && !ended[id] }
+	for _, s := range slots {
+		switch {
+		case s.ChildID == child:
+			held = true
+			kept = append(kept, childSlot{ChildID: child, ReservedAt: now})
+		case isLive(s.ChildID) || (now-s.ReservedAt < c.slotGrace() && !c.agents.hasEnded(s.ChildID) && !ended[s.ChildID]):
+			kept = append(kept, s)
+		}
+	}
+	count = len(kept)
+	for id := range live {
+		if isLive(id) && !hasSlot(kept, id) {
+			count++
+		}
+	}
+	return kept, held, count
+}
+
+// endedChildren reads fresh, for each child of slots and live, whether it
+// ended: its lease is there but its run (or epoch) is settled (a host
+// publishes the result before it releases the lease), or its lease is gone
+// although this replica saw it live (its watch lags), or, with no lease and
+// no slot seen live, the run record named by its id (a local one-shot run's
+// id is its child's) is settled. A read that fails counts the child as live:
+// a refusal is retried, a limit passed is not undone.
+func (c *Coordinator) endedChildren(ctx context.Context, slots []childSlot, live map[string]bool) map[string]bool {
+	ids := map[string]bool{}
+	for _, s := range slots {
+		ids[s.ChildID] = true
+	}
+	for id := range live {
+		ids[id] = true
+	}
+	settled := func(runID string) bool {
+		run, err := store.Get[protocol.RunRecord](ctx, c.st.Runs, runID)
+		return err == nil && run.Value.State == protocol.RunSettled
+	}
+	ended := map[string]bool{}
+	for id := range ids {
+		lease, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, id)
+		switch {
+		case err == nil:
+			if lease.Value.RunID != "" && settled(lease.Value.RunID) {
+				ended[id] = true
+			}
+		case !errors.Is(err, store.ErrNotFound):
+		case live[id]:
+			ended[id] = true
+		case settled(id):
+			ended[id] = true
+		}
+	}
+	return ended
 }
 
 // liveChildIDs are the children of parent with a live agent now.
