@@ -334,8 +334,24 @@ func (p *progress) drawLocked() {
 	p.drawn = true
 }
 
-// finish stops following and clears the status line.
+// FinishEventsWait bounds how long finish waits for the ends of descendants
+// it showed started.
+const FinishEventsWait = 2 * time.Second
+
+// finish stops following and clears the status line. Lifecycle events are
+// stored a moment after a result may arrive (docs/protocol.md §5.19), so a
+// descendant shown started is given up to FinishEventsWait for its end to be
+// shown too (a run's end disposed its one-shot descendants; a continuable
+// one that lives on only costs the wait).
 func (p *progress) finish() {
+	for end := time.Now().Add(FinishEventsWait); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		p.mu.Lock()
+		open := len(p.started)
+		p.mu.Unlock()
+		if open == 0 || p.ctx.Err() != nil {
+			break
+		}
+	}
 	p.stop()
 	p.done.Wait()
 	p.mu.Lock()
