@@ -3,7 +3,11 @@ package acpio
 import (
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -42,7 +46,7 @@ func TestValidateDir(t *testing.T) {
 		{dir + "/missing", "no such file"},
 		{file, "not a directory"},
 	}
-	if os.Geteuid() != 0 { // root may enter anything
+	if os.Geteuid() != 0 { // root may enter anything: see TestValidateDirRefusesAnUnenterableDirectory
 		tests = append(tests, struct{ dir, want string }{locked, "cannot be entered"})
 	}
 	for _, tt := range tests {
@@ -51,6 +55,84 @@ func TestValidateDir(t *testing.T) {
 			t.Errorf("ValidateDir(%q) = %v, want %q", tt.dir, err, tt.want)
 		}
 	}
+}
+
+// TestValidateDirRefusesAnUnenterableDirectory: a directory without search
+// permission is refused as "cannot be entered". Root may enter any
+// directory, and CI runs as root, so there the check runs in a child
+// process of this test binary under an unprivileged user (nobody), against
+// a directory that user may stat but not enter: the case runs either way.
+func TestValidateDirRefusesAnUnenterableDirectory(t *testing.T) {
+	if dir := os.Getenv(validateDirHelperEnv); dir != "" {
+		return // the child's side runs in TestValidateDirHelperProcess
+	}
+	base, err := os.MkdirTemp("", "acpio-validate-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(base) })
+	locked := filepath.Join(base, "locked")
+	if err := os.Mkdir(locked, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// 0o644: anyone may stat it and list its names, nobody may enter it.
+	if err := os.Chmod(locked, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() != 0 {
+		if err := ValidateDir(locked); err == nil || !strings.Contains(err.Error(), "cannot be entered") {
+			t.Fatalf("ValidateDir(%q) = %v, want cannot be entered", locked, err)
+		}
+		return
+	}
+	// As root: the test binary, copied where nobody may run it, checks the
+	// directory as nobody.
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(base, "acpio.test")
+	data, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const nobody = 65534
+	cmd := exec.Command(bin, "-test.run=^TestValidateDirHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), validateDirHelperEnv+"="+locked)
+	cmd.Dir = base
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the check as nobody failed: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "checked as uid 65534") {
+		t.Fatalf("the child did not run the check:\n%s", out)
+	}
+}
+
+const validateDirHelperEnv = "ACPIO_VALIDATE_DIR_AS_NOBODY"
+
+// TestValidateDirHelperProcess is the child side of
+// TestValidateDirRefusesAnUnenterableDirectory; alone it does nothing.
+func TestValidateDirHelperProcess(t *testing.T) {
+	dir := os.Getenv(validateDirHelperEnv)
+	if dir == "" {
+		return
+	}
+	if os.Geteuid() == 0 {
+		t.Fatal("the helper runs as root: the check would prove nothing")
+	}
+	if err := ValidateDir(dir); err == nil || !strings.Contains(err.Error(), "cannot be entered") {
+		t.Fatalf("ValidateDir(%q) = %v, want cannot be entered", dir, err)
+	}
+	t.Logf("checked as uid %d", os.Geteuid())
+	os.Stdout.WriteString("checked as uid " + strconv.Itoa(os.Geteuid()) + "\n")
 }
 
 func TestLineFilter(t *testing.T) {
