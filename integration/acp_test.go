@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -480,19 +482,32 @@ func TestACPDisposeKillsTheProcessTree(t *testing.T) {
 // TestACPChildCwdMustBeEnterable: a parent workspace that is not an
 // enterable directory refuses the start before any agent is spawned.
 func TestACPChildCwdMustBeEnterable(t *testing.T) {
-	s := acpStack(t, acpTestOptions(t), acpbridge.AgentConfig{Name: "fake", Command: fakeAgent(t)})
+	// The agent command notes each spawn before it becomes the fake agent.
+	spawns := filepath.Join(t.TempDir(), "spawns")
+	s := acpStack(t, acpTestOptions(t), acpbridge.AgentConfig{Name: "fake", Command: "/bin/sh",
+		Args: []string{"-c", `echo spawned >> "$0"; exec "$1"`, spawns, fakeAgent(t)}})
 	file := filepath.Join(t.TempDir(), "a-file")
 	if err := os.WriteFile(file, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for _, cwd := range []string{"/nonexistent/workspace", file} {
 		root := s.Root(cwd)
-		before := s.SessionCount()
 		_, _, err := s.Run(root.Ref(), "fake", "echo x", protocol.StartOptions{})
 		if protocol.CodeOf(err) != protocol.CodeInvalidArgument || !strings.Contains(err.Error(), "workspace") {
 			t.Fatalf("cwd %s: err %v", cwd, err)
 		}
-		_ = before
+		if b, err := os.ReadFile(spawns); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("cwd %s: an agent was spawned for a refused start (%q, %v)", cwd, b, err)
+		}
+	}
+	// The same agent command does spawn for an enterable workspace (the
+	// check above can fail).
+	_, res, err := s.Run(s.Root(t.TempDir()).Ref(), "fake", "echo x", protocol.StartOptions{})
+	if err != nil || res.StopReason != protocol.StopCompleted {
+		t.Fatalf("a start in an enterable workspace: %+v, %v", res, err)
+	}
+	if b, err := os.ReadFile(spawns); err != nil || !strings.Contains(string(b), "spawned") {
+		t.Fatalf("the agent command did not note its spawn: %q, %v", b, err)
 	}
 }
 
@@ -593,15 +608,23 @@ func TestACPBridgeToBroodACPAgent(t *testing.T) {
 func TestDevACPProvider(t *testing.T) {
 	url := startDev(t).natsURL
 	var (
-		out []byte
-		err error
+		out    []byte
+		err    error
+		stderr bytes.Buffer
 	)
-	testutil.Eventually(t, 20*time.Second, func() bool {
+	// The last failure is reported as it stands when the wait gives up, not
+	// as it was when the wait began.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		stderr.Reset()
 		run := exec.Command(broodBin, "run", "--nats", url, "--provider", "acp", "say hi")
-		run.Dir = t.TempDir()
-		out, err = run.Output()
-		return err == nil
-	}, "brood run --provider acp succeeds (last: %v)", err)
+		run.Dir, run.Stderr = t.TempDir(), &stderr
+		if out, err = run.Output(); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("brood run --provider acp did not succeed within 20 s; last: %v, stderr %q", err, stderr.String())
+		}
+	}
 	if string(out) != "hi\n" {
 		t.Fatalf("brood run printed %q", out)
 	}

@@ -373,7 +373,11 @@ func TestNotResumable(t *testing.T) {
 			t.Errorf("%s: err = %v, want NOT_RESUMABLE", name, err)
 		}
 	}
-	if items, _ := s.Store.InboxOf(run.ChildID).Pending(context.Background(), 0); len(items) != 0 {
+	items, err := s.Store.InboxOf(run.ChildID).Pending(context.Background(), 0)
+	if err != nil {
+		t.Fatalf("read the inbox of %s: %v", run.ChildID, err)
+	}
+	if len(items) != 0 {
 		t.Fatal("a refused followup left an item in the inbox")
 	}
 }
@@ -408,7 +412,12 @@ func grant(t *testing.T, s *stack.Stack) protocol.Authority {
 }
 
 func TestDrainScopes(t *testing.T) {
-	s := contStack(t)
+	// The liveness sweep, which would resume a drained child's queued work
+	// if the drain did not hold it, runs every 100 ms, so the checks that
+	// nothing resumes span many sweeps.
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = sweepInterval })
+	s.AddSpawnWorker()
 	ctx := context.Background()
 	user := grant(t, s)
 	long := "sleep 30s\nsay never"
@@ -513,12 +522,15 @@ func TestDrainScopes(t *testing.T) {
 		if err != nil || held.MessageID == "" || !strings.Contains(held.Held, "drain") {
 			t.Fatalf("followup during a global drain = %+v, %v; want accepted and held", held, err)
 		}
-		time.Sleep(500 * time.Millisecond)
-		for _, id := range []string{a.ChildID, b.ChildID} {
-			if st := state(t, s, id, ref(root)); st != protocol.StateNone {
-				t.Fatalf("a drained child resumed its queued work while drained: %s", st)
+		testutil.Consistently(t, 20*sweepInterval, func() bool {
+			for _, id := range []string{a.ChildID, b.ChildID} {
+				_, evs := s.Log(id)
+				if claims, _, _ := turnsOf(evs); len(claims) != 1 || state(t, s, id, ref(root)) != protocol.StateNone {
+					return false
+				}
 			}
-		}
+			return true
+		}, "a drained child resumed its queued work while drained")
 		// Lifted: the queued item, never dropped, runs now.
 		if _, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: user, Lift: true}); err != nil {
 			t.Fatal(err)
@@ -536,8 +548,14 @@ func TestDrainScopes(t *testing.T) {
 	})
 }
 
+// sweepInterval is the liveness sweep's period in tests that check that a
+// sweep does not resume work (20 of them pass in such a check).
+const sweepInterval = 100 * time.Millisecond
+
 func TestInterruptParksTheQueue(t *testing.T) {
-	s := contStack(t)
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = sweepInterval })
+	s.AddSpawnWorker()
 	root := s.Root()
 	c := startCont(t, s, root.Ref(), "sleep 30s\nsay never")
 	queued := followup(t, s, c.ChildID, ref(root), "say queued")
@@ -553,8 +571,13 @@ func TestInterruptParksTheQueue(t *testing.T) {
 		_, _, ends := turnsOf(evs)
 		return len(ends) == 1
 	}, "the turn is interrupted")
-	// The queued message stays parked: nothing runs until the next send.
-	time.Sleep(300 * time.Millisecond)
+	// The queued message stays parked: nothing runs until the next send,
+	// whether the activation re-checks its inbox or the sweep looks.
+	testutil.Consistently(t, 20*sweepInterval, func() bool {
+		_, evs := s.Log(c.ChildID)
+		claims, _, _ := turnsOf(evs)
+		return len(claims) == 1
+	}, "the parked item was claimed before the next send")
 	_, evs := s.Log(c.ChildID)
 	claims, _, ends := turnsOf(evs)
 	if len(claims) != 1 || ends[0] != protocol.TurnAborted {

@@ -84,7 +84,7 @@ func TestInboxClaimsExactlyOnceAcrossRebuilds(t *testing.T) {
 		t.Fatalf("first claim: %v %v", ok, err)
 	}
 	// The host dies here: the claim of m1 is logged, the item is still in the stream.
-	if items, _ := st.InboxOf(id).Pending(ctx, 0); len(items) != 3 {
+	if items := pendingIDs(t, st, id); len(items) != 3 {
 		t.Fatalf("%d items pending; the first removal was lost on purpose", len(items))
 	}
 
@@ -105,7 +105,7 @@ func TestInboxClaimsExactlyOnceAcrossRebuilds(t *testing.T) {
 	if len(got) != 3 || got[0] != m1 || got[1] != m2 || got[2] != m3 {
 		t.Fatalf("claims = %v, want [%s %s %s] exactly once each, in order", got, m1, m2, m3)
 	}
-	if items, _ := st.InboxOf(id).Pending(ctx, 0); len(items) != 0 {
+	if items := pendingIDs(t, st, id); len(items) != 0 {
 		t.Fatalf("%d items still pending; the stream must hold exactly what is pending", len(items))
 	}
 	// Each turn answered its own message.
@@ -142,7 +142,7 @@ func TestInboxCancelWithAndWithoutKeepingItems(t *testing.T) {
 	if out := a.RunSteps(tctx); out.Reason.Kind != protocol.TurnAborted {
 		t.Fatalf("turn end = %+v", out.Reason)
 	}
-	if items, _ := st.InboxOf(id).Pending(ctx, 0); len(items) != 1 || items[0].MessageID != queued {
+	if items := pendingIDs(t, st, id); len(items) != 1 || items[0] != queued {
 		t.Fatalf("kept inbox = %+v", items)
 	}
 	// Cancel without keeping it: the item is discarded after its enqueue.
@@ -205,7 +205,7 @@ func TestIdempotentRetryAfterTheClaimAnswersTheOriginalID(t *testing.T) {
 	if again := enqueue(t, st, "C", "say hi", "retry-key"); again != first {
 		t.Fatalf("retry after the claim got %q, want the original %s", again, first)
 	}
-	if items, _ := st.InboxOf("C").Pending(ctx, 0); len(items) != 0 {
+	if items := pendingIDs(t, st, "C"); len(items) != 0 {
 		t.Fatal("the retry was stored twice")
 	}
 }

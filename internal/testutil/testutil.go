@@ -129,6 +129,20 @@ func Eventually(t testing.TB, total time.Duration, cond func() bool, format stri
 	}
 }
 
+// Consistently checks that cond holds, polling every 50 ms, for the whole of
+// d (an absence: nothing happens that must not). It fails at the first poll
+// where cond does not hold. d must cover several periods of whatever would
+// break the condition (a sweep, a heartbeat), so a fault is caught nearly
+// always, not only when a single period happens to fall inside it.
+func Consistently(t testing.TB, d time.Duration, cond func() bool, format string, args ...any) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if !cond() {
+			t.Fatalf("condition broken within %s: %s", d, fmt.Sprintf(format, args...))
+		}
+	}
+}
+
 // Logger is a slog logger writing to the test log (at warn unless
 // BROOD_TEST_LOG=debug|info).
 func Logger(t testing.TB) *slog.Logger {
