@@ -33,20 +33,26 @@ func (a *Agent) Unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, err
 	return UnclaimedOf(ctx, a.Events(), in, a.log)
 }
 
-// UnclaimedOf is Unclaimed for any session, given its events.
+// UnclaimedOf is Unclaimed for any session, given its events. An item is
+// done when its sequence or its messageId was claimed or discarded, and a
+// later copy of a pending item (same messageId) waits for nothing: both are
+// removed, so a message stored twice (store.KeyedMessageID) runs once.
 func UnclaimedOf(ctx context.Context, events []protocol.SessionEvent, in Inbox, log *slog.Logger) ([]store.InboxItem, error) {
 	_, done := sessionlog.InboxCursor(events)
+	doneIDs := sessionlog.DoneMessages(events)
 	items, err := in.Pending(ctx, 0)
 	if err != nil {
 		return nil, err
 	}
 	var out []store.InboxItem
 	var stale []protocol.Seq
+	pending := map[string]bool{}
 	for _, it := range items {
-		if done[it.Seq] {
+		if done[it.Seq] || (it.MessageID != "" && (doneIDs[it.MessageID] || pending[it.MessageID])) {
 			stale = append(stale, it.Seq)
 			continue
 		}
+		pending[it.MessageID] = true
 		out = append(out, it)
 	}
 	if len(stale) > 0 {

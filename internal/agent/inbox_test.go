@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
@@ -207,5 +210,61 @@ func TestIdempotentRetryAfterTheClaimAnswersTheOriginalID(t *testing.T) {
 	}
 	if items := pendingIDs(t, st, "C"); len(items) != 0 {
 		t.Fatal("the retry was stored twice")
+	}
+}
+
+// TestKeyedMessageStoredTwiceRunsOnce (issue 16, fault 4): a node restarted
+// from its store forgets the msg ids of the items already claimed (and
+// deleted), so a followup retried with its idempotency key through such a
+// leader is stored a second time. The retry carries the original's
+// messageId (store.KeyedMessageID), and a claim skips, and removes, an item
+// whose messageId the log already claimed: the message runs once. Before,
+// the retry got a new messageId and its turn ran again (seen in
+// TestLeaderElectionsAreNotFailures).
+func TestKeyedMessageStoredTwiceRunsOnce(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	const id = "C3"
+	m1 := enqueue(t, st, id, "say once", "k1")
+	if want := store.KeyedMessageID(id, "k1"); m1 != want {
+		t.Fatalf("messageId of a keyed item = %s, want %s (derived from the key)", m1, want)
+	}
+	if again := enqueue(t, st, id, "say once", "k1"); again != m1 {
+		t.Fatalf("a retry within the duplicate window answered %s, want %s", again, m1)
+	}
+	a := materialize(t, st, id)
+	if _, ok, err := a.ClaimNext(ctx, st.InboxOf(id)); !ok || err != nil {
+		t.Fatalf("first claim: %v %v", ok, err)
+	}
+	a.RunSteps(ctx)
+	// The retry stored again, as a stream that forgot the msg id stores it.
+	data, err := protocol.Marshal(protocol.Msgpack, store.InboxItem{
+		MessageID: m1, Content: protocol.Text("say once"), Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextTurn,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := nats.NewMsg(st.Subj.Inbox(id))
+	msg.Data = data
+	msg.Header.Set(protocol.HeaderMessageID, m1)
+	if _, err := st.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(id+".forgotten")); err != nil {
+		t.Fatal(err)
+	}
+	m2 := enqueue(t, st, id, "say after", "k2")
+	for i := 0; i < 3; i++ {
+		if _, ok, err := a.ClaimNext(ctx, st.InboxOf(id)); err != nil {
+			t.Fatal(err)
+		} else if !ok {
+			break
+		}
+		a.RunSteps(ctx)
+	}
+	log, _ := st.ReadLog(ctx, id)
+	if got := claimedIDs(log.Events); len(got) != 2 || got[0] != m1 || got[1] != m2 {
+		t.Fatalf("claims = %v, want [%s %s]: the second copy of %s is skipped", got, m1, m2, m1)
+	}
+	if items, _ := st.InboxOf(id).Pending(ctx, 0); len(items) != 0 {
+		t.Fatalf("%d items still pending; the copy is removed", len(items))
 	}
 }

@@ -31,3 +31,26 @@ func InboxCursor(events []protocol.SessionEvent) (seen, done map[protocol.Seq]bo
 	}
 	return seen, done
 }
+
+// DoneMessages returns the messageIds of the items a log claimed or
+// discarded. An inbox can hold a second copy of a done item under another
+// sequence (a retried publish that the stream did not recognise as a
+// duplicate, store.KeyedMessageID): the copy is done too.
+func DoneMessages(events []protocol.SessionEvent) map[string]bool {
+	done := map[string]bool{}
+	for _, ev := range events {
+		switch ev.Type {
+		case protocol.EvInboxDequeue:
+			var d protocol.InboxDequeueData
+			if ev.Decode(&d) == nil && d.MessageID != "" {
+				done[d.MessageID] = true
+			}
+		case protocol.EvInboxDiscard:
+			var d protocol.InboxDiscardData
+			if ev.Decode(&d) == nil && d.MessageID != "" {
+				done[d.MessageID] = true
+			}
+		}
+	}
+	return done
+}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"regexp"
@@ -43,7 +44,12 @@ type InboxItem = protocol.InboxItem
 // a retry inside the duplicate window answers with the original messageId. A
 // full inbox (InboxItemsMax pending) is LIMIT_EXCEEDED.
 func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, idempotencyKey string) (string, protocol.Seq, error) {
-	if item.MessageID == "" {
+	derived := false
+	switch {
+	case item.MessageID != "":
+	case idempotencyKey != "":
+		item.MessageID, derived = KeyedMessageID(sessionID, idempotencyKey), true
+	default:
 		item.MessageID = ulid.Make().String()
 	}
 	item.Seq = 0 // the stream assigns it
@@ -78,6 +84,9 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 		}
 		return "", 0, err
 	}
+	if ack.Duplicate && derived {
+		return item.MessageID, protocol.Seq(ack.Sequence), nil // the original's id is this one
+	}
 	if ack.Duplicate && idempotencyKey != "" {
 		// The original item may already be claimed (and deleted); its id is
 		// only needed when it is still there.
@@ -98,6 +107,22 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 	// read finds it (activation.go).
 	_ = s.NC.Publish(s.Subj.Wake(sessionID), nil)
 	return item.MessageID, protocol.Seq(ack.Sequence), nil
+}
+
+// KeyedMessageID is the messageId of an item enqueued with idempotencyKey
+// (and no messageId of its own): derived from the session and the key, so
+// every retry carries the original's id. JetStream's duplicate window
+// (Nats-Msg-Id) stores a retry once only while the stream remembers the
+// original's msg id, and a node restarted from its store rebuilds that
+// memory from the messages it still holds: an item already claimed (and so
+// deleted) is forgotten, and a retry through such a leader is stored again.
+// A claim skips an item whose messageId its session's log already claimed
+// or discarded (agent.UnclaimedOf), so the copy is never run twice.
+func KeyedMessageID(sessionID, idempotencyKey string) string {
+	sum := sha256.Sum256([]byte(sessionID + "\x00" + idempotencyKey))
+	var id ulid.ULID
+	copy(id[:], sum[:len(id)])
+	return id.String()
 }
 
 // errCodeSequenceNotFound is JetStream's answer (10043) to the deletion of a
