@@ -535,7 +535,7 @@ func (a *activation) isParked() bool {
 // ownsLiveChildren reads the ownership record: a parent that owns live
 // continuable children is waiting and cannot settle.
 func (a *activation) ownsLiveChildren() (bool, error) {
-	rec, err := store.Get[protocol.OwnershipRecord](a.ctx, a.h.st.Agents, store.OwnsKey(a.childID))
+	rec, err := store.GetLatest[protocol.OwnershipRecord](a.ctx, a.h.st.Agents, store.OwnsKey(a.childID))
 	if errors.Is(err, store.ErrNotFound) {
 		return false, nil
 	}
@@ -765,7 +765,7 @@ type EpochEnd struct {
 func EndEpoch(ctx context.Context, st *store.Store, e EpochEnd, onErr func(error)) {
 	if e.Parent != "" && !e.AncestorEnded {
 		// No notice to a parent that is gone or ending (its turn is over).
-		if p, err := store.Get[protocol.AgentRecord](ctx, st.Agents, e.Parent); err == nil && !p.Value.Ending {
+		if p, err := store.GetLatest[protocol.AgentRecord](ctx, st.Agents, e.Parent); err == nil && !p.Value.Ending {
 			summary, content := SettledNotice(e.ChildID, e.Result)
 			_, _, err := st.Enqueue(ctx, e.Parent, store.InboxItem{
 				Content:  content,
@@ -859,7 +859,7 @@ const OwnershipAttemptsMax = 16
 func updateOwnership(ctx context.Context, st *store.Store, parent string, change func([]string) []string) error {
 	key := store.OwnsKey(parent)
 	for attempt := 0; attempt < OwnershipAttemptsMax; attempt++ {
-		cur, err := store.Get[protocol.OwnershipRecord](ctx, st.Agents, key)
+		cur, err := store.GetLatest[protocol.OwnershipRecord](ctx, st.Agents, key)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			next := change(nil)

@@ -54,7 +54,7 @@ type Delegator interface{ Delegated() bool }
 // parent, or not indexed) never count as ended.
 func EndedAncestor(ctx context.Context, st *store.Store, ancestry []string) (string, error) {
 	for _, id := range ancestry {
-		rec, err := store.Get[protocol.AgentRecord](ctx, st.Agents, id)
+		rec, err := store.GetLatest[protocol.AgentRecord](ctx, st.Agents, id)
 		switch {
 		case err == nil:
 			if rec.Value.Kind == protocol.AgentOneShot && (rec.Value.Ending || rec.Value.TakenOverBy != "") {

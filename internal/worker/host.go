@@ -424,7 +424,7 @@ func (h *Host) heartbeatLoop(ctx context.Context) {
 // session was taken over anyway.
 func (h *Host) verifyLeases(ctx context.Context) {
 	lost := func(id string, still func(protocol.AgentRecord) bool) bool {
-		rec, err := store.Get[protocol.AgentRecord](ctx, h.st.Agents, id)
+		rec, err := store.GetLatest[protocol.AgentRecord](ctx, h.st.Agents, id)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			return true

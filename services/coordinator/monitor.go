@@ -142,7 +142,7 @@ func (c *Coordinator) disposeOrphans(ctx context.Context, parent string) {
 }
 
 func (c *Coordinator) disposeOrphan(ctx context.Context, l leaseState) {
-	run, err := store.Get[protocol.RunRecord](ctx, c.st.Runs, l.rec.RunID)
+	run, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, l.rec.RunID)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			_ = store.Delete(ctx, c.st.Agents, l.rec.SessionID, l.rev)
@@ -165,7 +165,7 @@ func (c *Coordinator) disposeOrphan(ctx context.Context, l leaseState) {
 // turn that had already ended is settled with the result its log records.
 func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	id := l.rec.SessionID
-	fresh, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, id)
+	fresh, err := store.GetLatest[protocol.AgentRecord](ctx, c.st.Agents, id)
 	if err != nil || fresh.Value.HostID != l.rec.HostID || fresh.Value.Epoch != l.rec.Epoch {
 		return // gone, or changed hands since we looked
 	}
@@ -176,7 +176,7 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	if fresh.Value.Kind != protocol.AgentOneShot {
 		return
 	}
-	run, err := store.Get[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID)
+	run, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID)
 	if err == nil && run.Value.State == protocol.RunSettled && run.Value.Result != nil {
 		// The host settled, then died holding the lease: it may not have
 		// published. Publishing again is harmless (subagent/end carries a
@@ -332,7 +332,7 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating; the turn in flight was closed as interrupted and accepted messages resume on another host", deadHost)
 	}
 	settled := false
-	if run, err := store.Get[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID); err == nil && run.Value.State == protocol.RunRunning {
+	if run, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID); err == nil && run.Value.State == protocol.RunRunning {
 		rec := run.Value
 		rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), c.cfg.ID, &res
 		if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision); err == nil {
@@ -508,7 +508,7 @@ func (c *Coordinator) resume(ctx context.Context, id string) bool {
 // without its owner would never release the edge its parent's followup
 // registered, and the parent would wait for it forever.
 func (c *Coordinator) ownerOf(ctx context.Context, h protocol.SessionHeader) string {
-	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, h.ParentSession)
+	l, err := store.GetLatest[protocol.AgentRecord](ctx, c.st.Agents, h.ParentSession)
 	if err != nil || l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value) {
 		return ""
 	}
