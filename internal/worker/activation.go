@@ -165,6 +165,13 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	h.mu.Unlock()
 	claimed := false
 	a.run, a.runRev, err = h.claim(cctx, req.Run, uint64(req.RunRevision), req.ChildID)
+	if errors.Is(err, errClaimUnknown) {
+		// A claim that landed after all is settled never started: the
+		// epoch's messages wait in the inbox, and the next followup or the
+		// liveness sweep activates the child again (docs/protocol.md §9.8).
+		cause := err
+		go h.resolveClaim(a.run, cause, func(run protocol.RunRecord, rev uint64) { _ = h.abandon(run, rev, cause) })
+	}
 	var reply any
 	if err == nil {
 		claimed = true

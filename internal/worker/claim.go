@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -49,7 +50,10 @@ func (h *Host) withDeadline(ctx context.Context, deadlineMs int64, what, id stri
 		return nil, nil, protocol.Errorf(protocol.CodeUnavailable, "host %s received the %s of %s %s after its deadline and dropped it",
 			h.id, what, id, (-left).Round(time.Millisecond))
 	}
-	c, cancel := context.WithTimeout(ctx, min(left, ClaimBudgetMax))
+	// Answer (UNAVAILABLE, when the claim cannot be written in time) before
+	// the coordinator stops waiting for this attempt: a timeout is what
+	// tells it an instance is paused (dispatch.go in the coordinator).
+	c, cancel := context.WithTimeout(ctx, min(max(left-protocol.ReplyMargin(left), left/2), ClaimBudgetMax))
 	return c, cancel, nil
 }
 
@@ -69,9 +73,35 @@ func (h *Host) claim(ctx context.Context, run protocol.RunRecord, rev uint64, ch
 		return run, 0, protocol.NewError(protocol.CodeNotPending, map[string]any{
 			"runId": run.RunID, "reason": "its record changed since the coordinator created it (another instance started it, or it was settled)"})
 	case err != nil:
-		return run, 0, protocol.Errorf(protocol.CodeUnavailable, "claim run %s: %v", run.RunID, err)
+		return run, 0, fmt.Errorf("%w: %w", errClaimUnknown, protocol.Errorf(protocol.CodeUnavailable, "claim run %s: %v", run.RunID, err))
 	}
 	return run, nrev, nil
+}
+
+// errClaimUnknown marks a claim whose write ran out of budget with its
+// outcome unknown (an attempt's answer lost in a leader election, say): it
+// may have landed. The caller answers UNAVAILABLE and resolves it with
+// resolveClaim.
+var errClaimUnknown = errors.New("the claim's outcome is unknown")
+
+// resolveClaim reads back, from the leader and within SettleBudget, a run
+// record whose claim by this host had an unknown outcome. When the claim
+// landed after all, the run is this host's (nobody else starts or settles
+// it, and the coordinator reports it started): landed is called with it.
+// A claim that did not land leaves the record to the coordinator, which
+// settles it or gives it to another instance.
+func (h *Host) resolveClaim(run protocol.RunRecord, cause error, landed func(protocol.RunRecord, uint64)) {
+	ctx, cancel := context.WithTimeout(context.Background(), SettleBudget)
+	defer cancel()
+	cur, err := store.GetLatest[protocol.RunRecord](ctx, h.st.Runs, run.RunID)
+	switch {
+	case err != nil:
+		h.log.Error("could not read back a claim whose outcome is unknown; if it landed, the run stays running until this host goes away",
+			"run", run.RunID, "err", err, "cause", cause)
+	case cur.Value.State == protocol.RunRunning && cur.Value.HostID == h.id && cur.Value.StartedAt == run.StartedAt:
+		h.log.Warn("a claim whose answer was lost landed after all; carrying out the run", "run", run.RunID)
+		landed(cur.Value, cur.Revision)
+	}
 }
 
 // SettleBudget bounds the settlement of a run or epoch through transient

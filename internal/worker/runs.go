@@ -62,14 +62,11 @@ func (h *Host) isDraining() bool {
 // claims the run (claim.go), composes the session, takes the lease and logs
 // the first turn's opening (concurrently), then answers; the turn runs on.
 // Nothing is written before the claim; a failure after it settles the run as
-// never started.
-func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderStartRequest) (_ any, err error) {
-	var span trace.Span
-	defer func() {
-		if err != nil && span != nil {
-			telemetry.EndRun(span, nil, err)
-		}
-	}()
+// never started. A claim whose outcome stayed unknown within the request's
+// deadline is answered UNAVAILABLE and resolved in the background: when it
+// landed after all, the run is this host's (the coordinator reports it
+// started) and starts then.
+func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderStartRequest) (any, error) {
 	if h.isDraining() {
 		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
 	}
@@ -83,11 +80,30 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	}
 	run, runRev, err := h.claim(cctx, req.Run, uint64(req.RunRevision), childID)
 	cancel()
+	if errors.Is(err, errClaimUnknown) {
+		bctx := context.WithoutCancel(ctx)
+		go h.resolveClaim(run, err, func(run protocol.RunRecord, rev uint64) {
+			if _, err := h.publishRun(bctx, p, req, run, rev); err != nil {
+				h.log.Warn("a run whose claim landed late could not start", "run", run.RunID, "err", err)
+			}
+		})
+	}
 	if err != nil {
 		return nil, err
 	}
-	// The run is ours from here: it starts, or it is settled never started.
-	ctx = context.WithoutCancel(ctx)
+	return h.publishRun(context.WithoutCancel(ctx), p, req, run, runRev)
+}
+
+// publishRun is startRun from the claim on: the run is this host's, and it
+// starts or is settled never started.
+func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.ProviderStartRequest, run protocol.RunRecord, runRev uint64) (_ any, err error) {
+	var span trace.Span
+	defer func() {
+		if err != nil && span != nil {
+			telemetry.EndRun(span, nil, err)
+		}
+	}()
+	childID := req.Header.ID
 	cred := protocol.NewCredential()
 	seed := req.Header.SeedLength
 	lw := h.st.NewLogWriter(childID, 0, 0)

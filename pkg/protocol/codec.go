@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -37,6 +38,16 @@ const (
 	HeaderServiceError     = "Nats-Service-Error"
 	HeaderServiceErrorCode = "Nats-Service-Error-Code"
 )
+
+// ReplyMargin is how much sooner than its caller stops waiting a callee
+// answers (docs/protocol.md §2.4): a tenth of the time it was given, between
+// 100 ms and 1 s. A coordinator answers within Brood-Timeout less it; a
+// provider instance gives up a start's or an activation's claim that much
+// before the request's deadline, so the coordinator hears its UNAVAILABLE
+// instead of its own timeout.
+func ReplyMargin(t time.Duration) time.Duration {
+	return min(max(t/10, 100*time.Millisecond), time.Second)
+}
 
 func (e Encoding) String() string {
 	if e == JSON {

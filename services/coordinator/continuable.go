@@ -273,7 +273,7 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 	}
 	var reply protocol.ActivateReply
 	dctx, cancel := reserve(ctx)
-	_, err = c.dispatch(dctx, desc.Provider, protocol.OpProviderActivate, func(deadline int64) any {
+	_, err = c.dispatch(dctx, desc.Provider, protocol.OpProviderActivate, runID, func(deadline int64) any {
 		req.Deadline = deadline
 		return req
 	}, &reply)

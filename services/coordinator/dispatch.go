@@ -118,25 +118,38 @@ func (c *Coordinator) registered(name string) int {
 const dispatchRetryWait = 200 * time.Millisecond
 
 // dispatch sends the request built by build to op of a live instance of
-// provider, one instance at a time, until one answers or ctx is done. Each
-// attempt gets at most ProviderAttemptTimeout; build receives the attempt's
-// deadline (epoch ms) for the request's deadline field, so an instance that
-// receives it later drops it. An instance that does not answer in time is
-// suspected and the next one tried; no responders, DRAINING and UNAVAILABLE
-// (the instance's own JetStream writes ran out of budget) move on too, and
-// once every instance was tried the round starts again while time remains.
-// Any other error is the instance's answer and final, as is NOT_PENDING
-// (another instance claimed the run first). It returns the host that
-// answered.
-func (c *Coordinator) dispatch(ctx context.Context, provider, op string, build func(deadlineMs int64) any, reply any) (string, error) {
+// provider, one instance at a time, until one answers or ctx is done; id
+// (the run or child) names the request in logs. Each attempt gets at most
+// ProviderAttemptTimeout; build receives the attempt's deadline (epoch ms)
+// for the request's deadline field, so an instance that receives it later
+// drops it. An instance that does not answer in time is suspected and the
+// next one tried; this request tries it again only when every other
+// instance timed out too, so a paused instance costs a request one attempt
+// at most while another instance answers. No responders, DRAINING and
+// UNAVAILABLE (the instance's own JetStream writes ran out of budget) move
+// on too, and once every instance was tried the round starts again while
+// time remains. Any other error is the instance's answer and final, as is
+// NOT_PENDING (another instance claimed the run first). It returns the host
+// that answered.
+func (c *Coordinator) dispatch(ctx context.Context, provider, op, id string, build func(deadlineMs int64) any, reply any) (string, error) {
 	var last error
+	timedOut := map[string]bool{}
 	for round := 0; ; round++ {
-		hosts := c.instances(provider)
-		if len(hosts) == 0 {
+		all := c.instances(provider)
+		if len(all) == 0 {
 			if last == nil {
 				last = c.noInstance(provider)
 			}
 			return "", last
+		}
+		var hosts []string
+		for _, h := range all {
+			if !timedOut[h] {
+				hosts = append(hosts, h)
+			}
+		}
+		if len(hosts) == 0 {
+			hosts = all // every instance timed out once: a slow one may answer now
 		}
 		for _, host := range hosts {
 			if ctx.Err() != nil {
@@ -153,9 +166,10 @@ func (c *Coordinator) dispatch(ctx context.Context, provider, op string, build f
 			switch {
 			case errors.Is(err, context.DeadlineExceeded):
 				c.suspect(host)
-				c.log.Warn("provider instance did not answer in time; trying another", "provider", provider, "host", host, "op", op)
+				timedOut[host] = true
+				c.log.Warn("provider instance did not answer in time; trying another", "provider", provider, "host", host, "op", op, "id", id)
 			case errors.Is(err, nats.ErrNoResponders), errors.Is(err, protocol.ErrDraining), errors.Is(err, protocol.ErrUnavailable):
-				c.log.Info("provider instance could not take the request; trying another", "provider", provider, "host", host, "op", op, "err", err)
+				c.log.Info("provider instance could not take the request; trying another", "provider", provider, "host", host, "op", op, "id", id, "err", err)
 			default:
 				return host, err
 			}
@@ -206,10 +220,8 @@ const (
 )
 
 // replyMargin is how much sooner than its caller's timeout the coordinator
-// answers: a tenth of it, between 100 ms and 1 s.
-func replyMargin(t time.Duration) time.Duration {
-	return min(max(t/10, 100*time.Millisecond), time.Second)
-}
+// answers (protocol.ReplyMargin: a tenth of it, between 100 ms and 1 s).
+func replyMargin(t time.Duration) time.Duration { return protocol.ReplyMargin(t) }
 
 // ownBound lists the endpoints whose waits have bounds of their own that a
 // caller without Brood-Timeout accepted by calling them (runs.await, and the

@@ -246,7 +246,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 		Source: ptrTo(protocol.PromptSource(a.pheader)), RunRevision: protocol.Seq(runRev), Run: rec, Options: a.options, Ancestry: ancestry(a),
 	}
 	dctx, cancel := reserve(ctx)
-	_, err = c.dispatch(dctx, a.desc.Name, protocol.OpProviderStart, func(deadline int64) any {
+	_, err = c.dispatch(dctx, a.desc.Name, protocol.OpProviderStart, runID, func(deadline int64) any {
 		start.Deadline = deadline
 		return start
 	}, &protocol.ProviderStartReply{})
@@ -491,7 +491,7 @@ func (c *Coordinator) disposeRun(ctx context.Context, rec protocol.RunRecord, ca
 func (c *Coordinator) prepare(ctx context.Context, provider, parent, childID string) (int64, error) {
 	req := protocol.ProviderPrepareRequest{ParentSession: parent, ChildID: childID, Provider: provider}
 	var reply protocol.ProviderPrepareReply
-	if _, err := c.dispatch(ctx, provider, protocol.OpProviderPrepare, func(deadline int64) any {
+	if _, err := c.dispatch(ctx, provider, protocol.OpProviderPrepare, childID, func(deadline int64) any {
 		req.Deadline = deadline
 		return req
 	}, &reply); err != nil {
