@@ -69,7 +69,8 @@ fuzz:
 
 # The seam tests of issue 16, repeated: paused and stale workers (real brood
 # processes, SIGSTOP/SIGCONT), leader elections on the 3-node cluster of
-# deploy/ (in process, every stream R3). About 10 minutes.
+# deploy/ (in process, every stream R3, each leader killed in turn). About
+# 15 minutes.
 chaos-seams: acp-deps
 	$(GO) test -race -count=5 -timeout 30m -run 'TestPausedWorker|TestStaleStart|TestSilentProvider|TestWorkerPaused|TestKilled' ./integration/
 	$(GO) test -race -count=5 -timeout 30m -run 'TestLeaderElectionsAreNotFailures' ./deploy/

@@ -4,19 +4,26 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
 	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/pkg/chaos"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
@@ -61,22 +68,31 @@ func serviceConn(t *testing.T, urls, user string, v *violations) *nats.Conn {
 	return nc
 }
 
-// TestLeaderElectionsAreNotFailures (issue 16, fault 4): the 3-node cluster
-// of deploy/nats/cluster with every stream and bucket R3, two coordinators
-// and two spawn workers (each as its user), one-shot runs and followups
-// flowing; the node that leads each of Brood's streams and buckets in turn is
-// shut down and started again. Elections are transient: no start is refused,
-// no run settles DURABILITY_FAILED or HOST_LOST, no followup is refused or
-// lost, no run or epoch record is left running, and every subagent/start has
-// exactly one subagent/end. The workload's own client sits on a node that
-// stays up (a client whose server dies with its request cannot hear any
-// answer, and a followup it retries with its idempotency key is stored once);
-// a start in flight through a coordinator's node as it stops may go
-// unanswered (core NATS delivers at most once): such unknown outcomes are
-// counted, and whatever they started must still settle.
+// TestLeaderElectionsAreNotFailures (issue 16, faults 1, 2 and 4, and the
+// issue's acceptance): the 3-node cluster of deploy/nats/cluster with every
+// stream and bucket R3, two coordinators and two spawn workers in process
+// (each as its user), and a third spawn worker, a `brood spawn-worker`
+// process, paused with SIGSTOP before the first start and resumed at the
+// end; one-shot runs and followups flow while the node that leads each of
+// Brood's streams and buckets (broodStreams: every one there is) in turn is
+// killed as kill -9 kills it (routes reset first, so no leadership is handed
+// over: the others elect after their election timeout), stays down about an
+// election timeout, and starts again. Elections are transient: no start is
+// refused (no NO_PROVIDER, no UNAVAILABLE), no run settles
+// DURABILITY_FAILED or HOST_LOST, no followup is refused or lost, no run or
+// epoch record is left running, and every subagent/start has exactly one
+// subagent/end. The paused worker costs each start one attempt at most, and
+// once resumed carries out none of the starts it was sent. The workload's
+// own client sits on a node that stays up (a client whose server dies with
+// its request cannot hear any answer, and a followup it retries with its
+// idempotency key is stored once); a request in flight through a
+// coordinator's node as it dies may go unanswered (core NATS delivers at
+// most once): such unknown outcomes are counted, and whatever they started
+// must still settle. About 90 s; part of make test, and make chaos-seams
+// repeats it.
 func TestLeaderElectionsAreNotFailures(t *testing.T) {
 	if testing.Short() {
-		t.Skip("a minute of leader elections")
+		t.Skip("a minute and a half of leader elections")
 	}
 	setPasswords(t)
 	opts := clusterOptions(t)
@@ -85,6 +101,7 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 		o.StoreDir = t.TempDir()
 	}
 	remapPorts(t, opts)
+	rt := proxyRoutes(t, opts)
 	cl := testutil.StartCluster(t, opts)
 	all := cl.URLs()
 	v := &violations{}
@@ -108,16 +125,18 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 		return st
 	}
 	const beat, expiry = 200 * time.Millisecond, 3 * time.Second
+	att := newAttempts(testutil.Logger(t).Handler())
 	for i := 0; i < 2; i++ {
 		nc := serviceConn(t, all, "coordinator", v)
 		c, err := coordinator.New(coordinator.Config{NC: nc, Store: provision(nc), HeartbeatInterval: beat, HostExpiry: expiry,
-			LivenessInterval: 300 * time.Millisecond, Logger: testutil.Logger(t)})
+			LivenessInterval: 300 * time.Millisecond, Logger: slog.New(att)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		testutil.Background(t, c)
 		<-c.Ready()
 	}
+	inProcess := map[string]bool{}
 	for i := 0; i < 2; i++ {
 		nc := serviceConn(t, all, "worker", v)
 		w, err := spawnworker.New(spawnworker.Config{NC: nc, Store: provision(nc),
@@ -126,8 +145,15 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		inProcess[w.ID()] = true
 		testutil.Background(t, w)
 	}
+	// A third spawn worker, a process of its own, is paused (SIGSTOP) once
+	// it is listed, before the first start: until the coordinators stop
+	// counting it live (a host expiry) or suspect it, starts are offered to
+	// it, and each may cost one attempt there and no more.
+	paused := startWorkerProcess(t, all, beat, expiry)
+	st := provision(serviceConn(t, all, "coordinator", v))
 
 	// The workload's client moves to a node that stays up before each stop.
 	clientOn := func(node int) *client.Client {
@@ -142,10 +168,21 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 	var cur atomic.Pointer[client.Client]
 	cur.Store(clientOn(0))
 	ctx := context.Background()
-	waitFor(t, 20*time.Second, "two spawn instances", func() bool {
+	waitFor(t, 60*time.Second, "three spawn instances", func() bool {
 		r, err := cur.Load().Providers(ctx)
-		return err == nil && r.Instances[spawnworker.DefaultName] == 2
+		return err == nil && r.Instances[spawnworker.DefaultName] == 3
 	})
+	pausedID := ""
+	for _, h := range hostRecords(t, st) {
+		if h.Kind == protocol.HostWorker && !inProcess[h.HostID] {
+			pausedID = h.HostID
+		}
+	}
+	if pausedID == "" {
+		t.Fatal("the worker process has no host record")
+	}
+	paused.signal(t, syscall.SIGSTOP)
+	t.Logf("paused worker %s", pausedID)
 	root, err := cur.Load().OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -175,7 +212,7 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 					return
 				case <-time.After(50 * time.Millisecond):
 				}
-				sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
+				sctx, scancel := context.WithTimeout(ctx, client.DefaultTimeout)
 				run, err := cur.Load().StartRun(sctx, protocol.RunStartRequest{Provider: spawnworker.DefaultName, Parent: root.Ref(), Prompt: protocol.Text("say ok")})
 				scancel()
 				if errors.Is(err, context.DeadlineExceeded) {
@@ -220,7 +257,7 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 			}
 			key := fmt.Sprintf("f%d", i)
 			for attempt := 0; ; attempt++ {
-				fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				fctx, cancel := context.WithTimeout(ctx, client.DefaultTimeout)
 				reply, err := cur.Load().Followup(fctx, protocol.FollowupRequest{
 					ChildID: child.ChildID, Authority: protocol.Authority{Grant: grant.Grant}, Message: protocol.Text("say " + key), IdempotencyKey: key,
 				})
@@ -248,21 +285,22 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 		}
 	}()
 
-	const stops = 4
-	for _, stream := range broodStreams[:stops] {
+	stops := len(broodStreams)
+	for _, stream := range broodStreams {
 		time.Sleep(time.Second) // runs flow with every node up
 		cl.WaitStreamCurrent(broodAccount, broodStreams...)
 		leader := cl.StreamLeader(broodAccount, stream)
 		cur.Store(clientOn((leader + 1) % cl.Size()))
-		t.Logf("stopping node %d, the leader of %s", leader+1, stream)
-		cl.Stop(leader)
-		time.Sleep(2 * time.Second) // runs flow through the election
+		t.Logf("killing node %d, the leader of %s", leader+1, stream)
+		rt.kill(cl, leader)
+		time.Sleep(electionDown) // runs flow through the election
 		cl.Restart(leader)
 	}
 	time.Sleep(time.Second)
 	close(stop)
 	wg.Wait()
 	cl.WaitStreamCurrent(broodAccount, broodStreams...)
+	paused.signal(t, syscall.SIGCONT)
 
 	load.mu.Lock()
 	defer load.mu.Unlock()
@@ -295,17 +333,27 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 	if got, want := strings.Join(claims[1:], ","), strings.Join(load.order, ","); got != want {
 		t.Errorf("claims after the first prompt:\n%s\nwant the accepted followups once each, in order:\n%s", got, want)
 	}
+	// The paused worker cost each start one attempt at most, and once
+	// resumed it started none of them: every run it was offered ran
+	// elsewhere, or was settled never started.
+	offered, repeated := att.at(pausedID)
+	t.Logf("the paused worker let %d starts time out", offered)
+	if len(repeated) > 0 {
+		t.Errorf("the paused worker cost these starts more than one attempt: %v", repeated)
+	}
 	// Nothing is left running, and the lifecycle events balance.
-	st := provision(serviceConn(t, cl.URL(0), "coordinator", v))
-	var running []string
+	var running, claimed []string
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		running = running[:0]
+		running, claimed = running[:0], claimed[:0]
 		lister, err := st.Runs.ListKeys(ctx)
 		if err != nil {
 			continue
 		}
 		for k := range lister.Keys() {
 			r, err := store.Get[protocol.RunRecord](ctx, st.Runs, k)
+			if err == nil && r.Value.HostID == pausedID {
+				claimed = append(claimed, k)
+			}
 			if err == nil && r.Value.State == protocol.RunRunning {
 				l, lerr := store.Get[protocol.AgentRecord](ctx, st.Agents, r.Value.ChildID)
 				running = append(running, fmt.Sprintf("%s (%s, child %s, host %q, created %s ago; lease %+v %v)", k, r.Value.Mode, r.Value.ChildID,
@@ -318,6 +366,9 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("records left running:\n%s", strings.Join(running, "\n"))
 		}
+	}
+	if len(claimed) > 0 {
+		t.Errorf("the worker paused throughout claimed runs %v", claimed)
 	}
 	starts, ends := map[string]int{}, map[string]int{}
 	events := lifecycle(t, st, root.SessionID)
@@ -369,4 +420,203 @@ func claimsOf(evs []protocol.SessionEvent) []string {
 func lifecycle(t *testing.T, st *store.Store, parent string) []protocol.LifecycleEvent {
 	t.Helper()
 	return (&stack.Stack{T: t, Store: st}).Lifecycle(parent)
+}
+
+// routes is a TCP proxy on every route of the cluster, one per direction of
+// each pair of nodes (pkg/chaos's Proxy), so a node can be killed the way
+// kill -9 kills it. In-process, a node can only Shutdown, and Shutdown first
+// hands the leadership of every stream it leads to another node; cutting
+// its routes first leaves the other nodes to find the leader gone and elect
+// a new one after their election timeout (seconds), as they must when its
+// process dies.
+type routes struct {
+	proxies map[[2]int]*chaos.Proxy // [from, to]
+}
+
+// proxyRoutes points every node's routes at proxies and stops the nodes
+// from advertising their own route addresses (which would let the others
+// connect around the proxies). Call it on the options before the cluster
+// starts.
+func proxyRoutes(t *testing.T, opts []*server.Options) *routes {
+	t.Helper()
+	node := map[string]int{} // cluster listen address -> node
+	for i, o := range opts {
+		node[net.JoinHostPort(o.Cluster.Host, fmt.Sprint(o.Cluster.Port))] = i
+	}
+	r := &routes{proxies: map[[2]int]*chaos.Proxy{}}
+	for i, o := range opts {
+		o.Cluster.NoAdvertise = true
+		for k, u := range o.Routes {
+			j, ok := node[u.Host]
+			if !ok {
+				t.Fatalf("%s: route %s names no node of this cluster", o.ServerName, u.Redacted())
+			}
+			p, err := chaos.NewProxy(fmt.Sprintf("n%d>n%d", i+1, j+1), u.Host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(p.Close)
+			r.proxies[[2]int{i, j}] = p
+			nu := *u
+			nu.Host = p.Addr()
+			o.Routes[k] = &nu
+		}
+	}
+	return r
+}
+
+// kill stops node i as kill -9 would: its routes are reset first (the other
+// nodes learn nothing from it, not even a leader stepping down), then it
+// shuts down (its clients' connections close and they reconnect elsewhere).
+// The routes pass again once it is down, for its restart.
+func (r *routes) kill(cl *testutil.Cluster, i int) {
+	for k, p := range r.proxies {
+		if k[0] == i || k[1] == i {
+			p.Set(chaos.Cut, 0)
+		}
+	}
+	cl.Stop(i)
+	for k, p := range r.proxies {
+		if k[0] == i || k[1] == i {
+			p.Heal()
+		}
+	}
+}
+
+// attempts records the provider attempts that the coordinators' logs report
+// as not answered in time, by the host tried and the request's id.
+type attempts struct {
+	slog.Handler
+	mu       *sync.Mutex
+	timedOut map[[2]string]int // [host, id] -> attempts
+}
+
+func newAttempts(next slog.Handler) attempts {
+	return attempts{Handler: next, mu: &sync.Mutex{}, timedOut: map[[2]string]int{}}
+}
+
+func (a attempts) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "did not answer in time") {
+		var host, id string
+		r.Attrs(func(at slog.Attr) bool {
+			switch at.Key {
+			case "host":
+				host = at.Value.String()
+			case "id":
+				id = at.Value.String()
+			}
+			return true
+		})
+		a.mu.Lock()
+		a.timedOut[[2]string{host, id}]++
+		a.mu.Unlock()
+	}
+	return a.Handler.Handle(ctx, r)
+}
+
+func (a attempts) WithAttrs(as []slog.Attr) slog.Handler {
+	return attempts{Handler: a.Handler.WithAttrs(as), mu: a.mu, timedOut: a.timedOut}
+}
+
+func (a attempts) WithGroup(g string) slog.Handler {
+	return attempts{Handler: a.Handler.WithGroup(g), mu: a.mu, timedOut: a.timedOut}
+}
+
+// at returns, for host, how many requests it let time out and the ids of
+// those it let time out more than once.
+func (a attempts) at(host string) (requests int, repeated []string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k, n := range a.timedOut {
+		if k[0] != host {
+			continue
+		}
+		requests++
+		if n > 1 {
+			repeated = append(repeated, fmt.Sprintf("%s (%d attempts)", k[1], n))
+		}
+	}
+	return requests, repeated
+}
+
+// pausedWorker is a `brood spawn-worker` process in a process group of its
+// own (as `setsid` starts it), connected to every node as the worker user,
+// so SIGSTOP pauses it whole.
+type pausedWorker struct {
+	cmd    *exec.Cmd
+	done   chan struct{}
+	mu     sync.Mutex
+	stderr strings.Builder
+}
+
+func (p *pausedWorker) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.Write(b)
+}
+
+func (p *pausedWorker) log() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stderr.String()
+}
+
+// startWorkerProcess builds brood and starts `brood spawn-worker` against urls.
+func startWorkerProcess(t *testing.T, urls string, beat, expiry time.Duration) *pausedWorker {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), chaos.BuildTimeout)
+	defer cancel()
+	bin, err := chaos.Build(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pausedWorker{done: make(chan struct{})}
+	p.cmd = exec.Command(bin, "spawn-worker", "--nats", urls, "--log-level", "info",
+		"--heartbeat", beat.String(), "--host-expiry", expiry.String())
+	p.cmd.Env = append(os.Environ(), "BROOD_NATS_USER=worker", "BROOD_NATS_PASSWORD="+passwordOf(t, "worker"))
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	p.cmd.Stderr = p
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGCONT)
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+		if t.Failed() {
+			t.Logf("paused worker's log:\n%s", p.log())
+		}
+	})
+	return p
+}
+
+// signal sends sig to the worker's process group.
+func (p *pausedWorker) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := syscall.Kill(-p.cmd.Process.Pid, sig); err != nil {
+		t.Fatalf("signal %v: %v", sig, err)
+	}
+}
+
+// electionDown is how long a killed node stays down: about an election
+// timeout (nats-server's raft waits 4 to 9 s before it elects a new leader),
+// so the remaining nodes elect while it is gone.
+const electionDown = 5 * time.Second
+
+// hostRecords reads every record of brood_hosts.
+func hostRecords(t *testing.T, st *store.Store) []protocol.HostRecord {
+	t.Helper()
+	ctx := context.Background()
+	lister, err := st.Hosts.ListKeys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []protocol.HostRecord
+	for k := range lister.Keys() {
+		if r, err := store.Get[protocol.HostRecord](ctx, st.Hosts, k); err == nil {
+			out = append(out, r.Value)
+		}
+	}
+	return out
 }
