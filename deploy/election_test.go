@@ -316,7 +316,7 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 	if len(load.unknown) > 2*stops {
 		t.Errorf("%d requests got no answer at all:\n%s", len(load.unknown), strings.Join(load.unknown, "\n"))
 	}
-	if len(load.runs) < 20 || len(load.order) < 10 {
+	if len(load.runs) < 20 || len(load.order) < 5 { // a followup whose request was lost waits out its 30 s
 		t.Fatalf("too little flowed: %d runs, %d followups", len(load.runs), len(load.order))
 	}
 	// Every accepted followup is claimed, once, in order.
