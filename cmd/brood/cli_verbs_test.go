@@ -383,7 +383,10 @@ func TestSteeringVerbsInJSON(t *testing.T) {
 	if in.ChildID != busy || !in.Interrupted {
 		t.Fatalf("interrupt --json %+v", in)
 	}
-	c.eventually("the quick child ran its followup", func() bool { return c.ok("result", idle).out == "again\n" })
+	// Its answer is logged before its turn's end: idle once both are.
+	c.eventually("the quick child ran its followup", func() bool {
+		return c.ok("result", idle).out == "again\n" && c.ok("state", idle).out == "none\n"
+	})
 	in = decodeJSON[protocol.InterruptReply](t, c.ok("interrupt", "--json", idle).out)
 	if in.Interrupted {
 		t.Fatalf("interrupt --json of an idle child %+v", in)
