@@ -88,7 +88,9 @@ type ScheduleConfig struct {
 }
 
 // NewSchedule draws the fault schedule of a seed: the same seed and config
-// give the same steps.
+// give the same steps. Successive kills of a leader and stepdowns take the
+// streams of leaderStreams in turn, successive kills of a node the nodes in
+// turn, starting from a seeded one.
 func NewSchedule(cfg ScheduleConfig) []Step {
 	if len(cfg.Classes) == 0 {
 		cfg.Classes = FaultClasses
@@ -103,6 +105,9 @@ func NewSchedule(cfg ScheduleConfig) []Step {
 		cfg.HostExpiry = protocol.DefaultHostExpiry
 	}
 	rng := rand.New(rand.NewSource(cfg.Seed))
+	// Classes whose targets cycle rather than being drawn each time.
+	cycles := map[string]bool{FaultKillLeader: true, FaultStepDown: true, FaultKillServer: true}
+	firstPick, nth := map[string]int{}, map[string]int{}
 	var steps []Step
 	var total time.Duration
 	var order []string
@@ -115,6 +120,17 @@ func NewSchedule(cfg ScheduleConfig) []Step {
 		}
 		s := Step{Class: order[0], Pick: rng.Intn(1 << 20)}
 		order = order[1:]
+		if cycles[s.Class] {
+			// The n-th fault of the class takes the next target after the
+			// first one's: the four streams' leaders and the three nodes
+			// (sync always and the default) each get their turn.
+			if first, ok := firstPick[s.Class]; ok {
+				s.Pick = first + nth[s.Class]
+			} else {
+				firstPick[s.Class] = s.Pick
+			}
+			nth[s.Class]++
+		}
 		s.Gap = time.Second + time.Duration(rng.Int63n(int64(cfg.GapMax)))
 		s.Hold = 2*time.Second + time.Duration(rng.Int63n(int64(cfg.HoldMax-2*time.Second)+1))
 		s.Mode = Drop

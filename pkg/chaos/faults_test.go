@@ -44,3 +44,34 @@ func TestScheduleReplaysFromItsSeed(t *testing.T) {
 		t.Errorf("the schedule lasts %s for a duration of %s", total, cfg.Duration)
 	}
 }
+
+// TestScheduleTakesTargetsInTurn: successive kills of a leader and
+// stepdowns name the streams of leaderStreams in turn, and successive kills
+// of a node the three nodes in turn, so a long schedule reaches the leader
+// of every stream and the node with sync always as well as the others.
+func TestScheduleTakesTargetsInTurn(t *testing.T) {
+	for _, seed := range []int64{1, 2, 3, 4} {
+		steps := NewSchedule(ScheduleConfig{Seed: seed, Duration: 10 * time.Minute, HostExpiry: 3 * time.Second})
+		targets := map[string][]int{}
+		for _, s := range steps {
+			switch s.Class {
+			case FaultKillLeader, FaultStepDown:
+				targets[s.Class] = append(targets[s.Class], s.Pick%len(leaderStreams))
+			case FaultKillServer:
+				targets[s.Class] = append(targets[s.Class], s.Pick%3)
+			}
+		}
+		for class, n := range map[string]int{FaultKillLeader: len(leaderStreams), FaultStepDown: len(leaderStreams), FaultKillServer: 3} {
+			got := targets[class]
+			if len(got) < n {
+				t.Fatalf("seed %d: %d faults of %s in 10 minutes", seed, len(got), class)
+			}
+			for i := 1; i < len(got); i++ {
+				if got[i] != (got[i-1]+1)%n {
+					t.Errorf("seed %d: %s targets %v, not in turn", seed, class, got)
+					break
+				}
+			}
+		}
+	}
+}

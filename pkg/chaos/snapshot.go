@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -163,29 +164,11 @@ func readStream(ctx context.Context, str jetstream.Stream, f func(jetstream.Msg)
 	if err != nil {
 		return fmt.Errorf("snapshot: %s: %w", name, err)
 	}
+	var seq uint64 // the last message's stream sequence
 	for {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return fmt.Errorf("snapshot: %s: %w", name, err)
-		}
-		n := 0
-		var seq uint64
-		for m := range batch.Messages() {
-			n++
-			md, err := m.Metadata()
-			if err != nil {
-				return err
-			}
-			seq = md.Sequence.Stream
-			if err := f(m); err != nil {
-				return fmt.Errorf("snapshot: %s@%d: %w", name, seq, err)
-			}
-			if seq >= last {
-				return nil
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return fmt.Errorf("snapshot: %s: %w", name, err)
+		n, done, err := readBatch(ctx, cons, name, last, &seq, f)
+		if err != nil || done {
+			return err
 		}
 		if n == 0 {
 			if ctx.Err() != nil {
@@ -203,6 +186,40 @@ func readStream(ctx context.Context, str jetstream.Stream, f func(jetstream.Msg)
 			}
 		}
 	}
+}
+
+// fetchWait bounds one fetch of readStream.
+const fetchWait = 5 * time.Second
+
+// readBatch fetches one batch (up to 1,000 messages, fetchWait) and passes
+// its messages to f; done once it passed the message at sequence last. The
+// fetch ends when readBatch returns (its context is cancelled), so no fetch
+// outlives the read.
+func readBatch(ctx context.Context, cons jetstream.Consumer, name string, last uint64, seq *uint64, f func(jetstream.Msg) error) (n int, done bool, err error) {
+	fctx, cancel := context.WithTimeout(ctx, fetchWait)
+	defer cancel()
+	batch, err := cons.Fetch(1000, jetstream.FetchContext(fctx))
+	if err != nil {
+		return 0, false, fmt.Errorf("snapshot: %s: %w", name, err)
+	}
+	for m := range batch.Messages() {
+		n++
+		md, err := m.Metadata()
+		if err != nil {
+			return n, false, err
+		}
+		*seq = md.Sequence.Stream
+		if err := f(m); err != nil {
+			return n, false, fmt.Errorf("snapshot: %s@%d: %w", name, *seq, err)
+		}
+		if *seq >= last {
+			return n, true, nil
+		}
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return n, false, fmt.Errorf("snapshot: %s: %w", name, err)
+	}
+	return n, false, nil
 }
 
 // readBucket passes every live key of kv and its value to f.

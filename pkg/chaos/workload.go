@@ -931,10 +931,11 @@ func (c *wclient) limitBurst(ctx context.Context) {
 	for i := 0; i < n; i++ {
 		id := c.childID()
 		op := c.invoke(&Op{Kind: OpStart, Root: r.id, Parent: r.id, Sender: r.id, Child: id})
+		// Drawn here, in the seeded order: the rng is the loop's own.
+		script := fmt.Sprintf("sleep %dms\nsay %s", 1000+c.rng.Intn(1000), Marker(op.ID))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			script := fmt.Sprintf("sleep %dms\nsay %s", 1000+c.rng.Intn(1000), Marker(op.ID))
 			c.w.rec.Update(op, func(o *Op) { o.Marker, o.Script = Marker(op.ID), script })
 			var reply protocol.ContinuableStartReply
 			err := c.call(protocol.EpContinuableStart, protocol.ContinuableStartRequest{
