@@ -270,3 +270,83 @@ func TestSettlementOutlivesItsWinner(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeoverSettlesTheEpochBeforeReleasingTheLease: a coordinator taking
+// over the activation of a dead host releases the lease only once the
+// epoch record is settled. While the runs bucket refuses the settlement, the
+// lease stays taken over (and the takeover is tried again); once the bucket
+// accepts writes, the record settles, its subagent/end is published once
+// and the lease goes. Released earlier, the lease left the record running
+// for good, since no one held the session any more (chaos seed 1 of make
+// test: the settlement's read hit a replica that was not yet current).
+func TestTakeoverSettlesTheEpochBeforeReleasingTheLease(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	root := s.Root()
+	ctx := context.Background()
+	child, runID := "epoch-of-a-dead-host", "epoch-run-of-a-dead-host"
+	now := store.NowMs()
+	if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
+		ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Create(ctx, s.Store.Runs, runID, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID,
+		Provider: "spawn", Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	s.Store.PublishEvent(protocol.LifecycleEvent{Type: protocol.LifecycleStart, RunID: runID, Provider: "spawn", ID: child,
+		ParentSession: root.SessionID, Local: true, Mode: protocol.ModeContinuable, Time: now}, func(err error) { t.Error(err) })
+
+	// The runs bucket refuses every write from now on: no record fits.
+	runs, err := s.Store.JS.Stream(ctx, "KV_brood_runs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := runs.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusing := info.Config
+	refusing.MaxMsgSize = 8
+	if _, err := s.Store.JS.UpdateStream(ctx, refusing); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Create(ctx, s.Store.Agents, child, protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable,
+		HostID: "host-that-died", Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
+		ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now, EpochStart: 0}); err != nil {
+		t.Fatal(err)
+	}
+	lease := func() (protocol.AgentRecord, bool) {
+		r, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
+		return r.Value, err == nil
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		_, evs := s.Log(child)
+		return len(evs) > 0 && evs[len(evs)-1].Type == protocol.EvAgentTakeover
+	}, "the coordinator takes the dead host's lease over and fences its log")
+	// For 2 s, some 20 sweeps (one every heartbeat interval, 100 ms) try to
+	// settle the epoch and fail: the lease must stay all along.
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		l, ok := lease()
+		if !ok {
+			t.Fatal("the lease was released while the epoch record was still running")
+		}
+		if l.TakenOverBy == "" {
+			t.Fatalf("the lease is no longer taken over: %+v", l)
+		}
+	}
+	if r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID); err != nil || r.Value.State != protocol.RunRunning {
+		t.Fatalf("epoch record %+v (%v) while the bucket refused writes", r.Value, err)
+	}
+
+	// The bucket accepts writes again: the next sweep settles the epoch.
+	if _, err := s.Store.JS.UpdateStream(ctx, info.Config); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+		_, held := lease()
+		return err == nil && r.Value.State == protocol.RunSettled && !held
+	}, "the epoch record is settled, then the lease released")
+	testutil.Eventually(t, 10*time.Second, func() bool { return endEvents(t, s, root.SessionID)[runID] == 1 }, "one subagent/end for %s", runID)
+}

@@ -176,6 +176,8 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	if fresh.Value.Kind != protocol.AgentOneShot {
 		return
 	}
+	// Read from the bucket's leader: a replica that is not yet current (after
+	// a restart or a partition) may not have the record, or its last write.
 	run, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID)
 	if err == nil && run.Value.State == protocol.RunSettled && run.Value.Result != nil {
 		// The host settled, then died holding the lease: it may not have
@@ -234,15 +236,14 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	rec := run.Value
 	rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), c.cfg.ID, &res
 	if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision); err != nil {
-		if !errors.Is(err, store.ErrConflict) {
-			c.log.Warn("takeover: settle", "run", rec.RunID, "err", err)
-			return
-		}
-	} else {
-		c.settled(rec)
-		worker.PublishSettled(c.st, rec, func(err error) { c.log.Warn("lifecycle event not acknowledged", "err", err) })
-		c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", res.StopReason, "errorCode", res.ErrorCode)
+		// Not settled: the lease stays taken over, so the next sweep tries
+		// again (a record settled meanwhile is then published as it is).
+		c.log.Warn("takeover: settle; will retry", "run", rec.RunID, "err", err)
+		return
 	}
+	c.settled(rec)
+	worker.PublishSettled(c.st, rec, func(err error) { c.log.Warn("lifecycle event not acknowledged", "err", err) })
+	c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", res.StopReason, "errorCode", res.ErrorCode)
 	if err := store.Delete(ctx, c.st.Agents, id, leaseRev); err == nil {
 		c.agents.del(id)
 	}
@@ -331,15 +332,29 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		res.ErrorCode = protocol.CodeHostLost
 		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating; the turn in flight was closed as interrupted and accepted messages resume on another host", deadHost)
 	}
+	// The epoch record is settled before the lease goes: a lease released
+	// over a record still running leaves it running for good, since no one
+	// holds the session any more. The record is read from the bucket's
+	// leader (a replica not yet current may lack it, or its last write);
+	// a failed read or settlement keeps the lease taken over, and the next
+	// sweep tries again.
 	settled := false
-	if run, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID); err == nil && run.Value.State == protocol.RunRunning {
+	run, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID)
+	switch {
+	case errors.Is(err, store.ErrNotFound): // nothing to settle
+	case err != nil:
+		c.log.Warn("takeover: read the epoch record; will retry", "session", id, "run", fresh.Value.RunID, "err", err)
+		return
+	case run.Value.State == protocol.RunRunning:
 		rec := run.Value
 		rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), c.cfg.ID, &res
-		if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision); err == nil {
-			settled = true
-			c.settled(rec)
+		if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision); err != nil {
+			c.log.Warn("takeover: settle the epoch; will retry", "session", id, "run", rec.RunID, "err", err)
+			return
 		}
-	} else if err == nil && run.Value.Result != nil {
+		settled = true
+		c.settled(rec)
+	case run.Value.Result != nil:
 		// The host settled the epoch, then died holding the lease (it
 		// publishes before it releases): publish its end again, idempotently
 		// (the notice and subagent/end carry their ids), with its result.
