@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -349,4 +350,99 @@ func TestTakeoverSettlesTheEpochBeforeReleasingTheLease(t *testing.T) {
 		return err == nil && r.Value.State == protocol.RunSettled && !held
 	}, "the epoch record is settled, then the lease released")
 	testutil.Eventually(t, 10*time.Second, func() bool { return endEvents(t, s, root.SessionID)[runID] == 1 }, "one subagent/end for %s", runID)
+}
+
+// TestTakeoverPublishesTheStartItsHostMayHaveLost: a host that died before
+// its subagent/start was stored leaves a run whose end a coordinator
+// publishes; the coordinator publishes the start again first (deduplicated
+// by its Nats-Msg-Id when the host's landed), so the events hold one start
+// and then one end, whether the run was settled by its host (one-shot or
+// epoch) or is settled by the takeover. A run settled never started gets
+// neither (chaos seed 1 of make test: a subagent/end with no subagent/start).
+func TestTakeoverPublishesTheStartItsHostMayHaveLost(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	root := s.Root()
+	ctx := context.Background()
+	tests := []struct {
+		name       string
+		mode       string
+		state      string
+		notStarted bool
+		events     int // starts and ends each
+	}{
+		{"one-shot settled by its host", protocol.ModeOneShot, protocol.RunSettled, false, 1},
+		{"epoch settled by its host", protocol.ModeContinuable, protocol.RunSettled, false, 1},
+		{"one-shot settled by the takeover", protocol.ModeOneShot, protocol.RunRunning, false, 1},
+		{"one-shot never started", protocol.ModeOneShot, protocol.RunSettled, true, 0},
+		{"epoch never started", protocol.ModeContinuable, protocol.RunSettled, true, 0},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			child, runID := fmt.Sprintf("start-lost-%d", i), fmt.Sprintf("run-start-lost-%d", i)
+			now := store.NowMs()
+			if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
+				ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1}); err != nil {
+				t.Fatal(err)
+			}
+			rec := protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID, Provider: "spawn", Mode: tt.mode,
+				State: tt.state, CreatedAt: now, HostID: "host-that-died", StartedAt: now}
+			if tt.state == protocol.RunSettled {
+				res := protocol.SubagentResult{Output: protocol.Text("done"), StopReason: protocol.StopCompleted}
+				if tt.notStarted {
+					res = protocol.SubagentResult{StopReason: protocol.StopError, ErrorCode: protocol.CodeUnavailable, Diagnostic: "the child was never started"}
+				}
+				rec.SettledAt, rec.SettledBy, rec.Result, rec.NotStarted = now, "host-that-died", &res, tt.notStarted
+			}
+			kind := protocol.AgentContinuable
+			if tt.mode == protocol.ModeOneShot {
+				kind = protocol.AgentOneShot
+			}
+			if _, err := store.Create(ctx, s.Store.Runs, runID, rec); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.Create(ctx, s.Store.Agents, child, protocol.AgentRecord{SessionID: child, Kind: kind,
+				HostID: "host-that-died", Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
+				ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now}); err != nil {
+				t.Fatal(err)
+			}
+			testutil.Eventually(t, 20*time.Second, func() bool {
+				_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
+				r, rerr := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+				return errors.Is(err, store.ErrNotFound) && rerr == nil && r.Value.State == protocol.RunSettled
+			}, "the coordinator takes the dead host's lease over, settles and releases it")
+			edges := func() []string {
+				var out []string
+				for _, ev := range s.Lifecycle(root.SessionID) {
+					if ev.RunID == runID {
+						out = append(out, ev.Type)
+					}
+				}
+				return out
+			}
+			if tt.events == 0 {
+				// The takeover published whatever it did before it released
+				// the lease: an event published now comes after it.
+				mark := protocol.LifecycleEvent{Type: protocol.LifecycleStart, RunID: "mark-" + runID, Provider: "spawn", ID: "mark",
+					ParentSession: root.SessionID, Mode: protocol.ModeOneShot, Time: store.NowMs()}
+				<-s.Store.PublishEvent(mark, func(err error) { t.Error(err) })
+				testutil.Eventually(t, 10*time.Second, func() bool {
+					for _, ev := range s.Lifecycle(root.SessionID) {
+						if ev.RunID == mark.RunID {
+							return true
+						}
+					}
+					return false
+				}, "the mark")
+				if got := edges(); len(got) != 0 {
+					t.Fatalf("lifecycle events %v for a run that never started", got)
+				}
+				return
+			}
+			testutil.Eventually(t, 10*time.Second, func() bool { return len(edges()) >= 2 }, "the run's start and end")
+			if got := edges(); len(got) != 2 || got[0] != protocol.LifecycleStart || got[1] != protocol.LifecycleEnd {
+				t.Fatalf("lifecycle events %v, want one start, then one end", got)
+			}
+		})
+	}
 }

@@ -283,6 +283,10 @@ func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult) {
 // subagent/start): readers of the events see them in causal order.
 func PublishSettled(st *store.Store, rec protocol.RunRecord, onErr func(error)) {
 	res := *rec.Result
+	if rec.NotStarted { // no subagent/start, so no subagent/end: the notice only
+		publishNotice(st, rec, onErr)
+		return
+	}
 	ev := protocol.LifecycleEvent{
 		Type: protocol.LifecycleEnd, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,
 		ParentSession: rec.ParentSession, Local: !rec.Remote, Mode: rec.Mode, Time: store.NowMs(),
@@ -293,6 +297,33 @@ func PublishSettled(st *store.Store, rec protocol.RunRecord, onErr func(error)) 
 	}
 	st.PublishEvent(ev, onErr)
 	publishNotice(st, rec, onErr)
+}
+
+// StartAgainMargin is kept back from the events stream's duplicate window
+// by StartAgain.
+const StartAgainMargin = 30 * time.Second
+
+// StartAgain publishes a run's subagent/start once more, for a party about
+// to publish the run's end that cannot tell whether the first start was
+// stored: a coordinator settling a run or epoch taken over from a host that
+// may have died before its start was stored (chaos seed 1 of make test: a
+// subagent/end with no subagent/start). The copy carries the first one's
+// Nats-Msg-Id, so within the stream's duplicate window it is stored only if
+// the first one is not; a run created longer ago than the window less
+// StartAgainMargin gets no copy (its host stored its start, or gave up on
+// it, long before), so no start is ever stored twice, and neither does a
+// run that never started. The channel is closed once the copy is stored or
+// given up on, or at once when none is sent: publish the end after it.
+func StartAgain(st *store.Store, rec protocol.RunRecord, onErr func(error)) <-chan struct{} {
+	if rec.NotStarted || time.Since(time.UnixMilli(rec.CreatedAt)) > st.Cfg.DuplicateWindow-StartAgainMargin {
+		done := make(chan struct{})
+		close(done)
+		return done
+	}
+	return st.PublishEvent(protocol.LifecycleEvent{
+		Type: protocol.LifecycleStart, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,
+		ParentSession: rec.ParentSession, Local: !rec.Remote, Mode: rec.Mode, Time: rec.CreatedAt,
+	}, onErr)
 }
 
 // publishNotice publishes a settled run's RunNotice to its notify subject,

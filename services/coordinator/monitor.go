@@ -183,7 +183,9 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		// The host settled, then died holding the lease: it may not have
 		// published. Publishing again is harmless (subagent/end carries a
 		// Nats-Msg-Id; a notice comes at least once, with the same result).
-		worker.PublishSettled(c.st, run.Value, func(err error) { c.log.Warn("settled run not republished", "run", run.Value.RunID, "err", err) })
+		onErr := func(err error) { c.log.Warn("settled run not republished", "run", run.Value.RunID, "err", err) }
+		<-worker.StartAgain(c.st, run.Value, onErr)
+		worker.PublishSettled(c.st, run.Value, onErr)
 	}
 	if errors.Is(err, store.ErrNotFound) || (err == nil && run.Value.State == protocol.RunSettled) {
 		_ = store.Delete(ctx, c.st.Agents, id, fresh.Revision)
@@ -242,7 +244,9 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		return
 	}
 	c.settled(rec)
-	worker.PublishSettled(c.st, rec, func(err error) { c.log.Warn("lifecycle event not acknowledged", "err", err) })
+	onErr := func(err error) { c.log.Warn("lifecycle event not acknowledged", "err", err) }
+	<-worker.StartAgain(c.st, rec, onErr)
+	worker.PublishSettled(c.st, rec, onErr)
 	c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", res.StopReason, "errorCode", res.ErrorCode)
 	if err := store.Delete(ctx, c.st.Agents, id, leaseRev); err == nil {
 		c.agents.del(id)
@@ -339,6 +343,7 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	// a failed read or settlement keeps the lease taken over, and the next
 	// sweep tries again.
 	settled := false
+	var epochRec protocol.RunRecord
 	run, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID)
 	switch {
 	case errors.Is(err, store.ErrNotFound): // nothing to settle
@@ -352,13 +357,14 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 			c.log.Warn("takeover: settle the epoch; will retry", "session", id, "run", rec.RunID, "err", err)
 			return
 		}
-		settled = true
+		settled, epochRec = true, rec
 		c.settled(rec)
 	case run.Value.Result != nil:
 		// The host settled the epoch, then died holding the lease (it
 		// publishes before it releases): publish its end again, idempotently
-		// (the notice and subagent/end carry their ids), with its result.
-		settled, res = true, *run.Value.Result
+		// (the notice and subagent/end carry their ids), with its result;
+		// an epoch that never started has no end.
+		settled, res, epochRec = !run.Value.NotStarted, *run.Value.Result, run.Value
 	}
 	// Published before the lease goes, as a host does: a replica that dies
 	// here is taken over in turn and publishes again.
@@ -370,6 +376,7 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		if err != nil {
 			c.log.Warn("takeover: could not check whether an ancestor ended", "session", id, "err", err)
 		}
+		<-worker.StartAgain(c.st, epochRec, func(err error) { c.log.Warn("epoch start not republished", "err", err) })
 		worker.EndEpoch(ctx, c.st, worker.EpochEnd{
 			ChildID: id, Parent: fresh.Value.ParentSession, Owner: fresh.Value.Owner, RunID: fresh.Value.RunID,
 			Provider: fresh.Value.Provider, Remote: c.isRemote(fresh.Value.Provider), Result: res, AncestorEnded: anc != "",
