@@ -446,3 +446,96 @@ func TestTakeoverPublishesTheStartItsHostMayHaveLost(t *testing.T) {
 		})
 	}
 }
+
+// TestOrphanedRunRecordsAreSettled: a run or epoch record left running with
+// no lease for it, because its start was cut short between two writes, is
+// settled never started: claimed by an instance that died before it took
+// the session's lease (HOST_LOST, its log fenced, an open first turn
+// closed), or never claimed while the coordinator that created it died
+// (UNAVAILABLE, once the start's budget passed). A one-shot run's caller
+// gets its notice. A record claimed by a live host is left to it. Before,
+// such records stayed running for good (chaos seed 1 of make test: a worker
+// killed -9 between its claims of two epochs and their leases).
+func TestOrphanedRunRecordsAreSettled(t *testing.T) {
+	s := testutil.NewStack(t)
+	co := s.AddCoordinator(func(c *coordinatorConfig) { c.RequestBudget = 2 * time.Second })
+	root := s.Root()
+	ctx := context.Background()
+	n := watchNotices(t, s.NC, "orphan")
+	tests := []struct {
+		name     string
+		mode     string
+		host     string // the claimer ("" unclaimed)
+		openTurn bool
+		want     protocol.Code // "" stays running
+	}{
+		{"one-shot claimed by a dead host", protocol.ModeOneShot, "host-that-died", false, protocol.CodeHostLost},
+		{"one-shot claimed by a dead host that logged its first turn", protocol.ModeOneShot, "host-that-died", true, protocol.CodeHostLost},
+		{"epoch claimed by a dead host", protocol.ModeContinuable, "host-that-died", false, protocol.CodeHostLost},
+		{"one-shot never claimed", protocol.ModeOneShot, "", false, protocol.CodeUnavailable},
+		{"one-shot claimed by a live host", protocol.ModeOneShot, co.ID(), false, ""},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			child, runID := fmt.Sprintf("orphan-%d", i), fmt.Sprintf("run-orphan-%d", i)
+			now := store.NowMs()
+			if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
+				ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1}); err != nil {
+				t.Fatal(err)
+			}
+			if tt.openTurn {
+				ev, err := protocol.NewEvent(protocol.EvTurnStart, now, protocol.TurnData{Turn: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.Store.NewLogWriter(child, 0, 0).Append(ctx, ev); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rec := protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID, Provider: "spawn", Mode: tt.mode,
+				State: protocol.RunRunning, CreatedAt: now, HostID: tt.host}
+			if tt.host != "" {
+				rec.StartedAt = now
+			}
+			if tt.mode == protocol.ModeOneShot {
+				rec.Notify = "test.notify.orphan." + runID
+			}
+			if _, err := store.Create(ctx, s.Store.Runs, runID, rec); err != nil {
+				t.Fatal(err)
+			}
+			settled := func() (protocol.RunRecord, bool) {
+				r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+				return r.Value, err == nil && r.Value.State == protocol.RunSettled
+			}
+			if tt.want == "" {
+				// Some 30 sweeps (one every 100 ms) past the host expiry.
+				for end := time.Now().Add(testutil.TestHostExpiry + 3*time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+					if r, ok := settled(); ok {
+						t.Fatalf("a run claimed by a live host was settled: %+v", r.Result)
+					}
+				}
+				return
+			}
+			testutil.Eventually(t, 20*time.Second, func() bool { _, ok := settled(); return ok }, "the orphaned record is settled")
+			r, _ := settled()
+			if !r.NotStarted || r.Result == nil || r.Result.ErrorCode != tt.want || r.SettledBy != co.ID() {
+				t.Fatalf("settled as %+v (result %+v), want never started, %s, by the coordinator", r, r.Result, tt.want)
+			}
+			if tt.host != "" {
+				_, evs := s.Log(child)
+				if len(evs) == 0 || evs[len(evs)-1].Type != protocol.EvAgentTakeover && evs[len(evs)-1].Type != protocol.EvTurnEnd {
+					t.Fatalf("the claimer is not fenced out of the log: %+v", evs)
+				}
+				if err := sessionlog.ValidateReplay(evs, false); err != nil {
+					t.Fatalf("the log does not replay: %v", err)
+				}
+			}
+			if tt.mode == protocol.ModeOneShot {
+				testutil.Eventually(t, 10*time.Second, func() bool { return len(n.get(runID)) > 0 }, "the caller's notice")
+				if got := n.get(runID)[0].Result; got.ErrorCode != tt.want {
+					t.Fatalf("notice with %+v", got)
+				}
+			}
+		})
+	}
+}

@@ -154,6 +154,8 @@ type Coordinator struct {
 	started int64
 
 	hostsWatch, agentsWatch *kvWatch
+	runs                    *runIndex // running run and epoch records (orphans.go)
+	runsWatch               *kvWatch
 
 	mu        sync.Mutex
 	working   map[string]bool // sessions with a takeover or disposal in progress
@@ -175,12 +177,15 @@ func New(cfg Config) (*Coordinator, error) {
 	log := cfg.Logger.With("coordinator", cfg.ID)
 	reg := newRegistry(cfg.ID, cfg.HeartbeatInterval, cfg.HostExpiry, log)
 	agents := newAgentIndex(reg.observed, log)
+	runs := newRunIndex(reg.observed)
 	return &Coordinator{
 		cfg: cfg, st: cfg.Store, subj: cfg.Store.Subj, log: log,
 		reg:         reg,
 		agents:      agents,
 		hostsWatch:  newKVWatch(cfg.Store.Hosts, "hosts", log, reg.put, reg.del),
 		agentsWatch: newKVWatch(cfg.Store.Agents, "agents", log, agents.put, agents.del),
+		runs:        runs,
+		runsWatch:   newKVWatch(cfg.Store.Runs, "runs", log, runs.put, runs.del),
 		headers:     &headerCache{m: map[string]protocol.SessionHeader{}, max: cfg.HeadersCachedMax},
 		follows:     &followRegistry{m: map[string]*follow{}, max: cfg.FollowsMax},
 		working:     map[string]bool{},
@@ -235,7 +240,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	var watches sync.WaitGroup
 	defer func() { stopWatch(); watches.Wait() }()
-	for _, w := range []*kvWatch{c.hostsWatch, c.agentsWatch} {
+	// The runs watch only finds orphaned records (orphans.go): serving does
+	// not wait for its first values.
+	for _, w := range []*kvWatch{c.hostsWatch, c.agentsWatch, c.runsWatch} {
 		watches.Add(1)
 		go func() { defer watches.Done(); w.run(watchCtx, nil) }()
 	}
