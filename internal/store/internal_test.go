@@ -129,3 +129,73 @@ func TestReadLogOrderedMatchesDirect(t *testing.T) {
 		t.Fatalf("ordered read of an empty log: %+v, %v", empty, err)
 	}
 }
+
+// staleReplica answers the direct get of a subject's last message with its
+// first one, as a replica that is not yet current (after a restart or a
+// partition) can.
+type staleReplica struct {
+	jetstream.Stream
+}
+
+func (s staleReplica) GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		if m, err := s.GetMsg(ctx, seq); err == nil && m.Subject == subject {
+			return m, nil
+		}
+	}
+	return nil, jetstream.ErrMsgNotFound
+}
+
+// TestReadLogAsksTheLeaderForTheLastRecord: a whole-log read gets the last
+// record from the stream's leader, so a replica that answers an older one
+// cannot make a stale log look whole; an append after the read names the
+// real last record and is not refused as fenced (chaos seed 1 of make test:
+// a cold-resumed activation stopped fenced while its lease was its own).
+func TestReadLogAsksTheLeaderForTheLastRecord(t *testing.T) {
+	srv, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: -1, DataDir: t.TempDir(), ServerName: "stale"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := Provision(ctx, nc, protocol.MustSubjects(""), DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := st.NewLogWriter("S", 0, 0)
+	for i := 0; i < 3; i++ {
+		ev, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{Turn: int64(i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Append(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Log = staleReplica{st.Log}
+	log, err := st.ReadLog(ctx, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(log.Events) != 3 || log.LastSubjSeq != w.LastSubjSeq() {
+		t.Fatalf("read %d events up to record %d; the log has 3 up to record %d", len(log.Events), log.LastSubjSeq, w.LastSubjSeq())
+	}
+	next := st.NewLogWriter("S", log.LastSubjSeq, int64(len(log.Events)))
+	ev, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{Turn: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := next.Append(ctx, ev); err != nil {
+		t.Fatalf("append after the read: %v", err)
+	}
+}

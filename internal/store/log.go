@@ -114,7 +114,15 @@ func (s *Store) ReadLog(ctx context.Context, id string) (SessionLog, error) {
 func (s *Store) readLog(ctx context.Context, id string) (SessionLog, error) {
 	var out SessionLog
 	subject := s.Subj.Log(id)
-	last, err := s.Log.GetLastMsgForSubject(ctx, subject)
+	// The last record comes from the stream's leader: a replica that is not
+	// yet current (after a restart or a partition) answers a direct get with
+	// an older last record, and a log read up to it looks whole, so the next
+	// fenced append, naming that record, is refused as if another writer had
+	// appended (chaos seed 1 of make test: a cold-resumed activation stopped
+	// "fenced" while its lease was its own, and its messages waited for good).
+	// The records up to it may come from any replica: one that lacks some
+	// makes the read incomplete, and it is read again from the leader.
+	last, err := s.leaderLast(ctx, s.Subj.StreamLog(), subject)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return out, nil
