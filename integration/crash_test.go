@@ -539,3 +539,62 @@ func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 		})
 	}
 }
+
+// TestDurabilityFailedRunClosesItsTurnOnceTheLogTakesWrites: a one-shot run
+// whose log stopped taking appends mid-turn ends DURABILITY_FAILED at once;
+// once the log takes writes again, its host closes the turn it left open
+// (turn/end error) before it releases the lease, so the log replays
+// balanced. Before, the turn stayed open for good (chaos seed 1 of make
+// test: "turn 1 never ended").
+func TestDurabilityFailedRunClosesItsTurnOnceTheLogTakesWrites(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	s.WaitProvider("spawn")
+	root := s.Root()
+	ctx := context.Background()
+	// The turn sleeps long enough for the stream to be frozen before it ends,
+	// even on a loaded machine (the wait below is a condition, this margin is
+	// not one).
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("sleep 3s\nsay done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := run.ChildID
+	testutil.Eventually(t, 20*time.Second, func() bool { _, evs := s.Log(child); return len(evs) >= 3 }, "turn opened")
+	// The log stream stops accepting writes; core NATS and the other streams stay up.
+	info, err := s.Store.Log.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := info.Config
+	frozen.MaxMsgs = int64(info.State.Msgs)
+	if _, err := s.Store.JS.UpdateStream(ctx, frozen); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	res, err := run.Result(rctx)
+	if err != nil || res.ErrorCode != protocol.CodeDurabilityFailed {
+		t.Fatalf("result %+v, %v; want DURABILITY_FAILED", res, err)
+	}
+	if _, evs := s.Log(child); sessionlog.ValidateReplay(evs, false) == nil {
+		t.Fatalf("the log replays balanced while it took no writes: %+v", evs)
+	}
+	if _, err := s.Store.JS.UpdateStream(ctx, info.Config); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		_, evs := s.Log(child)
+		return sessionlog.ValidateReplay(evs, false) == nil
+	}, "the turn is closed once the log takes writes again")
+	_, evs := s.Log(child)
+	var end protocol.TurnEndData
+	if last := evs[len(evs)-1]; last.Type != protocol.EvTurnEnd || last.Decode(&end) != nil || end.Reason.Kind != protocol.TurnError {
+		t.Fatalf("the log ends with %+v", last)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
+		return errors.Is(err, store.ErrNotFound)
+	}, "the lease released after the closing")
+}

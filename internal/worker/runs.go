@@ -209,6 +209,43 @@ func (h *Host) closeTurn(ctx context.Context, lw *store.LogWriter, events []prot
 	}
 }
 
+// closeLogRetryWait is the wait between the attempts of
+// closeLogAfterDurabilityFailure.
+const closeLogRetryWait = 500 * time.Millisecond
+
+// closeLogAfterDurabilityFailure closes the turn a run that ended
+// DURABILITY_FAILED left open in its log, once JetStream takes writes again
+// (DESIGN.md §4: durable records are reconciled then), so the log replays
+// balanced (chaos seed 1 of make test: "turn 1 never ended"). The host still
+// holds the lease, so no one else appends: it reads the log from the
+// leader and appends the closing (turn/end, error) fenced on its last
+// record, trying for up to SettleBudget; a refused append reads again (the
+// append that failed may have landed after all).
+func (h *Host) closeLogAfterDurabilityFailure(childID string) {
+	ctx, cancel := context.WithTimeout(context.Background(), SettleBudget)
+	defer cancel()
+	reason := protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the session log did not acknowledge an append (DURABILITY_FAILED)"}
+	for {
+		log, err := h.st.ReadLog(ctx, childID)
+		if err == nil {
+			var closing []protocol.SessionEvent
+			if closing, err = sessionlog.CloseOpenTurn(log.Events, reason, store.NowMs()); err != nil || len(closing) == 0 {
+				return
+			}
+			if _, err = h.st.NewLogWriter(childID, log.LastSubjSeq, int64(len(log.Events))).Append(ctx, closing...); err == nil {
+				h.log.Info("closed the turn a durability failure left open", "session", childID)
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			h.log.Warn("could not close the turn a durability failure left open", "session", childID, "err", err)
+			return
+		case <-time.After(closeLogRetryWait):
+		}
+	}
+}
+
 func (h *Host) unregister(r *hostedRun) {
 	h.mu.Lock()
 	if h.runs[r.runID] == r {
@@ -248,7 +285,7 @@ func (h *Host) execute(r *hostedRun) {
 		res.Diagnostic = protocol.TruncateDiagnostic("JetStream did not acknowledge the session log: " + out.Err.Error())
 	}
 	final = &res
-	h.settleRun(r, res)
+	h.settleRun(r, res, out.Err != nil)
 }
 
 // settleRun records the result by CAS on the run record at the claim's
@@ -257,7 +294,7 @@ func (h *Host) execute(r *hostedRun) {
 // releases the lease. Until the settlement lands the lease stays: the run is
 // still this host's, and a coordinator settles it from the log if this host
 // goes away.
-func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult) {
+func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult, durability bool) {
 	rec := r.run
 	rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), h.id, &res
 	h.settle(rec, r.runRev, func() {
@@ -268,6 +305,9 @@ func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult) {
 		h.cfg.Metrics.RunSettled(rec.Provider, rec.Mode, res, time.Duration(rec.SettledAt-rec.CreatedAt)*time.Millisecond)
 		<-r.started
 		PublishSettled(h.st, rec, h.eventErr)
+		if durability {
+			h.closeLogAfterDurabilityFailure(r.childID)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := store.Delete(ctx, h.st.Agents, r.childID, leaseRev); err != nil {
