@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -597,4 +598,58 @@ func TestDurabilityFailedRunClosesItsTurnOnceTheLogTakesWrites(t *testing.T) {
 		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
 		return errors.Is(err, store.ErrNotFound)
 	}, "the lease released after the closing")
+}
+
+// TestLeaseReleaseOutlivesAnUnavailableBucket: an activation whose epoch
+// settled while the agents bucket took no writes cannot release its lease
+// then; its host tries again after each heartbeat, so once the bucket takes
+// writes the lease goes and the child's next message runs. Before, the
+// lease stayed for good, naming a live host: no one took it over, no resume
+// could start, and the child's messages waited forever (chaos seed 1 of make
+// test: a release cut off while JetStream elected a leader).
+func TestLeaseReleaseOutlivesAnUnavailableBucket(t *testing.T) {
+	s := contStack(t)
+	s.WaitProvider("spawn")
+	ctx := context.Background()
+	root := s.Root()
+	c := startCont(t, s, root.Ref(), "sleep 3s\nsay first")
+	testutil.Eventually(t, 20*time.Second, func() bool { _, evs := s.Log(c.ChildID); return len(evs) >= 3 }, "turn opened")
+	// The agents bucket stops taking writes (no record fits); the others stay up.
+	agents, err := s.Store.JS.Stream(ctx, "KV_brood_agents")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := agents.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusing := info.Config
+	refusing.MaxMsgSize = 1
+	if _, err := s.Store.JS.UpdateStream(ctx, refusing); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		for _, ev := range s.Lifecycle(root.SessionID) {
+			if ev.Type == protocol.LifecycleEnd && ev.ID == c.ChildID {
+				return true
+			}
+		}
+		return false
+	}, "the epoch ends while the agents bucket takes no writes")
+	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, c.ChildID); err != nil {
+		t.Fatalf("the lease is gone while the bucket took no writes: %v", err)
+	}
+	if _, err := s.Store.JS.UpdateStream(ctx, info.Config); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, c.ChildID)
+		return errors.Is(err, store.ErrNotFound)
+	}, "the lease released once the bucket takes writes")
+	m := followup(t, s, c.ChildID, ref(root), "say second")
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, evs := s.Log(c.ChildID)
+		claims, _, _ := turnsOf(evs)
+		return slices.Contains(claims, m)
+	}, "the next message runs")
 }

@@ -737,9 +737,7 @@ func (a *activation) teardown() {
 			ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
 			Provider: a.provider, Remote: a.remote, Result: res, AncestorEnded: orphaned,
 		}, h.eventErr)
-		if err := store.Delete(ctx, h.st.Agents, a.childID, leaseRev); err != nil {
-			log.Warn("could not release the lease", "err", err)
-		}
+		h.releaseLease(a.childID, leaseRev)
 		log.Info("activation settled", "stopReason", res.StopReason)
 	})
 }

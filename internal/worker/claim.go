@@ -238,3 +238,28 @@ func (h *Host) abandon(run protocol.RunRecord, rev uint64, cause error) error {
 	h.settle(run, rev, func() { publishNotice(h.st, run, h.eventErr) })
 	return cause
 }
+
+// LeaseReleaseTimeout bounds the first attempt to release a lease; a release
+// that does not land then is tried again after each heartbeat JetStream
+// takes (with the settlements that ran out of budget).
+const LeaseReleaseTimeout = 5 * time.Second
+
+// releaseLease deletes this host's lease on childID at rev. A lease left
+// behind by a live host is never taken over, and it keeps the session from
+// being resumed: its pending messages would wait for good (chaos seed 1 of
+// make test: a release cut off while JetStream elected a leader). So a
+// release that fails for any reason but a changed or missing lease waits in
+// h.unsettled and is tried again after each heartbeat JetStream takes.
+func (h *Host) releaseLease(childID string, rev uint64) {
+	try := func(ctx context.Context) bool {
+		err := store.Delete(ctx, h.st.Agents, childID, rev)
+		return err == nil || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), LeaseReleaseTimeout)
+	defer cancel()
+	if try(ctx) {
+		return
+	}
+	h.log.Warn("could not release the lease; retrying after each heartbeat JetStream takes", "session", childID)
+	h.unsettled.add("lease."+childID, try)
+}

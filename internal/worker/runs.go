@@ -175,7 +175,7 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "log the first turn of %s: %v", childID, out.Err)
 		}
 		if r.leaseRev > 0 { // ours: release it, at its revision
-			_ = store.Delete(ctx, h.st.Agents, childID, r.leaseRev)
+			h.releaseLease(childID, r.leaseRev)
 		}
 		close(r.settled)
 		close(r.done)
@@ -308,11 +308,7 @@ func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult, durability b
 		if durability {
 			h.closeLogAfterDurabilityFailure(r.childID)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := store.Delete(ctx, h.st.Agents, r.childID, leaseRev); err != nil {
-			h.log.Warn("could not release the lease", "session", r.childID, "err", err)
-		}
+		h.releaseLease(r.childID, leaseRev)
 	})
 }
 
