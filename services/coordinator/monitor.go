@@ -242,17 +242,34 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	}
 	rec := run.Value
 	rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), c.cfg.ID, &res
-	if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision); err != nil {
+	onErr := func(err error) { c.log.Warn("lifecycle event not acknowledged", "err", err) }
+	_, err = store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision)
+	switch {
+	case errors.Is(err, store.ErrConflict):
+		// Settled meanwhile: by the host before it died, or by a replica
+		// that took this takeover over (the lease is then no longer ours).
+		// While the lease is ours, its publication is ours: publish the
+		// record as it is, then release; a lease that changed hands is
+		// left alone (the delete at our revision is refused).
+		if l, err := store.GetLatest[protocol.AgentRecord](ctx, c.st.Agents, id); err == nil && l.Revision == leaseRev {
+			r, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, rec.RunID)
+			if err != nil || r.Value.State != protocol.RunSettled || r.Value.Result == nil {
+				return // the lease stays taken over: the next sweep looks again
+			}
+			<-worker.StartAgain(c.st, r.Value, onErr)
+			worker.PublishSettled(c.st, r.Value, onErr)
+		}
+	case err != nil:
 		// Not settled: the lease stays taken over, so the next sweep tries
-		// again (a record settled meanwhile is then published as it is).
+		// again.
 		c.log.Warn("takeover: settle; will retry", "run", rec.RunID, "err", err)
 		return
+	default:
+		c.settled(rec)
+		<-worker.StartAgain(c.st, rec, onErr)
+		worker.PublishSettled(c.st, rec, onErr)
+		c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", res.StopReason, "errorCode", res.ErrorCode)
 	}
-	c.settled(rec)
-	onErr := func(err error) { c.log.Warn("lifecycle event not acknowledged", "err", err) }
-	<-worker.StartAgain(c.st, rec, onErr)
-	worker.PublishSettled(c.st, rec, onErr)
-	c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", res.StopReason, "errorCode", res.ErrorCode)
 	if err := store.Delete(ctx, c.st.Agents, id, leaseRev); err == nil {
 		c.agents.del(id)
 	}
