@@ -282,7 +282,7 @@ func TestSettlementOutlivesItsWinner(t *testing.T) {
 // for good, since no one held the session any more (chaos seed 1 of make
 // test: the settlement's read hit a replica that was not yet current).
 func TestTakeoverSettlesTheEpochBeforeReleasingTheLease(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	root := s.Root()
 	ctx := context.Background()
@@ -361,7 +361,7 @@ func TestTakeoverSettlesTheEpochBeforeReleasingTheLease(t *testing.T) {
 // epoch) or is settled by the takeover. A run settled never started gets
 // neither (chaos seed 1 of make test: a subagent/end with no subagent/start).
 func TestTakeoverPublishesTheStartItsHostMayHaveLost(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	root := s.Root()
 	ctx := context.Background()
@@ -458,7 +458,7 @@ func TestTakeoverPublishesTheStartItsHostMayHaveLost(t *testing.T) {
 // such records stayed running for good (chaos seed 1 of make test: a worker
 // killed -9 between its claims of two epochs and their leases).
 func TestOrphanedRunRecordsAreSettled(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	co := s.AddCoordinator(func(c *coordinatorConfig) { c.RequestBudget = 2 * time.Second })
 	root := s.Root()
 	ctx := context.Background()
@@ -510,7 +510,7 @@ func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 			}
 			if tt.want == "" {
 				// Some 30 sweeps (one every 100 ms) past the host expiry.
-				for end := time.Now().Add(testutil.TestHostExpiry + 3*time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+				for end := time.Now().Add(stack.HostExpiry + 3*time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 					if r, ok := settled(); ok {
 						t.Fatalf("a run claimed by a live host was settled: %+v", r.Result)
 					}
@@ -548,7 +548,7 @@ func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 // balanced. Before, the turn stayed open for good (chaos seed 1 of make
 // test: "turn 1 never ended").
 func TestDurabilityFailedRunClosesItsTurnOnceTheLogTakesWrites(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	s.WaitProvider("spawn")
