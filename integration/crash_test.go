@@ -6,15 +6,19 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/embedded"
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -652,4 +656,80 @@ func TestLeaseReleaseOutlivesAnUnavailableBucket(t *testing.T) {
 		claims, _, _ := turnsOf(evs)
 		return slices.Contains(claims, m)
 	}, "the next message runs")
+}
+
+// TestLeaseOutlivesTheEndsPublication: a host releases a run's or an
+// epoch's lease only once its subagent/end is stored. While the end's
+// publish keeps failing (retried), the record is settled and the lease
+// stays; once the publish lands, the lease goes. Before, the lease went at
+// once, so a host killed -9 before the end was stored left a settled run
+// with no end and no lease for a takeover to find (chaos seed 1 of make
+// test: "1 subagent/start and 0 subagent/end", the worker killed just after
+// its epochs settled).
+func TestLeaseOutlivesTheEndsPublication(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	var failing atomic.Bool
+	var endSubject atomic.Value
+	endSubject.Store("")
+	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(_ context.Context, w store.Write) error {
+			if failing.Load() && w.Op == store.OpPublish && w.Subject == endSubject.Load().(string) {
+				return jetstream.ErrNoStreamResponse // no answer: retried
+			}
+			return nil
+		}})
+	})
+	s.WaitProvider("spawn")
+	ctx := context.Background()
+	for _, mode := range []string{protocol.ModeOneShot, protocol.ModeContinuable} {
+		t.Run(mode, func(t *testing.T) {
+			root := s.Root()
+			endSubject.Store(s.Store.Subj.Events(root.SessionID, protocol.EventKindEnd))
+			failing.Store(true)
+			var child string
+			if mode == protocol.ModeOneShot {
+				run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say done")})
+				if err != nil {
+					t.Fatal(err)
+				}
+				child = run.ChildID
+			} else {
+				child = startCont(t, s, root.Ref(), "say done").ChildID
+			}
+			settled := func() bool {
+				lister, err := s.Store.Runs.ListKeys(ctx)
+				if err != nil {
+					return false
+				}
+				for k := range lister.Keys() {
+					if r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, k); err == nil && r.Value.ChildID == child && r.Value.State == protocol.RunSettled {
+						return true
+					}
+				}
+				return false
+			}
+			testutil.Eventually(t, 20*time.Second, settled, "the run settles while its end cannot be published")
+			// For 2 s the end's publish keeps failing: the lease stays.
+			for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+				if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child); err != nil {
+					t.Fatalf("the lease went before the end was stored: %v", err)
+				}
+			}
+			failing.Store(false)
+			testutil.Eventually(t, 30*time.Second, func() bool {
+				_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
+				return errors.Is(err, store.ErrNotFound)
+			}, "the lease released once the end is stored")
+			ends := 0
+			for _, ev := range s.Lifecycle(root.SessionID) {
+				if ev.Type == protocol.LifecycleEnd && ev.ID == child {
+					ends++
+				}
+			}
+			if ends != 1 {
+				t.Fatalf("%d subagent/end for %s, want 1", ends, child)
+			}
+		})
+	}
 }

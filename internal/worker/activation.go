@@ -733,7 +733,7 @@ func (a *activation) teardown() {
 		// (idempotently), so no notice and no subagent/end is ever lost (chaos
 		// seed 2: a worker killed between the settlement and the end).
 		<-a.started // subagent/end follows subagent/start on the stream
-		EndEpoch(ctx, h.st, EpochEnd{
+		<-EndEpoch(ctx, h.st, EpochEnd{
 			ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
 			Provider: a.provider, Remote: a.remote, Result: res, AncestorEnded: orphaned,
 		}, h.eventErr)
@@ -766,8 +766,9 @@ type EpochEnd struct {
 // (DESIGN.md §7, Ownership). Hosts and coordinators (HOST_LOST) both use it.
 // A parent under an ended one-shot ancestor (e.AncestorEnded) gets no notice:
 // that ancestor's end disposes it, and nothing under an ended run starts work
-// again (RELIABILITY.md I5).
-func EndEpoch(ctx context.Context, st *store.Store, e EpochEnd, onErr func(error)) {
+// again (RELIABILITY.md I5). The channel is closed once subagent/end is
+// stored (or given up on): release the lease only then (PublishSettled).
+func EndEpoch(ctx context.Context, st *store.Store, e EpochEnd, onErr func(error)) <-chan struct{} {
 	if e.Parent != "" && !e.AncestorEnded {
 		// No notice to a parent that is gone or ending (its turn is over).
 		if p, err := store.GetLatest[protocol.AgentRecord](ctx, st.Agents, e.Parent); err == nil && !p.Value.Ending {
@@ -795,7 +796,7 @@ func EndEpoch(ctx context.Context, st *store.Store, e EpochEnd, onErr func(error
 	if len(e.Result.Output) > 0 {
 		ev.LastAssistantMessage = e.Result.Output
 	}
-	st.PublishEvent(ev, onErr)
+	return st.PublishEvent(ev, onErr)
 }
 
 // SettledNotice is the one-line account and content of a settlement notice

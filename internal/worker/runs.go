@@ -304,7 +304,7 @@ func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult, durability b
 		r.mu.Unlock()
 		h.cfg.Metrics.RunSettled(rec.Provider, rec.Mode, res, time.Duration(rec.SettledAt-rec.CreatedAt)*time.Millisecond)
 		<-r.started
-		PublishSettled(h.st, rec, h.eventErr)
+		<-PublishSettled(h.st, rec, h.eventErr) // the end is stored before the lease goes
 		if durability {
 			h.closeLogAfterDurabilityFailure(r.childID)
 		}
@@ -316,12 +316,17 @@ func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult, durability b
 // notify subject; only the settlement winner calls it. The end event goes
 // first, on the same connection, so the events stream holds it before
 // anything a caller does once it has the result (the next run's
-// subagent/start): readers of the events see them in causal order.
-func PublishSettled(st *store.Store, rec protocol.RunRecord, onErr func(error)) {
+// subagent/start): readers of the events see them in causal order. The
+// channel is closed once subagent/end is stored (or given up on, after
+// store.AsyncBudget): the publisher releases the lease only then, so a
+// publisher that dies first leaves the lease to a takeover, which publishes
+// the end again (chaos seed 1 of make test: a worker killed -9 between its
+// release and its end's acknowledgement; the end was never stored).
+func PublishSettled(st *store.Store, rec protocol.RunRecord, onErr func(error)) <-chan struct{} {
 	res := *rec.Result
 	if rec.NotStarted { // no subagent/start, so no subagent/end: the notice only
 		publishNotice(st, rec, onErr)
-		return
+		return closedChan()
 	}
 	ev := protocol.LifecycleEvent{
 		Type: protocol.LifecycleEnd, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,
@@ -331,8 +336,16 @@ func PublishSettled(st *store.Store, rec protocol.RunRecord, onErr func(error)) 
 	if len(res.Output) > 0 {
 		ev.LastAssistantMessage = res.Output
 	}
-	st.PublishEvent(ev, onErr)
+	done := st.PublishEvent(ev, onErr)
 	publishNotice(st, rec, onErr)
+	return done
+}
+
+// closedChan is a channel closed already.
+func closedChan() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
 }
 
 // StartAgainMargin is kept back from the events stream's duplicate window
@@ -352,9 +365,7 @@ const StartAgainMargin = 30 * time.Second
 // given up on, or at once when none is sent: publish the end after it.
 func StartAgain(st *store.Store, rec protocol.RunRecord, onErr func(error)) <-chan struct{} {
 	if rec.NotStarted || time.Since(time.UnixMilli(rec.CreatedAt)) > st.Cfg.DuplicateWindow-StartAgainMargin {
-		done := make(chan struct{})
-		close(done)
-		return done
+		return closedChan()
 	}
 	return st.PublishEvent(protocol.LifecycleEvent{
 		Type: protocol.LifecycleStart, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,

@@ -190,7 +190,7 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		// Nats-Msg-Id; a notice comes at least once, with the same result).
 		onErr := func(err error) { c.log.Warn("settled run not republished", "run", run.Value.RunID, "err", err) }
 		<-worker.StartAgain(c.st, run.Value, onErr)
-		worker.PublishSettled(c.st, run.Value, onErr)
+		<-worker.PublishSettled(c.st, run.Value, onErr)
 	}
 	if errors.Is(err, store.ErrNotFound) || (err == nil && run.Value.State == protocol.RunSettled) {
 		_ = store.Delete(ctx, c.st.Agents, id, fresh.Revision)
@@ -257,7 +257,7 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 				return // the lease stays taken over: the next sweep looks again
 			}
 			<-worker.StartAgain(c.st, r.Value, onErr)
-			worker.PublishSettled(c.st, r.Value, onErr)
+			<-worker.PublishSettled(c.st, r.Value, onErr)
 		}
 	case err != nil:
 		// Not settled: the lease stays taken over, so the next sweep tries
@@ -267,7 +267,7 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	default:
 		c.settled(rec)
 		<-worker.StartAgain(c.st, rec, onErr)
-		worker.PublishSettled(c.st, rec, onErr)
+		<-worker.PublishSettled(c.st, rec, onErr)
 		c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", res.StopReason, "errorCode", res.ErrorCode)
 	}
 	if err := store.Delete(ctx, c.st.Agents, id, leaseRev); err == nil {
@@ -399,7 +399,7 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 			c.log.Warn("takeover: could not check whether an ancestor ended", "session", id, "err", err)
 		}
 		<-worker.StartAgain(c.st, epochRec, func(err error) { c.log.Warn("epoch start not republished", "err", err) })
-		worker.EndEpoch(ctx, c.st, worker.EpochEnd{
+		<-worker.EndEpoch(ctx, c.st, worker.EpochEnd{
 			ChildID: id, Parent: fresh.Value.ParentSession, Owner: fresh.Value.Owner, RunID: fresh.Value.RunID,
 			Provider: fresh.Value.Provider, Remote: c.isRemote(fresh.Value.Provider), Result: res, AncestorEnded: anc != "",
 		}, func(err error) { c.log.Warn("epoch end not fully published", "err", err) })
