@@ -613,8 +613,13 @@ func TestOpenAIStreamIdleTimeout(t *testing.T) {
 	const idle = 100 * time.Millisecond
 	first := sse(chunk(`{"role":"assistant","content":"Hel"}`, "null"))
 	first = first[:strings.Index(first, "data: [DONE]")]
+	// Keep-alives: 8 gaps of 150 ms, 1.2 s without content in all, each gap
+	// far inside a 1 s idle timeout (gaps of a third of 100 ms passed it on
+	// a loaded machine).
+	const keepAliveIdle, keepAliveGap = time.Second, 150 * time.Millisecond
 	tests := []struct {
 		name     string
+		idle     time.Duration // 0: idle
 		reply    reply
 		wantText string
 		wantErr  string
@@ -623,7 +628,7 @@ func TestOpenAIStreamIdleTimeout(t *testing.T) {
 			wantText: "Hel", wantErr: "no data from %URL% for 100ms"},
 		{name: "silent before the headers", reply: reply{silentFirst: true},
 			wantErr: "no data from %URL% for 100ms"},
-		{name: "keep-alive comments are not silence", reply: reply{gap: idle / 3,
+		{name: "keep-alive comments are not silence", idle: keepAliveIdle, reply: reply{gap: keepAliveGap,
 			body: strings.Repeat(": keep-alive\n\n", 8) + fixture(t, "openai_text.sse")},
 			wantText: "Hello there!"},
 	}
@@ -631,12 +636,16 @@ func TestOpenAIStreamIdleTimeout(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			checkNoLeaks(t)
 			f := newFakeEndpoint(t, tt.reply)
-			o := newTestOpenAI(t, f, func(c *OpenAIConfig) { c.StreamIdleTimeout = idle })
+			timeout := idle
+			if tt.idle > 0 {
+				timeout = tt.idle
+			}
+			o := newTestOpenAI(t, f, func(c *OpenAIConfig) { c.StreamIdleTimeout = timeout })
 			var streamed string
 			start := time.Now()
 			_, err := o.Stream(context.Background(), hello(), func(s string) { streamed += s })
-			if el := time.Since(start); el > 5*time.Second {
-				t.Errorf("took %v with a %v idle timeout", el, idle)
+			if el := time.Since(start); el > 5*time.Second+8*keepAliveGap {
+				t.Errorf("took %v with a %v idle timeout", el, timeout)
 			}
 			if streamed != tt.wantText {
 				t.Errorf("streamed %q, want %q", streamed, tt.wantText)
