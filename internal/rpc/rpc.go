@@ -31,6 +31,7 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 	"time"
@@ -123,6 +124,20 @@ func Reply(log *slog.Logger, req Request, reply any, err error) {
 
 func contentHeader(enc protocol.Encoding) nats.Header {
 	return nats.Header{protocol.HeaderContentType: []string{enc.ContentType()}}
+}
+
+// Subscribed flushes nc and returns PERMISSION_DENIED when the server
+// refused one of its subscriptions (or publishes) so far: a service whose
+// NATS user lacks the rights of its role would otherwise serve nothing,
+// silently (docs/security.md). Call it once a service subscribed.
+func Subscribed(nc *nats.Conn, timeout time.Duration) error {
+	if err := nc.FlushTimeout(timeout); err != nil {
+		return err
+	}
+	if err := nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) {
+		return protocol.Errorf(protocol.CodePermissionDenied, "%w: the NATS user of this service lacks a right of its role (docs/security.md, deploy/nats/cluster/accounts.conf)", err)
+	}
+	return nil
 }
 
 // Call is client.Call: the one request path of clients and services.

@@ -300,14 +300,24 @@ func (svc *Service) subscribe(subject, queue string, cb nats.MsgHandler) error {
 
 // AddEndpoint serves subject in the service's queue group with h.
 func (svc *Service) AddEndpoint(name, subject string, h Handler) error {
-	if !serviceNameRe.MatchString(name) {
-		return fmt.Errorf("rpc: endpoint name %q is invalid", name)
+	return svc.AddEndpointOn(name, []string{subject}, h)
+}
+
+// AddEndpointOn serves one endpoint on several subjects (the coordinator's
+// anonymous and per-user forms, protocol.Subjects.User) in the service's
+// queue group: one entry in INFO and STATS, named by the first subject,
+// counting the requests of all.
+func (svc *Service) AddEndpointOn(name string, subjects []string, h Handler) error {
+	if !serviceNameRe.MatchString(name) || len(subjects) == 0 {
+		return fmt.Errorf("rpc: endpoint name %q is invalid or has no subject", name)
 	}
-	st := &endpointStats{info: micro.EndpointInfo{Name: name, Subject: subject, QueueGroup: svc.cfg.QueueGroup}}
-	if err := svc.subscribe(subject, svc.cfg.QueueGroup, func(m *nats.Msg) {
-		svc.srv.dispatch(svc, st, requestOf(svc.srv.nc, m), h)
-	}); err != nil {
-		return err
+	st := &endpointStats{info: micro.EndpointInfo{Name: name, Subject: subjects[0], QueueGroup: svc.cfg.QueueGroup}}
+	for _, subject := range subjects {
+		if err := svc.subscribe(subject, svc.cfg.QueueGroup, func(m *nats.Msg) {
+			svc.srv.dispatch(svc, st, requestOf(svc.srv.nc, m), h)
+		}); err != nil {
+			return err
+		}
 	}
 	svc.mu.Lock()
 	svc.endpoints = append(svc.endpoints, st)

@@ -198,9 +198,9 @@ func (h *Host) Run(ctx context.Context) error {
 		}
 		svcs = append(svcs, svc)
 	}
-	if err := h.cfg.NC.FlushTimeout(5 * time.Second); err != nil {
+	if err := rpc.Subscribed(h.cfg.NC, 5*time.Second); err != nil {
 		stopServing()
-		return fmt.Errorf("worker: flush subscriptions: %w", err)
+		return fmt.Errorf("worker: subscribe: %w", err)
 	}
 	// The host record makes the providers visible: only once they are served.
 	if err := h.beat(ctx); err != nil {
@@ -355,21 +355,20 @@ func (h *Host) serveProvider(srv *rpc.Server, p Provider) (*rpc.Service, error) 
 // checkDuplicates refuses to start when a live host serves a provider of the
 // same name with a different descriptor (DUPLICATE_PROVIDER, DESIGN.md §4).
 func (h *Host) checkDuplicates(ctx context.Context) error {
-	lister, err := h.st.Hosts.ListKeys(ctx)
+	recs, err := h.st.HostRecords(ctx)
 	if err != nil {
 		return err
 	}
 	now := store.NowMs()
-	for key := range lister.Keys() {
-		rec, err := store.Get[protocol.HostRecord](ctx, h.st.Hosts, key)
-		if err != nil || now-rec.Value.Heartbeat > h.cfg.HostExpiry.Milliseconds() {
+	for _, rec := range recs {
+		if now-rec.Heartbeat > h.cfg.HostExpiry.Milliseconds() {
 			continue
 		}
-		for _, theirs := range rec.Value.Providers {
+		for _, theirs := range rec.Providers {
 			for _, p := range h.cfg.Providers {
 				ours := p.Descriptor()
 				if ours.Name == theirs.Name && !ours.Equal(theirs) {
-					return protocol.NewError(protocol.CodeDuplicateProvider, map[string]any{"provider": ours.Name, "hostId": key})
+					return protocol.NewError(protocol.CodeDuplicateProvider, map[string]any{"provider": ours.Name, "hostId": rec.HostID})
 				}
 			}
 		}
