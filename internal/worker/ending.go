@@ -134,7 +134,8 @@ func (h *Host) endDescendants(r *hostedRun) bool {
 	// A coordinator that is away (restarting) is waited for, within the
 	// bound: the run must not settle while its descendants still work.
 	for attempt := 1; ; attempt++ {
-		err = rpc.Call(dctx, h.cfg.NC, h.subj.Coord(protocol.EpDescendantsDispose),
+		// On the worker's own user subject, like its agents' calls (pkg/client).
+		err = rpc.Call(dctx, h.cfg.NC, h.subj.Call(h.cfg.NC.Opts.User, protocol.EpDescendantsDispose),
 			protocol.DescendantsDisposeRequest{Agent: protocol.ParentRef{SessionID: r.childID, Credential: r.cred}}, &reply)
 		if err == nil || protocol.CodeOf(err) != protocol.CodeUnavailable {
 			break

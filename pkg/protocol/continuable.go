@@ -212,16 +212,22 @@ type ChildrenListReply struct {
 	Rows []ChildRow `msgpack:"rows" json:"rows"`
 }
 
-// UserGrantReply carries a user grant and its expiry (epoch ms).
+// UserGrantReply carries a user grant and its expiry (epoch ms). User is
+// its scope: the grant acts only on the trees of roots that NATS user
+// opened; absent, it acts on every session (minted on the permission-gated
+// <p>.v1.coord.authority.user; docs/security.md).
 type UserGrantReply struct {
 	Grant     string `msgpack:"grant" json:"grant"`
 	ExpiresAt int64  `msgpack:"expiresAt" json:"expiresAt"`
+	User      string `msgpack:"user,omitempty" json:"user,omitempty"`
 }
 
-// UserGrantRecord is a minted grant in brood_agents under `grant.<hash>`.
+// UserGrantRecord is a minted grant in brood_agents under `grant.<hash>`;
+// User is its scope as in UserGrantReply.
 type UserGrantRecord struct {
 	ExpiresAt int64  `msgpack:"expiresAt" json:"expiresAt"`
 	MintedBy  string `msgpack:"mintedBy" json:"mintedBy"`
+	User      string `msgpack:"user,omitempty" json:"user,omitempty"`
 }
 
 // OwnershipRecord is the set of live continuable children a continuable

@@ -31,6 +31,11 @@ type SessionHeader struct {
 	DelegationDepth int64       `msgpack:"delegationDepth,omitempty" json:"delegationDepth,omitempty"`
 	ToolCeiling     *ToolFilter `msgpack:"toolCeiling,omitempty" json:"toolCeiling,omitempty"`
 	DepthCap        *int64      `msgpack:"depthCap,omitempty" json:"depthCap,omitempty"`
+	// User is the NATS user that opened a root (agents.open on its own
+	// subject <p>.v1.user.<user>.agents.open; docs/security.md): a grant
+	// scoped to that user acts on the root's tree. Absent for children and
+	// for roots opened without a user.
+	User string `msgpack:"user,omitempty" json:"user,omitempty"`
 }
 
 // ToolStructuredOutput is the name of the child-only tool that captures a

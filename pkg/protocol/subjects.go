@@ -124,6 +124,12 @@ func (s Subjects) root() string { return s.prefix + "." + Version }
 // Coord is the subject of a coordinator endpoint, e.g. brood.v1.coord.runs.start.
 func (s Subjects) Coord(endpoint string) string { return s.root() + ".coord." + endpoint }
 
+// UserFollowCredit is FollowCredit for a follow opened by user (on its own
+// subject): <p>.v1.user.<user>.follow.<coordinatorId>.
+func (s Subjects) UserFollowCredit(user, coordinatorID string) string {
+	return s.User(user, "follow."+coordinatorID)
+}
+
 // FollowCredit is the subject on which one coordinator replica takes the
 // credit requests of the follows it streams (events.follow), e.g.
 // brood.v1.coord.follow.<coordinatorId>: a follow lives in one replica, so
@@ -134,6 +140,49 @@ func (s Subjects) FollowCredit(coordinatorID string) string {
 
 // CoordGroup is the subject group of all coordinator endpoints.
 func (s Subjects) CoordGroup() string { return s.root() + ".coord" }
+
+// User is the subject on which NATS user user calls a coordinator endpoint,
+// e.g. brood.v1.user.alice.runs.start. The coordinator serves every endpoint
+// on both forms; on this one it knows who calls, because a deployment lets
+// each user publish only under its own <p>.v1.user.<user>.> (docs/security.md):
+// notify subjects must lie under that user's inbox prefix, roots record
+// their user, grants minted here act only on that user's trees, and
+// per-user quotas apply. user must be a ValidID.
+func (s Subjects) User(user, endpoint string) string {
+	return s.root() + ".user." + user + "." + endpoint
+}
+
+// UserGroup is the subject group of every user's coordinator calls
+// (<p>.v1.user); a coordinator serves <p>.v1.user.*.<endpoint>.
+func (s Subjects) UserGroup() string { return s.root() + ".user" }
+
+// Call is the subject of endpoint for caller user: User(user, endpoint),
+// or Coord(endpoint) when user is "" (a connection without a user, as in
+// `brood dev`).
+func (s Subjects) Call(user, endpoint string) string {
+	if user == "" {
+		return s.Coord(endpoint)
+	}
+	return s.User(user, endpoint)
+}
+
+// CallerOf splits a coordinator subject into its caller and endpoint:
+// <p>.v1.user.<user>.<endpoint> gives user; <p>.v1.coord.<endpoint> gives
+// "" (anonymous). ok is false for any other subject.
+func (s Subjects) CallerOf(subject string) (user, endpoint string, ok bool) {
+	if ep, found := strings.CutPrefix(subject, s.CoordGroup()+"."); found && ep != "" {
+		return "", ep, true
+	}
+	rest, found := strings.CutPrefix(subject, s.UserGroup()+".")
+	if !found {
+		return "", "", false
+	}
+	user, ep, found := strings.Cut(rest, ".")
+	if !found || !ValidID(user) || ep == "" {
+		return "", "", false
+	}
+	return user, ep, true
+}
 
 // ProviderInstance is the subject of an operation of one instance (host) of a
 // provider, e.g. brood.v1.provider.spawn.<hostId>.start.

@@ -33,12 +33,14 @@ func (c *Coordinator) childrenList(ctx context.Context, req rpc.Request) (any, e
 	return protocol.ChildrenListReply{Rows: rows}, nil
 }
 
-// authorizeListing: a user grant lists anyone's children, an agent (its
-// live credential) only its own.
+// authorizeListing: a user grant lists the children of any parent in its
+// scope (every session, or its user's trees), an agent (its live
+// credential) only its own.
 func (c *Coordinator) authorizeListing(ctx context.Context, r protocol.ChildrenListRequest) error {
 	switch {
 	case r.Authority.Grant != "":
-		return c.checkGrant(ctx, r.Authority.Grant)
+		_, err := c.authorizeRead(ctx, r.Authority, r.Parent)
+		return err
 	case r.Authority.Parent != nil:
 		if _, err := c.authorize(ctx, *r.Authority.Parent); err != nil {
 			return err
@@ -105,15 +107,21 @@ func sortIndex(idx []protocol.ChildIndexRecord) {
 // every continuable child with a live activation, whoever its parent, as
 // rows with parentId and depth (from its ancestry), in creation order.
 func (c *Coordinator) liveChildrenList(ctx context.Context, r protocol.ChildrenListRequest) (any, error) {
-	if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
+	g, err := c.grantOf(ctx, r.Authority.Grant)
+	if err != nil {
 		return nil, err
 	}
 	if r.Descendants {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "descendants needs a parent")
 	}
+	// A grant of one user lists the activations in that user's trees.
+	in := c.memoCovers(reader{grant: g}, "")
 	rows := []protocol.ChildRow{}
 	for _, l := range c.agents.snapshot() {
 		if l.rec.Kind != protocol.AgentContinuable || !c.leaseLive(l.rec) || len(rows) >= ChildRowsMax {
+			continue
+		}
+		if ok, err := in(ctx, l.rec.SessionID); err != nil || !ok {
 			continue
 		}
 		row := c.childRow(ctx, protocol.ChildIndexRecord{ChildID: l.rec.SessionID, Mode: protocol.ModeContinuable, Provider: l.rec.Provider})

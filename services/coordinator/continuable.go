@@ -49,58 +49,106 @@ const (
 	residentRetryWait   = 100 * time.Millisecond
 )
 
-// checkGrant verifies a user grant minted by authority.user.
-func (c *Coordinator) checkGrant(ctx context.Context, grant string) error {
+// grantScope is what a valid user grant acts on: every session (all), or
+// the trees of the roots one NATS user opened (user; docs/security.md).
+type grantScope struct {
+	all  bool
+	user string
+}
+
+// grantOf verifies a user grant minted by authority.user and returns its
+// scope. An unknown or expired grant is UNAUTHORIZED.
+func (c *Coordinator) grantOf(ctx context.Context, grant string) (grantScope, error) {
 	if grant == "" {
-		return protocol.Errorf(protocol.CodeUnauthorized, "no user grant")
+		return grantScope{}, protocol.Errorf(protocol.CodeUnauthorized, "no user grant")
 	}
 	rec, err := store.Get[protocol.UserGrantRecord](ctx, c.st.Agents, store.GrantKey(protocol.HashCredential(grant)))
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			return protocol.Errorf(protocol.CodeUnauthorized, "the user grant is unknown")
+			return grantScope{}, protocol.Errorf(protocol.CodeUnauthorized, "the user grant is unknown")
 		}
-		return protocol.Errorf(protocol.CodeUnavailable, "read the user grant: %v", err)
+		return grantScope{}, protocol.Errorf(protocol.CodeUnavailable, "read the user grant: %w", err)
 	}
 	if rec.Value.ExpiresAt <= store.NowMs() {
-		return protocol.Errorf(protocol.CodeUnauthorized, "the user grant expired")
+		return grantScope{}, protocol.Errorf(protocol.CodeUnauthorized, "the user grant expired")
+	}
+	return grantScope{all: rec.Value.User == "", user: rec.Value.User}, nil
+}
+
+// checkGrant verifies a user grant over every session, for what acts on
+// the whole deployment (a global drain and its lift, every live activation,
+// every parent's events). A grant scoped to one user is UNAUTHORIZED here.
+func (c *Coordinator) checkGrant(ctx context.Context, grant string) error {
+	g, err := c.grantOf(ctx, grant)
+	if err != nil {
+		return err
+	}
+	if !g.all {
+		return protocol.Errorf(protocol.CodeUnauthorized,
+			"this needs a grant over every user's sessions (minted on %s, which only trusted hosts may call); the grant of user %s acts only on the trees of the roots %s opened",
+			c.subj.Coord(protocol.EpAuthorityUser), g.user, g.user)
 	}
 	return nil
 }
 
-// authorityUser mints a user grant for a trusted host acting for the human
-// user. Who may call it is a NATS permission (deploy/nats), and the
-// coordinator can refuse every grant (Config.UserGrantsDisabled).
+// rootUser returns the user of the root of h's tree (SessionHeader.User).
+func (c *Coordinator) rootUser(ctx context.Context, h protocol.SessionHeader) (string, error) {
+	if h.ParentSession == "" {
+		return h.User, nil
+	}
+	up, err := c.lineage(ctx, h)
+	if err != nil {
+		return "", err
+	}
+	root, err := c.headers.get(ctx, c.st, up[0])
+	if err != nil {
+		return "", err
+	}
+	if root.ParentSession != "" {
+		return "", nil // the walk stopped at LineageDepthMax: no user's tree
+	}
+	return root.User, nil
+}
+
+// covers reports whether the grant acts on session h.
+func (g grantScope) covers(ctx context.Context, c *Coordinator, h protocol.SessionHeader) (bool, error) {
+	if g.all {
+		return true, nil
+	}
+	u, err := c.rootUser(ctx, h)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %w", h.ID, err)
+	}
+	return u != "" && u == g.user, nil
+}
+
+// notCovered is the answer to a grant scoped to one user acting on a
+// session outside that user's trees, or on one that does not exist: the
+// same either way, so a grant learns nothing of other users' sessions.
+func notCovered(g grantScope, id string) error {
+	return protocol.Errorf(protocol.CodeUnauthorized, "session %s is not in a tree of a root user %s opened (or does not exist); a grant minted by user %s acts only there", id, g.user, g.user)
+}
+
+// authorityUser mints a user grant. On the anonymous subject
+// <p>.v1.coord.authority.user (which a deployment lets only trusted hosts
+// publish) it acts on every session; on a user's own subject
+// <p>.v1.user.<user>.authority.user it acts only on the trees of the roots
+// that user opened (docs/security.md). The coordinator can refuse every
+// grant (Config.UserGrantsDisabled).
 func (c *Coordinator) authorityUser(ctx context.Context, req rpc.Request) (any, error) {
 	if c.cfg.UserGrantsDisabled {
 		return nil, protocol.Errorf(protocol.CodeUnauthorized, "this deployment mints no user grants")
 	}
+	user := c.callerOf(req)
 	grant := protocol.NewCredential()
 	exp := store.NowMs() + c.cfg.GrantTTL.Milliseconds()
-	if _, err := store.Put(ctx, c.st.Agents, store.GrantKey(protocol.HashCredential(grant)), protocol.UserGrantRecord{ExpiresAt: exp, MintedBy: c.cfg.ID}); err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "store the grant: %v", err)
+	if _, err := store.Put(ctx, c.st.Agents, store.GrantKey(protocol.HashCredential(grant)), protocol.UserGrantRecord{ExpiresAt: exp, MintedBy: c.cfg.ID, User: user}); err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "store the grant: %w", err)
 	}
-	return protocol.UserGrantReply{Grant: grant, ExpiresAt: exp}, nil
-}
-
-// authorizeFor checks who may act on a continuable child: a user grant, or
-// the exact live agent whose session is the child's parentSession (checked
-// before any reconstruction). It returns the parent's lease when the parent
-// acted.
-func (c *Coordinator) authorizeFor(ctx context.Context, auth protocol.Authority, h protocol.SessionHeader) (*leaseState, error) {
-	if auth.Grant != "" {
-		return nil, c.checkGrant(ctx, auth.Grant)
-	}
-	if auth.Parent == nil {
-		return nil, protocol.Errorf(protocol.CodeUnauthorized, "the parent's credential or a user grant is required")
-	}
-	l, err := c.authorize(ctx, *auth.Parent)
-	if err != nil {
-		return nil, err
-	}
-	if auth.Parent.SessionID != h.ParentSession {
-		return nil, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not the parent of %s; only its exact live parent may act on it", auth.Parent.SessionID, h.ID)
-	}
-	return &l, nil
+	return protocol.UserGrantReply{Grant: grant, ExpiresAt: exp, User: user}, nil
 }
 
 // lineage returns a session's ancestors, root first, from the headers.
@@ -399,14 +447,59 @@ func (c *Coordinator) childHeaderOf(ctx context.Context, childID string, query b
 	return h, nil
 }
 
-// childFor reads a child's header and checks the authority acting on it; it
-// returns the parent's lease when the parent acted. A followup (query false)
-// gets NOT_RESUMABLE for an unknown id or a root session; a read-only query
-// gets NOT_FOUND for an unknown id and INVALID_ARGUMENT for a root.
+// childFor checks the authority acting on a child, then reads its header;
+// it returns the parent's lease when the parent acted. Authority comes
+// first, so a caller learns nothing about sessions it may not act on: for
+// them an unknown id and another's child answer alike (UNAUTHORIZED). For a
+// grant over every session (and for the child's own parent), a followup
+// (query false) gets NOT_RESUMABLE for an unknown id or a root session; a
+// read-only query gets NOT_FOUND for an unknown id and INVALID_ARGUMENT for
+// a root.
 func (c *Coordinator) childFor(ctx context.Context, childID string, auth protocol.Authority, query bool) (protocol.SessionHeader, *leaseState, error) {
+	if !protocol.ValidID(childID) {
+		return protocol.SessionHeader{}, nil, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
+	}
+	var g grantScope
+	var parent *leaseState
+	switch {
+	case auth.Grant != "":
+		var err error
+		if g, err = c.grantOf(ctx, auth.Grant); err != nil {
+			return protocol.SessionHeader{}, nil, err
+		}
+	case auth.Parent != nil:
+		l, err := c.authorize(ctx, *auth.Parent)
+		if err != nil {
+			return protocol.SessionHeader{}, nil, err
+		}
+		parent = &l
+	default:
+		return protocol.SessionHeader{}, nil, protocol.Errorf(protocol.CodeUnauthorized, "the parent's credential or a user grant is required")
+	}
+	hidden := func() error {
+		if parent != nil {
+			return protocol.Errorf(protocol.CodeUnauthorized, "session %s is not a child of %s (or does not exist); only its exact live parent may act on it", childID, auth.Parent.SessionID)
+		}
+		return notCovered(g, childID)
+	}
 	h, err := c.childHeaderOf(ctx, childID, query)
 	if err != nil {
+		if !g.all && (errors.Is(err, protocol.ErrNotFound) || errors.Is(err, protocol.ErrNotResumable)) {
+			return h, nil, hidden()
+		}
 		return h, nil, err
+	}
+	switch {
+	case parent != nil && h.ParentSession != auth.Parent.SessionID:
+		return h, nil, hidden()
+	case parent == nil:
+		ok, err := g.covers(ctx, c, h)
+		if err != nil {
+			return h, nil, err
+		}
+		if !ok {
+			return h, nil, hidden()
+		}
 	}
 	if h.ParentSession == "" || h.Origin != protocol.OriginSubagent {
 		if query {
@@ -414,8 +507,7 @@ func (c *Coordinator) childFor(ctx context.Context, childID string, auth protoco
 		}
 		return h, nil, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": "it is a root session, not a child"})
 	}
-	parent, err := c.authorizeFor(ctx, auth, h)
-	return h, parent, err
+	return h, parent, nil
 }
 
 // continuableFollowup routes a message by residency only: resident (running
@@ -571,8 +663,19 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request)
 	var caller string
 	switch {
 	case r.Authority.Grant != "":
-		if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
+		g, err := c.grantOf(ctx, r.Authority.Grant)
+		if err != nil {
 			return nil, err
+		}
+		if !g.all {
+			// A grant of one user interrupts only in that user's trees; an
+			// unknown child answers alike.
+			if ok, err := c.covers(ctx, reader{grant: g}, r.ChildID); err != nil || !ok {
+				if err != nil {
+					return nil, err
+				}
+				return nil, notCovered(g, r.ChildID)
+			}
 		}
 	case r.Authority.Parent != nil:
 		if _, err := c.authorize(ctx, *r.Authority.Parent); err != nil {
@@ -585,8 +688,12 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request)
 		// The ancestry comes from the headers, live or not: a caller
 		// that is not an ancestor is refused whether or not anything runs
 		// (chaos seed 1: another root's interrupt of an idle child was
-		// answered as if it had authority).
+		// answered as if it had authority), and whether or not the child
+		// exists (authority before existence).
 		h, err := c.childHeaderOf(ctx, r.ChildID, true)
+		if errors.Is(err, protocol.ErrNotFound) {
+			return nil, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not an ancestor of %s (or %s does not exist)", caller, r.ChildID, r.ChildID)
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -276,7 +276,10 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}
 	for _, ep := range c.endpoints() {
 		name := strings.ReplaceAll(ep.subject, ".", "_")
-		if err := svc.AddEndpoint(name, c.subj.CoordGroup()+"."+ep.subject, c.budgeted(ep.subject, c.instrument(ep))); err != nil {
+		// Every endpoint on its anonymous subject and on each user's
+		// (protocol.Subjects.User), where the caller is known.
+		subjects := []string{c.subj.Coord(ep.subject), c.subj.User("*", ep.subject)}
+		if err := svc.AddEndpointOn(name, subjects, c.budgeted(ep.subject, c.instrument(ep))); err != nil {
 			stopServing()
 			return fmt.Errorf("coordinator: endpoint %s: %w", ep.subject, err)
 		}
@@ -286,15 +289,17 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		return err
 	}
 	// Credit requests of this replica's follows reach this replica only: its
-	// own subject (in the queue group, which the deployment's permissions require).
-	if err := srv.Subscribe(c.subj.FollowCredit(c.cfg.ID), protocol.CoordinatorQueue, nil, c.followCredit); err != nil {
-		stopServing()
-		return fmt.Errorf("coordinator: follow credit subscription: %w", err)
+	// own subjects (in the queue group, which the deployment's permissions require).
+	for _, subject := range []string{c.subj.FollowCredit(c.cfg.ID), c.subj.UserFollowCredit("*", c.cfg.ID)} {
+		if err := srv.Subscribe(subject, protocol.CoordinatorQueue, nil, c.followCredit); err != nil {
+			stopServing()
+			return fmt.Errorf("coordinator: follow credit subscription: %w", err)
+		}
 	}
 	// The server knows the endpoints' subscriptions once a flush returns.
-	if err := c.cfg.NC.FlushTimeout(5 * time.Second); err != nil {
+	if err := rpc.Subscribed(c.cfg.NC, 5*time.Second); err != nil {
 		stopServing()
-		return fmt.Errorf("coordinator: flush subscriptions: %w", err)
+		return fmt.Errorf("coordinator: subscribe: %w", err)
 	}
 	c.log.Info("coordinator serving")
 	close(c.ready)
@@ -328,10 +333,11 @@ func (c *Coordinator) Run(ctx context.Context) error {
 // serveUnknownEndpoints answers a request to a subject under the coordinator
 // group that names no endpoint (a typo) with NOT_FOUND and the list of
 // endpoints, so it is told apart from a stopped coordinator (no responders).
-// It is a plain queue subscription on `<p>.v1.coord.>` beside the micro
-// service (so `nats micro stats` counts only real endpoints) in a queue group
-// of its own; a request to a real endpoint reaches it too (one more delivery
-// per request, a map lookup) and is left to that endpoint unanswered.
+// It is a plain queue subscription on `<p>.v1.coord.>` and `<p>.v1.user.>`
+// beside the micro service (so `nats micro stats` counts only real
+// endpoints) in a queue group of its own; a request to a real endpoint
+// reaches it too (one more delivery per request, a map lookup) and is left
+// to that endpoint unanswered.
 func (c *Coordinator) serveUnknownEndpoints(srv *rpc.Server) error {
 	known := map[string]bool{}
 	var names []string
@@ -340,21 +346,23 @@ func (c *Coordinator) serveUnknownEndpoints(srv *rpc.Server) error {
 		names = append(names, ep.subject)
 	}
 	sort.Strings(names)
-	group := c.subj.CoordGroup() + "."
 	answer := func(_ context.Context, req rpc.Request) (any, error) {
-		ep := strings.TrimPrefix(req.Subject(), group)
+		user, ep, _ := c.subj.CallerOf(req.Subject())
 		if id, ok := strings.CutPrefix(ep, followCreditToken); ok {
 			return nil, protocol.NewError(protocol.CodeNotFound, map[string]any{
 				"what": "the follow's coordinator " + id + " (resume the follow after its last sequence)"})
 		}
 		return nil, &protocol.Error{Code: protocol.CodeNotFound,
-			Message: fmt.Sprintf("endpoint %q not found; the coordinator serves %s.<endpoint> for: %s", ep, c.subj.CoordGroup(), strings.Join(names, ", ")),
+			Message: fmt.Sprintf("endpoint %q not found; the coordinator serves %s for: %s", ep, c.subj.Call(user, "<endpoint>"), strings.Join(names, ", ")),
 			Details: map[string]any{"what": "endpoint " + ep, "endpoints": names}}
 	}
 	accept := func(m *nats.Msg) bool {
-		ep := strings.TrimPrefix(m.Subject, group)
+		_, ep, ok := c.subj.CallerOf(m.Subject)
 		if m.Reply == "" || known[ep] {
 			return false
+		}
+		if !ok {
+			return true // <p>.v1.user.<not a user> or <p>.v1.user.<user> alone
 		}
 		// follow.<coordinatorId> is the credit subject of one replica's
 		// follows (FollowCredit): that replica answers while it lives; for
@@ -367,10 +375,21 @@ func (c *Coordinator) serveUnknownEndpoints(srv *rpc.Server) error {
 	}
 	// Its own queue group: NATS groups queue subscribers by queue name across
 	// subjects, so sharing the endpoints' group would take requests from them.
-	if err := srv.Subscribe(group+">", protocol.CoordinatorUnknownQueue, accept, answer); err != nil {
-		return fmt.Errorf("coordinator: catch-all subscription: %w", err)
+	for _, group := range []string{c.subj.CoordGroup(), c.subj.UserGroup()} {
+		if err := srv.Subscribe(group+".>", protocol.CoordinatorUnknownQueue, accept, answer); err != nil {
+			return fmt.Errorf("coordinator: catch-all subscription: %w", err)
+		}
 	}
 	return nil
+}
+
+// callerOf returns the NATS user a request came from: the <user> of a
+// request on <p>.v1.user.<user>.<endpoint>, which the deployment lets only
+// that user publish (docs/security.md); "" for the anonymous subject
+// <p>.v1.coord.<endpoint>, where the coordinator cannot tell who called.
+func (c *Coordinator) callerOf(req rpc.Request) string {
+	user, _, _ := c.subj.CallerOf(req.Subject())
+	return user
 }
 
 // instrument counts ep's answers and their latency (brood_requests_total,

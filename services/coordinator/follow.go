@@ -73,6 +73,7 @@ func (r *followRegistry) get(id string) (*follow, bool) {
 // follow is one live follow.
 type follow struct {
 	id        string
+	user      string // the caller (callerOf): only it may send the credit
 	req       rpc.Request
 	deliver   string
 	scope     *eventScope
@@ -134,7 +135,7 @@ func (c *Coordinator) eventsFollow(ctx context.Context, req rpc.Request) (any, e
 		start = protocol.Seq(last)
 	}
 	f := &follow{
-		id: nuid.Next(), req: req, deliver: req.ReplySubject(), scope: scope,
+		id: nuid.Next(), user: c.callerOf(req), req: req, deliver: req.ReplySubject(), scope: scope,
 		heartbeat: time.Duration(heartbeat) * time.Millisecond, wake: make(chan struct{}, 1),
 		credit: clamp(r.CreditMsgs, protocol.FollowCreditMsgsDefault, protocol.FollowCreditMsgsMax), renewed: time.Now(),
 	}
@@ -144,8 +145,12 @@ func (c *Coordinator) eventsFollow(ctx context.Context, req rpc.Request) (any, e
 	}
 	// The reply must be the stream's first message: send it before the
 	// follow starts publishing.
+	credit := c.subj.FollowCredit(c.cfg.ID)
+	if f.user != "" {
+		credit = c.subj.UserFollowCredit(f.user, c.cfg.ID)
+	}
 	rpc.Reply(c.log, req, protocol.EventsFollowReply{
-		FollowID: f.id, Seq: start, CreditSubject: c.subj.FollowCredit(c.cfg.ID), CreditMsgs: f.credit,
+		FollowID: f.id, Seq: start, CreditSubject: credit, CreditMsgs: f.credit,
 		HeartbeatMs: heartbeat, LeaseMs: protocol.FollowLeaseMs,
 	}, nil)
 	// ctx is the server's lifetime (rpc.Server), not this request's: the
@@ -246,7 +251,8 @@ func (c *Coordinator) followCredit(ctx context.Context, req rpc.Request) (any, e
 		return nil, err
 	}
 	f, ok := c.follows.get(r.FollowID)
-	if !ok {
+	if !ok || f.user != c.callerOf(req) {
+		// Another user's follow is as unknown as one that ended.
 		return nil, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "follow " + r.FollowID})
 	}
 	if r.CreditMsgs < 0 {

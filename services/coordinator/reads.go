@@ -20,19 +20,21 @@ import (
 // outside the caller's subtree answers UNAUTHORIZED whether or not it
 // exists, so a credential learns nothing about other users' sessions.
 
-// reader is who reads: a user grant, or the live agent of a session.
+// reader is who reads: a user grant (over every session, or over the trees
+// of one user's roots), or the live agent of a session.
 type reader struct {
-	grant bool
+	grant grantScope
 	agent string
 }
 
 // readerOf checks a read's authority: a valid grant, or a live agent's credential.
 func (c *Coordinator) readerOf(ctx context.Context, auth protocol.Authority) (reader, error) {
 	if auth.Grant != "" {
-		if err := c.checkGrant(ctx, auth.Grant); err != nil {
+		g, err := c.grantOf(ctx, auth.Grant)
+		if err != nil {
 			return reader{}, err
 		}
-		return reader{grant: true}, nil
+		return reader{grant: g}, nil
 	}
 	if auth.Parent == nil {
 		return reader{}, protocol.Errorf(protocol.CodeUnauthorized, "the credential of a live agent or a user grant is required")
@@ -43,10 +45,11 @@ func (c *Coordinator) readerOf(ctx context.Context, auth protocol.Authority) (re
 	return reader{agent: auth.Parent.SessionID}, nil
 }
 
-// covers reports whether session id lies in the reader's subtree. An unknown
-// session is in nobody's subtree.
+// covers reports whether session id lies in the reader's subtree (a
+// grant's scope, or the agent and its descendants). An unknown session is
+// in nobody's subtree.
 func (c *Coordinator) covers(ctx context.Context, r reader, id string) (bool, error) {
-	if r.grant || id == r.agent {
+	if r.grant.all || (r.agent != "" && id == r.agent) {
 		return true, nil
 	}
 	h, err := c.headers.get(ctx, c.st, id)
@@ -55,6 +58,9 @@ func (c *Coordinator) covers(ctx context.Context, r reader, id string) (bool, er
 	}
 	if err != nil {
 		return false, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %w", id, err)
+	}
+	if r.agent == "" {
+		return r.grant.covers(ctx, c, h)
 	}
 	up, err := c.lineage(ctx, h)
 	if errors.Is(err, store.ErrNotFound) {
@@ -80,6 +86,9 @@ func (c *Coordinator) authorizeRead(ctx context.Context, auth protocol.Authority
 		return r, err
 	}
 	if !ok {
+		if r.agent == "" {
+			return r, notCovered(r.grant, id)
+		}
 		return r, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not in the subtree of %s (or does not exist); an agent reads only itself and its descendants", id, r.agent)
 	}
 	return r, nil
@@ -206,10 +215,16 @@ func (c *Coordinator) eventScope(ctx context.Context, parent string, descendants
 		if auth.Grant == "" {
 			return nil, protocol.Errorf(protocol.CodeUnauthorized, "reading every parent's events needs a user grant; an agent reads its own subtree (give parent)")
 		}
-		if err := c.checkGrant(ctx, auth.Grant); err != nil {
+		g, err := c.grantOf(ctx, auth.Grant)
+		if err != nil {
 			return nil, err
 		}
-		return &eventScope{subject: c.subj.EventsAll("*"), rdr: reader{grant: true}, auth: auth, keep: all}, nil
+		rdr := reader{grant: g}
+		if g.all {
+			return &eventScope{subject: c.subj.EventsAll("*"), rdr: rdr, auth: auth, keep: all}, nil
+		}
+		// A grant of one user: the events of every parent in that user's trees.
+		return &eventScope{subject: c.subj.EventsAll("*"), rdr: rdr, auth: auth, keep: c.memoCovers(rdr, "")}, nil
 	}
 	rdr, err := c.authorizeRead(ctx, auth, parent)
 	if err != nil {
@@ -218,22 +233,33 @@ func (c *Coordinator) eventScope(ctx context.Context, parent string, descendants
 	if !descendants {
 		return &eventScope{subject: c.subj.EventsAll(parent), rdr: rdr, auth: auth, keep: all}, nil
 	}
-	memo := map[string]bool{parent: true}
-	return &eventScope{subject: c.subj.EventsAll("*"), rdr: rdr, auth: auth, keep: func(ctx context.Context, p string) (bool, error) {
+	return &eventScope{subject: c.subj.EventsAll("*"), rdr: rdr, auth: auth, keep: c.memoCovers(reader{agent: parent}, parent)}, nil
+}
+
+// memoCovers returns covers(r, ·) remembering its answers (at most
+// subtreeMemoMax); known, when set, is covered without a look.
+func (c *Coordinator) memoCovers(r reader, known string) func(ctx context.Context, p string) (bool, error) {
+	memo := map[string]bool{}
+	if known != "" {
+		memo[known] = true
+	}
+	return func(ctx context.Context, p string) (bool, error) {
 		if in, ok := memo[p]; ok {
 			return in, nil
 		}
-		in, err := c.covers(ctx, reader{agent: parent}, p)
+		in, err := c.covers(ctx, r, p)
 		if err != nil {
 			return false, err
 		}
 		if len(memo) >= subtreeMemoMax {
 			clear(memo)
-			memo[parent] = true
+			if known != "" {
+				memo[known] = true
+			}
 		}
 		memo[p] = in
 		return in, nil
-	}}, nil
+	}
 }
 
 func (s *eventScope) read(ctx context.Context, st *store.Store, after protocol.Seq, eventsMax int) (protocol.EventsPage, error) {
@@ -270,12 +296,24 @@ func (c *Coordinator) authorizeInbox(ctx context.Context, auth protocol.Authorit
 		return protocol.Errorf(protocol.CodeInvalidArgument, "session id %q must match ^[A-Za-z0-9_-]{1,64}$", id)
 	}
 	if auth.Grant != "" {
-		if err := c.checkGrant(ctx, auth.Grant); err != nil {
-			return err
-		}
-		h, err := c.headerFor(ctx, id)
+		g, err := c.grantOf(ctx, auth.Grant)
 		if err != nil {
 			return err
+		}
+		h, err := c.headers.get(ctx, c.st, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound) && !g.all:
+			return notCovered(g, id)
+		case err != nil:
+			if _, err := c.headerFor(ctx, id); err != nil {
+				return err
+			}
+		}
+		if ok, err := g.covers(ctx, c, h); err != nil || !ok {
+			if err != nil {
+				return err
+			}
+			return notCovered(g, id)
 		}
 		if ack {
 			root, err := c.isRoot(ctx, h)

@@ -80,16 +80,27 @@ func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenReq
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "sessionId must match ^[A-Za-z0-9_-]{1,64}$")
 	}
 	// Whoever reopens a root becomes it (its credential acts for its
-	// children): only a trusted host holding a user grant may.
-	if err := c.checkGrant(ctx, r.Grant); err != nil {
+	// children): only a host holding a user grant that covers the root may
+	// (a grant over every session, or one of the user who opened it).
+	g, err := c.grantOf(ctx, r.Grant)
+	if err != nil {
 		return nil, err
 	}
 	h, err := c.headers.get(ctx, c.st, id)
 	if errors.Is(err, store.ErrNotFound) {
+		if !g.all {
+			return nil, notCovered(g, id)
+		}
 		return nil, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "session " + id})
 	}
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %w", id, err)
+	}
+	if ok, err := g.covers(ctx, c, h); err != nil || !ok {
+		if err != nil {
+			return nil, err
+		}
+		return nil, notCovered(g, id)
 	}
 	if h.Origin != protocol.OriginReopenable {
 		return nil, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": id,

@@ -34,7 +34,9 @@ const CwdBytesMax = 4096
 // p.SessionID (DESIGN.md §7, Authority) and returns its lease. A replaced or
 // disposed agent's credential is dead. The check uses the watched cache and
 // falls back to a direct read, so a lease written (or renewed) a moment ago
-// is found even when the watch is behind.
+// is found even when the watch is behind. Every refusal says the same, so a
+// caller without the credential learns nothing about the session (whether
+// it exists, has a live agent, or which credential it has).
 func (c *Coordinator) authorize(ctx context.Context, p protocol.ParentRef) (leaseState, error) {
 	if !protocol.ValidID(p.SessionID) || p.Credential == "" {
 		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "a parent sessionId and credential are required")
@@ -44,20 +46,23 @@ func (c *Coordinator) authorize(ctx context.Context, p protocol.ParentRef) (leas
 		fresh, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, p.SessionID)
 		if err != nil {
 			if errors.Is(err, store.ErrNotFound) {
-				return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "session %s has no live agent", p.SessionID)
+				return leaseState{}, notLiveCredential(p.SessionID)
 			}
-			return leaseState{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %v", p.SessionID, err)
+			return leaseState{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", p.SessionID, err)
 		}
 		c.agents.observe(fresh.Value, fresh.Revision)
 		l = leaseState{rec: fresh.Value, rev: fresh.Revision}
 	}
-	if !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) {
-		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "the credential is not that of the live agent of session %s", p.SessionID)
-	}
-	if !c.leaseLive(l.rec) {
-		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "the agent of session %s is no longer live", p.SessionID)
+	if !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) || !c.leaseLive(l.rec) {
+		return leaseState{}, notLiveCredential(p.SessionID)
 	}
 	return l, nil
+}
+
+// notLiveCredential is every refusal of a credential: no such session, no
+// live agent, or another credential.
+func notLiveCredential(id string) error {
+	return protocol.Errorf(protocol.CodeUnauthorized, "the credential is not that of a live agent of session %s", id)
 }
 
 // authorizeFresh is authorize on the lease as stored now, never the cache:
@@ -68,18 +73,15 @@ func (c *Coordinator) authorizeFresh(ctx context.Context, p protocol.ParentRef) 
 	}
 	fresh, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, p.SessionID)
 	if errors.Is(err, store.ErrNotFound) {
-		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "session %s has no live agent", p.SessionID)
+		return leaseState{}, notLiveCredential(p.SessionID)
 	}
 	if err != nil {
-		return leaseState{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %v", p.SessionID, err)
+		return leaseState{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", p.SessionID, err)
 	}
 	c.agents.observe(fresh.Value, fresh.Revision)
 	l := leaseState{rec: fresh.Value, rev: fresh.Revision}
-	if !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) {
-		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "the credential is not that of the live agent of session %s", p.SessionID)
-	}
-	if !c.leaseLive(l.rec) {
-		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "the agent of session %s is no longer live", p.SessionID)
+	if !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) || !c.leaseLive(l.rec) {
+		return leaseState{}, notLiveCredential(p.SessionID)
 	}
 	return l, nil
 }
@@ -112,7 +114,8 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request) (any, err
 	now := store.NowMs()
 	id := ulid.Make().String()
 	cred := protocol.NewCredential()
-	h := protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: filepath.Clean(r.Cwd)}
+	// The root records who opened it: a grant of that user acts on its tree.
+	h := protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: filepath.Clean(r.Cwd), User: c.callerOf(req)}
 	if err := c.narrowRoot(ctx, &h, r); err != nil {
 		return nil, err
 	}

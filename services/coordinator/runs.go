@@ -196,6 +196,13 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument,
 			"notify must be a literal subject of printable ASCII without wildcards, outside %s.> and $-subjects (use your connection's inbox prefix)", c.subj.Prefix())
 	}
+	// A caller's notices go to its own inbox prefix only, never another
+	// user's (docs/security.md): the deployment lets each user subscribe
+	// only under _INBOX.<user>.
+	if user := c.callerOf(req); user != "" && r.Notify != "" && !strings.HasPrefix(r.Notify, protocol.UserInboxPrefix(user)+".") {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument,
+			"notify %q must lie under your own inbox prefix %s. (connect as NATS user %s with that inbox prefix, as brood does)", r.Notify, protocol.UserInboxPrefix(user), user)
+	}
 	var err error
 	if r.Options.Label, err = protocol.OneLabel(r.Label, r.Options.Label); err != nil {
 		return nil, err
@@ -338,37 +345,64 @@ func (c *Coordinator) settled(rec protocol.RunRecord) {
 	c.cfg.Metrics.RunSettled(rec.Provider, rec.Mode, *rec.Result, time.Duration(rec.SettledAt-rec.CreatedAt)*time.Millisecond)
 }
 
-// authorizeRun checks that ref may act on rec: the run's parent with its live
-// credential (DESIGN.md §7, Settlement 4).
-func (c *Coordinator) authorizeRun(ctx context.Context, ref protocol.RunRef, rec protocol.RunRecord) error {
-	if ref.Grant != "" {
-		return c.checkGrant(ctx, ref.Grant)
-	}
-	if ref.Parent == nil {
-		return protocol.Errorf(protocol.CodeUnauthorized, "acting on a run needs the parent's credential or a user grant")
-	}
-	if _, err := c.authorize(ctx, *ref.Parent); err != nil {
-		return err
-	}
-	if ref.Parent.SessionID != rec.ParentSession {
-		return protocol.Errorf(protocol.CodeUnauthorized, "run %s does not belong to session %s", rec.RunID, ref.Parent.SessionID)
-	}
-	return nil
-}
-
+// loadRun checks the authority of ref, then reads its run: the run's
+// parent with its live credential, or a user grant that covers the run's
+// child (DESIGN.md §7, Settlement 4). Authority comes first: a caller that
+// may not act on a run gets the same UNAUTHORIZED whether the run exists or
+// not, so run ids cannot be probed; only a grant over every session learns
+// NOT_FOUND (issue 17).
 func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.Record[protocol.RunRecord], error) {
+	var none store.Record[protocol.RunRecord]
 	if !protocol.ValidID(ref.RunID) {
-		return store.Record[protocol.RunRecord]{}, protocol.Errorf(protocol.CodeInvalidArgument, "runId must match ^[A-Za-z0-9_-]{1,64}$")
+		return none, protocol.Errorf(protocol.CodeInvalidArgument, "runId must match ^[A-Za-z0-9_-]{1,64}$")
+	}
+	var g grantScope
+	switch {
+	case ref.Grant != "":
+		var err error
+		if g, err = c.grantOf(ctx, ref.Grant); err != nil {
+			return none, err
+		}
+	case ref.Parent != nil:
+		if _, err := c.authorize(ctx, *ref.Parent); err != nil {
+			return none, err
+		}
+	default:
+		return none, protocol.Errorf(protocol.CodeUnauthorized, "acting on a run needs the parent's credential or a user grant")
+	}
+	hidden := func() error {
+		if ref.Parent != nil && ref.Grant == "" {
+			return protocol.Errorf(protocol.CodeUnauthorized, "run %s is not a run of session %s (or does not exist)", ref.RunID, ref.Parent.SessionID)
+		}
+		return protocol.Errorf(protocol.CodeUnauthorized, "run %s is not in a tree of a root user %s opened (or does not exist)", ref.RunID, g.user)
 	}
 	rec, err := store.Get[protocol.RunRecord](ctx, c.st.Runs, ref.RunID)
 	if errors.Is(err, store.ErrNotFound) {
-		return rec, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "run " + ref.RunID})
+		if g.all {
+			return rec, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "run " + ref.RunID})
+		}
+		return rec, hidden()
 	}
 	if err != nil {
 		return rec, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", ref.RunID, err)
 	}
-	if err := c.authorizeRun(ctx, ref, rec.Value); err != nil {
-		return rec, err
+	switch {
+	case ref.Grant == "" && ref.Parent.SessionID != rec.Value.ParentSession:
+		return rec, hidden()
+	case ref.Grant != "" && !g.all:
+		h, err := c.headers.get(ctx, c.st, rec.Value.ChildID)
+		if errors.Is(err, store.ErrNotFound) {
+			return rec, hidden()
+		}
+		if err != nil {
+			return rec, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %w", rec.Value.ChildID, err)
+		}
+		if ok, err := g.covers(ctx, c, h); err != nil || !ok {
+			if err != nil {
+				return rec, err
+			}
+			return rec, hidden()
+		}
 	}
 	return rec, nil
 }
