@@ -22,16 +22,17 @@ import (
 )
 
 // leastPrivilege is a server with a service user that may do anything and a
-// client user "alice" that may only send requests to the coordinator and
-// subscribe under her own inbox prefix: no JetStream API, no stream subject,
-// no other inbox (what docs/protocol.md §5.16 says a client needs).
+// client user "alice" that may only send requests to the coordinator on her
+// own subject and subscribe under her own inbox prefix: no JetStream API, no
+// stream subject, no other inbox (what docs/protocol.md §5.16 and
+// docs/security.md say a client needs).
 func leastPrivilege(t *testing.T) (*stack.Stack, *nats.Conn, *violations) {
 	t.Helper()
 	srv := testutil.ServerWithUsers(t, []*server.User{
 		{Username: "svc", Password: "svcpw"},
 		{Username: "alice", Password: "alicepw", Permissions: &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: []string{"brood.v1.coord.>"}},
-			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX_alice.>"}},
+			Publish:   &server.SubjectPermission{Allow: []string{"brood.v1.user.alice.>"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.alice.>"}},
 		}},
 	})
 	host := strings.TrimPrefix(srv.ClientURL(), "nats://")
@@ -39,7 +40,7 @@ func leastPrivilege(t *testing.T) (*stack.Stack, *nats.Conn, *violations) {
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	v := &violations{}
-	nc, err := nats.Connect("nats://alice:alicepw@"+host, nats.CustomInboxPrefix("_INBOX_alice"),
+	nc, err := nats.Connect("nats://"+host, nats.UserInfo("alice", "alicepw"), nats.CustomInboxPrefix(protocol.UserInboxPrefix("alice")),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { v.add(err) }))
 	if err != nil {
 		t.Fatal(err)
@@ -155,8 +156,9 @@ func TestClientNeedsOnlyCoordinatorRequestsAndItsInbox(t *testing.T) {
 		return err == nil && len(p.Items) == 3
 	}, "three settlement notices in the root's inbox")
 
-	// `brood inbox` shows them (as the user, on the service connection).
-	out := broodOut(t, s, "inbox", root.SessionID)
+	// `brood inbox` shows them (on the service connection, whose user acts
+	// on every user's sessions with --all-users: alice opened the root).
+	out := broodOut(t, s, "inbox", "--all-users", root.SessionID)
 	if n := strings.Count(out, protocol.SourceSubagentSettled); n != 3 {
 		t.Fatalf("brood inbox shows %d notices:\n%s", n, out)
 	}
@@ -194,7 +196,7 @@ func TestClientNeedsOnlyCoordinatorRequestsAndItsInbox(t *testing.T) {
 	if p, err := root.Inbox(ctx, protocol.InboxReadRequest{}); err != nil || len(p.Items) != 0 {
 		t.Fatalf("the root's inbox after reading: %+v, %v", p, err)
 	}
-	if out := broodOut(t, s, "inbox", root.SessionID); !strings.Contains(out, "(inbox empty)") {
+	if out := broodOut(t, s, "inbox", "--all-users", root.SessionID); !strings.Contains(out, "(inbox empty)") {
 		t.Fatalf("brood inbox after the client read it:\n%s", out)
 	}
 

@@ -176,7 +176,8 @@ func acpAgentCmd(g *globals) *cobra.Command {
 			}
 			defer cl.Close()
 			bctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
-			st, err := store.Bind(bctx, nc, cl.Subjects())
+			// It hosts roots: their headers and logs are all it touches directly.
+			st, err := store.BindLogs(bctx, nc, cl.Subjects())
 			cancel()
 			if err != nil {
 				return protocol.Errorf(protocol.CodeUnavailable, "%w", err)

@@ -20,12 +20,13 @@ import (
 
 // session is a client verb's connection and client, and where it writes.
 type session struct {
-	cl     *client.Client
-	log    *slog.Logger
-	out    io.Writer
-	errOut io.Writer
-	grant  string // the user grant minted for this command, once asked for
-	ctx    context.Context
+	cl       *client.Client
+	allUsers bool // --all-users: mint a grant over every session
+	log      *slog.Logger
+	out      io.Writer
+	errOut   io.Writer
+	grant    string // the user grant minted for this command, once asked for
+	ctx      context.Context
 }
 
 func openClient(g *globals) (*session, func(), error) {
@@ -39,7 +40,7 @@ func openClient(g *globals) (*session, func(), error) {
 		nc.Close()
 		return nil, nil, err
 	}
-	return &session{cl: cl, log: log, out: g.out, errOut: g.errOut, ctx: g.ctx}, func() { cl.Close(); nc.Close() }, nil
+	return &session{cl: cl, allUsers: g.allUsers, log: log, out: g.out, errOut: g.errOut, ctx: g.ctx}, func() { cl.Close(); nc.Close() }, nil
 }
 
 // withClient runs a client verb: a connection and client for its duration,
@@ -336,5 +337,6 @@ func logCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print {header, events} as JSON (--follow: JSON lines)")
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "go on printing events as they are logged, until the session's agent is done")
 	clientFlags(cmd, g)
+	userFlags(cmd, g)
 	return cmd
 }

@@ -1,70 +1,48 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// TestInboxPrefixFollowsTheUser: every process's connection gets the inbox
-// prefix of its user (_INBOX.<user>), from $BROOD_NATS_USER or the URL, so
-// a deployment can let each user subscribe only under its own (issue 17).
-func TestInboxPrefixFollowsTheUser(t *testing.T) {
-	for _, tc := range []struct {
-		name, url, user, override, want, err string
-	}{
-		{name: "no user", url: "nats://127.0.0.1:4222", want: ""},
-		{name: "env user", url: "nats://127.0.0.1:4222", user: "client", want: "_INBOX.client"},
-		{name: "URL user", url: "nats://worker:pw@127.0.0.1:4222,nats://worker:pw@127.0.0.1:4223", want: "_INBOX.worker"},
-		{name: "env wins over URL", url: "nats://worker:pw@127.0.0.1:4222", user: "trusted-host", want: "_INBOX.trusted-host"},
-		{name: "override", url: "nats://127.0.0.1:4222", user: "client", override: "_INBOX.team.alice", want: "_INBOX.team.alice"},
-		{name: "wildcard override", url: "nats://127.0.0.1:4222", override: "_INBOX.*", err: "must be a subject without wildcards"},
-		{name: "user not a token", url: "nats://127.0.0.1:4222", user: "a.b", err: "cannot name its inbox prefix"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Setenv(envNATSUser, tc.user)
-			t.Setenv(envNATSInboxPrefix, tc.override)
-			got, err := inboxPrefix(tc.url)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("inboxPrefix = %q, %v; want an error with %q", got, err, tc.err)
-				}
-				return
-			}
-			if err != nil || got != tc.want {
-				t.Fatalf("inboxPrefix = %q, %v; want %q", got, err, tc.want)
-			}
-		})
+// TestNATSUserComesFromTheEnvironment: a process's NATS user and password
+// come from the environment (or a password file), never its command line;
+// a user in the URL still works. The user names the connection's inbox
+// prefix and coordinator subjects, so it must be a subject token (issue 17).
+func TestNATSUserComesFromTheEnvironment(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "password")
+	if err := os.WriteFile(file, []byte("fromFile1\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
-}
-
-// TestNATSAuthComesFromTheEnvironment: a user and password, or a
-// credentials file, from the environment, never both; a password alone is
-// refused rather than silently ignored.
-func TestNATSAuthComesFromTheEnvironment(t *testing.T) {
 	for _, tc := range []struct {
-		name, user, pass, creds string
-		opts                    int
-		err                     string
+		name, url, user, pass, passFile string
+		wantUser, wantPass, err         string
 	}{
-		{name: "none", opts: 0},
-		{name: "user and password", user: "client", pass: "pw", opts: 1},
-		{name: "credentials file", creds: "/etc/brood/client.creds", opts: 1},
-		{name: "both", user: "client", pass: "pw", creds: "/x.creds", err: "not both"},
-		{name: "password alone", pass: "pw", err: "without $BROOD_NATS_USER"},
+		{name: "nobody", url: "nats://127.0.0.1:4222"},
+		{name: "environment", url: "nats://127.0.0.1:4222", user: "client", pass: "pw1", wantUser: "client", wantPass: "pw1"},
+		{name: "password file", url: "nats://127.0.0.1:4222", user: "worker", passFile: file, wantUser: "worker", wantPass: "fromFile1"},
+		{name: "URL", url: "nats://worker:pw2@127.0.0.1:4222,nats://worker:pw2@127.0.0.1:4223", wantUser: "worker", wantPass: "pw2"},
+		{name: "environment wins", url: "nats://worker:pw2@127.0.0.1:4222", user: "trusted-host", pass: "pw3", wantUser: "trusted-host", wantPass: "pw3"},
+		{name: "both passwords", url: "nats://127.0.0.1:4222", user: "client", pass: "pw", passFile: file, err: "not both"},
+		{name: "password alone", url: "nats://127.0.0.1:4222", pass: "pw", err: "without $BROOD_NATS_USER"},
+		{name: "user not a token", url: "nats://127.0.0.1:4222", user: "a.b", err: "must match"},
+		{name: "missing file", url: "nats://127.0.0.1:4222", user: "client", passFile: file + ".nope", err: "BROOD_NATS_PASSWORD_FILE"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Setenv(envNATSUser, tc.user)
 			t.Setenv(envNATSPassword, tc.pass)
-			t.Setenv(envNATSCreds, tc.creds)
-			opts, err := natsAuth()
+			t.Setenv(envNATSPasswordFile, tc.passFile)
+			user, pass, err := natsUser(tc.url)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("natsAuth = %v; want an error with %q", err, tc.err)
+					t.Fatalf("natsUser = %q, %v; want an error with %q", user, err, tc.err)
 				}
 				return
 			}
-			if err != nil || len(opts) != tc.opts {
-				t.Fatalf("natsAuth = %d options, %v; want %d", len(opts), err, tc.opts)
+			if err != nil || user != tc.wantUser || pass != tc.wantPass {
+				t.Fatalf("natsUser = %q, %q, %v; want %q, %q", user, pass, err, tc.wantUser, tc.wantPass)
 			}
 		})
 	}

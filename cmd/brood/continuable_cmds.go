@@ -16,19 +16,31 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// userAuthority mints a user grant: the CLI acts for the human user, as a
-// trusted host (only hosts allowed to call authority.user can).
-// One grant serves a whole command.
+// userAuthority mints a user grant: the CLI acts for the human user. With a
+// NATS user (a deployment with users) the grant acts on the trees of the
+// roots that user opened; with --all-users it acts on every session, which
+// only a trusted host's user may mint (docs/security.md). Without a user
+// (brood dev) it acts on every session. One grant serves a whole command.
 func (s *session) userAuthority(ctx context.Context) (protocol.Authority, error) {
 	if s.grant != "" {
 		return protocol.Authority{Grant: s.grant}, nil
 	}
-	g, err := s.cl.UserGrant(ctx)
+	mint := s.cl.UserGrant
+	if s.allUsers {
+		mint = s.cl.GlobalGrant
+	}
+	g, err := mint(ctx)
 	if err != nil {
 		return protocol.Authority{}, err
 	}
 	s.grant = g.Grant
 	return protocol.Authority{Grant: g.Grant}, nil
+}
+
+// userFlags registers --all-users on a verb that acts with a user grant.
+func userFlags(cmd *cobra.Command, g *globals) {
+	cmd.Flags().BoolVar(&g.allUsers, "all-users", false,
+		"act with a grant over every user's sessions (trusted-host role); without it a user acts on the trees of the roots it opened")
 }
 
 // withUser is withClient for a verb that acts as the user: fn gets a user grant.
@@ -140,6 +152,7 @@ func followupCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the turn that runs the message and print its answer")
 	progressFlag(cmd, &progressMode)
 	clientFlags(cmd, g)
+	userFlags(cmd, g)
 	return cmd
 }
 
@@ -252,6 +265,7 @@ func stateCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print {childId, state, hostId?, runId?} as JSON")
 	clientFlags(cmd, g)
+	userFlags(cmd, g)
 	return cmd
 }
 
@@ -304,6 +318,7 @@ func childrenCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&descendants, "descendants", false, "every descendant, in pre-order, with parent and depth")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	clientFlags(cmd, g)
+	userFlags(cmd, g)
 	return cmd
 }
 
@@ -359,6 +374,7 @@ func interruptCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print {childId, interrupted} as JSON")
 	clientFlags(cmd, g)
+	userFlags(cmd, g)
 	return cmd
 }
 
@@ -408,6 +424,7 @@ func disposeCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: the run's status, or {childId, disposed}")
 	clientFlags(cmd, g)
+	userFlags(cmd, g)
 	return cmd
 }
 
@@ -475,29 +492,39 @@ func printResult(s *session, what string, res protocol.SubagentResult, asJSON bo
 func grantCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "grant",
+		Use:   "grant [--all-users]",
 		Short: "Mint a user grant (authority.user) for acting on children by hand, e.g. with nats req",
-		Long: "Prints a user grant: a token that acts for the human user on any continuable child (followup,\n" +
-			"state, interrupt, drain, children.list) and on one-shot runs (runs.await, runs.dispose). Put it in\n" +
-			"a request as {\"authority\": {\"grant\": \"...\"}} (runs: {\"grant\": \"...\"}). Only NATS users\n" +
-			"allowed to call authority.user can mint one. It expires after 24 hours by default.",
+		Long: "Prints a user grant: a token that acts for the human user on continuable children (followup,\n" +
+			"state, interrupt, drain, children.list), one-shot runs (runs.await, runs.dispose) and the reads.\n" +
+			"Put it in a request as {\"authority\": {\"grant\": \"...\"}} (runs: {\"grant\": \"...\"}). With a\n" +
+			"NATS user it acts on the trees of the roots that user opened; --all-users mints one over every\n" +
+			"session, which only a trusted host's user may (docs/security.md). It expires after 24 hours by default.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withClient(g, func(ctx context.Context, s *session) error {
-				r, err := s.cl.UserGrant(ctx)
+				mint := s.cl.UserGrant
+				if s.allUsers {
+					mint = s.cl.GlobalGrant
+				}
+				r, err := mint(ctx)
 				if err != nil {
 					return err
 				}
 				if asJSON {
 					return printJSON(s.out, r)
 				}
-				fmt.Fprintf(s.out, "grant %s\nexpiresAt %s\n", r.Grant, time.UnixMilli(r.ExpiresAt).UTC().Format(time.RFC3339))
+				scope := "every user's sessions"
+				if r.User != "" {
+					scope = "the trees of the roots user " + r.User + " opened"
+				}
+				fmt.Fprintf(s.out, "grant %s\nexpiresAt %s\nscope %s\n", r.Grant, time.UnixMilli(r.ExpiresAt).UTC().Format(time.RFC3339), scope)
 				return nil
 			})
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print {grant, expiresAt} as JSON (expiresAt in epoch ms)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print {grant, expiresAt, user?} as JSON (expiresAt in epoch ms; user: the grant's scope)")
 	clientFlags(cmd, g)
+	userFlags(cmd, g)
 	return cmd
 }
 
@@ -566,6 +593,7 @@ func drainCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&list, "list", false, "list the drains holding admission closed")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	clientFlags(cmd, g)
+	userFlags(cmd, g)
 	return cmd
 }
 
@@ -637,6 +665,7 @@ func watchCmd(g *globals) *cobra.Command {
 	cmd.Flags().IntVar(&count, "count", 0, "stop after this many events (0: until Ctrl-C)")
 	cmd.Flags().StringVar(&mode, "tree", treeAuto, "draw the tree: auto (on a terminal), always, never (one line per event)")
 	clientFlags(cmd, g)
+	userFlags(cmd, g)
 	return cmd
 }
 
@@ -749,6 +778,7 @@ func inboxCmd(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&wait, "wait", 0, "wait up to this long for an item when the inbox is empty (at most 60s)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the items as JSON")
 	clientFlags(cmd, g)
+	userFlags(cmd, g)
 	return cmd
 }
 

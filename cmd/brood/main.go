@@ -35,6 +35,7 @@ func (e exitError) Error() string { return fmt.Sprintf("exit %d", e.code) }
 // would ignore is refused (brood dev runs its own server and takes no --nats).
 type globals struct {
 	natsURL  string
+	allUsers bool // --all-users of the verbs that act with a user grant
 	prefix   string
 	logLevel string
 	timeout  time.Duration
@@ -96,7 +97,7 @@ func defaultNATSURL() string {
 
 // natsFlag registers --nats on a command that talks to a NATS server.
 func natsFlag(cmd *cobra.Command, g *globals) {
-	cmd.Flags().StringVar(&g.natsURL, "nats", defaultNATSURL(), "NATS URL ($BROOD_NATS_URL when set); the user comes from $BROOD_NATS_USER and $BROOD_NATS_PASSWORD, or $BROOD_NATS_CREDS (a credentials file), never from the command line")
+	cmd.Flags().StringVar(&g.natsURL, "nats", defaultNATSURL(), "NATS URL ($BROOD_NATS_URL when set); the user comes from $BROOD_NATS_USER with $BROOD_NATS_PASSWORD or $BROOD_NATS_PASSWORD_FILE, never from the command line")
 }
 
 // clientFlags registers the flags of a client verb: --nats and --timeout.
@@ -132,7 +133,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.Execute()
+	cmd, err := root.ExecuteC()
 	g.stopTracing(err)
 	if err == nil {
 		return 0
@@ -141,12 +142,61 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	if errors.As(err, &ee) {
 		return ee.code
 	}
+	if errors.Is(err, protocol.ErrPermissionDenied) {
+		err = withRole(err, cmd, g.allUsers)
+	}
 	if pe := protocol.CodeOf(err); pe != "" {
 		fmt.Fprintln(stderr, protocol.AsError(err).Error())
 	} else {
 		fmt.Fprintln(stderr, "ERROR: "+err.Error())
 	}
 	return 1
+}
+
+// Roles (docs/security.md, deploy/README.md): the NATS user each verb runs
+// as in a deployment with users.
+const (
+	roleAdmin       = "admin"
+	roleCoordinator = "coordinator"
+	roleWorker      = "worker"
+	roleClient      = "client"
+	roleTrustedHost = "trusted-host"
+)
+
+// verbRoles names the role of each verb that needs more than a client;
+// every other client verb runs as a client.
+var verbRoles = map[string]string{
+	"provision":    roleAdmin,
+	"coordinator":  roleCoordinator,
+	"spawn-worker": roleWorker,
+	"fork-worker":  roleWorker,
+	"acp-bridge":   roleWorker,
+	"acp-agent":    roleTrustedHost,
+	"drain":        roleTrustedHost,
+}
+
+// roleOf is the role a verb needs (with --all-users: a trusted host's).
+func roleOf(cmd *cobra.Command, allUsers bool) string {
+	if r, ok := verbRoles[cmd.Name()]; ok {
+		return r
+	}
+	if allUsers {
+		return roleTrustedHost
+	}
+	return roleClient
+}
+
+// withRole adds to a PERMISSION_DENIED which role the verb needs.
+func withRole(err error, cmd *cobra.Command, allUsers bool) error {
+	pe := protocol.AsError(err)
+	role := roleOf(cmd, allUsers)
+	out := *pe
+	out.Message = fmt.Sprintf("%s; `%s` needs a NATS user with the role %s (deploy/README.md lists the role of every verb; set $BROOD_NATS_USER and $BROOD_NATS_PASSWORD)", pe.Message, cmd.CommandPath(), role)
+	out.Details = map[string]any{"role": role}
+	for k, v := range pe.Details {
+		out.Details[k] = v
+	}
+	return &out
 }
 
 func newRoot(g *globals) *cobra.Command {
@@ -220,95 +270,75 @@ func newLogger(level string, def slog.Level, w io.Writer) *slog.Logger {
 }
 
 // Where a process's NATS user and password come from, so they never appear
-// on a command line (ps shows those): a credentials file, or a user and a
-// password in the environment; a user and password in the URL still work.
+// on a command line (ps shows those): the environment, or a file; a user
+// and password in the URL still work.
 const (
-	envNATSUser     = "BROOD_NATS_USER"
-	envNATSPassword = "BROOD_NATS_PASSWORD"
-	envNATSCreds    = "BROOD_NATS_CREDS"
+	envNATSUser         = "BROOD_NATS_USER"
+	envNATSPassword     = "BROOD_NATS_PASSWORD"
+	envNATSPasswordFile = "BROOD_NATS_PASSWORD_FILE"
 )
 
-// natsAuth returns the connect options of the user in the environment:
-// $BROOD_NATS_CREDS (a NATS credentials file), or $BROOD_NATS_USER with
-// $BROOD_NATS_PASSWORD. Neither set: the URL's user, if any.
-func natsAuth() ([]nats.Option, error) {
-	creds, user, pass := os.Getenv(envNATSCreds), os.Getenv(envNATSUser), os.Getenv(envNATSPassword)
+// natsUser is who a process connects as: $BROOD_NATS_USER with
+// $BROOD_NATS_PASSWORD or the first line of $BROOD_NATS_PASSWORD_FILE (a
+// mounted secret), else the user and password of the URL's first server,
+// else nobody (a server without users, as brood dev's). The user names the
+// connection's inbox prefix (_INBOX.<user>) and the subjects it calls the
+// coordinator on (<p>.v1.user.<user>.<endpoint>), so it must be a subject
+// token (^[A-Za-z0-9_-]{1,64}$); a deployment lets each user subscribe and
+// call only under its own (docs/security.md).
+func natsUser(url string) (user, password string, err error) {
+	user, password = os.Getenv(envNATSUser), os.Getenv(envNATSPassword)
+	file := os.Getenv(envNATSPasswordFile)
 	switch {
-	case creds != "" && (user != "" || pass != ""):
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "set either $%s or $%s and $%s, not both", envNATSCreds, envNATSUser, envNATSPassword)
-	case creds != "":
-		return []nats.Option{nats.UserCredentials(creds)}, nil
-	case user != "":
-		return []nats.Option{nats.UserInfo(user, pass)}, nil
-	case pass != "":
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "$%s is set without $%s", envNATSPassword, envNATSUser)
-	}
-	return nil, nil
-}
-
-// envNATSInboxPrefix overrides the inbox prefix of a process's connection.
-const envNATSInboxPrefix = "BROOD_NATS_INBOX_PREFIX"
-
-// inboxPrefix is the inbox prefix of a connection to url: every reply, run
-// notice and followed event of the process arrives under it, and a
-// deployment with users lets each user subscribe only under its own
-// (docs/security.md): $BROOD_NATS_INBOX_PREFIX, else _INBOX.<user> for the
-// user of $BROOD_NATS_USER or of the URL, else nats.go's _INBOX (no user).
-func inboxPrefix(url string) (string, error) {
-	if p := os.Getenv(envNATSInboxPrefix); p != "" {
-		if !validInboxPrefix(p) {
-			return "", protocol.Errorf(protocol.CodeInvalidArgument, "$%s %q must be a subject without wildcards, e.g. _INBOX.alice", envNATSInboxPrefix, p)
+	case password != "" && file != "":
+		return "", "", protocol.Errorf(protocol.CodeInvalidArgument, "set $%s or $%s, not both", envNATSPassword, envNATSPasswordFile)
+	case file != "":
+		data, rerr := os.ReadFile(file)
+		if rerr != nil {
+			return "", "", protocol.Errorf(protocol.CodeInvalidArgument, "$%s: %w", envNATSPasswordFile, rerr)
 		}
-		return p, nil
+		password, _, _ = strings.Cut(strings.TrimRight(string(data), "\r\n"), "\n")
 	}
-	user := os.Getenv(envNATSUser)
+	if user == "" && password != "" {
+		return "", "", protocol.Errorf(protocol.CodeInvalidArgument, "a NATS password is set without $%s", envNATSUser)
+	}
 	if user == "" {
 		first, _, _ := strings.Cut(url, ",")
-		if u, err := neturl.Parse(strings.TrimSpace(first)); err == nil && u.User != nil {
+		if u, perr := neturl.Parse(strings.TrimSpace(first)); perr == nil && u.User != nil {
 			user = u.User.Username()
+			password, _ = u.User.Password()
 		}
 	}
-	if user == "" {
-		return "", nil
+	if user != "" && !protocol.ValidID(user) {
+		return "", "", protocol.Errorf(protocol.CodeInvalidArgument,
+			"NATS user %q must match ^[A-Za-z0-9_-]{1,64}$: it names the connection's inbox prefix _INBOX.<user> and its coordinator subjects", user)
 	}
-	if !protocol.ValidID(user) {
-		return "", protocol.Errorf(protocol.CodeInvalidArgument,
-			"NATS user %q cannot name its inbox prefix _INBOX.<user> (a user name matches %s); set $%s", user, "^[A-Za-z0-9_-]{1,64}$", envNATSInboxPrefix)
-	}
-	return protocol.UserInboxPrefix(user), nil
+	return user, password, nil
 }
 
-// validInboxPrefix: literal subject tokens, no wildcards or whitespace.
-func validInboxPrefix(p string) bool {
-	for _, tok := range strings.Split(p, ".") {
-		if tok == "" || tok == "*" || tok == ">" || strings.ContainsAny(tok, " \t\r\n") {
-			return false
-		}
-	}
-	return true
-}
-
-// connect dials NATS for a process named name, as the user of the
-// environment (natsAuth), with that user's inbox prefix (inboxPrefix).
+// connect dials NATS for a process named name as the user of natsUser,
+// with that user's inbox prefix _INBOX.<user> (protocol.UserInboxPrefix):
+// every reply, run notice and followed event of the process arrives under it.
 func connect(url, name string, reconnect bool) (*nats.Conn, error) {
-	auth, err := natsAuth()
+	user, password, err := natsUser(url)
 	if err != nil {
 		return nil, err
 	}
-	prefix, err := inboxPrefix(url)
-	if err != nil {
-		return nil, err
+	var opts []nats.Option
+	if user != "" {
+		opts = append(opts, nats.UserInfo(user, password), nats.CustomInboxPrefix(protocol.UserInboxPrefix(user)))
 	}
-	if prefix != "" {
-		auth = append(auth, nats.CustomInboxPrefix(prefix))
-	}
-	return connectWith(url, name, reconnect, auth...)
+	return connectWith(url, name, reconnect, opts...)
 }
 
 // connectWith dials NATS with explicit options (brood dev's own server
 // takes none of the environment's).
 func connectWith(url, name string, reconnect bool, extra ...nats.Option) (*nats.Conn, error) {
-	opts := append([]nats.Option{nats.Name(name), nats.Timeout(5 * time.Second)}, extra...)
+	// nats.go prints asynchronous errors to stderr unless told otherwise; a
+	// refused publish or subscription is reported by the call that made it
+	// (PERMISSION_DENIED, pkg/client), so print nothing here.
+	opts := append([]nats.Option{nats.Name(name), nats.Timeout(5 * time.Second),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}, extra...)
 	if reconnect {
 		opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
 	} else {

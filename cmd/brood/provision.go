@@ -85,6 +85,8 @@ func provisionCmd(g *globals) *cobra.Command {
 // provision runs store.Provision, retrying within timeout while JetStream
 // is not ready (a fresh cluster electing leaders, no placement yet).
 func provision(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg store.Config, timeout time.Duration, log *slog.Logger) error {
+	ctx, stop := cancelOnViolation(ctx, nc)
+	defer stop()
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for {
@@ -119,6 +121,8 @@ func openStore(ctx context.Context, nc *nats.Conn, prefix string, sf storeFlags,
 	}
 	cfg := store.DefaultConfig()
 	cfg.Replicas = sf.replicas
+	ctx, stop := cancelOnViolation(ctx, nc)
+	defer stop()
 	var logged time.Time
 	for {
 		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -136,6 +140,9 @@ func openStore(ctx context.Context, nc *nats.Conn, prefix string, sf storeFlags,
 		}
 		select {
 		case <-ctx.Done():
+			if permissionViolation(nc) != nil {
+				return nil, storeError(nc, "open", err)
+			}
 			return nil, protocol.Errorf(protocol.CodeUnavailable, "stopped while waiting for Brood's streams and buckets: %w", err)
 		case <-time.After(storeOpenWait):
 		}
@@ -166,4 +173,25 @@ func permissionViolation(nc *nats.Conn) error {
 		return err
 	}
 	return nil
+}
+
+// cancelOnViolation returns ctx cancelled as soon as the server refuses nc's
+// user a publish or subscription: a JetStream request it refused would
+// otherwise wait out its deadline (nats.go reports the refusal only to the
+// connection's error handler). Call stop when done.
+func cancelOnViolation(ctx context.Context, nc *nats.Conn) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	prev := nc.ErrorHandler()
+	nc.SetErrorHandler(func(c *nats.Conn, sub *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			cancel(err)
+		}
+		if prev != nil {
+			prev(c, sub, err)
+		}
+	})
+	return ctx, func() {
+		nc.SetErrorHandler(prev)
+		cancel(nil)
+	}
 }

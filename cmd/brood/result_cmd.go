@@ -49,7 +49,9 @@ func resultCmd(g *globals) *cobra.Command {
 						}
 						return printRunStatus(s, st, asJSON, true)
 					}
-					if !errors.Is(err, protocol.ErrNotFound) {
+					// No such run, or (a grant of one user) none it may see:
+					// a continuable child's id names no run.
+					if !errors.Is(err, protocol.ErrNotFound) && !errors.Is(err, protocol.ErrUnauthorized) {
 						return err
 					}
 					break
@@ -79,6 +81,7 @@ func resultCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON: a run's status, or {childId, state, turn, stopReason, output}")
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until the run settled, or the continuable child went idle")
 	clientFlags(cmd, g)
+	userFlags(cmd, g)
 	return cmd
 }
 

@@ -135,6 +135,29 @@ func Bind(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Store, e
 	return s, nil
 }
 
+// BindLogs returns a store on the session headers and logs only (Sessions
+// and Log; the other fields stay nil): what a host of roots reads and
+// writes (`brood acp-agent`, a trusted host whose NATS user may read no
+// other stream or bucket; docs/security.md). It refuses a server whose
+// max_payload is below the default max message size (ErrMaxPayload).
+func BindLogs(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Store, error) {
+	if err := CheckMaxPayload(nc, DefaultConfig().MsgBytesMax); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: DefaultConfig()}
+	if s.Sessions, err = js.Stream(ctx, subj.StreamSessions()); err != nil {
+		return nil, fmt.Errorf("stream %s: %w (has `brood provision` run against this server?)", subj.StreamSessions(), err)
+	}
+	if s.Log, err = js.Stream(ctx, subj.StreamLog()); err != nil {
+		return nil, fmt.Errorf("stream %s: %w (has `brood provision` run against this server?)", subj.StreamLog(), err)
+	}
+	return s, nil
+}
+
 // isWrongLastSeq reports a JetStream expected-last-sequence refusal, which
 // replicated streams answer with 10164 and single-replica ones with 10071
 // (DESIGN.md §12).

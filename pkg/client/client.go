@@ -4,10 +4,14 @@
 // followed live) and a root's inbox (settlement notices and reports).
 //
 // It speaks only to the coordinator: every call is a NATS request to
-// `<prefix>.v1.coord.<endpoint>`, and everything that comes back (replies,
-// run notices, followed events) arrives on subjects under the connection's
-// own inbox prefix (nats.CustomInboxPrefix sets it). So a client needs no
-// JetStream permission and no subscription outside its inbox prefix.
+// `<prefix>.v1.user.<user>.<endpoint>` for the connection's NATS user
+// (`<prefix>.v1.coord.<endpoint>` without one; Options.User), and
+// everything that comes back (replies, run notices, followed events) arrives
+// on subjects under the connection's own inbox prefix
+// (nats.CustomInboxPrefix; _INBOX.<user> in a deployment with users). So a
+// client needs no JetStream permission and no subscription outside its inbox
+// prefix (docs/security.md). A call NATS refuses the connection's user ends
+// at once with PERMISSION_DENIED.
 //
 // Every method takes a context and, when the endpoint takes input, the
 // request struct of pkg/protocol; it returns the reply struct. Every error
@@ -18,8 +22,9 @@
 // completing is a result with another stop reason, not an error.
 //
 // A Client owns one wildcard subscription for run notices: each run's notify
-// subject lies under it, so results arrive without a per-run consumer, and a
-// run that missed its notice falls back to runs.await.
+// subject lies under it, so results arrive without a per-run consumer; a run
+// takes only a notice naming its own run id, and one that missed its notice
+// falls back to runs.await.
 package client
 
 import (
@@ -46,14 +51,22 @@ type Options struct {
 	// AwaitFallback is how long Run.Result waits for its notice before it
 	// asks runs.await instead (10 s).
 	AwaitFallback time.Duration
+	// User is the NATS user the client acts as: it calls the coordinator on
+	// that user's own subjects, <prefix>.v1.user.<User>.<endpoint>
+	// (protocol.Subjects.User), where a deployment knows who calls (notify
+	// subjects under _INBOX.<User>, user-scoped grants, per-user quotas;
+	// docs/security.md). Default: the connection's user (nats.UserInfo);
+	// none (as in `brood dev`) calls the anonymous <prefix>.v1.coord.<endpoint>.
+	User string
 }
 
 // Client talks to the coordinators of one deployment. It is safe for
 // concurrent use.
 type Client struct {
-	nc   *nats.Conn
-	subj protocol.Subjects
-	opts Options
+	nc    *nats.Conn
+	subj  protocol.Subjects
+	opts  Options
+	perms *permWatch
 
 	mu           sync.Mutex
 	notifySub    *nats.Subscription
@@ -73,8 +86,17 @@ func New(nc *nats.Conn, opts Options) (*Client, error) {
 	if opts.AwaitFallback <= 0 {
 		opts.AwaitFallback = 10 * time.Second
 	}
-	return &Client{nc: nc, subj: subj, opts: opts, waiters: map[string]chan protocol.RunNotice{}}, nil
+	if opts.User == "" {
+		opts.User = nc.Opts.User
+	}
+	if opts.User != "" && !protocol.ValidID(opts.User) {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "user %q must match ^[A-Za-z0-9_-]{1,64}$ (it names the subjects the client calls)", opts.User)
+	}
+	return &Client{nc: nc, subj: subj, opts: opts, perms: newPermWatch(nc), waiters: map[string]chan protocol.RunNotice{}}, nil
 }
+
+// User returns the NATS user the client calls as ("" for none).
+func (c *Client) User() string { return c.opts.User }
 
 // Conn returns the client's NATS connection.
 func (c *Client) Conn() *nats.Conn { return c.nc }
@@ -84,6 +106,7 @@ func (c *Client) Subjects() protocol.Subjects { return c.subj }
 
 // Close removes the notify subscription. It does not close the connection.
 func (c *Client) Close() {
+	c.perms.close()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.notifySub != nil {
@@ -100,8 +123,12 @@ func (c *Client) Close() {
 // nobody, so Call asks again, every noRespondersWait for up to
 // NoRespondersRetryMax (within ctx's deadline), for every endpoint; then it
 // answers UNAVAILABLE.
+//
+// The request goes to the endpoint's subject for the client's user
+// (Options.User). A request NATS refuses this connection's user ends at
+// once with PERMISSION_DENIED naming the subject (perms.go).
 func (c *Client) Call(ctx context.Context, endpoint string, req, reply any) error {
-	return c.callSubject(ctx, c.subj.Coord(endpoint), req, reply)
+	return c.callSubject(ctx, c.subj.Call(c.opts.User, endpoint), req, reply)
 }
 
 func (c *Client) callSubject(ctx context.Context, subject string, req, reply any) error {
@@ -110,9 +137,14 @@ func (c *Client) callSubject(ctx context.Context, subject string, req, reply any
 		ctx, cancel = context.WithTimeout(ctx, c.opts.Timeout)
 		defer cancel()
 	}
+	ctx, done := c.perms.watch(ctx, subject)
+	defer done()
 	giveUp := time.Now().Add(NoRespondersRetryMax)
 	for {
 		err := Call(ctx, c.nc, subject, req, reply)
+		if denied := deniedCause(ctx); denied != nil {
+			return denied
+		}
 		if !errors.Is(err, nats.ErrNoResponders) || time.Now().Add(noRespondersWait).After(giveUp) {
 			return err
 		}
@@ -120,6 +152,9 @@ func (c *Client) callSubject(ctx context.Context, subject string, req, reply any
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if denied := deniedCause(ctx); denied != nil {
+				return denied
+			}
 			return err
 		case <-t.C:
 		}
@@ -153,12 +188,22 @@ func (c *Client) Providers(ctx context.Context) (protocol.ProvidersListReply, er
 	return r, err
 }
 
-// UserGrant mints a user grant (authority.user). Only hosts whose NATS user
-// may publish that subject can; others get UNAVAILABLE (no permission means
-// no responder) or UNAUTHORIZED (grants disabled).
+// UserGrant mints a user grant (authority.user) on the client's own
+// subject: with a user, a grant that acts only on the trees of the roots
+// that user opened (reply.User); without one, a grant over every session.
+// UNAUTHORIZED when the deployment mints none.
 func (c *Client) UserGrant(ctx context.Context) (protocol.UserGrantReply, error) {
 	var r protocol.UserGrantReply
 	err := c.Call(ctx, protocol.EpAuthorityUser, protocol.Empty{}, &r)
+	return r, err
+}
+
+// GlobalGrant mints a user grant over every session: authority.user on the
+// anonymous subject, which a deployment lets only trusted hosts publish
+// (others get PERMISSION_DENIED at once; docs/security.md).
+func (c *Client) GlobalGrant(ctx context.Context) (protocol.UserGrantReply, error) {
+	var r protocol.UserGrantReply
+	err := c.callSubject(ctx, c.subj.Coord(protocol.EpAuthorityUser), protocol.Empty{}, &r)
 	return r, err
 }
 

@@ -68,16 +68,24 @@ func (f *Follow) open(ctx context.Context) error {
 	if err != nil {
 		return fail(protocol.Errorf(protocol.CodeInvalidArgument, "encode request: %w", err))
 	}
-	subject := f.c.subj.Coord(protocol.EpEventsFollow)
+	if err := checkSubscribed(f.c.nc, deliver); err != nil {
+		return fail(err)
+	}
+	subject := f.c.subj.Call(f.c.opts.User, protocol.EpEventsFollow)
+	wait, cancel := context.WithTimeout(ctx, f.c.opts.Timeout)
+	defer cancel()
+	wait, done := f.c.perms.watch(wait, subject)
+	defer done()
 	if err := f.c.nc.PublishMsg(&nats.Msg{Subject: subject, Reply: deliver, Data: data}); err != nil {
 		return fail(transportError(subject, err))
 	}
-	wait, cancel := context.WithTimeout(ctx, f.c.opts.Timeout)
-	defer cancel()
 	var first *nats.Msg
 	select {
 	case first = <-ch:
 	case <-wait.Done():
+		if denied := deniedCause(wait); denied != nil {
+			return fail(denied)
+		}
 		return fail(transportError(subject, wait.Err()))
 	}
 	if isNoResponders(first) {

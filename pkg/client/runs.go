@@ -38,10 +38,23 @@ func (c *Client) ensureNotify() (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// A subscription the user may not make would leave every run waiting
+	// for its fallback: find out now.
+	if err := checkSubscribed(c.nc, prefix+".*"); err != nil {
+		_ = sub.Unsubscribe()
+		return "", err
+	}
 	c.notifySub, c.notifyPrefix = sub, prefix
 	return prefix, nil
 }
 
+// noticesBuffered bounds the notices a run keeps before Result reads them;
+// more are dropped (Result falls back to runs.await).
+const noticesBuffered = 4
+
+// onNotice hands a notice to the run whose token its subject ends with;
+// the run takes it only when it names the run's own id (Run.Result), so a
+// notice someone else sent to this subject is dropped.
 func (c *Client) onNotice(m *nats.Msg) {
 	token := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	var n protocol.RunNotice
@@ -50,10 +63,12 @@ func (c *Client) onNotice(m *nats.Msg) {
 	}
 	c.mu.Lock()
 	ch := c.waiters[token]
-	delete(c.waiters, token)
 	c.mu.Unlock()
 	if ch != nil {
-		ch <- n
+		select {
+		case ch <- n:
+		default:
+		}
 	}
 }
 
@@ -64,10 +79,13 @@ func (c *Client) onNotice(m *nats.Msg) {
 func (c *Client) StartRun(ctx context.Context, req protocol.RunStartRequest) (*Run, error) {
 	prefix, err := c.ensureNotify()
 	if err != nil {
+		if protocol.CodeOf(err) != "" {
+			return nil, err
+		}
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "subscribe for results: %w", err)
 	}
 	token := nuid.Next()
-	ch := make(chan protocol.RunNotice, 1)
+	ch := make(chan protocol.RunNotice, noticesBuffered)
 	c.mu.Lock()
 	c.waiters[token] = ch
 	c.mu.Unlock()
@@ -94,6 +112,9 @@ func (r *Run) Result(ctx context.Context) (protocol.SubagentResult, error) {
 	for {
 		select {
 		case n := <-r.notice:
+			if n.RunID != r.RunID {
+				continue // not this run's: someone else's notice on its subject
+			}
 			return n.Result, nil
 		case <-ctx.Done():
 			return protocol.SubagentResult{}, protocol.Errorf(protocol.CodeCancelled, "waiting for run %s: %w", r.RunID, ctx.Err())

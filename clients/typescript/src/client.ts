@@ -83,6 +83,14 @@ export interface ClientOptions {
    * under it, so a deployment can confine each user's replies to its own prefix.
    */
   inboxPrefix?: string;
+  /**
+   * The NATS user the client acts as: it calls the coordinator on that
+   * user's own subjects, `<prefix>.v1.user.<user>.<endpoint>` (§1.1), where
+   * a deployment knows who calls (notify subjects under `_INBOX.<user>`,
+   * grants scoped to the user's trees, per-user quotas). Default: the
+   * connection's `user` option; none calls `<prefix>.v1.coord.<endpoint>`.
+   */
+  user?: string;
 }
 
 /** Per-call options: a timeout and an AbortSignal (a cancelled call is CANCELLED). */
@@ -172,6 +180,7 @@ export class Client {
   readonly timeoutMs: number;
   readonly awaitFallbackMs: number;
   readonly inboxPrefix: string;
+  readonly user: string;
   private notifySub?: Subscription;
   private notifyPrefix = "";
   private waiters = new Map<string, (n: RunNotice) => void>();
@@ -185,12 +194,20 @@ export class Client {
     this.prefix = prefix;
     this.timeoutMs = opts.timeoutMs ?? 30_000;
     this.awaitFallbackMs = opts.awaitFallbackMs ?? 10_000;
-    const fromConn = (nc as { options?: { inboxPrefix?: string } }).options?.inboxPrefix;
-    this.inboxPrefix = opts.inboxPrefix ?? fromConn ?? "_INBOX";
+    const connOpts = (nc as { options?: { inboxPrefix?: string; user?: string } }).options;
+    this.inboxPrefix = opts.inboxPrefix ?? connOpts?.inboxPrefix ?? "_INBOX";
+    this.user = opts.user ?? connOpts?.user ?? "";
+    if (this.user !== "" && !/^[A-Za-z0-9_-]{1,64}$/.test(this.user)) {
+      throw brood("INVALID_ARGUMENT", `user ${JSON.stringify(this.user)} must match ^[A-Za-z0-9_-]{1,64}$ (it names the subjects the client calls)`);
+    }
   }
 
-  /** The subject of a coordinator endpoint, e.g. brood.v1.coord.runs.start. */
+  /**
+   * The subject of a coordinator endpoint for this client's user, e.g.
+   * brood.v1.user.alice.runs.start, or brood.v1.coord.runs.start without a user.
+   */
   subject(endpoint: string): string {
+    if (this.user !== "") return `${this.prefix}.v1.user.${this.user}.${endpoint}`;
     return `${this.prefix}.v1.coord.${endpoint}`;
   }
 
@@ -237,9 +254,20 @@ export class Client {
     return this.call(Endpoints.providersList, {}, opts);
   }
 
-  /** authority.user (§5.15): only NATS users allowed to call it can. */
+  /**
+   * authority.user (§5.15) on this client's subject: with a user, a grant
+   * over the trees of the roots that user opened; without, over every session.
+   */
   userGrant(opts?: CallOptions): Promise<UserGrantReply> {
     return this.call(Endpoints.authorityUser, {}, opts);
+  }
+
+  /**
+   * authority.user on `<prefix>.v1.coord.authority.user`: a grant over every
+   * session, which a deployment lets only trusted hosts mint.
+   */
+  globalGrant(opts?: CallOptions): Promise<UserGrantReply> {
+    return this.callSubject(`${this.prefix}.v1.coord.${Endpoints.authorityUser}`, {}, opts);
   }
 
   /** agents.open (§5.2), then keeps the root alive every leaseMs/3 until close. */
@@ -258,8 +286,8 @@ export class Client {
         const w = this.waiters.get(token);
         if (!w) return;
         try {
+          // The run takes it only when it names the run's own id (Run.result).
           w(decodeBody<RunNotice>(m.data));
-          this.waiters.delete(token);
         } catch {
           // not a notice: ignore
         }
@@ -276,12 +304,11 @@ export class Client {
   async startRun(req: RunStartRequest, opts?: CallOptions): Promise<Run> {
     const prefix = this.ensureNotify();
     const token = nuid.next();
-    let resolveNotice!: (n: RunNotice) => void;
-    const notice = new Promise<RunNotice>((resolve) => (resolveNotice = resolve));
-    this.waiters.set(token, resolveNotice);
+    const notices = new Notices();
+    this.waiters.set(token, (n) => notices.push(n));
     try {
       const r = await this.call<RunStartReply>(Endpoints.runsStart, { ...req, notify: `${prefix}.${token}` }, opts);
-      return new Run(this, r.runId, r.childId, req.parent, notice, () => this.waiters.delete(token));
+      return new Run(this, r.runId, r.childId, req.parent, notices, () => this.waiters.delete(token));
     } catch (err) {
       this.waiters.delete(token);
       throw err;
@@ -462,6 +489,42 @@ export class Root {
   }
 }
 
+/**
+ * The notices that arrived on a run's notify subject, at most
+ * Notices.max (more are dropped: the run falls back to runs.await).
+ */
+class Notices {
+  static readonly max = 4;
+  private readonly items: RunNotice[] = [];
+  private wake?: () => void;
+
+  push(n: RunNotice): void {
+    if (this.items.length >= Notices.max) return;
+    this.items.push(n);
+    this.wake?.();
+  }
+
+  /** The first notice naming runId; others are someone else's and dropped. */
+  take(runId: string): RunNotice | undefined {
+    while (this.items.length > 0) {
+      const n = this.items.shift()!;
+      if (n.runId === runId) return n;
+    }
+    return undefined;
+  }
+
+  /** Resolves when a notice arrives (or at once if one is waiting). */
+  next(): Promise<void> {
+    if (this.items.length > 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      this.wake = () => {
+        this.wake = undefined;
+        resolve();
+      };
+    });
+  }
+}
+
 /** Run is a started one-shot run (runs.start). */
 export class Run {
   constructor(
@@ -469,7 +532,7 @@ export class Run {
     readonly runId: string,
     readonly childId: string,
     private readonly parent: ParentRef,
-    private readonly notice: Promise<RunNotice>,
+    private readonly notices: Notices,
     private readonly forget: () => void,
   ) {}
 
@@ -486,10 +549,23 @@ export class Run {
         const fallback = new Promise<undefined>((resolve) => {
           timer = setTimeout(() => resolve(undefined), this.client.awaitFallbackMs);
         });
-        const n = await abortable(Promise.race([this.notice, fallback]), opts.signal, `waiting for run ${this.runId}`).finally(() =>
-          clearTimeout(timer),
-        );
-        if (n) return n.result;
+        // Notices until the fallback fires: only one naming this run counts.
+        for (;;) {
+          const n = this.notices.take(this.runId);
+          if (n) {
+            clearTimeout(timer);
+            return n.result;
+          }
+          const woke = await abortable(
+            Promise.race([this.notices.next().then(() => true), fallback.then(() => false)]),
+            opts.signal,
+            `waiting for run ${this.runId}`,
+          ).catch((err) => {
+            clearTimeout(timer);
+            throw err;
+          });
+          if (!woke) break;
+        }
         try {
           const st = await this.client.await(
             { runId: this.runId, parent: this.parent, waitMs: this.client.awaitFallbackMs },

@@ -9,7 +9,10 @@ export type Seq = string;
 /** Epoch milliseconds, UTC (§1.5). */
 export type Millis = number;
 
-/** Coordinator endpoints (§3), served on `<prefix>.v1.coord.<endpoint>`. */
+/**
+ * Coordinator endpoints (§3), served on `<prefix>.v1.coord.<endpoint>` and on
+ * each user's `<prefix>.v1.user.<user>.<endpoint>` (§1.1).
+ */
 export const Endpoints = {
   providersList: "providers.list",
   agentsOpen: "agents.open",
@@ -342,6 +345,8 @@ export interface ChildrenListReply {
 export interface UserGrantReply {
   grant: string;
   expiresAt: Millis;
+  /** The grant's scope: the trees of the roots this NATS user opened; absent: every session. */
+  user?: string;
 }
 
 /** §8.1 */

@@ -17,9 +17,10 @@ import {
   NotFoundError,
   UnauthorizedError,
   UnavailableError,
+  Client,
+  encodeBody,
   plainText,
   text,
-  type Client,
   type LifecycleEvent,
 } from "../src/index.js";
 import { eventually, repoRoot, startDev, type Dev } from "./dev.js";
@@ -117,11 +118,36 @@ describe("one-shot runs", () => {
       });
       const forged = { ...root.ref(), credential: "forged" };
       await assert.rejects(brood.startRun({ provider: "spawn", parent: forged, prompt: text("x") }), UnauthorizedError);
-      await assert.rejects(brood.await({ runId: "NOSUCHRUN", parent: root.ref() }), NotFoundError);
+      // Authority before existence: a parent learns nothing of run ids not its own.
+      await assert.rejects(brood.await({ runId: "NOSUCHRUN", parent: root.ref() }), UnauthorizedError);
       await assert.rejects(brood.call("no.such.endpoint", {}), NotFoundError);
     } finally {
       await root.close();
     }
+  });
+
+  test("a notice that names another run is not the run's result", async () => {
+    const root = await brood.openRoot({ cwd });
+    try {
+      const run = await brood.startRun({ provider: "spawn", parent: root.ref(), prompt: text("sleep 1s\nsay real") });
+      // Someone publishes a forged notice on the run's notify subject.
+      const internals = brood as unknown as { notifyPrefix: string; waiters: Map<string, unknown> };
+      const tokens = [...internals.waiters.keys()];
+      const subject = `${internals.notifyPrefix}.${tokens[tokens.length - 1]}`;
+      const forged = { runId: "FORGED", childId: run.childId, parentSession: root.sessionId, provider: "spawn", result: { output: text("forged"), stopReason: "completed" } };
+      dev.nc.publish(subject, encodeBody(forged));
+      const res = await run.result();
+      assert.equal(plainText(res.output), "real");
+    } finally {
+      await root.close();
+    }
+  });
+
+  test("a user calls on its own subjects", () => {
+    const alice = new Client(dev.nc, { user: "alice" });
+    assert.equal(alice.subject("runs.start"), "brood.v1.user.alice.runs.start");
+    assert.equal(brood.subject("runs.start"), "brood.v1.coord.runs.start");
+    assert.throws(() => new Client(dev.nc, { user: "a.b" }), InvalidArgumentError);
   });
 
   test("a cancelled wait is CANCELLED; a dead server is UNAVAILABLE with a cause", async () => {
