@@ -1,0 +1,699 @@
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
+	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
+)
+
+// The forgery suite (issue 17): the 3-node cluster of nats/cluster, with
+// its users and permissions, runs Brood's services as their own users; then
+// each role in turn tries what docs/security.md says it cannot do, and each
+// attempt must be refused with nothing changed: every stream's and bucket's
+// configuration, consumers and messages (session headers and logs, inboxes,
+// lifecycle events, leases, grants, run records) read back identical. The
+// CLI verbs run as the users docs/security.md names for them.
+
+// forgery is the deployment the attempts run against.
+type forgery struct {
+	t     *testing.T
+	urls  []string
+	all   string // every node's URL, comma-separated
+	admin *nats.Conn
+	js    jetstream.JetStream // the admin's: reads the state before and after
+
+	// The client's own root, idle child and user-scoped grant (what an
+	// attacking client holds), and what the attacks aim at: a trusted
+	// host's root with a settled run and an idle continuable child.
+	victim struct {
+		root            *client.Root
+		child           string
+		grant           string
+		hostRoot        *client.Root
+		hostRun         *client.Run
+		hostChild       string
+		clientCl, trust *client.Client
+	}
+}
+
+func TestForgerySuite(t *testing.T) {
+	setPasswords(t)
+	servers := startServers(t, clusterOptions(t)...)
+	waitMetaLeader(t, servers)
+	f := &forgery{t: t}
+	for _, s := range servers {
+		f.urls = append(f.urls, s.ClientURL())
+	}
+	f.all = strings.Join(f.urls, ",")
+	f.start()
+
+	t.Run("the CLI as the client user", f.cliAsClient)
+	t.Run("the CLI names the role a verb needs", f.cliNamesTheRole)
+	t.Run("client", f.clientAttempts)
+	t.Run("worker", f.workerAttempts)
+	t.Run("trusted host", f.trustedHostAttempts)
+	t.Run("coordinator", f.coordinatorAttempts)
+}
+
+// start provisions as admin and runs a coordinator and a spawn worker as
+// their users, then sets up the victims.
+func (f *forgery) start() {
+	t := f.t
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	subj := protocol.MustSubjects("")
+	cfg := store.DefaultConfig()
+	cfg.Replicas = 3
+	f.admin = connectAs(t, f.all, "admin", nil)
+	if _, err := store.Provision(ctx, f.admin, subj, cfg); err != nil {
+		t.Fatalf("provision as admin: %v", err)
+	}
+	var err error
+	if f.js, err = jetstream.New(f.admin); err != nil {
+		t.Fatal(err)
+	}
+	open := func(nc *nats.Conn) *store.Store {
+		st, err := store.Open(ctx, nc, subj, cfg)
+		if err != nil {
+			t.Fatalf("open as %s: %v", nc.Opts.User, err)
+		}
+		return st
+	}
+	v := &violations{}
+	coordNC := connectAs(t, f.urls[0], "coordinator", v)
+	coord, err := coordinator.New(coordinator.Config{
+		NC: coordNC, Store: open(coordNC), HeartbeatInterval: testutil.TestHeartbeat, HostExpiry: testutil.TestHostExpiry,
+		// Roots are not renewed while the attempts run, so nothing writes
+		// but the attempts themselves.
+		RootLease: 10 * time.Minute, Logger: testutil.Logger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Background(t, coord)
+	<-coord.Ready()
+	workerNC := connectAs(t, f.urls[1], "worker", v)
+	w, err := spawnworker.New(spawnworker.Config{
+		NC: workerNC, Store: open(workerNC), Models: func() (model.Model, error) { return model.NewScripted(), nil },
+		HeartbeatInterval: testutil.TestHeartbeat, HostExpiry: testutil.TestHostExpiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Background(t, w)
+
+	newClient := func(user string, node int) *client.Client {
+		cl, err := client.New(connectAs(t, f.urls[node], user, v), client.Options{AwaitFallback: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(cl.Close)
+		return cl
+	}
+	cl, trust := newClient("client", 2), newClient("trusted-host", 0)
+	f.victim.clientCl, f.victim.trust = cl, trust
+	waitFor(t, 20*time.Second, "spawn listed", func() bool {
+		r, err := cl.Providers(ctx)
+		return err == nil && r.Instances[spawnworker.DefaultName] > 0
+	})
+	f.victim.root = openRoot(ctx, t, cl)
+	f.victim.child = startIdleChild(ctx, t, cl, f.victim.root)
+	g, err := cl.UserGrant(ctx)
+	if err != nil || g.User != "client" {
+		t.Fatalf("the client's grant: %+v, %v", g, err)
+	}
+	f.victim.grant = g.Grant
+	f.victim.hostRoot = openRoot(ctx, t, trust)
+	f.victim.hostRun, err = trust.StartRun(ctx, protocol.RunStartRequest{Parent: f.victim.hostRoot.Ref(), Provider: spawnworker.DefaultName, Prompt: protocol.Text("say secret result")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := f.victim.hostRun.Result(ctx); err != nil || protocol.PlainText(res.Output) != "secret result" {
+		t.Fatalf("the victim's run: %+v, %v", res, err)
+	}
+	f.victim.hostChild = startIdleChild(ctx, t, trust, f.victim.hostRoot)
+	if vs := v.list(); len(vs) > 0 {
+		t.Fatalf("permission violations while the services ran as their users:\n%s", strings.Join(vs, "\n"))
+	}
+}
+
+func openRoot(ctx context.Context, t *testing.T, cl *client.Client) *client.Root {
+	t.Helper()
+	root, err := cl.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = root.Close(context.Background()) })
+	return root
+}
+
+// startIdleChild starts a continuable child and waits until its first turn
+// ended and its activation settled (nothing runs afterwards).
+func startIdleChild(ctx context.Context, t *testing.T, cl *client.Client, root *client.Root) string {
+	t.Helper()
+	r, err := cl.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: spawnworker.DefaultName, Parent: root.Ref(), Label: "idle", Prompt: protocol.Text("say idle")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the child idle", func() bool {
+		st, err := cl.State(ctx, protocol.ChildRef{ChildID: r.ChildID, Authority: root.Authority()})
+		return err == nil && st.State == protocol.StateNone && st.Queued == 0
+	})
+	return r.ChildID
+}
+
+// snapshot is everything Brood stores but the host heartbeats: each
+// stream's configuration, consumers and messages (subject, sequence and a
+// digest of headers and data), read with the admin user.
+func (f *forgery) snapshot() map[string][]string {
+	t := f.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out := map[string][]string{}
+	for _, name := range []string{"BROOD_SESSIONS", "BROOD_LOG", "BROOD_INBOX", "BROOD_EVENTS", "KV_brood_agents", "KV_brood_runs", "KV_brood_hosts"} {
+		str, err := f.js.Stream(ctx, name)
+		if err != nil {
+			t.Fatalf("stream %s: %v", name, err)
+		}
+		info := str.CachedInfo()
+		cfg, _ := json.Marshal(info.Config)
+		out[name] = append(out[name], "config "+string(cfg), fmt.Sprintf("consumers %d", info.State.Consumers))
+		if name == "KV_brood_hosts" {
+			continue // heartbeats, every 100 ms
+		}
+		next := uint64(1)
+		for {
+			msgs, err := jetstreamext.GetBatch(ctx, f.js, name, 1000, jetstreamext.GetBatchSeq(next))
+			if err != nil {
+				t.Fatalf("read %s: %v", name, err)
+			}
+			got, more := 0, ""
+			for m, err := range msgs {
+				if errors.Is(err, jetstreamext.ErrNoMessages) {
+					break
+				}
+				if err != nil {
+					t.Fatalf("read %s: %v", name, err)
+				}
+				h := sha256.New()
+				keys := slices.Sorted(maps.Keys(m.Header))
+				for _, k := range keys {
+					if k != "Nats-Num-Pending" && k != "Nats-Last-Sequence" && k != "Nats-UpTo-Sequence" {
+						fmt.Fprintf(h, "%s=%v;", k, m.Header[k])
+					}
+				}
+				h.Write(m.Data)
+				out[name] = append(out[name], fmt.Sprintf("%d %s %s", m.Sequence, m.Subject, hex.EncodeToString(h.Sum(nil))[:16]))
+				next, more, got = m.Sequence+1, m.Header.Get("Nats-Num-Pending"), got+1
+			}
+			if got == 0 || more == "0" {
+				break
+			}
+		}
+	}
+	return out
+}
+
+// unchanged fails when the stored state differs from before.
+func (f *forgery) unchanged(t *testing.T, what string, before map[string][]string) {
+	t.Helper()
+	after := f.snapshot()
+	for name, b := range before {
+		if a := after[name]; !slices.Equal(a, b) {
+			t.Errorf("%s changed %s:\nbefore %v\nafter  %v", what, name, b, a)
+		}
+	}
+}
+
+// attempt is one thing a role must not be able to do: do tries it on a
+// fresh connection of the role and returns how it was refused (nil when it
+// was not).
+type attempt struct {
+	name string
+	do   func(ctx context.Context, t *testing.T, nc *nats.Conn) error
+}
+
+// run tries each attempt as user and requires a refusal and no change.
+func (f *forgery) run(t *testing.T, user string, attempts []attempt) {
+	for _, a := range attempts {
+		t.Run(a.name, func(t *testing.T) {
+			before := f.snapshot()
+			nc := connectAs(t, f.urls[len(a.name)%len(f.urls)], user, nil)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if err := a.do(ctx, t, nc); err == nil {
+				t.Fatalf("%s: not refused", a.name)
+			} else {
+				t.Logf("refused: %v", err)
+			}
+			f.unchanged(t, a.name, before)
+		})
+	}
+}
+
+// refusedPublish publishes m and returns the permissions violation that
+// names its subject (nil when the server accepted the publish).
+func refusedPublish(nc *nats.Conn, m *nats.Msg) error {
+	if err := nc.PublishMsg(m); err != nil {
+		return err
+	}
+	return violationFor(nc, m.Subject)
+}
+
+// refusedSubscribe subscribes (in queue when set) and returns the
+// permissions violation naming subject, nil when the subscription stands.
+func refusedSubscribe(nc *nats.Conn, subject, queue string) error {
+	var err error
+	if queue == "" {
+		_, err = nc.SubscribeSync(subject)
+	} else {
+		_, err = nc.QueueSubscribeSync(subject, queue)
+	}
+	if err != nil {
+		return err
+	}
+	return violationFor(nc, subject)
+}
+
+func violationFor(nc *nats.Conn, subject string) error {
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		return fmt.Errorf("flush: %w", err)
+	}
+	if err := nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), strconv.Quote(subject)) {
+		return err
+	}
+	return nil
+}
+
+// jsRequest publishes a JetStream API request as a raw message and returns
+// the refusal: a permissions violation, or an API error in the reply.
+func jsRequest(ctx context.Context, nc *nats.Conn, subject string, body any) error {
+	data, _ := json.Marshal(body)
+	reply := nc.NewInbox()
+	sub, err := nc.SubscribeSync(reply)
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+	if err := refusedPublish(nc, &nats.Msg{Subject: subject, Reply: reply, Data: data}); err != nil {
+		return err
+	}
+	m, err := sub.NextMsg(5 * time.Second)
+	if err != nil {
+		return nil // no refusal came: treat as accepted (the snapshot decides)
+	}
+	var resp struct {
+		Error *struct {
+			Code        int    `json:"code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(m.Data, &resp) == nil && resp.Error != nil {
+		return fmt.Errorf("JetStream refused: %d %s", resp.Error.Code, resp.Error.Description)
+	}
+	return nil
+}
+
+// pushConsumerInto is the consumer-as-publisher attack: a push consumer on
+// stream whose deliver subject is a Brood subject (in deliverGroup).
+func pushConsumerInto(stream, deliver, group string) func(ctx context.Context, t *testing.T, nc *nats.Conn) error {
+	return func(ctx context.Context, t *testing.T, nc *nats.Conn) error {
+		name := "forged" + strconv.Itoa(len(deliver))
+		return jsRequest(ctx, nc, "$JS.API.CONSUMER.CREATE."+stream+"."+name, map[string]any{
+			"stream_name": stream,
+			"config": map[string]any{"name": name, "deliver_subject": deliver, "deliver_group": group,
+				"deliver_policy": "all", "ack_policy": "none"},
+		})
+	}
+}
+
+// coordCall sends a coordinator request on subject with nc (its user's
+// inbox) and returns the error reply or transport failure.
+func coordCall(ctx context.Context, nc *nats.Conn, subject string, req any) error {
+	data, _ := protocol.Marshal(protocol.Msgpack, req)
+	reply := nc.NewInbox()
+	sub, err := nc.SubscribeSync(reply)
+	if err != nil {
+		return err
+	}
+	defer sub.Unsubscribe()
+	if err := refusedPublish(nc, &nats.Msg{Subject: subject, Reply: reply, Data: data}); err != nil {
+		return err
+	}
+	m, err := sub.NextMsg(10 * time.Second)
+	if err != nil {
+		return nil
+	}
+	if perr := client.ErrorOf(m); perr != nil {
+		return perr
+	}
+	return nil
+}
+
+func (f *forgery) clientAttempts(t *testing.T) {
+	v := &f.victim
+	own := v.root.Ref()
+	f.run(t, "client", []attempt{
+		{"read everyone's replies on _INBOX.>", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "_INBOX.>", "")
+		}},
+		{"read the trusted host's replies (grants)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "_INBOX.trusted-host.>", "")
+		}},
+		{"a consumer delivering into authority.user in the coordinators' queue group", pushConsumerInto("BROOD_LOG", authorityUser, protocol.CoordinatorQueue)},
+		{"a consumer delivering into another child's inbox", pushConsumerInto("BROOD_LOG", "brood.v1.inbox."+v.child, "")},
+		{"a durable consumer on BROOD_EVENTS", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return jsRequest(ctx, nc, "$JS.API.CONSUMER.DURABLE.CREATE.BROOD_EVENTS.hog", map[string]any{
+				"stream_name": "BROOD_EVENTS", "config": map[string]any{"durable_name": "hog", "ack_policy": "explicit"}})
+		}},
+		{"read another user's log directly", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return jsRequest(ctx, nc, "$JS.API.DIRECT.GET.BROOD_LOG.brood.v1.log."+v.hostChild, nil)
+		}},
+		{"read another user's log through the coordinator", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			cl, _ := client.New(nc, client.Options{})
+			_, err := cl.Log(ctx, protocol.LogReadRequest{SessionID: v.hostChild, Authority: v.root.Authority()})
+			return wantCode(err, protocol.CodeUnauthorized)
+		}},
+		{"act on another user's child with a grant of its own", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			cl, _ := client.New(nc, client.Options{})
+			_, err := cl.Followup(ctx, protocol.FollowupRequest{ChildID: v.hostChild, Authority: protocol.Authority{Grant: v.grant}, Message: protocol.Text("say forged")})
+			return wantCode(err, protocol.CodeUnauthorized)
+		}},
+		{"read another user's log with a grant of its own", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			cl, _ := client.New(nc, client.Options{})
+			_, err := cl.Log(ctx, protocol.LogReadRequest{SessionID: v.hostChild, Authority: protocol.Authority{Grant: v.grant}})
+			return wantCode(err, protocol.CodeUnauthorized)
+		}},
+		{"mint a grant over every session", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return coordCall(ctx, nc, authorityUser, protocol.Empty{})
+		}},
+		{"call as another user", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return coordCall(ctx, nc, "brood.v1.user.trusted-host.authority.user", protocol.Empty{})
+		}},
+		{"runs.start with notify under another user's inbox", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return wantCode(coordCall(ctx, nc, "brood.v1.user.client.runs.start", protocol.RunStartRequest{
+				Parent: v.root.Ref(), Provider: spawnworker.DefaultName, Prompt: protocol.Text("say forged"),
+				Notify: "_INBOX.trusted-host.notify.victim"}), protocol.CodeInvalidArgument)
+		}},
+		{"learn whether a run exists (runs.await of another's run, of none)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			cl, _ := client.New(nc, client.Options{})
+			_, err1 := cl.Await(ctx, protocol.RunRef{RunID: v.hostRun.RunID, Parent: &own})
+			_, err2 := cl.Await(ctx, protocol.RunRef{RunID: "NOSUCHRUN", Parent: &own})
+			_, err3 := cl.Await(ctx, protocol.RunRef{RunID: v.hostRun.RunID, Grant: v.grant})
+			_, err4 := cl.Await(ctx, protocol.RunRef{RunID: "NOSUCHRUN", Grant: v.grant})
+			for _, err := range []error{err1, err2, err3, err4} {
+				if protocol.CodeOf(err) != protocol.CodeUnauthorized {
+					return nil
+				}
+			}
+			if strings.ReplaceAll(err1.Error(), v.hostRun.RunID, "X") != strings.ReplaceAll(err2.Error(), "NOSUCHRUN", "X") ||
+				strings.ReplaceAll(err3.Error(), v.hostRun.RunID, "X") != strings.ReplaceAll(err4.Error(), "NOSUCHRUN", "X") {
+				return nil // the answers tell the two apart
+			}
+			return err1
+		}},
+		{"dispose another user's run", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			cl, _ := client.New(nc, client.Options{})
+			_, err := cl.Dispose(ctx, protocol.RunRef{RunID: v.hostRun.RunID, Parent: &own})
+			return wantCode(err, protocol.CodeUnauthorized)
+		}},
+		{"write a log record", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.log." + v.child, Data: []byte("forged")})
+		}},
+		{"write an inbox item", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox." + v.child, Data: []byte("forged")})
+		}},
+		{"write a lease", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents." + v.root.SessionID, Data: []byte("forged")})
+		}},
+		{"create a stream on the coordinator's subjects", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return jsRequest(ctx, nc, "$JS.API.STREAM.CREATE.HIJACK", map[string]any{"name": "HIJACK", "subjects": []string{"brood.v1.coord.>"}})
+		}},
+		{"serve the coordinator's endpoints", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "brood.v1.user.*.authority.user", protocol.CoordinatorQueue)
+		}},
+		{"serve a provider", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "brood.v1.provider.>", protocol.ProviderQueue)
+		}},
+	})
+}
+
+func (f *forgery) workerAttempts(t *testing.T) {
+	v := &f.victim
+	f.run(t, "worker", []attempt{
+		{"wipe every log (max_msgs_per_subject 1)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			info, err := f.js.Stream(ctx, "BROOD_LOG")
+			if err != nil {
+				return nil
+			}
+			cfg := info.CachedInfo().Config
+			cfg.MaxMsgsPerSubject = 1
+			return jsRequest(ctx, nc, "$JS.API.STREAM.UPDATE.BROOD_LOG", cfg)
+		}},
+		{"take every coordinator endpoint down with a stream on brood.v1.coord.>", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return jsRequest(ctx, nc, "$JS.API.STREAM.CREATE.HIJACK", map[string]any{"name": "HIJACK", "subjects": []string{"brood.v1.coord.>"}})
+		}},
+		{"purge every lease with a roll-up", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			js, _ := jetstream.New(nc)
+			m := nats.NewMsg("$KV.brood_agents.forged")
+			m.Header.Set("Nats-Rollup", "all")
+			_, err := js.PublishMsg(ctx, m)
+			return err
+		}},
+		{"purge a session's log with a roll-up", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			js, _ := jetstream.New(nc)
+			m := nats.NewMsg("brood.v1.log." + v.child)
+			m.Header.Set("Nats-Rollup", "sub")
+			_, err := js.PublishMsg(ctx, m)
+			return err
+		}},
+		{"a consumer delivering into authority.user in the coordinators' queue group", pushConsumerInto("BROOD_LOG", authorityUser, protocol.CoordinatorQueue)},
+		{"a consumer delivering into a coordinator endpoint", pushConsumerInto("KV_brood_agents", "brood.v1.user.worker.runs.start", protocol.CoordinatorQueue)},
+		{"mint a grant", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			if err := coordCall(ctx, nc, authorityUser, protocol.Empty{}); err == nil {
+				return nil
+			}
+			return coordCall(ctx, nc, "brood.v1.user.worker.authority.user", protocol.Empty{})
+		}},
+		{"write a session header", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.session.FORGED", Data: []byte("forged")})
+		}},
+		{"read the trusted host's replies", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "_INBOX.trusted-host.>", "")
+		}},
+		{"serve the coordinator's endpoints", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "brood.v1.user.*.runs.start", protocol.CoordinatorQueue)
+		}},
+		{"take every provider request for itself (outside the queue group)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "brood.v1.provider.>", "")
+		}},
+		{"delete a log record", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return jsRequest(ctx, nc, "$JS.API.STREAM.MSG.DELETE.BROOD_LOG", map[string]any{"seq": 1})
+		}},
+	})
+}
+
+func (f *forgery) trustedHostAttempts(t *testing.T) {
+	v := &f.victim
+	f.run(t, "trusted-host", []attempt{
+		{"a consumer delivering into authority.user", pushConsumerInto("BROOD_LOG", authorityUser, protocol.CoordinatorQueue)},
+		{"write a grant record", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents.grant.forged", Data: []byte("forged")})
+		}},
+		{"write an inbox item", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox." + v.child, Data: []byte("forged")})
+		}},
+		{"read a client's replies", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "_INBOX.client.>", "")
+		}},
+		{"call as the client", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return coordCall(ctx, nc, "brood.v1.user.client.providers.list", protocol.Empty{})
+		}},
+		{"update a stream", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return jsRequest(ctx, nc, "$JS.API.STREAM.DELETE.BROOD_INBOX", nil)
+		}},
+	})
+}
+
+func (f *forgery) coordinatorAttempts(t *testing.T) {
+	f.run(t, "coordinator", []attempt{
+		{"wipe every log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return jsRequest(ctx, nc, "$JS.API.STREAM.PURGE.BROOD_LOG", nil)
+		}},
+		{"read a client's replies", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "_INBOX.client.>", "")
+		}},
+	})
+}
+
+// wantCode returns err when it carries code, nil otherwise (the attempt was
+// not refused as it should be).
+func wantCode(err error, code protocol.Code) error {
+	if protocol.CodeOf(err) == code {
+		return err
+	}
+	return nil
+}
+
+var (
+	broodBinOnce sync.Once
+	broodBinPath string
+	broodBinErr  error
+)
+
+// broodBinary builds the brood binary once for the CLI subtests.
+func broodBinary(t *testing.T) string {
+	t.Helper()
+	broodBinOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "brood-deploy-")
+		if err != nil {
+			broodBinErr = err
+			return
+		}
+		broodBinPath = filepath.Join(dir, "brood")
+		out, err := exec.Command("go", "build", "-o", broodBinPath, "../cmd/brood").CombinedOutput()
+		if err != nil {
+			broodBinErr = fmt.Errorf("go build: %v: %s", err, out)
+		}
+	})
+	if broodBinErr != nil {
+		t.Fatal(broodBinErr)
+	}
+	return broodBinPath
+}
+
+// brood runs the CLI as user (its password in the environment, never on the
+// command line) and returns stdout, stderr and the exit status.
+func (f *forgery) brood(t *testing.T, user string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(broodBinary(t), args...)
+	cmd.Env = append(os.Environ(), "BROOD_NATS_URL="+f.all, "BROOD_NATS_USER="+user, "BROOD_NATS_PASSWORD="+passwordOf(t, user))
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("brood %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// ok runs a verb as user that must succeed.
+func (f *forgery) ok(t *testing.T, user string, args ...string) string {
+	t.Helper()
+	out, errs, code := f.brood(t, user, args...)
+	if code != 0 {
+		t.Fatalf("brood %s as %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), user, code, out, errs)
+	}
+	return out
+}
+
+// field returns the value after "name " on a line of out.
+func field(t *testing.T, out, name string) string {
+	t.Helper()
+	for _, l := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(l, name+" "); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no %q line in:\n%s", name, out)
+	return ""
+}
+
+// cliAsClient: `brood run`, `start`, `followup`, `log`, `watch`, `children`
+// (and the other client verbs) all work as the client user, whose
+// permissions are only its own coordinator subject and inbox prefix.
+func (f *forgery) cliAsClient(t *testing.T) {
+	if out := f.ok(t, "client", "providers"); !strings.Contains(out, "spawn") {
+		t.Fatalf("brood providers:\n%s", out)
+	}
+	if out := f.ok(t, "client", "run", "--provider", "spawn", "say hello"); strings.TrimSpace(out) != "hello" {
+		t.Fatalf("brood run: %q", out)
+	}
+	child := field(t, f.ok(t, "client", "start", "--provider", "spawn", "say started"), "childId")
+	waitFor(t, 30*time.Second, "the started child idle", func() bool {
+		out, _, code := f.brood(t, "client", "state", child)
+		return code == 0 && strings.Contains(out, "none")
+	})
+	if out := f.ok(t, "client", "followup", "--wait", child, "say followed up"); !strings.Contains(out, "followed up") {
+		t.Fatalf("brood followup --wait:\n%s", out)
+	}
+	if out := f.ok(t, "client", "result", child); !strings.Contains(out, "followed up") {
+		t.Fatalf("brood result:\n%s", out)
+	}
+	if out := f.ok(t, "client", "log", child); !strings.Contains(out, "started") || !strings.Contains(out, "followed up") {
+		t.Fatalf("brood log:\n%s", out)
+	}
+	if out := f.ok(t, "client", "children"); !strings.Contains(out, "CHILD") {
+		t.Fatalf("brood children:\n%s", out)
+	}
+	if out := f.ok(t, "client", "watch", "--count", "1", "--tree", "never"); strings.TrimSpace(out) == "" {
+		t.Fatalf("brood watch printed nothing")
+	}
+	grant := f.ok(t, "client", "grant")
+	if !strings.Contains(grant, "scope the trees of the roots user client opened") {
+		t.Fatalf("brood grant as client:\n%s", grant)
+	}
+	// The client's grant does not reach the trusted host's child.
+	_, errs, code := f.brood(t, "client", "state", f.victim.hostChild)
+	if code == 0 || !strings.HasPrefix(errs, string(protocol.CodeUnauthorized)) {
+		t.Fatalf("brood state of another user's child as client: exit %d\n%s", code, errs)
+	}
+	// The trusted host acts on every session with --all-users.
+	if out := f.ok(t, "trusted-host", "state", "--all-users", child); !strings.Contains(out, "none") {
+		t.Fatalf("brood state --all-users as trusted-host:\n%s", out)
+	}
+}
+
+// cliNamesTheRole: a verb run as a user without the right fails at once,
+// naming the subject NATS refused and the role the verb needs.
+func (f *forgery) cliNamesTheRole(t *testing.T) {
+	for _, tc := range []struct {
+		user string
+		args []string
+		role string
+	}{
+		{"client", []string{"grant", "--all-users"}, "trusted-host"},
+		{"client", []string{"state", "--all-users", f.victim.child}, "trusted-host"},
+		{"worker", []string{"grant"}, "client"},
+		{"client", []string{"provision", "--replicas", "3", "--timeout", "10s"}, "admin"},
+	} {
+		began := time.Now()
+		_, errs, code := f.brood(t, tc.user, tc.args...)
+		if code == 0 || !strings.HasPrefix(errs, string(protocol.CodePermissionDenied)) || !strings.Contains(errs, "the role "+tc.role) {
+			t.Errorf("brood %s as %s: exit %d\n%s\nwant PERMISSION_DENIED naming the role %s", strings.Join(tc.args, " "), tc.user, code, errs, tc.role)
+		}
+		if took := time.Since(began); took > 8*time.Second {
+			t.Errorf("brood %s as %s took %s: not at once", strings.Join(tc.args, " "), tc.user, took)
+		}
+	}
+}
