@@ -593,18 +593,55 @@ func broodBinary(t *testing.T) string {
 // command line) and returns stdout, stderr and the exit status.
 func (f *forgery) brood(t *testing.T, user string, args ...string) (string, string, int) {
 	t.Helper()
-	cmd := exec.Command(broodBinary(t), args...)
-	cmd.Env = append(os.Environ(), "BROOD_NATS_URL="+f.all, "BROOD_NATS_USER="+user, "BROOD_NATS_PASSWORD="+passwordOf(t, user))
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
+	cmd, out, errb := f.broodCmd(t, user, args...)
 	err := cmd.Run()
-	code := 0
+	return out.String(), errb.String(), exitCode(t, args, err)
+}
+
+// broodCmd is the command of brood as user (killed after broodTimeout), with
+// its stdout and stderr buffers.
+func (f *forgery) broodCmd(t *testing.T, user string, args ...string) (*exec.Cmd, *syncBuffer, *syncBuffer) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), broodTimeout)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, broodBinary(t), args...)
+	cmd.Env = append(os.Environ(), "BROOD_NATS_URL="+f.all, "BROOD_NATS_USER="+user, "BROOD_NATS_PASSWORD="+passwordOf(t, user))
+	out, errb := &syncBuffer{}, &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, errb
+	return cmd, out, errb
+}
+
+// broodTimeout bounds one brood command of the suite: a verb that hangs
+// fails its subtest instead of the whole test binary.
+const broodTimeout = 90 * time.Second
+
+// exitCode is the exit status of a finished brood command.
+func exitCode(t *testing.T, args []string, err error) int {
+	t.Helper()
 	if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
-		code = ee.ExitCode()
+		return ee.ExitCode()
 	} else if err != nil {
 		t.Fatalf("brood %v: %v", args, err)
 	}
-	return out.String(), errb.String(), code
+	return 0
+}
+
+// syncBuffer is a bytes.Buffer a running command writes while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // ok runs a verb as user that must succeed.
@@ -656,8 +693,15 @@ func (f *forgery) cliAsClient(t *testing.T) {
 	if out := f.ok(t, "client", "children"); !strings.Contains(out, "CHILD") {
 		t.Fatalf("brood children:\n%s", out)
 	}
-	if out := f.ok(t, "client", "watch", "--count", "1", "--tree", "never"); strings.TrimSpace(out) == "" {
-		t.Fatalf("brood watch printed nothing")
+	// brood watch prints from now on: a run started once it watches is its event.
+	watch, wout, werr := f.broodCmd(t, "client", "watch", "--count", "1", "--tree", "never")
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "brood watch watching", func() bool { return strings.Contains(werr.String(), "watching") })
+	f.ok(t, "client", "run", "--provider", "spawn", "say watched")
+	if code := exitCode(t, []string{"watch"}, watch.Wait()); code != 0 || !strings.Contains(wout.String(), "spawn") {
+		t.Fatalf("brood watch: exit %d\nstdout: %s\nstderr: %s", code, wout.String(), werr.String())
 	}
 	grant := f.ok(t, "client", "grant")
 	if !strings.Contains(grant, "scope the trees of the roots user client opened") {
