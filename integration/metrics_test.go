@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os/exec"
@@ -59,7 +60,11 @@ func TestDevMetricsCountARun(t *testing.T) {
 	run.Dir = t.TempDir()
 	out, err := run.Output()
 	if err != nil || string(out) != "ok\n" {
-		t.Fatalf("brood run: %q, %v", out, err)
+		var stderr []byte
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("brood run: %q, %v\nstderr: %s", out, err, stderr)
 	}
 	// The run's settlement is counted before its result is published, and
 	// the host's lease release follows: wait until nothing runs.
