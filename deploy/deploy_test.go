@@ -411,6 +411,11 @@ var permCases = []permCase{
 	{user: "worker", subject: "brood.v1.inbox.S1", allowed: true},
 	{user: "worker", subject: "brood.v1.wake.S1", allowed: true},
 	{user: "worker", subject: "$KV.brood_hosts.H1", allowed: true},
+	// A retried write checks with the stream's leader whether it landed.
+	{user: "worker", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG", allowed: true},
+	{user: "worker", subject: "$JS.API.STREAM.MSG.GET.KV_brood_agents", allowed: true},
+	{user: "trusted-host", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG", allowed: true},
+	{user: "client", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG"},
 	{user: "worker", subject: "$JS.API.STREAM.INFO.BROOD_LOG", allowed: true},
 	{user: "worker", subject: "$JS.API.DIRECT.GET.BROOD_LOG", allowed: true},
 	{user: "worker", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX", allowed: true},
