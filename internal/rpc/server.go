@@ -425,10 +425,15 @@ func send(log *slog.Logger, req Request, reply any, err error) string {
 			reply = protocol.Empty{}
 		}
 		data, merr := protocol.Marshal(req.Encoding, reply)
-		if merr == nil {
+		switch {
+		case merr != nil:
+			err = protocol.Errorf(protocol.CodeInternal, "encode reply: %v", merr)
+		case int64(len(data))+replyHeaderBytesMax > req.nc.MaxPayload():
+			// NATS would refuse it and the caller would hear nothing.
+			err = tooLarge(req, len(data))
+		default:
 			return respond(log, req, contentHeader(req.Encoding), data)
 		}
-		err = protocol.Errorf(protocol.CodeInternal, "encode reply: %v", merr)
 	}
 	pe := protocol.AsError(err)
 	if pe.Code == protocol.CodeInternal {
@@ -457,4 +462,19 @@ func respond(log *slog.Logger, req Request, h nats.Header, data []byte) string {
 		return fmt.Sprintf("%v: %v", micro.ErrRespond, err)
 	}
 	return ""
+}
+
+// replyHeaderBytesMax is room kept for a reply's headers within the
+// server's max_payload (NATS counts headers and body together).
+const replyHeaderBytesMax = 1024
+
+// tooLarge is the answer to a request whose reply would exceed the server's
+// max_payload: LIMIT_EXCEEDED with the sizes and a hint, instead of no
+// reply at all (issue 17).
+func tooLarge(req Request, size int) *protocol.Error {
+	return protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+		"limit": "reply size",
+		"reason": fmt.Sprintf("the reply to %s is %d bytes in %s, over this NATS server's max_payload of %d bytes; ask in MessagePack (smaller than JSON), read a smaller page, or read a large result from the child's session log (sessions.log, page by page)",
+			req.subject, size, req.Encoding.ContentType(), req.nc.MaxPayload()),
+	})
 }

@@ -205,3 +205,55 @@ func TestMicroStatsAreTruthful(t *testing.T) {
 		t.Fatalf("ping = %+v", ping)
 	}
 }
+
+// TestAReplyOverMaxPayloadIsLimitExceeded: a reply larger than the server's
+// max_payload is answered LIMIT_EXCEEDED with the sizes and a hint, in
+// either encoding, instead of no reply at all (issue 17: runs.await in JSON
+// of a large result got nothing); a reply that fits is sent.
+func TestAReplyOverMaxPayloadIsLimitExceeded(t *testing.T) {
+	var size atomic.Int64
+	nc, _, _ := serve(t, 4, func(ctx context.Context, req rpc.Request) (any, error) {
+		return echo{strings.Repeat("x", int(size.Load()))}, nil
+	})
+	max := nc.MaxPayload()
+	for _, tc := range []struct {
+		name    string
+		size    int64
+		json    bool
+		wantErr bool
+	}{
+		{"fits, MessagePack", max / 2, false, false},
+		{"fits, JSON", max / 2, true, false},
+		{"too large, MessagePack", max, false, true},
+		{"too large, JSON", max - 8, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			size.Store(tc.size)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var err error
+			var got echo
+			if tc.json {
+				var m *nats.Msg
+				if m, err = nc.RequestWithContext(ctx, "test.work", []byte(`{"text":"x"}`)); err == nil {
+					if perr := rpc.ErrorOf(m); perr != nil {
+						err = perr
+					} else {
+						err = json.Unmarshal(m.Data, &got)
+					}
+				}
+			} else {
+				err = rpc.Call(ctx, nc, "test.work", echo{"x"}, &got)
+			}
+			if !tc.wantErr {
+				if err != nil || int64(len(got.Text)) != tc.size {
+					t.Fatalf("a reply of %d bytes (max_payload %d): %d bytes, %v", tc.size, max, len(got.Text), err)
+				}
+				return
+			}
+			if protocol.CodeOf(err) != protocol.CodeLimitExceeded || !strings.Contains(err.Error(), "max_payload") {
+				t.Fatalf("a reply over max_payload %d: %v, want LIMIT_EXCEEDED naming max_payload", max, err)
+			}
+		})
+	}
+}
