@@ -90,15 +90,18 @@ func readLeader(ctx context.Context, kv jetstream.KeyValue, key string) (kvState
 
 // Create writes key only if it does not exist (or was deleted), retrying
 // transient failures. An existing key is ErrConflict, unless it holds this
-// very value (an earlier attempt whose answer was lost landed).
-func Create[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T) (uint64, error) {
+// very value (an earlier attempt whose answer was lost landed). opts may
+// give the key its own lifetime (jetstream.KeyTTL, at least 1 s: the server
+// removes the key when it expires; every bucket allows per-key TTLs,
+// provision.go).
+func Create[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T, opts ...jetstream.KVCreateOpt) (uint64, error) {
 	data, err := protocol.Marshal(protocol.Msgpack, v)
 	if err != nil {
 		return 0, err
 	}
 	var rev uint64
 	err = retry(ctx, func(ctx context.Context, unknown bool) (err error) {
-		rev, err = kv.Create(ctx, key, data)
+		rev, err = kv.Create(ctx, key, data, opts...)
 		if err == nil || !isKVConflict(err) {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/brood-dev/brood/internal/rpc"
@@ -145,7 +146,11 @@ func (c *Coordinator) authorityUser(ctx context.Context, req rpc.Request) (any, 
 	user := c.callerOf(req)
 	grant := protocol.NewCredential()
 	exp := store.NowMs() + c.cfg.GrantTTL.Milliseconds()
-	if _, err := store.Put(ctx, c.st.Agents, store.GrantKey(protocol.HashCredential(grant)), protocol.UserGrantRecord{ExpiresAt: exp, MintedBy: c.cfg.ID, User: user}); err != nil {
+	// The key expires with the grant (a per-key TTL, rounded up to whole
+	// seconds as the server keeps them): expired grants take no space.
+	ttl := c.cfg.GrantTTL.Truncate(time.Second) + time.Second
+	if _, err := store.Create(ctx, c.st.Agents, store.GrantKey(protocol.HashCredential(grant)),
+		protocol.UserGrantRecord{ExpiresAt: exp, MintedBy: c.cfg.ID, User: user}, jetstream.KeyTTL(ttl)); err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "store the grant: %w", err)
 	}
 	return protocol.UserGrantReply{Grant: grant, ExpiresAt: exp, User: user}, nil
