@@ -179,17 +179,27 @@ func serviceConn(ctx context.Context, g *globals, name string, sf storeFlags, lo
 }
 
 // coordinatorLimits are the coordinator's admission limits (DESIGN.md §4).
+// The per-user quotas are docs/security.md's.
 type coordinatorLimits struct {
-	liveChildrenMax int
+	liveChildrenMax       int
+	userOpenRootsMax      int
+	userRequestsPerSecond float64
+	userRequestsBurst     int
 }
 
 func (l *coordinatorLimits) flags(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&l.liveChildrenMax, "live-children-max", 64, "most live children one parent may have (LIMIT_EXCEEDED beyond)")
+	cmd.Flags().IntVar(&l.userOpenRootsMax, "user-open-roots-max", coordinator.DefaultUserOpenRootsMax, "most roots one NATS user may hold open (LIMIT_EXCEEDED beyond)")
+	cmd.Flags().Float64Var(&l.userRequestsPerSecond, "user-requests-per-second", coordinator.DefaultUserRequestsPerSecond, "requests per second one NATS user may send to this replica, on average (LIMIT_EXCEEDED beyond)")
+	cmd.Flags().IntVar(&l.userRequestsBurst, "user-requests-burst", coordinator.DefaultUserRequestsBurst, "requests one NATS user may send to this replica at once, above its rate")
 }
 
 func (l coordinatorLimits) validate() error {
 	if l.liveChildrenMax <= 0 {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "--live-children-max must be positive")
+	}
+	if l.userOpenRootsMax <= 0 || l.userRequestsPerSecond <= 0 || l.userRequestsBurst <= 0 {
+		return protocol.Errorf(protocol.CodeInvalidArgument, "--user-open-roots-max, --user-requests-per-second and --user-requests-burst must be positive")
 	}
 	return nil
 }
@@ -197,7 +207,9 @@ func (l coordinatorLimits) validate() error {
 func newCoordinator(nc *nats.Conn, st *store.Store, t timing, l coordinatorLimits, m *telemetry.Metrics, log *slog.Logger) (*coordinator.Coordinator, error) {
 	return coordinator.New(coordinator.Config{
 		NC: nc, Store: st, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, RootLease: t.rootLease,
-		LiveChildrenMax: l.liveChildrenMax, Logger: log, Metrics: m,
+		LiveChildrenMax: l.liveChildrenMax, UserOpenRootsMax: l.userOpenRootsMax,
+		UserRequestsPerSecond: l.userRequestsPerSecond, UserRequestsBurst: l.userRequestsBurst,
+		Logger: log, Metrics: m,
 	})
 }
 

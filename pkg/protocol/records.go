@@ -69,6 +69,10 @@ type AgentRecord struct {
 	// are being disposed before its run settles (issue 14): it authorizes
 	// nothing any more, and no descendant of it starts work again.
 	Ending bool `msgpack:"ending,omitempty" json:"ending,omitempty"`
+	// User is the NATS user that opened a root (agents.open on its own
+	// subject; SessionHeader.User): its open roots count against
+	// UserOpenRootsMax. Absent for children and anonymous roots.
+	User string `msgpack:"user,omitempty" json:"user,omitempty"`
 }
 
 // RunRecord is one run (or continuable epoch) in KV brood_runs (DESIGN.md §4).

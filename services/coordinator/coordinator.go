@@ -75,6 +75,18 @@ type Config struct {
 	// refuses authority.user altogether.
 	GrantTTL           time.Duration
 	UserGrantsDisabled bool
+	// UserOpenRootsMax bounds the live roots one NATS user holds open at
+	// once (DefaultUserOpenRootsMax); agents.open beyond it is
+	// LIMIT_EXCEEDED. Only roots opened on a user's own subject count
+	// (docs/security.md, quotas.go).
+	UserOpenRootsMax int
+	// UserRequestsPerSecond and UserRequestsBurst bound the rate of one
+	// NATS user's requests to this replica (DefaultUserRequestsPerSecond,
+	// DefaultUserRequestsBurst): a token bucket per user; a request over it
+	// is LIMIT_EXCEEDED. Anonymous requests (<p>.v1.coord.<endpoint>) are
+	// not limited.
+	UserRequestsPerSecond float64
+	UserRequestsBurst     int
 	// LivenessInterval is how often pending inbox items of sessions with no
 	// live activation are looked for and resumed (2 s; DESIGN.md §4 asks
 	// within 10 s).
@@ -133,6 +145,15 @@ func (c *Config) defaults() {
 	if c.LivenessInterval <= 0 {
 		c.LivenessInterval = 2 * time.Second
 	}
+	if c.UserOpenRootsMax <= 0 {
+		c.UserOpenRootsMax = DefaultUserOpenRootsMax
+	}
+	if c.UserRequestsPerSecond <= 0 {
+		c.UserRequestsPerSecond = DefaultUserRequestsPerSecond
+	}
+	if c.UserRequestsBurst <= 0 {
+		c.UserRequestsBurst = DefaultUserRequestsBurst
+	}
 	if c.Version == "" {
 		c.Version = buildinfo.Version
 	}
@@ -161,6 +182,7 @@ type Coordinator struct {
 	working   map[string]bool // sessions with a takeover or disposal in progress
 	slots     slotCache       // what this replica knows of the parents' slot records (slots.go)
 	suspected suspects        // provider instances that let an attempt time out
+	quotas    userQuotas      // per-user request rates and root opens (quotas.go)
 	ready     chan struct{}
 	kick      chan struct{} // runs the liveness sweep now (a drain was lifted)
 }
@@ -395,12 +417,13 @@ func (c *Coordinator) callerOf(req rpc.Request) string {
 // instrument counts ep's answers and their latency (brood_requests_total,
 // brood_request_duration_seconds).
 func (c *Coordinator) instrument(ep endpoint) rpc.Handler {
+	handle := c.rateLimited(ep.handle)
 	if c.cfg.Metrics == nil {
-		return ep.handle
+		return handle
 	}
 	return func(ctx context.Context, req rpc.Request) (any, error) {
 		start := time.Now()
-		reply, err := ep.handle(ctx, req)
+		reply, err := handle(ctx, req)
 		c.cfg.Metrics.Request("coordinator", ep.subject, time.Since(start), err)
 		return reply, err
 	}

@@ -111,6 +111,7 @@ func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenReq
 	lease := protocol.AgentRecord{
 		SessionID: id, Kind: protocol.AgentRoot, HostID: RootHostID, Epoch: 1,
 		CredentialHash: protocol.HashCredential(cred), ExpiresAt: now + c.cfg.RootLease.Milliseconds(), CreatedAt: now,
+		User: h.User,
 	}
 	cur, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, id)
 	switch {

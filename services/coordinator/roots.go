@@ -111,24 +111,34 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request) (any, err
 	if r.Cwd == "" || !filepath.IsAbs(r.Cwd) || len(r.Cwd) > CwdBytesMax || strings.ContainsFunc(r.Cwd, unicode.IsControl) {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "cwd must be an absolute path of at most %d bytes", CwdBytesMax)
 	}
+	user := c.callerOf(req)
+	release, err := c.admitRoot(user)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	now := store.NowMs()
 	id := ulid.Make().String()
 	cred := protocol.NewCredential()
 	// The root records who opened it: a grant of that user acts on its tree.
-	h := protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: filepath.Clean(r.Cwd), User: c.callerOf(req)}
+	h := protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: filepath.Clean(r.Cwd), User: user}
 	if err := c.narrowRoot(ctx, &h, r); err != nil {
 		return nil, err
 	}
 	lease := protocol.AgentRecord{
 		SessionID: id, Kind: protocol.AgentRoot, HostID: RootHostID, Epoch: 1,
 		CredentialHash: protocol.HashCredential(cred), ExpiresAt: now + c.cfg.RootLease.Milliseconds(), CreatedAt: now,
+		User: user,
 	}
+	var rev uint64
 	if err := parallel(
 		func() error { return c.st.PutHeader(ctx, h) },
-		func() error { _, err := store.Create(ctx, c.st.Agents, id, lease); return err },
+		func() (err error) { rev, err = store.Create(ctx, c.st.Agents, store.LeaseKey(id), lease); return err },
 	); err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "open root: %v", err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "open root: %w", err)
 	}
+	// The user's next open on this replica counts this root.
+	c.agents.observe(lease, rev)
 	c.headers.add(h)
 	return protocol.AgentsOpenReply{SessionID: id, Credential: cred, LeaseMs: c.cfg.RootLease.Milliseconds(), ExpiresAt: lease.ExpiresAt}, nil
 }

@@ -1,0 +1,115 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"golang.org/x/time/rate"
+
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Per-user quotas (issue 17; docs/security.md, "Quotas"). A request on a
+// user's own subject <p>.v1.user.<user>.<endpoint> comes from that user
+// (the deployment lets only it publish there), so the coordinator can
+// bound what one user takes:
+//   - its request rate to each replica (Config.UserRequestsPerSecond and
+//     UserRequestsBurst, a token bucket per user and replica), so one
+//     user cannot take every handler slot (RequestsInFlightMax) of a
+//     replica from the others;
+//   - the roots it holds open (Config.UserOpenRootsMax), counted from the
+//     live root leases that record the user (AgentRecord.User); a replica
+//     admits one open of a user at a time, so opens sent to one replica
+//     never pass the bound; opens of one user sent to R replicas at the
+//     same instant may pass it by at most R-1 (each replica counts the
+//     others' roots once its lease watch shows them).
+// Anonymous requests (<p>.v1.coord.<endpoint>: `brood dev`, or a
+// deployment without users) are not limited.
+
+// Defaults of the per-user quotas.
+const (
+	DefaultUserOpenRootsMax      = 256
+	DefaultUserRequestsPerSecond = 200.0
+	DefaultUserRequestsBurst     = 400
+)
+
+// userQuotas holds each user's token bucket and open-roots lock.
+type userQuotas struct {
+	mu       sync.Mutex
+	limiters map[string]*rate.Limiter
+	opens    map[string]*sync.Mutex
+}
+
+func (q *userQuotas) limiter(user string, perSecond float64, burst int) *rate.Limiter {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.limiters == nil {
+		q.limiters = map[string]*rate.Limiter{}
+	}
+	l, ok := q.limiters[user]
+	if !ok {
+		l = rate.NewLimiter(rate.Limit(perSecond), burst)
+		q.limiters[user] = l
+	}
+	return l
+}
+
+func (q *userQuotas) openLock(user string) *sync.Mutex {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.opens == nil {
+		q.opens = map[string]*sync.Mutex{}
+	}
+	m, ok := q.opens[user]
+	if !ok {
+		m = &sync.Mutex{}
+		q.opens[user] = m
+	}
+	return m
+}
+
+// rateLimited answers LIMIT_EXCEEDED to a user's request over its rate.
+func (c *Coordinator) rateLimited(h rpc.Handler) rpc.Handler {
+	return func(ctx context.Context, req rpc.Request) (any, error) {
+		if user := c.callerOf(req); user != "" && !c.quotas.limiter(user, c.cfg.UserRequestsPerSecond, c.cfg.UserRequestsBurst).Allow() {
+			return nil, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+				"limit": "requests per user",
+				"reason": fmt.Sprintf("user %s sends more than %g requests per second (bursts of %d) to this coordinator; slow down and retry",
+					user, c.cfg.UserRequestsPerSecond, c.cfg.UserRequestsBurst)})
+		}
+		return h(ctx, req)
+	}
+}
+
+// userOpenRoots counts the live roots user holds open, as this replica's
+// lease cache shows them.
+func (c *Coordinator) userOpenRoots(user string) int {
+	n := 0
+	for _, l := range c.agents.snapshot() {
+		if l.rec.Kind == protocol.AgentRoot && l.rec.User == user && c.leaseLive(l.rec) {
+			n++
+		}
+	}
+	return n
+}
+
+// admitRoot holds user's open lock and refuses with LIMIT_EXCEEDED when
+// user already holds UserOpenRootsMax live roots; call release once the
+// new root's lease is in the cache (or the open failed).
+func (c *Coordinator) admitRoot(user string) (release func(), err error) {
+	if user == "" {
+		return func() {}, nil
+	}
+	m := c.quotas.openLock(user)
+	m.Lock()
+	if n := c.userOpenRoots(user); n >= c.cfg.UserOpenRootsMax {
+		m.Unlock()
+		return nil, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+			"limit": "open roots per user",
+			"reason": fmt.Sprintf("user %s holds %d open roots; the limit is %d: close roots you no longer use (agents.close)",
+				user, n, c.cfg.UserOpenRootsMax)})
+	}
+	return m.Unlock, nil
+}

@@ -1,0 +1,142 @@
+package coordinator_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
+)
+
+// userClient calls the coordinator as NATS user (on its own subjects
+// brood.v1.user.<user>.<endpoint>; the test server has no permissions).
+func userClient(t *testing.T, s *testutil.Stack, user string) *client.Client {
+	t.Helper()
+	cl, err := client.New(s.NC, client.Options{User: user})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+func openAs(ctx context.Context, t *testing.T, cl *client.Client) (*client.Root, error) {
+	t.Helper()
+	root, err := cl.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir()})
+	if err == nil {
+		t.Cleanup(func() { _ = root.Close(context.Background()) })
+	}
+	return root, err
+}
+
+// TestUserOpenRootsAreBounded: one user holds at most UserOpenRootsMax open
+// roots, also when its opens come at once; closing one makes room; other
+// users and anonymous callers are not counted against it (issue 17: 3,000
+// agents.open never closed were all accepted).
+func TestUserOpenRootsAreBounded(t *testing.T) {
+	const limit, burst = 3, 12
+	s := testutil.NewStack(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.UserOpenRootsMax = limit })
+	alice, bob := userClient(t, s, "alice"), userClient(t, s, "bob")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	var mu sync.Mutex
+	var opened []*client.Root
+	refused := 0
+	var wg sync.WaitGroup
+	for i := 0; i < burst; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			root, err := openAs(ctx, t, alice)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				opened = append(opened, root)
+			case protocol.CodeOf(err) == protocol.CodeLimitExceeded && strings.Contains(err.Error(), "open roots per user"):
+				refused++
+			default:
+				t.Errorf("open: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(opened) != limit || refused != burst-limit {
+		t.Fatalf("%d opens of one user at once: %d opened, %d refused; want %d and %d", burst, len(opened), refused, limit, burst-limit)
+	}
+	if _, err := openAs(ctx, t, bob); err != nil {
+		t.Fatalf("another user's open: %v", err)
+	}
+	if _, err := openAs(ctx, t, s.Client); err != nil {
+		t.Fatalf("an anonymous open: %v", err)
+	}
+	if err := opened[0].Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openAs(ctx, t, alice); err != nil {
+		t.Fatalf("an open after closing one of the user's roots: %v", err)
+	}
+}
+
+// TestUserRequestRateIsBounded: a user's requests beyond its token bucket
+// are LIMIT_EXCEEDED; another user and anonymous callers are unaffected.
+func TestUserRequestRateIsBounded(t *testing.T) {
+	const burst = 5
+	s := testutil.NewStack(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.UserRequestsPerSecond, c.UserRequestsBurst = 0.01, burst })
+	alice, bob := userClient(t, s, "alice"), userClient(t, s, "bob")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := 0; i < burst; i++ {
+		if _, err := alice.Providers(ctx); err != nil {
+			t.Fatalf("request %d of %d: %v", i+1, burst, err)
+		}
+	}
+	if _, err := alice.Providers(ctx); protocol.CodeOf(err) != protocol.CodeLimitExceeded || !strings.Contains(err.Error(), "requests per user") {
+		t.Fatalf("a request over the user's rate: %v, want LIMIT_EXCEEDED", err)
+	}
+	if _, err := bob.Providers(ctx); err != nil {
+		t.Fatalf("another user's request: %v", err)
+	}
+	for i := 0; i <= burst; i++ {
+		if _, err := s.Client.Providers(ctx); err != nil {
+			t.Fatalf("anonymous request %d: %v", i+1, err)
+		}
+	}
+}
+
+// TestExpiredGrantsAreRemoved: a grant's record carries its own TTL, so the
+// server removes it once it expired (issue 17: grant records were never
+// deleted), and the grant is refused from then on.
+func TestExpiredGrantsAreRemoved(t *testing.T) {
+	s := testutil.NewStack(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.GrantTTL = time.Second })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g, err := s.Client.UserGrant(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := store.GrantKey(protocol.HashCredential(g.Grant))
+	if _, err := s.Store.Agents.Get(ctx, key); err != nil {
+		t.Fatalf("the grant's record: %v", err)
+	}
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		_, err := s.Store.Agents.Get(ctx, key)
+		return errors.Is(err, jetstream.ErrKeyNotFound)
+	}, "the expired grant's record removed")
+	if _, err := s.Client.Children(ctx, protocol.ChildrenListRequest{Authority: protocol.Authority{Grant: g.Grant}}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+		t.Fatalf("an expired grant: %v, want UNAUTHORIZED", err)
+	}
+}
