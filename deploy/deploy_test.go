@@ -411,6 +411,14 @@ var permCases = []permCase{
 	{user: "worker", subject: "brood.v1.inbox.S1", allowed: true},
 	{user: "worker", subject: "brood.v1.wake.S1", allowed: true},
 	{user: "worker", subject: "$KV.brood_hosts.H1", allowed: true},
+	// ... and leases, ownership and runs, but no record only coordinators write.
+	{user: "worker", subject: "$KV.brood_agents.S1", allowed: true},
+	{user: "worker", subject: "$KV.brood_agents.owns.S1", allowed: true},
+	{user: "worker", subject: "$KV.brood_runs.R1", allowed: true},
+	{user: "worker", subject: "$KV.brood_agents.grant.abc"},
+	{user: "worker", subject: "$KV.brood_agents.drain.all.sessions"},
+	{user: "worker", subject: "$KV.brood_agents.slots.S1"},
+	{user: "coordinator", subject: "$KV.brood_agents.grant.abc", allowed: true},
 	// A retried write checks with the stream's leader whether it landed.
 	{user: "worker", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG", allowed: true},
 	{user: "worker", subject: "$JS.API.STREAM.MSG.GET.KV_brood_agents", allowed: true},
