@@ -26,6 +26,7 @@ import (
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
@@ -108,7 +109,7 @@ func (f *forgery) start() {
 	v := &violations{}
 	coordNC := connectAs(t, f.urls[0], "coordinator", v)
 	coord, err := coordinator.New(coordinator.Config{
-		NC: coordNC, Store: open(coordNC), HeartbeatInterval: testutil.TestHeartbeat, HostExpiry: testutil.TestHostExpiry,
+		NC: coordNC, Store: open(coordNC), HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry,
 		// Roots are not renewed while the attempts run, so nothing writes
 		// but the attempts themselves.
 		RootLease: 10 * time.Minute, Logger: testutil.Logger(t),
@@ -121,7 +122,7 @@ func (f *forgery) start() {
 	workerNC := connectAs(t, f.urls[1], "worker", v)
 	w, err := spawnworker.New(spawnworker.Config{
 		NC: workerNC, Store: open(workerNC), Models: func() (model.Model, error) { return model.NewScripted(), nil },
-		HeartbeatInterval: testutil.TestHeartbeat, HostExpiry: testutil.TestHostExpiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(t),
+		HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(t),
 	})
 	if err != nil {
 		t.Fatal(err)

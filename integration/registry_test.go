@@ -8,6 +8,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
@@ -18,7 +19,7 @@ import (
 // It reads the other hosts' records with one direct get, no consumer (a
 // worker's NATS user may create none; docs/security.md).
 func TestADifferentDescriptorIsRefused(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
 	desc := spawnworker.Descriptor(spawnworker.DefaultName)
@@ -26,7 +27,7 @@ func TestADifferentDescriptorIsRefused(t *testing.T) {
 	nc := s.Conn()
 	w, err := worker.NewInProcessHost(worker.InProcessConfig{
 		NC: nc, Store: testutil.Store(t, nc), Models: func() (model.Model, error) { return model.NewScripted(), nil },
-		HeartbeatInterval: testutil.TestHeartbeat, HostExpiry: testutil.TestHostExpiry, DrainGrace: time.Second, Logger: testutil.Logger(t),
+		HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry, DrainGrace: time.Second, Logger: testutil.Logger(t),
 	}, desc)
 	if err != nil {
 		t.Fatal(err)

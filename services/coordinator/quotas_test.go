@@ -12,6 +12,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
@@ -19,7 +20,7 @@ import (
 
 // userClient calls the coordinator as NATS user (on its own subjects
 // brood.v1.user.<user>.<endpoint>; the test server has no permissions).
-func userClient(t *testing.T, s *testutil.Stack, user string) *client.Client {
+func userClient(t *testing.T, s *stack.Stack, user string) *client.Client {
 	t.Helper()
 	cl, err := client.New(s.NC, client.Options{User: user})
 	if err != nil {
@@ -44,7 +45,7 @@ func openAs(ctx context.Context, t *testing.T, cl *client.Client) (*client.Root,
 // agents.open never closed were all accepted).
 func TestUserOpenRootsAreBounded(t *testing.T) {
 	const limit, burst = 3, 12
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinator.Config) { c.UserOpenRootsMax = limit })
 	alice, bob := userClient(t, s, "alice"), userClient(t, s, "bob")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -93,7 +94,7 @@ func TestUserOpenRootsAreBounded(t *testing.T) {
 // are LIMIT_EXCEEDED; another user and anonymous callers are unaffected.
 func TestUserRequestRateIsBounded(t *testing.T) {
 	const burst = 5
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinator.Config) { c.UserRequestsPerSecond, c.UserRequestsBurst = 0.01, burst })
 	alice, bob := userClient(t, s, "alice"), userClient(t, s, "bob")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -120,7 +121,7 @@ func TestUserRequestRateIsBounded(t *testing.T) {
 // server removes it once it expired (issue 17: grant records were never
 // deleted), and the grant is refused from then on.
 func TestExpiredGrantsAreRemoved(t *testing.T) {
-	s := testutil.NewStack(t)
+	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinator.Config) { c.GrantTTL = time.Second })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
