@@ -506,17 +506,10 @@ func (f *forgery) workerAttempts(t *testing.T) {
 		{"write a session header", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.session.FORGED", Data: []byte("forged")})
 		}},
-		{"forge a user grant record (grant.<hash>)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
-			js, _ := jetstream.New(nc)
-			kv, err := js.KeyValue(ctx, "brood_agents")
-			if err != nil {
-				return err
-			}
+		{"forge a user grant record (grant.<hash>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			// What a KV put of the record publishes.
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.UserGrantRecord{ExpiresAt: store.NowMs() + 3600_000, MintedBy: "forged"})
-			if _, err := kv.Put(ctx, store.GrantKey(protocol.HashCredential("forged-grant")), data); err != nil {
-				return err
-			}
-			return violationFor(nc, "$KV.brood_agents."+store.GrantKey(protocol.HashCredential("forged-grant")))
+			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents." + store.GrantKey(protocol.HashCredential("forged-grant")), Reply: nc.NewInbox(), Data: data})
 		}},
 		{"lift the drain or free slots (drain and slot records)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			if err := refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents." + store.DrainKey(store.DrainAll), Data: []byte("forged")}); err == nil {
