@@ -163,24 +163,7 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	}
 	h.acts[req.ChildID] = a
 	h.mu.Unlock()
-	claimed := false
-	a.run, a.runRev, err = h.claim(cctx, req.Run, uint64(req.RunRevision), req.ChildID)
-	if errors.Is(err, errClaimUnknown) {
-		// A claim that landed after all is settled never started: the
-		// epoch's messages wait in the inbox, and the next followup or the
-		// liveness sweep activates the child again (docs/protocol.md §9.8).
-		cause := err
-		go h.resolveClaim(a.run, cause, func(run protocol.RunRecord, rev uint64) { _ = h.abandon(run, rev, cause) })
-	}
-	var reply any
-	if err == nil {
-		claimed = true
-		reply, err = h.materialize(context.WithoutCancel(ctx), p, req, a)
-	}
-	if err != nil {
-		if claimed {
-			err = h.abandon(a.run, a.runRev, err)
-		}
+	fail := func(err error) {
 		h.mu.Lock()
 		if h.acts[req.ChildID] == a {
 			delete(h.acts, req.ChildID)
@@ -190,6 +173,37 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 		telemetry.EndRun(span, nil, err)
 		close(a.built)
 		close(a.done)
+	}
+	a.run, a.runRev, err = h.claim(cctx, req.Run, uint64(req.RunRevision), req.ChildID)
+	if errors.Is(err, errClaimUnknown) {
+		// The claim may have landed unseen: the coordinator then reports the
+		// child active. The activation stays registered (host requests wait
+		// for built) until the claim is read back: one that landed is
+		// carried out after all, else the activation is dropped.
+		cause, bctx := err, context.WithoutCancel(ctx)
+		go func() {
+			run, rev, landed := h.claimLanded(a.run, cause)
+			if !landed {
+				fail(cause)
+				return
+			}
+			a.run, a.runRev = run, rev
+			if _, err := h.materialize(bctx, p, req, a); err != nil {
+				fail(h.abandon(run, rev, err))
+			}
+		}()
+		return nil, err
+	}
+	var reply any
+	claimed := err == nil
+	if claimed {
+		reply, err = h.materialize(context.WithoutCancel(ctx), p, req, a)
+	}
+	if err != nil {
+		if claimed {
+			err = h.abandon(a.run, a.runRev, err)
+		}
+		fail(err)
 		return nil, err
 	}
 	return reply, nil

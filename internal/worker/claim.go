@@ -81,16 +81,17 @@ func (h *Host) claim(ctx context.Context, run protocol.RunRecord, rev uint64, ch
 // errClaimUnknown marks a claim whose write ran out of budget with its
 // outcome unknown (an attempt's answer lost in a leader election, say): it
 // may have landed. The caller answers UNAVAILABLE and resolves it with
-// resolveClaim.
+// claimLanded.
 var errClaimUnknown = errors.New("the claim's outcome is unknown")
 
-// resolveClaim reads back, from the leader and within SettleBudget, a run
-// record whose claim by this host had an unknown outcome. When the claim
-// landed after all, the run is this host's (nobody else starts or settles
-// it, and the coordinator reports it started): landed is called with it.
-// A claim that did not land leaves the record to the coordinator, which
-// settles it or gives it to another instance.
-func (h *Host) resolveClaim(run protocol.RunRecord, cause error, landed func(protocol.RunRecord, uint64)) {
+// claimLanded reads back, from the leader and within SettleBudget, a run
+// record whose claim by this host had an unknown outcome. It reports the
+// record and its revision when the claim landed after all: the run is then
+// this host's (nobody else starts or settles it, and the coordinator reports
+// it started), and the caller carries it out. A claim that did not land
+// leaves the record to the coordinator, which settles it or gives it to
+// another instance.
+func (h *Host) claimLanded(run protocol.RunRecord, cause error) (protocol.RunRecord, uint64, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), SettleBudget)
 	defer cancel()
 	cur, err := store.GetLatest[protocol.RunRecord](ctx, h.st.Runs, run.RunID)
@@ -100,7 +101,16 @@ func (h *Host) resolveClaim(run protocol.RunRecord, cause error, landed func(pro
 			"run", run.RunID, "err", err, "cause", cause)
 	case cur.Value.State == protocol.RunRunning && cur.Value.HostID == h.id && cur.Value.StartedAt == run.StartedAt:
 		h.log.Warn("a claim whose answer was lost landed after all; carrying out the run", "run", run.RunID)
-		landed(cur.Value, cur.Revision)
+		return cur.Value, cur.Revision, true
+	}
+	return run, 0, false
+}
+
+// resolveClaim is claimLanded for a caller that carries out a landed claim in
+// landed.
+func (h *Host) resolveClaim(run protocol.RunRecord, cause error, landed func(protocol.RunRecord, uint64)) {
+	if cur, rev, ok := h.claimLanded(run, cause); ok {
+		landed(cur, rev)
 	}
 }
 
