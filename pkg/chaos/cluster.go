@@ -18,6 +18,7 @@
 package chaos
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -98,7 +99,41 @@ type Node struct {
 
 // StartCluster writes the node configs, starts every node and waits until
 // the JetStream meta group has a leader that knows every peer.
+//
+// The nodes' ports are taken free from the OS and released before the nodes
+// bind them, so another process may take one in between: a start whose node
+// exits on "address already in use" is tried again on fresh ports, up to
+// startPortAttempts times.
 func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
+	for attempt := 1; ; attempt++ {
+		c, err := startCluster(ctx, cfg)
+		if err == nil || !errors.Is(err, errPortTaken) || attempt == startPortAttempts {
+			return c, err
+		}
+		if cfg.Logf != nil {
+			cfg.Logf("chaos: %v; starting the cluster again on other ports", err)
+		}
+		for i := 0; i < max(cfg.Nodes, 3); i++ {
+			name := fmt.Sprintf("n%d", i+1)
+			if err := os.RemoveAll(filepath.Join(cfg.Dir, name)); err != nil {
+				return nil, err
+			}
+			if err := os.RemoveAll(filepath.Join(cfg.Dir, "logs", name+".log")); err != nil {
+				return nil, err
+			}
+		}
+	}
+}
+
+// startPortAttempts bounds StartCluster's starts on fresh ports when another
+// process took a port between freePorts and the node's bind.
+const startPortAttempts = 3
+
+// errPortTaken marks a node that exited at start because a port of its was
+// in use.
+var errPortTaken = errors.New("a port was taken by another process")
+
+func startCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	if cfg.Dir == "" || len(cfg.ServerCommand) == 0 {
 		return nil, errors.New("chaos: ClusterConfig.Dir and ServerCommand are required")
 	}
@@ -124,7 +159,7 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	for _, i := range cfg.SyncAlways {
 		always[i] = true
 	}
-	ports, err := freePorts(3 * cfg.Nodes)
+	ports, err := pickPorts(3 * cfg.Nodes)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -330,6 +365,9 @@ func refuseAll(l net.Listener) {
 }
 
 // freePorts reserves n distinct free loopback ports.
+// pickPorts is freePorts; a test replaces it to hand out a taken port.
+var pickPorts = freePorts
+
 func freePorts(n int) ([]int, error) {
 	var ls []net.Listener
 	defer func() {
@@ -486,6 +524,9 @@ func (n *Node) waitReady(ctx context.Context) error {
 	url := fmt.Sprintf("http://127.0.0.1:%d/healthz?js-server-only=true", n.HTTPPort)
 	for {
 		if n.proc.exited() {
+			if logHas(n.logPath, "address already in use") {
+				return fmt.Errorf("chaos: node %s exited during start: %w (see %s)", n.Name, errPortTaken, n.logPath)
+			}
 			return fmt.Errorf("chaos: node %s exited during start; see %s", n.Name, n.logPath)
 		}
 		if httpOK(ctx, url) {
@@ -497,6 +538,12 @@ func (n *Node) waitReady(ctx context.Context) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// logHas reports whether the log file at path contains text.
+func logHas(path, text string) bool {
+	b, err := os.ReadFile(path)
+	return err == nil && bytes.Contains(b, []byte(text))
 }
 
 func httpOK(ctx context.Context, url string) bool {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -203,4 +204,39 @@ func TestClusterFaults(t *testing.T) {
 		}
 		app.Heal()
 	})
+}
+
+// TestStartClusterTriesOtherPortsWhenOneIsTaken: a port freePorts handed out
+// can be taken by another process before the node binds it (parallel test
+// packages do); the start is tried again on fresh ports instead of failing
+// with "node exited during start".
+func TestStartClusterTriesOtherPortsWhenOneIsTaken(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	taken := held.Addr().(*net.TCPAddr).Port
+	calls := 0
+	pickPorts = func(n int) ([]int, error) {
+		calls++
+		ports, err := freePorts(n)
+		if err == nil && calls == 1 {
+			ports[0] = taken // node n1's client port, held by this test
+		}
+		return ports, err
+	}
+	t.Cleanup(func() { pickPorts = freePorts })
+	c := testCluster(t)
+	if calls < 2 {
+		t.Fatalf("ports were picked %d time(s), want a second pick after the taken port", calls)
+	}
+	for _, n := range c.Nodes() {
+		if n.ClientPort == taken || n.ClusterPort == taken || n.HTTPPort == taken {
+			t.Fatalf("node %s runs on the taken port %d", n.Name, taken)
+		}
+		if !n.Running() {
+			t.Fatalf("node %s is not running", n.Name)
+		}
+	}
 }
