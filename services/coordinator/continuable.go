@@ -63,7 +63,14 @@ func (c *Coordinator) grantOf(ctx context.Context, grant string) (grantScope, er
 	if grant == "" {
 		return grantScope{}, protocol.Errorf(protocol.CodeUnauthorized, "no user grant")
 	}
-	rec, err := store.Get[protocol.UserGrantRecord](ctx, c.st.Agents, store.GrantKey(protocol.HashCredential(grant)))
+	key := store.GrantKey(protocol.HashCredential(grant))
+	rec, err := store.Get[protocol.UserGrantRecord](ctx, c.st.Agents, key)
+	if errors.Is(err, store.ErrNotFound) {
+		// A direct get may be answered by a replica that has not yet the
+		// grant another replica just minted: a refusal rests on the leader's
+		// answer (only refusals pay for it).
+		rec, err = store.GetLatest[protocol.UserGrantRecord](ctx, c.st.Agents, key)
+	}
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return grantScope{}, protocol.Errorf(protocol.CodeUnauthorized, "the user grant is unknown")
