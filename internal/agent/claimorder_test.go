@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -234,5 +235,160 @@ func TestClaimOrderARemovalThatFailsIsSkippedByTheLoggedClaim(t *testing.T) {
 	}
 	if got := claimedIDs(logOf(t, st, id)); len(got) != 2 || got[0] != m1 || got[1] != m2 {
 		t.Fatalf("claims = %v, want [%s %s]", got, m1, m2)
+	}
+}
+
+// withInbox builds an agent of session id, as materialize does, whose
+// running turns claim next-step items from in.
+func withInbox(t *testing.T, st *store.Store, id string, in agent.Inbox) *agent.Agent {
+	t.Helper()
+	log, err := st.ReadLog(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, _ := agent.NewRegistry(agent.ListDirTool())
+	a, err := agent.New(agent.Config{
+		Header: protocol.SessionHeader{ID: id, Cwd: t.TempDir()}, Events: log.Events,
+		Log: st.NewLogWriter(id, log.LastSubjSeq, int64(len(log.Events))), Model: model.NewScripted(), Tools: reg,
+		Inbox: in,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func enqueueStep(t *testing.T, st *store.Store, id, text string) string {
+	t.Helper()
+	mid, _, err := st.Enqueue(context.Background(), id, store.InboxItem{
+		Content: protocol.Text(text), Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextStep,
+	}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mid
+}
+
+// dequeues returns the turn each item's agent/inbox/dequeue names, by messageId.
+func dequeues(evs []protocol.SessionEvent) map[string][]int64 {
+	out := map[string][]int64{}
+	for _, ev := range evs {
+		var d protocol.InboxDequeueData
+		if ev.Type == protocol.EvInboxDequeue && ev.Decode(&d) == nil {
+			out[d.MessageID] = append(out[d.MessageID], d.Turn)
+		}
+	}
+	return out
+}
+
+// TestStepClaimsJoinTheRunningTurnOnceLogged: a next-step item that arrives
+// while a turn runs joins that turn at its next step, claimed (dequeue and
+// user/message, in one record) before the item leaves the inbox. When the
+// log refuses that record, the item stays pending and unclaimed.
+func TestStepClaimsJoinTheRunningTurnOnceLogged(t *testing.T) {
+	for _, refuse := range []bool{false, true} {
+		t.Run(map[bool]string{false: "logged", true: "refused"}[refuse], func(t *testing.T) {
+			s := testutil.Server(t)
+			st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+			ctx := context.Background()
+			const id = "STEPS"
+			enqueue(t, st, id, "call list_dir {}\nsay one", "")
+			var step string
+			w := &writes{}
+			if refuse {
+				// Refuse exactly the records that claim the next-step item.
+				w.fail = func(wr store.Write) bool {
+					if wr.Op != store.OpPublish || wr.Subject != st.Subj.Log(id) {
+						return false
+					}
+					var rec protocol.LogRecord
+					if protocol.Unmarshal(protocol.Msgpack, wr.Msg.Data, &rec) != nil {
+						return false
+					}
+					for _, ev := range rec.Events {
+						var d protocol.InboxDequeueData
+						if ev.Type == protocol.EvInboxDequeue && ev.Decode(&d) == nil && d.MessageID == step {
+							return true
+						}
+					}
+					return false
+				}
+			}
+			faulty := st.WithFaults(w.faults())
+			a := withInbox(t, faulty, id, faulty.InboxOf(id))
+			if _, claimed, err := a.ClaimNext(ctx, faulty.InboxOf(id)); !claimed || err != nil {
+				t.Fatalf("claim of the turn's message: %v %v", claimed, err)
+			}
+			step = enqueueStep(t, st, id, "also this")
+			a.RunSteps(ctx)
+			evs := logOf(t, st, id)
+			got := dequeues(evs)[step]
+			pending := pendingIDs(t, st, id)
+			if refuse {
+				if len(got) != 0 || len(pending) != 1 || pending[0] != step {
+					t.Fatalf("refused step claim: dequeues %v, pending %v; want no claim and the item pending", got, pending)
+				}
+				return
+			}
+			if len(got) != 1 || got[0] != 1 {
+				t.Fatalf("the step item was dequeued into turns %v, want [1] (the running turn)", got)
+			}
+			if len(pending) != 0 {
+				t.Fatalf("pending after the step claim: %v", pending)
+			}
+			users := 0
+			for _, ev := range evs {
+				var d protocol.UserMessageData
+				if ev.Type == protocol.EvUserMessage && ev.Decode(&d) == nil && d.ID == step && d.Turn == 1 {
+					users++
+				}
+			}
+			if users != 1 {
+				t.Fatalf("%d user/message events for the step item in turn 1, want 1", users)
+			}
+		})
+	}
+}
+
+// TestNoteEnqueuedLogsEachArrivalOnce: items that arrive while a turn runs
+// are logged as agent/inbox/enqueue once, however often the agent looks,
+// and a look that finds nothing new writes nothing.
+func TestNoteEnqueuedLogsEachArrivalOnce(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	const id = "ARRIVALS"
+	enqueue(t, st, id, "say one", "")
+	a := materialize(t, st, id)
+	if _, claimed, err := a.ClaimNext(ctx, st.InboxOf(id)); !claimed || err != nil {
+		t.Fatalf("claim: %v %v", claimed, err)
+	}
+	m2 := enqueue(t, st, id, "say two", "")
+	enqueued := func() []string {
+		var out []string
+		for _, ev := range logOf(t, st, id) {
+			var d protocol.InboxEnqueueData
+			if ev.Type == protocol.EvInboxEnqueue && ev.Decode(&d) == nil {
+				out = append(out, d.MessageID)
+			}
+		}
+		return out
+	}
+	before := len(enqueued())
+	for i := 0; i < 2; i++ {
+		if err := a.NoteEnqueued(ctx, st.InboxOf(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := enqueued()
+	if len(got) != before+1 || got[len(got)-1] != m2 {
+		t.Fatalf("enqueue events %v (were %d), want %s logged once", got, before, m2)
+	}
+	n := len(logOf(t, st, id))
+	if err := a.NoteEnqueued(ctx, st.InboxOf(id)); err != nil {
+		t.Fatal(err)
+	}
+	if after := len(logOf(t, st, id)); after != n {
+		t.Fatalf("a look with nothing new wrote %d events", after-n)
 	}
 }
