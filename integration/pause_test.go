@@ -182,7 +182,8 @@ func TestPausedWorkerCostsOneAttempt(t *testing.T) {
 		return ""
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool { return balanced() == "" }, "one start and one end per run")
-	time.Sleep(500 * time.Millisecond) // anything the resumed worker would still emit
+	// Anything the resumed worker would still emit shows up meanwhile.
+	testutil.Consistently(t, time.Second, func() bool { return balanced() == "" }, "lifecycle events stay balanced after the resume")
 	if bad := balanced(); bad != "" {
 		t.Fatalf("lifecycle events unbalanced after the resume: %s", bad)
 	}
@@ -229,7 +230,8 @@ func TestStaleStartIsDropped(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		return strings.Contains(w.Stderr(), "arrived after its deadline") || len(s.Lifecycle(root.SessionID)) > 0
 	}, "the resumed worker handles the stale start")
-	time.Sleep(500 * time.Millisecond) // anything it would still write or emit
+	// Anything it would still write or emit shows up meanwhile.
+	testutil.Consistently(t, time.Second, func() bool { return len(s.Lifecycle(root.SessionID)) == 0 }, "no lifecycle event for a run that never started")
 	if evs := s.Lifecycle(root.SessionID); len(evs) > 0 {
 		t.Fatalf("the resumed worker emitted %d lifecycle events for a run settled never started (first %s)", len(evs), evs[0].Type)
 	}
