@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -200,6 +201,93 @@ func TestSettlementAnEpochEndingAfterATakeoverPublishesNothing(t *testing.T) {
 	ends := 0
 	for _, ev := range s.Lifecycle(root.SessionID) {
 		if ev.Type == protocol.LifecycleEnd && ev.RunID == runID {
+			ends++
+		}
+	}
+	if ends != 1 {
+		t.Fatalf("%d subagent/end events for the epoch, want 1", ends)
+	}
+}
+
+// TestHostLostEndsAContinuableEpochWithHostLost: the worker of a continuable
+// child stops mid-turn (paused at a log append, its heartbeats failing).
+// The coordinator takes the activation over: the open turn is closed as
+// interrupted, the epoch settles aborted with HOST_LOST (README; DESIGN.md
+// §7, Settlement 2), subagent/end says so, and the worker, back, is fenced
+// out of the log and publishes nothing.
+func TestHostLostEndsAContinuableEpochWithHostLost(t *testing.T) {
+	s := stack.New(t)
+	coord := s.AddCoordinator()
+	var pause *testutil.Pause
+	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		logs := c.Store.Subj.Log("")
+		pause = testutil.NewPause(func(w store.Write) bool {
+			if w.Op != store.OpPublish || !strings.HasPrefix(w.Subject, logs) {
+				return false
+			}
+			var rec protocol.LogRecord
+			if protocol.Unmarshal(protocol.Msgpack, w.Msg.Data, &rec) != nil {
+				return false
+			}
+			for _, ev := range rec.Events {
+				if ev.Type == protocol.EvToolCall {
+					return true // the turn's first step, logged after its opening
+				}
+			}
+			return false
+		})
+		c.Store = c.Store.WithFaults(pause.Faults(c.Store))
+	})
+	t.Cleanup(pause.Release)
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	start, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{
+		Provider: "spawn", Parent: root.Ref(), Label: "lost", Prompt: protocol.Text("call list_dir {}\nsay done"),
+	})
+	if err != nil {
+		t.Fatalf("continuable.start: %v", err)
+	}
+	waitHeld(t, pause, "the first step of its turn")
+	var end protocol.LifecycleEvent
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		for _, ev := range s.Lifecycle(root.SessionID) {
+			if ev.Type == protocol.LifecycleEnd && ev.ID == start.ChildID {
+				end = ev
+				return true
+			}
+		}
+		return false
+	}, "the epoch of the lost host ends")
+	if end.ErrorCode != protocol.CodeHostLost || end.StopReason != protocol.StopAborted {
+		t.Fatalf("subagent/end %+v, want aborted with HOST_LOST", end)
+	}
+	rec := runRecord(t, s.Store, end.RunID)
+	if rec.SettledBy != coord.ID() || rec.Result == nil || rec.Result.ErrorCode != protocol.CodeHostLost {
+		t.Fatalf("epoch record %+v, want settled HOST_LOST by the coordinator", rec)
+	}
+	_, evs := s.Log(start.ChildID)
+	reasons := 0
+	for _, ev := range evs {
+		var d protocol.TurnEndData
+		if ev.Type == protocol.EvTurnEnd && ev.Decode(&d) == nil && d.Reason.Kind == protocol.TurnInterrupted {
+			reasons++
+		}
+	}
+	if reasons != 1 {
+		t.Fatalf("%d interrupted turn ends in the child's log, want the takeover's one", reasons)
+	}
+	pause.Release()
+	stopWorker()
+	_, after := s.Log(start.ChildID)
+	for _, ev := range after[len(evs):] {
+		if ev.Type == protocol.EvToolCall {
+			t.Fatalf("the lost worker's held step landed after the takeover: %s", ev.Type)
+		}
+	}
+	ends := 0
+	for _, ev := range s.Lifecycle(root.SessionID) {
+		if ev.Type == protocol.LifecycleEnd && ev.RunID == end.RunID {
 			ends++
 		}
 	}
