@@ -129,6 +129,25 @@ func KeyedMessageID(sessionID, idempotencyKey string) string {
 // message a replicated stream no longer holds.
 const errCodeSequenceNotFound = 10043
 
+// errCodeMsgDeleteFailed is JetStream's answer (10057, nats-server
+// JSStreamMsgDeleteFailedF) to a deletion that failed, with the store's
+// reason as its description: "no message found" when a single-replica
+// stream no longer holds the message (as in `brood dev`).
+const errCodeMsgDeleteFailed = 10057
+
+// alreadyDeleted reports a deletion refused because the message is gone.
+func alreadyDeleted(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true
+	}
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == errCodeSequenceNotFound ||
+		(apiErr.ErrorCode == errCodeMsgDeleteFailed && strings.Contains(apiErr.Description, "no message found"))
+}
+
 // errCodeRE finds the JetStream error code in an error's text.
 var errCodeRE = regexp.MustCompile(`err_code=(\d+)`)
 
@@ -240,8 +259,7 @@ func (in *SessionInbox) Remove(ctx context.Context, seqs ...protocol.Seq) error 
 	for _, seq := range seqs {
 		err := Retry(ctx, func(ctx context.Context) error {
 			err := deleteError(in.s.Inbox.DeleteMsg(ctx, uint64(seq)))
-			var apiErr *jetstream.APIError
-			if errors.Is(err, jetstream.ErrMsgNotFound) || (errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeSequenceNotFound) {
+			if alreadyDeleted(err) {
 				return nil // already gone (an earlier attempt, or another claimer)
 			}
 			return err
