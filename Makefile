@@ -75,6 +75,35 @@ chaos-seams: acp-deps
 	$(GO) test -race -count=5 -timeout 30m -run 'TestPausedWorker|TestStaleStart|TestSilentProvider|TestWorkerPaused|TestKilled' ./integration/
 	$(GO) test -race -count=5 -timeout 30m -run 'TestLeaderElectionsAreNotFailures' ./deploy/
 
+# Mutation testing (MUTATION.md): gremlins (Go module proxy, pinned here)
+# mutates the files that carry Brood's guarantees, one package at a time,
+# and runs that package's own tests against each mutant (go test -failfast,
+# no -race). MUTATE_TARGETS lists dir:file,file...; the package's other files
+# are left alone. Bounded: one worker, and a mutant whose tests run longer
+# than the coverage run times MUTATE_TIMEOUT_COEF is timed out (counted
+# apart, as gremlins does; GOFLAGS=-count=1 keeps the coverage run out of the
+# test cache, so that bound is the real run's). Each package prints its killed/lived counts and
+# "Test efficacy" (killed / (killed + lived)); the run fails when a package
+# is below MUTATE_THRESHOLD percent. CPU-heavy: run it on a quiet machine,
+# e.g. one package with MUTATE_TARGETS=internal/agent:inbox.go.
+GREMLINS_VERSION     := v0.6.0
+MUTATE_TARGETS       ?= internal/agent:inbox.go internal/store:inbox.go,records.go,log.go internal/worker:claim.go,runs.go services/coordinator:monitor.go,slots.go
+MUTATE_TIMEOUT_COEF  ?= 10
+MUTATE_THRESHOLD     ?= 80
+MUTATE_ARGS          ?=
+mutate:
+	GOBIN=$(CURDIR)/.deps/bin $(GO) install github.com/go-gremlins/gremlins/cmd/gremlins@$(GREMLINS_VERSION)
+	@failed=""; for target in $(MUTATE_TARGETS); do \
+		dir=$${target%%:*}; files=$${target#*:}; excl=""; \
+		for f in $$(cd $$dir && ls *.go | grep -v '_test\.go$$'); do \
+			case ",$$files," in *",$$f,"*) ;; *) excl="$$excl -E ^$$f\$$";; esac; \
+		done; \
+		echo "== $$dir ($$files)"; \
+		GOFLAGS=-count=1 ./.deps/bin/gremlins unleash --workers 1 --timeout-coefficient $(MUTATE_TIMEOUT_COEF) \
+			--threshold-efficacy $(MUTATE_THRESHOLD) $(MUTATE_ARGS) $$excl ./$$dir || failed="$$failed $$dir"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "below $(MUTATE_THRESHOLD)% test efficacy (or failed):$$failed"; exit 1; fi
+
 fmt:
 	gofmt -w .
 
