@@ -320,10 +320,18 @@ func TestStepClaimsJoinTheRunningTurnOnceLogged(t *testing.T) {
 				t.Fatalf("claim of the turn's message: %v %v", claimed, err)
 			}
 			step = enqueueStep(t, st, id, "also this")
+			next := enqueue(t, st, id, "say next", "") // next-turn: waits for a turn of its own
 			a.RunSteps(ctx)
 			evs := logOf(t, st, id)
+			if d := dequeues(evs)[next]; len(d) != 0 {
+				t.Fatalf("a next-turn item was claimed into turns %v of the running turn", d)
+			}
 			got := dequeues(evs)[step]
 			pending := pendingIDs(t, st, id)
+			if len(pending) == 0 || pending[len(pending)-1] != next {
+				t.Fatalf("pending %v: the next-turn item must still wait", pending)
+			}
+			pending = pending[:len(pending)-1]
 			if refuse {
 				if len(got) != 0 || len(pending) != 1 || pending[0] != step {
 					t.Fatalf("refused step claim: dequeues %v, pending %v; want no claim and the item pending", got, pending)
