@@ -5,6 +5,9 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
@@ -83,10 +86,19 @@ func TestFaultsSeeEveryWriteAndDecideItsAnswer(t *testing.T) {
 	if err := f.Inbox.SecureDeleteMsg(ctx, uint64(seq)); err == nil || last().Op != store.OpMsgDelete {
 		t.Fatalf("secure delete of a removed item: %v, seen %+v", err, last())
 	}
-	done := make(chan error, 1)
-	f.PublishEvent(protocol.LifecycleEvent{Type: protocol.LifecycleStart, RunID: "R", ParentSession: "P"}, func(err error) { done <- err })
-	if w := last(); w.Op != store.OpPublish || !w.Async {
+	fut, err := f.JS.PublishMsgAsync(&nats.Msg{Subject: st.Subj.Log("async"), Data: []byte("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := last(); w.Op != store.OpPublish || !w.Async || w.Subject != st.Subj.Log("async") {
 		t.Fatalf("async publish seen as %+v", w)
+	}
+	select { // its acknowledgement, so nothing waits for it after the test
+	case <-fut.Ok():
+	case err := <-fut.Err():
+		t.Fatalf("async publish: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("no acknowledgement of the async publish within 10 s")
 	}
 	if _, err := f.JS.Publish(ctx, st.Subj.Log("S"), []byte("x")); err != nil || last().Subject != st.Subj.Log("S") {
 		t.Fatalf("publish: %v, seen %+v", err, last())
@@ -124,11 +136,6 @@ func TestFaultsSeeEveryWriteAndDecideItsAnswer(t *testing.T) {
 	}
 	if n, err := st.InboxOf("S").Count(ctx); err != nil || n != 1 {
 		t.Fatalf("inbox holds %d items (%v), want the item whose answer was lost", n, err)
-	}
-	select {
-	case err := <-done:
-		t.Fatalf("async publish: %v", err)
-	default:
 	}
 	// The original store has no hooks.
 	n := len(seen)
