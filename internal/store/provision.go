@@ -197,10 +197,15 @@ func Provision(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg C
 		return nil, err
 	}
 	// Transient failures (a cluster still electing leaders) are retried
-	// within ctx's deadline (retry.go).
+	// within ctx's deadline (retry.go), and so is a placement that finds
+	// too few peers (placementNotReady): on a cluster that just started, the
+	// meta leader can know every peer yet count one as offline for a moment.
 	for _, c := range cfg.streamConfigs(subj) {
 		if err := Retry(ctx, func(ctx context.Context) error {
 			_, err := js.CreateOrUpdateStream(ctx, c)
+			if placementNotReady(err) {
+				return fmt.Errorf("%w: %w", errPlacementNotReady, err)
+			}
 			return err
 		}); err != nil {
 			return nil, fmt.Errorf("provision stream %s: %w", c.Name, err)
@@ -273,4 +278,15 @@ func bind(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, subj proto
 		*p.dst = &bucket{KeyValue: kv, s: s} // landed-write checks read from the leader
 	}
 	return s, nil
+}
+
+// placementNotReady reports the meta leader's "no suitable peers for
+// placement" (JSClusterNoPeersErr, 10005). Right after a cluster starts, or
+// a node restarts, a peer is known but not yet current and counts as
+// offline; the same answer also means a cluster smaller than the replicas,
+// which no retry outlives: Provision's deadline then ends it with this
+// error.
+func placementNotReady(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == 10005
 }

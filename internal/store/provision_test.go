@@ -114,3 +114,58 @@ func TestNoRollupPurgesABucketOrStream(t *testing.T) {
 		t.Fatalf("the header: %v", err)
 	}
 }
+
+// TestProvisionWaitsForPlacement: provisioning R3 on a fresh cluster whose
+// third node has not been heard from yet is answered "no suitable peers for
+// placement" (10005, what the deploy forgery suite's set-up got right after
+// its cluster started); Provision keeps retrying within its deadline and
+// succeeds once the node is up.
+func TestProvisionWaitsForPlacement(t *testing.T) {
+	c := testutil.NewClusterPartly(t, 3, 2)
+	nc := testutil.Connect(t, c.URL(0))
+	// Every stream creation request, as the server sees it.
+	attempts := make(chan struct{}, 1024)
+	sub, err := nc.Subscribe("$JS.API.STREAM.CREATE.*", func(*nats.Msg) { attempts <- struct{}{} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cfg := store.DefaultConfig()
+	cfg.Replicas = 3
+	done := make(chan error, 1)
+	go func() {
+		_, err := store.Provision(ctx, nc, protocol.MustSubjects(""), cfg)
+		done <- err
+	}()
+	// Three attempts: the first ones were refused and retried, not final.
+	for seen := 0; seen < 3; {
+		select {
+		case <-attempts:
+			seen++
+		case err := <-done:
+			t.Fatalf("Provision ended before the third node started: %v", err)
+		case <-ctx.Done():
+			t.Fatal("Provision never retried its first stream")
+		}
+	}
+	c.Restart(2)
+	if err := <-done; err != nil {
+		t.Fatalf("Provision after the third node started: %v", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := js.Stream(ctx, "BROOD_LOG")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.CachedInfo().Config.Replicas; got != 3 {
+		t.Fatalf("BROOD_LOG has %d replicas, want 3", got)
+	}
+}

@@ -49,6 +49,10 @@ const (
 // so it is tried again.
 var errBusy = errors.New("another write to the same key or subject is in flight")
 
+// errPlacementNotReady wraps a stream creation's "no suitable peers for
+// placement" (provision.go, placementNotReady), retried while provisioning.
+var errPlacementNotReady = errors.New("placement not ready")
+
 // ErrIncompleteRead is a whole-log read whose batches stopped before the
 // subject's last record: a replica that is not yet current (after a restart
 // or an election) answered the direct get. Reading again is the remedy.
@@ -61,7 +65,7 @@ func Transient(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, ErrIncompleteRead) || errors.Is(err, errBusy) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, ErrIncompleteRead) || errors.Is(err, errBusy) || errors.Is(err, errPlacementNotReady) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
 		errors.Is(err, nats.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrDisconnected) ||
 		errors.Is(err, jetstream.ErrJetStreamNotEnabled) {

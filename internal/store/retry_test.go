@@ -39,6 +39,7 @@ func TestTransient(t *testing.T) {
 		{"wrong last sequence (10071)", api(jetstream.JSErrCodeStreamWrongLastSequence), false},
 		{"wrong last sequence, replicated (10164)", api(jetstream.JSErrCodeStreamWrongLastSequenceConstant), false},
 		{"store failed (10077)", api(10077), false},
+		{"no suitable peers (10005), retried only while provisioning", api(10005), false},
 		{"key exists", jetstream.ErrKeyExists, false},
 		{"cancelled", context.Canceled, false},
 		{"closed", nats.ErrConnectionClosed, false},

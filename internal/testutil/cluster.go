@@ -31,6 +31,29 @@ type Cluster struct {
 // loopback ports and waits for a JetStream meta leader that knows every node.
 func NewCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return StartCluster(t, clusterOptions(t, n))
+}
+
+// NewClusterPartly is a fresh n-node cluster of which only the first started
+// nodes run (and accept clients); the others were never started, so no
+// node has heard of them: an R3 placement is refused with "no suitable peers
+// for placement" (10005) until Restart(i) starts them. It does not wait for
+// a meta leader.
+func NewClusterPartly(t testing.TB, n, started int) *Cluster {
+	t.Helper()
+	c := newCluster(t, clusterOptions(t, n))
+	for i := 0; i < started; i++ {
+		c.launch(i)
+	}
+	for i := 0; i < started; i++ {
+		c.waitReady(i)
+	}
+	return c
+}
+
+// clusterOptions are the options of n routed nodes on free loopback ports.
+func clusterOptions(t testing.TB, n int) []*server.Options {
+	t.Helper()
 	ports := make([]int, 2*n)
 	for i := range ports {
 		p, err := embedded.FreePort()
@@ -56,13 +79,28 @@ func NewCluster(t testing.TB, n int) *Cluster {
 			Routes:     routes,
 		}
 	}
-	return StartCluster(t, opts)
+	return opts
 }
 
 // StartCluster starts nodes from processed options (deploy/nats/cluster, or
 // NewCluster's): each without its own signal handling or log, on a temp
 // store directory unless one is set. It waits for a meta leader.
 func StartCluster(t testing.TB, opts []*server.Options) *Cluster {
+	t.Helper()
+	c := newCluster(t, opts)
+	for i := range opts {
+		c.launch(i)
+	}
+	for i := range opts {
+		c.waitReady(i)
+	}
+	c.WaitMetaLeader()
+	return c
+}
+
+// newCluster prepares opts (a temp store directory unless set, no signal
+// handling, no log) and stops every node when the test ends.
+func newCluster(t testing.TB, opts []*server.Options) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, opts: opts, nodes: make([]*server.Server, len(opts))}
 	for _, o := range opts {
@@ -76,13 +114,6 @@ func StartCluster(t testing.TB, opts []*server.Options) *Cluster {
 			c.Stop(i)
 		}
 	})
-	for i := range opts {
-		c.launch(i)
-	}
-	for i := range opts {
-		c.waitReady(i)
-	}
-	c.WaitMetaLeader()
 	return c
 }
 
@@ -142,7 +173,8 @@ func (c *Cluster) Stop(i int) {
 	}
 }
 
-// Restart starts a stopped node again on its store directory and ports.
+// Restart starts a stopped (or never started) node again on its store
+// directory and ports.
 func (c *Cluster) Restart(i int) {
 	c.t.Helper()
 	if c.Node(i) != nil {
