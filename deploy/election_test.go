@@ -300,6 +300,24 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	cl.WaitStreamCurrent(broodAccount, broodStreams...)
+	// A start whose client heard nothing (an unknown outcome, not awaited
+	// above) can still be in its attempt at the paused worker; once resumed,
+	// the worker would rightly claim it. So the worker resumes only once no
+	// run waits for a claim: from then on, any claim of its is a stale one
+	// that the run record's revision must have fenced.
+	waitFor(t, 60*time.Second, "no run record waiting for its claim", func() bool {
+		lister, err := st.Runs.ListKeys(ctx)
+		if err != nil {
+			return false
+		}
+		for k := range lister.Keys() {
+			r, err := store.Get[protocol.RunRecord](ctx, st.Runs, k)
+			if err != nil || (r.Value.State == protocol.RunRunning && r.Value.HostID == "") {
+				return false
+			}
+		}
+		return true
+	})
 	paused.signal(t, syscall.SIGCONT)
 
 	load.mu.Lock()
