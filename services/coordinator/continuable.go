@@ -63,6 +63,12 @@ func (c *Coordinator) grantOf(ctx context.Context, grant string) (grantScope, er
 	if grant == "" {
 		return grantScope{}, protocol.Errorf(protocol.CodeUnauthorized, "no user grant")
 	}
+	if c.cfg.UserGrantsDisabled {
+		// docs/protocol.md §5.15: "grants disabled" refuses every grant,
+		// including those minted before (by this deployment or another
+		// coordinator with grants on) and not yet expired.
+		return grantScope{}, protocol.Errorf(protocol.CodeUnauthorized, "this deployment accepts no user grants")
+	}
 	key := store.GrantKey(protocol.HashCredential(grant))
 	rec, err := store.Get[protocol.UserGrantRecord](ctx, c.st.Agents, key)
 	if errors.Is(err, store.ErrNotFound) {
@@ -148,7 +154,7 @@ func notCovered(g grantScope, id string) error {
 // grant (Config.UserGrantsDisabled).
 func (c *Coordinator) authorityUser(ctx context.Context, req rpc.Request) (any, error) {
 	if c.cfg.UserGrantsDisabled {
-		return nil, protocol.Errorf(protocol.CodeUnauthorized, "this deployment mints no user grants")
+		return nil, protocol.Errorf(protocol.CodeUnauthorized, "this deployment mints and accepts no user grants")
 	}
 	user := c.callerOf(req)
 	grant := protocol.NewCredential()

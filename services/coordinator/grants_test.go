@@ -17,7 +17,7 @@ import (
 // that lives 24 hours by default (docs/protocol.md §5.15) or the configured
 // GrantTTL; a grant is honoured until it expires and refused as UNAUTHORIZED
 // after, as is an unknown one; a coordinator with user grants disabled
-// mints none (UNAUTHORIZED).
+// mints none and honours none minted earlier (UNAUTHORIZED).
 func TestUserGrantsLiveTheirTTLAndCanBeDisabled(t *testing.T) {
 	ctx := context.Background()
 	t.Run("default lifetime", func(t *testing.T) {
@@ -65,6 +65,22 @@ func TestUserGrantsLiveTheirTTLAndCanBeDisabled(t *testing.T) {
 		s.AddCoordinator(func(c *coordinator.Config) { c.UserGrantsDisabled = true })
 		if g, err := s.Client.UserGrant(ctx); protocol.CodeOf(err) != protocol.CodeUnauthorized {
 			t.Fatalf("authority.user with grants disabled: %+v, %v; want UNAUTHORIZED", g, err)
+		}
+		// A grant minted while grants were on (by this deployment before a
+		// restart with them off, or by another coordinator) acts no more.
+		root := s.Root()
+		earlier := protocol.NewCredential()
+		if _, err := store.Create(ctx, s.Store.Agents, store.GrantKey(protocol.HashCredential(earlier)),
+			protocol.UserGrantRecord{ExpiresAt: store.NowMs() + time.Hour.Milliseconds(), MintedBy: "earlier"}); err != nil {
+			t.Fatal(err)
+		}
+		_, err := s.Client.Log(ctx, protocol.LogReadRequest{SessionID: root.SessionID, Authority: protocol.Authority{Grant: earlier}})
+		if protocol.CodeOf(err) != protocol.CodeUnauthorized || !strings.Contains(err.Error(), "no user grants") {
+			t.Fatalf("a grant minted earlier, with grants disabled: %v; want UNAUTHORIZED (grants disabled)", err)
+		}
+		// The root's own credential still acts.
+		if _, err := s.Client.Log(ctx, protocol.LogReadRequest{SessionID: root.SessionID, Authority: root.Authority()}); err != nil {
+			t.Fatalf("the root's credential with grants disabled: %v", err)
 		}
 	})
 }
