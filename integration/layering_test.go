@@ -11,7 +11,9 @@ import (
 // service and no worker host (the test harness that runs a deployment is
 // internal/testutil/stack, apart from internal/testutil), pkg/client talks
 // to Brood over the wire only (no internal/ package), and pkg/protocol,
-// the wire contract, stands on nothing of Brood's.
+// the wire contract, stands on nothing of Brood's, and the coordinator
+// settles runs and keeps ownership through the store's operations, not
+// internal/worker.
 func TestLayering(t *testing.T) {
 	const mod = "github.com/brood-dev/brood/"
 	for _, tc := range []struct {
@@ -28,6 +30,9 @@ func TestLayering(t *testing.T) {
 		{"pkg/protocol", true, []string{"services/", "internal/worker", "internal/store", "internal/testutil/stack"}},
 		{"internal/testutil", false, []string{"services/", "internal/worker"}},
 		{"pkg/client", false, []string{"internal/", "services/"}},
+		// Settlement, ownership, leases and heartbeats are store operations:
+		// the coordinator builds on no worker host.
+		{"services/coordinator", false, []string{"internal/worker"}},
 	} {
 		args := []string{"list", "-deps"}
 		if tc.test {

@@ -263,7 +263,7 @@ func TestResumedChildReleasesItsParentsOwnership(t *testing.T) {
 	// The interleaving seen under load: the parent's followup registers the
 	// edge after the ended epoch released it, and its message waits for the
 	// liveness sweep.
-	if err := worker.RegisterOwnership(ctx, s.Store, parent.ChildID, child); err != nil {
+	if err := s.Store.AddOwnership(ctx, parent.ChildID, child); err != nil {
 		t.Fatal(err)
 	}
 	mid, _, err := s.Store.Enqueue(ctx, child, store.InboxItem{Content: protocol.Text("say again"),

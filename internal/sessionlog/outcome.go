@@ -402,3 +402,37 @@ func EarlierOutputNote(from *protocol.OutputSource) string {
 	}
 	return fmt.Sprintf("(Note: this is the subagent's message from turn %d, step %d; its last message was empty, so this may not be its final answer.)", from.Turn, from.Step)
 }
+
+// SettledNotice is the one-line account and the content of the notice a
+// parent gets when a continuable child's epoch settled with res
+// (upstream-behaviour §5.10): the account by stop reason and error code,
+// then the child's closing message, if any, with EarlierOutputNote.
+func SettledNotice(childID string, res protocol.SubagentResult) (string, []protocol.ContentBlock) {
+	var line string
+	switch res.StopReason {
+	case protocol.StopCompleted:
+		line = fmt.Sprintf("Subagent %s is done and idle until you send it more.", childID)
+	case protocol.StopAborted:
+		line = fmt.Sprintf("Subagent %s stopped before finishing.", childID)
+	case protocol.StopMaxTokens:
+		line = fmt.Sprintf("Subagent %s ran out of room before finishing.", childID)
+	case protocol.StopRefusal:
+		line = fmt.Sprintf("Subagent %s declined its task.", childID)
+	case protocol.StopError:
+		line = fmt.Sprintf("Subagent %s failed.", childID)
+	default:
+		line = fmt.Sprintf("Subagent %s ended abnormally (%s).", childID, res.StopReason)
+	}
+	if res.ErrorCode != "" {
+		line += " (" + string(res.ErrorCode) + ")"
+	}
+	text := protocol.PlainText(res.Output)
+	body := line + "\nNo closing message."
+	if text != "" {
+		body = line + "\nClosing message:\n" + text
+		if note := EarlierOutputNote(res.OutputFrom); note != "" {
+			body += "\n" + note
+		}
+	}
+	return line, protocol.Text(body)
+}

@@ -4,21 +4,10 @@
 // BROOD_EVENTS (lifecycle events) and the KV buckets brood_agents (leases),
 // brood_hosts (live hosts) and brood_runs (run records).
 //
-// Write order and writers (the lock-order file of this package):
-//
-//	runs.start       coordinator: header (BROOD_SESSIONS, expect last subject seq 0)
-//	                 ∥ run record (brood_runs Create) → provider host: lease
-//	                 (brood_agents Create) ∥ first log record (expect seq 0)
-//	                 → later log records, each fenced on the previous one →
-//	                 settlement (brood_runs Update at the creation revision) →
-//	                 notify + subagent/end (published after settlement) →
-//	                 lease delete.
-//	HOST_LOST        coordinator: lease CAS (brood_agents Update) → log record
-//	                 turn/end{interrupted} fenced on the log's last sequence →
-//	                 settlement CAS → notify + subagent/end → lease delete.
-//
-// Each session log subject has exactly one writer, the holder of the session's
-// lease; a writer never pipelines its conditional appends.
+// Write order and writers: order.go, the lock-order file of this package.
+// Every write to a KV bucket goes through an operation of this package
+// (runs.go, leases.go, ownership.go, markers.go, heartbeat.go) whose key
+// comes from keys.go.
 package store
 
 import (

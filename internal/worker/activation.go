@@ -233,7 +233,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		events, lastSubjSeq = log.Events, log.LastSubjSeq
 		lease.EpochStart = int64(len(events))
 	}
-	leaseRev, err := store.Create(ctx, h.st.Agents, req.ChildID, lease)
+	leaseRev, err := h.st.CreateLease(ctx, lease)
 	if err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return nil, protocol.NewError(protocol.CodeActivationClosing, map[string]any{
@@ -241,7 +241,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		}
 		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %v", req.ChildID, err)
 	}
-	release := func() { _ = store.Delete(context.WithoutCancel(ctx), h.st.Agents, req.ChildID, leaseRev) }
+	release := func() { _ = h.st.ReleaseLease(context.WithoutCancel(ctx), req.ChildID, leaseRev) }
 	lw := h.st.NewLogWriter(req.ChildID, lastSubjSeq, int64(len(events)))
 	a.mu.Lock()
 	a.leaseRev = leaseRev
@@ -556,7 +556,7 @@ func (a *activation) isParked() bool {
 // ownsLiveChildren reads the ownership record: a parent that owns live
 // continuable children is waiting and cannot settle.
 func (a *activation) ownsLiveChildren() (bool, error) {
-	rec, err := store.GetLatest[protocol.OwnershipRecord](a.ctx, a.h.st.Agents, store.OwnsKey(a.childID))
+	rec, err := a.h.st.OwnershipLatest(a.ctx, a.childID)
 	if errors.Is(err, store.ErrNotFound) {
 		return false, nil
 	}
@@ -659,7 +659,7 @@ func (a *activation) endIfOrphaned(log *slog.Logger) bool {
 	var err error
 	for attempt := 1; attempt <= OrphanCheckAttemptsMax; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		anc, err = EndedAncestor(ctx, a.h.st, a.ancestry)
+		anc, err = a.h.st.EndedAncestor(ctx, a.ancestry)
 		cancel()
 		if err == nil {
 			break
@@ -729,8 +729,7 @@ func (a *activation) teardown() {
 		res.Diagnostic = protocol.TruncateDiagnostic("the epoch's final flush was not acknowledged by JetStream: " + durability.Error())
 	}
 	final = &res
-	rec := a.run
-	rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), h.id, &res
+	rec := store.Settled(a.run, h.id, res)
 	// Until the settlement lands the lease stays: the epoch is still this
 	// host's, and a coordinator ends it (HOST_LOST) if this host goes away.
 	h.settle(rec, a.runRev, func() {
@@ -747,7 +746,7 @@ func (a *activation) teardown() {
 		// (idempotently), so no notice and no subagent/end is ever lost (chaos
 		// seed 2: a worker killed between the settlement and the end).
 		<-a.started // subagent/end follows subagent/start on the stream
-		<-EndEpoch(ctx, h.st, EpochEnd{
+		<-h.st.EndEpoch(ctx, store.EpochEnd{
 			ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
 			Provider: a.provider, Remote: a.remote, Result: res, AncestorEnded: orphaned,
 		}, h.eventErr)
@@ -762,150 +761,4 @@ func mustEvent(typ string, data any) protocol.SessionEvent {
 		panic(fmt.Sprintf("encode %s: %v", typ, err)) // only fixed, encodable shapes reach here
 	}
 	return ev
-}
-
-// EpochEnd is what the end of an epoch publishes.
-type EpochEnd struct {
-	ChildID, Parent, Owner, RunID, Provider string
-	Remote                                  bool
-	Result                                  protocol.SubagentResult
-	// AncestorEnded: an ancestor of the child is an ended one-shot run
-	// (EndedAncestor), so the parent, under it too, is being disposed by
-	// its end and gets no notice (internal/worker/ending.go).
-	AncestorEnded bool
-}
-
-// EndEpoch delivers the subagent-settled notice to the live parent, then
-// releases the ownership edge and wakes the parent, then emits subagent/end
-// (DESIGN.md §7, Ownership). Hosts and coordinators (HOST_LOST) both use it.
-// A parent under an ended one-shot ancestor (e.AncestorEnded) gets no notice:
-// that ancestor's end disposes it, and nothing under an ended run starts work
-// again (RELIABILITY.md I5). The channel is closed once subagent/end is
-// stored (or given up on): release the lease only then (PublishSettled).
-func EndEpoch(ctx context.Context, st *store.Store, e EpochEnd, onErr func(error)) <-chan struct{} {
-	if e.Parent != "" && !e.AncestorEnded {
-		// No notice to a parent that is gone or ending (its turn is over).
-		if p, err := store.GetLatest[protocol.AgentRecord](ctx, st.Agents, e.Parent); err == nil && !p.Value.Ending {
-			summary, content := SettledNotice(e.ChildID, e.Result)
-			_, _, err := st.Enqueue(ctx, e.Parent, store.InboxItem{
-				Content:  content,
-				Source:   protocol.MessageSource{Kind: protocol.SourceSubagentSettled, Form: "notice", Summary: summary, SenderSessionID: e.ChildID},
-				Delivery: store.DeliveryNextStep,
-			}, "settled-"+e.RunID)
-			if err != nil {
-				onErr(fmt.Errorf("settlement notice to %s: %w", e.Parent, err))
-			}
-		}
-	}
-	if e.Owner != "" {
-		if err := ReleaseOwnership(ctx, st, e.Owner, e.ChildID); err != nil {
-			onErr(fmt.Errorf("release ownership of %s by %s: %w", e.ChildID, e.Owner, err))
-		}
-		_ = st.NC.Publish(st.Subj.Wake(e.Owner), nil)
-	}
-	ev := protocol.LifecycleEvent{
-		Type: protocol.LifecycleEnd, RunID: e.RunID, Provider: e.Provider, ID: e.ChildID, ParentSession: e.Parent,
-		Local: !e.Remote, Mode: protocol.ModeContinuable, Time: store.NowMs(), StopReason: e.Result.StopReason, ErrorCode: e.Result.ErrorCode,
-	}
-	if len(e.Result.Output) > 0 {
-		ev.LastAssistantMessage = e.Result.Output
-	}
-	return st.PublishEvent(ev, onErr)
-}
-
-// SettledNotice is the one-line account and content of a settlement notice
-// (upstream-behaviour §5.10).
-func SettledNotice(childID string, res protocol.SubagentResult) (string, []protocol.ContentBlock) {
-	var line string
-	switch res.StopReason {
-	case protocol.StopCompleted:
-		line = fmt.Sprintf("Subagent %s is done and idle until you send it more.", childID)
-	case protocol.StopAborted:
-		line = fmt.Sprintf("Subagent %s stopped before finishing.", childID)
-	case protocol.StopMaxTokens:
-		line = fmt.Sprintf("Subagent %s ran out of room before finishing.", childID)
-	case protocol.StopRefusal:
-		line = fmt.Sprintf("Subagent %s declined its task.", childID)
-	case protocol.StopError:
-		line = fmt.Sprintf("Subagent %s failed.", childID)
-	default:
-		line = fmt.Sprintf("Subagent %s ended abnormally (%s).", childID, res.StopReason)
-	}
-	if res.ErrorCode != "" {
-		line += " (" + string(res.ErrorCode) + ")"
-	}
-	text := protocol.PlainText(res.Output)
-	body := line + "\nNo closing message."
-	if text != "" {
-		body = line + "\nClosing message:\n" + text
-		if note := sessionlog.EarlierOutputNote(res.OutputFrom); note != "" {
-			body += "\n" + note
-		}
-	}
-	return line, protocol.Text(body)
-}
-
-// RegisterOwnership adds child to parent's ownership record (idempotent, CAS).
-func RegisterOwnership(ctx context.Context, st *store.Store, parent, child string) error {
-	return updateOwnership(ctx, st, parent, func(children []string) []string {
-		for _, c := range children {
-			if c == child {
-				return nil
-			}
-		}
-		return append(children, child)
-	})
-}
-
-// ReleaseOwnership removes child from parent's ownership record (idempotent, CAS).
-func ReleaseOwnership(ctx context.Context, st *store.Store, parent, child string) error {
-	return updateOwnership(ctx, st, parent, func(children []string) []string {
-		out := make([]string, 0, len(children))
-		for _, c := range children {
-			if c != child {
-				out = append(out, c)
-			}
-		}
-		if len(out) == len(children) {
-			return nil
-		}
-		return out
-	})
-}
-
-// OwnershipAttemptsMax bounds the CAS retries of an ownership update.
-const OwnershipAttemptsMax = 16
-
-func updateOwnership(ctx context.Context, st *store.Store, parent string, change func([]string) []string) error {
-	key := store.OwnsKey(parent)
-	for attempt := 0; attempt < OwnershipAttemptsMax; attempt++ {
-		cur, err := store.GetLatest[protocol.OwnershipRecord](ctx, st.Agents, key)
-		switch {
-		case errors.Is(err, store.ErrNotFound):
-			next := change(nil)
-			if next == nil {
-				return nil
-			}
-			_, err = store.Create(ctx, st.Agents, key, protocol.OwnershipRecord{Children: next})
-		case err != nil:
-			return err
-		default:
-			next := change(cur.Value.Children)
-			if next == nil {
-				return nil
-			}
-			if len(next) == 0 {
-				err = store.Delete(ctx, st.Agents, key, cur.Revision)
-			} else {
-				_, err = store.Update(ctx, st.Agents, key, protocol.OwnershipRecord{Children: next}, cur.Revision)
-			}
-		}
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, store.ErrConflict) {
-			return err
-		}
-	}
-	return fmt.Errorf("ownership record of %s kept changing", parent)
 }

@@ -66,8 +66,7 @@ func (h *Host) claim(ctx context.Context, run protocol.RunRecord, rev uint64, ch
 	if run.ChildID != childID || run.State != protocol.RunRunning || rev == 0 {
 		return run, 0, protocol.Errorf(protocol.CodeInvalidArgument, "run must be the running record of child %s at its revision", childID)
 	}
-	run.HostID, run.StartedAt = h.id, store.NowMs()
-	nrev, err := store.Update(ctx, h.st.Runs, run.RunID, run, rev)
+	run, nrev, err := h.st.ClaimRun(ctx, run, rev, h.id)
 	switch {
 	case errors.Is(err, store.ErrConflict):
 		return run, 0, protocol.NewError(protocol.CodeNotPending, map[string]any{
@@ -115,28 +114,21 @@ func (h *Host) resolveClaim(run protocol.RunRecord, cause error, landed func(pro
 }
 
 // SettleBudget bounds the settlement of a run or epoch through transient
-// JetStream failures (a leader election, a reconnect); a lost CAS is final.
-const SettleBudget = 60 * time.Second
+// JetStream failures: the store's (store.SettleBudget), named here too for
+// the host's retries.
+const SettleBudget = store.SettleBudget
 
 // settleRecord settles a claimed run record by CAS at rev within
-// SettleBudget. It reports whether this host won; false with a nil error
-// when another party settled first.
+// store.SettleBudget. It reports whether this host won; false with a nil
+// error when another party settled first.
 func (h *Host) settleRecord(rec protocol.RunRecord, rev uint64) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), SettleBudget)
+	ctx, cancel := context.WithTimeout(context.Background(), store.SettleBudget)
 	defer cancel()
-	return settleAt(ctx, h.st, rec, rev)
-}
-
-func settleAt(ctx context.Context, st *store.Store, rec protocol.RunRecord, rev uint64) (bool, error) {
-	_, err := store.Update(ctx, st.Runs, rec.RunID, rec, rev)
-	if errors.Is(err, store.ErrConflict) {
-		return false, nil
-	}
-	return err == nil, err
+	return h.st.SettleRun(ctx, rec, rev)
 }
 
 // settle settles rec at rev and, if this host won, calls won (which
-// publishes). When SettleBudget runs out (JetStream took no write for that
+// publishes). When store.SettleBudget runs out (JetStream took no write for that
 // long), the settlement waits in h.unsettled and is tried again after each
 // heartbeat JetStream acknowledges, so no record this host owns stays
 // running once JetStream is back; meanwhile its lease stays held.
@@ -146,7 +138,7 @@ func (h *Host) settle(rec protocol.RunRecord, rev uint64, won func()) {
 	case err != nil:
 		h.log.Error("could not settle; retrying after each heartbeat JetStream takes", "run", rec.RunID, "err", err)
 		h.unsettled.add(rec.RunID, func(ctx context.Context) bool {
-			ok, err := settleAt(ctx, h.st, rec, rev)
+			ok, err := h.st.SettleRun(ctx, rec, rev)
 			if err != nil {
 				return false
 			}
@@ -210,7 +202,7 @@ func (u *unsettled) retry(log *slog.Logger) {
 			if try == nil {
 				continue
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), SettleBudget)
+			ctx, cancel := context.WithTimeout(context.Background(), store.SettleBudget)
 			done := try(ctx)
 			cancel()
 			if !done {
@@ -239,13 +231,8 @@ func (u *unsettled) retry(log *slog.Logger) {
 // subject hears the result, since its coordinator may already have answered
 // the start. It returns cause.
 func (h *Host) abandon(run protocol.RunRecord, rev uint64, cause error) error {
-	pe := protocol.AsError(cause)
-	run.State, run.SettledAt, run.SettledBy, run.NotStarted = protocol.RunSettled, store.NowMs(), h.id, true
-	run.Result = &protocol.SubagentResult{
-		Output: []protocol.ContentBlock{}, StopReason: protocol.StopError, ErrorCode: pe.Code,
-		Diagnostic: protocol.TruncateDiagnostic("the child was never started: " + pe.Error()),
-	}
-	h.settle(run, rev, func() { publishNotice(h.st, run, h.eventErr) })
+	run = store.NotStarted(run, h.id, cause)
+	h.settle(run, rev, func() { h.st.PublishRunNotice(run, h.eventErr) })
 	return cause
 }
 
@@ -262,7 +249,7 @@ const LeaseReleaseTimeout = 5 * time.Second
 // h.unsettled and is tried again after each heartbeat JetStream takes.
 func (h *Host) releaseLease(childID string, rev uint64) {
 	try := func(ctx context.Context) bool {
-		err := store.Delete(ctx, h.st.Agents, childID, rev)
+		err := h.st.ReleaseLease(ctx, childID, rev)
 		return err == nil || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), LeaseReleaseTimeout)

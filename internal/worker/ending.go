@@ -47,63 +47,6 @@ const DescendantsDisposeTimeout = 30 * time.Second
 // children (*agent.Agent): only those need their descendants disposed.
 type Delegator interface{ Delegated() bool }
 
-// EndedAncestor returns the first session of ancestry (ids, root first) that
-// is a one-shot agent whose run ended or is ending (its lease gone, Ending,
-// or taken over from a dead host), or "" when there is none. A session with
-// no lease is one-shot when its parent's child index says so; roots (no
-// parent, or not indexed) never count as ended.
-func EndedAncestor(ctx context.Context, st *store.Store, ancestry []string) (string, error) {
-	for _, id := range ancestry {
-		rec, err := store.GetLatest[protocol.AgentRecord](ctx, st.Agents, id)
-		switch {
-		case err == nil:
-			if rec.Value.Kind == protocol.AgentOneShot && (rec.Value.Ending || rec.Value.TakenOverBy != "") {
-				return id, nil
-			}
-			continue
-		case !errors.Is(err, store.ErrNotFound):
-			return "", fmt.Errorf("read the lease of %s: %w", id, err)
-		}
-		h, err := st.GetHeader(ctx, id)
-		if errors.Is(err, store.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return "", fmt.Errorf("read the header of %s: %w", id, err)
-		}
-		if h.ParentSession == "" {
-			continue // a root
-		}
-		mode, err := modeOf(ctx, st, h)
-		if err != nil {
-			return "", err
-		}
-		if mode == protocol.ModeOneShot {
-			return id, nil
-		}
-	}
-	return "", nil
-}
-
-// modeOf returns a child's mode from its parent's child index, else (a
-// one-shot entry is written off the start's path, so it may be missing) from
-// the descriptor in the child's own log; "" for a session with neither (a
-// lineage root).
-func modeOf(ctx context.Context, st *store.Store, h protocol.SessionHeader) (string, error) {
-	e, err := st.ChildIndexEntry(ctx, h.ParentSession, h.ID)
-	if err == nil {
-		return e.Mode, nil
-	}
-	if !errors.Is(err, store.ErrNotFound) {
-		return "", fmt.Errorf("read the child index entry of %s: %w", h.ID, err)
-	}
-	log, err := st.ReadLog(ctx, h.ID)
-	if err != nil {
-		return "", fmt.Errorf("read the log of %s: %w", h.ID, err)
-	}
-	return sessionlog.Mode(log.Events, h.SeedLength), nil
-}
-
 // endDescendants runs steps (1) and (2) of a one-shot run's end (see above).
 // It reports false when the run's lease changed hands (a coordinator took it
 // over): the host then publishes nothing.
@@ -113,7 +56,7 @@ func (h *Host) endDescendants(r *hostedRun) bool {
 	r.mu.Unlock()
 	lease.Ending = true
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	newRev, err := store.Update(ctx, h.st.Agents, r.childID, lease, rev)
+	newRev, err := h.st.UpdateLease(ctx, lease, rev)
 	cancel()
 	switch {
 	case errors.Is(err, store.ErrConflict):

@@ -223,7 +223,7 @@ func (h *Host) Run(ctx context.Context) error {
 	stopServing()
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	_ = store.Delete(dctx, h.st.Hosts, h.id, 0)
+	_ = h.st.DeleteHost(dctx, h.id)
 	h.log.Info("host drained")
 	return nil
 }
@@ -393,7 +393,7 @@ func (h *Host) record() protocol.HostRecord {
 func (h *Host) beat(ctx context.Context) error {
 	bctx, cancel := context.WithTimeout(ctx, h.cfg.HeartbeatInterval+time.Second)
 	defer cancel()
-	_, err := store.Put(bctx, h.st.Hosts, h.id, h.record())
+	_, err := h.st.PutHost(bctx, h.record())
 	return err
 }
 
@@ -409,7 +409,7 @@ func (h *Host) heartbeatLoop(ctx context.Context) {
 		}
 		return err
 	}
-	HeartbeatLoop(ctx, h.cfg.HeartbeatInterval, h.cfg.HostExpiry, beat,
+	store.HeartbeatLoop(ctx, h.cfg.HeartbeatInterval, h.cfg.HostExpiry, beat,
 		func(gap time.Duration) {
 			h.log.Warn("heartbeat gap exceeded the host expiry; verifying leases", "gap", gap.String())
 			h.verifyLeases(ctx)
@@ -430,10 +430,10 @@ func (h *Host) heartbeatLoop(ctx context.Context) {
 // their records running for good).
 func (h *Host) verifyLeases(ctx context.Context) {
 	lost := func(id, runID string, still func(protocol.AgentRecord) bool) bool {
-		rec, err := store.GetLatest[protocol.AgentRecord](ctx, h.st.Agents, id)
+		rec, err := h.st.LeaseLatest(ctx, id)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			run, rerr := store.GetLatest[protocol.RunRecord](ctx, h.st.Runs, runID)
+			run, rerr := h.st.RunLatest(ctx, runID)
 			switch {
 			case rerr != nil: // not found as well: two reads that missed, or expired records; the fenced appends decide
 				h.log.Warn("could not read the run of a lease that reads as missing; keeping the agent", "session", id, "run", runID, "err", rerr)

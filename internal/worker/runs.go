@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/brood-dev/brood/internal/agent"
@@ -18,9 +17,6 @@ import (
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
-
-// DisposeWaitMax bounds how long a dispose waits for the run to settle.
-const DisposeWaitMax = 15 * time.Second
 
 // hostedRun is one one-shot run hosted by this process.
 type hostedRun struct {
@@ -140,7 +136,7 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.leaseRev, leaseErr = store.Create(ctx, h.st.Agents, childID, lease)
+		r.leaseRev, leaseErr = h.st.CreateLease(ctx, lease)
 	}()
 	desc, derr := protocol.NewEvent(protocol.EvSubagentDescriptor, store.NowMs(), protocol.DescriptorData{
 		Version: protocol.DescriptorVersion, Mode: protocol.ModeOneShot, Provider: req.Provider, Label: req.Options.Label,
@@ -219,10 +215,10 @@ const closeLogRetryWait = 500 * time.Millisecond
 // balanced (chaos seed 1 of make test: "turn 1 never ended"). The host still
 // holds the lease, so no one else appends: it reads the log from the
 // leader and appends the closing (turn/end, error) fenced on its last
-// record, trying for up to SettleBudget; a refused append reads again (the
+// record, trying for up to store.SettleBudget; a refused append reads again (the
 // append that failed may have landed after all).
 func (h *Host) closeLogAfterDurabilityFailure(childID string) {
-	ctx, cancel := context.WithTimeout(context.Background(), SettleBudget)
+	ctx, cancel := context.WithTimeout(context.Background(), store.SettleBudget)
 	defer cancel()
 	reason := protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the session log did not acknowledge an append (DURABILITY_FAILED)"}
 	for {
@@ -295,8 +291,7 @@ func (h *Host) execute(r *hostedRun) {
 // still this host's, and a coordinator settles it from the log if this host
 // goes away.
 func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult, durability bool) {
-	rec := r.run
-	rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), h.id, &res
+	rec := store.Settled(r.run, h.id, res)
 	h.settle(rec, r.runRev, func() {
 		r.mu.Lock()
 		r.result = &res
@@ -304,95 +299,12 @@ func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult, durability b
 		r.mu.Unlock()
 		h.cfg.Metrics.RunSettled(rec.Provider, rec.Mode, res, time.Duration(rec.SettledAt-rec.CreatedAt)*time.Millisecond)
 		<-r.started
-		<-PublishSettled(h.st, rec, h.eventErr) // the end is stored before the lease goes
+		<-h.st.PublishRunEnd(rec, h.eventErr) // the end is stored before the lease goes
 		if durability {
 			h.closeLogAfterDurabilityFailure(r.childID)
 		}
 		h.releaseLease(r.childID, leaseRev)
 	})
-}
-
-// PublishSettled emits subagent/end, then publishes the settled run to its
-// notify subject; only the settlement winner calls it. The end event goes
-// first, on the same connection, so the events stream holds it before
-// anything a caller does once it has the result (the next run's
-// subagent/start): readers of the events see them in causal order. The
-// channel is closed once subagent/end is stored (or given up on, after
-// store.AsyncBudget): the publisher releases the lease only then, so a
-// publisher that dies first leaves the lease to a takeover, which publishes
-// the end again (chaos seed 1 of make test: a worker killed -9 between its
-// release and its end's acknowledgement; the end was never stored).
-func PublishSettled(st *store.Store, rec protocol.RunRecord, onErr func(error)) <-chan struct{} {
-	res := *rec.Result
-	if rec.NotStarted { // no subagent/start, so no subagent/end: the notice only
-		publishNotice(st, rec, onErr)
-		return closedChan()
-	}
-	ev := protocol.LifecycleEvent{
-		Type: protocol.LifecycleEnd, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,
-		ParentSession: rec.ParentSession, Local: !rec.Remote, Mode: rec.Mode, Time: store.NowMs(),
-		StopReason: res.StopReason, ErrorCode: res.ErrorCode,
-	}
-	if len(res.Output) > 0 {
-		ev.LastAssistantMessage = res.Output
-	}
-	done := st.PublishEvent(ev, onErr)
-	publishNotice(st, rec, onErr)
-	return done
-}
-
-// closedChan is a channel closed already.
-func closedChan() <-chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
-}
-
-// StartAgainMargin is kept back from the events stream's duplicate window
-// by StartAgain.
-const StartAgainMargin = 30 * time.Second
-
-// StartAgain publishes a run's subagent/start once more, for a party about
-// to publish the run's end that cannot tell whether the first start was
-// stored: a coordinator settling a run or epoch taken over from a host that
-// may have died before its start was stored (chaos seed 1 of make test: a
-// subagent/end with no subagent/start). The copy carries the first one's
-// Nats-Msg-Id, so within the stream's duplicate window it is stored only if
-// the first one is not; a run created longer ago than the window less
-// StartAgainMargin gets no copy (its host stored its start, or gave up on
-// it, long before), so no start is ever stored twice, and neither does a
-// run that never started. The channel is closed once the copy is stored or
-// given up on, or at once when none is sent: publish the end after it.
-func StartAgain(st *store.Store, rec protocol.RunRecord, onErr func(error)) <-chan struct{} {
-	if rec.NotStarted || time.Since(time.UnixMilli(rec.CreatedAt)) > st.Cfg.DuplicateWindow-StartAgainMargin {
-		return closedChan()
-	}
-	return st.PublishEvent(protocol.LifecycleEvent{
-		Type: protocol.LifecycleStart, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,
-		ParentSession: rec.ParentSession, Local: !rec.Remote, Mode: rec.Mode, Time: rec.CreatedAt,
-	}, onErr)
-}
-
-// publishNotice publishes a settled run's RunNotice to its notify subject,
-// in the encoding of the start request.
-func publishNotice(st *store.Store, rec protocol.RunRecord, onErr func(error)) {
-	if rec.Notify == "" {
-		return
-	}
-	enc := protocol.Msgpack
-	if rec.NotifyJSON {
-		enc = protocol.JSON
-	}
-	data, err := protocol.Marshal(enc, protocol.RunNotice{
-		RunID: rec.RunID, ChildID: rec.ChildID, ParentSession: rec.ParentSession, Provider: rec.Provider, Result: *rec.Result,
-	})
-	if err == nil {
-		err = st.NC.PublishMsg(&nats.Msg{Subject: rec.Notify, Data: data, Header: nats.Header{
-			protocol.HeaderContentType: []string{enc.ContentType()}}})
-	}
-	if err != nil {
-		onErr(fmt.Errorf("notify %s: %w", rec.Notify, err))
-	}
 }
 
 // handleHost serves `<prefix>.v1.host.<hostId>.<op>`.
@@ -450,8 +362,8 @@ func (h *Host) dispose(ctx context.Context, req protocol.HostRunRequest) (any, e
 	r.cancel(&agent.Cancel{Cause: cause})
 	select {
 	case <-r.settled:
-	case <-time.After(DisposeWaitMax):
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "run %s did not stop within %s", req.RunID, DisposeWaitMax)
+	case <-time.After(protocol.HostDisposeWaitMax):
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "run %s did not stop within %s", req.RunID, protocol.HostDisposeWaitMax)
 	case <-ctx.Done():
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "host is stopping")
 	}
@@ -461,7 +373,7 @@ func (h *Host) dispose(ctx context.Context, req protocol.HostRunRequest) (any, e
 	if res != nil {
 		return protocol.RunStatus{RunID: r.runID, ChildID: r.childID, State: protocol.RunSettled, Result: res}, nil
 	}
-	rec, err := store.Get[protocol.RunRecord](ctx, h.st.Runs, r.runID)
+	rec, err := h.st.Run(ctx, r.runID)
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", r.runID, err)
 	}
@@ -487,9 +399,9 @@ func (h *Host) disposeActivation(ctx context.Context, childID, cause string) (an
 	a.stop(cause)
 	select {
 	case <-a.done:
-	case <-time.After(DisposeWaitMax):
+	case <-time.After(protocol.HostDisposeWaitMax):
 		return nil, protocol.NewError(protocol.CodeActivationTeardownFailed, map[string]any{
-			"reason": fmt.Sprintf("activation of %s did not stop within %s", childID, DisposeWaitMax)})
+			"reason": fmt.Sprintf("activation of %s did not stop within %s", childID, protocol.HostDisposeWaitMax)})
 	case <-ctx.Done():
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "host is stopping")
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 )
 
 // DefaultPrefix is the subject prefix of a deployment unless configured.
@@ -53,6 +54,12 @@ const (
 	OpHostCancel    = "cancel"
 	OpHostInterrupt = "interrupt"
 )
+
+// HostDisposeWaitMax bounds how long a host's dispose (and cancel) waits for
+// the run to settle or the activation to end before it answers UNAVAILABLE
+// or ACTIVATION_TEARDOWN_FAILED (docs/protocol.md §10, "host dispose wait");
+// a coordinator waits this long plus a margin for the answer.
+const HostDisposeWaitMax = 15 * time.Second
 
 // Micro service names and queue groups.
 const (

@@ -7,14 +7,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
-	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -39,7 +37,7 @@ const (
 	HostCallTimeout = 5 * time.Second
 	// hostDisposeTimeout bounds a host's answer to dispose: its own wait for
 	// the run or activation to end, plus a margin for the reply.
-	hostDisposeTimeout = worker.DisposeWaitMax + 2*time.Second
+	hostDisposeTimeout = protocol.HostDisposeWaitMax + 2*time.Second
 )
 
 // A session whose lease names a dead host is taken over before it is used
@@ -69,14 +67,7 @@ func (c *Coordinator) grantOf(ctx context.Context, grant string) (grantScope, er
 		// coordinator with grants on) and not yet expired.
 		return grantScope{}, protocol.Errorf(protocol.CodeUnauthorized, "this deployment accepts no user grants")
 	}
-	key := store.GrantKey(protocol.HashCredential(grant))
-	rec, err := store.Get[protocol.UserGrantRecord](ctx, c.st.Agents, key)
-	if errors.Is(err, store.ErrNotFound) {
-		// A direct get may be answered by a replica that has not yet the
-		// grant another replica just minted: a refusal rests on the leader's
-		// answer (only refusals pay for it).
-		rec, err = store.GetLatest[protocol.UserGrantRecord](ctx, c.st.Agents, key)
-	}
+	rec, err := c.st.Grant(ctx, protocol.HashCredential(grant))
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			return grantScope{}, protocol.Errorf(protocol.CodeUnauthorized, "the user grant is unknown")
@@ -159,11 +150,10 @@ func (c *Coordinator) authorityUser(ctx context.Context, req rpc.Request) (any, 
 	user := c.callerOf(req)
 	grant := protocol.NewCredential()
 	exp := store.NowMs() + c.cfg.GrantTTL.Milliseconds()
-	// The key expires with the grant (a per-key TTL, rounded up to whole
-	// seconds as the server keeps them): expired grants take no space.
-	ttl := c.cfg.GrantTTL.Truncate(time.Second) + time.Second
-	if _, err := store.Create(ctx, c.st.Agents, store.GrantKey(protocol.HashCredential(grant)),
-		protocol.UserGrantRecord{ExpiresAt: exp, MintedBy: c.cfg.ID, User: user}, jetstream.KeyTTL(ttl)); err != nil {
+	// The key expires with the grant (CreateGrant's per-key TTL): expired
+	// grants take no space.
+	if err := c.st.CreateGrant(ctx, protocol.HashCredential(grant),
+		protocol.UserGrantRecord{ExpiresAt: exp, MintedBy: c.cfg.ID, User: user}, c.cfg.GrantTTL); err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "store the grant: %w", err)
 	}
 	return protocol.UserGrantReply{Grant: grant, ExpiresAt: exp, User: user}, nil
@@ -278,11 +268,11 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 		rctx := context.WithoutCancel(ctx)
 		c.disposeActivation(rctx, reply.HostID, childID, protocol.CauseDisposed)
 		if owner != "" {
-			_ = worker.ReleaseOwnership(rctx, c.st, owner, childID)
+			_ = c.st.RemoveOwnership(rctx, owner, childID)
 		}
 	}
 	if owner != "" {
-		if err := worker.RegisterOwnership(ctx, c.st, owner, childID); err != nil {
+		if err := c.st.AddOwnership(ctx, owner, childID); err != nil {
 			rollback()
 			return nil, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
 		}
@@ -328,7 +318,7 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 		RunID: runID, ChildID: header.ID, ParentSession: header.ParentSession, Provider: desc.Provider,
 		Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: store.NowMs(), Remote: remote,
 	}
-	rev, err := store.Create(ctx, c.st.Runs, runID, rec)
+	rev, err := c.st.CreateRun(ctx, rec)
 	if err != nil {
 		return protocol.ActivateReply{}, protocol.Errorf(protocol.CodeUnavailable, "record the epoch: %v", err)
 	}
@@ -348,7 +338,7 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 		// An instance claimed the epoch (one whose answer we did not wait
 		// for): it is resident there, or was settled never started.
 		if err = c.claimedRun(ctx, rec, rev, err); err == nil {
-			run, rerr := store.GetLatest[protocol.RunRecord](context.WithoutCancel(ctx), c.st.Runs, runID)
+			run, rerr := c.st.RunLatest(context.WithoutCancel(ctx), runID)
 			if rerr != nil {
 				return reply, protocol.Errorf(protocol.CodeUnavailable, "read the epoch %s: %v", runID, rerr)
 			}
@@ -371,7 +361,7 @@ func (c *Coordinator) disposeActivation(ctx context.Context, hostID, childID, ca
 // child can resume elsewhere.
 func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Record[protocol.AgentRecord], error) {
 	for attempt := 0; attempt < residentAttemptsMax; attempt++ {
-		l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, childID)
+		l, err := c.st.Lease(ctx, childID)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, nil
 		}
@@ -430,7 +420,7 @@ func (c *Coordinator) coldResume(ctx context.Context, h protocol.SessionHeader, 
 		return protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %v", h.ID, err)
 	}
 	if owner != "" {
-		if err := worker.RegisterOwnership(ctx, c.st, owner, h.ID); err != nil {
+		if err := c.st.AddOwnership(ctx, owner, h.ID); err != nil {
 			return protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
 		}
 	}
@@ -584,7 +574,7 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) 
 	if parent != nil && parent.rec.Kind == protocol.AgentContinuable {
 		owner = h.ParentSession
 		// A continuable parent owns a child before the child runs its work.
-		if err := worker.RegisterOwnership(ctx, c.st, owner, h.ID); err != nil {
+		if err := c.st.AddOwnership(ctx, owner, h.ID); err != nil {
 			return nil, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
 		}
 	}
@@ -628,7 +618,7 @@ func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request) (an
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the inbox of %s: %v", h.ID, err)
 	}
-	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, h.ID)
+	l, err := c.st.Lease(ctx, h.ID)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && (l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value))) {
 		if err == nil && l.Value.Kind == protocol.AgentOneShot {
 			return nil, oneShotHasNoState(h.ID) // running, before its index entry is written
@@ -725,7 +715,7 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request)
 	default:
 		return nil, protocol.Errorf(protocol.CodeUnauthorized, "an ancestor's credential or a user grant is required")
 	}
-	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, r.ChildID)
+	l, err := c.st.Lease(ctx, r.ChildID)
 	if err != nil || l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value) {
 		return protocol.InterruptReply{ChildID: r.ChildID}, nil // absent, one-shot or settled: nothing to stop
 	}
@@ -755,7 +745,7 @@ func (c *Coordinator) continuableReport(ctx context.Context, req rpc.Request) (a
 		return nil, err
 	}
 	parent := l.rec.ParentSession
-	pl, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, parent)
+	pl, err := c.st.Lease(ctx, parent)
 	if err != nil || !c.leaseLive(pl.Value) {
 		return nil, protocol.Errorf(protocol.CodeParentUnavailable, "parent %s is not live", parent)
 	}

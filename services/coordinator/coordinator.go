@@ -23,7 +23,6 @@ import (
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
-	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -333,7 +332,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	go func() { defer bg.Done(); c.liveness(bgCtx) }()
 	go func() {
 		defer bg.Done()
-		worker.HeartbeatLoop(bgCtx, c.cfg.HeartbeatInterval, c.cfg.HostExpiry, c.beat, nil,
+		store.HeartbeatLoop(bgCtx, c.cfg.HeartbeatInterval, c.cfg.HostExpiry, c.beat, nil,
 			func(err error) { c.log.Warn("heartbeat failed", "err", err) })
 	}()
 	go func() { defer bg.Done(); c.monitor(bgCtx) }()
@@ -347,7 +346,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	c.follows.wg.Wait() // each follow ended with an "end" message
 	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	_ = store.Delete(dctx, c.st.Hosts, c.cfg.ID, 0)
+	_ = c.st.DeleteHost(dctx, c.cfg.ID)
 	c.log.Info("coordinator stopped")
 	return nil
 }
@@ -447,7 +446,7 @@ func (c *Coordinator) inboxDepth() (items, sessions float64, ok bool) {
 func (c *Coordinator) beat(ctx context.Context) error {
 	bctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval+time.Second)
 	defer cancel()
-	rev, err := store.Put(bctx, c.st.Hosts, c.cfg.ID, protocol.HostRecord{
+	rev, err := c.st.PutHost(bctx, protocol.HostRecord{
 		HostID: c.cfg.ID, Kind: protocol.HostCoordinator, Providers: []protocol.ProviderDescriptor{},
 		Heartbeat: store.NowMs(), StartedAt: c.started, HeartbeatMs: c.cfg.HeartbeatInterval.Milliseconds(),
 	})

@@ -10,7 +10,6 @@ import (
 
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
-	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -38,7 +37,7 @@ func (c *Coordinator) authorizeSelf(ctx context.Context, p protocol.ParentRef) e
 	if !protocol.ValidID(p.SessionID) || p.Credential == "" {
 		return protocol.Errorf(protocol.CodeUnauthorized, "a sessionId and its credential are required")
 	}
-	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, p.SessionID)
+	l, err := c.st.Lease(ctx, p.SessionID)
 	if errors.Is(err, store.ErrNotFound) {
 		return protocol.Errorf(protocol.CodeUnauthorized, "session %s has no agent", p.SessionID)
 	}
@@ -82,7 +81,7 @@ func (c *Coordinator) disposeDescendants(ctx context.Context, id string) (protoc
 			}
 			visited[e.ChildID] = true
 			queue = append(queue, e.ChildID)
-			l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, e.ChildID)
+			l, err := c.st.Lease(ctx, e.ChildID)
 			if err == nil {
 				consider(l.Value)
 			} else if !errors.Is(err, store.ErrNotFound) {
@@ -92,7 +91,7 @@ func (c *Coordinator) disposeDescendants(ctx context.Context, id string) (protoc
 	}
 	for _, l := range c.agents.snapshot() {
 		if _, ok := found[l.rec.SessionID]; !ok && contains(l.rec.Ancestry, id) {
-			if fresh, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, l.rec.SessionID); err == nil {
+			if fresh, err := c.st.Lease(ctx, l.rec.SessionID); err == nil {
 				consider(fresh.Value)
 			}
 		}
@@ -140,9 +139,9 @@ func (c *Coordinator) disposeDescendants(ctx context.Context, id string) (protoc
 }
 
 // endedAncestor returns the first of lineage (root first) that is an ended
-// one-shot agent (worker.EndedAncestor), as a NOT_RESUMABLE error.
+// one-shot agent (store.EndedAncestor), as a NOT_RESUMABLE error.
 func (c *Coordinator) endedAncestor(ctx context.Context, childID string, lineage []string) error {
-	anc, err := worker.EndedAncestor(ctx, c.st, lineage)
+	anc, err := c.st.EndedAncestor(ctx, lineage)
 	if err != nil {
 		return protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %w", childID, err)
 	}

@@ -170,14 +170,14 @@ func (c *Coordinator) drainDescendants(ctx context.Context, r protocol.DrainRequ
 	}
 	if len(roots) == 0 {
 		// Admission stays closed until lifted: pending items wait, never dropped.
-		if _, err := store.Put(ctx, c.st.Agents, store.DrainKey(store.DrainAll), protocol.DrainRecord{CreatedAt: store.NowMs()}); err != nil {
+		if err := c.st.PutDrain(ctx, store.DrainAll, protocol.DrainRecord{CreatedAt: store.NowMs()}); err != nil {
 			return nil, protocol.Errorf(protocol.CodeUnavailable, "mark the drain: %w", err)
 		}
 		c.waitMark(store.DrainAll, true)
 	}
 	for p := range roots {
 		if l, ok := c.agents.get(p); ok {
-			if _, err := store.Put(ctx, c.st.Agents, store.DrainKey(p), protocol.DrainRecord{Root: p, CredentialHash: l.rec.CredentialHash, CreatedAt: store.NowMs()}); err != nil {
+			if err := c.st.PutDrain(ctx, p, protocol.DrainRecord{Root: p, CredentialHash: l.rec.CredentialHash, CreatedAt: store.NowMs()}); err != nil {
 				return nil, protocol.Errorf(protocol.CodeUnavailable, "mark the drain: %w", err)
 			}
 			c.waitMark(p, true)
@@ -204,7 +204,7 @@ func (c *Coordinator) liftDrains(ctx context.Context, r protocol.DrainRequest) (
 		scopes = []string{store.DrainAll}
 	}
 	for _, scope := range scopes {
-		if err := store.Delete(ctx, c.st.Agents, store.DrainKey(scope), 0); err != nil {
+		if err := c.st.DeleteDrain(ctx, scope); err != nil {
 			return nil, protocol.Errorf(protocol.CodeUnavailable, "lift the drain of %s: %w", scope, err)
 		}
 		c.waitMark(scope, false)

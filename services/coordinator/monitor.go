@@ -11,7 +11,6 @@ import (
 
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
-	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -77,8 +76,7 @@ func (c *Coordinator) sweep() []job {
 			continue
 		}
 		if l, ok := c.agents.get(scope); !ok || l.rec.CredentialHash != m.CredentialHash {
-			key := store.DrainKey(scope)
-			jobs = append(jobs, job{key, func(ctx context.Context) { _ = store.Delete(ctx, c.st.Agents, key, 0) }})
+			jobs = append(jobs, job{store.DrainKey(scope), func(ctx context.Context) { _ = c.st.DeleteDrain(ctx, scope) }})
 		}
 	}
 	jobs = append(jobs, c.orphanJobs()...)
@@ -119,7 +117,7 @@ func (c *Coordinator) holderDead(l leaseState) bool {
 // expireRoot ends a root whose lease lapsed: its credential dies with the
 // lease, and its one-shot runs are disposed (DESIGN.md §7, Settlement 4).
 func (c *Coordinator) expireRoot(ctx context.Context, l leaseState) {
-	err := store.Delete(ctx, c.st.Agents, l.rec.SessionID, l.rev)
+	err := c.st.ReleaseLease(ctx, l.rec.SessionID, l.rev)
 	if err != nil && !errors.Is(err, store.ErrConflict) {
 		c.log.Warn("could not expire root", "session", l.rec.SessionID, "err", err)
 		return
@@ -147,10 +145,10 @@ func (c *Coordinator) disposeOrphan(ctx context.Context, l leaseState) {
 	// From the bucket's leader: a replica not yet current may lack a run
 	// created a moment ago, and its lease would go while the run works on
 	// (chaos seed 1 of make test: a root closed just after it started a run).
-	run, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, l.rec.RunID)
+	run, err := c.st.RunLatest(ctx, l.rec.RunID)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			_ = store.Delete(ctx, c.st.Agents, l.rec.SessionID, l.rev)
+			_ = c.st.ReleaseLease(ctx, l.rec.SessionID, l.rev)
 		}
 		return
 	}
@@ -170,7 +168,7 @@ func (c *Coordinator) disposeOrphan(ctx context.Context, l leaseState) {
 // turn that had already ended is settled with the result its log records.
 func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	id := l.rec.SessionID
-	fresh, err := store.GetLatest[protocol.AgentRecord](ctx, c.st.Agents, id)
+	fresh, err := c.st.LeaseLatest(ctx, id)
 	if err != nil || fresh.Value.HostID != l.rec.HostID || fresh.Value.Epoch != l.rec.Epoch {
 		return // gone, or changed hands since we looked
 	}
@@ -183,38 +181,29 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	}
 	// Read from the bucket's leader: a replica that is not yet current (after
 	// a restart or a partition) may not have the record, or its last write.
-	run, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID)
+	run, err := c.st.RunLatest(ctx, fresh.Value.RunID)
 	if err == nil && run.Value.State == protocol.RunSettled && run.Value.Result != nil {
 		// The host settled, then died holding the lease: it may not have
 		// published. Publishing again is harmless (subagent/end carries a
 		// Nats-Msg-Id; a notice comes at least once, with the same result).
 		onErr := func(err error) { c.log.Warn("settled run not republished", "run", run.Value.RunID, "err", err) }
-		<-worker.StartAgain(c.st, run.Value, onErr)
-		<-worker.PublishSettled(c.st, run.Value, onErr)
+		<-c.st.PublishStartAgain(run.Value, onErr)
+		<-c.st.PublishRunEnd(run.Value, onErr)
 	}
 	if errors.Is(err, store.ErrNotFound) || (err == nil && run.Value.State == protocol.RunSettled) {
-		_ = store.Delete(ctx, c.st.Agents, id, fresh.Revision)
+		_ = c.st.ReleaseLease(ctx, id, fresh.Revision)
 		return
 	}
 	if err != nil {
 		c.log.Warn("takeover: read run", "run", fresh.Value.RunID, "err", err)
 		return
 	}
-	leaseRev := fresh.Revision
-	deadHost, epoch := fresh.Value.HostID, fresh.Value.Epoch
-	if fresh.Value.TakenOverBy != c.cfg.ID {
-		taken := fresh.Value
-		taken.HostID, taken.TakenOverBy = c.cfg.ID, c.cfg.ID
-		taken.Epoch++
-		if leaseRev, err = store.Update(ctx, c.st.Agents, id, taken, fresh.Revision); err != nil {
-			return // another replica won the lease
-		}
-		epoch = taken.Epoch
-		c.agents.observe(taken, leaseRev)
-		c.cfg.Metrics.TakeOver(protocol.ModeOneShot)
-		c.log.Warn("host lost; taking the session over", "session", id, "host", deadHost, "run", fresh.Value.RunID)
+	deadHost := fresh.Value.HostID
+	taken, ok := c.takeLease(ctx, fresh, protocol.ModeOneShot)
+	if !ok {
+		return // another replica won the lease
 	}
-	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: epoch})
+	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch})
 	if err != nil {
 		c.log.Warn("takeover: could not close the open turn; will retry", "session", id, "err", err)
 		return
@@ -240,24 +229,23 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	if _, err := c.disposeDescendants(ctx, id); err != nil {
 		c.log.Warn("takeover: the run's descendants were not all disposed", "session", id, "err", err)
 	}
-	rec := run.Value
-	rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), c.cfg.ID, &res
+	rec := store.Settled(run.Value, c.cfg.ID, res)
 	onErr := func(err error) { c.log.Warn("lifecycle event not acknowledged", "err", err) }
-	_, err = store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision)
+	won, err := c.st.SettleRun(ctx, rec, run.Revision)
 	switch {
-	case errors.Is(err, store.ErrConflict):
+	case err == nil && !won:
 		// Settled meanwhile: by the host before it died, or by a replica
 		// that took this takeover over (the lease is then no longer ours).
 		// While the lease is ours, its publication is ours: publish the
 		// record as it is, then release; a lease that changed hands is
 		// left alone (the delete at our revision is refused).
-		if l, err := store.GetLatest[protocol.AgentRecord](ctx, c.st.Agents, id); err == nil && l.Revision == leaseRev {
-			r, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, rec.RunID)
+		if l, err := c.st.LeaseLatest(ctx, id); err == nil && l.Revision == taken.Revision {
+			r, err := c.st.RunLatest(ctx, rec.RunID)
 			if err != nil || r.Value.State != protocol.RunSettled || r.Value.Result == nil {
 				return // the lease stays taken over: the next sweep looks again
 			}
-			<-worker.StartAgain(c.st, r.Value, onErr)
-			<-worker.PublishSettled(c.st, r.Value, onErr)
+			<-c.st.PublishStartAgain(r.Value, onErr)
+			<-c.st.PublishRunEnd(r.Value, onErr)
 		}
 	case err != nil:
 		// Not settled: the lease stays taken over, so the next sweep tries
@@ -266,13 +254,31 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		return
 	default:
 		c.settled(rec)
-		<-worker.StartAgain(c.st, rec, onErr)
-		<-worker.PublishSettled(c.st, rec, onErr)
+		<-c.st.PublishStartAgain(rec, onErr)
+		<-c.st.PublishRunEnd(rec, onErr)
 		c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", res.StopReason, "errorCode", res.ErrorCode)
 	}
-	if err := store.Delete(ctx, c.st.Agents, id, leaseRev); err == nil {
+	if err := c.st.ReleaseLease(ctx, id, taken.Revision); err == nil {
 		c.agents.del(id)
 	}
+}
+
+// takeLease takes over the lease fresh of a session whose host died, for
+// this replica (store.TakeOverLease); false when another replica won it or
+// it changed since. A lease this replica already took (a takeover resumed
+// after a failure) is taken as it is.
+func (c *Coordinator) takeLease(ctx context.Context, fresh store.Record[protocol.AgentRecord], mode string) (store.Record[protocol.AgentRecord], bool) {
+	if fresh.Value.TakenOverBy == c.cfg.ID {
+		return fresh, true
+	}
+	taken, err := c.st.TakeOverLease(ctx, fresh, c.cfg.ID)
+	if err != nil {
+		return fresh, false
+	}
+	c.agents.observe(taken.Value, taken.Revision)
+	c.cfg.Metrics.TakeOver(mode)
+	c.log.Warn("host lost; taking the session over", "session", fresh.Value.SessionID, "mode", mode, "host", fresh.Value.HostID, "run", fresh.Value.RunID)
+	return taken, true
 }
 
 // closeInterrupted appends turn/end{interrupted} (and results for open tool
@@ -329,22 +335,12 @@ func isTakeover(ev protocol.SessionEvent, fence protocol.TakeoverData) bool {
 // resumed on a live host (DESIGN.md §7, Settlement 2; §4, Liveness).
 func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record[protocol.AgentRecord]) {
 	id := fresh.Value.SessionID
-	deadHost, leaseEpoch := fresh.Value.HostID, fresh.Value.Epoch
-	leaseRev := fresh.Revision
-	if fresh.Value.TakenOverBy != c.cfg.ID {
-		taken := fresh.Value
-		taken.HostID, taken.TakenOverBy = c.cfg.ID, c.cfg.ID
-		taken.Epoch++
-		var err error
-		if leaseRev, err = store.Update(ctx, c.st.Agents, id, taken, fresh.Revision); err != nil {
-			return
-		}
-		leaseEpoch = taken.Epoch
-		c.agents.observe(taken, leaseRev)
-		c.cfg.Metrics.TakeOver(protocol.ModeContinuable)
-		c.log.Warn("host lost; ending the activation's epoch", "session", id, "host", deadHost, "run", fresh.Value.RunID)
+	deadHost := fresh.Value.HostID
+	taken, ok := c.takeLease(ctx, fresh, protocol.ModeContinuable)
+	if !ok {
+		return // another replica won the lease
 	}
-	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: leaseEpoch})
+	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch})
 	if err != nil {
 		c.log.Warn("takeover: could not close the open turn; will retry", "session", id, "err", err)
 		return
@@ -366,16 +362,15 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	// sweep tries again.
 	settled := false
 	var epochRec protocol.RunRecord
-	run, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, fresh.Value.RunID)
+	run, err := c.st.RunLatest(ctx, fresh.Value.RunID)
 	switch {
 	case errors.Is(err, store.ErrNotFound): // nothing to settle
 	case err != nil:
 		c.log.Warn("takeover: read the epoch record; will retry", "session", id, "run", fresh.Value.RunID, "err", err)
 		return
 	case run.Value.State == protocol.RunRunning:
-		rec := run.Value
-		rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, store.NowMs(), c.cfg.ID, &res
-		if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision); err != nil {
+		rec := store.Settled(run.Value, c.cfg.ID, res)
+		if won, err := c.st.SettleRun(ctx, rec, run.Revision); err != nil || !won {
 			c.log.Warn("takeover: settle the epoch; will retry", "session", id, "run", rec.RunID, "err", err)
 			return
 		}
@@ -392,19 +387,19 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	// here is taken over in turn and publishes again.
 	if settled {
 		// A child under an ended one-shot run gives its parent, disposed by
-		// the same end, no notice (worker.EndEpoch); a failed read is taken
+		// the same end, no notice (store.EndEpoch); a failed read is taken
 		// as "not ended", as the host does.
-		anc, err := worker.EndedAncestor(ctx, c.st, fresh.Value.Ancestry)
+		anc, err := c.st.EndedAncestor(ctx, fresh.Value.Ancestry)
 		if err != nil {
 			c.log.Warn("takeover: could not check whether an ancestor ended", "session", id, "err", err)
 		}
-		<-worker.StartAgain(c.st, epochRec, func(err error) { c.log.Warn("epoch start not republished", "err", err) })
-		<-worker.EndEpoch(ctx, c.st, worker.EpochEnd{
+		<-c.st.PublishStartAgain(epochRec, func(err error) { c.log.Warn("epoch start not republished", "err", err) })
+		<-c.st.EndEpoch(ctx, store.EpochEnd{
 			ChildID: id, Parent: fresh.Value.ParentSession, Owner: fresh.Value.Owner, RunID: fresh.Value.RunID,
 			Provider: fresh.Value.Provider, Remote: c.isRemote(fresh.Value.Provider), Result: res, AncestorEnded: anc != "",
 		}, func(err error) { c.log.Warn("epoch end not fully published", "err", err) })
 	}
-	if err := store.Delete(ctx, c.st.Agents, id, leaseRev); err != nil {
+	if err := c.st.ReleaseLease(ctx, id, taken.Revision); err != nil {
 		c.log.Warn("takeover: could not release the lease", "session", id, "err", err)
 		return
 	}
@@ -552,7 +547,7 @@ func (c *Coordinator) resume(ctx context.Context, id string) bool {
 // without its owner would never release the edge its parent's followup
 // registered, and the parent would wait for it forever.
 func (c *Coordinator) ownerOf(ctx context.Context, h protocol.SessionHeader) string {
-	l, err := store.GetLatest[protocol.AgentRecord](ctx, c.st.Agents, h.ParentSession)
+	l, err := c.st.LeaseLatest(ctx, h.ParentSession)
 	if err != nil || l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value) {
 		return ""
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/store"
-	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -130,12 +129,12 @@ func (c *Coordinator) orphanDue(rec protocol.RunRecord) bool {
 // this file), once the bucket's leader confirms it is still running with no
 // lease for it.
 func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord) {
-	if l, err := store.GetLatest[protocol.AgentRecord](ctx, c.st.Agents, seen.ChildID); err == nil && l.Value.RunID == seen.RunID {
+	if l, err := c.st.LeaseLatest(ctx, seen.ChildID); err == nil && l.Value.RunID == seen.RunID {
 		return // it has its lease: the lease's holder settles it
 	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return // the next sweep looks again
 	}
-	run, err := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, seen.RunID)
+	run, err := c.st.RunLatest(ctx, seen.RunID)
 	if err != nil || run.Value.State != protocol.RunRunning || run.Value.HostID != seen.HostID {
 		return // settled, claimed meanwhile, or unreadable: the next sweep looks again
 	}
@@ -155,15 +154,15 @@ func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord)
 		Output: []protocol.ContentBlock{}, StopReason: protocol.StopError, ErrorCode: code,
 		Diagnostic: protocol.TruncateDiagnostic("the child was never started: " + why),
 	}
-	if _, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, run.Revision); err != nil {
-		if !errors.Is(err, store.ErrConflict) {
+	if won, err := c.st.SettleRun(ctx, rec, run.Revision); err != nil || !won {
+		if err != nil {
 			c.log.Warn("orphaned run: settle; will retry", "run", rec.RunID, "err", err)
 		}
 		return
 	}
 	c.settled(rec)
 	c.log.Warn("settled a run left running without a lease", "run", rec.RunID, "session", rec.ChildID, "errorCode", code)
-	worker.PublishSettled(c.st, rec, func(err error) { c.log.Warn("orphaned run's notice not published", "run", rec.RunID, "err", err) })
+	c.st.PublishRunEnd(rec, func(err error) { c.log.Warn("orphaned run's notice not published", "run", rec.RunID, "err", err) })
 	if rec.Mode == protocol.ModeContinuable {
 		c.resumePending(ctx, rec.ChildID)
 	}

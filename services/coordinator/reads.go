@@ -345,7 +345,7 @@ func (c *Coordinator) authorizeInbox(ctx context.Context, auth protocol.Authorit
 // isRoot reports whether a session is a root: its live lease says so, or,
 // without one, its header has no parent or was opened reopenable.
 func (c *Coordinator) isRoot(ctx context.Context, h protocol.SessionHeader) (bool, error) {
-	l, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, h.ID)
+	l, err := c.st.Lease(ctx, h.ID)
 	switch {
 	case err == nil:
 		return l.Value.Kind == protocol.AgentRoot, nil

@@ -113,15 +113,15 @@ func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenReq
 		CredentialHash: protocol.HashCredential(cred), ExpiresAt: now + c.cfg.RootLease.Milliseconds(), CreatedAt: now,
 		User: h.User,
 	}
-	cur, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, id)
+	cur, err := c.st.Lease(ctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		_, err = store.Create(ctx, c.st.Agents, id, lease)
+		_, err = c.st.CreateLease(ctx, lease)
 	case err != nil:
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", id, err)
 	case cur.Value.Kind == protocol.AgentRoot && cur.Value.ExpiresAt <= now:
 		lease.Epoch = cur.Value.Epoch + 1
-		_, err = store.Update(ctx, c.st.Agents, id, lease, cur.Revision)
+		_, err = c.st.UpdateLease(ctx, lease, cur.Revision)
 	default:
 		wait := time.Duration(max(cur.Value.ExpiresAt-now, 0)) * time.Millisecond
 		return nil, protocol.Errorf(protocol.CodeUnavailable,

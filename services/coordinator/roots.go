@@ -43,7 +43,7 @@ func (c *Coordinator) authorize(ctx context.Context, p protocol.ParentRef) (leas
 	}
 	l, ok := c.agents.get(p.SessionID)
 	if !ok || !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) || !c.leaseLive(l.rec) {
-		fresh, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, p.SessionID)
+		fresh, err := c.st.Lease(ctx, p.SessionID)
 		if err != nil {
 			if errors.Is(err, store.ErrNotFound) {
 				return leaseState{}, notLiveCredential(p.SessionID)
@@ -71,7 +71,7 @@ func (c *Coordinator) authorizeFresh(ctx context.Context, p protocol.ParentRef) 
 	if !protocol.ValidID(p.SessionID) || p.Credential == "" {
 		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "a parent sessionId and credential are required")
 	}
-	fresh, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, p.SessionID)
+	fresh, err := c.st.Lease(ctx, p.SessionID)
 	if errors.Is(err, store.ErrNotFound) {
 		return leaseState{}, notLiveCredential(p.SessionID)
 	}
@@ -133,7 +133,7 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request) (any, err
 	var rev uint64
 	if err := parallel(
 		func() error { return c.st.PutHeader(ctx, h) },
-		func() (err error) { rev, err = store.Create(ctx, c.st.Agents, store.LeaseKey(id), lease); return err },
+		func() (err error) { rev, err = c.st.CreateLease(ctx, lease); return err },
 	); err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "open root: %w", err)
 	}
@@ -158,7 +158,7 @@ func (c *Coordinator) agentsRenew(ctx context.Context, req rpc.Request) (any, er
 		}
 		rec := l.rec
 		rec.ExpiresAt = store.NowMs() + c.cfg.RootLease.Milliseconds()
-		rev, err := store.Update(ctx, c.st.Agents, p.SessionID, rec, l.rev)
+		rev, err := c.st.UpdateLease(ctx, rec, l.rev)
 		if errors.Is(err, store.ErrConflict) {
 			c.agents.del(p.SessionID) // force a fresh read
 			continue
@@ -184,7 +184,7 @@ func (c *Coordinator) agentsClose(ctx context.Context, req rpc.Request) (any, er
 	if l.rec.Kind != protocol.AgentRoot {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "session %s is not a root; only roots are closed by clients", p.SessionID)
 	}
-	if err := store.Delete(ctx, c.st.Agents, p.SessionID, l.rev); err != nil && !errors.Is(err, store.ErrConflict) {
+	if err := c.st.ReleaseLease(ctx, p.SessionID, l.rev); err != nil && !errors.Is(err, store.ErrConflict) {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "close: %v", err)
 	}
 	c.agents.del(p.SessionID)

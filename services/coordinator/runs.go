@@ -13,7 +13,6 @@ import (
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
-	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -238,7 +237,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	var runRev uint64
 	if err := parallel(
 		func() error { return c.st.PutHeader(ctx, header) },
-		func() (err error) { runRev, err = store.Create(ctx, c.st.Runs, runID, rec); return err },
+		func() (err error) { runRev, err = c.st.CreateRun(ctx, rec); return err },
 	); err != nil {
 		release()
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "record the run: %v", err)
@@ -278,7 +277,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 // run is settled never started with cause, and cause is returned.
 func (c *Coordinator) claimedRun(ctx context.Context, rec protocol.RunRecord, rev uint64, cause error) error {
 	for attempt := 0; attempt < claimReadsMax; attempt++ {
-		run, err := store.GetLatest[protocol.RunRecord](context.WithoutCancel(ctx), c.st.Runs, rec.RunID)
+		run, err := c.st.RunLatest(context.WithoutCancel(ctx), rec.RunID)
 		switch {
 		case err != nil:
 			return protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", rec.RunID, err)
@@ -303,21 +302,10 @@ const claimReadsMax = 3
 // the run is that instance's, and the start succeeded after all. The write
 // gets what is left of ctx's budget, then goes on in the background.
 func (c *Coordinator) failRun(ctx context.Context, rec protocol.RunRecord, rev uint64, cause error) bool {
-	pe := protocol.AsError(cause)
-	rec.State = protocol.RunSettled
-	rec.SettledAt = store.NowMs()
-	rec.SettledBy = c.cfg.ID
-	rec.Result = &protocol.SubagentResult{
-		Output: []protocol.ContentBlock{}, StopReason: protocol.StopError, ErrorCode: pe.Code,
-		Diagnostic: protocol.TruncateDiagnostic("the child was never started: " + pe.Error()),
-	}
-	rec.NotStarted = true
-	settle := func(ctx context.Context) (bool, error) {
-		_, err := store.Update(ctx, c.st.Runs, rec.RunID, rec, rev)
-		if errors.Is(err, store.ErrConflict) {
-			return true, nil
-		}
-		return false, err
+	rec = store.NotStarted(rec, c.cfg.ID, cause)
+	settle := func(ctx context.Context) (claimed bool, err error) {
+		won, err := c.st.SettleRun(ctx, rec, rev)
+		return err == nil && !won, err
 	}
 	claimed, err := settle(ctx)
 	if err == nil {
@@ -328,7 +316,7 @@ func (c *Coordinator) failRun(ctx context.Context, rec protocol.RunRecord, rev u
 	}
 	// Out of budget: answer now, keep settling (the fence) in the background.
 	go func() {
-		bctx, cancel := context.WithTimeout(context.Background(), worker.SettleBudget)
+		bctx, cancel := context.WithTimeout(context.Background(), store.SettleBudget)
 		defer cancel()
 		if claimed, err := settle(bctx); err != nil {
 			c.log.Error("could not settle a run that failed to start; it stays running", "run", rec.RunID, "err", err)
@@ -376,7 +364,7 @@ func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.R
 		}
 		return protocol.Errorf(protocol.CodeUnauthorized, "run %s is not in a tree of a root user %s opened (or does not exist)", ref.RunID, g.user)
 	}
-	rec, err := store.Get[protocol.RunRecord](ctx, c.st.Runs, ref.RunID)
+	rec, err := c.st.Run(ctx, ref.RunID)
 	if errors.Is(err, store.ErrNotFound) {
 		if g.all {
 			return rec, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "run " + ref.RunID})
@@ -447,7 +435,7 @@ func (c *Coordinator) waitSettled(ctx context.Context, runID string, d time.Dura
 		select {
 		case <-wctx.Done():
 			if last.RunID == "" {
-				r, err := store.Get[protocol.RunRecord](context.WithoutCancel(ctx), c.st.Runs, runID)
+				r, err := c.st.Run(context.WithoutCancel(ctx), runID)
 				if err != nil {
 					return protocol.RunStatus{}, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", runID, err)
 				}
@@ -498,12 +486,12 @@ func (c *Coordinator) runsDispose(ctx context.Context, req rpc.Request) (any, er
 // disposeWait bounds how long a dispose waits for the run to settle when its
 // host cannot answer (a dead host is settled HOST_LOST within the expiry).
 func (c *Coordinator) disposeWait() time.Duration {
-	return worker.DisposeWaitMax + c.cfg.HostExpiry
+	return protocol.HostDisposeWaitMax + c.cfg.HostExpiry
 }
 
 // disposeRun asks the run's host to dispose it and returns its settled status.
 func (c *Coordinator) disposeRun(ctx context.Context, rec protocol.RunRecord, cause string) (protocol.RunStatus, error) {
-	lease, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, rec.ChildID)
+	lease, err := c.st.Lease(ctx, rec.ChildID)
 	if err == nil && lease.Value.RunID == rec.RunID && lease.Value.TakenOverBy == "" && c.reg.hostLive(lease.Value.HostID) {
 		hctx, cancel := context.WithTimeout(ctx, hostDisposeTimeout)
 		var st protocol.RunStatus

@@ -1,4 +1,4 @@
-package worker_test
+package store_test
 
 import (
 	"context"
@@ -9,8 +9,6 @@ import (
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
-	"github.com/brood-dev/brood/internal/worker"
-	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // TestOwnershipUpdatesRacingLoseNothing: many children register with one
@@ -55,7 +53,7 @@ func TestOwnershipUpdatesRacingLoseNothing(t *testing.T) {
 	}
 	owned := func() []string {
 		t.Helper()
-		r, err := store.Get[protocol.OwnershipRecord](ctx, base.Agents, store.OwnsKey(parent))
+		r, err := base.Ownership(ctx, parent)
 		if err != nil {
 			t.Fatalf("read the ownership record: %v", err)
 		}
@@ -63,8 +61,8 @@ func TestOwnershipUpdatesRacingLoseNothing(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	register := func(st *store.Store, child string) error { return worker.RegisterOwnership(ctx, st, parent, child) }
-	release := func(st *store.Store, child string) error { return worker.ReleaseOwnership(ctx, st, parent, child) }
+	register := func(st *store.Store, child string) error { return st.AddOwnership(ctx, parent, child) }
+	release := func(st *store.Store, child string) error { return st.RemoveOwnership(ctx, parent, child) }
 	every := func(int) bool { return true }
 	odd := func(i int) bool { return i%2 == 1 }
 
@@ -89,7 +87,7 @@ func TestOwnershipUpdatesRacingLoseNothing(t *testing.T) {
 		t.Fatalf("owned after concurrent releases = %v, want %v", got, even)
 	}
 	all(release, every)
-	if _, err := store.Get[protocol.OwnershipRecord](ctx, base.Agents, store.OwnsKey(parent)); err != store.ErrNotFound {
+	if _, err := base.Ownership(ctx, parent); err != store.ErrNotFound {
 		t.Fatalf("the record of a parent that owns nothing: %v, want it deleted", err)
 	}
 }

@@ -1,0 +1,158 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/brood-dev/brood/internal/sessionlog"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// The end of a run or of an epoch, as its settlement winner publishes it
+// (DESIGN.md §7; order.go). Hosts publish the ends they settled; a
+// coordinator publishes the ends it settled on HOST_LOST, and publishes
+// again the end of a record it finds settled under a dead host's lease (the
+// host may have died before it published): both are idempotent (subagent/end
+// and the settlement notice carry ids; a caller's RunNotice comes at least
+// once, always with the same result). An end is published before its lease
+// is released, so a winner that dies in between is taken over and its end
+// published again.
+
+// PublishRunEnd emits subagent/end for the settled run rec, then publishes
+// its RunNotice to rec.Notify (PublishRunNotice). The end event goes first,
+// on the same connection, so the events stream holds it before anything a
+// caller does once it has the result (the next run's subagent/start):
+// readers of the events see them in causal order. Failures go to onErr.
+// A run settled never started had no subagent/start: it gets the notice
+// only. The channel is closed once subagent/end is stored (or given up on,
+// after AsyncBudget): the publisher releases the lease only then, so a
+// publisher that dies first leaves the lease to a takeover, which publishes
+// the end again (chaos seed 1 of make test: a worker killed -9 between its
+// release and its end's acknowledgement; the end was never stored).
+func (s *Store) PublishRunEnd(rec protocol.RunRecord, onErr func(error)) <-chan struct{} {
+	res := *rec.Result
+	if rec.NotStarted { // no subagent/start, so no subagent/end: the notice only
+		s.PublishRunNotice(rec, onErr)
+		return closedChan()
+	}
+	ev := protocol.LifecycleEvent{
+		Type: protocol.LifecycleEnd, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,
+		ParentSession: rec.ParentSession, Local: !rec.Remote, Mode: rec.Mode, Time: NowMs(),
+		StopReason: res.StopReason, ErrorCode: res.ErrorCode,
+	}
+	if len(res.Output) > 0 {
+		ev.LastAssistantMessage = res.Output
+	}
+	done := s.PublishEvent(ev, onErr)
+	s.PublishRunNotice(rec, onErr)
+	return done
+}
+
+func closedChan() <-chan struct{} {
+	done := make(chan struct{})
+	close(done)
+	return done
+}
+
+// StartAgainMargin is kept back from the events stream's duplicate window
+// by PublishStartAgain.
+const StartAgainMargin = 30 * time.Second
+
+// PublishStartAgain publishes a run's subagent/start once more, for a party
+// about to publish the run's end that cannot tell whether the first start
+// was stored: a coordinator settling a run or epoch taken over from a host
+// that may have died before its start was stored (chaos seed 1 of make
+// test: a subagent/end with no subagent/start). The copy carries the first
+// one's Nats-Msg-Id, so within the stream's duplicate window it is stored
+// only if the first one is not; a run created longer ago than the window
+// less StartAgainMargin gets no copy (its host stored its start, or gave up
+// on it, long before), so no start is ever stored twice, and neither does a
+// run that never started. The channel is closed once the copy is stored or
+// given up on, or at once when none is sent: publish the end after it.
+func (s *Store) PublishStartAgain(rec protocol.RunRecord, onErr func(error)) <-chan struct{} {
+	if rec.NotStarted || time.Since(time.UnixMilli(rec.CreatedAt)) > s.Cfg.DuplicateWindow-StartAgainMargin {
+		return closedChan()
+	}
+	return s.PublishEvent(protocol.LifecycleEvent{
+		Type: protocol.LifecycleStart, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,
+		ParentSession: rec.ParentSession, Local: !rec.Remote, Mode: rec.Mode, Time: rec.CreatedAt,
+	}, onErr)
+}
+
+// PublishRunNotice publishes the settled run rec's RunNotice to its notify
+// subject (none: nothing), in the encoding of the start request (JSON when
+// rec.NotifyJSON, else MessagePack). A run settled never started has no
+// subagent/end, only this notice.
+func (s *Store) PublishRunNotice(rec protocol.RunRecord, onErr func(error)) {
+	if rec.Notify == "" {
+		return
+	}
+	enc := protocol.Msgpack
+	if rec.NotifyJSON {
+		enc = protocol.JSON
+	}
+	data, err := protocol.Marshal(enc, protocol.RunNotice{
+		RunID: rec.RunID, ChildID: rec.ChildID, ParentSession: rec.ParentSession, Provider: rec.Provider, Result: *rec.Result,
+	})
+	if err == nil {
+		err = s.NC.PublishMsg(&nats.Msg{Subject: rec.Notify, Data: data, Header: nats.Header{
+			protocol.HeaderContentType: []string{enc.ContentType()}}})
+	}
+	if err != nil {
+		onErr(fmt.Errorf("notify %s: %w", rec.Notify, err))
+	}
+}
+
+// EpochEnd is what the end of a continuable child's epoch publishes.
+type EpochEnd struct {
+	ChildID, Parent, Owner, RunID, Provider string
+	Remote                                  bool
+	Result                                  protocol.SubagentResult
+	// AncestorEnded: an ancestor of the child is an ended one-shot run
+	// (EndedAncestor), so the parent, under it too, is being disposed by
+	// its end and gets no notice (internal/worker/ending.go).
+	AncestorEnded bool
+}
+
+// EndEpoch delivers the subagent-settled notice to the live parent (inbox,
+// next step, idempotency key settled-<runId>), then removes the ownership
+// edge and wakes the owner, then emits subagent/end (DESIGN.md §7,
+// Ownership). Hosts and coordinators (HOST_LOST) both use it. A parent that
+// is gone or ending gets no notice (its turn is over), nor does one under an
+// ended one-shot ancestor (e.AncestorEnded): that ancestor's end disposes it,
+// and nothing under an ended run starts work again (RELIABILITY.md I5).
+// Failures go to onErr; the later steps are still taken. The channel is
+// closed once subagent/end is stored (or given up on): release the lease
+// only then (PublishRunEnd).
+func (s *Store) EndEpoch(ctx context.Context, e EpochEnd, onErr func(error)) <-chan struct{} {
+	if e.Parent != "" && !e.AncestorEnded {
+		if p, err := s.LeaseLatest(ctx, e.Parent); err == nil && !p.Value.Ending {
+			summary, content := sessionlog.SettledNotice(e.ChildID, e.Result)
+			_, _, err := s.Enqueue(ctx, e.Parent, InboxItem{
+				Content:  content,
+				Source:   protocol.MessageSource{Kind: protocol.SourceSubagentSettled, Form: "notice", Summary: summary, SenderSessionID: e.ChildID},
+				Delivery: DeliveryNextStep,
+			}, "settled-"+e.RunID)
+			if err != nil {
+				onErr(fmt.Errorf("settlement notice to %s: %w", e.Parent, err))
+			}
+		}
+	}
+	if e.Owner != "" {
+		if err := s.RemoveOwnership(ctx, e.Owner, e.ChildID); err != nil {
+			onErr(fmt.Errorf("release ownership of %s by %s: %w", e.ChildID, e.Owner, err))
+		}
+		_ = s.NC.Publish(s.Subj.Wake(e.Owner), nil)
+	}
+	ev := protocol.LifecycleEvent{
+		Type: protocol.LifecycleEnd, RunID: e.RunID, Provider: e.Provider, ID: e.ChildID, ParentSession: e.Parent,
+		Local: !e.Remote, Mode: protocol.ModeContinuable, Time: NowMs(), StopReason: e.Result.StopReason, ErrorCode: e.Result.ErrorCode,
+	}
+	if len(e.Result.Output) > 0 {
+		ev.LastAssistantMessage = e.Result.Output
+	}
+	return s.PublishEvent(ev, onErr)
+}

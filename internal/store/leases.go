@@ -1,0 +1,130 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/brood-dev/brood/internal/sessionlog"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Leases (brood_agents <sessionId>, docs/protocol.md §7.6): the holder of a
+// session's lease is the one writer of its log. A lease is created by the
+// host that starts a one-shot run or an epoch (a root's by a coordinator,
+// for the client), renewed or marked by compare-and-set at the revision its
+// holder last wrote, taken over by a coordinator when its host died, and
+// released by a delete at that revision, so a holder that lost it changes
+// nothing.
+
+// Lease reads a session's lease. A missing one is ErrNotFound.
+func (s *Store) Lease(ctx context.Context, sessionID string) (Record[protocol.AgentRecord], error) {
+	return Get[protocol.AgentRecord](ctx, s.Agents, LeaseKey(sessionID))
+}
+
+// LeaseLatest is Lease answered by the bucket's leader (GetLatest), for a
+// decision that rests on the lease's absence or state.
+func (s *Store) LeaseLatest(ctx context.Context, sessionID string) (Record[protocol.AgentRecord], error) {
+	return GetLatest[protocol.AgentRecord](ctx, s.Agents, LeaseKey(sessionID))
+}
+
+// CreateLease writes rec as its session's lease if the session has none
+// (ErrConflict: a live lease exists elsewhere). It returns the revision the
+// holder's later writes name.
+func (s *Store) CreateLease(ctx context.Context, rec protocol.AgentRecord) (uint64, error) {
+	return Create(ctx, s.Agents, LeaseKey(rec.SessionID), rec)
+}
+
+// UpdateLease writes rec over its session's lease by compare-and-set at rev
+// (a renewal, a run marked Ending, a root reopened); ErrConflict when the
+// lease changed since.
+func (s *Store) UpdateLease(ctx context.Context, rec protocol.AgentRecord, rev uint64) (uint64, error) {
+	return Update(ctx, s.Agents, LeaseKey(rec.SessionID), rec, rev)
+}
+
+// ReleaseLease deletes a session's lease if it is still at rev (ErrConflict
+// otherwise: it changed hands). rev 0 deletes it whatever it holds (only
+// for a lease whose holder is known gone).
+func (s *Store) ReleaseLease(ctx context.Context, sessionID string, rev uint64) error {
+	return Delete(ctx, s.Agents, LeaseKey(sessionID), rev)
+}
+
+// TakeOverLease moves the lease cur (as read, with its revision) to the
+// coordinator `by` whose host died: HostID and TakenOverBy become by and the
+// epoch goes up by one, by compare-and-set at cur's revision, so of the
+// replicas racing for it exactly one wins and the dead host's later writes
+// (fenced on the lease's epoch and on the log) are refused. ErrConflict: the
+// lease changed since cur was read (another replica won, or the host came
+// back and wrote). A lease already taken over by `by` (a takeover resumed
+// after a failure) is returned as it is.
+func (s *Store) TakeOverLease(ctx context.Context, cur Record[protocol.AgentRecord], by string) (Record[protocol.AgentRecord], error) {
+	if cur.Value.TakenOverBy == by {
+		return cur, nil
+	}
+	taken := cur.Value
+	taken.HostID, taken.TakenOverBy = by, by
+	taken.Epoch++
+	rev, err := s.UpdateLease(ctx, taken, cur.Revision)
+	if err != nil {
+		return cur, err
+	}
+	return Record[protocol.AgentRecord]{Value: taken, Revision: rev}, nil
+}
+
+// EndedAncestor returns the first session of ancestry (ids, root first) that
+// is a one-shot agent whose run ended or is ending (its lease gone, Ending,
+// or taken over from a dead host), or "" when there is none (DESIGN.md §14:
+// nothing under an ended one-shot run starts work again). A session with no
+// lease is one-shot when its parent's child index says so, else when the
+// descriptor in its own log does; roots (no parent) never count as ended.
+func (s *Store) EndedAncestor(ctx context.Context, ancestry []string) (string, error) {
+	for _, id := range ancestry {
+		rec, err := s.LeaseLatest(ctx, id)
+		switch {
+		case err == nil:
+			if rec.Value.Kind == protocol.AgentOneShot && (rec.Value.Ending || rec.Value.TakenOverBy != "") {
+				return id, nil
+			}
+			continue
+		case !errors.Is(err, ErrNotFound):
+			return "", fmt.Errorf("read the lease of %s: %w", id, err)
+		}
+		h, err := s.GetHeader(ctx, id)
+		if errors.Is(err, ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("read the header of %s: %w", id, err)
+		}
+		if h.ParentSession == "" {
+			continue // a root
+		}
+		mode, err := s.modeOf(ctx, h)
+		if err != nil {
+			return "", err
+		}
+		if mode == protocol.ModeOneShot {
+			return id, nil
+		}
+	}
+	return "", nil
+}
+
+// modeOf returns a child's mode from its parent's child index, else (a
+// one-shot entry is written off the start's path, so it may be missing) from
+// the descriptor in the child's own log; "" for a session with neither (a
+// lineage root).
+func (s *Store) modeOf(ctx context.Context, h protocol.SessionHeader) (string, error) {
+	e, err := s.ChildIndexEntry(ctx, h.ParentSession, h.ID)
+	if err == nil {
+		return e.Mode, nil
+	}
+	if !errors.Is(err, ErrNotFound) {
+		return "", fmt.Errorf("read the child index entry of %s: %w", h.ID, err)
+	}
+	log, err := s.ReadLog(ctx, h.ID)
+	if err != nil {
+		return "", fmt.Errorf("read the log of %s: %w", h.ID, err)
+	}
+	return sessionlog.Mode(log.Events, h.SeedLength), nil
+}

@@ -1,0 +1,100 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Run records (brood_runs, docs/protocol.md §7.8): the one place a run or an
+// epoch is created, claimed and settled. A record is created running by a
+// coordinator, claimed by the host that starts it (a compare-and-set at the
+// creation revision) and settled exactly once (a compare-and-set at the
+// claim's revision, or at the creation revision by a coordinator that gave
+// up on a start); whoever's compare-and-set lands is the settlement winner,
+// and only the winner publishes the run's end (ends.go). See order.go for
+// where each write falls in its operation.
+
+// SettleBudget bounds the settlement of a run or epoch through transient
+// JetStream failures (a leader election, a reconnect); a lost
+// compare-and-set is final.
+const SettleBudget = 60 * time.Second
+
+// CreateRun writes rec, a new running record of a run or of an epoch, at
+// its key; an existing key is ErrConflict. It returns the creation revision
+// (the claim's and a failed start's compare-and-set name it).
+func (s *Store) CreateRun(ctx context.Context, rec protocol.RunRecord) (uint64, error) {
+	if rec.State != protocol.RunRunning {
+		return 0, fmt.Errorf("store: create run %s: a run is created running, not %q", rec.RunID, rec.State)
+	}
+	return Create(ctx, s.Runs, RunKey(rec.RunID), rec)
+}
+
+// Run reads a run record. A missing one is ErrNotFound.
+func (s *Store) Run(ctx context.Context, runID string) (Record[protocol.RunRecord], error) {
+	return Get[protocol.RunRecord](ctx, s.Runs, RunKey(runID))
+}
+
+// RunLatest is Run answered by the bucket's leader (GetLatest), for a
+// decision that rests on the latest write.
+func (s *Store) RunLatest(ctx context.Context, runID string) (Record[protocol.RunRecord], error) {
+	return GetLatest[protocol.RunRecord](ctx, s.Runs, RunKey(runID))
+}
+
+// ClaimRun writes run, the running record a coordinator created at rev,
+// back naming hostID as the host that starts it (HostID, StartedAt now), by
+// compare-and-set at rev. It returns the claimed record and its revision;
+// ErrConflict when another party changed the record first (another instance
+// claimed it, or it was settled).
+func (s *Store) ClaimRun(ctx context.Context, run protocol.RunRecord, rev uint64, hostID string) (protocol.RunRecord, uint64, error) {
+	if run.State != protocol.RunRunning || rev == 0 {
+		return run, 0, fmt.Errorf("store: claim run %s: only a running record at a known revision is claimed", run.RunID)
+	}
+	run.HostID, run.StartedAt = hostID, NowMs()
+	nrev, err := Update(ctx, s.Runs, RunKey(run.RunID), run, rev)
+	return run, nrev, err
+}
+
+// Settled returns rec settled by `by` (a host or coordinator id) with res,
+// now. Build it once per settlement and pass the same record to every
+// attempt of SettleRun: a retry that finds its own earlier write recognises
+// it by its value.
+func Settled(rec protocol.RunRecord, by string, res protocol.SubagentResult) protocol.RunRecord {
+	rec.State, rec.SettledAt, rec.SettledBy, rec.Result = protocol.RunSettled, NowMs(), by, &res
+	return rec
+}
+
+// NotStarted returns rec settled by `by` as never started: stop reason
+// error with cause's code and a diagnostic saying the child was never
+// started, and NotStarted set (no subagent/start was published, so no
+// subagent/end is). Hosts settle a start that failed after their claim this
+// way, coordinators a start no instance took.
+func NotStarted(rec protocol.RunRecord, by string, cause error) protocol.RunRecord {
+	pe := protocol.AsError(cause)
+	rec = Settled(rec, by, protocol.SubagentResult{
+		Output: []protocol.ContentBlock{}, StopReason: protocol.StopError, ErrorCode: pe.Code,
+		Diagnostic: protocol.TruncateDiagnostic("the child was never started: " + pe.Error()),
+	})
+	rec.NotStarted = true
+	return rec
+}
+
+// SettleRun writes settled (from Settled or NotStarted) by compare-and-set at
+// rev, the revision its writer last knew (its claim, or the creation). It
+// reports whether this write settled the run: false with a nil error when
+// another party changed the record first (it settled it, or, for a
+// coordinator failing a start, an instance claimed it). Transient failures
+// are retried within ctx's deadline (retry.go); a run is settled only once.
+func (s *Store) SettleRun(ctx context.Context, settled protocol.RunRecord, rev uint64) (bool, error) {
+	if settled.State != protocol.RunSettled || settled.Result == nil {
+		return false, fmt.Errorf("store: settle run %s: the record is not settled with a result", settled.RunID)
+	}
+	_, err := Update(ctx, s.Runs, RunKey(settled.RunID), settled, rev)
+	if errors.Is(err, ErrConflict) {
+		return false, nil
+	}
+	return err == nil, err
+}
