@@ -1,0 +1,269 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Unit tests of a host's one-shot start (runs.go, claim.go) without a
+// coordinator: the test plays the coordinator's part (it creates the run
+// record and sends the start request straight to Host.startRun) and reads
+// what the host wrote and published.
+
+// testHost is a host of one in-process provider, "spawn", on a fresh
+// server, whose model is models (the scripted model when nil). It is not
+// Run: the tests call its request handlers directly.
+func testHost(t *testing.T, models ModelFactory) (*Host, *store.Store, *nats.Conn) {
+	t.Helper()
+	s := testutil.Server(t)
+	nc := testutil.Connect(t, s.ClientURL())
+	st := testutil.Store(t, nc)
+	if models == nil {
+		models = func() (model.Model, error) { return model.NewScripted(), nil }
+	}
+	p := &InProcess{Desc: InProcessDescriptor("spawn", false), Models: models, Logger: testutil.Logger(t),
+		Tools: func(SessionSpec) ([]*agent.Tool, error) { return nil, nil }}
+	h, err := New(Config{NC: nc, Store: st, Providers: []Provider{p}, HostID: "H1", Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, st, nc
+}
+
+// startRequest creates a running record for a new child of parent P1, as a
+// coordinator does, and returns the start request naming it, due in a
+// minute, whose notice goes to notify.
+func startRequest(t *testing.T, st *store.Store, childID, prompt, notify string) protocol.ProviderStartRequest {
+	t.Helper()
+	rec := protocol.RunRecord{
+		RunID: childID, ChildID: childID, ParentSession: "P1", Provider: "spawn", Mode: protocol.ModeOneShot,
+		Notify: notify, State: protocol.RunRunning, CreatedAt: store.NowMs(),
+	}
+	rev, err := st.CreateRun(context.Background(), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return protocol.ProviderStartRequest{
+		RunID: childID, Run: rec, RunRevision: protocol.Seq(rev), Provider: "spawn", Notify: notify,
+		Header:   protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: childID, ParentSession: "P1", CreatedAt: rec.CreatedAt, Cwd: "/w"},
+		Prompt:   protocol.Text(prompt),
+		Deadline: time.Now().Add(time.Minute).UnixMilli(),
+	}
+}
+
+// subscribeNotices returns the channel the messages of subject arrive on.
+func subscribeNotices(t *testing.T, nc *nats.Conn, subject string) chan *nats.Msg {
+	t.Helper()
+	ch := make(chan *nats.Msg, 8)
+	sub, err := nc.ChanSubscribe(subject, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+func receiveNotice(t *testing.T, ch chan *nats.Msg) protocol.RunNotice {
+	t.Helper()
+	select {
+	case m := <-ch:
+		var n protocol.RunNotice
+		if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &n); err != nil {
+			t.Fatalf("decode the notice: %v", err)
+		}
+		return n
+	case <-time.After(20 * time.Second):
+		t.Fatal("no run notice within 20 s")
+	}
+	return protocol.RunNotice{}
+}
+
+// waitRunDone waits until the host let go of every run (execute returned).
+func waitRunDone(t *testing.T, h *Host) {
+	t.Helper()
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return len(h.runs) == 0
+	}, "the host still holds a run")
+}
+
+func TestNewRefusesAnIncompleteConfig(t *testing.T) {
+	s := testutil.Server(t)
+	nc := testutil.Connect(t, s.ClientURL())
+	st := testutil.Store(t, nc)
+	p := &InProcess{Desc: InProcessDescriptor("spawn", false)}
+	bad := &InProcess{Desc: InProcessDescriptor("no.dots", false)}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"no connection", Config{Store: st, Providers: []Provider{p}}},
+		{"no store", Config{NC: nc, Providers: []Provider{p}}},
+		{"no provider", Config{NC: nc, Store: st}},
+		{"a host id that is no id", Config{NC: nc, Store: st, Providers: []Provider{p}, HostID: "a.b"}},
+		{"a provider name that is no id", Config{NC: nc, Store: st, Providers: []Provider{bad}}},
+	} {
+		if _, err := New(tc.cfg); err == nil {
+			t.Errorf("%s: New accepted it", tc.name)
+		}
+	}
+	h, err := New(Config{NC: nc, Store: st, Providers: []Provider{p}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !protocol.ValidID(h.ID()) || h.cfg.HeartbeatInterval != protocol.DefaultHeartbeatInterval ||
+		h.cfg.HostExpiry != protocol.DefaultHostExpiry || h.cfg.DrainGrace != DefaultDrainGrace {
+		t.Errorf("defaults: id %q, heartbeat %s, expiry %s, drain grace %s", h.ID(), h.cfg.HeartbeatInterval, h.cfg.HostExpiry, h.cfg.DrainGrace)
+	}
+}
+
+// A start runs the child's turn, settles the run by compare-and-set at the
+// claim's revision, publishes the notice, and releases the lease; the same
+// start sent again finds the record claimed and starts nothing.
+func TestStartRunClaimsRunsSettlesAndPublishes(t *testing.T) {
+	h, st, nc := testHost(t, nil)
+	ctx := context.Background()
+	notices := subscribeNotices(t, nc, "_INBOX.test.notices")
+	req := startRequest(t, st, "C1", "say ok", "_INBOX.test.notices")
+	reply, err := h.startRun(ctx, h.cfg.Providers[0], req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := reply.(protocol.ProviderStartReply); !ok || r.HostID != "H1" {
+		t.Fatalf("reply %#v", reply)
+	}
+	n := receiveNotice(t, notices)
+	if n.RunID != "C1" || n.Result.StopReason != protocol.StopCompleted || protocol.PlainText(n.Result.Output) != "ok" {
+		t.Fatalf("notice %+v", n)
+	}
+	waitRunDone(t, h)
+	run, err := st.Run(ctx, "C1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := run.Value; v.State != protocol.RunSettled || v.HostID != "H1" || v.SettledBy != "H1" || v.StartedAt == 0 || v.NotStarted {
+		t.Fatalf("run record %+v", v)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, err := st.Lease(ctx, "C1")
+		return errors.Is(err, store.ErrNotFound)
+	}, "the lease of a settled run was not released")
+	if _, err := h.startRun(ctx, h.cfg.Providers[0], req); protocol.CodeOf(err) != protocol.CodeNotPending {
+		t.Fatalf("the same start again: %v, want NOT_PENDING", err)
+	}
+}
+
+// A start whose deadline passed is dropped before anything is written: the
+// run record keeps its revision and no lease is taken.
+func TestStartRunDropsALateRequest(t *testing.T) {
+	h, st, _ := testHost(t, nil)
+	ctx := context.Background()
+	req := startRequest(t, st, "C1", "say ok", "")
+	req.Deadline = time.Now().Add(-time.Second).UnixMilli()
+	if _, err := h.startRun(ctx, h.cfg.Providers[0], req); protocol.CodeOf(err) != protocol.CodeUnavailable {
+		t.Fatalf("late start: %v, want UNAVAILABLE", err)
+	}
+	run, err := st.Run(ctx, "C1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.Revision != uint64(req.RunRevision) || run.Value.HostID != "" {
+		t.Fatalf("the run record changed: revision %d (created at %d), %+v", run.Revision, req.RunRevision, run.Value)
+	}
+	if _, err := st.Lease(ctx, "C1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("lease: %v, want none", err)
+	}
+}
+
+// A start of a run the coordinator already gave up on (settled never
+// started at the creation revision) is fenced out by the claim.
+func TestStartRunOfARunSettledMeanwhileIsNotPending(t *testing.T) {
+	h, st, _ := testHost(t, nil)
+	ctx := context.Background()
+	req := startRequest(t, st, "C1", "say ok", "")
+	won, err := st.SettleRun(ctx, store.NotStarted(req.Run, "COORD", protocol.Errorf(protocol.CodeUnavailable, "no instance answered")), uint64(req.RunRevision))
+	if err != nil || !won {
+		t.Fatalf("settle: %v, %v", won, err)
+	}
+	if _, err := h.startRun(ctx, h.cfg.Providers[0], req); protocol.CodeOf(err) != protocol.CodeNotPending {
+		t.Fatalf("start: %v, want NOT_PENDING", err)
+	}
+	if _, err := st.Lease(ctx, "C1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("lease: %v, want none", err)
+	}
+}
+
+// A start that fails after its claim (here the model cannot be built) is
+// settled by the host as never started, with the failure's code, and the
+// caller hears it on the notify subject; no lease is left behind.
+func TestStartRunFailingAfterTheClaimSettlesNeverStarted(t *testing.T) {
+	h, st, nc := testHost(t, func() (model.Model, error) { return nil, errors.New("no key") })
+	ctx := context.Background()
+	notices := subscribeNotices(t, nc, "_INBOX.test.notices")
+	req := startRequest(t, st, "C1", "say ok", "_INBOX.test.notices")
+	if _, err := h.startRun(ctx, h.cfg.Providers[0], req); protocol.CodeOf(err) != protocol.CodeUnavailable {
+		t.Fatalf("start: %v, want UNAVAILABLE", err)
+	}
+	n := receiveNotice(t, notices)
+	if n.Result.StopReason != protocol.StopError || n.Result.ErrorCode != protocol.CodeUnavailable {
+		t.Fatalf("notice %+v", n.Result)
+	}
+	run, err := st.Run(ctx, "C1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := run.Value; v.State != protocol.RunSettled || !v.NotStarted || v.SettledBy != "H1" || v.Result.ErrorCode != protocol.CodeUnavailable {
+		t.Fatalf("run record %+v", v)
+	}
+	if _, err := st.Lease(ctx, "C1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("lease: %v, want none", err)
+	}
+}
+
+// withDeadline bounds a request by its deadline, and by ClaimBudgetMax when
+// it has none or a later one; a deadline that passed is UNAVAILABLE.
+func TestWithDeadline(t *testing.T) {
+	h := &Host{id: "H1", log: testutil.Logger(t)}
+	now := time.Now()
+	for _, tc := range []struct {
+		name     string
+		deadline int64
+		within   time.Duration // the context's deadline is at most this far
+		late     bool
+	}{
+		{"none", 0, ClaimBudgetMax, false},
+		{"in a second", now.Add(time.Second).UnixMilli(), time.Second, false},
+		{"in an hour", now.Add(time.Hour).UnixMilli(), ClaimBudgetMax, false},
+		{"passed", now.Add(-time.Millisecond).UnixMilli(), 0, true},
+	} {
+		ctx, cancel, err := h.withDeadline(context.Background(), tc.deadline, "start", "R1")
+		if tc.late {
+			if protocol.CodeOf(err) != protocol.CodeUnavailable || ctx != nil {
+				t.Errorf("%s: %v, want UNAVAILABLE and no context", tc.name, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		d, ok := ctx.Deadline()
+		if !ok || time.Until(d) > tc.within || time.Until(d) <= 0 {
+			t.Errorf("%s: deadline in %s, want within %s", tc.name, time.Until(d), tc.within)
+		}
+		cancel()
+	}
+}
