@@ -110,6 +110,29 @@ func (r Request) Decode(v any) error {
 // concurrently.
 type Handler func(ctx context.Context, req Request) (any, error)
 
+// Typed is the one adapter from a request shape to a reply shape: it
+// decodes the request body as In in the request's encoding (Request.Decode:
+// an empty or undecodable body is INVALID_ARGUMENT; an In of protocol.Empty
+// takes any body, or none, undecoded), calls h with it, and answers h's Out
+// or its error. A table of Typed handlers (the coordinator's endpoints)
+// shows every endpoint's request and reply shapes in its handlers'
+// signatures, and no handler repeats the decoding prelude.
+func Typed[In, Out any](h func(ctx context.Context, req Request, in In) (Out, error)) Handler {
+	return func(ctx context.Context, req Request) (any, error) {
+		var in In
+		if _, empty := any(in).(protocol.Empty); !empty {
+			if err := req.Decode(&in); err != nil {
+				return nil, err
+			}
+		}
+		out, err := h(ctx, req, in)
+		if err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+}
+
 // Replied is what a Handler returns when it already answered the request
 // itself with Reply (a stream whose first message must be the reply).
 var Replied any = replied{}

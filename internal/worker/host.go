@@ -304,47 +304,35 @@ func (h *Host) serveProvider(srv *rpc.Server, p Provider) (*rpc.Service, error) 
 	// This instance's own subjects, <prefix>.v1.provider.<name>.<hostId>.<op>:
 	// the coordinator picks the instance (dispatch.go in the coordinator).
 	prefix := h.subj.ProviderInstance(d.Name, h.id, "")
-	start := func(ctx context.Context, req rpc.Request) (any, error) {
-		var r protocol.ProviderStartRequest
-		if err := req.Decode(&r); err != nil {
-			return nil, err
-		}
+	start := rpc.Typed(func(ctx context.Context, _ rpc.Request, r protocol.ProviderStartRequest) (any, error) {
 		return h.startRun(ctx, p, r)
-	}
+	})
 	if err := svc.AddEndpoint(protocol.OpProviderStart, prefix+protocol.OpProviderStart, h.instrument(protocol.OpProviderStart, start)); err != nil {
 		return nil, err
 	}
 	if d.Continuable {
-		activate := func(ctx context.Context, req rpc.Request) (any, error) {
-			var r protocol.ActivateRequest
-			if err := req.Decode(&r); err != nil {
-				return nil, err
-			}
+		activate := rpc.Typed(func(ctx context.Context, _ rpc.Request, r protocol.ActivateRequest) (any, error) {
 			if r.Descriptor == nil {
 				return nil, protocol.Errorf(protocol.CodeInvalidArgument, "activate needs the child's descriptor")
 			}
 			return h.activate(ctx, p, r)
-		}
+		})
 		if err := svc.AddEndpoint(protocol.OpProviderActivate, prefix+protocol.OpProviderActivate, h.instrument(protocol.OpProviderActivate, activate)); err != nil {
 			return nil, err
 		}
 	}
 	if pr, ok := p.(Preparer); ok {
-		prepare := func(ctx context.Context, req rpc.Request) (any, error) {
-			var r protocol.ProviderPrepareRequest
-			if err := req.Decode(&r); err != nil {
-				return nil, err
-			}
+		prepare := rpc.Typed(func(ctx context.Context, _ rpc.Request, r protocol.ProviderPrepareRequest) (protocol.ProviderPrepareReply, error) {
 			if !protocol.ValidID(r.ParentSession) {
-				return nil, protocol.Errorf(protocol.CodeInvalidArgument, "parentSession must be a valid id")
+				return protocol.ProviderPrepareReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "parentSession must be a valid id")
 			}
 			ctx, cancel, err := h.withDeadline(ctx, r.Deadline, "prepare", r.ChildID)
 			if err != nil {
-				return nil, err
+				return protocol.ProviderPrepareReply{}, err
 			}
 			defer cancel()
 			return pr.Prepare(ctx, r)
-		}
+		})
 		if err := svc.AddEndpoint(protocol.OpProviderPrepare, prefix+protocol.OpProviderPrepare, h.instrument(protocol.OpProviderPrepare, prepare)); err != nil {
 			return nil, err
 		}

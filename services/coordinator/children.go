@@ -12,23 +12,19 @@ import (
 // childrenList lists a parent's children (or its descendants, in pre-order):
 // identity from each child's own descriptor; a damaged child is a diagnostic
 // row, never a failed list (upstream-behaviour §5.15).
-func (c *Coordinator) childrenList(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.ChildrenListRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) childrenList(ctx context.Context, req rpc.Request, r protocol.ChildrenListRequest) (protocol.ChildrenListReply, error) {
 	if r.Parent == "" {
 		return c.liveChildrenList(ctx, r)
 	}
 	if !protocol.ValidID(r.Parent) {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "parent must be a valid session id")
+		return protocol.ChildrenListReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "parent must be a valid session id")
 	}
 	if err := c.authorizeListing(ctx, r); err != nil {
-		return nil, err
+		return protocol.ChildrenListReply{}, err
 	}
 	rows, err := c.childRows(ctx, r.Parent, r.Descendants)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "list children: %w", err)
+		return protocol.ChildrenListReply{}, protocol.Errorf(protocol.CodeUnavailable, "list children: %w", err)
 	}
 	return protocol.ChildrenListReply{Rows: rows}, nil
 }
@@ -106,13 +102,13 @@ func sortIndex(idx []protocol.ChildIndexRecord) {
 // liveChildrenList answers children.list without a parent (user grant only):
 // every continuable child with a live activation, whoever its parent, as
 // rows with parentId and depth (from its ancestry), in creation order.
-func (c *Coordinator) liveChildrenList(ctx context.Context, r protocol.ChildrenListRequest) (any, error) {
+func (c *Coordinator) liveChildrenList(ctx context.Context, r protocol.ChildrenListRequest) (protocol.ChildrenListReply, error) {
 	g, err := c.grantOf(ctx, r.Authority.Grant)
 	if err != nil {
-		return nil, err
+		return protocol.ChildrenListReply{}, err
 	}
 	if r.Descendants {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "descendants needs a parent")
+		return protocol.ChildrenListReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "descendants needs a parent")
 	}
 	// A grant of one user lists the activations in that user's trees.
 	in := c.memoCovers(reader{grant: g}, "")

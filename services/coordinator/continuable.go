@@ -143,9 +143,9 @@ func notCovered(g grantScope, id string) error {
 // <p>.v1.user.<user>.authority.user it acts only on the trees of the roots
 // that user opened (docs/security.md). The coordinator can refuse every
 // grant (Config.UserGrantsDisabled).
-func (c *Coordinator) authorityUser(ctx context.Context, req rpc.Request) (any, error) {
+func (c *Coordinator) authorityUser(ctx context.Context, req rpc.Request, _ protocol.Empty) (protocol.UserGrantReply, error) {
 	if c.cfg.UserGrantsDisabled {
-		return nil, protocol.Errorf(protocol.CodeUnauthorized, "this deployment mints and accepts no user grants")
+		return protocol.UserGrantReply{}, protocol.Errorf(protocol.CodeUnauthorized, "this deployment mints and accepts no user grants")
 	}
 	user := c.callerOf(req)
 	grant := protocol.NewCredential()
@@ -154,7 +154,7 @@ func (c *Coordinator) authorityUser(ctx context.Context, req rpc.Request) (any, 
 	// grants take no space.
 	if err := c.st.CreateGrant(ctx, protocol.HashCredential(grant),
 		protocol.UserGrantRecord{ExpiresAt: exp, MintedBy: c.cfg.ID, User: user}, c.cfg.GrantTTL); err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "store the grant: %w", err)
+		return protocol.UserGrantReply{}, protocol.Errorf(protocol.CodeUnavailable, "store the grant: %w", err)
 	}
 	return protocol.UserGrantReply{Grant: grant, ExpiresAt: exp, User: user}, nil
 }
@@ -176,32 +176,28 @@ func (c *Coordinator) lineage(ctx context.Context, h protocol.SessionHeader) ([]
 	return up, nil
 }
 
-func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (any, error) {
+func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r protocol.ContinuableStartRequest) (protocol.ContinuableStartReply, error) {
 	began := time.Now()
-	var r protocol.ContinuableStartRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
 	desc, err := c.lookupProvider(r.Provider)
 	if err != nil {
-		return nil, err
+		return protocol.ContinuableStartReply{}, err
 	}
 	if !desc.Continuable {
-		return nil, protocol.NewError(protocol.CodeUnsupportedCapability, map[string]any{"provider": r.Provider, "capability": "continuable children"})
+		return protocol.ContinuableStartReply{}, protocol.NewError(protocol.CodeUnsupportedCapability, map[string]any{"provider": r.Provider, "capability": "continuable children"})
 	}
 	parent, err := c.authorize(ctx, r.Parent)
 	if err != nil {
-		return nil, err
+		return protocol.ContinuableStartReply{}, err
 	}
 	if r.Label, err = protocol.OneLabel(r.Label, r.Options.Label); err != nil {
-		return nil, err
+		return protocol.ContinuableStartReply{}, err
 	}
 	if strings.TrimSpace(r.Label) == "" || len(r.Label) > protocol.LabelBytesMax {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "label is required (at most %d bytes)", protocol.LabelBytesMax)
+		return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "label is required (at most %d bytes)", protocol.LabelBytesMax)
 	}
 	lineage := append(append([]string(nil), parent.rec.Ancestry...), r.Parent.SessionID)
 	if err := c.checkDraining(lineage); err != nil {
-		return nil, err
+		return protocol.ContinuableStartReply{}, err
 	}
 	opts := protocol.StartOptions{MaxDepth: r.Options.MaxDepth, ToolFilter: r.Options.ToolFilter, Persona: r.Options.Persona, Label: r.Label}
 	// In-process continuable children are composed by the manager: the
@@ -215,16 +211,16 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 	}
 	a, err := c.admitWith(ctx, desc, r.Parent, r.Prompt, opts)
 	if err != nil {
-		return nil, err
+		return protocol.ContinuableStartReply{}, err
 	}
 	childID := r.ChildID
 	if childID == "" {
 		childID = ulid.Make().String()
 	} else if !protocol.ValidID(childID) {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
+		return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
 	}
 	if err := c.reserveChild(ctx, a.pheader.ID, childID); err != nil {
-		return nil, err
+		return protocol.ContinuableStartReply{}, err
 	}
 	release := func() { c.releaseChild(context.WithoutCancel(ctx), a.pheader.ID, childID) }
 	now := store.NowMs()
@@ -232,17 +228,17 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 	if desc.InheritsParentContext {
 		if header.SeedLength, err = c.prepare(ctx, desc.Name, a.pheader.ID, childID); err != nil {
 			release()
-			return nil, err
+			return protocol.ContinuableStartReply{}, err
 		}
 	}
 	if err := c.st.PutHeader(ctx, header); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			// The id is taken (a retried start finds its own child): the
 			// slot stays with that child.
-			return nil, protocol.NewError(protocol.CodeDuplicateChild, map[string]any{"childId": childID})
+			return protocol.ContinuableStartReply{}, protocol.NewError(protocol.CodeDuplicateChild, map[string]any{"childId": childID})
 		}
 		release()
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "write the header: %v", err)
+		return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeUnavailable, "write the header: %v", err)
 	}
 	c.headers.add(header)
 	if err := c.st.PutChildIndex(ctx, header.ParentSession, protocol.ChildIndexRecord{
@@ -261,7 +257,7 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 	reply, err := c.activateEpoch(ctx, header, descriptor, owner, ancestry(a), true)
 	if err != nil {
 		release()
-		return nil, err
+		return protocol.ContinuableStartReply{}, err
 	}
 	rollback := func() {
 		release()
@@ -274,7 +270,7 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 	if owner != "" {
 		if err := c.st.AddOwnership(ctx, owner, childID); err != nil {
 			rollback()
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
+			return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
 		}
 	}
 	// Admission: the parent must still be the exact live agent, and its
@@ -283,18 +279,18 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request) (an
 	// not be taken as live from a cache that has not seen it yet.
 	if _, err := c.authorizeFresh(ctx, r.Parent); err != nil {
 		rollback()
-		return nil, err
+		return protocol.ContinuableStartReply{}, err
 	}
 	if err := c.checkDraining(lineage); err != nil {
 		rollback()
-		return nil, err
+		return protocol.ContinuableStartReply{}, err
 	}
 	mid, _, err := c.st.Enqueue(ctx, childID, store.InboxItem{
 		Content: r.Prompt, Source: protocol.PromptSource(a.pheader), Delivery: store.DeliveryNextTurn,
 	}, "")
 	if err != nil {
 		rollback()
-		return nil, inboxError(err)
+		return protocol.ContinuableStartReply{}, inboxError(err)
 	}
 	c.cfg.Metrics.StartAnswered(desc.Name, protocol.ModeContinuable, time.Since(began))
 	return protocol.ContinuableStartReply{ChildID: childID, MessageID: mid}, nil
@@ -522,32 +518,28 @@ func (c *Coordinator) childFor(ctx context.Context, childID string, auth protoco
 // or waiting) → into the inbox, where the activation claims it as its next
 // turn; none → into the inbox, then a cold resume that claims it. FIFO per
 // child; an idempotency key makes a retry count once.
-func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) (any, error) {
+func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request, r protocol.FollowupRequest) (protocol.FollowupReply, error) {
 	began := time.Now()
-	var r protocol.FollowupRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
 	h, parent, err := c.childFor(ctx, r.ChildID, r.Authority, false)
 	if err != nil {
-		return nil, err
+		return protocol.FollowupReply{}, err
 	}
 	if r.IdempotencyKey != "" && !protocol.ValidID(r.IdempotencyKey) {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "idempotencyKey must match ^[A-Za-z0-9_-]{1,64}$")
+		return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "idempotencyKey must match ^[A-Za-z0-9_-]{1,64}$")
 	}
 	if err := c.checkPrompt(r.Message); err != nil {
-		return nil, err
+		return protocol.FollowupReply{}, err
 	}
 	up, err := c.lineage(ctx, h)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lineage: %v", err)
+		return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the lineage: %v", err)
 	}
 	// Nothing under an ended one-shot run starts work again (a parent's end,
 	// internal/worker/ending.go). A live parent has no ended ancestor, so
 	// only a user grant's followup needs the check.
 	if parent == nil {
 		if err := c.endedAncestor(ctx, h.ID, up); err != nil {
-			return nil, err
+			return protocol.FollowupReply{}, err
 		}
 	}
 	// A drain holds admission closed: the message is accepted and waits
@@ -557,25 +549,25 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) 
 	held := c.drainingFor(append(up, h.ID))
 	lease, err := c.resident(ctx, h.ID)
 	if err != nil {
-		return nil, err
+		return protocol.FollowupReply{}, err
 	}
 	var desc protocol.DescriptorData
 	if lease == nil {
 		if desc, err = c.resumable(ctx, h); err != nil {
-			return nil, err
+			return protocol.FollowupReply{}, err
 		}
 		if _, ok := c.reg.provider(desc.Provider); !ok && held == "" {
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "no live host of provider %s can resume %s", desc.Provider, h.ID)
+			return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeUnavailable, "no live host of provider %s can resume %s", desc.Provider, h.ID)
 		}
 	} else if lease.Value.Kind != protocol.AgentContinuable {
-		return nil, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": "it is a one-shot child"})
+		return protocol.FollowupReply{}, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": "it is a one-shot child"})
 	}
 	owner := ""
 	if parent != nil && parent.rec.Kind == protocol.AgentContinuable {
 		owner = h.ParentSession
 		// A continuable parent owns a child before the child runs its work.
 		if err := c.st.AddOwnership(ctx, owner, h.ID); err != nil {
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
+			return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
 		}
 	}
 	src := protocol.MessageSource{Kind: protocol.SourceUser}
@@ -587,7 +579,7 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) 
 	}
 	mid, _, err := c.st.Enqueue(ctx, h.ID, store.InboxItem{Content: r.Message, Source: src, Delivery: store.DeliveryNextTurn}, r.IdempotencyKey)
 	if err != nil {
-		return nil, inboxError(err)
+		return protocol.FollowupReply{}, inboxError(err)
 	}
 	if held != "" {
 		c.cfg.Metrics.FollowupAccepted(telemetry.RouteHeld, time.Since(began))
@@ -605,37 +597,33 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request) 
 	return protocol.FollowupReply{MessageID: mid}, nil
 }
 
-func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.ChildRef
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request, r protocol.ChildRef) (protocol.StateReply, error) {
 	h, _, err := c.childFor(ctx, r.ChildID, r.Authority, true)
 	if err != nil {
-		return nil, err
+		return protocol.StateReply{}, err
 	}
 	queued, err := c.st.InboxOf(h.ID).Count(ctx)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the inbox of %s: %v", h.ID, err)
+		return protocol.StateReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the inbox of %s: %v", h.ID, err)
 	}
 	l, err := c.st.Lease(ctx, h.ID)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && (l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value))) {
 		if err == nil && l.Value.Kind == protocol.AgentOneShot {
-			return nil, oneShotHasNoState(h.ID) // running, before its index entry is written
+			return protocol.StateReply{}, oneShotHasNoState(h.ID) // running, before its index entry is written
 		}
 		if err := c.refuseOneShot(ctx, h); err != nil {
-			return nil, err
+			return protocol.StateReply{}, err
 		}
 		return protocol.StateReply{ChildID: h.ID, State: protocol.StateNone, Queued: queued}, nil
 	}
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease: %v", err)
+		return protocol.StateReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease: %v", err)
 	}
 	var st protocol.StateReply
 	hctx, cancel := context.WithTimeout(ctx, HostCallTimeout)
 	defer cancel()
 	if err := rpc.Call(hctx, c.cfg.NC, c.subj.Host(l.Value.HostID, protocol.OpHostState), protocol.HostChildRequest{ChildID: h.ID}, &st); err != nil {
-		return nil, err
+		return protocol.StateReply{}, err
 	}
 	st.Queued = queued
 	return st, nil
@@ -659,13 +647,9 @@ func oneShotHasNoState(id string) error {
 // continuableInterrupt stops the target's current turn only and parks its
 // queue (upstream-behaviour §5.11): a user grant, or a live ancestor of the
 // target. An absent target is an accepted no-op.
-func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.InterruptRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request, r protocol.InterruptRequest) (protocol.InterruptReply, error) {
 	if !protocol.ValidID(r.ChildID) {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
+		return protocol.InterruptReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
 	}
 	cause := protocol.CauseUser
 	var caller string
@@ -673,25 +657,25 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request)
 	case r.Authority.Grant != "":
 		g, err := c.grantOf(ctx, r.Authority.Grant)
 		if err != nil {
-			return nil, err
+			return protocol.InterruptReply{}, err
 		}
 		if !g.all {
 			// A grant of one user interrupts only in that user's trees; an
 			// unknown child answers alike.
 			if ok, err := c.covers(ctx, reader{grant: g}, r.ChildID); err != nil || !ok {
 				if err != nil {
-					return nil, err
+					return protocol.InterruptReply{}, err
 				}
-				return nil, notCovered(g, r.ChildID)
+				return protocol.InterruptReply{}, notCovered(g, r.ChildID)
 			}
 		}
 	case r.Authority.Parent != nil:
 		if _, err := c.authorize(ctx, *r.Authority.Parent); err != nil {
-			return nil, err
+			return protocol.InterruptReply{}, err
 		}
 		caller, cause = r.Authority.Parent.SessionID, protocol.CauseParent
 		if caller == r.ChildID {
-			return nil, protocol.Errorf(protocol.CodeUnauthorized, "an agent cannot interrupt itself")
+			return protocol.InterruptReply{}, protocol.Errorf(protocol.CodeUnauthorized, "an agent cannot interrupt itself")
 		}
 		// The ancestry comes from the headers, live or not: a caller
 		// that is not an ancestor is refused whether or not anything runs
@@ -700,20 +684,20 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request)
 		// exists (authority before existence).
 		h, err := c.childHeaderOf(ctx, r.ChildID, true)
 		if errors.Is(err, protocol.ErrNotFound) {
-			return nil, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not an ancestor of %s (or %s does not exist)", caller, r.ChildID, r.ChildID)
+			return protocol.InterruptReply{}, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not an ancestor of %s (or %s does not exist)", caller, r.ChildID, r.ChildID)
 		}
 		if err != nil {
-			return nil, err
+			return protocol.InterruptReply{}, err
 		}
 		up, err := c.lineage(ctx, h)
 		if err != nil {
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the ancestry of %s: %v", r.ChildID, err)
+			return protocol.InterruptReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the ancestry of %s: %v", r.ChildID, err)
 		}
 		if !contains(up, caller) {
-			return nil, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not an ancestor of %s", caller, r.ChildID)
+			return protocol.InterruptReply{}, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not an ancestor of %s", caller, r.ChildID)
 		}
 	default:
-		return nil, protocol.Errorf(protocol.CodeUnauthorized, "an ancestor's credential or a user grant is required")
+		return protocol.InterruptReply{}, protocol.Errorf(protocol.CodeUnauthorized, "an ancestor's credential or a user grant is required")
 	}
 	l, err := c.st.Lease(ctx, r.ChildID)
 	if err != nil || l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value) {
@@ -722,32 +706,28 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request)
 	hctx, cancel := context.WithTimeout(ctx, HostCallTimeout)
 	defer cancel()
 	if err := rpc.Call(hctx, c.cfg.NC, c.subj.Host(l.Value.HostID, protocol.OpHostInterrupt), protocol.HostChildRequest{ChildID: r.ChildID, Cause: cause}, nil); err != nil {
-		return nil, err
+		return protocol.InterruptReply{}, err
 	}
 	return protocol.InterruptReply{ChildID: r.ChildID, Interrupted: true}, nil
 }
 
 // continuableReport sends a child's report to its live parent, joining the
 // parent's next step (upstream-behaviour §5.13).
-func (c *Coordinator) continuableReport(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.ReportRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) continuableReport(ctx context.Context, req rpc.Request, r protocol.ReportRequest) (protocol.FollowupReply, error) {
 	l, err := c.authorize(ctx, r.Child)
 	if err != nil {
-		return nil, err
+		return protocol.FollowupReply{}, err
 	}
 	if l.rec.Kind != protocol.AgentContinuable {
-		return nil, protocol.Errorf(protocol.CodeUnauthorized, "only a resident continuable child reports to its parent")
+		return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeUnauthorized, "only a resident continuable child reports to its parent")
 	}
 	if err := c.checkPrompt(r.Content); err != nil {
-		return nil, err
+		return protocol.FollowupReply{}, err
 	}
 	parent := l.rec.ParentSession
 	pl, err := c.st.Lease(ctx, parent)
 	if err != nil || !c.leaseLive(pl.Value) {
-		return nil, protocol.Errorf(protocol.CodeParentUnavailable, "parent %s is not live", parent)
+		return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeParentUnavailable, "parent %s is not live", parent)
 	}
 	content := append([]protocol.ContentBlock{{Type: protocol.BlockText, Text: fmt.Sprintf("Subagent %s reported:", r.Child.SessionID)}}, r.Content...)
 	mid, _, err := c.st.Enqueue(ctx, parent, store.InboxItem{
@@ -756,7 +736,7 @@ func (c *Coordinator) continuableReport(ctx context.Context, req rpc.Request) (a
 		Delivery: store.DeliveryNextStep,
 	}, "")
 	if err != nil {
-		return nil, protocol.NewError(protocol.CodeParentUnavailable, map[string]any{"reason": "the parent's inbox refused the report: " + err.Error()})
+		return protocol.FollowupReply{}, protocol.NewError(protocol.CodeParentUnavailable, map[string]any{"reason": "the parent's inbox refused the report: " + err.Error()})
 	}
 	return protocol.FollowupReply{MessageID: mid}, nil
 }

@@ -223,32 +223,36 @@ type endpoint struct {
 	handle  rpc.Handler
 }
 
+// endpoints is every endpoint the coordinator serves with its request and
+// reply shapes (docs/protocol.md §5): each handler gets its request decoded
+// (rpc.Typed) and returns its reply. events.follow answers itself and then
+// streams (rpc.Replied).
 func (c *Coordinator) endpoints() []endpoint {
 	return []endpoint{
-		{protocol.EpProvidersList, c.providersList},
-		{protocol.EpAgentsOpen, c.agentsOpen},
-		{protocol.EpAgentsRenew, c.agentsRenew},
-		{protocol.EpAgentsClose, c.agentsClose},
-		{protocol.EpRunsStart, c.runsStart},
-		{protocol.EpRunsAwait, c.runsAwait},
-		{protocol.EpRunsDispose, c.runsDispose},
-		{protocol.EpContinuableStart, c.continuableStart},
-		{protocol.EpContinuableFollowup, c.continuableFollowup},
-		{protocol.EpContinuableState, c.continuableState},
-		{protocol.EpContinuableDrain, c.continuableDrain},
-		{protocol.EpContinuableDrains, c.continuableDrains},
-		{protocol.EpContinuableInterrupt, c.continuableInterrupt},
-		{protocol.EpContinuableReport, c.continuableReport},
-		{protocol.EpChildrenList, c.childrenList},
-		{protocol.EpDescendantsDispose, c.descendantsDispose},
-		{protocol.EpAuthorityUser, c.authorityUser},
-		{protocol.EpSessionsGet, c.sessionsGet},
-		{protocol.EpSessionsLog, c.sessionsLog},
-		{protocol.EpEventsRead, c.eventsRead},
-		{protocol.EpEventsFollow, c.eventsFollow},
-		{protocol.EpInboxRead, c.inboxRead},
-		{protocol.EpInboxAck, c.inboxAck},
-		{protocol.EpSessionsResult, c.sessionsResult},
+		{protocol.EpProvidersList, rpc.Typed[protocol.Empty, protocol.ProvidersListReply](c.providersList)},
+		{protocol.EpAgentsOpen, rpc.Typed[protocol.AgentsOpenRequest, protocol.AgentsOpenReply](c.agentsOpen)},
+		{protocol.EpAgentsRenew, rpc.Typed[protocol.ParentRef, protocol.AgentsRenewReply](c.agentsRenew)},
+		{protocol.EpAgentsClose, rpc.Typed[protocol.ParentRef, protocol.Empty](c.agentsClose)},
+		{protocol.EpRunsStart, rpc.Typed[protocol.RunStartRequest, protocol.RunStartReply](c.runsStart)},
+		{protocol.EpRunsAwait, rpc.Typed[protocol.RunRef, protocol.RunStatus](c.runsAwait)},
+		{protocol.EpRunsDispose, rpc.Typed[protocol.RunRef, protocol.RunStatus](c.runsDispose)},
+		{protocol.EpContinuableStart, rpc.Typed[protocol.ContinuableStartRequest, protocol.ContinuableStartReply](c.continuableStart)},
+		{protocol.EpContinuableFollowup, rpc.Typed[protocol.FollowupRequest, protocol.FollowupReply](c.continuableFollowup)},
+		{protocol.EpContinuableState, rpc.Typed[protocol.ChildRef, protocol.StateReply](c.continuableState)},
+		{protocol.EpContinuableDrain, rpc.Typed[protocol.DrainRequest, protocol.DrainReply](c.continuableDrain)},
+		{protocol.EpContinuableDrains, rpc.Typed[protocol.DrainsListRequest, protocol.DrainsListReply](c.continuableDrains)},
+		{protocol.EpContinuableInterrupt, rpc.Typed[protocol.InterruptRequest, protocol.InterruptReply](c.continuableInterrupt)},
+		{protocol.EpContinuableReport, rpc.Typed[protocol.ReportRequest, protocol.FollowupReply](c.continuableReport)},
+		{protocol.EpChildrenList, rpc.Typed[protocol.ChildrenListRequest, protocol.ChildrenListReply](c.childrenList)},
+		{protocol.EpDescendantsDispose, rpc.Typed[protocol.DescendantsDisposeRequest, protocol.DrainReply](c.descendantsDispose)},
+		{protocol.EpAuthorityUser, rpc.Typed[protocol.Empty, protocol.UserGrantReply](c.authorityUser)},
+		{protocol.EpSessionsGet, rpc.Typed[protocol.SessionGetRequest, protocol.SessionHeader](c.sessionsGet)},
+		{protocol.EpSessionsLog, rpc.Typed[protocol.LogReadRequest, protocol.LogPage](c.sessionsLog)},
+		{protocol.EpEventsRead, rpc.Typed[protocol.EventsReadRequest, protocol.EventsPage](c.eventsRead)},
+		{protocol.EpEventsFollow, rpc.Typed[protocol.EventsFollowRequest, any](c.eventsFollow)},
+		{protocol.EpInboxRead, rpc.Typed[protocol.InboxReadRequest, protocol.InboxPage](c.inboxRead)},
+		{protocol.EpInboxAck, rpc.Typed[protocol.InboxAckRequest, protocol.InboxAckReply](c.inboxAck)},
+		{protocol.EpSessionsResult, rpc.Typed[protocol.SessionResultRequest, protocol.SessionResultReply](c.sessionsResult)},
 	}
 }
 
@@ -456,7 +460,7 @@ func (c *Coordinator) beat(ctx context.Context) error {
 	return err
 }
 
-func (c *Coordinator) providersList(ctx context.Context, req rpc.Request) (any, error) {
+func (c *Coordinator) providersList(ctx context.Context, req rpc.Request, _ protocol.Empty) (protocol.ProvidersListReply, error) {
 	ds, counts := c.reg.providers()
 	return protocol.ProvidersListReply{Providers: ds, Instances: counts}, nil
 }

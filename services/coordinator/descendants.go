@@ -18,13 +18,9 @@ import (
 // disposed, child first, and the answer comes once they all stopped. A
 // one-shot run's host sends it when the run's turn is over, before the run
 // settles (internal/worker/ending.go, issue 14).
-func (c *Coordinator) descendantsDispose(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.DescendantsDisposeRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) descendantsDispose(ctx context.Context, req rpc.Request, r protocol.DescendantsDisposeRequest) (protocol.DrainReply, error) {
 	if err := c.authorizeSelf(ctx, r.Agent); err != nil {
-		return nil, err
+		return protocol.DrainReply{}, err
 	}
 	return c.disposeDescendants(ctx, r.Agent.SessionID)
 }

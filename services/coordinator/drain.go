@@ -60,11 +60,7 @@ func (c *Coordinator) checkDraining(lineage []string) error {
 // activation (user grant; drainDescendants), which also closes admission
 // below them until the drain is lifted (liftDrains). Durable sessions stay
 // resumable; accepted inbox items stay pending.
-func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.DrainRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request, r protocol.DrainRequest) (protocol.DrainReply, error) {
 	leases := c.agents.snapshot()
 	var (
 		selected []leaseState
@@ -73,7 +69,7 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (an
 	)
 	switch {
 	case r.Lift && (r.Parent != "" || len(r.Children) > 0):
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "lift reopens a global or per-parent drain; a drain of given children closes no admission")
+		return protocol.DrainReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "lift reopens a global or per-parent drain; a drain of given children closes no admission")
 	case r.Lift:
 		return c.liftDrains(ctx, r)
 	case r.Parent == "" && len(r.Children) > 0:
@@ -85,11 +81,11 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request) (an
 		selected, err = c.drainDescendants(ctx, r, leases)
 	}
 	if err != nil {
-		return nil, err
+		return protocol.DrainReply{}, err
 	}
 	reply, err := c.disposeDeepestFirst(ctx, selected, cause)
 	if err != nil {
-		return nil, err
+		return protocol.DrainReply{}, err
 	}
 	return reply, nil
 }
@@ -195,9 +191,9 @@ func (c *Coordinator) drainDescendants(ctx context.Context, r protocol.DrainRequ
 // liftDrains removes the drain markers of the given parents (none: the
 // global one), so admission below them opens again, and runs the liveness
 // sweep at once, so held messages run now: a user grant only.
-func (c *Coordinator) liftDrains(ctx context.Context, r protocol.DrainRequest) (any, error) {
+func (c *Coordinator) liftDrains(ctx context.Context, r protocol.DrainRequest) (protocol.DrainReply, error) {
 	if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
-		return nil, err
+		return protocol.DrainReply{}, err
 	}
 	scopes := r.Parents
 	if len(scopes) == 0 {
@@ -205,7 +201,7 @@ func (c *Coordinator) liftDrains(ctx context.Context, r protocol.DrainRequest) (
 	}
 	for _, scope := range scopes {
 		if err := c.st.DeleteDrain(ctx, scope); err != nil {
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "lift the drain of %s: %w", scope, err)
+			return protocol.DrainReply{}, protocol.Errorf(protocol.CodeUnavailable, "lift the drain of %s: %w", scope, err)
 		}
 		c.waitMark(scope, false)
 	}
@@ -239,13 +235,9 @@ func (c *Coordinator) disposeDeepestFirst(ctx context.Context, selected []leaseS
 
 // continuableDrains lists the drain markers and what each holds closed now
 // (user grant): the global one first, then per-root markers by root.
-func (c *Coordinator) continuableDrains(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.DrainsListRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) continuableDrains(ctx context.Context, req rpc.Request, r protocol.DrainsListRequest) (protocol.DrainsListReply, error) {
 	if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
-		return nil, err
+		return protocol.DrainsListReply{}, err
 	}
 	marks := c.agents.drainMarks()
 	reply := protocol.DrainsListReply{Drains: []protocol.DrainMarker{}}

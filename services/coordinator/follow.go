@@ -107,11 +107,7 @@ func (f *follow) use(n int) {
 	f.mu.Unlock()
 }
 
-func (c *Coordinator) eventsFollow(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.EventsFollowRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) eventsFollow(ctx context.Context, req rpc.Request, r protocol.EventsFollowRequest) (any, error) {
 	if req.ReplySubject() == "" {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "events.follow streams to the request's reply subject: send it as a request")
 	}

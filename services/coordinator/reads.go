@@ -106,13 +106,9 @@ func (c *Coordinator) headerFor(ctx context.Context, id string) (protocol.Sessio
 	return h, nil
 }
 
-func (c *Coordinator) sessionsGet(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.SessionGetRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) sessionsGet(ctx context.Context, req rpc.Request, r protocol.SessionGetRequest) (protocol.SessionHeader, error) {
 	if _, err := c.authorizeRead(ctx, r.Authority, r.SessionID); err != nil {
-		return nil, err
+		return protocol.SessionHeader{}, err
 	}
 	return c.headerFor(ctx, r.SessionID)
 }
@@ -125,19 +121,15 @@ func clamp(v, def, max int) int {
 	return min(v, max)
 }
 
-func (c *Coordinator) sessionsLog(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.LogReadRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) sessionsLog(ctx context.Context, req rpc.Request, r protocol.LogReadRequest) (protocol.LogPage, error) {
 	if _, err := c.authorizeRead(ctx, r.Authority, r.SessionID); err != nil {
-		return nil, err
+		return protocol.LogPage{}, err
 	}
 	if r.FromSeq < 0 {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "fromSeq must not be negative")
+		return protocol.LogPage{}, protocol.Errorf(protocol.CodeInvalidArgument, "fromSeq must not be negative")
 	}
 	if _, err := c.headerFor(ctx, r.SessionID); err != nil {
-		return nil, err
+		return protocol.LogPage{}, err
 	}
 	eventsMax := clamp(r.EventsMax, protocol.LogPageEventsDefault, protocol.LogPageEventsMax)
 	var page protocol.LogPage
@@ -147,7 +139,7 @@ func (c *Coordinator) sessionsLog(ctx context.Context, req rpc.Request) (any, er
 		return len(page.Events) > 0, err
 	})
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
+		return protocol.LogPage{}, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 	}
 	return page, nil
 }
@@ -268,21 +260,17 @@ func (s *eventScope) read(ctx context.Context, st *store.Store, after protocol.S
 	})
 }
 
-func (c *Coordinator) eventsRead(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.EventsReadRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) eventsRead(ctx context.Context, req rpc.Request, r protocol.EventsReadRequest) (protocol.EventsPage, error) {
 	scope, err := c.eventScope(ctx, r.Parent, r.Descendants, r.Authority)
 	if err != nil {
-		return nil, err
+		return protocol.EventsPage{}, err
 	}
 	page, err := scope.read(ctx, c.st, r.AfterSeq, clamp(r.EventsMax, protocol.EventsPageDefault, protocol.EventsPageMax))
 	if err != nil {
 		if protocol.CodeOf(err) != "" {
-			return nil, err
+			return protocol.EventsPage{}, err
 		}
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
+		return protocol.EventsPage{}, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 	}
 	return page, nil
 }
@@ -355,13 +343,9 @@ func (c *Coordinator) isRoot(ctx context.Context, h protocol.SessionHeader) (boo
 	return h.ParentSession == "" || h.Origin == protocol.OriginReopenable, nil
 }
 
-func (c *Coordinator) inboxRead(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.InboxReadRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) inboxRead(ctx context.Context, req rpc.Request, r protocol.InboxReadRequest) (protocol.InboxPage, error) {
 	if err := c.authorizeInbox(ctx, r.Authority, r.SessionID, false); err != nil {
-		return nil, err
+		return protocol.InboxPage{}, err
 	}
 	itemsMax := clamp(r.ItemsMax, protocol.InboxPageItemsDefault, protocol.InboxPageItemsMax)
 	page := protocol.InboxPage{Items: []protocol.InboxItem{}}
@@ -371,28 +355,24 @@ func (c *Coordinator) inboxRead(ctx context.Context, req rpc.Request) (any, erro
 		return len(page.Items) > 0, err
 	})
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
+		return protocol.InboxPage{}, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 	}
 	return page, nil
 }
 
-func (c *Coordinator) inboxAck(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.InboxAckRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) inboxAck(ctx context.Context, req rpc.Request, r protocol.InboxAckRequest) (protocol.InboxAckReply, error) {
 	if len(r.Seqs) == 0 || len(r.Seqs) > protocol.InboxAckSeqsMax {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "seqs must name 1 to %d inbox sequences", protocol.InboxAckSeqsMax)
+		return protocol.InboxAckReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "seqs must name 1 to %d inbox sequences", protocol.InboxAckSeqsMax)
 	}
 	if err := c.authorizeInbox(ctx, r.Authority, r.SessionID, true); err != nil {
-		return nil, err
+		return protocol.InboxAckReply{}, err
 	}
 	n, err := c.st.RemoveInboxItems(ctx, r.SessionID, r.Seqs)
 	if err != nil {
 		if protocol.CodeOf(err) != "" {
-			return nil, err
+			return protocol.InboxAckReply{}, err
 		}
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
+		return protocol.InboxAckReply{}, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 	}
 	return protocol.InboxAckReply{Removed: n}, nil
 }

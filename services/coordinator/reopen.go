@@ -74,36 +74,36 @@ func narrowerCap(a, b *int64) *int64 {
 // the session must have been opened with Reopenable, and no live agent may
 // hold it (a lapsed root lease is taken over at once, without waiting for the
 // monitor). The previous incarnation's credential is dead from then on.
-func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenRequest) (any, error) {
+func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenRequest) (protocol.AgentsOpenReply, error) {
 	id := r.SessionID
 	if !protocol.ValidID(id) {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "sessionId must match ^[A-Za-z0-9_-]{1,64}$")
+		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "sessionId must match ^[A-Za-z0-9_-]{1,64}$")
 	}
 	// Whoever reopens a root becomes it (its credential acts for its
 	// children): only a host holding a user grant that covers the root may
 	// (a grant over every session, or one of the user who opened it).
 	g, err := c.grantOf(ctx, r.Grant)
 	if err != nil {
-		return nil, err
+		return protocol.AgentsOpenReply{}, err
 	}
 	h, err := c.headers.get(ctx, c.st, id)
 	if errors.Is(err, store.ErrNotFound) {
 		if !g.all {
-			return nil, notCovered(g, id)
+			return protocol.AgentsOpenReply{}, notCovered(g, id)
 		}
-		return nil, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "session " + id})
+		return protocol.AgentsOpenReply{}, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "session " + id})
 	}
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %w", id, err)
+		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %w", id, err)
 	}
 	if ok, err := g.covers(ctx, c, h); err != nil || !ok {
 		if err != nil {
-			return nil, err
+			return protocol.AgentsOpenReply{}, err
 		}
-		return nil, notCovered(g, id)
+		return protocol.AgentsOpenReply{}, notCovered(g, id)
 	}
 	if h.Origin != protocol.OriginReopenable {
-		return nil, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": id,
+		return protocol.AgentsOpenReply{}, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": id,
 			"reason": "it was not opened as a reopenable root; only roots opened with reopenable can be reopened"})
 	}
 	now := store.NowMs()
@@ -118,20 +118,20 @@ func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenReq
 	case errors.Is(err, store.ErrNotFound):
 		_, err = c.st.CreateLease(ctx, lease)
 	case err != nil:
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", id, err)
+		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", id, err)
 	case cur.Value.Kind == protocol.AgentRoot && cur.Value.ExpiresAt <= now:
 		lease.Epoch = cur.Value.Epoch + 1
 		_, err = c.st.UpdateLease(ctx, lease, cur.Revision)
 	default:
 		wait := time.Duration(max(cur.Value.ExpiresAt-now, 0)) * time.Millisecond
-		return nil, protocol.Errorf(protocol.CodeUnavailable,
+		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeUnavailable,
 			"session %s is live in another process (its lease lapses in %s); close it there, or retry once the lease lapsed", id, wait.Round(time.Millisecond))
 	}
 	if errors.Is(err, store.ErrConflict) {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "another process reopened session %s at the same moment; retry", id)
+		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeUnavailable, "another process reopened session %s at the same moment; retry", id)
 	}
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "reopen %s: %w", id, err)
+		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeUnavailable, "reopen %s: %w", id, err)
 	}
 	c.agents.del(id)
 	c.disposeRunsOf(context.WithoutCancel(ctx), id)

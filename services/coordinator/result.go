@@ -11,21 +11,17 @@ import (
 // sessionsResult answers a child's last finished turn from the tail of its
 // log (store.ReadLogTail): the client never reads the whole log, and the
 // coordinator reads only as far back as that turn's start.
-func (c *Coordinator) sessionsResult(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.SessionResultRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) sessionsResult(ctx context.Context, req rpc.Request, r protocol.SessionResultRequest) (protocol.SessionResultReply, error) {
 	h, _, err := c.childFor(ctx, r.SessionID, r.Authority, true)
 	if err != nil {
-		return nil, err
+		return protocol.SessionResultReply{}, err
 	}
 	events, _, err := c.st.ReadLogTail(ctx, h.ID, func(evs []protocol.SessionEvent) bool {
 		_, _, ok := lastOwnTurn(evs, h.SeedLength)
 		return ok || (len(evs) > 0 && evs[0].Seq <= h.SeedLength)
 	})
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", h.ID, err)
+		return protocol.SessionResultReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", h.ID, err)
 	}
 	mode := ""
 	if e, err := c.st.ChildIndexEntry(ctx, h.ParentSession, h.ID); err == nil {
@@ -34,7 +30,7 @@ func (c *Coordinator) sessionsResult(ctx context.Context, req rpc.Request) (any,
 	reply := protocol.SessionResultReply{SessionID: h.ID, Output: []protocol.ContentBlock{}}
 	if start, end, ok := lastOwnTurn(events, h.SeedLength); ok {
 		if reply, err = sessionlog.TurnResult(h.ID, events[start:end+1]); err != nil {
-			return nil, err
+			return protocol.SessionResultReply{}, err
 		}
 	}
 	reply.Mode = mode

@@ -100,21 +100,17 @@ func (c *Coordinator) leaseLive(rec protocol.AgentRecord) bool {
 	return c.reg.hostLive(rec.HostID)
 }
 
-func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.AgentsOpenRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request, r protocol.AgentsOpenRequest) (protocol.AgentsOpenReply, error) {
 	if r.SessionID != "" {
 		return c.agentsReopen(ctx, r)
 	}
 	if r.Cwd == "" || !filepath.IsAbs(r.Cwd) || len(r.Cwd) > CwdBytesMax || strings.ContainsFunc(r.Cwd, unicode.IsControl) {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "cwd must be an absolute path of at most %d bytes", CwdBytesMax)
+		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "cwd must be an absolute path of at most %d bytes", CwdBytesMax)
 	}
 	user := c.callerOf(req)
 	release, err := c.admitRoot(user)
 	if err != nil {
-		return nil, err
+		return protocol.AgentsOpenReply{}, err
 	}
 	defer release()
 	now := store.NowMs()
@@ -123,7 +119,7 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request) (any, err
 	// The root records who opened it: a grant of that user acts on its tree.
 	h := protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: filepath.Clean(r.Cwd), User: user}
 	if err := c.narrowRoot(ctx, &h, r); err != nil {
-		return nil, err
+		return protocol.AgentsOpenReply{}, err
 	}
 	lease := protocol.AgentRecord{
 		SessionID: id, Kind: protocol.AgentRoot, HostID: RootHostID, Epoch: 1,
@@ -135,7 +131,7 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request) (any, err
 		func() error { return c.st.PutHeader(ctx, h) },
 		func() (err error) { rev, err = c.st.CreateLease(ctx, lease); return err },
 	); err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "open root: %w", err)
+		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeUnavailable, "open root: %w", err)
 	}
 	// The user's next open on this replica counts this root.
 	c.agents.observe(lease, rev)
@@ -143,18 +139,14 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request) (any, err
 	return protocol.AgentsOpenReply{SessionID: id, Credential: cred, LeaseMs: c.cfg.RootLease.Milliseconds(), ExpiresAt: lease.ExpiresAt}, nil
 }
 
-func (c *Coordinator) agentsRenew(ctx context.Context, req rpc.Request) (any, error) {
-	var p protocol.ParentRef
-	if err := req.Decode(&p); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) agentsRenew(ctx context.Context, req rpc.Request, p protocol.ParentRef) (protocol.AgentsRenewReply, error) {
 	for attempt := 0; attempt < renewAttemptsMax; attempt++ {
 		l, err := c.authorize(ctx, p)
 		if err != nil {
-			return nil, err
+			return protocol.AgentsRenewReply{}, err
 		}
 		if l.rec.Kind != protocol.AgentRoot {
-			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "session %s is not a root; only roots are renewed", p.SessionID)
+			return protocol.AgentsRenewReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "session %s is not a root; only roots are renewed", p.SessionID)
 		}
 		rec := l.rec
 		rec.ExpiresAt = store.NowMs() + c.cfg.RootLease.Milliseconds()
@@ -164,28 +156,24 @@ func (c *Coordinator) agentsRenew(ctx context.Context, req rpc.Request) (any, er
 			continue
 		}
 		if err != nil {
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "renew: %v", err)
+			return protocol.AgentsRenewReply{}, protocol.Errorf(protocol.CodeUnavailable, "renew: %v", err)
 		}
 		c.agents.observe(rec, rev)
 		return protocol.AgentsRenewReply{ExpiresAt: rec.ExpiresAt}, nil
 	}
-	return nil, protocol.Errorf(protocol.CodeUnavailable, "renew of %s kept conflicting; retry", p.SessionID)
+	return protocol.AgentsRenewReply{}, protocol.Errorf(protocol.CodeUnavailable, "renew of %s kept conflicting; retry", p.SessionID)
 }
 
-func (c *Coordinator) agentsClose(ctx context.Context, req rpc.Request) (any, error) {
-	var p protocol.ParentRef
-	if err := req.Decode(&p); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) agentsClose(ctx context.Context, req rpc.Request, p protocol.ParentRef) (protocol.Empty, error) {
 	l, err := c.authorize(ctx, p)
 	if err != nil {
-		return nil, err
+		return protocol.Empty{}, err
 	}
 	if l.rec.Kind != protocol.AgentRoot {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "session %s is not a root; only roots are closed by clients", p.SessionID)
+		return protocol.Empty{}, protocol.Errorf(protocol.CodeInvalidArgument, "session %s is not a root; only roots are closed by clients", p.SessionID)
 	}
 	if err := c.st.ReleaseLease(ctx, p.SessionID, l.rev); err != nil && !errors.Is(err, store.ErrConflict) {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "close: %v", err)
+		return protocol.Empty{}, protocol.Errorf(protocol.CodeUnavailable, "close: %v", err)
 	}
 	c.agents.del(p.SessionID)
 	// The root's one-shot runs belong to it: dispose them now rather than at

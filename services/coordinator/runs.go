@@ -185,30 +185,26 @@ func ancestry(a admission) []string {
 // runsStart admits a one-shot run, writes the child's header and run record,
 // asks a provider instance to publish the child, and answers {runId, childId}
 // at publication (DESIGN.md §7).
-func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, error) {
+func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol.RunStartRequest) (protocol.RunStartReply, error) {
 	began := time.Now()
-	var r protocol.RunStartRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
 	if r.Notify != "" && !c.validNotify(r.Notify) {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument,
+		return protocol.RunStartReply{}, protocol.Errorf(protocol.CodeInvalidArgument,
 			"notify must be a literal subject of printable ASCII without wildcards, outside %s.> and $-subjects (use your connection's inbox prefix)", c.subj.Prefix())
 	}
 	// A caller's notices go to its own inbox prefix only, never another
 	// user's (docs/security.md): the deployment lets each user subscribe
 	// only under _INBOX.<user>.
 	if user := c.callerOf(req); user != "" && r.Notify != "" && !strings.HasPrefix(r.Notify, protocol.UserInboxPrefix(user)+".") {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument,
+		return protocol.RunStartReply{}, protocol.Errorf(protocol.CodeInvalidArgument,
 			"notify %q must lie under your own inbox prefix %s. (connect as NATS user %s with that inbox prefix, as brood does)", r.Notify, protocol.UserInboxPrefix(user), user)
 	}
 	var err error
 	if r.Options.Label, err = protocol.OneLabel(r.Label, r.Options.Label); err != nil {
-		return nil, err
+		return protocol.RunStartReply{}, err
 	}
 	a, err := c.admit(ctx, r.Provider, r.Parent, r.Prompt, r.Options)
 	if err != nil {
-		return nil, err
+		return protocol.RunStartReply{}, err
 	}
 	now := store.NowMs()
 	childID := ulid.Make().String()
@@ -217,7 +213,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 		runID = ulid.Make().String() // remote providers: a fresh id in the parent's namespace
 	}
 	if err := c.reserveChild(ctx, a.pheader.ID, childID); err != nil {
-		return nil, err
+		return protocol.RunStartReply{}, err
 	}
 	release := func() { c.releaseChild(context.WithoutCancel(ctx), a.pheader.ID, childID) }
 	header := c.childHeader(a, childID, now)
@@ -225,7 +221,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 		seed, err := c.prepare(ctx, a.desc.Name, a.pheader.ID, childID)
 		if err != nil {
 			release()
-			return nil, err
+			return protocol.RunStartReply{}, err
 		}
 		header.SeedLength = seed
 	}
@@ -240,7 +236,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 		func() (err error) { runRev, err = c.st.CreateRun(ctx, rec); return err },
 	); err != nil {
 		release()
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "record the run: %v", err)
+		return protocol.RunStartReply{}, protocol.Errorf(protocol.CodeUnavailable, "record the run: %v", err)
 	}
 	c.cfg.Metrics.RunStarted(rec.Provider, rec.Mode)
 	c.st.PutChildIndexAsync(header.ParentSession, protocol.ChildIndexRecord{
@@ -264,7 +260,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request) (any, erro
 	}
 	if err != nil {
 		release()
-		return nil, err
+		return protocol.RunStartReply{}, err
 	}
 	c.cfg.Metrics.StartAnswered(rec.Provider, rec.Mode, time.Since(began))
 	return protocol.RunStartReply{RunID: runID, ChildID: childID}, nil
@@ -401,14 +397,10 @@ func status(rec protocol.RunRecord) protocol.RunStatus {
 
 // runsAwait answers a run's status from brood_runs, waiting up to waitMs
 // (capped by RunAwaitWaitMax) for it to settle.
-func (c *Coordinator) runsAwait(ctx context.Context, req rpc.Request) (any, error) {
-	var ref protocol.RunRef
-	if err := req.Decode(&ref); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) runsAwait(ctx context.Context, req rpc.Request, ref protocol.RunRef) (protocol.RunStatus, error) {
 	rec, err := c.loadRun(ctx, ref)
 	if err != nil {
-		return nil, err
+		return protocol.RunStatus{}, err
 	}
 	if rec.Value.State == protocol.RunSettled || ref.WaitMs <= 0 {
 		return status(rec.Value), nil
@@ -464,20 +456,16 @@ func (c *Coordinator) waitSettled(ctx context.Context, runID string, d time.Dura
 // runsDispose reaches the process hosting the run on its host subject; the
 // host settles `aborted` with the partial output. Idempotent: a settled run
 // answers with its result.
-func (c *Coordinator) runsDispose(ctx context.Context, req rpc.Request) (any, error) {
-	var ref protocol.RunRef
-	if err := req.Decode(&ref); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) runsDispose(ctx context.Context, req rpc.Request, ref protocol.RunRef) (protocol.RunStatus, error) {
 	rec, err := c.loadRun(ctx, ref)
 	if err != nil {
-		return nil, err
+		return protocol.RunStatus{}, err
 	}
 	if rec.Value.State == protocol.RunSettled {
 		return status(rec.Value), nil
 	}
 	if rec.Value.Mode == protocol.ModeContinuable {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument,
+		return protocol.RunStatus{}, protocol.Errorf(protocol.CodeInvalidArgument,
 			"run %s is an epoch of continuable child %s: stop its turn with continuable.interrupt or end it with continuable.drain", rec.Value.RunID, rec.Value.ChildID)
 	}
 	return c.disposeRun(ctx, rec.Value, protocol.CauseDisposed)
