@@ -390,7 +390,7 @@ func devCmd(g *globals) *cobra.Command {
 			// brood dev is its own admin: it provisions R1 streams and buckets.
 			subj, err := protocol.NewSubjects(g.prefix)
 			if err != nil {
-				return protocol.Errorf(protocol.CodeInvalidArgument, "%v", err)
+				return protocol.Errorf(protocol.CodeInvalidArgument, "%w", err)
 			}
 			if err := provision(cmd.Context(), nc, subj, store.DefaultConfig(), provisionRetryMax, log); err != nil {
 				return err
@@ -497,7 +497,7 @@ func checkListen(host string, port int) error {
 	addr := netJoin(host, port)
 	l, err := netListen(addr)
 	if err != nil {
-		return fmt.Errorf("cannot listen on %s: %v; stop what uses it or choose another --listen (port 0 picks a free one)", addr, err)
+		return fmt.Errorf("cannot listen on %s: %w; stop what uses it or choose another --listen (port 0 picks a free one)", addr, err)
 	}
 	return l.Close()
 }

@@ -83,7 +83,7 @@ func ValidateDir(dir string) error {
 	}
 	const xOK = 1 // access(2) X_OK: search permission on a directory
 	if err := syscall.Access(dir, xOK); err != nil {
-		return fmt.Errorf("workspace %q cannot be entered: %v", dir, err)
+		return fmt.Errorf("workspace %q cannot be entered: %w", dir, err)
 	}
 	return nil
 }

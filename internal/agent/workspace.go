@@ -162,7 +162,7 @@ func decodeArgs(args string, v any) error {
 	d := json.NewDecoder(strings.NewReader(args))
 	d.DisallowUnknownFields()
 	if err := d.Decode(v); err != nil {
-		return fmt.Errorf("invalid arguments: %v", err)
+		return fmt.Errorf("invalid arguments: %w", err)
 	}
 	if d.More() {
 		return errors.New("invalid arguments: trailing data after the JSON object")

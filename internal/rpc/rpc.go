@@ -97,7 +97,7 @@ func (r Request) Decode(v any) error {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "empty request body")
 	}
 	if err := protocol.UnmarshalRequest(r.Encoding, r.data, v); err != nil {
-		return protocol.Errorf(protocol.CodeInvalidArgument, "request body is not valid %s for this endpoint: %v (send a MessagePack map, or a JSON object; JSON may carry the header %s: %s)",
+		return protocol.Errorf(protocol.CodeInvalidArgument, "request body is not valid %s for this endpoint: %w (send a MessagePack map, or a JSON object; JSON may carry the header %s: %s)",
 			r.Encoding, err, protocol.HeaderContentType, protocol.ContentTypeJSON)
 	}
 	return nil

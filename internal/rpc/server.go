@@ -427,7 +427,7 @@ func send(log *slog.Logger, req Request, reply any, err error) string {
 		data, merr := protocol.Marshal(req.Encoding, reply)
 		switch {
 		case merr != nil:
-			err = protocol.Errorf(protocol.CodeInternal, "encode reply: %v", merr)
+			err = protocol.Errorf(protocol.CodeInternal, "encode reply: %w", merr)
 		case int64(len(data))+replyHeaderBytesMax > req.nc.MaxPayload():
 			// NATS would refuse it and the caller would hear nothing.
 			err = tooLarge(req, len(data))

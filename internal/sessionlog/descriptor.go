@@ -30,7 +30,7 @@ func Descriptor(events []protocol.SessionEvent, seedLength int64) (protocol.Desc
 		}
 		var d protocol.DescriptorData
 		if err := ev.Decode(&d); err != nil {
-			return d, fmt.Errorf("the descriptor is corrupt: %v", err)
+			return d, fmt.Errorf("the descriptor is corrupt: %w", err)
 		}
 		if d.Version != protocol.DescriptorVersion {
 			return d, fmt.Errorf("the descriptor has unsupported version %d", d.Version)

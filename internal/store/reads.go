@@ -93,7 +93,7 @@ func (s *Store) ReadLogPage(ctx context.Context, id string, fromSeq int64, curso
 	last := lastMsg.Sequence
 	var lastRec protocol.LogRecord
 	if err := protocol.Unmarshal(protocol.Msgpack, lastMsg.Data, &lastRec); err != nil || len(lastRec.Events) == 0 {
-		return page, fmt.Errorf("decode log record %s@%d: %v", id, last, err)
+		return page, fmt.Errorf("decode log record %s@%d: %w", id, last, err)
 	}
 	if fromSeq > lastRec.Events[len(lastRec.Events)-1].Seq {
 		// Nothing at fromSeq yet (a tail): no scan at all.

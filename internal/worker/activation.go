@@ -228,7 +228,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 	} else {
 		log, err := h.st.ReadLog(ctx, req.ChildID)
 		if err != nil {
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %v", req.ChildID, err)
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", req.ChildID, err)
 		}
 		events, lastSubjSeq = log.Events, log.LastSubjSeq
 		lease.EpochStart = int64(len(events))
@@ -239,7 +239,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 			return nil, protocol.NewError(protocol.CodeActivationClosing, map[string]any{
 				"reason": fmt.Sprintf("session %s has a live lease elsewhere", req.ChildID)})
 		}
-		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %v", req.ChildID, err)
+		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %w", req.ChildID, err)
 	}
 	release := func() { _ = h.st.ReleaseLease(context.WithoutCancel(ctx), req.ChildID, leaseRev) }
 	lw := h.st.NewLogWriter(req.ChildID, lastSubjSeq, int64(len(events)))
@@ -275,7 +275,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		closing, err := sessionlog.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
 		if err != nil {
 			release()
-			return nil, protocol.Errorf(protocol.CodeInternal, "close the open turn of %s: %v", req.ChildID, err)
+			return nil, protocol.Errorf(protocol.CodeInternal, "close the open turn of %s: %w", req.ChildID, err)
 		}
 		first = closing
 	}
@@ -283,7 +283,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		if err := cs.Append(ctx, first...); err != nil {
 			release()
 			closeSession(cs)
-			return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "log the start of the epoch of %s: %v", req.ChildID, err)
+			return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "log the start of the epoch of %s: %w", req.ChildID, err)
 		}
 	}
 	a.start = len(cs.Events())
@@ -292,7 +292,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		if err != nil {
 			a.unsubscribe()
 			release()
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "subscribe to %s: %v", subj, err)
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "subscribe to %s: %w", subj, err)
 		}
 		a.subs = append(a.subs, sub)
 	}
@@ -301,7 +301,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 	if err := h.cfg.NC.FlushTimeout(5 * time.Second); err != nil {
 		a.unsubscribe()
 		release()
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "flush the inbox subscription: %v", err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "flush the inbox subscription: %w", err)
 	}
 	if err := context.Cause(a.ctx); err != nil { // disposed (a drain, a lost lease) while it was built
 		a.unsubscribe()
@@ -611,7 +611,7 @@ func (a *activation) interrupt(ctx context.Context, cause string) error {
 	defer cancel()
 	items, err := a.sess.Unclaimed(rctx, a.inbox)
 	if err != nil {
-		return protocol.Errorf(protocol.CodeUnavailable, "interrupt %s: read its inbox: %v", a.childID, err)
+		return protocol.Errorf(protocol.CodeUnavailable, "interrupt %s: read its inbox: %w", a.childID, err)
 	}
 	seen := map[protocol.Seq]bool{}
 	waiting := map[protocol.Seq]bool{}

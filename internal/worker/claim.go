@@ -72,7 +72,7 @@ func (h *Host) claim(ctx context.Context, run protocol.RunRecord, rev uint64, ch
 		return run, 0, protocol.NewError(protocol.CodeNotPending, map[string]any{
 			"runId": run.RunID, "reason": "its record changed since the coordinator created it (another instance started it, or it was settled)"})
 	case err != nil:
-		return run, 0, fmt.Errorf("%w: %w", errClaimUnknown, protocol.Errorf(protocol.CodeUnavailable, "claim run %s: %v", run.RunID, err))
+		return run, 0, fmt.Errorf("%w: %w", errClaimUnknown, protocol.Errorf(protocol.CodeUnavailable, "claim run %s: %w", run.RunID, err))
 	}
 	return run, nrev, nil
 }

@@ -161,14 +161,14 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 		var cause error
 		switch {
 		case derr != nil:
-			cause = protocol.Errorf(protocol.CodeInternal, "encode descriptor: %v", derr)
+			cause = protocol.Errorf(protocol.CodeInternal, "encode descriptor: %w", derr)
 		case leaseErr != nil:
 			if opened {
 				h.closeTurn(ctx, lw, sess.Events(), protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the host could not take the session lease"})
 			}
-			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %v", childID, leaseErr)
+			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %w", childID, leaseErr)
 		default:
-			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "log the first turn of %s: %v", childID, out.Err)
+			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "log the first turn of %s: %w", childID, out.Err)
 		}
 		if r.leaseRev > 0 { // ours: release it, at its revision
 			h.releaseLease(childID, r.leaseRev)
@@ -375,7 +375,7 @@ func (h *Host) dispose(ctx context.Context, req protocol.HostRunRequest) (any, e
 	}
 	rec, err := h.st.Run(ctx, r.runID)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", r.runID, err)
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %w", r.runID, err)
 	}
 	return protocol.RunStatus{RunID: r.runID, ChildID: r.childID, State: rec.Value.State, Result: rec.Value.Result}, nil
 }

@@ -256,7 +256,7 @@ func waitProviders(ctx context.Context, nc *nats.Conn, provider string, n int) e
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("chaos: provider %s not listed with %d instances within a minute (%v)", provider, n, err)
+			return fmt.Errorf("chaos: provider %s not listed with %d instances within a minute (%w)", provider, n, err)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

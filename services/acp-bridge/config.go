@@ -61,7 +61,7 @@ func (a *AgentConfig) Validate() error {
 	}
 	if a.Cwd != "" {
 		if err := acpio.ValidateDir(a.Cwd); err != nil {
-			return fmt.Errorf("ACP agent %s: cwd: %v", a.Name, err)
+			return fmt.Errorf("ACP agent %s: cwd: %w", a.Name, err)
 		}
 	}
 	return nil

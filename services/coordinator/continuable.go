@@ -238,7 +238,7 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 			return protocol.ContinuableStartReply{}, protocol.NewError(protocol.CodeDuplicateChild, map[string]any{"childId": childID})
 		}
 		release()
-		return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeUnavailable, "write the header: %v", err)
+		return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeUnavailable, "write the header: %w", err)
 	}
 	c.headers.add(header)
 	if err := c.st.PutChildIndex(ctx, header.ParentSession, protocol.ChildIndexRecord{
@@ -270,7 +270,7 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 	if owner != "" {
 		if err := c.st.AddOwnership(ctx, owner, childID); err != nil {
 			rollback()
-			return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
+			return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %w", err)
 		}
 	}
 	// Admission: the parent must still be the exact live agent, and its
@@ -300,7 +300,7 @@ func inboxError(err error) error {
 	if pe := protocol.CodeOf(err); pe != "" {
 		return err
 	}
-	return protocol.Errorf(protocol.CodeUnavailable, "the inbox did not accept the message: %v", err)
+	return protocol.Errorf(protocol.CodeUnavailable, "the inbox did not accept the message: %w", err)
 }
 
 // activateEpoch creates an epoch's run record and asks a live host of the
@@ -316,7 +316,7 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 	}
 	rev, err := c.st.CreateRun(ctx, rec)
 	if err != nil {
-		return protocol.ActivateReply{}, protocol.Errorf(protocol.CodeUnavailable, "record the epoch: %v", err)
+		return protocol.ActivateReply{}, protocol.Errorf(protocol.CodeUnavailable, "record the epoch: %w", err)
 	}
 	c.cfg.Metrics.RunStarted(rec.Provider, rec.Mode)
 	req := protocol.ActivateRequest{
@@ -336,7 +336,7 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 		if err = c.claimedRun(ctx, rec, rev, err); err == nil {
 			run, rerr := c.st.RunLatest(context.WithoutCancel(ctx), runID)
 			if rerr != nil {
-				return reply, protocol.Errorf(protocol.CodeUnavailable, "read the epoch %s: %v", runID, rerr)
+				return reply, protocol.Errorf(protocol.CodeUnavailable, "read the epoch %s: %w", runID, rerr)
 			}
 			return protocol.ActivateReply{HostID: run.Value.HostID, RunID: runID}, nil
 		}
@@ -362,7 +362,7 @@ func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Reco
 			return nil, nil
 		}
 		if err != nil {
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %v", childID, err)
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", childID, err)
 		}
 		if l.Value.TakenOverBy == "" && c.reg.hostLive(l.Value.HostID) {
 			return &l, nil
@@ -383,7 +383,7 @@ func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Reco
 func (c *Coordinator) resumable(ctx context.Context, h protocol.SessionHeader) (protocol.DescriptorData, error) {
 	log, err := c.st.ReadLog(ctx, h.ID)
 	if err != nil {
-		return protocol.DescriptorData{}, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %v", h.ID, err)
+		return protocol.DescriptorData{}, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", h.ID, err)
 	}
 	d, err := sessionlog.Descriptor(log.Events, h.SeedLength)
 	if err != nil {
@@ -413,11 +413,11 @@ func (c *Coordinator) coldResume(ctx context.Context, h protocol.SessionHeader, 
 	}
 	up, err := c.lineage(ctx, h)
 	if err != nil {
-		return protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %v", h.ID, err)
+		return protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %w", h.ID, err)
 	}
 	if owner != "" {
 		if err := c.st.AddOwnership(ctx, owner, h.ID); err != nil {
-			return protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
+			return protocol.Errorf(protocol.CodeUnavailable, "register ownership: %w", err)
 		}
 	}
 	reply, err := c.activateEpoch(ctx, h, d, owner, up, false)
@@ -446,7 +446,7 @@ func (c *Coordinator) childHeaderOf(ctx context.Context, childID string, query b
 		return h, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": childID, "reason": "no such session"})
 	}
 	if err != nil {
-		return h, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %v", childID, err)
+		return h, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %w", childID, err)
 	}
 	return h, nil
 }
@@ -532,7 +532,7 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request, 
 	}
 	up, err := c.lineage(ctx, h)
 	if err != nil {
-		return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the lineage: %v", err)
+		return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the lineage: %w", err)
 	}
 	// Nothing under an ended one-shot run starts work again (a parent's end,
 	// internal/worker/ending.go). A live parent has no ended ancestor, so
@@ -567,7 +567,7 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request, 
 		owner = h.ParentSession
 		// A continuable parent owns a child before the child runs its work.
 		if err := c.st.AddOwnership(ctx, owner, h.ID); err != nil {
-			return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %v", err)
+			return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %w", err)
 		}
 	}
 	src := protocol.MessageSource{Kind: protocol.SourceUser}
@@ -604,7 +604,7 @@ func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request, r p
 	}
 	queued, err := c.st.InboxOf(h.ID).Count(ctx)
 	if err != nil {
-		return protocol.StateReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the inbox of %s: %v", h.ID, err)
+		return protocol.StateReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the inbox of %s: %w", h.ID, err)
 	}
 	l, err := c.st.Lease(ctx, h.ID)
 	if errors.Is(err, store.ErrNotFound) || (err == nil && (l.Value.Kind != protocol.AgentContinuable || !c.leaseLive(l.Value))) {
@@ -617,7 +617,7 @@ func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request, r p
 		return protocol.StateReply{ChildID: h.ID, State: protocol.StateNone, Queued: queued}, nil
 	}
 	if err != nil {
-		return protocol.StateReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease: %v", err)
+		return protocol.StateReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease: %w", err)
 	}
 	var st protocol.StateReply
 	hctx, cancel := context.WithTimeout(ctx, HostCallTimeout)
@@ -691,7 +691,7 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request,
 		}
 		up, err := c.lineage(ctx, h)
 		if err != nil {
-			return protocol.InterruptReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the ancestry of %s: %v", r.ChildID, err)
+			return protocol.InterruptReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the ancestry of %s: %w", r.ChildID, err)
 		}
 		if !contains(up, caller) {
 			return protocol.InterruptReply{}, protocol.Errorf(protocol.CodeUnauthorized, "session %s is not an ancestor of %s", caller, r.ChildID)

@@ -156,7 +156,7 @@ func (c *Coordinator) agentsRenew(ctx context.Context, req rpc.Request, p protoc
 			continue
 		}
 		if err != nil {
-			return protocol.AgentsRenewReply{}, protocol.Errorf(protocol.CodeUnavailable, "renew: %v", err)
+			return protocol.AgentsRenewReply{}, protocol.Errorf(protocol.CodeUnavailable, "renew: %w", err)
 		}
 		c.agents.observe(rec, rev)
 		return protocol.AgentsRenewReply{ExpiresAt: rec.ExpiresAt}, nil
@@ -173,7 +173,7 @@ func (c *Coordinator) agentsClose(ctx context.Context, req rpc.Request, p protoc
 		return protocol.Empty{}, protocol.Errorf(protocol.CodeInvalidArgument, "session %s is not a root; only roots are closed by clients", p.SessionID)
 	}
 	if err := c.st.ReleaseLease(ctx, p.SessionID, l.rev); err != nil && !errors.Is(err, store.ErrConflict) {
-		return protocol.Empty{}, protocol.Errorf(protocol.CodeUnavailable, "close: %v", err)
+		return protocol.Empty{}, protocol.Errorf(protocol.CodeUnavailable, "close: %w", err)
 	}
 	c.agents.del(p.SessionID)
 	// The root's one-shot runs belong to it: dispose them now rather than at

@@ -88,7 +88,7 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 	}
 	a.pheader, err = c.headers.get(ctx, c.st, parent.SessionID)
 	if err != nil {
-		return a, protocol.Errorf(protocol.CodeUnavailable, "read the parent's header: %v", err)
+		return a, protocol.Errorf(protocol.CodeUnavailable, "read the parent's header: %w", err)
 	}
 	a.depth, a.depthCap, err = resolveDepth(a.pheader, maxDepth)
 	if err != nil {
@@ -236,7 +236,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 		func() (err error) { runRev, err = c.st.CreateRun(ctx, rec); return err },
 	); err != nil {
 		release()
-		return protocol.RunStartReply{}, protocol.Errorf(protocol.CodeUnavailable, "record the run: %v", err)
+		return protocol.RunStartReply{}, protocol.Errorf(protocol.CodeUnavailable, "record the run: %w", err)
 	}
 	c.cfg.Metrics.RunStarted(rec.Provider, rec.Mode)
 	c.st.PutChildIndexAsync(header.ParentSession, protocol.ChildIndexRecord{
@@ -276,7 +276,7 @@ func (c *Coordinator) claimedRun(ctx context.Context, rec protocol.RunRecord, re
 		run, err := c.st.RunLatest(context.WithoutCancel(ctx), rec.RunID)
 		switch {
 		case err != nil:
-			return protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", rec.RunID, err)
+			return protocol.Errorf(protocol.CodeUnavailable, "read run %s: %w", rec.RunID, err)
 		case run.Value.NotStarted && run.Value.Result != nil:
 			return protocol.Errorf(run.Value.Result.ErrorCode, "%s", run.Value.Result.Diagnostic)
 		case run.Value.State == protocol.RunSettled || run.Value.HostID != "":
@@ -368,7 +368,7 @@ func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.R
 		return rec, hidden()
 	}
 	if err != nil {
-		return rec, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", ref.RunID, err)
+		return rec, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %w", ref.RunID, err)
 	}
 	switch {
 	case ref.Grant == "" && ref.Parent.SessionID != rec.Value.ParentSession:
@@ -419,7 +419,7 @@ func (c *Coordinator) waitSettled(ctx context.Context, runID string, d time.Dura
 	defer cancel()
 	w, err := c.st.Runs.Watch(wctx, runID)
 	if err != nil {
-		return protocol.RunStatus{}, protocol.Errorf(protocol.CodeUnavailable, "watch run %s: %v", runID, err)
+		return protocol.RunStatus{}, protocol.Errorf(protocol.CodeUnavailable, "watch run %s: %w", runID, err)
 	}
 	defer w.Stop()
 	var last protocol.RunRecord
@@ -429,7 +429,7 @@ func (c *Coordinator) waitSettled(ctx context.Context, runID string, d time.Dura
 			if last.RunID == "" {
 				r, err := c.st.Run(context.WithoutCancel(ctx), runID)
 				if err != nil {
-					return protocol.RunStatus{}, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %v", runID, err)
+					return protocol.RunStatus{}, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %w", runID, err)
 				}
 				last = r.Value
 			}

@@ -68,7 +68,7 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child string) er
 		if !ps.known {
 			cur, err := store.Get[childSlotsRecord](ctx, c.st.Agents, key)
 			if err != nil && !errors.Is(err, store.ErrNotFound) {
-				return protocol.Errorf(protocol.CodeUnavailable, "read the live children of %s: %v", parent, err)
+				return protocol.Errorf(protocol.CodeUnavailable, "read the live children of %s: %w", parent, err)
 			}
 			ps.rec, ps.rev, ps.known = cur.Value, cur.Revision, true
 		}
@@ -105,11 +105,11 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child string) er
 		}
 		ps.known = false // another replica wrote, or the write's outcome is unknown: read again
 		if !errors.Is(err, store.ErrConflict) {
-			return protocol.Errorf(protocol.CodeUnavailable, "reserve a live-child slot of %s: %v", parent, err)
+			return protocol.Errorf(protocol.CodeUnavailable, "reserve a live-child slot of %s: %w", parent, err)
 		}
 		select {
 		case <-ctx.Done():
-			return protocol.Errorf(protocol.CodeUnavailable, "reserve a live-child slot of %s: %v", parent, ctx.Err())
+			return protocol.Errorf(protocol.CodeUnavailable, "reserve a live-child slot of %s: %w", parent, ctx.Err())
 		case <-time.After(time.Duration(rand.Int63n(int64(slotBackoffMax)))):
 		}
 	}
