@@ -298,7 +298,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 	}
 	// The wake subscriptions must be known to the server before anyone is
 	// told the activation is ready, or the first prompt's wake is lost.
-	if err := h.cfg.NC.FlushTimeout(5 * time.Second); err != nil {
+	if err := h.cfg.NC.FlushTimeout(SubscribeFlushTimeout); err != nil {
 		a.unsubscribe()
 		release()
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "flush the inbox subscription: %w", err)
@@ -357,7 +357,7 @@ func (a *activation) loop() {
 		ran, err := a.runNext()
 		if err != nil {
 			log.Warn("inbox read failed; retrying", "err", err)
-			a.sleep(time.Second)
+			a.sleep(ReadRetryWait)
 			continue
 		}
 		if a.stopped() {
@@ -382,7 +382,7 @@ func (a *activation) loop() {
 		owned, err := a.ownsLiveChildren()
 		if err != nil {
 			log.Warn("ownership read failed; retrying", "err", err)
-			a.sleep(time.Second)
+			a.sleep(ReadRetryWait)
 			continue
 		}
 		if owned {
@@ -658,13 +658,13 @@ func (a *activation) endIfOrphaned(log *slog.Logger) bool {
 	var anc string
 	var err error
 	for attempt := 1; attempt <= OrphanCheckAttemptsMax; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), LeaseWriteTimeout)
 		anc, err = a.h.st.EndedAncestor(ctx, a.ancestry)
 		cancel()
 		if err == nil {
 			break
 		}
-		time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+		time.Sleep(min(time.Duration(attempt)*RetryBackoffStep, RetryBackoffMax))
 	}
 	if err != nil {
 		log.Warn("could not check whether an ancestor ended; going on", "err", err)
@@ -676,7 +676,7 @@ func (a *activation) endIfOrphaned(log *slog.Logger) bool {
 	a.mu.Lock()
 	a.orphaned = true
 	a.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), OrphanDiscardTimeout)
 	defer cancel()
 	n, err := discardPending(ctx, a.sess, a.inbox, fmt.Sprintf("parent: its ancestor %s ended", anc))
 	if err != nil {
@@ -734,7 +734,7 @@ func (a *activation) teardown() {
 	// host's, and a coordinator ends it (HOST_LOST) if this host goes away.
 	h.settle(rec, a.runRev, func() {
 		h.cfg.Metrics.RunSettled(a.provider, protocol.ModeContinuable, res, time.Since(a.began))
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), EpochEndTimeout)
 		defer cancel()
 		a.mu.Lock()
 		a.result = &res

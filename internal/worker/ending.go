@@ -55,7 +55,7 @@ func (h *Host) endDescendants(r *hostedRun) bool {
 	lease, rev := r.lease, r.leaseRev
 	r.mu.Unlock()
 	lease.Ending = true
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), LeaseWriteTimeout)
 	newRev, err := h.st.UpdateLease(ctx, lease, rev)
 	cancel()
 	switch {
@@ -83,7 +83,7 @@ func (h *Host) endDescendants(r *hostedRun) bool {
 		if err == nil || protocol.CodeOf(err) != protocol.CodeUnavailable {
 			break
 		}
-		t := time.NewTimer(min(time.Duration(attempt)*200*time.Millisecond, 2*time.Second))
+		t := time.NewTimer(min(time.Duration(attempt)*RetryBackoffStep, RetryBackoffMax))
 		select {
 		case <-dctx.Done():
 			t.Stop()

@@ -198,7 +198,7 @@ func (h *Host) Run(ctx context.Context) error {
 		}
 		svcs = append(svcs, svc)
 	}
-	if err := rpc.Subscribed(h.cfg.NC, 5*time.Second); err != nil {
+	if err := rpc.Subscribed(h.cfg.NC, SubscribeFlushTimeout); err != nil {
 		stopServing()
 		return fmt.Errorf("worker: subscribe: %w", err)
 	}
@@ -221,7 +221,7 @@ func (h *Host) Run(ctx context.Context) error {
 	// The host subjects are served until the drain is over (a coordinator
 	// may still ask for state or a dispose meanwhile).
 	stopServing()
-	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	dctx, cancel := context.WithTimeout(context.Background(), DeregisterTimeout)
 	defer cancel()
 	_ = h.st.DeleteHost(dctx, h.id)
 	h.log.Info("host drained")
@@ -502,7 +502,7 @@ func (h *Host) drain(svcs []*rpc.Service) {
 	h.draining = true
 	h.mu.Unlock()
 	h.log.Info("draining: admitting nothing new; in-flight turns get the grace, then are disposed", "grace", h.cfg.DrainGrace.String())
-	bctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	bctx, cancel := context.WithTimeout(context.Background(), DrainBeatTimeout)
 	_ = h.beat(bctx)
 	cancel()
 	grace, cancel := context.WithTimeout(context.Background(), h.cfg.DrainGrace)
@@ -513,7 +513,7 @@ func (h *Host) drain(svcs []*rpc.Service) {
 	for grace.Err() == nil && h.busy() {
 		select {
 		case <-grace.Done():
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(drainPollInterval):
 		}
 	}
 	for _, r := range h.snapshotRuns() {

@@ -218,6 +218,21 @@ func New(cfg Config) (*Coordinator, error) {
 // ID returns the replica id.
 func (c *Coordinator) ID() string { return c.cfg.ID }
 
+// Bounds of the coordinator's own start, stop and gauges.
+const (
+	// cacheReadyTimeout bounds the first read of brood_hosts and
+	// brood_agents into the caches when the coordinator starts.
+	cacheReadyTimeout = 30 * time.Second
+	// subscribeFlushTimeout bounds the flush that makes the endpoints'
+	// subscriptions known to the server before the coordinator is ready.
+	subscribeFlushTimeout = 5 * time.Second
+	// deregisterTimeout bounds the deletion of the replica's host record
+	// when it stops.
+	deregisterTimeout = 2 * time.Second
+	// inboxDepthTimeout bounds the stream info behind the inbox gauges.
+	inboxDepthTimeout = 2 * time.Second
+)
+
 type endpoint struct {
 	subject string
 	handle  rpc.Handler
@@ -276,8 +291,8 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		case <-w.ready:
 		case <-ctx.Done():
 			return nil
-		case <-time.After(30 * time.Second):
-			return fmt.Errorf("coordinator: the initial values of KV bucket %s were not read within 30s", w.name)
+		case <-time.After(cacheReadyTimeout):
+			return fmt.Errorf("coordinator: the initial values of KV bucket %s were not read within %s", w.name, cacheReadyTimeout)
 		}
 	}
 	if err := c.beat(ctx); err != nil {
@@ -322,7 +337,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		}
 	}
 	// The server knows the endpoints' subscriptions once a flush returns.
-	if err := rpc.Subscribed(c.cfg.NC, 5*time.Second); err != nil {
+	if err := rpc.Subscribed(c.cfg.NC, subscribeFlushTimeout); err != nil {
 		stopServing()
 		return fmt.Errorf("coordinator: subscribe: %w", err)
 	}
@@ -348,7 +363,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	stopBg()
 	bg.Wait()
 	c.follows.wg.Wait() // each follow ended with an "end" message
-	dctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	dctx, cancel := context.WithTimeout(context.Background(), deregisterTimeout)
 	defer cancel()
 	_ = c.st.DeleteHost(dctx, c.cfg.ID)
 	c.log.Info("coordinator stopped")
@@ -433,9 +448,9 @@ func (c *Coordinator) instrument(ep endpoint) rpc.Handler {
 }
 
 // inboxDepth reads the pending items of every inbox and how many sessions
-// have some (one stream info, bounded to 2 s).
+// have some (one stream info, bounded by inboxDepthTimeout).
 func (c *Coordinator) inboxDepth() (items, sessions float64, ok bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), inboxDepthTimeout)
 	defer cancel()
 	info, err := c.st.Inbox.Info(ctx)
 	if err != nil {
