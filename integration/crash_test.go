@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -731,5 +732,85 @@ func TestLeaseOutlivesTheEndsPublication(t *testing.T) {
 				t.Fatalf("%d subagent/end for %s, want 1", ends, child)
 			}
 		})
+	}
+}
+
+// TestTakeoverLogsTheDescriptorItsHostNeverLogged: a worker that took a
+// fresh child's lease and stopped (paused here: its log appends and
+// heartbeats are held) before it logged the child's descriptor is taken
+// over; the coordinator logs the descriptor the start gave it (the epoch
+// record's) before it fences the log, so the child can be cold-resumed on
+// another worker and its first message runs. When the paused worker comes
+// back, its first append is refused. Before, the takeover fenced an empty
+// log: the child could never be resumed and its first message waited for
+// good (chaos seed 2, child c2-1-27: I6 and L1).
+func TestTakeoverLogsTheDescriptorItsHostNeverLogged(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.RequestBudget = 3 * time.Second })
+	root := s.Root()
+	const child = "paused-before-its-descriptor"
+	var paused atomic.Bool
+	resume := make(chan struct{})
+	var resumeOnce sync.Once
+	t.Cleanup(func() { resumeOnce.Do(func() { close(resume) }) })
+	hold := func(ctx context.Context) error {
+		select {
+		case <-resume:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	hostsBucket, logSubject := s.Store.Subj.BucketHosts(), s.Store.Subj.Log(child)
+	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			if w.Op == store.OpPublish && w.Subject == logSubject {
+				paused.Store(true) // the worker stops right before its first append
+			}
+			if paused.Load() && (w.Subject == logSubject || w.Bucket == hostsBucket) {
+				return hold(ctx)
+			}
+			return nil
+		}})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{
+		Provider: "spawn", Parent: root.Ref(), ChildID: child, Label: "worker", Prompt: protocol.Text("say first"),
+	})
+	if err != nil {
+		t.Fatalf("continuable.start: %v", err)
+	}
+	if !paused.Load() {
+		t.Fatal("the start was answered without the worker appending to the child's log")
+	}
+	s.AddSpawnWorker() // the live worker the child is resumed on
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, evs := s.Log(child)
+		claims, _, _ := turnsOf(evs)
+		return slices.Contains(claims, r.MessageID)
+	}, "the first message (%s) runs on the live worker", r.MessageID)
+	_, evs := s.Log(child)
+	if evs[0].Type != protocol.EvSubagentDescriptor {
+		t.Fatalf("the child's log begins with %s, want its descriptor", evs[0].Type)
+	}
+	if d, err := sessionlog.Descriptor(evs, 0); err != nil || d.Label != "worker" || d.Provider != "spawn" {
+		t.Fatalf("the logged descriptor %+v (%v), want the start's", d, err)
+	}
+	// The paused worker comes back: its held descriptor append is refused.
+	before := len(evs)
+	resumeOnce.Do(func() { close(resume) })
+	testutil.Consistently(t, time.Second, func() bool {
+		_, evs := s.Log(child)
+		for _, ev := range evs[before:] {
+			if ev.Type == protocol.EvSubagentDescriptor {
+				return false
+			}
+		}
+		return true
+	}, "the paused worker's descriptor stays out of the log")
+	_, evs = s.Log(child)
+	if err := sessionlog.ValidateReplay(evs, false); err != nil {
+		t.Fatalf("the log does not replay: %v", err)
 	}
 }

@@ -108,6 +108,14 @@ type RunRecord struct {
 	SettledAt  int64           `msgpack:"settledAt,omitempty" json:"settledAt,omitempty"`
 	SettledBy  string          `msgpack:"settledBy,omitempty" json:"settledBy,omitempty"`
 	Result     *SubagentResult `msgpack:"result,omitempty" json:"result,omitempty"`
+	// Descriptor is a continuable child's descriptor, on the record of its
+	// first epoch only (the coordinator has it from continuable.start). Its
+	// host logs it as the child's first own event; a coordinator that takes
+	// the epoch over, or settles it orphaned, before the host logged it
+	// logs it instead, so the child stays resumable (chaos seed 2: a worker
+	// paused between its lease and its first append left a child that could
+	// never run its first message).
+	Descriptor *DescriptorData `msgpack:"descriptor,omitempty" json:"descriptor,omitempty"`
 }
 
 // ResolvedOptions are the start options after the coordinator validated them,

@@ -314,6 +314,9 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 		RunID: runID, ChildID: header.ID, ParentSession: header.ParentSession, Provider: desc.Provider,
 		Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: store.NowMs(), Remote: remote,
 	}
+	if fresh {
+		rec.Descriptor = &desc
+	}
 	rev, err := c.st.CreateRun(ctx, rec)
 	if err != nil {
 		return protocol.ActivateReply{}, protocol.Errorf(protocol.CodeUnavailable, "record the epoch: %w", err)

@@ -203,7 +203,7 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	if !ok {
 		return // another replica won the lease
 	}
-	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch})
+	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}, nil)
 	if err != nil {
 		c.log.Warn("takeover: could not close the open turn; will retry", "session", id, "err", err)
 		return
@@ -285,12 +285,30 @@ func (c *Coordinator) takeLease(ctx context.Context, fresh store.Record[protocol
 // calls) when the session's last turn is open, and agent/takeover (fence)
 // when none is, fenced on the log's last record; a host that appended
 // meanwhile makes it re-read and retry. Either way the lost host's next
-// append is refused. It returns the session's events afterwards.
-func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence protocol.TakeoverData) ([]protocol.SessionEvent, error) {
+// append is refused. desc is the descriptor of a continuable child's first
+// epoch (RunRecord.Descriptor; nil otherwise): when the child's own events
+// hold no subagent/descriptor yet (its host stopped between its lease and
+// its first append), it is logged first, so the child stays resumable from
+// its log (RELIABILITY.md, I6). It returns the session's events afterwards.
+func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence protocol.TakeoverData, desc *protocol.DescriptorData) ([]protocol.SessionEvent, error) {
 	for attempt := 0; attempt < TakeoverAttemptsMax; attempt++ {
 		log, err := c.st.ReadLog(ctx, id)
 		if err != nil {
 			return nil, err
+		}
+		var first []protocol.SessionEvent
+		if desc != nil {
+			h, err := c.headers.get(ctx, c.st, id)
+			if err != nil {
+				return nil, fmt.Errorf("read the header of %s: %w", id, err)
+			}
+			if sessionlog.Mode(log.Events, h.SeedLength) == "" {
+				ev, err := protocol.NewEvent(protocol.EvSubagentDescriptor, store.NowMs(), *desc)
+				if err != nil {
+					return nil, err
+				}
+				first = append(first, ev)
+			}
 		}
 		closing, err := sessionlog.CloseOpenTurn(log.Events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
 		if err != nil {
@@ -310,6 +328,7 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence pro
 			}
 			closing = []protocol.SessionEvent{ev}
 		}
+		closing = append(first, closing...)
 		w := c.st.NewLogWriter(id, log.LastSubjSeq, int64(len(log.Events)))
 		written, err := w.Append(ctx, closing...)
 		if err == nil {
@@ -340,7 +359,15 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	if !ok {
 		return // another replica won the lease
 	}
-	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch})
+	// The epoch record is read from the bucket's leader (a replica not yet
+	// current may lack it, or its last write) before the log is closed: a
+	// first epoch's record carries the descriptor the log may still lack.
+	run, runErr := c.st.RunLatest(ctx, fresh.Value.RunID)
+	if runErr != nil && !errors.Is(runErr, store.ErrNotFound) {
+		c.log.Warn("takeover: read the epoch record; will retry", "session", id, "run", fresh.Value.RunID, "err", runErr)
+		return
+	}
+	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}, run.Value.Descriptor)
 	if err != nil {
 		c.log.Warn("takeover: could not close the open turn; will retry", "session", id, "err", err)
 		return
@@ -356,18 +383,12 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	}
 	// The epoch record is settled before the lease goes: a lease released
 	// over a record still running leaves it running for good, since no one
-	// holds the session any more. The record is read from the bucket's
-	// leader (a replica not yet current may lack it, or its last write);
-	// a failed read or settlement keeps the lease taken over, and the next
-	// sweep tries again.
+	// holds the session any more. A failed settlement keeps the lease taken
+	// over, and the next sweep tries again.
 	settled := false
 	var epochRec protocol.RunRecord
-	run, err := c.st.RunLatest(ctx, fresh.Value.RunID)
 	switch {
-	case errors.Is(err, store.ErrNotFound): // nothing to settle
-	case err != nil:
-		c.log.Warn("takeover: read the epoch record; will retry", "session", id, "run", fresh.Value.RunID, "err", err)
-		return
+	case errors.Is(runErr, store.ErrNotFound): // nothing to settle
 	case run.Value.State == protocol.RunRunning:
 		rec := store.Settled(run.Value, c.cfg.ID, res)
 		if won, err := c.st.SettleRun(ctx, rec, run.Revision); err != nil || !won {

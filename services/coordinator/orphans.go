@@ -143,7 +143,7 @@ func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord)
 	if rec.HostID != "" {
 		// Fence the claimer out of the log first: should it be paused rather
 		// than dead, its first append after the pause is refused.
-		if _, err := c.closeInterrupted(ctx, rec.ChildID, protocol.TakeoverData{HostID: rec.HostID, By: c.cfg.ID}); err != nil && !errors.Is(err, store.ErrNotFound) {
+		if _, err := c.closeInterrupted(ctx, rec.ChildID, protocol.TakeoverData{HostID: rec.HostID, By: c.cfg.ID}, rec.Descriptor); err != nil && !errors.Is(err, store.ErrNotFound) {
 			c.log.Warn("orphaned run: could not fence its log; will retry", "run", rec.RunID, "err", err)
 			return
 		}
