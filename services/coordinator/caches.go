@@ -401,9 +401,12 @@ type agentIndex struct {
 	// ended holds the sessions whose lease this replica saw and then saw
 	// deleted (a run settled, an epoch ended), until a lease of theirs
 	// appears again: their live-children slot is free at once (slots.go).
-	ended map[string]bool
-	clock func() time.Duration // the registry's observed clock
-	log   *slog.Logger
+	// endedRuns holds the run ids of those leases: a resumed epoch's slot
+	// names its run, and is free once that run's lease went.
+	ended     map[string]bool
+	endedRuns map[string]bool
+	clock     func() time.Duration // the registry's observed clock
+	log       *slog.Logger
 }
 
 // endedMax bounds agentIndex.ended; past it the set starts over, which only
@@ -411,7 +414,8 @@ type agentIndex struct {
 const endedMax = 100_000
 
 func newAgentIndex(clock func() time.Duration, log *slog.Logger) *agentIndex {
-	return &agentIndex{byID: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{}, ended: map[string]bool{}, clock: clock, log: log}
+	return &agentIndex{byID: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
+		ended: map[string]bool{}, endedRuns: map[string]bool{}, clock: clock, log: log}
 }
 
 // hasEnded reports whether session id's lease was seen and then deleted,
@@ -420,6 +424,13 @@ func (a *agentIndex) hasEnded(id string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.ended[id]
+}
+
+// hasEndedRun reports whether a lease of run runID was seen and then deleted.
+func (a *agentIndex) hasEndedRun(runID string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.endedRuns[runID]
 }
 
 func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
@@ -459,14 +470,21 @@ func (a *agentIndex) del(key string) {
 	case store.KindDrain:
 		delete(a.drains, id)
 	case store.KindLease:
-		if _, ok := a.byID[id]; !ok {
+		old, ok := a.byID[id]
+		if !ok {
 			break
 		}
 		delete(a.byID, id)
 		if len(a.ended) >= endedMax {
 			a.ended = map[string]bool{}
 		}
+		if len(a.endedRuns) >= endedMax {
+			a.endedRuns = map[string]bool{}
+		}
 		a.ended[id] = true
+		if old.rec.RunID != "" {
+			a.endedRuns[old.rec.RunID] = true
+		}
 	}
 	a.mu.Unlock()
 }

@@ -219,7 +219,7 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 	} else if !protocol.ValidID(childID) {
 		return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
 	}
-	if err := c.reserveChild(ctx, a.pheader.ID, childID); err != nil {
+	if err := c.reserveChild(ctx, a.pheader.ID, childID, ""); err != nil {
 		return protocol.ContinuableStartReply{}, err
 	}
 	release := func() { c.releaseChild(context.WithoutCancel(ctx), a.pheader.ID, childID) }
@@ -308,6 +308,16 @@ func inboxError(err error) error {
 // resume that folds the descriptor from the log).
 func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.SessionHeader, desc protocol.DescriptorData, owner string, ancestry []string, fresh bool) (protocol.ActivateReply, error) {
 	runID := ulid.Make().String()
+	if !fresh {
+		// A resumed child is live again from its epoch record on: it takes a
+		// slot of its parent first, never refused (an accepted message is
+		// never refused), so an admission of a new child counts it from the
+		// record rather than from a lease cache that may not hold its lease
+		// yet (slots.go; chaos seeds 1 and 4: the limit passed by one).
+		if err := c.reserveChild(ctx, header.ParentSession, header.ID, runID); err != nil {
+			return protocol.ActivateReply{}, err
+		}
+	}
 	pd, _ := c.reg.provider(desc.Provider)
 	remote := pd.Remote
 	rec := protocol.RunRecord{

@@ -425,6 +425,76 @@ func TestLiveChildrenLimitHoldsForConcurrentStarts(t *testing.T) {
 	}
 }
 
+// TestResumedChildCountsAgainstTheLimit: a continuable child made live
+// again by a cold resume counts against its parent's next admission from
+// its epoch record on, before any coordinator's cache holds its new lease
+// (held back here: the worker's lease write waits). With the limit 2, one
+// child running and one being resumed, a third is refused. Before, a resume
+// took no slot, so the admission counted one live child and admitted the
+// third (chaos seeds 1 and 4: the live-children limit passed by one, I8).
+func TestResumedChildCountsAgainstTheLimit(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 2 })
+	root := s.Root()
+	auth := protocol.Authority{Parent: ptr(root.Ref())}
+	var resumed sync.Mutex // guards coldID: the cold child's id, once its resume is to be held
+	coldID := ""
+	holding, release := make(chan struct{}), make(chan struct{})
+	var holdOnce, releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	agentsBucket := s.Store.Subj.BucketAgents()
+	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			resumed.Lock()
+			hold := coldID != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == coldID
+			resumed.Unlock()
+			if !hold {
+				return nil
+			}
+			holdOnce.Do(func() { close(holding) })
+			<-release
+			return nil
+		}})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	start := func(prompt string) (protocol.ContinuableStartReply, error) {
+		return s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "limit", Prompt: protocol.Text(prompt)})
+	}
+	cold, err := start("say one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		st, err := s.Client.State(ctx, protocol.ChildRef{ChildID: cold.ChildID, Authority: auth})
+		return err == nil && st.State == protocol.StateNone
+	}, "the first child goes cold")
+	if _, err := start("sleep 30s\nsay two"); err != nil {
+		t.Fatal(err)
+	}
+	resumed.Lock()
+	coldID = cold.ChildID
+	resumed.Unlock()
+	followed := make(chan error, 1)
+	go func() {
+		_, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: cold.ChildID, Authority: auth, Message: protocol.Text("say three")})
+		followed <- err
+	}()
+	select {
+	case <-holding:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cold child was not resumed")
+	}
+	_, err = start("say four")
+	if protocol.CodeOf(err) != protocol.CodeLimitExceeded {
+		t.Errorf("a third child while one runs and one is resumed: %v, want LIMIT_EXCEEDED", err)
+	}
+	releaseOnce.Do(func() { close(release) })
+	if err := <-followed; err != nil {
+		t.Fatalf("the followup to the cold child: %v", err)
+	}
+}
+
 // Regressions of the adversarial review: each attack gets a clear refusal.
 func TestHostileRequestsAreRefused(t *testing.T) {
 	s := stack.New(t)

@@ -212,7 +212,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 	if a.desc.Remote {
 		runID = ulid.Make().String() // remote providers: a fresh id in the parent's namespace
 	}
-	if err := c.reserveChild(ctx, a.pheader.ID, childID); err != nil {
+	if err := c.reserveChild(ctx, a.pheader.ID, childID, ""); err != nil {
 		return protocol.RunStartReply{}, err
 	}
 	release := func() { c.releaseChild(context.WithoutCancel(ctx), a.pheader.ID, childID) }

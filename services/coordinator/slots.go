@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"slices"
 	"sync"
 	"time"
 
@@ -27,9 +28,15 @@ import (
 // seen), or at once when this replica saw the child's lease come and go (the
 // child ended: a parent delegating many short runs one after another is not
 // refused for children long settled), and a start that fails releases its
-// slot at once. Children made
-// live again by a cold resume take no slot: an accepted message is never
-// refused, but they count against the parent's next admission.
+// slot at once. A child made live again by a cold resume takes a slot too,
+// naming the resumed epoch's run, before its epoch record exists; it is never
+// refused (an accepted message is never refused), but it counts against the
+// parent's next admission whether or not its lease reached this replica's
+// cache. A slot past its grace whose child this replica's cache neither
+// shows live nor saw end (its watch restarting after a fault) is kept while
+// the bucket's leader holds the child's lease: admission rests on the slot
+// record and the bucket, never on the cache alone (chaos seeds 1 and 4: the
+// limit passed by one).
 
 // slotAttemptsMax bounds the compare-and-set attempts of one admission.
 const slotAttemptsMax = 32
@@ -39,10 +46,13 @@ type childSlotsRecord struct {
 	Slots []childSlot `msgpack:"slots"`
 }
 
-// childSlot is one admitted child; ReservedAt is epoch ms.
+// childSlot is one admitted child; ReservedAt is epoch ms. RunID names the
+// epoch of a cold resume ("" for an admission): the slot is free once that
+// run ended.
 type childSlot struct {
 	ChildID    string `msgpack:"childId"`
 	ReservedAt int64  `msgpack:"reservedAt"`
+	RunID      string `msgpack:"runId,omitempty"`
 }
 
 // slotGrace is how long a slot counts without a live lease behind it: a
@@ -55,11 +65,13 @@ func (c *Coordinator) slotGrace() int64 {
 // reserveChild takes a live-children slot of parent for child, or refuses
 // with LIMIT_EXCEEDED when the parent's live children (slots still in
 // grace, and children with a live lease) already reach the limit. Taking a
-// slot the child already holds (a retried start) succeeds. This replica's
+// slot the child already holds (a retried start) succeeds. A resumeRun
+// (the run id of a cold resume's epoch, "" for an admission) takes the
+// child's slot for that run and is never refused. This replica's
 // admissions of one parent wait for each other (so they do not race on the
 // record) and reuse the record they last wrote; only another replica's
 // write makes one read it again.
-func (c *Coordinator) reserveChild(ctx context.Context, parent, child string) error {
+func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun string) error {
 	ps := c.slots.of(parent)
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
@@ -74,7 +86,15 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child string) er
 		}
 		now := store.NowMs()
 		live := c.liveChildIDs(parent)
+		if err := c.confirmLive(ctx, ps.rec.Slots, live, now); err != nil {
+			return protocol.Errorf(protocol.CodeUnavailable, "read the live children of %s: %v", parent, err)
+		}
 		kept, held, count := c.countSlots(ps.rec.Slots, child, live, nil, now)
+		if resumeRun != "" {
+			kept = append(slices.DeleteFunc(kept, func(s childSlot) bool { return s.ChildID == child }),
+				childSlot{ChildID: child, ReservedAt: now, RunID: resumeRun})
+			held = true // never refused
+		}
 		if !held && count >= c.cfg.LiveChildrenMax {
 			// This replica's lease cache follows the bucket through a
 			// watch, and a run's result reaches its parent before its host
@@ -183,17 +203,18 @@ func (c *Coordinator) releaseChild(ctx context.Context, parent, child string) {
 // countSlots returns the slots of slots to keep (child's own renewed at now),
 // whether child held one already, and how many live children they and live
 // (children with a live lease, slot or not) count. A slot is kept while its
-// child is live, or within slotGrace of its reservation unless its child is
-// known to have ended (this replica saw its lease come and go, or ended
-// names it); a child in ended is not live.
+// child is live, or within slotGrace of its reservation unless it is
+// known to have ended (this replica saw the lease of its child, or of its
+// resumed run, come and go, or ended names its child); a child in ended is
+// not live.
 func (c *Coordinator) countSlots(slots []childSlot, child string, live, ended map[string]bool, now int64) (kept []childSlot, held bool, count int) {
 	isLive := func(id string) bool { return live[id] && !ended[id] }
 	for _, s := range slots {
 		switch {
 		case s.ChildID == child:
 			held = true
-			kept = append(kept, childSlot{ChildID: child, ReservedAt: now})
-		case isLive(s.ChildID) || (now-s.ReservedAt < c.slotGrace() && !c.agents.hasEnded(s.ChildID) && !ended[s.ChildID]):
+			kept = append(kept, childSlot{ChildID: child, ReservedAt: now, RunID: s.RunID})
+		case isLive(s.ChildID) || (now-s.ReservedAt < c.slotGrace() && !c.slotEnded(s) && !ended[s.ChildID]):
 			kept = append(kept, s)
 		}
 	}
@@ -204,6 +225,37 @@ func (c *Coordinator) countSlots(slots []childSlot, child string, live, ended ma
 		}
 	}
 	return kept, held, count
+}
+
+// slotEnded reports whether this replica saw the lease of a slot's child
+// (of its resumed run, for a cold resume's slot) come and go.
+func (c *Coordinator) slotEnded(s childSlot) bool {
+	if s.RunID != "" {
+		return c.agents.hasEndedRun(s.RunID)
+	}
+	return c.agents.hasEnded(s.ChildID)
+}
+
+// confirmLive adds to live the children of slots past their grace that this
+// replica's cache neither shows live nor saw end, whose lease the bucket's
+// leader still holds: a cache that lost a lease (its watch restarting after
+// a fault) does not free a live child's slot.
+func (c *Coordinator) confirmLive(ctx context.Context, slots []childSlot, live map[string]bool, now int64) error {
+	for _, s := range slots {
+		if live[s.ChildID] || now-s.ReservedAt < c.slotGrace() || c.slotEnded(s) {
+			continue
+		}
+		lease, err := store.GetLatest[protocol.AgentRecord](ctx, c.st.Agents, s.ChildID)
+		switch {
+		case err == nil:
+			if s.RunID == "" || lease.Value.RunID == s.RunID {
+				live[s.ChildID] = true
+			}
+		case !errors.Is(err, store.ErrNotFound):
+			return err
+		}
+	}
+	return nil
 }
 
 // endedChildren reads fresh, for each child of slots and live, whether it
@@ -226,7 +278,15 @@ func (c *Coordinator) endedChildren(ctx context.Context, slots []childSlot, live
 		return err == nil && run.Value.State == protocol.RunSettled
 	}
 	ended := map[string]bool{}
+	for _, s := range slots {
+		if s.RunID != "" && settled(s.RunID) {
+			ended[s.ChildID] = true
+		}
+	}
 	for id := range ids {
+		if ended[id] {
+			continue
+		}
 		lease, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, id)
 		switch {
 		case err == nil:
