@@ -60,7 +60,9 @@ var users = []struct {
 	bcrypt bool
 }{
 	{"coordinator", "BROOD_NATS_COORDINATOR_PASSWORD", "coordinatorTestSecret1", false},
-	{"worker", "BROOD_NATS_WORKER_PASSWORD", "workerTestSecret1", false},
+	{"worker-spawn", "BROOD_NATS_WORKER_SPAWN_PASSWORD", "workerSpawnTestSecret1", false},
+	{"worker-fork", "BROOD_NATS_WORKER_FORK_PASSWORD", "workerForkTestSecret1", false},
+	{"worker-acp", "BROOD_NATS_WORKER_ACP_PASSWORD", "workerAcpTestSecret1", false},
 	{"client", "BROOD_NATS_CLIENT_PASSWORD", "clientTestSecret1", false},
 	{"trusted-host", "BROOD_NATS_TRUSTED_PASSWORD", "trustedTestSecret1", true},
 	{"admin", "BROOD_NATS_ADMIN_PASSWORD", "adminTestSecret1", false},
@@ -350,7 +352,7 @@ func (c permCase) String() string {
 var permCases = []permCase{
 	// Only trusted hosts mint grants over every session (DESIGN.md §7).
 	{user: "client", subject: authorityUser},
-	{user: "worker", subject: authorityUser},
+	{user: "worker-spawn", subject: authorityUser},
 	{user: "trusted-host", subject: authorityUser, allowed: true},
 	// Each user calls the coordinator on its own subject only.
 	{user: "client", subject: "brood.v1.user.client.runs.start", allowed: true},
@@ -358,17 +360,17 @@ var permCases = []permCase{
 	{user: "client", subject: "brood.v1.user.client.authority.user", allowed: true},
 	{user: "client", subject: "brood.v1.user.client.follow.C1", allowed: true},
 	{user: "client", subject: "brood.v1.user.trusted-host.runs.start"},
-	{user: "client", subject: "brood.v1.user.worker.runs.start"},
+	{user: "client", subject: "brood.v1.user.worker-spawn.runs.start"},
 	{user: "client", subject: "brood.v1.coord.runs.start"},
 	{user: "client", subject: "brood.v1.coord.follow.C1"},
 	{user: "trusted-host", subject: "brood.v1.user.trusted-host.providers.list", allowed: true},
 	{user: "trusted-host", subject: "brood.v1.user.client.providers.list"},
 	{user: "trusted-host", subject: "brood.v1.coord.runs.start"},
-	{user: "worker", subject: "brood.v1.user.worker.runs.start", allowed: true},
-	{user: "worker", subject: "brood.v1.user.worker.descendants.dispose", allowed: true},
-	{user: "worker", subject: "brood.v1.user.worker.authority.user"},
-	{user: "worker", subject: "brood.v1.user.client.runs.start"},
-	{user: "worker", subject: "brood.v1.coord.runs.start"},
+	{user: "worker-spawn", subject: "brood.v1.user.worker-spawn.runs.start", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.user.worker-spawn.descendants.dispose", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.user.worker-spawn.authority.user"},
+	{user: "worker-spawn", subject: "brood.v1.user.client.runs.start"},
+	{user: "worker-spawn", subject: "brood.v1.coord.runs.start"},
 	{user: "coordinator", subject: "brood.v1.coord.runs.start"},
 	// Clients go through the coordinator and touch nothing else: no stream
 	// subject, no KV key, no JetStream API (so no consumer that delivers
@@ -404,36 +406,45 @@ var permCases = []permCase{
 	// Workers write session logs, lifecycle events and settlement notices
 	// (into a parent's inbox), never headers or the child index, and create
 	// no consumer (a consumer's deliver subject is not checked).
-	{user: "worker", subject: "brood.v1.log.S1", allowed: true},
-	{user: "worker", subject: "brood.v1.events.S1.start", allowed: true},
-	{user: "worker", subject: "brood.v1.session.S1"},
-	{user: "worker", subject: "brood.v1.children.P1.S1"},
-	{user: "worker", subject: "brood.v1.inbox.S1", allowed: true},
-	{user: "worker", subject: "brood.v1.wake.S1", allowed: true},
-	{user: "worker", subject: "$KV.brood_hosts.H1", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.log.S1", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.events.S1.start", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.session.S1"},
+	{user: "worker-spawn", subject: "brood.v1.children.P1.S1"},
+	{user: "worker-spawn", subject: "brood.v1.inbox.S1", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.wake.S1", allowed: true},
+	// A provider's worker writes only its own scope's host records
+	// (<scope>.<unique>, protocol.WorkerHostID): no other provider's, no
+	// coordinator's, not the shared scope's.
+	{user: "worker-spawn", subject: "$KV.brood_hosts.spawn.H1", allowed: true},
+	{user: "worker-spawn", subject: "$KV.brood_hosts.fork.H1"},
+	{user: "worker-spawn", subject: "$KV.brood_hosts.shared.H1"},
+	{user: "worker-spawn", subject: "$KV.brood_hosts.H1"},
+	{user: "worker-fork", subject: "$KV.brood_hosts.fork.H1", allowed: true},
+	{user: "worker-acp", subject: "$KV.brood_hosts.acp.H1", allowed: true},
+	{user: "worker-acp", subject: "$KV.brood_hosts.spawn.H1"},
 	// ... and leases, ownership and runs, but no record only coordinators write.
-	{user: "worker", subject: "$KV.brood_agents.S1", allowed: true},
-	{user: "worker", subject: "$KV.brood_agents.owns.S1", allowed: true},
-	{user: "worker", subject: "$KV.brood_runs.R1", allowed: true},
-	{user: "worker", subject: "$KV.brood_agents.grant.abc"},
-	{user: "worker", subject: "$KV.brood_agents.drain.all.sessions"},
-	{user: "worker", subject: "$KV.brood_agents.slots.S1"},
+	{user: "worker-spawn", subject: "$KV.brood_agents.S1", allowed: true},
+	{user: "worker-spawn", subject: "$KV.brood_agents.owns.S1", allowed: true},
+	{user: "worker-spawn", subject: "$KV.brood_runs.R1", allowed: true},
+	{user: "worker-spawn", subject: "$KV.brood_agents.grant.abc"},
+	{user: "worker-spawn", subject: "$KV.brood_agents.drain.all.sessions"},
+	{user: "worker-spawn", subject: "$KV.brood_agents.slots.S1"},
 	{user: "coordinator", subject: "$KV.brood_agents.grant.abc", allowed: true},
 	// A retried write checks with the stream's leader whether it landed.
-	{user: "worker", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG", allowed: true},
-	{user: "worker", subject: "$JS.API.STREAM.MSG.GET.KV_brood_agents", allowed: true},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG", allowed: true},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.GET.KV_brood_agents", allowed: true},
 	{user: "trusted-host", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG", allowed: true},
 	{user: "client", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG"},
-	{user: "worker", subject: "$JS.API.STREAM.INFO.BROOD_LOG", allowed: true},
-	{user: "worker", subject: "$JS.API.DIRECT.GET.BROOD_LOG", allowed: true},
-	{user: "worker", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX", allowed: true},
-	{user: "worker", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_LOG"},
-	{user: "worker", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG.C1"},
-	{user: "worker", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG.C1.brood.v1.log.S1"},
-	{user: "worker", subject: "$JS.API.CONSUMER.CREATE.KV_brood_agents"},
-	{user: "worker", subject: "$JS.API.INFO"},
-	{user: "worker", subject: "brood.v1.provider.spawn.start"},
-	{user: "worker", subject: "brood.v1.host.H1.dispose"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.INFO.BROOD_LOG", allowed: true},
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_LOG", allowed: true},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX", allowed: true},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_LOG"},
+	{user: "worker-spawn", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG.C1"},
+	{user: "worker-spawn", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG.C1.brood.v1.log.S1"},
+	{user: "worker-spawn", subject: "$JS.API.CONSUMER.CREATE.KV_brood_agents"},
+	{user: "worker-spawn", subject: "$JS.API.INFO"},
+	{user: "worker-spawn", subject: "brood.v1.provider.spawn.start"},
+	{user: "worker-spawn", subject: "brood.v1.host.spawn.H1.dispose"},
 	{user: "coordinator", subject: "brood.v1.children.P1.S1", allowed: true},
 	{user: "coordinator", subject: "brood.v1.wake.S1", allowed: true},
 	{user: "coordinator", subject: "brood.v1.provider.spawn.start", allowed: true},
@@ -449,16 +460,30 @@ var permCases = []permCase{
 	{user: "coordinator", sub: true, subject: "brood.v1.coord.runs.start"},
 	{user: "coordinator", sub: true, subject: "brood.v1.user.*.runs.start"},
 	{user: "coordinator", sub: true, subject: "brood.v1.coord.runs.start", queue: "mine"},
-	{user: "worker", sub: true, subject: authorityUser, queue: "brood-coordinator"},
-	{user: "worker", sub: true, subject: "brood.v1.user.*.runs.start", queue: "brood-coordinator"},
+	{user: "worker-spawn", sub: true, subject: authorityUser, queue: "brood-coordinator"},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.user.*.runs.start", queue: "brood-coordinator"},
 	{user: "client", sub: true, subject: authorityUser, queue: "brood-coordinator"},
 	{user: "trusted-host", sub: true, subject: "brood.v1.coord.>"},
 	// Provider endpoints only by workers in their queue group; host subjects.
-	{user: "worker", sub: true, subject: "brood.v1.provider.spawn.start", queue: "brood-provider", allowed: true},
-	{user: "worker", sub: true, subject: "brood.v1.provider.spawn.start"},
-	{user: "worker", sub: true, subject: "brood.v1.host.H1.*", allowed: true},
-	{user: "worker", sub: true, subject: "$SRV.PING", allowed: true},
-	{user: "worker", sub: true, subject: "brood.v1.inbox.S1", allowed: true},
+	// Each provider's workers serve only their provider's instance subjects
+	// and their own scope's host subjects.
+	{user: "worker-spawn", sub: true, subject: "brood.v1.provider.spawn.spawn.H1.start", queue: "brood-provider", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.provider.spawn.spawn.H1.start"},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.provider.fork.fork.H2.start", queue: "brood-provider"},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.provider.>", queue: "brood-provider"},
+	{user: "worker-fork", sub: true, subject: "brood.v1.provider.fork.fork.H2.activate", queue: "brood-provider", allowed: true},
+	{user: "worker-fork", sub: true, subject: "brood.v1.provider.spawn.spawn.H1.start", queue: "brood-provider"},
+	{user: "worker-acp", sub: true, subject: "brood.v1.provider.acp.acp.H3.start", queue: "brood-provider", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.host.spawn.H1.*", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.host.fork.H2.*"},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.host.*.*.*"},
+	{user: "worker-fork", sub: true, subject: "brood.v1.host.fork.H2.*", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "$SRV.PING", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "$SRV.INFO.brood-provider-spawn", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "$SRV.INFO.brood-provider-spawn.ID1", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "$SRV.INFO.brood-provider-fork"},
+	{user: "worker-spawn", sub: true, subject: "$SRV.INFO.brood-coordinator.ID1"},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.inbox.S1", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.inbox.S1", allowed: true},
 	// Read endpoints: long polls and follows wake on log and event subjects;
 	// follow credit comes on the replica's own subject in the queue group.
@@ -478,8 +503,8 @@ var permCases = []permCase{
 	{user: "client", sub: true, subject: "_INBOX.trusted-host.>"},
 	{user: "trusted-host", sub: true, subject: "_INBOX.trusted-host.abc", allowed: true},
 	{user: "trusted-host", sub: true, subject: "_INBOX.client.abc"},
-	{user: "worker", sub: true, subject: "_INBOX.worker.abc", allowed: true},
-	{user: "worker", sub: true, subject: "_INBOX.client.abc"},
+	{user: "worker-spawn", sub: true, subject: "_INBOX.worker-spawn.abc", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "_INBOX.client.abc"},
 	{user: "coordinator", sub: true, subject: "_INBOX.coordinator.abc", allowed: true},
 	{user: "coordinator", sub: true, subject: "_INBOX.trusted-host.abc"},
 	// Stream administration belongs to the admin step (brood provision).
@@ -490,9 +515,9 @@ var permCases = []permCase{
 	{user: "coordinator", subject: "$JS.API.STREAM.CREATE.BROOD_LOG"},
 	{user: "coordinator", subject: "$JS.API.STREAM.UPDATE.BROOD_LOG"},
 	{user: "coordinator", subject: "$JS.API.STREAM.INFO.BROOD_LOG", allowed: true},
-	{user: "worker", subject: "$JS.API.STREAM.CREATE.brood_coord"},
-	{user: "worker", subject: "$JS.API.STREAM.UPDATE.BROOD_LOG"},
-	{user: "worker", subject: "$JS.API.STREAM.UPDATE.KV_brood_agents"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.CREATE.brood_coord"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.UPDATE.BROOD_LOG"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.UPDATE.KV_brood_agents"},
 }
 
 // checkPermissionsStatic evaluates permCases against the parsed users with
@@ -910,7 +935,7 @@ func testBroodOnCluster(t *testing.T, urls []string) {
 		t.Fatal("coordinator not serving")
 	}
 
-	workerNC := connectAs(t, urls[1], "worker", v)
+	workerNC := connectAs(t, urls[1], "worker-spawn", v)
 	w, err := spawnworker.New(spawnworker.Config{
 		NC: workerNC, Store: open(workerNC),
 		Models:            func() (model.Model, error) { return model.NewScripted(), nil },

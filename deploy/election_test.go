@@ -138,7 +138,7 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 	}
 	inProcess := map[string]bool{}
 	for i := 0; i < 2; i++ {
-		nc := serviceConn(t, all, "worker", v)
+		nc := serviceConn(t, all, "worker-spawn", v)
 		w, err := spawnworker.New(spawnworker.Config{NC: nc, Store: provision(nc),
 			Models:            func() (model.Model, error) { return model.NewScripted(), nil },
 			HeartbeatInterval: beat, HostExpiry: expiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(t)})
@@ -603,7 +603,7 @@ func startWorkerProcess(t *testing.T, urls string, beat, expiry time.Duration) *
 	p := &pausedWorker{done: make(chan struct{})}
 	p.cmd = exec.Command(bin, "spawn-worker", "--nats", urls, "--log-level", "info",
 		"--heartbeat", beat.String(), "--host-expiry", expiry.String())
-	p.cmd.Env = append(os.Environ(), "BROOD_NATS_USER=worker", "BROOD_NATS_PASSWORD="+passwordOf(t, "worker"))
+	p.cmd.Env = append(os.Environ(), "BROOD_NATS_USER=worker-spawn", "BROOD_NATS_PASSWORD="+passwordOf(t, "worker-spawn"))
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	p.cmd.Stderr = p
 	if err := p.cmd.Start(); err != nil {

@@ -30,6 +30,7 @@ import (
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
+	forkworker "github.com/brood-dev/brood/services/fork-worker"
 	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
 )
 
@@ -60,6 +61,9 @@ type forgery struct {
 		hostRun         *client.Run
 		hostChild       string
 		clientCl, trust *client.Client
+		// forkHost is the host id of the fork provider's worker (user
+		// worker-fork), which the spawn provider's worker attacks.
+		forkHost string
 	}
 }
 
@@ -78,12 +82,13 @@ func TestForgerySuite(t *testing.T) {
 	t.Run("the CLI names the role a verb needs", f.cliNamesTheRole)
 	t.Run("client", f.clientAttempts)
 	t.Run("worker", f.workerAttempts)
+	t.Run("worker of another provider", f.otherProviderAttempts)
 	t.Run("trusted host", f.trustedHostAttempts)
 	t.Run("coordinator", f.coordinatorAttempts)
 }
 
-// start provisions as admin and runs a coordinator and a spawn worker as
-// their users, then sets up the victims.
+// start provisions as admin and runs a coordinator, a spawn worker and a
+// fork worker as their users, then sets up the victims.
 func (f *forgery) start() {
 	t := f.t
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -119,7 +124,7 @@ func (f *forgery) start() {
 	}
 	testutil.Background(t, coord)
 	<-coord.Ready()
-	workerNC := connectAs(t, f.urls[1], "worker", v)
+	workerNC := connectAs(t, f.urls[1], "worker-spawn", v)
 	w, err := spawnworker.New(spawnworker.Config{
 		NC: workerNC, Store: open(workerNC), Models: func() (model.Model, error) { return model.NewScripted(), nil },
 		HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(t),
@@ -128,6 +133,16 @@ func (f *forgery) start() {
 		t.Fatal(err)
 	}
 	testutil.Background(t, w)
+	forkNC := connectAs(t, f.urls[2], "worker-fork", v)
+	fw, err := forkworker.New(forkworker.Config{
+		NC: forkNC, Store: open(forkNC), Models: func() (model.Model, error) { return model.NewScripted(), nil },
+		HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Background(t, fw)
+	f.victim.forkHost = fw.ID()
 
 	newClient := func(user string, node int) *client.Client {
 		cl, err := client.New(connectAs(t, f.urls[node], user, v), client.Options{AwaitFallback: 2 * time.Second})
@@ -139,9 +154,9 @@ func (f *forgery) start() {
 	}
 	cl, trust := newClient("client", 2), newClient("trusted-host", 0)
 	f.victim.clientCl, f.victim.trust = cl, trust
-	waitFor(t, 20*time.Second, "spawn listed", func() bool {
+	waitFor(t, 20*time.Second, "spawn and fork listed", func() bool {
 		r, err := cl.Providers(ctx)
-		return err == nil && r.Instances[spawnworker.DefaultName] > 0
+		return err == nil && r.Instances[spawnworker.DefaultName] > 0 && r.Instances[forkworker.DefaultName] > 0
 	})
 	f.victim.root = openRoot(ctx, t, cl)
 	f.victim.child = startIdleChild(ctx, t, cl, f.victim.root)
@@ -468,7 +483,7 @@ func (f *forgery) clientAttempts(t *testing.T) {
 
 func (f *forgery) workerAttempts(t *testing.T) {
 	v := &f.victim
-	f.run(t, "worker", []attempt{
+	f.run(t, "worker-spawn", []attempt{
 		{"wipe every log (max_msgs_per_subject 1)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			info, err := f.js.Stream(ctx, "BROOD_LOG")
 			if err != nil {
@@ -496,12 +511,12 @@ func (f *forgery) workerAttempts(t *testing.T) {
 			return err
 		}},
 		{"a consumer delivering into authority.user in the coordinators' queue group", pushConsumerInto("BROOD_LOG", authorityUser, protocol.CoordinatorQueue)},
-		{"a consumer delivering into a coordinator endpoint", pushConsumerInto("KV_brood_agents", "brood.v1.user.worker.runs.start", protocol.CoordinatorQueue)},
+		{"a consumer delivering into a coordinator endpoint", pushConsumerInto("KV_brood_agents", "brood.v1.user.worker-spawn.runs.start", protocol.CoordinatorQueue)},
 		{"mint a grant", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			if err := coordCall(ctx, nc, authorityUser, protocol.Empty{}); err == nil {
 				return nil
 			}
-			return coordCall(ctx, nc, "brood.v1.user.worker.authority.user", protocol.Empty{})
+			return coordCall(ctx, nc, "brood.v1.user.worker-spawn.authority.user", protocol.Empty{})
 		}},
 		{"write a session header", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.session.FORGED", Data: []byte("forged")})
@@ -528,6 +543,40 @@ func (f *forgery) workerAttempts(t *testing.T) {
 		}},
 		{"delete a log record", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return jsRequest(ctx, nc, "$JS.API.STREAM.MSG.DELETE.BROOD_LOG", map[string]any{"seq": 1})
+		}},
+	})
+}
+
+// otherProviderAttempts: the worker user of one provider (worker-spawn)
+// against another provider's workers (the fork worker, user worker-fork):
+// each provider's workers serve only their own provider's subjects and
+// their own scope's host subjects, and write only their own scope's host
+// records (issue 17, point 4; docs/security.md).
+func (f *forgery) otherProviderAttempts(t *testing.T) {
+	v := &f.victim
+	f.run(t, "worker-spawn", []attempt{
+		{"join the fork provider's queue group", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "brood.v1.provider.fork.>", protocol.ProviderQueue)
+		}},
+		{"serve the fork worker's start subject in its queue group", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "brood.v1.provider.fork."+v.forkHost+"."+protocol.OpProviderStart, protocol.ProviderQueue)
+		}},
+		{"answer the fork worker's host requests", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "brood.v1.host."+v.forkHost+".*", "")
+		}},
+		{"answer every host's requests", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "brood.v1.host.>", "")
+		}},
+		{"forge the fork worker's heartbeat and descriptor", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			// What a KV put of the record publishes.
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.HostRecord{
+				HostID: v.forkHost, Kind: protocol.HostWorker, Heartbeat: store.NowMs(), StartedAt: 1,
+				Providers: []protocol.ProviderDescriptor{{Name: forkworker.DefaultName}},
+			})
+			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_hosts." + store.HostKey(v.forkHost), Reply: nc.NewInbox(), Data: data})
+		}},
+		{"answer the fork provider's micro discovery", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "$SRV.INFO.brood-provider-fork", "")
 		}},
 	})
 }
@@ -740,7 +789,7 @@ func (f *forgery) cliNamesTheRole(t *testing.T) {
 	}{
 		{"client", []string{"grant", "--all-users"}, "trusted-host"},
 		{"client", []string{"state", "--all-users", f.victim.child}, "trusted-host"},
-		{"worker", []string{"grant"}, "client"},
+		{"worker-spawn", []string{"grant"}, "client"},
 		{"client", []string{"provision", "--replicas", "3", "--timeout", "10s"}, "admin"},
 	} {
 		began := time.Now()

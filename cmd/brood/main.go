@@ -158,7 +158,9 @@ func execute(args []string, stdout, stderr io.Writer) int {
 const (
 	roleAdmin       = "admin"
 	roleCoordinator = "coordinator"
-	roleWorker      = "worker"
+	// roleWorker is a provider's worker user, worker-<provider>: it may
+	// serve only that provider (docs/security.md).
+	roleWorker      = "worker-<provider>"
 	roleClient      = "client"
 	roleTrustedHost = "trusted-host"
 )
@@ -168,8 +170,8 @@ const (
 var verbRoles = map[string]string{
 	"provision":    roleAdmin,
 	"coordinator":  roleCoordinator,
-	"spawn-worker": roleWorker,
-	"fork-worker":  roleWorker,
+	"spawn-worker": "worker-spawn",
+	"fork-worker":  "worker-fork",
 	"acp-bridge":   roleWorker,
 	"acp-agent":    roleTrustedHost,
 	"drain":        roleTrustedHost,

@@ -23,7 +23,8 @@ const HostRecordsMax = 4096
 // shorter list.
 func (s *Store) HostRecords(ctx context.Context) ([]protocol.HostRecord, error) {
 	stream := kvStreamPrefix + s.Subj.BucketHosts()
-	msgs, err := jetstreamext.GetLastMsgsFor(ctx, s.JS, stream, []string{"$KV." + s.Subj.BucketHosts() + ".>"},
+	prefix := "$KV." + s.Subj.BucketHosts() + "."
+	msgs, err := jetstreamext.GetLastMsgsFor(ctx, s.JS, stream, []string{prefix + ">"},
 		jetstreamext.GetLastMsgsBatchSize(HostRecordsMax))
 	if err != nil {
 		return nil, fmt.Errorf("list hosts: %w", err)
@@ -44,6 +45,9 @@ func (s *Store) HostRecords(ctx context.Context) ([]protocol.HostRecord, error) 
 		var rec protocol.HostRecord
 		if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &rec); err != nil {
 			continue // not a host record: nothing to compare with
+		}
+		if m.Subject != prefix+HostKey(rec.HostID) {
+			continue // a record under another host's key: not that host's
 		}
 		out = append(out, rec)
 	}

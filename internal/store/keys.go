@@ -16,7 +16,8 @@ import "strings"
 //	              drain.all.sessions       protocol.DrainRecord: the global drain
 //	              drain.<sessionId>        protocol.DrainRecord: a drain at and below one agent
 //	brood_runs    <runId>                  protocol.RunRecord
-//	brood_hosts   <hostId>                 protocol.HostRecord
+//	brood_hosts   <scope>.<unique>         protocol.HostRecord of a worker host (protocol.WorkerHostID)
+//	              <coordinatorId>          protocol.HostRecord of a coordinator
 //
 // Session, run and host ids never hold a dot (protocol ids are
 // ^[A-Za-z0-9_-]+$), so a bare id can never name a prefixed key, and every
@@ -54,7 +55,10 @@ func DrainKey(scope string) string { return prefixDrain + scope }
 // RunKey is the brood_runs key of a run record.
 func RunKey(runID string) string { return runID }
 
-// HostKey is the brood_hosts key of a host's record.
+// HostKey is the brood_hosts key of a host's record: its host id, which
+// for a worker host is <scope>.<unique> (protocol.WorkerHostID), so a NATS
+// permission on $KV.<bucket>.<scope>.> gives a provider's workers only their
+// own hosts' records.
 func HostKey(hostID string) string { return hostID }
 
 // AgentsKind is what a brood_agents key holds.

@@ -83,7 +83,15 @@ type Config struct {
 	NC        *nats.Conn
 	Store     *store.Store
 	Providers []Provider
-	// HostID names this process; default a new ULID.
+	// Scope is the first token of the host id (protocol.WorkerHostID), of
+	// its host subjects and of its brood_hosts key: the name of the one
+	// provider it serves (the default then), or protocol.HostScopeShared
+	// (the default with several providers). A deployment with users lets a
+	// provider's worker user write and serve only its own scope
+	// (docs/security.md).
+	Scope string
+	// HostID is the unique part of the host id <Scope>.<HostID>, a
+	// protocol.ValidID; default a new ULID.
 	HostID string
 	// HeartbeatInterval is how often the host record is rewritten
 	// (protocol.DefaultHeartbeatInterval, 1 s).
@@ -136,6 +144,13 @@ func New(cfg Config) (*Host, error) {
 	if !protocol.ValidID(cfg.HostID) {
 		return nil, fmt.Errorf("worker: host id %q must match ^[A-Za-z0-9_-]{1,64}$", cfg.HostID)
 	}
+	if cfg.Scope == "" {
+		cfg.Scope = protocol.HostScopeShared
+		if len(cfg.Providers) == 1 {
+			cfg.Scope = cfg.Providers[0].Descriptor().Name
+		}
+	}
+	hostID := protocol.WorkerHostID(cfg.Scope, cfg.HostID)
 	if cfg.HeartbeatInterval <= 0 {
 		cfg.HeartbeatInterval = protocol.DefaultHeartbeatInterval
 	}
@@ -158,10 +173,14 @@ func New(cfg Config) (*Host, error) {
 		if !protocol.ValidID(p.Descriptor().Name) {
 			return nil, fmt.Errorf("worker: provider name %q must match ^[A-Za-z0-9_-]{1,64}$", p.Descriptor().Name)
 		}
+		if !protocol.MayOffer(hostID, p.Descriptor().Name) {
+			return nil, fmt.Errorf("worker: a host of scope %q may serve only provider %q (or use scope %q), not %q",
+				cfg.Scope, cfg.Scope, protocol.HostScopeShared, p.Descriptor().Name)
+		}
 	}
 	return &Host{
-		cfg: cfg, subj: cfg.Store.Subj, st: cfg.Store, id: cfg.HostID,
-		log:  cfg.Logger.With("host", cfg.HostID),
+		cfg: cfg, subj: cfg.Store.Subj, st: cfg.Store, id: hostID,
+		log:  cfg.Logger.With("host", hostID),
 		runs: map[string]*hostedRun{},
 		acts: map[string]*activation{},
 	}, nil
@@ -353,6 +372,9 @@ func (h *Host) checkDuplicates(ctx context.Context) error {
 			continue
 		}
 		for _, theirs := range rec.Providers {
+			if !protocol.MayOffer(rec.HostID, theirs.Name) {
+				continue // outside its scope: coordinators ignore it too
+			}
 			for _, p := range h.cfg.Providers {
 				ours := p.Descriptor()
 				if ours.Name == theirs.Name && !ours.Equal(theirs) {

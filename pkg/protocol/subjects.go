@@ -89,6 +89,47 @@ var (
 // `^[A-Za-z0-9_-]{1,64}$` (DESIGN.md §4), so it is always one subject token.
 func ValidID(s string) bool { return idRE.MatchString(s) }
 
+// HostScopeShared is the scope of a worker host that serves several
+// providers (a test stack, an ACP bridge of several agents): such a host may
+// offer any provider. A deployment with users gives no worker user this scope
+// (docs/security.md), so there every worker host serves one provider.
+const HostScopeShared = "shared"
+
+// WorkerHostID is the host id of a worker host: <scope>.<unique>, where
+// scope is the name of the one provider it serves (or HostScopeShared) and
+// unique a ValidID (a ULID by default). The scope, a token of its own, is
+// the first token after <prefix>.v1.host of its host subjects and of its
+// brood_hosts key, so a NATS permission can give a provider's workers only
+// their own hosts (docs/security.md).
+func WorkerHostID(scope, unique string) string { return scope + "." + unique }
+
+// ValidWorkerHostID reports whether id is <scope>.<unique>, both ValidIDs.
+func ValidWorkerHostID(id string) bool {
+	scope, unique, ok := strings.Cut(id, ".")
+	return ok && ValidID(scope) && ValidID(unique)
+}
+
+// HostScope returns the scope of a worker host id (its first token), ""
+// for an id that is not a worker host id (a coordinator's).
+func HostScope(hostID string) string {
+	if !ValidWorkerHostID(hostID) {
+		return ""
+	}
+	scope, _, _ := strings.Cut(hostID, ".")
+	return scope
+}
+
+// MayOffer reports whether the host hostID may offer provider: a worker
+// host offers only the provider its scope names, or any from the shared
+// scope. Coordinators (and a new worker checking for duplicates) ignore a
+// descriptor a host record offers outside its scope: a worker may write only
+// its own scope's records, so it cannot replace another provider's
+// descriptor.
+func MayOffer(hostID, provider string) bool {
+	scope := HostScope(hostID)
+	return scope != "" && (scope == provider || scope == HostScopeShared)
+}
+
 // UserInboxPrefix is the inbox prefix of the connections of NATS user user,
 // _INBOX.<user>: a deployment with users lets each subscribe only under its
 // own (docs/security.md), so no user sees another's replies, run notices or
@@ -200,7 +241,9 @@ func (s Subjects) ProviderInstance(name, hostID, op string) string {
 // ProviderGroup is the subject group of one provider's operations.
 func (s Subjects) ProviderGroup(name string) string { return s.root() + ".provider." + name }
 
-// Host is the subject of a host operation, e.g. brood.v1.host.<hostId>.dispose.
+// Host is the subject of a host operation, e.g.
+// brood.v1.host.<scope>.<unique>.dispose for the worker host id
+// <scope>.<unique> (WorkerHostID).
 func (s Subjects) Host(hostID, op string) string { return s.root() + ".host." + hostID + "." + op }
 
 // HostAll is the wildcard subject of every operation of one host.

@@ -207,12 +207,33 @@ func (r *registry) put(key string, e jetstream.KeyValueEntry) {
 		r.log.Warn("undecodable host record", "host", key, "err", err)
 		return
 	}
+	if rec.HostID != key {
+		r.log.Warn("host record under another host's key ignored", "key", key, "hostId", rec.HostID)
+		return
+	}
+	rec.Providers = inScope(key, rec.Providers, r.log)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if key == r.self {
 		r.ownBeat(rec.Heartbeat, e.Revision())
 	}
 	r.hosts[key] = &hostState{rec: rec, obs: r.obs}
+}
+
+// inScope returns the descriptors host may offer (protocol.MayOffer): a
+// worker may write only its own scope's host records (docs/security.md), so
+// a descriptor of another provider there is a forgery, left out of the
+// registry and of dispatch.
+func inScope(host string, ds []protocol.ProviderDescriptor, log *slog.Logger) []protocol.ProviderDescriptor {
+	out := ds[:0:0]
+	for _, d := range ds {
+		if protocol.MayOffer(host, d.Name) {
+			out = append(out, d)
+		} else {
+			log.Warn("a provider offered outside its host's scope ignored", "host", host, "provider", d.Name)
+		}
+	}
+	return out
 }
 
 // ownBeat advances the observed clock with an own heartbeat that came back.

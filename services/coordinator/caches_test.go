@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"sort"
 	"strings"
 	"testing"
@@ -44,7 +45,7 @@ func hostEntry(t *testing.T, id string, rev uint64, heartbeatMs int64) entry {
 
 // TestRegistryJudgesHostsOnEvidenceOnly drives the registry with the
 // heartbeats its hosts watch delivers, in stream order: the observer's own
-// ("self", every second) and a worker's ("w"). The expiry is 5 s.
+// ("self", every second) and a worker's ("spawn.w", of scope spawn). The expiry is 5 s.
 func TestRegistryJudgesHostsOnEvidenceOnly(t *testing.T) {
 	type beat struct {
 		host string
@@ -70,21 +71,21 @@ func TestRegistryJudgesHostsOnEvidenceOnly(t *testing.T) {
 		live  bool
 	}{
 		{"the worker stopped while the observer watched for longer than the expiry",
-			cat([]beat{{"w", 0}}, own(0, 7)), false},
+			cat([]beat{{"spawn.w", 0}}, own(0, 7)), false},
 		{"the worker stopped, but the observer watched for less than the expiry",
-			cat([]beat{{"w", 0}}, own(0, 4)), true},
+			cat([]beat{{"spawn.w", 0}}, own(0, 4)), true},
 		{"the observer was cut off: its own heartbeats stopped coming back",
-			cat([]beat{{"w", 0}}, own(0, 2), own(30, 31)), true},
+			cat([]beat{{"spawn.w", 0}}, own(0, 2), own(30, 31)), true},
 		{"after the observer's gap the worker gets the whole expiry again",
-			cat([]beat{{"w", 0}}, own(0, 2), own(30, 34)), true},
+			cat([]beat{{"spawn.w", 0}}, own(0, 2), own(30, 34)), true},
 		{"after the gap, the expiry of observed time without the worker",
-			cat([]beat{{"w", 0}}, own(0, 2), own(30, 36)), false},
+			cat([]beat{{"spawn.w", 0}}, own(0, 2), own(30, 36)), false},
 		{"a server restart: nobody wrote for 6 s, then the worker came back",
-			cat([]beat{{"w", 0}}, own(0, 1), own(8, 9), []beat{{"w", 9500}}, own(10, 20)), false},
+			cat([]beat{{"spawn.w", 0}}, own(0, 1), own(8, 9), []beat{{"spawn.w", 9500}}, own(10, 20)), false},
 		{"a server restart: the worker came back and keeps beating",
-			cat([]beat{{"w", 0}}, own(0, 1), own(8, 9), []beat{{"w", 9500}}, own(10, 14), []beat{{"w", 14500}}, own(15, 19)), true},
+			cat([]beat{{"spawn.w", 0}}, own(0, 1), own(8, 9), []beat{{"spawn.w", 9500}}, own(10, 14), []beat{{"spawn.w", 14500}}, own(15, 19)), true},
 		{"before the observer's first own heartbeat nothing is judged",
-			[]beat{{"w", 0}}, true},
+			[]beat{{"spawn.w", 0}}, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -92,7 +93,7 @@ func TestRegistryJudgesHostsOnEvidenceOnly(t *testing.T) {
 			for i, b := range tc.beats {
 				r.put(b.host, hostEntry(t, b.host, uint64(i+1), b.atMs))
 			}
-			if got := r.hostLive("w"); got != tc.live {
+			if got := r.hostLive("spawn.w"); got != tc.live {
 				t.Fatalf("hostLive = %v, want %v (observed %s)", got, tc.live, r.observed())
 			}
 			if _, counts := r.providers(); (counts["spawn"] > 0) != tc.live {
@@ -174,5 +175,43 @@ func TestKVWatchAppliesEachRevisionOnce(t *testing.T) {
 	sort.Strings(keys)
 	if strings.Join(keys, ",") != "a" {
 		t.Fatalf("tracked keys %v", keys)
+	}
+}
+
+// TestRegistryTakesProvidersOnlyInTheirHostsScope: a worker may write only
+// its own scope's host records (docs/security.md), so the registry takes
+// from a host record only the provider its scope names (any from the shared
+// scope), and no record written under another host's key.
+func TestRegistryTakesProvidersOnlyInTheirHostsScope(t *testing.T) {
+	record := func(key, hostID string, names ...string) entry {
+		rec := protocol.HostRecord{HostID: hostID, Kind: protocol.HostWorker, Heartbeat: 1000}
+		for _, n := range names {
+			rec.Providers = append(rec.Providers, protocol.ProviderDescriptor{Name: n, Continuable: n == "fork"})
+		}
+		data, err := protocol.Marshal(protocol.Msgpack, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return entry{key: key, val: data, rev: 1}
+	}
+	for _, tc := range []struct {
+		name  string
+		entry entry
+		want  map[string]int
+	}{
+		{"its own provider", record("spawn.H1", "spawn.H1", "spawn"), map[string]int{"spawn": 1}},
+		{"another provider from its scope", record("spawn.H1", "spawn.H1", "spawn", "fork"), map[string]int{"spawn": 1}},
+		{"only another provider", record("spawn.H1", "spawn.H1", "fork"), map[string]int{}},
+		{"the shared scope offers any", record("shared.H1", "shared.H1", "spawn", "fork"), map[string]int{"spawn": 1, "fork": 1}},
+		{"a record naming another host", record("spawn.H1", "fork.H2", "fork"), map[string]int{}},
+		{"a key without a scope", record("H1", "H1", "spawn"), map[string]int{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRegistry("self", time.Second, 5*time.Second, slog.Default())
+			r.put(tc.entry.key, tc.entry)
+			if _, got := r.providers(); !maps.Equal(got, tc.want) {
+				t.Fatalf("instances %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
