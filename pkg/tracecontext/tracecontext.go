@@ -95,8 +95,10 @@ const (
 // SpanName is the name of a request's spans: low-cardinality, from the
 // subject after the version token (`<prefix>.v1.<kind>.<rest>`): "coord
 // runs.start", "provider spawn.start" (from a provider instance's subject
-// `provider.spawn.<hostId>.start`, the host id left out), "host dispose"
-// (the host id left out); any other subject is "nats request".
+// `provider.spawn.<hostId>.start`, the host id left out: one token, or the
+// two of a worker host id `<scope>.<unique>`), "host dispose" (from
+// `host.<hostId>.dispose`, the host id left out); any other subject is
+// "nats request".
 func SpanName(subject string) string {
 	toks := strings.Split(subject, ".")
 	for i := 0; i+2 < len(toks); i++ {
@@ -107,13 +109,13 @@ func SpanName(subject string) string {
 		case "coord":
 			return kind + " " + strings.Join(rest, ".")
 		case "provider":
-			if len(rest) == 3 { // <name>.<hostId>.<op>
-				rest = []string{rest[0], rest[2]}
+			if len(rest) >= 3 { // <name>.<hostId>.<op>, the host id of one or two tokens
+				rest = []string{rest[0], rest[len(rest)-1]}
 			}
 			return kind + " " + strings.Join(rest, ".")
 		case "host":
-			if len(rest) >= 2 {
-				return "host " + strings.Join(rest[1:], ".")
+			if len(rest) >= 2 { // <hostId>.<op>
+				return "host " + rest[len(rest)-1]
 			}
 		}
 		break
