@@ -116,6 +116,7 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 		{"no provider", Config{NC: nc, Store: st}},
 		{"a host id that is no id", Config{NC: nc, Store: st, Providers: []Provider{p}, HostID: "a.b"}},
 		{"a provider name that is no id", Config{NC: nc, Store: st, Providers: []Provider{bad}}},
+		{"a scope that names another provider", Config{NC: nc, Store: st, Providers: []Provider{p}, Scope: "other"}},
 	} {
 		if _, err := New(tc.cfg); err == nil {
 			t.Errorf("%s: New accepted it", tc.name)
@@ -125,7 +126,7 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !protocol.ValidID(h.ID()) || h.cfg.HeartbeatInterval != protocol.DefaultHeartbeatInterval ||
+	if !protocol.ValidWorkerHostID(h.ID()) || protocol.HostScope(h.ID()) != p.Descriptor().Name || h.cfg.HeartbeatInterval != protocol.DefaultHeartbeatInterval ||
 		h.cfg.HostExpiry != protocol.DefaultHostExpiry || h.cfg.DrainGrace != DefaultDrainGrace {
 		t.Errorf("defaults: id %q, heartbeat %s, expiry %s, drain grace %s", h.ID(), h.cfg.HeartbeatInterval, h.cfg.HostExpiry, h.cfg.DrainGrace)
 	}
