@@ -144,7 +144,7 @@ func TestStartRunClaimsRunsSettlesAndPublishes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r, ok := reply.(protocol.ProviderStartReply); !ok || r.HostID != "H1" {
+	if r, ok := reply.(protocol.ProviderStartReply); !ok || r.HostID != "spawn.H1" {
 		t.Fatalf("reply %#v", reply)
 	}
 	n := receiveNotice(t, notices)
@@ -156,7 +156,7 @@ func TestStartRunClaimsRunsSettlesAndPublishes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := run.Value; v.State != protocol.RunSettled || v.HostID != "H1" || v.SettledBy != "H1" || v.StartedAt == 0 || v.NotStarted {
+	if v := run.Value; v.State != protocol.RunSettled || v.HostID != "spawn.H1" || v.SettledBy != "spawn.H1" || v.StartedAt == 0 || v.NotStarted {
 		t.Fatalf("run record %+v", v)
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool {
@@ -227,7 +227,7 @@ func TestStartRunFailingAfterTheClaimSettlesNeverStarted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := run.Value; v.State != protocol.RunSettled || !v.NotStarted || v.SettledBy != "H1" || v.Result.ErrorCode != protocol.CodeUnavailable {
+	if v := run.Value; v.State != protocol.RunSettled || !v.NotStarted || v.SettledBy != "spawn.H1" || v.Result.ErrorCode != protocol.CodeUnavailable {
 		t.Fatalf("run record %+v", v)
 	}
 	if _, err := st.Lease(ctx, "C1"); !errors.Is(err, store.ErrNotFound) {
