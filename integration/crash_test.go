@@ -814,3 +814,113 @@ func TestTakeoverLogsTheDescriptorItsHostNeverLogged(t *testing.T) {
 		t.Fatalf("the log does not replay: %v", err)
 	}
 }
+
+// TestPausedClaimerStartsNoEpochSettledMeanwhile: a worker that claimed a
+// cold resume's epoch and stopped (paused here: its lease write and its
+// heartbeats are held) before it took the child's lease leaves a record
+// running with no lease; a coordinator settles it never started. When the
+// worker comes back and takes the lease, it finds the epoch settled (its
+// claim is held again by compare-and-set under the lease): it releases the
+// lease and starts nothing, so no subagent/start without an end is
+// published, and the child's message runs on a live worker. Before, the
+// worker started the settled epoch and its lease kept the child resident
+// while its next message stayed pending (chaos seed 3, c3-4-48: I7, L1).
+func TestPausedClaimerStartsNoEpochSettledMeanwhile(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.RequestBudget = 3 * time.Second })
+	root := s.Root()
+	auth := ref(root)
+	var child atomic.Value // the child whose next lease write is held, once armed
+	child.Store("")
+	// The pause ends as SIGCONT ends one: the lease write in flight lands
+	// before the next heartbeat.
+	var paused atomic.Bool
+	resumeLease, resumeBeats := make(chan struct{}), make(chan struct{})
+	var leaseOnce, beatsOnce, leasedOnce sync.Once
+	leased := make(chan struct{}) // the held lease write was answered
+	t.Cleanup(func() { leaseOnce.Do(func() { close(resumeLease) }); beatsOnce.Do(func() { close(resumeBeats) }) })
+	agentsBucket, hostsBucket := s.Store.Subj.BucketAgents(), s.Store.Subj.BucketHosts()
+	w1, _ := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			id := child.Load().(string)
+			var wait chan struct{}
+			switch {
+			case id != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == id:
+				paused.Store(true) // claimed; stops right before its lease
+				wait = resumeLease
+			case paused.Load() && w.Bucket == hostsBucket:
+				wait = resumeBeats
+			default:
+				return nil
+			}
+			select {
+			case <-wait:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}, After: func(_ context.Context, w store.Write, err error) error {
+			if id := child.Load().(string); id != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == id {
+				leasedOnce.Do(func() { close(leased) })
+			}
+			return err
+		}})
+	})
+	start := startCont(t, s, root.Ref(), "say one")
+	waitState(t, s, start.ChildID, auth, protocol.StateNone, 20*time.Second)
+	child.Store(start.ChildID)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	mid := make(chan string, 1)
+	go func() {
+		r, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: start.ChildID, Authority: auth, Message: protocol.Text("say two")})
+		if err != nil {
+			t.Errorf("followup: %v", err)
+		}
+		mid <- r.MessageID
+	}()
+	testutil.Eventually(t, 20*time.Second, paused.Load, "the worker claims the resumed epoch and pauses before its lease")
+	// The coordinator settles the claimed record, left without a lease,
+	// never started once the claimer stopped heartbeating.
+	var orphan string
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		lister, err := s.Store.Runs.ListKeys(ctx)
+		if err != nil {
+			return false
+		}
+		for k := range lister.Keys() {
+			r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, k)
+			if err == nil && r.Value.ChildID == start.ChildID && r.Value.HostID == w1.ID() && r.Value.NotStarted {
+				orphan = r.Value.RunID
+			}
+		}
+		return orphan != ""
+	}, "the paused worker's epoch is settled never started")
+	s.AddSpawnWorker() // a live worker for the message
+	leaseOnce.Do(func() { close(resumeLease) })
+	select {
+	case <-leased:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker's lease write was not answered")
+	}
+	beatsOnce.Do(func() { close(resumeBeats) })
+	m := <-mid
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, evs := s.Log(start.ChildID)
+		claims, _, _ := turnsOf(evs)
+		return slices.Contains(claims, m)
+	}, "the message (%s) runs", m)
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		l, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, start.ChildID)
+		return errors.Is(err, store.ErrNotFound) || (err == nil && l.Value.RunID != orphan)
+	}, "no lease names the settled epoch %s", orphan)
+	for _, ev := range lifecycleOf(t, s, root.SessionID) {
+		if ev.RunID == orphan {
+			t.Fatalf("the epoch settled never started has a %s", ev.Type)
+		}
+	}
+	_, evs := s.Log(start.ChildID)
+	if err := sessionlog.ValidateReplay(evs, false); err != nil {
+		t.Fatalf("the log does not replay: %v", err)
+	}
+}

@@ -53,6 +53,9 @@ package store
 //	activate (an epoch; fresh, cold resume, liveness resume)
 //	    coordinator: run record (CreateRun, running) → dispatch.
 //	    host: drop if late → ClaimRun → lease (CreateLease, EpochStart) →
+//	    HoldRun (CAS at the claim's revision: a coordinator that settled
+//	    the claimed record orphaned meanwhile wins, and the host releases
+//	    the lease and starts nothing) →
 //	    [fresh: the descriptor; resume: the dead host's open turn closed]
 //	    (log, fenced) → inbox and wake subscriptions (flushed) →
 //	    subagent/start → reply. A failure after the lease releases it and

@@ -58,6 +58,23 @@ func (s *Store) ClaimRun(ctx context.Context, run protocol.RunRecord, rev uint64
 	return run, nrev, err
 }
 
+// HoldRun writes run, the record this host claimed (at rev, the claim's
+// revision or a later one of its own), back unchanged by compare-and-set at
+// rev, once the host holds the session's lease. A coordinator settles a
+// claimed record left without a lease (orphans.go in the coordinator) by a
+// compare-and-set at the revision it read before it found no lease, so of
+// the two exactly one lands: a host paused between its claim and its lease
+// never starts an epoch settled meanwhile, and a settlement never ends an
+// epoch whose host holds the lease. It returns the new revision;
+// ErrConflict when the record changed first (the run is no longer this
+// host's to start).
+func (s *Store) HoldRun(ctx context.Context, run protocol.RunRecord, rev uint64) (uint64, error) {
+	if run.State != protocol.RunRunning || rev == 0 {
+		return 0, fmt.Errorf("store: hold run %s: only a running record at a known revision is held", run.RunID)
+	}
+	return Update(ctx, s.Runs, RunKey(run.RunID), run, rev)
+}
+
 // Settled returns rec settled by `by` (a host or coordinator id) with res,
 // now. Build it once per settlement and pass the same record to every
 // attempt of SettleRun: a retry that finds its own earlier write recognises

@@ -242,6 +242,22 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %w", req.ChildID, err)
 	}
 	release := func() { _ = h.st.ReleaseLease(context.WithoutCancel(ctx), req.ChildID, leaseRev) }
+	// The claim is held again under the lease: a coordinator may have
+	// settled the claimed record orphaned while this host had no lease (it
+	// was paused between the two); the epoch is then not this host's to
+	// start (chaos seed 3, c3-4-48: a worker back from a pause started an
+	// epoch settled never started, and its lease kept the child resident
+	// with its next message pending).
+	runRev, err := h.st.HoldRun(ctx, a.run, a.runRev)
+	if err != nil {
+		release()
+		if errors.Is(err, store.ErrConflict) {
+			return nil, protocol.NewError(protocol.CodeNotPending, map[string]any{
+				"runId": a.runID, "reason": "the epoch was settled before this host held the session's lease"})
+		}
+		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "hold the claim of %s: %w", a.runID, err)
+	}
+	a.runRev = runRev
 	lw := h.st.NewLogWriter(req.ChildID, lastSubjSeq, int64(len(events)))
 	a.mu.Lock()
 	a.leaseRev = leaseRev

@@ -128,15 +128,20 @@ func (c *Coordinator) orphanDue(rec protocol.RunRecord) bool {
 // settleOrphan settles an orphaned record never started (see the top of
 // this file), once the bucket's leader confirms it is still running with no
 // lease for it.
+//
+// The record is read before the lease: its host holds the claim again once
+// it holds the lease (store.HoldRun, a compare-and-set at the revision read
+// here), so either that lands and this settlement's compare-and-set fails,
+// or the lease was already there when it was read.
 func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord) {
+	run, err := c.st.RunLatest(ctx, seen.RunID)
+	if err != nil || run.Value.State != protocol.RunRunning || run.Value.HostID != seen.HostID {
+		return // settled, claimed meanwhile, or unreadable: the next sweep looks again
+	}
 	if l, err := c.st.LeaseLatest(ctx, seen.ChildID); err == nil && l.Value.RunID == seen.RunID {
 		return // it has its lease: the lease's holder settles it
 	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return // the next sweep looks again
-	}
-	run, err := c.st.RunLatest(ctx, seen.RunID)
-	if err != nil || run.Value.State != protocol.RunRunning || run.Value.HostID != seen.HostID {
-		return // settled, claimed meanwhile, or unreadable: the next sweep looks again
 	}
 	rec := run.Value
 	code, why := protocol.CodeUnavailable, "no instance claimed it and the coordinator that created it stopped before it settled it"
