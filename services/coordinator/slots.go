@@ -245,7 +245,7 @@ func (c *Coordinator) confirmLive(ctx context.Context, slots []childSlot, live m
 		if live[s.ChildID] || now-s.ReservedAt < c.slotGrace() || c.slotEnded(s) {
 			continue
 		}
-		lease, err := store.GetLatest[protocol.AgentRecord](ctx, c.st.Agents, s.ChildID)
+		lease, err := c.st.LeaseLatest(ctx, s.ChildID)
 		switch {
 		case err == nil:
 			if s.RunID == "" || lease.Value.RunID == s.RunID {
@@ -287,7 +287,12 @@ func (c *Coordinator) endedChildren(ctx context.Context, slots []childSlot, live
 		if ended[id] {
 			continue
 		}
-		lease, err := store.Get[protocol.AgentRecord](ctx, c.st.Agents, id)
+		// From the bucket's leader: a follower's direct get may not have a
+		// lease created a moment ago (the watch that showed it live reads
+		// the leader's stream), or may still show the lease of an epoch
+		// that ended; either would free the slot of a live child (chaos
+		// seed 4: a burst of starts admitted one child past the limit).
+		lease, err := c.st.LeaseLatest(ctx, id)
 		switch {
 		case err == nil:
 			if lease.Value.RunID != "" && settled(lease.Value.RunID) {
