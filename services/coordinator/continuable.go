@@ -260,9 +260,14 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 		return protocol.ContinuableStartReply{}, err
 	}
 	rollback := func() {
-		release()
 		rctx := context.WithoutCancel(ctx)
-		c.disposeActivation(rctx, reply.HostID, childID, protocol.CauseDisposed)
+		// The slot is given back once the epoch ended: released before, it
+		// let another start in while this child still lived (chaos seed 4:
+		// starts refused DRAINING after their epoch began). A dispose that
+		// failed keeps it until the child's lease goes (slots.go).
+		if err := c.disposeActivation(rctx, reply.HostID, childID, protocol.CauseDisposed); err == nil {
+			release()
+		}
 		if owner != "" {
 			_ = c.st.RemoveOwnership(rctx, owner, childID)
 		}
