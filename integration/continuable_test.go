@@ -781,6 +781,20 @@ func TestSendMessageAndInterruptTools(t *testing.T) {
 	if end := turnEndReasons(gevs)[0]; end.Kind != protocol.TurnAborted || end.Cause != protocol.CauseParent {
 		t.Fatalf("the grandchild's first turn ended %+v; the interrupt must abort it (cause parent)", end)
 	}
+	// The grandchild's settlement notice reaches the child after its turn
+	// ends; the send waits until the child has taken it, or the notice
+	// joins the send's turn and the scripted model answers it instead (the
+	// flake "the grandchild ran the message its parent sent" under load).
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		_, evs := s.Log(c.ChildID)
+		for _, ev := range evs {
+			var d protocol.UserMessageData
+			if ev.Type == protocol.EvUserMessage && ev.Decode(&d) == nil && d.Source.Kind == protocol.SourceSubagentSettled && d.Source.SenderSessionID == grand {
+				return true
+			}
+		}
+		return false
+	}, "the child takes the grandchild's settlement notice")
 	followup(t, s, c.ChildID, g, "call send_message {\"subagent_id\":\""+grand+"\",\"message\":\"say woken\"}\nsay sent")
 	testutil.Eventually(t, 20*time.Second, func() bool {
 		_, gevs := s.Log(grand)
