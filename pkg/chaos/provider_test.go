@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -42,8 +43,15 @@ func TestYourProviderUnderFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var history *chaos.History
 	defer func() {
 		if t.Failed() {
+			if history != nil {
+				path := filepath.Join(dir, "history.json.gz")
+				if err := history.Save(path); err == nil {
+					t.Logf("history saved; check it again with -chaos.check=%s", path)
+				}
+			}
 			t.Logf("stores and logs kept in %s", dir)
 			return
 		}
@@ -59,6 +67,7 @@ func TestYourProviderUnderFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	history = res.History
 	for _, line := range res.Report.Lines() {
 		t.Log(line)
 	}
