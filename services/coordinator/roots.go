@@ -65,13 +65,15 @@ func notLiveCredential(id string) error {
 	return protocol.Errorf(protocol.CodeUnauthorized, "the credential is not that of a live agent of session %s", id)
 }
 
-// authorizeFresh is authorize on the lease as stored now, never the cache:
-// for the last admission check before something is accepted.
+// authorizeFresh is authorize on the lease as stored now, read from the
+// bucket's leader, never the cache nor a follower that may not have
+// applied a close yet: for the last admission check before something is
+// accepted.
 func (c *Coordinator) authorizeFresh(ctx context.Context, p protocol.ParentRef) (leaseState, error) {
 	if !protocol.ValidID(p.SessionID) || p.Credential == "" {
 		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "a parent sessionId and credential are required")
 	}
-	fresh, err := c.st.Lease(ctx, p.SessionID)
+	fresh, err := c.st.LeaseLatest(ctx, p.SessionID)
 	if errors.Is(err, store.ErrNotFound) {
 		return leaseState{}, notLiveCredential(p.SessionID)
 	}

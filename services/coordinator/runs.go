@@ -206,6 +206,14 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 	if err != nil {
 		return protocol.RunStartReply{}, err
 	}
+	// The parent is read from the bucket's leader before anything is
+	// written: this replica's cache, or a follower, may still hold the lease
+	// of a root closed a moment ago (chaos seed 3: a run started with a
+	// closed root's credential 0.4 s after the close, right after a
+	// partition healed, and its prompt reached the child's log: I4).
+	if _, err := c.authorizeFresh(ctx, r.Parent); err != nil {
+		return protocol.RunStartReply{}, err
+	}
 	now := store.NowMs()
 	childID := ulid.Make().String()
 	runID := childID // local providers: the run id is the child's session id (seed: SubagentRun.id)
