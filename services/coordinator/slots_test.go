@@ -1,0 +1,191 @@
+package coordinator_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
+)
+
+// slotsOf reads a parent's slot record (brood_agents `slots.<parent>`); a
+// missing record holds no slot.
+func slotsOf(t *testing.T, s *stack.Stack, parent string) []string {
+	t.Helper()
+	rec, err := store.Get[coordinator.ChildSlotsRecord](context.Background(), s.Store.Agents, store.SlotsKey(parent))
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("read the slot record of %s: %v", parent, err)
+	}
+	var ids []string
+	for _, sl := range rec.Value.Slots {
+		ids = append(ids, sl.ChildID)
+	}
+	return ids
+}
+
+func contains(ids []string, id string) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
+
+// TestASlotCountsForAStartsBudgetAndTwoHostExpiries: a slot whose child has
+// no lease yet (its start is still on the way to a provider) counts against
+// the parent's limit for slotGrace, a start's whole budget (RequestBudget)
+// and two host expiries, and no longer (slots.go; DESIGN.md §4, agent
+// limits).
+func TestASlotCountsForAStartsBudgetAndTwoHostExpiries(t *testing.T) {
+	const budget, expiry = 20 * time.Second, 10 * time.Second
+	const grace = budget + 2*expiry
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) {
+		c.LiveChildrenMax, c.RequestBudget, c.HostExpiry = 1, budget, expiry
+	})
+	s.AddSpawnWorker()
+	for _, tc := range []struct {
+		name    string
+		age     time.Duration // how long ago the slot was taken
+		refused bool
+	}{
+		{"within its grace", grace - 8*time.Second, true},
+		{"past its grace", grace + 8*time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := s.Root()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			inFlight := coordinator.ChildSlotsRecord{Slots: []coordinator.ChildSlot{{
+				ChildID: "in-flight-" + root.SessionID, ReservedAt: store.NowMs() - tc.age.Milliseconds()}}}
+			if _, err := store.Create(ctx, s.Store.Agents, store.SlotsKey(root.SessionID), inFlight); err != nil {
+				t.Fatal(err)
+			}
+			run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
+			switch {
+			case tc.refused && protocol.CodeOf(err) != protocol.CodeLimitExceeded:
+				t.Fatalf("a start beside a slot taken %v ago (grace %v): %v, want LIMIT_EXCEEDED", tc.age, grace, err)
+			case !tc.refused && err != nil:
+				t.Fatalf("a start beside a slot taken %v ago (grace %v) was refused: %v", tc.age, grace, err)
+			case !tc.refused:
+				if _, err := run.Result(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestAChildWithoutASlotStillCounts: a child made live again by a cold
+// resume takes no slot (an accepted message is never refused), but it
+// counts against its parent's next admission like any live child, beside
+// the slots of starts still on their way (docs/protocol.md §5, live
+// children; RELIABILITY.md I8).
+func TestAChildWithoutASlotStillCounts(t *testing.T) {
+	const limit = 3
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = limit })
+	s.AddSpawnWorker()
+	root := s.Root()
+	auth := protocol.Authority{Parent: ptr(root.Ref())}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	start := func(label, prompt string) (string, error) {
+		r, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: label, Prompt: protocol.Text(prompt)})
+		return r.ChildID, err
+	}
+	stateOf := func(id string) string {
+		st, err := s.Client.State(ctx, protocol.ChildRef{ChildID: id, Authority: auth})
+		if err != nil {
+			t.Fatalf("state of %s: %v", id, err)
+		}
+		return st.State
+	}
+	// a's first activation ends with its turn.
+	a, err := start("a", "say hi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 60*time.Second, func() bool { return stateOf(a) == protocol.StateNone }, "a's first activation ends")
+	// A busy sibling; the slot a held is dropped by its admission.
+	b, err := start("b", "sleep 120s\nsay late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := slotsOf(t, s, root.SessionID); len(ids) != 1 || ids[0] != b {
+		t.Fatalf("slots %v: want b's only (a ended)", ids)
+	}
+	// A followup resumes a cold: live again, without a slot.
+	if _, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: a, Authority: auth, Message: protocol.Text("sleep 120s\nsay again")}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 60*time.Second, func() bool { return stateOf(a) == protocol.StateRunning }, "a is resumed")
+	// Another start of this parent is on its way (another replica took its
+	// slot; its child has no lease yet).
+	key := store.SlotsKey(root.SessionID)
+	cur, err := store.Get[coordinator.ChildSlotsRecord](ctx, s.Store.Agents, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := cur.Value
+	rec.Slots = append(rec.Slots, coordinator.ChildSlot{ChildID: "on-its-way", ReservedAt: store.NowMs()})
+	if _, err := store.Update(ctx, s.Store.Agents, key, rec, cur.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if ids := slotsOf(t, s, root.SessionID); contains(ids, a) {
+		t.Fatalf("slots %v: a cold resume took a slot", ids)
+	}
+	// a and b are live and one start is on its way: the limit is reached.
+	d, err := start("d", "say x")
+	if protocol.CodeOf(err) != protocol.CodeLimitExceeded {
+		t.Fatalf("a fourth child (%s) beside a live child without a slot, a live one with a slot and a start on its way: %v, want LIMIT_EXCEEDED", d, err)
+	}
+}
+
+// TestAdmissionGivesUpWhenItsSlotRecordKeepsChanging: an admission tries
+// its compare-and-set of the parent's slot record at most slotAttemptsMax
+// times; when another writer changes the record before each attempt, the
+// start is refused UNAVAILABLE (retry later), after exactly that many
+// attempts, and nothing is started.
+func TestAdmissionGivesUpWhenItsSlotRecordKeepsChanging(t *testing.T) {
+	s := stack.New(t)
+	var parentKey atomic.Value
+	parentKey.Store("")
+	var attempts atomic.Int64
+	s.AddCoordinator(func(c *coordinator.Config) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			if (w.Op == store.OpKVCreate || w.Op == store.OpKVUpdate) && w.Key == parentKey.Load().(string) {
+				attempts.Add(1)
+				// Another replica's admission lands first.
+				if _, err := store.Put(ctx, s.Store.Agents, w.Key, coordinator.ChildSlotsRecord{}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}})
+	})
+	s.AddSpawnWorker()
+	root := s.Root()
+	parentKey.Store(store.SlotsKey(root.SessionID))
+	headers := s.SessionCount()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say x")})
+	if protocol.CodeOf(err) != protocol.CodeUnavailable || !strings.Contains(err.Error(), "kept changing") {
+		t.Fatalf("a start whose slot record changes before each write: %v, want UNAVAILABLE (kept changing)", err)
+	}
+	if got := attempts.Load(); got != coordinator.SlotAttemptsMax {
+		t.Fatalf("%d compare-and-set attempts, want slotAttemptsMax (%d)", got, coordinator.SlotAttemptsMax)
+	}
+	if got := s.SessionCount(); got != headers {
+		t.Fatalf("a refused start wrote %d session headers", got-headers)
+	}
+}
