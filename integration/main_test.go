@@ -127,6 +127,9 @@ func spawnWorkerProc(t *testing.T, url string) *proc {
 
 // dev is a `brood dev` process started by a test, with what it printed.
 type dev struct {
+	cmd        *exec.Cmd
+	done       chan struct{}  // closed when the process exited
+	out        *lockedBuilder // all it printed on stdout so far
 	natsURL    string
 	metricsURL string // http://ADDR/metrics when started with --metrics
 	uiURL      string // the web view's page when started with --ui
@@ -171,12 +174,14 @@ func startDevEnv(t *testing.T, env []string, args ...string) *dev {
 	})
 	// The banner ends with the line naming Ctrl-C (and the metrics line, when asked).
 	lines := make(chan []string, 1)
+	d := &dev{cmd: cmd, done: done, out: &lockedBuilder{b: &strings.Builder{}}}
 	go func() {
 		var seen []string
 		sc := bufio.NewScanner(stdout)
 		sent := false
 		for sc.Scan() {
 			seen = append(seen, sc.Text())
+			_, _ = d.out.Write([]byte(sc.Text() + "\n"))
 			last := sc.Text()
 			if !sent && (strings.Contains(last, "metrics on ") || (strings.Contains(last, "Ctrl-C") && !slices.Contains(args, "--metrics"))) {
 				lines <- append([]string(nil), seen...)
@@ -187,7 +192,6 @@ func startDevEnv(t *testing.T, env []string, args ...string) *dev {
 			lines <- seen
 		}
 	}()
-	d := &dev{}
 	select {
 	case d.stdout = <-lines:
 	case <-time.After(30 * time.Second):
@@ -208,6 +212,13 @@ func startDevEnv(t *testing.T, env []string, args ...string) *dev {
 		t.Fatalf("brood dev printed no NATS URL: %q", d.stdout)
 	}
 	return d
+}
+
+// Stdout returns what the process printed on stdout so far.
+func (d *dev) Stdout() string {
+	d.out.mu.Lock()
+	defer d.out.mu.Unlock()
+	return d.out.b.String()
 }
 
 type lockedBuilder struct {
