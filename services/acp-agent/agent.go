@@ -147,14 +147,30 @@ func New(cfg Config) (*Service, error) {
 // ctx is done, then ends running turns (aborted) and closes every root. A
 // disconnect is a clean stop: nil.
 func (s *Service) Run(ctx context.Context) error {
-	s.conn = acp.NewAgentSideConnection(s, s.cfg.Out, s.cfg.In)
+	// The SDK starts reading In in its constructor and reads its logger
+	// unguarded when In ends: nothing is read until the logger is set (a
+	// client that disconnected at once raced with SetLogger).
+	in := &gatedReader{r: s.cfg.In, open: make(chan struct{})}
+	s.conn = acp.NewAgentSideConnection(s, s.cfg.Out, in)
 	s.conn.SetLogger(s.log.With("component", "acp-sdk"))
+	close(in.open)
 	select {
 	case <-s.conn.Done():
 	case <-ctx.Done():
 	}
 	s.shutdown()
 	return nil
+}
+
+// gatedReader is r, read only once open is closed.
+type gatedReader struct {
+	r    io.Reader
+	open chan struct{}
+}
+
+func (g *gatedReader) Read(p []byte) (int, error) {
+	<-g.open
+	return g.r.Read(p)
 }
 
 func (s *Service) shutdown() {
