@@ -145,6 +145,10 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, protocol.ErrPermissionDenied) {
 		err = withRole(err, cmd, g.allUsers)
 	}
+	if !cmd.HasParent() && protocol.CodeOf(err) == "" {
+		// An error of brood itself, not of a verb: an unknown verb.
+		err = protocol.Errorf(protocol.CodeInvalidArgument, "%w; `brood --help` lists the verbs", err)
+	}
 	if pe := protocol.CodeOf(err); pe != "" {
 		fmt.Fprintln(stderr, protocol.AsError(err).Error())
 	} else {
@@ -242,7 +246,23 @@ func newRoot(g *globals) *cobra.Command {
 	add(groupSteer, interruptCmd(g), disposeCmd(g), drainCmd(g), grantCmd(g))
 	add(groupServices, provisionCmd(g), coordinatorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g), acpBridgeCmd(g), acpAgentCmd(g))
 	root.AddCommand(natsServerCmd()) // hidden: the chaos harness's nodes
+	for _, c := range root.Commands() {
+		if c.Args != nil {
+			c.Args = argsError(c.Args)
+		}
+	}
 	return root
+}
+
+// argsError turns a wrong number of arguments (cobra's Args checks) into
+// INVALID_ARGUMENT with a hint, as flagError does for flags.
+func argsError(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return protocol.Errorf(protocol.CodeInvalidArgument, "%s: %w; `%s --help` shows its usage", cmd.CommandPath(), err, cmd.CommandPath())
+		}
+		return nil
+	}
 }
 
 // flagError turns a flag the command does not take (or a malformed value)
