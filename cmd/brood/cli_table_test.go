@@ -267,19 +267,19 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 		},
 		"spawn-worker": {
 			ok:     func() outcome { return c.serve(t, `providers=[spawn]`, "spawn-worker", "--nats", c.url) },
-			errOut: `(?s)msg="host serving" host=` + id + ` providers=\[spawn\].*msg="host drained"`,
+			errOut: `(?s)msg="host serving" host=spawn\.` + id + ` providers=\[spawn\].*msg="host drained"`,
 			fail:   []string{"spawn-worker", "--model", "bogus"}, code: "INVALID_ARGUMENT",
 		},
 		"fork-worker": {
 			ok:     func() outcome { return c.serve(t, `providers=[fork]`, "fork-worker", "--nats", c.url) },
-			errOut: `(?s)msg="host serving" host=` + id + ` providers=\[fork\].*msg="host drained"`,
+			errOut: `(?s)msg="host serving" host=fork\.` + id + ` providers=\[fork\].*msg="host drained"`,
 			fail:   []string{"fork-worker", "--model", "bogus"}, code: "INVALID_ARGUMENT",
 		},
 		"acp-bridge": {
 			ok: func() outcome {
 				return c.serve(t, `providers=[example]`, "acp-bridge", "--nats", c.url, "--agent", "name=example,command="+agentBin)
 			},
-			errOut: `(?s)msg="host serving" host=` + id + ` providers=\[example\].*msg="host drained"`,
+			errOut: `(?s)msg="host serving" host=example\.` + id + ` providers=\[example\].*msg="host drained"`,
 			fail:   []string{"acp-bridge"}, code: "INVALID_ARGUMENT",
 		},
 		"acp-agent": {
