@@ -181,3 +181,55 @@ func TestAdmissionGivesUpWhenItsSlotRecordKeepsChanging(t *testing.T) {
 		t.Fatalf("a refused start wrote %d session headers", got-headers)
 	}
 }
+
+// TestAColdResumeKeepsTheOtherSlots: a cold resume replaces its child's own
+// slot with one naming the resumed run and leaves every other slot of the
+// parent in place (a start still on its way keeps counting): the record
+// holds each child once, and the next start sees the limit reached.
+func TestAColdResumeKeepsTheOtherSlots(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 2 })
+	s.AddSpawnWorker()
+	root := s.Root()
+	auth := protocol.Authority{Parent: ptr(root.Ref())}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	start := func(prompt string) (string, error) {
+		r, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "cold", Prompt: protocol.Text(prompt)})
+		return r.ChildID, err
+	}
+	stateOf := func(id string) string {
+		st, err := s.Client.State(ctx, protocol.ChildRef{ChildID: id, Authority: auth})
+		if err != nil {
+			t.Fatalf("state of %s: %v", id, err)
+		}
+		return st.State
+	}
+	a, err := start("say hi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 60*time.Second, func() bool { return stateOf(a) == protocol.StateNone }, "a goes cold")
+	// Another replica admitted a start that is on its way.
+	key := store.SlotsKey(root.SessionID)
+	cur, err := store.Get[coordinator.ChildSlotsRecord](ctx, s.Store.Agents, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := cur.Value
+	rec.Slots = append(rec.Slots, coordinator.ChildSlot{ChildID: "on-its-way", ReservedAt: store.NowMs()})
+	if _, err := store.Update(ctx, s.Store.Agents, key, rec, cur.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: a, Authority: auth, Message: protocol.Text("sleep 120s\nsay again")}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 60*time.Second, func() bool { return stateOf(a) == protocol.StateRunning }, "a is resumed")
+	ids := slotsOf(t, s, root.SessionID)
+	if len(ids) != 2 || !contains(ids, a) || !contains(ids, "on-its-way") {
+		t.Fatalf("slots after a's cold resume: %v; want a's (once) and the start's on its way", ids)
+	}
+	if d, err := start("say x"); protocol.CodeOf(err) != protocol.CodeLimitExceeded {
+		t.Fatalf("a third child (%s) beside the resumed one and a start on its way: %v, want LIMIT_EXCEEDED", d, err)
+	}
+}
