@@ -89,10 +89,11 @@ func TestDevStopGivesTurnsTheirGraceAndQueuedMessagesRunAfterRestart(t *testing.
 	data := t.TempDir()
 	d := startDev(t, "--data", data)
 	url := d.natsURL
-	// short finishes within the grace; long does not, and has a message queued behind its turn.
-	short := field(t, broodCLI(t, url, "start", "--provider", "spawn", "sleep 6s\nsay finished within the grace"), "childId")
+	// long does not finish within the grace, and has a message queued
+	// behind its turn; short, started last, finishes within it.
 	long := field(t, broodCLI(t, url, "start", "--provider", "spawn", "sleep 300s\nsay never"), "childId")
 	broodCLI(t, url, "followup", long, "say after the restart")
+	short := field(t, broodCLI(t, url, "start", "--provider", "spawn", "sleep 8s\nsay finished within the grace"), "childId")
 	for _, id := range []string{short, long} {
 		testutil.Eventually(t, 30*time.Second, func() bool { return broodCLI(t, url, "state", id) == protocol.StateRunning }, "%s runs", id)
 	}
