@@ -16,7 +16,7 @@ import (
 // returns the number of records.
 func longLog(b *testing.B, s *stack.Stack, id string, n int) int {
 	b.Helper()
-	w := s.Store.NewLogWriter(id, 0, 0)
+	w := s.Store.NewLogWriter(protocol.ScopeRoot, id, 0, 0)
 	ctx := context.Background()
 	records := 0
 	for turn := int64(1); w.NextSeq() < int64(n); turn++ {
@@ -85,12 +85,12 @@ func BenchmarkReadLog10k(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		t := time.Now()
-		log, err := s.Store.ReadLog(ctx, "LONG")
+		log, err := s.Store.ReadLog(ctx, protocol.ScopeRoot, "LONG")
 		if err != nil || len(log.Events) != events {
 			b.Fatalf("read %d events, %v", len(log.Events), err)
 		}
 		ours += time.Since(t)
-		base += orderedRead(b, s, s.Store.Subj.Log("LONG"), records)
+		base += orderedRead(b, s, s.Store.Subj.Log(protocol.ScopeRoot, "LONG"), records)
 	}
 	b.StopTimer()
 	per := func(d time.Duration) float64 { return ms(d) / float64(b.N) }

@@ -378,7 +378,8 @@ var permCases = []permCase{
 	{user: "client", subject: "brood.v1.provider.spawn.start"},
 	{user: "client", subject: "brood.v1.host.H1.dispose"},
 	{user: "client", subject: "brood.v1.session.S1"},
-	{user: "client", subject: "brood.v1.log.S1"},
+	{user: "client", subject: "brood.v1.log.spawn.S1"},
+	{user: "client", subject: "brood.v1.log.root.S1"},
 	{user: "client", subject: "brood.v1.inbox.S1"},
 	{user: "client", subject: "brood.v1.events.S1.end"},
 	{user: "client", subject: "brood.v1.children.P1.S1"},
@@ -401,12 +402,19 @@ var permCases = []permCase{
 	{user: "trusted-host", subject: "brood.v1.inbox.S1"},
 	{user: "trusted-host", subject: "brood.v1.session.S1"},
 	// ... except the trusted host's own root logs (brood acp-agent).
-	{user: "trusted-host", subject: "brood.v1.log.S1", allowed: true},
+	{user: "trusted-host", subject: "brood.v1.log.root.S1", allowed: true},
+	{user: "trusted-host", subject: "brood.v1.log.spawn.S1"},
 	{user: "trusted-host", subject: "$JS.API.DIRECT.GET.BROOD_LOG", allowed: true},
 	// Workers write session logs, lifecycle events and settlement notices
 	// (into a parent's inbox), never headers or the child index, and create
 	// no consumer (a consumer's deliver subject is not checked).
-	{user: "worker-spawn", subject: "brood.v1.log.S1", allowed: true},
+	// Each provider's workers write only their own provider's logs
+	// (brood.v1.log.<scope>.<sessionId>), not another's, not a root's.
+	{user: "worker-spawn", subject: "brood.v1.log.spawn.S1", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.log.fork.S1"},
+	{user: "worker-spawn", subject: "brood.v1.log.root.S1"},
+	{user: "worker-fork", subject: "brood.v1.log.fork.S1", allowed: true},
+	{user: "worker-acp", subject: "brood.v1.log.acp.S1", allowed: true},
 	{user: "worker-spawn", subject: "brood.v1.events.S1.start", allowed: true},
 	{user: "worker-spawn", subject: "brood.v1.session.S1"},
 	{user: "worker-spawn", subject: "brood.v1.children.P1.S1"},
@@ -487,7 +495,7 @@ var permCases = []permCase{
 	{user: "coordinator", sub: true, subject: "brood.v1.inbox.S1", allowed: true},
 	// Read endpoints: long polls and follows wake on log and event subjects;
 	// follow credit comes on the replica's own subject in the queue group.
-	{user: "coordinator", sub: true, subject: "brood.v1.log.S1", allowed: true},
+	{user: "coordinator", sub: true, subject: "brood.v1.log.spawn.S1", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.events.*.*", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.coord.follow.C1", queue: "brood-coordinator", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.user.*.follow.C1", queue: "brood-coordinator", allowed: true},
@@ -511,7 +519,7 @@ var permCases = []permCase{
 	{user: "admin", subject: "$JS.API.STREAM.CREATE.BROOD_LOG", allowed: true},
 	{user: "admin", subject: "$JS.API.STREAM.UPDATE.KV_brood_agents", allowed: true},
 	{user: "admin", sub: true, subject: "_INBOX.admin.abc", allowed: true},
-	{user: "admin", subject: "brood.v1.log.S1"},
+	{user: "admin", subject: "brood.v1.log.spawn.S1"},
 	{user: "coordinator", subject: "$JS.API.STREAM.CREATE.BROOD_LOG"},
 	{user: "coordinator", subject: "$JS.API.STREAM.UPDATE.BROOD_LOG"},
 	{user: "coordinator", subject: "$JS.API.STREAM.INFO.BROOD_LOG", allowed: true},
@@ -1036,7 +1044,7 @@ func benchPublish(b *testing.B, url string, auth nats.Option, replicas int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: "BROOD_LOG", Subjects: []string{"brood.v1.log.*"}, Storage: jetstream.FileStorage, Replicas: replicas,
+		Name: "BROOD_LOG", Subjects: []string{"brood.v1.log.*.*"}, Storage: jetstream.FileStorage, Replicas: replicas,
 	}); err != nil {
 		b.Fatal(err)
 	}
@@ -1044,7 +1052,7 @@ func benchPublish(b *testing.B, url string, auth nats.Option, replicas int) {
 	b.SetBytes(int64(len(data)))
 	b.ResetTimer()
 	for b.Loop() {
-		if _, err := js.Publish(context.Background(), "brood.v1.log.bench", data); err != nil {
+		if _, err := js.Publish(context.Background(), "brood.v1.log.root.bench", data); err != nil {
 			b.Fatal(err)
 		}
 	}

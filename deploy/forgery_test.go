@@ -62,8 +62,9 @@ type forgery struct {
 		hostChild       string
 		clientCl, trust *client.Client
 		// forkHost is the host id of the fork provider's worker (user
-		// worker-fork), which the spawn provider's worker attacks.
-		forkHost string
+		// worker-fork), which the spawn provider's worker attacks, and
+		// forkChild an idle continuable child of the client's root on fork.
+		forkHost, forkChild string
 	}
 }
 
@@ -174,6 +175,7 @@ func (f *forgery) start() {
 		t.Fatalf("the victim's run: %+v, %v", res, err)
 	}
 	f.victim.hostChild = startIdleChild(ctx, t, trust, f.victim.hostRoot)
+	f.victim.forkChild = startIdleChildOn(ctx, t, cl, f.victim.root, forkworker.DefaultName)
 	if vs := v.list(); len(vs) > 0 {
 		t.Fatalf("permission violations while the services ran as their users:\n%s", strings.Join(vs, "\n"))
 	}
@@ -193,7 +195,13 @@ func openRoot(ctx context.Context, t *testing.T, cl *client.Client) *client.Root
 // ended and its activation settled (nothing runs afterwards).
 func startIdleChild(ctx context.Context, t *testing.T, cl *client.Client, root *client.Root) string {
 	t.Helper()
-	r, err := cl.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: spawnworker.DefaultName, Parent: root.Ref(), Label: "idle", Prompt: protocol.Text("say idle")})
+	return startIdleChildOn(ctx, t, cl, root, spawnworker.DefaultName)
+}
+
+// startIdleChildOn is startIdleChild on provider.
+func startIdleChildOn(ctx context.Context, t *testing.T, cl *client.Client, root *client.Root, provider string) string {
+	t.Helper()
+	r, err := cl.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: provider, Parent: root.Ref(), Label: "idle", Prompt: protocol.Text("say idle")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -410,7 +418,7 @@ func (f *forgery) clientAttempts(t *testing.T) {
 				"stream_name": "BROOD_EVENTS", "config": map[string]any{"durable_name": "hog", "ack_policy": "explicit"}})
 		}},
 		{"read another user's log directly", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
-			return jsRequest(ctx, nc, "$JS.API.DIRECT.GET.BROOD_LOG.brood.v1.log."+v.hostChild, nil)
+			return jsRequest(ctx, nc, "$JS.API.DIRECT.GET.BROOD_LOG.brood.v1.log.spawn."+v.hostChild, nil)
 		}},
 		{"read another user's log through the coordinator", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			cl, _ := client.New(nc, client.Options{})
@@ -461,7 +469,7 @@ func (f *forgery) clientAttempts(t *testing.T) {
 			return wantCode(err, protocol.CodeUnauthorized)
 		}},
 		{"write a log record", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
-			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.log." + v.child, Data: []byte("forged")})
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.log.spawn." + v.child, Data: []byte("forged")})
 		}},
 		{"write an inbox item", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox." + v.child, Data: []byte("forged")})
@@ -505,7 +513,7 @@ func (f *forgery) workerAttempts(t *testing.T) {
 		}},
 		{"purge a session's log with a roll-up", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			js, _ := jetstream.New(nc)
-			m := nats.NewMsg("brood.v1.log." + v.child)
+			m := nats.NewMsg("brood.v1.log.spawn." + v.child)
 			m.Header.Set("Nats-Rollup", "sub")
 			_, err := js.PublishMsg(ctx, m)
 			return err
@@ -578,7 +586,26 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 		{"answer the fork provider's micro discovery", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedSubscribe(nc, "$SRV.INFO.brood-provider-fork", "")
 		}},
+		{"append to a fork child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return forgedAppend(ctx, nc, "brood.v1.log.fork."+v.forkChild)
+		}},
+		{"append to a root's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return forgedAppend(ctx, nc, "brood.v1.log.root."+v.root.SessionID)
+		}},
 	})
+}
+
+// forgedAppend publishes a forged log record (turn/end) on subject through
+// JetStream and returns the refusal.
+func forgedAppend(ctx context.Context, nc *nats.Conn, subject string) error {
+	ev, _ := protocol.NewEvent(protocol.EvTurnEnd, store.NowMs(), protocol.TurnEndData{Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}})
+	data, _ := protocol.Marshal(protocol.Msgpack, protocol.LogRecord{Events: []protocol.SessionEvent{ev}})
+	if err := refusedPublish(nc, &nats.Msg{Subject: subject, Reply: nc.NewInbox(), Data: data}); err != nil {
+		return err
+	}
+	js, _ := jetstream.New(nc)
+	_, err := js.Publish(ctx, subject, data)
+	return err
 }
 
 func (f *forgery) trustedHostAttempts(t *testing.T) {
@@ -590,6 +617,9 @@ func (f *forgery) trustedHostAttempts(t *testing.T) {
 		}},
 		{"write an inbox item", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox." + v.child, Data: []byte("forged")})
+		}},
+		{"append to a child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return forgedAppend(ctx, nc, "brood.v1.log.spawn."+v.hostChild)
 		}},
 		{"read a client's replies", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedSubscribe(nc, "_INBOX.client.>", "")

@@ -167,11 +167,11 @@ func TestTakeoverFencesTheLostHostOutOfTheLog(t *testing.T) {
 	const child, runID, lostHost = "paused-child", "paused-epoch", "host-that-paused"
 	now := store.NowMs()
 	if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
-		ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1}); err != nil {
+		ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
 		t.Fatal(err)
 	}
 	// The lost host's own writer, as it stood when the host paused.
-	lost := s.Store.NewLogWriter(child, 0, 0)
+	lost := s.Store.NewLogWriter("spawn", child, 0, 0)
 	desc, _ := protocol.NewEvent(protocol.EvSubagentDescriptor, now, protocol.DescriptorData{Version: protocol.DescriptorVersion, Mode: protocol.ModeContinuable, Provider: "spawn"})
 	if _, err := lost.Append(ctx, desc); err != nil {
 		t.Fatal(err)
@@ -230,7 +230,7 @@ func TestSettlementOutlivesItsWinner(t *testing.T) {
 			child, runID := "died-after-settling-"+mode, "run-of-"+mode
 			now := store.NowMs()
 			if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
-				ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1}); err != nil {
+				ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
 				t.Fatal(err)
 			}
 			res := protocol.SubagentResult{Output: protocol.Text("done"), StopReason: protocol.StopCompleted}
@@ -294,7 +294,7 @@ func TestTakeoverSettlesTheEpochBeforeReleasingTheLease(t *testing.T) {
 	child, runID := "epoch-of-a-dead-host", "epoch-run-of-a-dead-host"
 	now := store.NowMs()
 	if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
-		ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1}); err != nil {
+		ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := store.Create(ctx, s.Store.Runs, runID, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID,
@@ -388,7 +388,7 @@ func TestTakeoverPublishesTheStartItsHostMayHaveLost(t *testing.T) {
 			child, runID := fmt.Sprintf("start-lost-%d", i), fmt.Sprintf("run-start-lost-%d", i)
 			now := store.NowMs()
 			if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
-				ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1}); err != nil {
+				ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
 				t.Fatal(err)
 			}
 			rec := protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID, Provider: "spawn", Mode: tt.mode,
@@ -486,7 +486,7 @@ func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 			child, runID := fmt.Sprintf("orphan-%d", i), fmt.Sprintf("run-orphan-%d", i)
 			now := store.NowMs()
 			if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
-				ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1}); err != nil {
+				ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
 				t.Fatal(err)
 			}
 			if tt.openTurn {
@@ -494,7 +494,7 @@ func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := s.Store.NewLogWriter(child, 0, 0).Append(ctx, ev); err != nil {
+				if _, err := s.Store.NewLogWriter("spawn", child, 0, 0).Append(ctx, ev); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -761,7 +761,7 @@ func TestTakeoverLogsTheDescriptorItsHostNeverLogged(t *testing.T) {
 			return ctx.Err()
 		}
 	}
-	hostsBucket, logSubject := s.Store.Subj.BucketHosts(), s.Store.Subj.Log(child)
+	hostsBucket, logSubject := s.Store.Subj.BucketHosts(), s.Store.Subj.Log("spawn", child)
 	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
 		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
 			if w.Op == store.OpPublish && w.Subject == logSubject {

@@ -46,7 +46,7 @@ func parentHistory(t *testing.T, s *stack.Stack, root *client.Root, completed in
 			Content: []protocol.ContentBlock{}, ToolCalls: []protocol.ToolCall{{ID: "c9", Name: "subagent", Arguments: `{}`}}}})
 		add(protocol.EvToolCall, protocol.ToolCallData{Turn: turn, Step: 1, CallID: "c9", Name: "subagent", Arguments: `{}`})
 	}
-	written, err := s.Store.NewLogWriter(root.SessionID, 0, 0).Append(context.Background(), evs...)
+	written, err := s.Store.NewLogWriter(protocol.ScopeRoot, root.SessionID, 0, 0).Append(context.Background(), evs...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func pendingIDs(t *testing.T, st *store.Store, id string) []string {
 
 func logOf(t *testing.T, st *store.Store, id string) []protocol.SessionEvent {
 	t.Helper()
-	log, err := st.ReadLog(context.Background(), id)
+	log, err := st.ReadLog(context.Background(), protocol.ScopeRoot, id)
 	if err != nil {
 		t.Fatalf("read the log of %s: %v", id, err)
 	}
@@ -124,7 +124,9 @@ func TestClaimOrderAnItemLeavesTheInboxOnlyAfterItsClaimIsLogged(t *testing.T) {
 			ctx := context.Background()
 			const id = "CLAIMED"
 			m1 := enqueue(t, st, id, "say one", "")
-			w := &writes{fail: func(wr store.Write) bool { return wr.Op == store.OpPublish && wr.Subject == st.Subj.Log(id) }}
+			w := &writes{fail: func(wr store.Write) bool {
+				return wr.Op == store.OpPublish && wr.Subject == st.Subj.Log(protocol.ScopeRoot, id)
+			}}
 			faulty := st.WithFaults(w.faults())
 			a := materialize(t, faulty, id)
 			if !tc.act(ctx, a, faulty.InboxOf(id)) {
@@ -173,7 +175,9 @@ func TestClaimOrderALostAcknowledgementStillCountsTheClaim(t *testing.T) {
 	ctx := context.Background()
 	const id = "ACKLOST"
 	m1 := enqueue(t, st, id, "say one", "")
-	w := &writes{loseAck: func(wr store.Write) bool { return wr.Op == store.OpPublish && wr.Subject == st.Subj.Log(id) }}
+	w := &writes{loseAck: func(wr store.Write) bool {
+		return wr.Op == store.OpPublish && wr.Subject == st.Subj.Log(protocol.ScopeRoot, id)
+	}}
 	faulty := st.WithFaults(w.faults())
 	a := materialize(t, faulty, id)
 	if _, claimed, err := a.ClaimNext(ctx, faulty.InboxOf(id)); !claimed || err != nil {
@@ -242,14 +246,14 @@ func TestClaimOrderARemovalThatFailsIsSkippedByTheLoggedClaim(t *testing.T) {
 // running turns claim next-step items from in.
 func withInbox(t *testing.T, st *store.Store, id string, in agent.Inbox) *agent.Agent {
 	t.Helper()
-	log, err := st.ReadLog(context.Background(), id)
+	log, err := st.ReadLog(context.Background(), protocol.ScopeRoot, id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg, _ := agent.NewRegistry(agent.ListDirTool())
 	a, err := agent.New(agent.Config{
 		Header: protocol.SessionHeader{ID: id, Cwd: t.TempDir()}, Events: log.Events,
-		Log: st.NewLogWriter(id, log.LastSubjSeq, int64(len(log.Events))), Model: model.NewScripted(), Tools: reg,
+		Log: st.NewLogWriter(protocol.ScopeRoot, id, log.LastSubjSeq, int64(len(log.Events))), Model: model.NewScripted(), Tools: reg,
 		Inbox: in,
 	})
 	if err != nil {
@@ -298,7 +302,7 @@ func TestStepClaimsJoinTheRunningTurnOnceLogged(t *testing.T) {
 			if refuse {
 				// Refuse exactly the records that claim the next-step item.
 				w.fail = func(wr store.Write) bool {
-					if wr.Op != store.OpPublish || wr.Subject != st.Subj.Log(id) {
+					if wr.Op != store.OpPublish || wr.Subject != st.Subj.Log(protocol.ScopeRoot, id) {
 						return false
 					}
 					var rec protocol.LogRecord

@@ -49,7 +49,7 @@ func TestConversationSurvivesTheLogByteForByte(t *testing.T) {
 		mk(protocol.EvStepEnd, protocol.StepData{Turn: 1, Step: 2}),
 		mk(protocol.EvTurnEnd, protocol.TurnEndData{Turn: 1, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}),
 	}
-	w := st.NewLogWriter("F", 0, 0)
+	w := st.NewLogWriter(protocol.ScopeRoot, "F", 0, 0)
 	// Two records, as a step writes them; the large result alone is over half a MiB.
 	if _, err := w.Append(ctx, in[:5]...); err != nil {
 		t.Fatal(err)
@@ -57,7 +57,7 @@ func TestConversationSurvivesTheLogByteForByte(t *testing.T) {
 	if _, err := w.Append(ctx, in[5:]...); err != nil {
 		t.Fatal(err)
 	}
-	log, err := st.ReadLog(ctx, "F")
+	log, err := st.ReadLog(ctx, protocol.ScopeRoot, "F")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestOversizedToolOutputIsRefusedNotTruncated(t *testing.T) {
 			return agent.TextResult(strings.Repeat("x", 2<<20))
 		}}
 	reg, _ := agent.NewRegistry(huge)
-	a, _ := agent.New(agent.Config{Header: protocol.SessionHeader{ID: "H"}, Log: st.NewLogWriter("H", 0, 0), Model: model.NewScripted(), Tools: reg})
+	a, _ := agent.New(agent.Config{Header: protocol.SessionHeader{ID: "H"}, Log: st.NewLogWriter(protocol.ScopeRoot, "H", 0, 0), Model: model.NewScripted(), Tools: reg})
 	out := a.RunTurn(context.Background(), agent.Input{Content: protocol.Text("call huge {}\nsay ok")})
 	if out.Err != nil || out.Reason.Kind != protocol.TurnCompleted {
 		t.Fatalf("outcome = %+v", out)

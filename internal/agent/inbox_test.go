@@ -20,14 +20,14 @@ import (
 // host does when it takes a session over.
 func materialize(t *testing.T, st *store.Store, id string) *agent.Agent {
 	t.Helper()
-	log, err := st.ReadLog(context.Background(), id)
+	log, err := st.ReadLog(context.Background(), protocol.ScopeRoot, id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg, _ := agent.NewRegistry(agent.ListDirTool())
 	a, err := agent.New(agent.Config{
 		Header: protocol.SessionHeader{ID: id, Cwd: t.TempDir()}, Events: log.Events,
-		Log: st.NewLogWriter(id, log.LastSubjSeq, int64(len(log.Events))), Model: model.NewScripted(), Tools: reg,
+		Log: st.NewLogWriter(protocol.ScopeRoot, id, log.LastSubjSeq, int64(len(log.Events))), Model: model.NewScripted(), Tools: reg,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +103,7 @@ func TestInboxClaimsExactlyOnceAcrossRebuilds(t *testing.T) {
 	if _, ok, err := b.ClaimNext(ctx, st.InboxOf(id)); ok || err != nil {
 		t.Fatalf("claimed again: %v %v", ok, err)
 	}
-	log, _ := st.ReadLog(ctx, id)
+	log, _ := st.ReadLog(ctx, protocol.ScopeRoot, id)
 	got := claimedIDs(log.Events)
 	if len(got) != 3 || got[0] != m1 || got[1] != m2 || got[2] != m3 {
 		t.Fatalf("claims = %v, want [%s %s %s] exactly once each, in order", got, m1, m2, m3)
@@ -153,7 +153,7 @@ func TestInboxCancelWithAndWithoutKeepingItems(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("discarded %d, %v", n, err)
 	}
-	log, _ := st.ReadLog(ctx, id)
+	log, _ := st.ReadLog(ctx, protocol.ScopeRoot, id)
 	var enq, disc int
 	for _, ev := range log.Events {
 		switch ev.Type {
@@ -260,7 +260,7 @@ func TestKeyedMessageStoredTwiceRunsOnce(t *testing.T) {
 		}
 		a.RunSteps(ctx)
 	}
-	log, _ := st.ReadLog(ctx, id)
+	log, _ := st.ReadLog(ctx, protocol.ScopeRoot, id)
 	if got := claimedIDs(log.Events); len(got) != 2 || got[0] != m1 || got[1] != m2 {
 		t.Fatalf("claims = %v, want [%s %s]: the second copy of %s is skipped", got, m1, m2, m1)
 	}

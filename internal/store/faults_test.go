@@ -86,11 +86,11 @@ func TestFaultsSeeEveryWriteAndDecideItsAnswer(t *testing.T) {
 	if err := f.Inbox.SecureDeleteMsg(ctx, uint64(seq)); err == nil || last().Op != store.OpMsgDelete {
 		t.Fatalf("secure delete of a removed item: %v, seen %+v", err, last())
 	}
-	fut, err := f.JS.PublishMsgAsync(&nats.Msg{Subject: st.Subj.Log("async"), Data: []byte("x")})
+	fut, err := f.JS.PublishMsgAsync(&nats.Msg{Subject: st.Subj.Log(protocol.ScopeRoot, "async"), Data: []byte("x")})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w := last(); w.Op != store.OpPublish || !w.Async || w.Subject != st.Subj.Log("async") {
+	if w := last(); w.Op != store.OpPublish || !w.Async || w.Subject != st.Subj.Log(protocol.ScopeRoot, "async") {
 		t.Fatalf("async publish seen as %+v", w)
 	}
 	select { // its acknowledgement, so nothing waits for it after the test
@@ -100,7 +100,7 @@ func TestFaultsSeeEveryWriteAndDecideItsAnswer(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no acknowledgement of the async publish within 10 s")
 	}
-	if _, err := f.JS.Publish(ctx, st.Subj.Log("S"), []byte("x")); err != nil || last().Subject != st.Subj.Log("S") {
+	if _, err := f.JS.Publish(ctx, st.Subj.Log(protocol.ScopeRoot, "S"), []byte("x")); err != nil || last().Subject != st.Subj.Log(protocol.ScopeRoot, "S") {
 		t.Fatalf("publish: %v, seen %+v", err, last())
 	}
 
@@ -114,7 +114,7 @@ func TestFaultsSeeEveryWriteAndDecideItsAnswer(t *testing.T) {
 	if _, err := store.Get[protocol.OwnershipRecord](ctx, st.Agents, "refused"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("a refused create landed: %v", err)
 	}
-	if _, err := f.JS.PublishAsync(st.Subj.Log("S"), []byte("y")); !errors.Is(err, injected) {
+	if _, err := f.JS.PublishAsync(st.Subj.Log(protocol.ScopeRoot, "S"), []byte("y")); !errors.Is(err, injected) {
 		t.Fatalf("refused async publish answered %v", err)
 	}
 	if err := f.Inbox.DeleteMsg(ctx, 1); !errors.Is(err, injected) {

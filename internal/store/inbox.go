@@ -274,7 +274,11 @@ func (in *SessionInbox) Remove(ctx context.Context, seqs ...protocol.Seq) error 
 // claimedMessageID finds the messageId of an inbox item that was claimed or
 // discarded, from the session log that recorded it.
 func (s *Store) claimedMessageID(ctx context.Context, sessionID string, seq protocol.Seq) string {
-	log, err := s.ReadLog(ctx, sessionID)
+	h, err := s.GetHeader(ctx, sessionID)
+	if err != nil {
+		return ""
+	}
+	log, err := s.ReadLog(ctx, h.Scope(), sessionID)
 	if err != nil {
 		return ""
 	}

@@ -75,7 +75,7 @@ func TestLeaderReads(t *testing.T) {
 	if _, _, found, err := b.leaderGet(ctx, "K"); found || err != nil {
 		t.Fatalf("deleted key: found %v, %v", found, err)
 	}
-	if _, err := st.leaderLast(ctx, st.Subj.StreamLog(), st.Subj.Log("none")); !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if _, err := st.leaderLast(ctx, st.Subj.StreamLog(), st.Subj.Log(protocol.ScopeRoot, "none")); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("missing subject: %v", err)
 	}
 }
@@ -99,7 +99,7 @@ func TestReadLogOrderedMatchesDirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, other := st.NewLogWriter("A", 0, 0), st.NewLogWriter("B", 0, 0)
+	w, other := st.NewLogWriter(protocol.ScopeRoot, "A", 0, 0), st.NewLogWriter(protocol.ScopeRoot, "B", 0, 0)
 	for i := 0; i < 2*LogReadBatch+7; i++ {
 		ev, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{Turn: int64(i)})
 		if err != nil {
@@ -114,18 +114,18 @@ func TestReadLogOrderedMatchesDirect(t *testing.T) {
 			}
 		}
 	}
-	direct, err := st.ReadLog(ctx, "A")
+	direct, err := st.ReadLog(ctx, protocol.ScopeRoot, "A")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ordered, err := st.readLogOrdered(ctx, "A")
+	ordered, err := st.readLogOrdered(ctx, protocol.ScopeRoot, "A")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ordered.Events) != len(direct.Events) || ordered.LastSubjSeq != direct.LastSubjSeq || len(direct.Events) != 2*LogReadBatch+7 {
 		t.Fatalf("ordered read: %d events, last %d; direct: %d events, last %d", len(ordered.Events), ordered.LastSubjSeq, len(direct.Events), direct.LastSubjSeq)
 	}
-	if empty, err := st.readLogOrdered(ctx, "none"); err != nil || len(empty.Events) != 0 {
+	if empty, err := st.readLogOrdered(ctx, protocol.ScopeRoot, "none"); err != nil || len(empty.Events) != 0 {
 		t.Fatalf("ordered read of an empty log: %+v, %v", empty, err)
 	}
 }
@@ -172,7 +172,7 @@ func TestReadLogAsksTheLeaderForTheLastRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := st.NewLogWriter("S", 0, 0)
+	w := st.NewLogWriter(protocol.ScopeRoot, "S", 0, 0)
 	for i := 0; i < 3; i++ {
 		ev, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{Turn: int64(i)})
 		if err != nil {
@@ -183,14 +183,14 @@ func TestReadLogAsksTheLeaderForTheLastRecord(t *testing.T) {
 		}
 	}
 	st.Log = staleReplica{st.Log}
-	log, err := st.ReadLog(ctx, "S")
+	log, err := st.ReadLog(ctx, protocol.ScopeRoot, "S")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(log.Events) != 3 || log.LastSubjSeq != w.LastSubjSeq() {
 		t.Fatalf("read %d events up to record %d; the log has 3 up to record %d", len(log.Events), log.LastSubjSeq, w.LastSubjSeq())
 	}
-	next := st.NewLogWriter("S", log.LastSubjSeq, int64(len(log.Events)))
+	next := st.NewLogWriter(protocol.ScopeRoot, "S", log.LastSubjSeq, int64(len(log.Events)))
 	ev, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{Turn: 3})
 	if err != nil {
 		t.Fatal(err)

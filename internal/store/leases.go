@@ -122,7 +122,7 @@ func (s *Store) modeOf(ctx context.Context, h protocol.SessionHeader) (string, e
 	if !errors.Is(err, ErrNotFound) {
 		return "", fmt.Errorf("read the child index entry of %s: %w", h.ID, err)
 	}
-	log, err := s.ReadLog(ctx, h.ID)
+	log, err := s.ReadLog(ctx, h.Scope(), h.ID)
 	if err != nil {
 		return "", fmt.Errorf("read the log of %s: %w", h.ID, err)
 	}

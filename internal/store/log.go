@@ -91,7 +91,10 @@ type SessionLog struct {
 
 // ReadLog reads a session's whole log with batch direct gets, checking that it
 // reached the subject's last record and that event seqs are contiguous from 0.
-func (s *Store) ReadLog(ctx context.Context, id string) (SessionLog, error) {
+// scope is the session's (protocol.SessionHeader.Scope), which names its log
+// subject: take it from the session's header, or know it (a worker reads
+// the logs of its own provider's children).
+func (s *Store) ReadLog(ctx context.Context, scope, id string) (SessionLog, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, LogReadTimeout)
@@ -102,18 +105,30 @@ func (s *Store) ReadLog(ctx context.Context, id string) (SessionLog, error) {
 	// gets that came back incomplete are read again from the leader.
 	var out SessionLog
 	err := retryEach(ctx, LogReadAttemptTimeout, func(ctx context.Context, _ bool) (err error) {
-		out, err = s.readLog(ctx, id)
+		out, err = s.readLog(ctx, scope, id)
 		if errors.Is(err, ErrIncompleteRead) {
-			out, err = s.readLogOrdered(ctx, id)
+			out, err = s.readLogOrdered(ctx, scope, id)
 		}
 		return err
 	})
 	return out, err
 }
 
-func (s *Store) readLog(ctx context.Context, id string) (SessionLog, error) {
+// logSubject is session id's log subject in scope, an error for a session
+// without one (a child header written without its provider).
+func (s *Store) logSubject(scope, id string) (string, error) {
+	if !protocol.ValidID(scope) {
+		return "", fmt.Errorf("session %s: its header names no provider, so its log has no subject", id)
+	}
+	return s.Subj.Log(scope, id), nil
+}
+
+func (s *Store) readLog(ctx context.Context, scope, id string) (SessionLog, error) {
 	var out SessionLog
-	subject := s.Subj.Log(id)
+	subject, err := s.logSubject(scope, id)
+	if err != nil {
+		return out, err
+	}
 	// The last record comes from the stream's leader: a replica that is not
 	// yet current (after a restart or a partition) answers a direct get with
 	// an older last record, and a log read up to it looks whole, so the next
@@ -129,7 +144,7 @@ func (s *Store) readLog(ctx context.Context, id string) (SessionLog, error) {
 		}
 		return out, fmt.Errorf("read log %s: %w", id, err)
 	}
-	out.Events, err = s.readRecords(ctx, id, 1, last.Sequence, 0)
+	out.Events, err = s.readRecords(ctx, subject, id, 1, last.Sequence, 0)
 	out.LastSubjSeq = last.Sequence
 	return out, err
 }
@@ -139,8 +154,9 @@ func (s *Store) readLog(ctx context.Context, id string) (SessionLog, error) {
 // widened (×8, from LogTailWindow stream sequences) until enough(events)
 // holds or the window reaches the stream's start (then the events are the
 // whole log, and whole is true). Events are contiguous and in order; the
-// first may have any seq. An empty log gives no events and whole true.
-func (s *Store) ReadLogTail(ctx context.Context, id string, enough func([]protocol.SessionEvent) bool) (events []protocol.SessionEvent, whole bool, err error) {
+// first may have any seq. An empty log gives no events and whole true. scope
+// is the session's, as for ReadLog.
+func (s *Store) ReadLogTail(ctx context.Context, scope, id string, enough func([]protocol.SessionEvent) bool) (events []protocol.SessionEvent, whole bool, err error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, LogReadTimeout)
@@ -148,14 +164,17 @@ func (s *Store) ReadLogTail(ctx context.Context, id string, enough func([]protoc
 	}
 	// Transient failures read again, as ReadLog does.
 	err = retryEach(ctx, LogReadAttemptTimeout, func(ctx context.Context, _ bool) (err error) {
-		events, whole, err = s.readLogTail(ctx, id, enough)
+		events, whole, err = s.readLogTail(ctx, scope, id, enough)
 		return err
 	})
 	return events, whole, err
 }
 
-func (s *Store) readLogTail(ctx context.Context, id string, enough func([]protocol.SessionEvent) bool) (events []protocol.SessionEvent, whole bool, err error) {
-	subject := s.Subj.Log(id)
+func (s *Store) readLogTail(ctx context.Context, scope, id string, enough func([]protocol.SessionEvent) bool) (events []protocol.SessionEvent, whole bool, err error) {
+	subject, err := s.logSubject(scope, id)
+	if err != nil {
+		return nil, false, err
+	}
 	last, err := s.Log.GetLastMsgForSubject(ctx, subject)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -172,7 +191,7 @@ func (s *Store) readLogTail(ctx context.Context, id string, enough func([]protoc
 		if from == 1 {
 			first = 0 // the whole log: it starts at seq 0
 		}
-		events, err = s.readRecords(ctx, id, from, last.Sequence, first)
+		events, err = s.readRecords(ctx, subject, id, from, last.Sequence, first)
 		if err != nil || from == 1 || enough(events) {
 			return events, from == 1 && err == nil, err
 		}
@@ -182,12 +201,11 @@ func (s *Store) readLogTail(ctx context.Context, id string, enough func([]protoc
 // LogTailWindow is the first window (in stream sequences) ReadLogTail reads.
 const LogTailWindow = 256
 
-// readRecords reads session id's records with stream sequences in [from,
-// to], to being the subject's last record, and flattens them into events.
-// firstSeq is the seq the first event must have (-1: any); every later event
-// must follow the one before it.
-func (s *Store) readRecords(ctx context.Context, id string, from, to uint64, firstSeq int64) ([]protocol.SessionEvent, error) {
-	subject := s.Subj.Log(id)
+// readRecords reads session id's records (on its log subject) with stream
+// sequences in [from, to], to being the subject's last record, and flattens
+// them into events. firstSeq is the seq the first event must have (-1: any);
+// every later event must follow the one before it.
+func (s *Store) readRecords(ctx context.Context, subject, id string, from, to uint64, firstSeq int64) ([]protocol.SessionEvent, error) {
 	var events []protocol.SessionEvent
 	next, reached := from, uint64(0)
 	want := firstSeq
@@ -243,9 +261,12 @@ func addRecord(events []protocol.SessionEvent, want *int64, id string, seq uint6
 // which the stream's leader serves, up to the last record the leader names:
 // the fallback when direct gets (which a replica that is not yet current may
 // answer) came back incomplete.
-func (s *Store) readLogOrdered(ctx context.Context, id string) (SessionLog, error) {
+func (s *Store) readLogOrdered(ctx context.Context, scope, id string) (SessionLog, error) {
 	var out SessionLog
-	subject := s.Subj.Log(id)
+	subject, err := s.logSubject(scope, id)
+	if err != nil {
+		return out, err
+	}
 	last, err := s.leaderLast(ctx, s.Subj.StreamLog(), subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return out, nil
@@ -309,11 +330,13 @@ type LogWriter struct {
 	token string
 }
 
-// NewLogWriter returns a writer continuing a log whose last record is at
-// stream sequence lastSubjSeq (0 for an empty log) and whose next event seq
-// is nextSeq.
-func (s *Store) NewLogWriter(sessionID string, lastSubjSeq uint64, nextSeq int64) *LogWriter {
-	return &LogWriter{s: s, sessionID: sessionID, subject: s.Subj.Log(sessionID), lastSubjSeq: lastSubjSeq, nextSeq: nextSeq, token: nuid.Next()}
+// NewLogWriter returns a writer continuing the log of session sessionID of
+// scope (protocol.SessionHeader.Scope: a worker writes its own provider's
+// children's logs, a client or trusted host its roots') whose last record is
+// at stream sequence lastSubjSeq (0 for an empty log) and whose next event
+// seq is nextSeq.
+func (s *Store) NewLogWriter(scope, sessionID string, lastSubjSeq uint64, nextSeq int64) *LogWriter {
+	return &LogWriter{s: s, sessionID: sessionID, subject: s.Subj.Log(scope, sessionID), lastSubjSeq: lastSubjSeq, nextSeq: nextSeq, token: nuid.Next()}
 }
 
 // NextSeq is the seq the next appended event gets.

@@ -62,7 +62,7 @@ func (cfg Config) streamConfigs(subj protocol.Subjects) []jetstream.StreamConfig
 		{
 			Name:              subj.StreamLog(),
 			Description:       "Brood session logs: records of SessionEvents, one fenced writer per session",
-			Subjects:          []string{subj.Log("*")},
+			Subjects:          []string{subj.LogAll()},
 			MaxMsgsPerSubject: -1,
 			Discard:           jetstream.DiscardNew,
 			DenyDelete:        true,

@@ -78,10 +78,13 @@ func (s *Store) scan(ctx context.Context, stream, subject string, from, last uin
 // on: at most eventsMax events and about bytesMax bytes of them (one event
 // always). cursor, a stream sequence from a previous page, is where the
 // record holding fromSeq starts; 0 or a wrong cursor reads from the log's
-// first record.
-func (s *Store) ReadLogPage(ctx context.Context, id string, fromSeq int64, cursor protocol.Seq, eventsMax, bytesMax int) (protocol.LogPage, error) {
+// first record. scope is the session's, as for ReadLog.
+func (s *Store) ReadLogPage(ctx context.Context, scope, id string, fromSeq int64, cursor protocol.Seq, eventsMax, bytesMax int) (protocol.LogPage, error) {
 	page := protocol.LogPage{Events: []protocol.SessionEvent{}, NextSeq: fromSeq, Cursor: cursor}
-	subject := s.Subj.Log(id)
+	subject, err := s.logSubject(scope, id)
+	if err != nil {
+		return page, err
+	}
 	lastMsg, err := s.Log.GetLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		page.Complete = true

@@ -159,14 +159,14 @@ func TestFencedAppendWhoseAnswerWasLostIsOurs(t *testing.T) {
 			lossy.JS = js
 			switch name {
 			case "append":
-				w := lossy.NewLogWriter("L1", 0, 0)
+				w := lossy.NewLogWriter(protocol.ScopeRoot, "L1", 0, 0)
 				if _, err := w.Append(ctx, event(t, 1)); err != nil {
 					t.Fatalf("append whose ack was lost: %v", err)
 				}
 				if _, err := w.Append(ctx, event(t, 2)); err != nil {
 					t.Fatalf("next append: %v", err)
 				}
-				log, err := st.ReadLog(ctx, "L1")
+				log, err := st.ReadLog(ctx, protocol.ScopeRoot, "L1")
 				if err != nil || len(log.Events) != 2 {
 					t.Fatalf("log = %d events, %v; want each record once", len(log.Events), err)
 				}

@@ -51,8 +51,8 @@ func TestLogIsFencedAndReadBackCompletely(t *testing.T) {
 	s := testutil.Server(t)
 	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
 	ctx := context.Background()
-	w := st.NewLogWriter("A", 0, 0)
-	other := st.NewLogWriter("B", 0, 0)
+	w := st.NewLogWriter(protocol.ScopeRoot, "A", 0, 0)
+	other := st.NewLogWriter(protocol.ScopeRoot, "B", 0, 0)
 	const records = 1200 // more than one batch get
 	for i := 0; i < records; i++ {
 		if _, err := w.Append(ctx, event(t, int64(2*i)), event(t, int64(2*i+1))); err != nil {
@@ -64,7 +64,7 @@ func TestLogIsFencedAndReadBackCompletely(t *testing.T) {
 			}
 		}
 	}
-	log, err := st.ReadLog(ctx, "A")
+	log, err := st.ReadLog(ctx, protocol.ScopeRoot, "A")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestLogIsFencedAndReadBackCompletely(t *testing.T) {
 		t.Fatalf("read %d events up to %d, want %d up to %d", len(log.Events), log.LastSubjSeq, 2*records, w.LastSubjSeq())
 	}
 	// A second writer continuing from what it read takes over; the first is fenced.
-	taker := st.NewLogWriter("A", log.LastSubjSeq, int64(len(log.Events)))
+	taker := st.NewLogWriter(protocol.ScopeRoot, "A", log.LastSubjSeq, int64(len(log.Events)))
 	if _, err := taker.Append(ctx, event(t, 9999)); err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestLogIsFencedAndReadBackCompletely(t *testing.T) {
 	if _, err := w.Append(ctx, event(t, 1)); !errors.Is(err, store.ErrFenced) {
 		t.Fatal("a fenced writer stays fenced")
 	}
-	empty, err := st.ReadLog(ctx, "nobody")
+	empty, err := st.ReadLog(ctx, protocol.ScopeRoot, "nobody")
 	if err != nil || len(empty.Events) != 0 || empty.LastSubjSeq != 0 {
 		t.Fatalf("empty log = %+v, %v", empty, err)
 	}
@@ -96,7 +96,7 @@ func TestOversizedRecordIsRefusedNotTruncated(t *testing.T) {
 		big[i] = 'x'
 	}
 	ev, _ := protocol.NewEvent(protocol.EvUserMessage, 1, protocol.UserMessageData{Content: protocol.Text(string(big))})
-	_, err := st.NewLogWriter("A", 0, 0).Append(context.Background(), ev)
+	_, err := st.NewLogWriter(protocol.ScopeRoot, "A", 0, 0).Append(context.Background(), ev)
 	if protocol.CodeOf(err) != protocol.CodeLimitExceeded {
 		t.Fatalf("err = %v, want LIMIT_EXCEEDED", err)
 	}
@@ -159,8 +159,8 @@ func TestLogTailReadsOnlyAsFarBackAsNeeded(t *testing.T) {
 	s := testutil.Server(t)
 	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
 	ctx := context.Background()
-	w := st.NewLogWriter("A", 0, 0)
-	other := st.NewLogWriter("B", 0, 0)
+	w := st.NewLogWriter(protocol.ScopeRoot, "A", 0, 0)
+	other := st.NewLogWriter(protocol.ScopeRoot, "B", 0, 0)
 	const records = 3000
 	for i := 0; i < records; i++ {
 		if _, err := w.Append(ctx, event(t, 0)); err != nil {
@@ -180,7 +180,7 @@ func TestLogTailReadsOnlyAsFarBackAsNeeded(t *testing.T) {
 		{"everything", 0, true},
 	} {
 		var calls int
-		evs, whole, err := st.ReadLogTail(ctx, "A", func(evs []protocol.SessionEvent) bool {
+		evs, whole, err := st.ReadLogTail(ctx, protocol.ScopeRoot, "A", func(evs []protocol.SessionEvent) bool {
 			calls++
 			return len(evs) > 0 && evs[0].Seq <= tc.needSeq
 		})
@@ -202,7 +202,7 @@ func TestLogTailReadsOnlyAsFarBackAsNeeded(t *testing.T) {
 			t.Fatalf("%s: %d reads, %d events; want one read of at most %d", tc.name, calls, len(evs), store.LogTailWindow)
 		}
 	}
-	if evs, whole, err := st.ReadLogTail(ctx, "nobody", func([]protocol.SessionEvent) bool { return false }); err != nil || !whole || len(evs) != 0 {
+	if evs, whole, err := st.ReadLogTail(ctx, protocol.ScopeRoot, "nobody", func([]protocol.SessionEvent) bool { return false }); err != nil || !whole || len(evs) != 0 {
 		t.Fatalf("empty log: %v %v %v", evs, whole, err)
 	}
 }

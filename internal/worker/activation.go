@@ -129,6 +129,9 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	if !protocol.ValidID(req.ChildID) || !protocol.ValidID(req.RunID) || req.Header.ID != req.ChildID || req.Run.RunID != req.RunID {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "childId, runId, run.runId and header.id must be valid and agree")
 	}
+	if err := inScope(p, req.Header); err != nil {
+		return nil, err
+	}
 	// Nothing is written before the epoch is claimed (claim.go); from then on
 	// a failure settles the epoch never started.
 	cctx, cancelClaim, err := h.withDeadline(ctx, req.Deadline, "activate", req.RunID)
@@ -226,7 +229,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		}
 		lease.EpochStart = start + 1
 	} else {
-		log, err := h.st.ReadLog(ctx, req.ChildID)
+		log, err := h.st.ReadLog(ctx, req.Header.Scope(), req.ChildID)
 		if err != nil {
 			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", req.ChildID, err)
 		}
@@ -258,7 +261,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "hold the claim of %s: %w", a.runID, err)
 	}
 	a.runRev = runRev
-	lw := h.st.NewLogWriter(req.ChildID, lastSubjSeq, int64(len(events)))
+	lw := h.st.NewLogWriter(req.Header.Scope(), req.ChildID, lastSubjSeq, int64(len(events)))
 	a.mu.Lock()
 	a.leaseRev = leaseRev
 	if req.Fresh {

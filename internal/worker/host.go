@@ -173,6 +173,9 @@ func New(cfg Config) (*Host, error) {
 		if !protocol.ValidID(p.Descriptor().Name) {
 			return nil, fmt.Errorf("worker: provider name %q must match ^[A-Za-z0-9_-]{1,64}$", p.Descriptor().Name)
 		}
+		if p.Descriptor().Name == protocol.ScopeRoot {
+			return nil, fmt.Errorf("worker: the provider name %q is reserved: it is the scope of roots' session logs", protocol.ScopeRoot)
+		}
 		if !protocol.MayOffer(hostID, p.Descriptor().Name) {
 			return nil, fmt.Errorf("worker: a host of scope %q may serve only provider %q (or use scope %q), not %q",
 				cfg.Scope, cfg.Scope, protocol.HostScopeShared, p.Descriptor().Name)

@@ -64,7 +64,13 @@ func (p *InProcess) Prepare(ctx context.Context, req protocol.ProviderPrepareReq
 // readSeed reads the parent's log and returns its first n events (n < 0: its
 // balanced completed-turn prefix), checked to replay cleanly.
 func (p *InProcess) readSeed(ctx context.Context, parent string, n int) ([]protocol.SessionEvent, error) {
-	log, err := p.Store.ReadLog(ctx, parent)
+	// The parent's log subject carries its scope, which its header (written
+	// by a coordinator) names.
+	ph, err := p.Store.GetHeader(ctx, parent)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the parent's header: %w", err)
+	}
+	log, err := p.Store.ReadLog(ctx, ph.Scope(), parent)
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the parent's log: %w", err)
 	}

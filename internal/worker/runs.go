@@ -70,6 +70,9 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	if !protocol.ValidID(childID) || !protocol.ValidID(req.RunID) || req.Run.RunID != req.RunID {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "runId, run.runId and header.id must be valid ids and agree")
 	}
+	if err := inScope(p, req.Header); err != nil {
+		return nil, err
+	}
 	cctx, cancel, err := h.withDeadline(ctx, req.Deadline, "start", req.RunID)
 	if err != nil {
 		return nil, err
@@ -102,7 +105,7 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 	childID := req.Header.ID
 	cred := protocol.NewCredential()
 	seed := req.Header.SeedLength
-	lw := h.st.NewLogWriter(childID, 0, 0)
+	lw := h.st.NewLogWriter(req.Header.Scope(), childID, 0, 0)
 	sess, err := p.NewSession(ctx, SessionSpec{Header: req.Header, Options: req.Options, Credential: cred, Log: lw})
 	if err != nil {
 		return nil, h.abandon(run, runRev, err)
@@ -209,6 +212,16 @@ func (h *Host) closeTurn(ctx context.Context, lw *store.LogWriter, events []prot
 // closeLogAfterDurabilityFailure.
 const closeLogRetryWait = 500 * time.Millisecond
 
+// inScope refuses a child whose header names another provider than p: its
+// log subject carries the header's provider (protocol.SessionHeader.Scope),
+// the only one this provider's workers may write (docs/security.md).
+func inScope(p Provider, h protocol.SessionHeader) error {
+	if name := p.Descriptor().Name; h.Scope() != name {
+		return protocol.Errorf(protocol.CodeInvalidArgument, "the child's header names provider %q, not %q: its log lies in that provider's scope", h.Provider, name)
+	}
+	return nil
+}
+
 // closeLogAfterDurabilityFailure closes the turn a run that ended
 // DURABILITY_FAILED left open in its log, once JetStream takes writes again
 // (DESIGN.md §4: durable records are reconciled then), so the log replays
@@ -217,18 +230,18 @@ const closeLogRetryWait = 500 * time.Millisecond
 // leader and appends the closing (turn/end, error) fenced on its last
 // record, trying for up to store.SettleBudget; a refused append reads again (the
 // append that failed may have landed after all).
-func (h *Host) closeLogAfterDurabilityFailure(childID string) {
+func (h *Host) closeLogAfterDurabilityFailure(scope, childID string) {
 	ctx, cancel := context.WithTimeout(context.Background(), store.SettleBudget)
 	defer cancel()
 	reason := protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the session log did not acknowledge an append (DURABILITY_FAILED)"}
 	for {
-		log, err := h.st.ReadLog(ctx, childID)
+		log, err := h.st.ReadLog(ctx, scope, childID)
 		if err == nil {
 			var closing []protocol.SessionEvent
 			if closing, err = sessionlog.CloseOpenTurn(log.Events, reason, store.NowMs()); err != nil || len(closing) == 0 {
 				return
 			}
-			if _, err = h.st.NewLogWriter(childID, log.LastSubjSeq, int64(len(log.Events))).Append(ctx, closing...); err == nil {
+			if _, err = h.st.NewLogWriter(scope, childID, log.LastSubjSeq, int64(len(log.Events))).Append(ctx, closing...); err == nil {
 				h.log.Info("closed the turn a durability failure left open", "session", childID)
 				return
 			}
@@ -301,7 +314,7 @@ func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult, durability b
 		<-r.started
 		<-h.st.PublishRunEnd(rec, h.eventErr) // the end is stored before the lease goes
 		if durability {
-			h.closeLogAfterDurabilityFailure(r.childID)
+			h.closeLogAfterDurabilityFailure(rec.Provider, r.childID)
 		}
 		h.releaseLease(r.childID, leaseRev)
 	})

@@ -220,7 +220,7 @@ func TestHostLostEndsAContinuableEpochWithHostLost(t *testing.T) {
 	coord := s.AddCoordinator()
 	var pause *testutil.Pause
 	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
-		logs := c.Store.Subj.Log("")
+		logs := c.Store.Subj.Log("spawn", "")
 		pause = testutil.NewPause(func(w store.Write) bool {
 			if w.Op != store.OpPublish || !strings.HasPrefix(w.Subject, logs) {
 				return false

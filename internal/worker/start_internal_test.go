@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -55,7 +56,7 @@ func startRequest(t *testing.T, st *store.Store, childID, prompt, notify string)
 	}
 	return protocol.ProviderStartRequest{
 		RunID: childID, Run: rec, RunRevision: protocol.Seq(rev), Provider: "spawn", Notify: notify,
-		Header:   protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: childID, ParentSession: "P1", CreatedAt: rec.CreatedAt, Cwd: "/w"},
+		Header:   protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: childID, ParentSession: "P1", CreatedAt: rec.CreatedAt, Cwd: "/w", Provider: "spawn"},
 		Prompt:   protocol.Text(prompt),
 		Deadline: time.Now().Add(time.Minute).UnixMilli(),
 	}
@@ -117,6 +118,7 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 		{"a host id that is no id", Config{NC: nc, Store: st, Providers: []Provider{p}, HostID: "a.b"}},
 		{"a provider name that is no id", Config{NC: nc, Store: st, Providers: []Provider{bad}}},
 		{"a scope that names another provider", Config{NC: nc, Store: st, Providers: []Provider{p}, Scope: "other"}},
+		{"a provider named root", Config{NC: nc, Store: st, Providers: []Provider{&InProcess{Desc: InProcessDescriptor(protocol.ScopeRoot, false)}}}},
 	} {
 		if _, err := New(tc.cfg); err == nil {
 			t.Errorf("%s: New accepted it", tc.name)
@@ -187,6 +189,33 @@ func TestStartRunDropsALateRequest(t *testing.T) {
 	}
 	if _, err := st.Lease(ctx, "C1"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("lease: %v, want none", err)
+	}
+}
+
+// A start whose child's header names another provider (or none) is
+// refused before anything is written: the child's log lies in its header's
+// provider's scope, which this provider's workers may not write
+// (docs/security.md).
+func TestStartRunRefusesAChildOfAnotherScope(t *testing.T) {
+	h, st, _ := testHost(t, nil)
+	ctx := context.Background()
+	for i, provider := range []string{"fork", ""} {
+		id := fmt.Sprintf("C%d", i)
+		req := startRequest(t, st, id, "say ok", "")
+		req.Header.Provider = provider
+		if _, err := h.startRun(ctx, h.cfg.Providers[0], req); protocol.CodeOf(err) != protocol.CodeInvalidArgument {
+			t.Fatalf("a child of provider %q: %v, want INVALID_ARGUMENT", provider, err)
+		}
+		run, err := st.Run(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run.Revision != uint64(req.RunRevision) || run.Value.HostID != "" {
+			t.Fatalf("the run record changed: revision %d (created at %d), %+v", run.Revision, req.RunRevision, run.Value)
+		}
+		if _, err := st.Lease(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("lease: %v, want none", err)
+		}
 	}
 }
 

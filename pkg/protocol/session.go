@@ -36,6 +36,29 @@ type SessionHeader struct {
 	// scoped to that user acts on the root's tree. Absent for children and
 	// for roots opened without a user.
 	User string `msgpack:"user,omitempty" json:"user,omitempty"`
+	// Provider is the provider a child was started on, written by the
+	// coordinator when it admits the child; absent for roots. It is the
+	// session's scope (Scope): the token of its log subject that a
+	// deployment's permissions give only that provider's workers
+	// (docs/security.md).
+	Provider string `msgpack:"provider,omitempty" json:"provider,omitempty"`
+}
+
+// ScopeRoot is the scope of a root session (Scope): roots' logs are
+// written by their client or trusted host, never by a worker. No provider
+// may be named so (MayOffer).
+const ScopeRoot = "root"
+
+// Scope is the scope of the session: the provider a child was started on,
+// ScopeRoot for a session without one, a root (a lineage root, opened with
+// a parent, too). Only coordinators write headers, and every child's names
+// its provider, so a worker cannot make a child pass for a root or for
+// another provider's. Subjects.Log takes it.
+func (h SessionHeader) Scope() string {
+	if h.Provider == "" {
+		return ScopeRoot
+	}
+	return h.Provider
 }
 
 // ToolStructuredOutput is the name of the child-only tool that captures a

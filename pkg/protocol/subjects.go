@@ -121,13 +121,14 @@ func HostScope(hostID string) string {
 
 // MayOffer reports whether the host hostID may offer provider: a worker
 // host offers only the provider its scope names, or any from the shared
-// scope. Coordinators (and a new worker checking for duplicates) ignore a
+// scope, and none is named ScopeRoot (the scope of roots' logs).
+// Coordinators (and a new worker checking for duplicates) ignore a
 // descriptor a host record offers outside its scope: a worker may write only
 // its own scope's records, so it cannot replace another provider's
 // descriptor.
 func MayOffer(hostID, provider string) bool {
 	scope := HostScope(hostID)
-	return scope != "" && (scope == provider || scope == HostScopeShared)
+	return scope != "" && provider != ScopeRoot && (scope == provider || scope == HostScopeShared)
 }
 
 // UserInboxPrefix is the inbox prefix of the connections of NATS user user,
@@ -252,8 +253,17 @@ func (s Subjects) HostAll(hostID string) string { return s.root() + ".host." + h
 // Session is the BROOD_SESSIONS subject holding one session's header.
 func (s Subjects) Session(id string) string { return s.root() + ".session." + id }
 
-// Log is the BROOD_LOG subject holding one session's event records.
-func (s Subjects) Log(id string) string { return s.root() + ".log." + id }
+// Log is the BROOD_LOG subject holding one session's event records,
+// <p>.v1.log.<scope>.<sessionId>, scope the session's (SessionHeader.Scope:
+// its provider, or ScopeRoot): a deployment lets a provider's workers
+// publish only under <p>.v1.log.<provider>.> (docs/security.md). Every
+// reader takes the scope from the session's immutable header, which only
+// coordinators write, so a record under another scope is never read.
+func (s Subjects) Log(scope, id string) string { return s.root() + ".log." + scope + "." + id }
+
+// LogAll is the wildcard over every session's log subject (the BROOD_LOG
+// stream's subject).
+func (s Subjects) LogAll() string { return s.root() + ".log.*.*" }
 
 // Wake is a core-only subject (no stream) that wakes a session's resident
 // activation, e.g. when a child it owns released its ownership.

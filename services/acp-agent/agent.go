@@ -269,7 +269,7 @@ func (s *Service) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.
 		s.closeRoot(root)
 		return acp.NewSessionResponse{}, brood("read the session header", err)
 	}
-	ss, err := s.build(root, h, nil, s.cfg.Store.NewLogWriter(root.SessionID, 0, 0))
+	ss, err := s.build(root, h, nil, s.cfg.Store.NewLogWriter(protocol.ScopeRoot, root.SessionID, 0, 0))
 	if err == nil {
 		err = s.add(ss)
 	}
@@ -315,12 +315,12 @@ func (s *Service) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (ac
 	if p.Cwd != h.Cwd {
 		s.log.Info("session/load names another cwd; the session keeps its own", "session", id, "asked", p.Cwd, "cwd", h.Cwd)
 	}
-	lg, err := s.cfg.Store.ReadLog(ctx, id)
+	lg, err := s.cfg.Store.ReadLog(ctx, protocol.ScopeRoot, id)
 	if err != nil {
 		s.closeRoot(root)
 		return acp.LoadSessionResponse{}, brood("read the session log", err)
 	}
-	lw := s.cfg.Store.NewLogWriter(id, lg.LastSubjSeq, int64(len(lg.Events)))
+	lw := s.cfg.Store.NewLogWriter(protocol.ScopeRoot, id, lg.LastSubjSeq, int64(len(lg.Events)))
 	events := lg.Events
 	closing, err := sessionlog.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted}, store.NowMs())
 	if err == nil && len(closing) > 0 {

@@ -145,7 +145,7 @@ func (c *Coordinator) childRow(ctx context.Context, e protocol.ChildIndexRecord)
 	if l, ok := c.agents.get(e.ChildID); ok && c.leaseLive(l.rec) {
 		row.Activity, row.State = protocol.ActivityRunning, protocol.StateRunning
 	}
-	log, err := c.st.ReadLog(ctx, e.ChildID)
+	log, err := c.st.ReadLog(ctx, h.Scope(), e.ChildID)
 	if err != nil {
 		return protocol.ChildRow{Kind: protocol.RowDiagnostic, ID: e.ChildID, Reason: protocol.DiagnosticUnavailable}
 	}

@@ -226,7 +226,7 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 	if n := len(got); n != 1 {
 		t.Fatalf("%d notices, want exactly 1", n)
 	}
-	log, err := s.Store.ReadLog(ctx, reply.ChildID)
+	log, err := s.Store.ReadLog(ctx, "spawn", reply.ChildID)
 	if err != nil {
 		t.Fatal(err)
 	}

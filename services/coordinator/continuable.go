@@ -399,7 +399,7 @@ func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Reco
 // resumable folds a child's descriptor from its own events: NOT_RESUMABLE for
 // an unknown id, a one-shot child, or a missing or damaged descriptor.
 func (c *Coordinator) resumable(ctx context.Context, h protocol.SessionHeader) (protocol.DescriptorData, error) {
-	log, err := c.st.ReadLog(ctx, h.ID)
+	log, err := c.st.ReadLog(ctx, h.Scope(), h.ID)
 	if err != nil {
 		return protocol.DescriptorData{}, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", h.ID, err)
 	}

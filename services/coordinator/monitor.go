@@ -291,17 +291,18 @@ func (c *Coordinator) takeLease(ctx context.Context, fresh store.Record[protocol
 // its first append), it is logged first, so the child stays resumable from
 // its log (RELIABILITY.md, I6). It returns the session's events afterwards.
 func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence protocol.TakeoverData, desc *protocol.DescriptorData) ([]protocol.SessionEvent, error) {
+	// The header names the log's scope (and a seeded child's seed length).
+	h, err := c.headers.get(ctx, c.st, id)
+	if err != nil {
+		return nil, fmt.Errorf("read the header of %s: %w", id, err)
+	}
 	for attempt := 0; attempt < TakeoverAttemptsMax; attempt++ {
-		log, err := c.st.ReadLog(ctx, id)
+		log, err := c.st.ReadLog(ctx, h.Scope(), id)
 		if err != nil {
 			return nil, err
 		}
 		var first []protocol.SessionEvent
 		if desc != nil {
-			h, err := c.headers.get(ctx, c.st, id)
-			if err != nil {
-				return nil, fmt.Errorf("read the header of %s: %w", id, err)
-			}
 			if sessionlog.Mode(log.Events, h.SeedLength) == "" {
 				ev, err := protocol.NewEvent(protocol.EvSubagentDescriptor, store.NowMs(), *desc)
 				if err != nil {
@@ -329,7 +330,7 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence pro
 			closing = []protocol.SessionEvent{ev}
 		}
 		closing = append(first, closing...)
-		w := c.st.NewLogWriter(id, log.LastSubjSeq, int64(len(log.Events)))
+		w := c.st.NewLogWriter(h.Scope(), id, log.LastSubjSeq, int64(len(log.Events)))
 		written, err := w.Append(ctx, closing...)
 		if err == nil {
 			return append(log.Events, written...), nil

@@ -128,14 +128,15 @@ func (c *Coordinator) sessionsLog(ctx context.Context, req rpc.Request, r protoc
 	if r.FromSeq < 0 {
 		return protocol.LogPage{}, protocol.Errorf(protocol.CodeInvalidArgument, "fromSeq must not be negative")
 	}
-	if _, err := c.headerFor(ctx, r.SessionID); err != nil {
+	h, err := c.headerFor(ctx, r.SessionID)
+	if err != nil {
 		return protocol.LogPage{}, err
 	}
 	eventsMax := clamp(r.EventsMax, protocol.LogPageEventsDefault, protocol.LogPageEventsMax)
 	var page protocol.LogPage
-	err := c.longPoll(ctx, c.subj.Log(r.SessionID), r.WaitMs, func() (bool, error) {
+	err = c.longPoll(ctx, c.subj.Log(h.Scope(), r.SessionID), r.WaitMs, func() (bool, error) {
 		var err error
-		page, err = c.st.ReadLogPage(ctx, r.SessionID, r.FromSeq, r.Cursor, eventsMax, protocol.ReadPageBytesMax)
+		page, err = c.st.ReadLogPage(ctx, h.Scope(), r.SessionID, r.FromSeq, r.Cursor, eventsMax, protocol.ReadPageBytesMax)
 		return len(page.Events) > 0, err
 	})
 	if err != nil {

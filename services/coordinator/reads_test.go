@@ -93,7 +93,7 @@ func TestReadAuthority(t *testing.T) {
 func TestLogPagesAddUpToTheLog(t *testing.T) {
 	r := newReadStack(t)
 	ctx := context.Background()
-	whole, err := r.s.Store.ReadLog(ctx, r.child)
+	whole, err := r.s.Store.ReadLog(ctx, "spawn", r.child)
 	if err != nil || len(whole.Events) < 8 {
 		t.Fatalf("log of the child: %d events, %v", len(whole.Events), err)
 	}

@@ -16,7 +16,7 @@ func (c *Coordinator) sessionsResult(ctx context.Context, req rpc.Request, r pro
 	if err != nil {
 		return protocol.SessionResultReply{}, err
 	}
-	events, _, err := c.st.ReadLogTail(ctx, h.ID, func(evs []protocol.SessionEvent) bool {
+	events, _, err := c.st.ReadLogTail(ctx, h.Scope(), h.ID, func(evs []protocol.SessionEvent) bool {
 		_, _, ok := lastOwnTurn(evs, h.SeedLength)
 		return ok || (len(evs) > 0 && evs[0].Seq <= h.SeedLength)
 	})

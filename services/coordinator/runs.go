@@ -172,7 +172,7 @@ func (c *Coordinator) childHeader(a admission, id string, now int64) protocol.Se
 	return protocol.SessionHeader{
 		Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: a.pheader.Cwd,
 		ParentSession: a.pheader.ID, Origin: protocol.OriginSubagent, DelegationDepth: a.depth,
-		ToolCeiling: a.ceiling, DepthCap: a.depthCap,
+		ToolCeiling: a.ceiling, DepthCap: a.depthCap, Provider: a.desc.Name,
 	}
 }
 

@@ -361,6 +361,10 @@ export interface SessionHeader {
   delegationDepth?: number;
   toolCeiling?: ToolFilter;
   depthCap?: number;
+  /** Roots only: the NATS user that opened it (§8.1). */
+  user?: string;
+  /** Children only: the provider it was started on; the scope of its log subject (§7.3, §8.1). */
+  provider?: string;
 }
 
 /** §8.2: one log entry; `data` is the type's data map (§8.3). */
