@@ -586,6 +586,14 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 		{"answer the fork provider's micro discovery", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedSubscribe(nc, "$SRV.INFO.brood-provider-fork", "")
 		}},
+		{"rewrite a root's lease (its credential hash)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			// What a KV put of the rewritten record publishes.
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.AgentRecord{
+				SessionID: v.root.SessionID, Kind: protocol.AgentRoot, HostID: "client", Epoch: 1,
+				CredentialHash: protocol.HashCredential("forged-credential"), ExpiresAt: store.NowMs() + 3600_000,
+			})
+			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents." + store.RootLeaseKey(v.root.SessionID), Reply: nc.NewInbox(), Data: data})
+		}},
 		{"append to a fork child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return forgedAppend(ctx, nc, "brood.v1.log.fork."+v.forkChild)
 		}},

@@ -9,7 +9,8 @@ import "strings"
 // $KV.<bucket>.<prefix>.> can scope a role) is a change of this file only.
 //
 //	bucket        key                      value
-//	brood_agents  <sessionId>              protocol.AgentRecord: the session's lease
+//	brood_agents  <sessionId>              protocol.AgentRecord: a child's lease
+//	              root.<sessionId>         protocol.AgentRecord: a root's lease (coordinator)
 //	              owns.<parentSession>     protocol.OwnershipRecord: live continuable children it owns
 //	              slots.<parentSession>    the children admitted under the live-children limit (coordinator)
 //	              grant.<hex-sha256>       protocol.UserGrantRecord: a minted user grant
@@ -25,6 +26,7 @@ import "strings"
 
 // Prefixes of the brood_agents keys that are not leases.
 const (
+	prefixRoot  = "root."
 	prefixOwns  = "owns."
 	prefixSlots = "slots."
 	prefixGrant = "grant."
@@ -35,8 +37,23 @@ const (
 // it holds a dot, so no session id names the same key.
 const DrainAll = "all.sessions"
 
-// LeaseKey is the brood_agents key of a session's lease.
+// LeaseKey is the brood_agents key of a child's lease.
 func LeaseKey(sessionID string) string { return sessionID }
+
+// RootLeaseKey is the brood_agents key of a root's lease, root.<sessionId>:
+// only coordinators write roots' leases, and a deployment's permissions
+// deny the prefix to every other user (docs/security.md), so no worker can
+// rewrite a root's lease. Readers tell a root from a child by its header
+// (no provider: protocol.SessionHeader.Scope), which only coordinators write, never by the lease itself.
+func RootLeaseKey(sessionID string) string { return prefixRoot + sessionID }
+
+// LeaseKeyFor is RootLeaseKey for a root, LeaseKey otherwise.
+func LeaseKeyFor(sessionID string, root bool) string {
+	if root {
+		return RootLeaseKey(sessionID)
+	}
+	return LeaseKey(sessionID)
+}
 
 // OwnsKey is the brood_agents key of a continuable parent's ownership record.
 func OwnsKey(parent string) string { return prefixOwns + parent }
@@ -68,6 +85,7 @@ type AgentsKind int
 const (
 	KindOther     AgentsKind = iota // a key of no known layout
 	KindLease                       // <sessionId>
+	KindRootLease                   // root.<sessionId>
 	KindOwnership                   // owns.<parentSession>
 	KindSlots                       // slots.<parentSession>
 	KindGrant                       // grant.<hash>
@@ -80,7 +98,7 @@ func KindOf(key string) (AgentsKind, string) {
 	for _, p := range []struct {
 		prefix string
 		kind   AgentsKind
-	}{{prefixOwns, KindOwnership}, {prefixSlots, KindSlots}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}} {
+	}{{prefixRoot, KindRootLease}, {prefixOwns, KindOwnership}, {prefixSlots, KindSlots}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}} {
 		if id, ok := strings.CutPrefix(key, p.prefix); ok {
 			return p.kind, id
 		}

@@ -16,6 +16,9 @@ func TestKeyLayoutRoundTrips(t *testing.T) {
 	}{
 		{store.LeaseKey("S1"), store.KindLease, "S1"},
 		{store.LeaseKey("01J9-abc_d"), store.KindLease, "01J9-abc_d"},
+		{store.RootLeaseKey("R1"), store.KindRootLease, "R1"},
+		{store.LeaseKeyFor("R1", true), store.KindRootLease, "R1"},
+		{store.LeaseKeyFor("S1", false), store.KindLease, "S1"},
 		{store.OwnsKey("P"), store.KindOwnership, "P"},
 		{store.SlotsKey("P"), store.KindSlots, "P"},
 		{store.GrantKey("ab12"), store.KindGrant, "ab12"},

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -17,37 +19,104 @@ import (
 // released by a delete at that revision, so a holder that lost it changes
 // nothing.
 
-// Lease reads a session's lease. A missing one is ErrNotFound.
+// Lease reads a session's lease. A missing one is ErrNotFound. A root's
+// lease lives under RootLeaseKey: whether sessionID is a root is read from
+// its header (IsRoot), never from a lease.
 func (s *Store) Lease(ctx context.Context, sessionID string) (Record[protocol.AgentRecord], error) {
-	return Get[protocol.AgentRecord](ctx, s.Agents, LeaseKey(sessionID))
+	key, err := s.leaseKey(ctx, sessionID)
+	if err != nil {
+		return Record[protocol.AgentRecord]{}, err
+	}
+	return Get[protocol.AgentRecord](ctx, s.Agents, key)
 }
 
 // LeaseLatest is Lease answered by the bucket's leader (GetLatest), for a
 // decision that rests on the lease's absence or state.
 func (s *Store) LeaseLatest(ctx context.Context, sessionID string) (Record[protocol.AgentRecord], error) {
-	return GetLatest[protocol.AgentRecord](ctx, s.Agents, LeaseKey(sessionID))
+	key, err := s.leaseKey(ctx, sessionID)
+	if err != nil {
+		return Record[protocol.AgentRecord]{}, err
+	}
+	return GetLatest[protocol.AgentRecord](ctx, s.Agents, key)
+}
+
+// leaseKeyOf is the key of the lease rec: a root's (kind root) under
+// RootLeaseKey, which only coordinators may write.
+func leaseKeyOf(rec protocol.AgentRecord) string {
+	return LeaseKeyFor(rec.SessionID, rec.Kind == protocol.AgentRoot)
 }
 
 // CreateLease writes rec as its session's lease if the session has none
 // (ErrConflict: a live lease exists elsewhere). It returns the revision the
 // holder's later writes name.
 func (s *Store) CreateLease(ctx context.Context, rec protocol.AgentRecord) (uint64, error) {
-	return Create(ctx, s.Agents, LeaseKey(rec.SessionID), rec)
+	return Create(ctx, s.Agents, leaseKeyOf(rec), rec)
 }
 
 // UpdateLease writes rec over its session's lease by compare-and-set at rev
 // (a renewal, a run marked Ending, a root reopened); ErrConflict when the
 // lease changed since.
 func (s *Store) UpdateLease(ctx context.Context, rec protocol.AgentRecord, rev uint64) (uint64, error) {
-	return Update(ctx, s.Agents, LeaseKey(rec.SessionID), rec, rev)
+	return Update(ctx, s.Agents, leaseKeyOf(rec), rec, rev)
 }
 
 // ReleaseLease deletes a session's lease if it is still at rev (ErrConflict
 // otherwise: it changed hands). rev 0 deletes it whatever it holds (only
 // for a lease whose holder is known gone).
 func (s *Store) ReleaseLease(ctx context.Context, sessionID string, rev uint64) error {
-	return Delete(ctx, s.Agents, LeaseKey(sessionID), rev)
+	key, err := s.leaseKey(ctx, sessionID)
+	if err != nil {
+		return err
+	}
+	return Delete(ctx, s.Agents, key, rev)
 }
+
+// leaseKey is the key of session id's lease, by whether it is a root.
+func (s *Store) leaseKey(ctx context.Context, id string) (string, error) {
+	root, err := s.IsRoot(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	return LeaseKeyFor(id, root), nil
+}
+
+// IsRoot reports whether session id is a root: its header (which only
+// coordinators write, once) names no provider, so its scope is
+// protocol.ScopeRoot. A session without a header is not a root. Answers
+// are cached (headers never change), up to rootsCachedMax sessions.
+func (s *Store) IsRoot(ctx context.Context, id string) (bool, error) {
+	if v, ok := s.roots.Load(id); ok {
+		return v.(bool), nil
+	}
+	h, err := s.GetHeader(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		// A replica that is not yet current may lack a header just
+		// written: its absence is confirmed by the stream's leader.
+		m, lerr := s.leaderLast(ctx, s.Subj.StreamSessions(), s.Subj.Session(id))
+		switch {
+		case errors.Is(lerr, jetstream.ErrMsgNotFound):
+			return false, nil // no session: no root (not cached: it may come)
+		case lerr != nil:
+			return false, fmt.Errorf("read the header of %s: %w", id, lerr)
+		}
+		if err = protocol.Unmarshal(protocol.Msgpack, m.Data, &h); err != nil {
+			return false, fmt.Errorf("decode header of %s: %w", id, err)
+		}
+	} else if err != nil {
+		return false, fmt.Errorf("read the header of %s: %w", id, err)
+	}
+	root := h.Scope() == protocol.ScopeRoot
+	if s.rootsCached.Add(1) > rootsCachedMax {
+		s.roots.Clear()
+		s.rootsCached.Store(1)
+	}
+	s.roots.Store(id, root)
+	return root, nil
+}
+
+// rootsCachedMax bounds the sessions IsRoot remembers; past it the cache
+// starts over (headers are read again).
+const rootsCachedMax = 100_000
 
 // TakeOverLease moves the lease cur (as read, with its revision) to the
 // coordinator `by` whose host died: HostID and TakenOverBy become by and the

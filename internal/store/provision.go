@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -256,7 +258,7 @@ func Open(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg Config
 
 // bind returns a store on streams and buckets that exist.
 func bind(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, subj protocol.Subjects, cfg Config) (*Store, error) {
-	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: cfg}
+	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: cfg, roots: &sync.Map{}, rootsCached: &atomic.Int64{}}
 	for _, p := range []struct {
 		dst  *jetstream.Stream
 		name string

@@ -14,6 +14,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -75,6 +77,10 @@ type Store struct {
 	Agents jetstream.KeyValue
 	Hosts  jetstream.KeyValue
 	Runs   jetstream.KeyValue
+
+	// roots caches IsRoot by session id (rootsCached entries).
+	roots       *sync.Map
+	rootsCached *atomic.Int64
 }
 
 // Errors of the store.
@@ -137,7 +143,7 @@ func BindLogs(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Stor
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: DefaultConfig()}
+	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: DefaultConfig(), roots: &sync.Map{}, rootsCached: &atomic.Int64{}}
 	if s.Sessions, err = js.Stream(ctx, subj.StreamSessions()); err != nil {
 		return nil, fmt.Errorf("stream %s: %w (has `brood provision` run against this server?)", subj.StreamSessions(), err)
 	}

@@ -132,7 +132,8 @@ func TakeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 		return nil, err
 	}
 	if err := readBucket(ctx, st.Agents, func(key string, v []byte) error {
-		if kind, _ := store.KindOf(key); kind != store.KindLease {
+		kind, id := store.KindOf(key)
+		if kind != store.KindLease && kind != store.KindRootLease {
 			s.OtherKeys = append(s.OtherKeys, key)
 			return nil
 		}
@@ -140,7 +141,7 @@ func TakeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 		if err := protocol.Unmarshal(protocol.Msgpack, v, &a); err != nil {
 			return fmt.Errorf("agent %s: %w", key, err)
 		}
-		s.Agents[key] = a
+		s.Agents[id] = a
 		return nil
 	}); err != nil {
 		return nil, err

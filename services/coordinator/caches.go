@@ -417,7 +417,7 @@ type leaseState struct {
 // and the sessions of each host and each parent for takeovers and disposal.
 type agentIndex struct {
 	mu     sync.Mutex
-	byID   map[string]*leaseState
+	byKey  map[string]*leaseState // by brood_agents key (store.LeaseKeyFor)
 	drains map[string]protocol.DrainRecord
 	// ended holds the sessions whose lease this replica saw and then saw
 	// deleted (a run settled, an epoch ended), until a lease of theirs
@@ -435,7 +435,7 @@ type agentIndex struct {
 const endedMax = 100_000
 
 func newAgentIndex(clock func() time.Duration, log *slog.Logger) *agentIndex {
-	return &agentIndex{byID: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
+	return &agentIndex{byKey: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
 		ended: map[string]bool{}, endedRuns: map[string]bool{}, clock: clock, log: log}
 }
 
@@ -464,7 +464,7 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
 			a.mu.Unlock()
 		}
 		return
-	case store.KindLease:
+	case store.KindLease, store.KindRootLease:
 	default:
 		return // ownership, slot and grant records are read directly when needed
 	}
@@ -473,14 +473,21 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
 		a.log.Warn("undecodable agent record", "session", key, "err", err)
 		return
 	}
+	// A root's lease lives only under its root key, which only coordinators
+	// write; a lease elsewhere naming a root, or another session, is not
+	// that session's (docs/security.md).
+	if rec.SessionID != id || (rec.Kind == protocol.AgentRoot) != (kind == store.KindRootLease) {
+		a.log.Warn("a lease under another key ignored", "key", key, "session", rec.SessionID, "kind", rec.Kind)
+		return
+	}
 	obs := a.clock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	l := &leaseState{rec: rec, rev: e.Revision(), firstSeen: time.Now(), firstObs: obs}
-	if old, ok := a.byID[id]; ok {
+	if old, ok := a.byKey[key]; ok {
 		l.firstSeen, l.firstObs = old.firstSeen, old.firstObs
 	}
-	a.byID[id] = l
+	a.byKey[key] = l
 	delete(a.ended, id)
 }
 
@@ -490,12 +497,12 @@ func (a *agentIndex) del(key string) {
 	switch kind {
 	case store.KindDrain:
 		delete(a.drains, id)
-	case store.KindLease:
-		old, ok := a.byID[id]
+	case store.KindLease, store.KindRootLease:
+		old, ok := a.byKey[key]
 		if !ok {
 			break
 		}
-		delete(a.byID, id)
+		delete(a.byKey, key)
 		if len(a.ended) >= endedMax {
 			a.ended = map[string]bool{}
 		}
@@ -521,11 +528,12 @@ func (a *agentIndex) drainMarks() map[string]protocol.DrainRecord {
 	return out
 }
 
-// get returns the cached lease of a session.
-func (a *agentIndex) get(id string) (leaseState, bool) {
+// get returns the cached lease of session id, a root (its header says so)
+// or not: a root's lease is read only from its root key.
+func (a *agentIndex) get(id string, root bool) (leaseState, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	l, ok := a.byID[id]
+	l, ok := a.byKey[store.LeaseKeyFor(id, root)]
 	if !ok {
 		return leaseState{}, false
 	}
@@ -538,21 +546,22 @@ func (a *agentIndex) observe(rec protocol.AgentRecord, rev uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	l := &leaseState{rec: rec, rev: rev, firstSeen: time.Now(), firstObs: obs}
-	if old, ok := a.byID[rec.SessionID]; ok {
+	key := store.LeaseKeyFor(rec.SessionID, rec.Kind == protocol.AgentRoot)
+	if old, ok := a.byKey[key]; ok {
 		if old.rev >= rev {
 			return
 		}
 		l.firstSeen, l.firstObs = old.firstSeen, old.firstObs
 	}
-	a.byID[rec.SessionID] = l
+	a.byKey[key] = l
 }
 
 // snapshot returns every cached lease.
 func (a *agentIndex) snapshot() []leaseState {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make([]leaseState, 0, len(a.byID))
-	for _, l := range a.byID {
+	out := make([]leaseState, 0, len(a.byKey))
+	for _, l := range a.byKey {
 		out = append(out, *l)
 	}
 	return out

@@ -42,7 +42,9 @@ func (c *Coordinator) drainingFor(lineage []string) string {
 // markHolds reports whether a per-root drain marker still closes admission:
 // while the exact root agent that was drained (by its credential hash) is live.
 func (c *Coordinator) markHolds(root string, m protocol.DrainRecord) bool {
-	l, live := c.agents.get(root)
+	ctx, cancel := context.WithTimeout(context.Background(), markHeaderWait)
+	defer cancel()
+	l, live := c.leaseCached(ctx, root)
 	return live && l.rec.CredentialHash == m.CredentialHash
 }
 
@@ -172,7 +174,7 @@ func (c *Coordinator) drainDescendants(ctx context.Context, r protocol.DrainRequ
 		c.waitMark(store.DrainAll, true)
 	}
 	for p := range roots {
-		if l, ok := c.agents.get(p); ok {
+		if l, ok := c.leaseCached(ctx, p); ok {
 			if err := c.st.PutDrain(ctx, p, protocol.DrainRecord{Root: p, CredentialHash: l.rec.CredentialHash, CreatedAt: store.NowMs()}); err != nil {
 				return nil, protocol.Errorf(protocol.CodeUnavailable, "mark the drain: %w", err)
 			}

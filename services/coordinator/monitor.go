@@ -75,7 +75,10 @@ func (c *Coordinator) sweep() []job {
 		if scope == store.DrainAll {
 			continue
 		}
-		if l, ok := c.agents.get(scope); !ok || l.rec.CredentialHash != m.CredentialHash {
+		hctx, cancel := context.WithTimeout(context.Background(), markHeaderWait)
+		l, ok := c.leaseCached(hctx, scope)
+		cancel()
+		if !ok || l.rec.CredentialHash != m.CredentialHash {
 			jobs = append(jobs, job{store.DrainKey(scope), func(ctx context.Context) { _ = c.st.DeleteDrain(ctx, scope) }})
 		}
 	}
@@ -124,7 +127,7 @@ func (c *Coordinator) expireRoot(ctx context.Context, l leaseState) {
 	}
 	if err == nil {
 		c.log.Info("root lease lapsed", "session", l.rec.SessionID)
-		c.agents.del(l.rec.SessionID)
+		c.agents.del(store.RootLeaseKey(l.rec.SessionID))
 		c.disposeOrphans(ctx, l.rec.SessionID)
 	}
 }
@@ -482,7 +485,7 @@ func (c *Coordinator) liveness(ctx context.Context) {
 			if n == 0 || (skipped && sk.pending == n && now.Before(sk.until)) {
 				continue
 			}
-			if l, ok := c.agents.get(id); ok && c.leaseLive(l.rec) {
+			if l, ok := c.leaseCached(ctx, id); ok && c.leaseLive(l.rec) {
 				continue // resident: the activation claims its own inbox
 			}
 			if !c.claim("resume." + id) {

@@ -98,7 +98,7 @@ func (x *runIndex) orphans(hasLease func(protocol.RunRecord) bool, expired func(
 // orphanJobs lists the settlements of orphaned records due now.
 func (c *Coordinator) orphanJobs() []job {
 	hasLease := func(r protocol.RunRecord) bool {
-		l, ok := c.agents.get(r.ChildID)
+		l, ok := c.agents.get(r.ChildID, false)
 		return ok && l.rec.RunID == r.RunID
 	}
 	var jobs []job

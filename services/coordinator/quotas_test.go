@@ -141,3 +141,38 @@ func TestExpiredGrantsAreRemoved(t *testing.T) {
 		t.Fatalf("an expired grant: %v, want UNAUTHORIZED", err)
 	}
 }
+
+// TestALeaseUnderARootsBareKeyIsNotTheRoots: a worker may write children's
+// leases (bare session ids) but not roots' (root.<sessionId>, which only
+// coordinators write; docs/security.md). A lease it writes under a root's
+// bare id, with a credential of its own and a live host, does not pass for
+// the root: whether a session is a root comes from its header, and a root's
+// lease only from its root key. The root's own credential keeps working.
+func TestALeaseUnderARootsBareKeyIsNotTheRoots(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	w, _ := s.AddSpawnWorker()
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cred := protocol.NewCredential()
+	for _, kind := range []string{protocol.AgentContinuable, protocol.AgentRoot} {
+		forged := protocol.AgentRecord{SessionID: root.SessionID, Kind: kind, HostID: w.ID(), Epoch: 1,
+			CredentialHash: protocol.HashCredential(cred), ExpiresAt: store.NowMs() + 3600_000, CreatedAt: store.NowMs()}
+		if _, err := store.Put(ctx, s.Store.Agents, store.LeaseKey(root.SessionID), forged); err != nil {
+			t.Fatal(err)
+		}
+		forgedRef := protocol.ParentRef{SessionID: root.SessionID, Credential: cred}
+		testutil.Consistently(t, time.Second, func() bool {
+			_, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: forgedRef, Provider: "spawn", Prompt: protocol.Text("say forged")})
+			return protocol.CodeOf(err) == protocol.CodeUnauthorized
+		}, "a runs.start as the root with the credential of a lease of kind %s under its bare key is refused UNAUTHORIZED", kind)
+	}
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := run.Result(ctx); err != nil || protocol.PlainText(res.Output) != "ok" {
+		t.Fatalf("the root's own run: %+v, %v", res, err)
+	}
+}

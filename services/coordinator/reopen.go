@@ -133,7 +133,7 @@ func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenReq
 	if err != nil {
 		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeUnavailable, "reopen %s: %w", id, err)
 	}
-	c.agents.del(id)
+	c.agents.del(store.RootLeaseKey(id))
 	c.disposeRunsOf(context.WithoutCancel(ctx), id)
 	return protocol.AgentsOpenReply{SessionID: id, Credential: cred, LeaseMs: c.cfg.RootLease.Milliseconds(), ExpiresAt: lease.ExpiresAt}, nil
 }

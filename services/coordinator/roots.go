@@ -41,7 +41,7 @@ func (c *Coordinator) authorize(ctx context.Context, p protocol.ParentRef) (leas
 	if !protocol.ValidID(p.SessionID) || p.Credential == "" {
 		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "a parent sessionId and credential are required")
 	}
-	l, ok := c.agents.get(p.SessionID)
+	l, ok := c.leaseCached(ctx, p.SessionID)
 	if !ok || !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) || !c.leaseLive(l.rec) {
 		fresh, err := c.st.Lease(ctx, p.SessionID)
 		if err != nil {
@@ -58,6 +58,22 @@ func (c *Coordinator) authorize(ctx context.Context, p protocol.ParentRef) (leas
 	}
 	return l, nil
 }
+
+// leaseCached returns the cached lease of session id, under the key its
+// header says: a root's lease only from its root key, which only
+// coordinators write (a lease a worker put under the bare key of a root is
+// never a root's; docs/security.md). No header, no lease.
+func (c *Coordinator) leaseCached(ctx context.Context, id string) (leaseState, bool) {
+	h, err := c.headers.get(ctx, c.st, id)
+	if err != nil {
+		return leaseState{}, false
+	}
+	return c.agents.get(id, h.Scope() == protocol.ScopeRoot)
+}
+
+// markHeaderWait bounds the header read of a drain marker's session when
+// its header is not cached.
+const markHeaderWait = 2 * time.Second
 
 // notLiveCredential is every refusal of a credential: no such session, no
 // live agent, or another credential.
@@ -154,7 +170,7 @@ func (c *Coordinator) agentsRenew(ctx context.Context, req rpc.Request, p protoc
 		rec.ExpiresAt = store.NowMs() + c.cfg.RootLease.Milliseconds()
 		rev, err := c.st.UpdateLease(ctx, rec, l.rev)
 		if errors.Is(err, store.ErrConflict) {
-			c.agents.del(p.SessionID) // force a fresh read
+			c.agents.del(store.RootLeaseKey(p.SessionID)) // force a fresh read
 			continue
 		}
 		if err != nil {
@@ -177,7 +193,7 @@ func (c *Coordinator) agentsClose(ctx context.Context, req rpc.Request, p protoc
 	if err := c.st.ReleaseLease(ctx, p.SessionID, l.rev); err != nil && !errors.Is(err, store.ErrConflict) {
 		return protocol.Empty{}, protocol.Errorf(protocol.CodeUnavailable, "close: %w", err)
 	}
-	c.agents.del(p.SessionID)
+	c.agents.del(store.RootLeaseKey(p.SessionID))
 	// The root's one-shot runs belong to it: dispose them now rather than at
 	// the next monitor tick (DESIGN.md §7, Settlement 4).
 	go c.disposeOrphans(context.WithoutCancel(ctx), p.SessionID)
