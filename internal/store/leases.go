@@ -40,6 +40,18 @@ func (s *Store) LeaseLatest(ctx context.Context, sessionID string) (Record[proto
 	return GetLatest[protocol.AgentRecord](ctx, s.Agents, key)
 }
 
+// ChildLeaseLatest is LeaseLatest of a session known to be a child (a
+// host's own): no header read.
+func (s *Store) ChildLeaseLatest(ctx context.Context, childID string) (Record[protocol.AgentRecord], error) {
+	return GetLatest[protocol.AgentRecord](ctx, s.Agents, LeaseKey(childID))
+}
+
+// ReleaseChildLease is ReleaseLease of a session known to be a child (a
+// host's own): no header read.
+func (s *Store) ReleaseChildLease(ctx context.Context, childID string, rev uint64) error {
+	return Delete(ctx, s.Agents, LeaseKey(childID), rev)
+}
+
 // leaseKeyOf is the key of the lease rec: a root's (kind root) under
 // RootLeaseKey, which only coordinators may write.
 func leaseKeyOf(rec protocol.AgentRecord) string {

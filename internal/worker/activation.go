@@ -244,7 +244,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		}
 		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %w", req.ChildID, err)
 	}
-	release := func() { _ = h.st.ReleaseLease(context.WithoutCancel(ctx), req.ChildID, leaseRev) }
+	release := func() { _ = h.st.ReleaseChildLease(context.WithoutCancel(ctx), req.ChildID, leaseRev) }
 	// The claim is held again under the lease: a coordinator may have
 	// settled the claimed record orphaned while this host had no lease (it
 	// was paused between the two); the epoch is then not this host's to

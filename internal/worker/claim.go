@@ -249,7 +249,7 @@ const LeaseReleaseTimeout = 5 * time.Second
 // h.unsettled and is tried again after each heartbeat JetStream takes.
 func (h *Host) releaseLease(childID string, rev uint64) {
 	try := func(ctx context.Context) bool {
-		err := h.st.ReleaseLease(ctx, childID, rev)
+		err := h.st.ReleaseChildLease(ctx, childID, rev)
 		return err == nil || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), LeaseReleaseTimeout)

@@ -443,7 +443,7 @@ func (h *Host) heartbeatLoop(ctx context.Context) {
 // their records running for good).
 func (h *Host) verifyLeases(ctx context.Context) {
 	lost := func(id, runID string, still func(protocol.AgentRecord) bool) bool {
-		rec, err := h.st.LeaseLatest(ctx, id)
+		rec, err := h.st.ChildLeaseLatest(ctx, id)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			run, rerr := h.st.RunLatest(ctx, runID)
