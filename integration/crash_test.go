@@ -924,3 +924,84 @@ func TestPausedClaimerStartsNoEpochSettledMeanwhile(t *testing.T) {
 		t.Fatalf("the log does not replay: %v", err)
 	}
 }
+
+// TestPausedClaimerPublishesNoRunSettledMeanwhile is the one-shot form of
+// TestPausedClaimerStartsNoEpochSettledMeanwhile: a worker whose lease
+// write for a run it claimed is held (with its heartbeats) while a
+// coordinator settles the leaseless record never started finds the run
+// settled once its lease lands: it releases the lease and publishes no
+// subagent/start. Before, it published the start of a run that never gets
+// an end (chaos seed 1 of make test: I7).
+func TestPausedClaimerPublishesNoRunSettledMeanwhile(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.RequestBudget = 3 * time.Second })
+	root := s.Root()
+	var armed, paused atomic.Bool
+	var leaseKey atomic.Value
+	leaseKey.Store("")
+	resumeLease, resumeBeats, leased := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var leaseOnce, beatsOnce, leasedOnce sync.Once
+	t.Cleanup(func() { leaseOnce.Do(func() { close(resumeLease) }); beatsOnce.Do(func() { close(resumeBeats) }) })
+	agentsBucket, hostsBucket := s.Store.Subj.BucketAgents(), s.Store.Subj.BucketHosts()
+	w1, _ := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			var wait chan struct{}
+			switch {
+			case armed.Load() && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && leaseKey.CompareAndSwap("", w.Key):
+				paused.Store(true) // the run's lease write, held
+				wait = resumeLease
+			case paused.Load() && w.Bucket == hostsBucket:
+				wait = resumeBeats
+			default:
+				return nil
+			}
+			select {
+			case <-wait:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}, After: func(_ context.Context, w store.Write, err error) error {
+			if k := leaseKey.Load().(string); k != "" && w.Op == store.OpKVCreate && w.Key == k {
+				leasedOnce.Do(func() { close(leased) })
+			}
+			return err
+		}})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	armed.Store(true)
+	// The start is answered as started, or, when the coordinator saw the
+	// settlement first, with its HOST_LOST.
+	if _, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say hello")}); err != nil && protocol.CodeOf(err) != protocol.CodeHostLost {
+		t.Fatalf("runs.start: %v", err)
+	}
+	child := leaseKey.Load().(string) // a local run's id is its child's
+	if child == "" {
+		t.Fatal("the worker took no lease")
+	}
+	run := struct{ RunID, ChildID string }{child, child}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, run.RunID)
+		return err == nil && r.Value.HostID == w1.ID() && r.Value.NotStarted
+	}, "the run claimed by the paused worker is settled never started")
+	leaseOnce.Do(func() { close(resumeLease) })
+	select {
+	case <-leased:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker's lease write was not answered")
+	}
+	beatsOnce.Do(func() { close(resumeBeats) })
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, run.ChildID)
+		return errors.Is(err, store.ErrNotFound)
+	}, "the worker releases the lease of the run settled meanwhile")
+	testutil.Consistently(t, time.Second, func() bool {
+		for _, ev := range lifecycleOf(t, s, root.SessionID) {
+			if ev.RunID == run.RunID {
+				return false
+			}
+		}
+		return true
+	}, "no subagent/start or subagent/end for the run settled never started")
+}

@@ -32,7 +32,8 @@ package store
 //	    running) → child index entry (async) → dispatch the start.
 //	    host: drop if past the request's deadline → ClaimRun (CAS at the
 //	    creation revision) → lease (CreateLease) ∥ first log records
-//	    (descriptor, turn/start; expect seq 0) → subagent/start → reply.
+//	    (descriptor, turn/start; expect seq 0) → HoldRun (as for activate,
+//	    below) → subagent/start → reply.
 //	    A host failure after the claim: close the open turn, ReleaseLease,
 //	    SettleRun(NotStarted) at the claim's revision, PublishRunNotice.
 //	    A start no instance took: the coordinator's SettleRun(NotStarted) at

@@ -157,7 +157,20 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 		})
 	}
 	wg.Wait()
-	if derr != nil || leaseErr != nil || !opened {
+	// The claim is held again under the lease (store.HoldRun): a
+	// coordinator may have settled the claimed record orphaned while this
+	// host had no lease yet (its lease write slow, or its heartbeats cut off);
+	// the run is then not this host's to publish (chaos seed 1 of make test:
+	// a subagent/start with no end, published after such a settlement).
+	var holdErr error
+	if derr == nil && leaseErr == nil && opened {
+		if rev, err := h.st.HoldRun(ctx, run, runRev); err != nil {
+			holdErr = err
+		} else {
+			runRev, r.runRev = rev, rev
+		}
+	}
+	if derr != nil || leaseErr != nil || !opened || holdErr != nil {
 		h.unregister(r)
 		cancelRun(nil)
 		closeSession(sess)
@@ -170,6 +183,13 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 				h.closeTurn(ctx, lw, sess.Events(), protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the host could not take the session lease"})
 			}
 			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %w", childID, leaseErr)
+		case errors.Is(holdErr, store.ErrConflict):
+			// Settled by a coordinator, which closed the log's open turn.
+			cause = protocol.NewError(protocol.CodeNotPending, map[string]any{
+				"runId": r.runID, "reason": "the run was settled before this host held the session's lease"})
+		case holdErr != nil:
+			h.closeTurn(ctx, lw, sess.Events(), protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the host could not hold its claim"})
+			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "hold the claim of %s: %w", r.runID, holdErr)
 		default:
 			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "log the first turn of %s: %w", childID, out.Err)
 		}
