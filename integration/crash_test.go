@@ -1005,3 +1005,33 @@ func TestPausedClaimerPublishesNoRunSettledMeanwhile(t *testing.T) {
 		return true
 	}, "no subagent/start or subagent/end for the run settled never started")
 }
+
+// TestWorkerOutlivesAnUnansweredFirstHeartbeat: a worker whose first
+// heartbeats are not acknowledged (a loaded machine, a leader election)
+// tries again and serves once one lands. Before, it exited at the first
+// failure ("worker: first heartbeat: context deadline exceeded": make
+// chaos's seam tests under load).
+func TestWorkerOutlivesAnUnansweredFirstHeartbeat(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	// Every heartbeat in the first 3 s waits until its attempt gives up.
+	var failed atomic.Int32
+	until := time.Now().Add(3 * time.Second)
+	hostsBucket := s.Store.Subj.BucketHosts()
+	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			if w.Bucket != hostsBucket || time.Now().After(until) {
+				return nil
+			}
+			failed.Add(1)
+			<-ctx.Done()
+			return ctx.Err()
+		}})
+	})
+	if failed.Load() == 0 {
+		t.Fatal("no heartbeat was held")
+	}
+	if _, res, err := s.Run(s.Root().Ref(), "spawn", "say up", protocol.StartOptions{}); err != nil || protocol.PlainText(res.Output) != "up" {
+		t.Fatalf("run on the worker: %+v, %v", res, err)
+	}
+}

@@ -225,7 +225,7 @@ func (h *Host) Run(ctx context.Context) error {
 		return fmt.Errorf("worker: subscribe: %w", err)
 	}
 	// The host record makes the providers visible: only once they are served.
-	if err := h.beat(ctx); err != nil {
+	if err := h.firstBeat(ctx); err != nil {
 		stopServing()
 		return fmt.Errorf("worker: first heartbeat: %w", err)
 	}
@@ -400,6 +400,31 @@ func (h *Host) record() protocol.HostRecord {
 	return protocol.HostRecord{
 		HostID: h.id, Kind: protocol.HostWorker, Providers: ds, Heartbeat: store.NowMs(),
 		StartedAt: h.started, HeartbeatMs: h.cfg.HeartbeatInterval.Milliseconds(), Draining: draining,
+	}
+}
+
+// FirstHeartbeatBudget bounds the attempts of a host's first heartbeat,
+// each bounded by the heartbeat interval plus a second: on a loaded machine
+// or during a leader election one attempt may go unanswered, and a host that
+// gave up at once would exit (make chaos's seam tests: "worker: first
+// heartbeat: context deadline exceeded" under load).
+const FirstHeartbeatBudget = 30 * time.Second
+
+// firstBeat writes the first host record, trying again every heartbeat
+// interval for up to FirstHeartbeatBudget; the last error when none landed.
+func (h *Host) firstBeat(ctx context.Context) error {
+	deadline := time.Now().Add(FirstHeartbeatBudget)
+	for {
+		err := h.beat(ctx)
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		h.log.Warn("first heartbeat not acknowledged; trying again", "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(h.cfg.HeartbeatInterval):
+		}
 	}
 }
 
