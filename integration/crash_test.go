@@ -456,12 +456,17 @@ func TestTakeoverPublishesTheStartItsHostMayHaveLost(t *testing.T) {
 // TestOrphanedRunRecordsAreSettled: a run or epoch record left running with
 // no lease for it, because its start was cut short between two writes, is
 // settled never started: claimed by an instance that died before it took
-// the session's lease (HOST_LOST, its log fenced, an open first turn
-// closed), or never claimed while the coordinator that created it died
+// the session's lease (HOST_LOST; a one-shot run's log fenced, its open
+// first turn closed; an epoch's log left to whichever later epoch holds the
+// session, since the claimer's hold of its claim fails once the record is
+// settled), or never claimed while the coordinator that created it died
 // (UNAVAILABLE, once the start's budget passed). A one-shot run's caller
 // gets its notice. A record claimed by a live host is left to it. Before,
 // such records stayed running for good (chaos seed 1 of make test: a worker
-// killed -9 between its claims of two epochs and their leases).
+// killed -9 between its claims of two epochs and their leases), and the
+// settlement of an epoch orphaned that way fenced the log of the later
+// epoch that held the session (make test's chaos seed: that epoch stopped
+// without publishing, its messages pending).
 func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 	s := stack.New(t)
 	co := s.AddCoordinator(func(c *coordinatorConfig) { c.RequestBudget = 2 * time.Second })
@@ -474,12 +479,14 @@ func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 		host     string // the claimer ("" unclaimed)
 		openTurn bool
 		want     protocol.Code // "" stays running
+		later    bool          // a later epoch, on a live host, holds the session's lease
 	}{
-		{"one-shot claimed by a dead host", protocol.ModeOneShot, "host-that-died", false, protocol.CodeHostLost},
-		{"one-shot claimed by a dead host that logged its first turn", protocol.ModeOneShot, "host-that-died", true, protocol.CodeHostLost},
-		{"epoch claimed by a dead host", protocol.ModeContinuable, "host-that-died", false, protocol.CodeHostLost},
-		{"one-shot never claimed", protocol.ModeOneShot, "", false, protocol.CodeUnavailable},
-		{"one-shot claimed by a live host", protocol.ModeOneShot, co.ID(), false, ""},
+		{"one-shot claimed by a dead host", protocol.ModeOneShot, "host-that-died", false, protocol.CodeHostLost, false},
+		{"one-shot claimed by a dead host that logged its first turn", protocol.ModeOneShot, "host-that-died", true, protocol.CodeHostLost, false},
+		{"epoch claimed by a dead host", protocol.ModeContinuable, "host-that-died", false, protocol.CodeHostLost, false},
+		{"epoch claimed by a dead host while a later epoch writes the log", protocol.ModeContinuable, "host-that-died", true, protocol.CodeHostLost, true},
+		{"one-shot never claimed", protocol.ModeOneShot, "", false, protocol.CodeUnavailable, false},
+		{"one-shot claimed by a live host", protocol.ModeOneShot, co.ID(), false, "", false},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -509,6 +516,15 @@ func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 			if _, err := store.Create(ctx, s.Store.Runs, runID, rec); err != nil {
 				t.Fatal(err)
 			}
+			if tt.later {
+				// The later epoch's lease, on a live host (the coordinator's
+				// heartbeat stands in for its worker's).
+				if _, err := store.Create(ctx, s.Store.Agents, child, protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable,
+					HostID: co.ID(), Epoch: 1, RunID: "later-" + runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
+					ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now, EpochStart: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			settled := func() (protocol.RunRecord, bool) {
 				r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
 				return r.Value, err == nil && r.Value.State == protocol.RunSettled
@@ -527,7 +543,18 @@ func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 			if !r.NotStarted || r.Result == nil || r.Result.ErrorCode != tt.want || r.SettledBy != co.ID() {
 				t.Fatalf("settled as %+v (result %+v), want never started, %s, by the coordinator", r, r.Result, tt.want)
 			}
-			if tt.host != "" {
+			if tt.host != "" && tt.mode == protocol.ModeContinuable {
+				// The log is left as it was: the claimer's hold fails, and a
+				// later epoch may be writing it.
+				want := 0
+				if tt.openTurn {
+					want = 1
+				}
+				if _, evs := s.Log(child); len(evs) != want {
+					t.Fatalf("the settlement of an orphaned epoch wrote to the log: %+v", evs)
+				}
+			}
+			if tt.host != "" && tt.mode == protocol.ModeOneShot {
 				_, evs := s.Log(child)
 				if len(evs) == 0 || evs[len(evs)-1].Type != protocol.EvAgentTakeover && evs[len(evs)-1].Type != protocol.EvTurnEnd {
 					t.Fatalf("the claimer is not fenced out of the log: %+v", evs)

@@ -30,9 +30,10 @@ import (
 // settles those that stayed without a lease for the host expiry, once their
 // claimer is dead (or, unclaimed, once the start's budget passed): never
 // started, HOST_LOST or UNAVAILABLE, by compare-and-set at the revision read
-// from the bucket's leader, after fencing the claimer out of the session's
-// log. A one-shot run's caller gets its notice; a continuable child's pending
-// messages are resumed.
+// from the bucket's leader; the claimer, holding its claim again once it
+// holds the lease (store.HoldRun), then starts nothing, and a one-shot run's
+// open turn is closed in its log. A one-shot run's caller gets its notice; a
+// continuable child's pending messages are resumed.
 
 // runIndex caches the running run and epoch records of brood_runs.
 type runIndex struct {
@@ -146,12 +147,6 @@ func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord)
 	rec := run.Value
 	code, why := protocol.CodeUnavailable, "no instance claimed it and the coordinator that created it stopped before it settled it"
 	if rec.HostID != "" {
-		// Fence the claimer out of the log first: should it be paused rather
-		// than dead, its first append after the pause is refused.
-		if _, err := c.closeInterrupted(ctx, rec.ChildID, protocol.TakeoverData{HostID: rec.HostID, By: c.cfg.ID}, rec.Descriptor); err != nil && !errors.Is(err, store.ErrNotFound) {
-			c.log.Warn("orphaned run: could not fence its log; will retry", "run", rec.RunID, "err", err)
-			return
-		}
 		code, why = protocol.CodeHostLost, fmt.Sprintf("host %s claimed it and stopped heartbeating before it took the session's lease", rec.HostID)
 	}
 	rec.State, rec.SettledAt, rec.SettledBy, rec.NotStarted = protocol.RunSettled, store.NowMs(), c.cfg.ID, true
@@ -164,6 +159,21 @@ func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord)
 			c.log.Warn("orphaned run: settle; will retry", "run", rec.RunID, "err", err)
 		}
 		return
+	}
+	// The log is touched only once the settlement won: the claimer's hold
+	// (store.HoldRun) then fails, so it writes nothing more. Fenced before,
+	// a claimer that had just held its claim lost its log under a live
+	// lease (and its run stayed running). A one-shot run's host writes its
+	// first records beside its lease, before the hold: its open turn is
+	// closed. An epoch's host writes nothing before the hold; a later epoch
+	// may hold the session's lease and write the log now, so it is left
+	// alone (make test's chaos seed: a resumed epoch's log fenced by the
+	// settlement of an earlier epoch orphaned by a killed worker), except a
+	// first epoch's descriptor, which the log must get to stay resumable.
+	if rec.HostID != "" && (rec.Mode == protocol.ModeOneShot || rec.Descriptor != nil) {
+		if _, err := c.closeInterrupted(ctx, rec.ChildID, protocol.TakeoverData{HostID: rec.HostID, By: c.cfg.ID}, rec.Descriptor); err != nil && !errors.Is(err, store.ErrNotFound) {
+			c.log.Warn("orphaned run: its log was not closed", "run", rec.RunID, "err", err)
+		}
 	}
 	c.settled(rec)
 	c.log.Warn("settled a run left running without a lease", "run", rec.RunID, "session", rec.ChildID, "errorCode", code)
