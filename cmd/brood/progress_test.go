@@ -26,7 +26,7 @@ func TestRunProgress(t *testing.T) {
 	for _, want := range []string{
 		`(?m)^\[ *\d+(ms|\.\ds)\] child [0-9A-Z]{26}\s*$`,
 		`(?m)^\[ *[\d.]+m?s\] tool list_dir\s*$`,
-		`(?m)^\[ *[\d.]+m?s\] tool list_dir done \(\d+ms\)`,
+		`(?m)^\[ *[\d.]+m?s\] tool list_dir done \([\d.]+m?s\)`,
 		`(?m)^\[ *[\d.]+m?s\] tool subagent \{"description":"gc"`,
 		`(?m)^\[ *[\d.]+m?s\]   child [0-9A-Z]{26} \(spawn\) started`,
 		`(?m)^\[ *[\d.]+m?s\]   child [0-9A-Z]{26} completed \([\d.]+m?s\)`,
