@@ -15,12 +15,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/embedded"
+	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
+	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
 )
 
 // TestKilledHostLosesNoAcceptedMessage: the worker hosting a continuable
@@ -1060,5 +1062,48 @@ func TestWorkerOutlivesAnUnansweredFirstHeartbeat(t *testing.T) {
 	}
 	if _, res, err := s.Run(s.Root().Ref(), "spawn", "say up", protocol.StartOptions{}); err != nil || protocol.PlainText(res.Output) != "up" {
 		t.Fatalf("run on the worker: %+v, %v", res, err)
+	}
+}
+
+// TestWorkerStoppedDuringItsFirstHeartbeatDrains: a worker stopped while its
+// first heartbeat is not yet acknowledged stops as a drain (Run returns nil:
+// stopping is not a failure), and leaves no host record behind. Before, it
+// returned "worker: first heartbeat: context canceled" (a landing run's
+// TestADifferentDescriptorIsRefused).
+func TestWorkerStoppedDuringItsFirstHeartbeatDrains(t *testing.T) {
+	s := stack.New(t)
+	nc := s.Conn()
+	hostsBucket := s.Store.Subj.BucketHosts()
+	var held atomic.Int32
+	w, err := worker.NewInProcessHost(worker.InProcessConfig{
+		NC: nc, Store: s.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			if w.Bucket != hostsBucket || w.Op != store.OpKVPut {
+				return nil
+			}
+			held.Add(1)
+			<-ctx.Done()
+			return ctx.Err()
+		}}),
+		Models:            func() (model.Model, error) { return model.NewScripted(), nil },
+		HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry, Logger: testutil.Logger(t),
+	}, spawnworker.Descriptor(spawnworker.DefaultName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	testutil.Eventually(t, 30*time.Second, func() bool { return held.Load() > 0 }, "the first heartbeat held")
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("a worker stopped during its first heartbeat: %v; want a drain (nil)", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker did not stop within 30 s")
+	}
+	if _, err := s.Store.Hosts.Get(context.Background(), w.ID()); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("host record after the stop: %v; want none", err)
 	}
 }

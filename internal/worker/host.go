@@ -227,6 +227,14 @@ func (h *Host) Run(ctx context.Context) error {
 	// The host record makes the providers visible: only once they are served.
 	if err := h.firstBeat(ctx); err != nil {
 		stopServing()
+		if ctx.Err() != nil {
+			// Stopped before it served: a drain with nothing to drain, not
+			// a failure. A first beat cut off by the stop may have landed.
+			dctx, cancel := context.WithTimeout(context.Background(), DeregisterTimeout)
+			defer cancel()
+			_ = h.st.DeleteHost(dctx, h.id)
+			return nil
+		}
 		return fmt.Errorf("worker: first heartbeat: %w", err)
 	}
 	h.log.Info("host serving", "providers", h.providerNames())
