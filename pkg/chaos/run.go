@@ -281,17 +281,30 @@ func waitHealthy(ctx context.Context, c *Cluster) error {
 	return nil
 }
 
-// quiesce waits, up to bound, until no run or epoch record is running and
-// no inbox but a root's holds an item, and returns the last snapshot read.
+// quiesce waits, up to bound, until two snapshots in a row are quiet (no
+// run or epoch record running, no inbox but a root's holding an item) and
+// hold the same state (settled), and returns the last one; past bound, the
+// last snapshot read. One quiet snapshot is not enough: a snapshot reads
+// the logs, the lifecycle events, the inboxes and the records one after
+// the other, so an epoch that claims an item after its log was read and
+// settles before its record is read looks quiet with its turn open, its
+// subagent/end missing and its item in neither its log nor its inbox (the
+// checker reported such a message lost and its turn never ended, although
+// the stores held both, ended).
 func quiesce(ctx context.Context, st *store.Store, roots map[string]bool, bound time.Duration) (*Snapshot, error) {
 	deadline := time.Now().Add(bound)
+	var prev *Snapshot // the last snapshot, when it was quiet
 	for {
 		snap, err := takeSnapshotRetrying(ctx, st)
 		if err != nil {
 			return nil, err
 		}
-		if quiet(snap, roots) || time.Now().After(deadline) {
+		if settled(prev, snap, roots) || time.Now().After(deadline) {
 			return snap, nil
+		}
+		prev = nil
+		if quiet(snap, roots) {
+			prev = snap
 		}
 		select {
 		case <-ctx.Done():
@@ -299,6 +312,35 @@ func quiesce(ctx context.Context, st *store.Store, roots map[string]bool, bound 
 		case <-time.After(2 * time.Second):
 		}
 	}
+}
+
+// settled reports whether snapshot b, read after a, ends the wait: both
+// are quiet and nothing changed between them (every log, the lifecycle
+// events, every inbox and every record's state are as they were).
+func settled(a, b *Snapshot, roots map[string]bool) bool {
+	if a == nil || !quiet(a, roots) || !quiet(b, roots) {
+		return false
+	}
+	if len(a.Logs) != len(b.Logs) || len(a.Lifecycle) != len(b.Lifecycle) ||
+		len(a.Inbox) != len(b.Inbox) || len(a.Runs) != len(b.Runs) {
+		return false
+	}
+	for id, evs := range a.Logs {
+		if len(b.Logs[id]) != len(evs) {
+			return false
+		}
+	}
+	for id, items := range a.Inbox {
+		if len(b.Inbox[id]) != len(items) {
+			return false
+		}
+	}
+	for id, r := range a.Runs {
+		if o, ok := b.Runs[id]; !ok || o.State != r.State {
+			return false
+		}
+	}
+	return true
 }
 
 // takeSnapshotRetrying reads a snapshot, trying again (for up to a minute)
