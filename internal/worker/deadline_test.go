@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,7 +18,8 @@ import (
 // without a deadline (0) gets ClaimBudgetMax; a near deadline bounds the
 // claim, a far one is capped at ClaimBudgetMax.
 func TestWithDeadlineDropsStaleRequests(t *testing.T) {
-	h := &Host{log: slog.New(slog.DiscardHandler), id: "host-1"}
+	var logged syncLog
+	h := &Host{log: slog.New(slog.NewTextHandler(&logged, nil)), id: "host-1"}
 	ctx := context.Background()
 	now := time.Now()
 	for _, tc := range []struct {
@@ -36,6 +39,14 @@ func TestWithDeadlineDropsStaleRequests(t *testing.T) {
 			if tc.stale {
 				if protocol.CodeOf(err) != protocol.CodeUnavailable || !strings.Contains(err.Error(), "after its deadline") || c != nil {
 					t.Fatalf("a request past its deadline: %v, want UNAVAILABLE and no context", err)
+				}
+				// How late it came, in the answer and the log: a second, not less, not negative.
+				late := regexp.MustCompile(`run-1 (1(\.\d+)?s) after its deadline`).FindStringSubmatch(err.Error())
+				if late == nil {
+					t.Fatalf("the answer does not say how late the request came: %v", err)
+				}
+				if !regexp.MustCompile(`late=1(\.\d+)?s`).MatchString(logged.String()) {
+					t.Fatalf("the warning does not say how late the request came: %s", logged.String())
 				}
 				return
 			}
@@ -68,4 +79,22 @@ func TestUnsettledKeepsAtMostUnsettledMax(t *testing.T) {
 	if _, ok := u.pending[fmt.Sprintf("run-%d", UnsettledMax)]; !ok {
 		t.Fatal("the newest was not kept")
 	}
+}
+
+// syncLog is a log destination safe for concurrent writes.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -48,3 +48,42 @@ func TestUnsettledRetriesUntilJetStreamTakesTheWrite(t *testing.T) {
 		t.Fatal("a round started with nothing waiting")
 	}
 }
+
+// TestUnsettledKeepsWhatIsStillRefused: in a round where one settlement
+// lands and the next is still refused, the landed one leaves and the refused
+// one keeps waiting: the next round tries it again (and only it).
+func TestUnsettledKeepsWhatIsStillRefused(t *testing.T) {
+	var u unsettled
+	var refuseB atomic.Bool
+	refuseB.Store(true)
+	var a, b atomic.Int32
+	u.add("A", func(context.Context) bool { a.Add(1); return true })
+	u.add("B", func(context.Context) bool { b.Add(1); return !refuseB.Load() })
+	round := func() {
+		t.Helper()
+		u.retry(slog.Default())
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+			u.mu.Lock()
+			busy := u.busy
+			u.mu.Unlock()
+			if !busy {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("retry round did not finish")
+			}
+		}
+	}
+	round()
+	u.mu.Lock()
+	order := append([]string(nil), u.order...)
+	u.mu.Unlock()
+	if a.Load() != 1 || b.Load() != 1 || len(order) != 1 || order[0] != "B" {
+		t.Fatalf("after A landed and B was refused: A tried %d, B tried %d, waiting %v; want B alone", a.Load(), b.Load(), order)
+	}
+	refuseB.Store(false)
+	round()
+	if a.Load() != 1 || b.Load() != 2 || len(u.order) != 0 || len(u.pending) != 0 {
+		t.Fatalf("the next round: A tried %d, B tried %d, %d waiting; want B tried again and nothing left", a.Load(), b.Load(), len(u.order))
+	}
+}
