@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -295,5 +296,49 @@ func TestWithDeadline(t *testing.T) {
 			t.Errorf("%s: deadline in %s, want within %s", tc.name, time.Until(d), tc.within)
 		}
 		cancel()
+	}
+}
+
+// TestLeaseReleaseRetriesOnlyWhatDidNotLand: a lease release that lands is
+// done (nothing waits to be tried again, one delete sent); one JetStream
+// refuses waits in the host's unsettled settlements, to be tried after the
+// next heartbeat JetStream takes (claim.go, releaseLease).
+func TestLeaseReleaseRetriesOnlyWhatDidNotLand(t *testing.T) {
+	h, st, _ := testHost(t, nil)
+	ctx := context.Background()
+	var deletes, refused atomic.Int32
+	h.st = st.WithFaults(store.Faults{Before: func(_ context.Context, w store.Write) error {
+		if w.Op != store.OpKVDelete {
+			return nil
+		}
+		deletes.Add(1)
+		if w.Key == store.LeaseKey("refused") {
+			refused.Add(1)
+			return errors.New("jetstream down")
+		}
+		return nil
+	}})
+	waiting := func() []string {
+		h.unsettled.mu.Lock()
+		defer h.unsettled.mu.Unlock()
+		return append([]string(nil), h.unsettled.order...)
+	}
+	for _, id := range []string{"landed", "refused"} {
+		rev, err := st.CreateLease(ctx, protocol.AgentRecord{SessionID: id, Kind: protocol.AgentContinuable, HostID: "H1", Epoch: 1, CreatedAt: store.NowMs()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.releaseLease(id, rev)
+		if id == "landed" {
+			if _, err := store.Get[protocol.AgentRecord](ctx, st.Agents, store.LeaseKey(id)); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("the released lease: %v, want it gone", err)
+			}
+			if w := waiting(); len(w) != 0 || deletes.Load() != 1 {
+				t.Fatalf("a release that landed: %d deletes sent, waiting %v; want one and nothing", deletes.Load(), w)
+			}
+		}
+	}
+	if w := waiting(); len(w) != 1 || w[0] != "lease.refused" || refused.Load() == 0 {
+		t.Fatalf("a refused release: waiting %v after %d attempts; want it waiting", w, refused.Load())
 	}
 }
