@@ -2,9 +2,12 @@ package store_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
 
@@ -25,7 +28,8 @@ func TestEnqueueKeepsWhatAnItemSays(t *testing.T) {
 	otel.SetTextMapPropagator(propagation.TraceContext{})
 	t.Cleanup(func() { otel.SetTextMapPropagator(prev) })
 	const traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-	ctx := tracecontext.Extract(context.Background(), nats.Header{tracecontext.HeaderTraceparent: {traceparent}})
+	const tracestate = "vendor=value"
+	ctx := tracecontext.Extract(context.Background(), nats.Header{tracecontext.HeaderTraceparent: {traceparent}, tracecontext.HeaderTracestate: {tracestate}})
 
 	plain, _, err := st.Enqueue(ctx, "S", store.InboxItem{Content: protocol.Text("a")}, "")
 	if err != nil {
@@ -62,6 +66,9 @@ func TestEnqueueKeepsWhatAnItemSays(t *testing.T) {
 		if got := it.Trace[tracecontext.HeaderTraceparent]; w.traced != (len(got) == 1 && got[0] == traceparent) {
 			t.Fatalf("item %d carries trace %v, want traced=%v", i, it.Trace, w.traced)
 		}
+		if got := it.Trace[tracecontext.HeaderTracestate]; w.traced != (len(got) == 1 && got[0] == tracestate) {
+			t.Fatalf("item %d carries trace state %v, want traced=%v", i, it.Trace, w.traced)
+		}
 	}
 }
 
@@ -88,5 +95,69 @@ func TestRemoveIsIdempotent(t *testing.T) {
 	items, err := in.Pending(ctx, 0)
 	if err != nil || len(items) != 1 || items[0].MessageID != id2 {
 		t.Fatalf("pending = %+v, %v; want only %s", items, err, id2)
+	}
+}
+
+// TestAKeyedRetryOfAGivenIDAnswersTheOriginal: an item that carries its own
+// messageId and an idempotency key, sent again with the same key (and a new
+// messageId, as a caller retrying builds a new item), is stored once and
+// answered with the original's messageId and sequence.
+func TestAKeyedRetryOfAGivenIDAnswersTheOriginal(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	first, seq, err := st.Enqueue(ctx, "S", store.InboxItem{MessageID: "01ORIGINAL0000000000000000", Content: protocol.Text("a")}, "key-1")
+	if err != nil || first != "01ORIGINAL0000000000000000" {
+		t.Fatalf("enqueue = %s, %v", first, err)
+	}
+	again, seq2, err := st.Enqueue(ctx, "S", store.InboxItem{MessageID: "01RETRY000000000000000000", Content: protocol.Text("a")}, "key-1")
+	if err != nil || again != first || seq2 != seq {
+		t.Fatalf("retry with the same key = %s@%d, %v; want the original %s@%d", again, seq2, err, first, seq)
+	}
+	if items, err := st.InboxOf("S").Pending(ctx, 0); err != nil || len(items) != 1 {
+		t.Fatalf("pending = %+v, %v; want the one original", items, err)
+	}
+}
+
+// TestRemoveTellsGoneFromRefused: a removal JetStream refuses because the
+// message is gone (10043 from a replicated stream; 10057 "no message found"
+// from a single-replica one) is done; any other refusal is an error, and
+// the item stays.
+func TestRemoveTellsGoneFromRefused(t *testing.T) {
+	s := testutil.Server(t)
+	base := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	for _, tc := range []struct {
+		name string
+		err  *jetstream.APIError
+		gone bool
+	}{
+		{"sequence not found (replicated stream)", &jetstream.APIError{Code: 400, ErrorCode: 10043, Description: "sequence not found"}, true},
+		{"no message found (single replica)", &jetstream.APIError{Code: 500, ErrorCode: 10057, Description: "error deleting message: no message found"}, true},
+		{"another deletion failure", &jetstream.APIError{Code: 500, ErrorCode: 10057, Description: "error deleting message: store closed"}, false},
+		{"another refusal", &jetstream.APIError{Code: 400, ErrorCode: 10071, Description: "wrong last sequence: 3"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The deletion is answered tc.err instead of being sent.
+			st := base.WithFaults(store.Faults{Before: func(_ context.Context, w store.Write) error {
+				if w.Op == store.OpMsgDelete {
+					return tc.err
+				}
+				return nil
+			}})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			session := "S" + strings.NewReplacer(" ", "", "(", "", ")", "").Replace(tc.name)
+			_, seq, err := base.Enqueue(ctx, session, store.InboxItem{Content: protocol.Text("a")}, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = st.InboxOf(session).Remove(ctx, seq)
+			if tc.gone && err != nil {
+				t.Fatalf("a removal answered %v: %v, want done (the message is gone)", tc.err, err)
+			}
+			if !tc.gone && err == nil {
+				t.Fatalf("a removal answered %v was taken as done", tc.err)
+			}
+		})
 	}
 }
