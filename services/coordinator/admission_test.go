@@ -233,3 +233,72 @@ func TestAColdResumeKeepsTheOtherSlots(t *testing.T) {
 		t.Fatalf("a third child (%s) beside the resumed one and a start on its way: %v, want LIMIT_EXCEEDED", d, err)
 	}
 }
+
+// TestASlotPastItsGraceCountsWhileItsChildHoldsALease: a slot past its grace
+// whose child this replica's cache does not show live (here its lease is
+// marked ending; a restarting watch loses leases the same way) still
+// counts while the bucket holds the child's lease: admission rests on the
+// bucket, not on the cache alone (slots.go, confirmLive).
+func TestASlotPastItsGraceCountsWhileItsChildHoldsALease(t *testing.T) {
+	const budget, expiry = 20 * time.Second, 10 * time.Second
+	const grace = budget + 2*expiry
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) {
+		c.LiveChildrenMax, c.RequestBudget, c.HostExpiry = 1, budget, expiry
+	})
+	w, _ := s.AddSpawnWorker()
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const child = "held-past-grace"
+	if _, err := s.Store.CreateLease(ctx, protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable, HostID: w.ID(), Epoch: 1,
+		CredentialHash: protocol.HashCredential(protocol.NewCredential()), ParentSession: root.SessionID, Ancestry: []string{root.SessionID},
+		Ending: true, CreatedAt: store.NowMs()}); err != nil {
+		t.Fatal(err)
+	}
+	old := coordinator.ChildSlotsRecord{Slots: []coordinator.ChildSlot{{ChildID: child, ReservedAt: store.NowMs() - (grace + 8*time.Second).Milliseconds()}}}
+	if _, err := store.Create(ctx, s.Store.Agents, store.SlotsKey(root.SessionID), old); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
+	if protocol.CodeOf(err) != protocol.CodeLimitExceeded {
+		t.Fatalf("a start beside a slot past its grace whose child still holds a lease: %v, want LIMIT_EXCEEDED", err)
+	}
+}
+
+// TestAColdResumesSlotIsFreedOnceItsRunSettled: the slot a cold resume took
+// names the resumed epoch's run; once that run is settled the slot is free,
+// even while this replica never saw the child's lease come and go (another
+// replica resumed it) and the slot is within its grace.
+func TestAColdResumesSlotIsFreedOnceItsRunSettled(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 1 })
+	s.AddSpawnWorker()
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const child, run = "resumed-elsewhere", "resumed-elsewhere-epoch-2"
+	now := store.NowMs()
+	epoch := protocol.RunRecord{RunID: run, ChildID: child, ParentSession: root.SessionID, Provider: "spawn",
+		Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: now}
+	rev, err := s.Store.CreateRun(ctx, epoch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	epoch.State, epoch.SettledAt, epoch.SettledBy = protocol.RunSettled, now, "elsewhere"
+	epoch.Result = &protocol.SubagentResult{Output: protocol.Text("done"), StopReason: protocol.StopCompleted}
+	if ok, err := s.Store.SettleRun(ctx, epoch, rev); !ok || err != nil {
+		t.Fatalf("settle the resumed epoch: %v %v", ok, err)
+	}
+	rec := coordinator.ChildSlotsRecord{Slots: []coordinator.ChildSlot{{ChildID: child, ReservedAt: now, RunID: run}}}
+	if _, err := store.Create(ctx, s.Store.Agents, store.SlotsKey(root.SessionID), rec); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
+	if err != nil {
+		t.Fatalf("a start beside the slot of a resume whose run settled: %v", err)
+	}
+	if _, err := r.Result(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
