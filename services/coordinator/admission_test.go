@@ -237,8 +237,9 @@ func TestAColdResumeKeepsTheOtherSlots(t *testing.T) {
 // TestASlotPastItsGraceCountsWhileItsChildHoldsALease: a slot past its grace
 // whose child this replica's cache does not show live (here its lease is
 // marked ending; a restarting watch loses leases the same way) still
-// counts while the bucket holds the child's lease: admission rests on the
-// bucket, not on the cache alone (slots.go, confirmLive).
+// counts while the bucket holds the child's lease (for a cold resume's
+// slot: the lease of the run it names): admission rests on the bucket, not
+// on the cache alone (slots.go, confirmLive).
 func TestASlotPastItsGraceCountsWhileItsChildHoldsALease(t *testing.T) {
 	const budget, expiry = 20 * time.Second, 10 * time.Second
 	const grace = budget + 2*expiry
@@ -247,22 +248,41 @@ func TestASlotPastItsGraceCountsWhileItsChildHoldsALease(t *testing.T) {
 		c.LiveChildrenMax, c.RequestBudget, c.HostExpiry = 1, budget, expiry
 	})
 	w, _ := s.AddSpawnWorker()
-	root := s.Root()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	const child = "held-past-grace"
-	if _, err := s.Store.CreateLease(ctx, protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable, HostID: w.ID(), Epoch: 1,
-		CredentialHash: protocol.HashCredential(protocol.NewCredential()), ParentSession: root.SessionID, Ancestry: []string{root.SessionID},
-		Ending: true, CreatedAt: store.NowMs()}); err != nil {
-		t.Fatal(err)
-	}
-	old := coordinator.ChildSlotsRecord{Slots: []coordinator.ChildSlot{{ChildID: child, ReservedAt: store.NowMs() - (grace + 8*time.Second).Milliseconds()}}}
-	if _, err := store.Create(ctx, s.Store.Agents, store.SlotsKey(root.SessionID), old); err != nil {
-		t.Fatal(err)
-	}
-	_, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
-	if protocol.CodeOf(err) != protocol.CodeLimitExceeded {
-		t.Fatalf("a start beside a slot past its grace whose child still holds a lease: %v, want LIMIT_EXCEEDED", err)
+	for _, tc := range []struct {
+		name              string
+		slotRun, leaseRun string // the run the slot names (a cold resume's), the run of the child's lease
+		counts            bool
+	}{
+		{"an admission's slot", "", "", true},
+		{"a resume's slot, its run's lease", "epoch-2", "epoch-2", true},
+		{"a resume's slot, another run's lease", "epoch-2", "epoch-3", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := s.Root()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			child := "held-" + root.SessionID
+			if _, err := s.Store.CreateLease(ctx, protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable, HostID: w.ID(), Epoch: 1,
+				RunID: tc.leaseRun, CredentialHash: protocol.HashCredential(protocol.NewCredential()), ParentSession: root.SessionID,
+				Ancestry: []string{root.SessionID}, Ending: true, CreatedAt: store.NowMs()}); err != nil {
+				t.Fatal(err)
+			}
+			old := coordinator.ChildSlotsRecord{Slots: []coordinator.ChildSlot{{ChildID: child, RunID: tc.slotRun, ReservedAt: store.NowMs() - (grace + 8*time.Second).Milliseconds()}}}
+			if _, err := store.Create(ctx, s.Store.Agents, store.SlotsKey(root.SessionID), old); err != nil {
+				t.Fatal(err)
+			}
+			r, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
+			switch {
+			case tc.counts && protocol.CodeOf(err) != protocol.CodeLimitExceeded:
+				t.Fatalf("a start beside a slot past its grace whose child still holds its lease: %v, want LIMIT_EXCEEDED", err)
+			case !tc.counts && err != nil:
+				t.Fatalf("a start beside a slot past its grace whose run's lease is gone: %v", err)
+			case !tc.counts:
+				if _, err := r.Result(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
