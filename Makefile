@@ -87,7 +87,7 @@ chaos-seams: acp-deps
 # is below MUTATE_THRESHOLD percent. CPU-heavy: run it on a quiet machine,
 # e.g. one package with MUTATE_TARGETS=internal/agent:inbox.go.
 GREMLINS_VERSION     := v0.6.0
-MUTATE_TARGETS       ?= internal/agent:inbox.go internal/store:inbox.go,records.go internal/worker:claim.go services/coordinator:slots.go
+MUTATE_TARGETS       ?= internal/agent:inbox.go internal/store:inbox.go,records.go,runs.go,leases.go,ownership.go internal/worker:claim.go services/coordinator:slots.go
 MUTATE_TIMEOUT_COEF  ?= 10
 MUTATE_THRESHOLD     ?= 80
 MUTATE_ARGS          ?=
