@@ -29,27 +29,6 @@ func (c *Coordinator) childrenList(ctx context.Context, req rpc.Request, r proto
 	return protocol.ChildrenListReply{Rows: rows}, nil
 }
 
-// authorizeListing: a user grant lists the children of any parent in its
-// scope (every session, or its user's trees), an agent (its live
-// credential) only its own.
-func (c *Coordinator) authorizeListing(ctx context.Context, r protocol.ChildrenListRequest) error {
-	switch {
-	case r.Authority.Grant != "":
-		_, err := c.authorizeRead(ctx, r.Authority, r.Parent)
-		return err
-	case r.Authority.Parent != nil:
-		if _, err := c.authorize(ctx, *r.Authority.Parent); err != nil {
-			return err
-		}
-		if r.Authority.Parent.SessionID != r.Parent {
-			return protocol.Errorf(protocol.CodeUnauthorized, "an agent lists only its own children")
-		}
-		return nil
-	default:
-		return protocol.Errorf(protocol.CodeUnauthorized, "the parent's credential or a user grant is required")
-	}
-}
-
 // childRows walks the child index from parent in creation order: its
 // children, and with descendants their subtrees in pre-order (rows then say
 // their parent and depth); at most ChildRowsMax rows, each session once.

@@ -25,27 +25,6 @@ func (c *Coordinator) descendantsDispose(ctx context.Context, req rpc.Request, r
 	return c.disposeDescendants(ctx, r.Agent.SessionID)
 }
 
-// authorizeSelf checks that p is the credential of the current agent of its
-// session, read fresh, live or ending (a one-shot agent ends its descendants
-// after its turn, with its lease marked ending); a lease a coordinator took
-// over names no agent.
-func (c *Coordinator) authorizeSelf(ctx context.Context, p protocol.ParentRef) error {
-	if !protocol.ValidID(p.SessionID) || p.Credential == "" {
-		return protocol.Errorf(protocol.CodeUnauthorized, "a sessionId and its credential are required")
-	}
-	l, err := c.st.Lease(ctx, p.SessionID)
-	if errors.Is(err, store.ErrNotFound) {
-		return protocol.Errorf(protocol.CodeUnauthorized, "session %s has no agent", p.SessionID)
-	}
-	if err != nil {
-		return protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", p.SessionID, err)
-	}
-	if !protocol.CredentialMatches(p.Credential, l.Value.CredentialHash) || l.Value.TakenOverBy != "" {
-		return protocol.Errorf(protocol.CodeUnauthorized, "the credential is not that of the agent of session %s", p.SessionID)
-	}
-	return nil
-}
-
 // DescendantsVisitedMax bounds the sessions one descendants walk visits.
 const DescendantsVisitedMax = 10000
 

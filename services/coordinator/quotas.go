@@ -82,34 +82,3 @@ func (c *Coordinator) rateLimited(h rpc.Handler) rpc.Handler {
 		return h(ctx, req)
 	}
 }
-
-// userOpenRoots counts the live roots user holds open, as this replica's
-// lease cache shows them.
-func (c *Coordinator) userOpenRoots(user string) int {
-	n := 0
-	for _, l := range c.agents.snapshot() {
-		if l.rec.Kind == protocol.AgentRoot && l.rec.User == user && c.leaseLive(l.rec) {
-			n++
-		}
-	}
-	return n
-}
-
-// admitRoot holds user's open lock and refuses with LIMIT_EXCEEDED when
-// user already holds UserOpenRootsMax live roots; call release once the
-// new root's lease is in the cache (or the open failed).
-func (c *Coordinator) admitRoot(user string) (release func(), err error) {
-	if user == "" {
-		return func() {}, nil
-	}
-	m := c.quotas.openLock(user)
-	m.Lock()
-	if n := c.userOpenRoots(user); n >= c.cfg.UserOpenRootsMax {
-		m.Unlock()
-		return nil, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
-			"limit": "open roots per user",
-			"reason": fmt.Sprintf("user %s holds %d open roots; the limit is %d: close roots you no longer use (agents.close)",
-				user, n, c.cfg.UserOpenRootsMax)})
-	}
-	return m.Unlock, nil
-}

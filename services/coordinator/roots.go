@@ -30,93 +30,9 @@ const renewAttemptsMax = 3
 // CwdBytesMax bounds a root's workspace path.
 const CwdBytesMax = 4096
 
-// authorize checks that p is the credential of the current live agent of
-// p.SessionID (DESIGN.md §7, Authority) and returns its lease. A replaced or
-// disposed agent's credential is dead. The check uses the watched cache and
-// falls back to a direct read, so a lease written (or renewed) a moment ago
-// is found even when the watch is behind. Every refusal says the same, so a
-// caller without the credential learns nothing about the session (whether
-// it exists, has a live agent, or which credential it has).
-func (c *Coordinator) authorize(ctx context.Context, p protocol.ParentRef) (leaseState, error) {
-	if !protocol.ValidID(p.SessionID) || p.Credential == "" {
-		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "a parent sessionId and credential are required")
-	}
-	l, ok := c.leaseCached(ctx, p.SessionID)
-	if !ok || !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) || !c.leaseLive(l.rec) {
-		fresh, err := c.st.Lease(ctx, p.SessionID)
-		if err != nil {
-			if errors.Is(err, store.ErrNotFound) {
-				return leaseState{}, notLiveCredential(p.SessionID)
-			}
-			return leaseState{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", p.SessionID, err)
-		}
-		c.agents.observe(fresh.Value, fresh.Revision)
-		l = leaseState{rec: fresh.Value, rev: fresh.Revision}
-	}
-	if !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) || !c.leaseLive(l.rec) {
-		return leaseState{}, notLiveCredential(p.SessionID)
-	}
-	return l, nil
-}
-
-// leaseCached returns the cached lease of session id, under the key its
-// header says: a root's lease only from its root key, which only
-// coordinators write (a lease a worker put under the bare key of a root is
-// never a root's; docs/security.md). No header, no lease.
-func (c *Coordinator) leaseCached(ctx context.Context, id string) (leaseState, bool) {
-	h, err := c.headers.get(ctx, c.st, id)
-	if err != nil {
-		return leaseState{}, false
-	}
-	return c.agents.get(id, h.Scope() == protocol.ScopeRoot)
-}
-
 // markHeaderWait bounds the header read of a drain marker's session when
 // its header is not cached.
 const markHeaderWait = 2 * time.Second
-
-// notLiveCredential is every refusal of a credential: no such session, no
-// live agent, or another credential.
-func notLiveCredential(id string) error {
-	return protocol.Errorf(protocol.CodeUnauthorized, "the credential is not that of a live agent of session %s", id)
-}
-
-// authorizeFresh is authorize on the lease as stored now, read from the
-// bucket's leader, never the cache nor a follower that may not have
-// applied a close yet: for the last admission check before something is
-// accepted.
-func (c *Coordinator) authorizeFresh(ctx context.Context, p protocol.ParentRef) (leaseState, error) {
-	if !protocol.ValidID(p.SessionID) || p.Credential == "" {
-		return leaseState{}, protocol.Errorf(protocol.CodeUnauthorized, "a parent sessionId and credential are required")
-	}
-	fresh, err := c.st.LeaseLatest(ctx, p.SessionID)
-	if errors.Is(err, store.ErrNotFound) {
-		return leaseState{}, notLiveCredential(p.SessionID)
-	}
-	if err != nil {
-		return leaseState{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", p.SessionID, err)
-	}
-	c.agents.observe(fresh.Value, fresh.Revision)
-	l := leaseState{rec: fresh.Value, rev: fresh.Revision}
-	if !protocol.CredentialMatches(p.Credential, l.rec.CredentialHash) || !c.leaseLive(l.rec) {
-		return leaseState{}, notLiveCredential(p.SessionID)
-	}
-	return l, nil
-}
-
-// leaseLive reports whether a lease names a live agent: a root before its
-// expiry, or an agent on a host that heartbeats. A lease taken over by a
-// coordinator, or marked ending (a one-shot run whose turn is over), names no
-// live agent.
-func (c *Coordinator) leaseLive(rec protocol.AgentRecord) bool {
-	if rec.Kind == protocol.AgentRoot {
-		return rec.ExpiresAt > store.NowMs()
-	}
-	if rec.TakenOverBy != "" || rec.Ending {
-		return false
-	}
-	return c.reg.hostLive(rec.HostID)
-}
 
 func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request, r protocol.AgentsOpenRequest) (protocol.AgentsOpenReply, error) {
 	if r.SessionID != "" {
