@@ -41,11 +41,16 @@ const (
 )
 
 // A session whose lease names a dead host is taken over before it is used
-// (resident): at most residentAttemptsMax reads of its lease, waiting
-// residentRetryWait while another goroutine of this replica takes it over.
+// (resident): its lease is read again every residentRetryWait while another
+// goroutine of this replica takes it over, or after a takeover of its own
+// that left it changing hands, for at most residentWaitMax (and the
+// caller's budget). A takeover through a leader election takes seconds (each
+// of its writes retried): a fixed number of reads refused a followup that
+// its budget would have carried through (TestLeaderElectionsAreNotFailures:
+// "session changing hands").
 const (
-	residentAttemptsMax = 3
-	residentRetryWait   = 100 * time.Millisecond
+	residentWaitMax   = 10 * time.Second
+	residentRetryWait = 100 * time.Millisecond
 )
 
 // authorityUser mints a user grant. On the anonymous subject
@@ -285,7 +290,19 @@ func (c *Coordinator) disposeActivation(ctx context.Context, hostID, childID, ca
 // live; a lease held by a dead host is taken over first (HOST_LOST) so the
 // child can resume elsewhere.
 func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Record[protocol.AgentRecord], error) {
-	for attempt := 0; attempt < residentAttemptsMax; attempt++ {
+	deadline := time.Now().Add(residentWaitMax)
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				break
+			}
+			t := time.NewTimer(residentRetryWait)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
 		l, err := c.st.Lease(ctx, childID)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil, nil
@@ -300,8 +317,6 @@ func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Reco
 		if c.claim(childID) {
 			c.takeOver(ctx, leaseState{rec: l.Value, rev: l.Revision})
 			c.release(childID)
-		} else {
-			time.Sleep(residentRetryWait)
 		}
 	}
 	return nil, protocol.Errorf(protocol.CodeUnavailable, "session %s is changing hands; retry", childID)

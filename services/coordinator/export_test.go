@@ -1,5 +1,12 @@
 package coordinator
 
+import (
+	"context"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
 // For the external tests of admission (slots_test.go): a parent's slot
 // record as brood_agents `slots.<parent>` holds it, and the bound of one
 // admission's compare-and-set attempts.
@@ -8,3 +15,19 @@ type ChildSlotsRecord = childSlotsRecord
 type ChildSlot = childSlot
 
 const SlotAttemptsMax = slotAttemptsMax
+
+// Resident is resident, for TestResidentWaitsForATakeoverInProgress.
+func (c *Coordinator) Resident(ctx context.Context, childID string) (*store.Record[protocol.AgentRecord], error) {
+	return c.resident(ctx, childID)
+}
+
+// HoldTakeover marks a takeover of id in progress in this replica, as a
+// goroutine taking it over does, until the returned release.
+func (c *Coordinator) HoldTakeover(id string) (release func()) {
+	if !c.claim(id) {
+		panic("a takeover of " + id + " is already in progress")
+	}
+	return func() { c.release(id) }
+}
+
+const ResidentWaitMax = residentWaitMax
