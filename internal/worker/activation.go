@@ -212,29 +212,15 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	return reply, nil
 }
 
-// materialize builds a registered activation and starts its loop (see activate).
+// materialize builds a registered activation and starts its loop (see
+// activate): the epoch's lease, its session, the epoch's first log records,
+// the inbox and wake subscriptions, subagent/start. A failure releases the
+// lease and closes what was built.
 func (h *Host) materialize(ctx context.Context, p Provider, req protocol.ActivateRequest, a *activation) (any, error) {
 	cred := protocol.NewCredential()
-	lease := protocol.AgentRecord{
-		SessionID: req.ChildID, Kind: protocol.AgentContinuable, HostID: h.id, Epoch: 1, RunID: req.RunID,
-		Provider: req.Descriptor.Provider, CredentialHash: protocol.HashCredential(cred), ParentSession: req.Header.ParentSession,
-		Ancestry: req.Ancestry, Owner: req.Owner, CreatedAt: store.NowMs(),
-	}
-	var events []protocol.SessionEvent
-	var lastSubjSeq uint64
-	if req.Fresh {
-		start := req.Header.SeedLength // the seed, then session/end-seed, then the descriptor
-		if start > 0 {
-			start++
-		}
-		lease.EpochStart = start + 1
-	} else {
-		log, err := h.st.ReadLog(ctx, req.Header.Scope(), req.ChildID)
-		if err != nil {
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", req.ChildID, err)
-		}
-		events, lastSubjSeq = log.Events, log.LastSubjSeq
-		lease.EpochStart = int64(len(events))
+	lease, events, lastSubjSeq, err := h.epochLease(ctx, req, cred)
+	if err != nil {
+		return nil, err
 	}
 	leaseRev, err := h.st.CreateLease(ctx, lease)
 	if err != nil {
@@ -285,42 +271,16 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		return nil, protocol.Errorf(protocol.CodeNotResumable, "provider %s cannot host continuable children", p.Descriptor().Name)
 	}
 	a.sess = cs
-	var first []protocol.SessionEvent
-	if req.Fresh {
-		// The descriptor follows any seed and precedes the first turn/start.
-		first = append(first, mustEvent(protocol.EvSubagentDescriptor, *req.Descriptor))
-	} else {
-		// A turn a dead host left open is closed before this epoch begins.
-		closing, err := sessionlog.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
-		if err != nil {
-			release()
-			return nil, protocol.Errorf(protocol.CodeInternal, "close the open turn of %s: %w", req.ChildID, err)
-		}
-		first = closing
-	}
-	if len(first) > 0 {
-		if err := cs.Append(ctx, first...); err != nil {
-			release()
-			closeSession(cs)
-			return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "log the start of the epoch of %s: %w", req.ChildID, err)
-		}
+	if err := logEpochStart(ctx, req, cs, events); err != nil {
+		release()
+		closeSession(cs)
+		return nil, err
 	}
 	a.start = len(cs.Events())
-	for _, subj := range []string{a.inbox.Subject(), h.subj.Wake(req.ChildID)} {
-		sub, err := h.cfg.NC.Subscribe(subj, func(*nats.Msg) { a.poke() })
-		if err != nil {
-			a.unsubscribe()
-			release()
-			return nil, protocol.Errorf(protocol.CodeUnavailable, "subscribe to %s: %w", subj, err)
-		}
-		a.subs = append(a.subs, sub)
-	}
-	// The wake subscriptions must be known to the server before anyone is
-	// told the activation is ready, or the first prompt's wake is lost.
-	if err := h.cfg.NC.FlushTimeout(SubscribeFlushTimeout); err != nil {
-		a.unsubscribe()
+	if err := h.subscribeActivation(a); err != nil {
 		release()
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "flush the inbox subscription: %w", err)
+		closeSession(cs)
+		return nil, err
 	}
 	if err := context.Cause(a.ctx); err != nil { // disposed (a drain, a lost lease) while it was built
 		a.unsubscribe()
@@ -339,6 +299,74 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 	close(a.built)
 	go a.loop()
 	return protocol.ActivateReply{HostID: h.id, RunID: a.runID}, nil
+}
+
+// epochLease returns the lease an epoch takes (with the credential's hash
+// and where the epoch's events begin) and, for a cold resume, the child's
+// events so far and the log's last subject sequence. A fresh child's epoch
+// begins after its seed, session/end-seed and descriptor.
+func (h *Host) epochLease(ctx context.Context, req protocol.ActivateRequest, cred string) (protocol.AgentRecord, []protocol.SessionEvent, uint64, error) {
+	lease := protocol.AgentRecord{
+		SessionID: req.ChildID, Kind: protocol.AgentContinuable, HostID: h.id, Epoch: 1, RunID: req.RunID,
+		Provider: req.Descriptor.Provider, CredentialHash: protocol.HashCredential(cred), ParentSession: req.Header.ParentSession,
+		Ancestry: req.Ancestry, Owner: req.Owner, CreatedAt: store.NowMs(),
+	}
+	if req.Fresh {
+		start := req.Header.SeedLength // the seed, then session/end-seed, then the descriptor
+		if start > 0 {
+			start++
+		}
+		lease.EpochStart = start + 1
+		return lease, nil, 0, nil
+	}
+	log, err := h.st.ReadLog(ctx, req.Header.Scope(), req.ChildID)
+	if err != nil {
+		return lease, nil, 0, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", req.ChildID, err)
+	}
+	lease.EpochStart = int64(len(log.Events))
+	return lease, log.Events, log.LastSubjSeq, nil
+}
+
+// logEpochStart logs what precedes an epoch's first turn: a fresh child's
+// descriptor (after any seed), or, on a resume, the closing of a turn a
+// dead host left open.
+func logEpochStart(ctx context.Context, req protocol.ActivateRequest, cs ContinuableSession, events []protocol.SessionEvent) error {
+	var first []protocol.SessionEvent
+	if req.Fresh {
+		first = append(first, mustEvent(protocol.EvSubagentDescriptor, *req.Descriptor))
+	} else {
+		closing, err := sessionlog.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
+		if err != nil {
+			return protocol.Errorf(protocol.CodeInternal, "close the open turn of %s: %w", req.ChildID, err)
+		}
+		first = closing
+	}
+	if len(first) == 0 {
+		return nil
+	}
+	if err := cs.Append(ctx, first...); err != nil {
+		return protocol.Errorf(protocol.CodeDurabilityFailed, "log the start of the epoch of %s: %w", req.ChildID, err)
+	}
+	return nil
+}
+
+// subscribeActivation subscribes the activation to its inbox and wake
+// subjects and flushes, so the server knows the subscriptions before anyone
+// is told the activation is ready (else the first prompt's wake is lost).
+func (h *Host) subscribeActivation(a *activation) error {
+	for _, subj := range []string{a.inbox.Subject(), h.subj.Wake(a.childID)} {
+		sub, err := h.cfg.NC.Subscribe(subj, func(*nats.Msg) { a.poke() })
+		if err != nil {
+			a.unsubscribe()
+			return protocol.Errorf(protocol.CodeUnavailable, "subscribe to %s: %w", subj, err)
+		}
+		a.subs = append(a.subs, sub)
+	}
+	if err := h.cfg.NC.FlushTimeout(SubscribeFlushTimeout); err != nil {
+		a.unsubscribe()
+		return protocol.Errorf(protocol.CodeUnavailable, "flush the inbox subscription: %w", err)
+	}
+	return nil
 }
 
 func (a *activation) unsubscribe() {

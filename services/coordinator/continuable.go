@@ -94,26 +94,68 @@ func (c *Coordinator) lineage(ctx context.Context, h protocol.SessionHeader) ([]
 
 func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r protocol.ContinuableStartRequest) (protocol.ContinuableStartReply, error) {
 	began := time.Now()
-	desc, err := c.lookupProvider(r.Provider)
+	adm, err := c.admitContinuable(ctx, r)
 	if err != nil {
 		return protocol.ContinuableStartReply{}, err
 	}
+	childID := r.ChildID
+	if childID == "" {
+		childID = ulid.Make().String()
+	} else if !protocol.ValidID(childID) {
+		return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
+	}
+	if err := c.reserveChild(ctx, adm.a.pheader.ID, childID, ""); err != nil {
+		return protocol.ContinuableStartReply{}, err
+	}
+	release := func() { c.releaseChild(context.WithoutCancel(ctx), adm.a.pheader.ID, childID) }
+	header, err := c.writeContinuableChild(ctx, adm, childID)
+	if err != nil {
+		if protocol.CodeOf(err) != protocol.CodeDuplicateChild {
+			release() // a duplicate is a retried start finding its own child: the slot stays with it
+		}
+		return protocol.ContinuableStartReply{}, err
+	}
+	mid, err := c.startFirstEpoch(ctx, adm, header, release)
+	if err != nil {
+		return protocol.ContinuableStartReply{}, err
+	}
+	c.cfg.Metrics.StartAnswered(adm.a.desc.Name, protocol.ModeContinuable, time.Since(began))
+	return protocol.ContinuableStartReply{ChildID: childID, MessageID: mid}, nil
+}
+
+// continuableAdmission is what admitting a continuable start decided.
+type continuableAdmission struct {
+	r       protocol.ContinuableStartRequest // its label resolved
+	parent  leaseState
+	lineage []string  // the parent's ancestry, then the parent
+	a       admission // a.desc: the provider, with the capabilities that apply
+}
+
+// admitContinuable checks a continuable start before anything is written:
+// the provider hosts continuable children, the parent is the exact live
+// agent, the label is given, no drain closes the parent's lineage, and the
+// options validate against what the child's provider honours.
+func (c *Coordinator) admitContinuable(ctx context.Context, r protocol.ContinuableStartRequest) (continuableAdmission, error) {
+	desc, err := c.lookupProvider(r.Provider)
+	if err != nil {
+		return continuableAdmission{}, err
+	}
 	if !desc.Continuable {
-		return protocol.ContinuableStartReply{}, protocol.NewError(protocol.CodeUnsupportedCapability, map[string]any{"provider": r.Provider, "capability": "continuable children"})
+		return continuableAdmission{}, protocol.NewError(protocol.CodeUnsupportedCapability, map[string]any{"provider": r.Provider, "capability": "continuable children"})
 	}
 	parent, err := c.authorize(ctx, r.Parent)
 	if err != nil {
-		return protocol.ContinuableStartReply{}, err
+		return continuableAdmission{}, err
 	}
 	if r.Label, err = protocol.OneLabel(r.Label, r.Options.Label); err != nil {
-		return protocol.ContinuableStartReply{}, err
+		return continuableAdmission{}, err
 	}
 	if strings.TrimSpace(r.Label) == "" || len(r.Label) > protocol.LabelBytesMax {
-		return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "label is required (at most %d bytes)", protocol.LabelBytesMax)
+		return continuableAdmission{}, protocol.Errorf(protocol.CodeInvalidArgument, "label is required (at most %d bytes)", protocol.LabelBytesMax)
 	}
 	lineage := append(append([]string(nil), parent.rec.Ancestry...), r.Parent.SessionID)
 	if err := c.checkDraining(lineage); err != nil {
-		return protocol.ContinuableStartReply{}, err
+		return continuableAdmission{}, err
 	}
 	opts := protocol.StartOptions{MaxDepth: r.Options.MaxDepth, ToolFilter: r.Options.ToolFilter, Persona: r.Options.Persona, Label: r.Label}
 	// In-process continuable children are composed by the manager: the
@@ -127,53 +169,58 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 	}
 	a, err := c.admitWith(ctx, desc, r.Parent, r.Prompt, opts)
 	if err != nil {
-		return protocol.ContinuableStartReply{}, err
+		return continuableAdmission{}, err
 	}
-	childID := r.ChildID
-	if childID == "" {
-		childID = ulid.Make().String()
-	} else if !protocol.ValidID(childID) {
-		return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
-	}
-	if err := c.reserveChild(ctx, a.pheader.ID, childID, ""); err != nil {
-		return protocol.ContinuableStartReply{}, err
-	}
-	release := func() { c.releaseChild(context.WithoutCancel(ctx), a.pheader.ID, childID) }
+	return continuableAdmission{r: r, parent: parent, lineage: lineage, a: a}, nil
+}
+
+// writeContinuableChild writes a new continuable child's header (with its
+// seed, for a provider that inherits the parent's context) and its child
+// index entry. An id already used is DUPLICATE_CHILD.
+func (c *Coordinator) writeContinuableChild(ctx context.Context, adm continuableAdmission, childID string) (protocol.SessionHeader, error) {
 	now := store.NowMs()
-	header := c.childHeader(a, childID, now)
-	if desc.InheritsParentContext {
-		if header.SeedLength, err = c.prepare(ctx, desc.Name, a.pheader.ID, childID); err != nil {
-			release()
-			return protocol.ContinuableStartReply{}, err
+	header := c.childHeader(adm.a, childID, now)
+	if adm.a.desc.InheritsParentContext {
+		seed, err := c.prepare(ctx, adm.a.desc.Name, adm.a.pheader.ID, childID)
+		if err != nil {
+			return header, err
 		}
+		header.SeedLength = seed
 	}
 	if err := c.st.PutHeader(ctx, header); err != nil {
 		if errors.Is(err, store.ErrConflict) {
-			// The id is taken (a retried start finds its own child): the
-			// slot stays with that child.
-			return protocol.ContinuableStartReply{}, protocol.NewError(protocol.CodeDuplicateChild, map[string]any{"childId": childID})
+			return header, protocol.NewError(protocol.CodeDuplicateChild, map[string]any{"childId": childID})
 		}
-		release()
-		return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeUnavailable, "write the header: %w", err)
+		return header, protocol.Errorf(protocol.CodeUnavailable, "write the header: %w", err)
 	}
 	c.headers.add(header)
 	if err := c.st.PutChildIndex(ctx, header.ParentSession, protocol.ChildIndexRecord{
-		ChildID: childID, CreatedAt: now, Mode: protocol.ModeContinuable, Provider: desc.Name,
+		ChildID: childID, CreatedAt: now, Mode: protocol.ModeContinuable, Provider: adm.a.desc.Name,
 	}); err != nil {
 		c.log.Warn("child index not written", "child", childID, "err", err)
 	}
+	return header, nil
+}
+
+// startFirstEpoch starts a new child's first epoch, makes a continuable
+// parent its owner, and accepts the prompt, once the parent is still the
+// exact live agent and its lineage not draining. A failure after the epoch
+// started disposes it, removes the edge and releases the slot (release);
+// one before releases the slot. It returns the prompt's message id.
+func (c *Coordinator) startFirstEpoch(ctx context.Context, adm continuableAdmission, header protocol.SessionHeader, release func()) (string, error) {
+	childID := header.ID
 	owner := ""
-	if parent.rec.Kind == protocol.AgentContinuable {
-		owner = r.Parent.SessionID
+	if adm.parent.rec.Kind == protocol.AgentContinuable {
+		owner = adm.r.Parent.SessionID
 	}
 	descriptor := protocol.DescriptorData{
-		Version: protocol.DescriptorVersion, Mode: protocol.ModeContinuable, Provider: desc.Name, Label: r.Label,
-		Persona: a.options.Persona, ToolFilter: a.options.ToolFilter,
+		Version: protocol.DescriptorVersion, Mode: protocol.ModeContinuable, Provider: adm.a.desc.Name, Label: adm.r.Label,
+		Persona: adm.a.options.Persona, ToolFilter: adm.a.options.ToolFilter,
 	}
-	reply, err := c.activateEpoch(ctx, header, descriptor, owner, ancestry(a), true)
+	reply, err := c.activateEpoch(ctx, header, descriptor, owner, ancestry(adm.a), true)
 	if err != nil {
 		release()
-		return protocol.ContinuableStartReply{}, err
+		return "", err
 	}
 	rollback := func() {
 		rctx := context.WithoutCancel(ctx)
@@ -191,30 +238,29 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 	if owner != "" {
 		if err := c.st.AddOwnership(ctx, owner, childID); err != nil {
 			rollback()
-			return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %w", err)
+			return "", protocol.Errorf(protocol.CodeUnavailable, "register ownership: %w", err)
 		}
 	}
 	// Admission: the parent must still be the exact live agent, and its
 	// lineage not draining, when the prompt is accepted. The lease is read
 	// fresh: a parent whose run just ended (its lease ending or gone) must
 	// not be taken as live from a cache that has not seen it yet.
-	if _, err := c.authorizeFresh(ctx, r.Parent); err != nil {
+	if _, err := c.authorizeFresh(ctx, adm.r.Parent); err != nil {
 		rollback()
-		return protocol.ContinuableStartReply{}, err
+		return "", err
 	}
-	if err := c.checkDraining(lineage); err != nil {
+	if err := c.checkDraining(adm.lineage); err != nil {
 		rollback()
-		return protocol.ContinuableStartReply{}, err
+		return "", err
 	}
 	mid, _, err := c.st.Enqueue(ctx, childID, store.InboxItem{
-		Content: r.Prompt, Source: protocol.PromptSource(a.pheader), Delivery: store.DeliveryNextTurn,
+		Content: adm.r.Prompt, Source: protocol.PromptSource(adm.a.pheader), Delivery: store.DeliveryNextTurn,
 	}, "")
 	if err != nil {
 		rollback()
-		return protocol.ContinuableStartReply{}, inboxError(err)
+		return "", inboxError(err)
 	}
-	c.cfg.Metrics.StartAnswered(desc.Name, protocol.ModeContinuable, time.Since(began))
-	return protocol.ContinuableStartReply{ChildID: childID, MessageID: mid}, nil
+	return mid, nil
 }
 
 func inboxError(err error) error {
