@@ -10,11 +10,14 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Grants and drain markers (brood_agents grant.<hash> and drain.<scope>,
-// docs/protocol.md §7.6): written only by coordinators. A grant is created once
+// Grants, drain markers and live-children slots (brood_agents grant.<hash>,
+// drain.<scope> and slots.<parent>, docs/protocol.md §7.6): written only by
+// coordinators. A grant is created once
 // when minted (authority.user) and read on every request that carries it; a
 // drain marker is put by continuable.drain and deleted when lifted, or by a
-// coordinator once the agent it names is gone.
+// coordinator once the agent it names is gone; a slot record is written by
+// compare-and-set by every admission of a child of its parent (and a cold
+// resume of one), and by a start that failed releasing its slot.
 
 // Grant reads the user grant whose hash (protocol.HashCredential) is
 // grantHash. An unknown one is ErrNotFound. A direct get may be answered by
@@ -46,4 +49,19 @@ func (s *Store) PutDrain(ctx context.Context, scope string, rec protocol.DrainRe
 // DeleteDrain removes the drain marker of scope; an absent one is no error.
 func (s *Store) DeleteDrain(ctx context.Context, scope string) error {
 	return Delete(ctx, s.Agents, DrainKey(scope), 0)
+}
+
+// Slots reads parent's live-children slot record. None is ErrNotFound.
+func (s *Store) Slots(ctx context.Context, parent string) (Record[protocol.ChildSlotsRecord], error) {
+	return Get[protocol.ChildSlotsRecord](ctx, s.Agents, SlotsKey(parent))
+}
+
+// WriteSlots writes parent's slot record by compare-and-set at rev, the
+// revision its writer last read (0: the record must not exist yet), and
+// returns the new revision; ErrConflict when it changed since.
+func (s *Store) WriteSlots(ctx context.Context, parent string, rec protocol.ChildSlotsRecord, rev uint64) (uint64, error) {
+	if rev == 0 {
+		return Create(ctx, s.Agents, SlotsKey(parent), rec)
+	}
+	return Update(ctx, s.Agents, SlotsKey(parent), rec, rev)
 }

@@ -93,7 +93,7 @@ var errClaimUnknown = errors.New("the claim's outcome is unknown")
 func (h *Host) claimLanded(run protocol.RunRecord, cause error) (protocol.RunRecord, uint64, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), SettleBudget)
 	defer cancel()
-	cur, err := store.GetLatest[protocol.RunRecord](ctx, h.st.Runs, run.RunID)
+	cur, err := h.st.RunLatest(ctx, run.RunID)
 	switch {
 	case err != nil:
 		h.log.Error("could not read back a claim whose outcome is unknown; if it landed, the run stays running until this host goes away",

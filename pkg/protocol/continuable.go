@@ -237,6 +237,23 @@ type OwnershipRecord struct {
 	Children []string `msgpack:"children" json:"children"`
 }
 
+// ChildSlotsRecord is a parent's live-children slots, in brood_agents under
+// `slots.<parentSession>` (docs/protocol.md §7.6): the children admitted
+// under the live-children limit and those resumed cold, written by
+// coordinators by compare-and-set.
+type ChildSlotsRecord struct {
+	Slots []ChildSlot `msgpack:"slots" json:"slots"`
+}
+
+// ChildSlot is one admitted child; ReservedAt is epoch ms. RunID names the
+// epoch of a cold resume ("" for an admission): the slot is free once that
+// run ended.
+type ChildSlot struct {
+	ChildID    string `msgpack:"childId" json:"childId"`
+	ReservedAt int64  `msgpack:"reservedAt" json:"reservedAt"`
+	RunID      string `msgpack:"runId,omitempty" json:"runId,omitempty"`
+}
+
 // DrainRecord marks a drain in brood_agents under `drain.<scope>`:
 // `drain.all.sessions` for everything (until lifted), `drain.<root>` below
 // one live root (held while that exact root agent, by its credential hash,

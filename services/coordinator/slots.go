@@ -41,19 +41,12 @@ import (
 // slotAttemptsMax bounds the compare-and-set attempts of one admission.
 const slotAttemptsMax = 32
 
-// childSlotsRecord is a parent's slot record.
-type childSlotsRecord struct {
-	Slots []childSlot `msgpack:"slots"`
-}
-
-// childSlot is one admitted child; ReservedAt is epoch ms. RunID names the
-// epoch of a cold resume ("" for an admission): the slot is free once that
-// run ended.
-type childSlot struct {
-	ChildID    string `msgpack:"childId"`
-	ReservedAt int64  `msgpack:"reservedAt"`
-	RunID      string `msgpack:"runId,omitempty"`
-}
+// childSlotsRecord and childSlot are the slot record's shape (documented in
+// docs/protocol.md §7.6), read and written by store.Slots and WriteSlots.
+type (
+	childSlotsRecord = protocol.ChildSlotsRecord
+	childSlot        = protocol.ChildSlot
+)
 
 // slotGrace is how long a slot counts without a live lease behind it: a
 // start's whole budget (its attempts at the provider's instances) and two
@@ -75,10 +68,9 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun
 	ps := c.slots.of(parent)
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	key := store.SlotsKey(parent)
 	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
 		if !ps.known {
-			cur, err := store.Get[childSlotsRecord](ctx, c.st.Agents, key)
+			cur, err := c.st.Slots(ctx, parent)
 			if err != nil && !errors.Is(err, store.ErrNotFound) {
 				return protocol.Errorf(protocol.CodeUnavailable, "read the live children of %s: %w", parent, err)
 			}
@@ -112,13 +104,7 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun
 			kept = append(kept, childSlot{ChildID: child, ReservedAt: now})
 		}
 		next := childSlotsRecord{Slots: kept}
-		var rev uint64
-		var err error
-		if ps.rev == 0 {
-			rev, err = store.Create(ctx, c.st.Agents, key, next)
-		} else {
-			rev, err = store.Update(ctx, c.st.Agents, key, next, ps.rev)
-		}
+		rev, err := c.st.WriteSlots(ctx, parent, next, ps.rev)
 		if err == nil {
 			ps.rec, ps.rev = next, rev
 			return nil
@@ -178,9 +164,8 @@ func (c *Coordinator) releaseChild(ctx context.Context, parent, child string) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	ps.known = false
-	key := store.SlotsKey(parent)
 	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
-		cur, err := store.Get[childSlotsRecord](ctx, c.st.Agents, key)
+		cur, err := c.st.Slots(ctx, parent)
 		if err != nil {
 			return
 		}
@@ -193,7 +178,7 @@ func (c *Coordinator) releaseChild(ctx context.Context, parent, child string) {
 		if len(kept) == len(cur.Value.Slots) {
 			return
 		}
-		_, err = store.Update(ctx, c.st.Agents, key, childSlotsRecord{Slots: kept}, cur.Revision)
+		_, err = c.st.WriteSlots(ctx, parent, childSlotsRecord{Slots: kept}, cur.Revision)
 		if !errors.Is(err, store.ErrConflict) {
 			return
 		}
@@ -274,7 +259,7 @@ func (c *Coordinator) endedChildren(ctx context.Context, slots []childSlot, live
 		ids[id] = true
 	}
 	settled := func(runID string) bool {
-		run, err := store.Get[protocol.RunRecord](ctx, c.st.Runs, runID)
+		run, err := c.st.Run(ctx, runID)
 		return err == nil && run.Value.State == protocol.RunSettled
 	}
 	ended := map[string]bool{}
