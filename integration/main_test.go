@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 )
@@ -38,6 +40,14 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	// A test that leaves a goroutine behind fails the package (goleak, as
+	// in every package whose tests start goroutines).
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
+			code = 1
+		}
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
