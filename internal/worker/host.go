@@ -208,7 +208,7 @@ func (h *Host) Run(ctx context.Context) error {
 		defer cancel()
 		srv.Stop(sctx)
 	}
-	if err := srv.Handle(h.subj.HostAll(h.id), h.handleHost); err != nil {
+	if err := srv.Handle(h.subj.HostAll(h.id), h.hostHandler()); err != nil {
 		return err
 	}
 	var svcs []*rpc.Service

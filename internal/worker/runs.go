@@ -340,43 +340,53 @@ func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult, durability b
 	})
 }
 
-// handleHost serves `<prefix>.v1.host.<hostId>.<op>`.
-func (h *Host) handleHost(ctx context.Context, req rpc.Request) (any, error) {
-	op := req.Subject()[strings.LastIndexByte(req.Subject(), '.')+1:]
-	switch op {
-	case protocol.OpHostDispose, protocol.OpHostCancel:
-		var r protocol.HostRunRequest
-		if err := req.Decode(&r); err != nil {
-			return nil, err
-		}
-		if r.RunID == "" {
-			return h.disposeActivation(ctx, r.ChildID, r.Cause)
-		}
-		return h.dispose(ctx, r)
-	case protocol.OpHostInterrupt:
-		var r protocol.HostChildRequest
-		if err := req.Decode(&r); err != nil {
-			return nil, err
-		}
-		if a := h.activationOf(r.ChildID); a != nil {
-			if err := a.interrupt(ctx, r.Cause); err != nil {
-				return nil, err
-			}
-		}
-		return protocol.Empty{}, nil
-	case protocol.OpHostState:
-		var r protocol.HostChildRequest
-		if err := req.Decode(&r); err != nil {
-			return nil, err
-		}
-		a := h.activationOf(r.ChildID)
-		if a == nil {
-			return protocol.StateReply{ChildID: r.ChildID, State: protocol.StateNone}, nil
-		}
-		return protocol.StateReply{ChildID: r.ChildID, State: a.state(), HostID: h.id, RunID: a.runID}, nil
-	default:
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "unknown host operation %q", op)
+// hostHandler serves `<prefix>.v1.host.<hostId>.<op>` from the host's
+// endpoint table, which names each operation's request and reply shapes
+// (rpc.Typed decodes the request). An unknown operation is
+// INVALID_ARGUMENT.
+func (h *Host) hostHandler() rpc.Handler {
+	ops := map[string]rpc.Handler{
+		protocol.OpHostDispose:   rpc.Typed(h.hostDispose),
+		protocol.OpHostCancel:    rpc.Typed(h.hostDispose),
+		protocol.OpHostInterrupt: rpc.Typed(h.hostInterrupt),
+		protocol.OpHostState:     rpc.Typed(h.hostState),
 	}
+	return func(ctx context.Context, req rpc.Request) (any, error) {
+		op := req.Subject()[strings.LastIndexByte(req.Subject(), '.')+1:]
+		handle, ok := ops[op]
+		if !ok {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "unknown host operation %q", op)
+		}
+		return handle(ctx, req)
+	}
+}
+
+// hostDispose serves dispose and cancel: a run by its id, or else the
+// resident activation of the child.
+func (h *Host) hostDispose(ctx context.Context, _ rpc.Request, r protocol.HostRunRequest) (any, error) {
+	if r.RunID == "" {
+		return h.disposeActivation(ctx, r.ChildID, r.Cause)
+	}
+	return h.dispose(ctx, r)
+}
+
+// hostInterrupt interrupts the resident activation's turn, if any.
+func (h *Host) hostInterrupt(ctx context.Context, _ rpc.Request, r protocol.HostChildRequest) (protocol.Empty, error) {
+	if a := h.activationOf(r.ChildID); a != nil {
+		if err := a.interrupt(ctx, r.Cause); err != nil {
+			return protocol.Empty{}, err
+		}
+	}
+	return protocol.Empty{}, nil
+}
+
+// hostState answers the state of the child's resident activation here.
+func (h *Host) hostState(_ context.Context, _ rpc.Request, r protocol.HostChildRequest) (protocol.StateReply, error) {
+	a := h.activationOf(r.ChildID)
+	if a == nil {
+		return protocol.StateReply{ChildID: r.ChildID, State: protocol.StateNone}, nil
+	}
+	return protocol.StateReply{ChildID: r.ChildID, State: a.state(), HostID: h.id, RunID: a.runID}, nil
 }
 
 // dispose cancels a hosted run (cause disposed unless given) and answers with

@@ -331,7 +331,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	// Credit requests of this replica's follows reach this replica only: its
 	// own subjects (in the queue group, which the deployment's permissions require).
 	for _, subject := range []string{c.subj.FollowCredit(c.cfg.ID), c.subj.UserFollowCredit("*", c.cfg.ID)} {
-		if err := srv.Subscribe(subject, protocol.CoordinatorQueue, nil, c.followCredit); err != nil {
+		if err := srv.Subscribe(subject, protocol.CoordinatorQueue, nil, rpc.Typed(c.followCredit)); err != nil {
 			stopServing()
 			return fmt.Errorf("coordinator: follow credit subscription: %w", err)
 		}

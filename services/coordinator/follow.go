@@ -241,18 +241,14 @@ func (c *Coordinator) runFollow(ctx context.Context, f *follow, cursor protocol.
 // follows (on protocol.Subjects.FollowCredit): it adds credit, renews the
 // lease, or stops the follow. An unknown follow is NOT_FOUND: the client
 // resumes after the last sequence it saw.
-func (c *Coordinator) followCredit(ctx context.Context, req rpc.Request) (any, error) {
-	var r protocol.FollowCreditRequest
-	if err := req.Decode(&r); err != nil {
-		return nil, err
-	}
+func (c *Coordinator) followCredit(_ context.Context, req rpc.Request, r protocol.FollowCreditRequest) (protocol.FollowCreditReply, error) {
 	f, ok := c.follows.get(r.FollowID)
 	if !ok || f.user != c.callerOf(req) {
 		// Another user's follow is as unknown as one that ended.
-		return nil, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "follow " + r.FollowID})
+		return protocol.FollowCreditReply{}, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "follow " + r.FollowID})
 	}
 	if r.CreditMsgs < 0 {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "creditMsgs must not be negative")
+		return protocol.FollowCreditReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "creditMsgs must not be negative")
 	}
 	f.mu.Lock()
 	if r.Stop {
