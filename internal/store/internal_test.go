@@ -37,22 +37,9 @@ func TestDeleteErrorKeepsTheCode(t *testing.T) {
 // a bucket's leaderGet) see the latest value, a deleted key as gone, and a
 // missing subject as not found.
 func TestLeaderReads(t *testing.T) {
-	srv, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: -1, DataDir: t.TempDir(), ServerName: "leader"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	st := provisioned(t, "leader")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	st, err := Provision(ctx, nc, protocol.MustSubjects(""), DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
 	b, ok := st.Runs.(*bucket)
 	if !ok {
 		t.Fatalf("the store's buckets are %T, not *bucket", st.Runs)
@@ -83,22 +70,9 @@ func TestLeaderReads(t *testing.T) {
 // TestReadLogOrderedMatchesDirect: the leader-served fallback of a whole-log
 // read returns what the direct gets return, across several fetches.
 func TestReadLogOrderedMatchesDirect(t *testing.T) {
-	srv, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: -1, DataDir: t.TempDir(), ServerName: "ordered"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	st := provisioned(t, "ordered")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, err := Provision(ctx, nc, protocol.MustSubjects(""), DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
 	w, other := st.NewLogWriter(protocol.ScopeRoot, "A", 0, 0), st.NewLogWriter(protocol.ScopeRoot, "B", 0, 0)
 	for i := 0; i < 2*LogReadBatch+7; i++ {
 		ev, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{Turn: int64(i)})
@@ -156,22 +130,9 @@ func (s staleReplica) GetLastMsgForSubject(ctx context.Context, subject string) 
 // real last record and is not refused as fenced (chaos seed 1 of make test:
 // a cold-resumed activation stopped fenced while its lease was its own).
 func TestReadLogAsksTheLeaderForTheLastRecord(t *testing.T) {
-	srv, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: -1, DataDir: t.TempDir(), ServerName: "stale"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	st := provisioned(t, "stale")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, err := Provision(ctx, nc, protocol.MustSubjects(""), DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
 	w := st.NewLogWriter(protocol.ScopeRoot, "S", 0, 0)
 	for i := 0; i < 3; i++ {
 		ev, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{Turn: int64(i)})
@@ -198,4 +159,28 @@ func TestReadLogAsksTheLeaderForTheLastRecord(t *testing.T) {
 	if _, err := next.Append(ctx, ev); err != nil {
 		t.Fatalf("append after the read: %v", err)
 	}
+}
+
+// provisioned is a store provisioned on a fresh embedded server named name
+// (package store's own tests cannot use internal/testutil, which imports
+// this package); both stop when the test ends.
+func provisioned(t *testing.T, name string) *Store {
+	t.Helper()
+	srv, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: -1, DataDir: t.TempDir(), ServerName: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := Provision(ctx, nc, protocol.MustSubjects(""), DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }

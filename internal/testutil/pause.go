@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"testing"
+	"time"
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -103,6 +105,17 @@ func (p *Pause) Faults(st *store.Store) store.Faults {
 
 // Held is closed once a selected write is held.
 func (p *Pause) Held() <-chan struct{} { return p.held }
+
+// WaitHeld waits up to a minute for a selected write to be held (what names
+// it in the failure).
+func (p *Pause) WaitHeld(t testing.TB, what string) {
+	t.Helper()
+	select {
+	case <-p.held:
+	case <-time.After(time.Minute):
+		t.Fatalf("%s was never reached", what)
+	}
+}
 
 // HeldWrite is the first write that was held (valid once Held is closed).
 func (p *Pause) HeldWrite() store.Write {

@@ -110,6 +110,24 @@ func Background(t testing.TB, r Runner) (stop func()) {
 	return stop
 }
 
+// Subscribe subscribes nc to subject and returns the channel its messages
+// arrive on (64 buffered; a channel subscription: once Subscribe returned,
+// having flushed, everything the server delivers is in the channel). The
+// subscription ends with the test.
+func Subscribe(t testing.TB, nc *nats.Conn, subject string) chan *nats.Msg {
+	t.Helper()
+	ch := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(subject, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
 // Eventually polls cond every step until it holds or total passed.
 func Eventually(t testing.TB, total time.Duration, cond func() bool, format string, args ...any) {
 	t.Helper()

@@ -9,11 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/brood-dev/brood/internal/embedded"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -41,22 +40,9 @@ func (l *lostAnswers) Update(ctx context.Context, key string, value []byte, rev 
 // the run stayed running for good with no lease and an empty log (chaos
 // seed 1 of make test).
 func TestClaimWhoseAnswerWasLostIsCarriedOut(t *testing.T) {
-	srv, err := embedded.Start(embedded.Config{Host: "127.0.0.1", Port: -1, DataDir: t.TempDir(), ServerName: "claim"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	st := testutil.Store(t, testutil.Connect(t, testutil.Server(t).ClientURL()))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := store.Provision(ctx, nc, protocol.MustSubjects(""), store.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
 	lossy := &lostAnswers{KeyValue: st.Runs}
 	st.Runs = lossy
 	h := &Host{id: "claiming-host", st: st, log: slog.New(slog.NewTextHandler(io.Discard, nil))}

@@ -22,23 +22,6 @@ import (
 // epoch over and settles it, and then the worker comes back and tries its
 // own settlement: it must lose, and publish nothing.
 
-// notices subscribes to subject and returns the channel its messages arrive
-// on (a channel subscription: once the connection was flushed, everything
-// the server delivered before is in the channel).
-func notices(t *testing.T, nc *nats.Conn, subject string) chan *nats.Msg {
-	t.Helper()
-	ch := make(chan *nats.Msg, 64)
-	sub, err := nc.ChanSubscribe(subject, ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return ch
-}
-
 func runRecord(t *testing.T, st *store.Store, runID string) protocol.RunRecord {
 	t.Helper()
 	r, err := store.Get[protocol.RunRecord](context.Background(), st.Runs, runID)
@@ -46,15 +29,6 @@ func runRecord(t *testing.T, st *store.Store, runID string) protocol.RunRecord {
 		t.Fatalf("read run %s: %v", runID, err)
 	}
 	return r.Value
-}
-
-func waitHeld(t *testing.T, p *testutil.Pause, what string) {
-	t.Helper()
-	select {
-	case <-p.Held():
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the worker never reached %s", what)
-	}
 }
 
 // TestSettlementAWorkerFinishingAfterATakeoverPublishesNothing: a one-shot
@@ -75,7 +49,7 @@ func TestSettlementAWorkerFinishingAfterATakeoverPublishesNothing(t *testing.T) 
 	t.Cleanup(pause.Release)
 	root := s.Root()
 	const notify = "test.notify.settle-race"
-	got := notices(t, s.NC, notify)
+	got := testutil.Subscribe(t, s.NC, notify)
 	var reply protocol.RunStartReply
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -84,7 +58,7 @@ func TestSettlementAWorkerFinishingAfterATakeoverPublishesNothing(t *testing.T) 
 	}, &reply); err != nil {
 		t.Fatalf("runs.start: %v", err)
 	}
-	waitHeld(t, pause, "its settlement")
+	pause.WaitHeld(t, "its settlement")
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		return runRecord(t, s.Store, reply.RunID).SettledBy == coord.ID()
 	}, "the coordinator settles the run of the paused worker")
@@ -124,14 +98,8 @@ func TestSettlementAWorkerFinishingAfterATakeoverPublishesNothing(t *testing.T) 
 		protocol.PlainText(notice.Result.Output) != "finished" {
 		t.Fatalf("notice = %+v, want the settled result %+v", notice, *after.Result)
 	}
-	ends := 0
-	for _, ev := range s.Lifecycle(root.SessionID) {
-		if ev.Type == protocol.LifecycleEnd && ev.RunID == reply.RunID {
-			ends++
-		}
-	}
-	if ends != 1 {
-		t.Fatalf("%d subagent/end events, want 1", ends)
+	if n := s.Ends(root.SessionID, reply.RunID); n != 1 {
+		t.Fatalf("%d subagent/end events, want 1", n)
 	}
 }
 
@@ -160,7 +128,7 @@ func TestSettlementAnEpochEndingAfterATakeoverPublishesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatalf("continuable.start: %v", err)
 	}
-	waitHeld(t, pause, "the settlement of its epoch")
+	pause.WaitHeld(t, "the settlement of its epoch")
 	runID := pause.HeldWrite().Key
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		return runRecord(t, s.Store, runID).SettledBy == coord.ID()
@@ -198,14 +166,8 @@ func TestSettlementAnEpochEndingAfterATakeoverPublishesNothing(t *testing.T) {
 	if settledNotices != 1 {
 		t.Fatalf("%d settlement notices in the parent's inbox, want 1", settledNotices)
 	}
-	ends := 0
-	for _, ev := range s.Lifecycle(root.SessionID) {
-		if ev.Type == protocol.LifecycleEnd && ev.RunID == runID {
-			ends++
-		}
-	}
-	if ends != 1 {
-		t.Fatalf("%d subagent/end events for the epoch, want 1", ends)
+	if n := s.Ends(root.SessionID, runID); n != 1 {
+		t.Fatalf("%d subagent/end events for the epoch, want 1", n)
 	}
 }
 
@@ -248,7 +210,7 @@ func TestHostLostEndsAContinuableEpochWithHostLost(t *testing.T) {
 	if err != nil {
 		t.Fatalf("continuable.start: %v", err)
 	}
-	waitHeld(t, pause, "the first step of its turn")
+	pause.WaitHeld(t, "the first step of its turn")
 	var end protocol.LifecycleEvent
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		for _, ev := range s.Lifecycle(root.SessionID) {
@@ -285,13 +247,7 @@ func TestHostLostEndsAContinuableEpochWithHostLost(t *testing.T) {
 			t.Fatalf("the lost worker's held step landed after the takeover: %s", ev.Type)
 		}
 	}
-	ends := 0
-	for _, ev := range s.Lifecycle(root.SessionID) {
-		if ev.Type == protocol.LifecycleEnd && ev.RunID == end.RunID {
-			ends++
-		}
-	}
-	if ends != 1 {
-		t.Fatalf("%d subagent/end events for the epoch, want 1", ends)
+	if n := s.Ends(root.SessionID, end.RunID); n != 1 {
+		t.Fatalf("%d subagent/end events for the epoch, want 1", n)
 	}
 }

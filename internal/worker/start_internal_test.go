@@ -63,21 +63,6 @@ func startRequest(t *testing.T, st *store.Store, childID, prompt, notify string)
 	}
 }
 
-// subscribeNotices returns the channel the messages of subject arrive on.
-func subscribeNotices(t *testing.T, nc *nats.Conn, subject string) chan *nats.Msg {
-	t.Helper()
-	ch := make(chan *nats.Msg, 8)
-	sub, err := nc.ChanSubscribe(subject, ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return ch
-}
-
 func receiveNotice(t *testing.T, ch chan *nats.Msg) protocol.RunNotice {
 	t.Helper()
 	select {
@@ -141,7 +126,7 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 func TestStartRunClaimsRunsSettlesAndPublishes(t *testing.T) {
 	h, st, nc := testHost(t, nil)
 	ctx := context.Background()
-	notices := subscribeNotices(t, nc, "_INBOX.test.notices")
+	notices := testutil.Subscribe(t, nc, "_INBOX.test.notices")
 	req := startRequest(t, st, "C1", "say ok", "_INBOX.test.notices")
 	reply, err := h.startRun(ctx, h.cfg.Providers[0], req)
 	if err != nil {
@@ -244,7 +229,7 @@ func TestStartRunOfARunSettledMeanwhileIsNotPending(t *testing.T) {
 func TestStartRunFailingAfterTheClaimSettlesNeverStarted(t *testing.T) {
 	h, st, nc := testHost(t, func() (model.Model, error) { return nil, errors.New("no key") })
 	ctx := context.Background()
-	notices := subscribeNotices(t, nc, "_INBOX.test.notices")
+	notices := testutil.Subscribe(t, nc, "_INBOX.test.notices")
 	req := startRequest(t, st, "C1", "say ok", "_INBOX.test.notices")
 	if _, err := h.startRun(ctx, h.cfg.Providers[0], req); protocol.CodeOf(err) != protocol.CodeUnavailable {
 		t.Fatalf("start: %v, want UNAVAILABLE", err)

@@ -45,15 +45,6 @@ func (s *seen) has(match func(store.Write) bool) bool {
 	return false
 }
 
-func waitHeld(t *testing.T, p *testutil.Pause, what string) {
-	t.Helper()
-	select {
-	case <-p.Held():
-	case <-time.After(60 * time.Second):
-		t.Fatalf("%s was never reached", what)
-	}
-}
-
 // TestSettlementTwoCoordinatorsSettleARunOnce: a worker pauses at its
 // settlement; coordinator A takes the run over and pauses at its own
 // settlement write; coordinator B judges A dead, takes the takeover over
@@ -78,12 +69,7 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 	t.Cleanup(pauseA.Release)
 	root := s.Root()
 	const notify = "test.notify.two-coordinators"
-	got := make(chan *nats.Msg, 64)
-	sub, err := s.NC.ChanSubscribe(notify, got)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
+	got := testutil.Subscribe(t, s.NC, notify)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var reply protocol.RunStartReply
@@ -92,8 +78,8 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 	}, &reply); err != nil {
 		t.Fatalf("runs.start: %v", err)
 	}
-	waitHeld(t, pauseW, "the worker's settlement")
-	waitHeld(t, pauseA, "coordinator A's settlement")
+	pauseW.WaitHeld(t, "the worker's settlement")
+	pauseA.WaitHeld(t, "coordinator A's settlement")
 	if pauseA.HeldWrite().Key != reply.RunID {
 		t.Fatalf("A held a write to %s, want the run %s", pauseA.HeldWrite().Key, reply.RunID)
 	}
@@ -137,14 +123,8 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 	if n := len(got); n != 1 {
 		t.Fatalf("%d notices, want exactly 1", n)
 	}
-	ends := 0
-	for _, ev := range s.Lifecycle(root.SessionID) {
-		if ev.Type == protocol.LifecycleEnd && ev.RunID == reply.RunID {
-			ends++
-		}
-	}
-	if ends != 1 {
-		t.Fatalf("%d subagent/end events, want 1", ends)
+	if n := s.Ends(root.SessionID, reply.RunID); n != 1 {
+		t.Fatalf("%d subagent/end events, want 1", n)
 	}
 }
 
@@ -177,12 +157,7 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 	t.Cleanup(pauseW.Release)
 	root := s.Root()
 	const notify = "test.notify.lease-race"
-	got := make(chan *nats.Msg, 64)
-	sub, err := s.NC.ChanSubscribe(notify, got)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
+	got := testutil.Subscribe(t, s.NC, notify)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var reply protocol.RunStartReply
@@ -194,9 +169,9 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 	childMu.Lock()
 	child = reply.ChildID
 	childMu.Unlock()
-	waitHeld(t, pauseW, "the worker's settlement")
+	pauseW.WaitHeld(t, "the worker's settlement")
 	for i, h := range holds {
-		waitHeld(t, h, "coordinator "+ids[i]+"'s lease takeover")
+		h.WaitHeld(t, "coordinator "+ids[i]+"'s lease takeover")
 	}
 	for _, h := range holds {
 		h.Release()

@@ -302,3 +302,16 @@ func (s *Stack) Lifecycle(parent string) []protocol.LifecycleEvent {
 		}
 	}
 }
+
+// Ends counts the subagent/end events of run runID among parent's lifecycle
+// events (exactly one when the run was settled once).
+func (s *Stack) Ends(parent, runID string) int {
+	s.T.Helper()
+	n := 0
+	for _, ev := range s.Lifecycle(parent) {
+		if ev.Type == protocol.LifecycleEnd && ev.RunID == runID {
+			n++
+		}
+	}
+	return n
+}
