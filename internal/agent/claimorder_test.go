@@ -170,8 +170,7 @@ func TestClaimOrderAnItemLeavesTheInboxOnlyAfterItsClaimIsLogged(t *testing.T) {
 // writer finds its record in the log (DESIGN.md §12), so the claim counts:
 // the item is removed, claimed once, and a rebuilt agent claims nothing.
 func TestClaimOrderALostAcknowledgementStillCountsTheClaim(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	const id = "ACKLOST"
 	m1 := enqueue(t, st, id, "say one", "")
@@ -207,8 +206,7 @@ func TestClaimOrderALostAcknowledgementStillCountsTheClaim(t *testing.T) {
 // them). The item is still in the stream, and no later reader claims it
 // again: the logged claim is what counts, and the stale item is removed.
 func TestClaimOrderARemovalThatFailsIsSkippedByTheLoggedClaim(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	const id = "NOTREMOVED"
 	m1 := enqueue(t, st, id, "say one", "")
@@ -366,8 +364,7 @@ func TestStepClaimsJoinTheRunningTurnOnceLogged(t *testing.T) {
 // are logged as agent/inbox/enqueue once, however often the agent looks,
 // and a look that finds nothing new writes nothing.
 func TestNoteEnqueuedLogsEachArrivalOnce(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	const id = "ARRIVALS"
 	enqueue(t, st, id, "say one", "")

@@ -19,8 +19,7 @@ import (
 // and int64; non-ASCII text; large tool output) through JetStream and reads it
 // back: the events are identical byte for byte and rebuild the same history.
 func TestConversationSurvivesTheLogByteForByte(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	empty := ""
 	thought := "思考: 🙂"
@@ -108,8 +107,7 @@ func TestConversationSurvivesTheLogByteForByte(t *testing.T) {
 // TestOversizedToolOutputIsRefusedNotTruncated: a tool result over the limit
 // is an explicit LIMIT_EXCEEDED error result; nothing is cut silently.
 func TestOversizedToolOutputIsRefusedNotTruncated(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	huge := &agent.Tool{Name: "huge", Parameters: []byte(`{"type":"object"}`),
 		Run: func(context.Context, agent.ToolContext, string) agent.ToolResult {
 			return agent.TextResult(strings.Repeat("x", 2<<20))

@@ -73,8 +73,7 @@ func claimedIDs(evs []protocol.SessionEvent) []string {
 }
 
 func TestInboxClaimsExactlyOnceAcrossRebuilds(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	const id = "CHILD"
 	m1 := enqueue(t, st, id, "say one", "")
@@ -126,8 +125,7 @@ func TestInboxClaimsExactlyOnceAcrossRebuilds(t *testing.T) {
 }
 
 func TestInboxCancelWithAndWithoutKeepingItems(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	const id = "C2"
 	enqueue(t, st, id, "sleep 30s\nsay never", "")
@@ -196,8 +194,7 @@ func TestInboxIdempotencyAndLimit(t *testing.T) {
 }
 
 func TestIdempotentRetryAfterTheClaimAnswersTheOriginalID(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	first := enqueue(t, st, "C", "say hi", "retry-key")
 	a := materialize(t, st, "C")

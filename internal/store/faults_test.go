@@ -19,8 +19,7 @@ import (
 // error fails the write unsent, and an After error replaces the answer of a
 // write that landed. The store it was made from is untouched.
 func TestFaultsSeeEveryWriteAndDecideItsAnswer(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	injected := errors.New("injected")
 	var mu sync.Mutex

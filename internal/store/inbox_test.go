@@ -75,8 +75,7 @@ func TestEnqueueKeepsWhatAnItemSays(t *testing.T) {
 // TestRemoveIsIdempotent: removing an item that is already gone (an earlier
 // attempt, another claimer) is no error, and the other items stay.
 func TestRemoveIsIdempotent(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	_, seq1, err := st.Enqueue(ctx, "S", store.InboxItem{Content: protocol.Text("a")}, "")
 	if err != nil {

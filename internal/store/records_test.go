@@ -18,8 +18,7 @@ import (
 // create of an existing key is ErrConflict; the current revision wins
 // (DESIGN.md §7: every settlement and ownership step is one of these).
 func TestCompareAndSetsRefuseAStaleRevision(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	v := func(c string) protocol.OwnershipRecord { return protocol.OwnershipRecord{Children: []string{c}} }
 	rev1, err := store.Create(ctx, st.Agents, "k", v("a"))
@@ -58,8 +57,7 @@ func TestCompareAndSetsRefuseAStaleRevision(t *testing.T) {
 // success with the right revision rather than a conflict it would take for
 // a lost race (internal/store/retry.go).
 func TestCompareAndSetsWhoseAnswerWasLost(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	var mu sync.Mutex
 	lose := map[store.WriteOp]bool{store.OpKVCreate: true, store.OpKVUpdate: true, store.OpKVDelete: true}

@@ -90,8 +90,7 @@ func (k *lostAcks) Delete(ctx context.Context, key string, opts ...jetstream.KVD
 // is recognised as our own write, not reported lost or conflicting; a real
 // conflict stays a conflict.
 func TestWritesWhoseAnswerWasLostAreRecognised(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	kv := &lostAcks{KeyValue: st.Runs}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -149,8 +148,7 @@ func (j *lostPublish) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetst
 // an acknowledgement is retried, refused by its own fence, recognised by its
 // msg id, and the writer goes on after it; a header likewise.
 func TestFencedAppendWhoseAnswerWasLostIsOurs(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	for _, name := range []string{"append", "header", "inbox"} {
 		t.Run(name, func(t *testing.T) {
@@ -222,8 +220,7 @@ func (k *busyOnce) Update(ctx context.Context, key string, v []byte, last uint64
 // key is as expected (another write was in flight) is tried again, not
 // reported as a lost race; one refused because the key changed is a conflict.
 func TestRefusalWhileUnchangedIsRetried(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	kv := &busyOnce{KeyValue: st.Runs}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

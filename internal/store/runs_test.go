@@ -15,8 +15,7 @@ import (
 // and settled once: every later claim or settlement at a revision that is
 // no longer current loses (the settlement's compare-and-set, DESIGN.md §7).
 func TestRunRecordIsClaimedAndSettledOnce(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	rec := protocol.RunRecord{RunID: "R1", ChildID: "C1", Provider: "spawn", Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: 1}
 	if _, err := st.CreateRun(ctx, protocol.RunRecord{RunID: "R0", State: protocol.RunSettled}); err == nil {
@@ -106,8 +105,7 @@ func TestNotStarted(t *testing.T) {
 // wins; the lease then names it, its epoch is one higher, and the dead host
 // can no longer release it at the revision it knew.
 func TestTakeOverLeaseHasOneWinner(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	lease := protocol.AgentRecord{SessionID: "S1", Kind: protocol.AgentOneShot, HostID: "DEAD", Epoch: 1, RunID: "R1"}
 	rev, err := st.CreateLease(ctx, lease)

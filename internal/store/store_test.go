@@ -15,8 +15,7 @@ import (
 )
 
 func TestHeaderIsWrittenOnceEver(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	h := protocol.SessionHeader{Version: 1, ID: "S1", CreatedAt: 1, Cwd: "/w"}
 	if err := st.PutHeader(ctx, h); err != nil {
@@ -48,8 +47,7 @@ func event(t *testing.T, turn int64) protocol.SessionEvent {
 }
 
 func TestLogIsFencedAndReadBackCompletely(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	w := st.NewLogWriter(protocol.ScopeRoot, "A", 0, 0)
 	other := st.NewLogWriter(protocol.ScopeRoot, "B", 0, 0)
@@ -89,8 +87,7 @@ func TestLogIsFencedAndReadBackCompletely(t *testing.T) {
 }
 
 func TestOversizedRecordIsRefusedNotTruncated(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	big := make([]byte, 2<<20)
 	for i := range big {
 		big[i] = 'x'
@@ -103,8 +100,7 @@ func TestOversizedRecordIsRefusedNotTruncated(t *testing.T) {
 }
 
 func TestKVRecordsCompareAndSet(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	rev, err := store.Create(ctx, st.Runs, "R", protocol.RunRecord{RunID: "R", State: protocol.RunRunning})
 	if err != nil {
@@ -152,12 +148,11 @@ func TestSmallMaxPayloadIsRefusedAtStart(t *testing.T) {
 		t.Fatalf("bind = %v, want ErrMaxPayload", err)
 	}
 	// The default server (1 MiB) is accepted.
-	testutil.Store(t, testutil.Connect(t, testutil.Server(t).ClientURL()))
+	testutil.NewStore(t)
 }
 
 func TestLogTailReadsOnlyAsFarBackAsNeeded(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	w := st.NewLogWriter(protocol.ScopeRoot, "A", 0, 0)
 	other := st.NewLogWriter(protocol.ScopeRoot, "B", 0, 0)
@@ -212,8 +207,7 @@ func TestLogTailReadsOnlyAsFarBackAsNeeded(t *testing.T) {
 // a read whose deadline passed is an error, never a short (empty) list, so
 // an activation never takes a cut-off read for an empty inbox.
 func TestInboxPendingIsCompleteOrAnError(t *testing.T) {
-	s := testutil.Server(t)
-	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	st := testutil.NewStore(t)
 	ctx := context.Background()
 	const n = 2*store.InboxReadBatch + 88
 	var seqs []protocol.Seq

@@ -62,6 +62,14 @@ func Connect(t testing.TB, url string) *nats.Conn {
 	return nc
 }
 
+// NewStore is a store provisioned (store.DefaultConfig) on a fresh
+// embedded server of its own, for a test that needs nothing else of the
+// server; both stop when the test ends.
+func NewStore(t testing.TB) *store.Store {
+	t.Helper()
+	return Store(t, Connect(t, Server(t).ClientURL()))
+}
+
 // Store provisions Brood's streams and buckets (file storage, R1).
 func Store(t testing.TB, nc *nats.Conn) *store.Store {
 	t.Helper()

@@ -40,7 +40,7 @@ func (l *lostAnswers) Update(ctx context.Context, key string, value []byte, rev 
 // the run stayed running for good with no lease and an empty log (chaos
 // seed 1 of make test).
 func TestClaimWhoseAnswerWasLostIsCarriedOut(t *testing.T) {
-	st := testutil.Store(t, testutil.Connect(t, testutil.Server(t).ClientURL()))
+	st := testutil.NewStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	lossy := &lostAnswers{KeyValue: st.Runs}
