@@ -19,11 +19,11 @@ import (
 // hand-written responder in place of the coordinator: what the client does
 // with each kind of answer, and with none.
 
-// coreServer starts a core nats-server on a free loopback port; it stops at
-// the end of the test.
-func coreServer(t *testing.T) string {
+// coreServer starts a core nats-server on a free loopback port, with users
+// when given (none: anyone connects); it stops at the end of the test.
+func coreServer(t *testing.T, users ...*server.User) string {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true, Users: users})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,27 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
-
-// natsServer starts a core NATS server on a free loopback port.
-func natsServer(t *testing.T) string {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(s.Shutdown)
-	return s.ClientURL()
-}
 
 func connectTo(t *testing.T, url string) *nats.Conn {
 	t.Helper()
@@ -43,7 +27,7 @@ func connectTo(t *testing.T, url string) *nats.Conn {
 // one subscribes, within NoRespondersRetryMax; with none at all the caller
 // hears UNAVAILABLE once that passed, well before its timeout.
 func TestCallWaitsOutNoResponders(t *testing.T) {
-	url := natsServer(t)
+	url := coreServer(t)
 	nc := connectTo(t, url)
 	cl, err := client.New(nc, client.Options{})
 	if err != nil {

@@ -70,19 +70,10 @@ func TestAForeignNoticeIsDropped(t *testing.T) {
 // coordinator on <p>.v1.user.<user>.<endpoint> (the user taken from the
 // connection, or given), so the coordinator knows who calls.
 func TestAUserCallsOnItsOwnSubjects(t *testing.T) {
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true,
-		Users: []*server.User{{Username: "alice", Password: "pw"}, {Username: "svc", Password: "pw"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("not ready")
-	}
-	t.Cleanup(s.Shutdown)
+	url := coreServer(t, &server.User{Username: "alice", Password: "pw"}, &server.User{Username: "svc", Password: "pw"})
 	subj := protocol.MustSubjects("")
 	got := make(chan string, 4)
-	svc := dial(t, s.ClientURL(), nats.UserInfo("svc", "pw"))
+	svc := dial(t, url, nats.UserInfo("svc", "pw"))
 	if _, err := svc.Subscribe(subj.UserGroup()+".>", func(m *nats.Msg) {
 		got <- m.Subject
 		_ = m.Respond(body(t, protocol.Msgpack, protocol.ProvidersListReply{}))
@@ -101,7 +92,7 @@ func TestAUserCallsOnItsOwnSubjects(t *testing.T) {
 		{client.Options{}, "brood.v1.user.alice.providers.list"},
 		{client.Options{User: "bob"}, "brood.v1.user.bob.providers.list"},
 	} {
-		cl, err := client.New(dial(t, s.ClientURL(), nats.UserInfo("alice", "pw")), tc.opts)
+		cl, err := client.New(dial(t, url, nats.UserInfo("alice", "pw")), tc.opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +104,7 @@ func TestAUserCallsOnItsOwnSubjects(t *testing.T) {
 		}
 		cl.Close()
 	}
-	if _, err := client.New(dial(t, s.ClientURL(), nats.UserInfo("alice", "pw")), client.Options{User: "not.a.token"}); !errors.Is(err, protocol.ErrInvalidArgument) {
+	if _, err := client.New(dial(t, url, nats.UserInfo("alice", "pw")), client.Options{User: "not.a.token"}); !errors.Is(err, protocol.ErrInvalidArgument) {
 		t.Errorf("a user that is no subject token: %v", err)
 	}
 }
@@ -125,23 +116,14 @@ func TestAUserCallsOnItsOwnSubjects(t *testing.T) {
 // the user may not receive.
 func TestARefusedCallFailsAtOnce(t *testing.T) {
 	subj := protocol.MustSubjects("")
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true,
-		Users: []*server.User{
-			{Username: "client", Password: "pw", Permissions: &server.Permissions{
-				Publish:   &server.SubjectPermission{Allow: []string{"brood.v1.user.client.>"}},
-				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.client.>"}},
-			}},
-			{Username: "svc", Password: "pw"},
-		}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("not ready")
-	}
-	t.Cleanup(s.Shutdown)
-	svc := dial(t, s.ClientURL(), nats.UserInfo("svc", "pw"))
+	url := coreServer(t, []*server.User{
+		{Username: "client", Password: "pw", Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{"brood.v1.user.client.>"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.client.>"}},
+		}},
+		{Username: "svc", Password: "pw"},
+	}...)
+	svc := dial(t, url, nats.UserInfo("svc", "pw"))
 	for _, subject := range []string{subj.Coord(protocol.EpAuthorityUser), subj.User("client", ">")} {
 		if _, err := svc.Subscribe(subject, func(m *nats.Msg) { _ = m.Respond([]byte{0x80}) }); err != nil {
 			t.Fatal(err)
@@ -167,7 +149,7 @@ func TestARefusedCallFailsAtOnce(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			nc := dial(t, s.ClientURL(), nats.UserInfo("client", "pw"), nats.CustomInboxPrefix(tc.prefix))
+			nc := dial(t, url, nats.UserInfo("client", "pw"), nats.CustomInboxPrefix(tc.prefix))
 			cl, err := client.New(nc, client.Options{Timeout: 15 * time.Second})
 			if err != nil {
 				t.Fatal(err)
