@@ -12,7 +12,7 @@ import "strings"
 //	brood_agents  <sessionId>              protocol.AgentRecord: a child's lease
 //	              root.<sessionId>         protocol.AgentRecord: a root's lease (coordinator)
 //	              owns.<parentSession>     protocol.OwnershipRecord: live continuable children it owns
-//	              slots.<parentSession>    the children admitted under the live-children limit (coordinator)
+//	              slots.<parentSession>    protocol.ChildSlotsRecord: the children admitted under the live-children limit (coordinator)
 //	              grant.<hex-sha256>       protocol.UserGrantRecord: a minted user grant
 //	              drain.all.sessions       protocol.DrainRecord: the global drain
 //	              drain.<sessionId>        protocol.DrainRecord: a drain at and below one agent

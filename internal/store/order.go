@@ -52,7 +52,10 @@ package store
 //	    after the epoch started disposes it and removes the edge.
 //
 //	activate (an epoch; fresh, cold resume, liveness resume)
-//	    coordinator: run record (CreateRun, running) → dispatch.
+//	    coordinator: [resume: the parent's live-children slot for the
+//	    child, naming the epoch's run, never refused (WriteSlots)] → run
+//	    record (CreateRun, running; a fresh epoch's carries the
+//	    descriptor) → dispatch.
 //	    host: drop if late → ClaimRun → lease (CreateLease, EpochStart) →
 //	    HoldRun (CAS at the claim's revision: a coordinator that settled
 //	    the claimed record orphaned meanwhile wins, and the host releases
@@ -76,14 +79,23 @@ package store
 //	    → subagent/end → ReleaseLease.
 //
 //	HOST_LOST (coordinator; a one-shot run or an epoch whose host died)
-//	    TakeOverLease (CAS; epoch+1; one replica wins) → the log's open turn
-//	    closed interrupted, or agent/takeover when none is open (fenced on
-//	    the log's last sequence: the lost host's next append is refused) →
+//	    TakeOverLease (CAS; epoch+1; one replica wins) → [epoch: its record
+//	    read from the leader] → [a first epoch whose log lacks its
+//	    descriptor: the record's descriptor] + the log's open turn closed
+//	    interrupted, or agent/takeover when none is open (one append, fenced
+//	    on the log's last sequence: the lost host's next append is refused) →
 //	    [one-shot: its descendants disposed] → SettleRun at the record's
 //	    revision → PublishRunEnd / EndEpoch → ReleaseLease → [epoch: items
 //	    still in the inbox resumed on a live host]. A record found settled
 //	    under the lease (its host died after settling) has its end
 //	    published again before the lease is released.
+//
+//	live-children slots (slots.<parent>)
+//	    Slots → WriteSlots (CAS at the revision read; create when absent)
+//	    before anything of the child is written (runs.start, continuable
+//	    start) or, for a cold resume, before its epoch record; a start that
+//	    fails gives its slot back (WriteSlots without it). Slots of children
+//	    that ended are dropped by the next admission.
 //
 //	ownership (owns.<parent>)
 //	    AddOwnership / RemoveOwnership: compare-and-set loops (create when
