@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/brood
 PKGS    := ./...
 
-.PHONY: all build run test test-short bench chaos chaos-seams fuzz vet fmt clean acp-deps ts-deps ts-test ui-deps ui-screenshot
+.PHONY: all build run test test-short bench bench-profile chaos chaos-seams fuzz vet fmt clean acp-deps ts-deps ts-test ui-deps ui-screenshot
 
 all: build
 
@@ -30,7 +30,23 @@ vet:
 
 # Benchmarks with their same-run baselines; compare runs with benchstat.
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 2s -count 1 ./bench/
+	$(GO) test -run '^$$' -bench 'OneShotLatency|OneShotThroughput|ReadLog10k' -benchtime 2s -count 1 ./bench/
+
+# Where the time of a one-shot run goes (bench/profile_test.go): a CPU
+# profile of the throughput benchmark's measured loop, by component (the
+# server, coordinator, worker and client run under pprof labels; the
+# server's JetStream goroutines carry its own account/stream labels) and each
+# component's hottest paths; then the median timeline of a sequential run,
+# every store write and span with its offsets. Files in bench/out/.
+PROFILE_RUNS ?= 15000
+bench-profile:
+	mkdir -p bench/out
+	$(GO) test -c -o bench/out/bench.test ./bench/
+	cd bench/out && BROOD_BENCH_CPUPROFILE=cpu.pprof ./bench.test -test.run '^$$' -test.bench 'OneShotThroughput' -test.benchtime $(PROFILE_RUNS)x
+	cd bench/out && $(GO) tool pprof -tags bench.test cpu.pprof
+	cd bench/out && for c in coordinator worker client; do echo "== $$c"; $(GO) tool pprof -top -cum -nodecount=40 -tagfocus=component=$$c bench.test cpu.pprof; done
+	cd bench/out && echo "== server" && $(GO) tool pprof -top -cum -nodecount=40 -focus='nats-server/v2/server' bench.test cpu.pprof
+	cd bench/out && ./bench.test -test.run '^$$' -test.bench 'OneShotTimeline' -test.benchtime 500x
 
 # The chaos suite (pkg/chaos, docs/chaos.md): for each seed, the seeded
 # workload against a 3-node cluster (2 coordinators, 2 spawn workers, R3)
