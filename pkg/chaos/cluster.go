@@ -9,7 +9,7 @@
 // any Go test, to run a provider of your own against faults: see
 // docs/chaos.md.
 //
-// Nodes are the nats-server Brood embeds (internal/embedded), each run by
+// Nodes are the nats-server Brood embeds (the one its binary ships), each run by
 // `brood nats-server --config FILE` as a process of its own rather than
 // inside the test process: a Go library has no abrupt stop (its Shutdown
 // flushes and snapshots), so only a process can be killed -9 or paused with

@@ -348,7 +348,7 @@ func settled(a, b *Snapshot, roots map[string]bool) bool {
 func takeSnapshotRetrying(ctx context.Context, st *store.Store) (*Snapshot, error) {
 	deadline := time.Now().Add(time.Minute)
 	for {
-		snap, err := TakeSnapshot(ctx, st)
+		snap, err := takeSnapshot(ctx, st)
 		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
 			return snap, err
 		}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/store"
@@ -56,10 +57,23 @@ type InboxEntry struct {
 // SnapshotReadTimeout bounds reading the whole durable state.
 const SnapshotReadTimeout = 5 * time.Minute
 
-// TakeSnapshot reads the durable state through st (a connection of the
-// harness's own), each stream in one pass of an ordered consumer that must
-// reach the stream's last sequence as it was when the pass began.
-func TakeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
+// TakeSnapshot reads the durable state of the deployment whose subjects are
+// subj (protocol.MustSubjects(prefix)) through nc, a connection of the
+// harness's own that may read every stream and bucket, each stream in one
+// pass of an ordered consumer
+// that must reach the stream's last sequence as it was when the pass began.
+// It gives up after SnapshotReadTimeout; an error of JetStream's (an
+// election) is worth another try.
+func TakeSnapshot(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Snapshot, error) {
+	st, err := store.Bind(ctx, nc, subj)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: bind the streams and buckets: %w", err)
+	}
+	return takeSnapshot(ctx, st)
+}
+
+// takeSnapshot is TakeSnapshot through a store already bound.
+func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, SnapshotReadTimeout)
 	defer cancel()
 	s := &Snapshot{
