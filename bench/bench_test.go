@@ -106,7 +106,7 @@ func asyncPublishRate(b *testing.B, js jetstream.JetStream) float64 {
 // newStack starts a server, a coordinator and a spawn worker, each under its
 // pprof label (profile_test.go), and opens a root.
 func newStack(b *testing.B) (*stack.Stack, *client.Root) {
-	s := newLabelledStack(b, nil, nil)
+	s := newLabelledStack(b, stackMods{})
 	return s, s.Root()
 }
 

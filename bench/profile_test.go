@@ -71,30 +71,60 @@ func labelComponent(name string) {
 	pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("component", name)))
 }
 
+// stackMods changes the services of a benchmark stack (nil: none).
+type stackMods struct {
+	coordinator func(*coordinator.Config)
+	worker      func(*worker.InProcessConfig)
+}
+
+// withStores is stackMods that wrap the coordinator's and the worker's stores.
+func withStores(coordStore, workerStore func(*store.Store) *store.Store) stackMods {
+	return stackMods{
+		coordinator: func(c *coordinator.Config) { c.Store = coordStore(c.Store) },
+		worker:      func(c *worker.InProcessConfig) { c.Store = workerStore(c.Store) },
+	}
+}
+
 // newLabelledStack starts a stack whose server, coordinator, spawn worker
 // and client each run under their own pprof label; the calling goroutine
-// is left labelled client. mods wrap the coordinator's and the worker's
-// stores (nil: none).
-func newLabelledStack(b *testing.B, coordStore, workerStore func(*store.Store) *store.Store) *stack.Stack {
+// is left labelled client.
+func newLabelledStack(b *testing.B, mods stackMods) *stack.Stack {
+	b.Helper()
+	s := newBareStack(b)
+	addServices(b, s, 1, 1, mods)
+	return s
+}
+
+// newBareStack starts a labelled server and a client on it, no services.
+func newBareStack(b *testing.B) *stack.Stack {
 	b.Helper()
 	labelComponent("server")
 	srv := testutil.Server(b)
 	labelComponent("client")
-	s := stack.On(b, srv)
-	labelComponent("coordinator")
-	s.AddCoordinator(func(c *coordinator.Config) {
-		if coordStore != nil {
-			c.Store = coordStore(c.Store)
-		}
-	})
-	labelComponent("worker")
-	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
-		if workerStore != nil {
-			c.Store = workerStore(c.Store)
-		}
-	})
+	return stack.On(b, srv)
+}
+
+// addServices adds coordinators and spawn workers to s, each on its own
+// connection and under its pprof label.
+func addServices(b *testing.B, s *stack.Stack, coordinators, workers int, mods stackMods) {
+	b.Helper()
+	for i := 0; i < coordinators; i++ {
+		labelComponent("coordinator")
+		s.AddCoordinator(func(c *coordinator.Config) {
+			if mods.coordinator != nil {
+				mods.coordinator(c)
+			}
+		})
+	}
+	for i := 0; i < workers; i++ {
+		labelComponent("worker")
+		s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+			if mods.worker != nil {
+				mods.worker(c)
+			}
+		})
+	}
 	labelComponent("client")
-	return s
 }
 
 // writeEvent is one store write seen by the timeline's hooks.
@@ -245,7 +275,7 @@ func BenchmarkOneShotTimeline(b *testing.B) {
 	b.Cleanup(func() { otel.SetTracerProvider(prev); _ = tp.Shutdown(context.Background()) })
 
 	rec := newWriteRecorder()
-	s := newLabelledStack(b, rec.wrap("coordinator"), rec.wrap("worker"))
+	s := newLabelledStack(b, withStores(rec.wrap("coordinator"), rec.wrap("worker")))
 	root := s.Root()
 	ctx := context.Background()
 	runOne := func() (id string, t0, started, resulted time.Time) {

@@ -1,0 +1,356 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// publishP50 measures one JetStream publish of a small message with a
+// Nats-Msg-Id, as an inbox item is stored: the publish of the followup
+// floor (DESIGN.md §13).
+func publishP50(b *testing.B, js jetstream.JetStream) time.Duration {
+	b.Helper()
+	ctx := context.Background()
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "BENCHI", Subjects: []string{"bench.inbox.>"}, Storage: jetstream.FileStorage}); err != nil {
+		b.Fatal(err)
+	}
+	payload := make([]byte, 300)
+	lat := make([]time.Duration, 0, baselineSamples)
+	for i := 0; i < baselineSamples; i++ {
+		t := time.Now()
+		if _, err := js.Publish(ctx, "bench.inbox.s", payload, jetstream.WithMsgID(nuid.Next())); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t))
+	}
+	return percentile(lat, 0.5)
+}
+
+// followupFloor is the floor of an accepted followup measured on s's
+// server: 1 request-reply + 1 JetStream publish (p50s).
+func followupFloor(b *testing.B, s *stack.Stack) (rr, pub time.Duration) {
+	js, err := jetstream.New(s.NC)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return requestReplyP50(b, s.NC), publishP50(b, js)
+}
+
+// modelCalls is a model that sends the time of each of its requests on
+// calls (without blocking: a full channel drops it).
+type modelCalls struct {
+	model.Model
+	calls chan<- time.Time
+}
+
+func (m modelCalls) Stream(ctx context.Context, req model.Request, onText func(string)) (model.Response, error) {
+	select {
+	case m.calls <- time.Now():
+	default:
+	}
+	return m.Model.Stream(ctx, req, onText)
+}
+
+// withModelCalls gives the worker scripted models that report their requests on calls.
+func withModelCalls(calls chan<- time.Time) stackMods {
+	return stackMods{worker: func(c *worker.InProcessConfig) {
+		c.Models = func() (model.Model, error) { return modelCalls{Model: model.NewScripted(), calls: calls}, nil }
+	}}
+}
+
+// continuableChild starts a continuable spawn child of root with prompt.
+func continuableChild(b *testing.B, s *stack.Stack, auth protocol.Authority, prompt string) string {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Label: "bench", Parent: *auth.Parent, Prompt: protocol.Text(prompt)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return r.ChildID
+}
+
+// waitChildState polls the child's state until it is want (30 s at most).
+func waitChildState(b *testing.B, s *stack.Stack, auth protocol.Authority, child, want string) {
+	b.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		st, err := s.Client.State(ctx, protocol.ChildRef{ChildID: child, Authority: auth})
+		cancel()
+		if err == nil && st.State == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("child %s not %s within 30s (state %q, %v)", child, want, st.State, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitCall waits for the next model request (10 s at most) and returns its time.
+func waitCall(b *testing.B, calls <-chan time.Time) time.Time {
+	b.Helper()
+	select {
+	case t := <-calls:
+		return t
+	case <-time.After(10 * time.Second):
+		b.Fatal("no model request within 10s")
+		return time.Time{}
+	}
+}
+
+func drainCalls(calls <-chan time.Time) {
+	for {
+		select {
+		case <-calls:
+		default:
+			return
+		}
+	}
+}
+
+func followup(b *testing.B, s *stack.Stack, auth protocol.Authority, child, text string) protocol.FollowupReply {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: child, Authority: auth, Message: protocol.Text(text)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if r.MessageID == "" || r.Held != "" {
+		b.Fatalf("followup answered %+v", r)
+	}
+	return r
+}
+
+func rootAuthority(s *stack.Stack) protocol.Authority {
+	ref := s.Root().Ref()
+	return protocol.Authority{Parent: &ref}
+}
+
+// followupsPerChild bounds the followups queued on one sleeping child,
+// below its inbox's 1,000 pending items.
+const followupsPerChild = 500
+
+// BenchmarkFollowupRunning: a followup to a child whose turn is running
+// (its model sleeps), accepted when its messageId returns; p50 next to the
+// floor 1 request-reply + 1 JetStream publish measured on the same server
+// in the same run. Budget (DESIGN.md §13): ratio ≤ 1.5.
+func BenchmarkFollowupRunning(b *testing.B) {
+	s := newLabelledStack(b, stackMods{})
+	auth := rootAuthority(s)
+	rr, pub := followupFloor(b, s)
+	floor := rr + pub
+	sleeper := func() string {
+		child := continuableChild(b, s, auth, "sleep 10m\nsay done")
+		waitChildState(b, s, auth, child, protocol.StateRunning)
+		return child
+	}
+	child := sleeper()
+	for i := 0; i < 20; i++ { // warm up
+		followup(b, s, auth, child, "say ok")
+	}
+	queued := 20
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if queued == followupsPerChild {
+			b.StopTimer()
+			child, queued = sleeper(), 0
+			b.StartTimer()
+		}
+		t := time.Now()
+		followup(b, s, auth, child, "say ok")
+		lat = append(lat, time.Since(t))
+		queued++
+	}
+	b.StopTimer()
+	p50, p99 := percentile(lat, 0.5), percentile(lat, 0.99)
+	reportRatio(b, "followup accept, child running", p50, p99, rr, pub, floor, 1.5)
+}
+
+func reportRatio(b *testing.B, what string, p50, p99, rr, pub, floor time.Duration, budget float64) {
+	b.ReportMetric(ms(p50), "p50-ms")
+	b.ReportMetric(ms(p99), "p99-ms")
+	b.ReportMetric(ms(floor), "floor-p50-ms")
+	b.ReportMetric(float64(p50)/float64(floor), "ratio-p50/floor")
+	fmt.Printf("%s: p50 %.3f ms, p99 %.3f ms; floor (1 RR %.3f ms + 1 publish %.3f ms) %.3f ms; ratio %.2f (budget ≤ %.1f)\n",
+		what, ms(p50), ms(p99), ms(rr), ms(pub), ms(floor), float64(p50)/float64(floor), budget)
+}
+
+// BenchmarkFollowupCold: a followup to a continuable child with no
+// activation (its epoch ended), accepted when its messageId returns; p50
+// next to the floor 1 request-reply + 1 JetStream publish of the same run.
+// Each sample waits (untimed) for the resumed epoch to end, so every
+// followup finds the child cold. Also prints the time from the followup to
+// its resumed epoch's first model request (a short log). Budget (DESIGN.md
+// §13): ratio ≤ 2.
+func BenchmarkFollowupCold(b *testing.B) {
+	calls := make(chan time.Time, 16)
+	s := newLabelledStack(b, withModelCalls(calls))
+	auth := rootAuthority(s)
+	rr, pub := followupFloor(b, s)
+	floor := rr + pub
+	child := continuableChild(b, s, auth, "say ok")
+	waitCall(b, calls)
+	waitChildState(b, s, auth, child, protocol.StateNone)
+	cycle := func() (accepted, modelCall time.Duration) {
+		drainCalls(calls)
+		t := time.Now()
+		followup(b, s, auth, child, "say ok")
+		accepted = time.Since(t)
+		b.StopTimer()
+		modelCall = waitCall(b, calls).Sub(t)
+		waitChildState(b, s, auth, child, protocol.StateNone)
+		b.StartTimer()
+		return accepted, modelCall
+	}
+	for i := 0; i < 5; i++ { // warm up
+		cycle()
+	}
+	lat := make([]time.Duration, 0, b.N)
+	first := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		a, m := cycle()
+		lat = append(lat, a)
+		first = append(first, m)
+	}
+	b.StopTimer()
+	reportRatio(b, "followup accept, child cold", percentile(lat, 0.5), percentile(lat, 0.99), rr, pub, floor, 2)
+	b.ReportMetric(ms(percentile(first, 0.5)), "first-model-request-p50-ms")
+	fmt.Printf("cold resume, short log: followup to the first model request p50 %.3f ms\n", ms(percentile(first, 0.5)))
+}
+
+// growLog appends completed turns to a cold child's log until it holds at
+// least events events, as its host would have written them (the child
+// holds no lease: nobody else appends meanwhile).
+func growLog(b *testing.B, s *stack.Stack, scope, child string, events int) {
+	b.Helper()
+	ctx := context.Background()
+	lg, err := s.Store.ReadLog(ctx, scope, child)
+	if err != nil {
+		b.Fatal(err)
+	}
+	turn := int64(0)
+	for _, ev := range lg.Events {
+		if ev.Type == protocol.EvTurnStart {
+			turn++
+		}
+	}
+	w := s.Store.NewLogWriter(scope, child, lg.LastSubjSeq, int64(len(lg.Events)))
+	for w.NextSeq() < int64(events) {
+		turn++
+		var evs []protocol.SessionEvent
+		for _, spec := range []struct {
+			typ  string
+			data any
+		}{
+			{protocol.EvTurnStart, protocol.TurnData{Turn: turn}},
+			{protocol.EvUserMessage, protocol.UserMessageData{ID: fmt.Sprintf("u%d", turn), Turn: turn, Content: protocol.Text("a question of some length, as users ask them")}},
+			{protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 1}},
+			{protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 1, Message: protocol.AssistantMessage{Content: protocol.Text("an answer of some length, as models give them")}}},
+			{protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: 1}},
+			{protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}},
+		} {
+			ev, err := protocol.NewEvent(spec.typ, store.NowMs(), spec.data)
+			if err != nil {
+				b.Fatal(err)
+			}
+			evs = append(evs, ev)
+		}
+		if _, err := w.Append(ctx, evs...); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// orderedReadAll reads every record of subject with a bare ordered
+// consumer, decoding each (the baseline of a whole-log read).
+func orderedReadAll(b *testing.B, s *stack.Stack, subject string) time.Duration {
+	b.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	cons, err := s.Store.Log.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for {
+		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			var rec protocol.LogRecord
+			if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &rec); err != nil {
+				b.Fatal(err)
+			}
+			meta, err := m.Metadata()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if meta.NumPending == 0 {
+				return time.Since(start)
+			}
+		}
+		if batch.Error() != nil {
+			b.Fatal(batch.Error())
+		}
+	}
+}
+
+// BenchmarkColdResume10k: a followup to a cold continuable child whose log
+// holds 10,000 events, timed end to end from the followup's request to the
+// resumed epoch's first model request; next to a bare ordered consumer
+// reading the same log in the same run. Budget (issue 12): within 100 ms on
+// a warm server; DESIGN.md §13: ≤ 2 × the bare read.
+func BenchmarkColdResume10k(b *testing.B) {
+	const events = 10000
+	calls := make(chan time.Time, 16)
+	s := newLabelledStack(b, withModelCalls(calls))
+	auth := rootAuthority(s)
+	child := continuableChild(b, s, auth, "say ok")
+	waitCall(b, calls)
+	waitChildState(b, s, auth, child, protocol.StateNone)
+	growLog(b, s, "spawn", child, events)
+	subject := s.Store.Subj.Log("spawn", child)
+	cycle := func() (firstCall, read time.Duration) {
+		drainCalls(calls)
+		t := time.Now()
+		followup(b, s, auth, child, "say ok")
+		firstCall = waitCall(b, calls).Sub(t)
+		b.StopTimer()
+		waitChildState(b, s, auth, child, protocol.StateNone)
+		read = orderedReadAll(b, s, subject)
+		b.StartTimer()
+		return firstCall, read
+	}
+	cycle() // warm up
+	lat := make([]time.Duration, 0, b.N)
+	reads := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		f, r := cycle()
+		lat = append(lat, f)
+		reads = append(reads, r)
+	}
+	b.StopTimer()
+	p50, read := percentile(lat, 0.5), percentile(reads, 0.5)
+	b.ReportMetric(ms(p50), "first-model-request-p50-ms")
+	b.ReportMetric(ms(read), "ordered-consumer-ms")
+	b.ReportMetric(float64(p50)/float64(read), "ratio")
+	fmt.Printf("cold resume, 10,000-event log: followup to the first model request p50 %.2f ms (budget ≤ 100 ms); bare ordered consumer %.2f ms; ratio %.2f (budget ≤ 2)\n",
+		ms(p50), ms(read), float64(p50)/float64(read))
+}
