@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/brood
 PKGS    := ./...
 
-.PHONY: all build run test test-short bench bench-profile chaos chaos-seams fuzz vet fmt clean acp-deps ts-deps ts-test ui-deps ui-screenshot
+.PHONY: all build run test test-short bench bench-profile bench-scale chaos chaos-seams fuzz vet fmt clean acp-deps ts-deps ts-test ui-deps ui-screenshot
 
 all: build
 
@@ -34,6 +34,15 @@ vet:
 bench:
 	$(GO) test -run '^$$' -bench 'OneShotLatency|OneShotThroughput|FollowupRunning|ReadLog10k' -benchtime 2s -count 1 ./bench/
 	$(GO) test -run '^$$' -bench 'FollowupCold|ColdResume10k' -benchtime 30x -count 1 ./bench/
+
+# How the cost grows with the fleet (bench/scale_test.go): one-shot p50 and
+# runs/s with 1, 2 and 4 coordinators and worker processes, with 0 and
+# 100,000 sessions stored, and with 0, 1,000 and 10,000 continuable children
+# resident on one worker, with memory per coordinator and per resident
+# child; writes bench/out/scale.md (tables) and bench/out/scale.svg (the
+# plot). About 5-10 minutes; bounded at 15.
+bench-scale:
+	$(GO) test -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -count 1 -timeout 15m ./bench/ -args -scale.out=$(CURDIR)/bench/out
 
 # Where the time of a one-shot run goes (bench/profile_test.go): a CPU
 # profile of the throughput benchmark's measured loop, by component (the

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"runtime/pprof"
@@ -260,6 +261,8 @@ type timelineRow struct {
 
 func median(d []time.Duration) time.Duration { return percentile(d, 0.5) }
 
+var timelineFleet = flag.Int("timeline.fleet", 1, "coordinators and spawn workers of BenchmarkOneShotTimeline's stack")
+
 // BenchmarkOneShotTimeline: sequential one-shot runs of `say ok`, each
 // waited out to its lease release (the last write of a run), with every
 // store write of the coordinator and the worker and every span recorded;
@@ -275,7 +278,8 @@ func BenchmarkOneShotTimeline(b *testing.B) {
 	b.Cleanup(func() { otel.SetTracerProvider(prev); _ = tp.Shutdown(context.Background()) })
 
 	rec := newWriteRecorder()
-	s := newLabelledStack(b, withStores(rec.wrap("coordinator"), rec.wrap("worker")))
+	s := newBareStack(b)
+	addServices(b, s, *timelineFleet, *timelineFleet, withStores(rec.wrap("coordinator"), rec.wrap("worker")))
 	root := s.Root()
 	ctx := context.Background()
 	runOne := func() (id string, t0, started, resulted time.Time) {
