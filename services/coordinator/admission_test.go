@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -179,6 +180,42 @@ func TestAdmissionGivesUpWhenItsSlotRecordKeepsChanging(t *testing.T) {
 	}
 	if got := s.SessionCount(); got != headers {
 		t.Fatalf("a refused start wrote %d session headers", got-headers)
+	}
+}
+
+// TestAStaleSlotRevisionDoesNotWait: a parent's admissions alternate
+// between replicas (the coordinators' queue group), so the slot revision a
+// replica remembers from its own last write is usually stale. Its
+// compare-and-set conflict reads the record again and writes at once; only
+// a conflict on a revision just read (two admissions of the parent at the
+// same time) waits the random backoff. Before, every such admission waited
+// up to 20 ms (make bench-scale: one-shot p50 1.2 ms with one coordinator,
+// 3.8 ms with two, 9.8 ms with four), and the slots stay exact either way.
+func TestAStaleSlotRevisionDoesNotWait(t *testing.T) {
+	s := stack.New(t)
+	a, b := s.AddCoordinator(), s.AddCoordinator()
+	var waits atomic.Int64
+	a.CountSlotBackoffs(&waits)
+	b.CountSlotBackoffs(&waits)
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, c := range []*coordinator.Coordinator{a, b, a, b, a} {
+		if err := c.ReserveChild(ctx, root.SessionID, fmt.Sprintf("child-%d", i)); err != nil {
+			t.Fatalf("reservation %d: %v", i, err)
+		}
+	}
+	if n := waits.Load(); n != 0 {
+		t.Errorf("%d backoffs for stale revisions; want none", n)
+	}
+	got := slotsOf(t, s, root.SessionID)
+	for i := 0; i < 5; i++ {
+		if !contains(got, fmt.Sprintf("child-%d", i)) {
+			t.Errorf("slots %v lack child-%d", got, i)
+		}
+	}
+	if len(got) != 5 {
+		t.Errorf("slots %v, want the five children once each", got)
 	}
 }
 

@@ -426,8 +426,51 @@ type agentIndex struct {
 	// names its run, and is free once that run's lease went.
 	ended     map[string]bool
 	endedRuns map[string]bool
-	clock     func() time.Duration // the registry's observed clock
-	log       *slog.Logger
+	// byParent indexes byKey by the leases' parent session (parent → keys),
+	// so counting one parent's live children reads that parent's leases
+	// only: with 10,000 children resident, a start that copied every lease
+	// took 9.4 ms instead of 1.4 (make bench-scale).
+	byParent map[string]map[string]struct{}
+	clock    func() time.Duration // the registry's observed clock
+	log      *slog.Logger
+}
+
+// setLease stores l under key and keeps byParent in step; a.mu is held.
+func (a *agentIndex) setLease(key string, l *leaseState) {
+	if old, ok := a.byKey[key]; ok {
+		a.unindex(key, old.rec.ParentSession)
+	}
+	a.byKey[key] = l
+	if p := l.rec.ParentSession; p != "" {
+		keys := a.byParent[p]
+		if keys == nil {
+			keys = map[string]struct{}{}
+			a.byParent[p] = keys
+		}
+		keys[key] = struct{}{}
+	}
+}
+
+// unindex removes key from parent's entry of byParent; a.mu is held.
+func (a *agentIndex) unindex(key, parent string) {
+	if keys := a.byParent[parent]; keys != nil {
+		delete(keys, key)
+		if len(keys) == 0 {
+			delete(a.byParent, parent)
+		}
+	}
+}
+
+// childrenOf returns the cached leases whose parent session is parent.
+func (a *agentIndex) childrenOf(parent string) []leaseState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	keys := a.byParent[parent]
+	out := make([]leaseState, 0, len(keys))
+	for k := range keys {
+		out = append(out, *a.byKey[k])
+	}
+	return out
 }
 
 // endedMax bounds agentIndex.ended; past it the set starts over, which only
@@ -436,7 +479,7 @@ const endedMax = 100_000
 
 func newAgentIndex(clock func() time.Duration, log *slog.Logger) *agentIndex {
 	return &agentIndex{byKey: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
-		ended: map[string]bool{}, endedRuns: map[string]bool{}, clock: clock, log: log}
+		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, clock: clock, log: log}
 }
 
 // hasEnded reports whether session id's lease was seen and then deleted,
@@ -487,7 +530,7 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
 	if old, ok := a.byKey[key]; ok {
 		l.firstSeen, l.firstObs = old.firstSeen, old.firstObs
 	}
-	a.byKey[key] = l
+	a.setLease(key, l)
 	delete(a.ended, id)
 }
 
@@ -503,6 +546,7 @@ func (a *agentIndex) del(key string) {
 			break
 		}
 		delete(a.byKey, key)
+		a.unindex(key, old.rec.ParentSession)
 		if len(a.ended) >= endedMax {
 			a.ended = map[string]bool{}
 		}
@@ -553,7 +597,7 @@ func (a *agentIndex) observe(rec protocol.AgentRecord, rev uint64) {
 		}
 		l.firstSeen, l.firstObs = old.firstSeen, old.firstObs
 	}
-	a.byKey[key] = l
+	a.setLease(key, l)
 }
 
 // snapshot returns every cached lease.

@@ -215,3 +215,70 @@ func TestRegistryTakesProvidersOnlyInTheirHostsScope(t *testing.T) {
 		})
 	}
 }
+
+// TestChildrenOfFollowsTheLeases: the per-parent index of the lease cache
+// (agentIndex.childrenOf, which admission counts live children with) holds
+// exactly the cached leases naming each parent after every put, update,
+// fresher direct read (observe) and delete, as a scan of every lease finds
+// them.
+func TestChildrenOfFollowsTheLeases(t *testing.T) {
+	a := newAgentIndex(func() time.Duration { return 0 }, slog.New(slog.DiscardHandler))
+	lease := func(id, parent string, rev uint64) entry {
+		t.Helper()
+		data, err := protocol.Marshal(protocol.Msgpack, protocol.AgentRecord{SessionID: id, ParentSession: parent, Kind: protocol.AgentContinuable})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return entry{key: id, val: data, rev: rev}
+	}
+	scan := func(parent string) []string {
+		var ids []string
+		for _, l := range a.snapshot() {
+			if l.rec.ParentSession == parent {
+				ids = append(ids, l.rec.SessionID)
+			}
+		}
+		sort.Strings(ids)
+		return ids
+	}
+	indexed := func(parent string) []string {
+		var ids []string
+		for _, l := range a.childrenOf(parent) {
+			ids = append(ids, l.rec.SessionID)
+		}
+		sort.Strings(ids)
+		return ids
+	}
+	steps := []struct {
+		name string
+		do   func()
+		want map[string][]string
+	}{
+		{"puts", func() {
+			for _, e := range []entry{lease("c1", "p1", 1), lease("c2", "p1", 2), lease("c3", "p2", 3)} {
+				a.put(e.key, e)
+			}
+		}, map[string][]string{"p1": {"c1", "c2"}, "p2": {"c3"}}},
+		{"an update of a lease", func() { e := lease("c1", "p1", 4); a.put(e.key, e) }, map[string][]string{"p1": {"c1", "c2"}, "p2": {"c3"}}},
+		{"a lease under another parent", func() { e := lease("c2", "p2", 5); a.put(e.key, e) }, map[string][]string{"p1": {"c1"}, "p2": {"c2", "c3"}}},
+		{"a fresher direct read", func() {
+			a.observe(protocol.AgentRecord{SessionID: "c4", ParentSession: "p1", Kind: protocol.AgentOneShot}, 6)
+		}, map[string][]string{"p1": {"c1", "c4"}, "p2": {"c2", "c3"}}},
+		{"an older direct read changes nothing", func() {
+			a.observe(protocol.AgentRecord{SessionID: "c4", ParentSession: "p2", Kind: protocol.AgentOneShot}, 1)
+		}, map[string][]string{"p1": {"c1", "c4"}, "p2": {"c2", "c3"}}},
+		{"deletes", func() { a.del("c1"); a.del("c3"); a.del("unknown") }, map[string][]string{"p1": {"c4"}, "p2": {"c2"}}},
+		{"the last child of a parent", func() { a.del("c4") }, map[string][]string{"p1": nil, "p2": {"c2"}}},
+	}
+	for _, st := range steps {
+		st.do()
+		for parent, want := range st.want {
+			if got, scanned := indexed(parent), scan(parent); strings.Join(got, ",") != strings.Join(want, ",") || strings.Join(scanned, ",") != strings.Join(want, ",") {
+				t.Fatalf("%s: children of %s indexed %v, scanned %v; want %v", st.name, parent, got, scanned, want)
+			}
+		}
+	}
+	if _, ok := a.byParent["p1"]; ok {
+		t.Fatal("a parent without children keeps an index entry")
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/sessionlog"
@@ -369,24 +370,74 @@ func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Reco
 }
 
 // resumable folds a child's descriptor from its own events: NOT_RESUMABLE for
-// an unknown id, a one-shot child, or a missing or damaged descriptor.
+// an unknown id, a one-shot child, or a missing or damaged descriptor. It
+// reads the head of the child's own events (the descriptor is logged with
+// its first turn's opening), not the whole log: the host that resumes the
+// child reads the whole log once (issue 12: one log read per resume). An
+// ACP child's last ACP session is read from the log's tail; a log whose
+// head holds no descriptor is read whole.
 func (c *Coordinator) resumable(ctx context.Context, h protocol.SessionHeader) (protocol.DescriptorData, error) {
-	log, err := c.st.ReadLog(ctx, h.Scope(), h.ID)
+	notResumable := func(reason string) error {
+		return protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": reason})
+	}
+	page, err := c.st.ReadLogPage(ctx, h.Scope(), h.ID, h.SeedLength, 0, descriptorEventsMax, protocol.ReadPageBytesMax)
 	if err != nil {
 		return protocol.DescriptorData{}, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", h.ID, err)
 	}
-	d, err := sessionlog.Descriptor(log.Events, h.SeedLength)
+	d, err := sessionlog.Descriptor(page.Events, 0)
+	if err != nil && !page.Complete {
+		log, rerr := c.st.ReadLog(ctx, h.Scope(), h.ID)
+		if rerr != nil {
+			return protocol.DescriptorData{}, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", h.ID, rerr)
+		}
+		d, err = sessionlog.Descriptor(log.Events, h.SeedLength)
+	}
 	if err != nil {
-		return d, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": err.Error()})
+		return d, notResumable(err.Error())
 	}
 	// An ACP child lives in its agent's memory: without session/load it
-	// cannot come back once its process ended (DESIGN.md §6).
-	if acp, ok := protocol.LastACPSession(log.Events); ok && !acp.LoadSession {
-		return d, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID,
-			"reason": "its ACP agent did not advertise session/load, so ACP session " + acp.SessionID + " cannot be restored after its process ended"})
+	// cannot come back once its process ended (DESIGN.md §6). A provider
+	// known to be local has no ACP sessions.
+	if desc, ok := c.reg.provider(d.Provider); ok && !desc.Remote {
+		return d, nil
+	}
+	tail, _, err := c.st.ReadLogTail(ctx, h.Scope(), h.ID, func(evs []protocol.SessionEvent) bool {
+		_, ok := protocol.LastACPSession(evs)
+		return ok
+	})
+	if err != nil {
+		return d, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", h.ID, err)
+	}
+	if acp, ok := protocol.LastACPSession(tail); ok && !acp.LoadSession {
+		return d, notResumable("its ACP agent did not advertise session/load, so ACP session " + acp.SessionID + " cannot be restored after its process ended")
 	}
 	return d, nil
 }
+
+// descriptorEventsMax bounds the events resumable reads from the start of a
+// child's own events to find its descriptor (logged in its first record).
+const descriptorEventsMax = 64
+
+// resumeOffPath runs coldResume in the background, within coldResumeBudget
+// and the coordinator's lifetime, continuing the request's trace: a
+// followup's caller has its answer once the message is durable (and its
+// ownership recorded), not once the activation is up (issue 12; DESIGN.md
+// §13). A resume that fails leaves the accepted message to the liveness
+// sweep, which resumes every child with pending items (DESIGN.md §4,
+// Liveness).
+func (c *Coordinator) resumeOffPath(ctx context.Context, h protocol.SessionHeader, d protocol.DescriptorData, owner string) {
+	span := trace.SpanFromContext(ctx)
+	c.background(func(bg context.Context) {
+		rctx, cancel := context.WithTimeout(trace.ContextWithSpan(bg, span), coldResumeBudget)
+		defer cancel()
+		if err := c.coldResume(rctx, h, d, owner); err != nil {
+			c.log.Warn("cold resume failed; the accepted message waits for the liveness sweep", "session", h.ID, "err", err)
+		}
+	})
+}
+
+// coldResumeBudget bounds a cold resume started off a followup's reply path.
+const coldResumeBudget = 30 * time.Second
 
 // coldResume materializes a new epoch of a child with no live activation in
 // any live host of its descriptor's provider (cold resume never calls the
@@ -515,10 +566,7 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request, 
 	route := telemetry.RouteResident
 	if lease == nil {
 		route = telemetry.RouteCold
-		if err := c.coldResume(ctx, h, desc, owner); err != nil {
-			// The message is accepted and durable; the liveness sweep resumes it.
-			c.log.Warn("cold resume failed; the accepted message waits for the liveness sweep", "session", h.ID, "err", err)
-		}
+		c.resumeOffPath(ctx, h, desc, owner)
 	}
 	c.cfg.Metrics.FollowupAccepted(route, time.Since(began))
 	return protocol.FollowupReply{MessageID: mid}, nil

@@ -184,6 +184,48 @@ type Coordinator struct {
 	quotas    userQuotas      // per-user request rates and root opens (quotas.go)
 	ready     chan struct{}
 	kick      chan struct{} // runs the liveness sweep now (a drain was lifted)
+	offPath   offPath       // work requests started off their reply path
+	// slotBackoff is the wait after a contended slot compare-and-set
+	// (randomSlotBackoff; tests count its calls).
+	slotBackoff func() time.Duration
+}
+
+// offPath tracks the work requests start off their reply path (a
+// followup's cold resume): it runs in the replica's lifetime, and Run waits
+// for it when the replica stops.
+type offPath struct {
+	mu   sync.Mutex
+	ctx  context.Context // nil before Run serves; done once it stops
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+}
+
+// background runs f off the reply path in the replica's lifetime. Once the
+// replica is stopping f is not run: what it would have done is left to the
+// liveness sweep of a replica that serves (f must be such work).
+func (c *Coordinator) background(f func(ctx context.Context)) {
+	c.offPath.mu.Lock()
+	ctx := c.offPath.ctx
+	if ctx == nil || ctx.Err() != nil {
+		c.offPath.mu.Unlock()
+		return
+	}
+	c.offPath.wg.Add(1)
+	c.offPath.mu.Unlock()
+	go func() {
+		defer c.offPath.wg.Done()
+		f(ctx)
+	}()
+}
+
+// stopOffPath cancels the work started off the reply path and waits for it.
+func (c *Coordinator) stopOffPath() {
+	c.offPath.mu.Lock()
+	if c.offPath.stop != nil {
+		c.offPath.stop()
+	}
+	c.offPath.mu.Unlock()
+	c.offPath.wg.Wait()
 }
 
 // Ready is closed once the replica serves its endpoints.
@@ -212,6 +254,7 @@ func New(cfg Config) (*Coordinator, error) {
 		working:     map[string]bool{},
 		ready:       make(chan struct{}),
 		kick:        make(chan struct{}, 1),
+		slotBackoff: randomSlotBackoff,
 	}, nil
 }
 
@@ -298,11 +341,15 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	if err := c.beat(ctx); err != nil {
 		return fmt.Errorf("coordinator: first heartbeat: %w", err)
 	}
+	c.offPath.mu.Lock()
+	c.offPath.ctx, c.offPath.stop = context.WithCancel(context.WithoutCancel(ctx))
+	c.offPath.mu.Unlock()
 	srv := rpc.NewServer(c.cfg.NC, c.cfg.RequestsInFlightMax, c.log)
 	stopServing := func() {
 		sctx, cancel := context.WithTimeout(context.Background(), c.cfg.StopGrace)
 		defer cancel()
 		srv.Stop(sctx)
+		c.stopOffPath()
 	}
 	svc, err := srv.AddService(rpc.ServiceConfig{
 		Name:        protocol.CoordinatorService,

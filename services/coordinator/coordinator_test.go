@@ -495,6 +495,90 @@ func TestResumedChildCountsAgainstTheLimit(t *testing.T) {
 	}
 }
 
+// TestColdFollowupAnswersOnceTheMessageIsDurable: a followup to a child
+// with no activation is answered once its message is in the inbox, not once
+// the resumed activation is up (issue 12; DESIGN.md §13: "answer once
+// durable, resume off the reply path"). The worker's lease write of the
+// resume is held here: the followup answers meanwhile, its message waits
+// in the inbox, and the resumed epoch runs it once the write goes on.
+// Before, the caller waited for the whole resume (3-12 ms unloaded, and as
+// long as the hold here, up to the activation attempt's timeout, made
+// longer than the test's wait).
+func TestColdFollowupAnswersOnceTheMessageIsDurable(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.ProviderAttemptTimeout = 50 * time.Second })
+	root := s.Root()
+	auth := protocol.Authority{Parent: ptr(root.Ref())}
+	var mu sync.Mutex // guards coldID: the cold child's id, once its resume is to be held
+	coldID := ""
+	holding, release := make(chan struct{}), make(chan struct{})
+	var holdOnce, releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	agentsBucket := s.Store.Subj.BucketAgents()
+	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			mu.Lock()
+			hold := coldID != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == coldID
+			mu.Unlock()
+			if hold {
+				holdOnce.Do(func() { close(holding) })
+				<-release
+			}
+			return nil
+		}})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cold, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "cold", Prompt: protocol.Text("say one")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		st, err := s.Client.State(ctx, protocol.ChildRef{ChildID: cold.ChildID, Authority: auth})
+		return err == nil && st.State == protocol.StateNone
+	}, "the child goes cold")
+	mu.Lock()
+	coldID = cold.ChildID
+	mu.Unlock()
+	type answer struct {
+		reply protocol.FollowupReply
+		err   error
+	}
+	followed := make(chan answer, 1)
+	go func() {
+		r, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: cold.ChildID, Authority: auth, Message: protocol.Text("say two")})
+		followed <- answer{r, err}
+	}()
+	select {
+	case <-holding:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cold child was not resumed")
+	}
+	select {
+	case a := <-followed:
+		if a.err != nil || a.reply.MessageID == "" {
+			t.Fatalf("followup = %+v, %v; want a messageId", a.reply, a.err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the followup did not answer while its child's resume was held")
+	}
+	st, err := s.Client.State(ctx, protocol.ChildRef{ChildID: cold.ChildID, Authority: auth})
+	if err != nil || st.Queued != 1 {
+		t.Fatalf("state while the resume is held = %+v, %v; want the message queued", st, err)
+	}
+	releaseOnce.Do(func() { close(release) })
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		_, evs := s.Log(cold.ChildID)
+		for _, ev := range evs {
+			var d protocol.AssistantMessageData
+			if ev.Type == protocol.EvAssistantMessage && ev.Decode(&d) == nil && protocol.PlainText(d.Message.Content) == "two" {
+				return true
+			}
+		}
+		return false
+	}, "the resumed epoch answers the followup")
+}
+
 // Regressions of the adversarial review: each attack gets a clear refusal.
 func TestHostileRequestsAreRefused(t *testing.T) {
 	s := stack.New(t)

@@ -2,6 +2,8 @@ package coordinator
 
 import (
 	"context"
+	"sync/atomic"
+	"time"
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -31,3 +33,15 @@ func (c *Coordinator) HoldTakeover(id string) (release func()) {
 }
 
 const ResidentWaitMax = residentWaitMax
+
+// ReserveChild is reserveChild (a one-shot child's slot), for
+// TestAStaleSlotRevisionDoesNotWait.
+func (c *Coordinator) ReserveChild(ctx context.Context, parent, child string) error {
+	return c.reserveChild(ctx, parent, child, "")
+}
+
+// CountSlotBackoffs makes the replica count (and skip) the waits of its
+// contended slot compare-and-sets; call before it serves.
+func (c *Coordinator) CountSlotBackoffs(n *atomic.Int64) {
+	c.slotBackoff = func() time.Duration { n.Add(1); return 0 }
+}

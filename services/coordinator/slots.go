@@ -69,6 +69,13 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
+		// A revision this replica remembers may be stale without any
+		// contention: a parent's admissions alternate between replicas
+		// (the queue group), so each replica's last write is usually
+		// behind. Its conflict reads again at once; only a conflict on a
+		// revision read just now (another admission of the parent at the
+		// same time) waits the backoff.
+		cached := ps.known
 		if !ps.known {
 			cur, err := c.st.Slots(ctx, parent)
 			if err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -113,10 +120,13 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun
 		if !errors.Is(err, store.ErrConflict) {
 			return protocol.Errorf(protocol.CodeUnavailable, "reserve a live-child slot of %s: %w", parent, err)
 		}
+		if cached {
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return protocol.Errorf(protocol.CodeUnavailable, "reserve a live-child slot of %s: %w", parent, ctx.Err())
-		case <-time.After(time.Duration(rand.Int63n(int64(slotBackoffMax)))):
+		case <-time.After(c.slotBackoff()):
 		}
 	}
 	return protocol.Errorf(protocol.CodeUnavailable, "the live children of %s kept changing; retry", parent)
@@ -125,6 +135,11 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun
 // slotBackoffMax bounds the random wait before a conflicting admission
 // tries again, so two replicas' admissions of one parent interleave.
 const slotBackoffMax = 20 * time.Millisecond
+
+// randomSlotBackoff is the wait before an admission whose compare-and-set
+// met another admission of the same parent tries again: random in
+// [0, slotBackoffMax).
+func randomSlotBackoff() time.Duration { return time.Duration(rand.Int63n(int64(slotBackoffMax))) }
 
 // parentSlots is what this replica last knew of one parent's slot record.
 type parentSlots struct {
@@ -296,8 +311,8 @@ func (c *Coordinator) endedChildren(ctx context.Context, slots []childSlot, live
 // liveChildIDs are the children of parent with a live agent now.
 func (c *Coordinator) liveChildIDs(parent string) map[string]bool {
 	out := map[string]bool{}
-	for _, l := range c.agents.snapshot() {
-		if l.rec.ParentSession == parent && l.rec.Kind != protocol.AgentRoot && c.leaseLive(l.rec) {
+	for _, l := range c.agents.childrenOf(parent) {
+		if l.rec.Kind != protocol.AgentRoot && c.leaseLive(l.rec) {
 			out[l.rec.SessionID] = true
 		}
 	}
