@@ -20,8 +20,21 @@ const HostRecordsMax = 4096
 // creator's permissions; docs/security.md), and it checks the other hosts'
 // descriptors before it registers. Deleted keys are left out. A listing cut
 // short (its deadline, more than HostRecordsMax keys) is an error, never a
-// shorter list.
+// shorter list. A transient failure (Transient: no responders while the
+// bucket's stream has no leader yet, as on a cluster just provisioned, or
+// through an election) is retried within ctx's deadline, else WriteBudget.
 func (s *Store) HostRecords(ctx context.Context) ([]protocol.HostRecord, error) {
+	var out []protocol.HostRecord
+	err := retry(ctx, func(ctx context.Context, _ bool) error {
+		var err error
+		out, err = s.hostRecords(ctx)
+		return err
+	})
+	return out, err
+}
+
+// hostRecords is one attempt of HostRecords.
+func (s *Store) hostRecords(ctx context.Context) ([]protocol.HostRecord, error) {
 	stream := kvStreamPrefix + s.Subj.BucketHosts()
 	prefix := "$KV." + s.Subj.BucketHosts() + "."
 	msgs, err := jetstreamext.GetLastMsgsFor(ctx, s.JS, stream, []string{prefix + ">"},

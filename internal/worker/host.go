@@ -372,7 +372,12 @@ func (h *Host) serveProvider(srv *rpc.Server, p Provider) (*rpc.Service, error) 
 
 // checkDuplicates refuses to start when a live host serves a provider of the
 // same name with a different descriptor (DUPLICATE_PROVIDER, DESIGN.md §4).
+// The listing is retried through transient failures for up to
+// FirstHeartbeatBudget: on a cluster just provisioned the hosts bucket may
+// have no leader yet ("no responders"), which is no reason to exit.
 func (h *Host) checkDuplicates(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, FirstHeartbeatBudget)
+	defer cancel()
 	recs, err := h.st.HostRecords(ctx)
 	if err != nil {
 		return err
