@@ -644,3 +644,33 @@ func (c *headerCache) add(h protocol.SessionHeader) {
 	}
 	c.m[h.ID] = h
 }
+
+// descriptorCache keeps the descriptors of continuable children whose
+// provider is local, by child id (bounded like the headers: at most
+// Config.HeadersCachedMax; a miss reads the log's head). A child's
+// descriptor never changes: cold resume folds the first one of its own
+// events (sessionlog.Descriptor), so a cached one stays right.
+type descriptorCache struct {
+	mu  sync.Mutex
+	m   map[string]protocol.DescriptorData
+	max int
+}
+
+func (c *descriptorCache) get(id string) (protocol.DescriptorData, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.m[id]
+	return d, ok
+}
+
+func (c *descriptorCache) add(id string, d protocol.DescriptorData) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.m) >= c.max {
+		for k := range c.m { // evict an arbitrary entry; descriptors are re-readable
+			delete(c.m, k)
+			break
+		}
+	}
+	c.m[id] = d
+}

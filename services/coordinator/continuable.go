@@ -369,16 +369,39 @@ func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Reco
 	return nil, protocol.Errorf(protocol.CodeUnavailable, "session %s is changing hands; retry", childID)
 }
 
+// residentCached is resident answered from this replica's lease cache when
+// that shows the child's activation live (its host heartbeating, no
+// takeover), else from the bucket. It routes a followup: a followup routed
+// to a resident activation that ended just before (its lease's deletion
+// not yet in the cache) waits in the inbox for the liveness sweep, which
+// reads the bucket (resident) and resumes the child within its period; the
+// same holds for an activation that ends right after a read of the bucket.
+// It saves a running child's followup one JetStream read (issue 12).
+func (c *Coordinator) residentCached(ctx context.Context, childID string) (*store.Record[protocol.AgentRecord], error) {
+	if l, ok := c.agents.get(childID, false); ok && l.rec.TakenOverBy == "" && c.reg.hostLive(l.rec.HostID) {
+		return &store.Record[protocol.AgentRecord]{Value: l.rec, Revision: l.rev}, nil
+	}
+	return c.resident(ctx, childID)
+}
+
 // resumable folds a child's descriptor from its own events: NOT_RESUMABLE for
 // an unknown id, a one-shot child, or a missing or damaged descriptor. It
 // reads the head of the child's own events (the descriptor is logged with
 // its first turn's opening), not the whole log: the host that resumes the
-// child reads the whole log once (issue 12: one log read per resume). An
-// ACP child's last ACP session is read from the log's tail; a log whose
-// head holds no descriptor is read whole.
+// child reads the whole log once (issue 12: one log read per resume), and a
+// local provider's child's descriptor is read once per replica
+// (descriptorCache). An ACP child's last ACP session is read from the log's
+// tail; a log whose head holds no descriptor is read whole.
 func (c *Coordinator) resumable(ctx context.Context, h protocol.SessionHeader) (protocol.DescriptorData, error) {
 	notResumable := func(reason string) error {
 		return protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": reason})
+	}
+	local := func(d protocol.DescriptorData) bool {
+		desc, ok := c.reg.provider(d.Provider)
+		return ok && !desc.Remote
+	}
+	if d, ok := c.descs.get(h.ID); ok && local(d) {
+		return d, nil
 	}
 	page, err := c.st.ReadLogPage(ctx, h.Scope(), h.ID, h.SeedLength, 0, descriptorEventsMax, protocol.ReadPageBytesMax)
 	if err != nil {
@@ -398,7 +421,8 @@ func (c *Coordinator) resumable(ctx context.Context, h protocol.SessionHeader) (
 	// An ACP child lives in its agent's memory: without session/load it
 	// cannot come back once its process ended (DESIGN.md §6). A provider
 	// known to be local has no ACP sessions.
-	if desc, ok := c.reg.provider(d.Provider); ok && !desc.Remote {
+	if local(d) {
+		c.descs.add(h.ID, d)
 		return d, nil
 	}
 	tail, _, err := c.st.ReadLogTail(ctx, h.Scope(), h.ID, func(evs []protocol.SessionEvent) bool {
@@ -525,7 +549,7 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request, 
 	// resumes the child then). Upstream refused it with DRAINING; its inbox
 	// was not durable, so there was nothing to hold it in.
 	held := c.drainingFor(append(up, h.ID))
-	lease, err := c.resident(ctx, h.ID)
+	lease, err := c.residentCached(ctx, h.ID)
 	if err != nil {
 		return protocol.FollowupReply{}, err
 	}

@@ -170,6 +170,7 @@ type Coordinator struct {
 	reg     *registry
 	agents  *agentIndex
 	headers *headerCache
+	descs   *descriptorCache // continuable children's descriptors (local providers)
 	follows *followRegistry
 	started int64
 
@@ -250,6 +251,7 @@ func New(cfg Config) (*Coordinator, error) {
 		runs:        runs,
 		runsWatch:   newKVWatch(cfg.Store.Runs, "runs", log, runs.put, runs.del),
 		headers:     &headerCache{m: map[string]protocol.SessionHeader{}, max: cfg.HeadersCachedMax},
+		descs:       &descriptorCache{m: map[string]protocol.DescriptorData{}, max: cfg.HeadersCachedMax},
 		follows:     &followRegistry{m: map[string]*follow{}, max: cfg.FollowsMax},
 		working:     map[string]bool{},
 		ready:       make(chan struct{}),
