@@ -10,7 +10,6 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/brood-dev/brood/internal/model"
-	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -217,18 +216,7 @@ func BenchmarkFollowupCold(b *testing.B) {
 		b.StartTimer()
 		return accepted, modelCall
 	}
-	for i := 0; i < 5; i++ { // warm up
-		cycle()
-	}
-	lat := make([]time.Duration, 0, b.N)
-	first := make([]time.Duration, 0, b.N)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		a, m := cycle()
-		lat = append(lat, a)
-		first = append(first, m)
-	}
-	b.StopTimer()
+	lat, first := sampleCycles(b, 5, cycle)
 	reportRatio(b, "followup accept, child cold", percentile(lat, 0.5), percentile(lat, 0.99), rr, pub, floor, 2)
 	b.ReportMetric(ms(percentile(first, 0.5)), "first-model-request-p50-ms")
 	fmt.Printf("cold resume, short log: followup to the first model request p50 %.3f ms\n", ms(percentile(first, 0.5)))
@@ -239,8 +227,7 @@ func BenchmarkFollowupCold(b *testing.B) {
 // holds no lease: nobody else appends meanwhile).
 func growLog(b *testing.B, s *stack.Stack, scope, child string, events int) {
 	b.Helper()
-	ctx := context.Background()
-	lg, err := s.Store.ReadLog(ctx, scope, child)
+	lg, err := s.Store.ReadLog(context.Background(), scope, child)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -250,65 +237,24 @@ func growLog(b *testing.B, s *stack.Stack, scope, child string, events int) {
 			turn++
 		}
 	}
-	w := s.Store.NewLogWriter(scope, child, lg.LastSubjSeq, int64(len(lg.Events)))
-	for w.NextSeq() < int64(events) {
-		turn++
-		var evs []protocol.SessionEvent
-		for _, spec := range []struct {
-			typ  string
-			data any
-		}{
-			{protocol.EvTurnStart, protocol.TurnData{Turn: turn}},
-			{protocol.EvUserMessage, protocol.UserMessageData{ID: fmt.Sprintf("u%d", turn), Turn: turn, Content: protocol.Text("a question of some length, as users ask them")}},
-			{protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 1}},
-			{protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 1, Message: protocol.AssistantMessage{Content: protocol.Text("an answer of some length, as models give them")}}},
-			{protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: 1}},
-			{protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}},
-		} {
-			ev, err := protocol.NewEvent(spec.typ, store.NowMs(), spec.data)
-			if err != nil {
-				b.Fatal(err)
-			}
-			evs = append(evs, ev)
-		}
-		if _, err := w.Append(ctx, evs...); err != nil {
-			b.Fatal(err)
-		}
-	}
+	appendTurns(b, s.Store.NewLogWriter(scope, child, lg.LastSubjSeq, int64(len(lg.Events))), turn, events)
 }
 
-// orderedReadAll reads every record of subject with a bare ordered
-// consumer, decoding each (the baseline of a whole-log read).
-func orderedReadAll(b *testing.B, s *stack.Stack, subject string) time.Duration {
-	b.Helper()
-	ctx := context.Background()
-	start := time.Now()
-	cons, err := s.Store.Log.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-	if err != nil {
-		b.Fatal(err)
+// sampleCycles runs cycle warm times, then b.N times with the timer reset
+// (cycle stops and starts the timer around what it does not measure), and
+// returns the two durations each measured cycle gave.
+func sampleCycles(b *testing.B, warm int, cycle func() (x, y time.Duration)) (xs, ys []time.Duration) {
+	for i := 0; i < warm; i++ {
+		cycle()
 	}
-	for {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			b.Fatal(err)
-		}
-		for m := range batch.Messages() {
-			var rec protocol.LogRecord
-			if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &rec); err != nil {
-				b.Fatal(err)
-			}
-			meta, err := m.Metadata()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if meta.NumPending == 0 {
-				return time.Since(start)
-			}
-		}
-		if batch.Error() != nil {
-			b.Fatal(batch.Error())
-		}
+	xs, ys = make([]time.Duration, 0, b.N), make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		x, y := cycle()
+		xs, ys = append(xs, x), append(ys, y)
 	}
+	b.StopTimer()
+	return xs, ys
 }
 
 // BenchmarkColdResume10k: a followup to a cold continuable child whose log
@@ -337,16 +283,7 @@ func BenchmarkColdResume10k(b *testing.B) {
 		b.StartTimer()
 		return firstCall, read
 	}
-	cycle() // warm up
-	lat := make([]time.Duration, 0, b.N)
-	reads := make([]time.Duration, 0, b.N)
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		f, r := cycle()
-		lat = append(lat, f)
-		reads = append(reads, r)
-	}
-	b.StopTimer()
+	lat, reads := sampleCycles(b, 1, cycle)
 	p50, read := percentile(lat, 0.5), percentile(reads, 0.5)
 	b.ReportMetric(ms(p50), "first-model-request-p50-ms")
 	b.ReportMetric(ms(read), "ordered-consumer-ms")

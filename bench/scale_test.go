@@ -147,24 +147,7 @@ func prefillSessions(b *testing.B, s *stack.Stack, n int) {
 			Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: "/tmp", ParentSession: parent,
 			Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn",
 		})
-		var evs []protocol.SessionEvent
-		for _, spec := range []struct {
-			typ  string
-			data any
-		}{
-			{protocol.EvTurnStart, protocol.TurnData{Turn: 1}},
-			{protocol.EvUserMessage, protocol.UserMessageData{ID: "u", Turn: 1, Content: protocol.Text("say ok")}},
-			{protocol.EvStepStart, protocol.StepData{Turn: 1, Step: 1}},
-			{protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: 1, Step: 1, Message: protocol.AssistantMessage{Content: protocol.Text("ok")}}},
-			{protocol.EvStepEnd, protocol.StepData{Turn: 1, Step: 1}},
-			{protocol.EvTurnEnd, protocol.TurnEndData{Turn: 1, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}},
-		} {
-			ev, err := protocol.NewEvent(spec.typ, now, spec.data)
-			if err != nil {
-				b.Fatal(err)
-			}
-			evs = append(evs, ev)
-		}
+		evs := turnEvents(b, 1, "say ok", "ok")
 		pub(s.Store.Subj.Log("spawn", id), protocol.LogRecord{Events: evs})
 		pub("$KV."+s.Store.Subj.BucketRuns()+"."+store.RunKey(id), store.Settled(protocol.RunRecord{
 			RunID: id, ChildID: id, ParentSession: parent, Provider: "spawn", Mode: protocol.ModeOneShot,

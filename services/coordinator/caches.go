@@ -611,18 +611,43 @@ func (a *agentIndex) snapshot() []leaseState {
 	return out
 }
 
-// headerCache keeps immutable session headers (bounded; a miss reads BROOD_SESSIONS).
-type headerCache struct {
+// boundedMap is a map of at most max entries, for values that can be read
+// again: adding to a full one evicts an arbitrary entry.
+type boundedMap[V any] struct {
 	mu  sync.Mutex
-	m   map[string]protocol.SessionHeader
+	m   map[string]V
 	max int
 }
 
+func newBoundedMap[V any](max int) boundedMap[V] { return boundedMap[V]{m: map[string]V{}, max: max} }
+
+func (b *boundedMap[V]) get(k string) (V, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	v, ok := b.m[k]
+	return v, ok
+}
+
+func (b *boundedMap[V]) add(k string, v V) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.m) >= b.max {
+		for old := range b.m {
+			delete(b.m, old)
+			break
+		}
+	}
+	b.m[k] = v
+}
+
+// headerCache keeps immutable session headers (at most
+// Config.HeadersCachedMax; a miss reads BROOD_SESSIONS).
+type headerCache struct {
+	boundedMap[protocol.SessionHeader]
+}
+
 func (c *headerCache) get(ctx context.Context, st *store.Store, id string) (protocol.SessionHeader, error) {
-	c.mu.Lock()
-	h, ok := c.m[id]
-	c.mu.Unlock()
-	if ok {
+	if h, ok := c.boundedMap.get(id); ok {
 		return h, nil
 	}
 	h, err := st.GetHeader(ctx, id)
@@ -633,44 +658,13 @@ func (c *headerCache) get(ctx context.Context, st *store.Store, id string) (prot
 	return h, nil
 }
 
-func (c *headerCache) add(h protocol.SessionHeader) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.m) >= c.max {
-		for k := range c.m { // evict an arbitrary entry; headers are re-readable
-			delete(c.m, k)
-			break
-		}
-	}
-	c.m[h.ID] = h
-}
+func (c *headerCache) add(h protocol.SessionHeader) { c.boundedMap.add(h.ID, h) }
 
 // descriptorCache keeps the descriptors of continuable children whose
-// provider is local, by child id (bounded like the headers: at most
-// Config.HeadersCachedMax; a miss reads the log's head). A child's
-// descriptor never changes: cold resume folds the first one of its own
-// events (sessionlog.Descriptor), so a cached one stays right.
+// provider is local, by child id (at most Config.HeadersCachedMax; a miss
+// reads the log's head). A child's descriptor never changes: cold resume
+// folds the first one of its own events (sessionlog.Descriptor), so a
+// cached one stays right.
 type descriptorCache struct {
-	mu  sync.Mutex
-	m   map[string]protocol.DescriptorData
-	max int
-}
-
-func (c *descriptorCache) get(id string) (protocol.DescriptorData, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	d, ok := c.m[id]
-	return d, ok
-}
-
-func (c *descriptorCache) add(id string, d protocol.DescriptorData) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.m) >= c.max {
-		for k := range c.m { // evict an arbitrary entry; descriptors are re-readable
-			delete(c.m, k)
-			break
-		}
-	}
-	c.m[id] = d
+	boundedMap[protocol.DescriptorData]
 }

@@ -425,6 +425,46 @@ func TestLiveChildrenLimitHoldsForConcurrentStarts(t *testing.T) {
 	}
 }
 
+// leaseHold holds a worker's creation of one child's lease (an activation's
+// materialization) once hold names the child: holding is closed when the
+// write waits, release lets it go (also at cleanup).
+type leaseHold struct {
+	mu          sync.Mutex
+	id          string
+	holding     chan struct{}
+	release     chan struct{}
+	holdOnce    sync.Once
+	releaseOnce sync.Once
+}
+
+func newLeaseHold(t *testing.T) *leaseHold {
+	h := &leaseHold{holding: make(chan struct{}), release: make(chan struct{})}
+	t.Cleanup(h.let)
+	return h
+}
+
+// hold makes the worker's lease creation of child wait.
+func (h *leaseHold) hold(child string) { h.mu.Lock(); h.id = child; h.mu.Unlock() }
+
+// let lets the held write go.
+func (h *leaseHold) let() { h.releaseOnce.Do(func() { close(h.release) }) }
+
+// worker is the spawn worker's mod that holds the write.
+func (h *leaseHold) worker(agentsBucket string) func(*worker.InProcessConfig) {
+	return func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			h.mu.Lock()
+			hold := h.id != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == h.id
+			h.mu.Unlock()
+			if hold {
+				h.holdOnce.Do(func() { close(h.holding) })
+				<-h.release
+			}
+			return nil
+		}})
+	}
+}
+
 // TestResumedChildCountsAgainstTheLimit: a continuable child made live
 // again by a cold resume counts against its parent's next admission from
 // its epoch record on, before any coordinator's cache holds its new lease
@@ -437,25 +477,8 @@ func TestResumedChildCountsAgainstTheLimit(t *testing.T) {
 	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 2 })
 	root := s.Root()
 	auth := protocol.Authority{Parent: ptr(root.Ref())}
-	var resumed sync.Mutex // guards coldID: the cold child's id, once its resume is to be held
-	coldID := ""
-	holding, release := make(chan struct{}), make(chan struct{})
-	var holdOnce, releaseOnce sync.Once
-	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
-	agentsBucket := s.Store.Subj.BucketAgents()
-	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
-		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
-			resumed.Lock()
-			hold := coldID != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == coldID
-			resumed.Unlock()
-			if !hold {
-				return nil
-			}
-			holdOnce.Do(func() { close(holding) })
-			<-release
-			return nil
-		}})
-	})
+	held := newLeaseHold(t)
+	s.AddSpawnWorker(held.worker(s.Store.Subj.BucketAgents()))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	start := func(prompt string) (protocol.ContinuableStartReply, error) {
@@ -472,16 +495,14 @@ func TestResumedChildCountsAgainstTheLimit(t *testing.T) {
 	if _, err := start("sleep 30s\nsay two"); err != nil {
 		t.Fatal(err)
 	}
-	resumed.Lock()
-	coldID = cold.ChildID
-	resumed.Unlock()
+	held.hold(cold.ChildID)
 	followed := make(chan error, 1)
 	go func() {
 		_, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: cold.ChildID, Authority: auth, Message: protocol.Text("say three")})
 		followed <- err
 	}()
 	select {
-	case <-holding:
+	case <-held.holding:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the cold child was not resumed")
 	}
@@ -489,7 +510,7 @@ func TestResumedChildCountsAgainstTheLimit(t *testing.T) {
 	if protocol.CodeOf(err) != protocol.CodeLimitExceeded {
 		t.Errorf("a third child while one runs and one is resumed: %v, want LIMIT_EXCEEDED", err)
 	}
-	releaseOnce.Do(func() { close(release) })
+	held.let()
 	if err := <-followed; err != nil {
 		t.Fatalf("the followup to the cold child: %v", err)
 	}
@@ -509,24 +530,8 @@ func TestColdFollowupAnswersOnceTheMessageIsDurable(t *testing.T) {
 	s.AddCoordinator(func(c *coordinator.Config) { c.ProviderAttemptTimeout = 50 * time.Second })
 	root := s.Root()
 	auth := protocol.Authority{Parent: ptr(root.Ref())}
-	var mu sync.Mutex // guards coldID: the cold child's id, once its resume is to be held
-	coldID := ""
-	holding, release := make(chan struct{}), make(chan struct{})
-	var holdOnce, releaseOnce sync.Once
-	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
-	agentsBucket := s.Store.Subj.BucketAgents()
-	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
-		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
-			mu.Lock()
-			hold := coldID != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == coldID
-			mu.Unlock()
-			if hold {
-				holdOnce.Do(func() { close(holding) })
-				<-release
-			}
-			return nil
-		}})
-	})
+	held := newLeaseHold(t)
+	s.AddSpawnWorker(held.worker(s.Store.Subj.BucketAgents()))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cold, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "cold", Prompt: protocol.Text("say one")})
@@ -537,9 +542,7 @@ func TestColdFollowupAnswersOnceTheMessageIsDurable(t *testing.T) {
 		st, err := s.Client.State(ctx, protocol.ChildRef{ChildID: cold.ChildID, Authority: auth})
 		return err == nil && st.State == protocol.StateNone
 	}, "the child goes cold")
-	mu.Lock()
-	coldID = cold.ChildID
-	mu.Unlock()
+	held.hold(cold.ChildID)
 	type answer struct {
 		reply protocol.FollowupReply
 		err   error
@@ -550,7 +553,7 @@ func TestColdFollowupAnswersOnceTheMessageIsDurable(t *testing.T) {
 		followed <- answer{r, err}
 	}()
 	select {
-	case <-holding:
+	case <-held.holding:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the cold child was not resumed")
 	}
@@ -566,7 +569,7 @@ func TestColdFollowupAnswersOnceTheMessageIsDurable(t *testing.T) {
 	if err != nil || st.Queued != 1 {
 		t.Fatalf("state while the resume is held = %+v, %v; want the message queued", st, err)
 	}
-	releaseOnce.Do(func() { close(release) })
+	held.let()
 	testutil.Eventually(t, 20*time.Second, func() bool {
 		_, evs := s.Log(cold.ChildID)
 		for _, ev := range evs {
