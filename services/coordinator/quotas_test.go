@@ -146,8 +146,9 @@ func TestExpiredGrantsAreRemoved(t *testing.T) {
 // leases (bare session ids) but not roots' (root.<sessionId>, which only
 // coordinators write; docs/security.md). A lease it writes under a root's
 // bare id, with a credential of its own and a live host, does not pass for
-// the root: whether a session is a root comes from its header, and a root's
-// lease only from its root key. The root's own credential keeps working.
+// the root, to start a run or to read the root: whether a session is a root
+// comes from its header, and a root's lease only from its root key. The
+// root's own credential keeps working.
 func TestALeaseUnderARootsBareKeyIsNotTheRoots(t *testing.T) {
 	s := stack.New(t)
 	s.AddCoordinator()
@@ -167,6 +168,12 @@ func TestALeaseUnderARootsBareKeyIsNotTheRoots(t *testing.T) {
 			_, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: forgedRef, Provider: "spawn", Prompt: protocol.Text("say forged")})
 			return protocol.CodeOf(err) == protocol.CodeUnauthorized
 		}, "a runs.start as the root with the credential of a lease of kind %s under its bare key is refused UNAUTHORIZED", kind)
+		// A read decides on that credential alone (no later check of the
+		// lease from the bucket's leader, as a start has).
+		testutil.Consistently(t, time.Second, func() bool {
+			_, err := s.Client.Header(ctx, protocol.SessionGetRequest{SessionID: root.SessionID, Authority: protocol.Authority{Parent: &forgedRef}})
+			return protocol.CodeOf(err) == protocol.CodeUnauthorized
+		}, "a sessions.get of the root with the credential of a lease of kind %s under its bare key is refused UNAUTHORIZED", kind)
 	}
 	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
 	if err != nil {
