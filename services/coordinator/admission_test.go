@@ -359,3 +359,54 @@ func TestAColdResumesSlotIsFreedOnceItsRunSettled(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestStartInputsAtTheirLimits: runs.start takes a prompt, a label and a
+// notify subject of exactly their bound and refuses one byte more (the
+// prompt LIMIT_EXCEEDED, Config.PromptBytesMax; the label and the notify
+// subject INVALID_ARGUMENT, protocol.LabelBytesMax and
+// NotifySubjectBytesMax); a prompt with no text, or a block that is not
+// text, is INVALID_ARGUMENT; a notify subject is printable ASCII from '!'
+// to '~' (no space, no DEL).
+func TestStartInputsAtTheirLimits(t *testing.T) {
+	const promptMax = 64
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.PromptBytesMax = promptMax })
+	s.AddSpawnWorker()
+	s.WaitProvider("spawn")
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	say := func(n int) []protocol.ContentBlock { return protocol.Text("say " + strings.Repeat("x", n-len("say "))) }
+	notify := func(n int) string { return "test.notify." + strings.Repeat("n", n-len("test.notify.")) }
+	tests := []struct {
+		name   string
+		prompt []protocol.ContentBlock
+		label  string
+		notify string
+		want   protocol.Code
+	}{
+		{"a prompt of the bound", say(promptMax), "", "", ""},
+		{"a prompt one byte over", say(promptMax + 1), "", "", protocol.CodeLimitExceeded},
+		{"no prompt", nil, "", "", protocol.CodeInvalidArgument},
+		{"a prompt of one empty text", protocol.Text(""), "", "", protocol.CodeInvalidArgument},
+		{"a prompt block that is not text", []protocol.ContentBlock{{Type: "image"}}, "", "", protocol.CodeInvalidArgument},
+		{"a label of the bound", say(8), strings.Repeat("l", protocol.LabelBytesMax), "", ""},
+		{"a label one byte over", say(8), strings.Repeat("l", protocol.LabelBytesMax+1), "", protocol.CodeInvalidArgument},
+		{"a notify subject of the bound", say(8), "", notify(protocol.NotifySubjectBytesMax), ""},
+		{"a notify subject one byte over", say(8), "", notify(protocol.NotifySubjectBytesMax + 1), protocol.CodeInvalidArgument},
+		{"a notify subject with ! and ~", say(8), "", "test.notify.!~", ""},
+		{"a notify subject with a space", say(8), "", "test.notify.a b", protocol.CodeInvalidArgument},
+		{"a notify subject with DEL", say(8), "", "test.notify.a\x7f", protocol.CodeInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// The request as sent (client.StartRun puts its own subject in notify).
+			var reply protocol.RunStartReply
+			err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(), Prompt: tt.prompt,
+				Notify: tt.notify, Options: protocol.StartOptions{Label: tt.label}}, &reply)
+			if protocol.CodeOf(err) != tt.want {
+				t.Fatalf("runs.start: %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
