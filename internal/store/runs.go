@@ -58,6 +58,24 @@ func (s *Store) ClaimRun(ctx context.Context, run protocol.RunRecord, rev uint64
 	return run, nrev, err
 }
 
+// ReclaimRun writes claimed, the record a ClaimRun at rev returned with an
+// error (its outcome unknown), again by compare-and-set at rev, so the
+// claim's outcome becomes known: it returns the claimed record's revision
+// whether this write or the earlier one landed (Update recognises its own
+// value), and ErrConflict when another party changed the record first (a
+// coordinator settled it, or another instance claimed it). Reading the record
+// back is no such answer: a write still in flight (a replicated bucket's
+// leader had not applied it yet) reads as absent and lands afterwards
+// (make test's chaos seed, loaded: a one-shot run claimed by a live host
+// that had read its claim back as missing and forgotten it, running for
+// good with no lease and an empty log).
+func (s *Store) ReclaimRun(ctx context.Context, claimed protocol.RunRecord, rev uint64) (uint64, error) {
+	if claimed.State != protocol.RunRunning || claimed.HostID == "" || rev == 0 {
+		return 0, fmt.Errorf("store: reclaim run %s: only a claimed running record at the revision it was claimed at is written again", claimed.RunID)
+	}
+	return Update(ctx, s.Runs, RunKey(claimed.RunID), claimed, rev)
+}
+
 // HoldRun writes run, the record this host claimed (at rev, the claim's
 // revision or a later one of its own), back unchanged by compare-and-set at
 // rev, once the host holds the session's lease. A coordinator settles a

@@ -181,11 +181,12 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	if errors.Is(err, errClaimUnknown) {
 		// The claim may have landed unseen: the coordinator then reports the
 		// child active. The activation stays registered (host requests wait
-		// for built) until the claim is read back: one that landed is
-		// carried out after all, else the activation is dropped.
+		// for built) until the claim is decided (claimLanded writes it
+		// again): one that landed is carried out after all, else the
+		// activation is dropped.
 		cause, bctx := err, context.WithoutCancel(ctx)
 		go func() {
-			run, rev, landed := h.claimLanded(a.run, cause)
+			run, rev, landed := h.claimLanded(a.run, uint64(req.RunRevision), cause)
 			if !landed {
 				fail(cause)
 				return

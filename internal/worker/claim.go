@@ -83,33 +83,42 @@ func (h *Host) claim(ctx context.Context, run protocol.RunRecord, rev uint64, ch
 // claimLanded.
 var errClaimUnknown = errors.New("the claim's outcome is unknown")
 
-// claimLanded reads back, from the leader and within SettleBudget, a run
-// record whose claim by this host had an unknown outcome. It reports the
-// record and its revision when the claim landed after all: the run is then
-// this host's (nobody else starts or settles it, and the coordinator reports
-// it started), and the caller carries it out. A claim that did not land
-// leaves the record to the coordinator, which settles it or gives it to
-// another instance.
-func (h *Host) claimLanded(run protocol.RunRecord, cause error) (protocol.RunRecord, uint64, bool) {
+// claimLanded decides, within SettleBudget, the outcome of a claim by this
+// host that ran out of time unanswered (errClaimUnknown): claimed is the
+// record the claim wrote at rev, the revision the coordinator created it at.
+// It writes the same claim again by compare-and-set at rev
+// (store.ReclaimRun): when either write landed, the run is this host's
+// (nobody else starts or settles it, and the coordinator reports it
+// started) and claimLanded reports the record and its revision, for the
+// caller to carry it out; when another party changed the record first (the
+// coordinator settled it, or gave it to another instance), the earlier write
+// can no longer land and the run is left to that party. A read-back alone
+// does not decide: the earlier write may still be in flight, read as absent
+// and land afterwards, leaving a run claimed by a live host that forgot it
+// (no lease, no log, no settlement: the coordinator settles orphaned
+// records of dead claimers only).
+func (h *Host) claimLanded(claimed protocol.RunRecord, rev uint64, cause error) (protocol.RunRecord, uint64, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), SettleBudget)
 	defer cancel()
-	cur, err := h.st.RunLatest(ctx, run.RunID)
+	nrev, err := h.st.ReclaimRun(ctx, claimed, rev)
 	switch {
+	case errors.Is(err, store.ErrConflict):
+		h.log.Info("a claim whose answer was lost did not land: the record changed first; leaving the run to that party", "run", claimed.RunID, "cause", cause)
 	case err != nil:
-		h.log.Error("could not read back a claim whose outcome is unknown; if it landed, the run stays running until this host goes away",
-			"run", run.RunID, "err", err, "cause", cause)
-	case cur.Value.State == protocol.RunRunning && cur.Value.HostID == h.id && cur.Value.StartedAt == run.StartedAt:
-		h.log.Warn("a claim whose answer was lost landed after all; carrying out the run", "run", run.RunID)
-		return cur.Value, cur.Revision, true
+		h.log.Error("could not decide a claim whose outcome is unknown; if it landed, the run stays running until this host goes away",
+			"run", claimed.RunID, "err", err, "cause", cause)
+	default:
+		h.log.Warn("a claim whose answer was lost is this host's; carrying out the run", "run", claimed.RunID)
+		return claimed, nrev, true
 	}
-	return run, 0, false
+	return claimed, 0, false
 }
 
 // resolveClaim is claimLanded for a caller that carries out a landed claim in
 // landed.
-func (h *Host) resolveClaim(run protocol.RunRecord, cause error, landed func(protocol.RunRecord, uint64)) {
-	if cur, rev, ok := h.claimLanded(run, cause); ok {
-		landed(cur, rev)
+func (h *Host) resolveClaim(claimed protocol.RunRecord, rev uint64, cause error, landed func(protocol.RunRecord, uint64)) {
+	if cur, nrev, ok := h.claimLanded(claimed, rev, cause); ok {
+		landed(cur, nrev)
 	}
 }
 

@@ -59,9 +59,9 @@ func (h *Host) isDraining() bool {
 // the first turn's opening (concurrently), then answers; the turn runs on.
 // Nothing is written before the claim; a failure after it settles the run as
 // never started. A claim whose outcome stayed unknown within the request's
-// deadline is answered UNAVAILABLE and resolved in the background: when it
-// landed after all, the run is this host's (the coordinator reports it
-// started) and starts then.
+// deadline is answered UNAVAILABLE and decided in the background by writing
+// it again (claimLanded): when it landed after all, the run is this host's
+// (the coordinator reports it started) and starts then.
 func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderStartRequest) (any, error) {
 	if h.isDraining() {
 		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
@@ -81,7 +81,7 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	cancel()
 	if errors.Is(err, errClaimUnknown) {
 		bctx := context.WithoutCancel(ctx)
-		go h.resolveClaim(run, err, func(run protocol.RunRecord, rev uint64) {
+		go h.resolveClaim(run, uint64(req.RunRevision), err, func(run protocol.RunRecord, rev uint64) {
 			if _, err := h.publishRun(bctx, p, req, run, rev); err != nil {
 				h.log.Warn("a run whose claim landed late could not start", "run", run.RunID, "err", err)
 			}
