@@ -3,12 +3,15 @@ package integration
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/embedded"
@@ -280,4 +283,70 @@ func TestResumedChildReleasesItsParentsOwnership(t *testing.T) {
 	if rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey(parent.ChildID)); err == nil && len(rec.Value.Children) > 0 {
 		t.Fatalf("the parent still owns %v", rec.Value.Children)
 	}
+}
+
+// TestOwnershipEdgeOutlivesAnUnavailableBucket: a child's epoch ends while
+// the removal of its parent's ownership edge keeps failing (the host's
+// writes to owns.<parent> get no answer). The host keeps the child's lease
+// and tries the removal again; once it lands, the lease goes and the
+// parent, which owns no live child any more, settles. Before, the host let
+// the edge go unremoved and released the lease: the parent's epoch waited
+// for good with its lease held by a live host (make test's chaos seed 1,
+// loaded: I6 and I7, "release ownership ... context deadline exceeded").
+func TestOwnershipEdgeOutlivesAnUnavailableBucket(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	var failing atomic.Bool
+	var ownsKey atomic.Value
+	ownsKey.Store("")
+	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(_ context.Context, w store.Write) error {
+			if failing.Load() && (w.Op == store.OpKVUpdate || w.Op == store.OpKVDelete) && w.Key == ownsKey.Load().(string) {
+				return jetstream.ErrNoStreamResponse // no answer: retried, then given up
+			}
+			return nil
+		}})
+	})
+	s.WaitProvider("spawn")
+	root := s.Root()
+	user := grant(t, s)
+	ctx := context.Background()
+	failing.Store(true)
+	parent := startCont(t, s, root.Ref(),
+		"call subagent {\"description\":\"quick\",\"prompt\":\"say hi\",\"run_in_background\":true}\nsleep 2s\nsay done")
+	ownsKey.Store(store.OwnsKey(parent.ChildID))
+	var child string
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		_, evs := s.Log(parent.ChildID)
+		for _, ev := range evs {
+			var d protocol.ToolResultData
+			if ev.Type == protocol.EvToolResult && ev.Decode(&d) == nil && d.Meta["childId"] != "" {
+				child = d.Meta["childId"]
+			}
+		}
+		if child == "" {
+			return false
+		}
+		for _, ev := range s.Lifecycle(parent.ChildID) {
+			if ev.Type == protocol.LifecycleEnd && ev.ID == child {
+				return true
+			}
+		}
+		return false
+	}, "the child's epoch ends while its parent's ownership edge cannot be removed")
+	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child); err != nil {
+		t.Fatalf("the child's lease is gone while its parent's edge was kept: %v", err)
+	}
+	if state(t, s, parent.ChildID, user) == protocol.StateNone {
+		t.Fatal("the parent settled while it owned the child")
+	}
+	failing.Store(false)
+	waitState(t, s, parent.ChildID, ref(root), protocol.StateNone, 30*time.Second)
+	if rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey(parent.ChildID)); err == nil && len(rec.Value.Children) > 0 {
+		t.Fatalf("the parent still owns %v", rec.Value.Children)
+	}
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
+		return errors.Is(err, store.ErrNotFound)
+	}, "the child's lease released once the edge was removed")
 }

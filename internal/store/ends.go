@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -106,6 +107,25 @@ func (s *Store) PublishRunNotice(rec protocol.RunRecord, onErr func(error)) {
 	}
 }
 
+// ErrOwnershipKept marks EndEpoch's report (to onErr) of an ownership edge
+// it could not remove. The caller must not let it go: the owner cannot
+// settle while the edge lists the child, so an edge left behind keeps the
+// owner's epoch waiting for good (make test's chaos seed 1: an epoch
+// running with its lease held by a live host, its removal cut off during a
+// leader election). The caller keeps the child's lease and tries
+// ReleaseOwnership again before it releases the lease.
+var ErrOwnershipKept = errors.New("the ownership edge was not removed")
+
+// ReleaseOwnership removes the edge owner → child (RemoveOwnership) and
+// wakes the owner.
+func (s *Store) ReleaseOwnership(ctx context.Context, owner, child string) error {
+	if err := s.RemoveOwnership(ctx, owner, child); err != nil {
+		return err
+	}
+	_ = s.NC.Publish(s.Subj.Wake(owner), nil)
+	return nil
+}
+
 // EpochEnd is what the end of a continuable child's epoch publishes.
 type EpochEnd struct {
 	ChildID, Parent, Owner, RunID, Provider string
@@ -124,7 +144,8 @@ type EpochEnd struct {
 // is gone or ending gets no notice (its turn is over), nor does one under an
 // ended one-shot ancestor (e.AncestorEnded): that ancestor's end disposes it,
 // and nothing under an ended run starts work again (RELIABILITY.md I5).
-// Failures go to onErr; the later steps are still taken. The channel is
+// Failures go to onErr (an edge not removed as ErrOwnershipKept); the later
+// steps are still taken. The channel is
 // closed once subagent/end is stored (or given up on): release the lease
 // only then (PublishRunEnd).
 func (s *Store) EndEpoch(ctx context.Context, e EpochEnd, onErr func(error)) <-chan struct{} {
@@ -142,10 +163,9 @@ func (s *Store) EndEpoch(ctx context.Context, e EpochEnd, onErr func(error)) <-c
 		}
 	}
 	if e.Owner != "" {
-		if err := s.RemoveOwnership(ctx, e.Owner, e.ChildID); err != nil {
-			onErr(fmt.Errorf("release ownership of %s by %s: %w", e.ChildID, e.Owner, err))
+		if err := s.ReleaseOwnership(ctx, e.Owner, e.ChildID); err != nil {
+			onErr(fmt.Errorf("%w: release ownership of %s by %s: %w", ErrOwnershipKept, e.ChildID, e.Owner, err))
 		}
-		_ = s.NC.Publish(s.Subj.Wake(e.Owner), nil)
 	}
 	ev := protocol.LifecycleEvent{
 		Type: protocol.LifecycleEnd, RunID: e.RunID, Provider: e.Provider, ID: e.ChildID, ParentSession: e.Parent,

@@ -76,7 +76,8 @@ package store
 //	    admission closed → final flush of the log → SettleRun at the claim's
 //	    revision → EndEpoch: settlement notice (Enqueue to the parent,
 //	    idempotency key settled-<runId>) → RemoveOwnership → wake the owner
-//	    → subagent/end → ReleaseLease.
+//	    → subagent/end → ReleaseLease (after RemoveOwnership landed: a
+//	    failed removal is tried again first, ErrOwnershipKept).
 //
 //	HOST_LOST (coordinator; a one-shot run or an epoch whose host died)
 //	    TakeOverLease (CAS; epoch+1; one replica wins) → [epoch: its record

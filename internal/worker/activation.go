@@ -794,11 +794,23 @@ func (a *activation) teardown() {
 		// (idempotently), so no notice and no subagent/end is ever lost (chaos
 		// seed 2: a worker killed between the settlement and the end).
 		<-a.started // subagent/end follows subagent/start on the stream
+		var ownershipKept atomic.Bool
 		<-h.st.EndEpoch(ctx, store.EpochEnd{
 			ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
 			Provider: a.provider, Remote: a.remote, Result: res, AncestorEnded: orphaned,
-		}, h.eventErr)
-		h.releaseLease(a.childID, leaseRev)
+		}, func(err error) {
+			ownershipKept.CompareAndSwap(false, errors.Is(err, store.ErrOwnershipKept))
+			h.eventErr(err)
+		})
+		// An ownership edge left behind would keep the owner waiting for
+		// good: its removal is tried again, and the lease goes only after it
+		// (the child's next epoch, which adds the edge again, cannot start
+		// meanwhile).
+		var first func(context.Context) error
+		if owner := a.owner; ownershipKept.Load() {
+			first = func(ctx context.Context) error { return h.st.ReleaseOwnership(ctx, owner, a.childID) }
+		}
+		h.releaseLeaseAfter(a.childID, leaseRev, first)
 		log.Info("activation settled", "stopReason", res.StopReason)
 	})
 }

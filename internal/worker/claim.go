@@ -257,7 +257,19 @@ const LeaseReleaseTimeout = 5 * time.Second
 // release that fails for any reason but a changed or missing lease waits in
 // h.unsettled and is tried again after each heartbeat JetStream takes.
 func (h *Host) releaseLease(childID string, rev uint64) {
+	h.releaseLeaseAfter(childID, rev, nil)
+}
+
+// releaseLeaseAfter is releaseLease with a step that must land first (nil:
+// none), tried again with the release until it does: while it has not, the
+// lease stays held.
+func (h *Host) releaseLeaseAfter(childID string, rev uint64, first func(context.Context) error) {
 	try := func(ctx context.Context) bool {
+		if first != nil {
+			if err := first(ctx); err != nil {
+				return false
+			}
+		}
 		err := h.st.ReleaseChildLease(ctx, childID, rev)
 		return err == nil || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound)
 	}

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/brood-dev/brood/internal/sessionlog"
@@ -291,10 +292,21 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 			c.log.Warn("takeover: could not check whether an ancestor ended", "session", id, "err", err)
 		}
 		<-c.st.PublishStartAgain(epochRec, func(err error) { c.log.Warn("epoch start not republished", "err", err) })
+		var ownershipKept atomic.Bool
 		<-c.st.EndEpoch(ctx, store.EpochEnd{
 			ChildID: id, Parent: fresh.Value.ParentSession, Owner: fresh.Value.Owner, RunID: fresh.Value.RunID,
 			Provider: fresh.Value.Provider, Remote: c.isRemote(fresh.Value.Provider), Result: res, AncestorEnded: anc != "",
-		}, func(err error) { c.log.Warn("epoch end not fully published", "err", err) })
+		}, func(err error) {
+			ownershipKept.CompareAndSwap(false, errors.Is(err, store.ErrOwnershipKept))
+			c.log.Warn("epoch end not fully published", "err", err)
+		})
+		if ownershipKept.Load() {
+			// An edge left behind keeps the owner waiting for good: the
+			// lease stays taken over, and the next sweep publishes the
+			// settled epoch's end again (idempotently) and removes it.
+			c.log.Warn("takeover: the ownership edge was not removed; will retry", "session", id, "owner", fresh.Value.Owner)
+			return
+		}
 	}
 	if err := c.st.ReleaseLease(ctx, id, taken.Revision); err != nil {
 		c.log.Warn("takeover: could not release the lease", "session", id, "err", err)
