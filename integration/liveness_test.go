@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -283,6 +284,59 @@ func TestResumedChildReleasesItsParentsOwnership(t *testing.T) {
 	if rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey(parent.ChildID)); err == nil && len(rec.Value.Children) > 0 {
 		t.Fatalf("the parent still owns %v", rec.Value.Children)
 	}
+}
+
+// TestOwnerlessEpochReleasesItsParentsEdge: a cold resume registers the
+// parent's ownership edge before it activates the child, and a resume that
+// failed keeps it for the epoch that eventually runs the child. When the
+// liveness sweep starts that epoch while the parent is not live, the epoch
+// names no owner; its end must still remove the edge, or the parent's next
+// epoch waits for a child that is gone, forever (TestYourProviderUnderFaults:
+// I6, the parent's epoch running with its lease held by a live host, its
+// record owns.<parent> listing a child settled long before).
+func TestOwnerlessEpochReleasesItsParentsEdge(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = 300 * time.Millisecond })
+	s.AddSpawnWorker()
+	root := s.Root()
+	user := grant(t, s)
+	ctx := context.Background()
+	parent := startCont(t, s, root.Ref(),
+		"call subagent {\"description\":\"quick\",\"prompt\":\"say hi\",\"run_in_background\":true}\nsay started")
+	var child string
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		_, evs := s.Log(parent.ChildID)
+		for _, ev := range evs {
+			var d protocol.ToolResultData
+			if ev.Type == protocol.EvToolResult && ev.Decode(&d) == nil && d.Meta["childId"] != "" {
+				child = d.Meta["childId"]
+			}
+		}
+		return child != "" && state(t, s, child, user) == protocol.StateNone
+	}, "the child ran and its epoch ended")
+	waitState(t, s, parent.ChildID, ref(root), protocol.StateNone, 20*time.Second)
+	// A cold resume of the child registered the edge, and its activation
+	// failed; the message it was for waits for the liveness sweep, which
+	// finds the parent not live and resumes the child with no owner.
+	if err := s.Store.AddOwnership(ctx, parent.ChildID, child); err != nil {
+		t.Fatal(err)
+	}
+	mid, _, err := s.Store.Enqueue(ctx, child, store.InboxItem{Content: protocol.Text("say again"),
+		Source: protocol.MessageSource{Kind: protocol.SourceCoordinator, Form: "relay", SenderSessionID: parent.ChildID}, Delivery: store.DeliveryNextTurn}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		_, evs := s.Log(child)
+		claims, _, _ := turnsOf(evs)
+		return slices.Contains(claims, mid) && state(t, s, child, user) == protocol.StateNone
+	}, "the child is resumed for the message and its epoch ends")
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey(parent.ChildID))
+		return errors.Is(err, store.ErrNotFound) || (err == nil && !slices.Contains(rec.Value.Children, child))
+	}, "the ended epoch removed its parent's edge")
+	followup(t, s, parent.ChildID, ref(root), "say more")
+	waitState(t, s, parent.ChildID, ref(root), protocol.StateNone, 20*time.Second)
 }
 
 // TestOwnershipEdgeOutlivesAnUnavailableBucket: a child's epoch ends while

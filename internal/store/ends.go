@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -139,7 +140,8 @@ type EpochEnd struct {
 
 // EndEpoch delivers the subagent-settled notice to the live parent (inbox,
 // next step, idempotency key settled-<runId>), then removes the ownership
-// edge and wakes the owner, then emits subagent/end (DESIGN.md §7,
+// edge from the owner's record (the parent's, when the epoch names no
+// owner) and wakes the owner, then emits subagent/end (DESIGN.md §7,
 // Ownership). Hosts and coordinators (HOST_LOST) both use it. A parent that
 // is gone or ending gets no notice (its turn is over), nor does one under an
 // ended one-shot ancestor (e.AncestorEnded): that ancestor's end disposes it,
@@ -162,9 +164,17 @@ func (s *Store) EndEpoch(ctx context.Context, e EpochEnd, onErr func(error)) <-c
 			}
 		}
 	}
-	if e.Owner != "" {
-		if err := s.ReleaseOwnership(ctx, e.Owner, e.ChildID); err != nil {
-			onErr(fmt.Errorf("%w: release ownership of %s by %s: %w", ErrOwnershipKept, e.ChildID, e.Owner, err))
+	// The parent's edge goes even when the epoch names no owner: a cold
+	// resume registers the edge before it activates, and a resume that
+	// failed keeps it for the epoch that eventually runs the child, which
+	// the liveness sweep may start with no owner (the parent was not live
+	// then); left behind, it kept the parent's next epoch waiting for good
+	// (TestYourProviderUnderFaults: I6, an epoch running with its lease held
+	// by a live host). Removal is idempotent: a parent that owns nothing
+	// costs one read.
+	if owner := cmp.Or(e.Owner, e.Parent); owner != "" {
+		if err := s.ReleaseOwnership(ctx, owner, e.ChildID); err != nil {
+			onErr(fmt.Errorf("%w: release ownership of %s by %s: %w", ErrOwnershipKept, e.ChildID, owner, err))
 		}
 	}
 	ev := protocol.LifecycleEvent{

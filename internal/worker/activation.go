@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -807,7 +808,7 @@ func (a *activation) teardown() {
 		// (the child's next epoch, which adds the edge again, cannot start
 		// meanwhile).
 		var first func(context.Context) error
-		if owner := a.owner; ownershipKept.Load() {
+		if owner := cmp.Or(a.owner, a.header.ParentSession); ownershipKept.Load() {
 			first = func(ctx context.Context) error { return h.st.ReleaseOwnership(ctx, owner, a.childID) }
 		}
 		h.releaseLeaseAfter(a.childID, leaseRev, first)
