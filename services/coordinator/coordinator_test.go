@@ -3,9 +3,11 @@ package coordinator_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,6 +201,51 @@ func TestClosingTheRootDisposesItsRuns(t *testing.T) {
 	_ = evs[len(evs)-1].Decode(&end)
 	if end.Reason.Cause != protocol.CauseParent {
 		t.Fatalf("cause = %q, want parent", end.Reason.Cause)
+	}
+}
+
+// TestRootCloseOutlivesARenewalElsewhere: a root's close deletes its lease
+// by compare-and-set, at the revision this replica last saw; a renewal
+// another replica answered just before moved it on. The close must still
+// end the root: its credential is refused at once. Before, the conflict
+// counted as closed, the lease lived until it lapsed, and a run started
+// with the closed root's credential 6 s after its close was accepted
+// (make test's chaos seed 1: I4, run-dead-root).
+func TestRootCloseOutlivesARenewalElsewhere(t *testing.T) {
+	s := stack.New(t)
+	var renewed atomic.Bool
+	var rootKey atomic.Value
+	rootKey.Store("")
+	s.AddCoordinator(func(c *coordinator.Config) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			if w.Op != store.OpKVDelete || w.Key != rootKey.Load().(string) || !renewed.CompareAndSwap(false, true) {
+				return nil
+			}
+			// Another replica renews the lease just before this delete.
+			cur, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, w.Key)
+			if err != nil {
+				return err
+			}
+			cur.Value.ExpiresAt += 1000
+			_, err = store.Update(ctx, s.Store.Agents, w.Key, cur.Value, cur.Revision)
+			return err
+		}})
+	})
+	s.AddSpawnWorker()
+	root := s.Root()
+	rootKey.Store(store.RootLeaseKey(root.SessionID))
+	ctx := context.Background()
+	if err := root.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !renewed.Load() {
+		t.Fatal("the close deleted no lease")
+	}
+	if _, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say late")}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+		t.Fatalf("a run with the closed root's credential = %v, want UNAUTHORIZED", err)
+	}
+	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.RootLeaseKey(root.SessionID)); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the closed root's lease = %v, want gone", err)
 	}
 }
 

@@ -24,7 +24,7 @@ const RootHostID = "client"
 const DefaultRootLease = 30 * time.Second
 
 // renewAttemptsMax bounds the compare-and-set attempts of one agents.renew
-// that races with another write of the root's lease.
+// or agents.close that races with another write of the root's lease.
 const renewAttemptsMax = 3
 
 // CwdBytesMax bounds a root's workspace path.
@@ -106,14 +106,46 @@ func (c *Coordinator) agentsClose(ctx context.Context, req rpc.Request, p protoc
 	if l.rec.Kind != protocol.AgentRoot {
 		return protocol.Empty{}, protocol.Errorf(protocol.CodeInvalidArgument, "session %s is not a root; only roots are closed by clients", p.SessionID)
 	}
-	if err := c.st.ReleaseLease(ctx, p.SessionID, l.rev); err != nil && !errors.Is(err, store.ErrConflict) {
-		return protocol.Empty{}, protocol.Errorf(protocol.CodeUnavailable, "close: %w", err)
+	if err := c.releaseRoot(ctx, p, l.rev); err != nil {
+		return protocol.Empty{}, err
 	}
 	c.agents.del(store.RootLeaseKey(p.SessionID))
 	// The root's one-shot runs belong to it: dispose them now rather than at
 	// the next monitor tick (DESIGN.md §7, Settlement 4).
 	go c.disposeOrphans(context.WithoutCancel(ctx), p.SessionID)
 	return protocol.Empty{}, nil
+}
+
+// releaseRoot deletes the lease of the root p names, first at rev (from
+// authorize: possibly this replica's cache). The delete is a compare-and-set,
+// and a renewal another replica answered moves the revision on: a conflict
+// reads the lease from the leader and deletes it at its revision, while it
+// is still p's lease. Before, a conflict counted as closed: the lease lived
+// on until it lapsed, and so did the credential (make test's chaos seed 1:
+// a run started 6 s after its root's close was accepted, I4). A lease gone,
+// or holding another credential (a reopened root), is closed.
+func (c *Coordinator) releaseRoot(ctx context.Context, p protocol.ParentRef, rev uint64) error {
+	for attempt := 0; attempt < renewAttemptsMax; attempt++ {
+		err := c.st.ReleaseLease(ctx, p.SessionID, rev)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, store.ErrConflict) {
+			return protocol.Errorf(protocol.CodeUnavailable, "close: %w", err)
+		}
+		fresh, err := c.st.LeaseLatest(ctx, p.SessionID)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return protocol.Errorf(protocol.CodeUnavailable, "close: read the lease of %s: %w", p.SessionID, err)
+		}
+		if !protocol.CredentialMatches(p.Credential, fresh.Value.CredentialHash) {
+			return nil
+		}
+		rev = fresh.Revision
+	}
+	return protocol.Errorf(protocol.CodeUnavailable, "close of %s kept conflicting; retry", p.SessionID)
 }
 
 // parallel runs fns concurrently and returns the first error.
