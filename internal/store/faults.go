@@ -102,6 +102,11 @@ type faultKV struct {
 	f Faults
 }
 
+// leaderGet reads through to the bucket (reads are not faulted).
+func (kv faultKV) leaderGet(ctx context.Context, key string) ([]byte, uint64, bool, error) {
+	return latest(ctx, kv.KeyValue, key)
+}
+
 func (kv faultKV) write(ctx context.Context, w Write, do func() (uint64, error)) (uint64, error) {
 	w.Bucket = kv.Bucket()
 	if err := kv.f.before(ctx, w); err != nil {

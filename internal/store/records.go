@@ -73,8 +73,11 @@ func isKVConflict(err error) bool {
 // that is then lost with its leader), and a retry of a write that landed is
 // refused too (DESIGN.md §12). So every refusal is decided by reading the key
 // from the leader: our value there means our write landed; the key as we
-// expected it (unchanged) means nothing changed yet, and the write is tried
-// again (errBusy, transient); anything else is the conflict.
+// expected it (unchanged), or not even at the revision we expect (a leader
+// that has not applied every write: one just elected, or a deposed one
+// still answering as a partition heals), means nothing is known to have
+// changed, and the write is tried again (errBusy, transient); anything else
+// is the conflict.
 
 // kvState is a key as the leader has it.
 type kvState struct {
@@ -142,7 +145,11 @@ func Update[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T, 
 		case st.found && st.rev > rev && bytes.Equal(st.data, data):
 			nrev = st.rev
 			return nil
-		case st.found && st.rev == rev:
+		case st.found && st.rev == rev, st.rev < rev:
+			// Unchanged, or not even at rev: the answer of a leader that
+			// has not applied every write (one just elected, or a deposed
+			// one still answering after a partition healed), which is no
+			// evidence of a conflict.
 			return errBusy
 		}
 		return fmt.Errorf("%w: %s/%s changed since revision %d", ErrConflict, kv.Bucket(), key, rev)
@@ -184,10 +191,10 @@ func Delete(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64) 
 		switch {
 		case gerr != nil:
 			return gerr // ask again
+		case st.found && st.rev == rev, st.rev < rev:
+			return errBusy // unchanged, or a leader not yet at rev (see Update)
 		case !st.found && unknown:
 			return nil
-		case st.found && st.rev == rev:
-			return errBusy
 		}
 		return fmt.Errorf("%w: %s/%s changed since revision %d", ErrConflict, kv.Bucket(), key, rev)
 	})

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -219,15 +220,24 @@ func (b *bucket) leaderGet(ctx context.Context, key string) (data []byte, rev ui
 	return m.Data, m.Sequence, true, nil
 }
 
+// leaderGetter is a bucket that reads keys from its stream's leader.
+type leaderGetter interface {
+	leaderGet(ctx context.Context, key string) (data []byte, rev uint64, found bool, err error)
+}
+
 // latest reads key's value and revision for a landed-write check: from the
-// leader when kv is a bucket of a Store, else kv.Get.
+// leader when kv is a bucket of a Store, else kv.Get. A deleted key reads
+// as not found at the revision of its delete marker; a key with no message
+// at all, as revision 0.
 func latest(ctx context.Context, kv jetstream.KeyValue, key string) (data []byte, rev uint64, found bool, err error) {
-	if b, ok := kv.(*bucket); ok {
+	if b, ok := kv.(leaderGetter); ok {
 		return b.leaderGet(ctx, key)
 	}
 	e, err := kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-		return nil, 0, false, nil
+		// kv.Get does not tell a deleted key from one never written: taken
+		// as deleted at a revision later than any a caller holds.
+		return nil, math.MaxUint64, false, nil
 	}
 	if err != nil {
 		return nil, 0, false, err
