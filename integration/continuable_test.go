@@ -643,9 +643,8 @@ func TestDurabilityFailedWhenTheLogRefusesTheFinalFlush(t *testing.T) {
 	if _, err := s.Store.JS.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	waitState(t, s, c.ChildID, ref(root), protocol.StateNone, 20*time.Second)
 	var end protocol.LifecycleEvent
-	testutil.Eventually(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 40*time.Second, func() bool {
 		for _, ev := range lifecycleOf(t, s, root.SessionID) {
 			if ev.Type == protocol.LifecycleEnd && ev.ID == c.ChildID {
 				end = ev
@@ -661,6 +660,15 @@ func TestDurabilityFailedWhenTheLogRefusesTheFinalFlush(t *testing.T) {
 	if err != nil || rec.Value.Result.ErrorCode != protocol.CodeDurabilityFailed {
 		t.Fatalf("epoch record = %+v, %v", rec.Value.Result, err)
 	}
+	// The host keeps the lease until it closed the turn the failure left
+	// open, once the log takes writes again (TestDurabilityFailedEpochClosesItsTurnOnceTheLogTakesWrites).
+	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, c.ChildID); err != nil {
+		t.Fatalf("the lease went before the open turn was closed: %v", err)
+	}
+	if _, err := s.Store.JS.UpdateStream(ctx, info.Config); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, s, c.ChildID, ref(root), protocol.StateNone, 30*time.Second)
 	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, c.ChildID); err == nil {
 		t.Fatal("the activation still holds its lease")
 	}

@@ -634,6 +634,58 @@ func TestDurabilityFailedRunClosesItsTurnOnceTheLogTakesWrites(t *testing.T) {
 	}, "the lease released after the closing")
 }
 
+// TestDurabilityFailedEpochClosesItsTurnOnceTheLogTakesWrites: a
+// continuable child's epoch whose log stops taking writes mid-turn ends
+// DURABILITY_FAILED, and once the log takes writes again its host closes
+// the open turn (turn/end, error) before it releases the lease, as for a
+// one-shot run. Before, the epoch left its turn open for good (make test's
+// chaos seed 1, loaded: "turn 1 never ended" after an append refused with
+// 10158 for its whole budget).
+func TestDurabilityFailedEpochClosesItsTurnOnceTheLogTakesWrites(t *testing.T) {
+	s := contStack(t)
+	s.WaitProvider("spawn")
+	ctx := context.Background()
+	root := s.Root()
+	c := startCont(t, s, root.Ref(), "sleep 3s\nsay done")
+	testutil.Eventually(t, 20*time.Second, func() bool { _, evs := s.Log(c.ChildID); return len(evs) >= 3 }, "turn opened")
+	info, err := s.Store.Log.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := info.Config
+	frozen.MaxMsgs = int64(info.State.Msgs)
+	if _, err := s.Store.JS.UpdateStream(ctx, frozen); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 40*time.Second, func() bool {
+		for _, ev := range s.Lifecycle(root.SessionID) {
+			if ev.Type == protocol.LifecycleEnd && ev.ID == c.ChildID {
+				return ev.ErrorCode == protocol.CodeDurabilityFailed
+			}
+		}
+		return false
+	}, "the epoch ends DURABILITY_FAILED")
+	if _, evs := s.Log(c.ChildID); sessionlog.ValidateReplay(evs, false) == nil {
+		t.Fatalf("the log replays balanced while it took no writes: %+v", evs)
+	}
+	if _, err := s.Store.JS.UpdateStream(ctx, info.Config); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		_, evs := s.Log(c.ChildID)
+		return sessionlog.ValidateReplay(evs, false) == nil
+	}, "the turn is closed once the log takes writes again")
+	_, evs := s.Log(c.ChildID)
+	var end protocol.TurnEndData
+	if last := evs[len(evs)-1]; last.Type != protocol.EvTurnEnd || last.Decode(&end) != nil || end.Reason.Kind != protocol.TurnError {
+		t.Fatalf("the log ends with %+v", last)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, c.ChildID)
+		return errors.Is(err, store.ErrNotFound)
+	}, "the lease released after the closing")
+}
+
 // TestLeaseReleaseOutlivesAnUnavailableBucket: an activation whose epoch
 // settled while the agents bucket took no writes cannot release its lease
 // then; its host tries again after each heartbeat, so once the bucket takes

@@ -811,6 +811,12 @@ func (a *activation) teardown() {
 		if owner := cmp.Or(a.owner, a.header.ParentSession); ownershipKept.Load() {
 			first = func(ctx context.Context) error { return h.st.ReleaseOwnership(ctx, owner, a.childID) }
 		}
+		// An epoch that ended DURABILITY_FAILED left its turn open: closed
+		// once the log takes writes again, while the lease is still held
+		// (as a one-shot run's, settleRun).
+		if durability != nil {
+			h.closeLogAfterDurabilityFailure(a.header.Scope(), a.childID)
+		}
 		h.releaseLeaseAfter(a.childID, leaseRev, first)
 		log.Info("activation settled", "stopReason", res.StopReason)
 	})

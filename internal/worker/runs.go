@@ -242,7 +242,7 @@ func inScope(p Provider, h protocol.SessionHeader) error {
 	return nil
 }
 
-// closeLogAfterDurabilityFailure closes the turn a run that ended
+// closeLogAfterDurabilityFailure closes the turn a run (or an epoch) that ended
 // DURABILITY_FAILED left open in its log, once JetStream takes writes again
 // (DESIGN.md §4: durable records are reconciled then), so the log replays
 // balanced (chaos seed 1 of make test: "turn 1 never ended"). The host still
