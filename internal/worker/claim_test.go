@@ -35,9 +35,9 @@ func (l *lostAnswers) Update(ctx context.Context, key string, value []byte, rev 
 }
 
 // TestClaimWhoseAnswerWasLostIsCarriedOut: a claim that landed although its
-// answer was lost is reported as of unknown outcome, and reading it back
-// finds the run this host's, at the record's revision, so the host carries
-// it out. Before, the host answered UNAVAILABLE and forgot the run while the
+// answer was lost is reported as of unknown outcome, and deciding it
+// (claimLanded writes it again) finds the run this host's, at the record's
+// revision, so the host carries it out. Before, the host answered UNAVAILABLE and forgot the run while the
 // coordinator, finding the record claimed, answered the start as started:
 // the run stayed running for good with no lease and an empty log (chaos
 // seed 1 of make test).
