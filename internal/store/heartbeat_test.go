@@ -8,7 +8,11 @@ import (
 	"time"
 )
 
-// gapLoop runs HeartbeatLoop with a 5 ms interval and a 50 ms expiry whose
+// gapExpiry is the expiry of gapLoop's HeartbeatLoop: long enough that a
+// loaded machine's scheduling delays between two 5 ms beats are no gap.
+const gapExpiry = time.Second
+
+// gapLoop runs HeartbeatLoop with a 5 ms interval and a gapExpiry expiry whose
 // beats fail while failing is set, and whose onGap reports each call on
 // entered and blocks until release is closed.
 type gapLoop struct {
@@ -38,7 +42,7 @@ func startGapLoop(t *testing.T) *gapLoop {
 	}
 	go func() {
 		defer close(l.done)
-		HeartbeatLoop(ctx, 5*time.Millisecond, 50*time.Millisecond, beat, onGap, func(error) {})
+		HeartbeatLoop(ctx, 5*time.Millisecond, gapExpiry, beat, onGap, func(error) {})
 	}()
 	t.Cleanup(func() {
 		select {
@@ -55,7 +59,7 @@ func startGapLoop(t *testing.T) *gapLoop {
 // gap fails the beats for longer than the expiry, then lets them land again.
 func (l *gapLoop) gap() {
 	l.failing.Store(true)
-	time.Sleep(80 * time.Millisecond) // the outage itself: longer than the 50 ms expiry
+	time.Sleep(gapExpiry + gapExpiry/2) // the outage itself: longer than the expiry
 	l.failing.Store(false)
 }
 
@@ -93,8 +97,8 @@ func TestHeartbeatLoopBeatsWhileOnGapRuns(t *testing.T) {
 		t.Fatal("onGap ran without a gap")
 	}
 	l.gap()
-	if g := l.waitEntered(t); g <= 50*time.Millisecond {
-		t.Errorf("onGap got a gap of %s, want more than the 50 ms expiry", g)
+	if g := l.waitEntered(t); g <= gapExpiry {
+		t.Errorf("onGap got a gap of %s, want more than the %s expiry", g, gapExpiry)
 	}
 	// onGap is blocked: the beats go on.
 	l.beatsAdvance(t, 20, "while onGap runs")
@@ -116,8 +120,8 @@ func TestHeartbeatLoopBeatsWhileOnGapRuns(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	close(l.release)
-	if g := l.waitEntered(t); g <= 50*time.Millisecond {
-		t.Errorf("the second gap's call got %s, want more than the 50 ms expiry", g)
+	if g := l.waitEntered(t); g <= gapExpiry {
+		t.Errorf("the second gap's call got %s, want more than the %s expiry", g, gapExpiry)
 	}
 	select {
 	case <-l.done:
