@@ -68,7 +68,7 @@ func (s *Store) scan(ctx context.Context, stream, subject string, from, last uin
 			}
 		}
 		if got == 0 {
-			return fmt.Errorf("the stream stopped answering at sequence %d before the last message %d; retry", next, last)
+			return fmt.Errorf("%w: the stream stopped answering at sequence %d before the last message %d", ErrIncompleteRead, next, last)
 		}
 	}
 	return nil
@@ -78,8 +78,22 @@ func (s *Store) scan(ctx context.Context, stream, subject string, from, last uin
 // on: at most eventsMax events and about bytesMax bytes of them (one event
 // always). cursor, a stream sequence from a previous page, is where the
 // record holding fromSeq starts; 0 or a wrong cursor reads from the log's
-// first record. scope is the session's, as for ReadLog.
+// first record. scope is the session's, as for ReadLog. A transient failure
+// (Transient: an election, a lost answer) reads the page again, within
+// ctx's deadline (else WriteBudget), each attempt bounded as a whole-log
+// read's (LogReadAttemptTimeout, at most a third of the time left).
 func (s *Store) ReadLogPage(ctx context.Context, scope, id string, fromSeq int64, cursor protocol.Seq, eventsMax, bytesMax int) (protocol.LogPage, error) {
+	var page protocol.LogPage
+	err := retryEach(ctx, LogReadAttemptTimeout, func(ctx context.Context, _ bool) error {
+		var err error
+		page, err = s.readLogPage(ctx, scope, id, fromSeq, cursor, eventsMax, bytesMax)
+		return err
+	})
+	return page, err
+}
+
+// readLogPage is one attempt of ReadLogPage.
+func (s *Store) readLogPage(ctx context.Context, scope, id string, fromSeq int64, cursor protocol.Seq, eventsMax, bytesMax int) (protocol.LogPage, error) {
 	page := protocol.LogPage{Events: []protocol.SessionEvent{}, NextSeq: fromSeq, Cursor: cursor}
 	subject, err := s.logSubject(scope, id)
 	if err != nil {
