@@ -2,7 +2,10 @@ package coordinator_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -50,7 +53,8 @@ func (s *seen) has(match func(store.Write) bool) bool {
 // settlement write; coordinator B judges A dead, takes the takeover over
 // (the lease compare-and-set from A to B) and settles. When A comes back,
 // and then the worker, their settlement compare-and-sets are refused: the
-// run settles once, by B, with one notice and one subagent/end
+// run settles once, by B, with one notice and one subagent/end, and with
+// the result its log records (the turn had ended: completed, not HOST_LOST)
 // (DESIGN.md §7, Settlement 2; RELIABILITY.md I2).
 func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 	s := stack.New(t)
@@ -120,6 +124,11 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 	if err != nil || r.Value.SettledBy != b.ID() || r.Value.SettledBy == a.ID() {
 		t.Fatalf("run record %+v, %v; want it settled by B (%s)", r.Value, err, b.ID())
 	}
+	// The worker's turn had ended before its host was lost: the takeover
+	// settles the run with the result its log records, not HOST_LOST.
+	if res := r.Value.Result; res == nil || res.StopReason != protocol.StopCompleted || res.ErrorCode != "" || protocol.PlainText(res.Output) != "finished" {
+		t.Fatalf("result %+v; want the completed turn's, as the log records it", res)
+	}
 	if n := len(got); n != 1 {
 		t.Fatalf("%d notices, want exactly 1", n)
 	}
@@ -132,7 +141,8 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 // settlement and both coordinators judge it dead; each is brought to its
 // lease compare-and-set (the takeover's first step) and both are let go at
 // once. Exactly one wins the lease; the session is fenced once and the run
-// settled once (DESIGN.md §7, Settlement 2: every takeover step is a CAS).
+// settled once, by the winner (DESIGN.md §7, Settlement 2: every takeover
+// step is a CAS).
 func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 	s := stack.New(t)
 	agents := s.Store.Agents.Bucket()
@@ -188,10 +198,17 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 	if winners != 1 {
 		t.Fatalf("%d coordinators won the lease, want exactly 1", winners)
 	}
+	winner := ids[0]
+	if holds[0].Answers()[0] != nil {
+		winner = ids[1]
+	}
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
 		return err == nil && r.Value.State == protocol.RunSettled
 	}, "the winner settles the run")
+	if r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID); err != nil || r.Value.SettledBy != winner {
+		t.Fatalf("run record %+v (%v); want it settled by the lease's winner %s, the loser goes no further", r.Value, err, winner)
+	}
 	testutil.Eventually(t, 30*time.Second, func() bool { return len(got) >= 1 }, "the notice")
 	pauseW.Release()
 	stopWorker()
@@ -213,5 +230,222 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 	}
 	if fences != 1 {
 		t.Fatalf("%d agent/takeover records, want the winner's one", fences)
+	}
+}
+
+// TestTakeoverPublishesTheEndOfARunItsHostSettled: a worker settles its run
+// and stops heartbeating before its subagent/end is sent (paused at that
+// publish). The coordinator that takes the session over finds the run
+// settled: it publishes the start again and the end with the worker's
+// result, then releases the lease, and settles nothing again (the record
+// keeps the worker's settlement). Once the worker comes back, its own end
+// is the same message (deduplicated): one subagent/end in all (DESIGN.md
+// §7, Settlement 2; RELIABILITY.md I7).
+func TestTakeoverPublishesTheEndOfARunItsHostSettled(t *testing.T) {
+	s := stack.New(t)
+	co := s.AddCoordinator()
+	root := s.Root()
+	endSubject := s.Store.Subj.Events(root.SessionID, protocol.EventKindEnd)
+	pauseW := testutil.NewPause(func(w store.Write) bool { return w.Op == store.OpPublish && w.Subject == endSubject })
+	w, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(pauseW.Faults(c.Store))
+	})
+	t.Cleanup(pauseW.Release)
+	const notify = "test.notify.settled-then-lost"
+	got := testutil.Subscribe(t, s.NC, notify)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var reply protocol.RunStartReply
+	if err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{
+		Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("say settled"), Notify: notify,
+	}, &reply); err != nil {
+		t.Fatalf("runs.start: %v", err)
+	}
+	pauseW.WaitHeld(t, "the worker's subagent/end")
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		_, err := store.GetLatest[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey(reply.ChildID))
+		return errors.Is(err, store.ErrNotFound) && s.Ends(root.SessionID, reply.RunID) == 1
+	}, "the coordinator publishes the run's end and releases its lease")
+	testutil.Eventually(t, 30*time.Second, func() bool { return len(got) > 0 }, "the notice")
+	r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+	if err != nil || r.Value.SettledBy != w.ID() || r.Value.Result == nil || r.Value.Result.StopReason != protocol.StopCompleted {
+		t.Fatalf("run record %+v (%v); want the worker %s's completed settlement", r.Value, err, w.ID())
+	}
+	if r.Value.SettledBy == co.ID() {
+		t.Fatal("the coordinator settled a run its host had settled")
+	}
+	pauseW.Release()
+	stopWorker()
+	if n := s.Ends(root.SessionID, reply.RunID); n != 1 {
+		t.Fatalf("%d subagent/end events, want 1", n)
+	}
+	var notice protocol.RunNotice
+	if err := protocol.Unmarshal(protocol.Msgpack, (<-got).Data, &notice); err != nil || notice.Result.StopReason != protocol.StopCompleted {
+		t.Fatalf("notice %+v (%v), want the worker's completed result", notice, err)
+	}
+}
+
+// TestALiveHostsRunIsNeverTakenOver: a run that lasts three host expiries
+// on a worker that keeps heartbeating is left to it: it completes with its
+// own result, settled by its worker, and no coordinator writes a takeover
+// into its log (DESIGN.md §4, Liveness: a host is dead only once it stopped
+// heartbeating for the expiry).
+func TestALiveHostsRunIsNeverTakenOver(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddCoordinator()
+	w, _ := s.AddSpawnWorker()
+	root := s.Root()
+	run, res, err := s.Run(root.Ref(), "spawn", fmt.Sprintf("sleep %s\nsay done", 3*stack.HostExpiry), protocol.StartOptions{})
+	if err != nil || res.StopReason != protocol.StopCompleted || res.ErrorCode != "" {
+		t.Fatalf("run: %+v, %v; want it completed", res, err)
+	}
+	r, err := store.Get[protocol.RunRecord](context.Background(), s.Store.Runs, run.RunID)
+	if err != nil || r.Value.SettledBy != w.ID() {
+		t.Fatalf("run record %+v (%v), want it settled by its worker %s", r.Value, err, w.ID())
+	}
+	_, evs := s.Log(run.ChildID)
+	for _, ev := range evs {
+		if ev.Type == protocol.EvAgentTakeover {
+			t.Fatalf("a takeover was written into the log of a live host's run: %+v", evs)
+		}
+	}
+}
+
+// TestATakeoverResumedAfterAFailedSettlementFencesOnce: a coordinator takes
+// a dead worker's run over, fences its log, and its settlement write fails;
+// the lease stays taken over, so its next sweep resumes the takeover, finds
+// its own fence last in the log and writes nothing more there, then
+// settles: one agent/takeover, one settlement (by it), one subagent/end
+// and one notice (DESIGN.md §7, Settlement 2).
+func TestATakeoverResumedAfterAFailedSettlementFencesOnce(t *testing.T) {
+	s := stack.New(t)
+	refused := errors.New("test: the coordinator's first settlement write fails")
+	var failed atomic.Bool
+	settlement := testutil.Settlement(s.Store)
+	co := s.AddCoordinator(func(c *coordinator.Config) {
+		c.Store = c.Store.WithFaults(store.Faults{
+			Before: func(_ context.Context, w store.Write) error {
+				if settlement(w) && failed.CompareAndSwap(false, true) {
+					return refused
+				}
+				return nil
+			},
+			After: func(_ context.Context, _ store.Write, err error) error { return err },
+		})
+	})
+	pauseW := testutil.NewPause(testutil.Settlement(s.Store))
+	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(pauseW.Faults(c.Store))
+	})
+	t.Cleanup(pauseW.Release)
+	root := s.Root()
+	const notify = "test.notify.resumed-takeover"
+	got := testutil.Subscribe(t, s.NC, notify)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var reply protocol.RunStartReply
+	if err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{
+		Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("say finished"), Notify: notify,
+	}, &reply); err != nil {
+		t.Fatalf("runs.start: %v", err)
+	}
+	pauseW.WaitHeld(t, "the worker's settlement")
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+		return err == nil && r.Value.State == protocol.RunSettled && s.Ends(root.SessionID, reply.RunID) == 1
+	}, "the coordinator settles the run on its resumed takeover")
+	if !failed.Load() {
+		t.Fatal("the coordinator's first settlement write was never tried")
+	}
+	pauseW.Release()
+	stopWorker()
+	r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+	if err != nil || r.Value.SettledBy != co.ID() {
+		t.Fatalf("run record %+v (%v); want it settled by the coordinator %s", r.Value, err, co.ID())
+	}
+	_, evs := s.Log(reply.ChildID)
+	fences := 0
+	for _, ev := range evs {
+		if ev.Type == protocol.EvAgentTakeover {
+			fences++
+		}
+	}
+	if fences != 1 {
+		t.Fatalf("%d agent/takeover records, want 1 (the resumed takeover writes none)", fences)
+	}
+	if err := s.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(got); n != 1 {
+		t.Fatalf("%d notices, want 1", n)
+	}
+}
+
+// TestARunWhoseHostDiesMidTurnEndsHostLost: a worker stops heartbeating in
+// the middle of a run's turn (its heartbeat held from then on). The
+// coordinator takes the run over: the open turn is closed as interrupted
+// (cause HOST_LOST) with no other record after it, and the run settles once,
+// by the coordinator, error HOST_LOST, with one notice and one subagent/end
+// (DESIGN.md §7, Settlement 2; upstream-behaviour: a lost host's run ends
+// HOST_LOST).
+func TestARunWhoseHostDiesMidTurnEndsHostLost(t *testing.T) {
+	s := stack.New(t)
+	co := s.AddCoordinator()
+	var armed atomic.Bool
+	hosts := s.Store.Hosts.Bucket()
+	pauseW := testutil.NewPause(func(w store.Write) bool { return armed.Load() && w.Op == store.OpKVPut && w.Bucket == hosts })
+	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(pauseW.Faults(c.Store))
+	})
+	t.Cleanup(pauseW.Release)
+	root := s.Root()
+	const notify = "test.notify.mid-turn"
+	got := testutil.Subscribe(t, s.NC, notify)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var reply protocol.RunStartReply
+	if err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{
+		Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("sleep 60s\nsay late"), Notify: notify,
+	}, &reply); err != nil {
+		t.Fatalf("runs.start: %v", err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, evs := s.Log(reply.ChildID)
+		open := false
+		for _, ev := range evs {
+			open = (open || ev.Type == protocol.EvTurnStart) && ev.Type != protocol.EvTurnEnd
+		}
+		return open
+	}, "the turn is open")
+	armed.Store(true)
+	pauseW.WaitHeld(t, "the worker's next heartbeat")
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+		return err == nil && r.Value.State == protocol.RunSettled && s.Ends(root.SessionID, reply.RunID) == 1 && len(got) > 0
+	}, "the coordinator settles the run, with its end and notice")
+	r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+	if err != nil || r.Value.SettledBy != co.ID() || r.Value.Result == nil ||
+		r.Value.Result.StopReason != protocol.StopError || r.Value.Result.ErrorCode != protocol.CodeHostLost {
+		t.Fatalf("run record %+v (%v); want it settled error HOST_LOST by the coordinator", r.Value, err)
+	}
+	_, evs := s.Log(reply.ChildID)
+	var end protocol.TurnEndData
+	last := evs[len(evs)-1]
+	if last.Type != protocol.EvTurnEnd || last.Decode(&end) != nil || end.Reason.Kind != protocol.TurnInterrupted || end.Reason.Cause != protocol.CauseHostLost {
+		t.Fatalf("the log ends with %s %+v, want the turn closed as interrupted (host lost)", last.Type, end)
+	}
+	for _, ev := range evs {
+		if ev.Type == protocol.EvAgentTakeover {
+			t.Fatalf("an agent/takeover after a turn the takeover closed: %+v", evs)
+		}
+	}
+	pauseW.Release()
+	stopWorker()
+	if err := s.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(got); n != 1 {
+		t.Fatalf("%d notices, want 1", n)
 	}
 }
