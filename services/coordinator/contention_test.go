@@ -15,6 +15,7 @@ import (
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
 )
@@ -48,6 +49,55 @@ func (s *seen) has(match func(store.Write) bool) bool {
 	return false
 }
 
+// pausedWorker adds a spawn worker whose store writes pass through p,
+// released when the test ends.
+func pausedWorker(t *testing.T, s *stack.Stack, p *testutil.Pause) (*worker.Host, func()) {
+	w, stop := s.AddSpawnWorker(func(c *worker.InProcessConfig) { c.Store = c.Store.WithFaults(p.Faults(c.Store)) })
+	t.Cleanup(p.Release)
+	return w, stop
+}
+
+// startWithNotices starts a one-shot run of root on spawn that runs prompt,
+// its notices published on test.notify.<tag>, and returns the start's
+// reply and those notices.
+func startWithNotices(t *testing.T, s *stack.Stack, root *client.Root, tag, prompt string) (protocol.RunStartReply, chan *nats.Msg) {
+	t.Helper()
+	notify := "test.notify." + tag
+	got := testutil.Subscribe(t, s.NC, notify)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var reply protocol.RunStartReply
+	if err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{
+		Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text(prompt), Notify: notify,
+	}, &reply); err != nil {
+		t.Fatalf("runs.start: %v", err)
+	}
+	return reply, got
+}
+
+// fences counts the agent/takeover records of a session's log.
+func fences(evs []protocol.SessionEvent) int {
+	n := 0
+	for _, ev := range evs {
+		if ev.Type == protocol.EvAgentTakeover {
+			n++
+		}
+	}
+	return n
+}
+
+// wantOneNotice fails the test unless exactly one notice came by the time
+// everything sent before reached the server (a flush).
+func wantOneNotice(t *testing.T, s *stack.Stack, got chan *nats.Msg) {
+	t.Helper()
+	if err := s.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(got); n != 1 {
+		t.Fatalf("%d notices, want exactly 1", n)
+	}
+}
+
 // TestSettlementTwoCoordinatorsSettleARunOnce: a worker pauses at its
 // settlement; coordinator A takes the run over and pauses at its own
 // settlement write; coordinator B judges A dead, takes the takeover over
@@ -66,22 +116,12 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 		c.Store = c.Store.WithFaults(aWrites.wrap(pauseA.Faults(c.Store)))
 	})
 	pauseW := testutil.NewPause(testutil.Settlement(s.Store))
-	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
-		c.Store = c.Store.WithFaults(pauseW.Faults(c.Store))
-	})
-	t.Cleanup(pauseW.Release)
+	_, stopWorker := pausedWorker(t, s, pauseW)
 	t.Cleanup(pauseA.Release)
 	root := s.Root()
-	const notify = "test.notify.two-coordinators"
-	got := testutil.Subscribe(t, s.NC, notify)
+	reply, got := startWithNotices(t, s, root, "two-coordinators", "say finished")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var reply protocol.RunStartReply
-	if err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{
-		Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("say finished"), Notify: notify,
-	}, &reply); err != nil {
-		t.Fatalf("runs.start: %v", err)
-	}
 	pauseW.WaitHeld(t, "the worker's settlement")
 	pauseA.WaitHeld(t, "coordinator A's settlement")
 	if pauseA.HeldWrite().Key != reply.RunID {
@@ -161,21 +201,11 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 		t.Cleanup(h.Release)
 	}
 	pauseW := testutil.NewPause(testutil.Settlement(s.Store))
-	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
-		c.Store = c.Store.WithFaults(pauseW.Faults(c.Store))
-	})
-	t.Cleanup(pauseW.Release)
+	_, stopWorker := pausedWorker(t, s, pauseW)
 	root := s.Root()
-	const notify = "test.notify.lease-race"
-	got := testutil.Subscribe(t, s.NC, notify)
+	reply, got := startWithNotices(t, s, root, "lease-race", "say finished")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var reply protocol.RunStartReply
-	if err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{
-		Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("say finished"), Notify: notify,
-	}, &reply); err != nil {
-		t.Fatalf("runs.start: %v", err)
-	}
 	childMu.Lock()
 	child = reply.ChildID
 	childMu.Unlock()
@@ -212,24 +242,9 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 	testutil.Eventually(t, 30*time.Second, func() bool { return len(got) >= 1 }, "the notice")
 	pauseW.Release()
 	stopWorker()
-	if err := s.NC.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if n := len(got); n != 1 {
-		t.Fatalf("%d notices, want exactly 1", n)
-	}
-	log, err := s.Store.ReadLog(ctx, "spawn", reply.ChildID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fences := 0
-	for _, ev := range log.Events {
-		if ev.Type == protocol.EvAgentTakeover {
-			fences++
-		}
-	}
-	if fences != 1 {
-		t.Fatalf("%d agent/takeover records, want the winner's one", fences)
+	wantOneNotice(t, s, got)
+	if _, evs := s.Log(reply.ChildID); fences(evs) != 1 {
+		t.Fatalf("%d agent/takeover records, want the winner's one", fences(evs))
 	}
 }
 
@@ -247,20 +262,10 @@ func TestTakeoverPublishesTheEndOfARunItsHostSettled(t *testing.T) {
 	root := s.Root()
 	endSubject := s.Store.Subj.Events(root.SessionID, protocol.EventKindEnd)
 	pauseW := testutil.NewPause(func(w store.Write) bool { return w.Op == store.OpPublish && w.Subject == endSubject })
-	w, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
-		c.Store = c.Store.WithFaults(pauseW.Faults(c.Store))
-	})
-	t.Cleanup(pauseW.Release)
-	const notify = "test.notify.settled-then-lost"
-	got := testutil.Subscribe(t, s.NC, notify)
+	w, stopWorker := pausedWorker(t, s, pauseW)
+	reply, got := startWithNotices(t, s, root, "settled-then-lost", "say settled")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var reply protocol.RunStartReply
-	if err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{
-		Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("say settled"), Notify: notify,
-	}, &reply); err != nil {
-		t.Fatalf("runs.start: %v", err)
-	}
 	pauseW.WaitHeld(t, "the worker's subagent/end")
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		_, err := store.GetLatest[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey(reply.ChildID))
@@ -304,11 +309,8 @@ func TestALiveHostsRunIsNeverTakenOver(t *testing.T) {
 	if err != nil || r.Value.SettledBy != w.ID() {
 		t.Fatalf("run record %+v (%v), want it settled by its worker %s", r.Value, err, w.ID())
 	}
-	_, evs := s.Log(run.ChildID)
-	for _, ev := range evs {
-		if ev.Type == protocol.EvAgentTakeover {
-			t.Fatalf("a takeover was written into the log of a live host's run: %+v", evs)
-		}
+	if _, evs := s.Log(run.ChildID); fences(evs) != 0 {
+		t.Fatalf("a takeover was written into the log of a live host's run: %+v", evs)
 	}
 }
 
@@ -335,21 +337,11 @@ func TestATakeoverResumedAfterAFailedSettlementFencesOnce(t *testing.T) {
 		})
 	})
 	pauseW := testutil.NewPause(testutil.Settlement(s.Store))
-	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
-		c.Store = c.Store.WithFaults(pauseW.Faults(c.Store))
-	})
-	t.Cleanup(pauseW.Release)
+	_, stopWorker := pausedWorker(t, s, pauseW)
 	root := s.Root()
-	const notify = "test.notify.resumed-takeover"
-	got := testutil.Subscribe(t, s.NC, notify)
+	reply, got := startWithNotices(t, s, root, "resumed-takeover", "say finished")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var reply protocol.RunStartReply
-	if err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{
-		Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("say finished"), Notify: notify,
-	}, &reply); err != nil {
-		t.Fatalf("runs.start: %v", err)
-	}
 	pauseW.WaitHeld(t, "the worker's settlement")
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
@@ -364,22 +356,10 @@ func TestATakeoverResumedAfterAFailedSettlementFencesOnce(t *testing.T) {
 	if err != nil || r.Value.SettledBy != co.ID() {
 		t.Fatalf("run record %+v (%v); want it settled by the coordinator %s", r.Value, err, co.ID())
 	}
-	_, evs := s.Log(reply.ChildID)
-	fences := 0
-	for _, ev := range evs {
-		if ev.Type == protocol.EvAgentTakeover {
-			fences++
-		}
+	if _, evs := s.Log(reply.ChildID); fences(evs) != 1 {
+		t.Fatalf("%d agent/takeover records, want 1 (the resumed takeover writes none)", fences(evs))
 	}
-	if fences != 1 {
-		t.Fatalf("%d agent/takeover records, want 1 (the resumed takeover writes none)", fences)
-	}
-	if err := s.NC.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if n := len(got); n != 1 {
-		t.Fatalf("%d notices, want 1", n)
-	}
+	wantOneNotice(t, s, got)
 }
 
 // TestARunWhoseHostDiesMidTurnEndsHostLost: a worker stops heartbeating in
@@ -395,21 +375,11 @@ func TestARunWhoseHostDiesMidTurnEndsHostLost(t *testing.T) {
 	var armed atomic.Bool
 	hosts := s.Store.Hosts.Bucket()
 	pauseW := testutil.NewPause(func(w store.Write) bool { return armed.Load() && w.Op == store.OpKVPut && w.Bucket == hosts })
-	_, stopWorker := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
-		c.Store = c.Store.WithFaults(pauseW.Faults(c.Store))
-	})
-	t.Cleanup(pauseW.Release)
+	_, stopWorker := pausedWorker(t, s, pauseW)
 	root := s.Root()
-	const notify = "test.notify.mid-turn"
-	got := testutil.Subscribe(t, s.NC, notify)
+	reply, got := startWithNotices(t, s, root, "mid-turn", "sleep 60s\nsay late")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var reply protocol.RunStartReply
-	if err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{
-		Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("sleep 60s\nsay late"), Notify: notify,
-	}, &reply); err != nil {
-		t.Fatalf("runs.start: %v", err)
-	}
 	testutil.Eventually(t, 30*time.Second, func() bool {
 		_, evs := s.Log(reply.ChildID)
 		open := false
@@ -435,17 +405,60 @@ func TestARunWhoseHostDiesMidTurnEndsHostLost(t *testing.T) {
 	if last.Type != protocol.EvTurnEnd || last.Decode(&end) != nil || end.Reason.Kind != protocol.TurnInterrupted || end.Reason.Cause != protocol.CauseHostLost {
 		t.Fatalf("the log ends with %s %+v, want the turn closed as interrupted (host lost)", last.Type, end)
 	}
-	for _, ev := range evs {
-		if ev.Type == protocol.EvAgentTakeover {
-			t.Fatalf("an agent/takeover after a turn the takeover closed: %+v", evs)
-		}
+	if fences(evs) != 0 {
+		t.Fatalf("an agent/takeover after a turn the takeover closed: %+v", evs)
 	}
 	pauseW.Release()
 	stopWorker()
-	if err := s.NC.Flush(); err != nil {
+	wantOneNotice(t, s, got)
+}
+
+// TestADeadHostsRunWithAnEmptyLogIsFencedAndSettled: a one-shot run whose
+// host took the session's lease and died before its first append (its log
+// empty, no subagent/start published) is taken over like any other: the
+// log gets one agent/takeover (so the lost host's first append is refused),
+// the run settles once, by the coordinator, its start and end are published
+// once each, and the lease goes (DESIGN.md §7, Settlement 2).
+func TestADeadHostsRunWithAnEmptyLogIsFencedAndSettled(t *testing.T) {
+	s := stack.New(t)
+	co := s.AddCoordinator()
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const child, runID = "empty-log-of-a-dead-host", "run-of-a-dead-host"
+	now := store.NowMs()
+	if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
+		ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(got); n != 1 {
-		t.Fatalf("%d notices, want 1", n)
+	if _, err := store.Create(ctx, s.Store.Runs, runID, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID,
+		Provider: "spawn", Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: now, StartedAt: now, HostID: "host-that-died"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Create(ctx, s.Store.Agents, store.LeaseKey(child), protocol.AgentRecord{SessionID: child, Kind: protocol.AgentOneShot,
+		HostID: "host-that-died", Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
+		ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+		_, leaseErr := store.GetLatest[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey(child))
+		return err == nil && r.Value.State == protocol.RunSettled && errors.Is(leaseErr, store.ErrNotFound) && s.Ends(root.SessionID, runID) == 1
+	}, "the coordinator settles the run, publishes its end and releases its lease")
+	r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+	if err != nil || r.Value.SettledBy != co.ID() || r.Value.Result == nil || r.Value.Result.StopReason != protocol.StopError {
+		t.Fatalf("run record %+v (%v); want it settled error by the coordinator %s", r.Value, err, co.ID())
+	}
+	if _, evs := s.Log(child); len(evs) != 1 || fences(evs) != 1 {
+		t.Fatalf("log %+v; want the takeover's one agent/takeover", evs)
+	}
+	starts := 0
+	for _, ev := range s.Lifecycle(root.SessionID) {
+		if ev.Type == protocol.LifecycleStart && ev.RunID == runID {
+			starts++
+		}
+	}
+	if starts != 1 {
+		t.Fatalf("%d subagent/start events, want the one the takeover published", starts)
 	}
 }
