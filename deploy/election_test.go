@@ -296,7 +296,6 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 		time.Sleep(electionDown) // runs flow through the election
 		cl.Restart(leader)
 	}
-	time.Sleep(time.Second) // runs flow with every node up
 	// The workload goes on until it did its minimum (workloadRunsMin runs,
 	// workloadFollowupsMin followups): how much flows through seven
 	// elections in a fixed time depends on how loaded the machine is, and a
@@ -306,8 +305,11 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 		defer load.mu.Unlock()
 		return len(load.runs), len(load.order)
 	}
+	// Runs flow with every node up too: at least one more run completes after
+	// the last restart (this waited a fixed second before).
+	upFrom, _ := flowed()
 	for deadline := time.Now().Add(workloadMinWait); ; time.Sleep(200 * time.Millisecond) {
-		if r, f := flowed(); (r >= workloadRunsMin && f >= workloadFollowupsMin) || time.Now().After(deadline) {
+		if r, f := flowed(); (r > upFrom && r >= workloadRunsMin && f >= workloadFollowupsMin) || time.Now().After(deadline) {
 			break
 		}
 	}

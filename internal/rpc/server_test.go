@@ -184,16 +184,14 @@ func TestMicroStatsAreTruthful(t *testing.T) {
 	// A request's stats are counted once its handler returned, which can
 	// be just after its caller heard the reply: read until all five are.
 	var stats micro.Stats
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		stats = micro.Stats{}
 		ask("$SRV.STATS.test-svc."+svc.ID(), &stats)
 		if stats.Type != micro.StatsResponseType || len(stats.Endpoints) != 1 {
 			t.Fatalf("stats = %+v", stats)
 		}
-		if stats.Endpoints[0].NumRequests >= 5 || time.Now().After(deadline) {
-			break
-		}
-	}
+		return stats.Endpoints[0].NumRequests >= 5
+	}, "all five requests counted in the stats")
 	e := stats.Endpoints[0]
 	if e.Name != "work" || e.Subject != "test.work" || e.QueueGroup != "q" || e.NumRequests != 5 || e.NumErrors != 2 ||
 		!strings.HasPrefix(e.LastError, "1001:INVALID_ARGUMENT: ") {

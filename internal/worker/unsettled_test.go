@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/brood-dev/brood/internal/testutil"
 )
 
 // TestUnsettledRetriesUntilJetStreamTakesTheWrite: a settlement whose budget
@@ -62,17 +64,11 @@ func TestUnsettledKeepsWhatIsStillRefused(t *testing.T) {
 	round := func() {
 		t.Helper()
 		u.retry(slog.Default())
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		testutil.Eventually(t, 30*time.Second, func() bool {
 			u.mu.Lock()
-			busy := u.busy
-			u.mu.Unlock()
-			if !busy {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("retry round did not finish")
-			}
-		}
+			defer u.mu.Unlock()
+			return !u.busy
+		}, "retry round did not finish")
 	}
 	round()
 	u.mu.Lock()
