@@ -414,51 +414,82 @@ func TestARunWhoseHostDiesMidTurnEndsHostLost(t *testing.T) {
 }
 
 // TestADeadHostsRunWithAnEmptyLogIsFencedAndSettled: a one-shot run whose
-// host took the session's lease and died before its first append (its log
-// empty, no subagent/start published) is taken over like any other: the
-// log gets one agent/takeover (so the lost host's first append is refused),
-// the run settles once, by the coordinator, its start and end are published
-// once each, and the lease goes (DESIGN.md §7, Settlement 2).
+// host took the session's lease and died before its first append (its own
+// events none, no subagent/start published) is taken over like any other:
+// the log gets one agent/takeover (so the lost host's first append is
+// refused), the run settles once, by the coordinator, error/HOST_LOST (a
+// dead host's run ends HOST_LOST: DESIGN.md §7, Settlement 2; the log
+// records no result of its own, and a seeded child's seed, its parent's
+// turns, is not its result), its start and end are published once each,
+// and the lease goes. Before, such a run settled error "the child never
+// finished a turn" with no code, and a seeded one with its seed's last turn.
 func TestADeadHostsRunWithAnEmptyLogIsFencedAndSettled(t *testing.T) {
 	s := stack.New(t)
 	co := s.AddCoordinator()
 	root := s.Root()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	const child, runID = "empty-log-of-a-dead-host", "run-of-a-dead-host"
-	now := store.NowMs()
-	if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
-		ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Create(ctx, s.Store.Runs, runID, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID,
-		Provider: "spawn", Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: now, StartedAt: now, HostID: "host-that-died"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := store.Create(ctx, s.Store.Agents, store.LeaseKey(child), protocol.AgentRecord{SessionID: child, Kind: protocol.AgentOneShot,
-		HostID: "host-that-died", Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
-		ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now}); err != nil {
-		t.Fatal(err)
-	}
-	testutil.Eventually(t, 30*time.Second, func() bool {
-		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
-		_, leaseErr := store.GetLatest[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey(child))
-		return err == nil && r.Value.State == protocol.RunSettled && errors.Is(leaseErr, store.ErrNotFound) && s.Ends(root.SessionID, runID) == 1
-	}, "the coordinator settles the run, publishes its end and releases its lease")
-	r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
-	if err != nil || r.Value.SettledBy != co.ID() || r.Value.Result == nil || r.Value.Result.StopReason != protocol.StopError {
-		t.Fatalf("run record %+v (%v); want it settled error by the coordinator %s", r.Value, err, co.ID())
-	}
-	if _, evs := s.Log(child); len(evs) != 1 || fences(evs) != 1 {
-		t.Fatalf("log %+v; want the takeover's one agent/takeover", evs)
-	}
-	starts := 0
-	for _, ev := range s.Lifecycle(root.SessionID) {
-		if ev.Type == protocol.LifecycleStart && ev.RunID == runID {
-			starts++
+	var seed []protocol.SessionEvent
+	for _, e := range []struct {
+		typ  string
+		data any
+	}{
+		{protocol.EvTurnStart, protocol.TurnData{Turn: 1}},
+		{protocol.EvStepStart, protocol.StepData{Turn: 1, Step: 1}},
+		{protocol.EvTurnEnd, protocol.TurnEndData{Turn: 1, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}},
+	} {
+		ev, err := protocol.NewEvent(e.typ, store.NowMs(), e.data)
+		if err != nil {
+			t.Fatal(err)
 		}
+		seed = append(seed, ev)
 	}
-	if starts != 1 {
-		t.Fatalf("%d subagent/start events, want the one the takeover published", starts)
+	for i, seed := range [][]protocol.SessionEvent{nil, seed} {
+		name := map[bool]string{true: "an empty log", false: "a seeded child's seed only"}[seed == nil]
+		t.Run(name, func(t *testing.T) {
+			child, runID := fmt.Sprintf("empty-log-of-a-dead-host-%d", i), fmt.Sprintf("run-of-a-dead-host-%d", i)
+			now := store.NowMs()
+			if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
+				ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn",
+				SeedLength: int64(len(seed))}); err != nil {
+				t.Fatal(err)
+			}
+			if len(seed) > 0 {
+				if _, err := s.Store.NewLogWriter("spawn", child, 0, 0).Append(ctx, seed...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := store.Create(ctx, s.Store.Runs, runID, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID,
+				Provider: "spawn", Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: now, StartedAt: now, HostID: "host-that-died"}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.Create(ctx, s.Store.Agents, store.LeaseKey(child), protocol.AgentRecord{SessionID: child, Kind: protocol.AgentOneShot,
+				HostID: "host-that-died", Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
+				ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now}); err != nil {
+				t.Fatal(err)
+			}
+			testutil.Eventually(t, 30*time.Second, func() bool {
+				r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+				_, leaseErr := store.GetLatest[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey(child))
+				return err == nil && r.Value.State == protocol.RunSettled && errors.Is(leaseErr, store.ErrNotFound) && s.Ends(root.SessionID, runID) == 1
+			}, "the coordinator settles the run, publishes its end and releases its lease")
+			r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+			if err != nil || r.Value.SettledBy != co.ID() || r.Value.Result == nil || r.Value.Result.StopReason != protocol.StopError ||
+				r.Value.Result.ErrorCode != protocol.CodeHostLost {
+				t.Fatalf("run record %+v (result %+v, %v); want it settled error/HOST_LOST by the coordinator %s", r.Value, r.Value.Result, err, co.ID())
+			}
+			if _, evs := s.Log(child); len(evs) != len(seed)+1 || fences(evs) != 1 || evs[len(evs)-1].Type != protocol.EvAgentTakeover {
+				t.Fatalf("log %+v; want the seed and the takeover's one agent/takeover", evs)
+			}
+			starts := 0
+			for _, ev := range s.Lifecycle(root.SessionID) {
+				if ev.Type == protocol.LifecycleStart && ev.RunID == runID {
+					starts++
+				}
+			}
+			if starts != 1 {
+				t.Fatalf("%d subagent/start events, want the one the takeover published", starts)
+			}
+		})
 	}
 }

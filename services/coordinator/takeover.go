@@ -94,10 +94,17 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		own = events[header.SeedLength:]
 	}
 	res := sessionlog.OneShotOutcome(own, false, run.Value.Structured)
-	if end, ok := sessionlog.LastTurnEnd(own); ok && end.Reason.Kind == protocol.TurnInterrupted {
+	// The run's result is its host's only when its turn had ended; a turn
+	// closed here, or none begun (the host died between its lease and its
+	// first turn: the log holds no turn/end), is HOST_LOST.
+	if end, ended := sessionlog.LastTurnEnd(own); !ended || end.Reason.Kind == protocol.TurnInterrupted {
+		done := "closed the open turn as interrupted"
+		if !ended {
+			done = "fenced its log (the child had not begun a turn)"
+		}
 		res.StopReason = protocol.StopError
 		res.ErrorCode = protocol.CodeHostLost
-		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating for more than %s; the coordinator closed the open turn as interrupted", deadHost, c.cfg.HostExpiry)
+		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating for more than %s; the coordinator %s", deadHost, c.cfg.HostExpiry, done)
 	}
 	// The run's end disposes its descendants before it settles, as its host
 	// would have (internal/worker/ending.go); the lease, taken over, already
