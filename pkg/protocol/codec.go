@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -117,13 +118,50 @@ func Marshal(enc Encoding, v any) ([]byte, error) {
 		}
 		return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 	}
-	var buf bytes.Buffer
-	e := msgpack.NewEncoder(&buf)
+	buf := encodeBufs.Get().(*bytes.Buffer)
+	buf.Reset()
+	e := msgpack.GetEncoder()
+	e.Reset(buf)
 	e.UseCompactInts(true)
-	if err := e.Encode(v); err != nil {
-		return nil, err
+	err := e.Encode(v)
+	msgpack.PutEncoder(e)
+	var out []byte
+	if err == nil {
+		out = bytes.Clone(buf.Bytes()) // one allocation of the exact size
 	}
-	return buf.Bytes(), nil
+	if buf.Cap() <= encodeBufKeptMax {
+		encodeBufs.Put(buf)
+	}
+	return out, err
+}
+
+// Every start, record and event is encoded and decoded on the hot path of a
+// run (issue 12's profile: msgpack.NewEncoder, the growth of a fresh
+// bytes.Buffer and msgpack.NewDecoder were 9 % of the bytes a one-shot run
+// allocated), so Marshal encodes into a pooled buffer with a pooled encoder
+// and copies the result out once, and the decoders come from the msgpack
+// library's pool.
+
+// encodeBufKeptMax is the largest encode buffer, in bytes, kept for reuse:
+// one that grew past it (a large log record) is left to the GC.
+const encodeBufKeptMax = 64 << 10
+
+var encodeBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// decodeMsgpackPooled decodes data into v with a pooled decoder and Brood's
+// options (untyped numbers as int64/uint64/float64; strict: a field v does
+// not know is an error). The decoder goes back to the pool only after a
+// decode that succeeded: one that failed (perhaps mid-panic) is dropped.
+func decodeMsgpackPooled(data []byte, v any, strict bool) error {
+	d := msgpack.GetDecoder()
+	d.Reset(bytes.NewReader(data))
+	d.UseLooseInterfaceDecoding(true)
+	d.DisallowUnknownFields(strict)
+	if err := decodeMsgpack(d, v); err != nil {
+		return err
+	}
+	msgpack.PutDecoder(d)
+	return nil
 }
 
 // Unmarshal decodes data into v. Numbers inside untyped (`any`) values decode as
@@ -142,9 +180,7 @@ func Unmarshal(enc Encoding, data []byte, v any) error {
 		normalizeTarget(v)
 		return nil
 	}
-	d := msgpack.NewDecoder(bytes.NewReader(data))
-	d.UseLooseInterfaceDecoding(true)
-	if err := decodeMsgpack(d, v); err != nil {
+	if err := decodeMsgpackPooled(data, v, false); err != nil {
 		return err
 	}
 	normalizeTarget(v)
@@ -211,10 +247,7 @@ func UnmarshalRequest(enc Encoding, data []byte, v any) error {
 	if err := CheckMsgpack(data, RequestDepthMax); err != nil {
 		return err
 	}
-	d := msgpack.NewDecoder(bytes.NewReader(data))
-	d.UseLooseInterfaceDecoding(true)
-	d.DisallowUnknownFields(true)
-	if err := decodeMsgpack(d, v); err != nil {
+	if err := decodeMsgpackPooled(data, v, true); err != nil {
 		return err
 	}
 	normalizeTarget(v)

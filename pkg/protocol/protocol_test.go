@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -348,9 +349,19 @@ func TestSubjectsAndNames(t *testing.T) {
 	if _, err := NewSubjects("a.b"); err == nil {
 		t.Error("a prefix with a dot must be refused")
 	}
-	for id, ok := range map[string]bool{"abc_DEF-1": true, "": false, "a.b": false, "a*": false} {
+	for id, ok := range map[string]bool{"abc_DEF-1": true, "": false, "a.b": false, "a*": false,
+		strings.Repeat("z", 64): true, strings.Repeat("z", 65): false, "é": false, "a\n": false, "a b": false, "Z9": true} {
 		if ValidID(id) != ok {
 			t.Errorf("ValidID(%q) != %v", id, ok)
+		}
+	}
+	// The rule of DESIGN.md §4 as a regexp is the oracle over every byte.
+	rule := regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	for c := 0; c < 256; c++ {
+		for _, id := range []string{string([]byte{byte(c)}), "a" + string([]byte{byte(c)}) + "b"} {
+			if ValidID(id) != rule.MatchString(id) {
+				t.Errorf("ValidID(%q) = %v, the rule says %v", id, ValidID(id), rule.MatchString(id))
+			}
 		}
 	}
 }

@@ -80,14 +80,27 @@ const (
 
 var (
 	prefixRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
-	// idRE is the rule for caller-chosen ids (reserved child ids, idempotency
-	// keys, provider names): they become subject tokens (DESIGN.md §4).
-	idRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 )
+
+// idLenMax is the longest caller-chosen id, in bytes (DESIGN.md §4).
+const idLenMax = 64
 
 // ValidID reports whether s may be used as a caller-chosen id or provider name:
 // `^[A-Za-z0-9_-]{1,64}$` (DESIGN.md §4), so it is always one subject token.
-func ValidID(s string) bool { return idRE.MatchString(s) }
+// A loop over the bytes, not a regexp: every request checks several ids
+// (issue 12's profile).
+func ValidID(s string) bool {
+	if len(s) == 0 || len(s) > idLenMax {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // HostScopeShared is the scope of a worker host that serves several
 // providers (a test stack, an ACP bridge of several agents): such a host may

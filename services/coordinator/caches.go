@@ -393,14 +393,35 @@ func (r *registry) providers() ([]protocol.ProviderDescriptor, map[string]int) {
 }
 
 // provider returns the live descriptor of name.
+//
+// It is the descriptor providers would list for name (the one of the live,
+// not draining host that started first, ties by host id), found without
+// building the whole list: every start asks it (issue 12's profile: 7 µs of
+// a run's coordinator CPU sorted and mapped every provider for one).
 func (r *registry) provider(name string) (protocol.ProviderDescriptor, bool) {
-	ds, _ := r.providers()
-	for _, d := range ds {
-		if d.Name == name {
-			return d, true
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var (
+		best      protocol.ProviderDescriptor
+		bestStart int64
+		bestHost  string
+		found     bool
+	)
+	for id, h := range r.hosts {
+		if !r.liveLocked(h) || h.rec.Draining {
+			continue
+		}
+		for _, d := range h.rec.Providers {
+			if d.Name != name {
+				continue
+			}
+			if !found || h.rec.StartedAt < bestStart || (h.rec.StartedAt == bestStart && id < bestHost) {
+				best, bestStart, bestHost, found = d, h.rec.StartedAt, id, true
+			}
+			break
 		}
 	}
-	return protocol.ProviderDescriptor{}, false
+	return best, found
 }
 
 // leaseState is one lease as this coordinator last saw it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"reflect"
 	"sort"
 	"strings"
 	"testing"
@@ -280,5 +281,58 @@ func TestChildrenOfFollowsTheLeases(t *testing.T) {
 	}
 	if _, ok := a.byParent["p1"]; ok {
 		t.Fatal("a parent without children keeps an index entry")
+	}
+}
+
+// TestRegistryProviderIsTheListedOne: provider(name) answers the
+// descriptor providers() lists for name (the earliest-started live host's,
+// ties by host id, draining hosts skipped), and nothing when none offers it.
+func TestRegistryProviderIsTheListedOne(t *testing.T) {
+	type host struct {
+		id       string
+		started  int64
+		draining bool
+		tools    []string // tells the descriptors apart
+	}
+	tests := []struct {
+		name      string
+		hosts     []host
+		wantTools []string // nil: no provider
+	}{
+		{"none", nil, nil},
+		{"one", []host{{"spawn.a", 100, false, []string{"a"}}}, []string{"a"}},
+		{"the earliest started", []host{{"spawn.a", 200, false, []string{"a"}}, {"spawn.b", 100, false, []string{"b"}}}, []string{"b"}},
+		{"a tie goes to the lower host id", []host{{"spawn.d", 100, false, []string{"d"}}, {"spawn.b", 100, false, []string{"b"}}}, []string{"b"}},
+		{"a draining host is skipped", []host{{"spawn.a", 200, false, []string{"a"}}, {"spawn.b", 100, true, []string{"b"}}}, []string{"a"}},
+		{"only draining hosts", []host{{"spawn.b", 100, true, []string{"b"}}}, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRegistry("self", time.Second, 5*time.Second, slog.Default())
+			r.put("self", hostEntry(t, "self", 1, 1000))
+			for i, h := range tc.hosts {
+				rec := protocol.HostRecord{HostID: h.id, Kind: protocol.HostWorker, Heartbeat: 1000, StartedAt: h.started, Draining: h.draining,
+					Providers: []protocol.ProviderDescriptor{{Name: "spawn", Tools: h.tools}}}
+				data, err := protocol.Marshal(protocol.Msgpack, rec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.put(h.id, entry{key: h.id, val: data, rev: uint64(i + 2)})
+			}
+			got, ok := r.provider("spawn")
+			if ok != (tc.wantTools != nil) || (ok && !reflect.DeepEqual(got.Tools, tc.wantTools)) {
+				t.Fatalf("provider(spawn) = %+v, %v; want tools %v", got, ok, tc.wantTools)
+			}
+			listed, _ := r.providers()
+			var fromList *protocol.ProviderDescriptor
+			for i := range listed {
+				if listed[i].Name == "spawn" {
+					fromList = &listed[i]
+				}
+			}
+			if (fromList != nil) != ok || (ok && !fromList.Equal(got)) {
+				t.Fatalf("provider(spawn) = %+v, %v; providers() lists %+v", got, ok, listed)
+			}
+		})
 	}
 }
