@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -261,5 +262,52 @@ func TestAReplyOverMaxPayloadIsLimitExceeded(t *testing.T) {
 				t.Fatalf("a reply over max_payload %d: %v, want LIMIT_EXCEEDED naming max_payload", max, err)
 			}
 		})
+	}
+}
+
+// goroutineID is the calling goroutine's id, from the first line of its
+// stack ("goroutine 42 [running]:").
+func goroutineID() string {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	f := strings.Fields(string(buf))
+	if len(f) < 2 {
+		return ""
+	}
+	return f[1]
+}
+
+// TestHandlerGoroutinesAreReused: sequential requests run on the goroutine
+// the first one started (its stack already grown), not on a fresh one
+// each; Stop ends the idle goroutine (goleak, TestMain) and waits for it.
+func TestHandlerGoroutinesAreReused(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]int{}
+	nc, srv, _ := serve(t, 4, func(ctx context.Context, req rpc.Request) (any, error) {
+		mu.Lock()
+		seen[goroutineID()]++
+		mu.Unlock()
+		return echo{"ok"}, nil
+	})
+	const n = 20
+	for i := 0; i < n; i++ {
+		if err := rpc.Call(context.Background(), nc, "test.work", echo{"x"}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	distinct := len(seen)
+	mu.Unlock()
+	// A reply is sent before its goroutine goes back to wait, so the next
+	// request can come first and start another goroutine; never one each.
+	if distinct > n/2 {
+		t.Fatalf("%d sequential requests ran on %d goroutines; want them reused", n, distinct)
+	}
+	stopped := make(chan struct{})
+	go func() { srv.Stop(context.Background()); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not return with an idle handler goroutine")
 	}
 }
