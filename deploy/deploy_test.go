@@ -430,8 +430,17 @@ var permCases = []permCase{
 	{user: "worker-fork", subject: "$KV.brood_hosts.fork.H1", allowed: true},
 	{user: "worker-acp", subject: "$KV.brood_hosts.acp.H1", allowed: true},
 	{user: "worker-acp", subject: "$KV.brood_hosts.spawn.H1"},
-	// ... and leases, ownership and runs, but no record only coordinators write.
-	{user: "worker-spawn", subject: "$KV.brood_agents.S1", allowed: true},
+	// ... and its own provider's children's leases, ownership and runs, but
+	// no other provider's lease and no record only coordinators write.
+	{user: "worker-spawn", subject: "$KV.brood_agents.lease.spawn.S1", allowed: true},
+	{user: "worker-spawn", subject: "$KV.brood_agents.lease.fork.S1"},
+	{user: "worker-spawn", subject: "$KV.brood_agents.lease.acp.S1"},
+	{user: "worker-spawn", subject: "$KV.brood_agents.S1"},
+	{user: "worker-fork", subject: "$KV.brood_agents.lease.fork.S1", allowed: true},
+	{user: "worker-fork", subject: "$KV.brood_agents.lease.spawn.S1"},
+	{user: "worker-acp", subject: "$KV.brood_agents.lease.acp.S1", allowed: true},
+	{user: "worker-acp", subject: "$KV.brood_agents.lease.fork.S1"},
+	{user: "coordinator", subject: "$KV.brood_agents.lease.fork.S1", allowed: true},
 	{user: "worker-spawn", subject: "$KV.brood_agents.owns.S1", allowed: true},
 	{user: "worker-spawn", subject: "$KV.brood_runs.R1", allowed: true},
 	{user: "worker-spawn", subject: "$KV.brood_agents.grant.abc"},

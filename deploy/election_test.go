@@ -390,7 +390,7 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 				claimed = append(claimed, k)
 			}
 			if err == nil && r.Value.State == protocol.RunRunning {
-				l, lerr := store.Get[protocol.AgentRecord](ctx, st.Agents, r.Value.ChildID)
+				l, lerr := store.Get[protocol.AgentRecord](ctx, st.Agents, store.LeaseKey(r.Value.Provider, r.Value.ChildID))
 				running = append(running, fmt.Sprintf("%s (%s, child %s, host %q, created %s ago; lease %+v %v)", k, r.Value.Mode, r.Value.ChildID,
 					r.Value.HostID, time.Since(time.UnixMilli(r.Value.CreatedAt)).Round(time.Millisecond), l.Value, lerr))
 			}

@@ -594,6 +594,15 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			})
 			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents." + store.RootLeaseKey(v.root.SessionID), Reply: nc.NewInbox(), Data: data})
 		}},
+		{"rewrite a fork child's lease (its credential hash and host)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			// What a KV put of the rewritten record publishes, under the key
+			// coordinators read the child's lease from (its header's provider).
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.AgentRecord{
+				SessionID: v.forkChild, Kind: protocol.AgentContinuable, HostID: protocol.WorkerHostID("spawn", "forger"), Epoch: 9,
+				Provider: forkworker.DefaultName, CredentialHash: protocol.HashCredential("forged-credential"), ParentSession: v.root.SessionID,
+			})
+			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents." + store.LeaseKey(forkworker.DefaultName, v.forkChild), Reply: nc.NewInbox(), Data: data})
+		}},
 		{"append to a fork child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return forgedAppend(ctx, nc, "brood.v1.log.fork."+v.forkChild)
 		}},

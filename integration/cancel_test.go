@@ -107,7 +107,7 @@ func childrenOf(t *testing.T, s *stack.Stack, parent string) []string {
 
 func leaseOf(t *testing.T, s *stack.Stack, id string) (protocol.AgentRecord, bool) {
 	t.Helper()
-	rec, err := store.Get[protocol.AgentRecord](context.Background(), s.Store.Agents, id)
+	rec, err := store.Get[protocol.AgentRecord](context.Background(), s.Store.Agents, store.LeaseKey("spawn", id))
 	if errors.Is(err, store.ErrNotFound) {
 		return protocol.AgentRecord{}, false
 	}

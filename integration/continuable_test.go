@@ -662,14 +662,14 @@ func TestDurabilityFailedWhenTheLogRefusesTheFinalFlush(t *testing.T) {
 	}
 	// The host keeps the lease until it closed the turn the failure left
 	// open, once the log takes writes again (TestDurabilityFailedEpochClosesItsTurnOnceTheLogTakesWrites).
-	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, c.ChildID); err != nil {
+	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", c.ChildID)); err != nil {
 		t.Fatalf("the lease went before the open turn was closed: %v", err)
 	}
 	if _, err := s.Store.JS.UpdateStream(ctx, info.Config); err != nil {
 		t.Fatal(err)
 	}
 	waitState(t, s, c.ChildID, ref(root), protocol.StateNone, 30*time.Second)
-	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, c.ChildID); err == nil {
+	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", c.ChildID)); err == nil {
 		t.Fatal("the activation still holds its lease")
 	}
 	f := gathered(t, m)

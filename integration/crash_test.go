@@ -182,7 +182,7 @@ func TestTakeoverFencesTheLostHostOutOfTheLog(t *testing.T) {
 		Provider: "spawn", Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Create(ctx, s.Store.Agents, child, protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable,
+	if _, err := store.Create(ctx, s.Store.Agents, store.LeaseKey("spawn", child), protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable,
 		HostID: lostHost, Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
 		ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now, EpochStart: 1}); err != nil {
 		t.Fatal(err)
@@ -247,13 +247,13 @@ func TestSettlementOutlivesItsWinner(t *testing.T) {
 			}
 			s.Store.PublishEvent(protocol.LifecycleEvent{Type: protocol.LifecycleStart, RunID: runID, Provider: "spawn", ID: child,
 				ParentSession: root.SessionID, Local: true, Mode: mode, Time: now}, func(err error) { t.Error(err) })
-			if _, err := store.Create(ctx, s.Store.Agents, child, protocol.AgentRecord{SessionID: child, Kind: kind,
+			if _, err := store.Create(ctx, s.Store.Agents, store.LeaseKey("spawn", child), protocol.AgentRecord{SessionID: child, Kind: kind,
 				HostID: "host-that-died", Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
 				ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now, EpochStart: 0}); err != nil {
 				t.Fatal(err)
 			}
 			testutil.Eventually(t, 20*time.Second, func() bool {
-				_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
+				_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child))
 				return errors.Is(err, store.ErrNotFound)
 			}, "the coordinator takes the dead host's lease over and releases it")
 			testutil.Eventually(t, 10*time.Second, func() bool { return endEvents(t, s, root.SessionID)[runID] == 1 }, "one subagent/end for %s", runID)
@@ -320,13 +320,13 @@ func TestTakeoverSettlesTheEpochBeforeReleasingTheLease(t *testing.T) {
 	if _, err := s.Store.JS.UpdateStream(ctx, refusing); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Create(ctx, s.Store.Agents, child, protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable,
+	if _, err := store.Create(ctx, s.Store.Agents, store.LeaseKey("spawn", child), protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable,
 		HostID: "host-that-died", Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
 		ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now, EpochStart: 0}); err != nil {
 		t.Fatal(err)
 	}
 	lease := func() (protocol.AgentRecord, bool) {
-		r, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
+		r, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child))
 		return r.Value, err == nil
 	}
 	testutil.Eventually(t, 20*time.Second, func() bool {
@@ -409,13 +409,13 @@ func TestTakeoverPublishesTheStartItsHostMayHaveLost(t *testing.T) {
 			if _, err := store.Create(ctx, s.Store.Runs, runID, rec); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := store.Create(ctx, s.Store.Agents, child, protocol.AgentRecord{SessionID: child, Kind: kind,
+			if _, err := store.Create(ctx, s.Store.Agents, store.LeaseKey("spawn", child), protocol.AgentRecord{SessionID: child, Kind: kind,
 				HostID: "host-that-died", Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
 				ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now}); err != nil {
 				t.Fatal(err)
 			}
 			testutil.Eventually(t, 20*time.Second, func() bool {
-				_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
+				_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child))
 				r, rerr := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
 				return errors.Is(err, store.ErrNotFound) && rerr == nil && r.Value.State == protocol.RunSettled
 			}, "the coordinator takes the dead host's lease over, settles and releases it")
@@ -521,7 +521,7 @@ func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 			if tt.later {
 				// The later epoch's lease, on a live host (the coordinator's
 				// heartbeat stands in for its worker's).
-				if _, err := store.Create(ctx, s.Store.Agents, child, protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable,
+				if _, err := store.Create(ctx, s.Store.Agents, store.LeaseKey("spawn", child), protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable,
 					HostID: co.ID(), Epoch: 1, RunID: "later-" + runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
 					ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now, EpochStart: 1}); err != nil {
 					t.Fatal(err)
@@ -629,7 +629,7 @@ func TestDurabilityFailedRunClosesItsTurnOnceTheLogTakesWrites(t *testing.T) {
 		t.Fatalf("the log ends with %+v", last)
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
+		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child))
 		return errors.Is(err, store.ErrNotFound)
 	}, "the lease released after the closing")
 }
@@ -722,14 +722,14 @@ func TestLeaseReleaseOutlivesAnUnavailableBucket(t *testing.T) {
 		}
 		return false
 	}, "the epoch ends while the agents bucket takes no writes")
-	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, c.ChildID); err != nil {
+	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", c.ChildID)); err != nil {
 		t.Fatalf("the lease is gone while the bucket took no writes: %v", err)
 	}
 	if _, err := s.Store.JS.UpdateStream(ctx, info.Config); err != nil {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 15*time.Second, func() bool {
-		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, c.ChildID)
+		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", c.ChildID))
 		return errors.Is(err, store.ErrNotFound)
 	}, "the lease released once the bucket takes writes")
 	m := followup(t, s, c.ChildID, ref(root), "say second")
@@ -794,13 +794,13 @@ func TestLeaseOutlivesTheEndsPublication(t *testing.T) {
 			testutil.Eventually(t, 20*time.Second, settled, "the run settles while its end cannot be published")
 			// For 2 s the end's publish keeps failing: the lease stays.
 			for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-				if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child); err != nil {
+				if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child)); err != nil {
 					t.Fatalf("the lease went before the end was stored: %v", err)
 				}
 			}
 			failing.Store(false)
 			testutil.Eventually(t, 30*time.Second, func() bool {
-				_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
+				_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child))
 				return errors.Is(err, store.ErrNotFound)
 			}, "the lease released once the end is stored")
 			ends := 0
@@ -926,7 +926,7 @@ func TestPausedClaimerStartsNoEpochSettledMeanwhile(t *testing.T) {
 			id := child.Load().(string)
 			var wait chan struct{}
 			switch {
-			case id != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == id:
+			case id != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == store.LeaseKey("spawn", id):
 				paused.Store(true) // claimed; stops right before its lease
 				wait = resumeLease
 			case paused.Load() && w.Bucket == hostsBucket:
@@ -941,7 +941,7 @@ func TestPausedClaimerStartsNoEpochSettledMeanwhile(t *testing.T) {
 				return ctx.Err()
 			}
 		}, After: func(_ context.Context, w store.Write, err error) error {
-			if id := child.Load().(string); id != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == id {
+			if id := child.Load().(string); id != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == store.LeaseKey("spawn", id) {
 				leasedOnce.Do(func() { close(leased) })
 			}
 			return err
@@ -992,7 +992,7 @@ func TestPausedClaimerStartsNoEpochSettledMeanwhile(t *testing.T) {
 		return slices.Contains(claims, m)
 	}, "the message (%s) runs", m)
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		l, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, start.ChildID)
+		l, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", start.ChildID))
 		return errors.Is(err, store.ErrNotFound) || (err == nil && l.Value.RunID != orphan)
 	}, "no lease names the settled epoch %s", orphan)
 	for _, ev := range lifecycleOf(t, s, root.SessionID) {
@@ -1057,7 +1057,7 @@ func TestPausedClaimerPublishesNoRunSettledMeanwhile(t *testing.T) {
 	if _, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say hello")}); err != nil && protocol.CodeOf(err) != protocol.CodeHostLost {
 		t.Fatalf("runs.start: %v", err)
 	}
-	child := leaseKey.Load().(string) // a local run's id is its child's
+	_, child := store.KindOf(leaseKey.Load().(string)) // a local run's id is its child's
 	if child == "" {
 		t.Fatal("the worker took no lease")
 	}
@@ -1074,7 +1074,7 @@ func TestPausedClaimerPublishesNoRunSettledMeanwhile(t *testing.T) {
 	}
 	beatsOnce.Do(func() { close(resumeBeats) })
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, run.ChildID)
+		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", run.ChildID))
 		return errors.Is(err, store.ErrNotFound)
 	}, "the worker releases the lease of the run settled meanwhile")
 	testutil.Consistently(t, time.Second, func() bool {

@@ -196,7 +196,7 @@ func TestWorkerKilledMidRunIsSettledHostLost(t *testing.T) {
 	if len(n.get(r.RunID)) != 1 || endEvents(t, s, root.SessionID)[r.RunID] != 1 {
 		t.Fatalf("settled more than once: %d notices, %d end events", len(n.get(r.RunID)), endEvents(t, s, root.SessionID)[r.RunID])
 	}
-	if _, err := store.Get[protocol.AgentRecord](context.Background(), s.Store.Agents, r.ChildID); err == nil {
+	if _, err := store.Get[protocol.AgentRecord](context.Background(), s.Store.Agents, store.LeaseKey("spawn", r.ChildID)); err == nil {
 		t.Error("the lease of the settled session is still held")
 	}
 	// The coordinator that took the session over counts it (the killed

@@ -1,6 +1,10 @@
 package store
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
 
 // The key layout of Brood's KV buckets (docs/protocol.md §7.6-§7.8), in one
 // place: every key a service reads or writes is built by a function of this
@@ -9,7 +13,7 @@ import "strings"
 // $KV.<bucket>.<prefix>.> can scope a role) is a change of this file only.
 //
 //	bucket        key                      value
-//	brood_agents  <sessionId>              protocol.AgentRecord: a child's lease
+//	brood_agents  lease.<provider>.<sessionId>  protocol.AgentRecord: a child's lease (its provider's workers)
 //	              root.<sessionId>         protocol.AgentRecord: a root's lease (coordinator)
 //	              owns.<parentSession>     protocol.OwnershipRecord: live continuable children it owns
 //	              slots.<parentSession>    protocol.ChildSlotsRecord: the children admitted under the live-children limit (coordinator)
@@ -20,12 +24,13 @@ import "strings"
 //	brood_hosts   <scope>.<unique>         protocol.HostRecord of a worker host (protocol.WorkerHostID)
 //	              <coordinatorId>          protocol.HostRecord of a coordinator
 //
-// Session, run and host ids never hold a dot (protocol ids are
-// ^[A-Za-z0-9_-]+$), so a bare id can never name a prefixed key, and every
-// prefixed key holds one.
+// Session, run, host ids and provider names never hold a dot (protocol ids
+// are ^[A-Za-z0-9_-]+$), so a bare id can never name a prefixed key, every
+// prefixed key holds one, and lease.<provider>.<sessionId> splits one way.
 
-// Prefixes of the brood_agents keys that are not leases.
+// Prefixes of the brood_agents keys.
 const (
+	prefixLease = "lease."
 	prefixRoot  = "root."
 	prefixOwns  = "owns."
 	prefixSlots = "slots."
@@ -37,8 +42,16 @@ const (
 // it holds a dot, so no session id names the same key.
 const DrainAll = "all.sessions"
 
-// LeaseKey is the brood_agents key of a child's lease.
-func LeaseKey(sessionID string) string { return sessionID }
+// LeaseKey is the brood_agents key of a child's lease,
+// lease.<provider>.<sessionId>, provider being the one its session header
+// names (protocol.SessionHeader.Scope), which only coordinators write: a
+// deployment lets each provider's worker user write only
+// $KV.brood_agents.lease.<provider>.> of the leases (docs/security.md), so
+// no worker can rewrite another provider's child's lease, and readers look a
+// child's lease up under the provider of its header only.
+func LeaseKey(provider, sessionID string) string {
+	return prefixLease + provider + "." + sessionID
+}
 
 // RootLeaseKey is the brood_agents key of a root's lease, root.<sessionId>:
 // only coordinators write roots' leases, and a deployment's permissions
@@ -47,12 +60,25 @@ func LeaseKey(sessionID string) string { return sessionID }
 // (no provider: protocol.SessionHeader.Scope), which only coordinators write, never by the lease itself.
 func RootLeaseKey(sessionID string) string { return prefixRoot + sessionID }
 
-// LeaseKeyFor is RootLeaseKey for a root, LeaseKey otherwise.
-func LeaseKeyFor(sessionID string, root bool) string {
-	if root {
+// LeaseKeyFor is the key of the lease of a session of scope (its header's
+// protocol.SessionHeader.Scope): RootLeaseKey for protocol.ScopeRoot,
+// LeaseKey of the provider otherwise.
+func LeaseKeyFor(sessionID, scope string) string {
+	if scope == protocol.ScopeRoot {
 		return RootLeaseKey(sessionID)
 	}
-	return LeaseKey(sessionID)
+	return LeaseKey(scope, sessionID)
+}
+
+// LeaseKeyOf is the key lease rec belongs under: a root's (kind root) under
+// RootLeaseKey, a child's under LeaseKey of the provider it names (which is
+// its header's: a host refuses a child whose header names another). A
+// record found under any other key is not that session's lease.
+func LeaseKeyOf(rec protocol.AgentRecord) string {
+	if rec.Kind == protocol.AgentRoot {
+		return RootLeaseKey(rec.SessionID)
+	}
+	return LeaseKey(rec.Provider, rec.SessionID)
 }
 
 // OwnsKey is the brood_agents key of a continuable parent's ownership record.
@@ -84,7 +110,7 @@ type AgentsKind int
 // The kinds of brood_agents keys.
 const (
 	KindOther     AgentsKind = iota // a key of no known layout
-	KindLease                       // <sessionId>
+	KindLease                       // lease.<provider>.<sessionId>
 	KindRootLease                   // root.<sessionId>
 	KindOwnership                   // owns.<parentSession>
 	KindSlots                       // slots.<parentSession>
@@ -93,8 +119,16 @@ const (
 )
 
 // KindOf returns what the brood_agents key holds and the id it is keyed by
-// (the session, parent, grant hash or drain scope).
+// (the session, parent, grant hash or drain scope). Any other key, a bare
+// session id among them, is KindOther.
 func KindOf(key string) (AgentsKind, string) {
+	if rest, ok := strings.CutPrefix(key, prefixLease); ok {
+		provider, id, ok := strings.Cut(rest, ".")
+		if !ok || provider == "" || id == "" || strings.Contains(id, ".") {
+			return KindOther, key
+		}
+		return KindLease, id
+	}
 	for _, p := range []struct {
 		prefix string
 		kind   AgentsKind
@@ -103,8 +137,5 @@ func KindOf(key string) (AgentsKind, string) {
 			return p.kind, id
 		}
 	}
-	if key == "" || strings.Contains(key, ".") {
-		return KindOther, key
-	}
-	return KindLease, key
+	return KindOther, key
 }

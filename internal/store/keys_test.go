@@ -1,24 +1,37 @@
 package store_test
 
 import (
+	"context"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // Every key the layout builds is told apart by KindOf, which gives back the
-// id it was built from; bare ids are leases and nothing else is.
+// id it was built from; a bare id, or a lease key of no provider or of a
+// dotted id, is no lease.
 func TestKeyLayoutRoundTrips(t *testing.T) {
 	for _, tc := range []struct {
 		key  string
 		kind store.AgentsKind
 		id   string
 	}{
-		{store.LeaseKey("S1"), store.KindLease, "S1"},
-		{store.LeaseKey("01J9-abc_d"), store.KindLease, "01J9-abc_d"},
+		{store.LeaseKey("spawn", "S1"), store.KindLease, "S1"},
+		{store.LeaseKey("fork", "01J9-abc_d"), store.KindLease, "01J9-abc_d"},
 		{store.RootLeaseKey("R1"), store.KindRootLease, "R1"},
-		{store.LeaseKeyFor("R1", true), store.KindRootLease, "R1"},
-		{store.LeaseKeyFor("S1", false), store.KindLease, "S1"},
+		{store.LeaseKeyFor("R1", protocol.ScopeRoot), store.KindRootLease, "R1"},
+		{store.LeaseKeyFor("S1", "acp"), store.KindLease, "S1"},
+		{store.LeaseKeyOf(protocol.AgentRecord{SessionID: "R1", Kind: protocol.AgentRoot}), store.KindRootLease, "R1"},
+		{store.LeaseKeyOf(protocol.AgentRecord{SessionID: "S1", Kind: protocol.AgentOneShot, Provider: "spawn"}), store.KindLease, "S1"},
+		{"S1", store.KindOther, "S1"},
+		{"lease.S1", store.KindOther, "lease.S1"},
+		{"lease..S1", store.KindOther, "lease..S1"},
+		{"lease.spawn.", store.KindOther, "lease.spawn."},
+		{"lease.spawn.S1.x", store.KindOther, "lease.spawn.S1.x"},
 		{store.OwnsKey("P"), store.KindOwnership, "P"},
 		{store.SlotsKey("P"), store.KindSlots, "P"},
 		{store.GrantKey("ab12"), store.KindGrant, "ab12"},
@@ -32,7 +45,44 @@ func TestKeyLayoutRoundTrips(t *testing.T) {
 			t.Errorf("KindOf(%q) = %v, %q; want %v, %q", tc.key, kind, id, tc.kind, tc.id)
 		}
 	}
-	if store.DrainKey(store.DrainAll) == store.DrainKey(store.LeaseKey("all")) {
+	if store.LeaseKey("spawn", "S1") == store.LeaseKey("fork", "S1") || !strings.HasPrefix(store.LeaseKey("spawn", "S1"), "lease.spawn.") {
+		t.Error("a child's lease key must lie under its provider's prefix, lease.<provider>.")
+	}
+	if store.DrainKey(store.DrainAll) == store.DrainKey("all") {
 		t.Error("the global drain's key must differ from every session's drain key")
+	}
+}
+
+// A child's lease is read under the provider its header names, and only
+// there: a lease of the same session under another provider's prefix (what
+// a worker of that provider could write) is not its lease, a session without
+// a header has none, and a child's lease that names no provider is refused
+// rather than written under a key of no provider.
+func TestAChildsLeaseIsReadUnderItsHeadersProvider(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	if err := st.PutHeader(ctx, protocol.SessionHeader{ID: "C1", ParentSession: "P1", Provider: "fork"}); err != nil {
+		t.Fatal(err)
+	}
+	forged := protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentContinuable, HostID: "spawn.H1", Epoch: 1, Provider: "spawn"}
+	if _, err := st.CreateLease(ctx, forged); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Lease(ctx, "C1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the fork child's lease, with only a spawn-prefixed one written: %v, want ErrNotFound", err)
+	}
+	own := protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentContinuable, HostID: "fork.H2", Epoch: 1, Provider: "fork"}
+	if _, err := st.CreateLease(ctx, own); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.Lease(ctx, "C1"); err != nil || got.Value.HostID != "fork.H2" {
+		t.Fatalf("the fork child's lease: %+v, %v; want the one under lease.fork.C1", got.Value, err)
+	}
+	if _, err := st.Lease(ctx, "NOHEADER"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the lease of a session without a header: %v, want ErrNotFound", err)
+	}
+	if _, err := st.CreateLease(ctx, protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentOneShot}); err == nil {
+		t.Fatal("a child's lease without a provider was written")
 	}
 }

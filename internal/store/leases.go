@@ -11,7 +11,8 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Leases (brood_agents <sessionId>, docs/protocol.md §7.6): the holder of a
+// Leases (brood_agents lease.<provider>.<sessionId> of a child,
+// root.<sessionId> of a root; docs/protocol.md §7.6): the holder of a
 // session's lease is the one writer of its log. A lease is created by the
 // host that starts a one-shot run or an epoch (a root's by a coordinator,
 // for the client), renewed or marked by compare-and-set at the revision its
@@ -19,9 +20,10 @@ import (
 // released by a delete at that revision, so a holder that lost it changes
 // nothing.
 
-// Lease reads a session's lease. A missing one is ErrNotFound. A root's
-// lease lives under RootLeaseKey: whether sessionID is a root is read from
-// its header (IsRoot), never from a lease.
+// Lease reads a session's lease. A missing one (or a missing session) is
+// ErrNotFound. Its key comes from the session's header (SessionScope),
+// never from a lease: a root's is RootLeaseKey, a child's LeaseKey of the
+// provider its header names.
 func (s *Store) Lease(ctx context.Context, sessionID string) (Record[protocol.AgentRecord], error) {
 	key, err := s.leaseKey(ctx, sessionID)
 	if err != nil {
@@ -40,41 +42,52 @@ func (s *Store) LeaseLatest(ctx context.Context, sessionID string) (Record[proto
 	return GetLatest[protocol.AgentRecord](ctx, s.Agents, key)
 }
 
-// ChildLeaseLatest is LeaseLatest of a session known to be a child (a
-// host's own): no header read.
-func (s *Store) ChildLeaseLatest(ctx context.Context, childID string) (Record[protocol.AgentRecord], error) {
-	return GetLatest[protocol.AgentRecord](ctx, s.Agents, LeaseKey(childID))
+// ChildLeaseLatest is LeaseLatest of a child of provider known to the
+// caller (a host's own): no header read.
+func (s *Store) ChildLeaseLatest(ctx context.Context, provider, childID string) (Record[protocol.AgentRecord], error) {
+	return GetLatest[protocol.AgentRecord](ctx, s.Agents, LeaseKey(provider, childID))
 }
 
-// ReleaseChildLease is ReleaseLease of a session known to be a child (a
-// host's own): no header read.
-func (s *Store) ReleaseChildLease(ctx context.Context, childID string, rev uint64) error {
-	return Delete(ctx, s.Agents, LeaseKey(childID), rev)
-}
-
-// leaseKeyOf is the key of the lease rec: a root's (kind root) under
-// RootLeaseKey, which only coordinators may write.
-func leaseKeyOf(rec protocol.AgentRecord) string {
-	return LeaseKeyFor(rec.SessionID, rec.Kind == protocol.AgentRoot)
+// ReleaseChildLease is ReleaseLease of a child of provider known to the
+// caller (a host's own): no header read.
+func (s *Store) ReleaseChildLease(ctx context.Context, provider, childID string, rev uint64) error {
+	return Delete(ctx, s.Agents, LeaseKey(provider, childID), rev)
 }
 
 // CreateLease writes rec as its session's lease if the session has none
 // (ErrConflict: a live lease exists elsewhere). It returns the revision the
 // holder's later writes name.
 func (s *Store) CreateLease(ctx context.Context, rec protocol.AgentRecord) (uint64, error) {
-	return Create(ctx, s.Agents, leaseKeyOf(rec), rec)
+	if err := leaseKeyable(rec); err != nil {
+		return 0, err
+	}
+	return Create(ctx, s.Agents, LeaseKeyOf(rec), rec)
+}
+
+// leaseKeyable refuses a lease that names no key of the layout: a child's
+// needs its session id and its header's provider (LeaseKey), a root's its
+// session id.
+func leaseKeyable(rec protocol.AgentRecord) error {
+	if !protocol.ValidID(rec.SessionID) || (rec.Kind != protocol.AgentRoot && !protocol.ValidID(rec.Provider)) {
+		return fmt.Errorf("a lease of session %q, kind %q, provider %q: a child's lease names its session and provider, a root's its session", rec.SessionID, rec.Kind, rec.Provider)
+	}
+	return nil
 }
 
 // UpdateLease writes rec over its session's lease by compare-and-set at rev
 // (a renewal, a run marked Ending, a root reopened); ErrConflict when the
 // lease changed since.
 func (s *Store) UpdateLease(ctx context.Context, rec protocol.AgentRecord, rev uint64) (uint64, error) {
-	return Update(ctx, s.Agents, leaseKeyOf(rec), rec, rev)
+	if err := leaseKeyable(rec); err != nil {
+		return 0, err
+	}
+	return Update(ctx, s.Agents, LeaseKeyOf(rec), rec, rev)
 }
 
 // ReleaseLease deletes a session's lease if it is still at rev (ErrConflict
-// otherwise: it changed hands). rev 0 deletes it whatever it holds (only
-// for a lease whose holder is known gone).
+// otherwise: it changed hands; ErrNotFound for a session without a header).
+// rev 0 deletes it whatever it holds (only for a lease whose holder is known
+// gone).
 func (s *Store) ReleaseLease(ctx context.Context, sessionID string, rev uint64) error {
 	key, err := s.leaseKey(ctx, sessionID)
 	if err != nil {
@@ -83,22 +96,27 @@ func (s *Store) ReleaseLease(ctx context.Context, sessionID string, rev uint64) 
 	return Delete(ctx, s.Agents, key, rev)
 }
 
-// leaseKey is the key of session id's lease, by whether it is a root.
+// leaseKey is the key of session id's lease, by its header's scope;
+// ErrNotFound for a session without a header (it has no lease).
 func (s *Store) leaseKey(ctx context.Context, id string) (string, error) {
-	root, err := s.IsRoot(ctx, id)
+	scope, err := s.SessionScope(ctx, id)
 	if err != nil {
 		return "", err
 	}
-	return LeaseKeyFor(id, root), nil
+	if scope == "" {
+		return "", fmt.Errorf("the lease of %s: no session header: %w", id, ErrNotFound)
+	}
+	return LeaseKeyFor(id, scope), nil
 }
 
-// IsRoot reports whether session id is a root: its header (which only
-// coordinators write, once) names no provider, so its scope is
-// protocol.ScopeRoot. A session without a header is not a root. Answers
-// are cached (headers never change), up to rootsCachedMax sessions.
-func (s *Store) IsRoot(ctx context.Context, id string) (bool, error) {
+// SessionScope returns the scope of session id from its header (which only
+// coordinators write, once): protocol.ScopeRoot for a root, else the
+// provider it was started on (protocol.SessionHeader.Scope). A session
+// without a header has scope "". Answers are cached (headers never change),
+// up to rootsCachedMax sessions.
+func (s *Store) SessionScope(ctx context.Context, id string) (string, error) {
 	if v, ok := s.roots.Load(id); ok {
-		return v.(bool), nil
+		return v.(string), nil
 	}
 	h, err := s.GetHeader(ctx, id)
 	if errors.Is(err, ErrNotFound) {
@@ -107,26 +125,26 @@ func (s *Store) IsRoot(ctx context.Context, id string) (bool, error) {
 		m, lerr := s.leaderLast(ctx, s.Subj.StreamSessions(), s.Subj.Session(id))
 		switch {
 		case errors.Is(lerr, jetstream.ErrMsgNotFound):
-			return false, nil // no session: no root (not cached: it may come)
+			return "", nil // no session (not cached: it may come)
 		case lerr != nil:
-			return false, fmt.Errorf("read the header of %s: %w", id, lerr)
+			return "", fmt.Errorf("read the header of %s: %w", id, lerr)
 		}
 		if err = protocol.Unmarshal(protocol.Msgpack, m.Data, &h); err != nil {
-			return false, fmt.Errorf("decode header of %s: %w", id, err)
+			return "", fmt.Errorf("decode header of %s: %w", id, err)
 		}
 	} else if err != nil {
-		return false, fmt.Errorf("read the header of %s: %w", id, err)
+		return "", fmt.Errorf("read the header of %s: %w", id, err)
 	}
-	root := h.Scope() == protocol.ScopeRoot
+	scope := h.Scope()
 	if s.rootsCached.Add(1) > rootsCachedMax {
 		s.roots.Clear()
 		s.rootsCached.Store(1)
 	}
-	s.roots.Store(id, root)
-	return root, nil
+	s.roots.Store(id, scope)
+	return scope, nil
 }
 
-// rootsCachedMax bounds the sessions IsRoot remembers; past it the cache
+// rootsCachedMax bounds the sessions SessionScope remembers; past it the cache
 // starts over (headers are read again).
 const rootsCachedMax = 100_000
 

@@ -107,7 +107,10 @@ func TestNotStarted(t *testing.T) {
 func TestTakeOverLeaseHasOneWinner(t *testing.T) {
 	st := testutil.NewStore(t)
 	ctx := context.Background()
-	lease := protocol.AgentRecord{SessionID: "S1", Kind: protocol.AgentOneShot, HostID: "DEAD", Epoch: 1, RunID: "R1"}
+	if err := st.PutHeader(ctx, protocol.SessionHeader{ID: "S1", ParentSession: "P1", Provider: "spawn"}); err != nil {
+		t.Fatal(err)
+	}
+	lease := protocol.AgentRecord{SessionID: "S1", Kind: protocol.AgentOneShot, HostID: "DEAD", Epoch: 1, RunID: "R1", Provider: "spawn"}
 	rev, err := st.CreateLease(ctx, lease)
 	if err != nil {
 		t.Fatal(err)

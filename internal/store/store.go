@@ -78,7 +78,7 @@ type Store struct {
 	Hosts  jetstream.KeyValue
 	Runs   jetstream.KeyValue
 
-	// roots caches IsRoot by session id (rootsCached entries).
+	// roots caches SessionScope by session id (rootsCached entries).
 	roots       *sync.Map
 	rootsCached *atomic.Int64
 }

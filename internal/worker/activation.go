@@ -232,7 +232,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		}
 		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %w", req.ChildID, err)
 	}
-	release := func() { _ = h.st.ReleaseChildLease(context.WithoutCancel(ctx), req.ChildID, leaseRev) }
+	release := func() { _ = h.st.ReleaseChildLease(context.WithoutCancel(ctx), lease.Provider, req.ChildID, leaseRev) }
 	// The claim is held again under the lease: a coordinator may have
 	// settled the claimed record orphaned while this host had no lease (it
 	// was paused between the two); the epoch is then not this host's to
@@ -310,7 +310,8 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 func (h *Host) epochLease(ctx context.Context, req protocol.ActivateRequest, cred string) (protocol.AgentRecord, []protocol.SessionEvent, uint64, error) {
 	lease := protocol.AgentRecord{
 		SessionID: req.ChildID, Kind: protocol.AgentContinuable, HostID: h.id, Epoch: 1, RunID: req.RunID,
-		Provider: req.Descriptor.Provider, CredentialHash: protocol.HashCredential(cred), ParentSession: req.Header.ParentSession,
+		// Its header's provider (inScope): the lease's key is lease.<provider>.<childId>.
+		Provider: req.Header.Provider, CredentialHash: protocol.HashCredential(cred), ParentSession: req.Header.ParentSession,
 		Ancestry: req.Ancestry, Owner: req.Owner, CreatedAt: store.NowMs(),
 	}
 	if req.Fresh {
@@ -817,7 +818,7 @@ func (a *activation) teardown() {
 		if durability != nil {
 			h.closeLogAfterDurabilityFailure(a.header.Scope(), a.childID)
 		}
-		h.releaseLeaseAfter(a.childID, leaseRev, first)
+		h.releaseLeaseAfter(a.header.Provider, a.childID, leaseRev, first)
 		log.Info("activation settled", "stopReason", res.StopReason)
 	})
 }

@@ -250,27 +250,27 @@ func (h *Host) abandon(run protocol.RunRecord, rev uint64, cause error) error {
 // takes (with the settlements that ran out of budget).
 const LeaseReleaseTimeout = 5 * time.Second
 
-// releaseLease deletes this host's lease on childID at rev. A lease left
+// releaseLease deletes this host's lease on childID, a child of provider, at rev. A lease left
 // behind by a live host is never taken over, and it keeps the session from
 // being resumed: its pending messages would wait for good (chaos seed 1 of
 // make test: a release cut off while JetStream elected a leader). So a
 // release that fails for any reason but a changed or missing lease waits in
 // h.unsettled and is tried again after each heartbeat JetStream takes.
-func (h *Host) releaseLease(childID string, rev uint64) {
-	h.releaseLeaseAfter(childID, rev, nil)
+func (h *Host) releaseLease(provider, childID string, rev uint64) {
+	h.releaseLeaseAfter(provider, childID, rev, nil)
 }
 
 // releaseLeaseAfter is releaseLease with a step that must land first (nil:
 // none), tried again with the release until it does: while it has not, the
 // lease stays held.
-func (h *Host) releaseLeaseAfter(childID string, rev uint64, first func(context.Context) error) {
+func (h *Host) releaseLeaseAfter(provider, childID string, rev uint64, first func(context.Context) error) {
 	try := func(ctx context.Context) bool {
 		if first != nil {
 			if err := first(ctx); err != nil {
 				return false
 			}
 		}
-		err := h.st.ReleaseChildLease(ctx, childID, rev)
+		err := h.st.ReleaseChildLease(ctx, provider, childID, rev)
 		return err == nil || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), LeaseReleaseTimeout)
@@ -279,5 +279,5 @@ func (h *Host) releaseLeaseAfter(childID string, rev uint64, first func(context.
 		return
 	}
 	h.log.Warn("could not release the lease; retrying after each heartbeat JetStream takes", "session", childID)
-	h.unsettled.add("lease."+childID, try)
+	h.unsettled.add(store.LeaseKey(provider, childID), try)
 }

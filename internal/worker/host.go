@@ -480,8 +480,8 @@ func (h *Host) heartbeatLoop(ctx context.Context) {
 // TestLeaderElectionsAreNotFailures, where it stopped live agents and left
 // their records running for good).
 func (h *Host) verifyLeases(ctx context.Context) {
-	lost := func(id, runID string, still func(protocol.AgentRecord) bool) bool {
-		rec, err := h.st.ChildLeaseLatest(ctx, id)
+	lost := func(provider, id, runID string, still func(protocol.AgentRecord) bool) bool {
+		rec, err := h.st.ChildLeaseLatest(ctx, provider, id)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
 			run, rerr := h.st.RunLatest(ctx, runID)
@@ -501,7 +501,7 @@ func (h *Host) verifyLeases(ctx context.Context) {
 		return !still(rec.Value)
 	}
 	for _, a := range h.snapshotActs() {
-		if !lost(a.childID, a.runID, func(rec protocol.AgentRecord) bool { return rec.HostID == h.id && rec.RunID == a.runID }) {
+		if !lost(a.header.Provider, a.childID, a.runID, func(rec protocol.AgentRecord) bool { return rec.HostID == h.id && rec.RunID == a.runID }) {
 			continue
 		}
 		h.log.Warn("lease lost; stopping activation without publishing", "session", a.childID, "run", a.runID)
@@ -511,7 +511,7 @@ func (h *Host) verifyLeases(ctx context.Context) {
 		a.dispose(agent.ErrLeaseLost)
 	}
 	for _, r := range h.snapshotRuns() {
-		if !lost(r.childID, r.runID, func(rec protocol.AgentRecord) bool { return rec.HostID == h.id && rec.Epoch == r.epoch }) {
+		if !lost(r.req.Header.Provider, r.childID, r.runID, func(rec protocol.AgentRecord) bool { return rec.HostID == h.id && rec.Epoch == r.epoch }) {
 			continue
 		}
 		h.log.Warn("lease lost; stopping agent without publishing", "session", r.childID, "run", r.runID)

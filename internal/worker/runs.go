@@ -128,7 +128,8 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 
 	lease := protocol.AgentRecord{
 		SessionID: childID, Kind: protocol.AgentOneShot, HostID: h.id, Epoch: r.epoch, RunID: r.runID,
-		Provider: req.Provider, CredentialHash: protocol.HashCredential(cred), ParentSession: req.Header.ParentSession,
+		// Its header's provider (inScope): the lease's key is lease.<provider>.<childId>.
+		Provider: req.Header.Provider, CredentialHash: protocol.HashCredential(cred), ParentSession: req.Header.ParentSession,
 		Ancestry: req.Ancestry, Notify: req.Notify, CreatedAt: store.NowMs(),
 	}
 	r.lease, r.cred = lease, cred
@@ -194,7 +195,7 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "log the first turn of %s: %w", childID, out.Err)
 		}
 		if r.leaseRev > 0 { // ours: release it, at its revision
-			h.releaseLease(childID, r.leaseRev)
+			h.releaseLease(lease.Provider, childID, r.leaseRev)
 		}
 		close(r.settled)
 		close(r.done)
@@ -336,7 +337,7 @@ func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult, durability b
 		if durability {
 			h.closeLogAfterDurabilityFailure(rec.Provider, r.childID)
 		}
-		h.releaseLease(r.childID, leaseRev)
+		h.releaseLease(r.req.Header.Provider, r.childID, leaseRev)
 	})
 }
 

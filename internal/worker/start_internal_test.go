@@ -297,7 +297,7 @@ func TestLeaseReleaseRetriesOnlyWhatDidNotLand(t *testing.T) {
 			return nil
 		}
 		deletes.Add(1)
-		if w.Key == store.LeaseKey("refused") {
+		if w.Key == store.LeaseKey("spawn", "refused") {
 			refused.Add(1)
 			return errors.New("jetstream down")
 		}
@@ -309,13 +309,13 @@ func TestLeaseReleaseRetriesOnlyWhatDidNotLand(t *testing.T) {
 		return append([]string(nil), h.unsettled.order...)
 	}
 	for _, id := range []string{"landed", "refused"} {
-		rev, err := st.CreateLease(ctx, protocol.AgentRecord{SessionID: id, Kind: protocol.AgentContinuable, HostID: "H1", Epoch: 1, CreatedAt: store.NowMs()})
+		rev, err := st.CreateLease(ctx, protocol.AgentRecord{SessionID: id, Kind: protocol.AgentContinuable, HostID: "H1", Epoch: 1, Provider: "spawn", CreatedAt: store.NowMs()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		h.releaseLease(id, rev)
+		h.releaseLease("spawn", id, rev)
 		if id == "landed" {
-			if _, err := store.Get[protocol.AgentRecord](ctx, st.Agents, store.LeaseKey(id)); !errors.Is(err, store.ErrNotFound) {
+			if _, err := store.Get[protocol.AgentRecord](ctx, st.Agents, store.LeaseKey("spawn", id)); !errors.Is(err, store.ErrNotFound) {
 				t.Fatalf("the released lease: %v, want it gone", err)
 			}
 			if w := waiting(); len(w) != 0 || deletes.Load() != 1 {
@@ -323,7 +323,7 @@ func TestLeaseReleaseRetriesOnlyWhatDidNotLand(t *testing.T) {
 			}
 		}
 	}
-	if w := waiting(); len(w) != 1 || w[0] != "lease.refused" || refused.Load() == 0 {
+	if w := waiting(); len(w) != 1 || w[0] != store.LeaseKey("spawn", "refused") || refused.Load() == 0 {
 		t.Fatalf("a refused release: waiting %v after %d attempts; want it waiting", w, refused.Load())
 	}
 }

@@ -46,14 +46,16 @@ func (c *Coordinator) authorize(ctx context.Context, p protocol.ParentRef) (leas
 
 // leaseCached returns the cached lease of session id, under the key its
 // header says: a root's lease only from its root key, which only
-// coordinators write (a lease a worker put under the bare key of a root is
-// never a root's; docs/security.md). No header, no lease.
+// coordinators write, a child's only from its header's provider's key
+// (a lease a worker put under its own provider's key for a root or for
+// another provider's child is never theirs; docs/security.md). No header,
+// no lease.
 func (c *Coordinator) leaseCached(ctx context.Context, id string) (leaseState, bool) {
 	h, err := c.headers.get(ctx, c.st, id)
 	if err != nil {
 		return leaseState{}, false
 	}
-	return c.agents.get(id, h.Scope() == protocol.ScopeRoot)
+	return c.agents.get(id, h.Scope())
 }
 
 // notLiveCredential is every refusal of a credential: no such session, no

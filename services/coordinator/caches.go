@@ -438,7 +438,7 @@ type leaseState struct {
 // and the sessions of each host and each parent for takeovers and disposal.
 type agentIndex struct {
 	mu     sync.Mutex
-	byKey  map[string]*leaseState // by brood_agents key (store.LeaseKeyFor)
+	byKey  map[string]*leaseState // by brood_agents key (store.LeaseKeyOf)
 	drains map[string]protocol.DrainRecord
 	// ended holds the sessions whose lease this replica saw and then saw
 	// deleted (a run settled, an epoch ended), until a lease of theirs
@@ -538,10 +538,11 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
 		return
 	}
 	// A root's lease lives only under its root key, which only coordinators
-	// write; a lease elsewhere naming a root, or another session, is not
-	// that session's (docs/security.md).
-	if rec.SessionID != id || (rec.Kind == protocol.AgentRoot) != (kind == store.KindRootLease) {
-		a.log.Warn("a lease under another key ignored", "key", key, "session", rec.SessionID, "kind", rec.Kind)
+	// write, and a child's under its provider's prefix, which only that
+	// provider's workers write; a lease elsewhere (naming a root, another
+	// session or another provider) is not that session's (docs/security.md).
+	if key != store.LeaseKeyOf(rec) {
+		a.log.Warn("a lease under another key ignored", "key", key, "session", rec.SessionID, "kind", rec.Kind, "provider", rec.Provider)
 		return
 	}
 	obs := a.clock()
@@ -593,12 +594,13 @@ func (a *agentIndex) drainMarks() map[string]protocol.DrainRecord {
 	return out
 }
 
-// get returns the cached lease of session id, a root (its header says so)
-// or not: a root's lease is read only from its root key.
-func (a *agentIndex) get(id string, root bool) (leaseState, bool) {
+// get returns the cached lease of session id of scope (its header's,
+// protocol.SessionHeader.Scope): a root's lease is read only from its root
+// key, a child's only from its provider's.
+func (a *agentIndex) get(id, scope string) (leaseState, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	l, ok := a.byKey[store.LeaseKeyFor(id, root)]
+	l, ok := a.byKey[store.LeaseKeyFor(id, scope)]
 	if !ok {
 		return leaseState{}, false
 	}
@@ -611,7 +613,7 @@ func (a *agentIndex) observe(rec protocol.AgentRecord, rev uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	l := &leaseState{rec: rec, rev: rev, firstSeen: time.Now(), firstObs: obs}
-	key := store.LeaseKeyFor(rec.SessionID, rec.Kind == protocol.AgentRoot)
+	key := store.LeaseKeyOf(rec)
 	if old, ok := a.byKey[key]; ok {
 		if old.rev >= rev {
 			return

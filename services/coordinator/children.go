@@ -121,7 +121,7 @@ func (c *Coordinator) childRow(ctx context.Context, e protocol.ChildIndexRecord)
 		return protocol.ChildRow{Kind: protocol.RowDiagnostic, ID: e.ChildID, Reason: protocol.DiagnosticUnavailable}
 	}
 	row := protocol.ChildRow{Kind: protocol.RowChild, ID: e.ChildID, CreatedAt: h.CreatedAt, Activity: protocol.ActivityInactive, State: protocol.StateNone}
-	if l, ok := c.agents.get(e.ChildID, false); ok && c.leaseLive(l.rec) {
+	if l, ok := c.agents.get(e.ChildID, h.Scope()); ok && c.leaseLive(l.rec) {
 		row.Activity, row.State = protocol.ActivityRunning, protocol.StateRunning
 	}
 	log, err := c.st.ReadLog(ctx, h.Scope(), e.ChildID)

@@ -139,7 +139,7 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 	// anything it would publish.
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		return aWrites.has(func(w store.Write) bool {
-			return w.Op == store.OpKVDelete && w.Bucket == s.Store.Agents.Bucket() && w.Key == reply.ChildID
+			return w.Op == store.OpKVDelete && w.Bucket == s.Store.Agents.Bucket() && w.Key == store.LeaseKey("spawn", reply.ChildID)
 		})
 	}, "A finishes its takeover")
 	pauseW.Release()
@@ -191,7 +191,7 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 	leaseWrite := func(w store.Write) bool {
 		childMu.Lock()
 		defer childMu.Unlock()
-		return (w.Op == store.OpKVUpdate || w.Op == store.OpKVPut) && w.Bucket == agents && child != "" && w.Key == child
+		return (w.Op == store.OpKVUpdate || w.Op == store.OpKVPut) && w.Bucket == agents && child != "" && w.Key == store.LeaseKey("spawn", child)
 	}
 	holds := []*testutil.Pause{testutil.NewHold(leaseWrite), testutil.NewHold(leaseWrite)}
 	ids := make([]string, len(holds))

@@ -378,7 +378,7 @@ func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Reco
 // same holds for an activation that ends right after a read of the bucket.
 // It saves a running child's followup one JetStream read (issue 12).
 func (c *Coordinator) residentCached(ctx context.Context, childID string) (*store.Record[protocol.AgentRecord], error) {
-	if l, ok := c.agents.get(childID, false); ok && l.rec.TakenOverBy == "" && c.reg.hostLive(l.rec.HostID) {
+	if l, ok := c.leaseCached(ctx, childID); ok && l.rec.TakenOverBy == "" && c.reg.hostLive(l.rec.HostID) {
 		return &store.Record[protocol.AgentRecord]{Value: l.rec, Revision: l.rev}, nil
 	}
 	return c.resident(ctx, childID)

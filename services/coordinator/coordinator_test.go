@@ -386,23 +386,30 @@ func TestASettledChildFreesItsSlotBeforeItsLeaseGoes(t *testing.T) {
 	root := s.Root()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	// A child of the root on the live worker, its run running: its lease
-	// is written the way a host writes it.
+	// A child of the root on the live worker, its run running: its header
+	// as a coordinator writes it, its lease as a host does (under its
+	// header's provider).
 	const child = "settled-lease-left"
 	now := store.NowMs()
+	if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: now,
+		ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
+		t.Fatal(err)
+	}
 	run := protocol.RunRecord{RunID: child, ChildID: child, ParentSession: root.SessionID, Provider: "spawn",
 		Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: now}
 	runRev, err := store.Create(ctx, s.Store.Runs, child, run)
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaseRev, err := store.Create(ctx, s.Store.Agents, child, protocol.AgentRecord{SessionID: child, Kind: protocol.AgentOneShot,
+	leaseRev, err := store.Create(ctx, s.Store.Agents, store.LeaseKey("spawn", child), protocol.AgentRecord{SessionID: child, Kind: protocol.AgentOneShot,
 		HostID: w.ID(), Epoch: 1, RunID: child, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
 		ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = store.Delete(context.Background(), s.Store.Agents, child, leaseRev) }()
+	defer func() {
+		_ = store.Delete(context.Background(), s.Store.Agents, store.LeaseKey("spawn", child), leaseRev)
+	}()
 	start := func() error {
 		r, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
 		if err == nil {
@@ -501,7 +508,7 @@ func (h *leaseHold) worker(agentsBucket string) func(*worker.InProcessConfig) {
 	return func(c *worker.InProcessConfig) {
 		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
 			h.mu.Lock()
-			hold := h.id != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == h.id
+			hold := h.id != "" && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && w.Key == store.LeaseKey("spawn", h.id)
 			h.mu.Unlock()
 			if hold {
 				h.holdOnce.Do(func() { close(h.holding) })

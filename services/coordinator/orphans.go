@@ -75,7 +75,7 @@ func (x *runIndex) del(key string) {
 // orphanJobs lists the settlements of orphaned records due now.
 func (c *Coordinator) orphanJobs() []job {
 	hasLease := func(r protocol.RunRecord) bool {
-		l, ok := c.agents.get(r.ChildID, false)
+		l, ok := c.agents.get(r.ChildID, r.Provider) // a run's provider is its child's header's
 		return ok && l.rec.RunID == r.RunID
 	}
 	var jobs []job

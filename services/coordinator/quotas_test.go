@@ -142,14 +142,15 @@ func TestExpiredGrantsAreRemoved(t *testing.T) {
 	}
 }
 
-// TestALeaseUnderARootsBareKeyIsNotTheRoots: a worker may write children's
-// leases (bare session ids) but not roots' (root.<sessionId>, which only
-// coordinators write; docs/security.md). A lease it writes under a root's
-// bare id, with a credential of its own and a live host, does not pass for
-// the root, to start a run or to read the root: whether a session is a root
-// comes from its header, and a root's lease only from its root key. The
-// root's own credential keeps working.
-func TestALeaseUnderARootsBareKeyIsNotTheRoots(t *testing.T) {
+// TestALeaseUnderAProvidersKeyIsNotTheRoots: a worker may write its own
+// provider's children's leases (lease.<provider>.<sessionId>) but not
+// roots' (root.<sessionId>, which only coordinators write;
+// docs/security.md). A lease it writes under its provider's key for a
+// root's id, or under the root's bare id, with a credential of its own and
+// a live host, does not pass for the root, to start a run or to read the
+// root: a session's scope comes from its header, and a root's lease only
+// from its root key. The root's own credential keeps working.
+func TestALeaseUnderAProvidersKeyIsNotTheRoots(t *testing.T) {
 	s := stack.New(t)
 	s.AddCoordinator()
 	w, _ := s.AddSpawnWorker()
@@ -157,23 +158,25 @@ func TestALeaseUnderARootsBareKeyIsNotTheRoots(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cred := protocol.NewCredential()
-	for _, kind := range []string{protocol.AgentContinuable, protocol.AgentRoot} {
-		forged := protocol.AgentRecord{SessionID: root.SessionID, Kind: kind, HostID: w.ID(), Epoch: 1,
-			CredentialHash: protocol.HashCredential(cred), ExpiresAt: store.NowMs() + 3600_000, CreatedAt: store.NowMs()}
-		if _, err := store.Put(ctx, s.Store.Agents, store.LeaseKey(root.SessionID), forged); err != nil {
-			t.Fatal(err)
+	for _, key := range []string{store.LeaseKey("spawn", root.SessionID), root.SessionID} {
+		for _, kind := range []string{protocol.AgentContinuable, protocol.AgentRoot} {
+			forged := protocol.AgentRecord{SessionID: root.SessionID, Kind: kind, HostID: w.ID(), Epoch: 1, Provider: "spawn",
+				CredentialHash: protocol.HashCredential(cred), ExpiresAt: store.NowMs() + 3600_000, CreatedAt: store.NowMs()}
+			if _, err := store.Put(ctx, s.Store.Agents, key, forged); err != nil {
+				t.Fatal(err)
+			}
+			forgedRef := protocol.ParentRef{SessionID: root.SessionID, Credential: cred}
+			testutil.Consistently(t, time.Second, func() bool {
+				_, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: forgedRef, Provider: "spawn", Prompt: protocol.Text("say forged")})
+				return protocol.CodeOf(err) == protocol.CodeUnauthorized
+			}, "a runs.start as the root with the credential of a lease of kind %s under %s is refused UNAUTHORIZED", kind, key)
+			// A read decides on that credential alone (no later check of the
+			// lease from the bucket's leader, as a start has).
+			testutil.Consistently(t, time.Second, func() bool {
+				_, err := s.Client.Header(ctx, protocol.SessionGetRequest{SessionID: root.SessionID, Authority: protocol.Authority{Parent: &forgedRef}})
+				return protocol.CodeOf(err) == protocol.CodeUnauthorized
+			}, "a sessions.get of the root with the credential of a lease of kind %s under %s is refused UNAUTHORIZED", kind, key)
 		}
-		forgedRef := protocol.ParentRef{SessionID: root.SessionID, Credential: cred}
-		testutil.Consistently(t, time.Second, func() bool {
-			_, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: forgedRef, Provider: "spawn", Prompt: protocol.Text("say forged")})
-			return protocol.CodeOf(err) == protocol.CodeUnauthorized
-		}, "a runs.start as the root with the credential of a lease of kind %s under its bare key is refused UNAUTHORIZED", kind)
-		// A read decides on that credential alone (no later check of the
-		// lease from the bucket's leader, as a start has).
-		testutil.Consistently(t, time.Second, func() bool {
-			_, err := s.Client.Header(ctx, protocol.SessionGetRequest{SessionID: root.SessionID, Authority: protocol.Authority{Parent: &forgedRef}})
-			return protocol.CodeOf(err) == protocol.CodeUnauthorized
-		}, "a sessions.get of the root with the credential of a lease of kind %s under its bare key is refused UNAUTHORIZED", kind)
 	}
 	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
 	if err != nil {
