@@ -244,6 +244,15 @@ func TestLivenessResumesDoNotWaitForEachOther(t *testing.T) {
 // released it, and the liveness sweep resumed the child for the message. The
 // resumed epoch must release the edge when it ends, or the parent waits for
 // a child that is gone, forever.
+//
+// The parent is held in a turn of its own while its child is resumed, so
+// that it is a live continuable owner then: its first turn cannot be relied
+// on for that. Its background child's settlement notice joins the parent's
+// turn at its next step, and a scripted parent answers that notice and ends
+// its turn; under load the child ended before the parent's second step began
+// (the parent's epoch settled 30 ms after the child's, instead of sleeping
+// 4 s), the sweep then resumed the child with no owner, as it must for a
+// parent that is gone, and the edge the test registered stayed.
 func TestResumedChildReleasesItsParentsOwnership(t *testing.T) {
 	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = 300 * time.Millisecond })
@@ -252,7 +261,7 @@ func TestResumedChildReleasesItsParentsOwnership(t *testing.T) {
 	user := grant(t, s)
 	ctx := context.Background()
 	parent := startCont(t, s, root.Ref(),
-		"call subagent {\"description\":\"quick\",\"prompt\":\"say hi\",\"run_in_background\":true}\nsleep 4s\nsay done")
+		"call subagent {\"description\":\"quick\",\"prompt\":\"say hi\",\"run_in_background\":true}\nsay started")
 	var child string
 	testutil.Eventually(t, 15*time.Second, func() bool {
 		_, evs := s.Log(parent.ChildID)
@@ -264,6 +273,14 @@ func TestResumedChildReleasesItsParentsOwnership(t *testing.T) {
 		}
 		return child != "" && state(t, s, child, user) == protocol.StateNone
 	}, "the child ran and its epoch ended")
+	// A turn of the parent's that lasts until the test interrupts it: the
+	// parent is live (resident, or resumed for it) while its child is.
+	held := followup(t, s, parent.ChildID, ref(root), "sleep 120s\nsay done")
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		_, evs := s.Log(parent.ChildID)
+		claims, _, _ := turnsOf(evs)
+		return len(claims) > 0 && claims[len(claims)-1] == held
+	}, "the parent's held turn runs")
 	// The interleaving seen under load: the parent's followup registers the
 	// edge after the ended epoch released it, and its message waits for the
 	// liveness sweep.
@@ -280,10 +297,21 @@ func TestResumedChildReleasesItsParentsOwnership(t *testing.T) {
 		claims, _, _ := turnsOf(evs)
 		return len(claims) == 2 && claims[1] == mid && state(t, s, child, user) == protocol.StateNone
 	}, "the child is resumed for the message and its epoch ends")
-	waitState(t, s, parent.ChildID, ref(root), protocol.StateNone, 20*time.Second)
-	if rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey(parent.ChildID)); err == nil && len(rec.Value.Children) > 0 {
-		t.Fatalf("the parent still owns %v", rec.Value.Children)
+	// The resumed epoch released the edge itself: its parent still runs.
+	if st := state(t, s, parent.ChildID, ref(root)); st != protocol.StateRunning {
+		t.Fatalf("the parent is %s during its held turn; want %s", st, protocol.StateRunning)
 	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey(parent.ChildID))
+		return errors.Is(err, store.ErrNotFound) || (err == nil && len(rec.Value.Children) == 0)
+	}, "the resumed child's end releases its parent's ownership")
+	// And the parent, its held turn stopped and a last one answered, waits
+	// for no child: its epoch ends.
+	if _, err := s.Client.Interrupt(ctx, protocol.InterruptRequest{ChildID: parent.ChildID, Authority: user}); err != nil {
+		t.Fatal(err)
+	}
+	followup(t, s, parent.ChildID, ref(root), "say done")
+	waitState(t, s, parent.ChildID, ref(root), protocol.StateNone, 20*time.Second)
 }
 
 // TestOwnerlessEpochReleasesItsParentsEdge: a cold resume registers the
