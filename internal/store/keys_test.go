@@ -72,7 +72,7 @@ func TestAChildsLeaseIsReadUnderItsHeadersProvider(t *testing.T) {
 	if _, err := st.Lease(ctx, "C1"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the fork child's lease, with only a spawn-prefixed one written: %v, want ErrNotFound", err)
 	}
-	own := protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentContinuable, HostID: "fork.H2", Epoch: 1, Provider: "fork"}
+	own := protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentContinuable, HostID: "fork.H2", Epoch: 1, Provider: "fork", ParentSession: "P1"}
 	if _, err := st.CreateLease(ctx, own); err != nil {
 		t.Fatal(err)
 	}
@@ -84,5 +84,80 @@ func TestAChildsLeaseIsReadUnderItsHeadersProvider(t *testing.T) {
 	}
 	if _, err := st.CreateLease(ctx, protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentOneShot}); err == nil {
 		t.Fatal("a child's lease without a provider was written")
+	}
+}
+
+// A lease record is a session's lease only if it belongs under the key it
+// was read from: it names that session, a child's kind and the header's
+// provider and parent (a worker may write its own provider's leases, and
+// what it writes there must not pass for another provider's child, a
+// root, or a child of another parent). Every reader refuses the rest as
+// ErrMisfiledLease, which is also ErrNotFound.
+func TestALeaseRecordBelongsUnderItsKeyAndHeader(t *testing.T) {
+	s := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	ctx := context.Background()
+	if err := st.PutHeader(ctx, protocol.SessionHeader{ID: "C1", ParentSession: "P1", Provider: "fork"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutHeader(ctx, protocol.SessionHeader{ID: "S1", ParentSession: "P2", Provider: "spawn"}); err != nil {
+		t.Fatal(err)
+	}
+	own := protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentContinuable, HostID: "fork.H1", Epoch: 1, Provider: "fork", ParentSession: "P1"}
+	key := store.LeaseKey("fork", "C1")
+	for _, tc := range []struct {
+		name string
+		edit func(*protocol.AgentRecord)
+	}{
+		{"another session's id (a spawn child's)", func(r *protocol.AgentRecord) { r.SessionID, r.ParentSession = "S1", "P2" }},
+		{"another provider", func(r *protocol.AgentRecord) { r.Provider = "spawn" }},
+		{"no provider", func(r *protocol.AgentRecord) { r.Provider = "" }},
+		{"a root's kind", func(r *protocol.AgentRecord) { r.Kind = protocol.AgentRoot }},
+		{"another parent", func(r *protocol.AgentRecord) { r.ParentSession = "VICTIM" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			forged := own
+			tc.edit(&forged)
+			if _, err := store.Put(ctx, st.Agents, key, forged); err != nil {
+				t.Fatal(err)
+			}
+			for name, read := range map[string]func() error{
+				"Lease":            func() error { _, err := st.Lease(ctx, "C1"); return err },
+				"LeaseLatest":      func() error { _, err := st.LeaseLatest(ctx, "C1"); return err },
+				"LeaseBelongs":     func() error { return st.LeaseBelongs(ctx, key, forged) },
+				"ChildLeaseLatest": func() error { _, err := st.ChildLeaseLatest(ctx, "fork", "C1"); return err },
+			} {
+				err := read()
+				if name == "ChildLeaseLatest" && tc.name == "another parent" {
+					// A host reads its own child's lease without a header: the
+					// parent is not checked there (it wrote it).
+					if err != nil {
+						t.Errorf("%s: %v", name, err)
+					}
+					continue
+				}
+				if !errors.Is(err, store.ErrMisfiledLease) || !errors.Is(err, store.ErrNotFound) {
+					t.Errorf("%s of a lease naming %s: %v, want ErrMisfiledLease and ErrNotFound", name, tc.name, err)
+				}
+			}
+		})
+	}
+	if _, err := store.Put(ctx, st.Agents, key, own); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.Lease(ctx, "C1"); err != nil || got.Value.HostID != "fork.H1" {
+		t.Fatalf("its own lease: %+v, %v", got.Value, err)
+	}
+	if err := st.LeaseBelongs(ctx, key, own); err != nil {
+		t.Fatalf("its own lease does not belong: %v", err)
+	}
+	other := own
+	other.Provider = "spawn"
+	if err := st.LeaseBelongs(ctx, store.LeaseKey("spawn", "C1"), other); !errors.Is(err, store.ErrMisfiledLease) {
+		t.Fatalf("a lease under a spawn worker's key for the fork child: %v, want ErrMisfiledLease", err)
+	}
+	ghost := protocol.AgentRecord{SessionID: "NOHEADER", Kind: protocol.AgentOneShot, HostID: "fork.H1", Epoch: 1, Provider: "fork", ParentSession: "P1"}
+	if err := st.LeaseBelongs(ctx, store.LeaseKey("fork", "NOHEADER"), ghost); !errors.Is(err, store.ErrMisfiledLease) {
+		t.Fatalf("a lease of a session without a header: %v, want ErrMisfiledLease", err)
 	}
 }

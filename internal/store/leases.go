@@ -23,29 +23,47 @@ import (
 // Lease reads a session's lease. A missing one (or a missing session) is
 // ErrNotFound. Its key comes from the session's header (SessionScope),
 // never from a lease: a root's is RootLeaseKey, a child's LeaseKey of the
-// provider its header names.
+// provider its header names. A record there that is not that session's
+// lease (LeaseBelongs) is ErrMisfiledLease, which is also ErrNotFound.
 func (s *Store) Lease(ctx context.Context, sessionID string) (Record[protocol.AgentRecord], error) {
-	key, err := s.leaseKey(ctx, sessionID)
-	if err != nil {
-		return Record[protocol.AgentRecord]{}, err
-	}
-	return Get[protocol.AgentRecord](ctx, s.Agents, key)
+	return s.readLease(ctx, sessionID, Get[protocol.AgentRecord])
 }
 
 // LeaseLatest is Lease answered by the bucket's leader (GetLatest), for a
 // decision that rests on the lease's absence or state.
 func (s *Store) LeaseLatest(ctx context.Context, sessionID string) (Record[protocol.AgentRecord], error) {
-	key, err := s.leaseKey(ctx, sessionID)
+	return s.readLease(ctx, sessionID, GetLatest[protocol.AgentRecord])
+}
+
+func (s *Store) readLease(ctx context.Context, id string, get func(context.Context, jetstream.KeyValue, string) (Record[protocol.AgentRecord], error)) (Record[protocol.AgentRecord], error) {
+	f, err := s.sessionFacts(ctx, id)
 	if err != nil {
 		return Record[protocol.AgentRecord]{}, err
 	}
-	return GetLatest[protocol.AgentRecord](ctx, s.Agents, key)
+	key := LeaseKeyFor(id, f.scope)
+	rec, err := get(ctx, s.Agents, key)
+	if err != nil {
+		return rec, err
+	}
+	if err := f.owns(key, rec.Value); err != nil {
+		return Record[protocol.AgentRecord]{}, err
+	}
+	return rec, nil
 }
 
 // ChildLeaseLatest is LeaseLatest of a child of provider known to the
-// caller (a host's own): no header read.
+// caller (a host's own): no header read. A record under its key that is
+// not its lease (another session's, kind or provider) is ErrMisfiledLease.
 func (s *Store) ChildLeaseLatest(ctx context.Context, provider, childID string) (Record[protocol.AgentRecord], error) {
-	return GetLatest[protocol.AgentRecord](ctx, s.Agents, LeaseKey(provider, childID))
+	key := LeaseKey(provider, childID)
+	rec, err := GetLatest[protocol.AgentRecord](ctx, s.Agents, key)
+	if err != nil {
+		return rec, err
+	}
+	if LeaseKeyOf(rec.Value) != key {
+		return Record[protocol.AgentRecord]{}, misfiled(key, rec.Value, keyDisagrees)
+	}
+	return rec, nil
 }
 
 // ReleaseChildLease is ReleaseLease of a child of provider known to the
@@ -53,6 +71,67 @@ func (s *Store) ChildLeaseLatest(ctx context.Context, provider, childID string) 
 func (s *Store) ReleaseChildLease(ctx context.Context, provider, childID string, rev uint64) error {
 	return Delete(ctx, s.Agents, LeaseKey(provider, childID), rev)
 }
+
+// ErrMisfiledLease is a lease record under a key it does not belong under
+// (LeaseBelongs): read, it is no lease; errors.Is(err, ErrNotFound) holds
+// for it too.
+var ErrMisfiledLease = errors.New("store: a record under a lease key that is not that session's lease")
+
+func misfiled(key string, rec protocol.AgentRecord, why string) error {
+	return fmt.Errorf("%w (%w): %s holds session %q, kind %q, provider %q, parent %q: %s",
+		ErrMisfiledLease, ErrNotFound, key, rec.SessionID, rec.Kind, rec.Provider, rec.ParentSession, why)
+}
+
+// LeaseBelongs reports whether rec, found under the brood_agents key key,
+// is the lease of the session it names: key is the one rec belongs under
+// (LeaseKeyOf: its session id, its kind root or not, its provider), and for
+// a child's lease the session's header (which only coordinators write)
+// names the same provider and parent. nil when it belongs,
+// ErrMisfiledLease when it does not (or names a session without a
+// header), another error when the header could not be read. A worker may
+// write its own provider's leases only (docs/security.md); this is what
+// keeps what it writes there from passing for another provider's child, or
+// for a child of another parent (counted against that parent's live
+// children, disposed with its tree).
+func (s *Store) LeaseBelongs(ctx context.Context, key string, rec protocol.AgentRecord) error {
+	if LeaseKeyOf(rec) != key {
+		return misfiled(key, rec, keyDisagrees)
+	}
+	if kind, _ := KindOf(key); kind != KindLease {
+		return nil // a root's lease: only coordinators write root.>
+	}
+	f, err := s.sessionFacts(ctx, rec.SessionID)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return misfiled(key, rec, "its session has no header")
+		}
+		return err
+	}
+	return f.owns(key, rec)
+}
+
+// sessionFact is what a session's header says about its lease: its scope
+// (protocol.SessionHeader.Scope) and, for a child, its parent.
+type sessionFact struct{ scope, parent string }
+
+// owns checks that rec, found under key, is the lease of the session whose
+// header says f: key is the one the header names (LeaseKeyFor its scope),
+// the record names that key (LeaseKeyOf) and, for a child, the header's
+// parent.
+func (f sessionFact) owns(key string, rec protocol.AgentRecord) error {
+	switch {
+	case LeaseKeyOf(rec) != key:
+		return misfiled(key, rec, keyDisagrees)
+	case LeaseKeyFor(rec.SessionID, f.scope) != key:
+		return misfiled(key, rec, "its header's scope is "+f.scope)
+	case f.scope != protocol.ScopeRoot && rec.ParentSession != f.parent:
+		return misfiled(key, rec, "its header's parent is "+f.parent)
+	}
+	return nil
+}
+
+// keyDisagrees says why a record is not the lease of the key it is under.
+const keyDisagrees = "it belongs under another key (its session, kind or provider)"
 
 // CreateLease writes rec as its session's lease if the session has none
 // (ErrConflict: a live lease exists elsewhere). It returns the revision the
@@ -99,14 +178,11 @@ func (s *Store) ReleaseLease(ctx context.Context, sessionID string, rev uint64) 
 // leaseKey is the key of session id's lease, by its header's scope;
 // ErrNotFound for a session without a header (it has no lease).
 func (s *Store) leaseKey(ctx context.Context, id string) (string, error) {
-	scope, err := s.SessionScope(ctx, id)
+	f, err := s.sessionFacts(ctx, id)
 	if err != nil {
 		return "", err
 	}
-	if scope == "" {
-		return "", fmt.Errorf("the lease of %s: no session header: %w", id, ErrNotFound)
-	}
-	return LeaseKeyFor(id, scope), nil
+	return LeaseKeyFor(id, f.scope), nil
 }
 
 // SessionScope returns the scope of session id from its header (which only
@@ -115,8 +191,18 @@ func (s *Store) leaseKey(ctx context.Context, id string) (string, error) {
 // without a header has scope "". Answers are cached (headers never change),
 // up to rootsCachedMax sessions.
 func (s *Store) SessionScope(ctx context.Context, id string) (string, error) {
+	f, err := s.sessionFacts(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return "", nil
+	}
+	return f.scope, err
+}
+
+// sessionFacts reads what session id's header says about its lease
+// (cached); ErrNotFound for a session without a header.
+func (s *Store) sessionFacts(ctx context.Context, id string) (sessionFact, error) {
 	if v, ok := s.roots.Load(id); ok {
-		return v.(string), nil
+		return v.(sessionFact), nil
 	}
 	h, err := s.GetHeader(ctx, id)
 	if errors.Is(err, ErrNotFound) {
@@ -125,23 +211,24 @@ func (s *Store) SessionScope(ctx context.Context, id string) (string, error) {
 		m, lerr := s.leaderLast(ctx, s.Subj.StreamSessions(), s.Subj.Session(id))
 		switch {
 		case errors.Is(lerr, jetstream.ErrMsgNotFound):
-			return "", nil // no session (not cached: it may come)
+			// No session (not cached: it may come).
+			return sessionFact{}, fmt.Errorf("the lease of %s: no session header: %w", id, ErrNotFound)
 		case lerr != nil:
-			return "", fmt.Errorf("read the header of %s: %w", id, lerr)
+			return sessionFact{}, fmt.Errorf("read the header of %s: %w", id, lerr)
 		}
 		if err = protocol.Unmarshal(protocol.Msgpack, m.Data, &h); err != nil {
-			return "", fmt.Errorf("decode header of %s: %w", id, err)
+			return sessionFact{}, fmt.Errorf("decode header of %s: %w", id, err)
 		}
 	} else if err != nil {
-		return "", fmt.Errorf("read the header of %s: %w", id, err)
+		return sessionFact{}, fmt.Errorf("read the header of %s: %w", id, err)
 	}
-	scope := h.Scope()
+	f := sessionFact{scope: h.Scope(), parent: h.ParentSession}
 	if s.rootsCached.Add(1) > rootsCachedMax {
 		s.roots.Clear()
 		s.rootsCached.Store(1)
 	}
-	s.roots.Store(id, scope)
-	return scope, nil
+	s.roots.Store(id, f)
+	return f, nil
 }
 
 // rootsCachedMax bounds the sessions SessionScope remembers; past it the cache

@@ -110,7 +110,7 @@ func TestTakeOverLeaseHasOneWinner(t *testing.T) {
 	if err := st.PutHeader(ctx, protocol.SessionHeader{ID: "S1", ParentSession: "P1", Provider: "spawn"}); err != nil {
 		t.Fatal(err)
 	}
-	lease := protocol.AgentRecord{SessionID: "S1", Kind: protocol.AgentOneShot, HostID: "DEAD", Epoch: 1, RunID: "R1", Provider: "spawn"}
+	lease := protocol.AgentRecord{SessionID: "S1", Kind: protocol.AgentOneShot, HostID: "DEAD", Epoch: 1, RunID: "R1", Provider: "spawn", ParentSession: "P1"}
 	rev, err := st.CreateLease(ctx, lease)
 	if err != nil {
 		t.Fatal(err)

@@ -78,7 +78,8 @@ type Store struct {
 	Hosts  jetstream.KeyValue
 	Runs   jetstream.KeyValue
 
-	// roots caches SessionScope by session id (rootsCached entries).
+	// roots caches what a session's header says about its lease (its scope
+	// and parent: sessionFacts) by session id (rootsCached entries).
 	roots       *sync.Map
 	rootsCached *atomic.Int64
 }

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sort"
 	"sync"
@@ -453,7 +454,10 @@ type agentIndex struct {
 	// took 9.4 ms instead of 1.4 (make bench-scale).
 	byParent map[string]map[string]struct{}
 	clock    func() time.Duration // the registry's observed clock
-	log      *slog.Logger
+	// belongs checks a child's lease seen under key against its session's
+	// header (store.LeaseBelongs); nil: only the key is checked.
+	belongs func(key string, rec protocol.AgentRecord) error
+	log     *slog.Logger
 }
 
 // setLease stores l under key and keeps byParent in step; a.mu is held.
@@ -498,10 +502,15 @@ func (a *agentIndex) childrenOf(parent string) []leaseState {
 // lets the slots of the forgotten sessions wait out their grace.
 const endedMax = 100_000
 
-func newAgentIndex(clock func() time.Duration, log *slog.Logger) *agentIndex {
+func newAgentIndex(clock func() time.Duration, belongs func(string, protocol.AgentRecord) error, log *slog.Logger) *agentIndex {
 	return &agentIndex{byKey: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
-		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, clock: clock, log: log}
+		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, clock: clock, belongs: belongs, log: log}
 }
+
+// leaseHeaderWait bounds the header read that checks a child's lease the
+// index sees for the first time (or naming another provider or parent than
+// the last it saw under that key).
+const leaseHeaderWait = 2 * time.Second
 
 // hasEnded reports whether session id's lease was seen and then deleted,
 // with no lease since.
@@ -544,6 +553,30 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
 	if key != store.LeaseKeyOf(rec) {
 		a.log.Warn("a lease under another key ignored", "key", key, "session", rec.SessionID, "kind", rec.Kind, "provider", rec.Provider)
 		return
+	}
+	// A child's lease must also agree with its session's header, which only
+	// coordinators write: a worker may write its own provider's leases, and
+	// what it writes there for a session of another provider, or naming
+	// another parent (counted against that parent's live children,
+	// disposed with its tree), is no lease. A header that cannot be read
+	// now is no evidence: the lease is kept (readers that act on one lease
+	// read it again, checked, from the store).
+	a.mu.Lock()
+	old, seen := a.byKey[key]
+	a.mu.Unlock()
+	if a.belongs != nil && kind == store.KindLease && (!seen || old.rec.Provider != rec.Provider || old.rec.ParentSession != rec.ParentSession) {
+		if err := a.belongs(key, rec); errors.Is(err, store.ErrMisfiledLease) {
+			a.log.Warn("a lease its session's header disowns ignored", "key", key, "err", err)
+			a.mu.Lock()
+			if old, ok := a.byKey[key]; ok {
+				delete(a.byKey, key)
+				a.unindex(key, old.rec.ParentSession)
+			}
+			a.mu.Unlock()
+			return
+		} else if err != nil {
+			a.log.Warn("a lease kept unchecked: its session's header could not be read", "key", key, "err", err)
+		}
 	}
 	obs := a.clock()
 	a.mu.Lock()

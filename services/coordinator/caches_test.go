@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -223,14 +225,14 @@ func TestRegistryTakesProvidersOnlyInTheirHostsScope(t *testing.T) {
 // fresher direct read (observe) and delete, as a scan of every lease finds
 // them.
 func TestChildrenOfFollowsTheLeases(t *testing.T) {
-	a := newAgentIndex(func() time.Duration { return 0 }, slog.New(slog.DiscardHandler))
+	a := newAgentIndex(func() time.Duration { return 0 }, nil, slog.New(slog.DiscardHandler))
 	lease := func(id, parent string, rev uint64) entry {
 		t.Helper()
-		data, err := protocol.Marshal(protocol.Msgpack, protocol.AgentRecord{SessionID: id, ParentSession: parent, Kind: protocol.AgentContinuable})
+		data, err := protocol.Marshal(protocol.Msgpack, protocol.AgentRecord{SessionID: id, ParentSession: parent, Kind: protocol.AgentContinuable, Provider: "spawn"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return entry{key: id, val: data, rev: rev}
+		return entry{key: store.LeaseKey("spawn", id), val: data, rev: rev}
 	}
 	scan := func(parent string) []string {
 		var ids []string
@@ -263,13 +265,17 @@ func TestChildrenOfFollowsTheLeases(t *testing.T) {
 		{"an update of a lease", func() { e := lease("c1", "p1", 4); a.put(e.key, e) }, map[string][]string{"p1": {"c1", "c2"}, "p2": {"c3"}}},
 		{"a lease under another parent", func() { e := lease("c2", "p2", 5); a.put(e.key, e) }, map[string][]string{"p1": {"c1"}, "p2": {"c2", "c3"}}},
 		{"a fresher direct read", func() {
-			a.observe(protocol.AgentRecord{SessionID: "c4", ParentSession: "p1", Kind: protocol.AgentOneShot}, 6)
+			a.observe(protocol.AgentRecord{SessionID: "c4", ParentSession: "p1", Kind: protocol.AgentOneShot, Provider: "spawn"}, 6)
 		}, map[string][]string{"p1": {"c1", "c4"}, "p2": {"c2", "c3"}}},
 		{"an older direct read changes nothing", func() {
-			a.observe(protocol.AgentRecord{SessionID: "c4", ParentSession: "p2", Kind: protocol.AgentOneShot}, 1)
+			a.observe(protocol.AgentRecord{SessionID: "c4", ParentSession: "p2", Kind: protocol.AgentOneShot, Provider: "spawn"}, 1)
 		}, map[string][]string{"p1": {"c1", "c4"}, "p2": {"c2", "c3"}}},
-		{"deletes", func() { a.del("c1"); a.del("c3"); a.del("unknown") }, map[string][]string{"p1": {"c4"}, "p2": {"c2"}}},
-		{"the last child of a parent", func() { a.del("c4") }, map[string][]string{"p1": nil, "p2": {"c2"}}},
+		{"deletes", func() {
+			a.del(store.LeaseKey("spawn", "c1"))
+			a.del(store.LeaseKey("spawn", "c3"))
+			a.del(store.LeaseKey("spawn", "unknown"))
+		}, map[string][]string{"p1": {"c4"}, "p2": {"c2"}}},
+		{"the last child of a parent", func() { a.del(store.LeaseKey("spawn", "c4")) }, map[string][]string{"p1": nil, "p2": {"c2"}}},
 	}
 	for _, st := range steps {
 		st.do()
@@ -334,5 +340,72 @@ func TestRegistryProviderIsTheListedOne(t *testing.T) {
 				t.Fatalf("provider(spawn) = %+v, %v; providers() lists %+v", got, ok, listed)
 			}
 		})
+	}
+}
+
+// TestTheLeaseIndexKeepsOnlyLeasesTheirHeaderOwns: a worker may write its
+// own provider's leases (lease.<provider>.>), and the coordinator's lease
+// index takes what it writes there only when the session's header (which
+// only coordinators write) agrees: the same provider and the same parent.
+// A lease under a provider's key for another provider's child, one naming
+// a parent its header does not (counted against that parent's live
+// children, disposed with its tree), or one of no session is no lease: it
+// is neither found nor listed.
+func TestTheLeaseIndexKeepsOnlyLeasesTheirHeaderOwns(t *testing.T) {
+	srv := testutil.Server(t)
+	st := testutil.Store(t, testutil.Connect(t, srv.ClientURL()))
+	ctx := context.Background()
+	if err := st.PutHeader(ctx, protocol.SessionHeader{ID: "C1", ParentSession: "P1", Provider: "fork"}); err != nil {
+		t.Fatal(err)
+	}
+	a := newAgentIndex(func() time.Duration { return 0 }, func(key string, rec protocol.AgentRecord) error {
+		return st.LeaseBelongs(ctx, key, rec)
+	}, slog.Default())
+	rev := uint64(0)
+	put := func(key string, rec protocol.AgentRecord) {
+		t.Helper()
+		data, err := protocol.Marshal(protocol.Msgpack, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev++
+		a.put(key, entry{key: key, val: data, rev: rev})
+	}
+	listed := func() []string {
+		var keys []string
+		for _, l := range a.snapshot() {
+			keys = append(keys, store.LeaseKeyOf(l.rec)+" parent "+l.rec.ParentSession)
+		}
+		sort.Strings(keys)
+		return keys
+	}
+	own := protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentContinuable, HostID: "fork.H1", Epoch: 1, Provider: "fork", ParentSession: "P1"}
+	forged := own
+	forged.Provider, forged.HostID = "spawn", "spawn.H2"
+	put(store.LeaseKey("spawn", "C1"), forged) // a spawn worker's, for a fork child
+	orphan := own
+	orphan.SessionID = "NOHEADER"
+	put(store.LeaseKey("fork", "NOHEADER"), orphan)
+	if got := listed(); len(got) != 0 {
+		t.Fatalf("the index holds %v; want no lease: a lease for another provider's child, and one of no session", got)
+	}
+	put(store.LeaseKey("fork", "C1"), own)
+	if l, ok := a.get("C1", "fork"); !ok || l.rec.HostID != "fork.H1" {
+		t.Fatalf("the fork child's own lease: %+v, %v", l.rec, ok)
+	}
+	renewed := own
+	renewed.Epoch = 2
+	put(store.LeaseKey("fork", "C1"), renewed)
+	if got := listed(); len(got) != 1 || got[0] != "lease.fork.C1 parent P1" {
+		t.Fatalf("the index holds %v; want the fork child's lease, renewed", got)
+	}
+	victim := own
+	victim.ParentSession = "VICTIM"
+	put(store.LeaseKey("fork", "C1"), victim)
+	if got := listed(); len(got) != 0 {
+		t.Fatalf("the index holds %v after the lease was rewritten naming another parent; want none", got)
+	}
+	if _, ok := a.get("C1", "fork"); ok {
+		t.Fatal("a lease naming a parent its header does not is still found")
 	}
 }

@@ -240,7 +240,11 @@ func New(cfg Config) (*Coordinator, error) {
 	cfg.defaults()
 	log := cfg.Logger.With("coordinator", cfg.ID)
 	reg := newRegistry(cfg.ID, cfg.HeartbeatInterval, cfg.HostExpiry, log)
-	agents := newAgentIndex(reg.observed, log)
+	agents := newAgentIndex(reg.observed, func(key string, rec protocol.AgentRecord) error {
+		ctx, cancel := context.WithTimeout(context.Background(), leaseHeaderWait)
+		defer cancel()
+		return cfg.Store.LeaseBelongs(ctx, key, rec)
+	}, log)
 	runs := newRunIndex(reg.observed)
 	return &Coordinator{
 		cfg: cfg, st: cfg.Store, subj: cfg.Store.Subj, log: log,
