@@ -589,6 +589,8 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
 	delete(a.ended, id)
 }
 
+// del forgets the lease (or drain marker) under brood_agents key key
+// (store.LeaseKeyOf of a lease), as a watched delete does.
 func (a *agentIndex) del(key string) {
 	kind, id := store.KindOf(key)
 	a.mu.Lock()

@@ -142,7 +142,7 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", res.StopReason, "errorCode", res.ErrorCode)
 	}
 	if err := c.st.ReleaseLease(ctx, id, taken.Revision); err == nil {
-		c.agents.del(id)
+		c.agents.del(store.LeaseKeyOf(taken.Value))
 	}
 }
 
@@ -319,7 +319,7 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		c.log.Warn("takeover: could not release the lease", "session", id, "err", err)
 		return
 	}
-	c.agents.del(id)
+	c.agents.del(store.LeaseKeyOf(taken.Value))
 	c.resumePending(ctx, id)
 }
 
