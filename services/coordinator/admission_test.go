@@ -299,8 +299,12 @@ func TestASlotPastItsGraceCountsWhileItsChildHoldsALease(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			child := "held-" + root.SessionID
+			if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: store.NowMs(),
+				ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
+				t.Fatal(err)
+			}
 			if _, err := s.Store.CreateLease(ctx, protocol.AgentRecord{SessionID: child, Kind: protocol.AgentContinuable, HostID: w.ID(), Epoch: 1,
-				RunID: tc.leaseRun, CredentialHash: protocol.HashCredential(protocol.NewCredential()), ParentSession: root.SessionID,
+				RunID: tc.leaseRun, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()), ParentSession: root.SessionID,
 				Ancestry: []string{root.SessionID}, Ending: true, CreatedAt: store.NowMs()}); err != nil {
 				t.Fatal(err)
 			}

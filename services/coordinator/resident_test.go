@@ -35,8 +35,12 @@ func TestResidentWaitsForATakeoverInProgress(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			id := "resident-" + nuid.Next()
+			if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: store.NowMs(),
+				ParentSession: "P-" + id, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
+				t.Fatal(err)
+			}
 			rev, err := s.Store.CreateLease(ctx, protocol.AgentRecord{SessionID: id, Kind: protocol.AgentContinuable,
-				HostID: "spawn.gone", Epoch: 1, RunID: "run-" + id, CreatedAt: store.NowMs()})
+				HostID: "spawn.gone", Epoch: 1, RunID: "run-" + id, Provider: "spawn", ParentSession: "P-" + id, CreatedAt: store.NowMs()})
 			if err != nil {
 				t.Fatal(err)
 			}
