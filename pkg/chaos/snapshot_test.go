@@ -24,7 +24,7 @@ func TestTakeSnapshotOverAConnection(t *testing.T) {
 	if _, err := st.CreateRun(ctx, run); err != nil {
 		t.Fatal(err)
 	}
-	lease := protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentOneShot, HostID: "spawn.h1", Epoch: 1, RunID: "R1", CreatedAt: store.NowMs()}
+	lease := protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentOneShot, HostID: "spawn.h1", Epoch: 1, RunID: "R1", Provider: "spawn", CreatedAt: store.NowMs()}
 	if _, err := st.CreateLease(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
