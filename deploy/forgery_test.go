@@ -65,6 +65,8 @@ type forgery struct {
 		// worker-fork), which the spawn provider's worker attacks, and
 		// forkChild an idle continuable child of the client's root on fork.
 		forkHost, forkChild string
+		// forkRun a settled one-shot run of the client's root on fork.
+		forkRun *client.Run
 	}
 }
 
@@ -176,6 +178,13 @@ func (f *forgery) start() {
 	}
 	f.victim.hostChild = startIdleChild(ctx, t, trust, f.victim.hostRoot)
 	f.victim.forkChild = startIdleChildOn(ctx, t, cl, f.victim.root, forkworker.DefaultName)
+	f.victim.forkRun, err = cl.StartRun(ctx, protocol.RunStartRequest{Parent: f.victim.root.Ref(), Provider: forkworker.DefaultName, Prompt: protocol.Text("say fork result")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := f.victim.forkRun.Result(ctx); err != nil || protocol.PlainText(res.Output) != "fork result" {
+		t.Fatalf("the victim's fork run: %+v, %v", res, err)
+	}
 	if vs := v.list(); len(vs) > 0 {
 		t.Fatalf("permission violations while the services ran as their users:\n%s", strings.Join(vs, "\n"))
 	}
@@ -602,6 +611,24 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 				Provider: forkworker.DefaultName, CredentialHash: protocol.HashCredential("forged-credential"), ParentSession: v.root.SessionID,
 			})
 			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents." + store.LeaseKey(forkworker.DefaultName, v.forkChild), Reply: nc.NewInbox(), Data: data})
+		}},
+		{"settle a fork run with a forged result (its state)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			// What a KV compare-and-set of the settled record publishes,
+			// under the key every reader takes the run's state from (its
+			// spec's provider).
+			res := protocol.SubagentResult{Output: protocol.Text("forged result"), StopReason: protocol.StopCompleted}
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.RunRecord{
+				RunID: v.forkRun.RunID, ChildID: v.forkRun.ChildID, ParentSession: v.root.SessionID, Provider: forkworker.DefaultName,
+				Mode: protocol.ModeOneShot, State: protocol.RunSettled, SettledAt: store.NowMs(), SettledBy: protocol.WorkerHostID("spawn", "forger"), Result: &res,
+			})
+			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_runs." + store.RunStateKey(forkworker.DefaultName, v.forkRun.RunID), Reply: nc.NewInbox(), Data: data})
+		}},
+		{"rewrite a run's spec (its provider and notify subject)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.RunRecord{
+				RunID: v.forkRun.RunID, ChildID: v.forkRun.ChildID, ParentSession: v.root.SessionID, Provider: spawnworker.DefaultName,
+				Mode: protocol.ModeOneShot, Notify: "_INBOX.worker-spawn.stolen", State: protocol.RunRunning,
+			})
+			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_runs." + store.RunSpecKey(v.forkRun.RunID), Reply: nc.NewInbox(), Data: data})
 		}},
 		{"append to a fork child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return forgedAppend(ctx, nc, "brood.v1.log.fork."+v.forkChild)

@@ -270,7 +270,7 @@ func onlyEpoch(t *testing.T, s *stack.Stack, parent, child string) string {
 // settledRun returns the settled run record of runID.
 func settledRun(t *testing.T, s *stack.Stack, runID string) store.Record[protocol.RunRecord] {
 	t.Helper()
-	rec, err := store.Get[protocol.RunRecord](context.Background(), s.Store.Runs, runID)
+	rec, err := s.Store.Run(context.Background(), runID)
 	if err != nil {
 		t.Fatalf("run %s: %v", runID, err)
 	}
@@ -656,7 +656,7 @@ func TestDurabilityFailedWhenTheLogRefusesTheFinalFlush(t *testing.T) {
 	if end.StopReason != protocol.StopError || end.ErrorCode != protocol.CodeDurabilityFailed {
 		t.Fatalf("end = %+v", end)
 	}
-	rec, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, end.RunID)
+	rec, err := s.Store.Run(ctx, end.RunID)
 	if err != nil || rec.Value.Result.ErrorCode != protocol.CodeDurabilityFailed {
 		t.Fatalf("epoch record = %+v, %v", rec.Value.Result, err)
 	}

@@ -178,7 +178,7 @@ func TestTakeoverFencesTheLostHostOutOfTheLog(t *testing.T) {
 	if _, err := lost.Append(ctx, desc); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Create(ctx, s.Store.Runs, runID, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID,
+	if _, err := s.Store.CreateRun(ctx, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID,
 		Provider: "spawn", Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ func TestTakeoverFencesTheLostHostOutOfTheLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 20*time.Second, func() bool {
-		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+		r, err := s.Store.Run(ctx, runID)
 		return err == nil && r.Value.State == protocol.RunSettled
 	}, "the coordinator ends the lost host's epoch")
 	// The host comes back and claims the prompt it was about to claim.
@@ -242,9 +242,7 @@ func TestSettlementOutlivesItsWinner(t *testing.T) {
 			if mode == protocol.ModeOneShot {
 				kind, rec.Notify = protocol.AgentOneShot, "test.notify.winner."+runID
 			}
-			if _, err := store.Create(ctx, s.Store.Runs, runID, rec); err != nil {
-				t.Fatal(err)
-			}
+			testutil.PutRun(t, s.Store, rec)
 			s.Store.PublishEvent(protocol.LifecycleEvent{Type: protocol.LifecycleStart, RunID: runID, Provider: "spawn", ID: child,
 				ParentSession: root.SessionID, Local: true, Mode: mode, Time: now}, func(err error) { t.Error(err) })
 			if _, err := store.Create(ctx, s.Store.Agents, store.LeaseKey("spawn", child), protocol.AgentRecord{SessionID: child, Kind: kind,
@@ -299,7 +297,7 @@ func TestTakeoverSettlesTheEpochBeforeReleasingTheLease(t *testing.T) {
 		ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := store.Create(ctx, s.Store.Runs, runID, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID,
+	if _, err := s.Store.CreateRun(ctx, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID,
 		Provider: "spawn", Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: now}); err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +342,7 @@ func TestTakeoverSettlesTheEpochBeforeReleasingTheLease(t *testing.T) {
 			t.Fatalf("the lease is no longer taken over: %+v", l)
 		}
 	}
-	if r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID); err != nil || r.Value.State != protocol.RunRunning {
+	if r, err := s.Store.Run(ctx, runID); err != nil || r.Value.State != protocol.RunRunning {
 		t.Fatalf("epoch record %+v (%v) while the bucket refused writes", r.Value, err)
 	}
 
@@ -353,7 +351,7 @@ func TestTakeoverSettlesTheEpochBeforeReleasingTheLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, 20*time.Second, func() bool {
-		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+		r, err := s.Store.Run(ctx, runID)
 		_, held := lease()
 		return err == nil && r.Value.State == protocol.RunSettled && !held
 	}, "the epoch record is settled, then the lease released")
@@ -406,9 +404,7 @@ func TestTakeoverPublishesTheStartItsHostMayHaveLost(t *testing.T) {
 			if tt.mode == protocol.ModeOneShot {
 				kind = protocol.AgentOneShot
 			}
-			if _, err := store.Create(ctx, s.Store.Runs, runID, rec); err != nil {
-				t.Fatal(err)
-			}
+			testutil.PutRun(t, s.Store, rec)
 			if _, err := store.Create(ctx, s.Store.Agents, store.LeaseKey("spawn", child), protocol.AgentRecord{SessionID: child, Kind: kind,
 				HostID: "host-that-died", Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
 				ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now}); err != nil {
@@ -416,7 +412,7 @@ func TestTakeoverPublishesTheStartItsHostMayHaveLost(t *testing.T) {
 			}
 			testutil.Eventually(t, 20*time.Second, func() bool {
 				_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child))
-				r, rerr := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+				r, rerr := s.Store.Run(ctx, runID)
 				return errors.Is(err, store.ErrNotFound) && rerr == nil && r.Value.State == protocol.RunSettled
 			}, "the coordinator takes the dead host's lease over, settles and releases it")
 			edges := func() []string {
@@ -515,9 +511,7 @@ func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 			if tt.mode == protocol.ModeOneShot {
 				rec.Notify = "test.notify.orphan." + runID
 			}
-			if _, err := store.Create(ctx, s.Store.Runs, runID, rec); err != nil {
-				t.Fatal(err)
-			}
+			testutil.PutRun(t, s.Store, rec)
 			if tt.later {
 				// The later epoch's lease, on a live host (the coordinator's
 				// heartbeat stands in for its worker's).
@@ -528,7 +522,7 @@ func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 				}
 			}
 			settled := func() (protocol.RunRecord, bool) {
-				r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+				r, err := s.Store.Run(ctx, runID)
 				return r.Value, err == nil && r.Value.State == protocol.RunSettled
 			}
 			if tt.want == "" {
@@ -785,7 +779,10 @@ func TestLeaseOutlivesTheEndsPublication(t *testing.T) {
 					return false
 				}
 				for k := range lister.Keys() {
-					if r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, k); err == nil && r.Value.ChildID == child && r.Value.State == protocol.RunSettled {
+					if store.RunIDOf(k) == "" {
+						continue // a run is listed once, by its spec
+					}
+					if r, err := s.Store.Run(ctx, store.RunIDOf(k)); err == nil && r.Value.ChildID == child && r.Value.State == protocol.RunSettled {
 						return true
 					}
 				}
@@ -970,7 +967,10 @@ func TestPausedClaimerStartsNoEpochSettledMeanwhile(t *testing.T) {
 			return false
 		}
 		for k := range lister.Keys() {
-			r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, k)
+			if store.RunIDOf(k) == "" {
+				continue // a run is listed once, by its spec
+			}
+			r, err := s.Store.Run(ctx, store.RunIDOf(k))
 			if err == nil && r.Value.ChildID == start.ChildID && r.Value.HostID == w1.ID() && r.Value.NotStarted {
 				orphan = r.Value.RunID
 			}
@@ -1063,7 +1063,7 @@ func TestPausedClaimerPublishesNoRunSettledMeanwhile(t *testing.T) {
 	}
 	run := struct{ RunID, ChildID string }{child, child}
 	testutil.Eventually(t, 30*time.Second, func() bool {
-		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, run.RunID)
+		r, err := s.Store.Run(ctx, run.RunID)
 		return err == nil && r.Value.HostID == w1.ID() && r.Value.NotStarted
 	}, "the run claimed by the paused worker is settled never started")
 	leaseOnce.Do(func() { close(resumeLease) })

@@ -126,7 +126,7 @@ func TestConcurrentRunsOnReplicas(t *testing.T) {
 		if res.StopReason != protocol.StopCompleted || protocol.PlainText(res.Output) != fmt.Sprintf("run-%d", i) {
 			t.Fatalf("run %d result = %+v", i, res)
 		}
-		rec, err := store.Get[protocol.RunRecord](context.Background(), s.Store.Runs, r.RunID)
+		rec, err := s.Store.Run(context.Background(), r.RunID)
 		if err != nil || rec.Value.State != protocol.RunSettled {
 			t.Fatalf("run record %d = %+v, %v", i, rec, err)
 		}
@@ -179,7 +179,7 @@ func TestWorkerKilledMidRunIsSettledHostLost(t *testing.T) {
 	if res.StopReason != protocol.StopError || res.ErrorCode != protocol.CodeHostLost {
 		t.Fatalf("result = %+v", res)
 	}
-	rec, _ := store.Get[protocol.RunRecord](context.Background(), s.Store.Runs, r.RunID)
+	rec, _ := s.Store.Run(context.Background(), r.RunID)
 	if rec.Value.SettledBy != coord.ID() {
 		t.Fatalf("settled by %q, want coordinator %s", rec.Value.SettledBy, coord.ID())
 	}
@@ -227,7 +227,7 @@ func TestWorkerPausedPastExpiryPublishesNothing(t *testing.T) {
 	if res.StopReason != protocol.StopError || res.ErrorCode != protocol.CodeHostLost {
 		t.Fatalf("result = %+v", res)
 	}
-	rec, _ := store.Get[protocol.RunRecord](context.Background(), s.Store.Runs, r.RunID)
+	rec, _ := s.Store.Run(context.Background(), r.RunID)
 	if rec.Value.SettledBy != coord.ID() {
 		t.Fatalf("settled by %q, want the coordinator", rec.Value.SettledBy)
 	}

@@ -20,7 +20,8 @@ import (
 //	              grant.<hex-sha256>       protocol.UserGrantRecord: a minted user grant
 //	              drain.all.sessions       protocol.DrainRecord: the global drain
 //	              drain.<sessionId>        protocol.DrainRecord: a drain at and below one agent
-//	brood_runs    <runId>                  protocol.RunRecord
+//	brood_runs    spec.<runId>             protocol.RunRecord as created: what the coordinator decided (coordinator)
+//	              state.<provider>.<runId> protocol.RunRecord: its claim and settlement (its provider's workers)
 //	brood_hosts   <scope>.<unique>         protocol.HostRecord of a worker host (protocol.WorkerHostID)
 //	              <coordinatorId>          protocol.HostRecord of a coordinator
 //
@@ -95,8 +96,62 @@ func GrantKey(grantHash string) string { return prefixGrant + grantHash }
 // id, or DrainAll.
 func DrainKey(scope string) string { return prefixDrain + scope }
 
-// RunKey is the brood_runs key of a run record.
-func RunKey(runID string) string { return runID }
+// Prefixes of the brood_runs keys.
+const (
+	prefixRunSpec  = "spec."
+	prefixRunState = "state."
+)
+
+// RunSpecKey is the brood_runs key of a run's spec: its record as the
+// coordinator created it, which only coordinators write (once). Its
+// provider names the key of the run's state (RunStateKey), and what the
+// coordinator decided (child, parent, mode, notify subject, descriptor) is
+// read from it, never from the state.
+func RunSpecKey(runID string) string { return prefixRunSpec + runID }
+
+// RunStateKey is the brood_runs key of a run's state,
+// state.<provider>.<runId>, provider its spec's: the record the claiming
+// host and coordinators change by compare-and-set (claim, hold,
+// settlement). A deployment lets each provider's workers write only
+// $KV.brood_runs.state.<provider>.> (docs/security.md), so no worker can
+// claim or settle another provider's run.
+func RunStateKey(provider, runID string) string {
+	return prefixRunState + provider + "." + runID
+}
+
+// RunIDOf returns the run id of a brood_runs spec key (a listing of the
+// bucket names each run once by its spec), or "" for any other key.
+func RunIDOf(key string) string {
+	if kind, _, id := RunsKindOf(key); kind == RunsSpec {
+		return id
+	}
+	return ""
+}
+
+// RunsKind tells the brood_runs keys apart.
+type RunsKind int
+
+// The kinds of brood_runs keys.
+const (
+	RunsOther RunsKind = iota // a key of no known layout
+	RunsSpec                  // spec.<runId>
+	RunsState                 // state.<provider>.<runId>
+)
+
+// RunsKindOf returns what the brood_runs key holds, the run id it is keyed
+// by and, for a state, the provider its key names.
+func RunsKindOf(key string) (kind RunsKind, provider, runID string) {
+	if id, ok := strings.CutPrefix(key, prefixRunSpec); ok && id != "" && !strings.Contains(id, ".") {
+		return RunsSpec, "", id
+	}
+	if rest, ok := strings.CutPrefix(key, prefixRunState); ok {
+		p, id, ok := strings.Cut(rest, ".")
+		if ok && p != "" && id != "" && !strings.Contains(id, ".") {
+			return RunsState, p, id
+		}
+	}
+	return RunsOther, "", key
+}
 
 // HostKey is the brood_hosts key of a host's record: its host id, which
 // for a worker host is <scope>.<unique> (protocol.WorkerHostID), so a NATS

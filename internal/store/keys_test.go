@@ -161,3 +161,73 @@ func TestALeaseRecordBelongsUnderItsKeyAndHeader(t *testing.T) {
 		t.Fatalf("a lease of a session without a header: %v, want ErrMisfiledLease", err)
 	}
 }
+
+// A run is its spec (spec.<runId>, which only coordinators write) joined
+// with its state read under the provider the spec names
+// (state.<provider>.<runId>, which only that provider's workers and
+// coordinators write): a state another provider's worker writes under its
+// own prefix for the run is never read, and what the coordinator decided
+// (child, parent, notify subject, provider, mode) comes from the spec even
+// when the run's own provider rewrites its state.
+func TestARunsStateIsReadUnderItsSpecsProvider(t *testing.T) {
+	st := testutil.NewStore(t)
+	ctx := context.Background()
+	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "fork", Mode: protocol.ModeOneShot,
+		Notify: "_INBOX.client.n1", State: protocol.RunRunning, CreatedAt: 1}
+	rev, err := st.CreateRun(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := store.Settled(spec, "spawn.forger", protocol.SubagentResult{Output: protocol.Text("forged"), StopReason: protocol.StopCompleted})
+	forged.Provider = "spawn"
+	if _, err := store.Put(ctx, st.Runs, store.RunStateKey("spawn", "R1"), forged); err != nil {
+		t.Fatal(err)
+	}
+	for name, read := range map[string]func(context.Context, string) (store.Record[protocol.RunRecord], error){"Run": st.Run, "RunLatest": st.RunLatest} {
+		got, err := read(ctx, "R1")
+		if err != nil || got.Value.State != protocol.RunRunning || got.Value.Result != nil || got.Revision != rev {
+			t.Fatalf("%s after a spawn-prefixed settlement of a fork run: %+v at %d, %v; want it running at %d", name, got.Value, got.Revision, err, rev)
+		}
+	}
+	// Its own provider's state, rewritten with other decisions than the
+	// coordinator's: only the claim and settlement are taken from it.
+	own := store.Settled(spec, "fork.H1", protocol.SubagentResult{Output: protocol.Text("done"), StopReason: protocol.StopCompleted})
+	own.ChildID, own.ParentSession, own.Notify, own.Mode = "OTHER", "VICTIM", "_INBOX.worker-fork.stolen", protocol.ModeContinuable
+	if won, err := st.SettleRun(ctx, own, rev); err != nil || !won {
+		t.Fatalf("settle: %v, %v", won, err)
+	}
+	got, err := st.RunLatest(ctx, "R1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := spec
+	want.State, want.SettledAt, want.SettledBy, want.Result = protocol.RunSettled, own.SettledAt, "fork.H1", own.Result
+	if got.Value.ChildID != "C1" || got.Value.ParentSession != "P1" || got.Value.Notify != spec.Notify || got.Value.Mode != protocol.ModeOneShot ||
+		got.Value.State != protocol.RunSettled || got.Value.SettledBy != "fork.H1" || protocol.PlainText(got.Value.Result.Output) != "done" {
+		t.Fatalf("the run: %+v; want the spec's decisions with the state's settlement (%+v)", got.Value, want)
+	}
+	for _, id := range []string{"NOSPEC", "", "a.b"} {
+		if _, err := st.Run(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a run %q without a spec: %v, want ErrNotFound", id, err)
+		}
+	}
+	if _, err := st.CreateRun(ctx, spec); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a second spec of R1: %v, want ErrConflict", err)
+	}
+	for _, tc := range []struct {
+		key      string
+		kind     store.RunsKind
+		provider string
+		runID    string
+	}{
+		{store.RunSpecKey("R1"), store.RunsSpec, "", "R1"},
+		{store.RunStateKey("fork", "R1"), store.RunsState, "fork", "R1"},
+		{"R1", store.RunsOther, "", "R1"},
+		{"state.R1", store.RunsOther, "", "state.R1"},
+		{"spec.R1.x", store.RunsOther, "", "spec.R1.x"},
+	} {
+		if kind, p, id := store.RunsKindOf(tc.key); kind != tc.kind || p != tc.provider || id != tc.runID {
+			t.Errorf("RunsKindOf(%q) = %v, %q, %q; want %v, %q, %q", tc.key, kind, p, id, tc.kind, tc.provider, tc.runID)
+		}
+	}
+}

@@ -258,7 +258,7 @@ func Open(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg Config
 
 // bind returns a store on streams and buckets that exist.
 func bind(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, subj protocol.Subjects, cfg Config) (*Store, error) {
-	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: cfg, roots: &sync.Map{}, rootsCached: &atomic.Int64{}}
+	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: cfg, roots: &sync.Map{}, rootsCached: &atomic.Int64{}, specs: &sync.Map{}, specsCached: &atomic.Int64{}}
 	for _, p := range []struct {
 		dst  *jetstream.Stream
 		name string

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -23,25 +25,99 @@ import (
 // compare-and-set is final.
 const SettleBudget = 60 * time.Second
 
-// CreateRun writes rec, a new running record of a run or of an epoch, at
-// its key; an existing key is ErrConflict. It returns the creation revision
-// (the claim's and a failed start's compare-and-set name it).
+// CreateRun writes rec, a new running record of a run or of an epoch: its
+// spec (RunSpecKey, what only coordinators write) and then its state
+// (RunStateKey of rec's provider); an existing spec is ErrConflict. It
+// returns the state's creation revision (the claim's and a failed start's
+// compare-and-set name it).
 func (s *Store) CreateRun(ctx context.Context, rec protocol.RunRecord) (uint64, error) {
 	if rec.State != protocol.RunRunning {
 		return 0, fmt.Errorf("store: create run %s: a run is created running, not %q", rec.RunID, rec.State)
 	}
-	return Create(ctx, s.Runs, RunKey(rec.RunID), rec)
+	if !protocol.ValidID(rec.RunID) || !protocol.ValidID(rec.Provider) {
+		return 0, fmt.Errorf("store: create run %q of provider %q: a run names its id and provider", rec.RunID, rec.Provider)
+	}
+	if _, err := Create(ctx, s.Runs, RunSpecKey(rec.RunID), rec); err != nil {
+		return 0, err
+	}
+	s.cacheSpec(rec)
+	return Create(ctx, s.Runs, RunStateKey(rec.Provider, rec.RunID), rec)
 }
 
-// Run reads a run record. A missing one is ErrNotFound.
+// Run reads a run record: its spec joined with its state (JoinRun), the
+// state read under the provider its spec names, never under another. A
+// missing one is ErrNotFound; the revision is the state's.
 func (s *Store) Run(ctx context.Context, runID string) (Record[protocol.RunRecord], error) {
-	return Get[protocol.RunRecord](ctx, s.Runs, RunKey(runID))
+	return s.readRun(ctx, runID, Get[protocol.RunRecord])
 }
 
 // RunLatest is Run answered by the bucket's leader (GetLatest), for a
 // decision that rests on the latest write.
 func (s *Store) RunLatest(ctx context.Context, runID string) (Record[protocol.RunRecord], error) {
-	return GetLatest[protocol.RunRecord](ctx, s.Runs, RunKey(runID))
+	return s.readRun(ctx, runID, GetLatest[protocol.RunRecord])
+}
+
+func (s *Store) readRun(ctx context.Context, runID string, get func(context.Context, jetstream.KeyValue, string) (Record[protocol.RunRecord], error)) (Record[protocol.RunRecord], error) {
+	spec, err := s.RunSpec(ctx, runID)
+	if err != nil {
+		return Record[protocol.RunRecord]{}, err
+	}
+	st, err := get(ctx, s.Runs, RunStateKey(spec.Provider, runID))
+	if err != nil {
+		return Record[protocol.RunRecord]{}, err
+	}
+	return Record[protocol.RunRecord]{Value: JoinRun(spec, st.Value), Revision: st.Revision}, nil
+}
+
+// RunSpec reads run runID's spec (RunSpecKey): its record as a coordinator
+// created it. Specs never change, so they are cached (up to specsCachedMax);
+// a missing one is read again from the bucket's leader before it is
+// ErrNotFound (a replica may not have applied it yet).
+func (s *Store) RunSpec(ctx context.Context, runID string) (protocol.RunRecord, error) {
+	if !protocol.ValidID(runID) {
+		return protocol.RunRecord{}, fmt.Errorf("store: run id %q: %w", runID, ErrNotFound) // names no key
+	}
+	if v, ok := s.specs.Load(runID); ok {
+		return v.(protocol.RunRecord), nil
+	}
+	r, err := Get[protocol.RunRecord](ctx, s.Runs, RunSpecKey(runID))
+	if errors.Is(err, ErrNotFound) {
+		r, err = GetLatest[protocol.RunRecord](ctx, s.Runs, RunSpecKey(runID))
+	}
+	if err != nil {
+		return protocol.RunRecord{}, err
+	}
+	if r.Value.RunID != runID || !protocol.ValidID(r.Value.Provider) {
+		return protocol.RunRecord{}, fmt.Errorf("store: the spec of run %s names run %q, provider %q: %w", runID, r.Value.RunID, r.Value.Provider, ErrNotFound)
+	}
+	s.cacheSpec(r.Value)
+	return r.Value, nil
+}
+
+func (s *Store) cacheSpec(rec protocol.RunRecord) {
+	if s.specsCached.Add(1) > specsCachedMax {
+		s.specs.Clear()
+		s.specsCached.Store(1)
+	}
+	s.specs.Store(rec.RunID, rec)
+}
+
+// specsCachedMax bounds the run specs RunSpec remembers; past it the cache
+// starts over (specs are read again).
+const specsCachedMax = 100_000
+
+// JoinRun is the run record of spec (as its coordinator created it) and
+// state (as its claimer and settler wrote it): what the coordinator decided
+// (run and child ids, parent, provider, mode, notify subject, structured,
+// remote, creation time, descriptor) from the spec, which only coordinators
+// write; the claim and settlement (state, host, start, settlement, result)
+// from the state, which its provider's workers may write. A worker that
+// rewrites its own provider's state changes only how its own runs went.
+func JoinRun(spec, state protocol.RunRecord) protocol.RunRecord {
+	out := spec
+	out.State, out.HostID, out.StartedAt, out.NotStarted = state.State, state.HostID, state.StartedAt, state.NotStarted
+	out.SettledAt, out.SettledBy, out.Result = state.SettledAt, state.SettledBy, state.Result
+	return out
 }
 
 // ClaimRun writes run, the running record a coordinator created at rev,
@@ -54,7 +130,7 @@ func (s *Store) ClaimRun(ctx context.Context, run protocol.RunRecord, rev uint64
 		return run, 0, fmt.Errorf("store: claim run %s: only a running record at a known revision is claimed", run.RunID)
 	}
 	run.HostID, run.StartedAt = hostID, NowMs()
-	nrev, err := Update(ctx, s.Runs, RunKey(run.RunID), run, rev)
+	nrev, err := Update(ctx, s.Runs, RunStateKey(run.Provider, run.RunID), run, rev)
 	return run, nrev, err
 }
 
@@ -90,7 +166,7 @@ func (s *Store) HoldRun(ctx context.Context, run protocol.RunRecord, rev uint64)
 	if run.State != protocol.RunRunning || rev == 0 {
 		return 0, fmt.Errorf("store: hold run %s: only a running record at a known revision is held", run.RunID)
 	}
-	return Update(ctx, s.Runs, RunKey(run.RunID), run, rev)
+	return Update(ctx, s.Runs, RunStateKey(run.Provider, run.RunID), run, rev)
 }
 
 // Settled returns rec settled by `by` (a host or coordinator id) with res,
@@ -127,7 +203,7 @@ func (s *Store) SettleRun(ctx context.Context, settled protocol.RunRecord, rev u
 	if settled.State != protocol.RunSettled || settled.Result == nil {
 		return false, fmt.Errorf("store: settle run %s: the record is not settled with a result", settled.RunID)
 	}
-	_, err := Update(ctx, s.Runs, RunKey(settled.RunID), settled, rev)
+	_, err := Update(ctx, s.Runs, RunStateKey(settled.Provider, settled.RunID), settled, rev)
 	if errors.Is(err, ErrConflict) {
 		return false, nil
 	}

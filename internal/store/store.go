@@ -82,6 +82,9 @@ type Store struct {
 	// and parent: sessionFacts) by session id (rootsCached entries).
 	roots       *sync.Map
 	rootsCached *atomic.Int64
+	// specs caches RunSpec by run id (specsCached entries).
+	specs       *sync.Map
+	specsCached *atomic.Int64
 }
 
 // Errors of the store.
@@ -144,7 +147,7 @@ func BindLogs(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Stor
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: DefaultConfig(), roots: &sync.Map{}, rootsCached: &atomic.Int64{}}
+	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: DefaultConfig(), roots: &sync.Map{}, rootsCached: &atomic.Int64{}, specs: &sync.Map{}, specsCached: &atomic.Int64{}}
 	if s.Sessions, err = js.Stream(ctx, subj.StreamSessions()); err != nil {
 		return nil, fmt.Errorf("stream %s: %w (has `brood provision` run against this server?)", subj.StreamSessions(), err)
 	}

@@ -189,3 +189,20 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// PutRun writes rec as a run's record in any state, its spec and its state
+// (store.RunSpecKey, store.RunStateKey of its provider), as the tests that
+// set up a run a host or coordinator left behind need; it returns the
+// state's revision. Services create runs with store.CreateRun.
+func PutRun(t testing.TB, st *store.Store, rec protocol.RunRecord) uint64 {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := store.Create(ctx, st.Runs, store.RunSpecKey(rec.RunID), rec); err != nil {
+		t.Fatal(err)
+	}
+	rev, err := store.Create(ctx, st.Runs, store.RunStateKey(rec.Provider, rec.RunID), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rev
+}

@@ -50,7 +50,7 @@ func TestClaimWhoseAnswerWasLostIsCarriedOut(t *testing.T) {
 	h := &Host{id: "claiming-host", st: st, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	rec := protocol.RunRecord{RunID: "R", ChildID: "C", ParentSession: "P", Provider: "spawn",
 		Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: store.NowMs()}
-	rev, err := store.Create(ctx, st.Runs, "R", rec)
+	rev, err := st.CreateRun(ctx, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestClaimWhoseAnswerWasLostIsCarriedOut(t *testing.T) {
 	if !errors.Is(err, errClaimUnknown) || protocol.CodeOf(err) != protocol.CodeUnavailable {
 		t.Fatalf("claim = %v, want UNAVAILABLE of unknown outcome", err)
 	}
-	latest, err := store.GetLatest[protocol.RunRecord](ctx, st.Runs, "R")
+	latest, err := st.RunLatest(ctx, "R")
 	if err != nil || latest.Value.HostID != h.id {
 		t.Fatalf("the claim did not land: %+v, %v", latest.Value, err)
 	}

@@ -24,7 +24,7 @@ import (
 
 func runRecord(t *testing.T, st *store.Store, runID string) protocol.RunRecord {
 	t.Helper()
-	r, err := store.Get[protocol.RunRecord](context.Background(), st.Runs, runID)
+	r, err := st.Run(context.Background(), runID)
 	if err != nil {
 		t.Fatalf("read run %s: %v", runID, err)
 	}
@@ -129,7 +129,7 @@ func TestSettlementAnEpochEndingAfterATakeoverPublishesNothing(t *testing.T) {
 		t.Fatalf("continuable.start: %v", err)
 	}
 	pause.WaitHeld(t, "the settlement of its epoch")
-	runID := pause.HeldWrite().Key
+	_, _, runID := store.RunsKindOf(pause.HeldWrite().Key)
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		return runRecord(t, s.Store, runID).SettledBy == coord.ID()
 	}, "the coordinator settles the epoch of the paused worker")

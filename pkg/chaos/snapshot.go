@@ -135,12 +135,23 @@ func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 	}); err != nil {
 		return nil, err
 	}
+	// A run is its spec joined with its state under the spec's provider
+	// (store.JoinRun); a spec is written before its state, so the watch
+	// delivers it first.
+	specs := map[string]protocol.RunRecord{}
 	if err := readBucket(ctx, st.Runs, func(key string, v []byte) error {
 		var r protocol.RunRecord
 		if err := protocol.Unmarshal(protocol.Msgpack, v, &r); err != nil {
 			return fmt.Errorf("run %s: %w", key, err)
 		}
-		s.Runs[key] = r
+		switch kind, provider, id := store.RunsKindOf(key); kind {
+		case store.RunsSpec:
+			specs[id] = r
+		case store.RunsState:
+			if spec, ok := specs[id]; ok && spec.Provider == provider {
+				s.Runs[id] = store.JoinRun(spec, r)
+			}
+		}
 		return nil
 	}); err != nil {
 		return nil, err

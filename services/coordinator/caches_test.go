@@ -409,3 +409,54 @@ func TestTheLeaseIndexKeepsOnlyLeasesTheirHeaderOwns(t *testing.T) {
 		t.Fatal("a lease naming a parent its header does not is still found")
 	}
 }
+
+// TestTheRunIndexReadsAStateOnlyUnderItsSpecsProvider: the coordinators'
+// index of running runs (which the orphan sweep settles) joins each run's
+// spec, which only coordinators write, with its state under the provider
+// the spec names: a state another provider's worker wrote under its own
+// prefix is no run's, and the decisions (child, parent, notify) are the
+// spec's.
+func TestTheRunIndexReadsAStateOnlyUnderItsSpecsProvider(t *testing.T) {
+	x := newRunIndex(func() time.Duration { return 0 })
+	rev := uint64(0)
+	put := func(key string, rec protocol.RunRecord) {
+		t.Helper()
+		data, err := protocol.Marshal(protocol.Msgpack, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev++
+		x.put(key, entry{key: key, val: data, rev: rev})
+	}
+	running := func() map[string]protocol.RunRecord {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		out := map[string]protocol.RunRecord{}
+		for id, s := range x.m {
+			out[id] = s.rec
+		}
+		return out
+	}
+	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "fork", Mode: protocol.ModeOneShot,
+		Notify: "_INBOX.client.n", State: protocol.RunRunning}
+	put(store.RunSpecKey("R1"), spec)
+	forged := spec
+	forged.Provider, forged.ChildID = "spawn", "VICTIM"
+	put(store.RunStateKey("spawn", "R1"), forged)
+	put(store.RunStateKey("spawn", "NOSPEC"), protocol.RunRecord{RunID: "NOSPEC", Provider: "spawn", State: protocol.RunRunning})
+	if got := running(); len(got) != 0 {
+		t.Fatalf("indexed %v; want nothing: a state under another provider than its spec's, and one of no spec", got)
+	}
+	own := spec
+	own.ChildID, own.Notify, own.HostID = "OTHER", "_INBOX.worker-fork.stolen", "fork.H1"
+	put(store.RunStateKey("fork", "R1"), own)
+	got := running()["R1"]
+	if got.ChildID != "C1" || got.Notify != spec.Notify || got.HostID != "fork.H1" {
+		t.Fatalf("indexed %+v; want the spec's child and notify with the state's host", got)
+	}
+	settled := store.Settled(own, "fork.H1", protocol.SubagentResult{StopReason: protocol.StopCompleted})
+	put(store.RunStateKey("fork", "R1"), settled)
+	if got := running(); len(got) != 0 {
+		t.Fatalf("indexed %v after the run settled; want nothing", got)
+	}
+}

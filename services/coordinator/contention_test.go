@@ -124,12 +124,12 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 	defer cancel()
 	pauseW.WaitHeld(t, "the worker's settlement")
 	pauseA.WaitHeld(t, "coordinator A's settlement")
-	if pauseA.HeldWrite().Key != reply.RunID {
-		t.Fatalf("A held a write to %s, want the run %s", pauseA.HeldWrite().Key, reply.RunID)
+	if pauseA.HeldWrite().Key != store.RunStateKey("spawn", reply.RunID) {
+		t.Fatalf("A held a write to %s, want the state of the run %s", pauseA.HeldWrite().Key, reply.RunID)
 	}
 	b := s.AddCoordinator()
 	testutil.Eventually(t, 60*time.Second, func() bool {
-		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+		r, err := s.Store.Run(ctx, reply.RunID)
 		return err == nil && r.Value.SettledBy == b.ID()
 	}, "coordinator B settles the run A's takeover left")
 	testutil.Eventually(t, 30*time.Second, func() bool { return len(got) == 1 }, "B's notice")
@@ -160,7 +160,7 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 			}
 		}
 	}
-	r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+	r, err := s.Store.Run(ctx, reply.RunID)
 	if err != nil || r.Value.SettledBy != b.ID() || r.Value.SettledBy == a.ID() {
 		t.Fatalf("run record %+v, %v; want it settled by B (%s)", r.Value, err, b.ID())
 	}
@@ -233,7 +233,7 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 		winner = ids[1]
 	}
 	testutil.Eventually(t, 60*time.Second, func() bool {
-		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+		r, err := s.Store.Run(ctx, reply.RunID)
 		return err == nil && r.Value.State == protocol.RunSettled
 	}, "the winner settles the run")
 	if r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID); err != nil || r.Value.SettledBy != winner {

@@ -397,7 +397,7 @@ func TestASettledChildFreesItsSlotBeforeItsLeaseGoes(t *testing.T) {
 	}
 	run := protocol.RunRecord{RunID: child, ChildID: child, ParentSession: root.SessionID, Provider: "spawn",
 		Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: now}
-	runRev, err := store.Create(ctx, s.Store.Runs, child, run)
+	runRev, err := s.Store.CreateRun(ctx, run)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,7 +423,7 @@ func TestASettledChildFreesItsSlotBeforeItsLeaseGoes(t *testing.T) {
 	// Settled, its lease still there: the next start is admitted.
 	run.State, run.SettledAt, run.SettledBy = protocol.RunSettled, store.NowMs(), w.ID()
 	run.Result = &protocol.SubagentResult{Output: protocol.Text("done"), StopReason: protocol.StopCompleted}
-	if _, err := store.Update(ctx, s.Store.Runs, child, run, runRev); err != nil {
+	if _, err := store.Update(ctx, s.Store.Runs, store.RunStateKey("spawn", child), run, runRev); err != nil {
 		t.Fatal(err)
 	}
 	if err := start(); err != nil {

@@ -33,11 +33,16 @@ import (
 // open turn is closed in its log. A one-shot run's caller gets its notice; a
 // continuable child's pending messages are resumed (settleOrphan, in takeover.go).
 
-// runIndex caches the running run and epoch records of brood_runs.
+// runIndex caches the running run and epoch records of brood_runs: each
+// run's spec (store.RunSpecKey, which only coordinators write) joined with
+// its state, read only under the provider its spec names
+// (store.RunStateKey): a state a worker wrote under its own provider's key
+// for another provider's run is not that run's.
 type runIndex struct {
 	clock func() time.Duration // the registry's observed clock
 	mu    sync.Mutex
-	m     map[string]*runState
+	m     map[string]*runState          // by run id
+	specs map[string]protocol.RunRecord // the specs of runs not settled yet, by run id
 }
 
 type runState struct {
@@ -48,28 +53,58 @@ type runState struct {
 }
 
 func newRunIndex(clock func() time.Duration) *runIndex {
-	return &runIndex{clock: clock, m: map[string]*runState{}}
+	return &runIndex{clock: clock, m: map[string]*runState{}, specs: map[string]protocol.RunRecord{}}
 }
 
 func (x *runIndex) put(key string, e jetstream.KeyValueEntry) {
+	kind, provider, id := store.RunsKindOf(key)
 	rec, err := store.Decode[protocol.RunRecord](e)
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if err != nil || rec.State != protocol.RunRunning {
-		delete(x.m, key)
+	switch kind {
+	case store.RunsSpec:
+		// A spec is written before its state, so a watch delivers it
+		// first; it is never written again.
+		if err == nil && rec.RunID == id {
+			x.specs[id] = rec
+		}
+		return
+	case store.RunsState:
+	default:
 		return
 	}
-	if s, ok := x.m[key]; ok {
+	spec, ok := x.specs[id]
+	if !ok || spec.Provider != provider {
+		return // no run's state: no spec, or another provider's key
+	}
+	if err != nil || rec.State != protocol.RunRunning {
+		delete(x.m, id)
+		if err == nil {
+			delete(x.specs, id) // settled: not indexed again
+		}
+		return
+	}
+	rec = store.JoinRun(spec, rec)
+	if s, ok := x.m[id]; ok {
 		s.rec = rec
 		return
 	}
-	x.m[key] = &runState{rec: rec}
+	x.m[id] = &runState{rec: rec}
 }
 
 func (x *runIndex) del(key string) {
+	kind, provider, id := store.RunsKindOf(key)
 	x.mu.Lock()
-	delete(x.m, key)
-	x.mu.Unlock()
+	defer x.mu.Unlock()
+	switch kind {
+	case store.RunsSpec:
+		delete(x.specs, id)
+		delete(x.m, id)
+	case store.RunsState:
+		if spec, ok := x.specs[id]; ok && spec.Provider == provider {
+			delete(x.m, id)
+		}
+	}
 }
 
 // orphanJobs lists the settlements of orphaned records due now.

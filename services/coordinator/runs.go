@@ -271,7 +271,13 @@ func (c *Coordinator) runsAwait(ctx context.Context, req rpc.Request, ref protoc
 func (c *Coordinator) waitSettled(ctx context.Context, runID string, d time.Duration) (protocol.RunStatus, error) {
 	wctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	w, err := c.st.Runs.Watch(wctx, runID)
+	// The state is watched under the provider its spec names, and joined
+	// with the spec (store.JoinRun): only coordinators write specs.
+	spec, err := c.st.RunSpec(wctx, runID)
+	if err != nil {
+		return protocol.RunStatus{}, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %w", runID, err)
+	}
+	w, err := c.st.Runs.Watch(wctx, store.RunStateKey(spec.Provider, runID))
 	if err != nil {
 		return protocol.RunStatus{}, protocol.Errorf(protocol.CodeUnavailable, "watch run %s: %w", runID, err)
 	}
@@ -299,6 +305,7 @@ func (c *Coordinator) waitSettled(ctx context.Context, runID string, d time.Dura
 			if err != nil {
 				continue
 			}
+			rec = store.JoinRun(spec, rec)
 			last = rec
 			if rec.State == protocol.RunSettled {
 				return status(rec), nil
