@@ -149,10 +149,13 @@ func prefillSessions(b *testing.B, s *stack.Stack, n int) {
 		})
 		evs := turnEvents(b, 1, "say ok", "ok")
 		pub(s.Store.Subj.Log("spawn", id), protocol.LogRecord{Events: evs})
-		pub("$KV."+s.Store.Subj.BucketRuns()+"."+store.RunKey(id), store.Settled(protocol.RunRecord{
+		// A run is its spec and its state (store.RunSpecKey, RunStateKey).
+		run := store.Settled(protocol.RunRecord{
 			RunID: id, ChildID: id, ParentSession: parent, Provider: "spawn", Mode: protocol.ModeOneShot,
 			State: protocol.RunRunning, CreatedAt: now, HostID: "spawn.gone",
-		}, "spawn.gone", protocol.SubagentResult{Output: protocol.Text("ok"), StopReason: protocol.StopCompleted}))
+		}, "spawn.gone", protocol.SubagentResult{Output: protocol.Text("ok"), StopReason: protocol.StopCompleted})
+		pub("$KV."+s.Store.Subj.BucketRuns()+"."+store.RunSpecKey(id), run)
+		pub("$KV."+s.Store.Subj.BucketRuns()+"."+store.RunStateKey("spawn", id), run)
 	}
 	select {
 	case <-js.PublishAsyncComplete():

@@ -20,7 +20,7 @@ func TestTakeSnapshotOverAConnection(t *testing.T) {
 	st := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	run := protocol.RunRecord{RunID: "R1", ChildID: "C1", Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: store.NowMs()}
+	run := protocol.RunRecord{RunID: "R1", ChildID: "C1", Provider: "spawn", Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: store.NowMs()}
 	if _, err := st.CreateRun(ctx, run); err != nil {
 		t.Fatal(err)
 	}
