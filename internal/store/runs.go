@@ -149,7 +149,7 @@ func (s *Store) ReclaimRun(ctx context.Context, claimed protocol.RunRecord, rev 
 	if claimed.State != protocol.RunRunning || claimed.HostID == "" || rev == 0 {
 		return 0, fmt.Errorf("store: reclaim run %s: only a claimed running record at the revision it was claimed at is written again", claimed.RunID)
 	}
-	return Update(ctx, s.Runs, RunKey(claimed.RunID), claimed, rev)
+	return Update(ctx, s.Runs, RunStateKey(claimed.Provider, claimed.RunID), claimed, rev)
 }
 
 // HoldRun writes run, the record this host claimed (at rev, the claim's

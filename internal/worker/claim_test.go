@@ -143,7 +143,7 @@ func TestClaimStillInFlightIsDecided(t *testing.T) {
 		{"is lost", func(*testing.T, string, uint64) { bucket.drop() }, true},
 		{"is fenced by the coordinator's settlement", func(t *testing.T, runID string, rev uint64) {
 			bucket.drop()
-			rec, err := store.GetLatest[protocol.RunRecord](ctx, st.Runs, runID)
+			rec, err := st.RunLatest(ctx, runID)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -157,7 +157,7 @@ func TestClaimStillInFlightIsDecided(t *testing.T) {
 			runID := ulid.Make().String()
 			rec := protocol.RunRecord{RunID: runID, ChildID: runID, ParentSession: "P", Provider: "spawn",
 				Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: store.NowMs()}
-			rev, err := store.Create(ctx, st.Runs, runID, rec)
+			rev, err := st.CreateRun(ctx, rec)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -178,7 +178,7 @@ func TestClaimStillInFlightIsDecided(t *testing.T) {
 			var gotRev uint64
 			h.resolveClaim(claimed, rev, err, func(_ protocol.RunRecord, rev uint64) { landed, gotRev = true, rev })
 			bucket.land() // a write still in flight lands now, if it can
-			latest, err := store.GetLatest[protocol.RunRecord](ctx, st.Runs, runID)
+			latest, err := st.RunLatest(ctx, runID)
 			if err != nil {
 				t.Fatal(err)
 			}
