@@ -675,7 +675,7 @@ func TestDurabilityFailedEpochClosesItsTurnOnceTheLogTakesWrites(t *testing.T) {
 		t.Fatalf("the log ends with %+v", last)
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, c.ChildID)
+		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", c.ChildID))
 		return errors.Is(err, store.ErrNotFound)
 	}, "the lease released after the closing")
 }

@@ -416,7 +416,7 @@ func TestOwnershipEdgeOutlivesAnUnavailableBucket(t *testing.T) {
 		}
 		return false
 	}, "the child's epoch ends while its parent's ownership edge cannot be removed")
-	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child); err != nil {
+	if _, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child)); err != nil {
 		t.Fatalf("the child's lease is gone while its parent's edge was kept: %v", err)
 	}
 	if state(t, s, parent.ChildID, user) == protocol.StateNone {
@@ -428,7 +428,7 @@ func TestOwnershipEdgeOutlivesAnUnavailableBucket(t *testing.T) {
 		t.Fatalf("the parent still owns %v", rec.Value.Children)
 	}
 	testutil.Eventually(t, 15*time.Second, func() bool {
-		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, child)
+		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child))
 		return errors.Is(err, store.ErrNotFound)
 	}, "the child's lease released once the edge was removed")
 }
