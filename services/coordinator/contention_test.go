@@ -236,7 +236,7 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 		r, err := s.Store.Run(ctx, reply.RunID)
 		return err == nil && r.Value.State == protocol.RunSettled
 	}, "the winner settles the run")
-	if r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID); err != nil || r.Value.SettledBy != winner {
+	if r, err := s.Store.Run(ctx, reply.RunID); err != nil || r.Value.SettledBy != winner {
 		t.Fatalf("run record %+v (%v); want it settled by the lease's winner %s, the loser goes no further", r.Value, err, winner)
 	}
 	testutil.Eventually(t, 30*time.Second, func() bool { return len(got) >= 1 }, "the notice")
@@ -268,11 +268,11 @@ func TestTakeoverPublishesTheEndOfARunItsHostSettled(t *testing.T) {
 	defer cancel()
 	pauseW.WaitHeld(t, "the worker's subagent/end")
 	testutil.Eventually(t, 60*time.Second, func() bool {
-		_, err := store.GetLatest[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey(reply.ChildID))
+		_, err := store.GetLatest[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", reply.ChildID))
 		return errors.Is(err, store.ErrNotFound) && s.Ends(root.SessionID, reply.RunID) == 1
 	}, "the coordinator publishes the run's end and releases its lease")
 	testutil.Eventually(t, 30*time.Second, func() bool { return len(got) > 0 }, "the notice")
-	r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+	r, err := s.Store.Run(ctx, reply.RunID)
 	if err != nil || r.Value.SettledBy != w.ID() || r.Value.Result == nil || r.Value.Result.StopReason != protocol.StopCompleted {
 		t.Fatalf("run record %+v (%v); want the worker %s's completed settlement", r.Value, err, w.ID())
 	}
@@ -305,7 +305,7 @@ func TestALiveHostsRunIsNeverTakenOver(t *testing.T) {
 	if err != nil || res.StopReason != protocol.StopCompleted || res.ErrorCode != "" {
 		t.Fatalf("run: %+v, %v; want it completed", res, err)
 	}
-	r, err := store.Get[protocol.RunRecord](context.Background(), s.Store.Runs, run.RunID)
+	r, err := s.Store.Run(context.Background(), run.RunID)
 	if err != nil || r.Value.SettledBy != w.ID() {
 		t.Fatalf("run record %+v (%v), want it settled by its worker %s", r.Value, err, w.ID())
 	}
@@ -344,7 +344,7 @@ func TestATakeoverResumedAfterAFailedSettlementFencesOnce(t *testing.T) {
 	defer cancel()
 	pauseW.WaitHeld(t, "the worker's settlement")
 	testutil.Eventually(t, 60*time.Second, func() bool {
-		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+		r, err := s.Store.Run(ctx, reply.RunID)
 		return err == nil && r.Value.State == protocol.RunSettled && s.Ends(root.SessionID, reply.RunID) == 1
 	}, "the coordinator settles the run on its resumed takeover")
 	if !failed.Load() {
@@ -352,7 +352,7 @@ func TestATakeoverResumedAfterAFailedSettlementFencesOnce(t *testing.T) {
 	}
 	pauseW.Release()
 	stopWorker()
-	r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+	r, err := s.Store.Run(ctx, reply.RunID)
 	if err != nil || r.Value.SettledBy != co.ID() {
 		t.Fatalf("run record %+v (%v); want it settled by the coordinator %s", r.Value, err, co.ID())
 	}
@@ -391,10 +391,10 @@ func TestARunWhoseHostDiesMidTurnEndsHostLost(t *testing.T) {
 	armed.Store(true)
 	pauseW.WaitHeld(t, "the worker's next heartbeat")
 	testutil.Eventually(t, 60*time.Second, func() bool {
-		r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+		r, err := s.Store.Run(ctx, reply.RunID)
 		return err == nil && r.Value.State == protocol.RunSettled && s.Ends(root.SessionID, reply.RunID) == 1 && len(got) > 0
 	}, "the coordinator settles the run, with its end and notice")
-	r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, reply.RunID)
+	r, err := s.Store.Run(ctx, reply.RunID)
 	if err != nil || r.Value.SettledBy != co.ID() || r.Value.Result == nil ||
 		r.Value.Result.StopReason != protocol.StopError || r.Value.Result.ErrorCode != protocol.CodeHostLost {
 		t.Fatalf("run record %+v (%v); want it settled error HOST_LOST by the coordinator", r.Value, err)
@@ -459,21 +459,19 @@ func TestADeadHostsRunWithAnEmptyLogIsFencedAndSettled(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if _, err := store.Create(ctx, s.Store.Runs, runID, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID,
-				Provider: "spawn", Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: now, StartedAt: now, HostID: "host-that-died"}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := store.Create(ctx, s.Store.Agents, store.LeaseKey(child), protocol.AgentRecord{SessionID: child, Kind: protocol.AgentOneShot,
+			testutil.PutRun(t, s.Store, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID,
+				Provider: "spawn", Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: now, StartedAt: now, HostID: "host-that-died"})
+			if _, err := store.Create(ctx, s.Store.Agents, store.LeaseKey("spawn", child), protocol.AgentRecord{SessionID: child, Kind: protocol.AgentOneShot,
 				HostID: "host-that-died", Epoch: 1, RunID: runID, Provider: "spawn", CredentialHash: protocol.HashCredential(protocol.NewCredential()),
 				ParentSession: root.SessionID, Ancestry: []string{root.SessionID}, CreatedAt: now}); err != nil {
 				t.Fatal(err)
 			}
 			testutil.Eventually(t, 30*time.Second, func() bool {
-				r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
-				_, leaseErr := store.GetLatest[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey(child))
+				r, err := s.Store.Run(ctx, runID)
+				_, leaseErr := store.GetLatest[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child))
 				return err == nil && r.Value.State == protocol.RunSettled && errors.Is(leaseErr, store.ErrNotFound) && s.Ends(root.SessionID, runID) == 1
 			}, "the coordinator settles the run, publishes its end and releases its lease")
-			r, err := store.Get[protocol.RunRecord](ctx, s.Store.Runs, runID)
+			r, err := s.Store.Run(ctx, runID)
 			if err != nil || r.Value.SettledBy != co.ID() || r.Value.Result == nil || r.Value.Result.StopReason != protocol.StopError ||
 				r.Value.Result.ErrorCode != protocol.CodeHostLost {
 				t.Fatalf("run record %+v (result %+v, %v); want it settled error/HOST_LOST by the coordinator %s", r.Value, r.Value.Result, err, co.ID())
