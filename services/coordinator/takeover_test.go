@@ -40,32 +40,31 @@ func putChild(t *testing.T, s *stack.Stack, root *client.Root, child string, eve
 	}
 }
 
-// putRun writes rec as a new run or epoch record.
+// putRun writes rec as a new run or epoch record (its spec and its state).
 func putRun(t *testing.T, s *stack.Stack, rec protocol.RunRecord) {
 	t.Helper()
-	if _, err := store.Create(context.Background(), s.Store.Runs, rec.RunID, rec); err != nil {
-		t.Fatal(err)
-	}
+	testutil.PutRun(t, s.Store, rec)
 }
 
 // runOf reads a run or epoch record.
 func runOf(s *stack.Stack, runID string) (protocol.RunRecord, error) {
-	r, err := store.Get[protocol.RunRecord](context.Background(), s.Store.Runs, runID)
+	r, err := s.Store.Run(context.Background(), runID)
 	return r.Value, err
 }
 
 // putLease writes rec as the lease of its session.
 func putLease(t *testing.T, s *stack.Stack, rec protocol.AgentRecord) {
 	t.Helper()
-	if _, err := store.Create(context.Background(), s.Store.Agents, store.LeaseKey(rec.SessionID), rec); err != nil {
+	if _, err := store.Create(context.Background(), s.Store.Agents, store.LeaseKey(rec.Provider, rec.SessionID), rec); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// leaseHeld reports whether the session's lease exists (read from the leader).
+// leaseHeld reports whether the lease of spawn child id exists (read from
+// the leader).
 func leaseHeld(t *testing.T, s *stack.Stack, id string) bool {
 	t.Helper()
-	_, err := store.GetLatest[protocol.AgentRecord](context.Background(), s.Store.Agents, store.LeaseKey(id))
+	_, err := store.GetLatest[protocol.AgentRecord](context.Background(), s.Store.Agents, store.LeaseKey("spawn", id))
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		t.Fatal(err)
 	}
