@@ -630,6 +630,24 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			})
 			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_runs." + store.RunSpecKey(v.forkRun.RunID), Reply: nc.NewInbox(), Data: data})
 		}},
+		{"publish a forged result into the client's inbox (a fork run's notify subject)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			// The notify subject as a worker learns it: a direct get of the
+			// run's spec, which it may read.
+			m, err := nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_brood_runs.$KV.brood_runs."+store.RunSpecKey(v.forkRun.RunID), nil)
+			if err != nil {
+				return fmt.Errorf("read the run's spec: %w", err)
+			}
+			var spec protocol.RunRecord
+			if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &spec); err != nil || !strings.HasPrefix(spec.Notify, "_INBOX.client.") {
+				return fmt.Errorf("the run's spec names notify %q (%v), not the client's inbox", spec.Notify, err)
+			}
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.RunNotice{RunID: v.forkRun.RunID, ChildID: v.forkRun.ChildID, ParentSession: v.root.SessionID,
+				Provider: forkworker.DefaultName, Result: protocol.SubagentResult{Output: protocol.Text("forged result"), StopReason: protocol.StopCompleted}})
+			return refusedPublish(nc, &nats.Msg{Subject: spec.Notify, Data: data})
+		}},
+		{"ask for the notice of a fork run (brood.v1.notice.fork.<runId>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.notice.fork." + v.forkRun.RunID})
+		}},
 		{"append to a fork child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return forgedAppend(ctx, nc, "brood.v1.log.fork."+v.forkChild)
 		}},

@@ -23,8 +23,14 @@ import (
 // is released, so a winner that dies in between is taken over and its end
 // published again.
 
-// PublishRunEnd emits subagent/end for the settled run rec, then publishes
-// its RunNotice to rec.Notify (PublishRunNotice). The end event goes first,
+// NoticeFunc delivers the settled run rec's RunNotice: PublishRunNotice
+// (a coordinator, which may publish on every notify subject) or
+// RequestRunNotice (a host, which asks the coordinators to). Failures go
+// to onErr.
+type NoticeFunc func(rec protocol.RunRecord, onErr func(error))
+
+// PublishRunEnd emits subagent/end for the settled run rec, then delivers
+// its RunNotice with notice (NoticeFunc). The end event goes first,
 // on the same connection, so the events stream holds it before anything a
 // caller does once it has the result (the next run's subagent/start):
 // readers of the events see them in causal order. Failures go to onErr.
@@ -34,10 +40,10 @@ import (
 // publisher that dies first leaves the lease to a takeover, which publishes
 // the end again (chaos seed 1 of make test: a worker killed -9 between its
 // release and its end's acknowledgement; the end was never stored).
-func (s *Store) PublishRunEnd(rec protocol.RunRecord, onErr func(error)) <-chan struct{} {
+func (s *Store) PublishRunEnd(rec protocol.RunRecord, notice NoticeFunc, onErr func(error)) <-chan struct{} {
 	res := *rec.Result
 	if rec.NotStarted { // no subagent/start, so no subagent/end: the notice only
-		s.PublishRunNotice(rec, onErr)
+		notice(rec, onErr)
 		return closedChan()
 	}
 	ev := protocol.LifecycleEvent{
@@ -49,7 +55,7 @@ func (s *Store) PublishRunEnd(rec protocol.RunRecord, onErr func(error)) <-chan 
 		ev.LastAssistantMessage = res.Output
 	}
 	done := s.PublishEvent(ev, onErr)
-	s.PublishRunNotice(rec, onErr)
+	notice(rec, onErr)
 	return done
 }
 
@@ -84,10 +90,28 @@ func (s *Store) PublishStartAgain(rec protocol.RunRecord, onErr func(error)) <-c
 	}, onErr)
 }
 
+// RequestRunNotice asks the coordinators to publish the settled run rec's
+// RunNotice (none when it has no notify subject): a message with no payload
+// on protocol.Subjects.Notice(rec.Provider, rec.RunID), which a coordinator
+// answers by publishing what the run's records hold (PublishRunNotice),
+// never what the host says. A host publishes no notice itself: a deployment
+// lets no worker publish on a client's inbox (docs/security.md). A request
+// no coordinator takes loses the notice, as a notice the caller missed is
+// lost: the caller asks runs.await (pkg/client's AwaitFallback).
+func (s *Store) RequestRunNotice(rec protocol.RunRecord, onErr func(error)) {
+	if rec.Notify == "" {
+		return
+	}
+	if err := s.NC.Publish(s.Subj.Notice(rec.Provider, rec.RunID), nil); err != nil {
+		onErr(fmt.Errorf("ask for the notice of run %s: %w", rec.RunID, err))
+	}
+}
+
 // PublishRunNotice publishes the settled run rec's RunNotice to its notify
 // subject (none: nothing), in the encoding of the start request (JSON when
 // rec.NotifyJSON, else MessagePack). A run settled never started has no
-// subagent/end, only this notice.
+// subagent/end, only this notice. Coordinators publish notices; hosts ask
+// them to (RequestRunNotice).
 func (s *Store) PublishRunNotice(rec protocol.RunRecord, onErr func(error)) {
 	if rec.Notify == "" {
 		return

@@ -35,14 +35,16 @@ package store
 //	    (descriptor, turn/start; expect seq 0) → HoldRun (as for activate,
 //	    below) → subagent/start → reply.
 //	    A host failure after the claim: close the open turn, ReleaseLease,
-//	    SettleRun(NotStarted) at the claim's revision, PublishRunNotice.
+//	    SettleRun(NotStarted) at the claim's revision, RequestRunNotice.
 //	    A start no instance took: the coordinator's SettleRun(NotStarted) at
 //	    the creation revision, which fences out every late claim (a lost CAS
 //	    there means an instance claimed it: the start succeeded).
 //	    end: later log records, each fenced on the previous one → [a run
 //	    that delegated: lease UpdateLease{Ending} → its descendants are
 //	    disposed, child first] → SettleRun at the claim's revision →
-//	    PublishRunEnd (subagent/end, then the RunNotice) → ReleaseLease.
+//	    PublishRunEnd (subagent/end, then RequestRunNotice: a coordinator
+//	    reads the settled run, RunLatest, and publishes its RunNotice) →
+//	    ReleaseLease.
 //
 //	continuable start
 //	    coordinator: live-children slot → header (expect seq 0; a conflict

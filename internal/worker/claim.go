@@ -237,11 +237,12 @@ func (u *unsettled) retry(log *slog.Logger) {
 // abandon settles a claimed run that never started (a failure after the
 // claim, before the child was published): stop reason error with cause's
 // code, no subagent/start and so no subagent/end; a one-shot run's notify
-// subject hears the result, since its coordinator may already have answered
-// the start. It returns cause.
+// subject hears the result (a coordinator publishes it: RequestRunNotice),
+// since its coordinator may already have answered the start. It returns
+// cause.
 func (h *Host) abandon(run protocol.RunRecord, rev uint64, cause error) error {
 	run = store.NotStarted(run, h.id, cause)
-	h.settle(run, rev, func() { h.st.PublishRunNotice(run, h.eventErr) })
+	h.settle(run, rev, func() { h.st.RequestRunNotice(run, h.eventErr) })
 	return cause
 }
 

@@ -333,7 +333,7 @@ func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult, durability b
 		r.mu.Unlock()
 		h.cfg.Metrics.RunSettled(rec.Provider, rec.Mode, res, time.Duration(rec.SettledAt-rec.CreatedAt)*time.Millisecond)
 		<-r.started
-		<-h.st.PublishRunEnd(rec, h.eventErr) // the end is stored before the lease goes
+		<-h.st.PublishRunEnd(rec, h.st.RequestRunNotice, h.eventErr) // the end is stored before the lease goes
 		if durability {
 			h.closeLogAfterDurabilityFailure(rec.Provider, r.childID)
 		}

@@ -63,19 +63,18 @@ func startRequest(t *testing.T, st *store.Store, childID, prompt, notify string)
 	}
 }
 
-func receiveNotice(t *testing.T, ch chan *nats.Msg) protocol.RunNotice {
+// receiveNoticeRequest waits for the host's request for a run's notice
+// (store.RequestRunNotice), which a coordinator answers by publishing the
+// notice the run's records hold.
+func receiveNoticeRequest(t *testing.T, ch chan *nats.Msg) *nats.Msg {
 	t.Helper()
 	select {
 	case m := <-ch:
-		var n protocol.RunNotice
-		if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &n); err != nil {
-			t.Fatalf("decode the notice: %v", err)
-		}
-		return n
+		return m
 	case <-time.After(20 * time.Second):
-		t.Fatal("no run notice within 20 s")
+		t.Fatal("no notice request within 20 s")
 	}
-	return protocol.RunNotice{}
+	return nil
 }
 
 // waitRunDone waits until the host let go of every run (execute returned).
@@ -121,12 +120,14 @@ func TestNewRefusesAnIncompleteConfig(t *testing.T) {
 }
 
 // A start runs the child's turn, settles the run by compare-and-set at the
-// claim's revision, publishes the notice, and releases the lease; the same
+// claim's revision, asks the coordinators to publish its notice (never
+// publishing on the notify subject itself), and releases the lease; the same
 // start sent again finds the record claimed and starts nothing.
 func TestStartRunClaimsRunsSettlesAndPublishes(t *testing.T) {
 	h, st, nc := testHost(t, nil)
 	ctx := context.Background()
-	notices := testutil.Subscribe(t, nc, "_INBOX.test.notices")
+	direct := testutil.Subscribe(t, nc, "_INBOX.test.notices")
+	requests := testutil.Subscribe(t, nc, st.Subj.NoticeAll())
 	req := startRequest(t, st, "C1", "say ok", "_INBOX.test.notices")
 	reply, err := h.startRun(ctx, h.cfg.Providers[0], req)
 	if err != nil {
@@ -135,17 +136,22 @@ func TestStartRunClaimsRunsSettlesAndPublishes(t *testing.T) {
 	if r, ok := reply.(protocol.ProviderStartReply); !ok || r.HostID != "spawn.H1" {
 		t.Fatalf("reply %#v", reply)
 	}
-	n := receiveNotice(t, notices)
-	if n.RunID != "C1" || n.Result.StopReason != protocol.StopCompleted || protocol.PlainText(n.Result.Output) != "ok" {
-		t.Fatalf("notice %+v", n)
+	if m := receiveNoticeRequest(t, requests); m.Subject != st.Subj.Notice("spawn", "C1") || len(m.Data) != 0 {
+		t.Fatalf("notice request on %s with %d bytes, want %s with none", m.Subject, len(m.Data), st.Subj.Notice("spawn", "C1"))
 	}
-	waitRunDone(t, h)
-	run, err := st.Run(ctx, "C1")
+	// The request follows the settlement: a coordinator reading the run
+	// then finds the result it publishes.
+	run, err := st.RunLatest(ctx, "C1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := run.Value; v.State != protocol.RunSettled || v.HostID != "spawn.H1" || v.SettledBy != "spawn.H1" || v.StartedAt == 0 || v.NotStarted {
+	if v := run.Value; v.State != protocol.RunSettled || v.HostID != "spawn.H1" || v.SettledBy != "spawn.H1" || v.StartedAt == 0 || v.NotStarted ||
+		v.Result.StopReason != protocol.StopCompleted || protocol.PlainText(v.Result.Output) != "ok" {
 		t.Fatalf("run record %+v", v)
+	}
+	waitRunDone(t, h)
+	if len(direct) != 0 {
+		t.Fatal("the host published on its caller's notify subject itself")
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		_, err := st.Lease(ctx, "C1")
@@ -225,20 +231,19 @@ func TestStartRunOfARunSettledMeanwhileIsNotPending(t *testing.T) {
 
 // A start that fails after its claim (here the model cannot be built) is
 // settled by the host as never started, with the failure's code, and the
-// caller hears it on the notify subject; no lease is left behind.
+// host asks the coordinators for the caller's notice; no lease is left behind.
 func TestStartRunFailingAfterTheClaimSettlesNeverStarted(t *testing.T) {
 	h, st, nc := testHost(t, func() (model.Model, error) { return nil, errors.New("no key") })
 	ctx := context.Background()
-	notices := testutil.Subscribe(t, nc, "_INBOX.test.notices")
+	requests := testutil.Subscribe(t, nc, st.Subj.NoticeAll())
 	req := startRequest(t, st, "C1", "say ok", "_INBOX.test.notices")
 	if _, err := h.startRun(ctx, h.cfg.Providers[0], req); protocol.CodeOf(err) != protocol.CodeUnavailable {
 		t.Fatalf("start: %v, want UNAVAILABLE", err)
 	}
-	n := receiveNotice(t, notices)
-	if n.Result.StopReason != protocol.StopError || n.Result.ErrorCode != protocol.CodeUnavailable {
-		t.Fatalf("notice %+v", n.Result)
+	if m := receiveNoticeRequest(t, requests); m.Subject != st.Subj.Notice("spawn", "C1") {
+		t.Fatalf("notice request on %s, want %s", m.Subject, st.Subj.Notice("spawn", "C1"))
 	}
-	run, err := st.Run(ctx, "C1")
+	run, err := st.RunLatest(ctx, "C1")
 	if err != nil {
 		t.Fatal(err)
 	}

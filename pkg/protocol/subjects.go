@@ -282,6 +282,34 @@ func (s Subjects) LogAll() string { return s.root() + ".log.*.*" }
 // activation, e.g. when a child it owns released its ownership.
 func (s Subjects) Wake(id string) string { return s.root() + ".wake." + id }
 
+// Notice is a core-only subject (no stream) on which a host asks the
+// coordinators to publish the settlement notice of run runID of provider
+// provider, <p>.v1.notice.<provider>.<runId>, with no payload: a coordinator
+// (queue group CoordinatorQueue) reads the run's records and publishes the
+// RunNotice they hold to the run's notify subject (docs/protocol.md §7.8).
+// A deployment lets a provider's workers publish only under
+// <p>.v1.notice.<provider>.> and on no client's inbox (docs/security.md).
+func (s Subjects) Notice(provider, runID string) string {
+	return s.root() + ".notice." + provider + "." + runID
+}
+
+// NoticeAll is the wildcard over every notice request.
+func (s Subjects) NoticeAll() string { return s.root() + ".notice.*.*" }
+
+// NoticeOf returns the provider and run id a Notice subject names; ok is
+// false for any other subject.
+func (s Subjects) NoticeOf(subject string) (provider, runID string, ok bool) {
+	rest, found := strings.CutPrefix(subject, s.root()+".notice.")
+	if !found {
+		return "", "", false
+	}
+	provider, runID, found = strings.Cut(rest, ".")
+	if !found || !ValidID(provider) || !ValidID(runID) {
+		return "", "", false
+	}
+	return provider, runID, true
+}
+
 // Children is the BROOD_SESSIONS subject of one child's entry in its
 // parent's child index; ChildrenOf is the wildcard over a parent's entries.
 func (s Subjects) Children(parent, child string) string {

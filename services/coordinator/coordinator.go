@@ -389,6 +389,11 @@ func (c *Coordinator) Run(ctx context.Context) error {
 			return fmt.Errorf("coordinator: follow credit subscription: %w", err)
 		}
 	}
+	// Hosts' requests for the notices of the runs they settled (notices.go).
+	if err := srv.Subscribe(c.subj.NoticeAll(), protocol.CoordinatorQueue, nil, c.relayNotice); err != nil {
+		stopServing()
+		return fmt.Errorf("coordinator: notice subscription: %w", err)
+	}
 	// The server knows the endpoints' subscriptions once a flush returns.
 	if err := rpc.Subscribed(c.cfg.NC, subscribeFlushTimeout); err != nil {
 		stopServing()

@@ -64,7 +64,7 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		// Nats-Msg-Id; a notice comes at least once, with the same result).
 		onErr := func(err error) { c.log.Warn("settled run not republished", "run", run.Value.RunID, "err", err) }
 		<-c.st.PublishStartAgain(run.Value, onErr)
-		<-c.st.PublishRunEnd(run.Value, onErr)
+		<-c.st.PublishRunEnd(run.Value, c.st.PublishRunNotice, onErr)
 	}
 	if errors.Is(err, store.ErrNotFound) || (err == nil && run.Value.State == protocol.RunSettled) {
 		_ = c.st.ReleaseLease(ctx, id, fresh.Revision)
@@ -128,7 +128,7 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 				return // the lease stays taken over: the next sweep looks again
 			}
 			<-c.st.PublishStartAgain(r.Value, onErr)
-			<-c.st.PublishRunEnd(r.Value, onErr)
+			<-c.st.PublishRunEnd(r.Value, c.st.PublishRunNotice, onErr)
 		}
 	case err != nil:
 		// Not settled: the lease stays taken over, so the next sweep tries
@@ -138,7 +138,7 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	default:
 		c.settled(rec)
 		<-c.st.PublishStartAgain(rec, onErr)
-		<-c.st.PublishRunEnd(rec, onErr)
+		<-c.st.PublishRunEnd(rec, c.st.PublishRunNotice, onErr)
 		c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", res.StopReason, "errorCode", res.ErrorCode)
 	}
 	if err := c.st.ReleaseLease(ctx, id, taken.Revision); err == nil {
@@ -409,7 +409,7 @@ func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord)
 	}
 	c.settled(rec)
 	c.log.Warn("settled a run left running without a lease", "run", rec.RunID, "session", rec.ChildID, "errorCode", code)
-	c.st.PublishRunEnd(rec, func(err error) { c.log.Warn("orphaned run's notice not published", "run", rec.RunID, "err", err) })
+	c.st.PublishRunEnd(rec, c.st.PublishRunNotice, func(err error) { c.log.Warn("orphaned run's notice not published", "run", rec.RunID, "err", err) })
 	if rec.Mode == protocol.ModeContinuable {
 		c.resumePending(ctx, rec.ChildID)
 	}
