@@ -648,6 +648,22 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 		{"ask for the notice of a fork run (brood.v1.notice.fork.<runId>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.notice.fork." + v.forkRun.RunID})
 		}},
+		{"write an ownership record (keep the client's root from settling)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			// What a KV put of the record publishes: an edge root → a fork
+			// child, which only coordinators add.
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.OwnershipRecord{Children: []string{v.forkChild}})
+			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents." + store.OwnsKey(v.root.SessionID), Reply: nc.NewInbox(), Data: data})
+		}},
+		{"ask for the removal of a fork child's ownership edge (brood.v1.ownership.fork.<childId>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.OwnershipReleaseRequest{Owner: v.root.SessionID, RunID: v.forkRun.RunID})
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.ownership.fork." + v.forkChild, Reply: nc.NewInbox(), Data: data})
+		}},
+		{"ask, under its own provider, for the removal of a fork child's ownership edge", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			// The subject is its own provider's; the run is a fork run of
+			// another child, and no epoch.
+			return wantCode(coordCall(ctx, nc, "brood.v1.ownership.spawn."+v.forkChild,
+				protocol.OwnershipReleaseRequest{Owner: v.root.SessionID, RunID: v.forkRun.RunID}), protocol.CodeUnauthorized)
+		}},
 		{"append to a fork child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return forgedAppend(ctx, nc, "brood.v1.log.fork."+v.forkChild)
 		}},

@@ -160,6 +160,11 @@ type EpochEnd struct {
 	// (EndedAncestor), so the parent, under it too, is being disposed by
 	// its end and gets no notice (internal/worker/ending.go).
 	AncestorEnded bool
+	// Release removes the edge owner → ChildID and wakes the owner. Nil is
+	// ReleaseOwnership, a coordinator's (only coordinators write ownership
+	// records); a host asks the coordinators instead
+	// (protocol.Subjects.Ownership).
+	Release func(ctx context.Context, owner string) error
 }
 
 // EndEpoch delivers the subagent-settled notice to the live parent (inbox,
@@ -196,8 +201,12 @@ func (s *Store) EndEpoch(ctx context.Context, e EpochEnd, onErr func(error)) <-c
 	// (TestYourProviderUnderFaults: I6, an epoch running with its lease held
 	// by a live host). Removal is idempotent: a parent that owns nothing
 	// costs one read.
+	release := e.Release
+	if release == nil {
+		release = func(ctx context.Context, owner string) error { return s.ReleaseOwnership(ctx, owner, e.ChildID) }
+	}
 	if owner := cmp.Or(e.Owner, e.Parent); owner != "" {
-		if err := s.ReleaseOwnership(ctx, owner, e.ChildID); err != nil {
+		if err := release(ctx, owner); err != nil {
 			onErr(fmt.Errorf("%w: release ownership of %s by %s: %w", ErrOwnershipKept, e.ChildID, owner, err))
 		}
 	}

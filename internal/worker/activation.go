@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
@@ -800,6 +801,9 @@ func (a *activation) teardown() {
 		<-h.st.EndEpoch(ctx, store.EpochEnd{
 			ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
 			Provider: a.provider, Remote: a.remote, Result: res, AncestorEnded: orphaned,
+			Release: func(ctx context.Context, owner string) error {
+				return h.releaseOwnership(ctx, a.header.Provider, owner, a.childID, a.runID)
+			},
 		}, func(err error) {
 			ownershipKept.CompareAndSwap(false, errors.Is(err, store.ErrOwnershipKept))
 			h.eventErr(err)
@@ -810,7 +814,9 @@ func (a *activation) teardown() {
 		// meanwhile).
 		var first func(context.Context) error
 		if owner := cmp.Or(a.owner, a.header.ParentSession); ownershipKept.Load() {
-			first = func(ctx context.Context) error { return h.st.ReleaseOwnership(ctx, owner, a.childID) }
+			first = func(ctx context.Context) error {
+				return h.releaseOwnership(ctx, a.header.Provider, owner, a.childID, a.runID)
+			}
 		}
 		// An epoch that ended DURABILITY_FAILED left its turn open: closed
 		// once the log takes writes again, while the lease is still held
@@ -829,4 +835,16 @@ func mustEvent(typ string, data any) protocol.SessionEvent {
 		panic(fmt.Sprintf("encode %s: %v", typ, err)) // only fixed, encodable shapes reach here
 	}
 	return ev
+}
+
+// releaseOwnership asks the coordinators to remove the ownership edge
+// owner → child once this host settled child's epoch runID
+// (protocol.Subjects.Ownership, a request-reply in their queue group): only
+// coordinators write ownership records, and a coordinator removes the edge
+// only for a settled epoch of a child of the provider the subject names
+// (docs/security.md). provider is the child's header's. An error (no
+// coordinator answered, UNAVAILABLE) leaves the edge: the caller tries
+// again before it releases the lease (store.ErrOwnershipKept).
+func (h *Host) releaseOwnership(ctx context.Context, provider, owner, child, runID string) error {
+	return rpc.Call(ctx, h.cfg.NC, h.subj.Ownership(provider, child), protocol.OwnershipReleaseRequest{Owner: owner, RunID: runID}, &protocol.Empty{})
 }

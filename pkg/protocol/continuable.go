@@ -237,6 +237,20 @@ type OwnershipRecord struct {
 	Children []string `msgpack:"children" json:"children"`
 }
 
+// OwnershipReleaseRequest is what a host sends on
+// `<prefix>.v1.ownership.<provider>.<childId>` (Subjects.Ownership) once it
+// settled run RunID, an epoch of continuable child childId of provider
+// provider: a coordinator removes the edge Owner → childId from Owner's
+// ownership record and wakes Owner (docs/protocol.md §9.4). The reply is
+// Empty, or an error: INVALID_ARGUMENT (no child, owner or run id),
+// UNAUTHORIZED (run RunID is not, by its spec, an epoch of the child of
+// that provider, or its state is not settled; the edge stays),
+// UNAVAILABLE (retry).
+type OwnershipReleaseRequest struct {
+	Owner string `msgpack:"owner" json:"owner"`
+	RunID string `msgpack:"runId" json:"runId"`
+}
+
 // ChildSlotsRecord is a parent's live-children slots, in brood_agents under
 // `slots.<parentSession>` (docs/protocol.md §7.6): the children admitted
 // under the live-children limit and those resumed cold, written by

@@ -299,15 +299,39 @@ func (s Subjects) NoticeAll() string { return s.root() + ".notice.*.*" }
 // NoticeOf returns the provider and run id a Notice subject names; ok is
 // false for any other subject.
 func (s Subjects) NoticeOf(subject string) (provider, runID string, ok bool) {
-	rest, found := strings.CutPrefix(subject, s.root()+".notice.")
+	return s.twoIDs(subject, ".notice.")
+}
+
+// twoIDs returns the two id tokens that follow s.root()+kind in subject.
+func (s Subjects) twoIDs(subject, kind string) (a, b string, ok bool) {
+	rest, found := strings.CutPrefix(subject, s.root()+kind)
 	if !found {
 		return "", "", false
 	}
-	provider, runID, found = strings.Cut(rest, ".")
-	if !found || !ValidID(provider) || !ValidID(runID) {
+	a, b, found = strings.Cut(rest, ".")
+	if !found || !ValidID(a) || !ValidID(b) {
 		return "", "", false
 	}
-	return provider, runID, true
+	return a, b, true
+}
+
+// Ownership is the request-reply subject on which a host asks the
+// coordinators (queue group CoordinatorQueue) to remove an ownership edge
+// of continuable child childID of provider provider whose epoch it settled,
+// <p>.v1.ownership.<provider>.<childId> (OwnershipReleaseRequest): only
+// coordinators write ownership records, and a deployment lets a provider's
+// workers publish only under <p>.v1.ownership.<provider>.> (docs/security.md).
+func (s Subjects) Ownership(provider, childID string) string {
+	return s.root() + ".ownership." + provider + "." + childID
+}
+
+// OwnershipAll is the wildcard over every ownership release request.
+func (s Subjects) OwnershipAll() string { return s.root() + ".ownership.*.*" }
+
+// OwnershipOf returns the provider and child id an Ownership subject names;
+// ok is false for any other subject.
+func (s Subjects) OwnershipOf(subject string) (provider, childID string, ok bool) {
+	return s.twoIDs(subject, ".ownership.")
 }
 
 // Children is the BROOD_SESSIONS subject of one child's entry in its
