@@ -418,8 +418,12 @@ var permCases = []permCase{
 	{user: "worker-spawn", subject: "brood.v1.events.S1.start", allowed: true},
 	{user: "worker-spawn", subject: "brood.v1.session.S1"},
 	{user: "worker-spawn", subject: "brood.v1.children.P1.S1"},
-	{user: "worker-spawn", subject: "brood.v1.inbox.S1", allowed: true},
-	{user: "worker-spawn", subject: "brood.v1.wake.S1", allowed: true},
+	// Inbox items and wake-ups only coordinators publish: a host asks them
+	// for its epochs' ends.
+	{user: "worker-spawn", subject: "brood.v1.inbox.S1"},
+	{user: "worker-spawn", subject: "brood.v1.wake.S1"},
+	{user: "worker-acp", subject: "brood.v1.inbox.S1"},
+	{user: "coordinator", subject: "brood.v1.wake.S1", allowed: true},
 	// A provider's worker writes only its own scope's host records
 	// (<scope>.<unique>, protocol.WorkerHostID): no other provider's, no
 	// coordinator's, not the shared scope's.
@@ -446,10 +450,10 @@ var permCases = []permCase{
 	{user: "worker-spawn", subject: "$KV.brood_agents.owns.S1"},
 	{user: "worker-fork", subject: "$KV.brood_agents.owns.S1"},
 	{user: "coordinator", subject: "$KV.brood_agents.owns.S1", allowed: true},
-	{user: "worker-spawn", subject: "brood.v1.ownership.spawn.S1", allowed: true},
-	{user: "worker-spawn", subject: "brood.v1.ownership.fork.S1"},
-	{user: "worker-acp", subject: "brood.v1.ownership.acp.S1", allowed: true},
-	{user: "client", subject: "brood.v1.ownership.spawn.S1"},
+	{user: "worker-spawn", subject: "brood.v1.epochend.spawn.S1", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.epochend.fork.S1"},
+	{user: "worker-acp", subject: "brood.v1.epochend.acp.S1", allowed: true},
+	{user: "client", subject: "brood.v1.epochend.spawn.S1"},
 	{user: "worker-spawn", subject: "$KV.brood_runs.state.spawn.R1", allowed: true},
 	{user: "worker-spawn", subject: "$KV.brood_runs.state.fork.R1"},
 	{user: "worker-spawn", subject: "$KV.brood_runs.spec.R1"},
@@ -536,8 +540,8 @@ var permCases = []permCase{
 	{user: "coordinator", sub: true, subject: "brood.v1.coord.follow.C1", queue: "brood-coordinator", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.user.*.follow.C1", queue: "brood-coordinator", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.notice.*.*", queue: "brood-coordinator", allowed: true},
-	{user: "coordinator", sub: true, subject: "brood.v1.ownership.*.*", queue: "brood-coordinator", allowed: true},
-	{user: "worker-spawn", sub: true, subject: "brood.v1.ownership.*.*", queue: "brood-coordinator"},
+	{user: "coordinator", sub: true, subject: "brood.v1.epochend.*.*", queue: "brood-coordinator", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.epochend.*.*", queue: "brood-coordinator"},
 	{user: "coordinator", sub: true, subject: "brood.v1.notice.*.*"},
 	{user: "worker-spawn", sub: true, subject: "brood.v1.notice.*.*", queue: "brood-coordinator"},
 	{user: "client", sub: true, subject: "brood.v1.inbox.S1"},

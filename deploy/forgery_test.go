@@ -648,21 +648,33 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 		{"ask for the notice of a fork run (brood.v1.notice.fork.<runId>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.notice.fork." + v.forkRun.RunID})
 		}},
+		{"put a forged prompt into the client's root's inbox", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.InboxItem{Content: protocol.Text("forged prompt"),
+				Source: protocol.MessageSource{Kind: protocol.SourceSubagentSettled, Form: "notice", SenderSessionID: v.forkChild}})
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox." + v.root.SessionID, Reply: nc.NewInbox(), Data: data})
+		}},
+		{"put a forged message into a fork child's inbox", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.InboxItem{Content: protocol.Text("forged followup")})
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox." + v.forkChild, Reply: nc.NewInbox(), Data: data})
+		}},
+		{"wake a fork child", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.wake." + v.forkChild})
+		}},
 		{"write an ownership record (keep the client's root from settling)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			// What a KV put of the record publishes: an edge root → a fork
 			// child, which only coordinators add.
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.OwnershipRecord{Children: []string{v.forkChild}})
 			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents." + store.OwnsKey(v.root.SessionID), Reply: nc.NewInbox(), Data: data})
 		}},
-		{"ask for the removal of a fork child's ownership edge (brood.v1.ownership.fork.<childId>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
-			data, _ := protocol.Marshal(protocol.Msgpack, protocol.OwnershipReleaseRequest{Owner: v.root.SessionID, RunID: v.forkRun.RunID})
-			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.ownership.fork." + v.forkChild, Reply: nc.NewInbox(), Data: data})
+		{"ask for the end of a fork child's epoch (brood.v1.epochend.fork.<childId>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.EpochEndRequest{Owner: v.root.SessionID, RunID: v.forkRun.RunID})
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.epochend.fork." + v.forkChild, Reply: nc.NewInbox(), Data: data})
 		}},
-		{"ask, under its own provider, for the removal of a fork child's ownership edge", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+		{"ask, under its own provider, for the end of a fork child's epoch", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			// The subject is its own provider's; the run is a fork run of
 			// another child, and no epoch.
-			return wantCode(coordCall(ctx, nc, "brood.v1.ownership.spawn."+v.forkChild,
-				protocol.OwnershipReleaseRequest{Owner: v.root.SessionID, RunID: v.forkRun.RunID}), protocol.CodeUnauthorized)
+			return wantCode(coordCall(ctx, nc, "brood.v1.epochend.spawn."+v.forkChild,
+				protocol.EpochEndRequest{Owner: v.root.SessionID, RunID: v.forkRun.RunID}), protocol.CodeUnauthorized)
 		}},
 		{"append to a fork child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return forgedAppend(ctx, nc, "brood.v1.log.fork."+v.forkChild)

@@ -368,20 +368,21 @@ func TestOwnerlessEpochReleasesItsParentsEdge(t *testing.T) {
 }
 
 // TestOwnershipEdgeOutlivesAnUnavailableBucket: a child's epoch ends while
-// the removal of its parent's ownership edge keeps failing (the host's
-// writes to owns.<parent> get no answer). The host keeps the child's lease
-// and tries the removal again; once it lands, the lease goes and the
-// parent, which owns no live child any more, settles. Before, the host let
-// the edge go unremoved and released the lease: the parent's epoch waited
-// for good with its lease held by a live host (make test's chaos seed 1,
-// loaded: I6 and I7, "release ownership ... context deadline exceeded").
+// the removal of its parent's ownership edge keeps failing (the
+// coordinator's writes to owns.<parent>, which it makes for the host at the
+// epoch's end, get no answer, so it answers the host UNAVAILABLE). The host
+// keeps the child's lease and asks again; once the removal lands, the
+// lease goes and the parent, which owns no live child any more, settles.
+// Before, the host let the edge go unremoved and released the lease: the
+// parent's epoch waited for good with its lease held by a live host (make
+// test's chaos seed 1, loaded: I6 and I7, "release ownership ... context
+// deadline exceeded").
 func TestOwnershipEdgeOutlivesAnUnavailableBucket(t *testing.T) {
 	s := stack.New(t)
-	s.AddCoordinator()
 	var failing atomic.Bool
 	var ownsKey atomic.Value
 	ownsKey.Store("")
-	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+	s.AddCoordinator(func(c *coordinator.Config) {
 		c.Store = c.Store.WithFaults(store.Faults{Before: func(_ context.Context, w store.Write) error {
 			if failing.Load() && (w.Op == store.OpKVUpdate || w.Op == store.OpKVDelete) && w.Key == ownsKey.Load().(string) {
 				return jetstream.ErrNoStreamResponse // no answer: retried, then given up
@@ -389,6 +390,7 @@ func TestOwnershipEdgeOutlivesAnUnavailableBucket(t *testing.T) {
 			return nil
 		}})
 	})
+	s.AddSpawnWorker()
 	s.WaitProvider("spawn")
 	root := s.Root()
 	user := grant(t, s)

@@ -160,26 +160,50 @@ type EpochEnd struct {
 	// (EndedAncestor), so the parent, under it too, is being disposed by
 	// its end and gets no notice (internal/worker/ending.go).
 	AncestorEnded bool
-	// Release removes the edge owner → ChildID and wakes the owner. Nil is
-	// ReleaseOwnership, a coordinator's (only coordinators write ownership
-	// records); a host asks the coordinators instead
-	// (protocol.Subjects.Ownership).
-	Release func(ctx context.Context, owner string) error
+	// Delegate, for a host, asks the coordinators to carry out the
+	// notice and the ownership release (EndEpochRecords), which write
+	// records only coordinators write (another session's inbox, ownership
+	// records; protocol.Subjects.EpochEnd); owner is cmp.Or(Owner, Parent).
+	// Nil: this store carries them out itself (a coordinator).
+	Delegate func(ctx context.Context, owner string) error
 }
 
-// EndEpoch delivers the subagent-settled notice to the live parent (inbox,
-// next step, idempotency key settled-<runId>), then removes the ownership
-// edge from the owner's record (the parent's, when the epoch names no
-// owner) and wakes the owner, then emits subagent/end (DESIGN.md §7,
-// Ownership). Hosts and coordinators (HOST_LOST) both use it. A parent that
-// is gone or ending gets no notice (its turn is over), nor does one under an
-// ended one-shot ancestor (e.AncestorEnded): that ancestor's end disposes it,
-// and nothing under an ended run starts work again (RELIABILITY.md I5).
-// Failures go to onErr (an edge not removed as ErrOwnershipKept); the later
-// steps are still taken. The channel is
-// closed once subagent/end is stored (or given up on): release the lease
-// only then (PublishRunEnd).
+// EndEpoch delivers the subagent-settled notice to the live parent and
+// removes the ownership edge (EndEpochRecords; for a host, e.Delegate asks
+// the coordinators to), then emits subagent/end (DESIGN.md §7, Ownership).
+// Hosts and coordinators (HOST_LOST) both use it. Failures go to onErr (an
+// edge not removed, or a delegation that failed, as ErrOwnershipKept); the
+// later steps are still taken. The channel is closed once subagent/end is
+// stored (or given up on): release the lease only then (PublishRunEnd).
 func (s *Store) EndEpoch(ctx context.Context, e EpochEnd, onErr func(error)) <-chan struct{} {
+	if e.Delegate == nil {
+		s.EndEpochRecords(ctx, e, onErr)
+	} else if owner := cmp.Or(e.Owner, e.Parent); owner != "" {
+		if err := e.Delegate(ctx, owner); err != nil {
+			onErr(fmt.Errorf("%w: the end of epoch %s (its notice, the ownership of %s by %s): %w", ErrOwnershipKept, e.RunID, e.ChildID, owner, err))
+		}
+	}
+	ev := protocol.LifecycleEvent{
+		Type: protocol.LifecycleEnd, RunID: e.RunID, Provider: e.Provider, ID: e.ChildID, ParentSession: e.Parent,
+		Local: !e.Remote, Mode: protocol.ModeContinuable, Time: NowMs(), StopReason: e.Result.StopReason, ErrorCode: e.Result.ErrorCode,
+	}
+	if len(e.Result.Output) > 0 {
+		ev.LastAssistantMessage = e.Result.Output
+	}
+	return s.PublishEvent(ev, onErr)
+}
+
+// EndEpochRecords is the part of an epoch's end that writes records only
+// coordinators write: it delivers the subagent-settled notice to the live
+// parent (inbox, next step, idempotency key settled-<runId>), then removes
+// the ownership edge from the owner's record (the parent's, when the epoch
+// names no owner) and wakes the owner. A parent that is gone or ending
+// gets no notice (its turn is over), nor does one under an ended one-shot
+// ancestor (e.AncestorEnded): that ancestor's end disposes it, and nothing
+// under an ended run starts work again (RELIABILITY.md I5). Failures go to
+// onErr (an edge not removed as ErrOwnershipKept); the removal is still
+// tried after a failed notice. Every step is idempotent.
+func (s *Store) EndEpochRecords(ctx context.Context, e EpochEnd, onErr func(error)) {
 	if e.Parent != "" && !e.AncestorEnded {
 		if p, err := s.LeaseLatest(ctx, e.Parent); err == nil && !p.Value.Ending {
 			summary, content := sessionlog.SettledNotice(e.ChildID, e.Result)
@@ -201,21 +225,9 @@ func (s *Store) EndEpoch(ctx context.Context, e EpochEnd, onErr func(error)) <-c
 	// (TestYourProviderUnderFaults: I6, an epoch running with its lease held
 	// by a live host). Removal is idempotent: a parent that owns nothing
 	// costs one read.
-	release := e.Release
-	if release == nil {
-		release = func(ctx context.Context, owner string) error { return s.ReleaseOwnership(ctx, owner, e.ChildID) }
-	}
 	if owner := cmp.Or(e.Owner, e.Parent); owner != "" {
-		if err := release(ctx, owner); err != nil {
+		if err := s.ReleaseOwnership(ctx, owner, e.ChildID); err != nil {
 			onErr(fmt.Errorf("%w: release ownership of %s by %s: %w", ErrOwnershipKept, e.ChildID, owner, err))
 		}
 	}
-	ev := protocol.LifecycleEvent{
-		Type: protocol.LifecycleEnd, RunID: e.RunID, Provider: e.Provider, ID: e.ChildID, ParentSession: e.Parent,
-		Local: !e.Remote, Mode: protocol.ModeContinuable, Time: NowMs(), StopReason: e.Result.StopReason, ErrorCode: e.Result.ErrorCode,
-	}
-	if len(e.Result.Output) > 0 {
-		ev.LastAssistantMessage = e.Result.Output
-	}
-	return s.PublishEvent(ev, onErr)
 }

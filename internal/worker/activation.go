@@ -801,8 +801,8 @@ func (a *activation) teardown() {
 		<-h.st.EndEpoch(ctx, store.EpochEnd{
 			ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
 			Provider: a.provider, Remote: a.remote, Result: res, AncestorEnded: orphaned,
-			Release: func(ctx context.Context, owner string) error {
-				return h.releaseOwnership(ctx, a.header.Provider, owner, a.childID, a.runID)
+			Delegate: func(ctx context.Context, owner string) error {
+				return h.endEpochRecords(ctx, a.header.Provider, owner, a.childID, a.runID, orphaned)
 			},
 		}, func(err error) {
 			ownershipKept.CompareAndSwap(false, errors.Is(err, store.ErrOwnershipKept))
@@ -815,7 +815,7 @@ func (a *activation) teardown() {
 		var first func(context.Context) error
 		if owner := cmp.Or(a.owner, a.header.ParentSession); ownershipKept.Load() {
 			first = func(ctx context.Context) error {
-				return h.releaseOwnership(ctx, a.header.Provider, owner, a.childID, a.runID)
+				return h.endEpochRecords(ctx, a.header.Provider, owner, a.childID, a.runID, orphaned)
 			}
 		}
 		// An epoch that ended DURABILITY_FAILED left its turn open: closed
@@ -837,14 +837,17 @@ func mustEvent(typ string, data any) protocol.SessionEvent {
 	return ev
 }
 
-// releaseOwnership asks the coordinators to remove the ownership edge
-// owner → child once this host settled child's epoch runID
-// (protocol.Subjects.Ownership, a request-reply in their queue group): only
-// coordinators write ownership records, and a coordinator removes the edge
-// only for a settled epoch of a child of the provider the subject names
-// (docs/security.md). provider is the child's header's. An error (no
-// coordinator answered, UNAVAILABLE) leaves the edge: the caller tries
-// again before it releases the lease (store.ErrOwnershipKept).
-func (h *Host) releaseOwnership(ctx context.Context, provider, owner, child, runID string) error {
-	return rpc.Call(ctx, h.cfg.NC, h.subj.Ownership(provider, child), protocol.OwnershipReleaseRequest{Owner: owner, RunID: runID}, &protocol.Empty{})
+// endEpochRecords asks the coordinators to carry out the part of the end of
+// child's epoch runID that writes records only they write
+// (store.EndEpochRecords: the settlement notice into the parent's inbox,
+// the removal of the ownership edge owner → child, the owner's wake-up) on
+// protocol.Subjects.EpochEnd, a request-reply in their queue group: a
+// coordinator does it only for a settled epoch of a child of the provider
+// the subject names (docs/security.md). provider is the child's header's.
+// An error (no coordinator answered, UNAVAILABLE) leaves the edge: the
+// caller asks again before it releases the lease (store.ErrOwnershipKept);
+// every step is idempotent.
+func (h *Host) endEpochRecords(ctx context.Context, provider, owner, child, runID string, ancestorEnded bool) error {
+	return rpc.Call(ctx, h.cfg.NC, h.subj.EpochEnd(provider, child),
+		protocol.EpochEndRequest{Owner: owner, RunID: runID, AncestorEnded: ancestorEnded}, &protocol.Empty{})
 }

@@ -237,18 +237,25 @@ type OwnershipRecord struct {
 	Children []string `msgpack:"children" json:"children"`
 }
 
-// OwnershipReleaseRequest is what a host sends on
-// `<prefix>.v1.ownership.<provider>.<childId>` (Subjects.Ownership) once it
+// EpochEndRequest is what a host sends on
+// `<prefix>.v1.epochend.<provider>.<childId>` (Subjects.EpochEnd) once it
 // settled run RunID, an epoch of continuable child childId of provider
-// provider: a coordinator removes the edge Owner → childId from Owner's
-// ownership record and wakes Owner (docs/protocol.md §9.4). The reply is
-// Empty, or an error: INVALID_ARGUMENT (no child, owner or run id),
-// UNAUTHORIZED (run RunID is not, by its spec, an epoch of the child of
-// that provider, or its state is not settled; the edge stays),
-// UNAVAILABLE (retry).
-type OwnershipReleaseRequest struct {
+// provider (docs/protocol.md §9.4 step 6). A coordinator then, in this
+// order: enqueues the subagent-settled notice of the run's result into the
+// inbox of the run's parent (idempotency key settled-<runId>) if the
+// parent's lease is live and not ending and AncestorEnded is false; removes
+// the edge Owner → childId from Owner's ownership record; wakes Owner. The
+// reply is Empty once all of that landed, or an error: INVALID_ARGUMENT (no
+// child, owner or run id), UNAUTHORIZED (run RunID is not, by its spec, an
+// epoch of the child of that provider, or its state is not settled;
+// nothing is done), UNAVAILABLE (retry: every step is idempotent).
+type EpochEndRequest struct {
 	Owner string `msgpack:"owner" json:"owner"`
 	RunID string `msgpack:"runId" json:"runId"`
+	// AncestorEnded: an ancestor of the child is an ended one-shot run,
+	// whose end disposes the parent too: the parent gets no notice
+	// (store.EpochEnd.AncestorEnded).
+	AncestorEnded bool `msgpack:"ancestorEnded,omitempty" json:"ancestorEnded,omitempty"`
 }
 
 // ChildSlotsRecord is a parent's live-children slots, in brood_agents under

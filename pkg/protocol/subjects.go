@@ -315,23 +315,25 @@ func (s Subjects) twoIDs(subject, kind string) (a, b string, ok bool) {
 	return a, b, true
 }
 
-// Ownership is the request-reply subject on which a host asks the
-// coordinators (queue group CoordinatorQueue) to remove an ownership edge
-// of continuable child childID of provider provider whose epoch it settled,
-// <p>.v1.ownership.<provider>.<childId> (OwnershipReleaseRequest): only
-// coordinators write ownership records, and a deployment lets a provider's
-// workers publish only under <p>.v1.ownership.<provider>.> (docs/security.md).
-func (s Subjects) Ownership(provider, childID string) string {
-	return s.root() + ".ownership." + provider + "." + childID
+// EpochEnd is the request-reply subject on which the host that settled an
+// epoch of continuable child childID of provider provider asks the
+// coordinators (queue group CoordinatorQueue) to carry out the epoch's end
+// in the records only they write, <p>.v1.epochend.<provider>.<childId>
+// (EpochEndRequest): the settlement notice into the parent's inbox, the
+// removal of the ownership edge, the owner's wake-up. A deployment lets a
+// provider's workers publish only under <p>.v1.epochend.<provider>.>
+// (docs/security.md).
+func (s Subjects) EpochEnd(provider, childID string) string {
+	return s.root() + ".epochend." + provider + "." + childID
 }
 
-// OwnershipAll is the wildcard over every ownership release request.
-func (s Subjects) OwnershipAll() string { return s.root() + ".ownership.*.*" }
+// EpochEndAll is the wildcard over every epoch end request.
+func (s Subjects) EpochEndAll() string { return s.root() + ".epochend.*.*" }
 
-// OwnershipOf returns the provider and child id an Ownership subject names;
+// EpochEndOf returns the provider and child id an EpochEnd subject names;
 // ok is false for any other subject.
-func (s Subjects) OwnershipOf(subject string) (provider, childID string, ok bool) {
-	return s.twoIDs(subject, ".ownership.")
+func (s Subjects) EpochEndOf(subject string) (provider, childID string, ok bool) {
+	return s.twoIDs(subject, ".epochend.")
 }
 
 // Children is the BROOD_SESSIONS subject of one child's entry in its

@@ -394,11 +394,10 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		stopServing()
 		return fmt.Errorf("coordinator: notice subscription: %w", err)
 	}
-	// Hosts' requests to remove the ownership edges of the epochs they
-	// settled (ownership.go).
-	if err := srv.Subscribe(c.subj.OwnershipAll(), protocol.CoordinatorQueue, nil, rpc.Typed(c.releaseOwnership)); err != nil {
+	// Hosts' requests for the ends of the epochs they settled (epochend.go).
+	if err := srv.Subscribe(c.subj.EpochEndAll(), protocol.CoordinatorQueue, nil, rpc.Typed(c.endEpoch)); err != nil {
 		stopServing()
-		return fmt.Errorf("coordinator: ownership subscription: %w", err)
+		return fmt.Errorf("coordinator: epoch end subscription: %w", err)
 	}
 	// The server knows the endpoints' subscriptions once a flush returns.
 	if err := rpc.Subscribed(c.cfg.NC, subscribeFlushTimeout); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,15 +15,16 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// A host's request to remove an ownership edge (protocol.Subjects.Ownership)
-// removes it, and wakes the owner, only when the child's header names the
-// provider the subject names and the request's run is a settled epoch of
-// that child under it: only coordinators write ownership records, and a
-// worker, which may publish only under its own provider's subject, can end
-// the ownership of its own provider's children, and only of an epoch that
-// is over (docs/security.md). Every other request is refused and the edge
-// stays.
-func TestAnOwnershipEdgeGoesOnlyForASettledEpochOfTheSubjectsProvider(t *testing.T) {
+// A host's request for the end of an epoch (protocol.Subjects.EpochEnd)
+// delivers the settlement notice the run's records hold into the parent's
+// inbox, removes the ownership edge and wakes the owner, only when the
+// request's run is, by its spec, a settled epoch of that child of the
+// provider the subject names: only coordinators write ownership records
+// and other sessions' inboxes, and a worker, which may publish only under
+// its own provider's subject, can end only its own provider's children's
+// epochs, and only those that are over (docs/security.md). Every other
+// request is refused: the edge stays, the parent's inbox stays empty.
+func TestAnEpochsEndIsCarriedOutOnlyForASettledEpochOfTheSubjectsProvider(t *testing.T) {
 	s := stack.New(t)
 	s.AddCoordinator()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -45,7 +47,8 @@ func TestAnOwnershipEdgeGoesOnlyForASettledEpochOfTheSubjectsProvider(t *testing
 			t.Fatal(err)
 		}
 		if settled {
-			if won, err := s.Store.SettleRun(ctx, store.Settled(rec, provider+".H1", protocol.SubagentResult{StopReason: protocol.StopCompleted}), rev); err != nil || !won {
+			res := protocol.SubagentResult{Output: protocol.Text("result of " + runID), StopReason: protocol.StopCompleted}
+			if won, err := s.Store.SettleRun(ctx, store.Settled(rec, provider+".H1", res), rev); err != nil || !won {
 				t.Fatalf("settle %s: %v, %v", runID, won, err)
 			}
 		}
@@ -74,7 +77,20 @@ func TestAnOwnershipEdgeGoesOnlyForASettledEpochOfTheSubjectsProvider(t *testing
 		return rec.Value.Children
 	}
 	release := func(provider, childID, runID string) error {
-		return rpc.Call(ctx, s.NC, s.Store.Subj.Ownership(provider, childID), protocol.OwnershipReleaseRequest{Owner: owner, RunID: runID}, &protocol.Empty{})
+		return rpc.Call(ctx, s.NC, s.Store.Subj.EpochEnd(provider, childID), protocol.EpochEndRequest{Owner: owner, RunID: runID}, &protocol.Empty{})
+	}
+	// notices returns the texts of the root's pending inbox items.
+	notices := func() []string {
+		t.Helper()
+		items, _, err := s.Store.ReadInboxPage(ctx, root.SessionID, 0, 100, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var texts []string
+		for _, it := range items {
+			texts = append(texts, protocol.PlainText(it.Content))
+		}
+		return texts
 	}
 	for _, tc := range []struct {
 		name                 string
@@ -97,6 +113,9 @@ func TestAnOwnershipEdgeGoesOnlyForASettledEpochOfTheSubjectsProvider(t *testing
 		if got := owned(); !slices.Equal(got, []string{"C", "F"}) {
 			t.Fatalf("%s: the owner's children are %v, want [C F]", tc.name, got)
 		}
+		if got := notices(); len(got) != 0 {
+			t.Fatalf("%s: the parent's inbox holds %q, want nothing", tc.name, got)
+		}
 	}
 	wake := testutil.Subscribe(t, s.NC, s.Store.Subj.Wake(owner))
 	if err := release("spawn", "C", "C-settled"); err != nil {
@@ -106,6 +125,16 @@ func TestAnOwnershipEdgeGoesOnlyForASettledEpochOfTheSubjectsProvider(t *testing
 		t.Fatalf("the owner's children are %v, want [F]", got)
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool { return len(wake) > 0 }, "the owner's wake-up")
+	if got := notices(); len(got) != 1 || !strings.Contains(got[0], "result of C-settled") {
+		t.Fatalf("the parent's inbox holds %q, want the settlement notice of C-settled", got)
+	}
+	// Again (a host that heard no answer asks again): nothing more.
+	if err := release("spawn", "C", "C-settled"); err != nil {
+		t.Fatalf("the same end again: %v", err)
+	}
+	if got := notices(); len(got) != 1 {
+		t.Fatalf("the parent's inbox holds %q after the same end again, want one notice", got)
+	}
 	if err := release("fork", "F", "F-settled"); err != nil {
 		t.Fatalf("a settled epoch of a fork child, on fork's subject: %v", err)
 	}
