@@ -468,6 +468,8 @@ var permCases = []permCase{
 	{user: "worker-fork", subject: "brood.v1.notice.fork.R1", allowed: true},
 	{user: "worker-spawn", subject: "_INBOX.client.brood.T1"},
 	{user: "worker-spawn", subject: "_INBOX.worker-spawn.x"},
+	{user: "worker-spawn", subject: "_INBOX.coordinator.x", allowed: true},
+	{user: "worker-fork", subject: "_INBOX.client.x"},
 	{user: "worker-acp", subject: "_INBOX.trusted-host.x"},
 	{user: "client", subject: "brood.v1.notice.spawn.R1"},
 	{user: "coordinator", subject: "_INBOX.client.brood.T1", allowed: true},
