@@ -184,3 +184,43 @@ func provisioned(t *testing.T, name string) *Store {
 	}
 	return st
 }
+
+// laggingReplica is a runs bucket whose replica reads (Get) have not
+// applied the runs' states yet, as a node catching up after a restart
+// answers direct gets; its leader reads see them.
+type laggingReplica struct{ *bucket }
+
+func (l laggingReplica) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	if kind, _, _ := RunsKindOf(key); kind == RunsState {
+		return nil, jetstream.ErrKeyNotFound
+	}
+	return l.bucket.Get(ctx, key)
+}
+
+// TestARunsStateMissingOnAReplicaIsReadFromTheLeader: a run whose spec is
+// found but whose state a replica has not applied yet is read from the
+// leader, not answered as no run (runs.await answered a caller's existing
+// run UNAUTHORIZED, "not a run of session ... (or does not exist)", right
+// after a node restarted in deploy's election test).
+func TestARunsStateMissingOnAReplicaIsReadFromTheLeader(t *testing.T) {
+	st := provisioned(t, "lagging")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "spawn", Mode: protocol.ModeOneShot,
+		State: protocol.RunRunning, CreatedAt: 1}
+	rev, err := st.CreateRun(ctx, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Runs = laggingReplica{st.Runs.(*bucket)}
+	if _, err := st.Runs.Get(ctx, RunStateKey("spawn", "R1")); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the lagging replica answers the state: %v", err)
+	}
+	got, err := st.Run(ctx, "R1")
+	if err != nil || got.Revision != rev || got.Value.State != protocol.RunRunning || got.Value.ChildID != "C1" {
+		t.Fatalf("Run = %+v at %d, %v; want the running record at %d", got.Value, got.Revision, err, rev)
+	}
+	if _, err := st.Run(ctx, "NONE"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a run that does not exist: %v, want ErrNotFound", err)
+	}
+}

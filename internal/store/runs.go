@@ -46,7 +46,11 @@ func (s *Store) CreateRun(ctx context.Context, rec protocol.RunRecord) (uint64, 
 
 // Run reads a run record: its spec joined with its state (JoinRun), the
 // state read under the provider its spec names, never under another. A
-// missing one is ErrNotFound; the revision is the state's.
+// missing one is ErrNotFound; the revision is the state's. A state missing
+// where its spec exists is read again from the bucket's leader before it
+// is ErrNotFound: the replica that answered may not have applied it yet (a
+// node catching up after a restart), and the coordinator creates a run's
+// state right after its spec.
 func (s *Store) Run(ctx context.Context, runID string) (Record[protocol.RunRecord], error) {
 	return s.readRun(ctx, runID, Get[protocol.RunRecord])
 }
@@ -63,6 +67,9 @@ func (s *Store) readRun(ctx context.Context, runID string, get func(context.Cont
 		return Record[protocol.RunRecord]{}, err
 	}
 	st, err := get(ctx, s.Runs, RunStateKey(spec.Provider, runID))
+	if errors.Is(err, ErrNotFound) {
+		st, err = GetLatest[protocol.RunRecord](ctx, s.Runs, RunStateKey(spec.Provider, runID))
+	}
 	if err != nil {
 		return Record[protocol.RunRecord]{}, err
 	}
