@@ -87,6 +87,55 @@ func TestAChildsLeaseIsReadUnderItsHeadersProvider(t *testing.T) {
 	}
 }
 
+// A lease is written only under a key of the layout (leaseKeyable): a
+// root's lease names its session and no provider (root.<id>), a child's its
+// session and its provider, each one key token (lease.<provider>.<id>).
+// CreateLease and UpdateLease refuse a child's lease that names no provider
+// and one whose provider or session id would spread over several tokens
+// (lease.fork.x.C1, a key of no session's lease), and write nothing.
+func TestALeaseIsWrittenOnlyUnderAKeyOfTheLayout(t *testing.T) {
+	st := testutil.NewStore(t)
+	ctx := context.Background()
+	root := protocol.AgentRecord{SessionID: "R1", Kind: protocol.AgentRoot, HostID: "coordinator-1", Epoch: 1}
+	rev, err := st.CreateLease(ctx, root)
+	if err != nil {
+		t.Fatalf("a root's lease, which names no provider: %v", err)
+	}
+	root.Epoch = 2
+	if _, err := st.UpdateLease(ctx, root, rev); err != nil {
+		t.Fatalf("a root's lease renewed: %v", err)
+	}
+	if got, err := store.Get[protocol.AgentRecord](ctx, st.Agents, store.RootLeaseKey("R1")); err != nil || got.Value.Epoch != 2 {
+		t.Fatalf("the root's lease under %s: %+v, %v; want epoch 2", store.RootLeaseKey("R1"), got.Value, err)
+	}
+	for _, tc := range []struct {
+		name string
+		rec  protocol.AgentRecord
+		key  string // where the record would land were it written ("": no valid key)
+	}{
+		{"a one-shot child naming no provider", protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentOneShot, HostID: "spawn.H1", Epoch: 1}, ""},
+		{"a continuable child naming no provider", protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentContinuable, HostID: "spawn.H1", Epoch: 1}, ""},
+		{"a child whose provider spans two tokens", protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentContinuable, HostID: "fork.H1", Epoch: 1, Provider: "fork.x"}, "lease.fork.x.C1"},
+		{"a child whose session id spans two tokens", protocol.AgentRecord{SessionID: "C.1", Kind: protocol.AgentOneShot, HostID: "fork.H1", Epoch: 1, Provider: "fork"}, "lease.fork.C.1"},
+		{"a root whose session id spans two tokens", protocol.AgentRecord{SessionID: "R.1", Kind: protocol.AgentRoot, HostID: "coordinator-1", Epoch: 1}, "root.R.1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := st.CreateLease(ctx, tc.rec); err == nil {
+				t.Error("CreateLease wrote it")
+			}
+			if _, err := st.UpdateLease(ctx, tc.rec, 1); err == nil {
+				t.Error("UpdateLease wrote it")
+			}
+			if tc.key == "" {
+				return
+			}
+			if got, err := store.Get[protocol.AgentRecord](ctx, st.Agents, tc.key); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("under %s: %+v, %v; want nothing written", tc.key, got.Value, err)
+			}
+		})
+	}
+}
+
 // A lease record is a session's lease only if it belongs under the key it
 // was read from: it names that session, a child's kind and the header's
 // provider and parent (a worker may write its own provider's leases, and

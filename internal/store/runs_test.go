@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"sync"
 	"testing"
 
@@ -155,5 +156,48 @@ func TestTakeOverLeaseHasOneWinner(t *testing.T) {
 	}
 	if err := st.ReleaseLease(ctx, "S1", w.Revision); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A run one process created is read by another, as a worker or another
+// coordinator reads a coordinator's run: through a second Store on its own
+// connection, which has nothing of the run cached, RunSpec answers the spec
+// as created, Run and RunLatest join it with its state at its revision, a
+// claim made there is read back by the first, and a run with no spec is
+// ErrNotFound.
+func TestARunCreatedThroughOneStoreIsReadThroughAnother(t *testing.T) {
+	s := testutil.Server(t)
+	ctx := context.Background()
+	creator := testutil.Store(t, testutil.Connect(t, s.ClientURL()))
+	other, err := store.Open(ctx, testutil.Connect(t, s.ClientURL()), protocol.MustSubjects(""), store.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "fork", Mode: protocol.ModeOneShot,
+		Notify: "_INBOX.client.n1", Structured: true, State: protocol.RunRunning, CreatedAt: 7}
+	rev, err := creator.CreateRun(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := other.RunSpec(ctx, "R1"); err != nil || !reflect.DeepEqual(got, spec) {
+		t.Fatalf("the spec read through another store: %+v, %v; want %+v", got, err, spec)
+	}
+	for name, read := range map[string]func(context.Context, string) (store.Record[protocol.RunRecord], error){"Run": other.Run, "RunLatest": other.RunLatest} {
+		if got, err := read(ctx, "R1"); err != nil || !reflect.DeepEqual(got.Value, spec) || got.Revision != rev {
+			t.Fatalf("%s through another store: %+v at %d, %v; want %+v at %d", name, got.Value, got.Revision, err, spec, rev)
+		}
+	}
+	run, err := other.Run(ctx, "R1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := other.ClaimRun(ctx, run.Value, run.Revision, "fork.H1"); err != nil {
+		t.Fatalf("a claim through another store: %v", err)
+	}
+	if got, err := creator.RunLatest(ctx, "R1"); err != nil || got.Value.HostID != "fork.H1" || got.Value.ChildID != "C1" {
+		t.Fatalf("the claimed run read by its creator: %+v, %v; want claimed by fork.H1", got.Value, err)
+	}
+	if _, err := other.RunSpec(ctx, "NOSPEC"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a run without a spec, through another store: %v, want ErrNotFound", err)
 	}
 }
