@@ -756,9 +756,17 @@ func (a *activation) teardown() {
 	a.unsubscribe()
 	var final *protocol.SubagentResult // nil: fenced, nothing published
 	defer func() { telemetry.EndRun(a.span, final, nil) }()
+	events := a.sess.Events()
 	if fenced {
-		log.Warn("lease lost; activation stopped without publishing")
-		return
+		a.mu.Lock()
+		leaseRev := a.leaseRev
+		a.mu.Unlock()
+		logged, own := h.fencedUnderOwnLease(a.header, a.runID, leaseRev, events, log)
+		if !own {
+			log.Warn("lease lost; activation stopped without publishing")
+			return
+		}
+		events = logged
 	}
 	// Disposed by an ancestor's end: what waits is dropped, and the parent
 	// gets no notice, since the same end disposes the parent and a notice
@@ -769,11 +777,13 @@ func (a *activation) teardown() {
 	if cause == protocol.CauseParent && !orphaned {
 		orphaned = a.endIfOrphaned(log)
 	}
-	events := a.sess.Events()
 	if a.start <= len(events) {
 		events = events[a.start:]
 	}
 	res := sessionlog.EpochOutcome(events)
+	if fenced {
+		fencedResult(&res, events)
+	}
 	if durability != nil {
 		res.StopReason = protocol.StopError
 		res.ErrorCode = protocol.CodeDurabilityFailed

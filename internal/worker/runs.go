@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -246,33 +247,105 @@ func inScope(p Provider, h protocol.SessionHeader) error {
 // closeLogAfterDurabilityFailure closes the turn a run (or an epoch) that ended
 // DURABILITY_FAILED left open in its log, once JetStream takes writes again
 // (DESIGN.md §4: durable records are reconciled then), so the log replays
-// balanced (chaos seed 1 of make test: "turn 1 never ended"). The host still
-// holds the lease, so no one else appends: it reads the log from the
-// leader and appends the closing (turn/end, error) fenced on its last
-// record, trying for up to store.SettleBudget; a refused append reads again (the
-// append that failed may have landed after all).
+// balanced (chaos seed 1 of make test: "turn 1 never ended"), with
+// closeOpenTurn, for up to store.SettleBudget.
 func (h *Host) closeLogAfterDurabilityFailure(scope, childID string) {
-	ctx, cancel := context.WithTimeout(context.Background(), store.SettleBudget)
-	defer cancel()
 	reason := protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the session log did not acknowledge an append (DURABILITY_FAILED)"}
+	if _, closed, err := h.closeOpenTurn(scope, childID, reason, store.SettleBudget); err != nil {
+		h.log.Warn("could not close the turn a durability failure left open", "session", childID, "err", err)
+	} else if closed {
+		h.log.Info("closed the turn a durability failure left open", "session", childID)
+	}
+}
+
+// closeOpenTurn closes the turn left open in the log of childID with
+// reason. The host still holds the session's lease, so no one else may
+// append: it reads the log from the leader and appends the closing
+// (sessionlog.CloseOpenTurn) fenced on its last record, trying for up to
+// budget; a refused append reads again (the append that failed may have
+// landed after all). It returns the log's events afterwards and whether it
+// appended a closing; an error when the log was not read, or its open turn
+// not closed, within budget.
+func (h *Host) closeOpenTurn(scope, childID string, reason protocol.TurnEndReason, budget time.Duration) ([]protocol.SessionEvent, bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), budget)
+	defer cancel()
 	for {
 		log, err := h.st.ReadLog(ctx, scope, childID)
 		if err == nil {
 			var closing []protocol.SessionEvent
-			if closing, err = sessionlog.CloseOpenTurn(log.Events, reason, store.NowMs()); err != nil || len(closing) == 0 {
-				return
+			if closing, err = sessionlog.CloseOpenTurn(log.Events, reason, store.NowMs()); err != nil {
+				return log.Events, false, err
 			}
-			if _, err = h.st.NewLogWriter(scope, childID, log.LastSubjSeq, int64(len(log.Events))).Append(ctx, closing...); err == nil {
-				h.log.Info("closed the turn a durability failure left open", "session", childID)
-				return
+			if len(closing) == 0 {
+				return log.Events, false, nil
+			}
+			var written []protocol.SessionEvent
+			if written, err = h.st.NewLogWriter(scope, childID, log.LastSubjSeq, int64(len(log.Events))).Append(ctx, closing...); err == nil {
+				return append(log.Events, written...), true, nil
 			}
 		}
 		select {
 		case <-ctx.Done():
-			h.log.Warn("could not close the turn a durability failure left open", "session", childID, "err", err)
-			return
+			return nil, false, err
 		case <-time.After(closeLogRetryWait):
 		}
+	}
+}
+
+// fencedUnderOwnLease decides what a fence means for a run or an epoch of
+// the child header names (runID, its lease written at leaseRev; events,
+// its agent's events): an append of its agent was refused (another party
+// wrote the log), or the lease read as gone after a heartbeat gap
+// (verifyLeases). The lease is read again from the bucket's leader, for up
+// to store.SettleBudget. Gone, or at another revision (naming another
+// holder or run), the session is no longer this host's: it reports false,
+// and the agent stops without settling or publishing (the lease's new
+// holder ends the run). A lease that cannot be read counts as lost too.
+//
+// Still this host's, at the revision it wrote, the write came from a party
+// that held no lease (a takeover that lost its lease while it stalled;
+// RELIABILITY.md, open finding 1): no one else would ever end the run, and
+// its lease would keep the child resident, its inbox pending, for good. It
+// then ends here: a turn the log still has open is closed as interrupted
+// (fenced on the log's last record; closeOpenTurn), and it returns the
+// log's events, from which the caller settles, publishes the end and
+// releases the lease as for any end (for a continuable child, the liveness
+// pass then resumes the messages still pending on a next epoch). A log that
+// cannot be read or closed leaves the agent's own events to stand in (a
+// next epoch closes a turn left open when it resumes the log).
+func (h *Host) fencedUnderOwnLease(header protocol.SessionHeader, runID string, leaseRev uint64, events []protocol.SessionEvent, log *slog.Logger) ([]protocol.SessionEvent, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), store.SettleBudget)
+	defer cancel()
+	l, err := h.st.ChildLeaseLatest(ctx, header.Provider, header.ID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, false
+	case err != nil:
+		log.Warn("could not read the lease of a fenced agent; taking it as lost", "err", err)
+		return nil, false
+	case l.Revision != leaseRev || l.Value.HostID != h.id || l.Value.RunID != runID:
+		return nil, false
+	}
+	log.Warn("session log fenced while this host still holds the lease; ending it with its turn interrupted")
+	logged, _, err := h.closeOpenTurn(header.Scope(), header.ID,
+		protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.SettleBudget)
+	if err != nil || len(logged) < len(events) {
+		log.Warn("could not read or close the log of a fenced agent; ending it from the agent's events", "err", err)
+		return events, true
+	}
+	return logged, true
+}
+
+// fencedResult marks the result of a run or an epoch that ended on a fence
+// under its own lease (fencedUnderOwnLease), from events (its own, from its
+// start): a turn the log closed as interrupted ends it as a takeover's
+// closing would (one-shot error, an epoch aborted; HOST_LOST), with a
+// diagnostic that says what happened.
+func fencedResult(res *protocol.SubagentResult, events []protocol.SessionEvent) {
+	res.Diagnostic = "another party wrote the session log while this host held the session's lease; the run ended there"
+	if end, ok := sessionlog.LastTurnEnd(events); ok && end.Reason.Kind == protocol.TurnInterrupted {
+		res.ErrorCode = protocol.CodeHostLost
+		res.Diagnostic = "another party closed the turn in flight as interrupted while this host held the session's lease; the run ended there"
 	}
 }
 
@@ -294,9 +367,18 @@ func (h *Host) execute(r *hostedRun) {
 	defer closeSession(r.sess)
 	defer close(r.settled)
 	out := r.sess.RunSteps(r.ctx)
+	events := r.sess.Events()
 	if out.Fenced {
-		h.log.Warn("lease lost; agent stopped without publishing", "session", r.childID, "run", r.runID)
-		return
+		r.mu.Lock()
+		leaseRev := r.leaseRev
+		r.mu.Unlock()
+		log := h.log.With("session", r.childID, "run", r.runID)
+		logged, own := h.fencedUnderOwnLease(r.req.Header, r.runID, leaseRev, events, log)
+		if !own {
+			log.Warn("lease lost; agent stopped without publishing")
+			return
+		}
+		events = logged
 	}
 	// The run's end disposes its descendants before it settles (ending.go).
 	if d, ok := r.sess.(Delegator); ok && d.Delegated() && !h.endDescendants(r) {
@@ -304,11 +386,13 @@ func (h *Host) execute(r *hostedRun) {
 	}
 	var c *agent.Cancel
 	ownerCancelled := errors.As(context.Cause(r.ctx), &c)
-	events := r.sess.Events()
 	if int64(len(events)) >= r.seedLen {
 		events = events[r.seedLen:]
 	}
 	res := sessionlog.OneShotOutcome(events, ownerCancelled, r.req.Options.OutputSchema != "")
+	if out.Fenced {
+		fencedResult(&res, events)
+	}
 	if out.Err != nil {
 		res.StopReason = protocol.StopError
 		res.ErrorCode = protocol.CodeDurabilityFailed

@@ -22,6 +22,19 @@ import (
 // epoch over and settles it, and then the worker comes back and tries its
 // own settlement: it must lose, and publish nothing.
 
+// interruptedTurnEnds counts the turn/end events of evs that end a turn
+// interrupted.
+func interruptedTurnEnds(evs []protocol.SessionEvent) int {
+	n := 0
+	for _, ev := range evs {
+		var d protocol.TurnEndData
+		if ev.Type == protocol.EvTurnEnd && ev.Decode(&d) == nil && d.Reason.Kind == protocol.TurnInterrupted {
+			n++
+		}
+	}
+	return n
+}
+
 func runRecord(t *testing.T, st *store.Store, runID string) protocol.RunRecord {
 	t.Helper()
 	r, err := st.Run(context.Background(), runID)
@@ -229,14 +242,7 @@ func TestHostLostEndsAContinuableEpochWithHostLost(t *testing.T) {
 		t.Fatalf("epoch record %+v, want settled HOST_LOST by the coordinator", rec)
 	}
 	_, evs := s.Log(start.ChildID)
-	reasons := 0
-	for _, ev := range evs {
-		var d protocol.TurnEndData
-		if ev.Type == protocol.EvTurnEnd && ev.Decode(&d) == nil && d.Reason.Kind == protocol.TurnInterrupted {
-			reasons++
-		}
-	}
-	if reasons != 1 {
+	if reasons := interruptedTurnEnds(evs); reasons != 1 {
 		t.Fatalf("%d interrupted turn ends in the child's log, want the takeover's one", reasons)
 	}
 	pause.Release()

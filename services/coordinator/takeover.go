@@ -79,9 +79,9 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	if !ok {
 		return // another replica won the lease
 	}
-	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}, nil)
+	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}, nil, c.holding(taken))
 	if err != nil {
-		c.log.Warn("takeover: could not close the open turn; will retry", "session", id, "err", err)
+		c.closeFailed(id, err)
 		return
 	}
 	header, err := c.headers.get(ctx, c.st, id)
@@ -173,7 +173,17 @@ func (c *Coordinator) takeLease(ctx context.Context, fresh store.Record[protocol
 // hold no subagent/descriptor yet (its host stopped between its lease and
 // its first append), it is logged first, so the child stays resumable from
 // its log (RELIABILITY.md, I6). It returns the session's events afterwards.
-func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence protocol.TakeoverData, desc *protocol.DescriptorData) ([]protocol.SessionEvent, error) {
+//
+// The fence on the log's position alone does not tell whether the writer
+// still may write: held is called after each read of the log and before the
+// append that follows it, and its error (errSuperseded: the session moved
+// on) stops the closing with nothing written. Every later holder of the
+// session moves its lease before it writes the log, so a held that passed
+// after the read leaves any later write to fence the append (chaos seed 1:
+// a takeover stalled right after its lease compare-and-set, while another
+// coordinator took the session over, released it and a worker resumed it,
+// then closed the resumed epoch's open turn, fenced on its last record).
+func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence protocol.TakeoverData, desc *protocol.DescriptorData, held func(context.Context) error) ([]protocol.SessionEvent, error) {
 	// The header names the log's scope (and a seeded child's seed length).
 	h, err := c.headers.get(ctx, c.st, id)
 	if err != nil {
@@ -213,6 +223,9 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence pro
 			closing = []protocol.SessionEvent{ev}
 		}
 		closing = append(first, closing...)
+		if err := held(ctx); err != nil {
+			return nil, err
+		}
 		w := c.st.NewLogWriter(h.Scope(), id, log.LastSubjSeq, int64(len(log.Events)))
 		written, err := w.Append(ctx, closing...)
 		if err == nil {
@@ -223,6 +236,58 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence pro
 		}
 	}
 	return nil, fmt.Errorf("the log of %s kept changing during %d attempts", id, TakeoverAttemptsMax)
+}
+
+// errSuperseded: the session a takeover or a settlement meant to close moved
+// on since (its lease was taken by another party, released, or taken by a
+// later epoch); the closing is not this replica's any more.
+var errSuperseded = errors.New("superseded: the session's lease moved on")
+
+// holding returns the check closeInterrupted makes before each append of a
+// takeover: the lease, read from the bucket's leader, is still the one this
+// replica took (at taken's revision). A lease that is gone or moved is
+// errSuperseded; a read that failed is its error (the takeover is retried).
+func (c *Coordinator) holding(taken store.Record[protocol.AgentRecord]) func(context.Context) error {
+	return func(ctx context.Context) error {
+		l, err := c.st.LeaseLatest(ctx, taken.Value.SessionID)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return fmt.Errorf("%w: the lease taken at revision %d is gone", errSuperseded, taken.Revision)
+		case err != nil:
+			return fmt.Errorf("read the lease of %s: %w", taken.Value.SessionID, err)
+		case l.Revision != taken.Revision:
+			return fmt.Errorf("%w: the lease taken at revision %d is at %d, held by %s", errSuperseded, taken.Revision, l.Revision, l.Value.HostID)
+		}
+		return nil
+	}
+}
+
+// noLaterEpoch returns the check closeInterrupted makes before each append
+// of an orphan's settlement, which holds no lease: no lease of the session
+// names another run than runID (a later epoch, whose log it is now).
+func (c *Coordinator) noLaterEpoch(id, runID string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		l, err := c.st.LeaseLatest(ctx, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return nil
+		case err != nil:
+			return fmt.Errorf("read the lease of %s: %w", id, err)
+		case l.Value.RunID != runID:
+			return fmt.Errorf("%w: run %s holds the lease", errSuperseded, l.Value.RunID)
+		}
+		return nil
+	}
+}
+
+// closeFailed logs why a takeover's closeInterrupted failed: superseded, it
+// stops for good (the lease is another's); else the next sweep retries.
+func (c *Coordinator) closeFailed(id string, err error) {
+	if errors.Is(err, errSuperseded) {
+		c.log.Info("takeover superseded; leaving the session to its new holder", "session", id, "err", err)
+		return
+	}
+	c.log.Warn("takeover: could not close the open turn; will retry", "session", id, "err", err)
 }
 
 // isTakeover reports whether ev is the agent/takeover of fence's coordinator and epoch.
@@ -251,9 +316,9 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		c.log.Warn("takeover: read the epoch record; will retry", "session", id, "run", fresh.Value.RunID, "err", runErr)
 		return
 	}
-	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}, run.Value.Descriptor)
+	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}, run.Value.Descriptor, c.holding(taken))
 	if err != nil {
-		c.log.Warn("takeover: could not close the open turn; will retry", "session", id, "err", err)
+		c.closeFailed(id, err)
 		return
 	}
 	epoch := events
@@ -403,7 +468,7 @@ func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord)
 	// settlement of an earlier epoch orphaned by a killed worker), except a
 	// first epoch's descriptor, which the log must get to stay resumable.
 	if rec.HostID != "" && (rec.Mode == protocol.ModeOneShot || rec.Descriptor != nil) {
-		if _, err := c.closeInterrupted(ctx, rec.ChildID, protocol.TakeoverData{HostID: rec.HostID, By: c.cfg.ID}, rec.Descriptor); err != nil && !errors.Is(err, store.ErrNotFound) {
+		if _, err := c.closeInterrupted(ctx, rec.ChildID, protocol.TakeoverData{HostID: rec.HostID, By: c.cfg.ID}, rec.Descriptor, c.noLaterEpoch(rec.ChildID, rec.RunID)); err != nil && !errors.Is(err, store.ErrNotFound) {
 			c.log.Warn("orphaned run: its log was not closed", "run", rec.RunID, "err", err)
 		}
 	}

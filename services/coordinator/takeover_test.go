@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -260,7 +262,9 @@ func TestTakeoverOfADeadHostsEpoch(t *testing.T) {
 // due: claimed by a host that stopped heartbeating, HOST_LOST, after the
 // host expiry. A one-shot run's log is fenced (its open first turn closed
 // as interrupted) and its caller notified; an epoch's log is left as it
-// is, also while a later epoch holds the session's lease. A record claimed
+// is, also while a later epoch holds the session's lease (a first epoch,
+// whose record carries its descriptor, too: the later epoch's open turn is
+// not closed). A record claimed
 // by a live host, and one never claimed whose start's budget (an hour
 // here) has not passed, stay running.
 func TestOrphanedRunsAreSettledOnceTheirClaimerIsDead(t *testing.T) {
@@ -275,6 +279,7 @@ func TestOrphanedRunsAreSettledOnceTheirClaimerIsDead(t *testing.T) {
 		host   string
 		log    []protocol.SessionEvent
 		later  bool // a later epoch, on a live host, holds the session's lease
+		desc   bool // the record carries the first epoch's descriptor
 		settle bool
 		last   string // the type of the log's last event afterwards ("" an empty log)
 	}{
@@ -284,6 +289,9 @@ func TestOrphanedRunsAreSettledOnceTheirClaimerIsDead(t *testing.T) {
 		{name: "epoch claimed by a dead host", mode: protocol.ModeContinuable, host: deadHost, settle: true},
 		{name: "epoch claimed by a dead host while a later epoch holds the lease", mode: protocol.ModeContinuable, host: deadHost,
 			log: openTurn, later: true, settle: true, last: protocol.EvTurnStart},
+		{name: "first epoch claimed by a dead host while a later epoch holds the lease and has a turn open", mode: protocol.ModeContinuable,
+			host: deadHost, log: append([]protocol.SessionEvent{descriptorEvent(t)}, openTurn...), later: true, desc: true, settle: true,
+			last: protocol.EvTurnStart},
 		{name: "one-shot claimed by a live host", mode: protocol.ModeOneShot, host: co.ID(), last: ""},
 		{name: "one-shot never claimed within its start's budget", mode: protocol.ModeOneShot, last: ""},
 	}
@@ -299,6 +307,10 @@ func TestOrphanedRunsAreSettledOnceTheirClaimerIsDead(t *testing.T) {
 		}
 		if tt.mode == protocol.ModeOneShot {
 			rec.Notify = "test.notify.orphan." + rec.RunID
+		}
+		if tt.desc {
+			d := continuableDescriptor()
+			rec.Descriptor = &d
 		}
 		putRun(t, s, rec)
 		if tt.later {
@@ -463,4 +475,117 @@ func TestPendingMessagesOfADeadHostsEpochResumeAtOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAStalledTakeoverWritesNothingOnceSuperseded (RELIABILITY.md, open
+// finding 1 of the short chaos seed): coordinator A takes over the lease
+// of a continuable child whose host died and stalls right after its
+// compare-and-set landed (isolated: its heartbeats fail too). Coordinator
+// B judges A dead, takes the session over in turn, closes the dead host's
+// turn, settles the epoch and releases the lease, and a new epoch starts on
+// a live host with an open turn. When A comes back, its takeover must see
+// that the lease moved on and write nothing: the new epoch's turn stays
+// open, its lease and record untouched (before the fix, A's closing of the
+// open turn, fenced only on the log's last record, closed the new epoch's
+// turn as interrupted and its worker stopped, fenced, for good).
+func TestAStalledTakeoverWritesNothingOnceSuperseded(t *testing.T) {
+	s := stack.New(t)
+	const child, runID, nextRun = "stalled-takeover", "epoch-of-a-dead-host", "epoch-after-the-takeovers"
+	const idA, idB = "coordinator-a", "coordinator-b"
+	agents := s.Store.Agents.Bucket()
+	var down atomic.Bool
+	var stallOnce sync.Once
+	stalled, release := make(chan struct{}), make(chan struct{})
+	s.AddCoordinator(func(c *coordinator.Config) {
+		c.ID = idA
+		hosts := c.Store.Hosts.Bucket()
+		c.Store = c.Store.WithFaults(store.Faults{
+			Before: func(_ context.Context, w store.Write) error {
+				if w.Op == store.OpKVPut && w.Bucket == hosts && down.Load() {
+					return testutil.ErrPaused
+				}
+				return nil
+			},
+			After: func(_ context.Context, w store.Write, err error) error {
+				var l protocol.AgentRecord
+				if err != nil || w.Op != store.OpKVUpdate || w.Bucket != agents ||
+					protocol.Unmarshal(protocol.Msgpack, w.Value, &l) != nil || l.SessionID != child || l.TakenOverBy != idA {
+					return err
+				}
+				stallOnce.Do(func() {
+					down.Store(true)
+					close(stalled)
+					<-release
+					down.Store(false)
+				})
+				return err
+			},
+		})
+	})
+	root := s.Root()
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	putChild(t, s, root, child, descriptorEvent(t),
+		event(t, protocol.EvTurnStart, protocol.TurnData{Turn: 1}), event(t, protocol.EvStepStart, protocol.StepData{Turn: 1, Step: 1}))
+	now := store.NowMs()
+	putRun(t, s, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID, Provider: "spawn",
+		Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: now, StartedAt: now, HostID: deadHost})
+	putLease(t, s, deadLease(root, child, runID, protocol.AgentContinuable, 1))
+	select {
+	case <-stalled:
+	case <-time.After(time.Minute):
+		t.Fatal("coordinator A never took the lease over")
+	}
+
+	b := s.AddCoordinator(func(c *coordinator.Config) { c.ID = idB })
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		r, err := runOf(s, runID)
+		return err == nil && r.State == protocol.RunSettled && r.SettledBy == b.ID() && !leaseHeld(t, s, child)
+	}, "coordinator B settles the epoch of the dead host and releases the lease")
+	_, evs := s.Log(child)
+	if r, _ := lastTurnEnd(evs); r.Kind != protocol.TurnInterrupted {
+		t.Fatalf("B closed the dead host's turn with %+v, want interrupted", r)
+	}
+
+	// A new epoch, on a live host (B's heartbeat stands in for its
+	// worker's), takes the lease and opens a turn.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	log, err := s.Store.ReadLog(ctx, "spawn", child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now = store.NowMs()
+	putRun(t, s, protocol.RunRecord{RunID: nextRun, ChildID: child, ParentSession: root.SessionID, Provider: "spawn",
+		Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: now, StartedAt: now, HostID: b.ID()})
+	next := deadLease(root, child, nextRun, protocol.AgentContinuable, int64(len(log.Events)))
+	next.HostID = b.ID()
+	putLease(t, s, next)
+	lease, err := store.GetLatest[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Store.NewLogWriter("spawn", child, log.LastSubjSeq, int64(len(log.Events))).
+		Append(ctx, event(t, protocol.EvTurnStart, protocol.TurnData{Turn: 2})); err != nil {
+		t.Fatal(err)
+	}
+	want := len(log.Events) + 1
+
+	close(release) // A comes back and goes on with its takeover
+	testutil.Consistently(t, 3*stack.HostExpiry, func() bool {
+		_, evs := s.Log(child)
+		l, err := store.GetLatest[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child))
+		r, rerr := runOf(s, nextRun)
+		if len(evs) != want || evs[want-1].Type != protocol.EvTurnStart || err != nil || l.Revision != lease.Revision ||
+			rerr != nil || r.State != protocol.RunRunning {
+			t.Logf("log %+v; lease %+v (%v); record %+v (%v)", evs[len(log.Events):], l, err, r, rerr)
+			return false
+		}
+		return true
+	}, "the new epoch's turn stays open, its lease and record untouched, once A is back")
 }
