@@ -676,6 +676,21 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			return wantCode(coordCall(ctx, nc, "brood.v1.epochend.spawn."+v.forkChild,
 				protocol.EpochEndRequest{Owner: v.root.SessionID, RunID: v.forkRun.RunID}), protocol.CodeUnauthorized)
 		}},
+		{"delete a pending item of the client's root's inbox by its sequence", func(ctx context.Context, t *testing.T, nc *nats.Conn) error {
+			return jsRequest(ctx, nc, "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX", map[string]any{"seq": f.pendingItem(ctx, t, v.root.SessionID)})
+		}},
+		{"ask for the deletion of a fork child's inbox items (brood.v1.inboxremove.fork.<childId>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.InboxRemoveRequest{Seqs: []protocol.Seq{1}})
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inboxremove.fork." + v.forkChild, Reply: nc.NewInbox(), Data: data})
+		}},
+		{"ask, under its own provider, for the deletion of the client's root's pending items", func(ctx context.Context, t *testing.T, nc *nats.Conn) error {
+			return wantCode(coordCall(ctx, nc, "brood.v1.inboxremove.spawn."+v.root.SessionID,
+				protocol.InboxRemoveRequest{Seqs: []protocol.Seq{f.pendingItem(ctx, t, v.root.SessionID)}}), protocol.CodeUnauthorized)
+		}},
+		{"ask, under its own provider, for the deletion of the root's pending item as its own child's", func(ctx context.Context, t *testing.T, nc *nats.Conn) error {
+			return wantCode(coordCall(ctx, nc, "brood.v1.inboxremove.spawn."+v.child,
+				protocol.InboxRemoveRequest{Seqs: []protocol.Seq{f.pendingItem(ctx, t, v.root.SessionID)}}), protocol.CodeInvalidArgument)
+		}},
 		{"append to a fork child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return forgedAppend(ctx, nc, "brood.v1.log.fork."+v.forkChild)
 		}},
@@ -683,6 +698,21 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			return forgedAppend(ctx, nc, "brood.v1.log.root."+v.root.SessionID)
 		}},
 	})
+}
+
+// pendingItem is the inbox sequence of a pending item of session id (the
+// settlement notice of one of its idle children), read as admin.
+func (f *forgery) pendingItem(ctx context.Context, t *testing.T, id string) protocol.Seq {
+	t.Helper()
+	str, err := f.js.Stream(ctx, "BROOD_INBOX")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := str.GetLastMsgForSubject(ctx, "brood.v1.inbox."+id)
+	if err != nil {
+		t.Fatalf("no pending item of %s to aim at: %v", id, err)
+	}
+	return protocol.Seq(m.Sequence)
 }
 
 // forgedAppend publishes a forged log record (turn/end) on subject through

@@ -34,9 +34,12 @@ func (a *Agent) Unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, err
 }
 
 // UnclaimedOf is Unclaimed for any session, given its events. An item is
-// done when its sequence or its messageId was claimed or discarded, and a
-// later copy of a pending item (same messageId) waits for nothing: both are
-// removed, so a message stored twice (store.KeyedMessageID) runs once.
+// done when its sequence or its messageId was claimed or discarded: it is
+// removed. A later copy of a pending item (same messageId) is skipped, and
+// removed once the first copy's claim is logged (it is then done by its
+// messageId): only an item its log names may leave an inbox, since a
+// coordinator deletes nothing else (store.RemoveDoneInboxItems). So a
+// message stored twice (store.KeyedMessageID) runs once.
 func UnclaimedOf(ctx context.Context, events []protocol.SessionEvent, in Inbox, log *slog.Logger) ([]store.InboxItem, error) {
 	_, done := sessionlog.InboxCursor(events)
 	doneIDs := sessionlog.DoneMessages(events)
@@ -48,9 +51,12 @@ func UnclaimedOf(ctx context.Context, events []protocol.SessionEvent, in Inbox, 
 	var stale []protocol.Seq
 	pending := map[string]bool{}
 	for _, it := range items {
-		if done[it.Seq] || (it.MessageID != "" && (doneIDs[it.MessageID] || pending[it.MessageID])) {
+		if done[it.Seq] || (it.MessageID != "" && doneIDs[it.MessageID]) {
 			stale = append(stale, it.Seq)
 			continue
+		}
+		if it.MessageID != "" && pending[it.MessageID] {
+			continue // a copy: it goes once the first copy's claim is logged
 		}
 		pending[it.MessageID] = true
 		out = append(out, it)

@@ -265,3 +265,66 @@ func TestKeyedMessageStoredTwiceRunsOnce(t *testing.T) {
 		t.Fatalf("%d items still pending; the copy is removed", len(items))
 	}
 }
+
+// TestACopyOfAPendingItemGoesOnceItsFirstCopyIsClaimed: an inbox holding
+// two copies of one message, both unclaimed (a keyed retry the stream
+// stored again, store.KeyedMessageID), runs it once, and asks to remove
+// only items its log names as done: a coordinator deletes nothing else
+// (store.RemoveDoneInboxItems), so the second copy stays until the first
+// copy's claim is logged, then goes. Before, the second copy was removed
+// while neither was claimed, a removal a coordinator refuses.
+func TestACopyOfAPendingItemGoesOnceItsFirstCopyIsClaimed(t *testing.T) {
+	st := testutil.NewStore(t)
+	ctx := context.Background()
+	const id = "C4"
+	m1 := enqueue(t, st, id, "say once", "k1")
+	data, err := protocol.Marshal(protocol.Msgpack, store.InboxItem{
+		MessageID: m1, Content: protocol.Text("say once"), Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextTurn,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := nats.NewMsg(st.Subj.Inbox(id))
+	msg.Data = data
+	msg.Header.Set(protocol.HeaderMessageID, m1)
+	if _, err := st.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(id+".forgotten")); err != nil {
+		t.Fatal(err)
+	}
+	m2 := enqueue(t, st, id, "say after", "k2")
+	// The removals a coordinator would carry out, each checked as it does.
+	header := protocol.SessionHeader{ID: id}
+	var refused []error
+	in := st.InboxOf(id).RemovedBy(func(ctx context.Context, seqs []protocol.Seq) error {
+		_, err := st.RemoveDoneInboxItems(ctx, header, seqs)
+		if err != nil {
+			refused = append(refused, err)
+		}
+		return err
+	})
+	a := materialize(t, st, id)
+	items, err := a.Unclaimed(ctx, in)
+	if err != nil || len(items) != 2 || items[0].MessageID != m1 || items[1].MessageID != m2 {
+		t.Fatalf("unclaimed = %+v, %v; want %s then %s, the copy skipped", items, err, m1, m2)
+	}
+	if got := pendingIDs(t, st, id); len(got) != 3 {
+		t.Fatalf("pending %v before any claim; want both copies and %s", got, m2)
+	}
+	for i := 0; i < 3; i++ {
+		if _, ok, err := a.ClaimNext(ctx, in); err != nil {
+			t.Fatal(err)
+		} else if !ok {
+			break
+		}
+		a.RunSteps(ctx)
+	}
+	log, _ := st.ReadLog(ctx, protocol.ScopeRoot, id)
+	if got := claimedIDs(log.Events); len(got) != 2 || got[0] != m1 || got[1] != m2 {
+		t.Fatalf("claims = %v, want [%s %s]", got, m1, m2)
+	}
+	if got := pendingIDs(t, st, id); len(got) != 0 {
+		t.Fatalf("pending %v; the copy goes once the first copy's claim is logged", got)
+	}
+	if len(refused) > 0 {
+		t.Fatalf("removals refused: %v", refused)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/pkg/tracecontext"
 )
@@ -170,6 +172,16 @@ func deleteError(err error) error {
 type SessionInbox struct {
 	s         *Store
 	sessionID string
+	// remove carries out Remove when set (RemovedBy); nil deletes directly.
+	remove func(ctx context.Context, seqs []protocol.Seq) error
+}
+
+// RemovedBy returns the inbox with its removals carried out by remove: a
+// worker host asks the coordinators (protocol.Subjects.InboxRemove), since
+// only they delete inbox items in a deployment (docs/security.md). Reads
+// are unchanged.
+func (in *SessionInbox) RemovedBy(remove func(ctx context.Context, seqs []protocol.Seq) error) *SessionInbox {
+	return &SessionInbox{s: in.s, sessionID: in.sessionID, remove: remove}
 }
 
 // InboxOf returns the inbox of a session.
@@ -255,20 +267,110 @@ const InboxReadBatch = 256
 const headerNumPending = "Nats-Num-Pending"
 
 // Remove deletes claimed or discarded items; an item already gone is fine.
+// An inbox made with RemovedBy hands them to its remover instead.
 func (in *SessionInbox) Remove(ctx context.Context, seqs ...protocol.Seq) error {
+	if len(seqs) == 0 {
+		return nil
+	}
+	if in.remove != nil {
+		if err := in.remove(ctx, seqs); err != nil {
+			return fmt.Errorf("remove inbox items %s@%v: %w", in.sessionID, seqs, err)
+		}
+		return nil
+	}
 	for _, seq := range seqs {
-		err := Retry(ctx, func(ctx context.Context) error {
-			err := deleteError(in.s.Inbox.DeleteMsg(ctx, uint64(seq)))
-			if alreadyDeleted(err) {
-				return nil // already gone (an earlier attempt, or another claimer)
-			}
-			return err
-		})
-		if err != nil {
+		if err := in.s.deleteInboxItem(ctx, seq); err != nil {
 			return fmt.Errorf("remove inbox item %s@%d: %w", in.sessionID, seq, err)
 		}
 	}
 	return nil
+}
+
+// deleteInboxItem deletes the BROOD_INBOX message at seq; one already gone
+// (an earlier attempt, another claimer) is no error. Transient failures
+// delete again (retry.go).
+func (s *Store) deleteInboxItem(ctx context.Context, seq protocol.Seq) error {
+	return Retry(ctx, func(ctx context.Context) error {
+		err := deleteError(s.Inbox.DeleteMsg(ctx, uint64(seq)))
+		if alreadyDeleted(err) {
+			return nil
+		}
+		return err
+	})
+}
+
+// RemoveDoneInboxItems deletes the items seqs of the inbox of session h
+// whose claim or discard h's log records, and returns how many it deleted
+// (an item already gone does not count): what a coordinator does for the
+// host of a child (protocol.Subjects.InboxRemove), since no worker deletes
+// inbox items itself (docs/security.md). Each item is read from the
+// stream's leader: one that holds another session's item is
+// INVALID_ARGUMENT. The log is read backwards from its last record on the
+// stream's leader (ReadLogTail) until it claims or discards every item
+// still there, by its sequence or by its messageId (a second copy of a
+// done item, KeyedMessageID): an item it does not is UNAUTHORIZED, and
+// nothing is deleted. So no accepted item leaves an inbox before its
+// session's log names it (RELIABILITY.md I1).
+func (s *Store) RemoveDoneInboxItems(ctx context.Context, h protocol.SessionHeader, seqs []protocol.Seq) (int, error) {
+	subject := s.Subj.Inbox(h.ID)
+	ids := map[protocol.Seq]string{} // the items still there → their messageIds
+	for _, seq := range seqs {
+		var m *jetstream.RawStreamMsg
+		err := Retry(ctx, func(ctx context.Context) (err error) {
+			m, err = s.leaderSeq(ctx, s.Subj.StreamInbox(), uint64(seq))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				return nil
+			}
+			return err
+		})
+		switch {
+		case err != nil:
+			return 0, fmt.Errorf("read inbox item %s@%d: %w", h.ID, seq, err)
+		case m == nil:
+			continue // already gone
+		case m.Subject != subject:
+			return 0, protocol.Errorf(protocol.CodeInvalidArgument, "inbox sequence %d is not an item of session %s", seq, h.ID)
+		}
+		var it InboxItem
+		if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &it); err != nil {
+			return 0, fmt.Errorf("decode inbox item %s@%d: %w", h.ID, seq, err)
+		}
+		ids[seq] = it.MessageID
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	undone := func(events []protocol.SessionEvent) []protocol.Seq {
+		_, done := sessionlog.InboxCursor(events)
+		doneIDs := sessionlog.DoneMessages(events)
+		var out []protocol.Seq
+		for seq, id := range ids {
+			if !done[seq] && (id == "" || !doneIDs[id]) {
+				out = append(out, seq)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	var events []protocol.SessionEvent
+	err := retryEach(ctx, LogReadAttemptTimeout, func(ctx context.Context, _ bool) (err error) {
+		events, _, err = s.readLogTail(ctx, h.Scope(), h.ID, func(evs []protocol.SessionEvent) bool { return len(undone(evs)) == 0 }, true)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("read the log of %s: %w", h.ID, err)
+	}
+	if left := undone(events); len(left) > 0 {
+		return 0, protocol.Errorf(protocol.CodeUnauthorized, "inbox items %v of session %s are not claimed or discarded in its log; nothing is removed", left, h.ID)
+	}
+	removed := 0
+	for seq := range ids {
+		if err := s.deleteInboxItem(ctx, seq); err != nil {
+			return removed, fmt.Errorf("remove inbox item %s@%d: %w", h.ID, seq, err)
+		}
+		removed++
+	}
+	return removed, nil
 }
 
 // claimedMessageID finds the messageId of an inbox item that was claimed or

@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -158,5 +159,110 @@ func TestRemoveTellsGoneFromRefused(t *testing.T) {
 				t.Fatalf("a removal answered %v was taken as done", tc.err)
 			}
 		})
+	}
+}
+
+// TestOnlyItemsTheLogNamesAreRemoved: store.RemoveDoneInboxItems (what a
+// coordinator does for a child's host, protocol.Subjects.InboxRemove)
+// deletes an item only when the session's log claims or discards it, by
+// its sequence or, for a second copy, by its messageId, even when the
+// claim lies further back than the first window of the log's tail; a
+// request naming any item the log does not name deletes nothing, and one
+// naming another session's item is INVALID_ARGUMENT. No accepted item can
+// leave an inbox before its log names it (RELIABILITY.md I1), whoever asks.
+func TestOnlyItemsTheLogNamesAreRemoved(t *testing.T) {
+	st := testutil.NewStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h := protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: "C", ParentSession: "R", Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}
+	enqueue := func(id, text string) (string, protocol.Seq) {
+		t.Helper()
+		msgID, seq, err := st.Enqueue(ctx, id, store.InboxItem{Content: protocol.Text(text)}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return msgID, seq
+	}
+	claimedID, claimed := enqueue("C", "claimed")
+	discardedID, discarded := enqueue("C", "discarded")
+	_, pending := enqueue("C", "pending")
+	_, other := enqueue("O", "another session's")
+	// A second copy of the claimed item (a retry the stream stored again,
+	// store.KeyedMessageID): the same messageId under a new sequence.
+	data, err := protocol.Marshal(protocol.Msgpack, store.InboxItem{MessageID: claimedID, Content: protocol.Text("claimed"), Delivery: store.DeliveryNextTurn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := st.JS.Publish(ctx, st.Subj.Inbox("C"), data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copySeq := protocol.Seq(ack.Sequence)
+	ev := func(typ string, data any) protocol.SessionEvent {
+		e, err := protocol.NewEvent(typ, store.NowMs(), data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	w := st.NewLogWriter("spawn", "C", 0, 0)
+	if _, err := w.Append(ctx,
+		ev(protocol.EvInboxDequeue, protocol.InboxDequeueData{MessageID: claimedID, InboxSeq: claimed, Turn: 1}),
+		ev(protocol.EvInboxDiscard, protocol.InboxDiscardData{MessageID: discardedID, InboxSeq: discarded, Reason: "cancelled"}),
+	); err != nil {
+		t.Fatal(err)
+	}
+	// More of the log stream than the first tail window after the claims,
+	// and a last record of C's own.
+	filler := st.NewLogWriter("spawn", "F", 0, 0)
+	for i := 0; i <= store.LogTailWindow; i++ {
+		if _, err := filler.Append(ctx, ev(protocol.EvTurnEnd, protocol.TurnEndData{Turn: int64(i)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := w.Append(ctx, ev(protocol.EvTurnEnd, protocol.TurnEndData{Turn: 1})); err != nil {
+		t.Fatal(err)
+	}
+	left := func() []protocol.Seq {
+		t.Helper()
+		items, err := st.InboxOf("C").Pending(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seqs []protocol.Seq
+		for _, it := range items {
+			seqs = append(seqs, it.Seq)
+		}
+		return seqs
+	}
+	all := []protocol.Seq{claimed, discarded, pending, copySeq}
+	for _, tc := range []struct {
+		name string
+		seqs []protocol.Seq
+		code protocol.Code
+	}{
+		{"an item the log does not name, with the done ones", []protocol.Seq{claimed, discarded, pending, copySeq}, protocol.CodeUnauthorized},
+		{"an item the log does not name", []protocol.Seq{pending}, protocol.CodeUnauthorized},
+		{"another session's item", []protocol.Seq{claimed, other}, protocol.CodeInvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, err := st.RemoveDoneInboxItems(ctx, h, tc.seqs)
+			if protocol.CodeOf(err) != tc.code || n != 0 {
+				t.Fatalf("removed %d, %v; want 0, %s", n, err, tc.code)
+			}
+			if got := left(); !slices.Equal(got, all) {
+				t.Fatalf("pending %v after a refused removal, want %v", got, all)
+			}
+		})
+	}
+	n, err := st.RemoveDoneInboxItems(ctx, h, []protocol.Seq{claimed, discarded, copySeq})
+	if err != nil || n != 3 {
+		t.Fatalf("removal of the claimed, the discarded and the copy: %d, %v; want 3", n, err)
+	}
+	if got := left(); !slices.Equal(got, []protocol.Seq{pending}) {
+		t.Fatalf("pending %v, want only %d", got, pending)
+	}
+	if n, err := st.RemoveDoneInboxItems(ctx, h, []protocol.Seq{claimed, copySeq}); err != nil || n != 0 {
+		t.Fatalf("removal of items already gone: %d, %v; want 0, nil", n, err)
 	}
 }

@@ -164,18 +164,26 @@ func (s *Store) ReadLogTail(ctx context.Context, scope, id string, enough func([
 	}
 	// Transient failures read again, as ReadLog does.
 	err = retryEach(ctx, LogReadAttemptTimeout, func(ctx context.Context, _ bool) (err error) {
-		events, whole, err = s.readLogTail(ctx, scope, id, enough)
+		events, whole, err = s.readLogTail(ctx, scope, id, enough, false)
 		return err
 	})
 	return events, whole, err
 }
 
-func (s *Store) readLogTail(ctx context.Context, scope, id string, enough func([]protocol.SessionEvent) bool) (events []protocol.SessionEvent, whole bool, err error) {
+// readLogTail is one attempt of ReadLogTail; leader reads the log's last
+// record from the stream's leader (what a decision on a record just
+// appended needs: a replica that is not yet current answers without it).
+func (s *Store) readLogTail(ctx context.Context, scope, id string, enough func([]protocol.SessionEvent) bool, leader bool) (events []protocol.SessionEvent, whole bool, err error) {
 	subject, err := s.logSubject(scope, id)
 	if err != nil {
 		return nil, false, err
 	}
-	last, err := s.Log.GetLastMsgForSubject(ctx, subject)
+	var last *jetstream.RawStreamMsg
+	if leader {
+		last, err = s.leaderLast(ctx, s.Subj.StreamLog(), subject)
+	} else {
+		last, err = s.Log.GetLastMsgForSubject(ctx, subject)
+	}
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil, true, nil

@@ -167,7 +167,20 @@ type leaderMsg struct {
 // leaderLast reads the last message of subject in stream from the stream's
 // leader. No message is jetstream.ErrMsgNotFound.
 func (s *Store) leaderLast(ctx context.Context, stream, subject string) (*jetstream.RawStreamMsg, error) {
-	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
+	return s.leaderGetMsg(ctx, stream, map[string]any{"last_by_subj": subject})
+}
+
+// leaderSeq reads the message of stream at sequence seq from the stream's
+// leader. No message there (never stored, or deleted) is
+// jetstream.ErrMsgNotFound.
+func (s *Store) leaderSeq(ctx context.Context, stream string, seq uint64) (*jetstream.RawStreamMsg, error) {
+	return s.leaderGetMsg(ctx, stream, map[string]any{"seq": seq})
+}
+
+// leaderGetMsg sends a $JS.API.STREAM.MSG.GET request (body) to stream's
+// leader and returns the message it answers.
+func (s *Store) leaderGetMsg(ctx context.Context, stream string, body map[string]any) (*jetstream.RawStreamMsg, error) {
+	req, err := json.Marshal(body)
 	if err != nil {
 		return nil, err
 	}

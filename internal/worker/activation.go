@@ -144,7 +144,7 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	a := &activation{
 		h: h, childID: req.ChildID, header: req.Header, provider: req.Descriptor.Provider, remote: p.Descriptor().Remote, runID: req.RunID,
 		epoch: 1, owner: req.Owner, began: began, ancestry: req.Ancestry,
-		inbox: h.st.InboxOf(req.ChildID), wake: make(chan struct{}, 1), built: make(chan struct{}), done: make(chan struct{}),
+		inbox: h.inboxOf(req.Header), wake: make(chan struct{}, 1), built: make(chan struct{}), done: make(chan struct{}),
 	}
 	base, span := telemetry.StartRun(ctx, a.provider, protocol.ModeContinuable, a.runID, req.Header)
 	a.ctx, a.dispose = context.WithCancelCause(base)

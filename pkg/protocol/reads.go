@@ -220,6 +220,25 @@ type InboxAckReply struct {
 	Removed int `msgpack:"removed" json:"removed"`
 }
 
+// InboxRemoveRequest is what a host sends on
+// `<prefix>.v1.inboxremove.<provider>.<sessionId>` (Subjects.InboxRemove)
+// once the log of child sessionId, of provider provider, records the claim
+// (agent/inbox/dequeue) or discard (agent/inbox/discard) of inbox items
+// Seqs (1 to InboxAckSeqsMax). A coordinator deletes them only when the
+// child's header names that provider, every item still there is on the
+// child's inbox subject, and the child's log (read up to its last record
+// on the stream's leader) claims or discards each, by its sequence or by
+// its messageId (a second copy of a done item, store.KeyedMessageID). The
+// reply is InboxAckReply (items already gone do not count), or an error:
+// INVALID_ARGUMENT (no sequences, too many, or one that holds another
+// session's item), UNAUTHORIZED (not a child of that provider, or an item
+// its log does not record as done; nothing is deleted), UNAVAILABLE
+// (retry: a deletion is idempotent). (docs/security.md: no worker deletes
+// inbox items itself, so none can lose an accepted message.)
+type InboxRemoveRequest struct {
+	Seqs []Seq `msgpack:"seqs" json:"seqs"`
+}
+
 // Inbox item deliveries (DESIGN.md §4).
 const (
 	// DeliveryNextTurn queues the item as a turn of its own (followups, prompts).

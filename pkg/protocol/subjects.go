@@ -336,6 +336,26 @@ func (s Subjects) EpochEndOf(subject string) (provider, childID string, ok bool)
 	return s.twoIDs(subject, ".epochend.")
 }
 
+// InboxRemove is the request-reply subject on which a host asks the
+// coordinators (queue group CoordinatorQueue) to delete items of the inbox
+// of child sessionID of provider provider whose claim or discard the
+// child's log records, <p>.v1.inboxremove.<provider>.<sessionId>
+// (InboxRemoveRequest). Only coordinators delete inbox items; a deployment
+// lets a provider's workers publish only under
+// <p>.v1.inboxremove.<provider>.> (docs/security.md).
+func (s Subjects) InboxRemove(provider, sessionID string) string {
+	return s.root() + ".inboxremove." + provider + "." + sessionID
+}
+
+// InboxRemoveAll is the wildcard over every inbox removal request.
+func (s Subjects) InboxRemoveAll() string { return s.root() + ".inboxremove.*.*" }
+
+// InboxRemoveOf returns the provider and session id an InboxRemove subject
+// names; ok is false for any other subject.
+func (s Subjects) InboxRemoveOf(subject string) (provider, sessionID string, ok bool) {
+	return s.twoIDs(subject, ".inboxremove.")
+}
+
 // Children is the BROOD_SESSIONS subject of one child's entry in its
 // parent's child index; ChildrenOf is the wildcard over a parent's entries.
 func (s Subjects) Children(parent, child string) string {

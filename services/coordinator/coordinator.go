@@ -399,6 +399,12 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		stopServing()
 		return fmt.Errorf("coordinator: epoch end subscription: %w", err)
 	}
+	// Hosts' requests for the deletion of the inbox items their children's
+	// logs claimed or discarded (inboxremove.go).
+	if err := srv.Subscribe(c.subj.InboxRemoveAll(), protocol.CoordinatorQueue, nil, rpc.Typed(c.removeInboxItems)); err != nil {
+		stopServing()
+		return fmt.Errorf("coordinator: inbox removal subscription: %w", err)
+	}
 	// The server knows the endpoints' subscriptions once a flush returns.
 	if err := rpc.Subscribed(c.cfg.NC, subscribeFlushTimeout); err != nil {
 		stopServing()
