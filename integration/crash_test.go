@@ -991,6 +991,8 @@ func TestPausedClaimerStartsNoEpochSettledMeanwhile(t *testing.T) {
 		claims, _, _ := turnsOf(evs)
 		return slices.Contains(claims, m)
 	}, "the message (%s) runs", m)
+	// Its turn ends before the log is checked as closed.
+	waitState(t, s, start.ChildID, auth, protocol.StateNone, 30*time.Second)
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		l, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", start.ChildID))
 		return errors.Is(err, store.ErrNotFound) || (err == nil && l.Value.RunID != orphan)
