@@ -15,17 +15,17 @@ import (
 // at most protocol.InboxAckSeqsMax sequences a request, and a coordinator
 // deletes only what the child's log records as done. A removal that fails
 // leaves the items, which every later read skips by their logged claims and
-// asks to remove again (agent.UnclaimedOf).
+// asks to remove again (agent.UnclaimedOf): so each request is tried once,
+// within InboxRemoveTimeout, and none holds up the turn it follows longer
+// (no coordinator answering fails at once).
 func (h *Host) inboxOf(header protocol.SessionHeader) *store.SessionInbox {
 	subject := h.subj.InboxRemove(header.Provider, header.ID)
 	return h.st.InboxOf(header.ID).RemovedBy(func(ctx context.Context, seqs []protocol.Seq) error {
+		ctx, cancel := context.WithTimeout(ctx, InboxRemoveTimeout)
+		defer cancel()
 		for len(seqs) > 0 {
 			n := min(len(seqs), protocol.InboxAckSeqsMax)
-			req := protocol.InboxRemoveRequest{Seqs: seqs[:n]}
-			err := store.Retry(ctx, func(ctx context.Context) error {
-				return rpc.Call(ctx, h.cfg.NC, subject, req, &protocol.InboxAckReply{})
-			})
-			if err != nil {
+			if err := rpc.Call(ctx, h.cfg.NC, subject, protocol.InboxRemoveRequest{Seqs: seqs[:n]}, &protocol.InboxAckReply{}); err != nil {
 				return err
 			}
 			seqs = seqs[n:]

@@ -13,6 +13,10 @@ const (
 	// EpochEndTimeout bounds the publication of an epoch's end (the notice,
 	// the ownership edge, subagent/end) and the release of its lease.
 	EpochEndTimeout = 15 * time.Second
+	// InboxRemoveTimeout bounds a host's request to the coordinators to
+	// delete the inbox items its child's log claimed or discarded (tried
+	// once: an item left is removed at a later read, inbox.go).
+	InboxRemoveTimeout = 2 * time.Second
 	// OrphanDiscardTimeout bounds the discarding of the pending items of an
 	// activation disposed by an ended one-shot ancestor.
 	OrphanDiscardTimeout = 10 * time.Second
