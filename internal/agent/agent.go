@@ -40,7 +40,12 @@ type Limits struct {
 	// ToolOutputBytesMax bounds one tool result's text (default 512 KiB);
 	// larger output is refused with a LIMIT_EXCEEDED error result, never cut.
 	ToolOutputBytesMax int
-	// AppendTimeout bounds each log append (default 10 s).
+	// AppendTimeout bounds each log append, its retries through transient
+	// JetStream failures included (default store.SettleBudget, 60 s). A
+	// failed append ends the turn in error and the run or epoch
+	// DURABILITY_FAILED, so it waits out a leader election as long as the
+	// run's settlement would: at 10 s, elections of BROOD_LOG on a loaded
+	// cluster failed runs that only had to wait (issue 9).
 	AppendTimeout time.Duration
 }
 
@@ -51,7 +56,7 @@ func DefaultLimits() Limits {
 		StepsPerTurnMax:     64,
 		ToolCallsPerStepMax: 32,
 		ToolOutputBytesMax:  512 << 10,
-		AppendTimeout:       10 * time.Second,
+		AppendTimeout:       store.SettleBudget,
 	}
 }
 

@@ -220,6 +220,8 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 // the inbox and wake subscriptions, subagent/start. A failure releases the
 // lease and closes what was built.
 func (h *Host) materialize(ctx context.Context, p Provider, req protocol.ActivateRequest, a *activation) (any, error) {
+	ctx, cancel := runWrites(ctx) // the epoch's log read, lease, hold and first records
+	defer cancel()
 	cred := protocol.NewCredential()
 	lease, events, lastSubjSeq, err := h.epochLease(ctx, req, cred)
 	if err != nil {

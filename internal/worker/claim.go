@@ -127,6 +127,29 @@ func (h *Host) resolveClaim(claimed protocol.RunRecord, rev uint64, cause error,
 // the host's retries.
 const SettleBudget = store.SettleBudget
 
+// RunWriteBudget bounds the writes that decide whether a run or epoch this
+// host claimed starts: a seeded child's seed, the session's lease, the
+// claim's hold and, for an epoch, the read of its log and its first
+// records (a one-shot run's first turn is an append of its session, which
+// agent.Limits.AppendTimeout bounds, by default as long). A failure of any
+// of them settles the run never started, DURABILITY_FAILED: with the
+// store's WriteBudget (10 s) a leader election of BROOD_LOG, brood_agents
+// or brood_runs that took longer on a loaded cluster did that to runs that
+// only had to wait (deploy TestLeaderElectionsAreNotFailures, issue 9). A
+// claimed run is this host's until it settles, so these writes wait out an
+// election as long as its settlement would (store.SettleBudget, 60 s);
+// nobody else waits on them (the coordinator's attempt ended with the
+// claim), and a host cut off for longer than its expiry is taken over, its
+// late writes refused by the lease's and the hold's compare-and-set and the
+// log's expected sequence.
+const RunWriteBudget = store.SettleBudget
+
+// runWrites returns ctx (not its cancellation) bounded by RunWriteBudget,
+// for the writes that start a claimed run or epoch.
+func runWrites(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), RunWriteBudget)
+}
+
 // settleRecord settles a claimed run record by CAS at rev within
 // store.SettleBudget. It reports whether this host won; false with a nil
 // error when another party settled first.

@@ -106,8 +106,13 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 	childID := req.Header.ID
 	cred := protocol.NewCredential()
 	seed := req.Header.SeedLength
+	// The writes that decide whether the claimed run starts (a seeded
+	// child's seed, its lease, the claim's hold) wait out a leader election
+	// within runWriteBudget, not the store's WriteBudget.
+	wctx, cancelWrites := runWrites(ctx)
+	defer cancelWrites()
 	lw := h.st.NewLogWriter(req.Header.Scope(), childID, 0, 0)
-	sess, err := p.NewSession(ctx, SessionSpec{Header: req.Header, Options: req.Options, Credential: cred, Log: lw})
+	sess, err := p.NewSession(wctx, SessionSpec{Header: req.Header, Options: req.Options, Credential: cred, Log: lw})
 	if err != nil {
 		return nil, h.abandon(run, runRev, err)
 	}
@@ -141,7 +146,7 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.leaseRev, leaseErr = h.st.CreateLease(ctx, lease)
+		r.leaseRev, leaseErr = h.st.CreateLease(wctx, lease)
 	}()
 	desc, derr := protocol.NewEvent(protocol.EvSubagentDescriptor, store.NowMs(), protocol.DescriptorData{
 		Version: protocol.DescriptorVersion, Mode: protocol.ModeOneShot, Provider: req.Provider, Label: req.Options.Label,
@@ -166,7 +171,7 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 	// a subagent/start with no end, published after such a settlement).
 	var holdErr error
 	if derr == nil && leaseErr == nil && opened {
-		if rev, err := h.st.HoldRun(ctx, run, runRev); err != nil {
+		if rev, err := h.st.HoldRun(wctx, run, runRev); err != nil {
 			holdErr = err
 		} else {
 			runRev, r.runRev = rev, rev

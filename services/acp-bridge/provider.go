@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/acpio"
+	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -44,7 +45,10 @@ type Options struct {
 	// ToolTextBytesMax bounds what one tool call's input or output keeps in
 	// the log (64 KiB); a larger one is recorded as omitted, with its size.
 	ToolTextBytesMax int
-	// AppendTimeout bounds each log append (10 s).
+	// AppendTimeout bounds each log append, its retries through transient
+	// JetStream failures included (store.SettleBudget, 60 s, as an in-process
+	// agent's: a failed append ends the run DURABILITY_FAILED, so it waits
+	// out a leader election as long as the run's settlement would).
 	AppendTimeout time.Duration
 	// Environ is the environment scrubbed for the agent (os.Environ).
 	Environ func() []string
@@ -76,7 +80,7 @@ func (o Options) withDefaults() Options {
 	def(&o.ExitGrace, time.Second)
 	def(&o.SealQuiet, 100*time.Millisecond)
 	def(&o.SealWaitMax, time.Second)
-	def(&o.AppendTimeout, 10*time.Second)
+	def(&o.AppendTimeout, store.SettleBudget)
 	if o.LineBytesMax <= 0 {
 		o.LineBytesMax = acpio.LineBytesMaxDefault
 	}
