@@ -75,6 +75,8 @@ type Provider interface {
 	Descriptor() protocol.ProviderDescriptor
 	// NewSession composes a child (model, tools, prompt) over its log. A
 	// *protocol.Error refuses the start with its code; nothing was logged yet.
+	// ctx bounds the composition and its writes (a seed: RunWriteBudget) and
+	// ends once the run or epoch started: a session must not keep it.
 	NewSession(ctx context.Context, spec SessionSpec) (Session, error)
 }
 
