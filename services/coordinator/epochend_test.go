@@ -31,31 +31,18 @@ func TestAnEpochsEndIsCarriedOutOnlyForASettledEpochOfTheSubjectsProvider(t *tes
 	defer cancel()
 	root := s.Root()
 	now := store.NowMs()
-	child := func(id, provider string) {
-		t.Helper()
-		if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now,
-			ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: provider}); err != nil {
-			t.Fatal(err)
-		}
-	}
 	epoch := func(runID, childID, provider, mode string, settled bool) {
 		t.Helper()
 		rec := protocol.RunRecord{RunID: runID, ChildID: childID, ParentSession: root.SessionID, Provider: provider, Mode: mode,
 			State: protocol.RunRunning, CreatedAt: now}
-		rev, err := s.Store.CreateRun(ctx, rec)
-		if err != nil {
-			t.Fatal(err)
-		}
 		if settled {
-			res := protocol.SubagentResult{Output: protocol.Text("result of " + runID), StopReason: protocol.StopCompleted}
-			if won, err := s.Store.SettleRun(ctx, store.Settled(rec, provider+".H1", res), rev); err != nil || !won {
-				t.Fatalf("settle %s: %v, %v", runID, won, err)
-			}
+			rec = store.Settled(rec, provider+".H1", protocol.SubagentResult{Output: protocol.Text("result of " + runID), StopReason: protocol.StopCompleted})
 		}
+		putRun(t, s, rec)
 	}
 	const owner = "OWNER"
-	child("C", "spawn")
-	child("F", "fork")
+	putChildOf(t, s, root, "spawn", "C")
+	putChildOf(t, s, root, "fork", "F")
 	epoch("C-running", "C", "spawn", protocol.ModeContinuable, false)
 	epoch("C-settled", "C", "spawn", protocol.ModeContinuable, true)
 	epoch("F-settled", "F", "fork", protocol.ModeContinuable, true)

@@ -30,16 +30,10 @@ func TestACoordinatorPublishesTheNoticeARunsRecordsHold(t *testing.T) {
 		t.Helper()
 		rec := protocol.RunRecord{RunID: id, ChildID: id, ParentSession: root.SessionID, Provider: "spawn", Mode: protocol.ModeOneShot,
 			Notify: "test.notices." + id, State: protocol.RunRunning, CreatedAt: store.NowMs()}
-		rev, err := s.Store.CreateRun(ctx, rec)
-		if err != nil {
-			t.Fatal(err)
-		}
 		if settled {
 			rec = store.Settled(rec, "spawn.H1", protocol.SubagentResult{Output: protocol.Text("done " + id), StopReason: protocol.StopCompleted})
-			if won, err := s.Store.SettleRun(ctx, rec, rev); err != nil || !won {
-				t.Fatalf("settle %s: %v, %v", id, won, err)
-			}
 		}
+		putRun(t, s, rec)
 		return rec
 	}
 	ask := func(provider, runID string) {

@@ -29,14 +29,21 @@ const deadHost = "host-that-died"
 // head of its log.
 func putChild(t *testing.T, s *stack.Stack, root *client.Root, child string, events ...protocol.SessionEvent) {
 	t.Helper()
+	putChildOf(t, s, root, "spawn", child, events...)
+}
+
+// putChildOf writes the header of a child of root of provider, and events
+// as the head of its log (in provider's scope).
+func putChildOf(t *testing.T, s *stack.Stack, root *client.Root, provider, child string, events ...protocol.SessionEvent) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.Store.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: child, CreatedAt: store.NowMs(),
-		ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
+		ParentSession: root.SessionID, Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: provider}); err != nil {
 		t.Fatal(err)
 	}
 	if len(events) > 0 {
-		if _, err := s.Store.NewLogWriter("spawn", child, 0, 0).Append(ctx, events...); err != nil {
+		if _, err := s.Store.NewLogWriter(provider, child, 0, 0).Append(ctx, events...); err != nil {
 			t.Fatal(err)
 		}
 	}
