@@ -381,7 +381,7 @@ var permCases = []permCase{
 	{user: "client", subject: "brood.v1.log.spawn.S1"},
 	{user: "client", subject: "brood.v1.log.root.S1"},
 	{user: "client", subject: "brood.v1.inbox.S1"},
-	{user: "client", subject: "brood.v1.events.S1.end"},
+	{user: "client", subject: "brood.v1.events.spawn.S1.end"},
 	{user: "client", subject: "brood.v1.children.P1.S1"},
 	{user: "client", subject: "brood.v1.wake.S1"},
 	{user: "client", subject: "$KV.brood_agents.S1"},
@@ -415,7 +415,12 @@ var permCases = []permCase{
 	{user: "worker-spawn", subject: "brood.v1.log.root.S1"},
 	{user: "worker-fork", subject: "brood.v1.log.fork.S1", allowed: true},
 	{user: "worker-acp", subject: "brood.v1.log.acp.S1", allowed: true},
-	{user: "worker-spawn", subject: "brood.v1.events.S1.start", allowed: true},
+	// Lifecycle events only of its own provider's children.
+	{user: "worker-spawn", subject: "brood.v1.events.spawn.S1.start", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.events.fork.S1.end"},
+	{user: "worker-fork", subject: "brood.v1.events.fork.S1.end", allowed: true},
+	{user: "worker-acp", subject: "brood.v1.events.spawn.S1.start"},
+	{user: "coordinator", subject: "brood.v1.events.fork.S1.end", allowed: true},
 	{user: "worker-spawn", subject: "brood.v1.session.S1"},
 	{user: "worker-spawn", subject: "brood.v1.children.P1.S1"},
 	// Inbox items and wake-ups only coordinators publish: a host asks them
@@ -508,7 +513,7 @@ var permCases = []permCase{
 	{user: "coordinator", subject: "brood.v1.provider.spawn.start", allowed: true},
 	{user: "coordinator", subject: "brood.v1.host.H1.dispose", allowed: true},
 	{user: "coordinator", subject: "brood.v1.inbox.S1", allowed: true},
-	{user: "coordinator", subject: "$JS.API.CONSUMER.CREATE.BROOD_EVENTS.C1.brood.v1.events.*.*", allowed: true},
+	{user: "coordinator", subject: "$JS.API.CONSUMER.CREATE.BROOD_EVENTS.C1.brood.v1.events.*.*.*", allowed: true},
 	{user: "coordinator", subject: "$JS.API.STREAM.PURGE.BROOD_INBOX"},
 	// Serving: coordinator endpoints only by coordinators in their queue group.
 	{user: "coordinator", sub: true, subject: "brood.v1.coord.runs.start", queue: "brood-coordinator", allowed: true},
@@ -546,7 +551,7 @@ var permCases = []permCase{
 	// Read endpoints: long polls and follows wake on log and event subjects;
 	// follow credit comes on the replica's own subject in the queue group.
 	{user: "coordinator", sub: true, subject: "brood.v1.log.spawn.S1", allowed: true},
-	{user: "coordinator", sub: true, subject: "brood.v1.events.*.*", allowed: true},
+	{user: "coordinator", sub: true, subject: "brood.v1.events.*.*.*", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.coord.follow.C1", queue: "brood-coordinator", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.user.*.follow.C1", queue: "brood-coordinator", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.notice.*.*", queue: "brood-coordinator", allowed: true},

@@ -691,6 +691,17 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			return wantCode(coordCall(ctx, nc, "brood.v1.inboxremove.spawn."+v.child,
 				protocol.InboxRemoveRequest{Seqs: []protocol.Seq{f.pendingItem(ctx, t, v.root.SessionID)}}), protocol.CodeInvalidArgument)
 		}},
+		{"publish a forged end of a fork run (brood.v1.events.fork.<root>.end)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.LifecycleEvent{Type: protocol.LifecycleEnd, RunID: v.forkRun.RunID, Provider: forkworker.DefaultName,
+				ID: v.forkRun.ChildID, ParentSession: v.root.SessionID, Mode: protocol.ModeOneShot, StopReason: protocol.StopCompleted,
+				LastAssistantMessage: protocol.Text("forged result")})
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.events.fork." + v.root.SessionID + ".end", Reply: nc.NewInbox(), Data: data})
+		}},
+		{"publish a forged start of a fork child on the subjects of before (brood.v1.events.<root>.start)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.LifecycleEvent{Type: protocol.LifecycleStart, RunID: "FORGED", Provider: forkworker.DefaultName,
+				ID: v.forkChild, ParentSession: v.root.SessionID, Mode: protocol.ModeContinuable})
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.events." + v.root.SessionID + ".start", Reply: nc.NewInbox(), Data: data})
+		}},
 		{"append to a fork child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return forgedAppend(ctx, nc, "brood.v1.log.fork."+v.forkChild)
 		}},

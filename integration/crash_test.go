@@ -761,7 +761,7 @@ func TestLeaseOutlivesTheEndsPublication(t *testing.T) {
 	for _, mode := range []string{protocol.ModeOneShot, protocol.ModeContinuable} {
 		t.Run(mode, func(t *testing.T) {
 			root := s.Root()
-			endSubject.Store(s.Store.Subj.Events(root.SessionID, protocol.EventKindEnd))
+			endSubject.Store(s.Store.Subj.Events("spawn", root.SessionID, protocol.EventKindEnd))
 			failing.Store(true)
 			var child string
 			if mode == protocol.ModeOneShot {

@@ -449,7 +449,10 @@ func (w *LogWriter) landed(msgID string) (uint64, bool) {
 }
 
 // PublishEvent publishes a lifecycle event to BROOD_EVENTS without waiting on
-// the caller's path; a failed acknowledgement is reported to onErr. The
+// the caller's path, on its provider's subject
+// (protocol.Subjects.Events: a deployment lets a worker publish only its
+// own provider's); a failed acknowledgement, or an event that names no
+// valid provider or parent, is reported to onErr. The
 // returned channel is closed once the event is stored or given up on: a
 // host publishes a run's subagent/end only after its subagent/start, so the
 // stream holds them in that order even when the start had to be retried.
@@ -460,15 +463,21 @@ func (s *Store) PublishEvent(ev protocol.LifecycleEvent, onErr func(error)) <-ch
 	}
 	done := make(chan struct{})
 	data, err := protocol.Marshal(protocol.Msgpack, ev)
+	if err == nil && (!protocol.ValidID(ev.Provider) || !protocol.ValidID(ev.ParentSession)) {
+		err = fmt.Errorf("lifecycle event %s of run %s names no valid provider (%q) or parent (%q)", ev.Type, ev.RunID, ev.Provider, ev.ParentSession)
+	}
 	if err != nil {
 		onErr(err)
 		close(done)
 		return done
 	}
-	msg := nats.NewMsg(s.Subj.Events(ev.ParentSession, kind))
+	msg := nats.NewMsg(s.Subj.Events(ev.Provider, ev.ParentSession, kind))
 	msg.Data = data
-	// The msg id makes a retried publish of the same edge count once.
-	msg.Header.Set(jetstream.MsgIDHeader, "ev."+ev.RunID+"."+kind)
+	// The msg id makes a retried publish of the same edge count once. It
+	// names the provider: a worker, which publishes under its own
+	// provider's subjects only, cannot take the id of another provider's
+	// run's event first (the stream would drop the true one as a duplicate).
+	msg.Header.Set(jetstream.MsgIDHeader, "ev."+ev.Provider+"."+ev.RunID+"."+kind)
 	s.publishAsync(msg, "lifecycle event", onErr, done)
 	return done
 }

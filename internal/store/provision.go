@@ -80,7 +80,7 @@ func (cfg Config) streamConfigs(subj protocol.Subjects) []jetstream.StreamConfig
 		{
 			Name:              subj.StreamEvents(),
 			Description:       "Brood lifecycle events subagent/start and subagent/end by parent",
-			Subjects:          []string{subj.Events("*", "*")},
+			Subjects:          []string{subj.Events("*", "*", "*")},
 			MaxAge:            cfg.EventsMaxAge,
 			MaxMsgsPerSubject: -1,
 			Discard:           jetstream.DiscardOld,

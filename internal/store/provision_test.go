@@ -98,7 +98,7 @@ func TestNoRollupPurgesABucketOrStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, subject := range []string{"$KV.brood_agents.mine", "$KV.brood_runs.mine", "$KV.brood_hosts.mine",
-		st.Subj.Log(protocol.ScopeRoot, "mine"), st.Subj.Inbox("mine"), st.Subj.Events("mine", "end"), st.Subj.Session("mine")} {
+		st.Subj.Log(protocol.ScopeRoot, "mine"), st.Subj.Inbox("mine"), st.Subj.Events("spawn", "mine", "end"), st.Subj.Session("mine")} {
 		for _, rollup := range []string{"all", "sub"} {
 			m := nats.NewMsg(subject)
 			m.Header.Set("Nats-Rollup", rollup)

@@ -55,3 +55,60 @@ func TestReadLogPageWaitsForTheLogStream(t *testing.T) {
 		t.Fatalf("page once the stream is back = %+v, %v; want its one event", page, err)
 	}
 }
+
+// TestAnEventIsReadOnlyOnItsOwnSubject: lifecycle events are published on
+// their provider's and parent's subject
+// (brood.v1.events.<provider>.<parent>.<kind>), which a deployment lets
+// only that provider's workers publish (docs/security.md); a reader keeps
+// an event only when its provider, parent and type are its subject's. So
+// what a worker publishes under its own provider naming another
+// provider's child, another parent, or the other kind is never read.
+func TestAnEventIsReadOnlyOnItsOwnSubject(t *testing.T) {
+	st := testutil.NewStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	true1 := protocol.LifecycleEvent{Type: protocol.LifecycleStart, RunID: "R1", Provider: "spawn", ID: "C1", ParentSession: "P", Mode: protocol.ModeOneShot, Time: 1}
+	published := make(chan error, 1)
+	<-st.PublishEvent(true1, func(err error) { published <- err })
+	select {
+	case err := <-published:
+		t.Fatalf("publish: %v", err)
+	default:
+	}
+	forge := func(subject string, ev protocol.LifecycleEvent) {
+		t.Helper()
+		data, err := protocol.Marshal(protocol.Msgpack, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.JS.Publish(ctx, subject, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Under spawn's subjects: a fork child's end, an end of another
+	// parent's child, an end on the start subject.
+	forgedFork := protocol.LifecycleEvent{Type: protocol.LifecycleEnd, RunID: "RF", Provider: "fork", ID: "F1", ParentSession: "P", StopReason: protocol.StopCompleted}
+	forge(st.Subj.Events("spawn", "P", protocol.EventKindEnd), forgedFork)
+	forgedParent := protocol.LifecycleEvent{Type: protocol.LifecycleEnd, RunID: "RQ", Provider: "spawn", ID: "C2", ParentSession: "Q", StopReason: protocol.StopCompleted}
+	forge(st.Subj.Events("spawn", "P", protocol.EventKindEnd), forgedParent)
+	forgedKind := protocol.LifecycleEvent{Type: protocol.LifecycleEnd, RunID: "R1", Provider: "spawn", ID: "C1", ParentSession: "P", StopReason: protocol.StopCompleted}
+	forge(st.Subj.Events("spawn", "P", protocol.EventKindStart), forgedKind)
+	for _, subject := range []string{st.Subj.EventsAll("P"), st.Subj.EventsAll("*")} {
+		page, err := st.ReadEventsPage(ctx, subject, 0, 100, 100, func(protocol.LifecycleEvent) (bool, error) { return true, nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Events) != 1 || page.Events[0].RunID != "R1" || page.Events[0].Type != protocol.LifecycleStart || !page.Complete {
+			t.Fatalf("events on %s: %+v; want only the start of R1", subject, page)
+		}
+	}
+	// An event that names no provider is not published at all.
+	refused := make(chan error, 1)
+	<-st.PublishEvent(protocol.LifecycleEvent{Type: protocol.LifecycleStart, RunID: "R2", ID: "C2", ParentSession: "P"}, func(err error) { refused <- err })
+	select {
+	case err := <-refused:
+		t.Logf("refused: %v", err)
+	default:
+		t.Fatal("an event naming no provider was published")
+	}
+}

@@ -178,6 +178,8 @@ func (s *Store) LastEventSeq(ctx context.Context, subject string) (uint64, error
 // wildcards) after stream sequence afterSeq: at most eventsMax that keep
 // passes, examining at most scanMax messages. Cursor is the last sequence
 // examined; Complete when that reached the stream's end at the time of the read.
+// An event whose provider or parent is not its subject's is skipped
+// (EventOnItsSubject).
 func (s *Store) ReadEventsPage(ctx context.Context, subject string, afterSeq protocol.Seq, eventsMax, scanMax int,
 	keep func(protocol.LifecycleEvent) (bool, error)) (protocol.EventsPage, error) {
 	page := protocol.EventsPage{Events: []protocol.LifecycleEvent{}, Cursor: afterSeq}
@@ -193,7 +195,7 @@ func (s *Store) ReadEventsPage(ctx context.Context, subject string, afterSeq pro
 	err = s.scan(ctx, s.Subj.StreamEvents(), subject, uint64(afterSeq)+1, last, protocol.ReadPageBytesMax, func(m *jetstream.RawStreamMsg) (bool, error) {
 		scanned++
 		var ev protocol.LifecycleEvent
-		if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &ev); err == nil {
+		if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &ev); err == nil && s.EventOnItsSubject(m.Subject, ev) {
 			ok, err := keep(ev)
 			if err != nil {
 				return false, err
@@ -211,6 +213,20 @@ func (s *Store) ReadEventsPage(ctx context.Context, subject string, afterSeq pro
 	}
 	page.Complete = uint64(page.Cursor) >= last
 	return page, nil
+}
+
+// EventOnItsSubject reports whether lifecycle event ev, stored on subject,
+// names the provider and parent its subject names, and is of its kind: a
+// worker may publish only under its own provider's subjects
+// (docs/security.md), so an event it publishes there naming another
+// provider's child, or another parent than the subject's, is not read.
+func (s *Store) EventOnItsSubject(subject string, ev protocol.LifecycleEvent) bool {
+	provider, parent, kind, ok := s.Subj.EventsOf(subject)
+	if !ok || ev.Provider != provider || ev.ParentSession != parent {
+		return false
+	}
+	return (kind == protocol.EventKindStart && ev.Type == protocol.LifecycleStart) ||
+		(kind == protocol.EventKindEnd && ev.Type == protocol.LifecycleEnd)
 }
 
 // ReadInboxPage reads a session's pending inbox items after inbox sequence

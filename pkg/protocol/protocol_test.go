@@ -337,7 +337,8 @@ func TestSubjectsAndNames(t *testing.T) {
 		s.Host("H1", OpHostDispose):                        "brood.v1.host.H1.dispose",
 		s.Log("spawn", "S"):                                "brood.v1.log.spawn.S",
 		s.LogAll():                                         "brood.v1.log.*.*",
-		s.Events("P", EventKindEnd):                        "brood.v1.events.P.end",
+		s.Events("spawn", "P", EventKindEnd):               "brood.v1.events.spawn.P.end",
+		s.EventsAll("P"):                                   "brood.v1.events.*.P.*",
 		s.StreamLog():                                      "BROOD_LOG",
 		s.BucketRuns():                                     "brood_runs",
 	}

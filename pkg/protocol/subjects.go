@@ -368,14 +368,33 @@ func (s Subjects) ChildrenOf(parent string) string { return s.root() + ".childre
 // Inbox is the BROOD_INBOX subject holding one session's pending inbox items.
 func (s Subjects) Inbox(id string) string { return s.root() + ".inbox." + id }
 
-// Events is the BROOD_EVENTS subject of lifecycle events under one parent.
-func (s Subjects) Events(parentSession, kind string) string {
-	return s.root() + ".events." + parentSession + "." + kind
+// Events is the BROOD_EVENTS subject of the lifecycle events of provider
+// provider's children of one parent,
+// <p>.v1.events.<provider>.<parentSession>.<kind> (kind EventKindStart or
+// EventKindEnd): a deployment lets a provider's workers publish only under
+// <p>.v1.events.<provider>.> (docs/security.md), and readers keep an event
+// only when its provider and parent are its subject's (EventsOf).
+func (s Subjects) Events(provider, parentSession, kind string) string {
+	return s.root() + ".events." + provider + "." + parentSession + "." + kind
 }
 
-// EventsAll is the wildcard over every lifecycle event of one parent ("*" for all parents).
+// EventsAll is the wildcard over every lifecycle event of one parent ("*" for all parents), of every provider.
 func (s Subjects) EventsAll(parentSession string) string {
-	return s.root() + ".events." + parentSession + ".*"
+	return s.root() + ".events.*." + parentSession + ".*"
+}
+
+// EventsOf returns the provider, parent session and kind an Events subject
+// names; ok is false for any other subject.
+func (s Subjects) EventsOf(subject string) (provider, parentSession, kind string, ok bool) {
+	rest, found := strings.CutPrefix(subject, s.root()+".events.")
+	if !found {
+		return "", "", "", false
+	}
+	parts := strings.Split(rest, ".")
+	if len(parts) != 3 || !ValidID(parts[0]) || !ValidID(parts[1]) || (parts[2] != EventKindStart && parts[2] != EventKindEnd) {
+		return "", "", "", false
+	}
+	return parts[0], parts[1], parts[2], true
 }
 
 // SessionIDFromSubject returns the last token of a session, log or inbox subject.

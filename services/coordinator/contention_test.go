@@ -260,7 +260,7 @@ func TestTakeoverPublishesTheEndOfARunItsHostSettled(t *testing.T) {
 	s := stack.New(t)
 	co := s.AddCoordinator()
 	root := s.Root()
-	endSubject := s.Store.Subj.Events(root.SessionID, protocol.EventKindEnd)
+	endSubject := s.Store.Subj.Events("spawn", root.SessionID, protocol.EventKindEnd)
 	pauseW := testutil.NewPause(func(w store.Write) bool { return w.Op == store.OpPublish && w.Subject == endSubject })
 	w, stopWorker := pausedWorker(t, s, pauseW)
 	reply, got := startWithNotices(t, s, root, "settled-then-lost", "say settled")
