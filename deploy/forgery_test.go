@@ -677,7 +677,9 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 				protocol.EpochEndRequest{Owner: v.root.SessionID, RunID: v.forkRun.RunID}), protocol.CodeUnauthorized)
 		}},
 		{"delete a pending item of the client's root's inbox by its sequence", func(ctx context.Context, t *testing.T, nc *nats.Conn) error {
-			return jsRequest(ctx, nc, "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX", map[string]any{"seq": f.pendingItem(ctx, t, v.root.SessionID)})
+			// The sequence as a JSON number (protocol.Seq encodes as a
+			// string, which JetStream would refuse as invalid JSON).
+			return jsRequest(ctx, nc, "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX", map[string]any{"seq": uint64(f.pendingItem(ctx, t, v.root.SessionID))})
 		}},
 		{"ask for the deletion of a fork child's inbox items (brood.v1.inboxremove.fork.<childId>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.InboxRemoveRequest{Seqs: []protocol.Seq{1}})
