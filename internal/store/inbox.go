@@ -299,6 +299,29 @@ func (s *Store) deleteInboxItem(ctx context.Context, seq protocol.Seq) error {
 	})
 }
 
+// lastRecord returns the events of session h's last log record, read from
+// the stream's leader (none for an empty log).
+func (s *Store) lastRecord(ctx context.Context, h protocol.SessionHeader) ([]protocol.SessionEvent, error) {
+	subject, err := s.logSubject(h.Scope(), h.ID)
+	if err != nil {
+		return nil, err
+	}
+	var last *jetstream.RawStreamMsg
+	err = Retry(ctx, func(ctx context.Context) (err error) {
+		last, err = s.leaderLast(ctx, s.Subj.StreamLog(), subject)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			last = nil
+			return nil
+		}
+		return err
+	})
+	if err != nil || last == nil {
+		return nil, err
+	}
+	anySeq := int64(-1)
+	return addRecord(nil, &anySeq, h.ID, last.Sequence, last.Data)
+}
+
 // RemoveDoneInboxItems deletes the items seqs of the inbox of session h
 // whose claim or discard h's log records, and returns how many it deleted
 // (an item already gone does not count): what a coordinator does for the
@@ -306,7 +329,8 @@ func (s *Store) deleteInboxItem(ctx context.Context, seq protocol.Seq) error {
 // inbox items itself (docs/security.md). Each item is read from the
 // stream's leader: one that holds another session's item is
 // INVALID_ARGUMENT. The log is read backwards from its last record on the
-// stream's leader (ReadLogTail) until it claims or discards every item
+// stream's leader (that record alone first, then ReadLogTail) until it
+// claims or discards every item
 // still there, by its sequence or by its messageId (a second copy of a
 // done item, KeyedMessageID): an item it does not is UNAUTHORIZED, and
 // nothing is deleted. So no accepted item leaves an inbox before its
@@ -352,13 +376,20 @@ func (s *Store) RemoveDoneInboxItems(ctx context.Context, h protocol.SessionHead
 		slices.Sort(out)
 		return out
 	}
-	var events []protocol.SessionEvent
-	err := retryEach(ctx, LogReadAttemptTimeout, func(ctx context.Context, _ bool) (err error) {
-		events, _, err = s.readLogTail(ctx, h.Scope(), h.ID, func(evs []protocol.SessionEvent) bool { return len(undone(evs)) == 0 }, true)
-		return err
-	})
+	events, err := s.lastRecord(ctx, h)
 	if err != nil {
 		return 0, fmt.Errorf("read the log of %s: %w", h.ID, err)
+	}
+	// The common case is the claim or discard just logged, the log's last
+	// record; else (a predecessor's claim, whose item it left) the tail.
+	if len(undone(events)) > 0 {
+		err = retryEach(ctx, LogReadAttemptTimeout, func(ctx context.Context, _ bool) (err error) {
+			events, _, err = s.readLogTail(ctx, h.Scope(), h.ID, func(evs []protocol.SessionEvent) bool { return len(undone(evs)) == 0 }, true)
+			return err
+		})
+		if err != nil {
+			return 0, fmt.Errorf("read the log of %s: %w", h.ID, err)
+		}
 	}
 	if left := undone(events); len(left) > 0 {
 		return 0, protocol.Errorf(protocol.CodeUnauthorized, "inbox items %v of session %s are not claimed or discarded in its log; nothing is removed", left, h.ID)
