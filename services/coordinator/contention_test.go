@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/internal/worker"
@@ -182,7 +183,8 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 // lease compare-and-set (the takeover's first step) and both are let go at
 // once. Exactly one wins the lease; the session is fenced once and the run
 // settled once, by the winner (DESIGN.md §7, Settlement 2: every takeover
-// step is a CAS).
+// step is a CAS), and the takeover is counted once, by the winner, in the
+// sweep that won the lease (brood_takeovers_total: the loser counts none).
 func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 	s := stack.New(t)
 	agents := s.Store.Agents.Bucket()
@@ -195,8 +197,12 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 	}
 	holds := []*testutil.Pause{testutil.NewHold(leaseWrite), testutil.NewHold(leaseWrite)}
 	ids := make([]string, len(holds))
+	metrics := make([]*telemetry.Metrics, len(holds))
 	for i, h := range holds {
-		c := s.AddCoordinator(func(c *coordinator.Config) { c.Store = c.Store.WithFaults(h.Faults(c.Store)) })
+		metrics[i] = telemetry.NewMetrics("test")
+		c := s.AddCoordinator(func(c *coordinator.Config) {
+			c.Store, c.Metrics = c.Store.WithFaults(h.Faults(c.Store)), metrics[i]
+		})
 		ids[i] = c.ID()
 		t.Cleanup(h.Release)
 	}
@@ -238,6 +244,19 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 	}, "the winner settles the run")
 	if r, err := s.Store.Run(ctx, reply.RunID); err != nil || r.Value.SettledBy != winner {
 		t.Fatalf("run record %+v (%v); want it settled by the lease's winner %s, the loser goes no further", r.Value, err, winner)
+	}
+	for i, m := range metrics {
+		f, err := m.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0.0
+		if ids[i] == winner {
+			want = 1
+		}
+		if n, _ := f.Sum("brood_takeovers_total", "mode", protocol.ModeOneShot); n != want {
+			t.Errorf("coordinator %s (winner %s) counted %v takeovers, want %v", ids[i], winner, n, want)
+		}
 	}
 	testutil.Eventually(t, 30*time.Second, func() bool { return len(got) >= 1 }, "the notice")
 	pauseW.Release()
