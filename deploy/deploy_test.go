@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -727,18 +728,34 @@ func portsFree(ports []int) bool {
 	return true
 }
 
-// remapPorts moves every listener of opts to a free loopback port and
-// rewrites the routes to match.
+// remapPortMin and remapPortMax bound the ports remapPorts picks from: below
+// the kernel's ephemeral range (Linux 32768-60999, macOS and Windows from
+// 49152). A port bind(0) picks lies in that range, where the kernel also
+// picks the source port of every outgoing connection, so a node's port,
+// free while the node is down, could be held by a connection of the test's
+// clients, proxies or anything else on the machine when the node restarts
+// (TestLeaderElectionsAreNotFailures: "brood-nats-3 not accepting clients"
+// after a restart, on main 6695120 and after issue 9's fix alike).
+const (
+	remapPortMin = 20000
+	remapPortMax = 32000
+)
+
+// remapPorts moves every listener of opts to a free loopback port between
+// remapPortMin and remapPortMax and rewrites the routes to match.
 func remapPorts(t testing.TB, opts []*server.Options) {
 	t.Helper()
 	var held []net.Listener
 	free := func() int {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+		for range 1000 {
+			p := remapPortMin + rand.IntN(remapPortMax-remapPortMin)
+			if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
+				held = append(held, l)
+				return p
+			}
 		}
-		held = append(held, l)
-		return l.Addr().(*net.TCPAddr).Port
+		t.Fatalf("no free loopback port between %d and %d", remapPortMin, remapPortMax)
+		return 0
 	}
 	cluster := map[string]int{} // old host:port -> new port
 	for _, o := range opts {
@@ -766,7 +783,7 @@ func remapPorts(t testing.TB, opts []*server.Options) {
 			o.Routes[i] = &nr
 		}
 	}
-	t.Logf("configured ports busy; using free loopback ports instead")
+	t.Logf("listeners moved to free loopback ports")
 }
 
 // waitFor polls cond until it holds or total passes.

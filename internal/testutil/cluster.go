@@ -129,11 +129,27 @@ func (c *Cluster) launch(i int) {
 	go s.Start()
 }
 
+// NodeReadyWait bounds a node's start until it accepts clients: a restarted
+// node recovers its JetStream streams before it listens for clients and
+// routes, which under -race on a loaded machine can take seconds.
+const NodeReadyWait = 30 * time.Second
+
 func (c *Cluster) waitReady(i int) {
 	c.t.Helper()
-	if s := c.Node(i); s == nil || !s.ReadyForConnections(10*time.Second) {
-		c.t.Fatalf("%s not accepting clients after 10s", c.opts[i].ServerName)
+	s := c.Node(i)
+	if s != nil && s.ReadyForConnections(NodeReadyWait) {
+		return
 	}
+	// Which listeners are up tells a port taken by another socket (Start
+	// gives up at the first listener it cannot open, silently with NoLog)
+	// from a start still under way (JetStream's recovery comes after the
+	// monitoring listener and before the route and client listeners).
+	var monitoring, routes, clients any
+	if s != nil {
+		monitoring, routes, clients = s.MonitorAddr(), s.ClusterAddr(), s.Addr()
+	}
+	c.t.Fatalf("%s not accepting clients after %s (listening: monitoring %v, routes %v, clients %v; ports %d, %d, %d)",
+		c.opts[i].ServerName, NodeReadyWait, monitoring, routes, clients, c.opts[i].HTTPPort, c.opts[i].Cluster.Port, c.opts[i].Port)
 }
 
 // Node is node i (nil while stopped).
