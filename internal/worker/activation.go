@@ -233,9 +233,11 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 			return nil, protocol.NewError(protocol.CodeActivationClosing, map[string]any{
 				"reason": fmt.Sprintf("session %s has a live lease elsewhere", req.ChildID)})
 		}
+		h.dropUnknownLease(lease) // it may have landed unseen
 		return nil, protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %w", req.ChildID, err)
 	}
-	release := func() { _ = h.st.ReleaseChildLease(context.WithoutCancel(ctx), lease.Provider, req.ChildID, leaseRev) }
+	// A release that fails is tried again until it lands (releaseLease).
+	release := func() { h.releaseLease(lease.Provider, req.ChildID, leaseRev) }
 	// The claim is held again under the lease: a coordinator may have
 	// settled the claimed record orphaned while this host had no lease (it
 	// was paused between the two); the epoch is then not this host's to

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/brood-dev/brood/internal/store"
@@ -288,7 +289,7 @@ func (h *Host) releaseLease(provider, childID string, rev uint64) {
 // none), tried again with the release until it does: while it has not, the
 // lease stays held.
 func (h *Host) releaseLeaseAfter(provider, childID string, rev uint64, first func(context.Context) error) {
-	try := func(ctx context.Context) bool {
+	h.releaseUntilDone(provider, childID, func(ctx context.Context) bool {
 		if first != nil {
 			if err := first(ctx); err != nil {
 				return false
@@ -296,12 +297,53 @@ func (h *Host) releaseLeaseAfter(provider, childID string, rev uint64, first fun
 		}
 		err := h.st.ReleaseChildLease(ctx, provider, childID, rev)
 		return err == nil || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound)
-	}
+	})
+}
+
+// dropUnknownLease removes lease, which this host wrote without learning
+// the outcome (every answer within the create's budget lost) and gave up
+// with its run or epoch: the create may have landed unseen, or land later
+// (chaos short seed 1, RELIABILITY.md open finding 2: a worker cut off from
+// its server while it took a resumed epoch's lease settled the epoch never
+// started, DURABILITY_FAILED, and the lease landed anyway; held by a live
+// host, it was never taken over, and the child's messages waited for
+// good). The outcome is decided by writing the same lease again
+// (store.Create reads a key holding this very value as its own write): the
+// lease, landed now or before, is then deleted at its revision; another
+// lease there (store.ErrConflict) is not this host's to delete. An attempt
+// of the first create still in flight when its budget ran out could land
+// after that deletion (a create succeeds over a deleted key), so a
+// deletion decides it only the second time, after a later heartbeat
+// JetStream took. Tried at once, then after each such heartbeat, as a
+// release.
+func (h *Host) dropUnknownLease(lease protocol.AgentRecord) {
+	var deleted atomic.Int32
+	h.releaseUntilDone(lease.Provider, lease.SessionID, func(ctx context.Context) bool {
+		rev, err := h.st.CreateLease(ctx, lease)
+		switch {
+		case errors.Is(err, store.ErrConflict):
+			return true
+		case err != nil:
+			return false
+		}
+		err = h.st.ReleaseChildLease(ctx, lease.Provider, lease.SessionID, rev)
+		if err != nil && !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) {
+			return false
+		}
+		return deleted.Add(1) >= 2
+	})
+}
+
+// releaseUntilDone runs try (a lease's removal; true once it is decided)
+// within LeaseReleaseTimeout, and, when it is not decided then, again after
+// each heartbeat JetStream takes (h.unsettled): a lease left behind by a
+// live host is never taken over.
+func (h *Host) releaseUntilDone(provider, childID string, try func(context.Context) bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), LeaseReleaseTimeout)
 	defer cancel()
 	if try(ctx) {
 		return
 	}
-	h.log.Warn("could not release the lease; retrying after each heartbeat JetStream takes", "session", childID)
+	h.log.Warn("the lease's release is not decided; trying again after each heartbeat JetStream takes", "session", childID)
 	h.unsettled.add(store.LeaseKey(provider, childID), try)
 }

@@ -200,8 +200,11 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 		default:
 			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "log the first turn of %s: %w", childID, out.Err)
 		}
-		if r.leaseRev > 0 { // ours: release it, at its revision
+		switch {
+		case r.leaseRev > 0: // ours: release it, at its revision
 			h.releaseLease(lease.Provider, childID, r.leaseRev)
+		case leaseErr != nil && !errors.Is(leaseErr, store.ErrConflict):
+			h.dropUnknownLease(lease) // it may have landed unseen
 		}
 		close(r.settled)
 		close(r.done)
