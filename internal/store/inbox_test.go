@@ -167,8 +167,9 @@ func TestRemoveTellsGoneFromRefused(t *testing.T) {
 // deletes an item only when the session's log claims or discards it, by
 // its sequence or, for a second copy, by its messageId, even when the
 // claim lies further back than the first window of the log's tail; a
-// request naming any item the log does not name deletes nothing, and one
-// naming another session's item is INVALID_ARGUMENT. No accepted item can
+// request naming any item the log does not name (or made for a session whose
+// log is still empty) deletes nothing, and one naming another session's item
+// is INVALID_ARGUMENT. No accepted item can
 // leave an inbox before its log names it (RELIABILITY.md I1), whoever asks.
 func TestOnlyItemsTheLogNamesAreRemoved(t *testing.T) {
 	st := testutil.NewStore(t)
@@ -264,5 +265,16 @@ func TestOnlyItemsTheLogNamesAreRemoved(t *testing.T) {
 	}
 	if n, err := st.RemoveDoneInboxItems(ctx, h, []protocol.Seq{claimed, copySeq}); err != nil || n != 0 {
 		t.Fatalf("removal of items already gone: %d, %v; want 0, nil", n, err)
+	}
+	// A session whose log holds no record yet (its host asks before its
+	// first append, or a forged request) names no item: refused.
+	empty := h
+	empty.ID = "E"
+	_, waiting := enqueue("E", "waiting")
+	if n, err := st.RemoveDoneInboxItems(ctx, empty, []protocol.Seq{waiting}); protocol.CodeOf(err) != protocol.CodeUnauthorized || n != 0 {
+		t.Fatalf("removal from a session with an empty log: %d, %v; want 0, %s", n, err, protocol.CodeUnauthorized)
+	}
+	if items, err := st.InboxOf("E").Pending(ctx, 0); err != nil || len(items) != 1 || items[0].Seq != waiting {
+		t.Fatalf("E's inbox after a refused removal: %+v, %v; want its item %d", items, err, waiting)
 	}
 }
