@@ -364,6 +364,73 @@ func TestAColdResumesSlotIsFreedOnceItsRunSettled(t *testing.T) {
 	}
 }
 
+// TestAOneShotRunIsCreatedWhenItsSlotIsTaken: a one-shot run's record and
+// its child's header are created at its admission, once its live-children
+// slot is taken (the slot record's compare-and-set), never before: the
+// children whose end let it in were read ended before that write was sent,
+// so they settled before the run's createdAt, and the records never show
+// them live at its admission (RELIABILITY.md I8; chaos seeds 2 and 3 of
+// issue 9: createdAt stamped 28 ms and 1.07 s before the slot write, while
+// the start waited for the parent's slot lock and read the counted children
+// from the leader, and children settled in between were counted live at the
+// admission). The start's slot write is held until the clock has passed
+// the time it was sent.
+func TestAOneShotRunIsCreatedWhenItsSlotIsTaken(t *testing.T) {
+	s := stack.New(t)
+	var slotsKey atomic.Value
+	slotsKey.Store("")
+	var sentAt, admittedAt atomic.Int64 // ms: the start's slot write sent, and let go
+	s.AddCoordinator(func(c *coordinator.Config) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			if (w.Op != store.OpKVCreate && w.Op != store.OpKVUpdate) || w.Key != slotsKey.Load().(string) || !sentAt.CompareAndSwap(0, store.NowMs()) {
+				return nil
+			}
+			for store.NowMs() <= sentAt.Load() { // hold the write until the clock passes its sending
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(time.Millisecond):
+				}
+			}
+			admittedAt.Store(store.NowMs())
+			return nil
+		}})
+	})
+	s.AddSpawnWorker()
+	s.WaitProvider("spawn")
+	root := s.Root()
+	slotsKey.Store(store.SlotsKey(root.SessionID))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admitted := admittedAt.Load()
+	if admitted == 0 {
+		t.Fatal("the start wrote no slot of its parent")
+	}
+	run, err := s.Store.RunLatest(ctx, r.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if run.Value.CreatedAt < admitted {
+		t.Errorf("the run's createdAt %d is %d ms before its slot write was let go (%d; sent at %d); want it at or after the admission",
+			run.Value.CreatedAt, admitted-run.Value.CreatedAt, admitted, sentAt.Load())
+	}
+	h, err := s.Store.GetHeader(ctx, r.ChildID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.CreatedAt < admitted {
+		t.Errorf("the child's header createdAt %d is %d ms before its slot write was let go (%d); want it at or after the admission",
+			h.CreatedAt, admitted-h.CreatedAt, admitted)
+	}
+	if _, err := r.Result(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestStartInputsAtTheirLimits: runs.start takes a prompt, a label and a
 // notify subject of exactly their bound and refuses one byte more (the
 // prompt LIMIT_EXCEEDED, Config.PromptBytesMax; the label and the notify

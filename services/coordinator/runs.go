@@ -60,7 +60,6 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 	if _, err := c.authorizeFresh(ctx, r.Parent); err != nil {
 		return protocol.RunStartReply{}, err
 	}
-	now := store.NowMs()
 	childID := ulid.Make().String()
 	runID := childID // local providers: the run id is the child's session id (seed: SubagentRun.id)
 	if a.desc.Remote {
@@ -70,6 +69,15 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 		return protocol.RunStartReply{}, err
 	}
 	release := func() { c.releaseChild(context.WithoutCancel(ctx), a.pheader.ID, childID) }
+	// The run and its child are created at the admission, once the slot is
+	// taken: a child whose settlement let this one in (read while the slot
+	// was being taken, which may wait for the parent's slot lock and read
+	// every counted child from the leader) settled before this time, so the
+	// records never show it live at this child's admission (RELIABILITY.md
+	// I8; chaos seeds 2 and 3 of issue 9, stamped 28 ms and 1.07 s before the
+	// slot). The ids are drawn before, as the slot names the child: their
+	// ULID time is not the admission.
+	now := store.NowMs()
 	header := c.childHeader(a, childID, now)
 	if a.desc.InheritsParentContext {
 		seed, err := c.prepare(ctx, a.desc.Name, a.pheader.ID, childID)
