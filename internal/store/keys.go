@@ -17,6 +17,7 @@ import (
 //	              root.<sessionId>         protocol.AgentRecord: a root's lease (coordinator)
 //	              owns.<parentSession>     protocol.OwnershipRecord: live continuable children it owns
 //	              slots.<parentSession>    protocol.ChildSlotsRecord: the children admitted under the live-children limit (coordinator)
+//	              userroots.<user>         protocol.UserRootsRecord: the roots a user opened under its open-roots quota (coordinator)
 //	              grant.<hex-sha256>       protocol.UserGrantRecord: a minted user grant
 //	              drain.all.sessions       protocol.DrainRecord: the global drain
 //	              drain.<sessionId>        protocol.DrainRecord: a drain at and below one agent
@@ -35,6 +36,7 @@ const (
 	prefixRoot  = "root."
 	prefixOwns  = "owns."
 	prefixSlots = "slots."
+	prefixUser  = "userroots."
 	prefixGrant = "grant."
 	prefixDrain = "drain."
 )
@@ -87,6 +89,10 @@ func OwnsKey(parent string) string { return prefixOwns + parent }
 
 // SlotsKey is the brood_agents key of a parent's live-children slot record.
 func SlotsKey(parent string) string { return prefixSlots + parent }
+
+// UserRootsKey is the brood_agents key of a NATS user's open-root slots,
+// userroots.<user> (a user name is a subject token, protocol.ValidUser).
+func UserRootsKey(user string) string { return prefixUser + user }
 
 // GrantKey is the brood_agents key of a user grant, by the grant's hash
 // (protocol.HashCredential): the grant itself is never stored.
@@ -169,6 +175,7 @@ const (
 	KindRootLease                   // root.<sessionId>
 	KindOwnership                   // owns.<parentSession>
 	KindSlots                       // slots.<parentSession>
+	KindUserRoots                   // userroots.<user>
 	KindGrant                       // grant.<hash>
 	KindDrain                       // drain.<scope>
 )
@@ -187,7 +194,7 @@ func KindOf(key string) (AgentsKind, string) {
 	for _, p := range []struct {
 		prefix string
 		kind   AgentsKind
-	}{{prefixRoot, KindRootLease}, {prefixOwns, KindOwnership}, {prefixSlots, KindSlots}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}} {
+	}{{prefixRoot, KindRootLease}, {prefixOwns, KindOwnership}, {prefixSlots, KindSlots}, {prefixUser, KindUserRoots}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}} {
 		if id, ok := strings.CutPrefix(key, p.prefix); ok {
 			return p.kind, id
 		}

@@ -65,3 +65,18 @@ func (s *Store) WriteSlots(ctx context.Context, parent string, rec protocol.Chil
 	}
 	return Update(ctx, s.Agents, SlotsKey(parent), rec, rev)
 }
+
+// UserRoots reads user's open-root slot record. None is ErrNotFound.
+func (s *Store) UserRoots(ctx context.Context, user string) (Record[protocol.UserRootsRecord], error) {
+	return Get[protocol.UserRootsRecord](ctx, s.Agents, UserRootsKey(user))
+}
+
+// WriteUserRoots writes user's open-root slot record by compare-and-set at
+// rev, the revision its writer last read (0: the record must not exist
+// yet), and returns the new revision; ErrConflict when it changed since.
+func (s *Store) WriteUserRoots(ctx context.Context, user string, rec protocol.UserRootsRecord, rev uint64) (uint64, error) {
+	if rev == 0 {
+		return Create(ctx, s.Agents, UserRootsKey(user), rec)
+	}
+	return Update(ctx, s.Agents, UserRootsKey(user), rec, rev)
+}

@@ -275,6 +275,21 @@ type ChildSlot struct {
 	RunID      string `msgpack:"runId,omitempty" json:"runId,omitempty"`
 }
 
+// UserRootsRecord is the roots one NATS user opened under its open-roots
+// quota, in brood_agents under `userroots.<user>` (docs/protocol.md §7.6),
+// written by coordinators by compare-and-set: every agents.open on the
+// user's subject takes a slot here before its root exists, so opens served
+// by any number of replicas never pass the quota.
+type UserRootsRecord struct {
+	Roots []RootSlot `msgpack:"roots" json:"roots"`
+}
+
+// RootSlot is one root opened under a user's quota; ReservedAt is epoch ms.
+type RootSlot struct {
+	SessionID  string `msgpack:"sessionId" json:"sessionId"`
+	ReservedAt int64  `msgpack:"reservedAt" json:"reservedAt"`
+}
+
 // DrainRecord marks a drain in brood_agents under `drain.<scope>`:
 // `drain.all.sessions` for everything (until lifted), `drain.<root>` below
 // one live root (held while that exact root agent, by its credential hash,

@@ -2,7 +2,7 @@ package coordinator
 
 // Admission (DESIGN.md §7): the checks a start passes before anything is
 // written, in the design's order, and a user's open roots
-// (Config.UserOpenRootsMax). The live-children slots are slots.go.
+// (Config.UserOpenRootsMax, openroots.go). The live-children slots are slots.go.
 
 import (
 	"context"
@@ -163,35 +163,4 @@ func (c *Coordinator) validNotify(s string) bool {
 		}
 	}
 	return true
-}
-
-// userOpenRoots counts the live roots user holds open, as this replica's
-// lease cache shows them.
-func (c *Coordinator) userOpenRoots(user string) int {
-	n := 0
-	for _, l := range c.agents.snapshot() {
-		if l.rec.Kind == protocol.AgentRoot && l.rec.User == user && c.leaseLive(l.rec) {
-			n++
-		}
-	}
-	return n
-}
-
-// admitRoot holds user's open lock and refuses with LIMIT_EXCEEDED when
-// user already holds UserOpenRootsMax live roots; call release once the
-// new root's lease is in the cache (or the open failed).
-func (c *Coordinator) admitRoot(user string) (release func(), err error) {
-	if user == "" {
-		return func() {}, nil
-	}
-	m := c.quotas.openLock(user)
-	m.Lock()
-	if n := c.userOpenRoots(user); n >= c.cfg.UserOpenRootsMax {
-		m.Unlock()
-		return nil, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
-			"limit": "open roots per user",
-			"reason": fmt.Sprintf("user %s holds %d open roots; the limit is %d: close roots you no longer use (agents.close)",
-				user, n, c.cfg.UserOpenRootsMax)})
-	}
-	return m.Unlock, nil
 }

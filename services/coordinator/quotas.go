@@ -19,12 +19,10 @@ import (
 //     UserRequestsBurst, a token bucket per user and replica), so one
 //     user cannot take every handler slot (RequestsInFlightMax) of a
 //     replica from the others;
-//   - the roots it holds open (Config.UserOpenRootsMax), counted from the
-//     live root leases that record the user (AgentRecord.User); a replica
-//     admits one open of a user at a time, so opens sent to one replica
-//     never pass the bound; opens of one user sent to R replicas at the
-//     same instant may pass it by at most R-1 (each replica counts the
-//     others' roots once its lease watch shows them).
+//   - the roots it holds open (Config.UserOpenRootsMax): every open takes
+//     a slot in the user's record by compare-and-set first, so opens of
+//     one user served by any number of replicas never pass the bound
+//     (openroots.go).
 // Anonymous requests (<p>.v1.coord.<endpoint>: `brood dev`, or a
 // deployment without users) are not limited.
 
@@ -35,7 +33,8 @@ const (
 	DefaultUserRequestsBurst     = 400
 )
 
-// userQuotas holds each user's token bucket and open-roots lock.
+// userQuotas holds each user's token bucket and the lock that makes this
+// replica's opens of one user wait for each other (openroots.go).
 type userQuotas struct {
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter

@@ -90,6 +90,64 @@ func TestUserOpenRootsAreBounded(t *testing.T) {
 	}
 }
 
+// openBurst sends n agents.open of cl at once and returns the roots opened
+// and how many were refused for the open-roots quota; any other outcome
+// fails the test.
+func openBurst(ctx context.Context, t *testing.T, cl *client.Client, n int) (opened []*client.Root, refused int) {
+	t.Helper()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			root, err := openAs(ctx, t, cl)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				opened = append(opened, root)
+			case protocol.CodeOf(err) == protocol.CodeLimitExceeded && strings.Contains(err.Error(), "open roots per user"):
+				refused++
+			default:
+				t.Errorf("open: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	return opened, refused
+}
+
+// TestUserOpenRootsHoldAcrossReplicas: with two coordinator replicas serving
+// one user's simultaneous opens, the user still holds exactly
+// UserOpenRootsMax roots (issue 17: each replica counted only the leases it
+// had seen, so R replicas admitted up to R-1 roots past the quota, more
+// while their watches lagged); a root closed through either replica makes
+// room at once on both, and only for one more.
+func TestUserOpenRootsHoldAcrossReplicas(t *testing.T) {
+	const limit, burst = 3, 16
+	s := stack.New(t)
+	for range 2 {
+		s.AddCoordinator(func(c *coordinator.Config) { c.UserOpenRootsMax = limit })
+	}
+	alice := userClient(t, s, "alice")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	opened, refused := openBurst(ctx, t, alice, burst)
+	if len(opened) != limit || refused != burst-limit {
+		t.Fatalf("%d opens of one user at once over 2 replicas: %d opened, %d refused; want %d and %d", burst, len(opened), refused, limit, burst-limit)
+	}
+	for round := range 3 {
+		if err := opened[round].Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		again, refused := openBurst(ctx, t, alice, burst)
+		if len(again) != 1 || refused != burst-1 {
+			t.Fatalf("round %d: %d opens at once after one close: %d opened, %d refused; want 1 and %d", round, burst, len(again), refused, burst-1)
+		}
+	}
+}
+
 // TestUserRequestRateIsBounded: a user's requests beyond its token bucket
 // are LIMIT_EXCEEDED; another user and anonymous callers are unaffected.
 func TestUserRequestRateIsBounded(t *testing.T) {

@@ -42,17 +42,16 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request, r protoco
 		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "cwd must be an absolute path of at most %d bytes", CwdBytesMax)
 	}
 	user := c.callerOf(req)
-	release, err := c.admitRoot(user)
-	if err != nil {
+	id := ulid.Make().String()
+	if err := c.reserveRoot(ctx, user, id); err != nil {
 		return protocol.AgentsOpenReply{}, err
 	}
-	defer release()
 	now := store.NowMs()
-	id := ulid.Make().String()
 	cred := protocol.NewCredential()
 	// The root records who opened it: a grant of that user acts on its tree.
 	h := protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: filepath.Clean(r.Cwd), User: user}
 	if err := c.narrowRoot(ctx, &h, r); err != nil {
+		c.releaseRootSlot(context.WithoutCancel(ctx), user, id)
 		return protocol.AgentsOpenReply{}, err
 	}
 	lease := protocol.AgentRecord{
@@ -65,6 +64,8 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request, r protoco
 		func() error { return c.st.PutHeader(ctx, h) },
 		func() (err error) { rev, err = c.st.CreateLease(ctx, lease); return err },
 	); err != nil {
+		// The root's lease may have landed unanswered: its slot lapses
+		// after its grace unless the lease is live.
 		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeUnavailable, "open root: %w", err)
 	}
 	// The user's next open on this replica counts this root.
