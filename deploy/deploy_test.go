@@ -34,6 +34,7 @@ import (
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/collector"
 	"github.com/brood-dev/brood/services/coordinator"
 	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
 )
@@ -67,6 +68,7 @@ var users = []struct {
 	{"client", "BROOD_NATS_CLIENT_PASSWORD", "clientTestSecret1", false},
 	{"trusted-host", "BROOD_NATS_TRUSTED_PASSWORD", "trustedTestSecret1", true},
 	{"admin", "BROOD_NATS_ADMIN_PASSWORD", "adminTestSecret1", false},
+	{"collector", "BROOD_NATS_COLLECTOR_PASSWORD", "collectorTestSecret1", false},
 	{"sys", "BROOD_NATS_SYS_PASSWORD", "sysTestSecret1", false},
 }
 
@@ -516,6 +518,21 @@ var permCases = []permCase{
 	{user: "coordinator", subject: "brood.v1.inbox.S1", allowed: true},
 	{user: "coordinator", subject: "$JS.API.CONSUMER.CREATE.BROOD_EVENTS.C1.brood.v1.events.*.*.*", allowed: true},
 	{user: "coordinator", subject: "$JS.API.STREAM.PURGE.BROOD_INBOX"},
+	{user: "coordinator", subject: "$JS.API.STREAM.PURGE.BROOD_LOG"},
+	// The collector purges headers and logs, and nothing else.
+	{user: "collector", subject: "$JS.API.STREAM.PURGE.BROOD_LOG", allowed: true},
+	{user: "collector", subject: "$JS.API.STREAM.PURGE.BROOD_SESSIONS", allowed: true},
+	{user: "collector", subject: "$JS.API.STREAM.PURGE.BROOD_INBOX"},
+	{user: "collector", subject: "$JS.API.STREAM.PURGE.KV_brood_agents"},
+	{user: "collector", subject: "$JS.API.STREAM.DELETE.BROOD_LOG"},
+	{user: "collector", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG"},
+	{user: "collector", subject: "$KV.brood_agents.closed.R1", allowed: true},
+	{user: "collector", subject: "$KV.brood_agents.root.R1"},
+	{user: "collector", subject: "$KV.brood_agents.grant.G1"},
+	{user: "collector", subject: "brood.v1.log.root.R1"},
+	{user: "collector", subject: "brood.v1.inbox.S1"},
+	{user: "collector", subject: authorityUser},
+	{user: "collector", sub: true, subject: "_INBOX.client.>"},
 	// Serving: coordinator endpoints only by coordinators in their queue group.
 	{user: "coordinator", sub: true, subject: "brood.v1.coord.runs.start", queue: "brood-coordinator", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.user.*.runs.start", queue: "brood-coordinator", allowed: true},
@@ -1070,6 +1087,23 @@ func testBroodOnCluster(t *testing.T, urls []string) {
 	}
 	if err := root.Close(ctx); err != nil {
 		t.Fatal(err)
+	}
+	// The collector, as its own user, removes the closed root's tree once
+	// past its retention (its clock runs a retention ahead).
+	collNC := connectAs(t, urls[0], "collector", v)
+	gc, err := collector.New(collector.Config{Store: open(collNC), Retention: time.Minute, Logger: testutil.Logger(t),
+		Now: func() time.Time { return time.Now().Add(2 * time.Minute) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the closed root's tree collected", func() bool {
+		st, err := gc.Sweep(ctx)
+		return err == nil && st.Collected == 1 && st.Sessions == 2
+	})
+	for _, id := range []string{root.Ref().SessionID, run.ChildID} {
+		if _, err := coordStore.GetHeader(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("the header of %s after its tree was collected: %v, want not found", id, err)
+		}
 	}
 	if vs := v.list(); len(vs) > 0 {
 		t.Fatalf("permission violations while Brood ran:\n%s", strings.Join(vs, "\n"))

@@ -265,6 +265,11 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 			errOut: `(?s)msg="coordinator serving".*msg="coordinator stopped"`,
 			fail:   []string{"coordinator", "--nats", unreachable}, code: "UNAVAILABLE", failRaw: true,
 		},
+		"collector": {
+			ok:     func() outcome { return c.serve(t, "collector serving", "collector", "--nats", c.url) },
+			errOut: `(?s)msg="collector serving".*msg="collector stopped"`,
+			fail:   []string{"collector", "--retention", "0"}, code: "INVALID_ARGUMENT",
+		},
 		"spawn-worker": {
 			ok:     func() outcome { return c.serve(t, `providers=[spawn]`, "spawn-worker", "--nats", c.url) },
 			errOut: `(?s)msg="host serving" host=spawn\.` + id + ` providers=\[spawn\].*msg="host drained"`,

@@ -162,6 +162,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 const (
 	roleAdmin       = "admin"
 	roleCoordinator = "coordinator"
+	roleCollector   = "collector"
 	// roleWorker is a provider's worker user, worker-<provider>: it may
 	// serve only that provider (docs/security.md).
 	roleWorker      = "worker-<provider>"
@@ -174,6 +175,7 @@ const (
 var verbRoles = map[string]string{
 	"provision":    roleAdmin,
 	"coordinator":  roleCoordinator,
+	"collector":    roleCollector,
 	"spawn-worker": "worker-spawn",
 	"fork-worker":  "worker-fork",
 	"acp-bridge":   roleWorker,
@@ -244,7 +246,7 @@ func newRoot(g *globals) *cobra.Command {
 	add(groupDelegate, providersCmd(g), runCmd(g), startCmd(g), followupCmd(g))
 	add(groupObserve, stateCmd(g), resultCmd(g), childrenCmd(g), logCmd(g), watchCmd(g), inboxCmd(g), uiCmd(g))
 	add(groupSteer, interruptCmd(g), disposeCmd(g), drainCmd(g), grantCmd(g))
-	add(groupServices, provisionCmd(g), coordinatorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g), acpBridgeCmd(g), acpAgentCmd(g))
+	add(groupServices, provisionCmd(g), coordinatorCmd(g), collectorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g), acpBridgeCmd(g), acpAgentCmd(g))
 	root.AddCommand(natsServerCmd()) // hidden: the chaos harness's nodes
 	for _, c := range root.Commands() {
 		if c.Args != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 	acpbridge "github.com/brood-dev/brood/services/acp-bridge"
+	"github.com/brood-dev/brood/services/collector"
 	"github.com/brood-dev/brood/services/coordinator"
 	forkworker "github.com/brood-dev/brood/services/fork-worker"
 	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
@@ -277,6 +278,76 @@ func coordinatorCmd(g *globals) *cobra.Command {
 	return cmd
 }
 
+// collectorFlags configure the collector (services/collector).
+type collectorFlags struct {
+	retention time.Duration
+	interval  time.Duration
+}
+
+func (f *collectorFlags) flags(cmd *cobra.Command) {
+	cmd.Flags().DurationVar(&f.retention, "retention", collector.DefaultRetention, "a closed root's tree is removed once idle this long (its last write: the close, a header, a log record)")
+	cmd.Flags().DurationVar(&f.interval, "interval", collector.DefaultInterval, "time between sweeps")
+}
+
+func (f collectorFlags) validate() error {
+	if f.retention <= 0 || f.interval <= 0 {
+		return protocol.Errorf(protocol.CodeInvalidArgument, "--retention and --interval must be positive")
+	}
+	return nil
+}
+
+func (f collectorFlags) collector(st *store.Store, log *slog.Logger) (*collector.Collector, error) {
+	return collector.New(collector.Config{Store: st, Retention: f.retention, Interval: f.interval, Logger: log})
+}
+
+// stopOnViolation runs an actor on nc and ends it with PERMISSION_DENIED
+// as soon as the server refuses nc's user a publish or subscription (a
+// refused JetStream request would otherwise only time out).
+type stopOnViolation struct {
+	nc *nats.Conn
+	a  actor
+}
+
+func (s stopOnViolation) Run(ctx context.Context) error {
+	vctx, stop := cancelOnViolation(ctx, s.nc)
+	defer stop()
+	err := s.a.Run(vctx)
+	if pv := context.Cause(vctx); errors.Is(pv, nats.ErrPermissionViolation) {
+		return protocol.Errorf(protocol.CodePermissionDenied, "%w", pv)
+	}
+	return err
+}
+
+func collectorCmd(g *globals) *cobra.Command {
+	var sf storeFlags
+	var cf collectorFlags
+	cmd := &cobra.Command{
+		Use:   "collector",
+		Short: "Run the collector: remove closed roots' trees once idle for the retention",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := newLogger(g.logLevel, slog.LevelInfo, g.errOut)
+			if err := cf.validate(); err != nil {
+				return err
+			}
+			nc, st, err := serviceConn(cmd.Context(), g, "brood-collector", sf, log)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			c, err := cf.collector(st, log)
+			if err != nil {
+				return err
+			}
+			return serve(stopOnViolation{nc, c})
+		},
+	}
+	sf.flags(cmd)
+	cf.flags(cmd)
+	natsFlag(cmd, g)
+	return cmd
+}
+
 func spawnWorkerCmd(g *globals) *cobra.Command {
 	return inProcessWorkerCmd(g, "spawn-worker", "Run a worker of the spawn provider (fresh children)", spawnworker.Descriptor(spawnworker.DefaultName))
 }
@@ -337,6 +408,7 @@ func devCmd(g *globals) *cobra.Command {
 		fsync  string
 		met    metricsFlags
 		ui     uiFlags
+		cf     collectorFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -345,6 +417,9 @@ func devCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(g.logLevel, slog.LevelInfo, g.errOut)
 			if err := t.validate(); err != nil {
+				return err
+			}
+			if err := cf.validate(); err != nil {
 				return err
 			}
 			if err := lim.validate(); err != nil {
@@ -419,7 +494,11 @@ func devCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			actors := met.actors(c, spawn, fork, bridge)
+			gc, err := cf.collector(st, log)
+			if err != nil {
+				return err
+			}
+			actors := met.actors(c, spawn, fork, bridge, gc)
 			var web *webui.Server
 			if ui.listen != "" {
 				w, done, err := ui.newWebUI(nc, g.prefix, log)
@@ -452,6 +531,7 @@ func devCmd(g *globals) *cobra.Command {
 	ui.flags(cmd, "ui", "", "also serve the web view on host:port (e.g. "+DefaultUIListen+"; off when empty); beyond loopback it needs --access-token")
 	t.flags(cmd)
 	lim.flags(cmd)
+	cf.flags(cmd)
 	mf.flags(cmd)
 	met.flags(cmd)
 	return cmd

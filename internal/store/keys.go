@@ -18,6 +18,7 @@ import (
 //	              owns.<parentSession>     protocol.OwnershipRecord: live continuable children it owns
 //	              slots.<parentSession>    protocol.ChildSlotsRecord: the children admitted under the live-children limit (coordinator)
 //	              userroots.<user>         protocol.UserRootsRecord: the roots a user opened under its open-roots quota (coordinator)
+//	              closed.<sessionId>       protocol.ClosedRootRecord: a root closed or lapsed, for the collector (coordinator; the collector deletes it)
 //	              grant.<hex-sha256>       protocol.UserGrantRecord: a minted user grant
 //	              drain.all.sessions       protocol.DrainRecord: the global drain
 //	              drain.<sessionId>        protocol.DrainRecord: a drain at and below one agent
@@ -37,6 +38,7 @@ const (
 	prefixOwns  = "owns."
 	prefixSlots = "slots."
 	prefixUser  = "userroots."
+	prefixClose = "closed."
 	prefixGrant = "grant."
 	prefixDrain = "drain."
 )
@@ -93,6 +95,11 @@ func SlotsKey(parent string) string { return prefixSlots + parent }
 // UserRootsKey is the brood_agents key of a NATS user's open-root slots,
 // userroots.<user> (a user name is a subject token, protocol.ValidUser).
 func UserRootsKey(user string) string { return prefixUser + user }
+
+// ClosedRootKey is the brood_agents key of a closed root's marker,
+// closed.<sessionId>: the collector's list of trees it may collect once
+// their retention passed (gc.go).
+func ClosedRootKey(sessionID string) string { return prefixClose + sessionID }
 
 // GrantKey is the brood_agents key of a user grant, by the grant's hash
 // (protocol.HashCredential): the grant itself is never stored.
@@ -170,14 +177,15 @@ type AgentsKind int
 
 // The kinds of brood_agents keys.
 const (
-	KindOther     AgentsKind = iota // a key of no known layout
-	KindLease                       // lease.<provider>.<sessionId>
-	KindRootLease                   // root.<sessionId>
-	KindOwnership                   // owns.<parentSession>
-	KindSlots                       // slots.<parentSession>
-	KindUserRoots                   // userroots.<user>
-	KindGrant                       // grant.<hash>
-	KindDrain                       // drain.<scope>
+	KindOther      AgentsKind = iota // a key of no known layout
+	KindLease                        // lease.<provider>.<sessionId>
+	KindRootLease                    // root.<sessionId>
+	KindOwnership                    // owns.<parentSession>
+	KindSlots                        // slots.<parentSession>
+	KindUserRoots                    // userroots.<user>
+	KindClosedRoot                   // closed.<sessionId>
+	KindGrant                        // grant.<hash>
+	KindDrain                        // drain.<scope>
 )
 
 // KindOf returns what the brood_agents key holds and the id it is keyed by
@@ -194,7 +202,7 @@ func KindOf(key string) (AgentsKind, string) {
 	for _, p := range []struct {
 		prefix string
 		kind   AgentsKind
-	}{{prefixRoot, KindRootLease}, {prefixOwns, KindOwnership}, {prefixSlots, KindSlots}, {prefixUser, KindUserRoots}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}} {
+	}{{prefixRoot, KindRootLease}, {prefixOwns, KindOwnership}, {prefixSlots, KindSlots}, {prefixUser, KindUserRoots}, {prefixClose, KindClosedRoot}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}} {
 		if id, ok := strings.CutPrefix(key, p.prefix); ok {
 			return p.kind, id
 		}

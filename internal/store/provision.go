@@ -45,8 +45,11 @@ const kvStreamPrefix = "KV_"
 //   - no stream allows roll-ups (a message with Nats-Rollup: all would purge
 //     a whole stream, or a whole bucket, for anyone who may publish one
 //     message to it), nor message schedules, counters or atomic batches;
-//   - no stream can be purged (DenyPurge), and only BROOD_INBOX allows
-//     message deletes (a claimed item is deleted);
+//   - only BROOD_SESSIONS and BROOD_LOG can be purged, for the collector
+//     to remove the headers, child indexes and logs of trees whose
+//     retention passed (gc.go; a deployment lets only the collector user
+//     purge them, by subject), and only BROOD_INBOX allows message deletes
+//     (a claimed item is deleted);
 //   - KV buckets allow per-message TTLs (AllowMsgTTL) for keys that expire
 //     on their own (grants, settled runs), without delete markers, which
 //     would need roll-ups.
@@ -129,7 +132,7 @@ func (cfg Config) streamConfigs(subj protocol.Subjects) []jetstream.StreamConfig
 		c.MaxBytes = -1
 		c.MaxConsumers = -1
 		c.AllowDirect = true
-		c.DenyPurge = true
+		c.DenyPurge = c.Name != subj.StreamSessions() && c.Name != subj.StreamLog()
 		c.AllowRollup = false
 	}
 	return streams

@@ -156,10 +156,11 @@ func Retry(ctx context.Context, op func(ctx context.Context) error) error {
 // leaderMsg is the message part of a $JS.API.STREAM.MSG.GET answer.
 type leaderMsg struct {
 	Message *struct {
-		Subject string `json:"subject"`
-		Seq     uint64 `json:"seq"`
-		Header  []byte `json:"hdrs,omitempty"`
-		Data    []byte `json:"data,omitempty"`
+		Subject string    `json:"subject"`
+		Seq     uint64    `json:"seq"`
+		Time    time.Time `json:"time"`
+		Header  []byte    `json:"hdrs,omitempty"`
+		Data    []byte    `json:"data,omitempty"`
 	} `json:"message,omitempty"`
 	Error *jetstream.APIError `json:"error,omitempty"`
 }
@@ -200,7 +201,7 @@ func (s *Store) leaderGetMsg(ctx context.Context, stream string, body map[string
 	case r.Message == nil:
 		return nil, jetstream.ErrInvalidJetStreamResponse
 	}
-	m := &jetstream.RawStreamMsg{Subject: r.Message.Subject, Sequence: r.Message.Seq, Data: r.Message.Data, Header: nats.Header{}}
+	m := &jetstream.RawStreamMsg{Subject: r.Message.Subject, Sequence: r.Message.Seq, Time: r.Message.Time, Data: r.Message.Data, Header: nats.Header{}}
 	if len(r.Message.Header) > 0 {
 		if m.Header, err = nats.DecodeHeadersMsg(r.Message.Header); err != nil {
 			return nil, err

@@ -290,6 +290,15 @@ type RootSlot struct {
 	ReservedAt int64  `msgpack:"reservedAt" json:"reservedAt"`
 }
 
+// ClosedRootRecord marks a root that was closed (agents.close) or whose
+// lease lapsed, in brood_agents under `closed.<sessionId>` (docs/protocol.md
+// §7.6), written by coordinators before they delete the root's lease:
+// the collector's list of trees to collect once idle for their retention
+// (docs/security.md, "Garbage collection"). ClosedAt is epoch ms.
+type ClosedRootRecord struct {
+	ClosedAt int64 `msgpack:"closedAt" json:"closedAt"`
+}
+
 // DrainRecord marks a drain in brood_agents under `drain.<scope>`:
 // `drain.all.sessions` for everything (until lifted), `drain.<root>` below
 // one live root (held while that exact root agent, by its credential hash,

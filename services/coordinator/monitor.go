@@ -101,6 +101,10 @@ func (c *Coordinator) sweep() []job {
 // expireRoot ends a root whose lease lapsed: its credential dies with the
 // lease, and its one-shot runs are disposed (DESIGN.md §7, Settlement 4).
 func (c *Coordinator) expireRoot(ctx context.Context, l leaseState) {
+	if err := c.markClosed(ctx, l.rec.SessionID); err != nil {
+		c.log.Warn("could not expire root", "session", l.rec.SessionID, "err", err)
+		return
+	}
 	err := c.st.ReleaseLease(ctx, l.rec.SessionID, l.rev)
 	if err != nil && !errors.Is(err, store.ErrConflict) {
 		c.log.Warn("could not expire root", "session", l.rec.SessionID, "err", err)

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"time"
@@ -126,6 +127,9 @@ func (c *Coordinator) agentsClose(ctx context.Context, req rpc.Request, p protoc
 // a run started 6 s after its root's close was accepted, I4). A lease gone,
 // or holding another credential (a reopened root), is closed.
 func (c *Coordinator) releaseRoot(ctx context.Context, p protocol.ParentRef, rev uint64) error {
+	if err := c.markClosed(ctx, p.SessionID); err != nil {
+		return protocol.Errorf(protocol.CodeUnavailable, "close: %w", err)
+	}
 	for attempt := 0; attempt < renewAttemptsMax; attempt++ {
 		err := c.st.ReleaseLease(ctx, p.SessionID, rev)
 		if err == nil {
@@ -147,6 +151,18 @@ func (c *Coordinator) releaseRoot(ctx context.Context, p protocol.ParentRef, rev
 		rev = fresh.Revision
 	}
 	return protocol.Errorf(protocol.CodeUnavailable, "close of %s kept conflicting; retry", p.SessionID)
+}
+
+// markClosed writes root id's closed marker (store.PutClosedRoot) before
+// its lease goes, so the collector finds every root whose lease is gone
+// (docs/security.md, "Garbage collection"); a root whose lease stays after
+// all (the delete failed, or it was reopened) is never collected while it
+// is live, and a later close writes the marker again.
+func (c *Coordinator) markClosed(ctx context.Context, id string) error {
+	if err := c.st.PutClosedRoot(ctx, id, store.NowMs()); err != nil {
+		return fmt.Errorf("mark root %s closed: %w", id, err)
+	}
+	return nil
 }
 
 // parallel runs fns concurrently and returns the first error.
