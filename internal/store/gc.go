@@ -26,8 +26,8 @@ import (
 
 // KVMarkerTTL is how long the delete marker the collector leaves for a KV
 // key lives (the server removes it then): long enough for every watcher to
-// see the delete.
-const KVMarkerTTL = time.Hour
+// see the delete. A variable for tests only.
+var KVMarkerTTL = time.Hour
 
 // PutClosedRoot marks root id closed at closedAt (epoch ms): coordinators
 // write it before they delete a root's lease (agents.close, a lapsed lease),
