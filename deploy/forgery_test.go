@@ -940,6 +940,15 @@ func (f *forgery) cliAsClient(t *testing.T) {
 	if out := f.ok(t, "trusted-host", "state", "--all-users", child); !strings.Contains(out, "none") {
 		t.Fatalf("brood state --all-users as trusted-host:\n%s", out)
 	}
+	// A client disposes a continuable child of its own (idle: nothing to
+	// end), with the grant of its own subject.
+	if out := f.ok(t, "client", "dispose", child); !strings.Contains(out, "nothing to dispose") {
+		t.Fatalf("brood dispose of the client's own child as client:\n%s", out)
+	}
+	// brood drain is the trusted host's, without --all-users.
+	if out := f.ok(t, "trusted-host", "drain", "--list"); !strings.Contains(out, "SCOPE") {
+		t.Fatalf("brood drain --list as trusted-host:\n%s", out)
+	}
 }
 
 // cliNamesTheRole: a verb run as a user without the right fails at once,
@@ -952,6 +961,8 @@ func (f *forgery) cliNamesTheRole(t *testing.T) {
 	}{
 		{"client", []string{"grant", "--all-users"}, "trusted-host"},
 		{"client", []string{"state", "--all-users", f.victim.child}, "trusted-host"},
+		{"client", []string{"drain", "--list"}, "trusted-host"},
+		{"client", []string{"collector"}, "collector"},
 		{"worker-spawn", []string{"grant"}, "client"},
 		{"client", []string{"provision", "--replicas", "3", "--timeout", "10s"}, "admin"},
 	} {

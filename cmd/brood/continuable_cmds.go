@@ -396,10 +396,13 @@ func disposeCmd(g *globals) *cobra.Command {
 				if err == nil {
 					return printRunStatus(s, st, asJSON, false)
 				}
-				if !errors.Is(err, protocol.ErrNotFound) {
+				// Not a one-shot run: a continuable child. A grant over every
+				// session learns NOT_FOUND; a user's grant is told
+				// UNAUTHORIZED for a run id it does not know (authority
+				// before existence), which a child id of its own tree is.
+				if !errors.Is(err, protocol.ErrNotFound) && (s.allUsers || !errors.Is(err, protocol.ErrUnauthorized)) {
 					return err
 				}
-				// Not a one-shot run: a continuable child.
 				r, err := s.cl.Drain(ctx, protocol.DrainRequest{Authority: auth, Children: []string{id}})
 				if err != nil {
 					return err
@@ -549,6 +552,10 @@ func drainCmd(g *globals) *cobra.Command {
 			"(DRAINING). Turns ended by a drain are logged `aborted (drain)`.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Every drain, its lift and the list act on the whole
+			// deployment: they need a grant over every session (the
+			// trusted-host role), with or without --all-users.
+			g.allUsers = true
 			if list && (lift || len(parents) > 0) {
 				return protocol.Errorf(protocol.CodeInvalidArgument, "--list takes no other flag")
 			}

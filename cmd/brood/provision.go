@@ -153,11 +153,8 @@ func openStore(ctx context.Context, nc *nats.Conn, prefix string, sf storeFlags,
 // connection's user lacks (the role it needs), or the store's reason.
 func storeError(nc *nats.Conn, what string, err error) error {
 	if pv := permissionViolation(nc); pv != nil {
-		role := "the role of this service"
-		if what == "provision" {
-			role = "the admin role"
-		}
-		return protocol.Errorf(protocol.CodePermissionDenied, "%s Brood's streams and buckets: %w; connect as a NATS user with %s (docs/security.md)", what, pv, role)
+		// The verb's role is named once, by main (withRole).
+		return protocol.Errorf(protocol.CodePermissionDenied, "%s Brood's streams and buckets: %w", what, pv)
 	}
 	msg := err.Error()
 	if strings.HasPrefix(msg, "store: ") {

@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -182,6 +184,55 @@ func TestAUserGrantActsOnlyOnItsUsersTrees(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestAUserGrantDisposesItsUsersContinuableChildren: `brood dispose CHILD`
+// (continuable.drain of given children) works with the grant a client
+// mints on its own subject for the children in its own trees, and with
+// nothing else: another user's child and an unknown id are UNAUTHORIZED
+// alike, and are left running (issue 17, point 8: as the client role it was
+// refused for every child, needing a grant over every session).
+func TestAUserGrantDisposesItsUsersContinuableChildren(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	s.WaitProvider("spawn")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	alice, bob := userClient(t, s, "alice"), userClient(t, s, "bob")
+	children := map[string]string{}
+	for who, cl := range map[string]*client.Client{"alice": alice, "bob": bob} {
+		root, err := openAs(ctx, t, cl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := cl.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: who, Prompt: protocol.Text("sleep 60s\nsay late")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		children[who] = r.ChildID
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			_, err := s.Store.LeaseLatest(ctx, r.ChildID)
+			return err == nil
+		}, "%s's child live", who)
+	}
+	g, err := alice.UserGrant(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant := protocol.Authority{Grant: g.Grant}
+	for _, id := range []string{children["bob"], "NOSUCHSESSION"} {
+		if _, err := alice.Drain(ctx, protocol.DrainRequest{Authority: grant, Children: []string{id}}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+			t.Fatalf("dispose %s with alice's grant: %v, want UNAUTHORIZED", id, err)
+		}
+	}
+	r, err := alice.Drain(ctx, protocol.DrainRequest{Authority: grant, Children: []string{children["alice"]}})
+	if err != nil || len(r.Disposed) != 1 || r.Disposed[0] != children["alice"] {
+		t.Fatalf("dispose alice's child with her grant: %+v, %v", r, err)
+	}
+	if _, err := s.Store.LeaseLatest(ctx, children["bob"]); err != nil {
+		t.Fatalf("bob's child after alice's attempt: %v, want it live", err)
 	}
 }
 

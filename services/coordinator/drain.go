@@ -56,7 +56,8 @@ func (c *Coordinator) checkDraining(lineage []string) error {
 }
 
 // continuableDrain disposes activations child-first in one of three scopes:
-// given children, whoever their parent (user grant; drainGivenChildren);
+// given children, whoever their parent (a user grant covering them;
+// drainGivenChildren);
 // given children of one parent and their subtrees (the parent or a user
 // grant; drainChildrenOf); or the descendants of given parents, or every
 // activation (user grant; drainDescendants), which also closes admission
@@ -93,18 +94,32 @@ func (c *Coordinator) continuableDrain(ctx context.Context, req rpc.Request, r p
 }
 
 // drainGivenChildren selects the activations of the given children and of
-// their descendants, whoever their parent: a user grant only.
+// their descendants, whoever their parent (`brood dispose CHILD`): a user
+// grant that covers every given child (a grant over every session, or one
+// minted by the user whose roots' trees hold them; authority before
+// existence, so an unknown child is UNAUTHORIZED to a user's grant).
 func (c *Coordinator) drainGivenChildren(ctx context.Context, r protocol.DrainRequest, leases []leaseState) ([]leaseState, error) {
 	if len(r.Parents) > 0 {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "children are drained on their own or with their parent, not with parents")
 	}
-	if err := c.checkGrant(ctx, r.Authority.Grant); err != nil {
+	g, err := c.grantOf(ctx, r.Authority.Grant)
+	if err != nil {
 		return nil, err
 	}
 	roots := map[string]bool{}
 	for _, id := range r.Children {
-		if _, err := c.childHeaderOf(ctx, id, true); err != nil {
+		h, err := c.childHeaderOf(ctx, id, true)
+		if !g.all && protocol.CodeOf(err) == protocol.CodeNotFound {
+			return nil, notCovered(g, id)
+		}
+		if err != nil {
 			return nil, err
+		}
+		if ok, err := g.covers(ctx, c, h); err != nil || !ok {
+			if err != nil {
+				return nil, err
+			}
+			return nil, notCovered(g, id)
 		}
 		roots[id] = true
 	}
