@@ -962,6 +962,8 @@ func (f *forgery) cliNamesTheRole(t *testing.T) {
 		{"client", []string{"grant", "--all-users"}, "trusted-host"},
 		{"client", []string{"state", "--all-users", f.victim.child}, "trusted-host"},
 		{"client", []string{"drain", "--list"}, "trusted-host"},
+		{"client", []string{"acp-agent"}, "trusted-host"},
+		{"worker-spawn", []string{"ui", "--listen", "127.0.0.1:0"}, "client"},
 		{"client", []string{"collector"}, "collector"},
 		{"worker-spawn", []string{"grant"}, "client"},
 		{"client", []string{"provision", "--replicas", "3", "--timeout", "10s"}, "admin"},

@@ -176,11 +176,16 @@ func acpAgentCmd(g *globals) *cobra.Command {
 			}
 			defer cl.Close()
 			bctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			// A user NATS refuses the streams' info (a client's) ends it at
+			// once with PERMISSION_DENIED naming the trusted-host role, not
+			// after the deadline.
+			vctx, stop := cancelOnViolation(bctx, nc)
 			// It hosts roots: their headers and logs are all it touches directly.
-			st, err := store.BindLogs(bctx, nc, cl.Subjects())
+			st, err := store.BindLogs(vctx, nc, cl.Subjects())
+			stop()
 			cancel()
 			if err != nil {
-				return protocol.Errorf(protocol.CodeUnavailable, "%w", err)
+				return storeError(nc, "open", err)
 			}
 			svc, err := acpagent.New(acpagent.Config{
 				Client: cl, Store: st, Models: models, In: os.Stdin, Out: os.Stdout, Logger: log,

@@ -166,10 +166,17 @@ func (s *Server) Run(ctx context.Context) error {
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(1)
+	denied := make(chan error, 1)
 	go func() {
 		defer wg.Done()
-		if s.cfg.Grant == "" && !s.mintLoop(bg) {
-			return
+		if s.cfg.Grant == "" {
+			if err := s.mintLoop(bg); err != nil {
+				denied <- err
+				return
+			}
+			if bg.Err() != nil {
+				return
+			}
 		}
 		s.hub.run(bg)
 	}()
@@ -178,6 +185,10 @@ func (s *Server) Run(ctx context.Context) error {
 	var err error
 	select {
 	case err = <-errc:
+	case err = <-denied:
+		// NATS refuses this user the grant: the view could never read.
+		_ = s.srv.Close()
+		<-errc
 	case <-ctx.Done():
 		_ = s.srv.Close()
 		if e := <-errc; !errors.Is(e, http.ErrServerClosed) {
@@ -190,9 +201,11 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // mintLoop mints the grant the server reads with, retrying until a
-// coordinator answers, then replaces it before it expires. It reports false
-// when ctx ended first.
-func (s *Server) mintLoop(ctx context.Context) bool {
+// coordinator answers, then replaces it before it expires. It returns at
+// once when ctx ended first (nil), or with the refusal when NATS refuses
+// the connection's user the grant's subject (PERMISSION_DENIED: a user of
+// another role, which no retry changes).
+func (s *Server) mintLoop(ctx context.Context) error {
 	var expires time.Time
 	for attempt := 0; ; attempt++ {
 		r, err := s.cfg.Client.UserGrant(ctx)
@@ -203,12 +216,15 @@ func (s *Server) mintLoop(ctx context.Context) bool {
 			expires = time.UnixMilli(r.ExpiresAt)
 			break
 		}
+		if errors.Is(err, protocol.ErrPermissionDenied) {
+			return err
+		}
 		if attempt%20 == 10 { // a coordinator starting with it answers within the first attempts
 			s.log.Warn("cannot mint the user grant the web view reads with; retrying", "err", err)
 		}
 		select {
 		case <-ctx.Done():
-			return false
+			return nil
 		case <-time.After(min(time.Duration(attempt+1)*100*time.Millisecond, time.Second)):
 		}
 	}
@@ -232,7 +248,7 @@ func (s *Server) mintLoop(ctx context.Context) bool {
 			expires = time.UnixMilli(r.ExpiresAt)
 		}
 	}()
-	return true
+	return nil
 }
 
 // Handler is the web view's HTTP handler (the page and its API), with the
