@@ -51,28 +51,7 @@ func TestUserOpenRootsAreBounded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	var mu sync.Mutex
-	var opened []*client.Root
-	refused := 0
-	var wg sync.WaitGroup
-	for i := 0; i < burst; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			root, err := openAs(ctx, t, alice)
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err == nil:
-				opened = append(opened, root)
-			case protocol.CodeOf(err) == protocol.CodeLimitExceeded && strings.Contains(err.Error(), "open roots per user"):
-				refused++
-			default:
-				t.Errorf("open: %v", err)
-			}
-		}()
-	}
-	wg.Wait()
+	opened, refused := openBurst(ctx, t, alice, burst)
 	if len(opened) != limit || refused != burst-limit {
 		t.Fatalf("%d opens of one user at once: %d opened, %d refused; want %d and %d", burst, len(opened), refused, limit, burst-limit)
 	}
