@@ -88,6 +88,9 @@ type Config struct {
 type Collector struct {
 	cfg Config
 	log *slog.Logger
+	// headersRemoved, when set (tests), runs after a tree's headers are
+	// removed and before it is read again.
+	headersRemoved func(root string)
 }
 
 // New checks cfg and returns a collector.
@@ -207,6 +210,9 @@ func (c *Collector) collect(ctx context.Context, m store.ClosedRoot) (int, strin
 		if err := s.PurgeHeader(ctx, tree[i].ID); err != nil {
 			return 0, "", errors.Join(err, c.restore(ctx, acts))
 		}
+	}
+	if c.headersRemoved != nil {
+		c.headersRemoved(m.SessionID)
 	}
 	// A message accepted, or an agent started, between the first reads and
 	// the headers' removal keeps the tree.

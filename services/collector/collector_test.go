@@ -3,6 +3,7 @@ package collector_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -180,4 +181,76 @@ func TestClosedRootsAreCollectedAfterTheirRetention(t *testing.T) {
 		t.Errorf("the sweep after the item went: %+v, want 1 collected, 1 kept", st)
 	}
 	check("after the pending item went", closed, recent, pending)
+}
+
+// TestATreeWrittenToWhileCollectedIsKept: a message accepted into a tree
+// after the collector's first reads (here: once its headers are removed)
+// keeps the tree: its headers are put back as they were, and its logs,
+// child index and marker stay (nothing accepted is lost).
+func TestATreeWrittenToWhileCollectedIsKept(t *testing.T) {
+	const retention = time.Hour
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	s.WaitProvider("spawn")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r := s.Root()
+	run, _, err := s.Run(r.Ref(), "spawn", "say ok", protocol.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, err := s.Store.LeaseLatest(ctx, run.ChildID)
+		return errors.Is(err, store.ErrNotFound)
+	}, "the child's lease released")
+	if err := r.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	root := r.Ref().SessionID
+	headers := map[string]protocol.SessionHeader{}
+	for _, id := range []string{root, run.ChildID} {
+		h, err := s.Store.GetHeader(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		headers[id] = h
+	}
+	c, err := collector.New(collector.Config{Store: s.Store, Retention: retention, Logger: testutil.Logger(t),
+		Now: func() time.Time { return time.Now().Add(2 * retention) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := 0
+	collector.OnHeadersRemoved(c, func(string) {
+		removed++
+		for id := range headers {
+			if _, err := s.Store.GetHeader(ctx, id); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("the header of %s once the tree's headers were removed: %v", id, err)
+			}
+		}
+		item := protocol.InboxItem{Content: protocol.Text("accepted meanwhile")}
+		if _, _, err := s.Store.Enqueue(ctx, root, item, ""); err != nil {
+			t.Error(err)
+		}
+	})
+	st, err := c.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if removed != 1 || st.Collected != 0 || st.Kept != 1 {
+		t.Fatalf("sweep: %+v, headers removed %d times; want the tree examined once and kept", st, removed)
+	}
+	tr := tree{"written meanwhile", r, []store.TreeSession{{ID: root, Scope: protocol.ScopeRoot}, {ID: run.ChildID, Scope: "spawn"}}}
+	if h, l, idx := tr.state(ctx, t, s.Store); h != 2 || l != 1 || idx != 1 {
+		t.Fatalf("the tree after the stopped collection: %d headers, %d logs, %d children indexed; want 2, 1, 1", h, l, idx)
+	}
+	for id, want := range headers {
+		if got, err := s.Store.GetHeader(ctx, id); err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("the header of %s put back: %+v, %v; want %+v", id, got, err, want)
+		}
+	}
+	if _, err := store.Get[protocol.ClosedRootRecord](ctx, s.Store.Agents, store.ClosedRootKey(root)); err != nil {
+		t.Errorf("the closed marker of the kept tree: %v", err)
+	}
 }
