@@ -51,9 +51,12 @@ func (s *Store) DeleteDrain(ctx context.Context, scope string) error {
 	return Delete(ctx, s.Agents, DrainKey(scope), 0)
 }
 
-// Slots reads parent's live-children slot record. None is ErrNotFound.
+// Slots reads parent's live-children slot record from the bucket's leader
+// (GetLatest): a follower just elected, or catching up after a restart,
+// may answer a direct get with a revision already superseded, and every
+// compare-and-set from it would conflict. None is ErrNotFound.
 func (s *Store) Slots(ctx context.Context, parent string) (Record[protocol.ChildSlotsRecord], error) {
-	return Get[protocol.ChildSlotsRecord](ctx, s.Agents, SlotsKey(parent))
+	return GetLatest[protocol.ChildSlotsRecord](ctx, s.Agents, SlotsKey(parent))
 }
 
 // WriteSlots writes parent's slot record by compare-and-set at rev, the

@@ -108,7 +108,7 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 	if err := c.reserveChild(ctx, adm.a.pheader.ID, childID, ""); err != nil {
 		return protocol.ContinuableStartReply{}, err
 	}
-	release := func() { c.releaseChild(context.WithoutCancel(ctx), adm.a.pheader.ID, childID) }
+	release := func() { c.releaseChild(ctx, adm.a.pheader.ID, childID) }
 	header, err := c.writeContinuableChild(ctx, adm, childID)
 	if err != nil {
 		if protocol.CodeOf(err) != protocol.CodeDuplicateChild {
@@ -314,8 +314,8 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 	if err != nil && (errors.Is(err, protocol.ErrNotPending) || c.failRun(ctx, rec, rev, err)) {
 		// An instance claimed the epoch (one whose answer we did not wait
 		// for): it is resident there, or was settled never started.
-		if err = c.claimedRun(ctx, rec, rev, err); err == nil {
-			run, rerr := c.st.RunLatest(context.WithoutCancel(ctx), runID)
+		if _, err = c.claimedRun(ctx, rec, rev, err); err == nil {
+			run, rerr := c.st.RunLatest(ctx, runID)
 			if rerr != nil {
 				return reply, protocol.Errorf(protocol.CodeUnavailable, "read the epoch %s: %w", runID, rerr)
 			}

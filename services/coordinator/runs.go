@@ -68,7 +68,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 	if err := c.reserveChild(ctx, a.pheader.ID, childID, ""); err != nil {
 		return protocol.RunStartReply{}, err
 	}
-	release := func() { c.releaseChild(context.WithoutCancel(ctx), a.pheader.ID, childID) }
+	release := func() { c.releaseChild(ctx, a.pheader.ID, childID) }
 	// The run and its child are created at the admission, once the slot is
 	// taken: a child whose settlement let this one in (read while the slot
 	// was being taken, which may wait for the parent's slot lock and read
@@ -115,13 +115,16 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 		return start
 	}, &protocol.ProviderStartReply{})
 	cancel()
+	unread := false
 	if err != nil && (errors.Is(err, protocol.ErrNotPending) || c.failRun(ctx, rec, runRev, err)) {
 		// An instance claimed the run (one whose answer we did not wait
 		// for): it started the child, or settled it never started.
-		err = c.claimedRun(ctx, rec, runRev, err)
+		unread, err = c.claimedRun(ctx, rec, runRev, err)
 	}
 	if err != nil {
-		release()
+		if !unread { // a run claimed and maybe live keeps its slot until it ends
+			release()
+		}
 		return protocol.RunStartReply{}, err
 	}
 	c.cfg.Metrics.StartAnswered(rec.Provider, rec.Mode, time.Since(began))
@@ -132,23 +135,28 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 // coordinator (read from the leader): nil when an instance started (or is
 // starting) the child, else the error the run was settled with never
 // started. A record still unclaimed means the change was not a claim: the
-// run is settled never started with cause, and cause is returned.
-func (c *Coordinator) claimedRun(ctx context.Context, rec protocol.RunRecord, rev uint64, cause error) error {
+// run is settled never started with cause, and cause is returned. The
+// read waits out an election within ctx (the caller's deadline, less the
+// margin to answer; it was a fixed store.WriteBudget past it, so the answer
+// could come after the caller stopped waiting): when it runs out, the
+// answer is UNAVAILABLE and unread is true (the run may be live: its slot
+// stays).
+func (c *Coordinator) claimedRun(ctx context.Context, rec protocol.RunRecord, rev uint64, cause error) (unread bool, err error) {
 	for attempt := 0; attempt < claimReadsMax; attempt++ {
-		run, err := c.st.RunLatest(context.WithoutCancel(ctx), rec.RunID)
+		run, err := c.st.RunLatest(ctx, rec.RunID)
 		switch {
 		case err != nil:
-			return protocol.Errorf(protocol.CodeUnavailable, "read run %s: %w", rec.RunID, err)
+			return true, protocol.Errorf(protocol.CodeUnavailable, "read run %s, claimed by an instance that did not answer in time: %w", rec.RunID, err)
 		case run.Value.NotStarted && run.Value.Result != nil:
-			return protocol.Errorf(run.Value.Result.ErrorCode, "%s", run.Value.Result.Diagnostic)
+			return false, protocol.Errorf(run.Value.Result.ErrorCode, "%s", run.Value.Result.Diagnostic)
 		case run.Value.State == protocol.RunSettled || run.Value.HostID != "":
-			return nil
+			return false, nil
 		}
 		if !c.failRun(ctx, rec, rev, cause) {
-			return cause
+			return false, cause
 		}
 	}
-	return cause
+	return false, cause
 }
 
 // claimReadsMax bounds the reads of a run record whose state keeps changing.

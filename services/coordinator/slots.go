@@ -62,12 +62,24 @@ func (c *Coordinator) slotGrace() int64 {
 // (the run id of a cold resume's epoch, "" for an admission) takes the
 // child's slot for that run and is never refused. This replica's
 // admissions of one parent wait for each other (so they do not race on the
-// record) and reuse the record they last wrote; only another replica's
-// write makes one read it again.
+// record), within ctx, and reuse the record they last wrote; only another
+// replica's write makes one read it again. Every read and write waits out
+// a leader election within ctx (the caller's deadline, less the margin to
+// answer): an UNAVAILABLE says how long the admission took, and how much of
+// it went to waiting for this replica's other admissions of parent.
 func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun string) error {
+	began := time.Now()
 	ps := c.slots.of(parent)
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
+	err := ps.lock(ctx)
+	waited := time.Since(began)
+	unavailable := func(what string, err error) error {
+		return protocol.Errorf(protocol.CodeUnavailable, "%s of %s after %s (%s of it waiting for this replica's other admissions of %s): %w",
+			what, parent, time.Since(began).Round(time.Millisecond), waited.Round(time.Millisecond), parent, err)
+	}
+	if err != nil {
+		return unavailable("reserve a live-child slot", err)
+	}
+	defer ps.unlock()
 	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
 		// A revision this replica remembers may be stale without any
 		// contention: a parent's admissions alternate between replicas
@@ -79,14 +91,14 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun
 		if !ps.known {
 			cur, err := c.st.Slots(ctx, parent)
 			if err != nil && !errors.Is(err, store.ErrNotFound) {
-				return protocol.Errorf(protocol.CodeUnavailable, "read the live children of %s: %w", parent, err)
+				return unavailable("read the live children", err)
 			}
 			ps.rec, ps.rev, ps.known = cur.Value, cur.Revision, true
 		}
 		now := store.NowMs()
 		live := c.liveChildIDs(parent)
 		if err := c.confirmLive(ctx, ps.rec.Slots, live, now); err != nil {
-			return protocol.Errorf(protocol.CodeUnavailable, "read the live children of %s: %v", parent, err)
+			return unavailable("read the live children", err)
 		}
 		kept, held, count := c.countSlots(ps.rec.Slots, child, live, nil, now)
 		if resumeRun != "" {
@@ -118,14 +130,14 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun
 		}
 		ps.known = false // another replica wrote, or the write's outcome is unknown: read again
 		if !errors.Is(err, store.ErrConflict) {
-			return protocol.Errorf(protocol.CodeUnavailable, "reserve a live-child slot of %s: %w", parent, err)
+			return unavailable("reserve a live-child slot", err)
 		}
 		if cached {
 			continue
 		}
 		select {
 		case <-ctx.Done():
-			return protocol.Errorf(protocol.CodeUnavailable, "reserve a live-child slot of %s: %w", parent, ctx.Err())
+			return unavailable("reserve a live-child slot", ctx.Err())
 		case <-time.After(c.slotBackoff()):
 		}
 	}
@@ -142,12 +154,27 @@ const slotBackoffMax = 20 * time.Millisecond
 func randomSlotBackoff() time.Duration { return time.Duration(rand.Int63n(int64(slotBackoffMax))) }
 
 // parentSlots is what this replica last knew of one parent's slot record.
+// Its admissions hold held (a lock a waiter gives up at its deadline: an
+// admission stalled by an election must not make the ones behind it answer
+// after their callers stopped waiting) while they use it.
 type parentSlots struct {
-	mu    sync.Mutex
+	held  chan struct{} // capacity 1: full while an admission holds it
 	rec   childSlotsRecord
 	rev   uint64
 	known bool
 }
+
+// lock takes ps for an admission, or returns ctx's error once ctx is done.
+func (ps *parentSlots) lock(ctx context.Context) error {
+	select {
+	case ps.held <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (ps *parentSlots) unlock() { <-ps.held }
 
 // slotCache holds parentSlots by parent, at most slotParentsCachedMax.
 type slotCache struct {
@@ -166,38 +193,52 @@ func (sc *slotCache) of(parent string) *parentSlots {
 	}
 	ps := sc.m[parent]
 	if ps == nil {
-		ps = &parentSlots{}
+		ps = &parentSlots{held: make(chan struct{}, 1)}
 		sc.m[parent] = ps
 	}
 	return ps
 }
 
-// releaseChild gives back child's slot after its start failed (best effort:
-// a slot left behind lapses after slotGrace).
+// releaseChild gives back child's slot after its start failed, within
+// what is left of ctx, then, when that did not do, in the background
+// within store.SettleBudget (an election outlasting the start's budget);
+// a slot left behind still lapses after slotGrace. It does not wait for
+// this replica's admissions of parent, nor they for it: it reads the record
+// from the bucket's leader and writes it by compare-and-set, and an
+// admission whose remembered revision it superseded reads it again.
 func (c *Coordinator) releaseChild(ctx context.Context, parent, child string) {
-	ps := c.slots.of(parent)
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	ps.known = false
+	if c.dropSlot(ctx, parent, child) == nil {
+		return
+	}
+	c.background(func(bg context.Context) {
+		ctx, cancel := context.WithTimeout(bg, store.SettleBudget)
+		defer cancel()
+		if err := c.dropSlot(ctx, parent, child); err != nil {
+			c.log.Warn("a failed start's live-child slot not released; it lapses after its grace", "parent", parent, "child", child, "grace", time.Duration(c.slotGrace())*time.Millisecond, "err", err)
+		}
+	})
+}
+
+// dropSlot removes child's slot from parent's slot record (read from the
+// leader, written by compare-and-set); a record without it is no error.
+func (c *Coordinator) dropSlot(ctx context.Context, parent, child string) error {
 	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
 		cur, err := c.st.Slots(ctx, parent)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
 		if err != nil {
-			return
+			return err
 		}
-		var kept []childSlot
-		for _, s := range cur.Value.Slots {
-			if s.ChildID != child {
-				kept = append(kept, s)
-			}
-		}
+		kept := slices.DeleteFunc(slices.Clone(cur.Value.Slots), func(s childSlot) bool { return s.ChildID == child })
 		if len(kept) == len(cur.Value.Slots) {
-			return
+			return nil
 		}
-		_, err = c.st.WriteSlots(ctx, parent, childSlotsRecord{Slots: kept}, cur.Revision)
-		if !errors.Is(err, store.ErrConflict) {
-			return
+		if _, err = c.st.WriteSlots(ctx, parent, childSlotsRecord{Slots: kept}, cur.Revision); !errors.Is(err, store.ErrConflict) {
+			return err
 		}
 	}
+	return fmt.Errorf("the live children of %s kept changing", parent)
 }
 
 // countSlots returns the slots of slots to keep (child's own renewed at now),
