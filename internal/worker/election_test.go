@@ -3,11 +3,8 @@ package worker_test
 import (
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
@@ -15,54 +12,6 @@ import (
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
-
-// electionLasts is how long an injected election refuses a write: longer
-// than the store's WriteBudget, which bounded these writes before, and
-// shorter than the budgets they have now (worker.RunWriteBudget, the
-// agent's AppendTimeout).
-const electionLasts = store.WriteBudget + 2*time.Second
-
-// election answers one write of a worker's store "no response from
-// stream" (a stream or bucket without a leader: jetstream.ErrNoStreamResponse)
-// from the first attempt on, for electionLasts, and lets it through after
-// that: a leader election of BROOD_LOG, brood_agents or brood_runs on a
-// loaded cluster (deploy TestLeaderElectionsAreNotFailures, issue 9).
-type election struct {
-	mu    sync.Mutex
-	match func(store.Write) bool // called under mu
-	began time.Time              // the first refusal
-	last  time.Time              // the last refusal
-	n     int                    // refusals
-}
-
-func (e *election) faults() store.Faults {
-	return store.Faults{Before: func(_ context.Context, w store.Write) error {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		if !e.match(w) {
-			return nil
-		}
-		now := time.Now()
-		if e.began.IsZero() {
-			e.began = now
-		}
-		if now.Sub(e.began) >= electionLasts {
-			return nil
-		}
-		e.last, e.n = now, e.n+1
-		return jetstream.ErrNoStreamResponse
-	}}
-}
-
-// check fails t unless the write was refused past the store's WriteBudget.
-func (e *election) check(t *testing.T) {
-	t.Helper()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.n == 0 || e.last.Sub(e.began) < store.WriteBudget {
-		t.Fatalf("the write was refused %d times over %s; want its retries to outlast the WriteBudget (%s)", e.n, e.last.Sub(e.began), store.WriteBudget)
-	}
-}
 
 // The writes of a worker that start a claimed run or epoch, as a Faults
 // hook sees them.
@@ -127,10 +76,10 @@ func TestAnElectionIsWaitedOutByTheWritesThatStartARun(t *testing.T) {
 			t.Parallel()
 			s := stack.New(t)
 			s.AddCoordinator()
-			e := &election{}
+			e := &testutil.Election{}
 			s.AddSpawnWorker(func(c *worker.InProcessConfig) {
-				e.match = tc.write(c.Store.Subj.Log("spawn", ""))
-				c.Store = c.Store.WithFaults(e.faults())
+				e.Match(tc.write(c.Store.Subj.Log("spawn", "")))
+				c.Store = c.Store.WithFaults(e.Faults())
 			})
 			root := s.Root()
 			if !tc.continuable {
@@ -141,7 +90,7 @@ func TestAnElectionIsWaitedOutByTheWritesThatStartARun(t *testing.T) {
 				if res.StopReason != protocol.StopCompleted || res.ErrorCode != "" || protocol.PlainText(res.Output) != "ok" {
 					t.Fatalf("result %+v, want completed with output ok", res)
 				}
-				e.check(t)
+				e.Check(t)
 				if rec := runRecord(t, s.Store, run.RunID); rec.NotStarted || rec.SettledBy == "" || rec.SettledBy != rec.HostID {
 					t.Fatalf("run record %+v, want settled by the host that claimed it", rec)
 				}
@@ -167,7 +116,7 @@ func TestAnElectionIsWaitedOutByTheWritesThatStartARun(t *testing.T) {
 				}
 				return len(reasons) > 0
 			}, "the epoch's first turn ends")
-			e.check(t)
+			e.Check(t)
 			if len(reasons) != 1 || reasons[0] != protocol.TurnCompleted {
 				t.Fatalf("turn ends %v, want one, completed", reasons)
 			}

@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
@@ -19,62 +16,6 @@ import (
 	"github.com/brood-dev/brood/services/coordinator"
 )
 
-// electionLasts is how long an injected election refuses a coordinator's
-// writes: longer than the store's WriteBudget (a fixed 10 s per step), and
-// well inside a client's DefaultTimeout.
-const electionLasts = store.WriteBudget + 2*time.Second
-
-// election answers the matched writes of a coordinator's store "no response
-// from stream" (a stream or bucket without a leader) from the first refusal
-// on, for electionLasts, then lets them through.
-type election struct {
-	mu    sync.Mutex
-	match func(store.Write) bool
-	began time.Time
-	last  time.Time
-	n     int
-}
-
-func (e *election) faults() store.Faults {
-	return store.Faults{Before: func(_ context.Context, w store.Write) error {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		if e.match == nil || !e.match(w) {
-			return nil
-		}
-		now := time.Now()
-		if e.began.IsZero() {
-			e.began = now
-		}
-		if now.Sub(e.began) >= electionLasts {
-			return nil
-		}
-		e.last, e.n = now, e.n+1
-		return jetstream.ErrNoStreamResponse
-	}}
-}
-
-func (e *election) arm(match func(store.Write) bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.match = match
-}
-
-func (e *election) refusals() int {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.n
-}
-
-func (e *election) check(t *testing.T) {
-	t.Helper()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.n == 0 || e.last.Sub(e.began) < store.WriteBudget {
-		t.Fatalf("the writes were refused %d times over %s; want the refusals to outlast the WriteBudget (%s)", e.n, e.last.Sub(e.began), store.WriteBudget)
-	}
-}
-
 // TestAnElectionIsWaitedOutByRunsStart: a runs.start whose coordinator's
 // writes (the slot, the child's header, the run record) answer "no response
 // from stream" for longer than the store's WriteBudget (a leader election
@@ -82,13 +23,13 @@ func (e *election) check(t *testing.T) {
 // the run: no step of the admission has a fixed budget of its own.
 func TestAnElectionIsWaitedOutByRunsStart(t *testing.T) {
 	s := stack.New(t)
-	e := &election{}
-	s.AddCoordinator(func(c *coordinator.Config) { c.Store = c.Store.WithFaults(e.faults()) })
+	e := &testutil.Election{}
+	s.AddCoordinator(func(c *coordinator.Config) { c.Store = c.Store.WithFaults(e.Faults()) })
 	s.AddSpawnWorker()
 	s.WaitProvider("spawn")
 	root := s.Root()
 	hosts := s.Store.Hosts.Bucket()
-	e.arm(func(w store.Write) bool { return w.Bucket != hosts }) // its heartbeats go on
+	e.Match(func(w store.Write) bool { return w.Bucket != hosts }) // its heartbeats go on
 	ctx, cancel := context.WithTimeout(context.Background(), client.DefaultTimeout)
 	defer cancel()
 	began := time.Now()
@@ -96,7 +37,7 @@ func TestAnElectionIsWaitedOutByRunsStart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("runs.start through an election (after %s): %v", time.Since(began).Round(time.Millisecond), err)
 	}
-	e.check(t)
+	e.Check(t)
 	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer rcancel()
 	if res, err := r.Result(rctx); err != nil || res.StopReason != protocol.StopCompleted {
@@ -106,7 +47,7 @@ func TestAnElectionIsWaitedOutByRunsStart(t *testing.T) {
 
 // TestAStartBehindAStalledAdmissionAnswersInTime: a replica's admissions of
 // one parent wait for each other; one stalled by an election (its slot write
-// refused "no response from stream" for electionLasts, within a budget of
+// refused "no response from stream" for testutil.ElectionLasts, within a budget of
 // its own longer than the start's: a cold resume's) must not make a
 // runs.start behind it answer after its caller stopped waiting. The start
 // is answered UNAVAILABLE by the coordinator within its deadline, saying it
@@ -114,17 +55,17 @@ func TestAnElectionIsWaitedOutByRunsStart(t *testing.T) {
 // whatever its own deadline, and its client heard nothing).
 func TestAStartBehindAStalledAdmissionAnswersInTime(t *testing.T) {
 	s := stack.New(t)
-	e := &election{}
-	c := s.AddCoordinator(func(c *coordinator.Config) { c.Store = c.Store.WithFaults(e.faults()) })
+	e := &testutil.Election{}
+	c := s.AddCoordinator(func(c *coordinator.Config) { c.Store = c.Store.WithFaults(e.Faults()) })
 	s.AddSpawnWorker()
 	s.WaitProvider("spawn")
 	root := s.Root()
-	e.arm(func(w store.Write) bool { return w.Key == store.SlotsKey(root.SessionID) })
+	e.Match(func(w store.Write) bool { return w.Key == store.SlotsKey(root.SessionID) })
 	hctx, hcancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer hcancel()
 	held := make(chan error, 1)
 	go func() { held <- c.ReserveChild(hctx, root.SessionID, "stalled-admission") }()
-	testutil.Eventually(t, 10*time.Second, func() bool { return e.refusals() > 0 }, "the first admission's slot write is refused")
+	testutil.Eventually(t, 10*time.Second, func() bool { return e.Refusals() > 0 }, "the first admission's slot write is refused")
 	const timeout = 5 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -138,7 +79,7 @@ func TestAStartBehindAStalledAdmissionAnswersInTime(t *testing.T) {
 	if err := <-held; err != nil {
 		t.Fatalf("the stalled admission, once the election ended: %v", err)
 	}
-	e.check(t)
+	e.Check(t)
 }
 
 // TestAFailedStartsSlotIsReleasedThroughAnElection: a start that took its
@@ -150,12 +91,12 @@ func TestAStartBehindAStalledAdmissionAnswersInTime(t *testing.T) {
 // slot stayed in the record).
 func TestAFailedStartsSlotIsReleasedThroughAnElection(t *testing.T) {
 	s := stack.New(t)
-	e := &election{}
+	e := &testutil.Election{}
 	var slotWrites atomic.Int64
 	refused := errors.New("refused for the test")
 	var runs string
 	s.AddCoordinator(func(c *coordinator.Config) {
-		f := e.faults()
+		f := e.Faults()
 		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
 			if w.Bucket == runs && w.Op == store.OpKVCreate {
 				return refused // the run record: not transient, the start fails
@@ -169,15 +110,15 @@ func TestAFailedStartsSlotIsReleasedThroughAnElection(t *testing.T) {
 	root := s.Root()
 	key := store.SlotsKey(root.SessionID)
 	// The reservation lands; every slot write after it (the release) is
-	// refused for electionLasts.
-	e.arm(func(w store.Write) bool { return w.Key == key && slotWrites.Add(1) > 1 })
+	// refused for testutil.ElectionLasts.
+	e.Match(func(w store.Write) bool { return w.Key == key && slotWrites.Add(1) > 1 })
 	// The caller's deadline ends before the election does.
-	ctx, cancel := context.WithTimeout(context.Background(), electionLasts*2/3)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.ElectionLasts*2/3)
 	defer cancel()
 	_, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
 	if protocol.CodeOf(err) != protocol.CodeUnavailable || !strings.Contains(err.Error(), "record the run") {
 		t.Fatalf("a start whose run record is refused: %v; want UNAVAILABLE (record the run)", err)
 	}
-	testutil.Eventually(t, 2*electionLasts, func() bool { return len(slotsOf(t, s, root.SessionID)) == 0 }, "the failed start's slot is released once the election ends")
-	e.check(t)
+	testutil.Eventually(t, 2*testutil.ElectionLasts, func() bool { return len(slotsOf(t, s, root.SessionID)) == 0 }, "the failed start's slot is released once the election ends")
+	e.Check(t)
 }
