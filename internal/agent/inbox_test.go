@@ -46,6 +46,41 @@ func enqueue(t *testing.T, st *store.Store, id, text, key string) string {
 	return mid
 }
 
+// enqueueCopy stores a second copy of message mid (text, as enqueue stored
+// it) in session id's inbox, as a stream that forgot mid's msg id stores a
+// keyed retry again (store.KeyedMessageID): the copy carries mid and is
+// deduplicated only under a msg id of its own.
+func enqueueCopy(t *testing.T, st *store.Store, id, text, mid string) {
+	t.Helper()
+	data, err := protocol.Marshal(protocol.Msgpack, store.InboxItem{
+		MessageID: mid, Content: protocol.Text(text), Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextTurn,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := nats.NewMsg(st.Subj.Inbox(id))
+	msg.Data = data
+	msg.Header.Set(protocol.HeaderMessageID, mid)
+	if _, err := st.JS.PublishMsg(context.Background(), msg, jetstream.WithMsgID(id+".forgotten")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// claimEach claims the next item of in and runs its turn, until none is
+// left or three were claimed (the tests that use it enqueue three at most).
+func claimEach(t *testing.T, a *agent.Agent, in agent.Inbox) {
+	t.Helper()
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		if _, ok, err := a.ClaimNext(ctx, in); err != nil {
+			t.Fatal(err)
+		} else if !ok {
+			return
+		}
+		a.RunSteps(ctx)
+	}
+}
+
 // stuckInbox loses the first Remove, as a host that dies right after logging
 // a claim would.
 type stuckInbox struct {
@@ -236,27 +271,9 @@ func TestKeyedMessageStoredTwiceRunsOnce(t *testing.T) {
 	}
 	a.RunSteps(ctx)
 	// The retry stored again, as a stream that forgot the msg id stores it.
-	data, err := protocol.Marshal(protocol.Msgpack, store.InboxItem{
-		MessageID: m1, Content: protocol.Text("say once"), Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextTurn,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := nats.NewMsg(st.Subj.Inbox(id))
-	msg.Data = data
-	msg.Header.Set(protocol.HeaderMessageID, m1)
-	if _, err := st.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(id+".forgotten")); err != nil {
-		t.Fatal(err)
-	}
+	enqueueCopy(t, st, id, "say once", m1)
 	m2 := enqueue(t, st, id, "say after", "k2")
-	for i := 0; i < 3; i++ {
-		if _, ok, err := a.ClaimNext(ctx, st.InboxOf(id)); err != nil {
-			t.Fatal(err)
-		} else if !ok {
-			break
-		}
-		a.RunSteps(ctx)
-	}
+	claimEach(t, a, st.InboxOf(id))
 	log, _ := st.ReadLog(ctx, protocol.ScopeRoot, id)
 	if got := claimedIDs(log.Events); len(got) != 2 || got[0] != m1 || got[1] != m2 {
 		t.Fatalf("claims = %v, want [%s %s]: the second copy of %s is skipped", got, m1, m2, m1)
@@ -278,18 +295,7 @@ func TestACopyOfAPendingItemGoesOnceItsFirstCopyIsClaimed(t *testing.T) {
 	ctx := context.Background()
 	const id = "C4"
 	m1 := enqueue(t, st, id, "say once", "k1")
-	data, err := protocol.Marshal(protocol.Msgpack, store.InboxItem{
-		MessageID: m1, Content: protocol.Text("say once"), Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextTurn,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := nats.NewMsg(st.Subj.Inbox(id))
-	msg.Data = data
-	msg.Header.Set(protocol.HeaderMessageID, m1)
-	if _, err := st.JS.PublishMsg(ctx, msg, jetstream.WithMsgID(id+".forgotten")); err != nil {
-		t.Fatal(err)
-	}
+	enqueueCopy(t, st, id, "say once", m1)
 	m2 := enqueue(t, st, id, "say after", "k2")
 	// The removals a coordinator would carry out, each checked as it does.
 	header := protocol.SessionHeader{ID: id}
@@ -309,14 +315,7 @@ func TestACopyOfAPendingItemGoesOnceItsFirstCopyIsClaimed(t *testing.T) {
 	if got := pendingIDs(t, st, id); len(got) != 3 {
 		t.Fatalf("pending %v before any claim; want both copies and %s", got, m2)
 	}
-	for i := 0; i < 3; i++ {
-		if _, ok, err := a.ClaimNext(ctx, in); err != nil {
-			t.Fatal(err)
-		} else if !ok {
-			break
-		}
-		a.RunSteps(ctx)
-	}
+	claimEach(t, a, in)
 	log, _ := st.ReadLog(ctx, protocol.ScopeRoot, id)
 	if got := claimedIDs(log.Events); len(got) != 2 || got[0] != m1 || got[1] != m2 {
 		t.Fatalf("claims = %v, want [%s %s]", got, m1, m2)
