@@ -224,18 +224,6 @@ func TestOnlyItemsTheLogNamesAreRemoved(t *testing.T) {
 	if _, err := w.Append(ctx, ev(protocol.EvTurnEnd, protocol.TurnEndData{Turn: 1})); err != nil {
 		t.Fatal(err)
 	}
-	left := func() []protocol.Seq {
-		t.Helper()
-		items, err := st.InboxOf("C").Pending(ctx, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var seqs []protocol.Seq
-		for _, it := range items {
-			seqs = append(seqs, it.Seq)
-		}
-		return seqs
-	}
 	all := []protocol.Seq{claimed, discarded, pending, copySeq}
 	for _, tc := range []struct {
 		name string
@@ -251,7 +239,7 @@ func TestOnlyItemsTheLogNamesAreRemoved(t *testing.T) {
 			if protocol.CodeOf(err) != tc.code || n != 0 {
 				t.Fatalf("removed %d, %v; want 0, %s", n, err, tc.code)
 			}
-			if got := left(); !slices.Equal(got, all) {
+			if got := testutil.PendingSeqs(ctx, t, st, "C"); !slices.Equal(got, all) {
 				t.Fatalf("pending %v after a refused removal, want %v", got, all)
 			}
 		})
@@ -260,7 +248,7 @@ func TestOnlyItemsTheLogNamesAreRemoved(t *testing.T) {
 	if err != nil || n != 3 {
 		t.Fatalf("removal of the claimed, the discarded and the copy: %d, %v; want 3", n, err)
 	}
-	if got := left(); !slices.Equal(got, []protocol.Seq{pending}) {
+	if got := testutil.PendingSeqs(ctx, t, st, "C"); !slices.Equal(got, []protocol.Seq{pending}) {
 		t.Fatalf("pending %v, want only %d", got, pending)
 	}
 	if n, err := st.RemoveDoneInboxItems(ctx, h, []protocol.Seq{claimed, copySeq}); err != nil || n != 0 {

@@ -206,3 +206,19 @@ func PutRun(t testing.TB, st *store.Store, rec protocol.RunRecord) uint64 {
 	}
 	return rev
 }
+
+// PendingSeqs returns the stream sequences of the items pending in session
+// id's inbox, oldest first (store.Inbox.Pending from the start); a read that
+// fails ends the test.
+func PendingSeqs(ctx context.Context, t testing.TB, st *store.Store, id string) []protocol.Seq {
+	t.Helper()
+	items, err := st.InboxOf(id).Pending(ctx, 0)
+	if err != nil {
+		t.Fatalf("read the inbox of %s: %v", id, err)
+	}
+	var seqs []protocol.Seq
+	for _, it := range items {
+		seqs = append(seqs, it.Seq)
+	}
+	return seqs
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -42,18 +43,6 @@ func TestInboxItemsAreRemovedOnlyForAChildOfTheSubjectsProviderWhoseLogNamesThem
 		t.Fatal(err)
 	}
 	putChild(t, s, root, child, claim) // a spawn child whose log claimed one item
-	pendingOf := func(id string) []protocol.Seq {
-		t.Helper()
-		items, err := s.Store.InboxOf(id).Pending(ctx, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var seqs []protocol.Seq
-		for _, it := range items {
-			seqs = append(seqs, it.Seq)
-		}
-		return seqs
-	}
 	remove := func(provider, id string, seqs ...protocol.Seq) (int, error) {
 		var reply protocol.InboxAckReply
 		err := rpc.Call(ctx, s.NC, s.Store.Subj.InboxRemove(provider, id), protocol.InboxRemoveRequest{Seqs: seqs}, &reply)
@@ -75,10 +64,10 @@ func TestInboxItemsAreRemovedOnlyForAChildOfTheSubjectsProviderWhoseLogNamesThem
 			if n, err := remove(tc.provider, tc.id, tc.seqs...); protocol.CodeOf(err) != tc.code || n != 0 {
 				t.Fatalf("removed %d, %v; want %s", n, err, tc.code)
 			}
-			if got := pendingOf(child); !slices.Equal(got, []protocol.Seq{claimed, pending}) {
+			if got := testutil.PendingSeqs(ctx, t, s.Store, child); !slices.Equal(got, []protocol.Seq{claimed, pending}) {
 				t.Fatalf("the child's inbox holds %v, want %v", got, []protocol.Seq{claimed, pending})
 			}
-			if got := pendingOf(root.SessionID); !slices.Equal(got, []protocol.Seq{rootItem}) {
+			if got := testutil.PendingSeqs(ctx, t, s.Store, root.SessionID); !slices.Equal(got, []protocol.Seq{rootItem}) {
 				t.Fatalf("the root's inbox holds %v, want %v", got, []protocol.Seq{rootItem})
 			}
 		})
@@ -86,7 +75,7 @@ func TestInboxItemsAreRemovedOnlyForAChildOfTheSubjectsProviderWhoseLogNamesThem
 	if n, err := remove("spawn", child, claimed); err != nil || n != 1 {
 		t.Fatalf("removal of the claimed item: %d, %v; want 1", n, err)
 	}
-	if got := pendingOf(child); !slices.Equal(got, []protocol.Seq{pending}) {
+	if got := testutil.PendingSeqs(ctx, t, s.Store, child); !slices.Equal(got, []protocol.Seq{pending}) {
 		t.Fatalf("the child's inbox holds %v, want only %d", got, pending)
 	}
 }
