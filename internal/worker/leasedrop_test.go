@@ -24,26 +24,70 @@ import (
 // started, DURABILITY_FAILED, and the lease stayed), and the release after
 // a failed hold of the claim was refused. Either way the epoch settles
 // never started, and once JetStream takes the host's writes again the
-// lease is released and the followup runs on a next epoch.
+// lease is released and the followup runs on a next epoch. A lease whose
+// create's outcome is unknown (dropUnknownLease) is written again and
+// deleted until a deletion lands, and twice, a heartbeat apart: a deletion
+// JetStream refused is no deletion, and an attempt of the first create
+// still in flight can land after the first deletion.
 func TestALeaseLeftByAFailedActivationIsReleased(t *testing.T) {
 	injected := errors.New("injected")
 	// A create's answer lost for good: any error but a conflict, as when
 	// its budget (RunWriteBudget, a minute) ran out; one JetStream does not
 	// retry keeps the test short.
 	lost := errors.New("injected: the answer was lost")
+	createLost := func(st *store.Store, key, _ string) store.Faults {
+		agents := st.Agents.Bucket()
+		return store.Faults{After: func(_ context.Context, w store.Write, err error) error {
+			if w.Op == store.OpKVCreate && w.Bucket == agents && w.Key == key {
+				return lost
+			}
+			return err
+		}}
+	}
 	tests := []struct {
 		name string
 		// faults are the worker's hooks, armed once the child exists
 		// (key: its lease's key).
 		faults func(st *store.Store, key, child string) store.Faults
+		// after (nil: none) are the worker's hooks once the failed epoch
+		// is settled, its lease left: landed is that lease's value as the
+		// bucket holds it.
+		after func(t *testing.T, st *store.Store, key string, landed []byte) store.Faults
 	}{
 		{
-			name: "its create landed, every answer lost",
-			faults: func(st *store.Store, key, _ string) store.Faults {
+			name:   "its create landed, every answer lost",
+			faults: createLost,
+		},
+		{
+			// A deletion refused counted as done would stop after these
+			// two with the lease still there.
+			name:   "its create landed, every answer lost, then two deletions refused",
+			faults: createLost,
+			after: func(_ *testing.T, st *store.Store, key string, _ []byte) store.Faults {
 				agents := st.Agents.Bucket()
-				return store.Faults{After: func(_ context.Context, w store.Write, err error) error {
-					if w.Op == store.OpKVCreate && w.Bucket == agents && w.Key == key {
-						return lost
+				var refused atomic.Int64
+				return store.Faults{Before: func(_ context.Context, w store.Write) error {
+					if w.Op == store.OpKVDelete && w.Bucket == agents && w.Key == key && refused.Add(1) <= 2 {
+						return injected
+					}
+					return nil
+				}}
+			},
+		},
+		{
+			// The first create's attempt still in flight lands right
+			// after the first deletion (a create succeeds over a deleted
+			// key): only the second deletion removes it.
+			name:   "its create landed, every answer lost, and landed again after the first deletion",
+			faults: createLost,
+			after: func(t *testing.T, st *store.Store, key string, landed []byte) store.Faults {
+				agents := st.Agents.Bucket()
+				var once atomic.Bool
+				return store.Faults{After: func(ctx context.Context, w store.Write, err error) error {
+					if w.Op == store.OpKVDelete && w.Bucket == agents && w.Key == key && err == nil && once.CompareAndSwap(false, true) {
+						if _, cerr := st.Agents.Create(ctx, key, landed); cerr != nil {
+							t.Errorf("the late create of the lease: %v", cerr)
+						}
 					}
 					return err
 				}}
@@ -134,7 +178,18 @@ func TestALeaseLeftByAFailedActivationIsReleased(t *testing.T) {
 				t.Fatalf("the failed epoch %+v (result %+v), want DURABILITY_FAILED", r, r.Result)
 			}
 
-			hook.Store(nil) // JetStream takes the host's writes again
+			// JetStream takes the host's writes again (with tt.after's
+			// faults): the lease's removal is tried after each heartbeat.
+			if tt.after == nil {
+				hook.Store(nil)
+			} else {
+				e, err := base.Agents.Get(ctx, key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				f := tt.after(t, base, key, e.Value())
+				hook.Store(&f)
+			}
 			testutil.Eventually(t, 45*time.Second, func() bool {
 				_, held := lease()
 				items, err := s.Store.InboxOf(child).Pending(ctx, 0)
