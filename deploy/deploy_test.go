@@ -476,7 +476,13 @@ var permCases = []permCase{
 	{user: "worker-fork", subject: "brood.v1.notice.fork.R1", allowed: true},
 	{user: "worker-spawn", subject: "_INBOX.client.brood.T1"},
 	{user: "worker-spawn", subject: "_INBOX.worker-spawn.x"},
-	{user: "worker-spawn", subject: "_INBOX.coordinator.x", allowed: true},
+	// A worker's answers after a reconnect: only into its own scope's
+	// host replies of the coordinators (rpc.Replies).
+	{user: "worker-spawn", subject: "_INBOX.coordinator.host.spawn.ID.T1", allowed: true},
+	{user: "worker-spawn", subject: "_INBOX.coordinator.host.fork.ID.T1"},
+	{user: "worker-spawn", subject: "_INBOX.coordinator.x"},
+	{user: "worker-spawn", subject: "_INBOX.coordinator.NUID.T1"},
+	{user: "worker-fork", subject: "_INBOX.coordinator.host.fork.ID.T1", allowed: true},
 	{user: "worker-fork", subject: "_INBOX.client.x"},
 	{user: "worker-acp", subject: "_INBOX.trusted-host.x"},
 	{user: "client", subject: "brood.v1.notice.spawn.R1"},

@@ -24,6 +24,7 @@ import (
 	"github.com/synadia-io/orbit.go/jetstreamext"
 
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
@@ -67,6 +68,9 @@ type forgery struct {
 		forkHost, forkChild string
 		// forkRun a settled one-shot run of the client's root on fork.
 		forkRun *client.Run
+		// coordInbox is an inbox subject of the coordinator's connection
+		// (where its JetStream answers and KV watch deliveries arrive).
+		coordInbox string
 	}
 }
 
@@ -127,6 +131,7 @@ func (f *forgery) start() {
 	}
 	testutil.Background(t, coord)
 	<-coord.Ready()
+	f.victim.coordInbox = coordNC.NewInbox()
 	workerNC := connectAs(t, f.urls[1], "worker-spawn", v)
 	w, err := spawnworker.New(spawnworker.Config{
 		NC: workerNC, Store: open(workerNC), Models: func() (model.Model, error) { return model.NewScripted(), nil },
@@ -703,6 +708,13 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.LifecycleEvent{Type: protocol.LifecycleStart, RunID: "FORGED", Provider: forkworker.DefaultName,
 				ID: v.forkChild, ParentSession: v.root.SessionID, Mode: protocol.ModeContinuable})
 			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.events." + v.root.SessionID + ".start", Reply: nc.NewInbox(), Data: data})
+		}},
+		{"publish into a coordinator's inbox (a forged JetStream answer or KV watch delivery)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedPublish(nc, &nats.Msg{Subject: v.coordInbox, Data: []byte(`{"type":"io.nats.jetstream.api.v1.stream_msg_get_response"}`)})
+		}},
+		{"answer a coordinator's request to a fork host (_INBOX.coordinator.host.fork.…)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			data, _ := protocol.Marshal(protocol.Msgpack, protocol.StateReply{State: protocol.StateNone})
+			return refusedPublish(nc, &nats.Msg{Subject: "_INBOX.coordinator." + rpc.HostRepliesToken + ".fork.ID.T1", Data: data})
 		}},
 		{"append to a fork child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return forgedAppend(ctx, nc, "brood.v1.log.fork."+v.forkChild)

@@ -38,6 +38,19 @@ const DefaultTimeout = 30 * time.Second
 // left until ctx's deadline in the Brood-Timeout header, so the callee can
 // answer within it (docs/protocol.md §2.4).
 func Call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) error {
+	return CallVia(ctx, nc.RequestMsgWithContext, subject, req, reply)
+}
+
+// RequestFunc sends msg as a request and returns its reply: what Call does
+// with nc.RequestMsgWithContext. It returns nats.ErrNoResponders when the
+// server says nobody serves the subject, and ctx's error when no reply came
+// in time.
+type RequestFunc func(ctx context.Context, msg *nats.Msg) (*nats.Msg, error)
+
+// CallVia is Call whose request travels through send (a reply subject of the
+// caller's choosing: a coordinator answers its hosts' requests under a
+// subject their NATS user may publish, internal/rpc.Replies).
+func CallVia(ctx context.Context, send RequestFunc, subject string, req, reply any) error {
 	data, err := protocol.Marshal(protocol.Msgpack, req)
 	if err != nil {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "encode request: %v", err).WithCause(err)
@@ -54,13 +67,13 @@ func Call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) er
 	}
 	// The request carries the W3C trace context of ctx (pkg/tracecontext).
 	ctx, span := tracecontext.StartClient(ctx, subject, msg.Header)
-	err = request(ctx, nc, msg, reply)
+	err = request(ctx, send, msg, reply)
 	tracecontext.End(span, err)
 	return err
 }
 
-func request(ctx context.Context, nc *nats.Conn, msg *nats.Msg, reply any) error {
-	resp, err := nc.RequestMsgWithContext(ctx, msg)
+func request(ctx context.Context, send RequestFunc, msg *nats.Msg, reply any) error {
+	resp, err := send(ctx, msg)
 	if err != nil {
 		return transportError(msg.Subject, err)
 	}

@@ -329,7 +329,7 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 func (c *Coordinator) disposeActivation(ctx context.Context, hostID, childID, cause string) error {
 	hctx, cancel := context.WithTimeout(ctx, hostDisposeTimeout)
 	defer cancel()
-	return rpc.Call(hctx, c.cfg.NC, c.subj.Host(hostID, protocol.OpHostDispose),
+	return c.callHost(hctx, hostID, c.subj.Host(hostID, protocol.OpHostDispose),
 		protocol.HostRunRequest{ChildID: childID, Cause: cause}, nil)
 }
 
@@ -621,7 +621,7 @@ func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request, r p
 	var st protocol.StateReply
 	hctx, cancel := context.WithTimeout(ctx, HostCallTimeout)
 	defer cancel()
-	if err := rpc.Call(hctx, c.cfg.NC, c.subj.Host(l.Value.HostID, protocol.OpHostState), protocol.HostChildRequest{ChildID: h.ID}, &st); err != nil {
+	if err := c.callHost(hctx, l.Value.HostID, c.subj.Host(l.Value.HostID, protocol.OpHostState), protocol.HostChildRequest{ChildID: h.ID}, &st); err != nil {
 		return protocol.StateReply{}, err
 	}
 	st.Queued = queued
@@ -704,7 +704,7 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request,
 	}
 	hctx, cancel := context.WithTimeout(ctx, HostCallTimeout)
 	defer cancel()
-	if err := rpc.Call(hctx, c.cfg.NC, c.subj.Host(l.Value.HostID, protocol.OpHostInterrupt), protocol.HostChildRequest{ChildID: r.ChildID, Cause: cause}, nil); err != nil {
+	if err := c.callHost(hctx, l.Value.HostID, c.subj.Host(l.Value.HostID, protocol.OpHostInterrupt), protocol.HostChildRequest{ChildID: r.ChildID, Cause: cause}, nil); err != nil {
 		return protocol.InterruptReply{}, err
 	}
 	return protocol.InterruptReply{ChildID: r.ChildID, Interrupted: true}, nil

@@ -163,16 +163,18 @@ func (c *Config) defaults() {
 
 // Coordinator is one replica.
 type Coordinator struct {
-	cfg     Config
-	st      *store.Store
-	subj    protocol.Subjects
-	log     *slog.Logger
-	reg     *registry
-	agents  *agentIndex
-	headers *headerCache
-	descs   *descriptorCache // continuable children's descriptors (local providers)
-	follows *followRegistry
-	started int64
+	cfg  Config
+	st   *store.Store
+	subj protocol.Subjects
+	log  *slog.Logger
+	// hostReplies receives the answers of worker hosts (callHost).
+	hostReplies *rpc.Replies
+	reg         *registry
+	agents      *agentIndex
+	headers     *headerCache
+	descs       *descriptorCache // continuable children's descriptors (local providers)
+	follows     *followRegistry
+	started     int64
 
 	hostsWatch, agentsWatch *kvWatch
 	runs                    *runIndex // running run and epoch records (orphans.go)
@@ -246,8 +248,13 @@ func New(cfg Config) (*Coordinator, error) {
 		return cfg.Store.LeaseBelongs(ctx, key, rec)
 	}, log)
 	runs := newRunIndex(reg.observed)
+	replies, err := rpc.NewReplies(cfg.NC)
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
 	return &Coordinator{
 		cfg: cfg, st: cfg.Store, subj: cfg.Store.Subj, log: log,
+		hostReplies: replies,
 		reg:         reg,
 		agents:      agents,
 		hostsWatch:  newKVWatch(cfg.Store.Hosts, "hosts", log, reg.put, reg.del),
@@ -262,6 +269,14 @@ func New(cfg Config) (*Coordinator, error) {
 		kick:        make(chan struct{}, 1),
 		slotBackoff: randomSlotBackoff,
 	}, nil
+}
+
+// callHost sends req to a worker host's subject (a provider instance's or
+// a host's) and decodes its answer into reply, which comes back on a reply
+// subject of the host's scope (rpc.Replies: the deployment lets worker-<p>
+// publish into no other of the coordinator's inboxes).
+func (c *Coordinator) callHost(ctx context.Context, hostID, subject string, req, reply any) error {
+	return c.hostReplies.Call(ctx, protocol.HostScope(hostID), subject, req, reply)
 }
 
 // ID returns the replica id.
@@ -326,6 +341,7 @@ func (c *Coordinator) endpoints() []endpoint {
 // handler and background task returned. A stop through ctx returns nil.
 func (c *Coordinator) Run(ctx context.Context) error {
 	c.started = store.NowMs()
+	defer func() { _ = c.hostReplies.Close() }()
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	var watches sync.WaitGroup
 	defer func() { stopWatch(); watches.Wait() }()

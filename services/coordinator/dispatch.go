@@ -157,7 +157,7 @@ func (c *Coordinator) dispatch(ctx context.Context, provider, op, id string, bui
 			}
 			actx, cancel := context.WithTimeout(ctx, c.cfg.ProviderAttemptTimeout)
 			deadline, _ := actx.Deadline()
-			err := rpc.Call(actx, c.cfg.NC, c.subj.ProviderInstance(provider, host, op), build(deadline.UnixMilli()), reply)
+			err := c.callHost(actx, host, c.subj.ProviderInstance(provider, host, op), build(deadline.UnixMilli()), reply)
 			cancel()
 			if err == nil {
 				return host, nil

@@ -360,7 +360,7 @@ func (c *Coordinator) disposeRun(ctx context.Context, rec protocol.RunRecord, ca
 	if err == nil && lease.Value.RunID == rec.RunID && lease.Value.TakenOverBy == "" && c.reg.hostLive(lease.Value.HostID) {
 		hctx, cancel := context.WithTimeout(ctx, hostDisposeTimeout)
 		var st protocol.RunStatus
-		herr := rpc.Call(hctx, c.cfg.NC, c.subj.Host(lease.Value.HostID, protocol.OpHostDispose),
+		herr := c.callHost(hctx, lease.Value.HostID, c.subj.Host(lease.Value.HostID, protocol.OpHostDispose),
 			protocol.HostRunRequest{RunID: rec.RunID, ChildID: rec.ChildID, Cause: cause}, &st)
 		cancel()
 		if herr == nil && st.State == protocol.RunSettled {
