@@ -496,6 +496,13 @@ var permCases = []permCase{
 	{user: "coordinator", subject: "$KV.brood_agents.grant.abc", allowed: true},
 	// A retried write checks with the stream's leader whether it landed.
 	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG", allowed: true},
+	// Lifecycle events a worker publishes and never reads (an end carries
+	// its run's result text); the coordinators read them for their clients.
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_EVENTS"},
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_EVENTS.brood.v1.events.fork.S1.end"},
+	{user: "worker-fork", subject: "$JS.API.STREAM.MSG.GET.BROOD_EVENTS"},
+	{user: "worker-acp", subject: "$JS.API.DIRECT.GET.BROOD_EVENTS"},
+	{user: "coordinator", subject: "$JS.API.DIRECT.GET.BROOD_EVENTS", allowed: true},
 	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.GET.KV_brood_agents", allowed: true},
 	{user: "trusted-host", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG", allowed: true},
 	{user: "client", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG"},

@@ -709,6 +709,24 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 				ID: v.forkChild, ParentSession: v.root.SessionID, Mode: protocol.ModeContinuable})
 			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.events." + v.root.SessionID + ".start", Reply: nc.NewInbox(), Data: data})
 		}},
+		{"read a fork run's end (its result text) from BROOD_EVENTS", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			// Every way to get a message: a direct get by its subject (in the
+			// body, and in the API subject), a leader get.
+			end := "brood.v1.events.fork." + v.root.SessionID + ".end"
+			for _, get := range []struct {
+				subject string
+				body    any
+			}{
+				{"$JS.API.DIRECT.GET.BROOD_EVENTS", map[string]any{"last_by_subj": end}},
+				{"$JS.API.DIRECT.GET.BROOD_EVENTS." + end, nil},
+				{"$JS.API.STREAM.MSG.GET.BROOD_EVENTS", map[string]any{"last_by_subj": end}},
+			} {
+				if err := jsRequest(ctx, nc, get.subject, get.body); err == nil {
+					return nil
+				}
+			}
+			return errors.New("every get refused")
+		}},
 		{"publish into a coordinator's inbox (a forged JetStream answer or KV watch delivery)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedPublish(nc, &nats.Msg{Subject: v.coordInbox, Data: []byte(`{"type":"io.nats.jetstream.api.v1.stream_msg_get_response"}`)})
 		}},
