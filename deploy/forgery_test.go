@@ -90,6 +90,7 @@ func TestForgerySuite(t *testing.T) {
 	t.Run("client", f.clientAttempts)
 	t.Run("worker", f.workerAttempts)
 	t.Run("worker of another provider", f.otherProviderAttempts)
+	t.Run("worker events under its own provider", f.ownProviderEvents)
 	t.Run("trusted host", f.trustedHostAttempts)
 	t.Run("coordinator", f.coordinatorAttempts)
 }
@@ -1006,5 +1007,52 @@ func (f *forgery) cliNamesTheRole(t *testing.T) {
 		if took := time.Since(began); took > 8*time.Second {
 			t.Errorf("brood %s as %s took %s: not at once", strings.Join(tc.args, " "), tc.user, took)
 		}
+	}
+}
+
+// ownProviderEvents: a worker may publish lifecycle events under its own
+// provider's subjects, so these are stored; what it says there about a
+// child that is not its run's, or a run that never was, is never read
+// (store.EventOfItsRun): the client's events.read of its root shows the
+// same events before and after.
+func (f *forgery) ownProviderEvents(t *testing.T) {
+	v := &f.victim
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	read := func() []string {
+		t.Helper()
+		page, err := v.clientCl.Events(ctx, protocol.EventsReadRequest{Parent: v.root.SessionID, Authority: v.root.Authority(), EventsMax: protocol.EventsPageMax})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, ev := range page.Events {
+			out = append(out, fmt.Sprintf("%s %s %s %s %s", ev.Type, ev.RunID, ev.ID, ev.Mode, protocol.PlainText(ev.LastAssistantMessage)))
+		}
+		return out
+	}
+	before := read()
+	nc := connectAs(t, f.urls[1], "worker-spawn", nil)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range []protocol.LifecycleEvent{
+		// The fork run's end, said of the client's spawn child.
+		{RunID: v.forkRun.RunID, ID: v.child, Mode: protocol.ModeOneShot},
+		// A run that never was, of the client's spawn child.
+		{RunID: "FORGED", ID: v.child, Mode: protocol.ModeContinuable},
+		// The trusted host's run, said of the client's root.
+		{RunID: v.hostRun.RunID, ID: v.hostRun.ChildID, Mode: protocol.ModeOneShot},
+	} {
+		ev.Type, ev.Provider, ev.ParentSession = protocol.LifecycleEnd, spawnworker.DefaultName, v.root.SessionID
+		ev.StopReason, ev.LastAssistantMessage = protocol.StopCompleted, protocol.Text("forged result")
+		data, _ := protocol.Marshal(protocol.Msgpack, ev)
+		if _, err := js.Publish(ctx, "brood.v1.events.spawn."+v.root.SessionID+".end", data); err != nil {
+			t.Fatalf("publish under its own provider (allowed): %v", err)
+		}
+	}
+	if after := read(); !slices.Equal(before, after) {
+		t.Fatalf("the client's events changed:\nbefore %q\nafter  %q", before, after)
 	}
 }

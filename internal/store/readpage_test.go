@@ -68,6 +68,7 @@ func TestAnEventIsReadOnlyOnItsOwnSubject(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	true1 := protocol.LifecycleEvent{Type: protocol.LifecycleStart, RunID: "R1", Provider: "spawn", ID: "C1", ParentSession: "P", Mode: protocol.ModeOneShot, Time: 1}
+	testutil.PutRun(t, st, protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P", Provider: "spawn", Mode: protocol.ModeOneShot, State: protocol.RunRunning})
 	published := make(chan error, 1)
 	<-st.PublishEvent(true1, func(err error) { published <- err })
 	select {
@@ -110,5 +111,46 @@ func TestAnEventIsReadOnlyOnItsOwnSubject(t *testing.T) {
 		t.Logf("refused: %v", err)
 	default:
 		t.Fatal("an event naming no provider was published")
+	}
+}
+
+// TestAnEventIsReadOnlyForItsRun: on its own provider's subjects a worker
+// may publish any event (docs/security.md); a reader keeps one only when
+// the spec of the run it names (which only coordinators write) names its
+// child, provider, parent and mode. So a start or end of a child that is
+// not its run's, of a run that never was, of another parent's run, or of
+// the other mode, is never read; each is tried on the subject it claims.
+func TestAnEventIsReadOnlyForItsRun(t *testing.T) {
+	st := testutil.NewStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	testutil.PutRun(t, st, protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P", Provider: "spawn", Mode: protocol.ModeOneShot, State: protocol.RunRunning})
+	testutil.PutRun(t, st, protocol.RunRecord{RunID: "RQ", ChildID: "CQ", ParentSession: "Q", Provider: "spawn", Mode: protocol.ModeOneShot, State: protocol.RunRunning})
+	end := func(runID, child, parent, mode string) protocol.LifecycleEvent {
+		return protocol.LifecycleEvent{Type: protocol.LifecycleEnd, RunID: runID, Provider: "spawn", ID: child, ParentSession: parent, Mode: mode,
+			StopReason: protocol.StopCompleted, LastAssistantMessage: protocol.Text("forged result")}
+	}
+	events := []protocol.LifecycleEvent{
+		end("R1", "C9", "P", protocol.ModeOneShot),     // a child that is not R1's
+		end("RX", "C1", "P", protocol.ModeOneShot),     // a run that never was
+		end("RQ", "CQ", "P", protocol.ModeOneShot),     // another parent's run, on P's subject
+		end("R1", "C1", "P", protocol.ModeContinuable), // the other mode
+		end("R1", "C1", "P", protocol.ModeOneShot),     // the true end
+	}
+	for _, ev := range events {
+		data, err := protocol.Marshal(protocol.Msgpack, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.JS.Publish(ctx, st.Subj.Events("spawn", ev.ParentSession, protocol.EventKindEnd), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page, err := st.ReadEventsPage(ctx, st.Subj.EventsAll("*"), 0, 100, 100, func(protocol.LifecycleEvent) (bool, error) { return true, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Events) != 1 || page.Events[0].RunID != "R1" || page.Events[0].ID != "C1" || page.Events[0].Mode != protocol.ModeOneShot || !page.Complete {
+		t.Fatalf("events read: %+v; want only the true end of R1", page)
 	}
 }

@@ -179,7 +179,8 @@ func (s *Store) LastEventSeq(ctx context.Context, subject string) (uint64, error
 // passes, examining at most scanMax messages. Cursor is the last sequence
 // examined; Complete when that reached the stream's end at the time of the read.
 // An event whose provider or parent is not its subject's is skipped
-// (EventOnItsSubject).
+// (EventOnItsSubject), and so is one its run's spec does not name
+// (EventOfItsRun).
 func (s *Store) ReadEventsPage(ctx context.Context, subject string, afterSeq protocol.Seq, eventsMax, scanMax int,
 	keep func(protocol.LifecycleEvent) (bool, error)) (protocol.EventsPage, error) {
 	page := protocol.EventsPage{Events: []protocol.LifecycleEvent{}, Cursor: afterSeq}
@@ -196,7 +197,10 @@ func (s *Store) ReadEventsPage(ctx context.Context, subject string, afterSeq pro
 		scanned++
 		var ev protocol.LifecycleEvent
 		if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &ev); err == nil && s.EventOnItsSubject(m.Subject, ev) {
-			ok, err := keep(ev)
+			ok, err := s.EventOfItsRun(ctx, ev)
+			if err == nil && ok {
+				ok, err = keep(ev)
+			}
 			if err != nil {
 				return false, err
 			}
@@ -227,6 +231,27 @@ func (s *Store) EventOnItsSubject(subject string, ev protocol.LifecycleEvent) bo
 	}
 	return (kind == protocol.EventKindStart && ev.Type == protocol.LifecycleStart) ||
 		(kind == protocol.EventKindEnd && ev.Type == protocol.LifecycleEnd)
+}
+
+// EventOfItsRun reports whether lifecycle event ev is one of the run it
+// names: that run's spec (RunSpec: created once by a coordinator, written by
+// no worker) names ev's child, provider, parent and mode. A worker may
+// publish events under its own provider's subjects (docs/security.md), so
+// one naming a child that is not its run's (a child of another root, a
+// session that never was) or a run that never was is not read. A spec that
+// is gone (run records live Config.RunsMaxAge from their creation, events
+// EventsMaxAge from their publication) takes its run's events with it. An
+// error reading the spec is returned (the read is retried), never taken as
+// a refusal.
+func (s *Store) EventOfItsRun(ctx context.Context, ev protocol.LifecycleEvent) (bool, error) {
+	spec, err := s.RunSpec(ctx, ev.RunID)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return spec.ChildID == ev.ID && spec.Provider == ev.Provider && spec.ParentSession == ev.ParentSession && spec.Mode == ev.Mode, nil
 }
 
 // ReadInboxPage reads a session's pending inbox items after inbox sequence
