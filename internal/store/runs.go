@@ -26,10 +26,16 @@ import (
 const SettleBudget = 60 * time.Second
 
 // CreateRun writes rec, a new running record of a run or of an epoch: its
-// spec (RunSpecKey, what only coordinators write) and then its state
-// (RunStateKey of rec's provider); an existing spec is ErrConflict. It
-// returns the state's creation revision (the claim's and a failed start's
-// compare-and-set name it).
+// spec (RunSpecKey, what only coordinators write) and its state (RunStateKey
+// of rec's provider), both at once; an existing spec or state is
+// ErrConflict. It returns the state's creation revision (the claim's and a
+// failed start's compare-and-set name it). Both are written before the run
+// id leaves the coordinator, but in no set order: a watch may deliver the
+// state first (every reader goes through the spec, and a reader that finds
+// the spec and not yet the state reads the state from the leader; the
+// coordinators' run index files a spec as its running, unclaimed state until
+// its state arrives). A failed write leaves the other behind: a spec with no
+// state, read as no run, or a state with no spec, read by nobody.
 func (s *Store) CreateRun(ctx context.Context, rec protocol.RunRecord) (uint64, error) {
 	if rec.State != protocol.RunRunning {
 		return 0, fmt.Errorf("store: create run %s: a run is created running, not %q", rec.RunID, rec.State)
@@ -37,11 +43,20 @@ func (s *Store) CreateRun(ctx context.Context, rec protocol.RunRecord) (uint64, 
 	if !protocol.ValidID(rec.RunID) || !protocol.ValidID(rec.Provider) {
 		return 0, fmt.Errorf("store: create run %q of provider %q: a run names its id and provider", rec.RunID, rec.Provider)
 	}
-	if _, err := Create(ctx, s.Runs, RunSpecKey(rec.RunID), rec); err != nil {
+	specErr := make(chan error, 1)
+	go func() {
+		_, err := Create(ctx, s.Runs, RunSpecKey(rec.RunID), rec)
+		specErr <- err
+	}()
+	rev, err := Create(ctx, s.Runs, RunStateKey(rec.Provider, rec.RunID), rec)
+	if serr := <-specErr; serr != nil {
+		return 0, serr
+	}
+	if err != nil {
 		return 0, err
 	}
 	s.cacheSpec(rec)
-	return Create(ctx, s.Runs, RunStateKey(rec.Provider, rec.RunID), rec)
+	return rev, nil
 }
 
 // Run reads a run record: its spec joined with its state (JoinRun), the
@@ -50,7 +65,7 @@ func (s *Store) CreateRun(ctx context.Context, rec protocol.RunRecord) (uint64, 
 // where its spec exists is read again from the bucket's leader before it
 // is ErrNotFound: the replica that answered may not have applied it yet (a
 // node catching up after a restart), and the coordinator creates a run's
-// state right after its spec.
+// state with its spec.
 func (s *Store) Run(ctx context.Context, runID string) (Record[protocol.RunRecord], error) {
 	return s.readRun(ctx, runID, Get[protocol.RunRecord])
 }

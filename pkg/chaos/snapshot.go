@@ -136,9 +136,15 @@ func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 		return nil, err
 	}
 	// A run is its spec joined with its state under the spec's provider
-	// (store.JoinRun); a spec is written before its state, so the watch
-	// delivers it first.
+	// (store.JoinRun); the two are created at once (store.CreateRun), so
+	// the watch delivers them in either order: they are joined once both
+	// were read.
 	specs := map[string]protocol.RunRecord{}
+	type stateOf struct {
+		provider string
+		rec      protocol.RunRecord
+	}
+	var states []stateOf
 	if err := readBucket(ctx, st.Runs, func(key string, v []byte) error {
 		var r protocol.RunRecord
 		if err := protocol.Unmarshal(protocol.Msgpack, v, &r); err != nil {
@@ -148,13 +154,17 @@ func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 		case store.RunsSpec:
 			specs[id] = r
 		case store.RunsState:
-			if spec, ok := specs[id]; ok && spec.Provider == provider {
-				s.Runs[id] = store.JoinRun(spec, r)
-			}
+			r.RunID = id
+			states = append(states, stateOf{provider, r})
 		}
 		return nil
 	}); err != nil {
 		return nil, err
+	}
+	for _, x := range states {
+		if spec, ok := specs[x.rec.RunID]; ok && spec.Provider == x.provider {
+			s.Runs[x.rec.RunID] = store.JoinRun(spec, x.rec)
+		}
 	}
 	if err := readBucket(ctx, st.Agents, func(key string, v []byte) error {
 		kind, id := store.KindOf(key)

@@ -22,9 +22,10 @@ const noticeReadRetry = 100 * time.Millisecond
 // relayNotice serves protocol.Subjects.Notice, <p>.v1.notice.<provider>.<runId>
 // (queue group CoordinatorQueue, no reply): a host that settled run runId of
 // provider asks for its RunNotice (store.RequestRunNotice). The coordinator
-// reads the run from the bucket's leader (store.RunLatest: its spec, which
-// only coordinators write, joined with its state under the spec's provider)
-// and publishes the notice the records hold to the spec's notify subject
+// takes the run as its runs watch saw it settle (runIndex.endedRecord), or
+// else reads it from the bucket's leader (store.RunLatest): its spec, which
+// only coordinators write, joined with its state under the spec's provider;
+// and it publishes the notice the records hold to the spec's notify subject
 // (store.PublishRunNotice). A request naming another provider than the
 // spec's, a run not settled, or one with no notify subject publishes
 // nothing. So a worker, which may publish on no client's inbox
@@ -36,17 +37,26 @@ func (c *Coordinator) relayNotice(ctx context.Context, req rpc.Request) (any, er
 	if !ok {
 		return nil, nil
 	}
+	publish := func(rec protocol.RunRecord) {
+		if rec.Provider != provider || rec.State != protocol.RunSettled || rec.Result == nil {
+			c.log.Debug("notice request for a run that has no notice to publish", "run", runID, "provider", provider, "state", rec.State)
+			return
+		}
+		c.st.PublishRunNotice(rec, func(err error) { c.log.Warn("run notice not published", "run", runID, "err", err) })
+	}
+	// The settlement is usually here already: the runs watch delivers it
+	// as the host learns it landed, before the host asks (a settled state
+	// never changes, so it is what the leader would answer).
+	if rec, ok := c.runs.endedRecord(runID); ok {
+		publish(rec)
+		return nil, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, noticeReadWaitMax)
 	defer cancel()
 	for {
 		run, err := c.st.RunLatest(ctx, runID)
 		if err == nil {
-			rec := run.Value
-			if rec.Provider != provider || rec.State != protocol.RunSettled || rec.Result == nil {
-				c.log.Debug("notice request for a run that has no notice to publish", "run", runID, "provider", provider, "state", rec.State)
-				return nil, nil
-			}
-			c.st.PublishRunNotice(rec, func(err error) { c.log.Warn("run notice not published", "run", runID, "err", err) })
+			publish(run.Value)
 			return nil, nil
 		}
 		if errors.Is(err, store.ErrNotFound) {

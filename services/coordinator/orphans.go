@@ -43,7 +43,30 @@ type runIndex struct {
 	mu    sync.Mutex
 	m     map[string]*runState          // by run id
 	specs map[string]protocol.RunRecord // the specs of runs not settled yet, by run id
+	// ended holds the runs the watch saw settled lately (their spec joined
+	// with their settled state), for the notices their hosts ask for next
+	// (notices.go): a settlement is final, so what the watch delivered is
+	// what a read from the bucket's leader would answer. Bounded by
+	// endedKeptMax runs, endedKeptBytesMax bytes of records and
+	// endedKeptFor; a run not found there is read from the leader.
+	ended      map[string]protocol.RunRecord
+	endedOrder []endedRun
+	endedBytes int
 }
+
+// endedRun is one run of runIndex.ended, in the order the watch saw it settle.
+type endedRun struct {
+	id    string
+	bytes int
+	at    time.Time
+}
+
+// The bounds of runIndex.ended.
+const (
+	endedKeptMax      = 4096
+	endedKeptBytesMax = 8 << 20
+	endedKeptFor      = 10 * time.Second
+)
 
 type runState struct {
 	rec protocol.RunRecord
@@ -53,7 +76,37 @@ type runState struct {
 }
 
 func newRunIndex(clock func() time.Duration) *runIndex {
-	return &runIndex{clock: clock, m: map[string]*runState{}, specs: map[string]protocol.RunRecord{}}
+	return &runIndex{clock: clock, m: map[string]*runState{}, specs: map[string]protocol.RunRecord{}, ended: map[string]protocol.RunRecord{}}
+}
+
+// keepEnded files rec, a run the watch saw settled (size bytes as stored),
+// in x.ended, dropping the oldest past the bounds. x.mu is held.
+func (x *runIndex) keepEnded(rec protocol.RunRecord, size int) {
+	now := time.Now()
+	if _, ok := x.ended[rec.RunID]; ok || size > endedKeptBytesMax {
+		return
+	}
+	x.ended[rec.RunID] = rec
+	x.endedOrder = append(x.endedOrder, endedRun{id: rec.RunID, bytes: size, at: now})
+	x.endedBytes += size
+	drop := 0
+	for drop < len(x.endedOrder) && (len(x.endedOrder)-drop > endedKeptMax || x.endedBytes > endedKeptBytesMax || now.Sub(x.endedOrder[drop].at) > endedKeptFor) {
+		delete(x.ended, x.endedOrder[drop].id)
+		x.endedBytes -= x.endedOrder[drop].bytes
+		drop++
+	}
+	if drop > 0 {
+		x.endedOrder = append(x.endedOrder[:0], x.endedOrder[drop:]...)
+	}
+}
+
+// endedRecord returns run id as the watch saw it settle, if it is still
+// kept (keepEnded).
+func (x *runIndex) endedRecord(id string) (protocol.RunRecord, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	rec, ok := x.ended[id]
+	return rec, ok
 }
 
 func (x *runIndex) put(key string, e jetstream.KeyValueEntry) {
@@ -63,10 +116,19 @@ func (x *runIndex) put(key string, e jetstream.KeyValueEntry) {
 	defer x.mu.Unlock()
 	switch kind {
 	case store.RunsSpec:
-		// A spec is written before its state, so a watch delivers it
-		// first; it is never written again.
+		// A spec is never written again. Its state is written at the same
+		// time (store.CreateRun), so a watch may deliver either first: a
+		// state that came first was its creation record (a claim or a
+		// settlement comes only after the coordinator had both), dropped
+		// for want of its spec, so the spec stands for it, running and
+		// unclaimed, until the state changes. A spec left with no state
+		// (its state's creation failed) is dropped by the orphan sweep,
+		// which finds no run (settleOrphan).
 		if err == nil && rec.RunID == id {
 			x.specs[id] = rec
+			if _, ok := x.m[id]; !ok && rec.State == protocol.RunRunning {
+				x.m[id] = &runState{rec: rec}
+			}
 		}
 		return
 	case store.RunsState:
@@ -81,6 +143,9 @@ func (x *runIndex) put(key string, e jetstream.KeyValueEntry) {
 		delete(x.m, id)
 		if err == nil {
 			delete(x.specs, id) // settled: not indexed again
+			if rec.State == protocol.RunSettled && rec.Result != nil {
+				x.keepEnded(store.JoinRun(spec, rec), len(e.Value()))
+			}
 		}
 		return
 	}
@@ -90,6 +155,14 @@ func (x *runIndex) put(key string, e jetstream.KeyValueEntry) {
 		return
 	}
 	x.m[id] = &runState{rec: rec}
+}
+
+// forget drops run id from the index (a spec with no state: no run).
+func (x *runIndex) forget(id string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	delete(x.m, id)
+	delete(x.specs, id)
 }
 
 func (x *runIndex) del(key string) {

@@ -433,6 +433,10 @@ func (c *Coordinator) orphanDue(rec protocol.RunRecord) bool {
 // or the lease was already there when it was read.
 func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord) {
 	run, err := c.st.RunLatest(ctx, seen.RunID)
+	if errors.Is(err, store.ErrNotFound) {
+		c.runs.forget(seen.RunID) // a spec whose state was never created: no run
+		return
+	}
 	if err != nil || run.Value.State != protocol.RunRunning || run.Value.HostID != seen.HostID {
 		return // settled, claimed meanwhile, or unreadable: the next sweep looks again
 	}
