@@ -429,9 +429,9 @@ var permCases = []permCase{
 	// Inbox items and wake-ups only coordinators publish: a host asks them
 	// for its epochs' ends.
 	{user: "worker-spawn", subject: "brood.v1.inbox.S1"},
-	{user: "worker-spawn", subject: "brood.v1.wake.S1"},
+	{user: "worker-spawn", subject: "brood.v1.wake.spawn.S1"},
 	{user: "worker-acp", subject: "brood.v1.inbox.S1"},
-	{user: "coordinator", subject: "brood.v1.wake.S1", allowed: true},
+	{user: "coordinator", subject: "brood.v1.wake.spawn.S1", allowed: true},
 	// A provider's worker writes only its own scope's host records
 	// (<scope>.<unique>, protocol.WorkerHostID): no other provider's, no
 	// coordinator's, not the shared scope's.
@@ -577,7 +577,17 @@ var permCases = []permCase{
 	{user: "worker-spawn", sub: true, subject: "$SRV.INFO.brood-provider-spawn.ID1", allowed: true},
 	{user: "worker-spawn", sub: true, subject: "$SRV.INFO.brood-provider-fork"},
 	{user: "worker-spawn", sub: true, subject: "$SRV.INFO.brood-coordinator.ID1"},
-	{user: "worker-spawn", sub: true, subject: "brood.v1.inbox.S1", allowed: true},
+	// A worker wakes on its own provider's wake-ups (empty), never sees an
+	// inbox item as it is accepted, nor another provider's wake-ups.
+	{user: "worker-spawn", sub: true, subject: "brood.v1.wake.spawn.S1", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.wake.spawn.*", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.wake.fork.S1"},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.wake.root.S1"},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.wake.>"},
+	{user: "worker-fork", sub: true, subject: "brood.v1.wake.fork.S1", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.inbox.S1"},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.inbox.*"},
+	{user: "worker-acp", sub: true, subject: "brood.v1.inbox.>"},
 	{user: "coordinator", sub: true, subject: "brood.v1.inbox.S1", allowed: true},
 	// Read endpoints: long polls and follows wake on log and event subjects;
 	// follow credit comes on the replica's own subject in the queue group.

@@ -663,8 +663,11 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.InboxItem{Content: protocol.Text("forged followup")})
 			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox." + v.forkChild, Reply: nc.NewInbox(), Data: data})
 		}},
-		{"wake a fork child", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
-			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.wake." + v.forkChild})
+		{"wake a fork child or its own provider's child", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			if err := refusedPublish(nc, &nats.Msg{Subject: "brood.v1.wake.fork." + v.forkChild}); err == nil {
+				return nil
+			}
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.wake.spawn." + v.child})
 		}},
 		{"write an ownership record (keep the client's root from settling)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			// What a KV put of the record publishes: an edge root → a fork
@@ -734,6 +737,21 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 		{"answer a coordinator's request to a fork host (_INBOX.coordinator.host.fork.…)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.StateReply{State: protocol.StateNone})
 			return refusedPublish(nc, &nats.Msg{Subject: "_INBOX.coordinator." + rpc.HostRepliesToken + ".fork.ID.T1", Data: data})
+		}},
+		{"see every inbox item as it is accepted (brood.v1.inbox.*: every user's prompts, followups and results)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "brood.v1.inbox.*", "")
+		}},
+		{"see the client's root's and a fork child's inbox items as they are accepted", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			if err := refusedSubscribe(nc, "brood.v1.inbox."+v.root.SessionID, ""); err == nil {
+				return nil
+			}
+			return refusedSubscribe(nc, "brood.v1.inbox."+v.forkChild, "")
+		}},
+		{"learn when a fork child or a root is woken (brood.v1.wake.fork.<childId>, brood.v1.wake.root.<rootId>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			if err := refusedSubscribe(nc, "brood.v1.wake.fork."+v.forkChild, ""); err == nil {
+				return nil
+			}
+			return refusedSubscribe(nc, "brood.v1.wake.root."+v.root.SessionID, "")
 		}},
 		{"append to a fork child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return forgedAppend(ctx, nc, "brood.v1.log.fork."+v.forkChild)

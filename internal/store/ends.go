@@ -147,7 +147,7 @@ func (s *Store) ReleaseOwnership(ctx context.Context, owner, child string) error
 	if err := s.RemoveOwnership(ctx, owner, child); err != nil {
 		return err
 	}
-	_ = s.NC.Publish(s.Subj.Wake(owner), nil)
+	s.wake(ctx, owner)
 	return nil
 }
 

@@ -102,13 +102,25 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 		return "", protocol.Seq(ack.Sequence), protocol.Errorf(protocol.CodeUnavailable,
 			"idempotency key %q was already used; its message could not be found again, retry later", idempotencyKey)
 	}
-	// The item's copy on the inbox subject reaches a resident activation as
-	// the stream ingests it, possibly before a read can see it: the
-	// activation would find nothing and sleep until its re-check. The
-	// wake-up, published once the stream acknowledged the item, comes when a
-	// read finds it (activation.go).
-	_ = s.NC.Publish(s.Subj.Wake(sessionID), nil)
+	// The wake-up, published once the stream acknowledged the item, comes
+	// when a read finds it (activation.go). Resident activations never see
+	// the item's copy on the inbox subject: their workers may not subscribe
+	// to it (docs/security.md).
+	s.wake(ctx, sessionID)
 	return item.MessageID, protocol.Seq(ack.Sequence), nil
+}
+
+// wake publishes the wake-up of session id on its scope's wake subject
+// (protocol.Subjects.Wake; the scope from its header, cached). It is best
+// effort, as every core publish is: a session whose scope cannot be read
+// now gets none, and its activation finds the item at its next re-check
+// (worker.ActivationRecheck).
+func (s *Store) wake(ctx context.Context, id string) {
+	scope, err := s.SessionScope(ctx, id)
+	if err != nil || scope == "" {
+		return
+	}
+	_ = s.NC.Publish(s.Subj.Wake(scope, id), nil)
 }
 
 // KeyedMessageID is the messageId of an item enqueued with idempotencyKey

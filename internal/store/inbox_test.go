@@ -266,3 +266,76 @@ func TestOnlyItemsTheLogNamesAreRemoved(t *testing.T) {
 		t.Fatalf("E's inbox after a refused removal: %+v, %v; want its item %d", items, err, waiting)
 	}
 }
+
+// TestAWakeUpNamesItsSessionsScopeAndCarriesNothing: an item accepted into
+// a session's inbox, and an ownership edge its owner loses, wake the
+// session on its header's scope's wake subject (<p>.v1.wake.<scope>.<id>),
+// with an empty body: a worker's NATS user may subscribe only to its own
+// provider's wake-ups and to no inbox subject (docs/security.md), so a
+// wake-up on any other subject, or one carrying the item, would either
+// never reach its activation or show the item to every provider's workers.
+// A session without a header gets none (nobody could serve it).
+func TestAWakeUpNamesItsSessionsScopeAndCarriesNothing(t *testing.T) {
+	st := testutil.NewStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	wakes := testutil.Subscribe(t, st.NC, st.Subj.Wake("*", "*"))
+	for _, h := range []protocol.SessionHeader{
+		{Version: protocol.SessionHeaderVersion, ID: "R"},
+		{Version: protocol.SessionHeaderVersion, ID: "C", ParentSession: "R", Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"},
+		{Version: protocol.SessionHeaderVersion, ID: "F", ParentSession: "C", Origin: protocol.OriginSubagent, DelegationDepth: 2, Provider: "fork"},
+	} {
+		if err := st.PutHeader(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.AddOwnership(ctx, "C", "F"); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		do   func() error
+		want string
+	}{
+		{"an item for a spawn child", func() error {
+			_, _, err := st.Enqueue(ctx, "C", store.InboxItem{Content: protocol.Text("a secret prompt")}, "")
+			return err
+		}, st.Subj.Wake("spawn", "C")},
+		{"an item for a fork child", func() error {
+			_, _, err := st.Enqueue(ctx, "F", store.InboxItem{Content: protocol.Text("a secret prompt")}, "k")
+			return err
+		}, st.Subj.Wake("fork", "F")},
+		{"an item for a root", func() error {
+			_, _, err := st.Enqueue(ctx, "R", store.InboxItem{Content: protocol.Text("a secret prompt")}, "")
+			return err
+		}, st.Subj.Wake(protocol.ScopeRoot, "R")},
+		{"an ownership edge released", func() error { return st.ReleaseOwnership(ctx, "C", "F") }, st.Subj.Wake("spawn", "C")},
+	} {
+		if err := tc.do(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		select {
+		case m := <-wakes:
+			if m.Subject != tc.want || len(m.Data) != 0 {
+				t.Fatalf("%s: a wake-up on %s carrying %q, want %s with nothing", tc.name, m.Subject, m.Data, tc.want)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s: no wake-up on %s", tc.name, tc.want)
+		}
+	}
+	// No header, no wake-up: the next one on the subscription is the
+	// following enqueue's (one connection's publishes arrive in order).
+	for _, id := range []string{"NOHEADER", "C"} {
+		if _, _, err := st.Enqueue(ctx, id, store.InboxItem{Content: protocol.Text("x")}, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case m := <-wakes:
+		if m.Subject != st.Subj.Wake("spawn", "C") {
+			t.Fatalf("a session without a header woken on %s", m.Subject)
+		}
+	case <-ctx.Done():
+		t.Fatal("no wake-up for C")
+	}
+}

@@ -222,13 +222,19 @@ func (s *Store) sessionFacts(ctx context.Context, id string) (sessionFact, error
 	} else if err != nil {
 		return sessionFact{}, fmt.Errorf("read the header of %s: %w", id, err)
 	}
+	return s.rememberHeader(h), nil
+}
+
+// rememberHeader caches what header h says about its session's lease and
+// scope (sessionFacts): a header is written once and never changes.
+func (s *Store) rememberHeader(h protocol.SessionHeader) sessionFact {
 	f := sessionFact{scope: h.Scope(), parent: h.ParentSession}
 	if s.rootsCached.Add(1) > rootsCachedMax {
 		s.roots.Clear()
 		s.rootsCached.Store(1)
 	}
-	s.roots.Store(id, f)
-	return f, nil
+	s.roots.Store(h.ID, f)
+	return f
 }
 
 // rootsCachedMax bounds the sessions SessionScope remembers; past it the cache

@@ -40,7 +40,7 @@ func (s *Store) PutHeader(ctx context.Context, h protocol.SessionHeader) error {
 	// The msg id is this call's own, so two writers racing for one id are
 	// never deduplicated into each other; only one can land.
 	msgID := "hdr." + h.ID + "." + nuid.Next()
-	return retry(ctx, func(ctx context.Context, unknown bool) error {
+	err = retry(ctx, func(ctx context.Context, unknown bool) error {
 		_, err := s.JS.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(0), jetstream.WithMsgID(msgID))
 		if err == nil || !isWrongLastSeq(err) {
 			return err
@@ -59,6 +59,12 @@ func (s *Store) PutHeader(ctx context.Context, h protocol.SessionHeader) error {
 		}
 		return fmt.Errorf("%w: session %s already has a header", ErrConflict, h.ID)
 	})
+	if err == nil {
+		// The writer knows the session's scope from now on (its first
+		// inbox item's wake-up, its lease) without reading it back.
+		s.rememberHeader(h)
+	}
+	return err
 }
 
 // GetHeader reads a session's header; ErrNotFound when the id was never used.

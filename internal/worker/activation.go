@@ -23,7 +23,8 @@ import (
 
 // An activation is one residency epoch of a continuable child in this host
 // (seed: Activation; DESIGN.md §7). The child's inbox in JetStream is its only
-// queue: the activation wakes on a core subscription to the inbox subject,
+// queue: the activation wakes on a core subscription to its wake subject
+// (published once an item is stored, or an owned child released it),
 // claims items in order and runs one turn each; next-step items (settlement
 // notices, reports) join a running turn. Its state is derived, never stored:
 // running while a turn runs or work waits, waiting while it owns live
@@ -358,11 +359,14 @@ func logEpochStart(ctx context.Context, req protocol.ActivateRequest, cs Continu
 	return nil
 }
 
-// subscribeActivation subscribes the activation to its inbox and wake
-// subjects and flushes, so the server knows the subscriptions before anyone
-// is told the activation is ready (else the first prompt's wake is lost).
+// subscribeActivation subscribes the activation to its wake subject (of
+// its header's scope, its provider: the only wake-ups its worker's NATS
+// user may receive) and flushes, so the server knows the subscription
+// before anyone is told the activation is ready (else the first prompt's
+// wake is lost). It never subscribes to the inbox subject: a wake-up
+// carries nothing, and the activation reads its own inbox.
 func (h *Host) subscribeActivation(a *activation) error {
-	for _, subj := range []string{a.inbox.Subject(), h.subj.Wake(a.childID)} {
+	for _, subj := range []string{h.subj.Wake(a.header.Scope(), a.childID)} {
 		sub, err := h.cfg.NC.Subscribe(subj, func(*nats.Msg) { a.poke() })
 		if err != nil {
 			a.unsubscribe()
@@ -372,7 +376,7 @@ func (h *Host) subscribeActivation(a *activation) error {
 	}
 	if err := h.cfg.NC.FlushTimeout(SubscribeFlushTimeout); err != nil {
 		a.unsubscribe()
-		return protocol.Errorf(protocol.CodeUnavailable, "flush the inbox subscription: %w", err)
+		return protocol.Errorf(protocol.CodeUnavailable, "flush the wake subscription: %w", err)
 	}
 	return nil
 }

@@ -278,9 +278,16 @@ func (s Subjects) Log(scope, id string) string { return s.root() + ".log." + sco
 // stream's subject).
 func (s Subjects) LogAll() string { return s.root() + ".log.*.*" }
 
-// Wake is a core-only subject (no stream) that wakes a session's resident
-// activation, e.g. when a child it owns released its ownership.
-func (s Subjects) Wake(id string) string { return s.root() + ".wake." + id }
+// Wake is a core-only subject (no stream, empty body) that wakes a
+// session's resident activation when an item was accepted into its inbox
+// or a child it owns released its ownership,
+// <p>.v1.wake.<scope>.<sessionId>, scope the session's
+// (SessionHeader.Scope: its provider, or ScopeRoot). Only coordinators
+// publish it; a deployment lets a provider's workers subscribe only to
+// <p>.v1.wake.<provider>.* (docs/security.md), and never to the inbox
+// subjects, whose copies of the items would show them every session's
+// prompts and results: a woken activation reads its own inbox.
+func (s Subjects) Wake(scope, id string) string { return s.root() + ".wake." + scope + "." + id }
 
 // Notice is a core-only subject (no stream) on which a host asks the
 // coordinators to publish the settlement notice of run runID of provider

@@ -41,6 +41,7 @@ func TestAnEpochsEndIsCarriedOutOnlyForASettledEpochOfTheSubjectsProvider(t *tes
 		putRun(t, s, rec)
 	}
 	const owner = "OWNER"
+	putChildOf(t, s, root, "fork", owner) // its wake-up is on its provider's subject
 	putChildOf(t, s, root, "spawn", "C")
 	putChildOf(t, s, root, "fork", "F")
 	epoch("C-running", "C", "spawn", protocol.ModeContinuable, false)
@@ -104,7 +105,7 @@ func TestAnEpochsEndIsCarriedOutOnlyForASettledEpochOfTheSubjectsProvider(t *tes
 			t.Fatalf("%s: the parent's inbox holds %q, want nothing", tc.name, got)
 		}
 	}
-	wake := testutil.Subscribe(t, s.NC, s.Store.Subj.Wake(owner))
+	wake := testutil.Subscribe(t, s.NC, s.Store.Subj.Wake("fork", owner))
 	if err := release("spawn", "C", "C-settled"); err != nil {
 		t.Fatalf("a settled epoch of a spawn child, on spawn's subject: %v", err)
 	}
