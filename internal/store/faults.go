@@ -63,6 +63,13 @@ type Faults struct {
 	// when it landed); what it returns is what the caller gets. Returning an
 	// error for a write that landed is an acknowledgement lost on the way.
 	After func(ctx context.Context, w Write, err error) error
+	// Lagging, when set, makes the replicas that answer direct batch gets
+	// of session logs (BROOD_LOG) lag: it is asked of each message such a
+	// get returns (stream sequence seq), and true ends that batch before
+	// it, as a replica that has not yet stored it answers (a batch get
+	// stops early without an error). Reads from the stream's leader are
+	// not affected. Reads are otherwise not faulted.
+	Lagging func(seq uint64) bool
 }
 
 // WithFaults returns a copy of s whose writes go through f. s is unchanged;
@@ -70,6 +77,7 @@ type Faults struct {
 func (s *Store) WithFaults(f Faults) *Store {
 	c := *s
 	c.JS = faultJS{JetStream: s.JS, f: f}
+	c.lagging = f.Lagging
 	for _, str := range []*jetstream.Stream{&c.Sessions, &c.Log, &c.Inbox, &c.Events} {
 		if *str != nil {
 			*str = faultStream{Stream: *str, f: f}

@@ -107,14 +107,12 @@ func (s *Store) ReadLog(ctx context.Context, scope, id string) (SessionLog, erro
 		defer cancel()
 	}
 	// A read is idempotent: a transient failure reads the whole log again.
-	// An attempt may take a third of the read's deadline (a long log). Direct
-	// gets that came back incomplete are read again from the leader.
+	// An attempt may take a third of the read's deadline (a long log).
+	// Records a lagging replica lacks come from the stream's leader
+	// (readRecords).
 	var out SessionLog
 	err := retryEach(ctx, LogReadAttemptTimeout, func(ctx context.Context, _ bool) (err error) {
 		out, err = s.readLog(ctx, scope, id)
-		if errors.Is(err, ErrIncompleteRead) {
-			out, err = s.readLogOrdered(ctx, scope, id)
-		}
 		return err
 	})
 	return out, err
@@ -219,39 +217,77 @@ const LogTailWindow = 256
 // sequences in [from, to], to being the subject's last record, and flattens
 // them into events. firstSeq is the seq the first event must have (-1: any);
 // every later event must follow the one before it.
+//
+// Records come in batch direct gets, which any replica may answer; one that
+// is not yet current (after a restart, a partition or an election) answers
+// without the records it lacks and stops early. The next record then comes
+// from the stream's leader ($JS.API.STREAM.MSG.GET with next_by_subj, a read
+// every NATS user of Brood that reads a log may do), and the read goes on
+// in batches (another replica may answer the next). No log read creates a consumer: worker users may not
+// (docs/security.md), and an ordered consumer here was refused to them
+// (issue 16: a worker's cold resume during an election).
 func (s *Store) readRecords(ctx context.Context, subject, id string, from, to uint64, firstSeq int64) ([]protocol.SessionEvent, error) {
 	var events []protocol.SessionEvent
 	next, reached := from, uint64(0)
 	want := firstSeq
+	add := func(seq uint64, data []byte) (err error) {
+		if events, err = addRecord(events, &want, id, seq, data); err != nil {
+			return err
+		}
+		reached, next = seq, seq+1
+		return nil
+	}
 	for reached < to {
-		msgs, err := jetstreamext.GetBatch(ctx, s.JS, s.Subj.StreamLog(), LogReadBatch,
-			jetstreamext.GetBatchSubject(subject), jetstreamext.GetBatchSeq(next))
+		got, err := s.readBatch(ctx, subject, id, next, to, add)
 		if err != nil {
-			return events, fmt.Errorf("read log %s: %w", id, err)
+			return events, err
 		}
-		got := 0
-		for m, err := range msgs {
-			if err != nil {
-				if errors.Is(err, jetstreamext.ErrNoMessages) {
-					break
-				}
-				return events, fmt.Errorf("read log %s at stream seq %d: %w", id, next, err)
-			}
-			if m.Sequence > to {
-				break
-			}
-			if events, err = addRecord(events, &want, id, m.Sequence, m.Data); err != nil {
-				return events, err
-			}
-			reached = m.Sequence
-			next = m.Sequence + 1
-			got++
+		if got > 0 || reached >= to {
+			continue
 		}
-		if got == 0 && reached < to {
-			return events, fmt.Errorf("read log %s: %w: stopped at stream seq %d before the last record %d", id, ErrIncompleteRead, reached, to)
+		// The replica that answered lacks the record at next: that one
+		// from the leader, then batches again (another replica may answer).
+		m, err := s.leaderGetMsg(ctx, s.Subj.StreamLog(), map[string]any{"seq": next, "next_by_subj": subject})
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				err = fmt.Errorf("%w: the leader has no record after stream seq %d before the last record %d", ErrIncompleteRead, reached, to)
+			}
+			return events, fmt.Errorf("read log %s at stream seq %d: %w", id, next, err)
+		}
+		if m.Sequence > to {
+			return events, fmt.Errorf("read log %s: %w: the leader's next record after stream seq %d is %d, past the last record %d", id, ErrIncompleteRead, reached, m.Sequence, to)
+		}
+		if err := add(m.Sequence, m.Data); err != nil {
+			return events, err
 		}
 	}
 	return events, nil
+}
+
+// readBatch reads one batch direct get of subject's records from stream
+// sequence next on, up to to, passing each to add; got is how many it read.
+func (s *Store) readBatch(ctx context.Context, subject, id string, next, to uint64, add func(seq uint64, data []byte) error) (got int, err error) {
+	msgs, err := jetstreamext.GetBatch(ctx, s.JS, s.Subj.StreamLog(), LogReadBatch,
+		jetstreamext.GetBatchSubject(subject), jetstreamext.GetBatchSeq(next))
+	if err != nil {
+		return 0, fmt.Errorf("read log %s: %w", id, err)
+	}
+	for m, err := range msgs {
+		if err != nil {
+			if errors.Is(err, jetstreamext.ErrNoMessages) {
+				break
+			}
+			return got, fmt.Errorf("read log %s at stream seq %d: %w", id, next, err)
+		}
+		if m.Sequence > to || (s.lagging != nil && s.lagging(m.Sequence)) {
+			break
+		}
+		if err := add(m.Sequence, m.Data); err != nil {
+			return got, err
+		}
+		got++
+	}
+	return got, nil
 }
 
 // addRecord appends the events of one log record (stream sequence seq) to
@@ -269,62 +305,6 @@ func addRecord(events []protocol.SessionEvent, want *int64, id string, seq uint6
 		events = append(events, ev)
 	}
 	return events, nil
-}
-
-// readLogOrdered reads a session's whole log through an ordered consumer,
-// which the stream's leader serves, up to the last record the leader names:
-// the fallback when direct gets (which a replica that is not yet current may
-// answer) came back incomplete.
-func (s *Store) readLogOrdered(ctx context.Context, scope, id string) (SessionLog, error) {
-	var out SessionLog
-	subject, err := s.logSubject(scope, id)
-	if err != nil {
-		return out, err
-	}
-	last, err := s.leaderLast(ctx, s.Subj.StreamLog(), subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return out, nil
-	}
-	if err != nil {
-		return out, fmt.Errorf("read log %s: %w", id, err)
-	}
-	cons, err := s.Log.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-	if err != nil {
-		return out, fmt.Errorf("read log %s: %w", id, err)
-	}
-	want := int64(0)
-	for out.LastSubjSeq < last.Sequence {
-		wait := time.Second
-		if d, ok := ctx.Deadline(); ok {
-			wait = max(min(time.Until(d), wait), 100*time.Millisecond)
-		}
-		batch, err := cons.Fetch(LogReadBatch, jetstream.FetchMaxWait(wait))
-		if err != nil {
-			return out, fmt.Errorf("read log %s: %w", id, err)
-		}
-		got := 0
-		for m := range batch.Messages() {
-			meta, err := m.Metadata()
-			if err != nil {
-				return out, fmt.Errorf("read log %s: %w", id, err)
-			}
-			if meta.Sequence.Stream > last.Sequence {
-				break
-			}
-			if out.Events, err = addRecord(out.Events, &want, id, meta.Sequence.Stream, m.Data()); err != nil {
-				return out, err
-			}
-			out.LastSubjSeq = meta.Sequence.Stream
-			got++
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-			return out, fmt.Errorf("read log %s: %w", id, err)
-		}
-		if got == 0 && ctx.Err() != nil {
-			return out, fmt.Errorf("read log %s: %w: stopped at stream seq %d before the last record %d", id, ErrIncompleteRead, out.LastSubjSeq, last.Sequence)
-		}
-	}
-	return out, nil
 }
 
 // LogWriter appends records to one session's log. It is the single writer's

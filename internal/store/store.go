@@ -85,6 +85,8 @@ type Store struct {
 	// specs caches RunSpec by run id (specsCached entries).
 	specs       *sync.Map
 	specsCached *atomic.Int64
+	// lagging is Faults.Lagging (WithFaults), nil in a product path.
+	lagging func(seq uint64) bool
 }
 
 // Errors of the store.
