@@ -151,6 +151,9 @@ type hostState struct {
 	// obs is the observed clock (registry.obs) when its latest heartbeat
 	// reached this coordinator.
 	obs time.Duration
+	// rev is the bucket revision of rec: a record delivered again (a
+	// watch opened again) or read from the leader already is not news.
+	rev uint64
 }
 
 // registry is the provider registry, derived from the records in brood_hosts
@@ -218,7 +221,32 @@ func (r *registry) put(key string, e jetstream.KeyValueEntry) {
 	if key == r.self {
 		r.ownBeat(rec.Heartbeat, e.Revision())
 	}
-	r.hosts[key] = &hostState{rec: rec, obs: r.obs}
+	if h, ok := r.hosts[key]; ok && h.rev >= e.Revision() {
+		return // applied already (confirm read it from the leader first)
+	}
+	r.hosts[key] = &hostState{rec: rec, obs: r.obs, rev: e.Revision()}
+}
+
+// confirm applies rec, host key's record at revision rev as the bucket's
+// leader answered it, when the registry holds an older revision of it or
+// none: a heartbeat its watch did not deliver (a watch silent or opened
+// again through an election, a snapshot without the key). It reports
+// whether the host is live afterwards: a record newer than the registry's
+// makes it live from now on the observed clock; the same one leaves the
+// judgement as it was. A record filed under another host's key is not
+// applied (and proves nothing of key).
+func (r *registry) confirm(key string, rec protocol.HostRecord, rev uint64) bool {
+	if rec.HostID != key {
+		return false
+	}
+	rec.Providers = inScope(key, rec.Providers, r.log)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if h, ok := r.hosts[key]; ok && h.rev >= rev {
+		return r.liveLocked(h)
+	}
+	r.hosts[key] = &hostState{rec: rec, obs: r.obs, rev: rev}
+	return true
 }
 
 // inScope returns the descriptors host may offer (protocol.MayOffer): a

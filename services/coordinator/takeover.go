@@ -37,6 +37,40 @@ func (c *Coordinator) holderDead(l leaseState) bool {
 	return c.reg.expired(l.firstObs)
 }
 
+// hostLostWait bounds hostLost's read of a host record from the bucket's
+// leader; a read that did not answer in time decides nothing (the next
+// sweep asks again).
+const hostLostWait = 2 * time.Second
+
+// hostLost confirms, before this replica acts on the death of host id (a
+// takeover of its session, the settlement of a run it claimed), that the
+// record the registry judged it on is the host's latest: it reads the
+// host's record from the bucket's leader. A newer one (a heartbeat the
+// hosts watch did not deliver: the watch silent or opened again through an
+// election of brood_hosts, a snapshot that missed the key) makes the host
+// live again from now (registry.confirm), and nothing is done; no record at
+// the leader confirms the loss; a read that failed (the bucket electing)
+// decides nothing now. A host is declared lost only on a record read fresh
+// (issue 16: a run settled HOST_LOST 0.2 s after its coordinator opened its
+// watches again, while its host heartbeated).
+func (c *Coordinator) hostLost(ctx context.Context, id string) bool {
+	rctx, cancel := context.WithTimeout(ctx, hostLostWait)
+	defer cancel()
+	rec, err := store.GetLatest[protocol.HostRecord](rctx, c.st.Hosts, store.HostKey(id))
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return true
+	case err != nil:
+		c.log.Info("a host judged lost could not be read from the leader; deciding at the next sweep", "host", id, "err", err)
+		return false
+	}
+	if c.reg.confirm(store.HostKey(id), rec.Value, rec.Revision) {
+		c.log.Warn("a host judged lost heartbeated after the record this replica had; keeping it live", "host", id)
+		return false
+	}
+	return true
+}
+
 // takeOver settles the run of a session whose host died (DESIGN.md §7,
 // Settlement 2): (i) CAS the lease to this replica, (ii) close the open turn
 // as interrupted with an append fenced on the log's last record, (iii) settle
@@ -47,6 +81,9 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 	fresh, err := c.st.LeaseLatest(ctx, id)
 	if err != nil || fresh.Value.HostID != l.rec.HostID || fresh.Value.Epoch != l.rec.Epoch {
 		return // gone, or changed hands since we looked
+	}
+	if fresh.Value.TakenOverBy != c.cfg.ID && !c.hostLost(ctx, fresh.Value.HostID) {
+		return
 	}
 	if fresh.Value.Kind == protocol.AgentContinuable {
 		c.takeOverActivation(ctx, fresh)
@@ -444,6 +481,9 @@ func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord)
 		return // it has its lease: the lease's holder settles it
 	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return // the next sweep looks again
+	}
+	if run.Value.HostID != "" && !c.hostLost(ctx, run.Value.HostID) {
+		return // its claimer heartbeats: it may still take the lease
 	}
 	rec := run.Value
 	code, why := protocol.CodeUnavailable, "no instance claimed it and the coordinator that created it stopped before it settled it"
