@@ -70,6 +70,12 @@ type Faults struct {
 	// stops early without an error). Reads from the stream's leader are
 	// not affected. Reads are otherwise not faulted.
 	Lagging func(seq uint64) bool
+	// LeaderRead, when set, runs before a key of a bucket (its name) is
+	// read from the bucket's leader (the reads a decision on the latest
+	// value rests on: LeaseLatest, RunLatest, GetLatest, a refused
+	// compare-and-set's check); an error fails the read, and a hook may
+	// block (a leader election).
+	LeaderRead func(ctx context.Context, bucket, key string) error
 }
 
 // WithFaults returns a copy of s whose writes go through f. s is unchanged;
@@ -110,8 +116,13 @@ type faultKV struct {
 	f Faults
 }
 
-// leaderGet reads through to the bucket (reads are not faulted).
+// leaderGet reads through to the bucket, after Faults.LeaderRead.
 func (kv faultKV) leaderGet(ctx context.Context, key string) ([]byte, uint64, bool, error) {
+	if kv.f.LeaderRead != nil {
+		if err := kv.f.LeaderRead(ctx, kv.Bucket(), key); err != nil {
+			return nil, 0, false, err
+		}
+	}
 	return latest(ctx, kv.KeyValue, key)
 }
 

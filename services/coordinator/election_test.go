@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
@@ -121,4 +123,66 @@ func TestAFailedStartsSlotIsReleasedThroughAnElection(t *testing.T) {
 	}
 	testutil.Eventually(t, 2*testutil.ElectionLasts, func() bool { return len(slotsOf(t, s, root.SessionID)) == 0 }, "the failed start's slot is released once the election ends")
 	e.Check(t)
+}
+
+// TestAStartMeetsTwoElectionsOfItsParentsBucketOnce: a start's two reads
+// and writes on brood_agents that do not depend on each other, the
+// parent's lease read from the leader and the slot's compare-and-set, wait
+// out elections side by side (issue 16: back to back, one election each
+// cost a start twice, and three in a row ran out its deadline). Each is
+// held for electionHeld, once; a start with a deadline shorter than both
+// held in series, longer than one, completes. It failed before (the steps
+// in series: UNAVAILABLE after the deadline).
+func TestAStartMeetsTwoElectionsOfItsParentsBucketOnce(t *testing.T) {
+	const electionHeld, timeout = 3 * time.Second, 5 * time.Second
+	s := stack.New(t)
+	var rootID atomic.Value
+	rootID.Store("")
+	// Each election answers "no response from stream" from its first
+	// refusal on, for electionHeld.
+	var leaseHeld, slotHeld atomic.Int64 // the first refusal (unix ns); 0: none yet
+	hold := func(began *atomic.Int64) error {
+		now := time.Now().UnixNano()
+		began.CompareAndSwap(0, now)
+		if time.Duration(now-began.Load()) < electionHeld {
+			return jetstream.ErrNoStreamResponse
+		}
+		return nil
+	}
+	s.AddCoordinator(func(c *coordinator.Config) {
+		c.Store = c.Store.WithFaults(store.Faults{
+			LeaderRead: func(_ context.Context, _, key string) error {
+				if id := rootID.Load().(string); id != "" && key == store.RootLeaseKey(id) {
+					return hold(&leaseHeld)
+				}
+				return nil
+			},
+			Before: func(_ context.Context, w store.Write) error {
+				if id := rootID.Load().(string); id != "" && w.Key == store.SlotsKey(id) {
+					return hold(&slotHeld)
+				}
+				return nil
+			},
+		})
+	})
+	s.AddSpawnWorker()
+	s.WaitProvider("spawn")
+	root := s.Root()
+	rootID.Store(root.SessionID)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	began := time.Now()
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
+	took := time.Since(began)
+	if err != nil {
+		t.Fatalf("a start whose parent's lease read and slot write each waited %s, with a deadline of %s: %v after %s; want it started", electionHeld, timeout, err, took.Round(time.Millisecond))
+	}
+	if leaseHeld.Load() == 0 || slotHeld.Load() == 0 || took < electionHeld {
+		t.Fatalf("the parent's lease read refused: %v, the slot write: %v, the start took %s; want both refused for %s", leaseHeld.Load() != 0, slotHeld.Load() != 0, took, electionHeld)
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer rcancel()
+	if res, err := run.Result(rctx); err != nil || res.StopReason != protocol.StopCompleted {
+		t.Fatalf("result: %+v, %v", res, err)
+	}
 }

@@ -52,21 +52,33 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 	if err != nil {
 		return protocol.RunStartReply{}, err
 	}
-	// The parent is read from the bucket's leader before anything is
-	// written: this replica's cache, or a follower, may still hold the lease
-	// of a root closed a moment ago (chaos seed 3: a run started with a
-	// closed root's credential 0.4 s after the close, right after a
-	// partition healed, and its prompt reached the child's log: I4).
-	if _, err := c.authorizeFresh(ctx, r.Parent); err != nil {
-		return protocol.RunStartReply{}, err
-	}
 	childID := ulid.Make().String()
 	runID := childID // local providers: the run id is the child's session id (seed: SubagentRun.id)
 	if a.desc.Remote {
 		runID = ulid.Make().String() // remote providers: a fresh id in the parent's namespace
 	}
-	if err := c.reserveChild(ctx, a.pheader.ID, childID, ""); err != nil {
-		return protocol.RunStartReply{}, err
+	// The parent is read from the bucket's leader before anything but the
+	// slot is written: this replica's cache, or a follower, may still hold
+	// the lease of a root closed a moment ago (chaos seed 3: a run started
+	// with a closed root's credential 0.4 s after the close, right after a
+	// partition healed, and its prompt reached the child's log: I4). The
+	// read and the slot's compare-and-set do not depend on each other, so
+	// they run together (issue 16: each may wait out an election of
+	// brood_agents, and back to back they cost a start two); a parent found
+	// not live gives the slot back, and its refusal is the answer.
+	var authErr, slotErr error
+	_ = parallel(
+		func() error { _, authErr = c.authorizeFresh(ctx, r.Parent); return authErr },
+		func() error { slotErr = c.reserveChild(ctx, a.pheader.ID, childID, ""); return slotErr },
+	)
+	switch {
+	case authErr != nil:
+		if slotErr == nil {
+			c.releaseChild(ctx, a.pheader.ID, childID)
+		}
+		return protocol.RunStartReply{}, authErr
+	case slotErr != nil:
+		return protocol.RunStartReply{}, slotErr
 	}
 	release := func() { c.releaseChild(ctx, a.pheader.ID, childID) }
 	// The run and its child are created at the admission, once the slot is
