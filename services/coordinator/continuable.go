@@ -369,19 +369,23 @@ func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Reco
 	return nil, protocol.Errorf(protocol.CodeUnavailable, "session %s is changing hands; retry", childID)
 }
 
-// residentCached is resident answered from this replica's lease cache when
-// that shows the child's activation live (its host heartbeating, no
-// takeover), else from the bucket. It routes a followup: a followup routed
-// to a resident activation that ended just before (its lease's deletion
-// not yet in the cache) waits in the inbox for the liveness sweep, which
-// reads the bucket (resident) and resumes the child within its period; the
-// same holds for an activation that ends right after a read of the bucket.
-// It saves a running child's followup one JetStream read (issue 12).
-func (c *Coordinator) residentCached(ctx context.Context, childID string) (*store.Record[protocol.AgentRecord], error) {
+// residentCached returns a continuable child's lease when this replica's
+// lease cache shows its activation live (its host heartbeating, no
+// takeover), else nil: a cache that shows nothing is no evidence of
+// absence (issue 16's rule), and nothing is decided on it but where a
+// followup goes first (continuableFollowup: the accept, which holds for
+// either route, then the bucket's answer off the reply path). A followup
+// routed to a resident activation that ended just before (its lease's
+// deletion not yet in the cache) waits in the inbox for the liveness
+// sweep, which reads the bucket (resident) and resumes the child within its
+// period; the same holds for an activation that ends right after a read of
+// the bucket. It saves a running child's followup one JetStream read
+// (issue 12).
+func (c *Coordinator) residentCached(ctx context.Context, childID string) *store.Record[protocol.AgentRecord] {
 	if l, ok := c.leaseCached(ctx, childID); ok && l.rec.TakenOverBy == "" && c.reg.hostLive(l.rec.HostID) {
-		return &store.Record[protocol.AgentRecord]{Value: l.rec, Revision: l.rev}, nil
+		return &store.Record[protocol.AgentRecord]{Value: l.rec, Revision: l.rev}
 	}
-	return c.resident(ctx, childID)
+	return nil
 }
 
 // resumable folds a child's descriptor from its own events: NOT_RESUMABLE for
@@ -442,18 +446,40 @@ func (c *Coordinator) resumable(ctx context.Context, h protocol.SessionHeader) (
 // child's own events to find its descriptor (logged in its first record).
 const descriptorEventsMax = 64
 
-// resumeOffPath runs coldResume in the background, within coldResumeBudget
-// and the coordinator's lifetime, continuing the request's trace: a
-// followup's caller has its answer once the message is durable (and its
-// ownership recorded), not once the activation is up (issue 12; DESIGN.md
-// §13). A resume that fails leaves the accepted message to the liveness
-// sweep, which resumes every child with pending items (DESIGN.md §4,
-// Liveness).
-func (c *Coordinator) resumeOffPath(ctx context.Context, h protocol.SessionHeader, d protocol.DescriptorData, owner string) {
+// resumeOffPath decides, after a followup's reply, whether the child
+// needs a resume, and resumes it: in the background, within
+// coldResumeBudget and the coordinator's lifetime, continuing the request's
+// trace. The followup's caller has its answer once the message is durable
+// (and its ownership recorded), not once the activation is up (issue 12;
+// DESIGN.md §13). The child's lease is read from the bucket (resident: a
+// dead host's lease is taken over first) after the message is in the
+// inbox, so a live activation read there claims it (the enqueue woke it),
+// and an activation that ends after the read finds it pending (as for
+// every resident followup). Only with no live lease is the child resumed
+// (coldResume: the epoch's run record and lease are created under
+// compare-and-set, so two resumes of one child activate it once). A read
+// or resume that fails leaves the accepted message to the liveness sweep,
+// which resumes every child with pending items (DESIGN.md §4, Liveness).
+// accepted is the accept's duration, counted under the route the bucket
+// gave.
+func (c *Coordinator) resumeOffPath(ctx context.Context, h protocol.SessionHeader, d protocol.DescriptorData, owner string, accepted time.Duration) {
 	span := trace.SpanFromContext(ctx)
 	c.background(func(bg context.Context) {
 		rctx, cancel := context.WithTimeout(trace.ContextWithSpan(bg, span), coldResumeBudget)
 		defer cancel()
+		lease, err := c.resident(rctx, h.ID)
+		if err != nil && bg.Err() != nil {
+			return // the replica stops: the sweep of another resumes the child
+		}
+		if err != nil {
+			c.log.Warn("a followup's route could not be read; the accepted message waits for the liveness sweep", "session", h.ID, "err", err)
+			return
+		}
+		if lease != nil {
+			c.cfg.Metrics.FollowupAccepted(telemetry.RouteResident, accepted)
+			return
+		}
+		c.cfg.Metrics.FollowupAccepted(telemetry.RouteCold, accepted)
 		if err := c.coldResume(rctx, h, d, owner); err != nil {
 			c.log.Warn("cold resume failed; the accepted message waits for the liveness sweep", "session", h.ID, "err", err)
 		}
@@ -519,7 +545,11 @@ func (c *Coordinator) childHeaderOf(ctx context.Context, childID string, query b
 // continuableFollowup routes a message by residency only: resident (running
 // or waiting) → into the inbox, where the activation claims it as its next
 // turn; none → into the inbox, then a cold resume that claims it. FIFO per
-// child; an idempotency key makes a retry count once.
+// child; an idempotency key makes a retry count once. The reply waits for
+// no read of the lease bucket unless the followup is refused: a child the
+// replica's cache does not show live is checked for a resume (descriptor,
+// provider) and accepted, and the bucket decides after the reply whether it
+// is resumed (resumeOffPath; issue 12, point 3).
 func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request, r protocol.FollowupRequest) (protocol.FollowupReply, error) {
 	began := time.Now()
 	h, parent, err := c.childFor(ctx, r.ChildID, r.Authority, false)
@@ -549,20 +579,33 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request, 
 	// resumes the child then). Upstream refused it with DRAINING; its inbox
 	// was not durable, so there was nothing to hold it in.
 	held := c.drainingFor(append(up, h.ID))
-	lease, err := c.residentCached(ctx, h.ID)
-	if err != nil {
-		return protocol.FollowupReply{}, err
-	}
+	// Route by the replica's lease cache (issue 12, point 3): a live
+	// activation it shows claims the message from the inbox. Else the
+	// child is taken to be cold and checked for a resume (its descriptor,
+	// its provider); whether it really is cold is read from the bucket
+	// after the reply (resumeOffPath), the decision to resume resting on
+	// that read. A refusal rests on the child being cold, so it is given
+	// only once the bucket shows no live activation (issue 16's rule).
+	lease := c.residentCached(ctx, h.ID)
 	var desc protocol.DescriptorData
 	if lease == nil {
-		if desc, err = c.resumable(ctx, h); err != nil {
-			return protocol.FollowupReply{}, err
+		if desc, err = c.resumable(ctx, h); err == nil {
+			if _, ok := c.reg.provider(desc.Provider); !ok && held == "" {
+				err = protocol.Errorf(protocol.CodeUnavailable, "no live host of provider %s can resume %s", desc.Provider, h.ID)
+			}
 		}
-		if _, ok := c.reg.provider(desc.Provider); !ok && held == "" {
-			return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeUnavailable, "no live host of provider %s can resume %s", desc.Provider, h.ID)
+		if err != nil {
+			refusal := err
+			if lease, err = c.resident(ctx, h.ID); err != nil {
+				return protocol.FollowupReply{}, err
+			}
+			if lease == nil {
+				return protocol.FollowupReply{}, refusal
+			}
 		}
-	} else if lease.Value.Kind != protocol.AgentContinuable {
-		return protocol.FollowupReply{}, protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": "it is a one-shot child"})
+	}
+	if lease != nil && lease.Value.Kind != protocol.AgentContinuable {
+		return protocol.FollowupReply{}, notContinuable(h.ID)
 	}
 	owner := ""
 	if parent != nil && parent.rec.Kind == protocol.AgentContinuable {
@@ -587,13 +630,18 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request, 
 		c.cfg.Metrics.FollowupAccepted(telemetry.RouteHeld, time.Since(began))
 		return protocol.FollowupReply{MessageID: mid, Held: held}, nil
 	}
-	route := telemetry.RouteResident
 	if lease == nil {
-		route = telemetry.RouteCold
-		c.resumeOffPath(ctx, h, desc, owner)
+		c.resumeOffPath(ctx, h, desc, owner, time.Since(began))
+		return protocol.FollowupReply{MessageID: mid}, nil
 	}
-	c.cfg.Metrics.FollowupAccepted(route, time.Since(began))
+	c.cfg.Metrics.FollowupAccepted(telemetry.RouteResident, time.Since(began))
 	return protocol.FollowupReply{MessageID: mid}, nil
+}
+
+// notContinuable is a followup's refusal of a child whose live lease is a
+// one-shot run's.
+func notContinuable(id string) error {
+	return protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": id, "reason": "it is a one-shot child"})
 }
 
 func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request, r protocol.ChildRef) (protocol.StateReply, error) {

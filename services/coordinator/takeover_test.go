@@ -596,3 +596,71 @@ func TestAStalledTakeoverWritesNothingOnceSuperseded(t *testing.T) {
 		return true
 	}, "the new epoch's turn stays open, its lease and record untouched, once A is back")
 }
+
+// TestAFollowupIsAcceptedWhileItsChildChangesHands (issue 12, point 3): a
+// followup to a continuable child whose host died is answered once its
+// message is in the inbox, while a takeover of the child's lease is still
+// in progress: whether the child is resident or cold is read from the
+// bucket after the reply, and the resume waits out the takeover there.
+// Before, the accept read the lease first and waited for the takeover (up
+// to residentWaitMax, 10 s) and answered UNAVAILABLE ("changing hands")
+// when the caller's budget ran out first. Once the takeover lets go, the
+// message runs, once, on the live worker.
+func TestAFollowupIsAcceptedWhileItsChildChangesHands(t *testing.T) {
+	s := stack.New(t)
+	c := s.AddCoordinator(func(c *coordinator.Config) { c.LivenessInterval = time.Hour })
+	s.AddSpawnWorker()
+	s.WaitProvider("spawn")
+	root := s.Root()
+	const child, runID = "followed-up-while-taken-over", "epoch-of-a-dead-host"
+	putChild(t, s, root, child, descriptorEvent(t))
+	d := continuableDescriptor()
+	now := store.NowMs()
+	putRun(t, s, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID, Provider: "spawn",
+		Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: now, StartedAt: now, HostID: deadHost, Descriptor: &d})
+	putLease(t, s, deadLease(root, child, runID, protocol.AgentContinuable, 0))
+	release := c.HoldTakeover(child) // a takeover of this replica's, in progress
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+	ref := root.Ref()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	r, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: child, Authority: protocol.Authority{Parent: &ref}, Message: protocol.Text("say resumed")})
+	if err != nil || r.MessageID == "" || r.Held != "" {
+		t.Fatalf("followup while the child's lease is being taken over: %+v, %v; want it accepted", r, err)
+	}
+	if !leaseHeld(t, s, child) {
+		t.Fatal("the dead host's lease is gone before the takeover let go")
+	}
+	release()
+	released = true
+	testutil.Eventually(t, 45*time.Second, func() bool {
+		items, err := s.Store.InboxOf(child).Pending(context.Background(), 0)
+		if err != nil || len(items) > 0 {
+			return false
+		}
+		_, evs := s.Log(child)
+		r, ok := lastTurnEnd(evs)
+		return ok && r.Kind == protocol.TurnCompleted
+	}, "the message %s runs on the live worker", r.MessageID)
+	_, evs := s.Log(child)
+	claims := 0
+	for _, ev := range evs {
+		if ev.Type == protocol.EvUserMessage {
+			var m protocol.UserMessageData
+			if err := ev.Decode(&m); err != nil {
+				t.Fatal(err)
+			}
+			if m.ID == r.MessageID {
+				claims++
+			}
+		}
+	}
+	if claims != 1 {
+		t.Fatalf("the message %s is in the log %d times, want once", r.MessageID, claims)
+	}
+}
