@@ -270,3 +270,87 @@ func TestARunsStateMissingOnAReplicaIsReadFromTheLeader(t *testing.T) {
 		t.Fatalf("a run that does not exist: %v, want ErrNotFound", err)
 	}
 }
+
+// TestReadRecordsEndsAtTheLastRecordRead: the payload-only batch gets of a
+// log read (readRecords) stop at the record holding the last record's last
+// event, whatever the stream holds after it (a record appended after the
+// last record was read), start where asked (a tail's window), continue
+// across batches (TestReadLogPastALaggingReplica), and call a stream that
+// does not hold records up to the last one incomplete.
+func TestReadRecordsEndsAtTheLastRecordRead(t *testing.T) {
+	st := provisioned(t, "records")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	subject := st.Subj.Log(protocol.ScopeRoot, "R")
+	w, other := st.NewLogWriter(protocol.ScopeRoot, "R", 0, 0), st.NewLogWriter(protocol.ScopeRoot, "O", 0, 0)
+	var seqs []uint64 // the stream sequence of each of R's records
+	for i := 0; i < 5; i++ {
+		var evs []protocol.SessionEvent
+		for j := 0; j < 2; j++ {
+			ev, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{Turn: int64(2*i + j)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			evs = append(evs, ev)
+		}
+		if _, err := w.Append(ctx, evs...); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Append(ctx, evs[0]); err != nil { // another session's record between R's
+			t.Fatal(err)
+		}
+		m, err := st.leaderLast(ctx, st.Subj.StreamLog(), subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, m.Sequence)
+	}
+	record := func(i int) *jetstream.RawStreamMsg {
+		m, err := st.Log.GetMsg(ctx, seqs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	overstated := func() *jetstream.RawStreamMsg { // a last record the stream does not hold up to
+		ev, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev.Seq = 50
+		data, err := protocol.Marshal(protocol.Msgpack, protocol.LogRecord{Events: []protocol.SessionEvent{ev}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &jetstream.RawStreamMsg{Subject: subject, Sequence: seqs[4] + 100, Data: data}
+	}
+	for _, tc := range []struct {
+		name       string
+		from       uint64
+		last       *jetstream.RawStreamMsg
+		firstSeq   int64
+		wantSeqs   [2]int64 // first and last event seq read
+		incomplete bool
+	}{
+		{"up to the last record, with records after it", 1, record(2), 0, [2]int64{0, 5}, false},
+		{"the whole log", 1, record(4), 0, [2]int64{0, 9}, false},
+		{"from a window's start", seqs[1], record(3), -1, [2]int64{2, 7}, false},
+		{"a last record the stream does not hold up to", 1, overstated(), 0, [2]int64{}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			evs, err := st.readRecords(ctx, subject, "R", tc.from, tc.last, tc.firstSeq)
+			if tc.incomplete {
+				if !errors.Is(err, ErrIncompleteRead) {
+					t.Fatalf("read %d events, %v; want ErrIncompleteRead", len(evs), err)
+				}
+				return
+			}
+			if err != nil || len(evs) == 0 {
+				t.Fatalf("read %d events, %v", len(evs), err)
+			}
+			if got := [2]int64{evs[0].Seq, evs[len(evs)-1].Seq}; got != tc.wantSeqs || int64(len(evs)) != got[1]-got[0]+1 {
+				t.Fatalf("read events %d..%d (%d of them), want %d..%d", got[0], got[1], len(evs), tc.wantSeqs[0], tc.wantSeqs[1])
+			}
+		})
+	}
+}

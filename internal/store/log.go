@@ -2,9 +2,11 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -148,7 +150,7 @@ func (s *Store) readLog(ctx context.Context, scope, id string) (SessionLog, erro
 		}
 		return out, fmt.Errorf("read log %s: %w", id, err)
 	}
-	out.Events, err = s.readRecords(ctx, subject, id, 1, last.Sequence, 0)
+	out.Events, err = s.readRecords(ctx, subject, id, 1, last, 0)
 	out.LastSubjSeq = last.Sequence
 	return out, err
 }
@@ -203,7 +205,7 @@ func (s *Store) readLogTail(ctx context.Context, scope, id string, enough func([
 		if from == 1 {
 			first = 0 // the whole log: it starts at seq 0
 		}
-		events, err = s.readRecords(ctx, subject, id, from, last.Sequence, first)
+		events, err = s.readRecords(ctx, subject, id, from, last, first)
 		if err != nil || from == 1 || enough(events) {
 			return events, from == 1 && err == nil, err
 		}
@@ -214,35 +216,60 @@ func (s *Store) readLogTail(ctx context.Context, scope, id string, enough func([
 const LogTailWindow = 256
 
 // readRecords reads session id's records (on its log subject) with stream
-// sequences in [from, to], to being the subject's last record, and flattens
-// them into events. firstSeq is the seq the first event must have (-1: any);
-// every later event must follow the one before it.
+// sequences in [from, last.Sequence], last being the subject's last record,
+// and flattens them into events. firstSeq is the seq the first event must
+// have (-1: any); every later event must follow the one before it.
 //
 // Records come in batch direct gets, which any replica may answer; one that
 // is not yet current (after a restart, a partition or an election) answers
 // without the records it lacks and stops early. The next record then comes
 // from the stream's leader ($JS.API.STREAM.MSG.GET with next_by_subj, a read
 // every NATS user of Brood that reads a log may do), and the read goes on
-// in batches (another replica may answer the next). No log read creates a consumer: worker users may not
-// (docs/security.md), and an ordered consumer here was refused to them
-// (issue 16: a worker's cold resume during an election).
-func (s *Store) readRecords(ctx context.Context, subject, id string, from, to uint64, firstSeq int64) ([]protocol.SessionEvent, error) {
-	var events []protocol.SessionEvent
-	next, reached := from, uint64(0)
-	want := firstSeq
-	add := func(seq uint64, data []byte) (err error) {
-		if events, err = addRecord(events, &want, id, seq, data); err != nil {
-			return err
-		}
-		reached, next = seq, seq+1
-		return nil
+// in batches (another replica may answer the next). No log read creates a
+// consumer: worker users may not (docs/security.md), and an ordered
+// consumer here was refused to them (issue 16: a worker's cold resume
+// during an election).
+//
+// The batch gets ask for payloads only (JSApiMsgGetRequest no_hdr,
+// nats-server 2.11+): otherwise the server generates six headers per record
+// (stream, subject, sequence, time stamp, pending, last sequence) and the
+// client parses them and the time stamp, which made a 10,000-event read
+// about twice a bare ordered consumer's (issue 12). So the read ends at the
+// record holding the last record's last event (event seqs are contiguous
+// and grow with stream sequences), and each next batch starts after the
+// stream sequence its predecessor's end-of-batch message names.
+func (s *Store) readRecords(ctx context.Context, subject, id string, from uint64, last *jetstream.RawStreamMsg, firstSeq int64) ([]protocol.SessionEvent, error) {
+	var tail protocol.LogRecord
+	if err := protocol.Unmarshal(protocol.Msgpack, last.Data, &tail); err != nil {
+		return nil, fmt.Errorf("decode log record %s@%d: %w", id, last.Sequence, err)
 	}
-	for reached < to {
-		got, err := s.readBatch(ctx, subject, id, next, to, add)
-		if err != nil {
+	if len(tail.Events) == 0 {
+		return nil, fmt.Errorf("log %s: its last record %d holds no event", id, last.Sequence)
+	}
+	lastSeq := tail.Events[len(tail.Events)-1].Seq
+	var events []protocol.SessionEvent
+	if firstSeq >= 0 && lastSeq >= firstSeq {
+		events = make([]protocol.SessionEvent, 0, min(lastSeq-firstSeq+1, logEventsPreallocMax))
+	}
+	want := firstSeq
+	add := func(data []byte) (err error) {
+		events, err = addRecord(events, &want, id, 0, data)
+		return err
+	}
+	b, err := s.newBatchReader(subject, id)
+	if err != nil {
+		return nil, err
+	}
+	defer b.close()
+	for next := from; want <= lastSeq; {
+		got, reached, err := b.read(ctx, next, lastSeq, &want, add)
+		switch {
+		case err != nil:
 			return events, err
-		}
-		if got > 0 || reached >= to {
+		case want > lastSeq:
+			return events, nil
+		case got > 0:
+			next = reached + 1
 			continue
 		}
 		// The replica that answered lacks the record at next: that one
@@ -250,44 +277,135 @@ func (s *Store) readRecords(ctx context.Context, subject, id string, from, to ui
 		m, err := s.leaderGetMsg(ctx, s.Subj.StreamLog(), map[string]any{"seq": next, "next_by_subj": subject})
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				err = fmt.Errorf("%w: the leader has no record after stream seq %d before the last record %d", ErrIncompleteRead, reached, to)
+				err = fmt.Errorf("%w: the leader has no record from stream seq %d before the last record %d", ErrIncompleteRead, next, last.Sequence)
 			}
 			return events, fmt.Errorf("read log %s at stream seq %d: %w", id, next, err)
 		}
-		if m.Sequence > to {
-			return events, fmt.Errorf("read log %s: %w: the leader's next record after stream seq %d is %d, past the last record %d", id, ErrIncompleteRead, reached, m.Sequence, to)
+		if m.Sequence > last.Sequence {
+			return events, fmt.Errorf("read log %s: %w: the leader's next record from stream seq %d is %d, past the last record %d", id, ErrIncompleteRead, next, m.Sequence, last.Sequence)
 		}
-		if err := add(m.Sequence, m.Data); err != nil {
+		if err := add(m.Data); err != nil {
 			return events, err
 		}
+		next = m.Sequence + 1
 	}
 	return events, nil
 }
 
-// readBatch reads one batch direct get of subject's records from stream
-// sequence next on, up to to, passing each to add; got is how many it read.
-func (s *Store) readBatch(ctx context.Context, subject, id string, next, to uint64, add func(seq uint64, data []byte) error) (got int, err error) {
-	msgs, err := jetstreamext.GetBatch(ctx, s.JS, s.Subj.StreamLog(), LogReadBatch,
-		jetstreamext.GetBatchSubject(subject), jetstreamext.GetBatchSeq(next))
+// logEventsPreallocMax bounds the events a whole-log read makes room for at
+// once (the count its last record names, which a damaged record could
+// overstate).
+const logEventsPreallocMax = 1 << 20
+
+// batchReader reads one subject's records in batch direct gets, answered
+// on one inbox of its own.
+type batchReader struct {
+	s           *Store
+	subject, id string
+	api         string
+	inbox       string
+	sub         *nats.Subscription
+	withHeaders bool // a faulted store's reads (Faults.Lagging) need each record's sequence
+}
+
+func (s *Store) newBatchReader(subject, id string) (*batchReader, error) {
+	inbox := s.NC.NewInbox()
+	sub, err := s.NC.SubscribeSync(inbox)
 	if err != nil {
-		return 0, fmt.Errorf("read log %s: %w", id, err)
+		return nil, fmt.Errorf("read log %s: %w", id, err)
 	}
-	for m, err := range msgs {
+	return &batchReader{s: s, subject: subject, id: id, api: s.directGetSubject(s.Subj.StreamLog()),
+		inbox: inbox, sub: sub, withHeaders: s.lagging != nil}, nil
+}
+
+func (b *batchReader) close() { _ = b.sub.Unsubscribe() }
+
+// read asks for one batch of records from stream sequence next on and
+// passes each to add until the record holding event lastSeq (want is the
+// event seq add expects next). got is how many records it passed, reached
+// the stream sequence the batch ended at (the end-of-batch message's last
+// sequence; with headers, the last record passed). A batch that found no
+// record from next on (404) passes none.
+func (b *batchReader) read(ctx context.Context, next uint64, lastSeq int64, want *int64, add func([]byte) error) (got int, reached uint64, err error) {
+	req, err := json.Marshal(directBatchRequest{Seq: next, NextFor: b.subject, Batch: LogReadBatch, NoHeaders: !b.withHeaders})
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := b.s.NC.PublishRequest(b.api, b.inbox, req); err != nil {
+		return 0, 0, fmt.Errorf("read log %s: %w", b.id, err)
+	}
+	lagging := false
+	for {
+		m, err := b.sub.NextMsgWithContext(ctx)
 		if err != nil {
-			if errors.Is(err, jetstreamext.ErrNoMessages) {
-				break
+			return got, reached, fmt.Errorf("read log %s at stream seq %d: %w", b.id, next, err)
+		}
+		if status := m.Header.Get(statusHeader); status != "" && len(m.Data) == 0 {
+			switch status {
+			case statusNoContent: // the batch's end
+				if !b.withHeaders {
+					eob, err := strconv.ParseUint(m.Header.Get(jetstream.LastSequenceHeader), 10, 64)
+					if err != nil || (got > 0 && eob < next) {
+						return got, reached, fmt.Errorf("read log %s: a batch's end names last sequence %q", b.id, m.Header.Get(jetstream.LastSequenceHeader))
+					}
+					reached = eob
+				}
+				return got, reached, nil
+			case statusNotFound:
+				return got, reached, nil
+			default:
+				return got, reached, fmt.Errorf("read log %s at stream seq %d: %s %s", b.id, next, status, m.Header.Get(descriptionHeader))
 			}
-			return got, fmt.Errorf("read log %s at stream seq %d: %w", id, next, err)
 		}
-		if m.Sequence > to || (s.lagging != nil && s.lagging(m.Sequence)) {
-			break
+		if lagging || *want > lastSeq {
+			continue // past what is read: the batch's end follows
 		}
-		if err := add(m.Sequence, m.Data); err != nil {
-			return got, err
+		if b.withHeaders {
+			seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+			if err != nil {
+				return got, reached, fmt.Errorf("read log %s: a record without its sequence: %w", b.id, err)
+			}
+			if lagging = b.s.lagging(seq); lagging {
+				continue // the replica lacks it, and every later one
+			}
+			reached = seq
+		}
+		if err := add(m.Data); err != nil {
+			return got, reached, err
 		}
 		got++
 	}
-	return got, nil
+}
+
+// directBatchRequest is a $JS.API.DIRECT.GET batch request
+// (nats-server's JSApiMsgGetRequest): batch records from stream sequence
+// seq on subject next_by_subj, their payloads only when no_hdr is set.
+type directBatchRequest struct {
+	Seq       uint64 `json:"seq,omitempty"`
+	NextFor   string `json:"next_by_subj,omitempty"`
+	Batch     int    `json:"batch,omitempty"`
+	NoHeaders bool   `json:"no_hdr,omitempty"`
+}
+
+// The status headers of direct get answers.
+const (
+	statusHeader      = "Status"
+	descriptionHeader = "Description"
+	statusNoContent   = "204" // a batch's end (EOB)
+	statusNotFound    = "404" // no record from the sequence asked
+)
+
+// directGetSubject is the direct get API subject of stream, under the
+// JetStream API prefix of s.JS.
+func (s *Store) directGetSubject(stream string) string {
+	prefix := s.JS.Options().APIPrefix
+	if prefix == "" {
+		prefix = jetstream.DefaultAPIPrefix
+	}
+	if !strings.HasSuffix(prefix, ".") {
+		prefix += "."
+	}
+	return prefix + "DIRECT.GET." + stream
 }
 
 // addRecord appends the events of one log record (stream sequence seq) to
