@@ -69,9 +69,10 @@ func (s *Store) WriteSlots(ctx context.Context, parent string, rec protocol.Chil
 	return Update(ctx, s.Agents, SlotsKey(parent), rec, rev)
 }
 
-// UserRoots reads user's open-root slot record. None is ErrNotFound.
+// UserRoots reads user's open-root slot record from the bucket's leader
+// (GetLatest), as Slots does and for the same reason. None is ErrNotFound.
 func (s *Store) UserRoots(ctx context.Context, user string) (Record[protocol.UserRootsRecord], error) {
-	return Get[protocol.UserRootsRecord](ctx, s.Agents, UserRootsKey(user))
+	return GetLatest[protocol.UserRootsRecord](ctx, s.Agents, UserRootsKey(user))
 }
 
 // WriteUserRoots writes user's open-root slot record by compare-and-set at

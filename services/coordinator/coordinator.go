@@ -180,14 +180,15 @@ type Coordinator struct {
 	runs                    *runIndex // running run and epoch records (orphans.go)
 	runsWatch               *kvWatch
 
-	mu        sync.Mutex
-	working   map[string]bool // sessions with a takeover or disposal in progress
-	slots     slotCache       // what this replica knows of the parents' slot records (slots.go)
-	suspected suspects        // provider instances that let an attempt time out
-	quotas    userQuotas      // per-user request rates and root opens (quotas.go)
-	ready     chan struct{}
-	kick      chan struct{} // runs the liveness sweep now (a drain was lifted)
-	offPath   offPath       // work requests started off their reply path
+	mu         sync.Mutex
+	working    map[string]bool                        // sessions with a takeover or disposal in progress
+	childSlots *slotRecords[childSlotsRecord]         // the parents' live-children slot records (slots.go)
+	rootSlots  *slotRecords[protocol.UserRootsRecord] // the users' open-root slot records (openroots.go)
+	suspected  suspects                               // provider instances that let an attempt time out
+	quotas     userQuotas                             // per-user request rates and root opens (quotas.go)
+	ready      chan struct{}
+	kick       chan struct{} // runs the liveness sweep now (a drain was lifted)
+	offPath    offPath       // work requests started off their reply path
 	// slotBackoff is the wait after a contended slot compare-and-set
 	// (randomSlotBackoff; tests count its calls).
 	slotBackoff func() time.Duration
@@ -252,7 +253,7 @@ func New(cfg Config) (*Coordinator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	return &Coordinator{
+	c := &Coordinator{
 		cfg: cfg, st: cfg.Store, subj: cfg.Store.Subj, log: log,
 		hostReplies: replies,
 		reg:         reg,
@@ -268,7 +269,9 @@ func New(cfg Config) (*Coordinator, error) {
 		ready:       make(chan struct{}),
 		kick:        make(chan struct{}, 1),
 		slotBackoff: randomSlotBackoff,
-	}, nil
+	}
+	c.childSlots, c.rootSlots = c.newChildSlots(), c.newRootSlots()
+	return c, nil
 }
 
 // callHost sends req to a worker host's subject (a provider instance's or

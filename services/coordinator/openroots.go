@@ -30,57 +30,45 @@ import (
 // reserveRoot takes a slot of user's open-roots quota for the new root id,
 // or refuses with LIMIT_EXCEEDED when user already holds UserOpenRootsMax
 // roots (slots of roots whose lease is live or that are within their grace,
-// and live root leases of the user this replica sees). This replica's opens
-// of one user wait for each other, so they do not race on the record.
+// and live root leases of the user this replica sees). The record is taken
+// as every slot record is (slotRecords.reserve: this replica's opens of
+// one user wait for each other within ctx, reads from the leader, the
+// compare-and-set's retries, an UNAVAILABLE that says how long it took).
 // Anonymous opens (user "") are not limited.
 func (c *Coordinator) reserveRoot(ctx context.Context, user, id string) error {
 	if user == "" {
 		return nil
 	}
-	m := c.quotas.openLock(user)
-	m.Lock()
-	defer m.Unlock()
-	read := store.Get[protocol.UserRootsRecord]
-	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
-		cur, err := read(ctx, c.st.Agents, store.UserRootsKey(user))
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return protocol.Errorf(protocol.CodeUnavailable, "read the open roots of user %s: %w", user, err)
-		}
-		now := store.NowMs()
-		kept, count, err := c.countRoots(ctx, user, cur.Value.Roots, now, false)
+	return c.rootSlots.reserve(ctx, user, func(ctx context.Context, rec protocol.UserRootsRecord, now int64) (protocol.UserRootsRecord, error) {
+		kept, count, err := c.countRoots(ctx, user, rec.Roots, now, false)
 		if err != nil {
-			return err
+			return rec, err
 		}
 		if count >= c.cfg.UserOpenRootsMax {
-			if kept, count, err = c.countRoots(ctx, user, cur.Value.Roots, now, true); err != nil {
-				return err
+			if kept, count, err = c.countRoots(ctx, user, rec.Roots, now, true); err != nil {
+				return rec, err
 			}
 			if count >= c.cfg.UserOpenRootsMax {
-				return protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+				return rec, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
 					"limit": "open roots per user",
 					"reason": fmt.Sprintf("user %s holds %d open roots; the limit is %d: close roots you no longer use (agents.close)",
 						user, count, c.cfg.UserOpenRootsMax)})
 			}
 		}
-		next := protocol.UserRootsRecord{Roots: append(kept, protocol.RootSlot{SessionID: id, ReservedAt: now})}
-		_, err = c.st.WriteUserRoots(ctx, user, next, cur.Revision)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, store.ErrConflict) {
-			return protocol.Errorf(protocol.CodeUnavailable, "reserve an open root of user %s: %w", user, err)
-		}
-		// Another replica's open of this user won: read the record from the
-		// leader (a follower may not have that write yet) after a short
-		// random wait, so the replicas' opens interleave.
-		read = store.GetLatest[protocol.UserRootsRecord]
-		select {
-		case <-ctx.Done():
-			return protocol.Errorf(protocol.CodeUnavailable, "reserve an open root of user %s: %w", user, ctx.Err())
-		case <-time.After(c.slotBackoff()):
-		}
+		return protocol.UserRootsRecord{Roots: append(kept, protocol.RootSlot{SessionID: id, ReservedAt: now})}, nil
+	})
+}
+
+// newRootSlots is the users' open-root slot records, brood_agents
+// `userroots.<user>` (store.UserRoots, store.WriteUserRoots).
+func (c *Coordinator) newRootSlots() *slotRecords[protocol.UserRootsRecord] {
+	return &slotRecords[protocol.UserRootsRecord]{
+		read: c.st.UserRoots, write: c.st.WriteUserRoots,
+		slot: "open root", records: "open roots", admissions: "opens",
+		of:      func(user string) string { return "user " + user },
+		backoff: func() time.Duration { return c.slotBackoff() }, background: c.background,
+		grace: func() time.Duration { return time.Duration(c.slotGrace()) * time.Millisecond }, log: c.log,
 	}
-	return protocol.Errorf(protocol.CodeUnavailable, "the open roots of user %s kept changing; retry", user)
 }
 
 // countRoots returns the slots to keep of user's record and how many open
@@ -131,26 +119,15 @@ func (c *Coordinator) countRoots(ctx context.Context, user string, slots []proto
 	return kept, count, ctx.Err()
 }
 
-// releaseRootSlot gives back the slot of an open that failed (best effort:
-// a slot left behind lapses after slotGrace).
+// releaseRootSlot gives back the slot of an open that failed
+// (slotRecords.release: within what is left of ctx, then in the background
+// within store.SettleBudget; a slot left behind lapses after slotGrace).
 func (c *Coordinator) releaseRootSlot(ctx context.Context, user, id string) {
 	if user == "" {
 		return
 	}
-	m := c.quotas.openLock(user)
-	m.Lock()
-	defer m.Unlock()
-	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
-		cur, err := store.GetLatest[protocol.UserRootsRecord](ctx, c.st.Agents, store.UserRootsKey(user))
-		if err != nil {
-			return
-		}
-		kept := slices.DeleteFunc(slices.Clone(cur.Value.Roots), func(s protocol.RootSlot) bool { return s.SessionID == id })
-		if len(kept) == len(cur.Value.Roots) {
-			return
-		}
-		if _, err := c.st.WriteUserRoots(ctx, user, protocol.UserRootsRecord{Roots: kept}, cur.Revision); !errors.Is(err, store.ErrConflict) {
-			return
-		}
-	}
+	c.rootSlots.release(ctx, user, func(rec protocol.UserRootsRecord) (protocol.UserRootsRecord, bool) {
+		kept := slices.DeleteFunc(slices.Clone(rec.Roots), func(s protocol.RootSlot) bool { return s.SessionID == id })
+		return protocol.UserRootsRecord{Roots: kept}, len(kept) != len(rec.Roots)
+	})
 }

@@ -33,12 +33,12 @@ const (
 	DefaultUserRequestsBurst     = 400
 )
 
-// userQuotas holds each user's token bucket and the lock that makes this
-// replica's opens of one user wait for each other (openroots.go).
+// userQuotas holds each user's token bucket (the opens of one user wait
+// for each other on its open-root slot record: Coordinator.rootSlots,
+// openroots.go).
 type userQuotas struct {
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter
-	opens    map[string]*sync.Mutex
 }
 
 func (q *userQuotas) limiter(user string, perSecond float64, burst int) *rate.Limiter {
@@ -53,20 +53,6 @@ func (q *userQuotas) limiter(user string, perSecond float64, burst int) *rate.Li
 		q.limiters[user] = l
 	}
 	return l
-}
-
-func (q *userQuotas) openLock(user string) *sync.Mutex {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.opens == nil {
-		q.opens = map[string]*sync.Mutex{}
-	}
-	m, ok := q.opens[user]
-	if !ok {
-		m = &sync.Mutex{}
-		q.opens[user] = m
-	}
-	return m
 }
 
 // rateLimited answers LIMIT_EXCEEDED to a user's request over its rate.

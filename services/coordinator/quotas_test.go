@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,4 +223,76 @@ func TestALeaseUnderAProvidersKeyIsNotTheRoots(t *testing.T) {
 	if res, err := run.Result(ctx); err != nil || protocol.PlainText(res.Output) != "ok" {
 		t.Fatalf("the root's own run: %+v, %v", res, err)
 	}
+}
+
+// TestAnOpenBehindAStalledOpenOfItsUserAnswersInTime: while one open of a
+// user waits out an election of its open-root record (its compare-and-set
+// refused for testutil.ElectionLasts), another open of that user on the
+// same replica answers UNAVAILABLE within its own deadline, naming the
+// wait, and the first open completes once the election ends (review of
+// session 8: the opens of one user waited for each other on a sync.Mutex
+// whatever their deadlines, the defect ceebc5f fixed for live-child slots;
+// the second open's caller heard nothing).
+func TestAnOpenBehindAStalledOpenOfItsUserAnswersInTime(t *testing.T) {
+	s := stack.New(t)
+	e := &testutil.Election{}
+	s.AddCoordinator(func(c *coordinator.Config) { c.Store = c.Store.WithFaults(e.Faults()) })
+	alice := userClient(t, s, "alice")
+	e.Match(func(w store.Write) bool { return w.Key == store.UserRootsKey("alice") })
+	hctx, hcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer hcancel()
+	held := make(chan error, 1)
+	go func() { _, err := openAs(hctx, t, alice); held <- err }()
+	testutil.Eventually(t, 10*time.Second, func() bool { return e.Refusals() > 0 }, "the first open's record write is refused")
+	const timeout = 5 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	began := time.Now()
+	_, err := openAs(ctx, t, alice)
+	took := time.Since(began)
+	var pe *protocol.Error
+	if !errors.As(err, &pe) || pe.Code != protocol.CodeUnavailable || !strings.Contains(err.Error(), "waiting for this replica's other opens of user alice") {
+		t.Fatalf("an open behind an open of its user stalled past its deadline (%s): %v after %s; want the coordinator's UNAVAILABLE within the deadline, naming the wait", timeout, err, took.Round(time.Millisecond))
+	}
+	if err := <-held; err != nil {
+		t.Fatalf("the stalled open, once the election ended: %v", err)
+	}
+	e.Check(t)
+}
+
+// TestAFailedOpensRootSlotIsReleasedThroughAnElection: an open that took
+// its slot of the user's open-root record and then failed (a lineage
+// naming no session) gives the slot back even when the record's bucket is
+// electing a leader past the caller's deadline: the release waits within
+// what is left of it, then goes on in the background within
+// store.SettleBudget (before: it gave up silently at the first failed
+// write, and the slot counted against the user for its grace).
+func TestAFailedOpensRootSlotIsReleasedThroughAnElection(t *testing.T) {
+	s := stack.New(t)
+	e := &testutil.Election{}
+	s.AddCoordinator(func(c *coordinator.Config) { c.Store = c.Store.WithFaults(e.Faults()) })
+	alice := userClient(t, s, "alice")
+	key := store.UserRootsKey("alice")
+	// The reservation lands; every write of the record after it (the
+	// release) is refused for testutil.ElectionLasts.
+	var writes atomic.Int64
+	e.Match(func(w store.Write) bool { return w.Key == key && writes.Add(1) > 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.ElectionLasts/3)
+	defer cancel()
+	_, err := alice.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Lineage: &protocol.RootLineage{ParentSession: "no-such-session"}})
+	if protocol.CodeOf(err) != protocol.CodeInvalidArgument {
+		t.Fatalf("an open whose lineage names no session: %v; want INVALID_ARGUMENT", err)
+	}
+	slots := func() int {
+		rec, err := store.GetLatest[protocol.UserRootsRecord](context.Background(), s.Store.Agents, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(rec.Value.Roots)
+	}
+	if n := slots(); n != 1 {
+		t.Fatalf("the failed open's slot while the election lasts: %d slots; want it still there (1)", n)
+	}
+	testutil.Eventually(t, 2*testutil.ElectionLasts, func() bool { return slots() == 0 }, "the failed open's slot is released once the election ends")
+	e.Check(t)
 }

@@ -52,7 +52,7 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request, r protoco
 	// The root records who opened it: a grant of that user acts on its tree.
 	h := protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: filepath.Clean(r.Cwd), User: user}
 	if err := c.narrowRoot(ctx, &h, r); err != nil {
-		c.releaseRootSlot(context.WithoutCancel(ctx), user, id)
+		c.releaseRootSlot(ctx, user, id)
 		return protocol.AgentsOpenReply{}, err
 	}
 	lease := protocol.AgentRecord{

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/brood-dev/brood/internal/store"
@@ -38,9 +37,6 @@ import (
 // record and the bucket, never on the cache alone (chaos seeds 1 and 4: the
 // limit passed by one).
 
-// slotAttemptsMax bounds the compare-and-set attempts of one admission.
-const slotAttemptsMax = 32
-
 // childSlotsRecord and childSlot are the slot record's shape (documented in
 // docs/protocol.md §7.6), read and written by store.Slots and WriteSlots.
 type (
@@ -60,47 +56,17 @@ func (c *Coordinator) slotGrace() int64 {
 // grace, and children with a live lease) already reach the limit. Taking a
 // slot the child already holds (a retried start) succeeds. A resumeRun
 // (the run id of a cold resume's epoch, "" for an admission) takes the
-// child's slot for that run and is never refused. This replica's
-// admissions of one parent wait for each other (so they do not race on the
-// record), within ctx, and reuse the record they last wrote; only another
-// replica's write makes one read it again. Every read and write waits out
-// a leader election within ctx (the caller's deadline, less the margin to
-// answer): an UNAVAILABLE says how long the admission took, and how much of
-// it went to waiting for this replica's other admissions of parent.
+// child's slot for that run and is never refused. The record is taken as
+// every slot record is (slotRecords.reserve: this replica's admissions of
+// parent wait for each other within ctx, reads from the leader, the
+// compare-and-set's retries, an UNAVAILABLE that says how long it took).
 func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun string) error {
-	began := time.Now()
-	ps := c.slots.of(parent)
-	err := ps.lock(ctx)
-	waited := time.Since(began)
-	unavailable := func(what string, err error) error {
-		return protocol.Errorf(protocol.CodeUnavailable, "%s of %s after %s (%s of it waiting for this replica's other admissions of %s): %w",
-			what, parent, time.Since(began).Round(time.Millisecond), waited.Round(time.Millisecond), parent, err)
-	}
-	if err != nil {
-		return unavailable("reserve a live-child slot", err)
-	}
-	defer ps.unlock()
-	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
-		// A revision this replica remembers may be stale without any
-		// contention: a parent's admissions alternate between replicas
-		// (the queue group), so each replica's last write is usually
-		// behind. Its conflict reads again at once; only a conflict on a
-		// revision read just now (another admission of the parent at the
-		// same time) waits the backoff.
-		cached := ps.known
-		if !ps.known {
-			cur, err := c.st.Slots(ctx, parent)
-			if err != nil && !errors.Is(err, store.ErrNotFound) {
-				return unavailable("read the live children", err)
-			}
-			ps.rec, ps.rev, ps.known = cur.Value, cur.Revision, true
-		}
-		now := store.NowMs()
+	return c.childSlots.reserve(ctx, parent, func(ctx context.Context, rec childSlotsRecord, now int64) (childSlotsRecord, error) {
 		live := c.liveChildIDs(parent)
-		if err := c.confirmLive(ctx, ps.rec.Slots, live, now); err != nil {
-			return unavailable("read the live children", err)
+		if err := c.confirmLive(ctx, rec.Slots, live, now); err != nil {
+			return rec, err
 		}
-		kept, held, count := c.countSlots(ps.rec.Slots, child, live, nil, now)
+		kept, held, count := c.countSlots(rec.Slots, child, live, nil, now)
 		if resumeRun != "" {
 			kept = append(slices.DeleteFunc(kept, func(s childSlot) bool { return s.ChildID == child }),
 				childSlot{ChildID: child, ReservedAt: now, RunID: resumeRun})
@@ -112,133 +78,46 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun
 			// deletes the lease: before refusing, the children counted are
 			// read fresh, and those that ended are not counted.
 			if ended := c.endedChildren(ctx, kept, live); len(ended) > 0 {
-				kept, held, count = c.countSlots(ps.rec.Slots, child, live, ended, now)
+				kept, held, count = c.countSlots(rec.Slots, child, live, ended, now)
 			}
 		}
 		if !held {
 			if count >= c.cfg.LiveChildrenMax {
-				return protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+				return rec, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
 					"limit": "live children per parent", "reason": fmt.Sprintf("session %s already has %d live children; the limit is %d", parent, count, c.cfg.LiveChildrenMax)})
 			}
 			kept = append(kept, childSlot{ChildID: child, ReservedAt: now})
 		}
-		next := childSlotsRecord{Slots: kept}
-		rev, err := c.st.WriteSlots(ctx, parent, next, ps.rev)
-		if err == nil {
-			ps.rec, ps.rev = next, rev
-			return nil
-		}
-		ps.known = false // another replica wrote, or the write's outcome is unknown: read again
-		if !errors.Is(err, store.ErrConflict) {
-			return unavailable("reserve a live-child slot", err)
-		}
-		if cached {
-			continue
-		}
-		select {
-		case <-ctx.Done():
-			return unavailable("reserve a live-child slot", ctx.Err())
-		case <-time.After(c.slotBackoff()):
-		}
-	}
-	return protocol.Errorf(protocol.CodeUnavailable, "the live children of %s kept changing; retry", parent)
-}
-
-// slotBackoffMax bounds the random wait before a conflicting admission
-// tries again, so two replicas' admissions of one parent interleave.
-const slotBackoffMax = 20 * time.Millisecond
-
-// randomSlotBackoff is the wait before an admission whose compare-and-set
-// met another admission of the same parent tries again: random in
-// [0, slotBackoffMax).
-func randomSlotBackoff() time.Duration { return time.Duration(rand.Int63n(int64(slotBackoffMax))) }
-
-// parentSlots is what this replica last knew of one parent's slot record.
-// Its admissions hold held (a lock a waiter gives up at its deadline: an
-// admission stalled by an election must not make the ones behind it answer
-// after their callers stopped waiting) while they use it.
-type parentSlots struct {
-	held  chan struct{} // capacity 1: full while an admission holds it
-	rec   childSlotsRecord
-	rev   uint64
-	known bool
-}
-
-// lock takes ps for an admission, or returns ctx's error once ctx is done.
-func (ps *parentSlots) lock(ctx context.Context) error {
-	select {
-	case ps.held <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (ps *parentSlots) unlock() { <-ps.held }
-
-// slotCache holds parentSlots by parent, at most slotParentsCachedMax.
-type slotCache struct {
-	mu sync.Mutex
-	m  map[string]*parentSlots
-}
-
-// slotParentsCachedMax bounds the parents whose slot record a replica keeps.
-const slotParentsCachedMax = 10000
-
-func (sc *slotCache) of(parent string) *parentSlots {
-	sc.mu.Lock()
-	defer sc.mu.Unlock()
-	if sc.m == nil || len(sc.m) >= slotParentsCachedMax {
-		sc.m = map[string]*parentSlots{} // dropping an entry only costs a read
-	}
-	ps := sc.m[parent]
-	if ps == nil {
-		ps = &parentSlots{held: make(chan struct{}, 1)}
-		sc.m[parent] = ps
-	}
-	return ps
-}
-
-// releaseChild gives back child's slot after its start failed, within
-// what is left of ctx, then, when that did not do, in the background
-// within store.SettleBudget (an election outlasting the start's budget);
-// a slot left behind still lapses after slotGrace. It does not wait for
-// this replica's admissions of parent, nor they for it: it reads the record
-// from the bucket's leader and writes it by compare-and-set, and an
-// admission whose remembered revision it superseded reads it again.
-func (c *Coordinator) releaseChild(ctx context.Context, parent, child string) {
-	if c.dropSlot(ctx, parent, child) == nil {
-		return
-	}
-	c.background(func(bg context.Context) {
-		ctx, cancel := context.WithTimeout(bg, store.SettleBudget)
-		defer cancel()
-		if err := c.dropSlot(ctx, parent, child); err != nil {
-			c.log.Warn("a failed start's live-child slot not released; it lapses after its grace", "parent", parent, "child", child, "grace", time.Duration(c.slotGrace())*time.Millisecond, "err", err)
-		}
+		return childSlotsRecord{Slots: kept}, nil
 	})
 }
 
-// dropSlot removes child's slot from parent's slot record (read from the
-// leader, written by compare-and-set); a record without it is no error.
-func (c *Coordinator) dropSlot(ctx context.Context, parent, child string) error {
-	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
-		cur, err := c.st.Slots(ctx, parent)
-		if errors.Is(err, store.ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		kept := slices.DeleteFunc(slices.Clone(cur.Value.Slots), func(s childSlot) bool { return s.ChildID == child })
-		if len(kept) == len(cur.Value.Slots) {
-			return nil
-		}
-		if _, err = c.st.WriteSlots(ctx, parent, childSlotsRecord{Slots: kept}, cur.Revision); !errors.Is(err, store.ErrConflict) {
-			return err
-		}
+// newChildSlots is the live-children slot records, brood_agents
+// `slots.<parent>` (store.Slots, store.WriteSlots).
+func (c *Coordinator) newChildSlots() *slotRecords[childSlotsRecord] {
+	return &slotRecords[childSlotsRecord]{
+		read: c.st.Slots, write: c.st.WriteSlots,
+		slot: "live-child slot", records: "live children", admissions: "admissions",
+		of:      func(parent string) string { return parent },
+		backoff: func() time.Duration { return c.slotBackoff() }, background: c.background,
+		grace: func() time.Duration { return time.Duration(c.slotGrace()) * time.Millisecond }, log: c.log,
 	}
-	return fmt.Errorf("the live children of %s kept changing", parent)
+}
+
+// randomSlotBackoff is the wait before an admission whose compare-and-set
+// met another admission of the same owner tries again: random in
+// [0, slotBackoffMax).
+func randomSlotBackoff() time.Duration { return time.Duration(rand.Int63n(int64(slotBackoffMax))) }
+
+// releaseChild gives back child's slot after its start failed
+// (slotRecords.release: within what is left of ctx, then in the background
+// within store.SettleBudget; a slot left behind still lapses after
+// slotGrace).
+func (c *Coordinator) releaseChild(ctx context.Context, parent, child string) {
+	c.childSlots.release(ctx, parent, func(rec childSlotsRecord) (childSlotsRecord, bool) {
+		kept := slices.DeleteFunc(slices.Clone(rec.Slots), func(s childSlot) bool { return s.ChildID == child })
+		return childSlotsRecord{Slots: kept}, len(kept) != len(rec.Slots)
+	})
 }
 
 // countSlots returns the slots of slots to keep (child's own renewed at now),
