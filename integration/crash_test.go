@@ -1092,6 +1092,195 @@ func TestPausedClaimerPublishesNoRunSettledMeanwhile(t *testing.T) {
 	}, "no subagent/start or subagent/end for the run settled never started")
 }
 
+// TestPausedClaimerWhoseLeaseLandsBeforeTheOrphanSettlementStartsNothing:
+// a one-shot run's claim is fenced by its lease, which the host takes beside
+// the claim (there is no hold of the claim any more): a coordinator settling
+// the claimed record orphaned (its claimer silent past the expiry) first
+// creates the session's lease itself. Here the claimer's lease write and
+// heartbeats are held until the coordinator is about to settle, then let
+// through, and the settlement waits until the worker had time to write its
+// lease and first turn (whose model request then sleeps past the
+// settlement): the coordinator's lease, created before, refuses
+// the worker's, so the worker starts nothing (no subagent/start, which
+// would never get an end: I7), the run is settled never started once, and
+// no lease is left. Fails with the coordinator reading the lease's absence
+// instead of creating it: the worker's lease lands, its first turn is
+// logged and its subagent/start published for a run settled never started.
+func TestPausedClaimerWhoseLeaseLandsBeforeTheOrphanSettlementStartsNothing(t *testing.T) {
+	s := stack.New(t)
+	var armed, paused atomic.Bool
+	var leaseKey atomic.Value
+	leaseKey.Store("")
+	resumeLease, resumeBeats, resumeSettle, settling := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var leaseOnce, beatsOnce, settleOnce, settlingOnce sync.Once
+	t.Cleanup(func() {
+		leaseOnce.Do(func() { close(resumeLease) })
+		beatsOnce.Do(func() { close(resumeBeats) })
+		settleOnce.Do(func() { close(resumeSettle) })
+	})
+	agentsBucket, hostsBucket, runsBucket := s.Store.Subj.BucketAgents(), s.Store.Subj.BucketHosts(), s.Store.Subj.BucketRuns()
+	s.AddCoordinator(func(c *coordinatorConfig) {
+		c.RequestBudget = 3 * time.Second
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			if w.Op != store.OpKVUpdate || w.Bucket != runsBucket || w.Value == nil {
+				return nil
+			}
+			var rec protocol.RunRecord
+			if err := protocol.Unmarshal(protocol.Msgpack, w.Value, &rec); err != nil || !rec.NotStarted || rec.HostID == "" {
+				return nil
+			}
+			settlingOnce.Do(func() { close(settling) }) // the orphan's settlement, held
+			select {
+			case <-resumeSettle:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}})
+	})
+	root := s.Root()
+	w1, _ := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+			var wait chan struct{}
+			switch {
+			case armed.Load() && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && leaseKey.CompareAndSwap("", w.Key):
+				paused.Store(true) // the run's lease write, held
+				wait = resumeLease
+			case paused.Load() && w.Bucket == hostsBucket:
+				wait = resumeBeats
+			default:
+				return nil
+			}
+			select {
+			case <-wait:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	armed.Store(true)
+	// The start is answered as started, or with the failure the run was
+	// settled with: the coordinator's HOST_LOST, or the worker's NOT_PENDING
+	// when its own never-started settlement (its lease refused) landed first.
+	if _, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("sleep 6s\nsay hello")}); err != nil &&
+		protocol.CodeOf(err) != protocol.CodeHostLost && protocol.CodeOf(err) != protocol.CodeNotPending {
+		t.Fatalf("runs.start: %v", err)
+	}
+	_, child := store.KindOf(leaseKey.Load().(string)) // a local run's id is its child's
+	if child == "" {
+		t.Fatal("the worker took no lease")
+	}
+	select {
+	case <-settling:
+	case <-ctx.Done():
+		t.Fatal("the coordinator never settled the orphaned claim")
+	}
+	// The worker comes back: its lease write and heartbeats go through,
+	// and it gets time to log its first turn before the settlement lands.
+	leaseOnce.Do(func() { close(resumeLease) })
+	beatsOnce.Do(func() { close(resumeBeats) })
+	time.Sleep(2 * time.Second) // a window for the worker's writes, not a condition: nothing must happen in it
+	settleOnce.Do(func() { close(resumeSettle) })
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		r, err := s.Store.Run(ctx, child)
+		return err == nil && r.Value.HostID == w1.ID() && r.Value.NotStarted
+	}, "the run claimed by the paused worker is settled never started")
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", child))
+		return errors.Is(err, store.ErrNotFound)
+	}, "no lease is left for the run settled never started")
+	testutil.Consistently(t, time.Second, func() bool {
+		for _, ev := range lifecycleOf(t, s, root.SessionID) {
+			if ev.RunID == child {
+				return false
+			}
+		}
+		return true
+	}, "no subagent/start or subagent/end for the run settled never started")
+	_, evs := s.Log(child)
+	if err := sessionlog.ValidateReplay(evs, false); err != nil {
+		t.Fatalf("the log does not replay: %v", err)
+	}
+	for _, ev := range evs {
+		if ev.Type == protocol.EvTurnStart {
+			t.Fatalf("the run settled never started has a turn in its log: %+v", evs)
+		}
+	}
+}
+
+// TestALeaseLeftBesideAFailedClaimDoesNotStopTheClaimer: a one-shot run's
+// host takes the session's lease beside its claim, so an instance whose
+// claim did not land in time (held here until its attempt's deadline) may
+// leave its lease behind for a moment while the coordinator gives the start
+// to the next instance. That instance's claim lands and its lease create is
+// refused by the first one's: it writes its own over it (the claim decides
+// between instances) and runs the child; the first instance, its claim
+// refused, leaves the replaced lease alone. Fails with the refused create
+// taken as the fence of an orphan settlement: the run settled never
+// started, NOT_PENDING.
+func TestALeaseLeftBesideAFailedClaimDoesNotStopTheClaimer(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.ProviderAttemptTimeout = 2 * time.Second })
+	root := s.Root()
+	runsBucket := s.Store.Subj.BucketRuns()
+	// The first instance to claim is held: its claim until its attempt's
+	// deadline, its claim written again (its outcome unknown) until the
+	// other instance's claim landed, so it is refused; its lease's removal
+	// until the other instance wrote its own.
+	var first atomic.Int32
+	var held atomic.Bool
+	otherClaimed, otherLeased := make(chan struct{}), make(chan struct{})
+	var otherOnce, leasedOnce sync.Once
+	agentsBucket := s.Store.Subj.BucketAgents()
+	instance := func(n int32) func(c *worker.InProcessConfig) {
+		return func(c *worker.InProcessConfig) {
+			c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
+				if w.Op == store.OpKVDelete && w.Bucket == agentsBucket && first.Load() == n {
+					select { // its lease's removal, held until the other wrote its own
+					case <-otherLeased:
+						return nil
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}
+				if w.Op != store.OpKVUpdate || w.Bucket != runsBucket || !(first.CompareAndSwap(0, n) || first.Load() == n) {
+					return nil
+				}
+				if held.CompareAndSwap(false, true) {
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				select {
+				case <-otherClaimed:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}, After: func(_ context.Context, w store.Write, err error) error {
+				if err == nil && w.Op == store.OpKVUpdate && w.Bucket == runsBucket && first.Load() != 0 && first.Load() != n {
+					otherOnce.Do(func() { close(otherClaimed) })
+				}
+				if err == nil && w.Bucket == agentsBucket && (w.Op == store.OpKVUpdate || w.Op == store.OpKVCreate) && first.Load() != 0 && first.Load() != n {
+					leasedOnce.Do(func() { close(otherLeased) })
+				}
+				return err
+			}})
+		}
+	}
+	s.AddSpawnWorker(instance(1))
+	s.AddSpawnWorker(instance(2))
+	_, res, err := s.Run(root.Ref(), "spawn", "say hello", protocol.StartOptions{})
+	if err != nil || protocol.PlainText(res.Output) != "hello" {
+		t.Fatalf("run: %v, %+v; want hello from the instance whose claim landed", err, res)
+	}
+	if !held.Load() {
+		t.Fatal("no claim was held")
+	}
+}
+
 // TestWorkerOutlivesAnUnansweredFirstHeartbeat: a worker whose first
 // heartbeats are not acknowledged (a loaded machine, a leader election)
 // tries again and serves once one lands. Before, it exited at the first

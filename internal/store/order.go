@@ -28,14 +28,18 @@ package store
 //
 //	runs.start (a one-shot run)
 //	    coordinator: live-children slot (slots.<parent> CAS) → [fork: the
-//	    provider's prepare writes the seed] → header ∥ run record (CreateRun,
-//	    running) → child index entry (async) → dispatch the start.
+//	    provider's prepare writes the seed] → header ∥ run record (CreateRun:
+//	    spec ∥ state, running) → child index entry (async) → dispatch the
+//	    start.
 //	    host: drop if past the request's deadline → ClaimRun (CAS at the
-//	    creation revision) → lease (CreateLease) ∥ first log records
-//	    (descriptor, turn/start; expect seq 0) → HoldRun (as for activate,
-//	    below) → subagent/start → reply.
-//	    A host failure after the claim: close the open turn, ReleaseLease,
-//	    SettleRun(NotStarted) at the claim's revision, RequestRunNotice.
+//	    creation revision) ∥ lease (CreateLease; a failed claim deletes it)
+//	    → first log records (descriptor, turn/start; expect seq 0) →
+//	    subagent/start → reply. The lease is the claim's fence: a
+//	    coordinator settling the claimed record orphaned creates it first
+//	    (taken over), so a host whose lease create is refused starts
+//	    nothing (no HoldRun on this path).
+//	    A host failure after the claim: ReleaseLease, SettleRun(NotStarted)
+//	    at the claim's revision, RequestRunNotice.
 //	    A start no instance took: the coordinator's SettleRun(NotStarted) at
 //	    the creation revision, which fences out every late claim (a lost CAS
 //	    there means an instance claimed it: the start succeeded).
@@ -43,7 +47,8 @@ package store
 //	    that delegated: lease UpdateLease{Ending} → its descendants are
 //	    disposed, child first] → SettleRun at the claim's revision →
 //	    PublishRunEnd (subagent/end, then RequestRunNotice: a coordinator
-//	    reads the settled run, RunLatest, and publishes its RunNotice) →
+//	    takes the settled run as its runs watch saw it, or reads it,
+//	    RunLatest, and publishes its RunNotice) →
 //	    ReleaseLease.
 //
 //	continuable start

@@ -181,7 +181,10 @@ func (s *Store) ReclaimRun(ctx context.Context, claimed protocol.RunRecord, rev 
 // compare-and-set at the revision it read before it found no lease, so of
 // the two exactly one lands: a host paused between its claim and its lease
 // never starts an epoch settled meanwhile, and a settlement never ends an
-// epoch whose host holds the lease. It returns the new revision;
+// epoch whose host holds the lease. Epochs only: a one-shot run's host
+// takes its lease beside its claim, and a coordinator settling such a
+// claim orphaned creates the lease itself first (the lease is the fence).
+// It returns the new revision;
 // ErrConflict when the record changed first (the run is no longer this
 // host's to start).
 func (s *Store) HoldRun(ctx context.Context, run protocol.RunRecord, rev uint64) (uint64, error) {

@@ -129,8 +129,8 @@ func (h *Host) resolveClaim(claimed protocol.RunRecord, rev uint64, cause error,
 const SettleBudget = store.SettleBudget
 
 // RunWriteBudget bounds the writes that decide whether a run or epoch this
-// host claimed starts: a seeded child's seed, the session's lease, the
-// claim's hold and, for an epoch, the read of its log and its first
+// host claimed starts: a seeded child's seed, the session's lease, an
+// epoch's claim's hold and, for an epoch, the read of its log and its first
 // records (a one-shot run's first turn is an append of its session, which
 // agent.Limits.AppendTimeout bounds, by default as long). A failure of any
 // of them settles the run never started, DURABILITY_FAILED: with the

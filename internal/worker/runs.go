@@ -55,14 +55,22 @@ func (h *Host) isDraining() bool {
 	return h.draining
 }
 
-// startRun publishes a child: it drops a request whose deadline passed and
-// claims the run (claim.go), composes the session, takes the lease and logs
-// the first turn's opening (concurrently), then answers; the turn runs on.
-// Nothing is written before the claim; a failure after it settles the run as
-// never started. A claim whose outcome stayed unknown within the request's
-// deadline is answered UNAVAILABLE and decided in the background by writing
-// it again (claimLanded): when it landed after all, the run is this host's
-// (the coordinator reports it started) and starts then.
+// startRun publishes a child: it drops a request whose deadline passed,
+// claims the run (claim.go) and takes the session's lease at the same time,
+// composes the session, logs the first turn's opening, then answers; the
+// turn runs on. Nothing is written before the deadline check; a claim that
+// fails releases the lease taken beside it, and a failure after the claim
+// settles the run as never started. The lease is the fence against a
+// coordinator that settles the claimed run as an orphan (its claimer
+// silent for the host expiry, settleOrphan in the coordinator): it creates
+// the session's lease itself, taken over, before it settles, so of the two
+// creates exactly one lands, and a host whose lease create is refused
+// starts nothing (this replaced the claim's hold, store.HoldRun, a write in
+// series on every start). A claim whose outcome stayed unknown within the
+// request's deadline is answered UNAVAILABLE and decided in the background
+// by writing it again (claimLanded): when it landed after all, the run is
+// this host's (the coordinator reports it started) and starts then, with
+// the lease taken beside the claim, or else taken then.
 func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderStartRequest) (any, error) {
 	if h.isDraining() {
 		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
@@ -74,29 +82,120 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	if err := inScope(p, req.Header); err != nil {
 		return nil, err
 	}
+	if req.Run.ChildID != childID || req.Run.State != protocol.RunRunning || req.RunRevision == 0 {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "run must be the running record of child %s at its revision", childID)
+	}
 	cctx, cancel, err := h.withDeadline(ctx, req.Deadline, "start", req.RunID)
 	if err != nil {
 		return nil, err
 	}
+	lt := h.takeLease(ctx, req, protocol.NewCredential())
 	run, runRev, err := h.claim(cctx, req.Run, uint64(req.RunRevision), childID)
 	cancel()
 	if errors.Is(err, errClaimUnknown) {
 		bctx := context.WithoutCancel(ctx)
-		go h.resolveClaim(run, uint64(req.RunRevision), err, func(run protocol.RunRecord, rev uint64) {
-			if _, err := h.publishRun(bctx, p, req, run, rev); err != nil {
-				h.log.Warn("a run whose claim landed late could not start", "run", run.RunID, "err", err)
+		go func() {
+			claimed, rev, ok := h.claimLanded(run, uint64(req.RunRevision), err)
+			if !ok {
+				h.dropLease(lt)
+				return
 			}
-		})
+			if _, err := h.publishRun(bctx, p, req, claimed, rev, lt); err != nil {
+				h.log.Warn("a run whose claim landed late could not start", "run", claimed.RunID, "err", err)
+			}
+		}()
 	}
 	if err != nil {
+		if !errors.Is(err, errClaimUnknown) {
+			go h.dropLease(lt)
+		}
 		return nil, err
 	}
-	return h.publishRun(context.WithoutCancel(ctx), p, req, run, runRev)
+	return h.publishRun(context.WithoutCancel(ctx), p, req, run, runRev, lt)
 }
 
+// leaseTake is a one-shot run's lease create, under way beside its claim
+// (takeLease).
+type leaseTake struct {
+	lease protocol.AgentRecord
+	cred  string // the agent's credential; lease names its hash
+	done  chan struct{}
+	rev   uint64 // once done: the lease's revision, or 0 with err
+	err   error
+}
+
+// takeLease starts the create of the one-shot lease of req's child with
+// credential cred, within RunWriteBudget (it waits out a leader election
+// of brood_agents as the run's other starting writes do).
+func (h *Host) takeLease(ctx context.Context, req protocol.ProviderStartRequest, cred string) *leaseTake {
+	lt := &leaseTake{cred: cred, done: make(chan struct{}), lease: protocol.AgentRecord{
+		SessionID: req.Header.ID, Kind: protocol.AgentOneShot, HostID: h.id, Epoch: 1, RunID: req.RunID,
+		// Its header's provider (inScope): the lease's key is lease.<provider>.<childId>.
+		Provider: req.Header.Provider, CredentialHash: protocol.HashCredential(cred), ParentSession: req.Header.ParentSession,
+		Ancestry: req.Ancestry, Notify: req.Notify, CreatedAt: store.NowMs(),
+	}}
+	go func() {
+		defer close(lt.done)
+		wctx, cancel := runWrites(ctx)
+		defer cancel()
+		lt.rev, lt.err = h.st.CreateLease(wctx, lt.lease)
+	}()
+	return lt
+}
+
+// dropLease removes the lease lt took for a run that is not this host's to
+// start (its claim failed) once its create is decided: at its revision when
+// it landed, by dropUnknownLease when its outcome is unknown; a refused
+// create (another party's lease) is left alone.
+func (h *Host) dropLease(lt *leaseTake) {
+	<-lt.done
+	switch {
+	case lt.err == nil:
+		h.releaseLease(lt.lease.Provider, lt.lease.SessionID, lt.rev)
+	case !errors.Is(lt.err, store.ErrConflict):
+		h.dropUnknownLease(lt.lease)
+	}
+}
+
+// replaceLease writes lease, this host's for run runID, which it claimed,
+// over the session's lease another instance created beside a claim of the
+// same run that failed (a start dispatched to it first, which it claimed
+// too late): the claim decides between instances, so that lease is not the
+// run's, and its instance deletes it at its own revision, which this write
+// changed. A lease taken over (a coordinator settling the claim orphaned,
+// or taking over a dead instance's) or naming another run stays: it
+// returns store.ErrConflict. A lease gone meanwhile is created again.
+func (h *Host) replaceLease(ctx context.Context, lease protocol.AgentRecord, runID string) (uint64, error) {
+	wctx, cancel := runWrites(ctx)
+	defer cancel()
+	for attempt := 0; attempt < leaseReplaceAttemptsMax; attempt++ {
+		cur, err := h.st.ChildLeaseLatest(wctx, lease.Provider, lease.SessionID)
+		var rev uint64
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			rev, err = h.st.CreateLease(wctx, lease)
+		case err != nil:
+			return 0, err
+		case cur.Value.TakenOverBy != "" || cur.Value.RunID != runID || cur.Value.HostID == h.id:
+			return 0, store.ErrConflict
+		default:
+			rev, err = h.st.UpdateLease(wctx, lease, cur.Revision)
+		}
+		if !errors.Is(err, store.ErrConflict) {
+			return rev, err
+		}
+	}
+	return 0, store.ErrConflict
+}
+
+// leaseReplaceAttemptsMax bounds replaceLease's reads of a lease that keeps
+// changing.
+const leaseReplaceAttemptsMax = 3
+
 // publishRun is startRun from the claim on: the run is this host's, and it
-// starts or is settled never started.
-func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.ProviderStartRequest, run protocol.RunRecord, runRev uint64) (_ any, err error) {
+// starts or is settled never started. lt is the lease taken beside the
+// claim.
+func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.ProviderStartRequest, run protocol.RunRecord, runRev uint64, lt *leaseTake) (_ any, err error) {
 	var span trace.Span
 	defer func() {
 		if err != nil && span != nil {
@@ -104,16 +203,34 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 		}
 	}()
 	childID := req.Header.ID
-	cred := protocol.NewCredential()
+	<-lt.done
+	lease, cred := lt.lease, lt.cred
+	if errors.Is(lt.err, store.ErrConflict) {
+		lt.rev, lt.err = h.replaceLease(ctx, lease, run.RunID)
+	}
+	if lt.err != nil {
+		var cause error
+		if errors.Is(lt.err, store.ErrConflict) {
+			// A coordinator settling the claim orphaned holds the lease
+			// (settleOrphan): the run is no longer this host's to start.
+			cause = protocol.NewError(protocol.CodeNotPending, map[string]any{
+				"runId": run.RunID, "reason": "another party held the session's lease before this host did (the run was settled as orphaned)"})
+		} else {
+			h.dropUnknownLease(lease) // it may have landed unseen
+			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %w", childID, lt.err)
+		}
+		return nil, h.abandon(run, runRev, cause)
+	}
 	seed := req.Header.SeedLength
 	// The writes that decide whether the claimed run starts (a seeded
-	// child's seed, its lease, the claim's hold) wait out a leader election
-	// within runWriteBudget, not the store's WriteBudget.
+	// child's seed, its first turn) wait out a leader election within
+	// runWriteBudget, not the store's WriteBudget.
 	wctx, cancelWrites := runWrites(ctx)
 	defer cancelWrites()
 	lw := h.st.NewLogWriter(req.Header.Scope(), childID, 0, 0)
 	sess, err := p.NewSession(wctx, SessionSpec{Header: req.Header, Options: req.Options, Credential: cred, Log: lw})
 	if err != nil {
+		h.releaseLease(lease.Provider, childID, lt.rev)
 		return nil, h.abandon(run, runRev, err)
 	}
 	base, span := telemetry.StartRun(ctx, req.Provider, protocol.ModeOneShot, req.RunID, req.Header)
@@ -121,33 +238,19 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 	r := &hostedRun{
 		runID: req.RunID, childID: childID, remote: p.Descriptor().Remote, req: req, run: run, runRev: runRev,
 		epoch: 1, seedLen: seed, sess: sess, ctx: runCtx, cancel: cancelRun, settled: make(chan struct{}), done: make(chan struct{}), span: span,
+		lease: lease, leaseRev: lt.rev, cred: cred,
 	}
 	h.mu.Lock()
 	if h.draining {
 		h.mu.Unlock()
 		cancelRun(nil)
 		closeSession(sess)
+		h.releaseLease(lease.Provider, childID, lt.rev)
 		return nil, h.abandon(run, runRev, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id))
 	}
 	h.runs[r.runID] = r
 	h.mu.Unlock()
 
-	lease := protocol.AgentRecord{
-		SessionID: childID, Kind: protocol.AgentOneShot, HostID: h.id, Epoch: r.epoch, RunID: r.runID,
-		// Its header's provider (inScope): the lease's key is lease.<provider>.<childId>.
-		Provider: req.Header.Provider, CredentialHash: protocol.HashCredential(cred), ParentSession: req.Header.ParentSession,
-		Ancestry: req.Ancestry, Notify: req.Notify, CreatedAt: store.NowMs(),
-	}
-	r.lease, r.cred = lease, cred
-	var (
-		wg       sync.WaitGroup
-		leaseErr error
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		r.leaseRev, leaseErr = h.st.CreateLease(wctx, lease)
-	}()
 	desc, derr := protocol.NewEvent(protocol.EvSubagentDescriptor, store.NowMs(), protocol.DescriptorData{
 		Version: protocol.DescriptorVersion, Mode: protocol.ModeOneShot, Provider: req.Provider, Label: req.Options.Label,
 	})
@@ -163,49 +266,15 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 			Content: req.Prompt, Source: src, Extra: []protocol.SessionEvent{desc},
 		})
 	}
-	wg.Wait()
-	// The claim is held again under the lease (store.HoldRun): a
-	// coordinator may have settled the claimed record orphaned while this
-	// host had no lease yet (its lease write slow, or its heartbeats cut off);
-	// the run is then not this host's to publish (chaos seed 1 of make test:
-	// a subagent/start with no end, published after such a settlement).
-	var holdErr error
-	if derr == nil && leaseErr == nil && opened {
-		if rev, err := h.st.HoldRun(wctx, run, runRev); err != nil {
-			holdErr = err
-		} else {
-			runRev, r.runRev = rev, rev
-		}
-	}
-	if derr != nil || leaseErr != nil || !opened || holdErr != nil {
+	if derr != nil || !opened {
 		h.unregister(r)
 		cancelRun(nil)
 		closeSession(sess)
-		var cause error
-		switch {
-		case derr != nil:
+		cause := protocol.Errorf(protocol.CodeDurabilityFailed, "log the first turn of %s: %w", childID, out.Err)
+		if derr != nil {
 			cause = protocol.Errorf(protocol.CodeInternal, "encode descriptor: %w", derr)
-		case leaseErr != nil:
-			if opened {
-				h.closeTurn(ctx, lw, sess.Events(), protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the host could not take the session lease"})
-			}
-			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %w", childID, leaseErr)
-		case errors.Is(holdErr, store.ErrConflict):
-			// Settled by a coordinator, which closed the log's open turn.
-			cause = protocol.NewError(protocol.CodeNotPending, map[string]any{
-				"runId": r.runID, "reason": "the run was settled before this host held the session's lease"})
-		case holdErr != nil:
-			h.closeTurn(ctx, lw, sess.Events(), protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the host could not hold its claim"})
-			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "hold the claim of %s: %w", r.runID, holdErr)
-		default:
-			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "log the first turn of %s: %w", childID, out.Err)
 		}
-		switch {
-		case r.leaseRev > 0: // ours: release it, at its revision
-			h.releaseLease(lease.Provider, childID, r.leaseRev)
-		case leaseErr != nil && !errors.Is(leaseErr, store.ErrConflict):
-			h.dropUnknownLease(lease) // it may have landed unseen
-		}
+		h.releaseLease(lease.Provider, childID, lt.rev)
 		close(r.settled)
 		close(r.done)
 		return nil, h.abandon(run, runRev, cause)

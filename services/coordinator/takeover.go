@@ -477,15 +477,45 @@ func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord)
 	if err != nil || run.Value.State != protocol.RunRunning || run.Value.HostID != seen.HostID {
 		return // settled, claimed meanwhile, or unreadable: the next sweep looks again
 	}
-	if l, err := c.st.LeaseLatest(ctx, seen.ChildID); err == nil && l.Value.RunID == seen.RunID {
+	rec := run.Value
+	if rec.HostID != "" && !c.hostLost(ctx, rec.HostID) {
+		return // its claimer heartbeats: it may still take the lease
+	}
+	// A claimed one-shot run's host takes the session's lease beside its
+	// claim and holds the claim no more (internal/worker, startRun): the
+	// lease is the fence. The settlement creates it first, taken over by
+	// this replica, so that of this create and the claimer's exactly one
+	// lands: a claimer whose create is refused starts nothing, and a run
+	// whose claimer holds the lease is left to it.
+	var taken *store.Record[protocol.AgentRecord]
+	if rec.HostID != "" && rec.Mode == protocol.ModeOneShot {
+		tomb := protocol.AgentRecord{
+			SessionID: rec.ChildID, Kind: protocol.AgentOneShot, HostID: c.cfg.ID, TakenOverBy: c.cfg.ID, Epoch: 2,
+			RunID: rec.RunID, Provider: rec.Provider, ParentSession: rec.ParentSession, Notify: rec.Notify, CreatedAt: store.NowMs(),
+		}
+		trev, err := c.st.CreateLease(ctx, tomb)
+		if err != nil {
+			// Refused: the claimer (or a takeover) holds the lease. An
+			// outcome unknown is decided by the lease sweep: a lease taken
+			// over by this replica is taken over again (holderDead).
+			return
+		}
+		c.agents.observe(tomb, trev)
+		taken = &store.Record[protocol.AgentRecord]{Value: tomb, Revision: trev}
+	} else if l, err := c.st.LeaseLatest(ctx, seen.ChildID); err == nil && l.Value.RunID == seen.RunID {
 		return // it has its lease: the lease's holder settles it
 	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return // the next sweep looks again
 	}
-	if run.Value.HostID != "" && !c.hostLost(ctx, run.Value.HostID) {
-		return // its claimer heartbeats: it may still take the lease
+	release := func() {
+		if taken != nil {
+			if err := c.st.ReleaseLease(ctx, rec.ChildID, taken.Revision); err == nil {
+				c.agents.del(store.LeaseKeyOf(taken.Value))
+			} else {
+				c.log.Warn("orphaned run: the lease taken to settle it was not released; the lease sweep takes it over again", "run", rec.RunID, "err", err)
+			}
+		}
 	}
-	rec := run.Value
 	code, why := protocol.CodeUnavailable, "no instance claimed it and the coordinator that created it stopped before it settled it"
 	if rec.HostID != "" {
 		code, why = protocol.CodeHostLost, fmt.Sprintf("host %s claimed it and stopped heartbeating before it took the session's lease", rec.HostID)
@@ -499,23 +529,32 @@ func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord)
 		if err != nil {
 			c.log.Warn("orphaned run: settle; will retry", "run", rec.RunID, "err", err)
 		}
+		release()
 		return
 	}
 	// The log is touched only once the settlement won: the claimer's hold
-	// (store.HoldRun) then fails, so it writes nothing more. Fenced before,
-	// a claimer that had just held its claim lost its log under a live
-	// lease (and its run stayed running). A one-shot run's host writes its
-	// first records beside its lease, before the hold: its open turn is
-	// closed. An epoch's host writes nothing before the hold; a later epoch
-	// may hold the session's lease and write the log now, so it is left
-	// alone (make test's chaos seed: a resumed epoch's log fenced by the
-	// settlement of an earlier epoch orphaned by a killed worker), except a
-	// first epoch's descriptor, which the log must get to stay resumable.
+	// (store.HoldRun, an epoch's) or its lease (a one-shot run's, held here)
+	// then fails, so it writes nothing more. Fenced before, a claimer that
+	// had just held its claim lost its log under a live lease (and its run
+	// stayed running). A one-shot run's log is fenced (agent/takeover, or
+	// an open turn closed) before the lease taken here goes, so a claimer's
+	// lease create landing after that (sent before it paused) still finds
+	// its first append refused. An epoch's host writes nothing before the
+	// hold; a later epoch may hold the session's lease and write the log
+	// now, so it is left alone (make test's chaos seed: a resumed epoch's
+	// log fenced by the settlement of an earlier epoch orphaned by a killed
+	// worker), except a first epoch's descriptor, which the log must get to
+	// stay resumable.
 	if rec.HostID != "" && (rec.Mode == protocol.ModeOneShot || rec.Descriptor != nil) {
-		if _, err := c.closeInterrupted(ctx, rec.ChildID, protocol.TakeoverData{HostID: rec.HostID, By: c.cfg.ID}, rec.Descriptor, c.noLaterEpoch(rec.ChildID, rec.RunID)); err != nil && !errors.Is(err, store.ErrNotFound) {
+		held := c.noLaterEpoch(rec.ChildID, rec.RunID)
+		if taken != nil {
+			held = c.holding(*taken)
+		}
+		if _, err := c.closeInterrupted(ctx, rec.ChildID, protocol.TakeoverData{HostID: rec.HostID, By: c.cfg.ID}, rec.Descriptor, held); err != nil && !errors.Is(err, store.ErrNotFound) {
 			c.log.Warn("orphaned run: its log was not closed", "run", rec.RunID, "err", err)
 		}
 	}
+	defer release()
 	c.settled(rec)
 	c.log.Warn("settled a run left running without a lease", "run", rec.RunID, "session", rec.ChildID, "errorCode", code)
 	c.st.PublishRunEnd(rec, c.st.PublishRunNotice, func(err error) { c.log.Warn("orphaned run's notice not published", "run", rec.RunID, "err", err) })
