@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/brood-dev/brood/internal/embedded"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
@@ -253,5 +255,46 @@ func TestInboxPendingIsCompleteOrAnError(t *testing.T) {
 	defer cancel()
 	if items, err := st.InboxOf("S1").Pending(expired, 0); err == nil {
 		t.Fatalf("a read past its deadline returned %d items and no error", len(items))
+	}
+}
+
+// A header written through a Store is what that Store knows of its
+// session's lease from then on, without reading it back: the coordinators'
+// lease index checks every new child lease against its header on its
+// watch's path, and a read per run there let the watch fall behind under
+// load (issue 12: live-children slots of ended children piled up for want
+// of the lease's deletion being seen). Shown by removing the stored header:
+// the writer still answers from what it wrote, a Store that did not write
+// it finds no header. A header refused (a second one for the id) teaches
+// nothing.
+func TestAHeaderWrittenIsKnownWithoutReadingItBack(t *testing.T) {
+	st := testutil.NewStore(t)
+	ctx := context.Background()
+	h := protocol.SessionHeader{Version: 1, ID: "C1", CreatedAt: 1, Cwd: "/w", ParentSession: "P1", Provider: "spawn", Origin: protocol.OriginSubagent}
+	if err := st.PutHeader(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	other := h
+	other.Provider, other.ParentSession = "fork", "P2"
+	if err := st.PutHeader(ctx, other); !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("second header = %v, want ErrConflict", err)
+	}
+	stream, err := st.JS.Stream(ctx, st.Subj.StreamSessions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(st.Subj.Session("C1"))); err != nil {
+		t.Fatal(err)
+	}
+	lease := protocol.AgentRecord{SessionID: "C1", Kind: protocol.AgentOneShot, HostID: "spawn.H1", Epoch: 1, RunID: "C1", Provider: "spawn", ParentSession: "P1"}
+	if err := st.LeaseBelongs(ctx, store.LeaseKey("spawn", "C1"), lease); err != nil {
+		t.Fatalf("the writer's check of the lease its header names: %v", err)
+	}
+	if scope, err := st.SessionScope(ctx, "C1"); err != nil || scope != "spawn" {
+		t.Fatalf("the writer's scope of C1 = %q, %v; want spawn, as written", scope, err)
+	}
+	fresh := testutil.Store(t, st.NC)
+	if scope, err := fresh.SessionScope(ctx, "C1"); err != nil || scope != "" {
+		t.Fatalf("a Store that did not write the header: scope %q, %v; want none (the header is gone)", scope, err)
 	}
 }
