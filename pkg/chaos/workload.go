@@ -106,11 +106,16 @@ type wclient struct {
 }
 
 type wroot struct {
-	c        *wclient
-	root     *client.Root
-	id       string
-	ref      protocol.ParentRef
-	closed   atomic.Bool
+	c      *wclient
+	root   *client.Root
+	id     string
+	ref    protocol.ParentRef
+	closed atomic.Bool
+	// gone: its close completed, or its credential was refused: from then
+	// on every request with it must be refused (I4). closed is set as its
+	// close begins, so a request of another client may run concurrently
+	// with the close and be admitted before it.
+	gone     atomic.Bool
 	children []*wchild      // guarded by c.mu
 	inflight map[string]*Op // one-shot runs not settled yet, by run id; guarded by c.mu
 }
@@ -378,7 +383,11 @@ func (c *wclient) openRoot(ctx context.Context) {
 // rootGone notes a root whose credential was refused (its lease lapsed
 // while its client was cut off): it is replaced.
 func (c *wclient) rootGone(r *wroot, err error) {
-	if protocol.CodeOf(err) != protocol.CodeUnauthorized || !r.closed.CompareAndSwap(false, true) {
+	if protocol.CodeOf(err) != protocol.CodeUnauthorized {
+		return
+	}
+	r.gone.Store(true)
+	if !r.closed.CompareAndSwap(false, true) {
 		return
 	}
 	c.w.logf("%s: root %s no longer live: %v", c.name, r.id, err)
@@ -833,6 +842,9 @@ func (c *wclient) closeRoot(r *wroot) {
 	err := r.root.Close(octx)
 	cancel()
 	c.w.rec.Complete(op, err)
+	if err == nil {
+		r.gone.Store(true)
+	}
 	c.mu.Lock()
 	c.orphans = append(c.orphans, r.children...)
 	c.mu.Unlock()
@@ -968,7 +980,7 @@ func (c *wclient) foreign(ctx context.Context) {
 		if ch != nil && r == ch.root {
 			continue
 		}
-		if r.closed.Load() && dead == nil {
+		if r.gone.Load() && dead == nil {
 			dead = r
 		}
 		if !r.closed.Load() && other == nil {
