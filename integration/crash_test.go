@@ -1022,47 +1022,19 @@ func TestPausedClaimerPublishesNoRunSettledMeanwhile(t *testing.T) {
 	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinatorConfig) { c.RequestBudget = 3 * time.Second })
 	root := s.Root()
-	var armed, paused atomic.Bool
-	var leaseKey atomic.Value
-	leaseKey.Store("")
-	resumeLease, resumeBeats, leased := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	var leaseOnce, beatsOnce, leasedOnce sync.Once
-	t.Cleanup(func() { leaseOnce.Do(func() { close(resumeLease) }); beatsOnce.Do(func() { close(resumeBeats) }) })
-	agentsBucket, hostsBucket := s.Store.Subj.BucketAgents(), s.Store.Subj.BucketHosts()
+	h := holdClaimersLease(t, s)
 	w1, _ := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
-		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
-			var wait chan struct{}
-			switch {
-			case armed.Load() && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && leaseKey.CompareAndSwap("", w.Key):
-				paused.Store(true) // the run's lease write, held
-				wait = resumeLease
-			case paused.Load() && w.Bucket == hostsBucket:
-				wait = resumeBeats
-			default:
-				return nil
-			}
-			select {
-			case <-wait:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}, After: func(_ context.Context, w store.Write, err error) error {
-			if k := leaseKey.Load().(string); k != "" && w.Op == store.OpKVCreate && w.Key == k {
-				leasedOnce.Do(func() { close(leased) })
-			}
-			return err
-		}})
+		c.Store = c.Store.WithFaults(h.faults())
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	armed.Store(true)
+	h.armed.Store(true)
 	// The start is answered as started, or, when the coordinator saw the
 	// settlement first, with its HOST_LOST.
 	if _, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say hello")}); err != nil && protocol.CodeOf(err) != protocol.CodeHostLost {
 		t.Fatalf("runs.start: %v", err)
 	}
-	_, child := store.KindOf(leaseKey.Load().(string)) // a local run's id is its child's
+	_, child := store.KindOf(h.key()) // a local run's id is its child's
 	if child == "" {
 		t.Fatal("the worker took no lease")
 	}
@@ -1071,13 +1043,13 @@ func TestPausedClaimerPublishesNoRunSettledMeanwhile(t *testing.T) {
 		r, err := s.Store.Run(ctx, run.RunID)
 		return err == nil && r.Value.HostID == w1.ID() && r.Value.NotStarted
 	}, "the run claimed by the paused worker is settled never started")
-	leaseOnce.Do(func() { close(resumeLease) })
+	h.letLease()
 	select {
-	case <-leased:
+	case <-h.leased:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the worker's lease write was not answered")
 	}
-	beatsOnce.Do(func() { close(resumeBeats) })
+	h.letBeats()
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		_, err := store.Get[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("spawn", run.ChildID))
 		return errors.Is(err, store.ErrNotFound)
@@ -1108,17 +1080,11 @@ func TestPausedClaimerPublishesNoRunSettledMeanwhile(t *testing.T) {
 // logged and its subagent/start published for a run settled never started.
 func TestPausedClaimerWhoseLeaseLandsBeforeTheOrphanSettlementStartsNothing(t *testing.T) {
 	s := stack.New(t)
-	var armed, paused atomic.Bool
-	var leaseKey atomic.Value
-	leaseKey.Store("")
-	resumeLease, resumeBeats, resumeSettle, settling := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
-	var leaseOnce, beatsOnce, settleOnce, settlingOnce sync.Once
-	t.Cleanup(func() {
-		leaseOnce.Do(func() { close(resumeLease) })
-		beatsOnce.Do(func() { close(resumeBeats) })
-		settleOnce.Do(func() { close(resumeSettle) })
-	})
-	agentsBucket, hostsBucket, runsBucket := s.Store.Subj.BucketAgents(), s.Store.Subj.BucketHosts(), s.Store.Subj.BucketRuns()
+	h := holdClaimersLease(t, s)
+	resumeSettle, settling := make(chan struct{}), make(chan struct{})
+	var settleOnce, settlingOnce sync.Once
+	t.Cleanup(func() { settleOnce.Do(func() { close(resumeSettle) }) })
+	runsBucket := s.Store.Subj.BucketRuns()
 	s.AddCoordinator(func(c *coordinatorConfig) {
 		c.RequestBudget = 3 * time.Second
 		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
@@ -1140,28 +1106,11 @@ func TestPausedClaimerWhoseLeaseLandsBeforeTheOrphanSettlementStartsNothing(t *t
 	})
 	root := s.Root()
 	w1, _ := s.AddSpawnWorker(func(c *worker.InProcessConfig) {
-		c.Store = c.Store.WithFaults(store.Faults{Before: func(ctx context.Context, w store.Write) error {
-			var wait chan struct{}
-			switch {
-			case armed.Load() && w.Op == store.OpKVCreate && w.Bucket == agentsBucket && leaseKey.CompareAndSwap("", w.Key):
-				paused.Store(true) // the run's lease write, held
-				wait = resumeLease
-			case paused.Load() && w.Bucket == hostsBucket:
-				wait = resumeBeats
-			default:
-				return nil
-			}
-			select {
-			case <-wait:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}})
+		c.Store = c.Store.WithFaults(h.faults())
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	armed.Store(true)
+	h.armed.Store(true)
 	// The start is answered as started, or with the failure the run was
 	// settled with: the coordinator's HOST_LOST, or the worker's NOT_PENDING
 	// when its own never-started settlement (its lease refused) landed first.
@@ -1169,7 +1118,7 @@ func TestPausedClaimerWhoseLeaseLandsBeforeTheOrphanSettlementStartsNothing(t *t
 		protocol.CodeOf(err) != protocol.CodeHostLost && protocol.CodeOf(err) != protocol.CodeNotPending {
 		t.Fatalf("runs.start: %v", err)
 	}
-	_, child := store.KindOf(leaseKey.Load().(string)) // a local run's id is its child's
+	_, child := store.KindOf(h.key()) // a local run's id is its child's
 	if child == "" {
 		t.Fatal("the worker took no lease")
 	}
@@ -1180,8 +1129,8 @@ func TestPausedClaimerWhoseLeaseLandsBeforeTheOrphanSettlementStartsNothing(t *t
 	}
 	// The worker comes back: its lease write and heartbeats go through,
 	// and it gets time to log its first turn before the settlement lands.
-	leaseOnce.Do(func() { close(resumeLease) })
-	beatsOnce.Do(func() { close(resumeBeats) })
+	h.letLease()
+	h.letBeats()
 	time.Sleep(2 * time.Second) // a window for the worker's writes, not a condition: nothing must happen in it
 	settleOnce.Do(func() { close(resumeSettle) })
 	testutil.Eventually(t, 30*time.Second, func() bool {
@@ -1352,4 +1301,57 @@ func TestWorkerStoppedDuringItsFirstHeartbeatDrains(t *testing.T) {
 	if _, err := s.Store.Hosts.Get(context.Background(), w.ID()); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Fatalf("host record after the stop: %v; want none", err)
 	}
+}
+
+// heldClaimer holds a spawn worker's writes (holdClaimersLease): once armed,
+// its next lease create (the lease of the run it claimed) until letLease,
+// and from then its heartbeats until letBeats; leased closes when that
+// lease create returns.
+type heldClaimer struct {
+	armed, paused                    atomic.Bool
+	leaseKey                         atomic.Value // string: the held lease's key, "" before
+	resumeLease, resumeBeats, leased chan struct{}
+	leaseOnce, beatsOnce, leasedOnce sync.Once
+	agentsBucket, hostsBucket        string
+}
+
+// holdClaimersLease returns a heldClaimer for a worker of s: give its
+// faults() to the worker's store. Whatever is still held is let go at the
+// test's end.
+func holdClaimersLease(t *testing.T, s *stack.Stack) *heldClaimer {
+	h := &heldClaimer{resumeLease: make(chan struct{}), resumeBeats: make(chan struct{}), leased: make(chan struct{}),
+		agentsBucket: s.Store.Subj.BucketAgents(), hostsBucket: s.Store.Subj.BucketHosts()}
+	h.leaseKey.Store("")
+	t.Cleanup(func() { h.letLease(); h.letBeats() })
+	return h
+}
+
+func (h *heldClaimer) key() string { return h.leaseKey.Load().(string) }
+func (h *heldClaimer) letLease()   { h.leaseOnce.Do(func() { close(h.resumeLease) }) }
+func (h *heldClaimer) letBeats()   { h.beatsOnce.Do(func() { close(h.resumeBeats) }) }
+
+func (h *heldClaimer) faults() store.Faults {
+	return store.Faults{Before: func(ctx context.Context, w store.Write) error {
+		var wait chan struct{}
+		switch {
+		case h.armed.Load() && w.Op == store.OpKVCreate && w.Bucket == h.agentsBucket && h.leaseKey.CompareAndSwap("", w.Key):
+			h.paused.Store(true) // the run's lease write, held
+			wait = h.resumeLease
+		case h.paused.Load() && w.Bucket == h.hostsBucket:
+			wait = h.resumeBeats
+		default:
+			return nil
+		}
+		select {
+		case <-wait:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, After: func(_ context.Context, w store.Write, err error) error {
+		if k := h.key(); k != "" && w.Op == store.OpKVCreate && w.Key == k {
+			h.leasedOnce.Do(func() { close(h.leased) })
+		}
+		return err
+	}}
 }

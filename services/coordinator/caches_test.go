@@ -362,16 +362,7 @@ func TestTheLeaseIndexKeepsOnlyLeasesTheirHeaderOwns(t *testing.T) {
 	a := newAgentIndex(func() time.Duration { return 0 }, func(key string, rec protocol.AgentRecord) error {
 		return st.LeaseBelongs(ctx, key, rec)
 	}, slog.Default())
-	rev := uint64(0)
-	put := func(key string, rec protocol.AgentRecord) {
-		t.Helper()
-		data, err := protocol.Marshal(protocol.Msgpack, rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rev++
-		a.put(key, entry{key: key, val: data, rev: rev})
-	}
+	put := putRecords[protocol.AgentRecord](t, a.put)
 	listed := func() []string {
 		var keys []string
 		for _, l := range a.snapshot() {
@@ -419,16 +410,7 @@ func TestTheLeaseIndexKeepsOnlyLeasesTheirHeaderOwns(t *testing.T) {
 // spec's.
 func TestTheRunIndexReadsAStateOnlyUnderItsSpecsProvider(t *testing.T) {
 	x := newRunIndex(func() time.Duration { return 0 })
-	rev := uint64(0)
-	put := func(key string, rec protocol.RunRecord) {
-		t.Helper()
-		data, err := protocol.Marshal(protocol.Msgpack, rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rev++
-		x.put(key, entry{key: key, val: data, rev: rev})
-	}
+	put := putRecords[protocol.RunRecord](t, x.put)
 	running := func() map[string]protocol.RunRecord {
 		x.mu.Lock()
 		defer x.mu.Unlock()
@@ -472,16 +454,7 @@ func TestTheRunIndexReadsAStateOnlyUnderItsSpecsProvider(t *testing.T) {
 // changes, which for such a run is never).
 func TestTheRunIndexKeepsARunWhoseStateCameBeforeItsSpec(t *testing.T) {
 	x := newRunIndex(func() time.Duration { return time.Second })
-	rev := uint64(0)
-	put := func(key string, rec protocol.RunRecord) {
-		t.Helper()
-		data, err := protocol.Marshal(protocol.Msgpack, rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rev++
-		x.put(key, entry{key: key, val: data, rev: rev})
-	}
+	put := putRecords[protocol.RunRecord](t, x.put)
 	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "spawn", Mode: protocol.ModeOneShot,
 		State: protocol.RunRunning, CreatedAt: 1}
 	put(store.RunStateKey("spawn", "R1"), spec)
@@ -514,16 +487,7 @@ func TestTheRunIndexKeepsARunWhoseStateCameBeforeItsSpec(t *testing.T) {
 // a state under another provider's prefix, and within endedKeptMax.
 func TestTheRunIndexKeepsSettledRunsForTheirNoticesWithinItsBounds(t *testing.T) {
 	x := newRunIndex(func() time.Duration { return time.Second })
-	rev := uint64(0)
-	put := func(key string, rec protocol.RunRecord) {
-		t.Helper()
-		data, err := protocol.Marshal(protocol.Msgpack, rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rev++
-		x.put(key, entry{key: key, val: data, rev: rev})
-	}
+	put := putRecords[protocol.RunRecord](t, x.put)
 	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "spawn", Mode: protocol.ModeOneShot,
 		Notify: "_INBOX.client.n", State: protocol.RunRunning}
 	put(store.RunSpecKey("R1"), spec)
@@ -553,5 +517,21 @@ func TestTheRunIndexKeepsSettledRunsForTheirNoticesWithinItsBounds(t *testing.T)
 	}
 	if len(x.ended) != endedKeptMax || len(x.endedOrder) != endedKeptMax {
 		t.Fatalf("%d runs kept (%d in order); want %d", len(x.ended), len(x.endedOrder), endedKeptMax)
+	}
+}
+
+// putRecords returns a function that files rec under key in an index (its
+// put, as a KV watch would deliver it), msgpack-encoded at the next
+// revision.
+func putRecords[R any](t *testing.T, put func(string, jetstream.KeyValueEntry)) func(key string, rec R) {
+	rev := uint64(0)
+	return func(key string, rec R) {
+		t.Helper()
+		data, err := protocol.Marshal(protocol.Msgpack, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev++
+		put(key, entry{key: key, val: data, rev: rev})
 	}
 }
