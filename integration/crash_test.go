@@ -1131,7 +1131,22 @@ func TestPausedClaimerWhoseLeaseLandsBeforeTheOrphanSettlementStartsNothing(t *t
 	// and it gets time to log its first turn before the settlement lands.
 	h.letLease()
 	h.letBeats()
-	time.Sleep(2 * time.Second) // a window for the worker's writes, not a condition: nothing must happen in it
+	select {
+	case <-h.leased:
+	case <-ctx.Done():
+		t.Fatal("the worker's lease write was not answered")
+	}
+	// What the worker does next (log its first turn, or start nothing) has
+	// no event to wait for when it is right: its log stays without a turn.
+	testutil.Consistently(t, 2*time.Second, func() bool {
+		_, evs := s.Log(child)
+		for _, ev := range evs {
+			if ev.Type == protocol.EvTurnStart {
+				return false
+			}
+		}
+		return true
+	}, "the worker whose lease create was refused logs no turn")
 	settleOnce.Do(func() { close(resumeSettle) })
 	testutil.Eventually(t, 30*time.Second, func() bool {
 		r, err := s.Store.Run(ctx, child)
