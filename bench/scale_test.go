@@ -154,7 +154,7 @@ func prefillSessions(b *testing.B, s *stack.Stack, n int) {
 			RunID: id, ChildID: id, ParentSession: parent, Provider: "spawn", Mode: protocol.ModeOneShot,
 			State: protocol.RunRunning, CreatedAt: now, HostID: "spawn.gone",
 		}, "spawn.gone", protocol.SubagentResult{Output: protocol.Text("ok"), StopReason: protocol.StopCompleted})
-		pub("$KV."+s.Store.Subj.BucketRuns()+"."+store.RunSpecKey(id), run)
+		pub("$KV."+s.Store.Subj.BucketRuns()+"."+store.RunSpecKey(run.Provider, id), run)
 		pub("$KV."+s.Store.Subj.BucketRuns()+"."+store.RunStateKey("spawn", id), run)
 	}
 	select {

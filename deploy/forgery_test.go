@@ -634,12 +634,12 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 				RunID: v.forkRun.RunID, ChildID: v.forkRun.ChildID, ParentSession: v.root.SessionID, Provider: spawnworker.DefaultName,
 				Mode: protocol.ModeOneShot, Notify: "_INBOX.worker-spawn.stolen", State: protocol.RunRunning,
 			})
-			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_runs." + store.RunSpecKey(v.forkRun.RunID), Reply: nc.NewInbox(), Data: data})
+			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_runs." + store.RunSpecKey(forkworker.DefaultName, v.forkRun.RunID), Reply: nc.NewInbox(), Data: data})
 		}},
 		{"publish a forged result into the client's inbox (a fork run's notify subject)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			// The notify subject as a worker learns it: a direct get of the
 			// run's spec, which it may read.
-			m, err := nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_brood_runs.$KV.brood_runs."+store.RunSpecKey(v.forkRun.RunID), nil)
+			m, err := nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_brood_runs.$KV.brood_runs."+store.RunSpecKey(forkworker.DefaultName, v.forkRun.RunID), nil)
 			if err != nil {
 				return fmt.Errorf("read the run's spec: %w", err)
 			}
@@ -673,7 +673,7 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			// What a KV put of the record publishes: an edge root → a fork
 			// child, which only coordinators add.
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.OwnershipRecord{Children: []string{v.forkChild}})
-			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents." + store.OwnsKey(v.root.SessionID), Reply: nc.NewInbox(), Data: data})
+			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents." + store.OwnsKey(protocol.ScopeRoot, v.root.SessionID), Reply: nc.NewInbox(), Data: data})
 		}},
 		{"ask for the end of a fork child's epoch (brood.v1.epochend.fork.<childId>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.EpochEndRequest{Owner: v.root.SessionID, RunID: v.forkRun.RunID})

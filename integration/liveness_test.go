@@ -302,7 +302,7 @@ func TestResumedChildReleasesItsParentsOwnership(t *testing.T) {
 		t.Fatalf("the parent is %s during its held turn; want %s", st, protocol.StateRunning)
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey(parent.ChildID))
+		rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey("spawn", parent.ChildID))
 		return errors.Is(err, store.ErrNotFound) || (err == nil && len(rec.Value.Children) == 0)
 	}, "the resumed child's end releases its parent's ownership")
 	// And the parent, its held turn stopped and a last one answered, waits
@@ -360,7 +360,7 @@ func TestOwnerlessEpochReleasesItsParentsEdge(t *testing.T) {
 		return slices.Contains(claims, mid) && state(t, s, child, user) == protocol.StateNone
 	}, "the child is resumed for the message and its epoch ends")
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey(parent.ChildID))
+		rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey("spawn", parent.ChildID))
 		return errors.Is(err, store.ErrNotFound) || (err == nil && !slices.Contains(rec.Value.Children, child))
 	}, "the ended epoch removed its parent's edge")
 	followup(t, s, parent.ChildID, ref(root), "say more")
@@ -398,7 +398,7 @@ func TestOwnershipEdgeOutlivesAnUnavailableBucket(t *testing.T) {
 	failing.Store(true)
 	parent := startCont(t, s, root.Ref(),
 		"call subagent {\"description\":\"quick\",\"prompt\":\"say hi\",\"run_in_background\":true}\nsleep 2s\nsay done")
-	ownsKey.Store(store.OwnsKey(parent.ChildID))
+	ownsKey.Store(store.OwnsKey("spawn", parent.ChildID))
 	var child string
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		_, evs := s.Log(parent.ChildID)
@@ -426,7 +426,7 @@ func TestOwnershipEdgeOutlivesAnUnavailableBucket(t *testing.T) {
 	}
 	failing.Store(false)
 	waitState(t, s, parent.ChildID, ref(root), protocol.StateNone, 30*time.Second)
-	if rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey(parent.ChildID)); err == nil && len(rec.Value.Children) > 0 {
+	if rec, err := store.Get[protocol.OwnershipRecord](ctx, s.Store.Agents, store.OwnsKey("spawn", parent.ChildID)); err == nil && len(rec.Value.Children) > 0 {
 		t.Fatalf("the parent still owns %v", rec.Value.Children)
 	}
 	testutil.Eventually(t, 15*time.Second, func() bool {

@@ -84,6 +84,7 @@ func (s *Store) WithFaults(f Faults) *Store {
 	c := *s
 	c.JS = faultJS{JetStream: s.JS, f: f}
 	c.lagging = f.Lagging
+	c.leaderRead = f.LeaderRead
 	for _, str := range []*jetstream.Stream{&c.Sessions, &c.Log, &c.Inbox, &c.Events} {
 		if *str != nil {
 			*str = faultStream{Stream: *str, f: f}

@@ -15,14 +15,14 @@ import (
 //	bucket        key                      value
 //	brood_agents  lease.<provider>.<sessionId>  protocol.AgentRecord: a child's lease (its provider's workers)
 //	              root.<sessionId>         protocol.AgentRecord: a root's lease (coordinator)
-//	              owns.<parentSession>     protocol.OwnershipRecord: live continuable children it owns
+//	              owns.<scope>.<parentSession>  protocol.OwnershipRecord: live continuable children it owns (coordinator; read by its scope's workers)
 //	              slots.<parentSession>    protocol.ChildSlotsRecord: the children admitted under the live-children limit (coordinator)
 //	              userroots.<user>         protocol.UserRootsRecord: the roots a user opened under its open-roots quota (coordinator)
 //	              closed.<sessionId>       protocol.ClosedRootRecord: a root closed or lapsed, for the collector (coordinator; the collector deletes it)
 //	              grant.<hex-sha256>       protocol.UserGrantRecord: a minted user grant
 //	              drain.all.sessions       protocol.DrainRecord: the global drain
 //	              drain.<sessionId>        protocol.DrainRecord: a drain at and below one agent
-//	brood_runs    spec.<runId>             protocol.RunRecord as created: what the coordinator decided (coordinator)
+//	brood_runs    spec.<provider>.<runId>  protocol.RunRecord as created: what the coordinator decided (coordinator; read by its provider's workers)
 //	              state.<provider>.<runId> protocol.RunRecord: its claim and settlement (its provider's workers)
 //	brood_hosts   <scope>.<unique>         protocol.HostRecord of a worker host (protocol.WorkerHostID)
 //	              <coordinatorId>          protocol.HostRecord of a coordinator
@@ -30,6 +30,12 @@ import (
 // Session, run, host ids and provider names never hold a dot (protocol ids
 // are ^[A-Za-z0-9_-]+$), so a bare id can never name a prefixed key, every
 // prefixed key holds one, and lease.<provider>.<sessionId> splits one way.
+//
+// Every key a worker reads names its provider (scope) as its second token
+// (lease, owns, spec, state; a host's record its first), so a deployment
+// lets worker-<p> read only $KV.<bucket>.<prefix>.<p>.> by a direct get with
+// the subject in the API subject (docs/security.md, "What comes next", item
+// 3): no worker reads another provider's run, lease or ownership record.
 
 // Prefixes of the brood_agents keys.
 const (
@@ -86,8 +92,12 @@ func LeaseKeyOf(rec protocol.AgentRecord) string {
 	return LeaseKey(rec.Provider, rec.SessionID)
 }
 
-// OwnsKey is the brood_agents key of a continuable parent's ownership record.
-func OwnsKey(parent string) string { return prefixOwns + parent }
+// OwnsKey is the brood_agents key of a continuable parent's ownership
+// record, owns.<scope>.<parent>, scope the parent's
+// (protocol.SessionHeader.Scope: its provider, or protocol.ScopeRoot): only
+// coordinators write it, and the parent's own provider's workers read it
+// (whether the parent may settle), under their own prefix only.
+func OwnsKey(scope, parent string) string { return prefixOwns + scope + "." + parent }
 
 // SlotsKey is the brood_agents key of a parent's live-children slot record.
 func SlotsKey(parent string) string { return prefixSlots + parent }
@@ -115,12 +125,23 @@ const (
 	prefixRunState = "state."
 )
 
-// RunSpecKey is the brood_runs key of a run's spec: its record as the
-// coordinator created it, which only coordinators write (once). Its
-// provider names the key of the run's state (RunStateKey), and what the
-// coordinator decided (child, parent, mode, notify subject, descriptor) is
-// read from it, never from the state.
-func RunSpecKey(runID string) string { return prefixRunSpec + runID }
+// RunSpecKey is the brood_runs key of a run's spec,
+// spec.<provider>.<runId>: its record as the coordinator created it, which
+// only coordinators write (once). Its provider names the key of the run's
+// state (RunStateKey), and what the coordinator decided (child, parent,
+// mode, notify subject, descriptor) is read from it, never from the state.
+// A provider's workers read the specs of their own provider's runs only;
+// coordinators, which know a run by its id alone, read it by
+// RunSpecPattern.
+func RunSpecKey(provider, runID string) string {
+	return prefixRunSpec + provider + "." + runID
+}
+
+// RunSpecPattern is the key pattern spec.*.<runId> that matches run
+// runID's spec whatever its provider (run ids are unique): a direct get
+// of its last message, with the pattern in the API subject, reads the spec
+// of a run known by its id alone (Store.RunSpec).
+func RunSpecPattern(runID string) string { return prefixRunSpec + "*." + runID }
 
 // RunStateKey is the brood_runs key of a run's state,
 // state.<provider>.<runId>, provider its spec's: the record the claiming
@@ -147,23 +168,36 @@ type RunsKind int
 // The kinds of brood_runs keys.
 const (
 	RunsOther RunsKind = iota // a key of no known layout
-	RunsSpec                  // spec.<runId>
+	RunsSpec                  // spec.<provider>.<runId>
 	RunsState                 // state.<provider>.<runId>
 )
 
 // RunsKindOf returns what the brood_runs key holds, the run id it is keyed
-// by and, for a state, the provider its key names.
+// by and the provider its key names.
 func RunsKindOf(key string) (kind RunsKind, provider, runID string) {
-	if id, ok := strings.CutPrefix(key, prefixRunSpec); ok && id != "" && !strings.Contains(id, ".") {
-		return RunsSpec, "", id
-	}
-	if rest, ok := strings.CutPrefix(key, prefixRunState); ok {
-		p, id, ok := strings.Cut(rest, ".")
-		if ok && p != "" && id != "" && !strings.Contains(id, ".") {
-			return RunsState, p, id
+	for _, k := range []struct {
+		prefix string
+		kind   RunsKind
+	}{{prefixRunSpec, RunsSpec}, {prefixRunState, RunsState}} {
+		if p, id, ok := scopedID(key, k.prefix); ok {
+			return k.kind, p, id
 		}
 	}
 	return RunsOther, "", key
+}
+
+// scopedID splits key, <prefix><scope>.<id>, into its scope and id; ok
+// false when key is not of that form.
+func scopedID(key, prefix string) (scope, id string, ok bool) {
+	rest, ok := strings.CutPrefix(key, prefix)
+	if !ok {
+		return "", "", false
+	}
+	scope, id, ok = strings.Cut(rest, ".")
+	if !ok || scope == "" || id == "" || strings.Contains(id, ".") {
+		return "", "", false
+	}
+	return scope, id, true
 }
 
 // HostKey is the brood_hosts key of a host's record: its host id, which
@@ -180,7 +214,7 @@ const (
 	KindOther      AgentsKind = iota // a key of no known layout
 	KindLease                        // lease.<provider>.<sessionId>
 	KindRootLease                    // root.<sessionId>
-	KindOwnership                    // owns.<parentSession>
+	KindOwnership                    // owns.<scope>.<parentSession>
 	KindSlots                        // slots.<parentSession>
 	KindUserRoots                    // userroots.<user>
 	KindClosedRoot                   // closed.<sessionId>
@@ -192,17 +226,21 @@ const (
 // (the session, parent, grant hash or drain scope). Any other key, a bare
 // session id among them, is KindOther.
 func KindOf(key string) (AgentsKind, string) {
-	if rest, ok := strings.CutPrefix(key, prefixLease); ok {
-		provider, id, ok := strings.Cut(rest, ".")
-		if !ok || provider == "" || id == "" || strings.Contains(id, ".") {
+	for _, p := range []struct {
+		prefix string
+		kind   AgentsKind
+	}{{prefixLease, KindLease}, {prefixOwns, KindOwnership}} {
+		if strings.HasPrefix(key, p.prefix) {
+			if _, id, ok := scopedID(key, p.prefix); ok {
+				return p.kind, id
+			}
 			return KindOther, key
 		}
-		return KindLease, id
 	}
 	for _, p := range []struct {
 		prefix string
 		kind   AgentsKind
-	}{{prefixRoot, KindRootLease}, {prefixOwns, KindOwnership}, {prefixSlots, KindSlots}, {prefixUser, KindUserRoots}, {prefixClose, KindClosedRoot}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}} {
+	}{{prefixRoot, KindRootLease}, {prefixSlots, KindSlots}, {prefixUser, KindUserRoots}, {prefixClose, KindClosedRoot}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}} {
 		if id, ok := strings.CutPrefix(key, p.prefix); ok {
 			return p.kind, id
 		}

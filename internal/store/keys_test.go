@@ -3,7 +3,9 @@ package store_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/brood-dev/brood/internal/store"
@@ -32,7 +34,10 @@ func TestKeyLayoutRoundTrips(t *testing.T) {
 		{"lease..S1", store.KindOther, "lease..S1"},
 		{"lease.spawn.", store.KindOther, "lease.spawn."},
 		{"lease.spawn.S1.x", store.KindOther, "lease.spawn.S1.x"},
-		{store.OwnsKey("P"), store.KindOwnership, "P"},
+		{store.OwnsKey("spawn", "P"), store.KindOwnership, "P"},
+		{store.OwnsKey(protocol.ScopeRoot, "R1"), store.KindOwnership, "R1"},
+		{"owns.P", store.KindOther, "owns.P"},
+		{"owns.spawn.P.x", store.KindOther, "owns.spawn.P.x"},
 		{store.SlotsKey("P"), store.KindSlots, "P"},
 		{store.GrantKey("ab12"), store.KindGrant, "ab12"},
 		{store.DrainKey("S1"), store.KindDrain, "S1"},
@@ -47,6 +52,9 @@ func TestKeyLayoutRoundTrips(t *testing.T) {
 	}
 	if store.LeaseKey("spawn", "S1") == store.LeaseKey("fork", "S1") || !strings.HasPrefix(store.LeaseKey("spawn", "S1"), "lease.spawn.") {
 		t.Error("a child's lease key must lie under its provider's prefix, lease.<provider>.")
+	}
+	if store.OwnsKey("spawn", "P") == store.OwnsKey("fork", "P") || !strings.HasPrefix(store.OwnsKey("spawn", "P"), "owns.spawn.") {
+		t.Error("an ownership record's key must lie under its parent's scope's prefix, owns.<scope>.")
 	}
 	if store.DrainKey(store.DrainAll) == store.DrainKey("all") {
 		t.Error("the global drain's key must differ from every session's drain key")
@@ -269,14 +277,149 @@ func TestARunsStateIsReadUnderItsSpecsProvider(t *testing.T) {
 		provider string
 		runID    string
 	}{
-		{store.RunSpecKey("R1"), store.RunsSpec, "", "R1"},
+		{store.RunSpecKey("fork", "R1"), store.RunsSpec, "fork", "R1"},
 		{store.RunStateKey("fork", "R1"), store.RunsState, "fork", "R1"},
 		{"R1", store.RunsOther, "", "R1"},
 		{"state.R1", store.RunsOther, "", "state.R1"},
-		{"spec.R1.x", store.RunsOther, "", "spec.R1.x"},
+		{"spec.R1", store.RunsOther, "", "spec.R1"},
+		{"spec.fork.R1.x", store.RunsOther, "", "spec.fork.R1.x"},
 	} {
 		if kind, p, id := store.RunsKindOf(tc.key); kind != tc.kind || p != tc.provider || id != tc.runID {
 			t.Errorf("RunsKindOf(%q) = %v, %q, %q; want %v, %q, %q", tc.key, kind, p, id, tc.kind, tc.provider, tc.runID)
 		}
+	}
+}
+
+// A run's spec lies under its provider (spec.<provider>.<runId>), so a
+// provider's workers can be let read their own runs' specs only
+// (docs/security.md, "What comes next", item 3): a coordinator finds a spec
+// by the run id alone (a direct get of spec.*.<runId>, and from the
+// bucket's leader before it answers ErrNotFound), a worker's read under
+// another provider than the spec's finds nothing, and a record under a
+// spec key that names another provider or run is no spec.
+func TestARunsSpecLiesUnderItsProvider(t *testing.T) {
+	st := testutil.NewStore(t)
+	ctx := context.Background()
+	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "fork", Mode: protocol.ModeOneShot,
+		Notify: "_INBOX.client.n1", State: protocol.RunRunning, CreatedAt: 1}
+	rev, err := st.CreateRun(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Get[protocol.RunRecord](ctx, st.Runs, "spec.fork.R1"); err != nil {
+		t.Fatalf("the spec under spec.fork.R1: %v", err)
+	}
+	// A store that has cached no spec reads each one from the bucket.
+	var leaderReads []string
+	var mu sync.Mutex
+	fresh := func() *store.Store {
+		s, err := store.Bind(ctx, st.NC, st.Subj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.WithFaults(store.Faults{LeaderRead: func(_ context.Context, bucket, key string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			leaderReads = append(leaderReads, key)
+			return nil
+		}})
+	}
+	if got, err := fresh().RunSpec(ctx, "R1"); err != nil || got.ChildID != "C1" || got.Provider != "fork" {
+		t.Fatalf("RunSpec by the run id alone: %+v, %v", got, err)
+	}
+	if got, err := fresh().Run(ctx, "R1"); err != nil || got.Revision != rev || got.Value.Notify != spec.Notify {
+		t.Fatalf("Run by the run id alone: %+v at %d, %v; want it at %d", got.Value, got.Revision, err, rev)
+	}
+	for name, read := range map[string]func(context.Context, string, string) (store.Record[protocol.RunRecord], error){
+		"RunOf": fresh().RunOf, "RunLatestOf": fresh().RunLatestOf,
+	} {
+		if got, err := read(ctx, "fork", "R1"); err != nil || got.Revision != rev || got.Value.ChildID != "C1" {
+			t.Fatalf("%s under its own provider: %+v at %d, %v", name, got.Value, got.Revision, err)
+		}
+		if got, err := read(ctx, "spawn", "R1"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("%s under another provider: %+v, %v; want ErrNotFound", name, got.Value, err)
+		}
+	}
+	cached := fresh()
+	if _, err := cached.RunSpec(ctx, "R1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cached.RunOf(ctx, "spawn", "R1"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("RunOf under another provider than a cached spec's: %v; want ErrNotFound", err)
+	}
+	// A missing spec is asked of the leader by the pattern before it is
+	// ErrNotFound; the leader answers the pattern's last match.
+	mu.Lock()
+	leaderReads = nil
+	mu.Unlock()
+	if _, err := fresh().RunSpec(ctx, "NOSPEC"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a run without a spec: %v, want ErrNotFound", err)
+	}
+	mu.Lock()
+	if !slices.Equal(leaderReads, []string{"spec.*.NOSPEC"}) {
+		t.Errorf("leader reads of a missing spec: %q; want the pattern spec.*.NOSPEC", leaderReads)
+	}
+	mu.Unlock()
+	resp, err := st.NC.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+st.Subj.BucketRuns(), []byte(`{"last_by_subj":"$KV.`+st.Subj.BucketRuns()+`.spec.*.R1"}`))
+	if err != nil || !strings.Contains(string(resp.Data), `"subject":"$KV.`+st.Subj.BucketRuns()+`.spec.fork.R1"`) {
+		t.Fatalf("a leader get of the pattern spec.*.R1 answered %s, %v; want the spec under spec.fork.R1", resp.Data, err)
+	}
+	// Only coordinators write specs; still, a record under a spec key that
+	// names another provider or run is not that run's spec.
+	misfiled := spec
+	misfiled.RunID, misfiled.Provider = "R2", "fork"
+	if _, err := store.Put(ctx, st.Runs, store.RunSpecKey("spawn", "R2"), misfiled); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Put(ctx, st.Runs, store.RunSpecKey("spawn", "R3"), misfiled); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"R2", "R3"} {
+		if got, err := fresh().RunSpec(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a misfiled spec of %s: %+v, %v; want ErrNotFound", id, got, err)
+		}
+	}
+}
+
+// An ownership record lies under its parent's scope
+// (owns.<scope>.<parentSession>), which the parent's header names: a
+// coordinator's reads and writes find it by the parent's id, and a worker
+// reads its own child's record under its own scope only.
+func TestAnOwnershipRecordLiesUnderItsParentsScope(t *testing.T) {
+	st := testutil.NewStore(t)
+	ctx := context.Background()
+	for _, h := range []protocol.SessionHeader{
+		{Version: protocol.SessionHeaderVersion, ID: "R"},
+		{Version: protocol.SessionHeaderVersion, ID: "C", ParentSession: "R", Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "fork"},
+	} {
+		if err := st.PutHeader(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for parent, scope := range map[string]string{"R": protocol.ScopeRoot, "C": "fork"} {
+		if err := st.AddOwnership(ctx, parent, "F"); err != nil {
+			t.Fatal(err)
+		}
+		if rec, err := store.Get[protocol.OwnershipRecord](ctx, st.Agents, "owns."+scope+"."+parent); err != nil || !slices.Equal(rec.Value.Children, []string{"F"}) {
+			t.Fatalf("the record of %s under owns.%s.%s: %+v, %v", parent, scope, parent, rec.Value, err)
+		}
+		if rec, err := st.Ownership(ctx, parent); err != nil || !slices.Equal(rec.Value.Children, []string{"F"}) {
+			t.Fatalf("Ownership(%s): %+v, %v", parent, rec.Value, err)
+		}
+	}
+	if rec, err := st.OwnershipLatestOf(ctx, "fork", "C"); err != nil || !slices.Equal(rec.Value.Children, []string{"F"}) {
+		t.Fatalf("OwnershipLatestOf its own scope: %+v, %v", rec.Value, err)
+	}
+	if rec, err := st.OwnershipLatestOf(ctx, "spawn", "C"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("OwnershipLatestOf another scope: %+v, %v; want ErrNotFound", rec.Value, err)
+	}
+	if err := st.RemoveOwnership(ctx, "C", "F"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Get[protocol.OwnershipRecord](ctx, st.Agents, store.OwnsKey("fork", "C")); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("the emptied record: %v; want it deleted", err)
+	}
+	if err := st.AddOwnership(ctx, "NOHEADER", "F"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("an edge of a parent with no header: %v; want ErrNotFound", err)
 	}
 }

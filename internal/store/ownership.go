@@ -9,7 +9,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Ownership (brood_agents owns.<parent>, docs/protocol.md §7.6; DESIGN.md §7,
+// Ownership (brood_agents owns.<scope>.<parent>, scope the parent's (OwnsKey), docs/protocol.md §7.6; DESIGN.md §7,
 // Ownership): the live continuable children a continuable parent owns, so it
 // cannot settle while one of them lives. The coordinator adds the edge when
 // it starts, resumes or follows up a child of a continuable parent (before
@@ -23,15 +23,40 @@ import (
 // change.
 const OwnershipAttemptsMax = 16
 
-// Ownership reads parent's ownership record. None is ErrNotFound.
+// Ownership reads parent's ownership record, under the scope its header
+// names (sessionFacts). None (or no header) is ErrNotFound.
 func (s *Store) Ownership(ctx context.Context, parent string) (Record[protocol.OwnershipRecord], error) {
-	return Get[protocol.OwnershipRecord](ctx, s.Agents, OwnsKey(parent))
+	key, err := s.ownsKey(ctx, parent)
+	if err != nil {
+		return Record[protocol.OwnershipRecord]{}, err
+	}
+	return Get[protocol.OwnershipRecord](ctx, s.Agents, key)
 }
 
 // OwnershipLatest is Ownership answered by the bucket's leader (GetLatest):
 // whether a parent may settle rests on it.
 func (s *Store) OwnershipLatest(ctx context.Context, parent string) (Record[protocol.OwnershipRecord], error) {
-	return GetLatest[protocol.OwnershipRecord](ctx, s.Agents, OwnsKey(parent))
+	key, err := s.ownsKey(ctx, parent)
+	if err != nil {
+		return Record[protocol.OwnershipRecord]{}, err
+	}
+	return GetLatest[protocol.OwnershipRecord](ctx, s.Agents, key)
+}
+
+// OwnershipLatestOf is OwnershipLatest of a parent of scope known to the
+// caller (a host's own child): no header read, and only the key its own
+// provider's workers may read (OwnsKey).
+func (s *Store) OwnershipLatestOf(ctx context.Context, scope, parent string) (Record[protocol.OwnershipRecord], error) {
+	return GetLatest[protocol.OwnershipRecord](ctx, s.Agents, OwnsKey(scope, parent))
+}
+
+// ownsKey is parent's OwnsKey under the scope its header names.
+func (s *Store) ownsKey(ctx context.Context, parent string) (string, error) {
+	f, err := s.sessionFacts(ctx, parent)
+	if err != nil {
+		return "", fmt.Errorf("the ownership record of %s: %w", parent, err)
+	}
+	return OwnsKey(f.scope, parent), nil
 }
 
 // AddOwnership records that parent owns child (idempotent).
@@ -58,9 +83,12 @@ func (s *Store) RemoveOwnership(ctx context.Context, parent, child string) error
 // compare-and-set, creating the record when absent and deleting it when
 // change leaves it empty.
 func (s *Store) changeOwnership(ctx context.Context, parent string, change func([]string) []string) error {
-	key := OwnsKey(parent)
+	key, err := s.ownsKey(ctx, parent)
+	if err != nil {
+		return err
+	}
 	for range OwnershipAttemptsMax {
-		cur, err := s.OwnershipLatest(ctx, parent)
+		cur, err := GetLatest[protocol.OwnershipRecord](ctx, s.Agents, key)
 		switch {
 		case errors.Is(err, ErrNotFound):
 			next := change(nil)

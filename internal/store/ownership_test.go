@@ -9,6 +9,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // TestOwnershipUpdatesRacingLoseNothing: many children register with one
@@ -30,6 +31,10 @@ func TestOwnershipUpdatesRacingLoseNothing(t *testing.T) {
 		stores[i] = st
 	}
 	ctx := context.Background()
+	if err := base.PutHeader(ctx, protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: parent, ParentSession: "ROOT",
+		Origin: protocol.OriginSubagent, DelegationDepth: 1, Provider: "spawn"}); err != nil {
+		t.Fatal(err)
+	}
 	all := func(do func(st *store.Store, child string) error, which func(i int) bool) {
 		t.Helper()
 		var wg sync.WaitGroup

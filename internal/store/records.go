@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -59,6 +60,49 @@ func GetLatest[T any](ctx context.Context, kv jetstream.KeyValue, key string) (R
 	}
 	r.Revision = st.rev
 	return r, nil
+}
+
+// getMatching reads the last value of whichever key of kv matches pattern
+// (a key with a * token, matching at most one key by the caller's layout:
+// RunSpecPattern) and returns that key: by a direct get with the pattern
+// in the API subject ($JS.API.DIRECT.GET.<stream>.<subject>, empty body,
+// which any replica answers and a NATS permission can scope by subject),
+// or from the bucket stream's leader when leader is set (a decision on a
+// key's absence; after Faults.LeaderRead). No match, or a deleted key, is
+// ErrNotFound. Transient failures are retried (retry.go).
+func getMatching[T any](ctx context.Context, s *Store, kv jetstream.KeyValue, pattern string, leader bool) (string, Record[T], error) {
+	var r Record[T]
+	prefix := "$KV." + kv.Bucket() + "."
+	stream := kvStreamPrefix + kv.Bucket()
+	var m *jetstream.RawStreamMsg
+	err := Retry(ctx, func(ctx context.Context) (err error) {
+		if !leader {
+			m, err = s.directLast(ctx, stream, prefix+pattern)
+			return err
+		}
+		if s.leaderRead != nil {
+			if err := s.leaderRead(ctx, kv.Bucket(), pattern); err != nil {
+				return err
+			}
+		}
+		m, err = s.leaderLast(ctx, stream, prefix+pattern)
+		return err
+	})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", r, ErrNotFound
+	}
+	if err != nil {
+		return "", r, err
+	}
+	if op := m.Header.Get("KV-Operation"); op == "DEL" || op == "PURGE" {
+		return "", r, ErrNotFound
+	}
+	key := strings.TrimPrefix(m.Subject, prefix)
+	if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &r.Value); err != nil {
+		return "", r, fmt.Errorf("decode %s/%s: %w", kv.Bucket(), key, err)
+	}
+	r.Revision = m.Sequence
+	return key, r, nil
 }
 
 // isKVConflict reports a KV compare-and-set refusal (10071 or, on replicated

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -169,6 +170,30 @@ type leaderMsg struct {
 // leader. No message is jetstream.ErrMsgNotFound.
 func (s *Store) leaderLast(ctx context.Context, stream, subject string) (*jetstream.RawStreamMsg, error) {
 	return s.leaderGetMsg(ctx, stream, map[string]any{"last_by_subj": subject})
+}
+
+// directLast reads the last message of subject (a subject or a pattern:
+// the last of any subject it matches) in stream by a direct get with the
+// subject in the API subject and an empty body, which any current replica
+// answers (nats-server: a permission on the API subject scopes it by
+// subject; docs/security.md). No message is jetstream.ErrMsgNotFound.
+func (s *Store) directLast(ctx context.Context, stream, subject string) (*jetstream.RawStreamMsg, error) {
+	resp, err := s.NC.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+stream+"."+subject, nil)
+	if err != nil {
+		return nil, err
+	}
+	switch status := resp.Header.Get("Status"); status {
+	case "":
+	case "404":
+		return nil, jetstream.ErrMsgNotFound
+	default:
+		return nil, fmt.Errorf("direct get of %s in %s: %s %s", subject, stream, status, resp.Header.Get("Description"))
+	}
+	seq, err := strconv.ParseUint(resp.Header.Get("Nats-Sequence"), 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("direct get of %s in %s: no valid Nats-Sequence: %w", subject, stream, err)
+	}
+	return &jetstream.RawStreamMsg{Subject: resp.Header.Get("Nats-Subject"), Sequence: seq, Header: resp.Header, Data: resp.Data}, nil
 }
 
 // leaderSeq reads the message of stream at sequence seq from the stream's

@@ -45,7 +45,7 @@ func (s *Store) CreateRun(ctx context.Context, rec protocol.RunRecord) (uint64, 
 	}
 	specErr := make(chan error, 1)
 	go func() {
-		_, err := Create(ctx, s.Runs, RunSpecKey(rec.RunID), rec)
+		_, err := Create(ctx, s.Runs, RunSpecKey(rec.Provider, rec.RunID), rec)
 		specErr <- err
 	}()
 	rev, err := Create(ctx, s.Runs, RunStateKey(rec.Provider, rec.RunID), rec)
@@ -65,19 +65,32 @@ func (s *Store) CreateRun(ctx context.Context, rec protocol.RunRecord) (uint64, 
 // where its spec exists is read again from the bucket's leader before it
 // is ErrNotFound: the replica that answered may not have applied it yet (a
 // node catching up after a restart), and the coordinator creates a run's
-// state with its spec.
+// state with its spec. The spec is found by the run id alone (RunSpec):
+// a worker, which may read its own provider's runs only, reads with RunOf.
 func (s *Store) Run(ctx context.Context, runID string) (Record[protocol.RunRecord], error) {
-	return s.readRun(ctx, runID, Get[protocol.RunRecord])
+	return s.readRun(ctx, "", runID, Get[protocol.RunRecord])
 }
 
 // RunLatest is Run answered by the bucket's leader (GetLatest), for a
 // decision that rests on the latest write.
 func (s *Store) RunLatest(ctx context.Context, runID string) (Record[protocol.RunRecord], error) {
-	return s.readRun(ctx, runID, GetLatest[protocol.RunRecord])
+	return s.readRun(ctx, "", runID, GetLatest[protocol.RunRecord])
 }
 
-func (s *Store) readRun(ctx context.Context, runID string, get func(context.Context, jetstream.KeyValue, string) (Record[protocol.RunRecord], error)) (Record[protocol.RunRecord], error) {
-	spec, err := s.RunSpec(ctx, runID)
+// RunOf is Run of a run of provider known to the caller (a worker's own):
+// its spec is read under RunSpecKey of provider only, so a run of another
+// provider is ErrNotFound.
+func (s *Store) RunOf(ctx context.Context, provider, runID string) (Record[protocol.RunRecord], error) {
+	return s.readRun(ctx, provider, runID, Get[protocol.RunRecord])
+}
+
+// RunLatestOf is RunLatest of a run of provider known to the caller (RunOf).
+func (s *Store) RunLatestOf(ctx context.Context, provider, runID string) (Record[protocol.RunRecord], error) {
+	return s.readRun(ctx, provider, runID, GetLatest[protocol.RunRecord])
+}
+
+func (s *Store) readRun(ctx context.Context, provider, runID string, get func(context.Context, jetstream.KeyValue, string) (Record[protocol.RunRecord], error)) (Record[protocol.RunRecord], error) {
+	spec, err := s.runSpec(ctx, provider, runID)
 	if err != nil {
 		return Record[protocol.RunRecord]{}, err
 	}
@@ -91,26 +104,49 @@ func (s *Store) readRun(ctx context.Context, runID string, get func(context.Cont
 	return Record[protocol.RunRecord]{Value: JoinRun(spec, st.Value), Revision: st.Revision}, nil
 }
 
-// RunSpec reads run runID's spec (RunSpecKey): its record as a coordinator
-// created it. Specs never change, so they are cached (up to specsCachedMax);
-// a missing one is read again from the bucket's leader before it is
-// ErrNotFound (a replica may not have applied it yet).
+// RunSpec reads run runID's spec: its record as a coordinator created it,
+// under RunSpecKey of whichever provider it names (a direct get of
+// RunSpecPattern's last message; run ids are unique). Specs never change,
+// so they are cached (up to specsCachedMax); a missing one is read again
+// from the bucket's leader before it is ErrNotFound (a replica may not
+// have applied it yet). A spec whose key and record disagree (run id,
+// provider) is no spec: ErrNotFound.
 func (s *Store) RunSpec(ctx context.Context, runID string) (protocol.RunRecord, error) {
-	if !protocol.ValidID(runID) {
-		return protocol.RunRecord{}, fmt.Errorf("store: run id %q: %w", runID, ErrNotFound) // names no key
+	return s.runSpec(ctx, "", runID)
+}
+
+// runSpec is RunSpec under RunSpecKey of provider when set (a worker's
+// read of its own provider's run), under RunSpecPattern when "".
+func (s *Store) runSpec(ctx context.Context, provider, runID string) (protocol.RunRecord, error) {
+	if !protocol.ValidID(runID) || (provider != "" && !protocol.ValidID(provider)) {
+		return protocol.RunRecord{}, fmt.Errorf("store: run %q of provider %q: %w", runID, provider, ErrNotFound) // names no key
 	}
 	if v, ok := s.specs.Load(runID); ok {
-		return v.(protocol.RunRecord), nil
+		if spec := v.(protocol.RunRecord); provider == "" || spec.Provider == provider {
+			return spec, nil
+		}
+		return protocol.RunRecord{}, fmt.Errorf("store: run %s is not of provider %s: %w", runID, provider, ErrNotFound)
 	}
-	r, err := Get[protocol.RunRecord](ctx, s.Runs, RunSpecKey(runID))
-	if errors.Is(err, ErrNotFound) {
-		r, err = GetLatest[protocol.RunRecord](ctx, s.Runs, RunSpecKey(runID))
+	var r Record[protocol.RunRecord]
+	var key string
+	var err error
+	if provider != "" {
+		key = RunSpecKey(provider, runID)
+		r, err = Get[protocol.RunRecord](ctx, s.Runs, key)
+		if errors.Is(err, ErrNotFound) {
+			r, err = GetLatest[protocol.RunRecord](ctx, s.Runs, key)
+		}
+	} else {
+		key, r, err = getMatching[protocol.RunRecord](ctx, s, s.Runs, RunSpecPattern(runID), false)
+		if errors.Is(err, ErrNotFound) {
+			key, r, err = getMatching[protocol.RunRecord](ctx, s, s.Runs, RunSpecPattern(runID), true)
+		}
 	}
 	if err != nil {
 		return protocol.RunRecord{}, err
 	}
-	if r.Value.RunID != runID || !protocol.ValidID(r.Value.Provider) {
-		return protocol.RunRecord{}, fmt.Errorf("store: the spec of run %s names run %q, provider %q: %w", runID, r.Value.RunID, r.Value.Provider, ErrNotFound)
+	if r.Value.RunID != runID || !protocol.ValidID(r.Value.Provider) || key != RunSpecKey(r.Value.Provider, runID) {
+		return protocol.RunRecord{}, fmt.Errorf("store: the spec of run %s under %s names run %q, provider %q: %w", runID, key, r.Value.RunID, r.Value.Provider, ErrNotFound)
 	}
 	s.cacheSpec(r.Value)
 	return r.Value, nil

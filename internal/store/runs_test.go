@@ -27,7 +27,7 @@ func TestRunRecordIsClaimedAndSettledOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := rec
-	other.Provider = "fork"
+	other.ChildID = "C2"
 	if _, err := st.CreateRun(ctx, other); !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("another create of the same run id: %v, want ErrConflict", err)
 	}

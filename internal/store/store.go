@@ -87,6 +87,9 @@ type Store struct {
 	specsCached *atomic.Int64
 	// lagging is Faults.Lagging (WithFaults), nil in a product path.
 	lagging func(seq uint64) bool
+	// leaderRead is Faults.LeaderRead (WithFaults), nil in a product path:
+	// reads from a bucket's leader that pass no bucket (getMatching).
+	leaderRead func(ctx context.Context, bucket, key string) error
 }
 
 // Errors of the store.

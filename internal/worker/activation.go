@@ -615,7 +615,7 @@ func (a *activation) isParked() bool {
 // ownsLiveChildren reads the ownership record: a parent that owns live
 // continuable children is waiting and cannot settle.
 func (a *activation) ownsLiveChildren() (bool, error) {
-	rec, err := a.h.st.OwnershipLatest(a.ctx, a.childID)
+	rec, err := a.h.st.OwnershipLatestOf(a.ctx, a.header.Scope(), a.childID)
 	if errors.Is(err, store.ErrNotFound) {
 		return false, nil
 	}

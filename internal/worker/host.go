@@ -486,7 +486,7 @@ func (h *Host) verifyLeases(ctx context.Context) {
 		rec, err := h.st.ChildLeaseLatest(ctx, provider, id)
 		switch {
 		case errors.Is(err, store.ErrNotFound):
-			run, rerr := h.st.RunLatest(ctx, runID)
+			run, rerr := h.st.RunLatestOf(ctx, provider, runID)
 			switch {
 			case rerr != nil: // not found as well: two reads that missed, or expired records; the fenced appends decide
 				h.log.Warn("could not read the run of a lease that reads as missing; keeping the agent", "session", id, "run", runID, "err", rerr)

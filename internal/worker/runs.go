@@ -578,7 +578,7 @@ func (h *Host) dispose(ctx context.Context, req protocol.HostRunRequest) (any, e
 	if res != nil {
 		return protocol.RunStatus{RunID: r.runID, ChildID: r.childID, State: protocol.RunSettled, Result: res}, nil
 	}
-	rec, err := h.st.Run(ctx, r.runID)
+	rec, err := h.st.RunOf(ctx, r.req.Header.Provider, r.runID)
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %w", r.runID, err)
 	}

@@ -422,7 +422,7 @@ func TestTheRunIndexReadsAStateOnlyUnderItsSpecsProvider(t *testing.T) {
 	}
 	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "fork", Mode: protocol.ModeOneShot,
 		Notify: "_INBOX.client.n", State: protocol.RunRunning}
-	put(store.RunSpecKey("R1"), spec)
+	put(store.RunSpecKey(spec.Provider, "R1"), spec)
 	forged := spec
 	forged.Provider, forged.ChildID = "spawn", "VICTIM"
 	put(store.RunStateKey("spawn", "R1"), forged)
@@ -458,7 +458,7 @@ func TestTheRunIndexKeepsARunWhoseStateCameBeforeItsSpec(t *testing.T) {
 	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "spawn", Mode: protocol.ModeOneShot,
 		State: protocol.RunRunning, CreatedAt: 1}
 	put(store.RunStateKey("spawn", "R1"), spec)
-	put(store.RunSpecKey("R1"), spec)
+	put(store.RunSpecKey(spec.Provider, "R1"), spec)
 	x.orphans(func(protocol.RunRecord) bool { return false }, func(time.Duration) bool { return true }) // first sighting
 	orphans := x.orphans(func(protocol.RunRecord) bool { return false }, func(time.Duration) bool { return true })
 	if len(orphans) != 1 || orphans[0].RunID != "R1" || orphans[0].HostID != "" || orphans[0].ChildID != "C1" {
@@ -475,7 +475,7 @@ func TestTheRunIndexKeepsARunWhoseStateCameBeforeItsSpec(t *testing.T) {
 		t.Fatalf("orphans %+v after the settlement; want none", got)
 	}
 	x.forget("R1")
-	put(store.RunSpecKey("R2"), protocol.RunRecord{RunID: "R2", ChildID: "C2", Provider: "spawn", State: protocol.RunRunning})
+	put(store.RunSpecKey("spawn", "R2"), protocol.RunRecord{RunID: "R2", ChildID: "C2", Provider: "spawn", State: protocol.RunRunning})
 	x.forget("R2")
 	if got := x.orphans(func(protocol.RunRecord) bool { return false }, func(time.Duration) bool { return true }); len(got) != 0 {
 		t.Fatalf("orphans %+v after forget; want none", got)
@@ -490,7 +490,7 @@ func TestTheRunIndexKeepsSettledRunsForTheirNoticesWithinItsBounds(t *testing.T)
 	put := putRecords[protocol.RunRecord](t, x.put)
 	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "spawn", Mode: protocol.ModeOneShot,
 		Notify: "_INBOX.client.n", State: protocol.RunRunning}
-	put(store.RunSpecKey("R1"), spec)
+	put(store.RunSpecKey(spec.Provider, "R1"), spec)
 	forged := spec
 	forged.Notify, forged.ChildID = "_INBOX.worker-fork.stolen", "VICTIM"
 	put(store.RunStateKey("fork", "R1"), store.Settled(forged, "fork.H1", protocol.SubagentResult{Output: protocol.Text("forged"), StopReason: protocol.StopCompleted}))
@@ -506,7 +506,7 @@ func TestTheRunIndexKeepsSettledRunsForTheirNoticesWithinItsBounds(t *testing.T)
 		id := fmt.Sprintf("N%d", i)
 		s := spec
 		s.RunID = id
-		put(store.RunSpecKey(id), s)
+		put(store.RunSpecKey(s.Provider, id), s)
 		put(store.RunStateKey("spawn", id), store.Settled(s, "spawn.H1", protocol.SubagentResult{StopReason: protocol.StopCompleted}))
 	}
 	if _, ok := x.endedRecord("R1"); ok {

@@ -124,7 +124,7 @@ func (x *runIndex) put(key string, e jetstream.KeyValueEntry) {
 		// unclaimed, until the state changes. A spec left with no state
 		// (its state's creation failed) is dropped by the orphan sweep,
 		// which finds no run (settleOrphan).
-		if err == nil && rec.RunID == id {
+		if err == nil && rec.RunID == id && rec.Provider == provider {
 			x.specs[id] = rec
 			if _, ok := x.m[id]; !ok && rec.State == protocol.RunRunning {
 				x.m[id] = &runState{rec: rec}
