@@ -517,6 +517,19 @@ var permCases = []permCase{
 	{user: "worker-spawn", subject: "brood.v1.inboxremove.fork.S1"},
 	{user: "worker-acp", subject: "brood.v1.inboxremove.acp.S1", allowed: true},
 	{user: "client", subject: "brood.v1.inboxremove.spawn.S1"},
+	// No worker reads a session header: the start and activate requests
+	// carry its child's, and reads across providers (a fork seed, an
+	// ended ancestor) it asks the coordinators, for its own children only.
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_SESSIONS"},
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_SESSIONS.brood.v1.session.S1"},
+	{user: "worker-fork", subject: "$JS.API.STREAM.MSG.GET.BROOD_SESSIONS"},
+	{user: "worker-acp", subject: "$JS.API.DIRECT.GET.BROOD_SESSIONS"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.INFO.BROOD_SESSIONS", allowed: true},
+	{user: "worker-fork", subject: "brood.v1.read.fork.forkseed.S1", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.read.spawn.ancestry.S1", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.read.fork.forkseed.S1"},
+	{user: "worker-acp", subject: "brood.v1.read.spawn.ancestry.S1"},
+	{user: "client", subject: "brood.v1.read.spawn.ancestry.S1"},
 	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_LOG"},
 	{user: "worker-spawn", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG.C1"},
 	{user: "worker-spawn", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG.C1.brood.v1.log.S1"},
@@ -551,6 +564,8 @@ var permCases = []permCase{
 	{user: "coordinator", sub: true, subject: "brood.v1.user.*.runs.start", queue: "brood-coordinator", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.user.>", queue: "brood-coordinator-unknown-endpoints", allowed: true},
 	{user: "coordinator", sub: true, subject: authorityUser, queue: "brood-coordinator", allowed: true},
+	{user: "coordinator", sub: true, subject: "brood.v1.read.*.forkseed.*", queue: "brood-coordinator", allowed: true},
+	{user: "coordinator", sub: true, subject: "brood.v1.read.*.ancestry.*", queue: "brood-coordinator", allowed: true},
 	{user: "coordinator", sub: true, subject: "brood.v1.coord.runs.start"},
 	{user: "coordinator", sub: true, subject: "brood.v1.user.*.runs.start"},
 	{user: "coordinator", sub: true, subject: "brood.v1.coord.runs.start", queue: "mine"},

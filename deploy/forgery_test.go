@@ -68,6 +68,13 @@ type forgery struct {
 		forkHost, forkChild string
 		// forkRun a settled one-shot run of the client's root on fork.
 		forkRun *client.Run
+		// seedRun a settled fork run of a root of the trusted host whose
+		// log holds a completed turn and then one in flight: its child's
+		// header has a seed (seedLength seedLen), and the parent's log
+		// holds events past it.
+		seedRun  *client.Run
+		seedRoot *client.Root
+		seedLen  int64
 		// coordInbox is an inbox subject of the coordinator's connection
 		// (where its JetStream answers and KV watch deliveries arrive).
 		coordInbox string
@@ -91,6 +98,7 @@ func TestForgerySuite(t *testing.T) {
 	t.Run("worker", f.workerAttempts)
 	t.Run("worker of another provider", f.otherProviderAttempts)
 	t.Run("worker events under its own provider", f.ownProviderEvents)
+	t.Run("worker reads across providers", f.crossProviderReads)
 	t.Run("trusted host", f.trustedHostAttempts)
 	t.Run("coordinator", f.coordinatorAttempts)
 }
@@ -191,8 +199,43 @@ func (f *forgery) start() {
 	if res, err := f.victim.forkRun.Result(ctx); err != nil || protocol.PlainText(res.Output) != "fork result" {
 		t.Fatalf("the victim's fork run: %+v, %v", res, err)
 	}
+	f.seedFork(ctx, v)
 	if vs := v.list(); len(vs) > 0 {
 		t.Fatalf("permission violations while the services ran as their users:\n%s", strings.Join(vs, "\n"))
+	}
+}
+
+// seedFork writes a completed turn and a turn in flight into the log of a
+// new root of the trusted host (as the trusted host, which hosts roots'
+// logs) and runs a fork child of it, whose seed the fork worker (as
+// worker-fork, which reads no header and no root's log) reads through the
+// coordinators.
+func (f *forgery) seedFork(ctx context.Context, v *violations) {
+	t := f.t
+	f.victim.seedRoot = openRoot(ctx, t, f.victim.trust)
+	logs, err := store.BindLogs(ctx, connectAs(t, f.urls[0], "trusted-host", v), protocol.MustSubjects(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := testutil.TurnHistory(t, 1, true) // the turn in flight past the fork point
+	if _, err := logs.NewLogWriter(protocol.ScopeRoot, f.victim.seedRoot.SessionID, 0, 0).Append(ctx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	f.victim.seedLen = 6
+	f.victim.seedRun, err = f.victim.trust.StartRun(ctx, protocol.RunStartRequest{Parent: f.victim.seedRoot.Ref(), Provider: forkworker.DefaultName, Prompt: protocol.Text("say seeded")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := f.victim.seedRun.Result(ctx); err != nil || protocol.PlainText(res.Output) != "seeded" {
+		t.Fatalf("the seeded fork run: %+v, %v", res, err)
+	}
+	g, err := f.victim.trust.UserGrant(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := f.victim.trust.Log(ctx, protocol.LogReadRequest{SessionID: f.victim.seedRun.ChildID, Authority: protocol.Authority{Grant: g.Grant}})
+	if err != nil || l.Header.SeedLength != f.victim.seedLen || len(l.Events) <= int(f.victim.seedLen) || l.Events[f.victim.seedLen].Type != protocol.EvSessionEndSeed {
+		t.Fatalf("the fork child's log: seed %d, %d events, %v; want its seed of %d events, then session/end-seed", l.Header.SeedLength, len(l.Events), err, f.victim.seedLen)
 	}
 }
 
@@ -351,22 +394,30 @@ func violationFor(nc *nats.Conn, subject string) error {
 	return nil
 }
 
+// rawRequest publishes data on subject as a raw request and waits up to
+// wait for its reply: refused is the permissions violation that names the
+// subject, m nil when no reply came.
+func rawRequest(nc *nats.Conn, subject string, data []byte, wait time.Duration) (m *nats.Msg, refused error) {
+	reply := nc.NewInbox()
+	sub, err := nc.SubscribeSync(reply)
+	if err != nil {
+		return nil, err
+	}
+	defer sub.Unsubscribe()
+	if err := refusedPublish(nc, &nats.Msg{Subject: subject, Reply: reply, Data: data}); err != nil {
+		return nil, err
+	}
+	m, _ = sub.NextMsg(wait)
+	return m, nil
+}
+
 // jsRequest publishes a JetStream API request as a raw message and returns
 // the refusal: a permissions violation, or an API error in the reply.
 func jsRequest(ctx context.Context, nc *nats.Conn, subject string, body any) error {
 	data, _ := json.Marshal(body)
-	reply := nc.NewInbox()
-	sub, err := nc.SubscribeSync(reply)
-	if err != nil {
-		return err
-	}
-	defer sub.Unsubscribe()
-	if err := refusedPublish(nc, &nats.Msg{Subject: subject, Reply: reply, Data: data}); err != nil {
-		return err
-	}
-	m, err := sub.NextMsg(5 * time.Second)
-	if err != nil {
-		return nil // no refusal came: treat as accepted (the snapshot decides)
+	m, err := rawRequest(nc, subject, data, 5*time.Second)
+	if err != nil || m == nil {
+		return err // nil when no refusal came: treat as accepted (the snapshot decides)
 	}
 	var resp struct {
 		Error *struct {
@@ -397,18 +448,9 @@ func pushConsumerInto(stream, deliver, group string) func(ctx context.Context, t
 // inbox) and returns the error reply or transport failure.
 func coordCall(ctx context.Context, nc *nats.Conn, subject string, req any) error {
 	data, _ := protocol.Marshal(protocol.Msgpack, req)
-	reply := nc.NewInbox()
-	sub, err := nc.SubscribeSync(reply)
-	if err != nil {
+	m, err := rawRequest(nc, subject, data, 10*time.Second)
+	if err != nil || m == nil {
 		return err
-	}
-	defer sub.Unsubscribe()
-	if err := refusedPublish(nc, &nats.Msg{Subject: subject, Reply: reply, Data: data}); err != nil {
-		return err
-	}
-	m, err := sub.NextMsg(10 * time.Second)
-	if err != nil {
-		return nil
 	}
 	if perr := client.ErrorOf(m); perr != nil {
 		return perr
@@ -764,6 +806,85 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 
 // pendingItem is the inbox sequence of a pending item of session id (the
 // settlement notice of one of its idle children), read as admin.
+// directGet sends a direct get (body "" for the subject in the API
+// subject) and returns how it was refused: a permissions violation, or a
+// status in the reply (404, 408); nil when a message came back.
+func directGet(nc *nats.Conn, subject string, body []byte) error {
+	m, err := rawRequest(nc, subject, body, 10*time.Second)
+	switch {
+	case err != nil:
+		return err
+	case m == nil:
+		return errors.New("no answer")
+	}
+	if st := m.Header.Get("Status"); st != "" {
+		return fmt.Errorf("JetStream answered %s %s", st, m.Header.Get("Description"))
+	}
+	return nil
+}
+
+// crossProviderReads: a worker reads no session header (of another
+// provider's child, of a root), and what it reads across providers through
+// the coordinators (protocol.Subjects.Read) is answered for its own
+// provider's children only: no fork seed past the fork point, none of a
+// child that is no fork of the parent named, no ancestry of another
+// provider's child.
+func (f *forgery) crossProviderReads(t *testing.T) {
+	v := &f.victim
+	subj := protocol.MustSubjects("")
+	seedChild := v.seedRun.ChildID
+	lastBySubj := func(subject string) []byte {
+		b, _ := json.Marshal(map[string]string{"last_by_subj": subject})
+		return b
+	}
+	f.run(t, "worker-spawn", []attempt{
+		{"read a fork child's header (a direct get by subject)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return directGet(nc, "$JS.API.DIRECT.GET.BROOD_SESSIONS."+subj.Session(seedChild), nil)
+		}},
+		{"read a root's header (a direct get by subject)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return directGet(nc, "$JS.API.DIRECT.GET.BROOD_SESSIONS."+subj.Session(v.root.SessionID), nil)
+		}},
+		{"read a fork child's header (a batch direct get)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return directGet(nc, "$JS.API.DIRECT.GET.BROOD_SESSIONS", lastBySubj(subj.Session(seedChild)))
+		}},
+		{"read a root's header from the stream's leader", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return jsRequest(ctx, nc, "$JS.API.STREAM.MSG.GET.BROOD_SESSIONS", map[string]string{"last_by_subj": subj.Session(v.seedRoot.SessionID)})
+		}},
+		{"read a fork child's seed on the fork provider's subject", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return coordCall(ctx, nc, subj.Read(forkworker.DefaultName, protocol.ReadForkSeed, seedChild), protocol.ForkSeedRequest{Parent: v.seedRoot.SessionID})
+		}},
+		{"read a fork child's seed on its own provider's subject", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return wantCode(coordCall(ctx, nc, subj.Read(spawnworker.DefaultName, protocol.ReadForkSeed, seedChild), protocol.ForkSeedRequest{Parent: v.seedRoot.SessionID}), protocol.CodeUnauthorized)
+		}},
+		{"read the ancestry of a fork child on its own provider's subject", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return wantCode(coordCall(ctx, nc, subj.Read(spawnworker.DefaultName, protocol.ReadAncestry, v.forkChild), protocol.Empty{}), protocol.CodeUnauthorized)
+		}},
+		{"read the ancestry of a fork child on the fork provider's subject", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return coordCall(ctx, nc, subj.Read(forkworker.DefaultName, protocol.ReadAncestry, v.forkChild), protocol.Empty{})
+		}},
+	})
+	f.run(t, "worker-fork", []attempt{
+		{"read the fork parent's log past the fork point", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return wantCode(coordCall(ctx, nc, subj.Read(forkworker.DefaultName, protocol.ReadForkSeed, seedChild),
+				protocol.ForkSeedRequest{Parent: v.seedRoot.SessionID, FromSeq: v.seedLen}), protocol.CodeUnauthorized)
+		}},
+		{"read a root's log through a fork child of another root", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return wantCode(coordCall(ctx, nc, subj.Read(forkworker.DefaultName, protocol.ReadForkSeed, seedChild),
+				protocol.ForkSeedRequest{Parent: v.hostRoot.SessionID}), protocol.CodeUnauthorized)
+		}},
+		{"read a root's log through its fork child that has no seed", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return wantCode(coordCall(ctx, nc, subj.Read(forkworker.DefaultName, protocol.ReadForkSeed, v.forkChild),
+				protocol.ForkSeedRequest{Parent: v.root.SessionID}), protocol.CodeUnauthorized)
+		}},
+		{"read the ancestry of a spawn child", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return wantCode(coordCall(ctx, nc, subj.Read(forkworker.DefaultName, protocol.ReadAncestry, v.child), protocol.Empty{}), protocol.CodeUnauthorized)
+		}},
+		{"read a spawn child's header (a direct get by subject)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return directGet(nc, "$JS.API.DIRECT.GET.BROOD_SESSIONS."+subj.Session(v.child), nil)
+		}},
+	})
+}
+
 func (f *forgery) pendingItem(ctx context.Context, t *testing.T, id string) protocol.Seq {
 	t.Helper()
 	str, err := f.js.Stream(ctx, "BROOD_INBOX")

@@ -21,31 +21,7 @@ import (
 // an answer; inFlight adds a turn that called a tool and is still waiting.
 func parentHistory(t *testing.T, s *stack.Stack, root *client.Root, completed int, inFlight bool) []protocol.SessionEvent {
 	t.Helper()
-	var evs []protocol.SessionEvent
-	add := func(typ string, data any) {
-		ev, err := protocol.NewEvent(typ, 1, data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		evs = append(evs, ev)
-	}
-	for turn := int64(1); turn <= int64(completed); turn++ {
-		add(protocol.EvTurnStart, protocol.TurnData{Turn: turn})
-		add(protocol.EvUserMessage, protocol.UserMessageData{ID: "u", Turn: turn, Content: protocol.Text("question"), Source: protocol.MessageSource{Kind: protocol.SourceUser}})
-		add(protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 1})
-		add(protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 1, Message: protocol.AssistantMessage{Content: protocol.Text("the parent's answer")}})
-		add(protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: 1})
-		add(protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}})
-	}
-	if inFlight {
-		turn := int64(completed + 1)
-		add(protocol.EvTurnStart, protocol.TurnData{Turn: turn})
-		add(protocol.EvUserMessage, protocol.UserMessageData{ID: "v", Turn: turn, Content: protocol.Text("delegate please"), Source: protocol.MessageSource{Kind: protocol.SourceUser}})
-		add(protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 1})
-		add(protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 1, Message: protocol.AssistantMessage{
-			Content: []protocol.ContentBlock{}, ToolCalls: []protocol.ToolCall{{ID: "c9", Name: "subagent", Arguments: `{}`}}}})
-		add(protocol.EvToolCall, protocol.ToolCallData{Turn: turn, Step: 1, CallID: "c9", Name: "subagent", Arguments: `{}`})
-	}
+	evs := testutil.TurnHistory(t, completed, inFlight)
 	written, err := s.Store.NewLogWriter(protocol.ScopeRoot, root.SessionID, 0, 0).Append(context.Background(), evs...)
 	if err != nil {
 		t.Fatal(err)

@@ -58,7 +58,6 @@ type activation struct {
 	owner    string
 	start    int       // index of the epoch's first event
 	began    time.Time // when the host was asked to activate it
-	ancestry []string  // its ancestors, root first (lease Ancestry)
 
 	sess  ContinuableSession
 	inbox *store.SessionInbox
@@ -144,7 +143,7 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 	defer cancelClaim()
 	a := &activation{
 		h: h, childID: req.ChildID, header: req.Header, provider: req.Descriptor.Provider, remote: p.Descriptor().Remote, runID: req.RunID,
-		epoch: 1, owner: req.Owner, began: began, ancestry: req.Ancestry,
+		epoch: 1, owner: req.Owner, began: began,
 		inbox: h.inboxOf(req.Header), wake: make(chan struct{}, 1), built: make(chan struct{}), done: make(chan struct{}),
 	}
 	base, span := telemetry.StartRun(ctx, a.provider, protocol.ModeContinuable, a.runID, req.Header)
@@ -718,7 +717,7 @@ func (a *activation) endIfOrphaned(log *slog.Logger) bool {
 	var err error
 	for attempt := 1; attempt <= OrphanCheckAttemptsMax; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), LeaseWriteTimeout)
-		anc, err = a.h.st.EndedAncestor(ctx, a.ancestry)
+		anc, err = a.h.endedAncestor(ctx, a.header.Provider, a.childID)
 		cancel()
 		if err == nil {
 			break
@@ -743,6 +742,17 @@ func (a *activation) endIfOrphaned(log *slog.Logger) bool {
 	}
 	log.Info("an ancestor ended; the child starts no work", "ancestor", anc, "discarded", n)
 	return true
+}
+
+// endedAncestor asks the coordinators for the first ancestor of child, of
+// provider (its header's), that is an ended one-shot run, "" when none is
+// (protocol.Subjects.Read, ReadAncestry; store.EndedAncestor, computed by a
+// coordinator: a worker reads no ancestor's header, child index entry or
+// log).
+func (h *Host) endedAncestor(ctx context.Context, provider, child string) (string, error) {
+	var r protocol.AncestryReply
+	err := rpc.Call(ctx, h.cfg.NC, h.subj.Read(provider, protocol.ReadAncestry, child), protocol.Empty{}, &r)
+	return r.EndedAncestor, err
 }
 
 // teardown ends the epoch (see the order at the top of this file).

@@ -8,6 +8,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
@@ -47,48 +48,65 @@ type InProcess struct {
 // DefaultSeedEventsMax is the default bound of a fork seed.
 const DefaultSeedEventsMax = 100_000
 
-// Prepare returns the child's creation spec: the length of the parent's
-// balanced completed-turn prefix for a seeded provider (upstream-behaviour
-// §3.6), 0 otherwise.
+// Prepare returns the child's creation spec: for a seeded provider the
+// length of the parent's balanced completed-turn prefix (upstream-behaviour
+// §3.6), which the coordinator read and checked (req.ParentCompleted: a
+// worker reads no other session's log), within SeedEventsMax; 0 otherwise.
 func (p *InProcess) Prepare(ctx context.Context, req protocol.ProviderPrepareRequest) (protocol.ProviderPrepareReply, error) {
 	if !p.Seeded {
 		return protocol.ProviderPrepareReply{}, nil
 	}
-	seed, err := p.readSeed(ctx, req.ParentSession, -1)
-	if err != nil {
+	if req.ParentCompleted < 0 {
+		return protocol.ProviderPrepareReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "parentCompleted must not be negative")
+	}
+	if err := p.seedWithin(req.ParentCompleted); err != nil {
 		return protocol.ProviderPrepareReply{}, err
 	}
-	return protocol.ProviderPrepareReply{SeedLength: int64(len(seed))}, nil
+	return protocol.ProviderPrepareReply{SeedLength: req.ParentCompleted}, nil
 }
 
-// readSeed reads the parent's log and returns its first n events (n < 0: its
-// balanced completed-turn prefix), checked to replay cleanly.
-func (p *InProcess) readSeed(ctx context.Context, parent string, n int) ([]protocol.SessionEvent, error) {
-	// The parent's log subject carries its scope, which its header (written
-	// by a coordinator) names.
-	ph, err := p.Store.GetHeader(ctx, parent)
-	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the parent's header: %w", err)
-	}
-	log, err := p.Store.ReadLog(ctx, ph.Scope(), parent)
-	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the parent's log: %w", err)
-	}
-	if n < 0 {
-		n = sessionlog.CompletedPrefix(log.Events)
-	}
-	if n > len(log.Events) {
-		return nil, protocol.Errorf(protocol.CodeInternal, "the parent's log has %d events, fewer than the seed's %d", len(log.Events), n)
-	}
+// seedWithin refuses a seed of n events past SeedEventsMax with
+// LIMIT_EXCEEDED rather than cut it.
+func (p *InProcess) seedWithin(n int64) error {
 	limit := p.SeedEventsMax
 	if limit <= 0 {
 		limit = DefaultSeedEventsMax
 	}
-	if n > limit {
-		return nil, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+	if n > int64(limit) {
+		return protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
 			"limit": "fork seed events", "reason": fmt.Sprintf("the parent's completed history has %d events; the limit is %d", n, limit)})
 	}
-	seed := log.Events[:n]
+	return nil
+}
+
+// readSeed reads the seed of fork child h (the first h.SeedLength events
+// of its parent's log) through the coordinators, page by page
+// (protocol.Subjects.Read, ReadForkSeed: a worker reads no header and no
+// log of another provider's session), checked to replay cleanly.
+func (p *InProcess) readSeed(ctx context.Context, h protocol.SessionHeader) ([]protocol.SessionEvent, error) {
+	if err := p.seedWithin(h.SeedLength); err != nil {
+		return nil, err
+	}
+	seed := make([]protocol.SessionEvent, 0, h.SeedLength)
+	req := protocol.ForkSeedRequest{Parent: h.ParentSession, EventsMax: protocol.LogPageEventsMax}
+	subject := p.Store.Subj.Read(h.Provider, protocol.ReadForkSeed, h.ID)
+	for int64(len(seed)) < h.SeedLength {
+		var page protocol.LogPage
+		if err := rpc.Call(ctx, p.Store.NC, subject, req, &page); err != nil {
+			if protocol.CodeOf(err) != "" {
+				return nil, err
+			}
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the fork seed: %w", err)
+		}
+		seed = append(seed, page.Events...)
+		if page.Complete || len(page.Events) == 0 {
+			break
+		}
+		req.FromSeq, req.Cursor = page.NextSeq, page.Cursor
+	}
+	if int64(len(seed)) != h.SeedLength {
+		return nil, protocol.Errorf(protocol.CodeInternal, "the fork seed has %d events, not the header's %d", len(seed), h.SeedLength)
+	}
 	if err := sessionlog.ValidateReplay(seed, false); err != nil {
 		return nil, protocol.Errorf(protocol.CodeInternal, "the parent's history does not replay: %w", err)
 	}
@@ -98,7 +116,7 @@ func (p *InProcess) readSeed(ctx context.Context, parent string, n int) ([]proto
 // writeSeed copies the seed into the child's log (records under the size
 // limit) and closes it with session/end-seed.
 func (p *InProcess) writeSeed(ctx context.Context, spec SessionSpec) ([]protocol.SessionEvent, error) {
-	seed, err := p.readSeed(ctx, spec.Header.ParentSession, int(spec.Header.SeedLength))
+	seed, err := p.readSeed(ctx, spec.Header)
 	if err != nil {
 		return nil, err
 	}

@@ -264,3 +264,33 @@ type InboxItem struct {
 	// never encoded. The turn that claims the item continues that trace.
 	Trace map[string][]string `msgpack:"-" json:"-"`
 }
+
+// ForkSeedRequest is what a host sends on
+// `<prefix>.v1.read.<provider>.forkseed.<childId>` (Subjects.Read,
+// ReadForkSeed) to read the seed of its fork child childId: the events of
+// the child's parent's log from FromSeq (Cursor as in LogReadRequest) below
+// the fork point, at most EventsMax (default LogPageEventsDefault, capped at
+// LogPageEventsMax) and about ReadPageBytesMax bytes per page. Parent names
+// the parent the caller expects. A coordinator answers only for a child
+// whose header (written once, by a coordinator) names provider, Parent and a
+// seed (seedLength > 0), and only events below seedLength: the reply is a
+// LogPage whose Complete is true once the page reaches the fork point.
+// Errors: INVALID_ARGUMENT (a malformed request), UNAUTHORIZED (no fork
+// child of that provider and parent, whether or not it exists; FromSeq at
+// or past the fork point), UNAVAILABLE (retry).
+type ForkSeedRequest struct {
+	Parent    string `msgpack:"parent" json:"parent"`
+	FromSeq   int64  `msgpack:"fromSeq,omitempty" json:"fromSeq,omitempty"`
+	Cursor    Seq    `msgpack:"cursor,omitempty" json:"cursor,omitempty"`
+	EventsMax int    `msgpack:"eventsMax,omitempty" json:"eventsMax,omitempty"`
+}
+
+// AncestryReply answers `<prefix>.v1.read.<provider>.ancestry.<childId>`
+// (Subjects.Read, ReadAncestry; an Empty request) for a child whose header
+// names provider: EndedAncestor is the first of the child's ancestors (root
+// first, from the headers) that is a one-shot run that ended or is ending,
+// "" when none is (DESIGN.md §14). Errors: INVALID_ARGUMENT, UNAUTHORIZED
+// (no child of that provider, whether or not it exists), UNAVAILABLE.
+type AncestryReply struct {
+	EndedAncestor string `msgpack:"endedAncestor,omitempty" json:"endedAncestor,omitempty"`
+}

@@ -168,12 +168,16 @@ type HostRunRequest struct {
 // ProviderPrepareRequest asks a provider that inherits parent context for a
 // child's creation spec before the child's header is written (seed:
 // prepareContinuable), served on `provider.<name>.<hostId>.prepare`.
-// Deadline is as in ProviderStartRequest.
+// ParentCompleted is the length, in events, of the parent's balanced
+// completed-turn prefix, which the coordinator read and checked to replay
+// (a worker reads no log of another provider's session, nor any header:
+// docs/security.md). Deadline is as in ProviderStartRequest.
 type ProviderPrepareRequest struct {
-	ParentSession string `msgpack:"parentSession" json:"parentSession"`
-	ChildID       string `msgpack:"childId" json:"childId"`
-	Provider      string `msgpack:"provider,omitempty" json:"provider,omitempty"`
-	Deadline      int64  `msgpack:"deadline,omitempty" json:"deadline,omitempty"`
+	ParentSession   string `msgpack:"parentSession" json:"parentSession"`
+	ChildID         string `msgpack:"childId" json:"childId"`
+	Provider        string `msgpack:"provider,omitempty" json:"provider,omitempty"`
+	ParentCompleted int64  `msgpack:"parentCompleted,omitempty" json:"parentCompleted,omitempty"`
+	Deadline        int64  `msgpack:"deadline,omitempty" json:"deadline,omitempty"`
 }
 
 // ProviderPrepareReply is the provider's creation spec: how many leading

@@ -343,6 +343,50 @@ func (s Subjects) EpochEndOf(subject string) (provider, childID string, ok bool)
 	return s.twoIDs(subject, ".epochend.")
 }
 
+// Read is the request-reply subject on which a host of provider provider
+// asks the coordinators (queue group CoordinatorQueue) for a read that
+// crosses providers, answered only for what its own child childID allows,
+// <p>.v1.read.<provider>.<kind>.<childId>: ReadForkSeed (ForkSeedRequest,
+// answered with a LogPage of the fork parent's log below the fork point)
+// and ReadAncestry (Empty, answered with an AncestryReply). A deployment
+// lets a provider's workers publish only under <p>.v1.read.<provider>.>
+// and read no session header nor another provider's log itself
+// (docs/security.md).
+func (s Subjects) Read(provider, kind, childID string) string {
+	return s.root() + ".read." + provider + "." + kind + "." + childID
+}
+
+// ReadAll is the wildcard over every read request of kind.
+func (s Subjects) ReadAll(kind string) string { return s.root() + ".read.*." + kind + ".*" }
+
+// ReadOf returns the provider and child id a Read subject of kind names; ok
+// is false for any other subject.
+func (s Subjects) ReadOf(subject, kind string) (provider, childID string, ok bool) {
+	rest, found := strings.CutPrefix(subject, s.root()+".read.")
+	if !found {
+		return "", "", false
+	}
+	provider, rest, found = strings.Cut(rest, ".")
+	if !found {
+		return "", "", false
+	}
+	childID, found = strings.CutPrefix(rest, kind+".")
+	if !found || !ValidID(provider) || !ValidID(childID) {
+		return "", "", false
+	}
+	return provider, childID, true
+}
+
+// The kinds of Read.
+const (
+	// ReadForkSeed reads a fork child's seed: its parent's log below the
+	// fork point (the child's header's seedLength).
+	ReadForkSeed = "forkseed"
+	// ReadAncestry answers whether an ancestor of the child is an ended
+	// one-shot run.
+	ReadAncestry = "ancestry"
+)
+
 // InboxRemove is the request-reply subject on which a host asks the
 // coordinators (queue group CoordinatorQueue) to delete items of the inbox
 // of child sessionID of provider provider whose claim or discard the

@@ -182,7 +182,7 @@ func (c *Coordinator) writeContinuableChild(ctx context.Context, adm continuable
 	now := store.NowMs()
 	header := c.childHeader(adm.a, childID, now)
 	if adm.a.desc.InheritsParentContext {
-		seed, err := c.prepare(ctx, adm.a.desc.Name, adm.a.pheader.ID, childID)
+		seed, err := c.prepare(ctx, adm.a.desc.Name, adm.a.pheader, childID)
 		if err != nil {
 			return header, err
 		}

@@ -424,6 +424,16 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		stopServing()
 		return fmt.Errorf("coordinator: inbox removal subscription: %w", err)
 	}
+	// Hosts' reads across providers, answered for their own children only
+	// (workerreads.go).
+	if err := srv.Subscribe(c.subj.ReadAll(protocol.ReadForkSeed), protocol.CoordinatorQueue, nil, rpc.Typed(c.forkSeed)); err != nil {
+		stopServing()
+		return fmt.Errorf("coordinator: fork seed subscription: %w", err)
+	}
+	if err := srv.Subscribe(c.subj.ReadAll(protocol.ReadAncestry), protocol.CoordinatorQueue, nil, rpc.Typed(c.ancestry)); err != nil {
+		stopServing()
+		return fmt.Errorf("coordinator: ancestry subscription: %w", err)
+	}
 	// The server knows the endpoints' subscriptions once a flush returns.
 	if err := rpc.Subscribed(c.cfg.NC, subscribeFlushTimeout); err != nil {
 		stopServing()

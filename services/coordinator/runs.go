@@ -92,7 +92,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 	now := store.NowMs()
 	header := c.childHeader(a, childID, now)
 	if a.desc.InheritsParentContext {
-		seed, err := c.prepare(ctx, a.desc.Name, a.pheader.ID, childID)
+		seed, err := c.prepare(ctx, a.desc.Name, a.pheader, childID)
 		if err != nil {
 			release()
 			return protocol.RunStartReply{}, err
@@ -387,8 +387,14 @@ func (c *Coordinator) disposeRun(ctx context.Context, rec protocol.RunRecord, ca
 
 // prepare asks a live instance of a provider that inherits parent context
 // for the child's creation spec: the length of the seed its header records.
-func (c *Coordinator) prepare(ctx context.Context, provider, parent, childID string) (int64, error) {
-	req := protocol.ProviderPrepareRequest{ParentSession: parent, ChildID: childID, Provider: provider}
+// The request carries the parent's completed prefix, which this replica
+// reads (the provider's workers read no other session's log).
+func (c *Coordinator) prepare(ctx context.Context, provider string, parent protocol.SessionHeader, childID string) (int64, error) {
+	completed, err := c.parentCompleted(ctx, parent)
+	if err != nil {
+		return 0, err
+	}
+	req := protocol.ProviderPrepareRequest{ParentSession: parent.ID, ChildID: childID, Provider: provider, ParentCompleted: completed}
 	var reply protocol.ProviderPrepareReply
 	if _, err := c.dispatch(ctx, provider, protocol.OpProviderPrepare, childID, func(deadline int64) any {
 		req.Deadline = deadline
