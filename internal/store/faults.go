@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -42,6 +44,9 @@ type Write struct {
 	Bucket, Key string
 	Revision    uint64
 	Value       []byte
+	// TTL is the per-message TTL an OpKVUpdate gives the key (0: none; a
+	// settlement's, store.SettleRun, and an expiring run spec's).
+	TTL time.Duration
 	// Stream and Seq name an OpMsgDelete's message.
 	Stream string
 	Seq    uint64
@@ -142,6 +147,17 @@ func (kv faultKV) Create(ctx context.Context, key string, value []byte, opts ...
 
 func (kv faultKV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
 	return kv.write(ctx, Write{Op: OpKVUpdate, Key: key, Revision: rev, Value: value}, func() (uint64, error) { return kv.KeyValue.Update(ctx, key, value, rev) })
+}
+
+// updateTTL is an OpKVUpdate with Write.TTL set (bucket.updateTTL).
+func (kv faultKV) updateTTL(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error) {
+	return kv.write(ctx, Write{Op: OpKVUpdate, Key: key, Revision: rev, Value: value, TTL: ttl}, func() (uint64, error) {
+		u, ok := kv.KeyValue.(ttlUpdater)
+		if !ok {
+			return 0, fmt.Errorf("store: bucket %s cannot write a key with a TTL", kv.Bucket())
+		}
+		return u.updateTTL(ctx, key, value, rev, ttl)
+	})
 }
 
 func (kv faultKV) Put(ctx context.Context, key string, value []byte) (uint64, error) {

@@ -103,7 +103,10 @@ func (cfg Config) streamConfigs(subj protocol.Subjects) []jetstream.StreamConfig
 	}{
 		{subj.BucketAgents(), "Brood agent leases by session id", 0},
 		{subj.BucketHosts(), "Brood live hosts and their heartbeats", cfg.HostsMaxAge},
-		{subj.BucketRuns(), "Brood run records by run id", cfg.RunsMaxAge},
+		// No max age: a run's records never expire while it runs; a
+		// settled run's are given a per-message TTL of Config.RunsMaxAge
+		// (runs.go: SettleRun, ExpireRunSpec).
+		{subj.BucketRuns(), "Brood run records by run id", 0},
 	}
 	for _, b := range buckets {
 		dup := cfg.DuplicateWindow

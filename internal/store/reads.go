@@ -239,8 +239,8 @@ func (s *Store) EventOnItsSubject(subject string, ev protocol.LifecycleEvent) bo
 // publish events under its own provider's subjects (docs/security.md), so
 // one naming a child that is not its run's (a child of another root, a
 // session that never was) or a run that never was is not read. A spec that
-// is gone (run records live Config.RunsMaxAge from their creation, events
-// EventsMaxAge from their publication) takes its run's events with it. An
+// is gone (a run's records live while it runs and Config.RunsMaxAge
+// after its settlement, events EventsMaxAge from their publication) takes its run's events with it. An
 // error reading the spec is returned (the read is retried), never taken as
 // a refusal.
 func (s *Store) EventOfItsRun(ctx context.Context, ev protocol.LifecycleEvent) (bool, error) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -172,13 +173,42 @@ func Create[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T, 
 // holds this very value at a later revision (an earlier attempt whose answer
 // was lost landed).
 func Update[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T, rev uint64) (uint64, error) {
+	return update(ctx, kv, key, v, rev, 0)
+}
+
+// UpdateTTL is Update whose write gives key a per-message TTL of ttl (at
+// least 1 s): the server removes the key ttl after the write that landed,
+// unless a later write replaces it first. kv must be a bucket of a Store
+// (it publishes with the TTL; nats.go's KeyValue.Update takes none); the
+// write passes the store's Faults as an OpKVUpdate with Write.TTL set.
+func UpdateTTL[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T, rev uint64, ttl time.Duration) (uint64, error) {
+	if ttl < time.Second {
+		return 0, fmt.Errorf("store: update %s/%s with a TTL of %s: a key's TTL is at least 1s", kv.Bucket(), key, ttl)
+	}
+	if _, ok := kv.(ttlUpdater); !ok {
+		return 0, fmt.Errorf("store: update %s/%s with a TTL: the bucket is not a store's", kv.Bucket(), key)
+	}
+	return update(ctx, kv, key, v, rev, ttl)
+}
+
+// update is Update, with a per-message TTL when ttl is above 0.
+func update[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T, rev uint64, ttl time.Duration) (uint64, error) {
 	data, err := protocol.Marshal(protocol.Msgpack, v)
 	if err != nil {
 		return 0, err
 	}
+	return updateRaw(ctx, kv, key, data, rev, ttl)
+}
+
+// updateRaw is update of a value already encoded.
+func updateRaw(ctx context.Context, kv jetstream.KeyValue, key string, data []byte, rev uint64, ttl time.Duration) (uint64, error) {
 	var nrev uint64
-	err = retry(ctx, func(ctx context.Context, unknown bool) (err error) {
-		nrev, err = kv.Update(ctx, key, data, rev)
+	err := retry(ctx, func(ctx context.Context, unknown bool) (err error) {
+		if ttl > 0 {
+			nrev, err = kv.(ttlUpdater).updateTTL(ctx, key, data, rev, ttl)
+		} else {
+			nrev, err = kv.Update(ctx, key, data, rev)
+		}
 		if err == nil || !isKVConflict(err) {
 			return err
 		}

@@ -259,6 +259,27 @@ func (b *bucket) leaderGet(ctx context.Context, key string) (data []byte, rev ui
 	return m.Data, m.Sequence, true, nil
 }
 
+// updateTTL is a compare-and-set of key at revision rev (as
+// jetstream.KeyValue.Update) whose value carries a per-message TTL (Nats-TTL,
+// at least 1 s; the bucket allows them, provision.go): the server removes
+// the key ttl after this write, unless a later write replaces it first.
+// nats.go's KeyValue.Update takes no TTL; this is the same publish (the
+// key's subject, Nats-Expected-Last-Subject-Sequence rev) with the TTL.
+func (b *bucket) updateTTL(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error) {
+	m := &nats.Msg{Subject: "$KV." + b.Bucket() + "." + key, Header: nats.Header{}, Data: value}
+	ack, err := b.s.JS.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// ttlUpdater is a bucket that can write a key by compare-and-set with a
+// per-message TTL (bucket.updateTTL; faultKV passes it through its hooks).
+type ttlUpdater interface {
+	updateTTL(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error)
+}
+
 // leaderGetter is a bucket that reads keys from its stream's leader.
 type leaderGetter interface {
 	leaderGet(ctx context.Context, key string) (data []byte, rev uint64, found bool, err error)

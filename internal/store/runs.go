@@ -260,11 +260,85 @@ func NotStarted(rec protocol.RunRecord, by string, cause error) protocol.RunReco
 // another party changed the record first (it settled it, or, for a
 // coordinator failing a start, an instance claimed it). Transient failures
 // are retried within ctx's deadline (retry.go); a run is settled only once.
+//
+// The settled state is written with a per-message TTL of RunsTTL: it is the
+// one write that gives a run's state a lifetime (brood_runs has no max age,
+// so a running run's records never expire), and the server removes the
+// state RunsTTL after it. No write follows a settlement on the state (every
+// other write is a compare-and-set at a running revision), so the TTL
+// stays. Its spec is given the same lifetime by a coordinator that saw the
+// settlement (ExpireRunSpec).
 func (s *Store) SettleRun(ctx context.Context, settled protocol.RunRecord, rev uint64) (bool, error) {
 	if settled.State != protocol.RunSettled || settled.Result == nil {
 		return false, fmt.Errorf("store: settle run %s: the record is not settled with a result", settled.RunID)
 	}
-	_, err := Update(ctx, s.Runs, RunStateKey(settled.Provider, settled.RunID), settled, rev)
+	_, err := UpdateTTL(ctx, s.Runs, RunStateKey(settled.Provider, settled.RunID), settled, rev, s.RunsTTL())
+	if errors.Is(err, ErrConflict) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// RunsTTL is the lifetime of a settled run's records: Config.RunsMaxAge,
+// rounded up to whole seconds and at least 1 s (the least per-message TTL
+// the server takes).
+func (s *Store) RunsTTL() time.Duration {
+	return max(time.Second, (s.Cfg.RunsMaxAge + time.Second - 1).Truncate(time.Second))
+}
+
+// ExpireRunSpec gives the spec of a settled run its lifetime: it writes
+// spec (the record read at rev, as its coordinator created it) back with
+// its State RunSettled and a per-message TTL of RunsTTL, by compare-and-set
+// at rev, so the server removes it RunsTTL after this write (about when its
+// state goes: SettleRun). Coordinators call it once they saw the run's
+// state settled, off every reply path (services/coordinator, orphans.go),
+// and for a spec whose state was never created. The State marks the spec
+// as given its lifetime (a spec is otherwise written once, running):
+// readers take a run's state from its state key (JoinRun), never from its
+// spec. It reports whether the spec has its lifetime: true when this write
+// landed, or an identical one did (another coordinator's, which expired it
+// from the same revision: Update recognises the value); false with a nil
+// error when the spec changed otherwise since rev, or is gone.
+func (s *Store) ExpireRunSpec(ctx context.Context, spec protocol.RunRecord, rev uint64) (bool, error) {
+	if !protocol.ValidID(spec.RunID) || rev == 0 {
+		return false, fmt.Errorf("store: expire the spec of run %q: a spec names its run and is read at a revision", spec.RunID)
+	}
+	spec.State = protocol.RunSettled
+	_, err := UpdateTTL(ctx, s.Runs, RunSpecKey(spec.Provider, spec.RunID), spec, rev, s.RunsTTL())
+	if errors.Is(err, ErrConflict) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// ExpireRunsKey gives key of brood_runs, still at revision rev, a lifetime
+// of RunsTTL when its value has none (no Nats-TTL): it writes the same
+// value back with the TTL by compare-and-set at rev. Coordinators call it
+// for the keys no run's lifetime covers (services/coordinator, orphans.go):
+// a state whose spec was never created (or names another provider), a key
+// of no known layout, and a settled state written without a TTL (before
+// brood_runs lost its max age). It reports whether the key now has a TTL
+// from this call; false with a nil error when the key is gone, changed
+// since rev, or already has a TTL.
+func (s *Store) ExpireRunsKey(ctx context.Context, key string, rev uint64) (bool, error) {
+	if _, ok := s.Runs.(ttlUpdater); !ok || rev == 0 {
+		return false, fmt.Errorf("store: expire brood_runs key %q at revision %d: not a store's bucket, or no revision", key, rev)
+	}
+	var m *jetstream.RawStreamMsg
+	err := Retry(ctx, func(ctx context.Context) (err error) {
+		m, err = s.leaderLast(ctx, kvStreamPrefix+s.Runs.Bucket(), "$KV."+s.Runs.Bucket()+"."+key)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			m, err = nil, nil
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return false, err
+	case m == nil || m.Sequence != rev || m.Header.Get(kvOperation) != "" || m.Header.Get(jetstream.MsgTTLHeader) != "":
+		return false, nil
+	}
+	_, err = updateRaw(ctx, s.Runs, key, m.Data, rev, s.RunsTTL())
 	if errors.Is(err, ErrConflict) {
 		return false, nil
 	}

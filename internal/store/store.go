@@ -39,7 +39,10 @@ type Config struct {
 	InboxItemsMax int64
 	// DuplicateWindow is the Nats-Msg-Id dedupe window (2 minutes).
 	DuplicateWindow time.Duration
-	// RunsMaxAge keeps settled run records this long (24 hours).
+	// RunsMaxAge keeps a settled run's records (its spec and state) this
+	// long after its settlement (24 hours), as a per-message TTL rounded
+	// up to whole seconds (Store.RunsTTL); a running run's records never
+	// expire (brood_runs has no max age).
 	RunsMaxAge time.Duration
 	// EventsMaxAge keeps lifecycle events this long (24 hours).
 	EventsMaxAge time.Duration

@@ -148,7 +148,9 @@ func TestClaimStillInFlightIsDecided(t *testing.T) {
 				t.Fatal(err)
 			}
 			settled := store.NotStarted(rec.Value, "coordinator", protocol.Errorf(protocol.CodeUnavailable, "no instance answered"))
-			if won, err := st.SettleRun(ctx, settled, rev); err != nil || !won {
+			coord := *st // the coordinator's store: not this host's bucket in flight
+			coord.Runs = bucket.KeyValue
+			if won, err := coord.SettleRun(ctx, settled, rev); err != nil || !won {
 				t.Fatalf("settle = %v, %v", won, err)
 			}
 		}, false},

@@ -6,8 +6,9 @@
 // pending.
 //
 // What NATS removes on its own is left to it: grants carry a per-key TTL,
-// run records and host records live their bucket's max age, lifecycle
-// events their stream's. Headers and logs cannot: a message's TTL is fixed
+// a settled run's records too (RunsMaxAge from its settlement; the
+// coordinators give every key of brood_runs its lifetime), host records
+// live their bucket's max age, lifecycle events their stream's. Headers and logs cannot: a message's TTL is fixed
 // when it is written, and a session lives as long as its tree is used. So
 // the collector sweeps. It runs as its own NATS user (deploy: `collector`),
 // the only one besides the admin that may purge BROOD_SESSIONS and

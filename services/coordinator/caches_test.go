@@ -409,7 +409,7 @@ func TestTheLeaseIndexKeepsOnlyLeasesTheirHeaderOwns(t *testing.T) {
 // prefix is no run's, and the decisions (child, parent, notify) are the
 // spec's.
 func TestTheRunIndexReadsAStateOnlyUnderItsSpecsProvider(t *testing.T) {
-	x := newRunIndex(func() time.Duration { return 0 })
+	x := newRunIndex(func() time.Duration { return 0 }, time.Minute)
 	put := putRecords[protocol.RunRecord](t, x.put)
 	running := func() map[string]protocol.RunRecord {
 		x.mu.Lock()
@@ -453,7 +453,7 @@ func TestTheRunIndexReadsAStateOnlyUnderItsSpecsProvider(t *testing.T) {
 // spec filed only as a spec (the run is never indexed until its state
 // changes, which for such a run is never).
 func TestTheRunIndexKeepsARunWhoseStateCameBeforeItsSpec(t *testing.T) {
-	x := newRunIndex(func() time.Duration { return time.Second })
+	x := newRunIndex(func() time.Duration { return time.Second }, time.Minute)
 	put := putRecords[protocol.RunRecord](t, x.put)
 	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "spawn", Mode: protocol.ModeOneShot,
 		State: protocol.RunRunning, CreatedAt: 1}
@@ -486,7 +486,7 @@ func TestTheRunIndexKeepsARunWhoseStateCameBeforeItsSpec(t *testing.T) {
 // their spec joined with the settled state under the spec's provider, never
 // a state under another provider's prefix, and within endedKeptMax.
 func TestTheRunIndexKeepsSettledRunsForTheirNoticesWithinItsBounds(t *testing.T) {
-	x := newRunIndex(func() time.Duration { return time.Second })
+	x := newRunIndex(func() time.Duration { return time.Second }, time.Minute)
 	put := putRecords[protocol.RunRecord](t, x.put)
 	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "spawn", Mode: protocol.ModeOneShot,
 		Notify: "_INBOX.client.n", State: protocol.RunRunning}

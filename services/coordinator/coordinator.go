@@ -248,7 +248,7 @@ func New(cfg Config) (*Coordinator, error) {
 		defer cancel()
 		return cfg.Store.LeaseBelongs(ctx, key, rec)
 	}, log)
-	runs := newRunIndex(reg.observed)
+	runs := newRunIndex(reg.observed, cfg.RequestBudget+cfg.HostExpiry)
 	replies, err := rpc.NewReplies(cfg.NC)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)

@@ -81,6 +81,7 @@ func (c *Coordinator) sweep() []job {
 		}
 	}
 	jobs = append(jobs, c.orphanJobs()...)
+	jobs = append(jobs, c.expiryJobs()...)
 	for _, l := range leases {
 		l := l
 		switch {

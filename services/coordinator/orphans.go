@@ -43,6 +43,18 @@ type runIndex struct {
 	mu    sync.Mutex
 	m     map[string]*runState          // by run id
 	specs map[string]protocol.RunRecord // the specs of runs not settled yet, by run id
+	// specRevs holds the revision of each spec of specs (ExpireRunSpec
+	// names it).
+	specRevs map[string]uint64
+	// expiring holds the brood_runs keys this replica is to give their
+	// lifetime (expiry.go), by key; started is when this index was made
+	// (a settled state written before it may predate brood_runs' TTLs).
+	expiring map[string]*runsExpiry
+	started  time.Time
+	// grace is how long a key no run's lifetime covers is left before it
+	// is given a TTL (expiry.go): a state's spec, written with it, may
+	// come later.
+	grace time.Duration
 	// ended holds the runs the watch saw settled lately (their spec joined
 	// with their settled state), for the notices their hosts ask for next
 	// (notices.go): a settlement is final, so what the watch delivered is
@@ -75,8 +87,9 @@ type runState struct {
 	leaseless time.Duration
 }
 
-func newRunIndex(clock func() time.Duration) *runIndex {
-	return &runIndex{clock: clock, m: map[string]*runState{}, specs: map[string]protocol.RunRecord{}, ended: map[string]protocol.RunRecord{}}
+func newRunIndex(clock func() time.Duration, grace time.Duration) *runIndex {
+	return &runIndex{clock: clock, m: map[string]*runState{}, specs: map[string]protocol.RunRecord{}, ended: map[string]protocol.RunRecord{},
+		specRevs: map[string]uint64{}, expiring: map[string]*runsExpiry{}, started: time.Now(), grace: grace}
 }
 
 // keepEnded files rec, a run the watch saw settled (size bytes as stored),
@@ -124,25 +137,54 @@ func (x *runIndex) put(key string, e jetstream.KeyValueEntry) {
 		// unclaimed, until the state changes. A spec left with no state
 		// (its state's creation failed) is dropped by the orphan sweep,
 		// which finds no run (settleOrphan).
-		if err == nil && rec.RunID == id && rec.Provider == provider {
-			x.specs[id] = rec
+		//
+		// A spec written again settled is one a coordinator gave its
+		// lifetime (store.ExpireRunSpec): its run is settled, and nothing
+		// is left to do for its keys.
+		switch {
+		case err == nil && rec.RunID == id && rec.Provider == provider && rec.State == protocol.RunSettled:
+			delete(x.m, id)
+			delete(x.specs, id)
+			delete(x.specRevs, id)
+			delete(x.expiring, key)
+			delete(x.expiring, store.RunStateKey(rec.Provider, id))
+		case err == nil && rec.RunID == id && rec.Provider == provider:
+			x.specs[id], x.specRevs[id] = rec, e.Revision()
 			if _, ok := x.m[id]; !ok && rec.State == protocol.RunRunning {
 				x.m[id] = &runState{rec: rec}
 			}
+			delete(x.expiring, store.RunStateKey(rec.Provider, id)) // its state has its spec
+		default:
+			x.expireLater(key, e.Revision()) // names no run: no run's lifetime covers it
 		}
 		return
 	case store.RunsState:
 	default:
+		x.expireLater(key, e.Revision())
 		return
 	}
 	spec, ok := x.specs[id]
 	if !ok || spec.Provider != provider {
-		return // no run's state: no spec, or another provider's key
+		// No run's state: no spec (yet: a watch may deliver a state before
+		// its spec, store.CreateRun), or another provider's key.
+		x.expireLater(key, e.Revision())
+		return
 	}
 	if err != nil || rec.State != protocol.RunRunning {
 		delete(x.m, id)
 		if err == nil {
 			delete(x.specs, id) // settled: not indexed again
+			if rec.State == protocol.RunSettled {
+				// Its spec is given the settled state's lifetime; a state
+				// written before this replica started may predate TTLs.
+				x.expireSpec(spec, x.specRevs[id], key, e.Revision(), e.Created().Before(x.started))
+			} else {
+				// Neither running nor settled (its provider's workers
+				// wrote it): no run any more; both keys get a lifetime.
+				x.expireSpec(spec, x.specRevs[id], "", 0, false)
+				x.expireLater(key, e.Revision())
+			}
+			delete(x.specRevs, id)
 			if rec.State == protocol.RunSettled && rec.Result != nil {
 				x.keepEnded(store.JoinRun(spec, rec), len(e.Value()))
 			}
@@ -157,21 +199,28 @@ func (x *runIndex) put(key string, e jetstream.KeyValueEntry) {
 	x.m[id] = &runState{rec: rec}
 }
 
-// forget drops run id from the index (a spec with no state: no run).
+// forget drops run id from the index (a spec with no state: no run) and
+// gives its spec a lifetime.
 func (x *runIndex) forget(id string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	if spec, ok := x.specs[id]; ok {
+		x.expireSpec(spec, x.specRevs[id], "", 0, false)
+	}
 	delete(x.m, id)
 	delete(x.specs, id)
+	delete(x.specRevs, id)
 }
 
 func (x *runIndex) del(key string) {
 	kind, provider, id := store.RunsKindOf(key)
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	delete(x.expiring, key)
 	switch kind {
 	case store.RunsSpec:
 		delete(x.specs, id)
+		delete(x.specRevs, id)
 		delete(x.m, id)
 	case store.RunsState:
 		if spec, ok := x.specs[id]; ok && spec.Provider == provider {

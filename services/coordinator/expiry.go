@@ -1,0 +1,208 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"slices"
+	"time"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// The lifetime of brood_runs' keys (RELIABILITY.md, "a run or epoch that
+// runs longer than RunsMaxAge"). The bucket has no max age: a running run's
+// records never expire. A settled run's state is written with a TTL of
+// RunsMaxAge by its settlement (store.SettleRun); its spec, which only
+// coordinators write, is given the same TTL by a coordinator once its runs
+// watch saw the settlement (store.ExpireRunSpec), off every reply path. Every
+// other key is given one too, so nothing lives for good by accident:
+//
+//   - a spec whose state was never created (its coordinator failed or died
+//     between the two writes of store.CreateRun): once the orphan sweep
+//     finds no run for it (settleOrphan, runIndex.forget);
+//   - a state with no spec of its provider (the same window the other way
+//     round, or a worker's key for a run of another provider), and a key of
+//     no known layout: the start's budget and the host expiry (Config
+//     RequestBudget + HostExpiry, as an unclaimed orphan) after the watch
+//     delivered it, unless its spec came meanwhile (store.ExpireRunsKey);
+//   - a settled state written before this replica started, whose spec had
+//     no TTL yet: it may predate brood_runs' TTLs (a deployment upgraded
+//     from the bucket's max age), so it is given one unless it has one.
+//
+// The runs watch delivers every key's value when a replica starts, so a
+// spec left without its TTL (a coordinator that died between a settlement
+// and the spec's rewrite) is given it by the next replica to start. Every
+// write is a compare-and-set at the revision the watch delivered, so
+// replicas racing on a key are safe; to make one write per key the rule, a
+// replica ranks the live coordinators by a hash of the key and acts
+// expiryStagger after the one before it (the first at once): the others see
+// the rewritten spec through their watch and drop theirs.
+
+// runsExpiry is one brood_runs key this replica is to give its lifetime.
+type runsExpiry struct {
+	rev uint64 // the revision the compare-and-set names
+	// spec is set for a run's spec (store.ExpireRunSpec); nil for any other
+	// key (store.ExpireRunsKey).
+	spec *protocol.RunRecord
+	// state and stateRev name a settled state to give a TTL to first
+	// (store.ExpireRunsKey): one written before this replica started.
+	state    string
+	stateRev uint64
+	due      time.Time // before its rank's delay
+	fails    int
+}
+
+// Bounds of the lifetime work (expiry.go).
+const (
+	// expiringMax bounds the keys one replica holds to expire; past it a
+	// key is left to the next replica to start (its runs watch delivers
+	// every key again).
+	expiringMax = 1 << 20
+	// expiryStagger is how long after the replica before it in a key's
+	// rank a replica gives the key its lifetime.
+	expiryStagger = 10 * time.Second
+	// expiryAttemptsMax bounds the failed attempts at one key (each within
+	// the store's WriteBudget); past it the key is left to the next replica
+	// to start.
+	expiryAttemptsMax = 5
+)
+
+// expireSpec files spec (at rev), whose run is settled or was never
+// created, to be given its lifetime at once; state and stateRev name its
+// settled state when checkState (written before this replica started).
+// x.mu is held.
+func (x *runIndex) expireSpec(spec protocol.RunRecord, rev uint64, state string, stateRev uint64, checkState bool) {
+	e := &runsExpiry{rev: rev, spec: &spec, due: time.Now()}
+	if checkState {
+		e.state, e.stateRev = state, stateRev
+	}
+	x.file(store.RunSpecKey(spec.Provider, spec.RunID), e)
+}
+
+// expireLater files key (at rev), covered by no run's lifetime, to be given
+// one after x.grace. x.mu is held.
+func (x *runIndex) expireLater(key string, rev uint64) {
+	if e, ok := x.expiring[key]; ok && e.spec == nil {
+		e.rev = rev // written again: its grace still runs from the first
+		return
+	}
+	x.file(key, &runsExpiry{rev: rev, due: time.Now().Add(x.grace)})
+}
+
+func (x *runIndex) file(key string, e *runsExpiry) {
+	if len(x.expiring) >= expiringMax {
+		if _, ok := x.expiring[key]; !ok {
+			return // left to the next replica to start
+		}
+	}
+	x.expiring[key] = e
+}
+
+// expiryDue lists the keys due now, delay(key) after their due time.
+func (x *runIndex) expiryDue(now time.Time, delay func(key string) time.Duration) map[string]runsExpiry {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := map[string]runsExpiry{}
+	for key, e := range x.expiring {
+		if !now.Before(e.due.Add(delay(key))) {
+			out[key] = *e
+		}
+	}
+	return out
+}
+
+// expiryDone drops key from the keys to expire when it is still filed at
+// rev; failed counts an attempt that failed instead, and drops the key past
+// expiryAttemptsMax. It reports whether the key was dropped for good.
+func (x *runIndex) expiryDone(key string, rev uint64, failed bool) (gaveUp bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	e, ok := x.expiring[key]
+	if !ok || e.rev != rev {
+		return false
+	}
+	if failed {
+		if e.fails++; e.fails < expiryAttemptsMax {
+			return false
+		}
+		gaveUp = true
+	}
+	delete(x.expiring, key)
+	return gaveUp
+}
+
+// liveCoordinators returns the ids of the live coordinators, sorted.
+func (r *registry) liveCoordinators() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for id, h := range r.hosts {
+		if h.rec.Kind == protocol.HostCoordinator && r.liveLocked(h) {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// expiryDelay returns how long after a key is due this replica acts on it:
+// its rank among the live coordinators (live) in the order that starts at
+// the one the key's hash picks, times expiryStagger; a replica not among
+// them comes last.
+func expiryDelay(self string, live []string, key string) time.Duration {
+	n := len(live)
+	i := slices.Index(live, self)
+	if i < 0 {
+		return time.Duration(n) * expiryStagger
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	first := int(h.Sum32() % uint32(n))
+	return time.Duration((i-first+n)%n) * expiryStagger
+}
+
+// expiryJobs lists the lifetime writes due now (see the top of this file).
+func (c *Coordinator) expiryJobs() []job {
+	live := c.reg.liveCoordinators()
+	due := c.runs.expiryDue(time.Now(), func(key string) time.Duration { return expiryDelay(c.cfg.ID, live, key) })
+	jobs := make([]job, 0, len(due))
+	for key, e := range due {
+		jobs = append(jobs, job{"runs-ttl:" + key, func(ctx context.Context) { c.expireRunsKey(ctx, key, e) }})
+	}
+	return jobs
+}
+
+// expireRunsKey gives key its lifetime (see the top of this file).
+func (c *Coordinator) expireRunsKey(ctx context.Context, key string, e runsExpiry) {
+	var err error
+	switch {
+	case e.spec != nil:
+		if e.state != "" {
+			if _, err = c.st.ExpireRunsKey(ctx, e.state, e.stateRev); err != nil {
+				break
+			}
+		}
+		_, err = c.st.ExpireRunSpec(ctx, *e.spec, e.rev)
+	default:
+		if kind, provider, id := store.RunsKindOf(key); kind == store.RunsState {
+			// Its spec may have come without this replica's watch
+			// delivering it yet: read from the leader.
+			spec, serr := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, store.RunSpecKey(provider, id))
+			switch {
+			case serr == nil && spec.Value.Provider == provider && spec.Value.RunID == id:
+				c.runs.expiryDone(key, e.rev, false) // a run's state: its run's lifetime covers it
+				return
+			case serr != nil && !errors.Is(serr, store.ErrNotFound):
+				err = serr
+			}
+		}
+		if err == nil {
+			_, err = c.st.ExpireRunsKey(ctx, key, e.rev)
+		}
+	}
+	if c.runs.expiryDone(key, e.rev, err != nil) {
+		c.log.Warn("a brood_runs key was not given its lifetime; the next coordinator to start tries again", "key", key, "attempts", expiryAttemptsMax, "err", err)
+	}
+}
