@@ -63,6 +63,10 @@ const (
 	// expiryStagger is how long after the replica before it in a key's
 	// rank a replica gives the key its lifetime.
 	expiryStagger = 10 * time.Second
+	// expiryWritesPerSweepMax bounds the lifetime writes one sweep of
+	// the monitor starts (each a goroutine and a KV write); the rest wait
+	// for the next sweep.
+	expiryWritesPerSweepMax = 4096
 	// expiryAttemptsMax bounds the failed attempts at one key (each within
 	// the store's WriteBudget); past it the key is left to the next replica
 	// to start.
@@ -100,12 +104,16 @@ func (x *runIndex) file(key string, e *runsExpiry) {
 	x.expiring[key] = e
 }
 
-// expiryDue lists the keys due now, delay(key) after their due time.
-func (x *runIndex) expiryDue(now time.Time, delay func(key string) time.Duration) map[string]runsExpiry {
+// expiryDue lists at most `most` keys due now, delay(key) after their due
+// time.
+func (x *runIndex) expiryDue(now time.Time, delay func(key string) time.Duration, most int) map[string]runsExpiry {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	out := map[string]runsExpiry{}
 	for key, e := range x.expiring {
+		if len(out) >= most {
+			break
+		}
 		if !now.Before(e.due.Add(delay(key))) {
 			out[key] = *e
 		}
@@ -166,7 +174,7 @@ func expiryDelay(self string, live []string, key string) time.Duration {
 // expiryJobs lists the lifetime writes due now (see the top of this file).
 func (c *Coordinator) expiryJobs() []job {
 	live := c.reg.liveCoordinators()
-	due := c.runs.expiryDue(time.Now(), func(key string) time.Duration { return expiryDelay(c.cfg.ID, live, key) })
+	due := c.runs.expiryDue(time.Now(), func(key string) time.Duration { return expiryDelay(c.cfg.ID, live, key) }, expiryWritesPerSweepMax)
 	jobs := make([]job, 0, len(due))
 	for key, e := range due {
 		jobs = append(jobs, job{"runs-ttl:" + key, func(ctx context.Context) { c.expireRunsKey(ctx, key, e) }})

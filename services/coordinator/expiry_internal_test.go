@@ -46,7 +46,7 @@ func TestTheRunIndexFilesEveryKeyForItsLifetime(t *testing.T) {
 
 	now := time.Now()
 	none := func(string) time.Duration { return 0 }
-	due := x.expiryDue(now, none)
+	due := x.expiryDue(now, none, expiryWritesPerSweepMax)
 	if len(due) != 1 {
 		t.Fatalf("due at once: %v, want the settled run's spec only", keys(due))
 	}
@@ -59,12 +59,16 @@ func TestTheRunIndexFilesEveryKeyForItsLifetime(t *testing.T) {
 	if e.state != store.RunStateKey("spawn", "R2") || e.stateRev != 5 {
 		t.Fatalf("the settled state to check: %q at %d, want %q at 5", e.state, e.stateRev, store.RunStateKey("spawn", "R2"))
 	}
-	later := x.expiryDue(now.Add(grace+time.Second), none)
+	later := x.expiryDue(now.Add(grace+time.Second), none, expiryWritesPerSweepMax)
 	if len(later) != 3 || later[store.RunStateKey("fork", "R4")].rev != 9 || later["junk"].rev != 12 || later[store.RunSpecKey("spawn", "R2")].spec == nil {
 		t.Fatalf("due after the grace: %v, want R2's spec, R4's state under fork and the key of no layout", keys(later))
 	}
+	// A sweep starts at most its bound of writes.
+	if d := x.expiryDue(now.Add(grace+time.Second), none, 2); len(d) != 2 {
+		t.Fatalf("due with a bound of 2: %v", keys(d))
+	}
 	// A replica later in the key's rank acts later.
-	if d := x.expiryDue(now, func(string) time.Duration { return expiryStagger }); len(d) != 0 {
+	if d := x.expiryDue(now, func(string) time.Duration { return expiryStagger }, expiryWritesPerSweepMax); len(d) != 0 {
 		t.Fatalf("due at once for a replica ranked second: %v", keys(d))
 	}
 	// Done: gone. A failure keeps the key until expiryAttemptsMax.
@@ -79,14 +83,14 @@ func TestTheRunIndexFilesEveryKeyForItsLifetime(t *testing.T) {
 	if !x.expiryDone("junk", 12, true) {
 		t.Fatal("not given up after expiryAttemptsMax failures")
 	}
-	if left := x.expiryDue(now.Add(grace+time.Second), none); len(left) != 1 {
+	if left := x.expiryDue(now.Add(grace+time.Second), none, expiryWritesPerSweepMax); len(left) != 1 {
 		t.Fatalf("left: %v, want R4's state", keys(left))
 	}
 	// The spec rewritten settled, delivered by the watch, ends its entry.
 	put(store.RunSpecKey("spawn", "R6"), rec("R6", "spawn", protocol.RunRunning))
 	put(store.RunStateKey("spawn", "R6"), settled("R6"))
 	put(store.RunSpecKey("spawn", "R6"), settled("R6"))
-	if _, ok := x.expiryDue(now, none)[store.RunSpecKey("spawn", "R6")]; ok {
+	if _, ok := x.expiryDue(now, none, expiryWritesPerSweepMax)[store.RunSpecKey("spawn", "R6")]; ok {
 		t.Fatal("a spec another replica rewrote settled is still to expire")
 	}
 }
