@@ -414,7 +414,10 @@ func rawRequest(nc *nats.Conn, subject string, data []byte, wait time.Duration) 
 // jsRequest publishes a JetStream API request as a raw message and returns
 // the refusal: a permissions violation, or an API error in the reply.
 func jsRequest(ctx context.Context, nc *nats.Conn, subject string, body any) error {
-	data, _ := json.Marshal(body)
+	var data []byte // nil: an empty body (a direct get with its subject in the API subject)
+	if body != nil {
+		data, _ = json.Marshal(body)
+	}
 	m, err := rawRequest(nc, subject, data, 5*time.Second)
 	if err != nil || m == nil {
 		return err // nil when no refusal came: treat as accepted (the snapshot decides)
@@ -679,9 +682,10 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_runs." + store.RunSpecKey(forkworker.DefaultName, v.forkRun.RunID), Reply: nc.NewInbox(), Data: data})
 		}},
 		{"publish a forged result into the client's inbox (a fork run's notify subject)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
-			// The notify subject as a worker learns it: a direct get of the
-			// run's spec, which it may read.
-			m, err := nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_brood_runs.$KV.brood_runs."+store.RunSpecKey(forkworker.DefaultName, v.forkRun.RunID), nil)
+			// The notify subject, read as admin: a worker may no longer read
+			// another provider's spec ("read a fork run's spec" below), so
+			// this is an attacker that learned it otherwise.
+			m, err := f.admin.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_brood_runs.$KV.brood_runs."+store.RunSpecKey(forkworker.DefaultName, v.forkRun.RunID), nil)
 			if err != nil {
 				return fmt.Errorf("read the run's spec: %w", err)
 			}
@@ -795,6 +799,13 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			}
 			return refusedSubscribe(nc, "brood.v1.wake.root."+v.root.SessionID, "")
 		}},
+		// KV records of another provider (docs/security.md, "What comes
+		// next", item 3): every way to read one.
+		{"read a fork run's spec (its notify subject, parent, prompt's run)", kvReads("brood_runs", store.RunSpecKey(forkworker.DefaultName, v.forkRun.RunID), store.RunSpecPattern(v.forkRun.RunID))},
+		{"read a fork run's state (its result)", kvReads("brood_runs", store.RunStateKey(forkworker.DefaultName, v.forkRun.RunID), "state.*."+v.forkRun.RunID)},
+		{"read a fork child's lease", kvReads("brood_agents", store.LeaseKey(forkworker.DefaultName, v.forkChild), "lease.*."+v.forkChild)},
+		{"read a fork child's ownership record", kvReads("brood_agents", store.OwnsKey(forkworker.DefaultName, v.forkChild), "owns.*."+v.forkChild)},
+		{"read a root's ownership record", kvReads("brood_agents", store.OwnsKey(protocol.ScopeRoot, v.root.SessionID), "owns.*."+v.root.SessionID)},
 		{"append to a fork child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return forgedAppend(ctx, nc, "brood.v1.log.fork."+v.forkChild)
 		}},
@@ -802,6 +813,46 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			return forgedAppend(ctx, nc, "brood.v1.log.root."+v.root.SessionID)
 		}},
 	})
+}
+
+// kvReads tries every way a worker (of provider spawn) could read key of
+// bucket: a direct get with the key in the API subject, and with pattern
+// (the key under every provider's prefix); a batch direct get (the key in
+// its body); a leader get; a consumer on the key (what a KV watch creates); the
+// coordinators' leader read, on the other provider's subject and on its
+// own. It returns nil when any answered, naming it in the log.
+func kvReads(bucket, key, pattern string) func(ctx context.Context, t *testing.T, nc *nats.Conn) error {
+	return func(ctx context.Context, t *testing.T, nc *nats.Conn) error {
+		stream, subject := "KV_"+bucket, "$KV."+bucket+"."+key
+		gets := []struct {
+			subject string
+			body    any
+		}{
+			{"$JS.API.DIRECT.GET." + stream + "." + subject, nil},
+			{"$JS.API.DIRECT.GET." + stream + ".$KV." + bucket + "." + pattern, nil},
+			{"$JS.API.DIRECT.GET." + stream, map[string]any{"last_by_subj": subject}},
+			{"$JS.API.DIRECT.GET." + stream, map[string]any{"multi_last": []string{subject}, "batch": 10}},
+			{"$JS.API.STREAM.MSG.GET." + stream, map[string]any{"last_by_subj": subject}},
+			{"$JS.API.CONSUMER.CREATE." + stream, map[string]any{"stream_name": stream, "config": map[string]any{
+				"filter_subject": subject, "deliver_policy": "last_per_subject", "ack_policy": "none", "inactive_threshold": int64(10 * time.Second)}}},
+		}
+		for _, get := range gets {
+			if err := jsRequest(ctx, nc, get.subject, get.body); err == nil {
+				t.Logf("answered: %s %v", get.subject, get.body)
+				return nil
+			}
+		}
+		subj := protocol.MustSubjects("")
+		if err := coordCall(ctx, nc, subj.KVLatest(forkworker.DefaultName, bucket), protocol.KVLatestRequest{Key: key}); err == nil {
+			t.Logf("answered: the coordinators' leader read on the fork provider's subject")
+			return nil
+		}
+		if err := wantCode(coordCall(ctx, nc, subj.KVLatest(spawnworker.DefaultName, bucket), protocol.KVLatestRequest{Key: key}), protocol.CodeUnauthorized); err == nil {
+			t.Logf("answered: the coordinators' leader read on its own provider's subject")
+			return nil
+		}
+		return errors.New("every read refused")
+	}
 }
 
 // pendingItem is the inbox sequence of a pending item of session id (the

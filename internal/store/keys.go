@@ -200,6 +200,23 @@ func scopedID(key, prefix string) (scope, id string, ok bool) {
 	return scope, id, true
 }
 
+// ScopeOfKey returns the provider (or scope) a key a worker reads names,
+// lease.<p>.<sessionId>, owns.<p>.<parentSession> of brood_agents or
+// spec.<p>.<runId>, state.<p>.<runId> of brood_runs (the two buckets' key
+// prefixes differ); ok is false for every other key, which no worker reads
+// by key (roots' leases, grants, drains, slots, user roots, closed roots).
+// A deployment lets worker-<p> read only the keys whose scope is <p>
+// (docs/security.md), and coordinators answer a worker's leader read
+// (protocol.Subjects.KVLatest) only for those.
+func ScopeOfKey(key string) (scope string, ok bool) {
+	for _, prefix := range []string{prefixLease, prefixOwns, prefixRunSpec, prefixRunState} {
+		if scope, id, ok := scopedID(key, prefix); ok && protocol.ValidID(scope) && protocol.ValidID(id) {
+			return scope, true // no pattern: one key
+		}
+	}
+	return "", false
+}
+
 // HostKey is the brood_hosts key of a host's record: its host id, which
 // for a worker host is <scope>.<unique> (protocol.WorkerHostID), so a NATS
 // permission on $KV.<bucket>.<scope>.> gives a provider's workers only their

@@ -183,8 +183,24 @@ func New(cfg Config) (*Host, error) {
 				cfg.Scope, cfg.Scope, protocol.HostScopeShared, p.Descriptor().Name)
 		}
 	}
+	var names []string
+	for _, p := range cfg.Providers {
+		names = append(names, p.Descriptor().Name)
+	}
+	subj := cfg.Store.Subj
+	// Reads of its providers' records from the buckets' leaders go through
+	// the coordinators (store.WithLeaderReads; docs/security.md): a leader
+	// get names its key in its body, so no permission scopes it.
+	st := cfg.Store.WithLeaderReads(names, func(ctx context.Context, bucket, key string) ([]byte, uint64, bool, error) {
+		scope, _ := store.ScopeOfKey(key)
+		var reply protocol.KVLatestReply
+		if err := rpc.Call(ctx, cfg.NC, subj.KVLatest(scope, bucket), protocol.KVLatestRequest{Key: key}, &reply); err != nil {
+			return nil, 0, false, err
+		}
+		return reply.Value, reply.Revision, reply.Found, nil
+	})
 	return &Host{
-		cfg: cfg, subj: cfg.Store.Subj, st: cfg.Store, id: hostID,
+		cfg: cfg, subj: subj, st: st, id: hostID,
 		log:  cfg.Logger.With("host", hostID),
 		runs: map[string]*hostedRun{},
 		acts: map[string]*activation{},

@@ -39,6 +39,7 @@ func testHost(t *testing.T, models ModelFactory) (*Host, *store.Store, *nats.Con
 	if err != nil {
 		t.Fatal(err)
 	}
+	testutil.ServeLeaderReads(t, st) // no coordinator here
 	return h, st, nc
 }
 

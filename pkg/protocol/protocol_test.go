@@ -453,3 +453,23 @@ func TestPromptSourceNamesTheAgentThatWroteIt(t *testing.T) {
 		}
 	}
 }
+
+// A worker's leader read names its provider and bucket in its subject, in
+// the family of a provider's reads (<p>.v1.read.<provider>.>), and nothing
+// else parses as one.
+func TestKVLatestSubjectNamesItsProviderAndBucket(t *testing.T) {
+	s := MustSubjects("")
+	subj := s.KVLatest("spawn", "brood_runs")
+	if subj != "brood.v1.read.spawn.kvlatest.brood_runs" {
+		t.Fatalf("KVLatest = %q", subj)
+	}
+	if p, b, ok := s.KVLatestOf(subj); !ok || p != "spawn" || b != "brood_runs" {
+		t.Fatalf("KVLatestOf(%q) = %q, %q, %v", subj, p, b, ok)
+	}
+	for _, bad := range []string{"brood.v1.read.spawn.ancestry.C1", "brood.v1.read.spawn.kvlatest.a.b", "brood.v1.read.*.kvlatest.x",
+		"brood.v1.epochend.spawn.C1", "brood.v1.read.spawn.kvlatest."} {
+		if p, b, ok := s.KVLatestOf(bad); ok {
+			t.Errorf("KVLatestOf(%q) = %q, %q; want no leader read", bad, p, b)
+		}
+	}
+}

@@ -385,6 +385,10 @@ const (
 	// ReadAncestry answers whether an ancestor of the child is an ended
 	// one-shot run.
 	ReadAncestry = "ancestry"
+	// ReadKVLatest reads one of the provider's own KV records as the
+	// bucket's leader has it (Subjects.KVLatest: its last token is the
+	// bucket, not a child).
+	ReadKVLatest = "kvlatest"
 )
 
 // InboxRemove is the request-reply subject on which a host asks the
@@ -405,6 +409,30 @@ func (s Subjects) InboxRemoveAll() string { return s.root() + ".inboxremove.*.*"
 // names; ok is false for any other subject.
 func (s Subjects) InboxRemoveOf(subject string) (provider, sessionID string, ok bool) {
 	return s.twoIDs(subject, ".inboxremove.")
+}
+
+// KVLatest is the request-reply subject on which a worker host asks the
+// coordinators (queue group CoordinatorQueue) for a key of bucket (its
+// name: Subjects.BucketAgents or BucketRuns) as the bucket stream's leader
+// has it, <p>.v1.read.<provider>.kvlatest.<bucket> (KVLatestRequest): the
+// reads a decision on the latest value rests on (a refused
+// compare-and-set's check, a claim's lease, whether a parent may settle).
+// A leader get ($JS.API.STREAM.MSG.GET) names its key in its body, so no
+// NATS permission can scope it to a provider's keys; a coordinator answers
+// only keys under provider's prefixes (store.ScopeOfKey), and a deployment
+// lets a provider's workers publish only under <p>.v1.read.<provider>.>
+// (docs/security.md).
+func (s Subjects) KVLatest(provider, bucket string) string {
+	return s.Read(provider, ReadKVLatest, bucket)
+}
+
+// KVLatestAll is the wildcard over every KVLatest request.
+func (s Subjects) KVLatestAll() string { return s.ReadAll(ReadKVLatest) }
+
+// KVLatestOf returns the provider and bucket a KVLatest subject names; ok
+// is false for any other subject.
+func (s Subjects) KVLatestOf(subject string) (provider, bucket string, ok bool) {
+	return s.ReadOf(subject, ReadKVLatest)
 }
 
 // Children is the BROOD_SESSIONS subject of one child's entry in its

@@ -434,6 +434,11 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		stopServing()
 		return fmt.Errorf("coordinator: ancestry subscription: %w", err)
 	}
+	// Hosts' reads from the leader of their provider's records (kvlatest.go).
+	if err := srv.Subscribe(c.subj.KVLatestAll(), protocol.CoordinatorQueue, nil, rpc.Typed(c.kvLatest)); err != nil {
+		stopServing()
+		return fmt.Errorf("coordinator: leader read subscription: %w", err)
+	}
 	// The server knows the endpoints' subscriptions once a flush returns.
 	if err := rpc.Subscribed(c.cfg.NC, subscribeFlushTimeout); err != nil {
 		stopServing()
