@@ -364,7 +364,7 @@ func BenchmarkColdResume10k(b *testing.B) {
 		firstCall = waitCall(b, calls).Sub(t)
 		b.StopTimer()
 		waitChildState(b, s, auth, child, protocol.StateNone)
-		read = orderedReadAll(b, s, subject)
+		read = orderedReadAll(b, s, "spawn", subject)
 		b.StartTimer()
 		return firstCall, read
 	}

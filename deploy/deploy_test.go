@@ -383,31 +383,31 @@ var permCases = []permCase{
 	{user: "client", subject: "brood.v1.session.S1"},
 	{user: "client", subject: "brood.v1.log.spawn.S1"},
 	{user: "client", subject: "brood.v1.log.root.S1"},
-	{user: "client", subject: "brood.v1.inbox.S1"},
+	{user: "client", subject: "brood.v1.inbox.spawn.S1"},
 	{user: "client", subject: "brood.v1.events.spawn.S1.end"},
 	{user: "client", subject: "brood.v1.children.P1.S1"},
 	{user: "client", subject: "brood.v1.wake.S1"},
 	{user: "client", subject: "$KV.brood_agents.S1"},
 	{user: "client", subject: "$JS.API.INFO"},
-	{user: "client", subject: "$JS.API.STREAM.INFO.BROOD_LOG"},
-	{user: "client", subject: "$JS.API.DIRECT.GET.BROOD_LOG"},
+	{user: "client", subject: "$JS.API.STREAM.INFO.BROOD_LOG_root"},
+	{user: "client", subject: "$JS.API.DIRECT.GET.BROOD_LOG_root"},
 	{user: "client", subject: "$JS.API.DIRECT.GET.BROOD_SESSIONS.brood.v1.session.S1"},
 	{user: "client", subject: "$JS.API.DIRECT.GET.KV_brood_agents.$KV.brood_agents.S1"},
-	{user: "client", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG.C1.brood.v1.log.S1"},
+	{user: "client", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG_root.C1.brood.v1.log.spawn.S1"},
 	{user: "client", subject: "$JS.API.CONSUMER.CREATE.BROOD_EVENTS.C1"},
 	{user: "client", subject: "$JS.API.CONSUMER.DURABLE.CREATE.BROOD_EVENTS.C1"},
 	{user: "client", subject: "$JS.API.STREAM.CREATE.brood_coord"},
-	{user: "client", subject: "$JS.API.STREAM.DELETE.BROOD_LOG"},
+	{user: "client", subject: "$JS.API.STREAM.DELETE.BROOD_LOG_root"},
 	{user: "client", subject: "$SRV.PING.brood-coordinator"},
 	{user: "client", subject: "_INBOX.trusted-host.x"},
-	{user: "trusted-host", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG.C1"},
+	{user: "trusted-host", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG_root.C1"},
 	{user: "trusted-host", subject: "$KV.brood_agents.grant.abc"},
-	{user: "trusted-host", subject: "brood.v1.inbox.S1"},
+	{user: "trusted-host", subject: "brood.v1.inbox.spawn.S1"},
 	{user: "trusted-host", subject: "brood.v1.session.S1"},
 	// ... except the trusted host's own root logs (brood acp-agent).
 	{user: "trusted-host", subject: "brood.v1.log.root.S1", allowed: true},
 	{user: "trusted-host", subject: "brood.v1.log.spawn.S1"},
-	{user: "trusted-host", subject: "$JS.API.DIRECT.GET.BROOD_LOG", allowed: true},
+	{user: "trusted-host", subject: "$JS.API.DIRECT.GET.BROOD_LOG_root", allowed: true},
 	// Workers write session logs, lifecycle events and settlement notices
 	// (into a parent's inbox), never headers or the child index, and create
 	// no consumer (a consumer's deliver subject is not checked).
@@ -428,9 +428,9 @@ var permCases = []permCase{
 	{user: "worker-spawn", subject: "brood.v1.children.P1.S1"},
 	// Inbox items and wake-ups only coordinators publish: a host asks them
 	// for its epochs' ends.
-	{user: "worker-spawn", subject: "brood.v1.inbox.S1"},
+	{user: "worker-spawn", subject: "brood.v1.inbox.spawn.S1"},
 	{user: "worker-spawn", subject: "brood.v1.wake.spawn.S1"},
-	{user: "worker-acp", subject: "brood.v1.inbox.S1"},
+	{user: "worker-acp", subject: "brood.v1.inbox.spawn.S1"},
 	{user: "coordinator", subject: "brood.v1.wake.spawn.S1", allowed: true},
 	// A provider's worker writes only its own scope's host records
 	// (<scope>.<unique>, protocol.WorkerHostID): no other provider's, no
@@ -495,7 +495,7 @@ var permCases = []permCase{
 	{user: "worker-spawn", subject: "$KV.brood_agents.slots.S1"},
 	{user: "coordinator", subject: "$KV.brood_agents.grant.abc", allowed: true},
 	// A retried write checks with the stream's leader whether it landed.
-	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG", allowed: true},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG_spawn", allowed: true},
 	// Lifecycle events a worker publishes and never reads (an end carries
 	// its run's result text); the coordinators read them for their clients.
 	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_EVENTS"},
@@ -521,15 +521,53 @@ var permCases = []permCase{
 	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.KV_brood_agents.$KV.brood_agents.root.S1"},
 	{user: "worker-spawn", subject: "brood.v1.read.spawn.kvlatest.brood_runs", allowed: true},
 	{user: "worker-spawn", subject: "brood.v1.read.fork.kvlatest.brood_runs"},
-	{user: "trusted-host", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG", allowed: true},
-	{user: "client", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG"},
-	{user: "worker-spawn", subject: "$JS.API.STREAM.INFO.BROOD_LOG", allowed: true},
-	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_LOG", allowed: true},
+	{user: "trusted-host", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG_root", allowed: true},
+	{user: "client", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG_root"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.INFO.BROOD_LOG_spawn", allowed: true},
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_LOG_spawn", allowed: true},
+	// Logs and inboxes: a stream per scope (BROOD_LOG_<scope>,
+	// BROOD_INBOX_<scope>), so a worker reads only its own provider's, by
+	// every get form (a batch or leader get names its stream in the API
+	// subject, its subject only in the body); the fork provider's seed
+	// comes from the coordinators (brood.v1.read.fork.forkseed.<childId>).
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_LOG_spawn.brood.v1.log.spawn.S1", allowed: true},
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_INBOX_spawn", allowed: true},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.GET.BROOD_INBOX_spawn", allowed: true},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.INFO.BROOD_INBOX_spawn", allowed: true},
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_LOG_fork"},
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_LOG_fork.brood.v1.log.fork.S1"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG_fork"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.INFO.BROOD_LOG_fork"},
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_LOG_root"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG_root"},
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_LOG_acp"},
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_INBOX_fork"},
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_INBOX_fork.brood.v1.inbox.fork.S1"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.GET.BROOD_INBOX_fork"},
+	{user: "worker-spawn", subject: "$JS.API.DIRECT.GET.BROOD_INBOX_root"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.GET.BROOD_INBOX_root"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.INFO.BROOD_INBOX_root"},
+	{user: "worker-acp", subject: "$JS.API.DIRECT.GET.BROOD_LOG_acp", allowed: true},
+	{user: "worker-acp", subject: "$JS.API.DIRECT.GET.BROOD_LOG_spawn"},
+	{user: "worker-acp", subject: "$JS.API.STREAM.MSG.GET.BROOD_INBOX_spawn"},
+	{user: "worker-fork", subject: "$JS.API.DIRECT.GET.BROOD_INBOX_fork", allowed: true},
+	{user: "worker-fork", subject: "$JS.API.DIRECT.GET.BROOD_LOG_spawn"},
+	{user: "worker-fork", subject: "$JS.API.STREAM.MSG.GET.BROOD_LOG_root"},
+	{user: "worker-fork", subject: "$JS.API.DIRECT.GET.BROOD_INBOX_spawn"},
+	{user: "worker-fork", subject: "$JS.API.STREAM.MSG.GET.BROOD_INBOX_root"},
+	{user: "trusted-host", subject: "$JS.API.DIRECT.GET.BROOD_LOG_spawn"},
+	{user: "trusted-host", subject: "$JS.API.STREAM.MSG.GET.BROOD_INBOX_root"},
+	{user: "coordinator", subject: "$JS.API.STREAM.INFO.BROOD_INBOX_fork", allowed: true},
+	{user: "coordinator", subject: "$JS.API.STREAM.NAMES", allowed: true},
+	{user: "coordinator", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX_spawn", allowed: true},
+	{user: "coordinator", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_LOG_spawn"},
+	{user: "collector", subject: "$JS.API.STREAM.PURGE.BROOD_LOG_fork", allowed: true},
+	{user: "collector", subject: "$JS.API.STREAM.PURGE.BROOD_INBOX_fork"},
 	// Inbox items only coordinators delete: a host asks them, for what its
 	// child's log claimed or discarded.
-	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX"},
-	{user: "worker-fork", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX"},
-	{user: "coordinator", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX", allowed: true},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX_spawn"},
+	{user: "worker-fork", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX_fork"},
+	{user: "coordinator", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX_root", allowed: true},
 	{user: "worker-spawn", subject: "brood.v1.inboxremove.spawn.S1", allowed: true},
 	{user: "worker-spawn", subject: "brood.v1.inboxremove.fork.S1"},
 	{user: "worker-acp", subject: "brood.v1.inboxremove.acp.S1", allowed: true},
@@ -547,9 +585,9 @@ var permCases = []permCase{
 	{user: "worker-spawn", subject: "brood.v1.read.fork.forkseed.S1"},
 	{user: "worker-acp", subject: "brood.v1.read.spawn.ancestry.S1"},
 	{user: "client", subject: "brood.v1.read.spawn.ancestry.S1"},
-	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_LOG"},
-	{user: "worker-spawn", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG.C1"},
-	{user: "worker-spawn", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG.C1.brood.v1.log.S1"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.MSG.DELETE.BROOD_LOG_spawn"},
+	{user: "worker-spawn", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG_spawn.C1"},
+	{user: "worker-spawn", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG_spawn.C1.brood.v1.log.spawn.S1"},
 	{user: "worker-spawn", subject: "$JS.API.CONSUMER.CREATE.KV_brood_agents"},
 	{user: "worker-spawn", subject: "$JS.API.INFO"},
 	{user: "worker-spawn", subject: "brood.v1.provider.spawn.start"},
@@ -558,22 +596,22 @@ var permCases = []permCase{
 	{user: "coordinator", subject: "brood.v1.wake.S1", allowed: true},
 	{user: "coordinator", subject: "brood.v1.provider.spawn.start", allowed: true},
 	{user: "coordinator", subject: "brood.v1.host.H1.dispose", allowed: true},
-	{user: "coordinator", subject: "brood.v1.inbox.S1", allowed: true},
+	{user: "coordinator", subject: "brood.v1.inbox.spawn.S1", allowed: true},
 	{user: "coordinator", subject: "$JS.API.CONSUMER.CREATE.BROOD_EVENTS.C1.brood.v1.events.*.*.*", allowed: true},
-	{user: "coordinator", subject: "$JS.API.STREAM.PURGE.BROOD_INBOX"},
-	{user: "coordinator", subject: "$JS.API.STREAM.PURGE.BROOD_LOG"},
+	{user: "coordinator", subject: "$JS.API.STREAM.PURGE.BROOD_INBOX_root"},
+	{user: "coordinator", subject: "$JS.API.STREAM.PURGE.BROOD_LOG_root"},
 	// The collector purges headers and logs, and nothing else.
-	{user: "collector", subject: "$JS.API.STREAM.PURGE.BROOD_LOG", allowed: true},
+	{user: "collector", subject: "$JS.API.STREAM.PURGE.BROOD_LOG_root", allowed: true},
 	{user: "collector", subject: "$JS.API.STREAM.PURGE.BROOD_SESSIONS", allowed: true},
-	{user: "collector", subject: "$JS.API.STREAM.PURGE.BROOD_INBOX"},
+	{user: "collector", subject: "$JS.API.STREAM.PURGE.BROOD_INBOX_root"},
 	{user: "collector", subject: "$JS.API.STREAM.PURGE.KV_brood_agents"},
-	{user: "collector", subject: "$JS.API.STREAM.DELETE.BROOD_LOG"},
-	{user: "collector", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG"},
+	{user: "collector", subject: "$JS.API.STREAM.DELETE.BROOD_LOG_root"},
+	{user: "collector", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG_root"},
 	{user: "collector", subject: "$KV.brood_agents.closed.R1", allowed: true},
 	{user: "collector", subject: "$KV.brood_agents.root.R1"},
 	{user: "collector", subject: "$KV.brood_agents.grant.G1"},
 	{user: "collector", subject: "brood.v1.log.root.R1"},
-	{user: "collector", subject: "brood.v1.inbox.S1"},
+	{user: "collector", subject: "brood.v1.inbox.spawn.S1"},
 	{user: "collector", subject: authorityUser},
 	{user: "collector", sub: true, subject: "_INBOX.client.>"},
 	// Serving: coordinator endpoints only by coordinators in their queue group.
@@ -617,10 +655,10 @@ var permCases = []permCase{
 	{user: "worker-spawn", sub: true, subject: "brood.v1.wake.root.S1"},
 	{user: "worker-spawn", sub: true, subject: "brood.v1.wake.>"},
 	{user: "worker-fork", sub: true, subject: "brood.v1.wake.fork.S1", allowed: true},
-	{user: "worker-spawn", sub: true, subject: "brood.v1.inbox.S1"},
-	{user: "worker-spawn", sub: true, subject: "brood.v1.inbox.*"},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.inbox.spawn.S1"},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.inbox.spawn.*"},
 	{user: "worker-acp", sub: true, subject: "brood.v1.inbox.>"},
-	{user: "coordinator", sub: true, subject: "brood.v1.inbox.S1", allowed: true},
+	{user: "coordinator", sub: true, subject: "brood.v1.inbox.spawn.S1", allowed: true},
 	// Read endpoints: long polls and follows wake on log and event subjects;
 	// follow credit comes on the replica's own subject in the queue group.
 	{user: "coordinator", sub: true, subject: "brood.v1.log.spawn.S1", allowed: true},
@@ -634,7 +672,7 @@ var permCases = []permCase{
 	{user: "worker-spawn", sub: true, subject: "brood.v1.inboxremove.*.*", queue: "brood-coordinator"},
 	{user: "coordinator", sub: true, subject: "brood.v1.notice.*.*"},
 	{user: "worker-spawn", sub: true, subject: "brood.v1.notice.*.*", queue: "brood-coordinator"},
-	{user: "client", sub: true, subject: "brood.v1.inbox.S1"},
+	{user: "client", sub: true, subject: "brood.v1.inbox.spawn.S1"},
 	{user: "client", sub: true, subject: "brood.v1.provider.spawn.start", queue: "brood-provider"},
 	{user: "client", sub: true, subject: "brood.v1.host.H1.*"},
 	{user: "client", sub: true, subject: "brood.v1.log.>"},
@@ -651,15 +689,15 @@ var permCases = []permCase{
 	{user: "coordinator", sub: true, subject: "_INBOX.coordinator.abc", allowed: true},
 	{user: "coordinator", sub: true, subject: "_INBOX.trusted-host.abc"},
 	// Stream administration belongs to the admin step (brood provision).
-	{user: "admin", subject: "$JS.API.STREAM.CREATE.BROOD_LOG", allowed: true},
+	{user: "admin", subject: "$JS.API.STREAM.CREATE.BROOD_LOG_root", allowed: true},
 	{user: "admin", subject: "$JS.API.STREAM.UPDATE.KV_brood_agents", allowed: true},
 	{user: "admin", sub: true, subject: "_INBOX.admin.abc", allowed: true},
 	{user: "admin", subject: "brood.v1.log.spawn.S1"},
-	{user: "coordinator", subject: "$JS.API.STREAM.CREATE.BROOD_LOG"},
-	{user: "coordinator", subject: "$JS.API.STREAM.UPDATE.BROOD_LOG"},
-	{user: "coordinator", subject: "$JS.API.STREAM.INFO.BROOD_LOG", allowed: true},
+	{user: "coordinator", subject: "$JS.API.STREAM.CREATE.BROOD_LOG_root"},
+	{user: "coordinator", subject: "$JS.API.STREAM.UPDATE.BROOD_LOG_root"},
+	{user: "coordinator", subject: "$JS.API.STREAM.INFO.BROOD_LOG_root", allowed: true},
 	{user: "worker-spawn", subject: "$JS.API.STREAM.CREATE.brood_coord"},
-	{user: "worker-spawn", subject: "$JS.API.STREAM.UPDATE.BROOD_LOG"},
+	{user: "worker-spawn", subject: "$JS.API.STREAM.UPDATE.BROOD_LOG_spawn"},
 	{user: "worker-spawn", subject: "$JS.API.STREAM.UPDATE.KV_brood_agents"},
 }
 
@@ -1066,7 +1104,7 @@ func testBroodOnCluster(t *testing.T, urls []string) {
 		t.Helper()
 		octx, ocancel := context.WithTimeout(ctx, 10*time.Second)
 		defer ocancel()
-		st, err := store.Open(octx, nc, subj, cfg)
+		st, err := store.Open(octx, nc, subj, openConfig(nc, cfg))
 		if err != nil {
 			t.Fatalf("open R3 streams and buckets as %s: %v", nc.Opts.User, err)
 		}
@@ -1075,7 +1113,15 @@ func testBroodOnCluster(t *testing.T, urls []string) {
 
 	coordNC := connectAs(t, all, "coordinator", v)
 	coordStore := open(coordNC)
-	for _, str := range []jetstream.Stream{coordStore.Sessions, coordStore.Log, coordStore.Inbox, coordStore.Events} {
+	rootLog, err := coordStore.LogStream(ctx, protocol.ScopeRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootInbox, err := coordStore.InboxStream(ctx, protocol.ScopeRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, str := range []jetstream.Stream{coordStore.Sessions, rootLog, rootInbox, coordStore.Events} {
 		if info := str.CachedInfo(); info.Config.Replicas != 3 || info.Config.Storage != jetstream.FileStorage {
 			t.Fatalf("stream %s: %d replicas, %s storage; want R3 file", info.Config.Name, info.Config.Replicas, info.Config.Storage)
 		}
@@ -1212,7 +1258,7 @@ func benchPublish(b *testing.B, url string, auth nats.Option, replicas int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name: "BROOD_LOG", Subjects: []string{"brood.v1.log.*.*"}, Storage: jetstream.FileStorage, Replicas: replicas,
+		Name: "BROOD_LOG_root", Subjects: []string{"brood.v1.log.root.*"}, Storage: jetstream.FileStorage, Replicas: replicas,
 	}); err != nil {
 		b.Fatal(err)
 	}

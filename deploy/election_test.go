@@ -31,8 +31,10 @@ import (
 )
 
 // broodStreams are the streams of Brood's streams and buckets, by the name a
-// leader election concerns.
-var broodStreams = []string{"BROOD_LOG", "KV_brood_runs", "KV_brood_agents", "BROOD_SESSIONS", "BROOD_INBOX", "KV_brood_hosts", "BROOD_EVENTS"}
+// leader election concerns: every one the workload writes (its children are
+// spawn's, so the spawn provider's log and inbox streams, and the roots'
+// inbox, which takes the settled epochs' notices).
+var broodStreams = []string{"BROOD_LOG_spawn", "KV_brood_runs", "KV_brood_agents", "BROOD_SESSIONS", "BROOD_INBOX_spawn", "KV_brood_hosts", "BROOD_EVENTS", "BROOD_INBOX_root"}
 
 // broodAccount is the account of accounts.conf that holds Brood's streams.
 const broodAccount = "BROOD"
@@ -118,7 +120,7 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		st, err := store.Open(ctx, nc, protocol.MustSubjects(""), cfg)
+		st, err := store.Open(ctx, nc, protocol.MustSubjects(""), openConfig(nc, cfg))
 		if err != nil {
 			t.Fatalf("open R3 streams and buckets as %s: %v", nc.Opts.User, err)
 		}

@@ -78,6 +78,10 @@ type forgery struct {
 		// coordInbox is an inbox subject of the coordinator's connection
 		// (where its JetStream answers and KV watch deliveries arrive).
 		coordInbox string
+		// spawnPending is the sequence of a pending item of another spawn
+		// session's inbox (in BROOD_INBOX_spawn, the stream of the spawn
+		// worker's children's inboxes).
+		spawnPending protocol.Seq
 	}
 }
 
@@ -99,6 +103,7 @@ func TestForgerySuite(t *testing.T) {
 	t.Run("worker of another provider", f.otherProviderAttempts)
 	t.Run("worker events under its own provider", f.ownProviderEvents)
 	t.Run("worker reads across providers", f.crossProviderReads)
+	t.Run("worker of the fork provider", f.forkWorkerAttempts)
 	t.Run("trusted host", f.trustedHostAttempts)
 	t.Run("coordinator", f.coordinatorAttempts)
 }
@@ -121,7 +126,7 @@ func (f *forgery) start() {
 		t.Fatal(err)
 	}
 	open := func(nc *nats.Conn) *store.Store {
-		st, err := store.Open(ctx, nc, subj, cfg)
+		st, err := store.Open(ctx, nc, subj, openConfig(nc, cfg))
 		if err != nil {
 			t.Fatalf("open as %s: %v", nc.Opts.User, err)
 		}
@@ -129,8 +134,9 @@ func (f *forgery) start() {
 	}
 	v := &violations{}
 	coordNC := connectAs(t, f.urls[0], "coordinator", v)
+	coordStore := open(coordNC)
 	coord, err := coordinator.New(coordinator.Config{
-		NC: coordNC, Store: open(coordNC), HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry,
+		NC: coordNC, Store: coordStore, HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry,
 		// Roots are not renewed while the attempts run, so nothing writes
 		// but the attempts themselves.
 		RootLease: 10 * time.Minute, Logger: testutil.Logger(t),
@@ -200,6 +206,11 @@ func (f *forgery) start() {
 		t.Fatalf("the victim's fork run: %+v, %v", res, err)
 	}
 	f.seedFork(ctx, v)
+	// A pending item of a spawn session without a header (nothing serves
+	// it, so it stays), written as a coordinator writes items.
+	if _, f.victim.spawnPending, err = coordStore.Enqueue(ctx, spawnworker.DefaultName, "PENDINGVICTIM", store.InboxItem{Content: protocol.Text("a pending prompt")}, ""); err != nil {
+		t.Fatal(err)
+	}
 	if vs := v.list(); len(vs) > 0 {
 		t.Fatalf("permission violations while the services ran as their users:\n%s", strings.Join(vs, "\n"))
 	}
@@ -279,7 +290,8 @@ func (f *forgery) snapshot() map[string][]string {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	out := map[string][]string{}
-	for _, name := range []string{"BROOD_SESSIONS", "BROOD_LOG", "BROOD_INBOX", "BROOD_EVENTS", "KV_brood_agents", "KV_brood_runs", "KV_brood_hosts"} {
+	for _, name := range []string{"BROOD_SESSIONS", "BROOD_LOG_root", "BROOD_LOG_spawn", "BROOD_LOG_fork", "BROOD_LOG_acp",
+		"BROOD_INBOX_root", "BROOD_INBOX_spawn", "BROOD_INBOX_fork", "BROOD_INBOX_acp", "BROOD_EVENTS", "KV_brood_agents", "KV_brood_runs", "KV_brood_hosts"} {
 		str, err := f.js.Stream(ctx, name)
 		if err != nil {
 			t.Fatalf("stream %s: %v", name, err)
@@ -471,14 +483,14 @@ func (f *forgery) clientAttempts(t *testing.T) {
 		{"read the trusted host's replies (grants)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedSubscribe(nc, "_INBOX.trusted-host.>", "")
 		}},
-		{"a consumer delivering into authority.user in the coordinators' queue group", pushConsumerInto("BROOD_LOG", authorityUser, protocol.CoordinatorQueue)},
-		{"a consumer delivering into another child's inbox", pushConsumerInto("BROOD_LOG", "brood.v1.inbox."+v.child, "")},
+		{"a consumer delivering into authority.user in the coordinators' queue group", pushConsumerInto("BROOD_LOG_spawn", authorityUser, protocol.CoordinatorQueue)},
+		{"a consumer delivering into another child's inbox", pushConsumerInto("BROOD_LOG_spawn", "brood.v1.inbox.spawn."+v.child, "")},
 		{"a durable consumer on BROOD_EVENTS", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return jsRequest(ctx, nc, "$JS.API.CONSUMER.DURABLE.CREATE.BROOD_EVENTS.hog", map[string]any{
 				"stream_name": "BROOD_EVENTS", "config": map[string]any{"durable_name": "hog", "ack_policy": "explicit"}})
 		}},
 		{"read another user's log directly", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
-			return jsRequest(ctx, nc, "$JS.API.DIRECT.GET.BROOD_LOG.brood.v1.log.spawn."+v.hostChild, nil)
+			return jsRequest(ctx, nc, "$JS.API.DIRECT.GET.BROOD_LOG_spawn.brood.v1.log.spawn."+v.hostChild, nil)
 		}},
 		{"read another user's log through the coordinator", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			cl, _ := client.New(nc, client.Options{})
@@ -532,7 +544,7 @@ func (f *forgery) clientAttempts(t *testing.T) {
 			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.log.spawn." + v.child, Data: []byte("forged")})
 		}},
 		{"write an inbox item", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
-			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox." + v.child, Data: []byte("forged")})
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox.spawn." + v.child, Data: []byte("forged")})
 		}},
 		{"write a lease", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents." + v.root.SessionID, Data: []byte("forged")})
@@ -552,14 +564,14 @@ func (f *forgery) clientAttempts(t *testing.T) {
 func (f *forgery) workerAttempts(t *testing.T) {
 	v := &f.victim
 	f.run(t, "worker-spawn", []attempt{
-		{"wipe every log (max_msgs_per_subject 1)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
-			info, err := f.js.Stream(ctx, "BROOD_LOG")
+		{"wipe every log of its provider (max_msgs_per_subject 1)", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			info, err := f.js.Stream(ctx, "BROOD_LOG_spawn")
 			if err != nil {
 				return nil
 			}
 			cfg := info.CachedInfo().Config
 			cfg.MaxMsgsPerSubject = 1
-			return jsRequest(ctx, nc, "$JS.API.STREAM.UPDATE.BROOD_LOG", cfg)
+			return jsRequest(ctx, nc, "$JS.API.STREAM.UPDATE.BROOD_LOG_spawn", cfg)
 		}},
 		{"take every coordinator endpoint down with a stream on brood.v1.coord.>", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return jsRequest(ctx, nc, "$JS.API.STREAM.CREATE.HIJACK", map[string]any{"name": "HIJACK", "subjects": []string{"brood.v1.coord.>"}})
@@ -578,7 +590,7 @@ func (f *forgery) workerAttempts(t *testing.T) {
 			_, err := js.PublishMsg(ctx, m)
 			return err
 		}},
-		{"a consumer delivering into authority.user in the coordinators' queue group", pushConsumerInto("BROOD_LOG", authorityUser, protocol.CoordinatorQueue)},
+		{"a consumer delivering into authority.user in the coordinators' queue group", pushConsumerInto("BROOD_LOG_spawn", authorityUser, protocol.CoordinatorQueue)},
 		{"a consumer delivering into a coordinator endpoint", pushConsumerInto("KV_brood_agents", "brood.v1.user.worker-spawn.runs.start", protocol.CoordinatorQueue)},
 		{"mint a grant", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			if err := coordCall(ctx, nc, authorityUser, protocol.Empty{}); err == nil {
@@ -610,7 +622,7 @@ func (f *forgery) workerAttempts(t *testing.T) {
 			return refusedSubscribe(nc, "brood.v1.provider.>", "")
 		}},
 		{"delete a log record", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
-			return jsRequest(ctx, nc, "$JS.API.STREAM.MSG.DELETE.BROOD_LOG", map[string]any{"seq": 1})
+			return jsRequest(ctx, nc, "$JS.API.STREAM.MSG.DELETE.BROOD_LOG_spawn", map[string]any{"seq": 1})
 		}},
 	})
 }
@@ -703,11 +715,11 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 		{"put a forged prompt into the client's root's inbox", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.InboxItem{Content: protocol.Text("forged prompt"),
 				Source: protocol.MessageSource{Kind: protocol.SourceSubagentSettled, Form: "notice", SenderSessionID: v.forkChild}})
-			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox." + v.root.SessionID, Reply: nc.NewInbox(), Data: data})
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox.root." + v.root.SessionID, Reply: nc.NewInbox(), Data: data})
 		}},
 		{"put a forged message into a fork child's inbox", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.InboxItem{Content: protocol.Text("forged followup")})
-			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox." + v.forkChild, Reply: nc.NewInbox(), Data: data})
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox.fork." + v.forkChild, Reply: nc.NewInbox(), Data: data})
 		}},
 		{"wake a fork child or its own provider's child", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			if err := refusedPublish(nc, &nats.Msg{Subject: "brood.v1.wake.fork." + v.forkChild}); err == nil {
@@ -734,7 +746,7 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 		{"delete a pending item of the client's root's inbox by its sequence", func(ctx context.Context, t *testing.T, nc *nats.Conn) error {
 			// The sequence as a JSON number (protocol.Seq encodes as a
 			// string, which JetStream would refuse as invalid JSON).
-			return jsRequest(ctx, nc, "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX", map[string]any{"seq": uint64(f.pendingItem(ctx, t, v.root.SessionID))})
+			return jsRequest(ctx, nc, "$JS.API.STREAM.MSG.DELETE.BROOD_INBOX_root", map[string]any{"seq": uint64(f.pendingItem(ctx, t, v.root.SessionID))})
 		}},
 		{"ask for the deletion of a fork child's inbox items (brood.v1.inboxremove.fork.<childId>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.InboxRemoveRequest{Seqs: []protocol.Seq{1}})
@@ -744,9 +756,11 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			return wantCode(coordCall(ctx, nc, "brood.v1.inboxremove.spawn."+v.root.SessionID,
 				protocol.InboxRemoveRequest{Seqs: []protocol.Seq{f.pendingItem(ctx, t, v.root.SessionID)}}), protocol.CodeUnauthorized)
 		}},
-		{"ask, under its own provider, for the deletion of the root's pending item as its own child's", func(ctx context.Context, t *testing.T, nc *nats.Conn) error {
+		{"ask, under its own provider, for the deletion of another session's pending item as its own child's", func(ctx context.Context, t *testing.T, nc *nats.Conn) error {
+			// (A root's items are in BROOD_INBOX_root: a sequence the child's
+			// request names is one of BROOD_INBOX_spawn.)
 			return wantCode(coordCall(ctx, nc, "brood.v1.inboxremove.spawn."+v.child,
-				protocol.InboxRemoveRequest{Seqs: []protocol.Seq{f.pendingItem(ctx, t, v.root.SessionID)}}), protocol.CodeInvalidArgument)
+				protocol.InboxRemoveRequest{Seqs: []protocol.Seq{v.spawnPending}}), protocol.CodeInvalidArgument)
 		}},
 		{"publish a forged end of a fork run (brood.v1.events.fork.<root>.end)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.LifecycleEvent{Type: protocol.LifecycleEnd, RunID: v.forkRun.RunID, Provider: forkworker.DefaultName,
@@ -758,6 +772,21 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.LifecycleEvent{Type: protocol.LifecycleStart, RunID: "FORGED", Provider: forkworker.DefaultName,
 				ID: v.forkChild, ParentSession: v.root.SessionID, Mode: protocol.ModeContinuable})
 			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.events." + v.root.SessionID + ".start", Reply: nc.NewInbox(), Data: data})
+		}},
+		{"read a fork child's log (BROOD_LOG_fork: its prompts and outputs) by any get", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return everyGetRefused(ctx, nc, "BROOD_LOG_fork", "brood.v1.log.fork."+v.forkChild)
+		}},
+		{"read a fork child's inbox (BROOD_INBOX_fork) by any get", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return everyGetRefused(ctx, nc, "BROOD_INBOX_fork", "brood.v1.inbox.fork."+v.forkChild)
+		}},
+		{"read the client's root's inbox (BROOD_INBOX_root: its children's results) by any get", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return everyGetRefused(ctx, nc, "BROOD_INBOX_root", "brood.v1.inbox.root."+v.root.SessionID)
+		}},
+		{"read a root's log (BROOD_LOG_root) by any get", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return everyGetRefused(ctx, nc, "BROOD_LOG_root", "brood.v1.log.root."+v.hostRoot.SessionID)
+		}},
+		{"read the acp provider's logs (BROOD_LOG_acp) by any get", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return everyGetRefused(ctx, nc, "BROOD_LOG_acp", "brood.v1.log.acp.>")
 		}},
 		{"read a fork run's end (its result text) from BROOD_EVENTS", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			// Every way to get a message: a direct get by its subject (in the
@@ -784,14 +813,14 @@ func (f *forgery) otherProviderAttempts(t *testing.T) {
 			data, _ := protocol.Marshal(protocol.Msgpack, protocol.StateReply{State: protocol.StateNone})
 			return refusedPublish(nc, &nats.Msg{Subject: "_INBOX.coordinator." + rpc.HostRepliesToken + ".fork.ID.T1", Data: data})
 		}},
-		{"see every inbox item as it is accepted (brood.v1.inbox.*: every user's prompts, followups and results)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
-			return refusedSubscribe(nc, "brood.v1.inbox.*", "")
+		{"see every inbox item as it is accepted (brood.v1.inbox.*.*: every user's prompts, followups and results)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedSubscribe(nc, "brood.v1.inbox.*.*", "")
 		}},
 		{"see the client's root's and a fork child's inbox items as they are accepted", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
-			if err := refusedSubscribe(nc, "brood.v1.inbox."+v.root.SessionID, ""); err == nil {
+			if err := refusedSubscribe(nc, "brood.v1.inbox.root."+v.root.SessionID, ""); err == nil {
 				return nil
 			}
-			return refusedSubscribe(nc, "brood.v1.inbox."+v.forkChild, "")
+			return refusedSubscribe(nc, "brood.v1.inbox.fork."+v.forkChild, "")
 		}},
 		{"learn when a fork child or a root is woken (brood.v1.wake.fork.<childId>, brood.v1.wake.root.<rootId>)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			if err := refusedSubscribe(nc, "brood.v1.wake.fork."+v.forkChild, ""); err == nil {
@@ -938,11 +967,11 @@ func (f *forgery) crossProviderReads(t *testing.T) {
 
 func (f *forgery) pendingItem(ctx context.Context, t *testing.T, id string) protocol.Seq {
 	t.Helper()
-	str, err := f.js.Stream(ctx, "BROOD_INBOX")
+	str, err := f.js.Stream(ctx, "BROOD_INBOX_root")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := str.GetLastMsgForSubject(ctx, "brood.v1.inbox."+id)
+	m, err := str.GetLastMsgForSubject(ctx, "brood.v1.inbox.root."+id)
 	if err != nil {
 		t.Fatalf("no pending item of %s to aim at: %v", id, err)
 	}
@@ -962,15 +991,73 @@ func forgedAppend(ctx context.Context, nc *nats.Conn, subject string) error {
 	return err
 }
 
+// forkWorkerAttempts: the fork provider's workers, whose seeds come from
+// the coordinators, read no log or inbox but their own provider's.
+func (f *forgery) forkWorkerAttempts(t *testing.T) {
+	v := &f.victim
+	f.run(t, "worker-fork", []attempt{
+		{"read a spawn child's log (BROOD_LOG_spawn: a fork parent's history past its fork point) by any get", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return everyGetRefused(ctx, nc, "BROOD_LOG_spawn", "brood.v1.log.spawn."+v.child)
+		}},
+		{"read a root's log (BROOD_LOG_root) by any get", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return everyGetRefused(ctx, nc, "BROOD_LOG_root", "brood.v1.log.root."+v.hostRoot.SessionID)
+		}},
+		{"read a spawn child's inbox (BROOD_INBOX_spawn) by any get", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return everyGetRefused(ctx, nc, "BROOD_INBOX_spawn", "brood.v1.inbox.spawn."+v.child)
+		}},
+		{"read the client's root's inbox (BROOD_INBOX_root) by any get", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
+			return everyGetRefused(ctx, nc, "BROOD_INBOX_root", "brood.v1.inbox.root."+v.root.SessionID)
+		}},
+	})
+}
+
+// everyGetRefused tries every way to read subject (a wildcard allowed) of
+// stream: a batch direct get from the first sequence, a direct get of its
+// last message by the body, one with the subject in the API subject, a
+// leader get, and the stream's info listing its subjects (which names every
+// session). It returns nil as soon as the server lets one through (whatever
+// it answers: even "no message found" says whether the subject holds
+// anything), and the last refusal (a permissions violation) when none was.
+func everyGetRefused(ctx context.Context, nc *nats.Conn, stream, subject string) error {
+	var refused error
+	for _, get := range []struct {
+		api  string
+		body any
+	}{
+		{"$JS.API.DIRECT.GET." + stream, map[string]any{"seq": 1, "next_by_subj": subject, "batch": 10}},
+		{"$JS.API.DIRECT.GET." + stream, map[string]any{"last_by_subj": subject}},
+		{"$JS.API.DIRECT.GET." + stream + "." + subject, nil},
+		{"$JS.API.STREAM.MSG.GET." + stream, map[string]any{"last_by_subj": subject}},
+		{"$JS.API.STREAM.INFO." + stream, map[string]any{"subjects_filter": subject}},
+	} {
+		var data []byte
+		if get.body != nil {
+			data, _ = json.Marshal(get.body)
+		}
+		sub, err := nc.SubscribeSync(nc.NewInbox())
+		if err != nil {
+			return err
+		}
+		err = refusedPublish(nc, &nats.Msg{Subject: get.api, Reply: sub.Subject, Data: data})
+		if err == nil {
+			_ = sub.Unsubscribe()
+			return nil // let through (answered or not)
+		}
+		_ = sub.Unsubscribe()
+		refused = err
+	}
+	return refused
+}
+
 func (f *forgery) trustedHostAttempts(t *testing.T) {
 	v := &f.victim
 	f.run(t, "trusted-host", []attempt{
-		{"a consumer delivering into authority.user", pushConsumerInto("BROOD_LOG", authorityUser, protocol.CoordinatorQueue)},
+		{"a consumer delivering into authority.user", pushConsumerInto("BROOD_LOG_root", authorityUser, protocol.CoordinatorQueue)},
 		{"write a grant record", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedPublish(nc, &nats.Msg{Subject: "$KV.brood_agents.grant.forged", Data: []byte("forged")})
 		}},
 		{"write an inbox item", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
-			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox." + v.child, Data: []byte("forged")})
+			return refusedPublish(nc, &nats.Msg{Subject: "brood.v1.inbox.spawn." + v.child, Data: []byte("forged")})
 		}},
 		{"append to a child's session log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
 			return forgedAppend(ctx, nc, "brood.v1.log.spawn."+v.hostChild)
@@ -982,7 +1069,7 @@ func (f *forgery) trustedHostAttempts(t *testing.T) {
 			return coordCall(ctx, nc, "brood.v1.user.client.providers.list", protocol.Empty{})
 		}},
 		{"update a stream", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
-			return jsRequest(ctx, nc, "$JS.API.STREAM.DELETE.BROOD_INBOX", nil)
+			return jsRequest(ctx, nc, "$JS.API.STREAM.DELETE.BROOD_INBOX_root", nil)
 		}},
 	})
 }
@@ -990,7 +1077,7 @@ func (f *forgery) trustedHostAttempts(t *testing.T) {
 func (f *forgery) coordinatorAttempts(t *testing.T) {
 	f.run(t, "coordinator", []attempt{
 		{"wipe every log", func(ctx context.Context, _ *testing.T, nc *nats.Conn) error {
-			return jsRequest(ctx, nc, "$JS.API.STREAM.PURGE.BROOD_LOG", nil)
+			return jsRequest(ctx, nc, "$JS.API.STREAM.PURGE.BROOD_LOG_spawn", nil)
 		}},
 		{"read a client's replies", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
 			return refusedSubscribe(nc, "_INBOX.client.>", "")

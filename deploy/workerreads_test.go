@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -51,6 +52,20 @@ func singleNode(t *testing.T) string {
 	return s.ClientURL()
 }
 
+// openConfig is cfg as the service connected as nc's user opens the store
+// with (cmd/brood's openStore): a worker user's only its provider's log
+// and inbox streams and no root's (store.Config.Providers, SkipRoots),
+// which are all its user may see; any other service's (a coordinator, the
+// collector) the roots' only.
+func openConfig(nc *nats.Conn, cfg store.Config) store.Config {
+	if p, ok := strings.CutPrefix(nc.Opts.User, "worker-"); ok {
+		cfg.Providers, cfg.SkipRoots = []string{p}, true
+	} else {
+		cfg.Providers = nil
+	}
+	return cfg
+}
+
 // TestAWorkerReadsALogPastALaggingReplica (issue 16: a worker's permission
 // violation during an election): a session log read by a worker, as its
 // own NATS user, whose direct gets are answered by a replica that lacks the
@@ -67,7 +82,8 @@ func TestAWorkerReadsALogPastALaggingReplica(t *testing.T) {
 	if _, err := store.Provision(ctx, connectAs(t, url, "admin", v), protocol.MustSubjects(""), store.DefaultConfig()); err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(ctx, connectAs(t, url, "worker-spawn", v), protocol.MustSubjects(""), store.DefaultConfig())
+	nc := connectAs(t, url, "worker-spawn", v)
+	st, err := store.Open(ctx, nc, protocol.MustSubjects(""), openConfig(nc, store.DefaultConfig()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -225,7 +225,7 @@ func TestCancellingARunReachesEveryDescendant(t *testing.T) {
 
 	// A message that reaches the child's inbox after its ancestor ended (as
 	// a start racing with the end would leave) is discarded, never run.
-	mid, _, err := s.Store.Enqueue(ctx, c, store.InboxItem{Content: protocol.Text("say resumed"),
+	mid, _, err := s.Store.Enqueue(ctx, testutil.ScopeOf(t, s.Store, c), c, store.InboxItem{Content: protocol.Text("say resumed"),
 		Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextTurn}, "")
 	if err != nil {
 		t.Fatal(err)
@@ -359,7 +359,7 @@ func TestCancelReachesAChildBeingCreated(t *testing.T) {
 		if _, live := leaseOf(t, s, c); live {
 			return false
 		}
-		items, err := s.Store.InboxOf(c).Pending(ctx, 0)
+		items, err := testutil.InboxOf(t, s.Store, c).Pending(ctx, 0)
 		return err == nil && len(items) == 0
 	}, "the child being created ended with nothing pending")
 	deadline := time.Now().Add(time.Second) // several liveness sweeps

@@ -373,7 +373,7 @@ func TestNotResumable(t *testing.T) {
 			t.Errorf("%s: err = %v, want NOT_RESUMABLE", name, err)
 		}
 	}
-	items, err := s.Store.InboxOf(run.ChildID).Pending(context.Background(), 0)
+	items, err := testutil.InboxOf(t, s.Store, run.ChildID).Pending(context.Background(), 0)
 	if err != nil {
 		t.Fatalf("read the inbox of %s: %v", run.ChildID, err)
 	}
@@ -391,7 +391,7 @@ func TestPendingItemsWithoutActivationAreResumed(t *testing.T) {
 	waitState(t, s, start.ChildID, ref(root), protocol.StateNone, 10*time.Second)
 	// An item accepted while no activation was live (a host died after the
 	// inbox accepted it): nobody sends another followup.
-	mid, _, err := s.Store.Enqueue(context.Background(), start.ChildID, storeItem("say resumed"), "")
+	mid, _, err := s.Store.Enqueue(context.Background(), testutil.ScopeOf(t, s.Store, start.ChildID), start.ChildID, storeItem("say resumed"), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -634,7 +634,11 @@ func TestDurabilityFailedWhenTheLogRefusesTheFinalFlush(t *testing.T) {
 	c := startCont(t, s, root.Ref(), "sleep 3s\nsay done")
 	testutil.Eventually(t, 20*time.Second, func() bool { _, evs := s.Log(c.ChildID); return len(evs) >= 3 }, "turn opened")
 	// The log stream stops accepting writes; core NATS and the other streams stay up.
-	info, err := s.Store.Log.Info(ctx)
+	logStream, err := s.Store.LogStream(ctx, testutil.ScopeOf(t, s.Store, c.ChildID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := logStream.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -843,7 +847,7 @@ func explainLog(t *testing.T, s *stack.Stack, id string) string {
 			}
 		}
 	}
-	items, err := s.Store.InboxOf(id).Pending(context.Background(), 0)
+	items, err := testutil.InboxOf(t, s.Store, id).Pending(context.Background(), 0)
 	fmt.Fprintf(&b, "\n  pending inbox items: %d (%v)", len(items), err)
 	return b.String()
 }

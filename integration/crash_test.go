@@ -595,7 +595,11 @@ func TestDurabilityFailedRunClosesItsTurnOnceTheLogTakesWrites(t *testing.T) {
 	child := run.ChildID
 	testutil.Eventually(t, 20*time.Second, func() bool { _, evs := s.Log(child); return len(evs) >= 3 }, "turn opened")
 	// The log stream stops accepting writes; core NATS and the other streams stay up.
-	info, err := s.Store.Log.Info(ctx)
+	logStream, err := s.Store.LogStream(ctx, testutil.ScopeOf(t, s.Store, child))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := logStream.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -645,7 +649,11 @@ func TestDurabilityFailedEpochClosesItsTurnOnceTheLogTakesWrites(t *testing.T) {
 	root := s.Root()
 	c := startCont(t, s, root.Ref(), "sleep 3s\nsay done")
 	testutil.Eventually(t, 20*time.Second, func() bool { _, evs := s.Log(c.ChildID); return len(evs) >= 3 }, "turn opened")
-	info, err := s.Store.Log.Info(ctx)
+	logStream, err := s.Store.LogStream(ctx, testutil.ScopeOf(t, s.Store, c.ChildID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := logStream.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

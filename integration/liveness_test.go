@@ -220,7 +220,7 @@ func TestLivenessResumesDoNotWaitForEachOther(t *testing.T) {
 	g.gated.Store(true)
 	want := map[string]string{}
 	for _, id := range append(append([]string(nil), gated...), free...) {
-		mid, _, err := s.Store.Enqueue(ctx, id, storeItem("say again"), "")
+		mid, _, err := s.Store.Enqueue(ctx, testutil.ScopeOf(t, s.Store, id), id, storeItem("say again"), "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -287,7 +287,7 @@ func TestResumedChildReleasesItsParentsOwnership(t *testing.T) {
 	if err := s.Store.AddOwnership(ctx, parent.ChildID, child); err != nil {
 		t.Fatal(err)
 	}
-	mid, _, err := s.Store.Enqueue(ctx, child, store.InboxItem{Content: protocol.Text("say again"),
+	mid, _, err := s.Store.Enqueue(ctx, testutil.ScopeOf(t, s.Store, child), child, store.InboxItem{Content: protocol.Text("say again"),
 		Source: protocol.MessageSource{Kind: protocol.SourceCoordinator, Form: "relay", SenderSessionID: parent.ChildID}, Delivery: store.DeliveryNextTurn}, "")
 	if err != nil {
 		t.Fatal(err)
@@ -349,7 +349,7 @@ func TestOwnerlessEpochReleasesItsParentsEdge(t *testing.T) {
 	if err := s.Store.AddOwnership(ctx, parent.ChildID, child); err != nil {
 		t.Fatal(err)
 	}
-	mid, _, err := s.Store.Enqueue(ctx, child, store.InboxItem{Content: protocol.Text("say again"),
+	mid, _, err := s.Store.Enqueue(ctx, testutil.ScopeOf(t, s.Store, child), child, store.InboxItem{Content: protocol.Text("say again"),
 		Source: protocol.MessageSource{Kind: protocol.SourceCoordinator, Form: "relay", SenderSessionID: parent.ChildID}, Delivery: store.DeliveryNextTurn}, "")
 	if err != nil {
 		t.Fatal(err)

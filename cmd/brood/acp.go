@@ -93,6 +93,10 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer mf.close()
+			for _, a := range agents {
+				sf.providers = append(sf.providers, a.Name)
+			}
+			sf.worker = true
 			nc, st, err := serviceConn(cmd.Context(), g, "brood-acp-bridge", sf, log)
 			if err != nil {
 				return err

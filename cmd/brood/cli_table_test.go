@@ -257,7 +257,7 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 		},
 		"provision": {
 			ok:   func() outcome { return c.run("provision") },
-			out:  `^provisioned Brood's streams and buckets with 1 replicas\n$`,
+			out:  `^provisioned Brood's streams and buckets with 1 replicas for providers spawn,fork,acp\n$`,
 			fail: []string{"provision", "--replicas", "0"}, code: "INVALID_ARGUMENT",
 		},
 		"coordinator": {
@@ -282,9 +282,10 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 		},
 		"acp-bridge": {
 			ok: func() outcome {
-				return c.serve(t, `providers=[example]`, "acp-bridge", "--nats", c.url, "--agent", "name=example,command="+agentBin)
+				// acp: a provider whose streams are provisioned (store.DefaultProviders).
+				return c.serve(t, `providers=[acp]`, "acp-bridge", "--nats", c.url, "--agent", "name=acp,command="+agentBin)
 			},
-			errOut: `(?s)msg="host serving" host=example\.` + id + ` providers=\[example\].*msg="host drained"`,
+			errOut: `(?s)msg="host serving" host=acp\.` + id + ` providers=\[acp\].*msg="host drained"`,
 			fail:   []string{"acp-bridge"}, code: "INVALID_ARGUMENT",
 		},
 		"acp-agent": {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,19 +33,26 @@ func provisionCmd(g *globals) *cobra.Command {
 	var replicas int
 	var check bool
 	var timeout time.Duration
+	var providers []string
 	cmd := &cobra.Command{
-		Use:   "provision [--replicas N] [--check]",
+		Use:   "provision [--replicas N] [--providers P,...] [--check]",
 		Short: "Create or update Brood's streams and buckets (the admin step before the services start)",
 		Long: "Creates Brood's streams and buckets, or updates them to Brood's settings, with N replicas (1 on\n" +
 			"one server, 3 on a cluster). Run it once per deployment, and again after an upgrade or to change\n" +
 			"the replicas, as a NATS user allowed to create and update streams (the admin user of\n" +
 			"deploy/nats/cluster/accounts.conf). The services never create or change a stream: they check the\n" +
 			"configuration when they start, wait while it is missing, and refuse to run on a wrong one.\n" +
+			"Each provider has its own log and inbox streams (BROOD_LOG_<p>, BROOD_INBOX_<p>; roots' are\n" +
+			"BROOD_LOG_root, BROOD_INBOX_root): --providers names every provider of the deployment, and a new\n" +
+			"provider is provisioned (run this again with it added) before its workers start.\n" +
 			"--check only compares and lists every difference (exit 1 when there is one).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if replicas < 1 || replicas > 5 {
 				return protocol.Errorf(protocol.CodeInvalidArgument, "--replicas %d must be between 1 and 5", replicas)
+			}
+			if err := store.CheckProviders(providers); err != nil {
+				return fmt.Errorf("--providers: %w", err)
 			}
 			subj, err := protocol.NewSubjects(g.prefix)
 			if err != nil {
@@ -59,23 +67,25 @@ func provisionCmd(g *globals) *cobra.Command {
 			defer cancel()
 			cfg := store.DefaultConfig()
 			cfg.Replicas = replicas
+			cfg.Providers = providers
 			if check {
 				cctx, ccancel := context.WithTimeout(ctx, timeout)
 				defer ccancel()
 				if _, err := store.Open(cctx, nc, subj, cfg); err != nil {
 					return storeError(nc, "check", err)
 				}
-				fmt.Fprintf(g.out, "Brood's streams and buckets are provisioned as this deployment needs them (%d replicas)\n", replicas)
+				fmt.Fprintf(g.out, "Brood's streams and buckets are provisioned as this deployment needs them (%d replicas; providers %s)\n", replicas, strings.Join(providers, ","))
 				return nil
 			}
 			if err := provision(ctx, nc, subj, cfg, timeout, newLogger(g.logLevel, slog.LevelInfo, g.errOut)); err != nil {
 				return err
 			}
-			fmt.Fprintf(g.out, "provisioned Brood's streams and buckets with %d replicas\n", replicas)
+			fmt.Fprintf(g.out, "provisioned Brood's streams and buckets with %d replicas for providers %s\n", replicas, strings.Join(providers, ","))
 			return nil
 		},
 	}
 	cmd.Flags().IntVar(&replicas, "replicas", 1, "replicas of every stream and bucket (1 on one server, 3 on a cluster)")
+	cmd.Flags().StringSliceVar(&providers, "providers", slices.Clone(store.DefaultProviders), "every provider of the deployment (each gets its log and inbox streams; the roots' are always made)")
 	cmd.Flags().BoolVar(&check, "check", false, "only check the configuration and list the differences")
 	cmd.Flags().DurationVar(&timeout, "timeout", provisionRetryMax, "how long to retry while JetStream is not ready")
 	natsFlag(cmd, g)
@@ -121,6 +131,10 @@ func openStore(ctx context.Context, nc *nats.Conn, prefix string, sf storeFlags,
 	}
 	cfg := store.DefaultConfig()
 	cfg.Replicas = sf.replicas
+	cfg.Providers, cfg.SkipRoots = sf.providers, sf.worker
+	if err := store.CheckProviders(cfg.Providers); err != nil {
+		return nil, err
+	}
 	ctx, stop := cancelOnViolation(ctx, nc)
 	defer stop()
 	var logged time.Time
@@ -135,7 +149,7 @@ func openStore(ctx context.Context, nc *nats.Conn, prefix string, sf storeFlags,
 			return nil, storeError(nc, "open", err)
 		}
 		if time.Since(logged) >= storeOpenLogEvery {
-			log.Warn("waiting for Brood's streams and buckets: run `brood provision --replicas N` as the admin user (docs/security.md); checking again every second", "err", err)
+			log.Warn("waiting for Brood's streams and buckets: run `brood provision --replicas N --providers P,...` as the admin user (docs/security.md); checking again every second", "err", err)
 			logged = time.Now()
 		}
 		select {

@@ -155,6 +155,13 @@ func (m *modelFlags) factory() (worker.ModelFactory, error) {
 // storeFlags are what a service checks Brood's streams and buckets against.
 type storeFlags struct {
 	replicas int
+	// providers are the providers the service serves, whose log and inbox
+	// streams it needs (store.Config.Providers): set by the service, not a
+	// flag (a worker its own, a coordinator or collector none).
+	providers []string
+	// worker: the service reads and writes no root's log or inbox
+	// (store.Config.SkipRoots).
+	worker bool
 }
 
 func (s *storeFlags) flags(cmd *cobra.Command) {
@@ -378,6 +385,7 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 				return err
 			}
 			defer met.close()
+			sf.providers, sf.worker = []string{desc.Name}, true
 			nc, st, err := serviceConn(cmd.Context(), g, "brood-"+use, sf, log)
 			if err != nil {
 				return err
@@ -470,7 +478,7 @@ func devCmd(g *globals) *cobra.Command {
 			if err := provision(cmd.Context(), nc, subj, store.DefaultConfig(), provisionRetryMax, log); err != nil {
 				return err
 			}
-			st, err := openStore(cmd.Context(), nc, g.prefix, storeFlags{replicas: 1}, log)
+			st, err := openStore(cmd.Context(), nc, g.prefix, storeFlags{replicas: 1, providers: store.DefaultProviders}, log)
 			if err != nil {
 				return err
 			}

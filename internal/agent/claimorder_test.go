@@ -61,7 +61,7 @@ func (w *writes) count(op store.WriteOp) int {
 
 func pendingIDs(t *testing.T, st *store.Store, id string) []string {
 	t.Helper()
-	items, err := st.InboxOf(id).Pending(context.Background(), 0)
+	items, err := st.InboxOf(protocol.ScopeRoot, id).Pending(context.Background(), 0)
 	if err != nil {
 		t.Fatalf("read the inbox of %s: %v", id, err)
 	}
@@ -129,7 +129,7 @@ func TestClaimOrderAnItemLeavesTheInboxOnlyAfterItsClaimIsLogged(t *testing.T) {
 			}}
 			faulty := st.WithFaults(w.faults())
 			a := materialize(t, faulty, id)
-			if !tc.act(ctx, a, faulty.InboxOf(id)) {
+			if !tc.act(ctx, a, faulty.InboxOf(protocol.ScopeRoot, id)) {
 				t.Fatal("the attempt succeeded although its log append was refused")
 			}
 			if n := w.count(store.OpPublish); n == 0 {
@@ -146,7 +146,7 @@ func TestClaimOrderAnItemLeavesTheInboxOnlyAfterItsClaimIsLogged(t *testing.T) {
 			}
 			// A healthy attempt (the host's next, or its successor's).
 			b := materialize(t, st, id)
-			if err := tc.again(ctx, b, st.InboxOf(id)); err != nil {
+			if err := tc.again(ctx, b, st.InboxOf(protocol.ScopeRoot, id)); err != nil {
 				t.Fatal(err)
 			}
 			n := 0
@@ -179,7 +179,7 @@ func TestClaimOrderALostAcknowledgementStillCountsTheClaim(t *testing.T) {
 	}}
 	faulty := st.WithFaults(w.faults())
 	a := materialize(t, faulty, id)
-	if _, claimed, err := a.ClaimNext(ctx, faulty.InboxOf(id)); !claimed || err != nil {
+	if _, claimed, err := a.ClaimNext(ctx, faulty.InboxOf(protocol.ScopeRoot, id)); !claimed || err != nil {
 		t.Fatalf("claim with a lost acknowledgement: claimed %v, %v", claimed, err)
 	}
 	w.mu.Lock()
@@ -193,7 +193,7 @@ func TestClaimOrderALostAcknowledgementStillCountsTheClaim(t *testing.T) {
 	}
 	a.RunSteps(ctx)
 	b := materialize(t, st, id)
-	if _, claimed, err := b.ClaimNext(ctx, st.InboxOf(id)); claimed || err != nil {
+	if _, claimed, err := b.ClaimNext(ctx, st.InboxOf(protocol.ScopeRoot, id)); claimed || err != nil {
 		t.Fatalf("a rebuilt agent claimed again: %v %v", claimed, err)
 	}
 	if got := claimedIDs(logOf(t, st, id)); len(got) != 1 || got[0] != m1 {
@@ -214,7 +214,7 @@ func TestClaimOrderARemovalThatFailsIsSkippedByTheLoggedClaim(t *testing.T) {
 	w := &writes{fail: func(wr store.Write) bool { return wr.Op == store.OpMsgDelete }}
 	faulty := st.WithFaults(w.faults())
 	a := materialize(t, faulty, id)
-	if _, claimed, err := a.ClaimNext(ctx, faulty.InboxOf(id)); !claimed || err != nil {
+	if _, claimed, err := a.ClaimNext(ctx, faulty.InboxOf(protocol.ScopeRoot, id)); !claimed || err != nil {
 		t.Fatalf("claim whose removal fails: claimed %v, %v", claimed, err)
 	}
 	if w.count(store.OpMsgDelete) == 0 {
@@ -225,14 +225,14 @@ func TestClaimOrderARemovalThatFailsIsSkippedByTheLoggedClaim(t *testing.T) {
 	}
 	a.RunSteps(ctx)
 	b := materialize(t, st, id)
-	items, err := b.Unclaimed(ctx, st.InboxOf(id))
+	items, err := b.Unclaimed(ctx, st.InboxOf(protocol.ScopeRoot, id))
 	if err != nil || len(items) != 1 || items[0].MessageID != m2 {
 		t.Fatalf("unclaimed = %+v, %v; want only %s", items, err, m2)
 	}
 	if got := pendingIDs(t, st, id); len(got) != 1 || got[0] != m2 {
 		t.Fatalf("pending after the rebuild = %v, want the claimed item removed", got)
 	}
-	if _, claimed, err := b.ClaimNext(ctx, st.InboxOf(id)); !claimed || err != nil {
+	if _, claimed, err := b.ClaimNext(ctx, st.InboxOf(protocol.ScopeRoot, id)); !claimed || err != nil {
 		t.Fatalf("claim of the second item: %v %v", claimed, err)
 	}
 	if got := claimedIDs(logOf(t, st, id)); len(got) != 2 || got[0] != m1 || got[1] != m2 {
@@ -262,7 +262,7 @@ func withInbox(t *testing.T, st *store.Store, id string, in agent.Inbox) *agent.
 
 func enqueueStep(t *testing.T, st *store.Store, id, text string) string {
 	t.Helper()
-	mid, _, err := st.Enqueue(context.Background(), id, store.InboxItem{
+	mid, _, err := st.Enqueue(context.Background(), protocol.ScopeRoot, id, store.InboxItem{
 		Content: protocol.Text(text), Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextStep,
 	}, "")
 	if err != nil {
@@ -317,8 +317,8 @@ func TestStepClaimsJoinTheRunningTurnOnceLogged(t *testing.T) {
 				}
 			}
 			faulty := st.WithFaults(w.faults())
-			a := withInbox(t, faulty, id, faulty.InboxOf(id))
-			if _, claimed, err := a.ClaimNext(ctx, faulty.InboxOf(id)); !claimed || err != nil {
+			a := withInbox(t, faulty, id, faulty.InboxOf(protocol.ScopeRoot, id))
+			if _, claimed, err := a.ClaimNext(ctx, faulty.InboxOf(protocol.ScopeRoot, id)); !claimed || err != nil {
 				t.Fatalf("claim of the turn's message: %v %v", claimed, err)
 			}
 			step = enqueueStep(t, st, id, "also this")
@@ -369,7 +369,7 @@ func TestNoteEnqueuedLogsEachArrivalOnce(t *testing.T) {
 	const id = "ARRIVALS"
 	enqueue(t, st, id, "say one", "")
 	a := materialize(t, st, id)
-	if _, claimed, err := a.ClaimNext(ctx, st.InboxOf(id)); !claimed || err != nil {
+	if _, claimed, err := a.ClaimNext(ctx, st.InboxOf(protocol.ScopeRoot, id)); !claimed || err != nil {
 		t.Fatalf("claim: %v %v", claimed, err)
 	}
 	m2 := enqueue(t, st, id, "say two", "")
@@ -385,7 +385,7 @@ func TestNoteEnqueuedLogsEachArrivalOnce(t *testing.T) {
 	}
 	before := len(enqueued())
 	for i := 0; i < 2; i++ {
-		if err := a.NoteEnqueued(ctx, st.InboxOf(id)); err != nil {
+		if err := a.NoteEnqueued(ctx, st.InboxOf(protocol.ScopeRoot, id)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -394,7 +394,7 @@ func TestNoteEnqueuedLogsEachArrivalOnce(t *testing.T) {
 		t.Fatalf("enqueue events %v (were %d), want %s logged once", got, before, m2)
 	}
 	n := len(logOf(t, st, id))
-	if err := a.NoteEnqueued(ctx, st.InboxOf(id)); err != nil {
+	if err := a.NoteEnqueued(ctx, st.InboxOf(protocol.ScopeRoot, id)); err != nil {
 		t.Fatal(err)
 	}
 	if after := len(logOf(t, st, id)); after != n {

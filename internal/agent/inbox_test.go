@@ -37,7 +37,7 @@ func materialize(t *testing.T, st *store.Store, id string) *agent.Agent {
 
 func enqueue(t *testing.T, st *store.Store, id, text, key string) string {
 	t.Helper()
-	mid, _, err := st.Enqueue(context.Background(), id, store.InboxItem{
+	mid, _, err := st.Enqueue(context.Background(), protocol.ScopeRoot, id, store.InboxItem{
 		Content: protocol.Text(text), Source: protocol.MessageSource{Kind: protocol.SourceUser},
 	}, key)
 	if err != nil {
@@ -58,7 +58,7 @@ func enqueueCopy(t *testing.T, st *store.Store, id, text, mid string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg := nats.NewMsg(st.Subj.Inbox(id))
+	msg := nats.NewMsg(st.Subj.Inbox(protocol.ScopeRoot, id))
 	msg.Data = data
 	msg.Header.Set(protocol.HeaderMessageID, mid)
 	if _, err := st.JS.PublishMsg(context.Background(), msg, jetstream.WithMsgID(id+".forgotten")); err != nil {
@@ -116,7 +116,7 @@ func TestInboxClaimsExactlyOnceAcrossRebuilds(t *testing.T) {
 	m3 := enqueue(t, st, id, "say three", "")
 
 	a := materialize(t, st, id)
-	inbox := &stuckInbox{Inbox: st.InboxOf(id)}
+	inbox := &stuckInbox{Inbox: st.InboxOf(protocol.ScopeRoot, id)}
 	if _, ok, err := a.ClaimNext(ctx, inbox); !ok || err != nil {
 		t.Fatalf("first claim: %v %v", ok, err)
 	}
@@ -128,13 +128,13 @@ func TestInboxClaimsExactlyOnceAcrossRebuilds(t *testing.T) {
 	b := materialize(t, st, id) // a second instance rebuilt from the log
 	b.RunSteps(ctx)             // it finishes the open turn the first one left
 	for i := 0; i < 2; i++ {
-		if _, ok, err := b.ClaimNext(ctx, st.InboxOf(id)); !ok || err != nil {
+		if _, ok, err := b.ClaimNext(ctx, st.InboxOf(protocol.ScopeRoot, id)); !ok || err != nil {
 			t.Fatalf("claim %d: %v %v", i, ok, err)
 		}
 		b.RunSteps(ctx)
 	}
 	// Delivery repeats: nothing is left to claim.
-	if _, ok, err := b.ClaimNext(ctx, st.InboxOf(id)); ok || err != nil {
+	if _, ok, err := b.ClaimNext(ctx, st.InboxOf(protocol.ScopeRoot, id)); ok || err != nil {
 		t.Fatalf("claimed again: %v %v", ok, err)
 	}
 	log, _ := st.ReadLog(ctx, protocol.ScopeRoot, id)
@@ -165,11 +165,11 @@ func TestInboxCancelWithAndWithoutKeepingItems(t *testing.T) {
 	const id = "C2"
 	enqueue(t, st, id, "sleep 30s\nsay never", "")
 	a := materialize(t, st, id)
-	if _, ok, _ := a.ClaimNext(ctx, st.InboxOf(id)); !ok {
+	if _, ok, _ := a.ClaimNext(ctx, st.InboxOf(protocol.ScopeRoot, id)); !ok {
 		t.Fatal("no claim")
 	}
 	queued := enqueue(t, st, id, "say queued", "")
-	if err := a.NoteEnqueued(ctx, st.InboxOf(id)); err != nil {
+	if err := a.NoteEnqueued(ctx, st.InboxOf(protocol.ScopeRoot, id)); err != nil {
 		t.Fatal(err)
 	}
 	// Cancel the turn keeping the inbox: the queued item stays pending.
@@ -182,7 +182,7 @@ func TestInboxCancelWithAndWithoutKeepingItems(t *testing.T) {
 		t.Fatalf("kept inbox = %+v", items)
 	}
 	// Cancel without keeping it: the item is discarded after its enqueue.
-	n, err := a.DiscardPending(ctx, st.InboxOf(id), "cancelled")
+	n, err := a.DiscardPending(ctx, st.InboxOf(protocol.ScopeRoot, id), "cancelled")
 	if err != nil || n != 1 {
 		t.Fatalf("discarded %d, %v", n, err)
 	}
@@ -202,7 +202,7 @@ func TestInboxCancelWithAndWithoutKeepingItems(t *testing.T) {
 	if enq != 2 || disc != 1 {
 		t.Fatalf("enqueue %d, discard %d", enq, disc)
 	}
-	if _, ok, _ := a.ClaimNext(ctx, st.InboxOf(id)); ok {
+	if _, ok, _ := a.ClaimNext(ctx, st.InboxOf(protocol.ScopeRoot, id)); ok {
 		t.Fatal("a discarded item was claimed")
 	}
 }
@@ -222,7 +222,7 @@ func TestInboxIdempotencyAndLimit(t *testing.T) {
 	}
 	enqueue(t, st, "S", "b", "")
 	enqueue(t, st, "S", "c", "")
-	_, _, err = st.Enqueue(context.Background(), "S", store.InboxItem{Content: protocol.Text("d")}, "")
+	_, _, err = st.Enqueue(context.Background(), protocol.ScopeRoot, "S", store.InboxItem{Content: protocol.Text("d")}, "")
 	if protocol.CodeOf(err) != protocol.CodeLimitExceeded {
 		t.Fatalf("4th item = %v, want LIMIT_EXCEEDED", err)
 	}
@@ -233,7 +233,7 @@ func TestIdempotentRetryAfterTheClaimAnswersTheOriginalID(t *testing.T) {
 	ctx := context.Background()
 	first := enqueue(t, st, "C", "say hi", "retry-key")
 	a := materialize(t, st, "C")
-	if _, ok, err := a.ClaimNext(ctx, st.InboxOf("C")); !ok || err != nil {
+	if _, ok, err := a.ClaimNext(ctx, st.InboxOf(protocol.ScopeRoot, "C")); !ok || err != nil {
 		t.Fatalf("claim: %v %v", ok, err)
 	}
 	a.RunSteps(ctx)
@@ -266,19 +266,19 @@ func TestKeyedMessageStoredTwiceRunsOnce(t *testing.T) {
 		t.Fatalf("a retry within the duplicate window answered %s, want %s", again, m1)
 	}
 	a := materialize(t, st, id)
-	if _, ok, err := a.ClaimNext(ctx, st.InboxOf(id)); !ok || err != nil {
+	if _, ok, err := a.ClaimNext(ctx, st.InboxOf(protocol.ScopeRoot, id)); !ok || err != nil {
 		t.Fatalf("first claim: %v %v", ok, err)
 	}
 	a.RunSteps(ctx)
 	// The retry stored again, as a stream that forgot the msg id stores it.
 	enqueueCopy(t, st, id, "say once", m1)
 	m2 := enqueue(t, st, id, "say after", "k2")
-	claimEach(t, a, st.InboxOf(id))
+	claimEach(t, a, st.InboxOf(protocol.ScopeRoot, id))
 	log, _ := st.ReadLog(ctx, protocol.ScopeRoot, id)
 	if got := claimedIDs(log.Events); len(got) != 2 || got[0] != m1 || got[1] != m2 {
 		t.Fatalf("claims = %v, want [%s %s]: the second copy of %s is skipped", got, m1, m2, m1)
 	}
-	if items, _ := st.InboxOf(id).Pending(ctx, 0); len(items) != 0 {
+	if items, _ := st.InboxOf(protocol.ScopeRoot, id).Pending(ctx, 0); len(items) != 0 {
 		t.Fatalf("%d items still pending; the copy is removed", len(items))
 	}
 }
@@ -300,7 +300,7 @@ func TestACopyOfAPendingItemGoesOnceItsFirstCopyIsClaimed(t *testing.T) {
 	// The removals a coordinator would carry out, each checked as it does.
 	header := protocol.SessionHeader{ID: id}
 	var refused []error
-	in := st.InboxOf(id).RemovedBy(func(ctx context.Context, seqs []protocol.Seq) error {
+	in := st.InboxOf(protocol.ScopeRoot, id).RemovedBy(func(ctx context.Context, seqs []protocol.Seq) error {
 		_, err := st.RemoveDoneInboxItems(ctx, header, seqs)
 		if err != nil {
 			refused = append(refused, err)

@@ -147,7 +147,9 @@ func (s *Store) ReleaseOwnership(ctx context.Context, owner, child string) error
 	if err := s.RemoveOwnership(ctx, owner, child); err != nil {
 		return err
 	}
-	s.wake(ctx, owner)
+	if scope, err := s.SessionScope(ctx, owner); err == nil && scope != "" {
+		s.wake(scope, owner) // best effort (wake)
+	}
 	return nil
 }
 
@@ -207,11 +209,17 @@ func (s *Store) EndEpochRecords(ctx context.Context, e EpochEnd, onErr func(erro
 	if e.Parent != "" && !e.AncestorEnded {
 		if p, err := s.LeaseLatest(ctx, e.Parent); err == nil && !p.Value.Ending {
 			summary, content := sessionlog.SettledNotice(e.ChildID, e.Result)
-			_, _, err := s.Enqueue(ctx, e.Parent, InboxItem{
-				Content:  content,
-				Source:   protocol.MessageSource{Kind: protocol.SourceSubagentSettled, Form: "notice", Summary: summary, SenderSessionID: e.ChildID},
-				Delivery: DeliveryNextStep,
-			}, "settled-"+e.RunID)
+			scope, err := s.SessionScope(ctx, e.Parent)
+			if err == nil && scope == "" {
+				err = fmt.Errorf("the parent %s has no header", e.Parent)
+			}
+			if err == nil {
+				_, _, err = s.Enqueue(ctx, scope, e.Parent, InboxItem{
+					Content:  content,
+					Source:   protocol.MessageSource{Kind: protocol.SourceSubagentSettled, Form: "notice", Summary: summary, SenderSessionID: e.ChildID},
+					Delivery: DeliveryNextStep,
+				}, "settled-"+e.RunID)
+			}
 			if err != nil {
 				onErr(fmt.Errorf("settlement notice to %s: %w", e.Parent, err))
 			}

@@ -69,7 +69,7 @@ type Faults struct {
 	// error for a write that landed is an acknowledgement lost on the way.
 	After func(ctx context.Context, w Write, err error) error
 	// Lagging, when set, makes the replicas that answer direct batch gets
-	// of session logs (BROOD_LOG) lag: it is asked of each message such a
+	// of session logs (BROOD_LOG_<scope>) lag: it is asked of each message such a
 	// get returns (stream sequence seq), and true ends that batch before
 	// it, as a replica that has not yet stored it answers (a batch get
 	// stops early without an error). Reads from the stream's leader are
@@ -90,7 +90,8 @@ func (s *Store) WithFaults(f Faults) *Store {
 	c.JS = faultJS{JetStream: s.JS, f: f}
 	c.lagging = f.Lagging
 	c.leaderRead = f.LeaderRead
-	for _, str := range []*jetstream.Stream{&c.Sessions, &c.Log, &c.Inbox, &c.Events} {
+	c.faults = &f // the log and inbox streams (LogStream, InboxStream)
+	for _, str := range []*jetstream.Stream{&c.Sessions, &c.Events} {
 		if *str != nil {
 			*str = faultStream{Stream: *str, f: f}
 		}

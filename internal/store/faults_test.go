@@ -75,14 +75,18 @@ func TestFaultsSeeEveryWriteAndDecideItsAnswer(t *testing.T) {
 	if err := store.Delete(ctx, f.Agents, "k", 0); err != nil || last().Op != store.OpKVDelete {
 		t.Fatalf("delete: %v, seen %+v", err, last())
 	}
-	_, seq, err := f.Enqueue(ctx, "S", store.InboxItem{Content: protocol.Text("hi")}, "")
-	if w := last(); err != nil || w.Op != store.OpPublish || w.Subject != st.Subj.Inbox("S") || w.Msg == nil || w.Async {
+	_, seq, err := f.Enqueue(ctx, protocol.ScopeRoot, "S", store.InboxItem{Content: protocol.Text("hi")}, "")
+	if w := last(); err != nil || w.Op != store.OpPublish || w.Subject != st.Subj.Inbox(protocol.ScopeRoot, "S") || w.Msg == nil || w.Async {
 		t.Fatalf("enqueue: %v, seen %+v", err, w)
 	}
-	if err := f.InboxOf("S").Remove(ctx, seq); err != nil || last().Op != store.OpMsgDelete || last().Seq != uint64(seq) || last().Stream != st.Subj.StreamInbox() {
+	if err := f.InboxOf(protocol.ScopeRoot, "S").Remove(ctx, seq); err != nil || last().Op != store.OpMsgDelete || last().Seq != uint64(seq) || last().Stream != st.Subj.StreamInbox(protocol.ScopeRoot) {
 		t.Fatalf("remove: %v, seen %+v", err, last())
 	}
-	if err := f.Inbox.SecureDeleteMsg(ctx, uint64(seq)); err == nil || last().Op != store.OpMsgDelete {
+	inbox, err := f.InboxStream(ctx, protocol.ScopeRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := inbox.SecureDeleteMsg(ctx, uint64(seq)); err == nil || last().Op != store.OpMsgDelete {
 		t.Fatalf("secure delete of a removed item: %v, seen %+v", err, last())
 	}
 	fut, err := f.JS.PublishMsgAsync(&nats.Msg{Subject: st.Subj.Log(protocol.ScopeRoot, "async"), Data: []byte("x")})
@@ -116,7 +120,7 @@ func TestFaultsSeeEveryWriteAndDecideItsAnswer(t *testing.T) {
 	if _, err := f.JS.PublishAsync(st.Subj.Log(protocol.ScopeRoot, "S"), []byte("y")); !errors.Is(err, injected) {
 		t.Fatalf("refused async publish answered %v", err)
 	}
-	if err := f.Inbox.DeleteMsg(ctx, 1); !errors.Is(err, injected) {
+	if err := inbox.DeleteMsg(ctx, 1); !errors.Is(err, injected) {
 		t.Fatalf("refused delete answered %v", err)
 	}
 
@@ -130,10 +134,10 @@ func TestFaultsSeeEveryWriteAndDecideItsAnswer(t *testing.T) {
 	if r, err := store.Get[protocol.OwnershipRecord](ctx, st.Agents, "landed"); err != nil || r.Value.Children[0] != "a" {
 		t.Fatalf("the create whose answer was lost did not land: %v", err)
 	}
-	if _, _, err := f.Enqueue(ctx, "S", store.InboxItem{Content: protocol.Text("lost ack")}, ""); !errors.Is(err, injected) {
+	if _, _, err := f.Enqueue(ctx, protocol.ScopeRoot, "S", store.InboxItem{Content: protocol.Text("lost ack")}, ""); !errors.Is(err, injected) {
 		t.Fatalf("enqueue whose answer was lost answered %v", err)
 	}
-	if n, err := st.InboxOf("S").Count(ctx); err != nil || n != 1 {
+	if n, err := st.InboxOf(protocol.ScopeRoot, "S").Count(ctx); err != nil || n != 1 {
 		t.Fatalf("inbox holds %d items (%v), want the item whose answer was lost", n, err)
 	}
 	// The original store has no hooks.

@@ -16,7 +16,8 @@ import (
 // The records the collector (services/collector; docs/security.md,
 // "Garbage collection") reads and removes. A root's tree is the root and
 // every session its child index reaches, recursively; its records are each
-// session's header and child index (BROOD_SESSIONS), log (BROOD_LOG) and
+// session's header and child index (BROOD_SESSIONS), log (its scope's
+// BROOD_LOG_<scope>) and
 // slot record (brood_agents slots.<id>), and the root's closed marker
 // (closed.<id>). Headers and logs are removed by a purge of their subjects,
 // which the streams allow (provision.go) and a deployment lets only the
@@ -157,7 +158,7 @@ func (s *Store) Activity(ctx context.Context, n TreeSession) (SessionActivity, e
 		})
 		return m, err
 	}
-	m, err := last(s.Subj.StreamInbox(), s.Subj.Inbox(n.ID))
+	m, err := last(s.Subj.StreamInbox(n.Scope), s.Subj.Inbox(n.Scope, n.ID))
 	if err != nil {
 		return a, fmt.Errorf("read the inbox of %s: %w", n.ID, err)
 	}
@@ -172,7 +173,7 @@ func (s *Store) Activity(ctx context.Context, n TreeSession) (SessionActivity, e
 			a.Header = &h
 		}
 	}
-	if m, err = last(s.Subj.StreamLog(), s.Subj.Log(n.Scope, n.ID)); err != nil {
+	if m, err = last(s.Subj.StreamLog(n.Scope), s.Subj.Log(n.Scope, n.ID)); err != nil {
 		return a, fmt.Errorf("read the log of %s: %w", n.ID, err)
 	}
 	if m != nil && m.Time.After(a.LastWrite) {
@@ -186,10 +187,14 @@ func (s *Store) PurgeHeader(ctx context.Context, id string) error {
 	return s.purge(ctx, s.Sessions, s.Subj.Session(id))
 }
 
-// PurgeSession removes the rest of session n's records: its log, its child
-// index and its slot record.
+// PurgeSession removes the rest of session n's records: its log (from its
+// scope's log stream), its child index and its slot record.
 func (s *Store) PurgeSession(ctx context.Context, n TreeSession) error {
-	if err := s.purge(ctx, s.Log, s.Subj.Log(n.Scope, n.ID)); err != nil {
+	log, err := s.LogStream(ctx, n.Scope)
+	if err != nil {
+		return err
+	}
+	if err := s.purge(ctx, log, s.Subj.Log(n.Scope, n.ID)); err != nil {
 		return err
 	}
 	if err := s.purge(ctx, s.Sessions, s.Subj.ChildrenOf(n.ID)); err != nil {

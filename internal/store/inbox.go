@@ -21,7 +21,7 @@ import (
 )
 
 // The inbox (DESIGN.md §4). Each session's pending items are the messages on
-// its BROOD_INBOX subject; an item is deleted once its claim is logged in the
+// its inbox subject, in its scope's stream BROOD_INBOX_<scope> (streams.go); an item is deleted once its claim is logged in the
 // session log, so the subject holds exactly what is pending. Agents read it
 // with direct gets after the last inbox sequence their log claimed, and wake
 // on core subscriptions to the same subject and to the session's wake
@@ -38,14 +38,20 @@ const (
 )
 
 // InboxItem is one pending inbox item (protocol.InboxItem): the body of a
-// BROOD_INBOX message; Seq is set when read and never stored.
+// message of an inbox stream; Seq (its stream sequence, in its scope's
+// stream) is set when read and never stored.
 type InboxItem = protocol.InboxItem
 
-// Enqueue accepts an item into a session's inbox and returns its messageId
-// and inbox sequence. A non-empty idempotencyKey becomes the Nats-Msg-Id, so
+// Enqueue accepts an item into the inbox of session sessionID of scope scope
+// (its header's Scope) and returns its messageId and inbox sequence. A non-empty idempotencyKey becomes the Nats-Msg-Id, so
 // a retry inside the duplicate window answers with the original messageId. A
 // full inbox (InboxItemsMax pending) is LIMIT_EXCEEDED.
-func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, idempotencyKey string) (string, protocol.Seq, error) {
+func (s *Store) Enqueue(ctx context.Context, scope, sessionID string, item InboxItem, idempotencyKey string) (string, protocol.Seq, error) {
+	in := s.InboxOf(scope, sessionID)
+	str, err := in.stream(ctx)
+	if err != nil {
+		return "", 0, err
+	}
 	derived := false
 	switch {
 	case item.MessageID != "":
@@ -62,7 +68,7 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 	if err != nil {
 		return "", 0, err
 	}
-	msg := nats.NewMsg(s.Subj.Inbox(sessionID))
+	msg := nats.NewMsg(in.Subject())
 	msg.Data = data
 	msg.Header.Set(protocol.HeaderMessageID, item.MessageID)
 	tracecontext.Inject(ctx, msg.Header)
@@ -92,11 +98,11 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 	if ack.Duplicate && idempotencyKey != "" {
 		// The original item may already be claimed (and deleted); its id is
 		// only needed when it is still there.
-		if m, gerr := s.Inbox.GetMsg(ctx, ack.Sequence); gerr == nil {
+		if m, gerr := str.GetMsg(ctx, ack.Sequence); gerr == nil {
 			return m.Header.Get(protocol.HeaderMessageID), protocol.Seq(ack.Sequence), nil
 		}
 		// Already claimed (and so deleted): its claim in the log names it.
-		if id := s.claimedMessageID(ctx, sessionID, protocol.Seq(ack.Sequence)); id != "" {
+		if id := s.claimedMessageID(ctx, scope, sessionID, protocol.Seq(ack.Sequence)); id != "" {
 			return id, protocol.Seq(ack.Sequence), nil
 		}
 		return "", protocol.Seq(ack.Sequence), protocol.Errorf(protocol.CodeUnavailable,
@@ -106,20 +112,15 @@ func (s *Store) Enqueue(ctx context.Context, sessionID string, item InboxItem, i
 	// when a read finds it (activation.go). Resident activations never see
 	// the item's copy on the inbox subject: their workers may not subscribe
 	// to it (docs/security.md).
-	s.wake(ctx, sessionID)
+	s.wake(scope, sessionID)
 	return item.MessageID, protocol.Seq(ack.Sequence), nil
 }
 
-// wake publishes the wake-up of session id on its scope's wake subject
-// (protocol.Subjects.Wake; the scope from its header, cached). It is best
-// effort, as every core publish is: a session whose scope cannot be read
-// now gets none, and its activation finds the item at its next re-check
-// (worker.ActivationRecheck).
-func (s *Store) wake(ctx context.Context, id string) {
-	scope, err := s.SessionScope(ctx, id)
-	if err != nil || scope == "" {
-		return
-	}
+// wake publishes the wake-up of session id of scope scope on its wake
+// subject (protocol.Subjects.Wake). It is best effort, as every core
+// publish is: an activation that misses it finds the item at its next
+// re-check (worker.ActivationRecheck).
+func (s *Store) wake(scope, id string) {
 	_ = s.NC.Publish(s.Subj.Wake(scope, id), nil)
 }
 
@@ -182,8 +183,8 @@ func deleteError(err error) error {
 
 // SessionInbox reads and trims one session's inbox.
 type SessionInbox struct {
-	s         *Store
-	sessionID string
+	s                *Store
+	scope, sessionID string
 	// remove carries out Remove when set (RemovedBy); nil deletes directly.
 	remove func(ctx context.Context, seqs []protocol.Seq) error
 }
@@ -193,16 +194,23 @@ type SessionInbox struct {
 // only they delete inbox items in a deployment (docs/security.md). Reads
 // are unchanged.
 func (in *SessionInbox) RemovedBy(remove func(ctx context.Context, seqs []protocol.Seq) error) *SessionInbox {
-	return &SessionInbox{s: in.s, sessionID: in.sessionID, remove: remove}
+	return &SessionInbox{s: in.s, scope: in.scope, sessionID: in.sessionID, remove: remove}
 }
 
-// InboxOf returns the inbox of a session.
-func (s *Store) InboxOf(sessionID string) *SessionInbox {
-	return &SessionInbox{s: s, sessionID: sessionID}
+// InboxOf returns the inbox of session sessionID of scope scope (its
+// header's Scope: its provider, or protocol.ScopeRoot), in the stream
+// BROOD_INBOX_<scope>.
+func (s *Store) InboxOf(scope, sessionID string) *SessionInbox {
+	return &SessionInbox{s: s, scope: scope, sessionID: sessionID}
 }
 
 // Subject is the inbox subject (a core subscription on it wakes the agent).
-func (in *SessionInbox) Subject() string { return in.s.Subj.Inbox(in.sessionID) }
+func (in *SessionInbox) Subject() string { return in.s.Subj.Inbox(in.scope, in.sessionID) }
+
+// stream is the inbox's stream, its scope's.
+func (in *SessionInbox) stream(ctx context.Context) (jetstream.Stream, error) {
+	return in.s.InboxStream(ctx, in.scope)
+}
 
 // Pending returns the items with a sequence above after, oldest first, or
 // an error: never fewer items than the inbox holds. (A batch direct get
@@ -224,7 +232,7 @@ func (in *SessionInbox) pending(ctx context.Context, after protocol.Seq) ([]Inbo
 	var out []InboxItem
 	next := uint64(after) + 1
 	for {
-		msgs, err := jetstreamext.GetBatch(ctx, in.s.JS, in.s.Subj.StreamInbox(), InboxReadBatch,
+		msgs, err := jetstreamext.GetBatch(ctx, in.s.JS, in.s.Subj.StreamInbox(in.scope), InboxReadBatch,
 			jetstreamext.GetBatchSubject(in.Subject()), jetstreamext.GetBatchSeq(next))
 		if err != nil {
 			return nil, fmt.Errorf("read inbox %s: %w", in.sessionID, err)
@@ -291,19 +299,23 @@ func (in *SessionInbox) Remove(ctx context.Context, seqs ...protocol.Seq) error 
 		return nil
 	}
 	for _, seq := range seqs {
-		if err := in.s.deleteInboxItem(ctx, seq); err != nil {
+		if err := in.s.deleteInboxItem(ctx, in.scope, seq); err != nil {
 			return fmt.Errorf("remove inbox item %s@%d: %w", in.sessionID, seq, err)
 		}
 	}
 	return nil
 }
 
-// deleteInboxItem deletes the BROOD_INBOX message at seq; one already gone
-// (an earlier attempt, another claimer) is no error. Transient failures
-// delete again (retry.go).
-func (s *Store) deleteInboxItem(ctx context.Context, seq protocol.Seq) error {
+// deleteInboxItem deletes the message at seq of scope's inbox stream; one
+// already gone (an earlier attempt, another claimer) is no error. Transient
+// failures delete again (retry.go).
+func (s *Store) deleteInboxItem(ctx context.Context, scope string, seq protocol.Seq) error {
+	str, err := s.InboxStream(ctx, scope)
+	if err != nil {
+		return err
+	}
 	return Retry(ctx, func(ctx context.Context) error {
-		err := deleteError(s.Inbox.DeleteMsg(ctx, uint64(seq)))
+		err := deleteError(str.DeleteMsg(ctx, uint64(seq)))
 		if alreadyDeleted(err) {
 			return nil
 		}
@@ -320,7 +332,7 @@ func (s *Store) lastRecord(ctx context.Context, h protocol.SessionHeader) ([]pro
 	}
 	var last *jetstream.RawStreamMsg
 	err = Retry(ctx, func(ctx context.Context) (err error) {
-		last, err = s.leaderLast(ctx, s.Subj.StreamLog(), subject)
+		last, err = s.leaderLast(ctx, s.Subj.StreamLog(h.Scope()), subject)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			last = nil
 			return nil
@@ -348,12 +360,12 @@ func (s *Store) lastRecord(ctx context.Context, h protocol.SessionHeader) ([]pro
 // nothing is deleted. So no accepted item leaves an inbox before its
 // session's log names it (RELIABILITY.md I1).
 func (s *Store) RemoveDoneInboxItems(ctx context.Context, h protocol.SessionHeader, seqs []protocol.Seq) (int, error) {
-	subject := s.Subj.Inbox(h.ID)
+	subject := s.Subj.Inbox(h.Scope(), h.ID)
 	ids := map[protocol.Seq]string{} // the items still there → their messageIds
 	for _, seq := range seqs {
 		var m *jetstream.RawStreamMsg
 		err := Retry(ctx, func(ctx context.Context) (err error) {
-			m, err = s.leaderSeq(ctx, s.Subj.StreamInbox(), uint64(seq))
+			m, err = s.leaderSeq(ctx, s.Subj.StreamInbox(h.Scope()), uint64(seq))
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
 				return nil
 			}
@@ -408,7 +420,7 @@ func (s *Store) RemoveDoneInboxItems(ctx context.Context, h protocol.SessionHead
 	}
 	removed := 0
 	for seq := range ids {
-		if err := s.deleteInboxItem(ctx, seq); err != nil {
+		if err := s.deleteInboxItem(ctx, h.Scope(), seq); err != nil {
 			return removed, fmt.Errorf("remove inbox item %s@%d: %w", h.ID, seq, err)
 		}
 		removed++
@@ -418,12 +430,8 @@ func (s *Store) RemoveDoneInboxItems(ctx context.Context, h protocol.SessionHead
 
 // claimedMessageID finds the messageId of an inbox item that was claimed or
 // discarded, from the session log that recorded it.
-func (s *Store) claimedMessageID(ctx context.Context, sessionID string, seq protocol.Seq) string {
-	h, err := s.GetHeader(ctx, sessionID)
-	if err != nil {
-		return ""
-	}
-	log, err := s.ReadLog(ctx, h.Scope(), sessionID)
+func (s *Store) claimedMessageID(ctx context.Context, scope, sessionID string, seq protocol.Seq) string {
+	log, err := s.ReadLog(ctx, scope, sessionID)
 	if err != nil {
 		return ""
 	}
@@ -448,7 +456,11 @@ func (s *Store) claimedMessageID(ctx context.Context, sessionID string, seq prot
 // Count returns how many items are pending in the session's inbox, from the
 // stream's per-subject state (no message is read).
 func (in *SessionInbox) Count(ctx context.Context) (uint64, error) {
-	info, err := in.s.Inbox.Info(ctx, jetstream.WithSubjectFilter(in.Subject()))
+	str, err := in.stream(ctx)
+	if err != nil {
+		return 0, err
+	}
+	info, err := str.Info(ctx, jetstream.WithSubjectFilter(in.Subject()))
 	if err != nil {
 		return 0, err
 	}

@@ -64,7 +64,7 @@ func TestLeaderReads(t *testing.T) {
 	if _, _, found, err := b.leaderGet(ctx, "K"); found || err != nil {
 		t.Fatalf("deleted key: found %v, %v", found, err)
 	}
-	if _, err := st.leaderLast(ctx, st.Subj.StreamLog(), st.Subj.Log(protocol.ScopeRoot, "none")); !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if _, err := st.leaderLast(ctx, st.Subj.StreamLog(protocol.ScopeRoot), st.Subj.Log(protocol.ScopeRoot, "none")); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("missing subject: %v", err)
 	}
 }
@@ -189,7 +189,11 @@ func TestReadLogAsksTheLeaderForTheLastRecord(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st.Log = staleReplica{st.Log}
+	rootLog, err := st.LogStream(ctx, protocol.ScopeRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.streams.Store(st.Subj.StreamLog(protocol.ScopeRoot), staleReplica{rootLog})
 	log, err := st.ReadLog(ctx, protocol.ScopeRoot, "S")
 	if err != nil {
 		t.Fatal(err)
@@ -299,14 +303,18 @@ func TestReadRecordsEndsAtTheLastRecordRead(t *testing.T) {
 		if _, err := other.Append(ctx, evs[0]); err != nil { // another session's record between R's
 			t.Fatal(err)
 		}
-		m, err := st.leaderLast(ctx, st.Subj.StreamLog(), subject)
+		m, err := st.leaderLast(ctx, st.Subj.StreamLog(protocol.ScopeRoot), subject)
 		if err != nil {
 			t.Fatal(err)
 		}
 		seqs = append(seqs, m.Sequence)
 	}
 	record := func(i int) *jetstream.RawStreamMsg {
-		m, err := st.Log.GetMsg(ctx, seqs[i])
+		str, err := st.LogStream(ctx, protocol.ScopeRoot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := str.GetMsg(ctx, seqs[i])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -338,7 +346,7 @@ func TestReadRecordsEndsAtTheLastRecordRead(t *testing.T) {
 		{"a last record the stream does not hold up to", 1, overstated(), 0, [2]int64{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			evs, err := st.readRecords(ctx, subject, "R", tc.from, tc.last, tc.firstSeq)
+			evs, err := st.readRecords(ctx, protocol.ScopeRoot, subject, "R", tc.from, tc.last, tc.firstSeq)
 			if tc.incomplete {
 				if !errors.Is(err, ErrIncompleteRead) {
 					t.Fatalf("read %d events, %v; want ErrIncompleteRead", len(evs), err)

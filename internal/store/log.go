@@ -89,7 +89,7 @@ func (s *Store) GetHeader(ctx context.Context, id string) (protocol.SessionHeade
 	return h, nil
 }
 
-// SessionLog is a session's event log as read from BROOD_LOG: every event in
+// SessionLog is a session's event log as read from its scope's log stream: every event in
 // order, and the stream sequence of its last record (0 when empty), which the
 // next fenced append must name.
 type SessionLog struct {
@@ -143,14 +143,14 @@ func (s *Store) readLog(ctx context.Context, scope, id string) (SessionLog, erro
 	// "fenced" while its lease was its own, and its messages waited for good).
 	// The records up to it may come from any replica: one that lacks some
 	// makes the read incomplete, and it is read again from the leader.
-	last, err := s.leaderLast(ctx, s.Subj.StreamLog(), subject)
+	last, err := s.leaderLast(ctx, s.Subj.StreamLog(scope), subject)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return out, nil
 		}
 		return out, fmt.Errorf("read log %s: %w", id, err)
 	}
-	out.Events, err = s.readRecords(ctx, subject, id, 1, last, 0)
+	out.Events, err = s.readRecords(ctx, scope, subject, id, 1, last, 0)
 	out.LastSubjSeq = last.Sequence
 	return out, err
 }
@@ -186,9 +186,13 @@ func (s *Store) readLogTail(ctx context.Context, scope, id string, enough func([
 	}
 	var last *jetstream.RawStreamMsg
 	if leader {
-		last, err = s.leaderLast(ctx, s.Subj.StreamLog(), subject)
+		last, err = s.leaderLast(ctx, s.Subj.StreamLog(scope), subject)
 	} else {
-		last, err = s.Log.GetLastMsgForSubject(ctx, subject)
+		var str jetstream.Stream
+		if str, err = s.LogStream(ctx, scope); err != nil {
+			return nil, false, err
+		}
+		last, err = str.GetLastMsgForSubject(ctx, subject)
 	}
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -205,7 +209,7 @@ func (s *Store) readLogTail(ctx context.Context, scope, id string, enough func([
 		if from == 1 {
 			first = 0 // the whole log: it starts at seq 0
 		}
-		events, err = s.readRecords(ctx, subject, id, from, last, first)
+		events, err = s.readRecords(ctx, scope, subject, id, from, last, first)
 		if err != nil || from == 1 || enough(events) {
 			return events, from == 1 && err == nil, err
 		}
@@ -215,7 +219,8 @@ func (s *Store) readLogTail(ctx context.Context, scope, id string, enough func([
 // LogTailWindow is the first window (in stream sequences) ReadLogTail reads.
 const LogTailWindow = 256
 
-// readRecords reads session id's records (on its log subject) with stream
+// readRecords reads session id's records (on its log subject, in scope's
+// log stream) with stream
 // sequences in [from, last.Sequence], last being the subject's last record,
 // and flattens them into events. firstSeq is the seq the first event must
 // have (-1: any); every later event must follow the one before it.
@@ -238,7 +243,7 @@ const LogTailWindow = 256
 // record holding the last record's last event (event seqs are contiguous
 // and grow with stream sequences), and each next batch starts after the
 // stream sequence its predecessor's end-of-batch message names.
-func (s *Store) readRecords(ctx context.Context, subject, id string, from uint64, last *jetstream.RawStreamMsg, firstSeq int64) ([]protocol.SessionEvent, error) {
+func (s *Store) readRecords(ctx context.Context, scope, subject, id string, from uint64, last *jetstream.RawStreamMsg, firstSeq int64) ([]protocol.SessionEvent, error) {
 	var tail protocol.LogRecord
 	if err := protocol.Unmarshal(protocol.Msgpack, last.Data, &tail); err != nil {
 		return nil, fmt.Errorf("decode log record %s@%d: %w", id, last.Sequence, err)
@@ -256,7 +261,7 @@ func (s *Store) readRecords(ctx context.Context, subject, id string, from uint64
 		events, err = addRecord(events, &want, id, 0, data)
 		return err
 	}
-	b, err := s.newBatchReader(subject, id)
+	b, err := s.newBatchReader(s.Subj.StreamLog(scope), subject, id)
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +279,7 @@ func (s *Store) readRecords(ctx context.Context, subject, id string, from uint64
 		}
 		// The replica that answered lacks the record at next: that one
 		// from the leader, then batches again (another replica may answer).
-		m, err := s.leaderGetMsg(ctx, s.Subj.StreamLog(), map[string]any{"seq": next, "next_by_subj": subject})
+		m, err := s.leaderGetMsg(ctx, s.Subj.StreamLog(scope), map[string]any{"seq": next, "next_by_subj": subject})
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
 				err = fmt.Errorf("%w: the leader has no record from stream seq %d before the last record %d", ErrIncompleteRead, next, last.Sequence)
@@ -308,13 +313,13 @@ type batchReader struct {
 	withHeaders bool // a faulted store's reads (Faults.Lagging) need each record's sequence
 }
 
-func (s *Store) newBatchReader(subject, id string) (*batchReader, error) {
+func (s *Store) newBatchReader(stream, subject, id string) (*batchReader, error) {
 	inbox := s.NC.NewInbox()
 	sub, err := s.NC.SubscribeSync(inbox)
 	if err != nil {
 		return nil, fmt.Errorf("read log %s: %w", id, err)
 	}
-	return &batchReader{s: s, subject: subject, id: id, api: s.directGetSubject(s.Subj.StreamLog()),
+	return &batchReader{s: s, subject: subject, id: id, api: s.directGetSubject(stream),
 		inbox: inbox, sub: sub, withHeaders: s.lagging != nil}, nil
 }
 
@@ -434,6 +439,7 @@ type LogWriter struct {
 	s           *Store
 	sessionID   string
 	subject     string
+	stream      string // the log stream of the session's scope
 	lastSubjSeq uint64
 	nextSeq     int64
 	fenced      bool
@@ -448,7 +454,8 @@ type LogWriter struct {
 // at stream sequence lastSubjSeq (0 for an empty log) and whose next event
 // seq is nextSeq.
 func (s *Store) NewLogWriter(scope, sessionID string, lastSubjSeq uint64, nextSeq int64) *LogWriter {
-	return &LogWriter{s: s, sessionID: sessionID, subject: s.Subj.Log(scope, sessionID), lastSubjSeq: lastSubjSeq, nextSeq: nextSeq, token: nuid.Next()}
+	return &LogWriter{s: s, sessionID: sessionID, subject: s.Subj.Log(scope, sessionID), stream: s.Subj.StreamLog(scope),
+		lastSubjSeq: lastSubjSeq, nextSeq: nextSeq, token: nuid.Next()}
 }
 
 // NextSeq is the seq the next appended event gets.
@@ -501,7 +508,7 @@ func (w *LogWriter) Append(ctx context.Context, evs ...protocol.SessionEvent) ([
 		// Refused: ours if a retry of a publish that landed; the log as we
 		// left it if another write was in flight (10164): again; else
 		// another writer appended: fenced.
-		m, gerr := w.s.leaderLast(ctx, w.s.Subj.StreamLog(), w.subject)
+		m, gerr := w.s.leaderLast(ctx, w.stream, w.subject)
 		switch {
 		case errors.Is(gerr, jetstream.ErrMsgNotFound) && w.lastSubjSeq == 0:
 			return errBusy
@@ -545,7 +552,7 @@ const landedWait = 2 * time.Second
 func (w *LogWriter) landed(msgID string) (uint64, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), landedWait)
 	defer cancel()
-	m, err := w.s.leaderLast(ctx, w.s.Subj.StreamLog(), w.subject)
+	m, err := w.s.leaderLast(ctx, w.stream, w.subject)
 	if err != nil || m.Header.Get(jetstream.MsgIDHeader) != msgID {
 		return 0, false
 	}

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -45,11 +43,13 @@ const kvStreamPrefix = "KV_"
 //   - no stream allows roll-ups (a message with Nats-Rollup: all would purge
 //     a whole stream, or a whole bucket, for anyone who may publish one
 //     message to it), nor message schedules, counters or atomic batches;
-//   - only BROOD_SESSIONS and BROOD_LOG can be purged, for the collector
-//     to remove the headers, child indexes and logs of trees whose
-//     retention passed (gc.go; a deployment lets only the collector user
-//     purge them, by subject), and only BROOD_INBOX allows message deletes
-//     (a claimed item is deleted);
+//   - only BROOD_SESSIONS and the log streams can be purged, for the
+//     collector to remove the headers, child indexes and logs of trees
+//     whose retention passed (gc.go; a deployment lets only the collector
+//     user purge them, by subject), and only the inbox streams allow
+//     message deletes (a claimed item is deleted);
+//   - logs and inboxes have a stream per scope: one per provider of
+//     cfg.Providers and the roots' (scopeStreams);
 //   - KV buckets allow per-message TTLs (AllowMsgTTL) for keys that expire
 //     on their own (grants, settled runs), without delete markers, which
 //     would need roll-ups.
@@ -65,22 +65,6 @@ func (cfg Config) streamConfigs(subj protocol.Subjects) []jetstream.StreamConfig
 			DenyDelete:           true,
 		},
 		{
-			Name:              subj.StreamLog(),
-			Description:       "Brood session logs: records of SessionEvents, one fenced writer per session",
-			Subjects:          []string{subj.LogAll()},
-			MaxMsgsPerSubject: -1,
-			Discard:           jetstream.DiscardNew,
-			DenyDelete:        true,
-		},
-		{
-			Name:                 subj.StreamInbox(),
-			Description:          "Brood inboxes: exactly the pending items of each session",
-			Subjects:             []string{subj.Inbox("*")},
-			MaxMsgsPerSubject:    cfg.InboxItemsMax,
-			Discard:              jetstream.DiscardNew,
-			DiscardNewPerSubject: true,
-		},
-		{
 			Name:              subj.StreamEvents(),
 			Description:       "Brood lifecycle events subagent/start and subagent/end by parent",
 			Subjects:          []string{subj.Events("*", "*", "*")},
@@ -89,6 +73,12 @@ func (cfg Config) streamConfigs(subj protocol.Subjects) []jetstream.StreamConfig
 			Discard:           jetstream.DiscardOld,
 			DenyDelete:        true,
 		},
+	}
+	purgeable := map[string]bool{subj.StreamSessions(): true}
+	for _, scope := range cfg.scopes() {
+		log, inbox := cfg.scopeStreams(subj, scope)
+		streams = append(streams, log, inbox)
+		purgeable[log.Name] = true
 	}
 	for i := range streams {
 		c := &streams[i]
@@ -135,7 +125,7 @@ func (cfg Config) streamConfigs(subj protocol.Subjects) []jetstream.StreamConfig
 		c.MaxBytes = -1
 		c.MaxConsumers = -1
 		c.AllowDirect = true
-		c.DenyPurge = c.Name != subj.StreamSessions() && c.Name != subj.StreamLog()
+		c.DenyPurge = !purgeable[c.Name]
 		c.AllowRollup = false
 	}
 	return streams
@@ -200,6 +190,10 @@ func Provision(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg C
 	if cfg.Replicas <= 0 {
 		return nil, fmt.Errorf("store: provision with at least 1 replica, not %d", cfg.Replicas)
 	}
+	cfg.SkipRoots = false // the roots' streams are always provisioned
+	if err := CheckProviders(cfg.Providers); err != nil {
+		return nil, err
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
@@ -224,13 +218,18 @@ func Provision(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg C
 
 // Open binds the streams and buckets a service runs on and checks that each
 // is configured as Brood needs it (streamConfigs, the replicas only when
-// cfg.Replicas is above 0); it never creates or changes one. A missing
-// stream or bucket is ErrNotProvisioned (run `brood provision`, then start
+// cfg.Replicas is above 0; the log and inbox streams of the roots, unless
+// cfg.SkipRoots, and of cfg.Providers, the providers the service serves);
+// it never creates or changes one. A missing stream or bucket is
+// ErrNotProvisioned, naming it and the `brood provision` to run (then start
 // the service again or let it retry); a different configuration is
 // ErrMisconfigured, listing every difference. It refuses a server whose
 // max_payload is below cfg.MsgBytesMax (ErrMaxPayload).
 func Open(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg Config) (*Store, error) {
 	if err := CheckMaxPayload(nc, cfg.MsgBytesMax); err != nil {
+		return nil, err
+	}
+	if err := CheckProviders(cfg.Providers); err != nil {
 		return nil, err
 	}
 	js, err := jetstream.New(nc)
@@ -252,8 +251,8 @@ func Open(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg Config
 		}
 	}
 	if len(missing) > 0 {
-		return nil, fmt.Errorf("%w: %s not found; run `brood provision --replicas N` as the admin user (docs/security.md)",
-			ErrNotProvisioned, strings.Join(missing, ", "))
+		return nil, fmt.Errorf("%w: %s not found; run `brood provision --replicas N --providers P,...` as the admin user, naming every provider of the deployment%s (docs/security.md)",
+			ErrNotProvisioned, strings.Join(missing, ", "), providersNote(cfg.Providers))
 	}
 	if len(wrong) > 0 {
 		return nil, fmt.Errorf("%w: %s; run `brood provision` with the settings of this deployment as the admin user, or start the service with the settings the streams have",
@@ -262,18 +261,34 @@ func Open(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg Config
 	return bind(ctx, js, nc, subj, cfg)
 }
 
+// providersNote names the providers a service needs, for its errors.
+func providersNote(providers []string) string {
+	if len(providers) == 0 {
+		return ""
+	}
+	return " (this service's: " + strings.Join(providers, ",") + ")"
+}
+
 // bind returns a store on streams and buckets that exist.
 func bind(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, subj protocol.Subjects, cfg Config) (*Store, error) {
-	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: cfg, roots: &sync.Map{}, rootsCached: &atomic.Int64{}, specs: &sync.Map{}, specsCached: &atomic.Int64{}}
+	s := newStore(nc, js, subj, cfg)
 	for _, p := range []struct {
 		dst  *jetstream.Stream
 		name string
-	}{{&s.Sessions, subj.StreamSessions()}, {&s.Log, subj.StreamLog()}, {&s.Inbox, subj.StreamInbox()}, {&s.Events, subj.StreamEvents()}} {
+	}{{&s.Sessions, subj.StreamSessions()}, {&s.Events, subj.StreamEvents()}} {
 		str, err := js.Stream(ctx, p.name)
 		if err != nil {
 			return nil, fmt.Errorf("stream %s: %w", p.name, err)
 		}
 		*p.dst = str
+	}
+	for _, scope := range cfg.scopes() {
+		if _, err := s.LogStream(ctx, scope); err != nil {
+			return nil, err
+		}
+		if _, err := s.InboxStream(ctx, scope); err != nil {
+			return nil, err
+		}
 	}
 	for _, p := range []struct {
 		dst  *jetstream.KeyValue

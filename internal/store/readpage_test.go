@@ -23,8 +23,8 @@ func TestReadLogPageWaitsForTheLogStream(t *testing.T) {
 	st := testutil.Store(t, nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := st.JS.DeleteStream(ctx, st.Subj.StreamLog()); err != nil {
-		t.Fatalf("delete %s: %v", st.Subj.StreamLog(), err)
+	if err := st.JS.DeleteStream(ctx, st.Subj.StreamLog(protocol.ScopeRoot)); err != nil {
+		t.Fatalf("delete %s: %v", st.Subj.StreamLog(protocol.ScopeRoot), err)
 	}
 	back := make(chan error, 1)
 	time.AfterFunc(time.Second, func() { // the stream is back, with one record

@@ -99,7 +99,11 @@ func (s *Store) readLogPage(ctx context.Context, scope, id string, fromSeq int64
 	if err != nil {
 		return page, err
 	}
-	lastMsg, err := s.Log.GetLastMsgForSubject(ctx, subject)
+	str, err := s.LogStream(ctx, scope)
+	if err != nil {
+		return page, err
+	}
+	lastMsg, err := str.GetLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		page.Complete = true
 		return page, nil
@@ -125,7 +129,7 @@ func (s *Store) readLogPage(ctx context.Context, scope, id string, fromSeq int64
 		page.Events, page.NextSeq, page.Complete = page.Events[:0], fromSeq, false
 		bytes, wrongCursor := 0, false
 		page.Cursor = protocol.Seq(last + 1)
-		err = s.scan(ctx, s.Subj.StreamLog(), subject, start, last, bytesMax, func(m *jetstream.RawStreamMsg) (bool, error) {
+		err = s.scan(ctx, s.Subj.StreamLog(scope), subject, start, last, bytesMax, func(m *jetstream.RawStreamMsg) (bool, error) {
 			var rec protocol.LogRecord
 			if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &rec); err != nil {
 				return false, fmt.Errorf("decode log record %s@%d: %w", id, m.Sequence, err)
@@ -254,18 +258,23 @@ func (s *Store) EventOfItsRun(ctx context.Context, ev protocol.LifecycleEvent) (
 	return spec.ChildID == ev.ID && spec.Provider == ev.Provider && spec.ParentSession == ev.ParentSession && spec.Mode == ev.Mode, nil
 }
 
-// ReadInboxPage reads a session's pending inbox items after inbox sequence
-// afterSeq, oldest first: at most itemsMax and about bytesMax bytes of them
-// (one item always). more reports pending items after the last one returned.
-func (s *Store) ReadInboxPage(ctx context.Context, id string, afterSeq protocol.Seq, itemsMax, bytesMax int) (items []protocol.InboxItem, more bool, err error) {
+// ReadInboxPage reads the pending inbox items of session id of scope scope
+// (its header's Scope) after inbox sequence afterSeq, oldest first: at most
+// itemsMax and about bytesMax bytes of them (one item always). more reports
+// pending items after the last one returned.
+func (s *Store) ReadInboxPage(ctx context.Context, scope, id string, afterSeq protocol.Seq, itemsMax, bytesMax int) (items []protocol.InboxItem, more bool, err error) {
 	items = []protocol.InboxItem{}
-	subject := s.Subj.Inbox(id)
-	last, err := lastSeq(ctx, s.Inbox, subject)
+	str, err := s.InboxStream(ctx, scope)
+	if err != nil {
+		return items, false, err
+	}
+	subject := s.Subj.Inbox(scope, id)
+	last, err := lastSeq(ctx, str, subject)
 	if err != nil || last <= uint64(afterSeq) {
 		return items, false, err
 	}
 	bytes := 0
-	err = s.scan(ctx, s.Subj.StreamInbox(), subject, uint64(afterSeq)+1, last, bytesMax, func(m *jetstream.RawStreamMsg) (bool, error) {
+	err = s.scan(ctx, s.Subj.StreamInbox(scope), subject, uint64(afterSeq)+1, last, bytesMax, func(m *jetstream.RawStreamMsg) (bool, error) {
 		if len(items) >= itemsMax || (len(items) > 0 && bytes+len(m.Data) > bytesMax) {
 			more = true
 			return false, nil
@@ -285,15 +294,19 @@ func (s *Store) ReadInboxPage(ctx context.Context, id string, afterSeq protocol.
 	return items, more, nil
 }
 
-// RemoveInboxItems deletes the given items of one session's inbox and
-// returns how many it deleted. A sequence that is gone already is skipped;
-// one that holds another session's item is INVALID_ARGUMENT, and nothing
-// after it is deleted.
-func (s *Store) RemoveInboxItems(ctx context.Context, id string, seqs []protocol.Seq) (int, error) {
-	subject := s.Subj.Inbox(id)
+// RemoveInboxItems deletes the given items of the inbox of session id of
+// scope scope (its header's Scope) and returns how many it deleted. A
+// sequence that is gone already is skipped; one that holds another
+// session's item is INVALID_ARGUMENT, and nothing after it is deleted.
+func (s *Store) RemoveInboxItems(ctx context.Context, scope, id string, seqs []protocol.Seq) (int, error) {
+	str, err := s.InboxStream(ctx, scope)
+	if err != nil {
+		return 0, err
+	}
+	subject := s.Subj.Inbox(scope, id)
 	removed := 0
 	for _, seq := range seqs {
-		m, err := s.Inbox.GetMsg(ctx, uint64(seq))
+		m, err := str.GetMsg(ctx, uint64(seq))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
 		}
@@ -303,7 +316,7 @@ func (s *Store) RemoveInboxItems(ctx context.Context, id string, seqs []protocol
 		if m.Subject != subject {
 			return removed, protocol.Errorf(protocol.CodeInvalidArgument, "inbox sequence %d is not an item of session %s", seq, id)
 		}
-		if err := s.Inbox.DeleteMsg(ctx, uint64(seq)); err != nil {
+		if err := str.DeleteMsg(ctx, uint64(seq)); err != nil {
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
 				continue
 			}

@@ -176,11 +176,11 @@ func TestFencedAppendWhoseAnswerWasLostIsOurs(t *testing.T) {
 					t.Fatalf("another writer's header = %v, want ErrConflict", err)
 				}
 			case "inbox":
-				mid, _, err := lossy.Enqueue(ctx, "I1", store.InboxItem{Content: protocol.Text("x")}, "")
+				mid, _, err := lossy.Enqueue(ctx, protocol.ScopeRoot, "I1", store.InboxItem{Content: protocol.Text("x")}, "")
 				if err != nil || mid == "" {
 					t.Fatalf("enqueue whose ack was lost = %q, %v", mid, err)
 				}
-				items, err := st.InboxOf("I1").Pending(ctx, 0)
+				items, err := st.InboxOf(protocol.ScopeRoot, "I1").Pending(ctx, 0)
 				if err != nil || len(items) != 1 || items[0].MessageID != mid {
 					t.Fatalf("inbox = %+v, %v; want the item once", items, err)
 				}

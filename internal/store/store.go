@@ -1,8 +1,10 @@
 // Package store is Brood's durable state in JetStream (DESIGN.md §4): the
-// streams BROOD_SESSIONS (immutable headers), BROOD_LOG (session event
-// records, one fenced writer per session), BROOD_INBOX (pending inbox items),
-// BROOD_EVENTS (lifecycle events) and the KV buckets brood_agents (leases),
-// brood_hosts (live hosts) and brood_runs (run records).
+// streams BROOD_SESSIONS (immutable headers), BROOD_LOG_<scope> (session
+// event records, one fenced writer per session), BROOD_INBOX_<scope>
+// (pending inbox items), one of each per provider and one for roots
+// (scope "root"; streams.go), BROOD_EVENTS (lifecycle events) and the KV
+// buckets brood_agents (leases), brood_hosts (live hosts) and brood_runs
+// (run records).
 //
 // Write order and writers: order.go, the lock-order file of this package.
 // Every write to a KV bucket goes through an operation of this package
@@ -14,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,7 +52,25 @@ type Config struct {
 	// HostsMaxAge garbage-collects records of hosts that stopped writing (10 minutes).
 	// Liveness is judged from heartbeats, never from this expiry.
 	HostsMaxAge time.Duration
+	// Providers names the providers whose log and inbox streams
+	// (BROOD_LOG_<p>, BROOD_INBOX_<p>) Provision creates and Open checks,
+	// besides the roots' (BROOD_LOG_root, BROOD_INBOX_root), which are
+	// always there: DefaultProviders by default (`brood provision
+	// --providers`). A service Opens with the providers it serves (a
+	// worker its own, a coordinator none) and refuses to run while their
+	// streams are missing. Each must be a ValidID other than "root".
+	Providers []string
+	// SkipRoots makes Open neither check nor bind the roots' log and inbox
+	// streams: a worker's, which reads and writes no root's log or inbox,
+	// and whose NATS user may not see them (docs/security.md). Provision
+	// makes them all the same.
+	SkipRoots bool
 }
+
+// DefaultProviders are the providers `brood provision` provisions unless
+// told others (--providers): the seed's and `brood dev`'s, spawn, fork and
+// acp (one ACP bridge agent named acp).
+var DefaultProviders = []string{"spawn", "fork", "acp"}
 
 // DefaultConfig returns the documented defaults (DESIGN.md §4).
 func DefaultConfig() Config {
@@ -62,6 +83,7 @@ func DefaultConfig() Config {
 		RunsMaxAge:      24 * time.Hour,
 		EventsMaxAge:    24 * time.Hour,
 		HostsMaxAge:     10 * time.Minute,
+		Providers:       slices.Clone(DefaultProviders),
 	}
 }
 
@@ -73,9 +95,12 @@ type Store struct {
 	Cfg  Config
 
 	Sessions jetstream.Stream
-	Log      jetstream.Stream
-	Inbox    jetstream.Stream
 	Events   jetstream.Stream
+	// streams caches the log and inbox streams of each scope by name
+	// (LogStream, InboxStream: streams.go), bound on first use.
+	streams *sync.Map
+	// faults wraps those streams (WithFaults), nil in a product path.
+	faults *Faults
 
 	Agents jetstream.KeyValue
 	Hosts  jetstream.KeyValue
@@ -135,18 +160,24 @@ func Bind(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Store, e
 	if err != nil {
 		return nil, err
 	}
-	s, err := bind(ctx, js, nc, subj, DefaultConfig())
+	// The roots' log and inbox streams only: a provider's are bound when
+	// first used (LogStream, InboxStream), so a deployment of other
+	// providers than DefaultProviders binds as well.
+	cfg := DefaultConfig()
+	cfg.Providers = nil
+	s, err := bind(ctx, js, nc, subj, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w (has `brood provision` run against this server?)", err)
 	}
 	return s, nil
 }
 
-// BindLogs returns a store on the session headers and logs only (Sessions
-// and Log; the other fields stay nil): what a host of roots reads and
-// writes (`brood acp-agent`, a trusted host whose NATS user may read no
-// other stream or bucket; docs/security.md). It refuses a server whose
-// max_payload is below the default max message size (ErrMaxPayload).
+// BindLogs returns a store on the session headers and the roots' logs only
+// (Sessions and LogStream(protocol.ScopeRoot); the other fields stay nil):
+// what a host of roots reads and writes (`brood acp-agent`, a trusted host
+// whose NATS user may read no other stream or bucket; docs/security.md).
+// It refuses a server whose max_payload is below the default max message
+// size (ErrMaxPayload).
 func BindLogs(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Store, error) {
 	if err := CheckMaxPayload(nc, DefaultConfig().MsgBytesMax); err != nil {
 		return nil, err
@@ -155,12 +186,12 @@ func BindLogs(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Stor
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: DefaultConfig(), roots: &sync.Map{}, rootsCached: &atomic.Int64{}, specs: &sync.Map{}, specsCached: &atomic.Int64{}}
+	s := newStore(nc, js, subj, DefaultConfig())
 	if s.Sessions, err = js.Stream(ctx, subj.StreamSessions()); err != nil {
 		return nil, fmt.Errorf("stream %s: %w (has `brood provision` run against this server?)", subj.StreamSessions(), err)
 	}
-	if s.Log, err = js.Stream(ctx, subj.StreamLog()); err != nil {
-		return nil, fmt.Errorf("stream %s: %w (has `brood provision` run against this server?)", subj.StreamLog(), err)
+	if _, err = s.LogStream(ctx, protocol.ScopeRoot); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

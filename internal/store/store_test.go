@@ -215,7 +215,7 @@ func TestInboxPendingIsCompleteOrAnError(t *testing.T) {
 	var seqs []protocol.Seq
 	for i := 0; i < n; i++ {
 		for _, id := range []string{"S1", "S2"} {
-			_, seq, err := st.Enqueue(ctx, id, store.InboxItem{Content: protocol.Text(fmt.Sprintf("%s %d", id, i))}, "")
+			_, seq, err := st.Enqueue(ctx, protocol.ScopeRoot, id, store.InboxItem{Content: protocol.Text(fmt.Sprintf("%s %d", id, i))}, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -237,7 +237,7 @@ func TestInboxPendingIsCompleteOrAnError(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			items, err := st.InboxOf(tc.id).Pending(ctx, tc.after)
+			items, err := st.InboxOf(protocol.ScopeRoot, tc.id).Pending(ctx, tc.after)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -253,7 +253,7 @@ func TestInboxPendingIsCompleteOrAnError(t *testing.T) {
 	}
 	expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
 	defer cancel()
-	if items, err := st.InboxOf("S1").Pending(expired, 0); err == nil {
+	if items, err := st.InboxOf(protocol.ScopeRoot, "S1").Pending(expired, 0); err == nil {
 		t.Fatalf("a read past its deadline returned %d items and no error", len(items))
 	}
 }

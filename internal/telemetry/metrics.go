@@ -153,7 +153,7 @@ func NewMetrics(version string) *Metrics {
 	m.instances = gauge("provider_instances",
 		"Live, non-draining instances of each provider, as this process's coordinator sees them (take max over coordinators).", maxOf, "provider")
 	m.inboxItems = gauge("inbox_pending_items",
-		"Accepted inbox items not yet claimed, over every session (the BROOD_INBOX stream; take max over coordinators).", maxOf)
+		"Accepted inbox items not yet claimed, over every session (every scope's inbox stream; take max over coordinators).", maxOf)
 	m.inboxSessions = gauge("inbox_sessions_pending",
 		"Sessions with at least one pending inbox item (take max over coordinators).", maxOf)
 

@@ -207,12 +207,32 @@ func PutRun(t testing.TB, st *store.Store, rec protocol.RunRecord) uint64 {
 	return rev
 }
 
+// ScopeOf is the scope session id's header names (its provider, or
+// protocol.ScopeRoot); a session without a header ends the test.
+func ScopeOf(t testing.TB, st *store.Store, id string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h, err := st.GetHeader(ctx, id)
+	if err != nil {
+		t.Fatalf("read the header of %s: %v", id, err)
+	}
+	return h.Scope()
+}
+
+// InboxOf is the inbox of session id, in the scope its header names (a
+// session without a header ends the test).
+func InboxOf(t testing.TB, st *store.Store, id string) *store.SessionInbox {
+	t.Helper()
+	return st.InboxOf(ScopeOf(t, st, id), id)
+}
+
 // PendingSeqs returns the stream sequences of the items pending in session
-// id's inbox, oldest first (store.Inbox.Pending from the start); a read that
-// fails ends the test.
+// id's inbox, oldest first (store.SessionInbox.Pending from the start); a
+// read that fails ends the test.
 func PendingSeqs(ctx context.Context, t testing.TB, st *store.Store, id string) []protocol.Seq {
 	t.Helper()
-	items, err := st.InboxOf(id).Pending(ctx, 0)
+	items, err := InboxOf(t, st, id).Pending(ctx, 0)
 	if err != nil {
 		t.Fatalf("read the inbox of %s: %v", id, err)
 	}

@@ -107,7 +107,7 @@ func TestAgentFencedUnderItsOwnLeaseEndsItsRun(t *testing.T) {
 			}
 			if continuable {
 				testutil.Eventually(t, 45*time.Second, func() bool {
-					items, err := s.Store.InboxOf(child).Pending(ctx, 0)
+					items, err := testutil.InboxOf(t, s.Store, child).Pending(ctx, 0)
 					if err != nil || len(items) > 0 {
 						return false
 					}

@@ -20,7 +20,7 @@ import (
 // (no coordinator answering fails at once).
 func (h *Host) inboxOf(header protocol.SessionHeader) *store.SessionInbox {
 	subject := h.subj.InboxRemove(header.Provider, header.ID)
-	return h.st.InboxOf(header.ID).RemovedBy(func(ctx context.Context, seqs []protocol.Seq) error {
+	return h.st.InboxOf(header.Scope(), header.ID).RemovedBy(func(ctx context.Context, seqs []protocol.Seq) error {
 		ctx, cancel := context.WithTimeout(ctx, InboxRemoveTimeout)
 		defer cancel()
 		for len(seqs) > 0 {

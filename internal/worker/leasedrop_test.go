@@ -192,7 +192,7 @@ func TestALeaseLeftByAFailedActivationIsReleased(t *testing.T) {
 			}
 			testutil.Eventually(t, 45*time.Second, func() bool {
 				_, held := lease()
-				items, err := s.Store.InboxOf(child).Pending(ctx, 0)
+				items, err := testutil.InboxOf(t, s.Store, child).Pending(ctx, 0)
 				return !held && err == nil && len(items) == 0 && lastTurnEndKind(s, child) == protocol.TurnCompleted
 			}, "the lease left behind is released and the followup runs on a next epoch")
 		})

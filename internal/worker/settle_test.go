@@ -166,7 +166,7 @@ func TestSettlementAnEpochEndingAfterATakeoverPublishesNothing(t *testing.T) {
 	if after.SettledBy != coord.ID() || after.SettledAt != taken.SettledAt || after.ChildID != start.ChildID {
 		t.Fatalf("the epoch record changed after the takeover: %+v, was %+v", after, taken)
 	}
-	items, err := s.Store.InboxOf(root.SessionID).Pending(ctx, 0)
+	items, err := testutil.InboxOf(t, s.Store, root.SessionID).Pending(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,8 +16,9 @@ const (
 	// the node's sync mode: "kill-server/sync-always" for a node started
 	// with sync_interval: always, "kill-server/sync-2m" for the default.
 	FaultKillServer = "kill-server"
-	// FaultKillLeader: kill -9 of the node that leads BROOD_LOG,
-	// BROOD_INBOX, the runs bucket or the agents bucket, then its restart.
+	// FaultKillLeader: kill -9 of the node that leads the workload's
+	// provider's log or inbox stream (BROOD_LOG_spawn, BROOD_INBOX_spawn),
+	// the runs bucket or the agents bucket, then its restart.
 	FaultKillLeader = "kill-leader"
 	// FaultStepDown: the leader of one of those steps down.
 	FaultStepDown = "stepdown"
@@ -46,8 +47,11 @@ var FaultClasses = []string{
 	FaultKillServer, FaultPauseWorker, FaultUnreachable, FaultDelay,
 }
 
-// leaderStreams are the streams whose leaders the schedule kills and steps down.
-var leaderStreams = []string{"BROOD_LOG", "BROOD_INBOX", "KV_brood_runs", "KV_brood_agents"}
+// leaderStreams are the streams whose leaders the schedule kills and steps
+// down: the log and inbox streams of the workload's children (provider
+// spawn, Config.Provider's default; each scope has its own, store's
+// streams.go) and the runs and agents buckets.
+var leaderStreams = []string{"BROOD_LOG_spawn", "BROOD_INBOX_spawn", "KV_brood_runs", "KV_brood_agents"}
 
 // Step is one fault of a schedule: after Gap (from the previous heal), the
 // fault is held for Hold, then healed. Pick chooses among targets, Mode
@@ -262,7 +266,7 @@ func (n *Nemesis) apply(ctx context.Context, s Step) {
 	case FaultIsolate:
 		node := pick(n.c.Nodes(), s.Pick)
 		if s.Pick%3 == 0 { // sometimes the node that leads the inbox
-			if l := n.c.StreamLeader(ctx, "BROOD_INBOX"); l != nil {
+			if l := n.c.StreamLeader(ctx, "BROOD_INBOX_spawn"); l != nil {
 				node = l
 			}
 		}

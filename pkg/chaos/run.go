@@ -268,7 +268,7 @@ func waitHealthy(ctx context.Context, c *Cluster) error {
 	if err := c.WaitMetaLeader(ctx); err != nil {
 		return err
 	}
-	streams := append([]string{"BROOD_SESSIONS", "BROOD_EVENTS", "KV_brood_hosts"}, leaderStreams...)
+	streams := append([]string{"BROOD_SESSIONS", "BROOD_EVENTS", "KV_brood_hosts", "BROOD_LOG_root", "BROOD_INBOX_root"}, leaderStreams...)
 	for _, s := range streams {
 		for !c.StreamCurrent(ctx, s) {
 			select {

@@ -95,7 +95,15 @@ func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if err := readStream(ctx, st.Log, func(m jetstream.Msg) error {
+	logs, err := st.LogStreams(ctx)
+	if err != nil {
+		return nil, err
+	}
+	inboxes, err := st.InboxStreams(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := readStreams(ctx, logs, func(m jetstream.Msg) error {
 		id := protocol.SessionIDFromSubject(m.Subject())
 		var rec protocol.LogRecord
 		if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &rec); err != nil {
@@ -118,7 +126,7 @@ func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if err := readStream(ctx, st.Inbox, func(m jetstream.Msg) error {
+	if err := readStreams(ctx, inboxes, func(m jetstream.Msg) error {
 		var it store.InboxItem
 		if err := protocol.Unmarshal(protocol.Msgpack, m.Data(), &it); err != nil {
 			return fmt.Errorf("inbox item: %w", err)
@@ -186,6 +194,16 @@ func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 
 // readStream passes every message of str, in order, to f, and fails unless
 // the pass reached the last sequence the stream had when it began.
+// readStreams reads every message of each of strs (readStream).
+func readStreams(ctx context.Context, strs []jetstream.Stream, f func(jetstream.Msg) error) error {
+	for _, str := range strs {
+		if err := readStream(ctx, str, f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func readStream(ctx context.Context, str jetstream.Stream, f func(jetstream.Msg) error) error {
 	info, err := str.Info(ctx)
 	if err != nil {

@@ -28,7 +28,7 @@ func TestTakeSnapshotOverAConnection(t *testing.T) {
 	if _, err := st.CreateLease(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
-	mid, _, err := st.Enqueue(ctx, "C1", store.InboxItem{Content: protocol.Text("say one"), Source: protocol.MessageSource{Kind: protocol.SourceUser}}, "")
+	mid, _, err := st.Enqueue(ctx, "spawn", "C1", store.InboxItem{Content: protocol.Text("say one"), Source: protocol.MessageSource{Kind: protocol.SourceUser}}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,7 +28,7 @@ const (
 	HeaderContentType  = "Content-Type"
 	ContentTypeJSON    = "application/json"
 	ContentTypeMsgpack = "application/msgpack"
-	// HeaderMessageID carries an inbox item's messageId on BROOD_INBOX.
+	// HeaderMessageID carries an inbox item's messageId on the inbox streams (BROOD_INBOX_<scope>).
 	HeaderMessageID = "Brood-Message-Id"
 	// HeaderTimeout carries how long the caller waits for the reply, in
 	// milliseconds (decimal), measured when the request was sent: the

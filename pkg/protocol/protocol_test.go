@@ -339,7 +339,15 @@ func TestSubjectsAndNames(t *testing.T) {
 		s.LogAll():                                         "brood.v1.log.*.*",
 		s.Events("spawn", "P", EventKindEnd):               "brood.v1.events.spawn.P.end",
 		s.EventsAll("P"):                                   "brood.v1.events.*.P.*",
-		s.StreamLog():                                      "BROOD_LOG",
+		s.LogsOf("spawn"):                                  "brood.v1.log.spawn.*",
+		s.Inbox("spawn", "S"):                              "brood.v1.inbox.spawn.S",
+		s.Inbox(ScopeRoot, "S"):                            "brood.v1.inbox.root.S",
+		s.InboxAll():                                       "brood.v1.inbox.*.*",
+		s.InboxesOf("fork"):                                "brood.v1.inbox.fork.*",
+		s.StreamLog("spawn"):                               "BROOD_LOG_spawn",
+		s.StreamLog(ScopeRoot):                             "BROOD_LOG_root",
+		s.StreamInbox("acp"):                               "BROOD_INBOX_acp",
+		MustSubjects("my-app").StreamInbox("a-b"):          "MY_APP_INBOX_a-b",
 		s.BucketRuns():                                     "brood_runs",
 	}
 	for got, want := range tests {

@@ -266,17 +266,22 @@ func (s Subjects) HostAll(hostID string) string { return s.root() + ".host." + h
 // Session is the BROOD_SESSIONS subject holding one session's header.
 func (s Subjects) Session(id string) string { return s.root() + ".session." + id }
 
-// Log is the BROOD_LOG subject holding one session's event records,
-// <p>.v1.log.<scope>.<sessionId>, scope the session's (SessionHeader.Scope:
-// its provider, or ScopeRoot): a deployment lets a provider's workers
-// publish only under <p>.v1.log.<provider>.> (docs/security.md). Every
-// reader takes the scope from the session's immutable header, which only
-// coordinators write, so a record under another scope is never read.
+// Log is the subject holding one session's event records,
+// <p>.v1.log.<scope>.<sessionId>, in the stream StreamLog(scope), scope
+// the session's (SessionHeader.Scope: its provider, or ScopeRoot): a
+// deployment lets a provider's workers publish only under
+// <p>.v1.log.<provider>.> and read only their own scope's streams
+// (docs/security.md). Every reader takes the scope from the session's
+// immutable header, which only coordinators write, so a record under
+// another scope is never read.
 func (s Subjects) Log(scope, id string) string { return s.root() + ".log." + scope + "." + id }
 
-// LogAll is the wildcard over every session's log subject (the BROOD_LOG
-// stream's subject).
+// LogAll is the wildcard over every session's log subject, of every scope.
 func (s Subjects) LogAll() string { return s.root() + ".log.*.*" }
+
+// LogsOf is the wildcard over the log subjects of one scope,
+// <p>.v1.log.<scope>.*: the subject of the stream StreamLog(scope).
+func (s Subjects) LogsOf(scope string) string { return s.root() + ".log." + scope + ".*" }
 
 // Wake is a core-only subject (no stream, empty body) that wakes a
 // session's resident activation when an item was accepted into its inbox
@@ -444,8 +449,20 @@ func (s Subjects) Children(parent, child string) string {
 // ChildrenOf matches every child index entry of parent ("*" for all parents).
 func (s Subjects) ChildrenOf(parent string) string { return s.root() + ".children." + parent + ".*" }
 
-// Inbox is the BROOD_INBOX subject holding one session's pending inbox items.
-func (s Subjects) Inbox(id string) string { return s.root() + ".inbox." + id }
+// Inbox is the subject holding one session's pending inbox items,
+// <p>.v1.inbox.<scope>.<sessionId>, in the stream StreamInbox(scope),
+// scope the session's (SessionHeader.Scope: its provider, or ScopeRoot),
+// as for Log: only coordinators publish it, and a deployment lets a
+// provider's workers read only their own scope's inbox stream
+// (docs/security.md).
+func (s Subjects) Inbox(scope, id string) string { return s.root() + ".inbox." + scope + "." + id }
+
+// InboxAll is the wildcard over every session's inbox subject, of every scope.
+func (s Subjects) InboxAll() string { return s.root() + ".inbox.*.*" }
+
+// InboxesOf is the wildcard over the inbox subjects of one scope,
+// <p>.v1.inbox.<scope>.*: the subject of the stream StreamInbox(scope).
+func (s Subjects) InboxesOf(scope string) string { return s.root() + ".inbox." + scope + ".*" }
 
 // Events is the BROOD_EVENTS subject of the lifecycle events of provider
 // provider's children of one parent,
@@ -487,12 +504,24 @@ func SessionIDFromSubject(subject string) string {
 func (s Subjects) upper() string { return strings.ToUpper(strings.ReplaceAll(s.prefix, "-", "_")) }
 func (s Subjects) lower() string { return strings.ToLower(strings.ReplaceAll(s.prefix, "-", "_")) }
 
-// Stream names: BROOD_SESSIONS, BROOD_LOG, BROOD_INBOX, BROOD_EVENTS for the
-// default prefix.
+// Stream names: BROOD_SESSIONS, BROOD_EVENTS for the default prefix.
 func (s Subjects) StreamSessions() string { return s.upper() + "_SESSIONS" }
-func (s Subjects) StreamLog() string      { return s.upper() + "_LOG" }
-func (s Subjects) StreamInbox() string    { return s.upper() + "_INBOX" }
 func (s Subjects) StreamEvents() string   { return s.upper() + "_EVENTS" }
+
+// StreamLog is the stream of the logs of one scope (a provider's name, or
+// ScopeRoot), BROOD_LOG_<scope> for the default prefix (e.g. BROOD_LOG_spawn,
+// BROOD_LOG_root), on LogsOf(scope). Logs and inboxes live in a stream per
+// scope because a batch direct get ($JS.API.DIRECT.GET.<stream>) and a
+// leader get ($JS.API.STREAM.MSG.GET.<stream>) name their subject in the
+// request's body, which no NATS permission sees, but their stream in the API
+// subject: so a permission can give a provider's workers the reads of their
+// own scope's streams only (docs/security.md). scope must be a ValidID (it
+// is then a valid stream name token: no dot, wildcard or space).
+func (s Subjects) StreamLog(scope string) string { return s.upper() + "_LOG_" + scope }
+
+// StreamInbox is the stream of the inboxes of one scope, BROOD_INBOX_<scope>
+// for the default prefix, on InboxesOf(scope); see StreamLog.
+func (s Subjects) StreamInbox(scope string) string { return s.upper() + "_INBOX_" + scope }
 
 // KV bucket names: brood_agents, brood_hosts, brood_runs for the default prefix.
 func (s Subjects) BucketAgents() string { return s.lower() + "_agents" }

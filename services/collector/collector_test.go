@@ -116,7 +116,7 @@ func TestClosedRootsAreCollectedAfterTheirRetention(t *testing.T) {
 		t.Fatal(err)
 	}
 	item := protocol.InboxItem{Content: protocol.Text("still to read")}
-	if _, _, err := s.Store.Enqueue(ctx, pending.sessions[0].ID, item, ""); err != nil {
+	if _, _, err := s.Store.Enqueue(ctx, testutil.ScopeOf(t, s.Store, pending.sessions[0].ID), pending.sessions[0].ID, item, ""); err != nil {
 		t.Fatal(err)
 	}
 
@@ -167,11 +167,11 @@ func TestClosedRootsAreCollectedAfterTheirRetention(t *testing.T) {
 	check("after the retention", closed, recent)
 
 	// The pending item claimed (removed), its root goes at the next sweep.
-	page, _, err := s.Store.ReadInboxPage(ctx, pending.sessions[0].ID, 0, 10, 1<<20)
+	page, _, err := s.Store.ReadInboxPage(ctx, testutil.ScopeOf(t, s.Store, pending.sessions[0].ID), pending.sessions[0].ID, 0, 10, 1<<20)
 	if err != nil || len(page) != 1 {
 		t.Fatalf("the pending item: %v %v", page, err)
 	}
-	if _, err := s.Store.RemoveInboxItems(ctx, pending.sessions[0].ID, []protocol.Seq{page[0].Seq}); err != nil {
+	if _, err := s.Store.RemoveInboxItems(ctx, testutil.ScopeOf(t, s.Store, pending.sessions[0].ID), pending.sessions[0].ID, []protocol.Seq{page[0].Seq}); err != nil {
 		t.Fatal(err)
 	}
 	if st, err = c.Sweep(ctx); err != nil {
@@ -230,7 +230,7 @@ func TestATreeWrittenToWhileCollectedIsKept(t *testing.T) {
 			}
 		}
 		item := protocol.InboxItem{Content: protocol.Text("accepted meanwhile")}
-		if _, _, err := s.Store.Enqueue(ctx, root, item, ""); err != nil {
+		if _, _, err := s.Store.Enqueue(ctx, protocol.ScopeRoot, root, item, ""); err != nil {
 			t.Error(err)
 		}
 	})

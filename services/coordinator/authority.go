@@ -309,56 +309,57 @@ func (c *Coordinator) authorizeRead(ctx context.Context, auth protocol.Authority
 // authorizeInbox checks who may read (or, with ack, acknowledge) a session's
 // inbox: the root's own live credential, or a user grant; only a root's
 // inbox is acknowledged, since a child's items are claimed by its activation,
-// which logs each claim before it deletes the item.
-func (c *Coordinator) authorizeInbox(ctx context.Context, auth protocol.Authority, id string, ack bool) error {
+// which logs each claim before it deletes the item. It returns the
+// session's scope (its header's Scope), which names its inbox's stream.
+func (c *Coordinator) authorizeInbox(ctx context.Context, auth protocol.Authority, id string, ack bool) (scope string, err error) {
 	if !protocol.ValidID(id) {
-		return protocol.Errorf(protocol.CodeInvalidArgument, "session id %q must match ^[A-Za-z0-9_-]{1,64}$", id)
+		return "", protocol.Errorf(protocol.CodeInvalidArgument, "session id %q must match ^[A-Za-z0-9_-]{1,64}$", id)
 	}
 	if auth.Grant != "" {
 		g, err := c.grantOf(ctx, auth.Grant)
 		if err != nil {
-			return err
+			return "", err
 		}
 		h, err := c.headers.get(ctx, c.st, id)
 		switch {
 		case errors.Is(err, store.ErrNotFound) && !g.all:
-			return notCovered(g, id)
+			return "", notCovered(g, id)
 		case err != nil:
-			if _, err := c.headerFor(ctx, id); err != nil {
-				return err
+			if h, err = c.headerFor(ctx, id); err != nil {
+				return "", err
 			}
 		}
 		if ok, err := g.covers(ctx, c, h); err != nil || !ok {
 			if err != nil {
-				return err
+				return "", err
 			}
-			return notCovered(g, id)
+			return "", notCovered(g, id)
 		}
 		if ack {
 			root, err := c.isRoot(ctx, h)
 			if err != nil {
-				return err
+				return "", err
 			}
 			if !root {
-				return protocol.Errorf(protocol.CodeInvalidArgument, "session %s is not a root: its inbox items are claimed by its own activation, never acknowledged by a client", id)
+				return "", protocol.Errorf(protocol.CodeInvalidArgument, "session %s is not a root: its inbox items are claimed by its own activation, never acknowledged by a client", id)
 			}
 		}
-		return nil
+		return h.Scope(), nil
 	}
 	if auth.Parent == nil {
-		return protocol.Errorf(protocol.CodeUnauthorized, "the root's own credential or a user grant is required")
+		return "", protocol.Errorf(protocol.CodeUnauthorized, "the root's own credential or a user grant is required")
 	}
 	l, err := c.authorize(ctx, *auth.Parent)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if auth.Parent.SessionID != id {
-		return protocol.Errorf(protocol.CodeUnauthorized, "a root reads only its own inbox, not that of %s", id)
+		return "", protocol.Errorf(protocol.CodeUnauthorized, "a root reads only its own inbox, not that of %s", id)
 	}
 	if l.rec.Kind != protocol.AgentRoot {
-		return protocol.Errorf(protocol.CodeUnauthorized, "session %s is not a root: its inbox items are claimed by its own activation", id)
+		return "", protocol.Errorf(protocol.CodeUnauthorized, "session %s is not a root: its inbox items are claimed by its own activation", id)
 	}
-	return nil
+	return protocol.ScopeRoot, nil
 }
 
 // isRoot reports whether a session is a root: its live lease says so, or,

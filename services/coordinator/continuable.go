@@ -254,7 +254,7 @@ func (c *Coordinator) startFirstEpoch(ctx context.Context, adm continuableAdmiss
 		rollback()
 		return "", err
 	}
-	mid, _, err := c.st.Enqueue(ctx, childID, store.InboxItem{
+	mid, _, err := c.st.Enqueue(ctx, header.Scope(), childID, store.InboxItem{
 		Content: adm.r.Prompt, Source: protocol.PromptSource(adm.a.pheader), Delivery: store.DeliveryNextTurn,
 	}, "")
 	if err != nil {
@@ -622,7 +622,7 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request, 
 	if r.Source != nil && r.Source.Kind != "" {
 		src = *r.Source // provenance only, never authority
 	}
-	mid, _, err := c.st.Enqueue(ctx, h.ID, store.InboxItem{Content: r.Message, Source: src, Delivery: store.DeliveryNextTurn}, r.IdempotencyKey)
+	mid, _, err := c.st.Enqueue(ctx, h.Scope(), h.ID, store.InboxItem{Content: r.Message, Source: src, Delivery: store.DeliveryNextTurn}, r.IdempotencyKey)
 	if err != nil {
 		return protocol.FollowupReply{}, inboxError(err)
 	}
@@ -649,7 +649,7 @@ func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request, r p
 	if err != nil {
 		return protocol.StateReply{}, err
 	}
-	queued, err := c.st.InboxOf(h.ID).Count(ctx)
+	queued, err := c.st.InboxOf(h.Scope(), h.ID).Count(ctx)
 	if err != nil {
 		return protocol.StateReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the inbox of %s: %w", h.ID, err)
 	}
@@ -776,8 +776,12 @@ func (c *Coordinator) continuableReport(ctx context.Context, req rpc.Request, r 
 	if err != nil || !c.leaseLive(pl.Value) {
 		return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeParentUnavailable, "parent %s is not live", parent)
 	}
+	ph, err := c.headers.get(ctx, c.st, parent)
+	if err != nil {
+		return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeParentUnavailable, "parent %s: %v", parent, err)
+	}
 	content := append([]protocol.ContentBlock{{Type: protocol.BlockText, Text: fmt.Sprintf("Subagent %s reported:", r.Child.SessionID)}}, r.Content...)
-	mid, _, err := c.st.Enqueue(ctx, parent, store.InboxItem{
+	mid, _, err := c.st.Enqueue(ctx, ph.Scope(), parent, store.InboxItem{
 		Content:  content,
 		Source:   protocol.MessageSource{Kind: protocol.SourceSubagentReport, Form: "relay", SenderSessionID: r.Child.SessionID},
 		Delivery: store.DeliveryNextStep,

@@ -551,15 +551,24 @@ func (c *Coordinator) instrument(ep endpoint) rpc.Handler {
 }
 
 // inboxDepth reads the pending items of every inbox and how many sessions
-// have some (one stream info, bounded by inboxDepthTimeout).
+// have some (one stream info per scope's inbox stream, bounded by
+// inboxDepthTimeout).
 func (c *Coordinator) inboxDepth() (items, sessions float64, ok bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), inboxDepthTimeout)
 	defer cancel()
-	info, err := c.st.Inbox.Info(ctx)
+	strs, err := c.st.InboxStreams(ctx)
 	if err != nil {
 		return 0, 0, false
 	}
-	return float64(info.State.Msgs), float64(info.State.NumSubjects), true
+	for _, str := range strs {
+		info, err := str.Info(ctx)
+		if err != nil {
+			return 0, 0, false
+		}
+		items += float64(info.State.Msgs)
+		sessions += float64(info.State.NumSubjects)
+	}
+	return items, sessions, true
 }
 
 // beat writes this replica's heartbeat. The registry waits for it to come

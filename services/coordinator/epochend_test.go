@@ -70,7 +70,7 @@ func TestAnEpochsEndIsCarriedOutOnlyForASettledEpochOfTheSubjectsProvider(t *tes
 	// notices returns the texts of the root's pending inbox items.
 	notices := func() []string {
 		t.Helper()
-		items, _, err := s.Store.ReadInboxPage(ctx, root.SessionID, 0, 100, 1<<20)
+		items, _, err := s.Store.ReadInboxPage(ctx, testutil.ScopeOf(t, s.Store, root.SessionID), root.SessionID, 0, 100, 1<<20)
 		if err != nil {
 			t.Fatal(err)
 		}

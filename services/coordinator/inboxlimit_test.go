@@ -33,7 +33,7 @@ func TestFollowupsStopAtTheInboxLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := s.Store.InboxOf(start.ChildID)
+	in := testutil.InboxOf(t, s.Store, start.ChildID)
 	testutil.Eventually(t, 30*time.Second, func() bool {
 		n, err := in.Count(ctx)
 		return err == nil && n == 0
@@ -42,7 +42,7 @@ func TestFollowupsStopAtTheInboxLimit(t *testing.T) {
 	// through the endpoint.
 	var want []string
 	for i := 0; i < 999; i++ {
-		mid, _, err := s.Store.Enqueue(ctx, start.ChildID, store.InboxItem{
+		mid, _, err := s.Store.Enqueue(ctx, testutil.ScopeOf(t, s.Store, start.ChildID), start.ChildID, store.InboxItem{
 			Content: protocol.Text(fmt.Sprintf("say %d", i)), Source: protocol.MessageSource{Kind: protocol.SourceUser},
 		}, "")
 		if err != nil {

@@ -27,17 +27,21 @@ func TestInboxItemsAreRemovedOnlyForAChildOfTheSubjectsProviderWhoseLogNamesThem
 	defer cancel()
 	root := s.Root()
 	const child = "C"
-	enqueue := func(id, text string) (string, protocol.Seq) {
+	enqueue := func(scope, id, text string) (string, protocol.Seq) {
 		t.Helper()
-		msgID, seq, err := s.Store.Enqueue(ctx, id, store.InboxItem{Content: protocol.Text(text)}, "")
+		msgID, seq, err := s.Store.Enqueue(ctx, scope, id, store.InboxItem{Content: protocol.Text(text)}, "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		return msgID, seq
 	}
-	claimedID, claimed := enqueue(child, "claimed")
-	_, pending := enqueue(child, "pending")
-	_, rootItem := enqueue(root.SessionID, "a notice for the root")
+	claimedID, claimed := enqueue("spawn", child, "claimed")
+	_, pending := enqueue("spawn", child, "pending")
+	_, rootItem := enqueue(protocol.ScopeRoot, root.SessionID, "a notice for the root")
+	// Another spawn session's item, in the child's inbox stream (a root's
+	// items are in another stream, BROOD_INBOX_root, whose sequences the
+	// child's inbox does not name).
+	_, otherItem := enqueue("spawn", "OTHER", "another session's")
 	claim, err := protocol.NewEvent(protocol.EvInboxDequeue, store.NowMs(), protocol.InboxDequeueData{MessageID: claimedID, InboxSeq: claimed, Turn: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +60,7 @@ func TestInboxItemsAreRemovedOnlyForAChildOfTheSubjectsProviderWhoseLogNamesThem
 		{"the claimed item under another provider", "fork", child, []protocol.Seq{claimed}, protocol.CodeUnauthorized},
 		{"an item its log does not name", "spawn", child, []protocol.Seq{pending}, protocol.CodeUnauthorized},
 		{"a root's item", "spawn", root.SessionID, []protocol.Seq{rootItem}, protocol.CodeUnauthorized},
-		{"a root's item, named as the child's", "spawn", child, []protocol.Seq{rootItem}, protocol.CodeInvalidArgument},
+		{"another session's item, named as the child's", "spawn", child, []protocol.Seq{otherItem}, protocol.CodeInvalidArgument},
 		{"an item of no session", "spawn", "NOSUCHCHILD", []protocol.Seq{claimed}, protocol.CodeUnauthorized},
 		{"no items", "spawn", child, nil, protocol.CodeInvalidArgument},
 	} {

@@ -6,8 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -190,12 +188,12 @@ func (c *Coordinator) liveness(ctx context.Context) {
 			clear(skip)
 			mu.Unlock()
 		}
-		info, err := c.st.Inbox.Info(ctx, jetstream.WithSubjectFilter(c.subj.Inbox("*")))
+		pending, err := c.st.PendingInboxes(ctx)
 		if err != nil {
 			continue
 		}
 		now := time.Now()
-		for subject, n := range info.State.Subjects {
+		for subject, n := range pending {
 			id := protocol.SessionIDFromSubject(subject)
 			mu.Lock()
 			sk, skipped := skip[id]
@@ -255,13 +253,13 @@ func (c *Coordinator) resumePending(ctx context.Context, id string) bool {
 
 // resume is resumePending for a caller that claimed "resume."+id.
 func (c *Coordinator) resume(ctx context.Context, id string) bool {
-	items, err := c.st.InboxOf(id).Pending(ctx, 0)
-	if err != nil || len(items) == 0 {
-		return true
-	}
 	h, err := c.headers.get(ctx, c.st, id)
 	if err != nil {
 		return !errors.Is(err, store.ErrNotFound)
+	}
+	items, err := c.st.InboxOf(h.Scope(), id).Pending(ctx, 0)
+	if err != nil || len(items) == 0 {
+		return true
 	}
 	if h.ParentSession == "" || h.Origin != protocol.OriginSubagent {
 		return false // a root's inbox is its client's to read

@@ -133,14 +133,15 @@ func (c *Coordinator) eventsRead(ctx context.Context, req rpc.Request, r protoco
 }
 
 func (c *Coordinator) inboxRead(ctx context.Context, req rpc.Request, r protocol.InboxReadRequest) (protocol.InboxPage, error) {
-	if err := c.authorizeInbox(ctx, r.Authority, r.SessionID, false); err != nil {
+	scope, err := c.authorizeInbox(ctx, r.Authority, r.SessionID, false)
+	if err != nil {
 		return protocol.InboxPage{}, err
 	}
 	itemsMax := clamp(r.ItemsMax, protocol.InboxPageItemsDefault, protocol.InboxPageItemsMax)
 	page := protocol.InboxPage{Items: []protocol.InboxItem{}}
-	err := c.longPoll(ctx, c.subj.Inbox(r.SessionID), r.WaitMs, func() (bool, error) {
+	err = c.longPoll(ctx, c.subj.Inbox(scope, r.SessionID), r.WaitMs, func() (bool, error) {
 		var err error
-		page.Items, page.More, err = c.st.ReadInboxPage(ctx, r.SessionID, r.AfterSeq, itemsMax, protocol.ReadPageBytesMax)
+		page.Items, page.More, err = c.st.ReadInboxPage(ctx, scope, r.SessionID, r.AfterSeq, itemsMax, protocol.ReadPageBytesMax)
 		return len(page.Items) > 0, err
 	})
 	if err != nil {
@@ -153,10 +154,11 @@ func (c *Coordinator) inboxAck(ctx context.Context, req rpc.Request, r protocol.
 	if len(r.Seqs) == 0 || len(r.Seqs) > protocol.InboxAckSeqsMax {
 		return protocol.InboxAckReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "seqs must name 1 to %d inbox sequences", protocol.InboxAckSeqsMax)
 	}
-	if err := c.authorizeInbox(ctx, r.Authority, r.SessionID, true); err != nil {
+	scope, err := c.authorizeInbox(ctx, r.Authority, r.SessionID, true)
+	if err != nil {
 		return protocol.InboxAckReply{}, err
 	}
-	n, err := c.st.RemoveInboxItems(ctx, r.SessionID, r.Seqs)
+	n, err := c.st.RemoveInboxItems(ctx, scope, r.SessionID, r.Seqs)
 	if err != nil {
 		if protocol.CodeOf(err) != "" {
 			return protocol.InboxAckReply{}, err

@@ -109,7 +109,7 @@ func continuableDescriptor() protocol.DescriptorData {
 // inbox of parent.
 func settledNotices(t *testing.T, s *stack.Stack, parent, child string) int {
 	t.Helper()
-	items, err := s.Store.InboxOf(parent).Pending(context.Background(), 0)
+	items, err := testutil.InboxOf(t, s.Store, parent).Pending(context.Background(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,7 +449,7 @@ func TestPendingMessagesOfADeadHostsEpochResumeAtOnce(t *testing.T) {
 			putChild(t, s, root, child)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			msg, _, err := s.Store.Enqueue(ctx, child, store.InboxItem{Content: protocol.Text("say resumed"),
+			msg, _, err := s.Store.Enqueue(ctx, testutil.ScopeOf(t, s.Store, child), child, store.InboxItem{Content: protocol.Text("say resumed"),
 				Source: protocol.MessageSource{Kind: protocol.SourceUser}, Delivery: store.DeliveryNextTurn}, "")
 			if err != nil {
 				t.Fatal(err)
@@ -462,7 +462,7 @@ func TestPendingMessagesOfADeadHostsEpochResumeAtOnce(t *testing.T) {
 				putLease(t, s, deadLease(root, child, runID, protocol.AgentContinuable, 0))
 			}
 			testutil.Eventually(t, 45*time.Second, func() bool {
-				items, err := s.Store.InboxOf(child).Pending(ctx, 0)
+				items, err := testutil.InboxOf(t, s.Store, child).Pending(ctx, 0)
 				if err != nil || len(items) > 0 {
 					return false
 				}
@@ -639,7 +639,7 @@ func TestAFollowupIsAcceptedWhileItsChildChangesHands(t *testing.T) {
 	release()
 	released = true
 	testutil.Eventually(t, 45*time.Second, func() bool {
-		items, err := s.Store.InboxOf(child).Pending(context.Background(), 0)
+		items, err := testutil.InboxOf(t, s.Store, child).Pending(context.Background(), 0)
 		if err != nil || len(items) > 0 {
 			return false
 		}

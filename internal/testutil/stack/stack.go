@@ -7,6 +7,7 @@ package stack
 import (
 	"context"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -141,22 +142,27 @@ func (s *Stack) AddInProcessWorker(desc protocol.ProviderDescriptor, mod ...func
 	for _, m := range mod {
 		m(&cfg)
 	}
+	name := desc.Name
+	if cfg.Name != "" {
+		name = cfg.Name
+	}
+	s.Provide(name)
 	w, err := worker.NewInProcessHost(cfg, desc)
 	if err != nil {
 		s.T.Fatal(err)
 	}
 	stop := testutil.Background(s.T, w)
-	name := desc.Name
-	if cfg.Name != "" {
-		name = cfg.Name
-	}
 	s.WaitProvider(name)
 	return w, stop
 }
 
-// AddHost starts a worker host serving the given providers.
+// AddHost starts a worker host serving the given providers (provisioned
+// first: Provide).
 func (s *Stack) AddHost(providers ...worker.Provider) *worker.Host {
 	s.T.Helper()
+	for _, p := range providers {
+		s.Provide(p.Descriptor().Name)
+	}
 	nc := s.Conn()
 	h, err := worker.New(worker.Config{
 		NC: nc, Store: s.storeOn(nc), Providers: providers,
@@ -170,6 +176,31 @@ func (s *Stack) AddHost(providers ...worker.Provider) *worker.Host {
 		s.WaitProvider(p.Descriptor().Name)
 	}
 	return h
+}
+
+// Provide provisions the log and inbox streams of providers (the admin
+// step before a new provider's workers start, `brood provision
+// --providers`); those of store.DefaultProviders are there from the start.
+// A name that is no valid provider is left to the worker to refuse.
+func (s *Stack) Provide(providers ...string) {
+	s.T.Helper()
+	var add []string
+	for _, p := range providers {
+		if !slices.Contains(s.Store.Cfg.Providers, p) && store.CheckProviders([]string{p}) == nil {
+			add = append(add, p)
+		}
+	}
+	if len(add) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cfg := s.Store.Cfg
+	cfg.Providers = append(slices.Clone(cfg.Providers), add...)
+	if _, err := store.Provision(ctx, s.NC, s.Store.Subj, cfg); err != nil {
+		s.T.Fatalf("provision providers %v: %v", add, err)
+	}
+	s.Store.Cfg.Providers = cfg.Providers
 }
 
 func (s *Stack) storeOn(nc *nats.Conn) *store.Store {
