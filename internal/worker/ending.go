@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/sessionlog"
@@ -75,24 +77,10 @@ func (h *Host) endDescendants(r *hostedRun) bool {
 	defer dcancel()
 	var reply protocol.DrainReply
 	// A coordinator that is away (restarting) is waited for, within the
-	// bound: the run must not settle while its descendants still work.
-	for attempt := 1; ; attempt++ {
-		// On the worker's own user subject, like its agents' calls (pkg/client).
-		err = rpc.Call(dctx, h.cfg.NC, h.subj.Call(h.cfg.NC.Opts.User, protocol.EpDescendantsDispose),
-			protocol.DescendantsDisposeRequest{Agent: protocol.ParentRef{SessionID: r.childID, Credential: r.cred}}, &reply)
-		if err == nil || protocol.CodeOf(err) != protocol.CodeUnavailable {
-			break
-		}
-		t := time.NewTimer(min(time.Duration(attempt)*RetryBackoffStep, RetryBackoffMax))
-		select {
-		case <-dctx.Done():
-			t.Stop()
-		case <-t.C:
-		}
-		if dctx.Err() != nil {
-			break
-		}
-	}
+	// bound: the run must not settle while its descendants still work. On
+	// the worker's own user subject, like its agents' calls (pkg/client).
+	err = callWhileUnavailable(dctx, h.cfg.NC, h.subj.Call(h.cfg.NC.Opts.User, protocol.EpDescendantsDispose),
+		protocol.DescendantsDisposeRequest{Agent: protocol.ParentRef{SessionID: r.childID, Credential: r.cred}}, &reply)
 	if err != nil {
 		h.log.Error("could not dispose the run's descendants", "session", r.childID, "run", r.runID, "err", err)
 	} else if len(reply.Disposed) > 0 {
@@ -136,4 +124,24 @@ func discardPending(ctx context.Context, sess ContinuableSession, in agent.Inbox
 		return len(items), fmt.Errorf("discarded items not removed (their logged discard skips them): %w", err)
 	}
 	return len(items), nil
+}
+
+// callWhileUnavailable is rpc.Call of subject, called again while the
+// answer is UNAVAILABLE (no coordinator answered in time, or one could not
+// read the store: an election), attempt n after n×RetryBackoffStep (at most
+// RetryBackoffMax), until ctx is done; it returns the last answer.
+func callWhileUnavailable(ctx context.Context, nc *nats.Conn, subject string, req, reply any) error {
+	for attempt := 1; ; attempt++ {
+		err := rpc.Call(ctx, nc, subject, req, reply)
+		if err == nil || protocol.CodeOf(err) != protocol.CodeUnavailable {
+			return err
+		}
+		t := time.NewTimer(min(time.Duration(attempt)*RetryBackoffStep, RetryBackoffMax))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }

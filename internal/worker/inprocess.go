@@ -8,7 +8,6 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
-	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
@@ -82,7 +81,9 @@ func (p *InProcess) seedWithin(n int64) error {
 // readSeed reads the seed of fork child h (the first h.SeedLength events
 // of its parent's log) through the coordinators, page by page
 // (protocol.Subjects.Read, ReadForkSeed: a worker reads no header and no
-// log of another provider's session), checked to replay cleanly.
+// log of another provider's session), checked to replay cleanly. A page
+// answered UNAVAILABLE (an election of the log's stream outlasting the
+// coordinator's budget) is asked again within ctx (worker.RunWriteBudget).
 func (p *InProcess) readSeed(ctx context.Context, h protocol.SessionHeader) ([]protocol.SessionEvent, error) {
 	if err := p.seedWithin(h.SeedLength); err != nil {
 		return nil, err
@@ -92,7 +93,7 @@ func (p *InProcess) readSeed(ctx context.Context, h protocol.SessionHeader) ([]p
 	subject := p.Store.Subj.Read(h.Provider, protocol.ReadForkSeed, h.ID)
 	for int64(len(seed)) < h.SeedLength {
 		var page protocol.LogPage
-		if err := rpc.Call(ctx, p.Store.NC, subject, req, &page); err != nil {
+		if err := callWhileUnavailable(ctx, p.Store.NC, subject, req, &page); err != nil {
 			if protocol.CodeOf(err) != "" {
 				return nil, err
 			}
