@@ -229,12 +229,7 @@ func TestALeaseRecordBelongsUnderItsKeyAndHeader(t *testing.T) {
 func TestARunsStateIsReadUnderItsSpecsProvider(t *testing.T) {
 	st := testutil.NewStore(t)
 	ctx := context.Background()
-	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "fork", Mode: protocol.ModeOneShot,
-		Notify: "_INBOX.client.n1", State: protocol.RunRunning, CreatedAt: 1}
-	rev, err := st.CreateRun(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, rev := createForkRun(t, st)
 	forged := store.Settled(spec, "spawn.forger", protocol.SubagentResult{Output: protocol.Text("forged"), StopReason: protocol.StopCompleted})
 	forged.Provider = "spawn"
 	if _, err := store.Put(ctx, st.Runs, store.RunStateKey("spawn", "R1"), forged); err != nil {
@@ -300,12 +295,7 @@ func TestARunsStateIsReadUnderItsSpecsProvider(t *testing.T) {
 func TestARunsSpecLiesUnderItsProvider(t *testing.T) {
 	st := testutil.NewStore(t)
 	ctx := context.Background()
-	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "fork", Mode: protocol.ModeOneShot,
-		Notify: "_INBOX.client.n1", State: protocol.RunRunning, CreatedAt: 1}
-	rev, err := st.CreateRun(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
+	spec, rev := createForkRun(t, st)
 	if _, err := store.Get[protocol.RunRecord](ctx, st.Runs, "spec.fork.R1"); err != nil {
 		t.Fatalf("the spec under spec.fork.R1: %v", err)
 	}
@@ -422,4 +412,17 @@ func TestAnOwnershipRecordLiesUnderItsParentsScope(t *testing.T) {
 	if err := st.AddOwnership(ctx, "NOHEADER", "F"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("an edge of a parent with no header: %v; want ErrNotFound", err)
 	}
+}
+
+// createForkRun creates the one-shot run R1 of the fork provider (child C1
+// of P1) in st and returns its spec and the spec's revision.
+func createForkRun(t *testing.T, st *store.Store) (protocol.RunRecord, uint64) {
+	t.Helper()
+	spec := protocol.RunRecord{RunID: "R1", ChildID: "C1", ParentSession: "P1", Provider: "fork", Mode: protocol.ModeOneShot,
+		Notify: "_INBOX.client.n1", State: protocol.RunRunning, CreatedAt: 1}
+	rev, err := st.CreateRun(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec, rev
 }
