@@ -554,10 +554,15 @@ func TestOrphanedRunRecordsAreSettled(t *testing.T) {
 				}
 			}
 			if tt.host != "" && tt.mode == protocol.ModeOneShot {
-				_, evs := s.Log(child)
-				if len(evs) == 0 || evs[len(evs)-1].Type != protocol.EvAgentTakeover && evs[len(evs)-1].Type != protocol.EvTurnEnd {
-					t.Fatalf("the claimer is not fenced out of the log: %+v", evs)
+				// The coordinator fences the log once its settlement won
+				// (settleOrphan), so the settled state can be read before
+				// the fence lands: wait for it.
+				var evs []protocol.SessionEvent
+				fenced := func() bool {
+					_, evs = s.Log(child)
+					return len(evs) > 0 && (evs[len(evs)-1].Type == protocol.EvAgentTakeover || evs[len(evs)-1].Type == protocol.EvTurnEnd)
 				}
+				testutil.Eventually(t, 10*time.Second, fenced, "the claimer is fenced out of the log (agent/takeover or turn/end last)")
 				if err := sessionlog.ValidateReplay(evs, false); err != nil {
 					t.Fatalf("the log does not replay: %v", err)
 				}
