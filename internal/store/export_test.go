@@ -28,3 +28,5 @@ func (s *staleReads) leaderGet(ctx context.Context, key string) ([]byte, uint64,
 	}
 	return latest(ctx, s.leader, key)
 }
+
+func (s *staleReads) unwrap() jetstream.KeyValue { return s.KeyValue }

@@ -118,6 +118,8 @@ func (f Faults) after(ctx context.Context, w Write, err error) error {
 	return f.After(ctx, w, err)
 }
 
+// faultKV is a bucket whose writes and leader reads pass Faults
+// (WithFaults): a wrapper of the bucket (kvWrapper).
 type faultKV struct {
 	jetstream.KeyValue
 	f Faults
@@ -150,10 +152,15 @@ func (kv faultKV) Update(ctx context.Context, key string, value []byte, rev uint
 	return kv.write(ctx, Write{Op: OpKVUpdate, Key: key, Revision: rev, Value: value}, func() (uint64, error) { return kv.KeyValue.Update(ctx, key, value, rev) })
 }
 
-// updateTTL is an OpKVUpdate with Write.TTL set (bucket.updateTTL).
+// unwrap returns the bucket under the seam (kvWrapper).
+func (kv faultKV) unwrap() jetstream.KeyValue { return kv.KeyValue }
+
+// updateTTL is an OpKVUpdate with Write.TTL set (bucket.updateTTL): the one
+// wrapper that intercepts a write with a TTL; it writes through the bucket
+// it wraps (layerAs).
 func (kv faultKV) updateTTL(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error) {
 	return kv.write(ctx, Write{Op: OpKVUpdate, Key: key, Revision: rev, Value: value, TTL: ttl}, func() (uint64, error) {
-		u, ok := kv.KeyValue.(ttlUpdater)
+		u, ok := layerAs[ttlUpdater](kv.KeyValue)
 		if !ok {
 			return 0, fmt.Errorf("store: bucket %s cannot write a key with a TTL", kv.Bucket())
 		}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -72,15 +71,9 @@ func (kv leaderVia) leaderGet(ctx context.Context, key string) ([]byte, uint64, 
 	return data, rev, found, err
 }
 
-// updateTTL passes a compare-and-set with a TTL (UpdateTTL) through to the
-// bucket.
-func (kv leaderVia) updateTTL(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error) {
-	u, ok := kv.KeyValue.(ttlUpdater)
-	if !ok {
-		return 0, fmt.Errorf("store: bucket %s cannot write a key with a TTL", kv.Bucket())
-	}
-	return u.updateTTL(ctx, key, value, rev, ttl)
-}
+// unwrap returns the bucket whose leader reads this one routes (kvWrapper):
+// its writes, a compare-and-set with a TTL (UpdateTTL) too, go there.
+func (kv leaderVia) unwrap() jetstream.KeyValue { return kv.KeyValue }
 
 // LeaderGet reads key of kv as the bucket stream's leader has it (the
 // answer of a KVLatest request: see LeaderReadFunc), retrying transient

@@ -178,15 +178,14 @@ func Update[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T, 
 
 // UpdateTTL is Update whose write gives key a per-message TTL of ttl (at
 // least 1 s): the server removes the key ttl after the write that landed,
-// unless a later write replaces it first. kv must be a bucket of a Store
-// (it publishes with the TTL; nats.go's KeyValue.Update takes none); the
-// write passes the store's Faults as an OpKVUpdate with Write.TTL set.
+// unless a later write replaces it first. kv must be a bucket of a Store,
+// or a wrapper of one (kvWrapper: WithFaults, WithLeaderReads): the write
+// publishes with the TTL (nats.go's KeyValue.Update takes none) through the
+// bucket under every wrapper, passing the store's Faults, if any, as an
+// OpKVUpdate with Write.TTL set.
 func UpdateTTL[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T, rev uint64, ttl time.Duration) (uint64, error) {
 	if ttl < time.Second {
 		return 0, fmt.Errorf("store: update %s/%s with a TTL of %s: a key's TTL is at least 1s", kv.Bucket(), key, ttl)
-	}
-	if _, ok := kv.(ttlUpdater); !ok {
-		return 0, fmt.Errorf("store: update %s/%s with a TTL: the bucket is not a store's", kv.Bucket(), key)
 	}
 	return update(ctx, kv, key, v, rev, ttl)
 }
@@ -202,10 +201,18 @@ func update[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T, 
 
 // updateRaw is update of a value already encoded.
 func updateRaw(ctx context.Context, kv jetstream.KeyValue, key string, data []byte, rev uint64, ttl time.Duration) (uint64, error) {
+	var withTTL ttlUpdater // the layer that writes with a TTL
+	if ttl > 0 {
+		u, ok := layerAs[ttlUpdater](kv)
+		if !ok {
+			return 0, fmt.Errorf("store: update %s/%s with a TTL: the bucket is not a store's, nor a wrapper of one", kv.Bucket(), key)
+		}
+		withTTL = u
+	}
 	var nrev uint64
 	err := retry(ctx, func(ctx context.Context, unknown bool) (err error) {
 		if ttl > 0 {
-			nrev, err = kv.(ttlUpdater).updateTTL(ctx, key, data, rev, ttl)
+			nrev, err = withTTL.updateTTL(ctx, key, data, rev, ttl)
 		} else {
 			nrev, err = kv.Update(ctx, key, data, rev)
 		}

@@ -276,21 +276,52 @@ func (b *bucket) updateTTL(ctx context.Context, key string, value []byte, rev ui
 
 // ttlUpdater is a bucket that can write a key by compare-and-set with a
 // per-message TTL (bucket.updateTTL; faultKV passes it through its hooks).
+// A write with a TTL goes to the outermost layer of a bucket that has it
+// (layerAs): wrappers need not pass it through.
 type ttlUpdater interface {
 	updateTTL(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error)
 }
 
-// leaderGetter is a bucket that reads keys from its stream's leader.
+// leaderGetter is a bucket that reads keys from its stream's leader. A
+// leader read goes to the outermost layer of a bucket that has it (layerAs).
 type leaderGetter interface {
 	leaderGet(ctx context.Context, key string) (data []byte, rev uint64, found bool, err error)
 }
 
+// kvWrapper is a wrapper of a store's bucket (faultKV, leaderVia): unwrap
+// returns the bucket it wraps, as errors.Unwrap returns a wrapped error.
+// The store's own methods of a bucket (ttlUpdater, leaderGetter) are found
+// through the wrappers (layerAs), so a wrapper passes them through by having
+// unwrap, and intercepts one only by having the method itself (faultKV's
+// updateTTL and leaderGet). A wrapper without unwrap hides them: a TTL'd
+// write through it fails (UpdateTTL), a leader read falls back to Get.
+type kvWrapper interface {
+	unwrap() jetstream.KeyValue
+}
+
+// layerAs returns the outermost layer of kv that is a T: kv itself, else the
+// bucket it wraps (kvWrapper), and so on inwards, as errors.As walks an
+// error's chain; ok is false when no layer is a T.
+func layerAs[T any](kv jetstream.KeyValue) (t T, ok bool) {
+	for kv != nil {
+		if t, ok = kv.(T); ok {
+			return t, true
+		}
+		w, wraps := kv.(kvWrapper)
+		if !wraps {
+			break
+		}
+		kv = w.unwrap()
+	}
+	return t, false
+}
+
 // latest reads key's value and revision for a landed-write check: from the
-// leader when kv is a bucket of a Store, else kv.Get. A deleted key reads
-// as not found at the revision of its delete marker; a key with no message
-// at all, as revision 0.
+// leader when kv is a bucket of a Store or a wrapper of one (layerAs), else
+// kv.Get. A deleted key reads as not found at the revision of its delete
+// marker; a key with no message at all, as revision 0.
 func latest(ctx context.Context, kv jetstream.KeyValue, key string) (data []byte, rev uint64, found bool, err error) {
-	if b, ok := kv.(leaderGetter); ok {
+	if b, ok := layerAs[leaderGetter](kv); ok {
 		return b.leaderGet(ctx, key)
 	}
 	e, err := kv.Get(ctx, key)

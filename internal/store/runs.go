@@ -321,7 +321,7 @@ func (s *Store) ExpireRunSpec(ctx context.Context, spec protocol.RunRecord, rev 
 // from this call; false with a nil error when the key is gone, changed
 // since rev, or already has a TTL.
 func (s *Store) ExpireRunsKey(ctx context.Context, key string, rev uint64) (bool, error) {
-	if _, ok := s.Runs.(ttlUpdater); !ok || rev == 0 {
+	if _, ok := layerAs[ttlUpdater](s.Runs); !ok || rev == 0 {
 		return false, fmt.Errorf("store: expire brood_runs key %q at revision %d: not a store's bucket, or no revision", key, rev)
 	}
 	var m *jetstream.RawStreamMsg
