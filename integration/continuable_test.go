@@ -154,6 +154,7 @@ func TestColdResumeStartsANewEpochWithOneDescriptor(t *testing.T) {
 	root := s.Root()
 	start := startCont(t, s, root.Ref(), "say one")
 	waitState(t, s, start.ChildID, ref(root), protocol.StateNone, 10*time.Second)
+	waitListedInactive(t, s, root, start.ChildID)
 	followup(t, s, start.ChildID, ref(root), "say two")
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		_, evs := s.Log(start.ChildID)
@@ -191,6 +192,29 @@ func TestColdResumeStartsANewEpochWithOneDescriptor(t *testing.T) {
 	wantSample(t, f, 2, "brood_runs_settled_total", append(cont, "stop_reason", "completed")...)
 	wantSample(t, f, 2, "brood_delegation_duration_seconds_count", cont...)
 	eventuallySample(t, m, 0, "brood_activations_live")
+}
+
+// waitListedInactive waits until the coordinator lists child (of root)
+// inactive. A followup is routed by the coordinator's lease cache
+// (residentCached), which its watch of brood_agents updates a moment after
+// the bucket: `state` reads the bucket, so it can answer none while the cache
+// still shows the epoch that ended live, and a followup sent then goes the
+// resident route (the liveness sweep resumes the child), not the cold one.
+// The listing reads the same cache (childRow).
+func waitListedInactive(t *testing.T, s *stack.Stack, root *client.Root, child string) {
+	t.Helper()
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		list, err := s.Client.Children(context.Background(), protocol.ChildrenListRequest{Parent: root.SessionID, Authority: ref(root)})
+		if err != nil {
+			return false
+		}
+		for _, r := range list.Rows {
+			if r.ID == child {
+				return r.Kind == protocol.RowChild && r.Activity == protocol.ActivityInactive
+			}
+		}
+		return false
+	}, "the coordinator lists %s inactive", child)
 }
 
 // TestParentWaitsForItsRunningGrandchild: a continuable child that started a
