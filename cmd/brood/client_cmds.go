@@ -303,7 +303,8 @@ func logCmd(g *globals) *cobra.Command {
 		Short: "Print a session's header, then every event of its log in order (--follow: and new ones live)",
 		Long: "Prints the session's header and every event of its log. With --follow it goes on printing each\n" +
 			"event as it is logged, until the session's agent is done: a one-shot child's turn ended, or a\n" +
-			"continuable child has no live activation and nothing queued (a root's log: until Ctrl-C).\n" +
+			"continuable child has no turn open in its log, no live activation and nothing queued (a root's\n" +
+			"log: until Ctrl-C).\n" +
 			"--json prints {header, events}; with --follow, one JSON object per line: {\"header\":…} first,\n" +
 			"then each event. It reads through the coordinator, as the user (with a user grant).",
 		Args: cobra.ExactArgs(1),

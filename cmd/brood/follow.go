@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -14,30 +15,44 @@ import (
 // and once caught up long-polls for the next one, so the history and the
 // live part come from one ordered read with no gap between them.
 func followLog(ctx context.Context, s *session, id string, auth protocol.Authority, asJSON bool) error {
+	return follow(ctx, s.cl, s.out, id, auth, asJSON)
+}
+
+// followReads is what a follow asks the coordinators (*client.Client).
+type followReads interface {
+	Header(ctx context.Context, req protocol.SessionGetRequest) (protocol.SessionHeader, error)
+	LogPage(ctx context.Context, req protocol.LogReadRequest) (protocol.LogPage, error)
+	State(ctx context.Context, req protocol.ChildRef) (protocol.StateReply, error)
+}
+
+// follow is followLog reading through r and printing to out.
+func follow(ctx context.Context, r followReads, out io.Writer, id string, auth protocol.Authority, asJSON bool) error {
 	if !protocol.ValidID(id) {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "session id %q is not a valid id", id)
 	}
-	h, err := s.cl.Header(ctx, protocol.SessionGetRequest{SessionID: id, Authority: auth})
+	h, err := r.Header(ctx, protocol.SessionGetRequest{SessionID: id, Authority: auth})
 	if err != nil {
 		return err
 	}
 	if asJSON {
-		if err := printJSONLine(s.out, struct {
+		if err := printJSONLine(out, struct {
 			Header protocol.SessionHeader `json:"header"`
 		}{h}); err != nil {
 			return err
 		}
 	} else {
-		printHeader(s.out, h)
+		printHeader(out, h)
 	}
 	mode := ""
 	if h.ParentSession == "" {
 		mode = "root"
 	}
 	req := protocol.LogReadRequest{SessionID: id, Authority: auth}
-	caughtUp, ownTurnEnded := false, false
+	// ownTurnEnded: one of the session's own turns ended (not a seed's);
+	// ownTurnOpen: its latest own turn/start has no turn/end yet.
+	caughtUp, ownTurnEnded, ownTurnOpen := false, false, false
 	for {
-		if caughtUp && s.followDone(ctx, id, mode, ownTurnEnded, auth) {
+		if caughtUp && followDone(ctx, r, id, mode, ownTurnEnded, ownTurnOpen, auth) {
 			return nil
 		}
 		// A continuable activation settles a moment after its last turn ends,
@@ -46,7 +61,7 @@ func followLog(ctx context.Context, s *session, id string, auth protocol.Authori
 		if caughtUp {
 			req.WaitMs = followDonePoll.Milliseconds()
 		}
-		page, err := s.cl.LogPage(ctx, req)
+		page, err := r.LogPage(ctx, req)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -55,20 +70,24 @@ func followLog(ctx context.Context, s *session, id string, auth protocol.Authori
 		}
 		for _, ev := range page.Events {
 			if asJSON {
-				if err := printJSONLine(s.out, ev); err != nil {
+				if err := printJSONLine(out, ev); err != nil {
 					return err
 				}
 			} else {
-				fmt.Fprintln(s.out, formatEvent(ev, h))
+				fmt.Fprintln(out, formatEvent(ev, h))
 			}
+			own := ev.Seq >= h.SeedLength
 			switch ev.Type {
 			case protocol.EvSubagentDescriptor:
 				var d protocol.DescriptorData
-				if ev.Seq >= h.SeedLength && ev.Decode(&d) == nil {
+				if own && ev.Decode(&d) == nil {
 					mode = d.Mode
 				}
+			case protocol.EvTurnStart:
+				ownTurnOpen = ownTurnOpen || own
 			case protocol.EvTurnEnd:
-				ownTurnEnded = ownTurnEnded || ev.Seq >= h.SeedLength
+				ownTurnEnded = ownTurnEnded || own
+				ownTurnOpen = ownTurnOpen && !own
 			}
 		}
 		req.FromSeq, req.Cursor, caughtUp = page.NextSeq, page.Cursor, page.Complete
@@ -79,16 +98,28 @@ func followLog(ctx context.Context, s *session, id string, auth protocol.Authori
 const followDonePoll = 500 * time.Millisecond
 
 // followDone reports whether a followed session's agent is done: a one-shot
-// child once its turn ended (turnEnded: one of its own turns ended); a continuable child once it has no live
-// activation and nothing queued; a root never (Ctrl-C ends the follow).
-func (s *session) followDone(ctx context.Context, id, mode string, turnEnded bool, auth protocol.Authority) bool {
+// child once its turn ended (turnEnded: one of its own turns ended); a
+// continuable child once no own turn is open in its log (turnOpen) and it
+// has no live activation and nothing queued; a root never (Ctrl-C ends the
+// follow). While an own turn is open the session is live whatever the
+// state answers, and the state is not asked: an activation logs its turn's
+// end before its lease goes, and a coordinator that takes the session of a
+// host it judged dead over closes the open turn in the log (interrupted),
+// so a follow of an ended session still ends. A state of none read during
+// a turn is the coordinator's judgement of that moment (a host whose
+// heartbeats came late is not live until the next one comes back), not
+// the turn's end.
+func followDone(ctx context.Context, r followReads, id, mode string, turnEnded, turnOpen bool, auth protocol.Authority) bool {
 	switch mode {
 	case "root":
 		return false
 	case protocol.ModeOneShot:
 		return turnEnded
 	case protocol.ModeContinuable:
-		st, err := s.cl.State(ctx, protocol.ChildRef{ChildID: id, Authority: auth})
+		if turnOpen {
+			return false
+		}
+		st, err := r.State(ctx, protocol.ChildRef{ChildID: id, Authority: auth})
 		return err == nil && st.State == protocol.StateNone && st.Queued == 0
 	}
 	return false // no descriptor seen yet: the child is being created
