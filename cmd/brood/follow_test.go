@@ -52,13 +52,7 @@ func (l *scriptedLog) State(_ context.Context, req protocol.ChildRef) (protocol.
 // TestLogVerbFollowsLive failed once under load: the follow ended after the
 // turn's user/message, its turn still running.
 func TestFollowDoesNotEndWhileATurnIsOpen(t *testing.T) {
-	ev := func(typ string, data any) protocol.SessionEvent {
-		e, err := protocol.NewEvent(typ, 1, data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
+	ev := func(typ string, data any) protocol.SessionEvent { return newEvent(t, typ, data) }
 	turn := []protocol.SessionEvent{
 		ev(protocol.EvSubagentDescriptor, protocol.DescriptorData{Version: 2, Mode: protocol.ModeContinuable, Provider: "spawn"}),
 		ev(protocol.EvTurnStart, protocol.TurnData{Turn: 1}),

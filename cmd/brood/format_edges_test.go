@@ -10,13 +10,7 @@ import (
 // TestLogShowsTheEdgeEvents: `brood log` renders the events issue 14 added
 // (a renamed tool-call id, ACP permission answers, late ACP output).
 func TestLogShowsTheEdgeEvents(t *testing.T) {
-	ev := func(typ string, data any) protocol.SessionEvent {
-		e, err := protocol.NewEvent(typ, 1, data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
+	ev := func(typ string, data any) protocol.SessionEvent { return newEvent(t, typ, data) }
 	tests := []struct {
 		ev   protocol.SessionEvent
 		want string
@@ -36,4 +30,14 @@ func TestLogShowsTheEdgeEvents(t *testing.T) {
 			t.Errorf("%s rendered %q, want it to contain %q", tt.ev.Type, got, tt.want)
 		}
 	}
+}
+
+// newEvent is an event of type typ with data, at time 1 ms.
+func newEvent(t *testing.T, typ string, data any) protocol.SessionEvent {
+	t.Helper()
+	e, err := protocol.NewEvent(typ, 1, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
