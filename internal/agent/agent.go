@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/model"
-	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -152,10 +151,11 @@ type Agent struct {
 
 	mu     sync.Mutex
 	events []protocol.SessionEvent
-	turn   int64
-	// callIDs keeps recorded tool-call ids unique in the session; used by
-	// the turn's goroutine only.
-	callIDs *CallIDs
+	// index is what the runtime reads from events, each decoded once
+	// (Index): the conversation, the call ids recorded (kept unique in the
+	// session), the inbox cursor.
+	index *Index
+	turn  int64
 
 	// appendMu serializes appends: the log has one writer, and inbox
 	// bookkeeping may append while a turn runs.
@@ -175,8 +175,9 @@ func New(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, limits: cfg.Limits.withDefaults(), log: cfg.Logger.With("session", cfg.Header.ID)}
 	a.events = append([]protocol.SessionEvent(nil), cfg.Events...)
-	a.turn = sessionlog.LastTurn(a.events)
-	a.callIDs = NewCallIDs(a.events)
+	a.index = NewIndex(true)
+	a.index.Add(a.events...)
+	a.turn = a.index.LastTurn()
 	return a, nil
 }
 
@@ -216,6 +217,15 @@ func (a *Agent) Delegated() bool {
 		}
 	}
 	return false
+}
+
+// CloseOpenTurn returns the events that close a turn the session's log left
+// open (a host died mid-turn; sessionlog.CloseOpenTurn), nil when none is:
+// read from the agent's Index, so the log is not decoded again.
+func (a *Agent) CloseOpenTurn(reason protocol.TurnEndReason, nowMs int64) ([]protocol.SessionEvent, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.index.CloseOpenTurn(reason, nowMs)
 }
 
 // EventCount returns how many events the session has.
@@ -332,7 +342,9 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	if out, fenced := a.claimStepItems(ctx, turn); fenced {
 		return out, true
 	}
-	history, err := History(a.Events())
+	a.mu.Lock()
+	history, err := a.index.Messages()
+	a.mu.Unlock()
 	if err != nil {
 		return a.end(ctx, turn, nil, errReason("the session log cannot be replayed: "+err.Error())), true
 	}
@@ -470,10 +482,12 @@ func (a *Agent) recordCallIDs(msg *protocol.AssistantMessage) []string {
 	}
 	calls := append([]protocol.ToolCall(nil), msg.ToolCalls...)
 	orig := make([]string, len(calls))
+	a.mu.Lock()
 	for i := range calls {
 		orig[i] = calls[i].ID
-		calls[i].ID = a.callIDs.Unique(calls[i].ID)
+		calls[i].ID = a.index.CallIDs().Unique(calls[i].ID)
 	}
+	a.mu.Unlock()
 	msg.ToolCalls = calls
 	return orig
 }
@@ -639,6 +653,7 @@ func (a *Agent) appendSplit(ctx context.Context, evs []protocol.SessionEvent) er
 	if err == nil {
 		a.mu.Lock()
 		a.events = append(a.events, written...)
+		a.index.Add(written...)
 		a.mu.Unlock()
 	}
 	a.appendMu.Unlock()

@@ -20,7 +20,8 @@ import (
 type CallIDs struct{ used map[string]bool }
 
 // NewCallIDs returns the ids already used by events (tool calls of assistant
-// messages and tool/call events, a fork seed included).
+// messages and tool/call events, a fork seed included). Index.CallIDs keeps
+// the same set as events are added.
 func NewCallIDs(events []protocol.SessionEvent) *CallIDs {
 	c := &CallIDs{used: map[string]bool{}}
 	for _, ev := range events {

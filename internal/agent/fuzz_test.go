@@ -241,7 +241,9 @@ func jsonObjectText(s string) bool {
 //     tool panics;
 //   - the next request replays the call's arguments as a JSON object: the
 //     text itself when it is one, else {} (strict servers refuse anything
-//     else), for ReplayArguments and History alike.
+//     else), for ReplayArguments and History alike;
+//   - the agent's Index answers what History and the log walks read from
+//     the turn's events, at every prefix (checkIndexAtEveryPrefix).
 func FuzzToolArguments(f *testing.F) {
 	fuzzcheck.SeedsPresent(f, "FuzzToolArguments", 10)
 	tools, cwd := fuzzTools(f)
@@ -299,6 +301,7 @@ func FuzzToolArguments(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		checkIndexAtEveryPrefix(t, events)
 		for _, m := range msgs {
 			for _, c := range m.ToolCalls {
 				if c.Arguments != want {

@@ -18,6 +18,9 @@ import (
 //     result for one call) is left out;
 //   - a call's arguments go back as ReplayArguments gives them: "{}" when the
 //     logged text is empty or not a JSON object (the log keeps the raw text).
+//
+// It decodes every message of events; a running agent reads the same
+// conversation from its Index, kept as events are appended (Index.Messages).
 func History(events []protocol.SessionEvent) ([]model.Message, error) {
 	results := map[string]bool{}
 	for _, ev := range events {

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -20,29 +19,31 @@ type Inbox interface {
 	Remove(ctx context.Context, seqs ...protocol.Seq) error
 }
 
-func (a *Agent) cursor() (seen, done map[protocol.Seq]bool) {
+// InboxLog returns what the session's log says of its inbox items, read
+// from the agent's Index (a copy).
+func (a *Agent) InboxLog() InboxLog {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return sessionlog.InboxCursor(a.events)
+	return a.index.InboxLog()
 }
 
 // Unclaimed returns the pending items not yet claimed or discarded, oldest
 // first, and removes leftovers already done (claimed by a predecessor that
 // died before deleting them).
 func (a *Agent) Unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, error) {
-	return UnclaimedOf(ctx, a.Events(), in, a.log)
+	return UnclaimedOf(ctx, a.InboxLog(), in, a.log)
 }
 
-// UnclaimedOf is Unclaimed for any session, given its events. An item is
+// UnclaimedOf is Unclaimed for any session, given what its log says of its
+// inbox (Index.InboxLog). An item is
 // done when its sequence or its messageId was claimed or discarded: it is
 // removed. A later copy of a pending item (same messageId) is skipped, and
 // removed once the first copy's claim is logged (it is then done by its
 // messageId): only an item its log names may leave an inbox, since a
 // coordinator deletes nothing else (store.RemoveDoneInboxItems). So a
 // message stored twice (store.KeyedMessageID) runs once.
-func UnclaimedOf(ctx context.Context, events []protocol.SessionEvent, in Inbox, log *slog.Logger) ([]store.InboxItem, error) {
-	_, done := sessionlog.InboxCursor(events)
-	doneIDs := sessionlog.DoneMessages(events)
+func UnclaimedOf(ctx context.Context, il InboxLog, in Inbox, log *slog.Logger) ([]store.InboxItem, error) {
+	done, doneIDs := il.Done, il.DoneIDs
 	items, err := in.Pending(ctx, 0)
 	if err != nil {
 		return nil, err
@@ -70,15 +71,15 @@ func UnclaimedOf(ctx context.Context, events []protocol.SessionEvent, in Inbox, 
 }
 
 func (a *Agent) unclaimed(ctx context.Context, in Inbox) ([]store.InboxItem, map[protocol.Seq]bool, error) {
-	seen, _ := a.cursor()
-	items, err := UnclaimedOf(ctx, a.Events(), in, a.log)
-	return items, seen, err
+	il := a.InboxLog()
+	items, err := UnclaimedOf(ctx, il, in, a.log)
+	return items, il.Seen, err
 }
 
-// TurnOpener is what claiming a turn needs of a session: its events and a
-// way to open a turn (*Agent, the ACP bridge's session).
+// TurnOpener is what claiming a turn needs of a session: what its log says
+// of its inbox and a way to open a turn (*Agent, the ACP bridge's session).
 type TurnOpener interface {
-	Events() []protocol.SessionEvent
+	InboxLog() InboxLog
 	OpenTurn(ctx context.Context, in Input) (Outcome, bool)
 }
 
@@ -93,9 +94,9 @@ func (a *Agent) ClaimNext(ctx context.Context, in Inbox) (out Outcome, claimed b
 
 // ClaimNextOf is ClaimNext for any session that opens turns.
 func ClaimNextOf(ctx context.Context, s TurnOpener, in Inbox, log *slog.Logger) (out Outcome, claimed bool, err error) {
-	events := s.Events()
-	seen, _ := sessionlog.InboxCursor(events)
-	items, err := UnclaimedOf(ctx, events, in, log)
+	il := s.InboxLog()
+	seen := il.Seen
+	items, err := UnclaimedOf(ctx, il, in, log)
 	if err != nil {
 		return Outcome{}, false, err
 	}

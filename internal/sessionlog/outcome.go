@@ -263,6 +263,14 @@ func CloseOpenTurn(events []protocol.SessionEvent, reason protocol.TurnEndReason
 	if !open {
 		return nil, nil
 	}
+	return CloseTurn(turn, step, stepOpen, pending, reason, nowMs)
+}
+
+// CloseTurn returns the events that close open turn turn, given what
+// OpenTurn reports of it: an error result for each of pending, step/end of
+// step when stepOpen, and turn/end with reason (CloseOpenTurn; agent.Index
+// keeps OpenTurn's answer as events are added).
+func CloseTurn(turn, step int64, stepOpen bool, pending []protocol.ToolCallData, reason protocol.TurnEndReason, nowMs int64) ([]protocol.SessionEvent, error) {
 	var out []protocol.SessionEvent
 	add := func(typ string, data any) error {
 		ev, err := protocol.NewEvent(typ, nowMs, data)

@@ -278,7 +278,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 		return nil, protocol.Errorf(protocol.CodeNotResumable, "provider %s cannot host continuable children", p.Descriptor().Name)
 	}
 	a.sess = cs
-	if err := logEpochStart(ctx, req, cs, events); err != nil {
+	if err := logEpochStart(ctx, req, cs); err != nil {
 		release()
 		closeSession(cs)
 		return nil, err
@@ -338,12 +338,12 @@ func (h *Host) epochLease(ctx context.Context, req protocol.ActivateRequest, cre
 // logEpochStart logs what precedes an epoch's first turn: a fresh child's
 // descriptor (after any seed), or, on a resume, the closing of a turn a
 // dead host left open.
-func logEpochStart(ctx context.Context, req protocol.ActivateRequest, cs ContinuableSession, events []protocol.SessionEvent) error {
+func logEpochStart(ctx context.Context, req protocol.ActivateRequest, cs ContinuableSession) error {
 	var first []protocol.SessionEvent
 	if req.Fresh {
 		first = append(first, mustEvent(protocol.EvSubagentDescriptor, *req.Descriptor))
 	} else {
-		closing, err := sessionlog.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
+		closing, err := cs.CloseOpenTurn(protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
 		if err != nil {
 			return protocol.Errorf(protocol.CodeInternal, "close the open turn of %s: %w", req.ChildID, err)
 		}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/rpc"
-	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -98,7 +97,7 @@ func discardPending(ctx context.Context, sess ContinuableSession, in agent.Inbox
 	if err != nil || len(items) == 0 {
 		return 0, err
 	}
-	seen, _ := sessionlog.InboxCursor(sess.Events())
+	seen := sess.InboxLog().Seen
 	now := store.NowMs()
 	var evs []protocol.SessionEvent
 	seqs := make([]protocol.Seq, 0, len(items))

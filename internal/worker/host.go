@@ -68,6 +68,11 @@ type ContinuableSession interface {
 	ClaimNext(ctx context.Context, in agent.Inbox) (agent.Outcome, bool, error)
 	Unclaimed(ctx context.Context, in agent.Inbox) ([]store.InboxItem, error)
 	Append(ctx context.Context, evs ...protocol.SessionEvent) error
+	// InboxLog and CloseOpenTurn read the session's events as it keeps
+	// them decoded (agent.Index): what they say of the inbox, and the
+	// closing of a turn they left open (sessionlog.CloseOpenTurn).
+	InboxLog() agent.InboxLog
+	CloseOpenTurn(reason protocol.TurnEndReason, nowMs int64) ([]protocol.SessionEvent, error)
 }
 
 // Provider is one provider a host serves.

@@ -15,7 +15,6 @@ import (
 
 	"github.com/brood-dev/brood/internal/acpio"
 	"github.com/brood-dev/brood/internal/agent"
-	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -75,9 +74,11 @@ type Session struct {
 	acpID     acp.SessionId
 	prompting chan struct{} // closed when the last session/prompt call returned
 
-	// callIDs keeps logged tool-call ids unique in the session (agents may
-	// reuse ids across turns); guarded by mu.
-	callIDs *agent.CallIDs
+	// index is what the bridge reads from events, each decoded once
+	// (agent.Index): the call ids logged, kept unique in the session (agents
+	// may reuse ids across turns), the inbox cursor, the open turn; guarded
+	// by mu.
+	index *agent.Index
 	// sealed is the last turn whose record is closed; what the agent sends
 	// while no turn is current is logged as late output of that turn.
 	sealed    int64
@@ -98,16 +99,18 @@ type Session struct {
 
 func newSession(p *Provider, spec worker.SessionSpec, cwd string) *Session {
 	lifetime, stop := context.WithCancel(context.Background())
-	return &Session{
+	s := &Session{
 		p: p, o: p.opts, header: spec.Header, log: spec.Log, cwd: cwd,
 		logger:   p.opts.Logger.With("provider", p.agent.Name, "session", spec.Header.ID),
 		lifetime: lifetime, stop: stop,
 		events:    append([]protocol.SessionEvent(nil), spec.Events...),
-		turn:      sessionlog.LastTurn(spec.Events),
-		callIDs:   agent.NewCallIDs(spec.Events),
+		index:     agent.NewIndex(false),
 		violation: make(chan struct{}),
 		lateKick:  make(chan struct{}, 1), lateStop: make(chan struct{}), lateDone: make(chan struct{}),
 	}
+	s.index.Add(s.events...)
+	s.turn = s.index.LastTurn()
+	return s
 }
 
 // Events returns a copy of the session's events so far.
@@ -746,6 +749,7 @@ func (s *Session) appendSplit(ctx context.Context, evs []protocol.SessionEvent) 
 	}
 	s.mu.Lock()
 	s.events = append(s.events, written...)
+	s.index.Add(written...)
 	s.mu.Unlock()
 	return nil
 }
@@ -1050,7 +1054,7 @@ func (s *Session) toolStart(t *turnState, id, title, kind string, rawInput any) 
 	if len(name) > 200 {
 		name = name[:200]
 	}
-	ts := &toolState{name: name, logID: s.callIDs.Unique(id)}
+	ts := &toolState{name: name, logID: s.index.CallIDs().Unique(id)}
 	t.tools[id] = ts
 	t.order = append(t.order, id)
 	args := "{}"
@@ -1229,7 +1233,22 @@ func (s *Session) ClaimNext(ctx context.Context, in agent.Inbox) (agent.Outcome,
 
 // Unclaimed returns the inbox items this session has not claimed yet.
 func (s *Session) Unclaimed(ctx context.Context, in agent.Inbox) ([]store.InboxItem, error) {
-	return agent.UnclaimedOf(ctx, s.Events(), in, s.logger)
+	return agent.UnclaimedOf(ctx, s.InboxLog(), in, s.logger)
+}
+
+// InboxLog returns what the session's log says of its inbox items (a copy).
+func (s *Session) InboxLog() agent.InboxLog {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.index.InboxLog()
+}
+
+// CloseOpenTurn returns the events that close a turn the session's log left
+// open (sessionlog.CloseOpenTurn), nil when none is.
+func (s *Session) CloseOpenTurn(reason protocol.TurnEndReason, nowMs int64) ([]protocol.SessionEvent, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.index.CloseOpenTurn(reason, nowMs)
 }
 
 // Append logs events between turns (the continuable descriptor, the closing
