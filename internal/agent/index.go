@@ -23,8 +23,9 @@ import (
 //   - LastTurn: sessionlog.LastTurn;
 //   - OpenTurn, CloseOpenTurn: sessionlog.OpenTurn, sessionlog.CloseOpenTurn.
 //
-// Only the payloads these read are decoded: turn/start, step/start, user and
-// assistant messages, tool/call, tool/result and the inbox events. Memory:
+// Only the payloads these read are decoded: user and assistant messages,
+// tool/call, tool/result and the inbox events as they are added, and the
+// last turn/start and step/start when LastTurn or OpenTurn asks. Memory:
 // with history kept, the decoded conversation (its texts, calls and
 // results) beside the log's bytes, about the size of those payloads again;
 // the inbox cursor and the call-id set as before. Not safe for concurrent
@@ -37,12 +38,16 @@ type Index struct {
 	calls *CallIDs
 	inbox InboxLog
 
-	lastTurn int64
-	// The open turn, as sessionlog.OpenTurn reads it.
-	turn, step     int64
-	open, stepOpen bool
-	turnCalls      []protocol.ToolCallData
-	turnResults    map[string]bool
+	// The last turn and the open turn, as sessionlog.LastTurn and OpenTurn
+	// read them. Only the last turn/start and step/start matter to them,
+	// so these are decoded when asked (resolve), the last first: a resume
+	// decodes one of each, not every turn's.
+	lastTurn, turn, step int64
+	turnStarts           []protocol.SessionEvent // not decoded yet, in log order
+	stepStart            *protocol.SessionEvent  // the last step/start, not decoded yet
+	open, stepOpen       bool
+	turnCalls            []protocol.ToolCallData
+	turnResults          map[string]bool
 
 	conv *conversation // nil when history is not kept
 }
@@ -90,17 +95,12 @@ func (x *Index) decode(ev protocol.SessionEvent, v any) error {
 func (x *Index) add(ev protocol.SessionEvent) {
 	switch ev.Type {
 	case protocol.EvTurnStart:
-		var d protocol.TurnData
-		if x.decode(ev, &d) == nil {
-			x.lastTurn = d.Turn
-		}
-		x.turn, x.open, x.stepOpen, x.turnCalls, x.turnResults = d.Turn, true, false, nil, map[string]bool{}
+		x.turnStarts = append(x.turnStarts, ev)
+		x.open, x.stepOpen, x.turnCalls, x.turnResults = true, false, nil, map[string]bool{}
 	case protocol.EvTurnEnd:
 		x.open, x.stepOpen = false, false
 	case protocol.EvStepStart:
-		var d protocol.StepData
-		_ = x.decode(ev, &d)
-		x.step, x.stepOpen = d.Step, true
+		x.stepStart, x.stepOpen = &ev, true
 	case protocol.EvStepEnd:
 		x.stepOpen = false
 	case protocol.EvToolCall:
@@ -183,11 +183,44 @@ func (x *Index) CallIDs() *CallIDs { return x.calls }
 func (x *Index) InboxLog() InboxLog { return x.inbox.clone() }
 
 // LastTurn returns the number of the last turn started (0 if none).
-func (x *Index) LastTurn() int64 { return x.lastTurn }
+func (x *Index) LastTurn() int64 {
+	x.resolveTurns()
+	return x.lastTurn
+}
+
+// resolveTurns decodes the turn/start events added since it last ran: the
+// last gives the turn OpenTurn reports (what it holds even when it does not
+// decode, as sessionlog.OpenTurn reads it), and the last that decodes gives
+// LastTurn, so earlier ones are decoded only while the later do not.
+func (x *Index) resolveTurns() {
+	n := len(x.turnStarts)
+	if n == 0 {
+		return
+	}
+	var d protocol.TurnData
+	err := x.decode(x.turnStarts[n-1], &d)
+	x.turn = d.Turn
+	if err == nil {
+		x.lastTurn = d.Turn
+	}
+	for i := n - 2; err != nil && i >= 0; i-- {
+		var e protocol.TurnData
+		if err = x.decode(x.turnStarts[i], &e); err == nil {
+			x.lastTurn = e.Turn
+		}
+	}
+	x.turnStarts = nil
+}
 
 // OpenTurn reports the turn left open by the added events and its tool calls
 // without a result (sessionlog.OpenTurn).
 func (x *Index) OpenTurn() (turn int64, open bool, step int64, stepOpen bool, pending []protocol.ToolCallData) {
+	x.resolveTurns()
+	if x.stepStart != nil {
+		var d protocol.StepData
+		_ = x.decode(*x.stepStart, &d)
+		x.step, x.stepStart = d.Step, nil
+	}
 	if x.open {
 		for _, c := range x.turnCalls {
 			if !x.turnResults[c.CallID] {

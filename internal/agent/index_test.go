@@ -102,6 +102,8 @@ func indexLogs(t *testing.T) map[string][]protocol.SessionEvent {
 			raw(protocol.EvToolResult, garbage).result("c").evs,
 		"undecodable turn, step and call events": b().raw(protocol.EvTurnStart, garbage).turn(3).raw(protocol.EvTurnStart, garbage).
 			raw(protocol.EvStepStart, garbage).say("", "c").raw(protocol.EvToolCall, garbage).call("c").evs,
+		"undecodable turn starts after one that decodes": b().turn(1).step(2).raw(protocol.EvTurnStart, garbage).raw(protocol.EvTurnStart, garbage).
+			raw(protocol.EvStepStart, garbage).evs,
 		"an open turn with a pending call and an open step": b().turn(1).user("q").step(1).say("", "c1", "c2").call("c1").call("c2").
 			result("c1").evs,
 		"calls after a turn's end, then a new turn": b().turn(1).user("q").say("", "c1").call("c1").end(1).call("c9").turn(2).step(1).
@@ -143,10 +145,21 @@ func checkIndexAtEveryPrefix(t *testing.T, events []protocol.SessionEvent) {
 		if x.LastTurn() != sessionlog.LastTurn(prefix) {
 			t.Fatalf("prefix %d: last turn %d, LastTurn %d", i, x.LastTurn(), sessionlog.LastTurn(prefix))
 		}
-		turn, open, step, stepOpen, pending := x.OpenTurn()
 		wturn, wopen, wstep, wstepOpen, wpending := sessionlog.OpenTurn(prefix)
-		if turn != wturn || open != wopen || step != wstep || stepOpen != wstepOpen || !reflect.DeepEqual(pending, wpending) {
-			t.Fatalf("prefix %d: open turn %d %v %d %v %+v; OpenTurn %d %v %d %v %+v", i, turn, open, step, stepOpen, pending, wturn, wopen, wstep, wstepOpen, wpending)
+		// The index asked at every prefix, and one given the prefix at once
+		// (its turn/start and step/start events decoded when asked).
+		whole := NewIndex(true)
+		whole.Add(prefix...)
+		for _, x := range []*Index{x, whole} {
+			turn, open, step, stepOpen, pending := x.OpenTurn()
+			if turn != wturn || open != wopen || step != wstep || stepOpen != wstepOpen || !reflect.DeepEqual(pending, wpending) {
+				t.Fatalf("prefix %d: open turn %d %v %d %v %+v; OpenTurn %d %v %d %v %+v", i, turn, open, step, stepOpen, pending, wturn, wopen, wstep, wstepOpen, wpending)
+			}
+		}
+		fresh := NewIndex(false)
+		fresh.Add(prefix...)
+		if got := fresh.LastTurn(); got != sessionlog.LastTurn(prefix) {
+			t.Fatalf("prefix %d given at once: last turn %d, LastTurn %d", i, got, sessionlog.LastTurn(prefix))
 		}
 		reason := protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}
 		closing, cerr := x.CloseOpenTurn(reason, 7)
@@ -256,25 +269,44 @@ func TestATurnDecodesEachEventOncePerActivation(t *testing.T) {
 			t.Fatalf("request %d has %d messages, want %d beginning with the first turn's question", i+1, len(req), want)
 		}
 	}
-	decodable := 0
+	// Messages, calls and results are decoded as they are added; of the
+	// turn/start and step/start events only the last, when asked: the prior
+	// log's last turn/start when the agent was built (its LastTurn), the
+	// turn's own and its last step/start by CloseOpenTurn.
+	messages := 0
 	for _, ev := range a.Events() {
-		if ev.Type != protocol.EvTurnEnd && ev.Type != protocol.EvStepEnd {
-			decodable++
+		switch ev.Type {
+		case protocol.EvUserMessage, protocol.EvAssistantMessage, protocol.EvToolCall, protocol.EvToolResult:
+			messages++
 		}
 	}
-	a.mu.Lock()
-	decodes := a.index.decodes
-	a.mu.Unlock()
-	if decodes != decodable {
-		t.Fatalf("%d payload decodes for %d events with a payload the runtime reads: want one each", decodes, decodable)
+	decodes := func() int {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.index.decodes
+	}
+	if got := decodes(); got != messages+1 {
+		t.Fatalf("%d payload decodes for %d messages, calls and results and one turn/start: want one each", got, messages)
+	}
+	if closing, err := a.CloseOpenTurn(protocol.TurnEndReason{Kind: protocol.TurnInterrupted}, 0); err != nil || closing != nil {
+		t.Fatalf("closing %+v, %v: the turn ended", closing, err)
+	}
+	if got := decodes(); got != messages+3 {
+		t.Fatalf("%d payload decodes after CloseOpenTurn, want %d", got, messages+3)
+	}
+	a.CloseOpenTurn(protocol.TurnEndReason{Kind: protocol.TurnInterrupted}, 0)
+	if got := decodes(); got != messages+3 {
+		t.Fatalf("%d payload decodes after a second CloseOpenTurn, want %d: each event is decoded once", got, messages+3)
 	}
 }
 
 // BenchmarkAgentStepLongSession: the history a step sends, for an agent
 // over a log of 10,000 events (about 900 prior turns of one tool call each):
 // "rebuild" is History over the whole log, what every step did before the
-// Index; "index" is the Index's conversation, what a step does now. "step"
-// is a whole one-step turn (opening, model call, end) on that agent.
+// Index; "index" is the Index's conversation, what a step does now; "step"
+// is a whole one-step turn (opening, model call, end) on that agent, and
+// "resume" the agent's construction over the log and such a turn (the
+// agent's share of a cold resume).
 func BenchmarkAgentStepLongSession(b *testing.B) {
 	prior := priorTurns(b, 10000/11+1)
 	reg, err := NewRegistry(ListDirTool())
@@ -307,6 +339,13 @@ func BenchmarkAgentStepLongSession(b *testing.B) {
 			a.mu.Unlock()
 			if err != nil {
 				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("resume", func(b *testing.B) {
+		for range b.N {
+			if out := build(b).RunTurn(context.Background(), userInput("say ok")); out.Reason.Kind != protocol.TurnCompleted {
+				b.Fatalf("outcome %+v", out)
 			}
 		}
 	})
