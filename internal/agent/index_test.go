@@ -359,3 +359,69 @@ func BenchmarkAgentStepLongSession(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkResumeReads10k: what a cold resume reads from a log of 10,000
+// events of one-step turns (the shape of bench's BenchmarkColdResume10k)
+// before its first model request. "walks" is each read by its own walk,
+// as before the Index: LastTurn, NewCallIDs, sessionlog.CloseOpenTurn, the
+// inbox cursors of the turn's claim and of its first step's (four
+// InboxCursor and two DoneMessages walks) and History; "index" is the same
+// reads from one Index.
+func BenchmarkResumeReads10k(b *testing.B) {
+	var events []protocol.SessionEvent
+	for turn := int64(1); len(events) < 10000; turn++ {
+		for _, e := range []struct {
+			typ  string
+			data any
+		}{
+			{protocol.EvTurnStart, protocol.TurnData{Turn: turn}},
+			{protocol.EvUserMessage, protocol.UserMessageData{ID: fmt.Sprintf("u%d", turn), Turn: turn, Content: protocol.Text("a question of some length, as users ask them")}},
+			{protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 1}},
+			{protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 1, Message: protocol.AssistantMessage{Content: protocol.Text("an answer of some length, as models give them")}}},
+			{protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: 1}},
+			{protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}},
+		} {
+			ev, err := protocol.NewEvent(e.typ, 1795979443122, e.data)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ev.Seq = int64(len(events))
+			events = append(events, ev)
+		}
+	}
+	reason := protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}
+	b.Run("walks", func(b *testing.B) {
+		for range b.N {
+			_ = sessionlog.LastTurn(events)
+			_ = NewCallIDs(events)
+			if _, err := sessionlog.CloseOpenTurn(events, reason, 0); err != nil {
+				b.Fatal(err)
+			}
+			for range 4 {
+				_, _ = sessionlog.InboxCursor(events)
+			}
+			for range 2 {
+				_ = sessionlog.DoneMessages(events)
+			}
+			if _, err := History(events); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("index", func(b *testing.B) {
+		for range b.N {
+			x := NewIndex(true)
+			x.Add(events...)
+			_ = x.LastTurn()
+			if _, err := x.CloseOpenTurn(reason, 0); err != nil {
+				b.Fatal(err)
+			}
+			for range 2 {
+				_ = x.InboxLog()
+			}
+			if _, err := x.Messages(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
