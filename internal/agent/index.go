@@ -44,7 +44,8 @@ type Index struct {
 	// decodes one of each, not every turn's.
 	lastTurn, turn, step int64
 	turnStarts           []protocol.SessionEvent // not decoded yet, in log order
-	stepStart            *protocol.SessionEvent  // the last step/start, not decoded yet
+	stepStart            protocol.SessionEvent   // the last step/start, when stepNew
+	stepNew              bool                    // stepStart is not decoded yet
 	open, stepOpen       bool
 	turnCalls            []protocol.ToolCallData
 	turnResults          map[string]bool
@@ -100,7 +101,7 @@ func (x *Index) add(ev protocol.SessionEvent) {
 	case protocol.EvTurnEnd:
 		x.open, x.stepOpen = false, false
 	case protocol.EvStepStart:
-		x.stepStart, x.stepOpen = &ev, true
+		x.stepStart, x.stepNew, x.stepOpen = ev, true, true
 	case protocol.EvStepEnd:
 		x.stepOpen = false
 	case protocol.EvToolCall:
@@ -216,10 +217,10 @@ func (x *Index) resolveTurns() {
 // without a result (sessionlog.OpenTurn).
 func (x *Index) OpenTurn() (turn int64, open bool, step int64, stepOpen bool, pending []protocol.ToolCallData) {
 	x.resolveTurns()
-	if x.stepStart != nil {
+	if x.stepNew {
 		var d protocol.StepData
-		_ = x.decode(*x.stepStart, &d)
-		x.step, x.stepStart = d.Step, nil
+		_ = x.decode(x.stepStart, &d)
+		x.step, x.stepNew = d.Step, false
 	}
 	if x.open {
 		for _, c := range x.turnCalls {
