@@ -40,7 +40,7 @@ type Index struct {
 
 	// The last turn and the open turn, as sessionlog.LastTurn and OpenTurn
 	// read them. Only the last turn/start and step/start matter to them,
-	// so these are decoded when asked (resolve), the last first: a resume
+	// so these are decoded when asked (resolveTurns, OpenTurn), the last first: a resume
 	// decodes one of each, not every turn's.
 	lastTurn, turn, step int64
 	turnStarts           []protocol.SessionEvent // not decoded yet, in log order
@@ -67,8 +67,8 @@ func (l InboxLog) clone() InboxLog {
 
 // NewIndex returns an empty index. With history it keeps the model
 // conversation too (Messages; the in-process agent); without it (the ACP
-// bridge, whose agent keeps its own) user messages and tool results are
-// decoded only for the open turn.
+// bridge, whose agent keeps its own) user messages are not decoded, and
+// Messages returns nil.
 func NewIndex(history bool) *Index {
 	x := &Index{
 		calls: &CallIDs{used: map[string]bool{}},
