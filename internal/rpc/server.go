@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
 
+	"github.com/brood-dev/brood/internal/gopool"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/pkg/tracecontext"
 )
@@ -33,7 +34,9 @@ import (
 // copied) several times while it decodes a request by reflection and
 // writes to JetStream, which was a fifth of the coordinator's CPU per
 // followup and about 6 % of a one-shot run's (issue 12's profile). Stop
-// ends the idle ones and waits for them.
+// ends the idle ones and waits for them. The handlers' context carries
+// the server's goroutine pool (internal/gopool), so the helpers a handler
+// starts with gopool.Go reuse those goroutines too, and Stop waits for them.
 type Server struct {
 	nc     *nats.Conn
 	log    *slog.Logger
@@ -41,10 +44,9 @@ type Server struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	track  tracker
-	// jobs hands a request to an idle handler goroutine (unbuffered: a
-	// send succeeds only when one waits); handlers counts those goroutines.
-	jobs     chan func()
-	handlers sync.WaitGroup
+	// pool runs the handlers, and the helpers they start with gopool.Go
+	// (ctx carries it).
+	pool *gopool.Pool
 
 	mu       sync.Mutex
 	services []*Service
@@ -55,44 +57,18 @@ type Server struct {
 // once (at least 1).
 func NewServer(nc *nats.Conn, inFlightMax int, log *slog.Logger) *Server {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{nc: nc, log: log, sem: make(chan struct{}, max(inFlightMax, 1)), ctx: ctx, cancel: cancel, jobs: make(chan func())}
+	pool := gopool.New(ctx)
+	return &Server{nc: nc, log: log, sem: make(chan struct{}, max(inFlightMax, 1)), ctx: gopool.WithPool(ctx, pool), cancel: cancel, pool: pool}
 }
 
 // HandlerIdleMax is how long a handler goroutine waits for its next request
 // before it exits (see Server).
-const HandlerIdleMax = 10 * time.Second
+const HandlerIdleMax = gopool.IdleMax
 
 // run runs f on an idle handler goroutine, or on a new one. The caller has
 // tracked f's request (s.track), so Stop's wait for the requests comes
 // before its wait for the handler goroutines.
-func (s *Server) run(f func()) {
-	select {
-	case s.jobs <- f:
-		return
-	default:
-	}
-	s.handlers.Add(1)
-	go s.handle(f)
-}
-
-// handle runs f, then each request handed to it, until it was idle for
-// HandlerIdleMax or the server stopped.
-func (s *Server) handle(f func()) {
-	defer s.handlers.Done()
-	idle := time.NewTimer(HandlerIdleMax)
-	defer idle.Stop()
-	for {
-		f()
-		idle.Reset(HandlerIdleMax)
-		select {
-		case f = <-s.jobs:
-		case <-idle.C:
-			return
-		case <-s.ctx.Done():
-			return
-		}
-	}
-}
+func (s *Server) run(f func()) { s.pool.Go(f) }
 
 // Handle serves subject (wildcards allowed) on a plain subscription: every
 // subscriber gets each request. It is for subjects only this process serves
@@ -201,7 +177,7 @@ func (s *Server) Stop(ctx context.Context) {
 	}
 	s.cancel()
 	s.track.wait(context.Background())
-	s.handlers.Wait() // the idle ones saw the cancel
+	s.pool.Wait() // the idle ones saw the cancel; a handler's helpers (gopool.Go) returned
 }
 
 // drain drains subs and waits until they are closed or ctx is done.

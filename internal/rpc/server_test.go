@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"go.uber.org/goleak"
 
+	"github.com/brood-dev/brood/internal/gopool"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -309,5 +310,63 @@ func TestHandlerGoroutinesAreReused(t *testing.T) {
 	case <-stopped:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Stop did not return with an idle handler goroutine")
+	}
+}
+
+// TestAHandlersHelpersReuseTheServersGoroutines: the goroutines a handler
+// starts with gopool.Go (the coordinator's parallel writes, a run's spec
+// write) run on the server's reused goroutines, not on a fresh one each
+// (whose stack grows again: issue 12's profile), and Stop waits for them.
+func TestAHandlersHelpersReuseTheServersGoroutines(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var block atomic.Bool
+	release := make(chan struct{})
+	helperEnded := make(chan struct{})
+	nc, srv, _ := serve(t, 4, func(ctx context.Context, req rpc.Request) (any, error) {
+		if block.Load() { // a helper the handler does not wait for
+			gopool.Go(ctx, func() { <-release; close(helperEnded) })
+			return echo{"ok"}, nil
+		}
+		id := make(chan string)
+		gopool.Go(ctx, func() { id <- goroutineID() })
+		mu.Lock()
+		seen[<-id]++
+		mu.Unlock()
+		return echo{"ok"}, nil
+	})
+	const n = 20
+	for i := 0; i < n; i++ {
+		if err := rpc.Call(context.Background(), nc, "test.work", echo{"x"}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	distinct := len(seen)
+	mu.Unlock()
+	if distinct > n/2 {
+		t.Fatalf("the helpers of %d sequential requests ran on %d goroutines; want them reused", n, distinct)
+	}
+	block.Store(true)
+	if err := rpc.Call(context.Background(), nc, "test.work", echo{"x"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan struct{})
+	go func() { srv.Stop(context.Background()); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("Stop returned while a handler's helper was still running")
+	case <-time.After(200 * time.Millisecond): // Stop waits: it returns only after the helper
+	}
+	close(release)
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Stop did not return once the helper ended")
+	}
+	select {
+	case <-helperEnded:
+	default:
+		t.Fatal("Stop returned before the helper ended")
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/brood-dev/brood/internal/gopool"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -44,10 +45,10 @@ func (s *Store) CreateRun(ctx context.Context, rec protocol.RunRecord) (uint64, 
 		return 0, fmt.Errorf("store: create run %q of provider %q: a run names its id and provider", rec.RunID, rec.Provider)
 	}
 	specErr := make(chan error, 1)
-	go func() {
+	gopool.Go(ctx, func() { // a request handler's server's goroutines when ctx carries them
 		_, err := Create(ctx, s.Runs, RunSpecKey(rec.Provider, rec.RunID), rec)
 		specErr <- err
-	}()
+	})
 	rev, err := Create(ctx, s.Runs, RunStateKey(rec.Provider, rec.RunID), rec)
 	if serr := <-specErr; serr != nil {
 		return 0, serr

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/gopool"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
@@ -134,12 +135,12 @@ func (h *Host) takeLease(ctx context.Context, req protocol.ProviderStartRequest,
 		Provider: req.Header.Provider, CredentialHash: protocol.HashCredential(cred), ParentSession: req.Header.ParentSession,
 		Ancestry: req.Ancestry, Notify: req.Notify, CreatedAt: store.NowMs(),
 	}}
-	go func() {
+	gopool.Go(ctx, func() { // the start's server's goroutines (ctx carries them)
 		defer close(lt.done)
 		wctx, cancel := runWrites(ctx)
 		defer cancel()
 		lt.rev, lt.err = h.st.CreateLease(wctx, lt.lease)
-	}()
+	})
 	return lt
 }
 

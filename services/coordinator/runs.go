@@ -67,7 +67,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 	// brood_agents, and back to back they cost a start two); a parent found
 	// not live gives the slot back, and its refusal is the answer.
 	var authErr, slotErr error
-	_ = parallel(
+	_ = parallel(ctx,
 		func() error { _, authErr = c.authorizeFresh(ctx, r.Parent); return authErr },
 		func() error { slotErr = c.reserveChild(ctx, a.pheader.ID, childID, ""); return slotErr },
 	)
@@ -105,7 +105,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 		State: protocol.RunRunning, CreatedAt: now,
 	}
 	var runRev uint64
-	if err := parallel(
+	if err := parallel(ctx,
 		func() error { return c.st.PutHeader(ctx, header) },
 		func() (err error) { runRev, err = c.st.CreateRun(ctx, rec); return err },
 	); err != nil {
