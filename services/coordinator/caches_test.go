@@ -515,8 +515,26 @@ func TestTheRunIndexKeepsSettledRunsForTheirNoticesWithinItsBounds(t *testing.T)
 	if _, ok := x.endedRecord(fmt.Sprintf("N%d", endedKeptMax-1)); !ok {
 		t.Fatal("the latest settled run is not kept")
 	}
-	if len(x.ended) != endedKeptMax || len(x.endedOrder) != endedKeptMax {
-		t.Fatalf("%d runs kept (%d in order); want %d", len(x.ended), len(x.endedOrder), endedKeptMax)
+	if len(x.ended) != endedKeptMax || x.endedKept() != endedKeptMax {
+		t.Fatalf("%d runs kept (%d in order); want %d", len(x.ended), x.endedKept(), endedKeptMax)
+	}
+	// Oldest out first, across compactions of the order: after another
+	// bound's worth and a half, the runs kept are exactly the latest.
+	for i := range endedKeptMax + endedKeptMax/2 {
+		id := fmt.Sprintf("M%d", i)
+		s := spec
+		s.RunID = id
+		put(store.RunSpecKey(s.Provider, id), s)
+		put(store.RunStateKey("spawn", id), store.Settled(s, "spawn.H1", protocol.SubagentResult{StopReason: protocol.StopCompleted}))
+	}
+	for i := range endedKeptMax + endedKeptMax/2 {
+		id := fmt.Sprintf("M%d", i)
+		if _, ok := x.endedRecord(id); ok != (i >= endedKeptMax/2) {
+			t.Fatalf("run %s kept: %v; want only the latest %d kept", id, ok, endedKeptMax)
+		}
+	}
+	if len(x.ended) != endedKeptMax || x.endedKept() != endedKeptMax || len(x.endedOrder) > 2*endedKeptMax {
+		t.Fatalf("%d runs kept, %d in order in a slice of %d; want %d, at most twice that", len(x.ended), x.endedKept(), len(x.endedOrder), endedKeptMax)
 	}
 }
 
