@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -374,5 +376,99 @@ func TestReadRecordsEndsAtTheLastRecordRead(t *testing.T) {
 				t.Fatalf("read events %d..%d (%d of them), want %d..%d", got[0], got[1], len(evs), tc.wantSeqs[0], tc.wantSeqs[1])
 			}
 		})
+	}
+}
+
+// TestABucketsWritesAnswerAsNatsGos: a store bucket's Update and Create
+// (its own publish, the key checked without nats.go's regular expression)
+// answer as nats.go's KeyValue does on the same bucket, step by step: a
+// create, a create of a key that exists, an update at the wrong and at the
+// right revision, a create over a deleted key, and invalid keys.
+func TestABucketsWritesAnswerAsNatsGos(t *testing.T) {
+	st := provisioned(t, "bucketwrites")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, ok := st.Runs.(*bucket)
+	if !ok {
+		t.Fatalf("the store's buckets are %T, not *bucket", st.Runs)
+	}
+	lib := b.KeyValue
+	type outcome struct {
+		ok                        bool
+		exists, mismatch, invalid bool
+	}
+	of := func(err error) outcome {
+		return outcome{ok: err == nil, exists: errors.Is(err, jetstream.ErrKeyExists),
+			mismatch: errors.Is(err, jetstream.ErrKeyRevisionMismatch), invalid: errors.Is(err, jetstream.ErrInvalidKey)}
+	}
+	steps := []struct {
+		name string
+		do   func(kv jetstream.KeyValue, key string, rev *uint64) error
+	}{
+		{"create", func(kv jetstream.KeyValue, key string, rev *uint64) (err error) {
+			*rev, err = kv.Create(ctx, key, []byte("a"))
+			return err
+		}},
+		{"create again", func(kv jetstream.KeyValue, key string, _ *uint64) error {
+			_, err := kv.Create(ctx, key, []byte("b"))
+			return err
+		}},
+		{"update at a wrong revision", func(kv jetstream.KeyValue, key string, rev *uint64) error {
+			_, err := kv.Update(ctx, key, []byte("c"), *rev+100)
+			return err
+		}},
+		{"update at its revision", func(kv jetstream.KeyValue, key string, rev *uint64) (err error) {
+			*rev, err = kv.Update(ctx, key, []byte("d"), *rev)
+			return err
+		}},
+		{"delete", func(kv jetstream.KeyValue, key string, _ *uint64) error { return kv.Delete(ctx, key) }},
+		{"create over the delete", func(kv jetstream.KeyValue, key string, rev *uint64) (err error) {
+			*rev, err = kv.Create(ctx, key, []byte("e"))
+			return err
+		}},
+		{"update of a key never written", func(kv jetstream.KeyValue, key string, _ *uint64) error {
+			_, err := kv.Update(ctx, key+".none", []byte("f"), 1)
+			return err
+		}},
+	}
+	var ourRev, theirRev uint64
+	for _, step := range steps {
+		ours, theirs := step.do(b, "K.ours", &ourRev), step.do(lib, "K.theirs", &theirRev)
+		if of(ours) != of(theirs) {
+			t.Errorf("%s: the bucket answered %v, nats.go %v", step.name, ours, theirs)
+		}
+	}
+	for _, k := range []string{"K.ours", "K.theirs"} {
+		e, err := lib.Get(ctx, k)
+		if err != nil || string(e.Value()) != "e" {
+			t.Fatalf("%s after the steps: %v, %v; want e", k, e, err)
+		}
+	}
+	for _, key := range []string{"", ".a", "a.", "a..b", "a b", "a*", "a>", "é", "a\x00"} {
+		_, uerr := b.Update(ctx, key, []byte("x"), 1)
+		_, lerr := lib.Update(ctx, key, []byte("x"), 1)
+		_, cerr := b.Create(ctx, key, []byte("x"))
+		if !errors.Is(uerr, jetstream.ErrInvalidKey) || !errors.Is(lerr, jetstream.ErrInvalidKey) || !errors.Is(cerr, jetstream.ErrInvalidKey) {
+			t.Errorf("key %q: bucket update %v, nats.go update %v, bucket create %v; want ErrInvalidKey", key, uerr, lerr, cerr)
+		}
+	}
+}
+
+// TestValidKeyIsNatsGosKeyCheck: validKey accepts exactly the keys nats.go's
+// key expression and dot rules accept.
+func TestValidKeyIsNatsGosKeyCheck(t *testing.T) {
+	re := regexp.MustCompile(`^[-/_=\.a-zA-Z0-9]+$`)
+	natsGo := func(k string) bool {
+		return k != "" && k[0] != '.' && k[len(k)-1] != '.' && !strings.Contains(k, "..") && re.MatchString(k)
+	}
+	keys := []string{"", ".", "..", "a", "a.b", "a..b", ".a", "a.", "spec.spawn.01ABC", "lease.spawn.01ABC", "slots.P=1/x-y_z",
+		"a b", "a*", "a>", "a\tb", "é", "a\x00", "A-Z/0_9=.x", "-", "/", "_", "="}
+	for c := 0; c < 256; c++ {
+		keys = append(keys, string(rune(c)), "a"+string([]byte{byte(c)})+"b")
+	}
+	for _, k := range keys {
+		if validKey(k) != natsGo(k) {
+			t.Errorf("validKey(%q) = %v; nats.go says %v", k, validKey(k), natsGo(k))
+		}
 	}
 }
