@@ -65,3 +65,30 @@ func TestInjectExtractRoundTrip(t *testing.T) {
 		t.Fatal("nil header")
 	}
 }
+
+// TestWithoutATracerProviderNoSpanIsBuilt: until a tracer provider is set
+// (none is, in this package's tests) a request's spans build nothing (no
+// name, attributes or options: no allocation), and the trace context a
+// request carries still passes on to the requests its handler makes, as
+// the global tracer's non-recording span would carry it.
+func TestWithoutATracerProviderNoSpanIsBuilt(t *testing.T) {
+	prev := otel.GetTextMapPropagator()
+	otel.SetTextMapPropagator(propagation.TraceContext{}) // as Brood's processes set it
+	defer otel.SetTextMapPropagator(prev)
+	const parent = "00-01020300000000000000000000000000-0405060000000000-01"
+	ctx, span := StartServer(context.Background(), "brood.v1.coord.runs.start", nats.Header{"traceparent": {parent}})
+	End(span, nil)
+	out := nats.Header{}
+	_, cspan := StartClient(ctx, "brood.v1.provider.spawn.H1.start", out)
+	End(cspan, nil)
+	if got := out.Get("traceparent"); got != parent {
+		t.Fatalf("the handler's request carries traceparent %q; want the caller's %q", got, parent)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		_, span := StartServer(context.Background(), "brood.v1.coord.continuable.followup", nil)
+		End(span, nil)
+	})
+	if allocs != 0 {
+		t.Fatalf("a request's server span allocated %.0f times with no tracer provider; want none", allocs)
+	}
+}
