@@ -278,30 +278,51 @@ func goroutineID() string {
 	return f[1]
 }
 
-// TestHandlerGoroutinesAreReused: sequential requests run on the goroutine
-// the first one started (its stack already grown), not on a fresh one
-// each; Stop ends the idle goroutine (goleak, TestMain) and waits for it.
-func TestHandlerGoroutinesAreReused(t *testing.T) {
-	var mu sync.Mutex
-	seen := map[string]int{}
-	nc, srv, _ := serve(t, 4, func(ctx context.Context, req rpc.Request) (any, error) {
-		mu.Lock()
-		seen[goroutineID()]++
-		mu.Unlock()
-		return echo{"ok"}, nil
-	})
-	const n = 20
+// goroutines records the goroutines that ran something, by id.
+type goroutines struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func (g *goroutines) add(id string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.seen == nil {
+		g.seen = map[string]bool{}
+	}
+	g.seen[id] = true
+}
+
+func (g *goroutines) distinct() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.seen)
+}
+
+// callInSeries makes n requests to test.work, one after another.
+func callInSeries(t *testing.T, nc *nats.Conn, n int) {
+	t.Helper()
 	for i := 0; i < n; i++ {
 		if err := rpc.Call(context.Background(), nc, "test.work", echo{"x"}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	mu.Lock()
-	distinct := len(seen)
-	mu.Unlock()
+}
+
+// TestHandlerGoroutinesAreReused: sequential requests run on the goroutine
+// the first one started (its stack already grown), not on a fresh one
+// each; Stop ends the idle goroutine (goleak, TestMain) and waits for it.
+func TestHandlerGoroutinesAreReused(t *testing.T) {
+	var seen goroutines
+	nc, srv, _ := serve(t, 4, func(ctx context.Context, req rpc.Request) (any, error) {
+		seen.add(goroutineID())
+		return echo{"ok"}, nil
+	})
+	const n = 20
+	callInSeries(t, nc, n)
 	// A reply is sent before its goroutine goes back to wait, so the next
 	// request can come first and start another goroutine; never one each.
-	if distinct > n/2 {
+	if distinct := seen.distinct(); distinct > n/2 {
 		t.Fatalf("%d sequential requests ran on %d goroutines; want them reused", n, distinct)
 	}
 	stopped := make(chan struct{})
@@ -318,8 +339,7 @@ func TestHandlerGoroutinesAreReused(t *testing.T) {
 // write) run on the server's reused goroutines, not on a fresh one each
 // (whose stack grows again: issue 12's profile), and Stop waits for them.
 func TestAHandlersHelpersReuseTheServersGoroutines(t *testing.T) {
-	var mu sync.Mutex
-	seen := map[string]int{}
+	var seen goroutines
 	var block atomic.Bool
 	release := make(chan struct{})
 	helperEnded := make(chan struct{})
@@ -330,21 +350,12 @@ func TestAHandlersHelpersReuseTheServersGoroutines(t *testing.T) {
 		}
 		id := make(chan string)
 		gopool.Go(ctx, func() { id <- goroutineID() })
-		mu.Lock()
-		seen[<-id]++
-		mu.Unlock()
+		seen.add(<-id)
 		return echo{"ok"}, nil
 	})
 	const n = 20
-	for i := 0; i < n; i++ {
-		if err := rpc.Call(context.Background(), nc, "test.work", echo{"x"}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mu.Lock()
-	distinct := len(seen)
-	mu.Unlock()
-	if distinct > n/2 {
+	callInSeries(t, nc, n)
+	if distinct := seen.distinct(); distinct > n/2 {
 		t.Fatalf("the helpers of %d sequential requests ran on %d goroutines; want them reused", n, distinct)
 	}
 	block.Store(true)

@@ -37,17 +37,25 @@ func TestDeleteErrorKeepsTheCode(t *testing.T) {
 	}
 }
 
-// TestLeaderReads: the reads that decide whether a write landed (leaderLast,
-// a bucket's leaderGet) see the latest value, a deleted key as gone, and a
-// missing subject as not found.
-func TestLeaderReads(t *testing.T) {
-	st := provisioned(t, "leader")
+// runsBucket provisions a store named name and returns it, its brood_runs
+// bucket and a context of 10 s for the test.
+func runsBucket(t *testing.T, name string) (*Store, *bucket, context.Context) {
+	t.Helper()
+	st := provisioned(t, name)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	b, ok := st.Runs.(*bucket)
 	if !ok {
 		t.Fatalf("the store's buckets are %T, not *bucket", st.Runs)
 	}
+	return st, b, ctx
+}
+
+// TestLeaderReads: the reads that decide whether a write landed (leaderLast,
+// a bucket's leaderGet) see the latest value, a deleted key as gone, and a
+// missing subject as not found.
+func TestLeaderReads(t *testing.T) {
+	st, b, ctx := runsBucket(t, "leader")
 	if _, _, found, err := b.leaderGet(ctx, "K"); found || err != nil {
 		t.Fatalf("missing key: found %v, %v", found, err)
 	}
@@ -385,13 +393,7 @@ func TestReadRecordsEndsAtTheLastRecordRead(t *testing.T) {
 // create, a create of a key that exists, an update at the wrong and at the
 // right revision, a create over a deleted key, and invalid keys.
 func TestABucketsWritesAnswerAsNatsGos(t *testing.T) {
-	st := provisioned(t, "bucketwrites")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b, ok := st.Runs.(*bucket)
-	if !ok {
-		t.Fatalf("the store's buckets are %T, not *bucket", st.Runs)
-	}
+	_, b, ctx := runsBucket(t, "bucketwrites")
 	lib := b.KeyValue
 	type outcome struct {
 		ok                        bool
