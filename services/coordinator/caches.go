@@ -1,11 +1,13 @@
 package coordinator
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,6 +22,14 @@ import (
 // again after a restart are not news. The watch can be restarted (restart);
 // after a restart the keys that disappeared meanwhile are applied as deleted.
 //
+// A key whose value lapses (a per-message TTL, or the bucket's max age, as
+// put reports it) is applied as deleted once it lapsed, kvLapseSlack after
+// its lifetime: the server removes such a key without writing anything a
+// watch could deliver, since our buckets have no subject delete markers
+// (they need roll-ups, which no bucket allows: store.streamConfigs), so the
+// watch would otherwise hold it until it restarts, one entry per key ever
+// seen (issue 12, point 5). A restart would find it gone the same way.
+//
 // Why restart by hand: after a server restart the client's ordered consumer
 // notices that its consumer is gone only by missing idle heartbeats (nats.go
 // checks every 2 × 5 s), and recreating it can fail while JetStream recovers,
@@ -27,20 +37,106 @@ import (
 // sooner from its own heartbeat: written, but not delivered back
 // (registry.stalled).
 type kvWatch struct {
-	kv    jetstream.KeyValue
-	name  string
-	log   *slog.Logger
-	put   func(key string, e jetstream.KeyValueEntry)
+	kv   jetstream.KeyValue
+	name string
+	log  *slog.Logger
+	// put applies key's value e and returns how long after e.Created()
+	// the server removes it (its TTL, the bucket's max age; 0: never by
+	// itself); del applies key as deleted.
+	put   func(key string, e jetstream.KeyValueEntry) (lapse time.Duration)
 	del   func(key string)
 	ready chan struct{} // closed once the first snapshot was applied
 	again chan struct{} // restart requests
 
-	revs map[string]uint64 // the revision applied per live key (run's own)
+	// revs holds the revision applied per key the bucket holds, as far as
+	// the watch knows: one entry per key, removed when its delete comes,
+	// when its value lapses (lapses) or when a restart finds it gone.
+	// Bound: the keys the bucket holds (for brood_runs, two per run not
+	// settled or settled within RunsMaxAge; BENCHMARKS.md, session 11).
+	revs map[string]uint64
+	// lapses holds the keys of revs whose value lapses, by key and ordered
+	// by when (lapseOrder, a heap): at most one per key of revs.
+	lapses     map[string]*lapse
+	lapseOrder lapseHeap
+	// keys is len(revs), readable from any goroutine (tests, benchmarks).
+	keys atomic.Int64
 }
 
-func newKVWatch(kv jetstream.KeyValue, name string, log *slog.Logger, put func(string, jetstream.KeyValueEntry), del func(string)) *kvWatch {
+func newKVWatch(kv jetstream.KeyValue, name string, log *slog.Logger, put func(string, jetstream.KeyValueEntry) time.Duration, del func(string)) *kvWatch {
 	return &kvWatch{kv: kv, name: name, log: log, put: put, del: del,
-		ready: make(chan struct{}), again: make(chan struct{}, 1), revs: map[string]uint64{}}
+		ready: make(chan struct{}), again: make(chan struct{}, 1), revs: map[string]uint64{}, lapses: map[string]*lapse{}}
+}
+
+// kvLapseSlack is how long after a value's lifetime (its Created time, the
+// server's clock, plus its TTL or max age) the watch applies its key as
+// deleted: the server's expiry runs on a timer of its own, and clocks
+// differ. Applied a little early, a key still there is only news again to
+// a restarted watch, which finds it; a rewrite has a new revision anyway.
+const kvLapseSlack = 2 * time.Second
+
+// kvLapseSweep is how often the watch looks for lapsed keys.
+const kvLapseSweep = time.Second
+
+// lapse is one key of kvWatch.lapses: its value at rev lapses at at.
+type lapse struct {
+	key string
+	rev uint64
+	at  time.Time
+	i   int // its index in lapseOrder
+}
+
+// lapseHeap orders lapses by time (container/heap).
+type lapseHeap []*lapse
+
+func (h lapseHeap) Len() int           { return len(h) }
+func (h lapseHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h lapseHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].i, h[j].i = i, j }
+func (h *lapseHeap) Push(x any)        { l := x.(*lapse); l.i = len(*h); *h = append(*h, l) }
+func (h *lapseHeap) Pop() any {
+	old := *h
+	l := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return l
+}
+
+// setLapse files key, applied at rev, to lapse at at; a zero at: it does
+// not lapse (any earlier filing is dropped).
+func (w *kvWatch) setLapse(key string, rev uint64, at time.Time) {
+	l, ok := w.lapses[key]
+	switch {
+	case at.IsZero():
+		if ok {
+			heap.Remove(&w.lapseOrder, l.i)
+			delete(w.lapses, key)
+		}
+	case ok:
+		l.rev, l.at = rev, at
+		heap.Fix(&w.lapseOrder, l.i)
+	default:
+		l = &lapse{key: key, rev: rev, at: at}
+		heap.Push(&w.lapseOrder, l)
+		w.lapses[key] = l
+	}
+}
+
+// lapseDue applies as deleted the keys whose value lapsed by now.
+func (w *kvWatch) lapseDue(now time.Time) {
+	for len(w.lapseOrder) > 0 && !w.lapseOrder[0].at.After(now) {
+		l := heap.Pop(&w.lapseOrder).(*lapse)
+		delete(w.lapses, l.key)
+		if rev, ok := w.revs[l.key]; ok && rev == l.rev {
+			w.forget(l.key)
+		}
+	}
+}
+
+// forget applies key as deleted and drops what the watch holds of it.
+func (w *kvWatch) forget(key string) {
+	delete(w.revs, key)
+	w.setLapse(key, 0, time.Time{})
+	w.keys.Store(int64(len(w.revs)))
+	w.del(key)
 }
 
 // restart asks run to replace the watch with a new one (non-blocking).
@@ -92,6 +188,8 @@ func (w *kvWatch) consume(ctx context.Context, kw jetstream.KeyWatcher) {
 	snapshot := map[string]bool{} // keys of the initial values; nil once they are in
 	initial := time.NewTimer(kvWatchInitialMax)
 	defer initial.Stop()
+	sweep := time.NewTicker(kvLapseSweep)
+	defer sweep.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -104,6 +202,8 @@ func (w *kvWatch) consume(ctx context.Context, kw jetstream.KeyWatcher) {
 		case <-w.again:
 			w.log.Info("restarting a KV watch", "bucket", w.name)
 			return
+		case now := <-sweep.C:
+			w.lapseDue(now)
 		case e, ok := <-kw.Updates():
 			if !ok {
 				w.log.Warn("KV watch ended; opening it again", "bucket", w.name)
@@ -115,8 +215,7 @@ func (w *kvWatch) consume(ctx context.Context, kw jetstream.KeyWatcher) {
 				}
 				for key := range w.revs {
 					if !snapshot[key] { // gone while the previous watch was silent
-						delete(w.revs, key)
-						w.del(key)
+						w.forget(key)
 					}
 				}
 				snapshot = nil
@@ -136,10 +235,14 @@ func (w *kvWatch) consume(ctx context.Context, kw jetstream.KeyWatcher) {
 			}
 			if e.Operation() == jetstream.KeyValuePut {
 				w.revs[key] = e.Revision()
-				w.put(key, e)
+				w.keys.Store(int64(len(w.revs)))
+				var at time.Time
+				if d := w.put(key, e); d > 0 {
+					at = e.Created().Add(d + kvLapseSlack)
+				}
+				w.setLapse(key, e.Revision(), at)
 			} else if _, ok := w.revs[key]; ok {
-				delete(w.revs, key)
-				w.del(key)
+				w.forget(key)
 			}
 		}
 	}
@@ -177,8 +280,15 @@ type hostState struct {
 // the expiry of observed time passed since its latest heartbeat (or the
 // latest gap) came back; a new heartbeat from it makes it live again.
 type registry struct {
-	mu       sync.Mutex
-	hosts    map[string]*hostState
+	mu sync.Mutex
+	// hosts holds the hosts whose record brood_hosts holds, by host id:
+	// removed when a host's record is deleted (a host that stops) or lapses
+	// (maxAge after its latest heartbeat, kvWatch). Bound: the live hosts
+	// and those silent for less than maxAge (store.Config.HostsMaxAge,
+	// 10 min by default).
+	hosts map[string]*hostState
+	// maxAge is brood_hosts' max age (store.Config.HostsMaxAge; 0: none).
+	maxAge   time.Duration
 	self     string
 	expiry   time.Duration
 	gapMax   time.Duration
@@ -205,15 +315,17 @@ func newRegistry(self string, interval, expiry time.Duration, log *slog.Logger) 
 	}
 }
 
-func (r *registry) put(key string, e jetstream.KeyValueEntry) {
+// put applies host key's record e; it lapses after the bucket's max age
+// (kvWatch).
+func (r *registry) put(key string, e jetstream.KeyValueEntry) time.Duration {
 	rec, err := store.Decode[protocol.HostRecord](e)
 	if err != nil {
 		r.log.Warn("undecodable host record", "host", key, "err", err)
-		return
+		return r.maxAge
 	}
 	if rec.HostID != key {
 		r.log.Warn("host record under another host's key ignored", "key", key, "hostId", rec.HostID)
-		return
+		return r.maxAge
 	}
 	rec.Providers = inScope(key, rec.Providers, r.log)
 	r.mu.Lock()
@@ -222,9 +334,10 @@ func (r *registry) put(key string, e jetstream.KeyValueEntry) {
 		r.ownBeat(rec.Heartbeat, e.Revision())
 	}
 	if h, ok := r.hosts[key]; ok && h.rev >= e.Revision() {
-		return // applied already (confirm read it from the leader first)
+		return r.maxAge // applied already (confirm read it from the leader first)
 	}
 	r.hosts[key] = &hostState{rec: rec, obs: r.obs, rev: e.Revision()}
+	return r.maxAge
 }
 
 // confirm applies rec, host key's record at revision rev as the bucket's
@@ -466,8 +579,12 @@ type leaseState struct {
 // agentIndex caches brood_agents (leases): credentials for authority checks,
 // and the sessions of each host and each parent for takeovers and disposal.
 type agentIndex struct {
-	mu     sync.Mutex
-	byKey  map[string]*leaseState // by brood_agents key (store.LeaseKeyOf)
+	mu sync.Mutex
+	// byKey holds the leases by brood_agents key (store.LeaseKeyOf), drains
+	// the drain markers by scope: removed when their key is deleted (a run
+	// or epoch ended, a drain lifted); bound: the live sessions (each holds
+	// at most one lease) and the drains in force.
+	byKey  map[string]*leaseState
 	drains map[string]protocol.DrainRecord
 	// ended holds the sessions whose lease this replica saw and then saw
 	// deleted (a run settled, an epoch ended), until a lease of theirs
@@ -476,7 +593,8 @@ type agentIndex struct {
 	// names its run, and is free once that run's lease went.
 	ended     map[string]bool
 	endedRuns map[string]bool
-	// byParent indexes byKey by the leases' parent session (parent → keys),
+	// byParent indexes byKey by the leases' parent session (parent → keys;
+	// a parent leaves with its last lease, so it holds no more than byKey),
 	// so counting one parent's live children reads that parent's leases
 	// only: with 10,000 children resident, a start that copied every lease
 	// took 9.4 ms instead of 1.4 (make bench-scale).
@@ -555,7 +673,10 @@ func (a *agentIndex) hasEndedRun(runID string) bool {
 	return a.endedRuns[runID]
 }
 
-func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
+// put applies brood_agents key's value e. Of its keys only a user grant
+// lapses by itself (store.CreateGrant's TTL): the time from e's creation
+// to its expiry, plus the second CreateGrant rounds up (kvWatch).
+func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) time.Duration {
 	kind, id := store.KindOf(key)
 	switch kind {
 	case store.KindDrain:
@@ -564,11 +685,23 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) {
 			a.drains[id] = rec
 			a.mu.Unlock()
 		}
-		return
+		return 0
+	case store.KindGrant:
+		if rec, err := store.Decode[protocol.UserGrantRecord](e); err == nil && rec.ExpiresAt > 0 {
+			return max(time.UnixMilli(rec.ExpiresAt).Sub(e.Created()), 0) + time.Second
+		}
+		return 0
 	case store.KindLease, store.KindRootLease:
 	default:
-		return // ownership, slot and grant records are read directly when needed
+		return 0 // ownership and slot records are read directly when needed
 	}
+	a.addLease(key, id, kind, e)
+	return 0
+}
+
+// addLease applies the lease e under key (of session id, kind KindLease or
+// KindRootLease).
+func (a *agentIndex) addLease(key, id string, kind store.AgentsKind, e jetstream.KeyValueEntry) {
 	rec, err := store.Decode[protocol.AgentRecord](e)
 	if err != nil {
 		a.log.Warn("undecodable agent record", "session", key, "err", err)

@@ -146,8 +146,9 @@ func (f *fakeWatcher) Stop() error                             { return nil }
 func TestKVWatchAppliesEachRevisionOnce(t *testing.T) {
 	var applied []string
 	w := newKVWatch(nil, "test", slog.Default(),
-		func(key string, e jetstream.KeyValueEntry) {
+		func(key string, e jetstream.KeyValueEntry) time.Duration {
 			applied = append(applied, "put "+key+"@"+string(e.Value()))
+			return 0
 		},
 		func(key string) { applied = append(applied, "del "+key) })
 	feed := func(es ...jetstream.KeyValueEntry) {
@@ -181,6 +182,59 @@ func TestKVWatchAppliesEachRevisionOnce(t *testing.T) {
 		t.Fatalf("tracked keys %v", keys)
 	}
 }
+
+// TestKVWatchForgetsKeysOnceTheirValueLapsed: a key whose value put
+// reports lapsing (a TTL, a max age) is applied as deleted kvLapseSlack
+// after its lifetime, unless a newer value came meanwhile; one written
+// again without a lifetime, or never lapsing, stays. The server removes
+// such keys without a delete a watch could deliver, so before, the watch
+// held every one it had seen until it restarted.
+func TestKVWatchForgetsKeysOnceTheirValueLapsed(t *testing.T) {
+	t0 := time.Now()
+	var applied []string
+	w := newKVWatch(nil, "test", slog.Default(),
+		func(key string, e jetstream.KeyValueEntry) time.Duration {
+			applied = append(applied, "put "+key)
+			d, _ := time.ParseDuration(string(e.Value())) // the value is its lifetime
+			return d
+		},
+		func(key string) { applied = append(applied, "del "+key) })
+	fw := &fakeWatcher{ch: make(chan jetstream.KeyValueEntry, 16)}
+	for _, e := range []jetstream.KeyValueEntry{
+		created{entry{key: "short", val: []byte("1s"), rev: 1}, t0},
+		created{entry{key: "long", val: []byte("1h"), rev: 2}, t0},
+		created{entry{key: "never", val: []byte("0s"), rev: 3}, t0},
+		created{entry{key: "renewed", val: []byte("1s"), rev: 4}, t0},
+		created{entry{key: "kept", val: []byte("1s"), rev: 5}, t0},
+		nil,
+		created{entry{key: "renewed", val: []byte("1m"), rev: 6}, t0.Add(time.Second)},
+		created{entry{key: "kept", val: []byte("0s"), rev: 7}, t0.Add(time.Second)},
+	} {
+		fw.ch <- e
+	}
+	close(fw.ch)
+	w.consume(context.Background(), fw)
+	for _, at := range []time.Duration{0, time.Second + kvLapseSlack, time.Minute, time.Minute + time.Second + kvLapseSlack} {
+		w.lapseDue(t0.Add(at))
+		applied = append(applied, fmt.Sprintf("%d keys", w.keys.Load()))
+	}
+	want := []string{"put short", "put long", "put never", "put renewed", "put kept", "put renewed", "put kept",
+		"5 keys", "del short", "4 keys", "4 keys", "del renewed", "3 keys"}
+	if strings.Join(applied, ",") != strings.Join(want, ",") {
+		t.Fatalf("applied %v\nwant    %v", applied, want)
+	}
+	if len(w.lapses) != 1 || w.lapses["long"] == nil || len(w.lapseOrder) != 1 {
+		t.Fatalf("lapsing keys %v (%d ordered), want long only", w.lapses, len(w.lapseOrder))
+	}
+}
+
+// created is an entry written at a time.
+type created struct {
+	entry
+	at time.Time
+}
+
+func (e created) Created() time.Time { return e.at }
 
 // TestRegistryTakesProvidersOnlyInTheirHostsScope: a worker may write only
 // its own scope's host records (docs/security.md), so the registry takes
@@ -541,7 +595,7 @@ func TestTheRunIndexKeepsSettledRunsForTheirNoticesWithinItsBounds(t *testing.T)
 // putRecords returns a function that files rec under key in an index (its
 // put, as a KV watch would deliver it), msgpack-encoded at the next
 // revision.
-func putRecords[R any](t *testing.T, put func(string, jetstream.KeyValueEntry)) func(key string, rec R) {
+func putRecords[R any](t *testing.T, put func(string, jetstream.KeyValueEntry) time.Duration) func(key string, rec R) {
 	rev := uint64(0)
 	return func(key string, rec R) {
 		t.Helper()

@@ -181,7 +181,7 @@ type Coordinator struct {
 	runsWatch               *kvWatch
 
 	mu         sync.Mutex
-	working    map[string]bool                        // sessions with a takeover or disposal in progress
+	working    map[string]bool                        // sessions with a takeover or disposal in progress (removed when it ends)
 	childSlots *slotRecords[childSlotsRecord]         // the parents' live-children slot records (slots.go)
 	rootSlots  *slotRecords[protocol.UserRootsRecord] // the users' open-root slot records (openroots.go)
 	suspected  suspects                               // provider instances that let an attempt time out
@@ -248,7 +248,9 @@ func New(cfg Config) (*Coordinator, error) {
 		defer cancel()
 		return cfg.Store.LeaseBelongs(ctx, key, rec)
 	}, log)
+	reg.maxAge = cfg.Store.Cfg.HostsMaxAge
 	runs := newRunIndex(reg.observed, cfg.RequestBudget+cfg.HostExpiry)
+	runs.ttl = cfg.Store.RunsTTL()
 	replies, err := rpc.NewReplies(cfg.NC)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)

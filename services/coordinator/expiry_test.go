@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
@@ -148,4 +150,61 @@ func TestACoordinatorStartingGivesLeftoverRecordsTheirLifetime(t *testing.T) {
 	for _, key := range []string{store.RunSpecKey("spawn", "settled-no-spec-ttl"), store.RunSpecKey("spawn", "settled-before-the-upgrade"), store.RunStateKey("spawn", "settled-before-the-upgrade")} {
 		testutil.Eventually(t, expiresDeadline, runsKeyGone(t, s, key), "%s expires once a coordinator started", key)
 	}
+}
+
+// TestTheWatchesForgetKeysThatExpired: the brood_runs keys of settled runs
+// and a user grant's key expire by their TTL, which the server removes
+// without a delete any watch sees (no subject delete markers: they need
+// roll-ups); the coordinator's watches forget them once they lapsed, so a
+// long-lived replica holds the keys its buckets hold, not every key it ever
+// saw. Before, its runs watch kept two keys per run, and its agents watch
+// every grant, until it restarted.
+func TestTheWatchesForgetKeysThatExpired(t *testing.T) {
+	const runs = 5
+	s := shortRuns(t)
+	co := s.AddCoordinator(func(c *coordinator.Config) { c.GrantTTL = time.Second })
+	s.AddSpawnWorker()
+	root := s.Root()
+	ctx := context.Background()
+	g, err := s.Client.UserGrant(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last string
+	for i := 0; i < runs; i++ {
+		run, _, err := s.Run(root.Ref(), "spawn", "hello", protocol.StartOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = run.RunID
+	}
+	testutil.Eventually(t, expiresDeadline, func() bool {
+		_, _, n := co.WatchedKeys()
+		return n >= 2*runs // every run's spec and state seen
+	}, "the runs watch sees the runs")
+	for _, key := range []string{store.RunSpecKey("spawn", last), store.RunStateKey("spawn", last)} {
+		testutil.Eventually(t, expiresDeadline, runsKeyGone(t, s, key), "%s expires", key)
+	}
+	testutil.Eventually(t, expiresDeadline, func() bool {
+		_, err := s.Store.Grant(ctx, protocol.HashCredential(g.Grant))
+		return errors.Is(err, store.ErrNotFound)
+	}, "the grant expires")
+	// The watches hold the keys the buckets hold, and no more.
+	testutil.Eventually(t, expiresDeadline, func() bool {
+		_, agents, runs := co.WatchedKeys()
+		return runs == int64(bucketKeys(t, s.Store.Runs)) && agents == int64(bucketKeys(t, s.Store.Agents))
+	}, "the watches forget the expired keys")
+}
+
+// bucketKeys is the number of keys kv holds.
+func bucketKeys(t *testing.T, kv jetstream.KeyValue) int {
+	keys, err := kv.ListKeys(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range keys.Keys() {
+		n++
+	}
+	return n
 }

@@ -45,3 +45,9 @@ func (c *Coordinator) ReserveChild(ctx context.Context, parent, child string) er
 func (c *Coordinator) CountSlotBackoffs(n *atomic.Int64) {
 	c.slotBackoff = func() time.Duration { n.Add(1); return 0 }
 }
+
+// WatchedKeys returns the keys this replica's watches hold of brood_hosts,
+// brood_agents and brood_runs (kvWatch.revs).
+func (c *Coordinator) WatchedKeys() (hosts, agents, runs int64) {
+	return c.hostsWatch.keys.Load(), c.agentsWatch.keys.Load(), c.runsWatch.keys.Load()
+}

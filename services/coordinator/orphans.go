@@ -41,10 +41,12 @@ import (
 type runIndex struct {
 	clock func() time.Duration // the registry's observed clock
 	mu    sync.Mutex
-	m     map[string]*runState          // by run id
-	specs map[string]protocol.RunRecord // the specs of runs not settled yet, by run id
-	// specRevs holds the revision of each spec of specs (ExpireRunSpec
-	// names it).
+	// m holds the running runs by run id, specs their specs (and those of
+	// runs whose state is yet to come), specRevs the specs' revisions
+	// (ExpireRunSpec names them). Removed at a settlement (or a spec's
+	// delete, or the orphan sweep's forget); bound: the runs not settled.
+	m        map[string]*runState
+	specs    map[string]protocol.RunRecord
 	specRevs map[string]uint64
 	// expiring holds the brood_runs keys this replica is to give their
 	// lifetime (expiry.go), by key; started is when this index was made
@@ -55,6 +57,9 @@ type runIndex struct {
 	// is given a TTL (expiry.go): a state's spec, written with it, may
 	// come later.
 	grace time.Duration
+	// ttl is the lifetime of a settled run's keys (store.Store.RunsTTL):
+	// put reports it to the runs watch, which forgets them then (kvWatch).
+	ttl time.Duration
 	// ended holds the runs the watch saw settled lately (their spec joined
 	// with their settled state), for the notices their hosts ask for next
 	// (notices.go): a settlement is final, so what the watch delivered is
@@ -132,7 +137,10 @@ func (x *runIndex) endedRecord(id string) (protocol.RunRecord, bool) {
 	return rec, ok
 }
 
-func (x *runIndex) put(key string, e jetstream.KeyValueEntry) {
+// put applies brood_runs key's value e and returns how long after e's
+// creation the server removes it (kvWatch): RunsTTL for a settled state or
+// a spec given its lifetime, 0 for any other.
+func (x *runIndex) put(key string, e jetstream.KeyValueEntry) time.Duration {
 	kind, provider, id := store.RunsKindOf(key)
 	rec, err := store.Decode[protocol.RunRecord](e)
 	x.mu.Lock()
@@ -150,7 +158,7 @@ func (x *runIndex) put(key string, e jetstream.KeyValueEntry) {
 		//
 		// A spec written again settled is one a coordinator gave its
 		// lifetime (store.ExpireRunSpec): its run is settled, and nothing
-		// is left to do for its keys.
+		// is left to do for its keys; it lapses after RunsTTL.
 		switch {
 		case err == nil && rec.RunID == id && rec.Provider == provider && rec.State == protocol.RunSettled:
 			delete(x.m, id)
@@ -158,6 +166,7 @@ func (x *runIndex) put(key string, e jetstream.KeyValueEntry) {
 			delete(x.specRevs, id)
 			delete(x.expiring, key)
 			delete(x.expiring, store.RunStateKey(rec.Provider, id))
+			return x.ttl
 		case err == nil && rec.RunID == id && rec.Provider == provider:
 			x.specs[id], x.specRevs[id] = rec, e.Revision()
 			if _, ok := x.m[id]; !ok && rec.State == protocol.RunRunning {
@@ -167,12 +176,25 @@ func (x *runIndex) put(key string, e jetstream.KeyValueEntry) {
 		default:
 			x.expireLater(key, e.Revision()) // names no run: no run's lifetime covers it
 		}
-		return
+		return 0
 	case store.RunsState:
+		x.putState(key, provider, id, rec, err, e)
+		// A settled state lapses after RunsTTL (store.SettleRun's TTL),
+		// unless this index is to give it a lifetime (expireLater: it may
+		// have none).
+		if _, filed := x.expiring[key]; err == nil && rec.State == protocol.RunSettled && !filed {
+			return x.ttl
+		}
+		return 0
 	default:
 		x.expireLater(key, e.Revision())
-		return
+		return 0
 	}
+}
+
+// putState applies the state rec (decoded from e with err) of run id of
+// provider under key. x.mu is held.
+func (x *runIndex) putState(key, provider, id string, rec protocol.RunRecord, err error, e jetstream.KeyValueEntry) {
 	spec, ok := x.specs[id]
 	if !ok || spec.Provider != provider {
 		// No run's state: no spec (yet: a watch may deliver a state before
