@@ -33,6 +33,9 @@ import (
 
 // suspects remembers instances that let an attempt time out, until when.
 type suspects struct {
+	// m holds each suspect's host id until the host expiry passed (removed
+	// when it is looked up or another host is suspected after it): bound,
+	// the hosts suspected within one HostExpiry.
 	m map[string]time.Time
 }
 
@@ -42,7 +45,13 @@ func (c *Coordinator) suspect(hostID string) {
 	if c.suspected.m == nil {
 		c.suspected.m = map[string]time.Time{}
 	}
-	c.suspected.m[hostID] = time.Now().Add(c.cfg.HostExpiry)
+	now := time.Now()
+	for id, until := range c.suspected.m {
+		if now.After(until) { // a host no request asked for again (one that stopped)
+			delete(c.suspected.m, id)
+		}
+	}
+	c.suspected.m[hostID] = now.Add(c.cfg.HostExpiry)
 }
 
 func (c *Coordinator) isSuspect(hostID string, now time.Time) bool {

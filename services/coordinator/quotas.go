@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"golang.org/x/time/rate"
 
@@ -37,9 +38,18 @@ const (
 // for each other on its open-root slot record: Coordinator.rootSlots,
 // openroots.go).
 type userQuotas struct {
-	mu       sync.Mutex
+	mu sync.Mutex
+	// limiters holds a token bucket per user that sent a request: at most
+	// userLimitersMax (see there).
 	limiters map[string]*rate.Limiter
 }
+
+// userLimitersMax bounds the users whose token bucket a replica keeps
+// (userQuotas.limiters). Adding one past it first drops the buckets that
+// are full, the users idle for a burst's worth of their rate: a full
+// bucket is a new one, so nobody gains a request. Should none be full
+// (more than this many users busy at once), the buckets start over.
+const userLimitersMax = 10_000
 
 func (q *userQuotas) limiter(user string, perSecond float64, burst int) *rate.Limiter {
 	q.mu.Lock()
@@ -49,6 +59,17 @@ func (q *userQuotas) limiter(user string, perSecond float64, burst int) *rate.Li
 	}
 	l, ok := q.limiters[user]
 	if !ok {
+		if len(q.limiters) >= userLimitersMax {
+			now := time.Now()
+			for u, l := range q.limiters {
+				if l.TokensAt(now) >= float64(l.Burst()) {
+					delete(q.limiters, u)
+				}
+			}
+			if len(q.limiters) >= userLimitersMax {
+				clear(q.limiters)
+			}
+		}
 		l = rate.NewLimiter(rate.Limit(perSecond), burst)
 		q.limiters[user] = l
 	}
