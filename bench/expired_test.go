@@ -1,0 +1,106 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// What a coordinator keeps of runs whose records expired (issue 12, point
+// 5: memory per coordinator with its caches bounded). Runs settle and their
+// brood_runs keys expire by their TTL (RunsMaxAge, short here); the memory
+// in use (the process's: server, coordinator, worker and client, after a
+// GC) is taken before the runs and once the bucket is empty again, so what
+// it grew by is what the services still hold of runs that no longer exist.
+// Run it with -bench '^BenchmarkExpiredRunsMemory$' -benchtime 1x.
+
+var (
+	expiredRuns = flag.Int("expired.runs", 20_000, "one-shot runs of BenchmarkExpiredRunsMemory")
+	expiredHeap = flag.String("expired.heap", "", "file BenchmarkExpiredRunsMemory writes the heap profile to once the records expired")
+)
+
+// expiredRunsMaxAge is the RunsMaxAge of BenchmarkExpiredRunsMemory.
+const expiredRunsMaxAge = 2 * time.Second
+
+func BenchmarkExpiredRunsMemory(b *testing.B) {
+	s := newBareStack(b)
+	s.Store.Cfg.RunsMaxAge = expiredRunsMaxAge // before any service binds the store
+	addServices(b, s, 1, 1, stackMods{})
+	roots := openRoots(s, scaleParents)
+	ctx := context.Background()
+	one := func(i int) {
+		run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: roots[i%len(roots)].Ref(), Provider: "spawn", Prompt: protocol.Text("say ok")})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if res, err := run.Result(ctx); err != nil || res.StopReason != protocol.StopCompleted {
+			b.Fatalf("result %+v, %v", res, err)
+		}
+	}
+	empty := func() {
+		deadline := time.Now().Add(5 * time.Minute)
+		for {
+			info, err := s.Store.Runs.Status(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if info.Values() == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("brood_runs still holds %d values", info.Values())
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		// The watches' sweeps, then one run more, so the replica's window
+		// of recently settled runs (kept 10 s) moves on past the others.
+		time.Sleep(12 * time.Second)
+		one(0)
+		time.Sleep(expiredRunsMaxAge + 5*time.Second)
+	}
+	for i := 0; i < 200; i++ { // warm up
+		one(i)
+	}
+	empty()
+	before := memInUse()
+	n := *expiredRuns
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for p := 0; p < scaleParents; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				one(int(i))
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	during := memInUse()
+	empty()
+	after := memInUse()
+	if *expiredHeap != "" {
+		f, err := os.Create(*expiredHeap)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.WriteHeapProfile(f); err != nil {
+			b.Fatal(err)
+		}
+		_ = f.Close()
+	}
+	grew := int64(after) - int64(before)
+	fmt.Printf("%d one-shot runs in %s (RunsMaxAge %s), load %s: memory in use %d KiB before, %d KiB after the runs, %d KiB once their records expired: %+d KiB, %.1f B per run\n",
+		n, took.Round(time.Millisecond), expiredRunsMaxAge, loadAverage(), before>>10, during>>10, after>>10, grew>>10, float64(grew)/float64(n))
+	b.ReportMetric(float64(grew)/float64(n), "B/run-kept")
+}
