@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,19 +70,8 @@ func BenchmarkExpiredRunsMemory(b *testing.B) {
 	empty()
 	before := memInUse()
 	n := *expiredRuns
-	var next atomic.Int64
-	var wg sync.WaitGroup
 	start := time.Now()
-	for p := 0; p < scaleParents; p++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-				one(int(i))
-			}
-		}()
-	}
-	wg.Wait()
+	runAtOnce(n, scaleParents, one)
 	took := time.Since(start)
 	during := memInUse()
 	empty()

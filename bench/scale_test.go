@@ -87,21 +87,27 @@ func measureOneShot(b *testing.B, s *stack.Stack, roots []*client.Root) oneShotF
 		lat = append(lat, time.Since(t))
 	}
 	f.p50 = percentile(lat, 0.5)
+	start := time.Now()
+	runAtOnce(scaleThroughputRuns, scaleParents, func(p int) { one(roots[p%len(roots)]) })
+	f.runsPerSec = scaleThroughputRuns / time.Since(start).Seconds()
+	return f
+}
+
+// runAtOnce makes n calls of run from parents goroutines at once, each
+// passing its goroutine's index (0 to parents-1), and returns when all end.
+func runAtOnce(n, parents int, run func(p int)) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	start := time.Now()
-	for p := 0; p < scaleParents; p++ {
+	for p := 0; p < parents; p++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for next.Add(1) <= scaleThroughputRuns {
-				one(roots[p%len(roots)])
+			for next.Add(1) <= int64(n) {
+				run(p)
 			}
 		}()
 	}
 	wg.Wait()
-	f.runsPerSec = scaleThroughputRuns / time.Since(start).Seconds()
-	return f
 }
 
 func openRoots(s *stack.Stack, n int) []*client.Root {
