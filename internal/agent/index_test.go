@@ -202,30 +202,40 @@ func priorTurns(t testing.TB, n int) []protocol.SessionEvent {
 	var evs []protocol.SessionEvent
 	for turn := int64(1); turn <= int64(n); turn++ {
 		id := fmt.Sprintf("call_%d", turn)
-		for _, e := range []struct {
-			typ  string
-			data any
-		}{
-			{protocol.EvTurnStart, protocol.TurnData{Turn: turn}},
-			{protocol.EvUserMessage, protocol.UserMessageData{ID: fmt.Sprintf("u%d", turn), Turn: turn, Content: protocol.Text("a question of some length, as users ask them")}},
-			{protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 1}},
-			{protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 1, Message: protocol.AssistantMessage{
+		evs = appendLogged(t, evs,
+			logged{protocol.EvTurnStart, protocol.TurnData{Turn: turn}},
+			logged{protocol.EvUserMessage, protocol.UserMessageData{ID: fmt.Sprintf("u%d", turn), Turn: turn, Content: protocol.Text("a question of some length, as users ask them")}},
+			logged{protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 1}},
+			logged{protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 1, Message: protocol.AssistantMessage{
 				Content: []protocol.ContentBlock{}, ToolCalls: []protocol.ToolCall{{ID: id, Name: "list_dir", Arguments: `{"path":"."}`}}}}},
-			{protocol.EvToolCall, protocol.ToolCallData{Turn: turn, Step: 1, CallID: id, Name: "list_dir", Arguments: `{"path":"."}`}},
-			{protocol.EvToolResult, protocol.ToolResultData{Turn: turn, Step: 1, CallID: id, Name: "list_dir", Content: protocol.Text("a.txt\nb.txt\n")}},
-			{protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: 1}},
-			{protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 2}},
-			{protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 2, Message: protocol.AssistantMessage{Content: protocol.Text("an answer of some length, as models give them")}}},
-			{protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: 2}},
-			{protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}},
-		} {
-			ev, err := protocol.NewEvent(e.typ, 1795979443122, e.data)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ev.Seq = int64(len(evs))
-			evs = append(evs, ev)
+			logged{protocol.EvToolCall, protocol.ToolCallData{Turn: turn, Step: 1, CallID: id, Name: "list_dir", Arguments: `{"path":"."}`}},
+			logged{protocol.EvToolResult, protocol.ToolResultData{Turn: turn, Step: 1, CallID: id, Name: "list_dir", Content: protocol.Text("a.txt\nb.txt\n")}},
+			logged{protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: 1}},
+			logged{protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 2}},
+			logged{protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 2, Message: protocol.AssistantMessage{Content: protocol.Text("an answer of some length, as models give them")}}},
+			logged{protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: 2}},
+			logged{protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}},
+		)
+	}
+	return evs
+}
+
+// logged is an event to append to a test log: its type and payload.
+type logged struct {
+	typ  string
+	data any
+}
+
+// appendLogged appends es to evs as events numbered on from len(evs).
+func appendLogged(tb testing.TB, evs []protocol.SessionEvent, es ...logged) []protocol.SessionEvent {
+	tb.Helper()
+	for _, e := range es {
+		ev, err := protocol.NewEvent(e.typ, 1795979443122, e.data)
+		if err != nil {
+			tb.Fatal(err)
 		}
+		ev.Seq = int64(len(evs))
+		evs = append(evs, ev)
 	}
 	return evs
 }
@@ -370,24 +380,14 @@ func BenchmarkAgentStepLongSession(b *testing.B) {
 func BenchmarkResumeReads10k(b *testing.B) {
 	var events []protocol.SessionEvent
 	for turn := int64(1); len(events) < 10000; turn++ {
-		for _, e := range []struct {
-			typ  string
-			data any
-		}{
-			{protocol.EvTurnStart, protocol.TurnData{Turn: turn}},
-			{protocol.EvUserMessage, protocol.UserMessageData{ID: fmt.Sprintf("u%d", turn), Turn: turn, Content: protocol.Text("a question of some length, as users ask them")}},
-			{protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 1}},
-			{protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 1, Message: protocol.AssistantMessage{Content: protocol.Text("an answer of some length, as models give them")}}},
-			{protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: 1}},
-			{protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}},
-		} {
-			ev, err := protocol.NewEvent(e.typ, 1795979443122, e.data)
-			if err != nil {
-				b.Fatal(err)
-			}
-			ev.Seq = int64(len(events))
-			events = append(events, ev)
-		}
+		events = appendLogged(b, events,
+			logged{protocol.EvTurnStart, protocol.TurnData{Turn: turn}},
+			logged{protocol.EvUserMessage, protocol.UserMessageData{ID: fmt.Sprintf("u%d", turn), Turn: turn, Content: protocol.Text("a question of some length, as users ask them")}},
+			logged{protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 1}},
+			logged{protocol.EvAssistantMessage, protocol.AssistantMessageData{Turn: turn, Step: 1, Message: protocol.AssistantMessage{Content: protocol.Text("an answer of some length, as models give them")}}},
+			logged{protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: 1}},
+			logged{protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}},
+		)
 	}
 	reason := protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}
 	b.Run("walks", func(b *testing.B) {
