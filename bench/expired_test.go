@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -28,6 +29,14 @@ var (
 // expiredRunsMaxAge is the RunsMaxAge of BenchmarkExpiredRunsMemory.
 const expiredRunsMaxAge = 2 * time.Second
 
+// The coordinator's windows by age that BenchmarkExpiredRunsMemory waits
+// out (services/coordinator: endedKeptFor, kvLapseSlack, kvLapseSweep).
+const (
+	coordinatorEndedKeptFor = 10 * time.Second
+	coordinatorLapseSlack   = 2 * time.Second
+	coordinatorLapseSweep   = time.Second
+)
+
 func BenchmarkExpiredRunsMemory(b *testing.B) {
 	s := newBareStack(b)
 	s.Store.Cfg.RunsMaxAge = expiredRunsMaxAge // before any service binds the store
@@ -43,26 +52,22 @@ func BenchmarkExpiredRunsMemory(b *testing.B) {
 			b.Fatalf("result %+v, %v", res, err)
 		}
 	}
-	empty := func() {
-		deadline := time.Now().Add(5 * time.Minute)
-		for {
+	bucketEmpty := func() {
+		testutil.Eventually(b, 5*time.Minute, func() bool {
 			info, err := s.Store.Runs.Status(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if info.Values() == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				b.Fatalf("brood_runs still holds %d values", info.Values())
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		// The watches' sweeps, then one run more, so the replica's window
-		// of recently settled runs (kept 10 s) moves on past the others.
-		time.Sleep(12 * time.Second)
+			return err == nil && info.Values() == 0
+		}, "brood_runs empty once every run's keys expired")
+	}
+	empty := func() {
+		bucketEmpty()
+		// The replica's window of recently settled runs drops a run once it
+		// is older than endedKeptFor, when the next run settles (a window by
+		// age: no state to wait on); then that run's keys expire, and the
+		// watch forgets lapsed keys kvLapseSlack after, at its next sweep.
+		time.Sleep(coordinatorEndedKeptFor)
 		one(0)
-		time.Sleep(expiredRunsMaxAge + 5*time.Second)
+		bucketEmpty()
+		time.Sleep(coordinatorLapseSlack + coordinatorLapseSweep)
 	}
 	for i := 0; i < 200; i++ { // warm up
 		one(i)
