@@ -266,12 +266,7 @@ func (b *bucket) leaderGet(ctx context.Context, key string) (data []byte, rev ui
 // nats.go's KeyValue.Update takes no TTL; this is the same publish (the
 // key's subject, Nats-Expected-Last-Subject-Sequence rev) with the TTL.
 func (b *bucket) updateTTL(ctx context.Context, key string, value []byte, rev uint64, ttl time.Duration) (uint64, error) {
-	m := &nats.Msg{Subject: "$KV." + b.Bucket() + "." + key, Header: nats.Header{}, Data: value}
-	ack, err := b.s.JS.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
-	if err != nil {
-		return 0, err
-	}
-	return ack.Sequence, nil
+	return b.publishAt(ctx, key, value, rev, jetstream.WithMsgTTL(ttl))
 }
 
 // Update is jetstream.KeyValue.Update (nats.go v1.4x, kvs.Update): the same
@@ -310,10 +305,10 @@ func (b *bucket) Create(ctx context.Context, key string, value []byte, opts ...j
 }
 
 // publishAt publishes value to key's subject if the key's last revision is
-// revision (0: it has none).
-func (b *bucket) publishAt(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+// revision (0: it has none), with opts (a TTL: updateTTL).
+func (b *bucket) publishAt(ctx context.Context, key string, value []byte, revision uint64, opts ...jetstream.PublishOpt) (uint64, error) {
 	m := &nats.Msg{Subject: "$KV." + b.Bucket() + "." + key, Header: nats.Header{}, Data: value}
-	ack, err := b.s.JS.PublishMsg(ctx, m, jetstream.WithExpectLastSequencePerSubject(revision))
+	ack, err := b.s.JS.PublishMsg(ctx, m, append(opts, jetstream.WithExpectLastSequencePerSubject(revision))...)
 	if err != nil {
 		return 0, err
 	}
