@@ -2,6 +2,7 @@ package integration
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -52,6 +53,27 @@ func TestLayering(t *testing.T) {
 					t.Errorf("%s (tests: %v) depends on %s", tc.pkg, tc.test, rel)
 				}
 			}
+		}
+	}
+}
+
+// The in-repo providers reach the host framework only through the public
+// provider SDK (pkg/provider; issue 30, item 2), as a third party would:
+// neither their code nor their tests import internal/worker, and each
+// imports pkg/provider.
+func TestProvidersUseTheSDK(t *testing.T) {
+	const mod = "github.com/brood-dev/brood/"
+	for _, pkg := range []string{"services/spawn-worker", "services/fork-worker", "services/acp-bridge"} {
+		out, err := exec.Command("go", "list", "-f", `{{join .Imports " "}} {{join .TestImports " "}} {{join .XTestImports " "}}`, mod+pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		imports := strings.Fields(string(out))
+		if slices.Contains(imports, mod+"internal/worker") {
+			t.Errorf("%s imports internal/worker directly", pkg)
+		}
+		if !slices.Contains(imports, mod+"pkg/provider") {
+			t.Errorf("%s does not import pkg/provider", pkg)
 		}
 	}
 }

@@ -34,7 +34,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
-	"github.com/brood-dev/brood/internal/worker"
+	"github.com/brood-dev/brood/pkg/provider"
 )
 
 // Config configures an ACP bridge process.
@@ -56,7 +56,7 @@ type Config struct {
 
 // Service is a running ACP bridge: one worker host serving one provider per
 // configured agent.
-type Service struct{ host *worker.Host }
+type Service struct{ host *provider.Host }
 
 // New validates the configuration and builds the bridge.
 func New(cfg Config) (*Service, error) {
@@ -73,10 +73,9 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := worker.New(worker.Config{
-		NC: cfg.NC, Store: cfg.Store, Providers: providers, HostID: cfg.HostID,
+	h, err := provider.NewInModule(provider.InModule{Store: cfg.Store, Metrics: cfg.Metrics}, provider.Config{
+		NC: cfg.NC, Providers: providers, HostID: cfg.HostID,
 		HeartbeatInterval: cfg.HeartbeatInterval, HostExpiry: cfg.HostExpiry, DrainGrace: cfg.DrainGrace, Logger: cfg.Logger,
-		Metrics: cfg.Metrics,
 	})
 	if err != nil {
 		return nil, err
@@ -86,9 +85,9 @@ func New(cfg Config) (*Service, error) {
 
 // Providers builds one provider per agent (for hosts composed elsewhere, such
 // as tests). Agent names must be distinct.
-func Providers(agents []AgentConfig, o Options) ([]worker.Provider, error) {
+func Providers(agents []AgentConfig, o Options) ([]provider.Provider, error) {
 	seen := map[string]bool{}
-	var out []worker.Provider
+	var out []provider.Provider
 	for _, a := range agents {
 		p, err := NewProvider(a, o)
 		if err != nil {

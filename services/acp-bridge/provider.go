@@ -9,8 +9,8 @@ import (
 	"github.com/brood-dev/brood/internal/acpio"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
-	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/provider"
 )
 
 // Options are the bounds of every wait on an ACP agent (DESIGN.md §10: every
@@ -116,7 +116,7 @@ func NewProvider(a AgentConfig, o Options) (*Provider, error) {
 	return &Provider{agent: a, opts: o.withDefaults()}, nil
 }
 
-// Descriptor implements worker.Provider: every capability false, no parent
+// Descriptor implements provider.Provider: every capability false, no parent
 // context, no global tools, remote (its run id is not the child id), and
 // continuable (DESIGN.md §6: a followup prompts the resident ACP session
 // again; a cold resume uses session/load where the agent offers it).
@@ -124,13 +124,13 @@ func (p *Provider) Descriptor() protocol.ProviderDescriptor {
 	return protocol.ProviderDescriptor{Name: p.agent.Name, Remote: true, Continuable: true}
 }
 
-// NewSession implements worker.Provider. It only validates: the child's
+// NewSession implements provider.Provider. It only validates: the child's
 // workspace (the configured override, else the parent's cwd recorded in the
 // child's header: absolute and enterable, never the bridge's own cwd) and,
 // when the session's log already names an ACP session (a cold resume), that
 // the agent could load it. The agent process starts with the first turn, so a
 // startup failure is logged and settles the run `error`.
-func (p *Provider) NewSession(_ context.Context, spec worker.SessionSpec) (worker.Session, error) {
+func (p *Provider) NewSession(_ context.Context, spec provider.SessionSpec) (provider.Session, error) {
 	cwd := p.agent.Cwd
 	if cwd == "" {
 		cwd = spec.Header.Cwd

@@ -16,8 +16,8 @@ import (
 	"github.com/brood-dev/brood/internal/acpio"
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/store"
-	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/provider"
 )
 
 // CauseAgent is the aborted cause recorded when the ACP agent itself ended a
@@ -31,8 +31,8 @@ const PreviousPromptWaitMax = 10 * time.Second
 
 var errTurnTimeout = errors.New("acp: turn timeout")
 
-// Session is one ACP child as the worker host drives it (worker.Session and
-// worker.Closer). It logs the same way an in-process agent does, one record
+// Session is one ACP child as the worker host drives it (provider.Session and
+// provider.Closer). It logs the same way an in-process agent does, one record
 // per logical step, through the single fenced writer it was given.
 //
 // It is built for several turns: the first turn starts the agent process and
@@ -97,7 +97,7 @@ type Session struct {
 	closeOnce     sync.Once
 }
 
-func newSession(p *Provider, spec worker.SessionSpec, cwd string) *Session {
+func newSession(p *Provider, spec provider.SessionSpec, cwd string) *Session {
 	lifetime, stop := context.WithCancel(context.Background())
 	s := &Session{
 		p: p, o: p.opts, header: spec.Header, log: spec.Log, cwd: cwd,
@@ -1219,9 +1219,9 @@ func (client) WaitForTerminalExit(context.Context, acp.WaitForTerminalExitReques
 }
 
 var (
-	_ worker.Session = (*Session)(nil)
-	_ worker.Closer  = (*Session)(nil)
-	_ acp.Client     = client{}
+	_ provider.Session = (*Session)(nil)
+	_ provider.Closer  = (*Session)(nil)
+	_ acp.Client       = client{}
 )
 
 // ClaimNext opens the next turn with the oldest unclaimed inbox item (a

@@ -16,8 +16,8 @@ import (
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/testutil"
-	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/provider"
 )
 
 // memLog is an in-memory session log.
@@ -85,7 +85,7 @@ func testOptions(t *testing.T) Options {
 }
 
 // turn runs one turn of sess and returns how it ended and the turn's output.
-func turn(t *testing.T, sess worker.Session, log *memLog, prompt string) (protocol.TurnEndReason, string) {
+func turn(t *testing.T, sess provider.Session, log *memLog, prompt string) (protocol.TurnEndReason, string) {
 	t.Helper()
 	ctx := context.Background()
 	before := len(log.events())
@@ -125,7 +125,7 @@ func TestSessionFollowupAndColdResume(t *testing.T) {
 	}
 	h := protocol.SessionHeader{ID: "child-1", Cwd: t.TempDir(), ParentSession: "parent-1", DelegationDepth: 1}
 	log := &memLog{}
-	s1, err := p.NewSession(context.Background(), worker.SessionSpec{Header: h, Log: log})
+	s1, err := p.NewSession(context.Background(), provider.SessionSpec{Header: h, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,17 +136,17 @@ func TestSessionFollowupAndColdResume(t *testing.T) {
 		t.Fatalf("followup on the resident session: %+v %q", r, out)
 	}
 	acpMetrics(t, o.Metrics, 1, 1, 0) // one process served both turns
-	_ = s1.(worker.Closer).Close()
+	_ = s1.(provider.Closer).Close()
 	acpMetrics(t, o.Metrics, 0, 1, 1)
 
-	s2, err := p.NewSession(context.Background(), worker.SessionSpec{Header: h, Log: log, Events: log.events()})
+	s2, err := p.NewSession(context.Background(), provider.SessionSpec{Header: h, Log: log, Events: log.events()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r, out := turn(t, s2, log, "turns"); r.Kind != protocol.TurnCompleted || out != "turns before this one: 2" {
 		t.Fatalf("after a cold resume: %+v %q", r, out)
 	}
-	_ = s2.(worker.Closer).Close()
+	_ = s2.(provider.Closer).Close()
 	acpMetrics(t, o.Metrics, 0, 2, 2)
 	sessions := acpSessions(log.events())
 	if len(sessions) != 2 || sessions[0].SessionID != sessions[1].SessionID || sessions[0].Loaded || !sessions[1].Loaded || !sessions[0].LoadSession {
@@ -189,11 +189,11 @@ func TestSessionStartFailureIsCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := &memLog{}
-	s, err := p.NewSession(context.Background(), worker.SessionSpec{Header: protocol.SessionHeader{ID: "child-1", Cwd: t.TempDir(), ParentSession: "p"}, Log: log})
+	s, err := p.NewSession(context.Background(), provider.SessionSpec{Header: protocol.SessionHeader{ID: "child-1", Cwd: t.TempDir(), ParentSession: "p"}, Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.(worker.Closer).Close()
+	defer s.(provider.Closer).Close()
 	if r, _ := turn(t, s, log, "hello"); r.Kind != protocol.TurnError || !strings.Contains(r.Error, "could not start the ACP agent") {
 		t.Fatalf("turn: %+v", r)
 	}
@@ -217,12 +217,12 @@ func TestSessionWithoutLoadIsNotResumable(t *testing.T) {
 	}
 	h := protocol.SessionHeader{ID: "child-2", Cwd: t.TempDir()}
 	log := &memLog{}
-	s1, _ := p.NewSession(context.Background(), worker.SessionSpec{Header: h, Log: log})
+	s1, _ := p.NewSession(context.Background(), provider.SessionSpec{Header: h, Log: log})
 	if r, out := turn(t, s1, log, "echo one"); r.Kind != protocol.TurnCompleted || out != "echo: one" {
 		t.Fatalf("turn: %+v %q", r, out)
 	}
-	_ = s1.(worker.Closer).Close()
-	_, err = p.NewSession(context.Background(), worker.SessionSpec{Header: h, Log: log, Events: log.events()})
+	_ = s1.(provider.Closer).Close()
+	_, err = p.NewSession(context.Background(), provider.SessionSpec{Header: h, Log: log, Events: log.events()})
 	if !errors.Is(err, protocol.ErrNotResumable) || !strings.Contains(err.Error(), "did not advertise session/load") {
 		t.Fatalf("err %v", err)
 	}
@@ -244,9 +244,9 @@ func TestSessionCeilingRejectsPermissions(t *testing.T) {
 		{&protocol.ToolFilter{Allow: []string{"list_dir", "read_file", "subagent"}}, "selected no"},
 	} {
 		log := &memLog{}
-		s, _ := p.NewSession(context.Background(), worker.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir(), ToolCeiling: tt.ceiling}, Log: log})
+		s, _ := p.NewSession(context.Background(), provider.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir(), ToolCeiling: tt.ceiling}, Log: log})
 		r, out := turn(t, s, log, "permission")
-		_ = s.(worker.Closer).Close()
+		_ = s.(provider.Closer).Close()
 		if r.Kind != protocol.TurnCompleted || out != tt.want {
 			t.Errorf("ceiling %+v: %+v %q, want %q", tt.ceiling, r, out, tt.want)
 		}
@@ -299,9 +299,9 @@ func TestSessionPermissionsAreLoggedAndCounted(t *testing.T) {
 				t.Fatal(err)
 			}
 			log := &memLog{}
-			s, _ := p.NewSession(context.Background(), worker.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir()}, Log: log})
+			s, _ := p.NewSession(context.Background(), provider.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir()}, Log: log})
 			r, out := turn(t, s, log, tt.prompt)
-			_ = s.(worker.Closer).Close()
+			_ = s.(provider.Closer).Close()
 			if r.Kind != protocol.TurnCompleted || out != tt.out {
 				t.Fatalf("turn %+v %q, want %q", r, out, tt.out)
 			}
@@ -338,8 +338,8 @@ func TestSessionLateUpdates(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := &memLog{}
-	s, _ := p.NewSession(context.Background(), worker.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir()}, Log: log})
-	defer s.(worker.Closer).Close()
+	s, _ := p.NewSession(context.Background(), provider.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir()}, Log: log})
+	defer s.(provider.Closer).Close()
 	if r, out := turn(t, s, log, "trailing 20ms"); r.Kind != protocol.TurnCompleted || out != "main trailing" {
 		t.Fatalf("turn 1: %+v %q, want the trailing chunk in the output", r, out)
 	}
@@ -443,12 +443,12 @@ func TestSessionStopsWhenItLosesTheLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open := func(log agent.Appender) worker.Session {
-		s, err := p.NewSession(context.Background(), worker.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir()}, Log: log})
+	open := func(log agent.Appender) provider.Session {
+		s, err := p.NewSession(context.Background(), provider.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir()}, Log: log})
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = s.(worker.Closer).Close() })
+		t.Cleanup(func() { _ = s.(provider.Closer).Close() })
 		if out, ok := s.OpenTurn(context.Background(), agent.Input{Content: protocol.Text("slow 2s")}); !ok {
 			t.Fatalf("open: %+v", out)
 		}

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -46,6 +47,10 @@ type Config struct {
 	HostExpiry        time.Duration
 	// Logger receives the services' logs (default: discarded).
 	Logger *slog.Logger
+	// Providers are providers besides spawn and fork whose log and inbox
+	// streams are provisioned, for hosts started outside the deployment to
+	// serve (a pkg/provider host); store.DefaultProviders always are.
+	Providers []string
 }
 
 // Deployment is a running deployment; Stop ends it.
@@ -98,7 +103,13 @@ func Start(ctx context.Context, cfg Config) (*Deployment, error) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
 	defer cancel()
-	st, err := store.Provision(pctx, d.nc, subj, store.DefaultConfig())
+	sc := store.DefaultConfig()
+	for _, p := range cfg.Providers {
+		if !slices.Contains(sc.Providers, p) {
+			sc.Providers = append(sc.Providers, p)
+		}
+	}
+	st, err := store.Provision(pctx, d.nc, subj, sc)
 	if err != nil {
 		return fail(fmt.Errorf("dev: provision: %w", err))
 	}

@@ -5,8 +5,8 @@
 package forkworker
 
 import (
-	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/provider"
 )
 
 // DefaultName is the provider name unless configured.
@@ -15,18 +15,19 @@ const DefaultName = "fork"
 // Descriptor returns the fork provider's descriptor: every capability,
 // inheritsParentContext, continuable (its preparation returns the seed).
 func Descriptor(name string) protocol.ProviderDescriptor {
-	return worker.InProcessDescriptor(name, true)
+	return provider.AgentDescriptor(name, true)
 }
 
 // Config configures a fork worker; its children's `subagent` tool forks again
 // unless SubagentProvider says otherwise.
-type Config = worker.InProcessConfig
+type Config = provider.AgentConfig
 
-// Service is a running worker: a host serving this one provider (Run(ctx)
-// serves until ctx is done, then drains; ID names the host).
-type Service = worker.Host
+// Service is a running worker: a host of the provider SDK (pkg/provider)
+// serving this one provider (Run(ctx) serves until ctx is done, then drains;
+// ID names the host).
+type Service = provider.Host
 
 // New builds the worker.
 func New(cfg Config) (*Service, error) {
-	return worker.NewInProcessHost(cfg, Descriptor(DefaultName))
+	return provider.NewAgentHost(cfg, Descriptor(DefaultName))
 }

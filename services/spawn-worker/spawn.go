@@ -3,8 +3,8 @@
 package spawnworker
 
 import (
-	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/provider"
 )
 
 // DefaultName is the provider name unless configured.
@@ -12,18 +12,19 @@ const DefaultName = "spawn"
 
 // Descriptor returns the spawn provider's descriptor (DESIGN.md §6).
 func Descriptor(name string) protocol.ProviderDescriptor {
-	return worker.InProcessDescriptor(name, false)
+	return provider.AgentDescriptor(name, false)
 }
 
 // Config configures a spawn worker; its children's `subagent` tool delegates
 // to spawn unless SubagentProvider says otherwise.
-type Config = worker.InProcessConfig
+type Config = provider.AgentConfig
 
-// Service is a running worker: a host serving this one provider (Run(ctx)
-// serves until ctx is done, then drains; ID names the host).
-type Service = worker.Host
+// Service is a running worker: a host of the provider SDK (pkg/provider)
+// serving this one provider (Run(ctx) serves until ctx is done, then drains;
+// ID names the host).
+type Service = provider.Host
 
 // New builds the worker.
 func New(cfg Config) (*Service, error) {
-	return worker.NewInProcessHost(cfg, Descriptor(DefaultName))
+	return provider.NewAgentHost(cfg, Descriptor(DefaultName))
 }
