@@ -637,6 +637,15 @@ func TestInterruptRefusesNonAncestorsWhetherOrNotTheChildRuns(t *testing.T) {
 	if _, err := s.Client.Interrupt(ctx, protocol.InterruptRequest{ChildID: "no-such-child", Authority: ref(owner)}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
 		t.Fatalf("interrupt of an unknown child: %v, want UNAUTHORIZED", err)
 	}
+	// A grant over every session learns that the id names nothing, as
+	// continuable.state tells it (docs/protocol.md §5.11; issue 37, item 6:
+	// it answered {interrupted: false}).
+	if _, err := s.Client.Interrupt(ctx, protocol.InterruptRequest{ChildID: "no-such-child", Authority: grant(t, s)}); protocol.CodeOf(err) != protocol.CodeNotFound {
+		t.Fatalf("interrupt of an unknown child with a grant over every session: %v, want NOT_FOUND", err)
+	}
+	if r, err := s.Client.Interrupt(ctx, protocol.InterruptRequest{ChildID: c.ChildID, Authority: grant(t, s)}); err != nil || r.Interrupted {
+		t.Fatalf("a grant interrupts an idle child: %+v, %v; want nothing to stop", r, err)
+	}
 	r, err := s.Client.Interrupt(ctx, protocol.InterruptRequest{ChildID: c.ChildID, Authority: ref(owner)})
 	if err != nil || r.Interrupted {
 		t.Fatalf("the parent interrupts its idle child: %+v, %v; want nothing to stop", r, err)

@@ -78,7 +78,7 @@ func (h *Host) startRun(ctx context.Context, p Provider, req protocol.ProviderSt
 	}
 	childID := req.Header.ID
 	if !protocol.ValidID(childID) || !protocol.ValidID(req.RunID) || req.Run.RunID != req.RunID {
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "runId, run.runId and header.id must be valid ids and agree")
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "runId and header.id must be valid ids, run.runId must equal runId (docs/protocol.md §9.3)")
 	}
 	if err := inScope(p, req.Header); err != nil {
 		return nil, err

@@ -188,6 +188,12 @@ const (
 
 	DiagnosticCorrupt     = "corrupt"
 	DiagnosticUnavailable = "unavailable"
+	// DiagnosticCreating: a live child whose descriptor is not logged yet.
+	DiagnosticCreating = "creating"
+	// DiagnosticNotStarted: a child with no live agent and an empty log, a
+	// start refused or given up after its header was written (the run's
+	// result says why; docs/protocol.md §5.14). Not a damaged child.
+	DiagnosticNotStarted = "not-started"
 )
 
 // ChildRow is one row of children.list: a child, or a diagnostic for a child

@@ -132,8 +132,15 @@ func (c *Coordinator) childRow(ctx context.Context, e protocol.ChildIndexRecord)
 	d, ok := sessionlog.ListedDescriptor(own)
 	if !ok {
 		if row.Activity == protocol.ActivityRunning {
-			row.Kind, row.Reason = protocol.RowDiagnostic, "creating"
+			row.Kind, row.Reason = protocol.RowDiagnostic, protocol.DiagnosticCreating
 			return row
+		}
+		if len(own) == 0 {
+			// Nothing of its own was ever logged: a start refused (or
+			// given up) after its header was written, not a damaged
+			// child (issue 37, item 6).
+			return protocol.ChildRow{Kind: protocol.RowDiagnostic, ID: e.ChildID, Reason: protocol.DiagnosticNotStarted,
+				Mode: e.Mode, Provider: e.Provider, CreatedAt: h.CreatedAt}
 		}
 		return protocol.ChildRow{Kind: protocol.RowDiagnostic, ID: e.ChildID, Reason: protocol.DiagnosticCorrupt}
 	}

@@ -715,6 +715,11 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request,
 				}
 				return protocol.InterruptReply{}, notCovered(g, r.ChildID)
 			}
+		} else if _, err := c.childHeaderOf(ctx, r.ChildID, true); err != nil {
+			// A grant over every session learns that an id names no
+			// session (NOT_FOUND, as continuable.state answers it;
+			// docs/protocol.md §5.11), rather than "nothing to stop".
+			return protocol.InterruptReply{}, err
 		}
 	case r.Authority.Parent != nil:
 		if _, err := c.authorize(ctx, *r.Authority.Parent); err != nil {

@@ -185,6 +185,10 @@ func (c *Coordinator) runFollow(ctx context.Context, f *follow, cursor protocol.
 		credit, live, stopped := f.state(lease)
 		switch {
 		case stopped:
+			// The client stopped it: the last message says so, without an
+			// error (docs/protocol.md §5.19), so a reader waiting for the
+			// end is not left waiting.
+			send(protocol.FollowMessage{Kind: protocol.FollowEnd, Seq: cursor})
 			return
 		case ctx.Err() != nil:
 			end(protocol.Errorf(protocol.CodeUnavailable, "coordinator %s is stopping; resume the follow after seq %s", c.cfg.ID, cursor))

@@ -410,6 +410,35 @@ func TestFollowEndsWhenItsAuthorityDies(t *testing.T) {
 	t.Fatal("the follow of a closed root did not end")
 }
 
+// TestFollowStoppedByTheClientEndsWithAnEndMessage: a credit request with
+// stop ends the follow with a last message of kind end and no error
+// (docs/protocol.md §5.19), so a reader waiting for the end is not left
+// waiting (issue 37, item 6: it sent nothing).
+func TestFollowStoppedByTheClientEndsWithAnEndMessage(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	root := s.Root()
+	sub, info := rawFollow(t, s.NC, protocol.EventsFollowRequest{Parent: root.SessionID, Authority: root.Authority(), HeartbeatMs: 1000})
+	if err := client.Call(context.Background(), s.NC, info.CreditSubject, protocol.FollowCreditRequest{FollowID: info.FollowID, Stop: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		m, ok := nextFollow(t, sub, time.Until(deadline))
+		if !ok {
+			break
+		}
+		if m.Kind == protocol.FollowEnd {
+			if m.Error != nil {
+				t.Fatalf("end of a stopped follow carries an error: %+v", m.Error)
+			}
+			return
+		}
+	}
+	t.Fatal("a stopped follow sent no end")
+}
+
 func TestClientFollowResumesWithoutGapsOrRepeats(t *testing.T) {
 	r := newReadStack(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
