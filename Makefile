@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/brood
 PKGS    := ./...
 
-.PHONY: all build run test test-short bench bench-profile bench-scale chaos chaos-seams fuzz vet fmt clean acp-deps ts-deps ts-test ui-deps ui-screenshot
+.PHONY: all build run test test-short bench bench-profile bench-scale chaos chaos-seams fuzz vet fmt clean acp-deps ts-deps ts-test mcp-deps mcp-conformance ui-deps ui-screenshot
 
 all: build
 
@@ -16,9 +16,10 @@ run: build
 	./scripts/demo.sh $(BIN)
 
 # Unit and integration tests on embedded servers, with the race detector.
-test: vet acp-deps ts-deps ui-deps
+test: vet acp-deps ts-deps mcp-deps ui-deps
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(MAKE) ts-test
+	$(MAKE) mcp-conformance
 
 test-short: acp-deps ui-deps
 	$(GO) test -count=1 -timeout 10m $(PKGS)
@@ -181,6 +182,23 @@ $(TS_CLIENT_DIR)/node_modules/.installed: $(TS_CLIENT_DIR)/package.json $(TS_CLI
 ts-test: ts-deps build
 	cd $(TS_CLIENT_DIR) && BROOD_BIN=$(CURDIR)/$(BIN) npm test
 
+# The official MCP conformance suite in server mode against `brood mcp
+# --listen` (scripts/mcp-conformance.sh, docs/mcp.md): the suite from the npm
+# registry, pinned by services/mcp-server/testdata/conformance's
+# package-lock.json (npm ci runs again only when the manifest changes); the
+# failures it may report are the committed, explained baseline
+# services/mcp-server/testdata/conformance-baseline.yml.
+MCP_CONFORMANCE_DIR := services/mcp-server/testdata/conformance
+
+mcp-deps: $(MCP_CONFORMANCE_DIR)/node_modules/.installed
+
+$(MCP_CONFORMANCE_DIR)/node_modules/.installed: $(MCP_CONFORMANCE_DIR)/package.json $(MCP_CONFORMANCE_DIR)/package-lock.json
+	cd $(MCP_CONFORMANCE_DIR) && npm ci --no-audit --no-fund
+	touch $@
+
+mcp-conformance: mcp-deps build
+	./scripts/mcp-conformance.sh $(BIN)
+
 # The browser test of the web view (services/webui) drives headless Chromium:
 # Debian's chromium package, installed when missing (CI runs as root on
 # Debian; elsewhere install it yourself or set BROOD_CHROMIUM to a binary).
@@ -197,4 +215,4 @@ ui-screenshot: ui-deps
 	BROOD_UI_SCREENSHOT=$(CURDIR)/docs/web-ui.png $(GO) test -count=1 -run TestBrowserShowsTheTreeGrowAndTheChildsLog ./services/webui/
 
 clean:
-	rm -rf bin .deps $(ACP_NPM_DIR)/node_modules $(TS_CLIENT_DIR)/node_modules $(TS_CLIENT_DIR)/dist
+	rm -rf bin .deps $(ACP_NPM_DIR)/node_modules $(TS_CLIENT_DIR)/node_modules $(TS_CLIENT_DIR)/dist $(MCP_CONFORMANCE_DIR)/node_modules

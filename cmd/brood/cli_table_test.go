@@ -300,6 +300,18 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 			out:  `^\{"jsonrpc":"2.0","id":1,"result":\{.*"agentInfo":\{"name":"brood".*"protocolVersion":1\}\}\n$`,
 			fail: []string{"acp-agent", "--model", "bogus"}, code: "INVALID_ARGUMENT",
 		},
+		"mcp": {
+			ok: func() outcome {
+				var o outcome
+				o.out = withStdio(t, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}`+"\n", `"id":1`, func() {
+					o2 := c.run("mcp", "--cwd", t.TempDir())
+					o.err, o.code = o2.err, o2.code
+				})
+				return o
+			},
+			out:  `^\{"jsonrpc":"2.0","id":1,"result":\{.*"serverInfo":\{"name":"brood".*\}\}\n$`,
+			fail: []string{"mcp", "--listen", "256.0.0.1:bogus"}, code: "INVALID_ARGUMENT",
+		},
 	}
 	verbs := helpVerbs(t, c.runBare("--help").out)
 	for _, v := range verbs {
