@@ -26,6 +26,7 @@ import (
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/client"
@@ -50,6 +51,9 @@ type forgery struct {
 	all   string // every node's URL, comma-separated
 	admin *nats.Conn
 	js    jetstream.JetStream // the admin's: reads the state before and after
+	// coordMetrics are the coordinator's (forgery_deputy_test.go reads
+	// its refusals of reply subjects).
+	coordMetrics *telemetry.Metrics
 
 	// The client's own root, idle child and user-scoped grant (what an
 	// attacking client holds), and what the attacks aim at: a trusted
@@ -106,6 +110,7 @@ func TestForgerySuite(t *testing.T) {
 	t.Run("worker of the fork provider", f.forkWorkerAttempts)
 	t.Run("trusted host", f.trustedHostAttempts)
 	t.Run("coordinator", f.coordinatorAttempts)
+	t.Run("confused deputy", f.deputyAttempts)
 }
 
 // start provisions as admin and runs a coordinator, a spawn worker and a
@@ -135,8 +140,9 @@ func (f *forgery) start() {
 	v := &violations{}
 	coordNC := connectAs(t, f.urls[0], "coordinator", v)
 	coordStore := open(coordNC)
+	f.coordMetrics = telemetry.NewMetrics("test")
 	coord, err := coordinator.New(coordinator.Config{
-		NC: coordNC, Store: coordStore, HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry,
+		NC: coordNC, Store: coordStore, HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry, Metrics: f.coordMetrics,
 		// Roots are not renewed while the attempts run, so nothing writes
 		// but the attempts themselves.
 		RootLease: 10 * time.Minute, Logger: testutil.Logger(t),

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -47,6 +48,9 @@ type Server struct {
 	// pool runs the handlers, and the helpers they start with gopool.Go
 	// (ctx carries it).
 	pool *gopool.Pool
+	// policy is the reply subjects the server answers (WithReplyPolicy;
+	// nil: the default ReplyPolicy).
+	policy atomic.Pointer[ReplyPolicy]
 
 	mu       sync.Mutex
 	services []*Service
@@ -82,7 +86,7 @@ func (s *Server) Handle(subject string, h Handler) error {
 // are left unanswered, for another subscriber (a catch-all beside endpoints).
 func (s *Server) Subscribe(subject, queue string, accept func(*nats.Msg) bool, h Handler) error {
 	cb := func(m *nats.Msg) {
-		if accept == nil || accept(m) {
+		if (accept == nil || accept(m)) && s.admits(m) {
 			s.dispatch(nil, nil, requestOf(s.nc, m), h)
 		}
 	}
@@ -287,6 +291,9 @@ func (s *Server) AddService(cfg ServiceConfig) (*Service, error) {
 			subject, err := micro.ControlSubject(verb, scope[0], scope[1])
 			if err == nil {
 				err = svc.subscribe(subject, "", func(m *nats.Msg) {
+					if !s.admits(m) {
+						return
+					}
 					data, _ := json.Marshal(value())
 					_ = m.Respond(data)
 				})
@@ -339,6 +346,9 @@ func (svc *Service) AddEndpointOn(name string, subjects []string, h Handler) err
 	st := &endpointStats{info: micro.EndpointInfo{Name: name, Subject: subjects[0], QueueGroup: svc.cfg.QueueGroup}}
 	for _, subject := range subjects {
 		if err := svc.subscribe(subject, svc.cfg.QueueGroup, func(m *nats.Msg) {
+			if !svc.srv.admits(m) {
+				return
+			}
 			svc.srv.dispatch(svc, st, requestOf(svc.srv.nc, m), h)
 		}); err != nil {
 			return err

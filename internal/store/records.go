@@ -37,6 +37,9 @@ func Get[T any](ctx context.Context, kv jetstream.KeyValue, key string) (Record[
 	if err := protocol.Unmarshal(protocol.Msgpack, e.Value(), &r.Value); err != nil {
 		return r, fmt.Errorf("decode %s/%s: %w", kv.Bucket(), key, err)
 	}
+	if !whole(&r.Value) {
+		return Record[T]{}, ErrNotFound
+	}
 	r.Revision = e.Revision()
 	return r, nil
 }
@@ -58,6 +61,9 @@ func GetLatest[T any](ctx context.Context, kv jetstream.KeyValue, key string) (R
 	}
 	if err := protocol.Unmarshal(protocol.Msgpack, st.data, &r.Value); err != nil {
 		return r, fmt.Errorf("decode %s/%s: %w", kv.Bucket(), key, err)
+	}
+	if !whole(&r.Value) {
+		return Record[T]{}, ErrNotFound
 	}
 	r.Revision = st.rev
 	return r, nil
@@ -101,6 +107,9 @@ func getMatching[T any](ctx context.Context, s *Store, kv jetstream.KeyValue, pa
 	key := strings.TrimPrefix(m.Subject, prefix)
 	if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &r.Value); err != nil {
 		return "", r, fmt.Errorf("decode %s/%s: %w", kv.Bucket(), key, err)
+	}
+	if !whole(&r.Value) {
+		return "", Record[T]{}, ErrNotFound
 	}
 	r.Revision = m.Sequence
 	return key, r, nil
@@ -284,6 +293,23 @@ func Delete(ctx context.Context, kv jetstream.KeyValue, key string, rev uint64) 
 // Decode decodes one KV entry's value (for watchers).
 func Decode[T any](e jetstream.KeyValueEntry) (T, error) {
 	var v T
-	err := protocol.Unmarshal(protocol.Msgpack, e.Value(), &v)
-	return v, err
+	if err := protocol.Unmarshal(protocol.Msgpack, e.Value(), &v); err != nil {
+		return v, err
+	}
+	if w, ok := any(v).(protocol.WrittenRecord); ok {
+		if err := w.Written(); err != nil {
+			var zero T
+			return zero, fmt.Errorf("decode %s: %w", e.Key(), err)
+		}
+	}
+	return v, nil
+}
+
+// whole reports whether v, just decoded, is a record its writer could have
+// written (protocol.WrittenRecord): one that is not is no record, and the
+// reads above answer ErrNotFound for it (docs/security.md, "Replies go only
+// where replies may go").
+func whole[T any](v *T) bool {
+	w, ok := any(*v).(protocol.WrittenRecord)
+	return !ok || w.Written() == nil
 }

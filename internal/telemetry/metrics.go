@@ -68,6 +68,7 @@ type Metrics struct {
 	durabilityFailed *prometheus.CounterVec
 	requests         *prometheus.CounterVec
 	requestDuration  *prometheus.HistogramVec
+	repliesRefused   *prometheus.CounterVec
 	modelRequests    *prometheus.CounterVec
 	modelTokens      *prometheus.CounterVec
 	modelDuration    *prometheus.HistogramVec
@@ -129,6 +130,9 @@ func NewMetrics(version string) *Metrics {
 		"Requests answered by this process's endpoints, by error code (empty on success).", "service", "endpoint", "code")
 	m.requestDuration = histogram("request_duration_seconds",
 		"Time from a request's arrival to its answer, per endpoint.", RequestBuckets, "service", "endpoint")
+	m.repliesRefused = counter("replies_refused_total",
+		"Requests refused unanswered because their reply subject lies outside the inboxes this process answers (or, on a user's subject, outside that user's inbox prefix): docs/security.md, confused deputy.",
+		"service", "reason")
 	m.modelRequests = counter("model_requests_total",
 		"Model calls by adapter, model id and outcome (ok, error, cancelled).", "adapter", "model", "outcome")
 	m.modelTokens = counter("model_tokens_total",
@@ -237,6 +241,15 @@ func (m *Metrics) Request(service, endpoint string, d time.Duration, err error) 
 	}
 	m.requests.WithLabelValues(service, endpoint, code).Inc()
 	m.requestDuration.WithLabelValues(service, endpoint).Observe(d.Seconds())
+}
+
+// ReplyRefused counts a request service refused, unanswered, for its reply
+// subject (reason: rpc.ReplyOutsideInboxes or rpc.ReplyOutsideUserInbox).
+func (m *Metrics) ReplyRefused(service, reason string) {
+	if m == nil {
+		return
+	}
+	m.repliesRefused.WithLabelValues(service, reason).Inc()
 }
 
 // ModelCall counts one model call and the tokens usage reports (nil: none).

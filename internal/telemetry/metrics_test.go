@@ -150,6 +150,7 @@ func (m *Metrics) touchAll() {
 	m.FollowupAccepted(RouteResident, time.Millisecond)
 	m.TakeOver(protocol.ModeOneShot)
 	m.Request("coordinator", "runs.start", time.Millisecond, nil)
+	m.ReplyRefused("coordinator", "outside_user_inbox")
 	m.ModelCall("scripted", "scripted", OutcomeOK, time.Millisecond, &protocol.Usage{InputTokens: 1, OutputTokens: 1})
 	m.ToolCall("read_file", false, time.Millisecond)
 	m.ACPStarted("acp")
@@ -165,7 +166,7 @@ func (m *Metrics) touchAll() {
 var boundedLabels = map[string]bool{
 	"provider": true, "mode": true, "stop_reason": true, "error_code": true, "route": true, "service": true,
 	"endpoint": true, "code": true, "adapter": true, "model": true, "outcome": true, "direction": true,
-	"tool": true, "kind": true, "version": true,
+	"tool": true, "kind": true, "version": true, "reason": true,
 }
 
 func TestMetricNamesFollowConventions(t *testing.T) {

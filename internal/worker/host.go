@@ -225,7 +225,13 @@ func (h *Host) Run(ctx context.Context) error {
 		return err
 	}
 	h.started = store.NowMs()
-	srv := rpc.NewServer(h.cfg.NC, h.cfg.RequestsInFlightMax, h.log)
+	// Answers go only to inboxes (docs/security.md, "Replies go only where
+	// replies may go"): a host publishes with its provider's rights (its
+	// runs' states, leases and logs), never where a request's reply
+	// subject names.
+	srv := rpc.NewServer(h.cfg.NC, h.cfg.RequestsInFlightMax, h.log).WithReplyPolicy(rpc.ReplyPolicy{
+		Refused: func(_, reason string) { h.cfg.Metrics.ReplyRefused("worker", reason) },
+	})
 	stopServing := func() {
 		sctx, cancel := context.WithTimeout(context.Background(), HostStopGrace)
 		defer cancel()

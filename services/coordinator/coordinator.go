@@ -371,7 +371,15 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	c.offPath.mu.Lock()
 	c.offPath.ctx, c.offPath.stop = context.WithCancel(context.WithoutCancel(ctx))
 	c.offPath.mu.Unlock()
-	srv := rpc.NewServer(c.cfg.NC, c.cfg.RequestsInFlightMax, c.log)
+	// Answers go only to inboxes, and on a user's subject only to that
+	// user's own (docs/security.md, "Replies go only where replies may
+	// go"): the coordinator publishes with rights over every bucket and
+	// stream of Brood, so a reply subject of the caller's choosing would
+	// make it write records (a confused deputy).
+	srv := rpc.NewServer(c.cfg.NC, c.cfg.RequestsInFlightMax, c.log).WithReplyPolicy(rpc.ReplyPolicy{
+		UserOf:  func(subject string) string { user, _, _ := c.subj.CallerOf(subject); return user },
+		Refused: func(_, reason string) { c.cfg.Metrics.ReplyRefused("coordinator", reason) },
+	})
 	stopServing := func() {
 		sctx, cancel := context.WithTimeout(context.Background(), c.cfg.StopGrace)
 		defer cancel()

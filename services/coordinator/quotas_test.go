@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/store"
@@ -20,10 +21,17 @@ import (
 )
 
 // userClient calls the coordinator as NATS user (on its own subjects
-// brood.v1.user.<user>.<endpoint>; the test server has no permissions).
+// brood.v1.user.<user>.<endpoint>, with its own inbox prefix
+// _INBOX.<user>, the only one the coordinator answers there; the test
+// server has no permissions).
 func userClient(t *testing.T, s *stack.Stack, user string) *client.Client {
 	t.Helper()
-	cl, err := client.New(s.NC, client.Options{User: user})
+	nc, err := nats.Connect(s.URL, nats.CustomInboxPrefix(protocol.UserInboxPrefix(user)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	cl, err := client.New(nc, client.Options{User: user})
 	if err != nil {
 		t.Fatal(err)
 	}
