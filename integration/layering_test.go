@@ -32,8 +32,10 @@ func TestLayering(t *testing.T) {
 		{"internal/testutil", false, []string{"services/", "internal/worker"}},
 		{"pkg/client", false, []string{"internal/", "services/"}},
 		// Settlement, ownership, leases and heartbeats are store operations:
-		// the coordinator builds on no worker host.
-		{"services/coordinator", false, []string{"internal/worker"}},
+		// the coordinator builds on no worker host; the checks of a start's
+		// options (tool filter, persona, output schema) are pkg/protocol's,
+		// so it builds on no agent runtime either (issue 30, item 1).
+		{"services/coordinator", false, []string{"internal/worker", "internal/agent"}},
 	} {
 		args := []string{"list", "-deps"}
 		if tc.test {

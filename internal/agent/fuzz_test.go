@@ -35,7 +35,7 @@ var schemaAllocBound = fuzzcheck.Bound{Base: 256 << 10, PerByte: 16 << 10}
 // JSON) and holds CheckOutputSchema and the structured_output tool built
 // from its answer to their contracts:
 //   - a refusal is one UNSUPPORTED_SCHEMA *protocol.Error listing 1 to
-//     schemaViolationsMax violations (plus a count of the rest), each
+//     protocol.OutputSchemaViolationsMax violations (plus a count of the rest), each
 //     "<JSON pointer or (root)>: <problem>";
 //   - an accepted schema's canonical text is compact JSON with sorted keys
 //     and no HTML escaping, checks again to itself, and builds the
@@ -60,7 +60,7 @@ func FuzzCheckOutputSchema(f *testing.F) {
 		var canonical string
 		var err error
 		fuzzcheck.AllocWithin(t, "CheckOutputSchema", schemaAllocBound.Of(len(schema)), func() {
-			canonical, err = CheckOutputSchema(v)
+			canonical, err = protocol.CheckOutputSchema(v)
 		})
 		if err != nil {
 			checkSchemaRefusal(t, err)
@@ -76,7 +76,7 @@ func FuzzCheckOutputSchema(f *testing.F) {
 			if err := protocol.UnmarshalRequest(protocol.Msgpack, mp, &back); err != nil {
 				t.Fatalf("its MessagePack form is refused: %v", err)
 			}
-			if c2, err := CheckOutputSchema(back); err != nil || c2 != canonical {
+			if c2, err := protocol.CheckOutputSchema(back); err != nil || c2 != canonical {
 				t.Fatalf("its MessagePack form checks to %q, %v; JSON gave %q", c2, err, canonical)
 			}
 		}
@@ -98,12 +98,12 @@ func checkSchemaRefusal(t *testing.T, err error) {
 		t.Fatalf("refusal %v is not UNSUPPORTED_SCHEMA", err)
 	}
 	vs, ok := pe.Details["violations"].([]string)
-	if !ok || len(vs) == 0 || len(vs) > schemaViolationsMax+1 {
-		t.Fatalf("violations %#v: want 1 to %d", pe.Details["violations"], schemaViolationsMax+1)
+	if !ok || len(vs) == 0 || len(vs) > protocol.OutputSchemaViolationsMax+1 {
+		t.Fatalf("violations %#v: want 1 to %d", pe.Details["violations"], protocol.OutputSchemaViolationsMax+1)
 	}
 	for i, v := range vs {
 		path, problem, ok := strings.Cut(v, ": ")
-		if i == schemaViolationsMax && strings.HasPrefix(v, "and ") {
+		if i == protocol.OutputSchemaViolationsMax && strings.HasPrefix(v, "and ") {
 			continue
 		}
 		if !ok || problem == "" || (path != "(root)" && !strings.HasPrefix(path, "/")) {
@@ -119,7 +119,7 @@ func checkCanonical(t *testing.T, canonical string) {
 	if err != nil {
 		t.Fatalf("canonical text %q is not JSON: %v", canonical, err)
 	}
-	again, err := CheckOutputSchema(doc)
+	again, err := protocol.CheckOutputSchema(doc)
 	if err != nil || again != canonical {
 		t.Fatalf("canonical text %q checks to %q, %v", canonical, again, err)
 	}
@@ -157,17 +157,16 @@ func checkCapture(t *testing.T, tool *Tool, canonical, args string) {
 	if again.IsError || again.Structured != res.Structured {
 		t.Fatalf("captured %q captures again as %+v", res.Structured, again)
 	}
-	doc, _ := jsonschema.UnmarshalJSON(strings.NewReader(canonical))
-	sch, err := compileSchema(canonical)
-	if err != nil || doc == nil {
+	sch, err := protocol.ParseOutputSchema(canonical)
+	if err != nil {
 		t.Fatalf("compile %q: %v", canonical, err)
 	}
 	value, err := jsonschema.UnmarshalJSON(strings.NewReader(res.Structured))
 	if err != nil {
 		t.Fatalf("captured %q is not JSON: %v", res.Structured, err)
 	}
-	if err := sch.Validate(value); err != nil {
-		t.Fatalf("captured %q does not validate against %s: %v", res.Structured, canonical, err)
+	if problems := sch.Validate(value); len(problems) > 0 {
+		t.Fatalf("captured %q does not validate against %s: %v", res.Structured, canonical, problems)
 	}
 }
 

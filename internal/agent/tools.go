@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
-	"strings"
 
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -109,40 +107,11 @@ func (r *Registry) Specs() []model.ToolSpec {
 	return out
 }
 
-// ValidateFilter checks a tool filter against the global tool names known:
-// at least one of allow/deny, every name known (upstream-behaviour §1.7). The
-// error is INVALID_TOOL_FILTER listing the known tools.
-func ValidateFilter(f protocol.ToolFilter, known []string) error {
-	if f.Allow == nil && f.Deny == nil {
-		return protocol.NewError(protocol.CodeInvalidToolFilter, map[string]any{
-			"reason": "a tool filter must name at least one of allow or deny ({} restricts nothing)"})
-	}
-	set := map[string]bool{}
-	for _, k := range known {
-		set[k] = true
-	}
-	var unknown []string
-	for _, n := range append(append([]string{}, f.Allow...), f.Deny...) {
-		if !set[n] {
-			unknown = append(unknown, n)
-		}
-	}
-	if len(unknown) > 0 {
-		sorted := append([]string{}, known...)
-		sort.Strings(sorted)
-		return protocol.NewError(protocol.CodeInvalidToolFilter, map[string]any{
-			"reason":  fmt.Sprintf("unknown tool(s) %s; known global tools: %s", strings.Join(unknown, ", "), strings.Join(sorted, ", ")),
-			"unknown": unknown,
-		})
-	}
-	return nil
-}
-
 // Restrict returns the registry with f applied to its global tools: allow
 // first, then deny. Removed tools vanish from the prompt and are refused as
 // unknown when called anyway.
 func (r *Registry) Restrict(f protocol.ToolFilter) (*Registry, error) {
-	if err := ValidateFilter(f, r.Names()); err != nil {
+	if err := protocol.ValidateToolFilter(f, r.Names()); err != nil {
 		return nil, err
 	}
 	keep := func(name string) bool {
@@ -215,8 +184,7 @@ func (r *Registry) Ceiling(c *protocol.ToolFilter) *Registry {
 	}
 	out := &Registry{local: r.local}
 	for _, t := range r.tools {
-		allowed := r.local[t.Name] || ((c.Allow == nil || contains(c.Allow, t.Name)) && !contains(c.Deny, t.Name))
-		if allowed {
+		if r.local[t.Name] || c.Allows(t.Name) {
 			out.tools = append(out.tools, t)
 		}
 	}

@@ -137,7 +137,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if err := agent.ValidatePersona(cfg.Persona); err != nil {
+	if err := protocol.ValidatePersona(cfg.Persona); err != nil {
 		return nil, err
 	}
 	return &Service{cfg: cfg, log: cfg.Logger, sessions: map[string]*session{}}, nil

@@ -47,7 +47,7 @@ func (s *Service) build(root *client.Root, h protocol.SessionHeader, events []pr
 	}
 	var allowed []*agent.Tool
 	for _, t := range tools {
-		if ceilingAllows(h.ToolCeiling, t.Name) {
+		if h.ToolCeiling.Allows(t.Name) {
 			allowed = append(allowed, t)
 		}
 	}
@@ -73,17 +73,6 @@ func (s *Service) build(root *client.Root, h protocol.SessionHeader, events []pr
 		return nil, acp.NewInternalError(map[string]any{"error": err.Error()})
 	}
 	return ss, nil
-}
-
-// ceilingAllows reports whether a tool ceiling (DESIGN.md §7) lets name through.
-func ceilingAllows(c *protocol.ToolFilter, name string) bool {
-	if c == nil {
-		return true
-	}
-	if c.Allow != nil && !contains(c.Allow, name) {
-		return false
-	}
-	return !contains(c.Deny, name)
 }
 
 func contains(list []string, s string) bool {

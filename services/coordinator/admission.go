@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -107,7 +106,7 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 		a.options.ToolFilter = o.ToolFilter
 	}
 	if o.Persona != nil {
-		if err := agent.ValidatePersona(*o.Persona); err != nil {
+		if err := protocol.ValidatePersona(*o.Persona); err != nil {
 			return a, err
 		}
 		a.options.Persona = o.Persona
@@ -123,7 +122,7 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 // (upstream-behaviour §1.6; UNSUPPORTED_SCHEMA lists every offending path)
 // and returns its canonical JSON text.
 func (c *Coordinator) checkSchema(schema any) (string, error) {
-	return agent.CheckOutputSchema(schema)
+	return protocol.CheckOutputSchema(schema)
 }
 
 func (c *Coordinator) checkPrompt(prompt []protocol.ContentBlock) error {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -116,17 +115,6 @@ func resolveDepth(parent protocol.SessionHeader, maxDepth *int64) (int64, *int64
 	return child, cap, nil
 }
 
-// ceilingAllows reports whether a tool ceiling lets name through.
-func ceilingAllows(c *protocol.ToolFilter, name string) bool {
-	if c == nil {
-		return true
-	}
-	if c.Allow != nil && !contains(c.Allow, name) {
-		return false
-	}
-	return !contains(c.Deny, name)
-}
-
 // intersectCeiling narrows a parent's ceiling by a child's filter: a tool is
 // allowed below only if every ancestor allowed it (DESIGN.md §10).
 func intersectCeiling(parent *protocol.ToolFilter, f *protocol.ToolFilter) *protocol.ToolFilter {
@@ -158,11 +146,11 @@ func intersectCeiling(parent *protocol.ToolFilter, f *protocol.ToolFilter) *prot
 // checkToolFilter validates a filter against the provider's tools and the
 // parent's ceiling: a tool the parent may not use cannot be allowed below it.
 func checkToolFilter(d protocol.ProviderDescriptor, ceiling *protocol.ToolFilter, f protocol.ToolFilter) error {
-	if err := agent.ValidateFilter(f, d.Tools); err != nil {
+	if err := protocol.ValidateToolFilter(f, d.Tools); err != nil {
 		return err
 	}
 	for _, a := range f.Allow {
-		if !ceilingAllows(ceiling, a) {
+		if !ceiling.Allows(a) {
 			return protocol.NewError(protocol.CodeInvalidToolFilter, map[string]any{
 				"reason": fmt.Sprintf("tool %s is outside the parent's tool ceiling; a child never gets a tool an ancestor was denied", a)})
 		}
