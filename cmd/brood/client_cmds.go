@@ -182,16 +182,22 @@ func splitList(s string) []string {
 
 func runCmd(g *globals) *cobra.Command {
 	var f childFlags
+	var ps promptSource
 	cmd := &cobra.Command{
-		Use:   "run --provider NAME [flags] PROMPT",
+		Use:   "run --provider NAME [flags] (PROMPT | - | --prompt-file FILE)",
 		Short: "Run a one-shot child from a root opened in the current directory; prints its output",
 		Long: "Opens a root agent in the current directory, starts a one-shot child on the provider, waits for\n" +
 			"its result and prints the output on stdout (--json: runId, childId and the whole result). The\n" +
 			"child's id goes to stderr as soon as it started, for `brood log CHILD` in another terminal.\n" +
-			"Exits 0 only when the stop reason is completed. Ctrl-C disposes the child.",
-		Args: cobra.MinimumNArgs(1),
+			"Exits 0 only when the stop reason is completed. Ctrl-C disposes the child.\n" +
+			"The prompt is the words after the flags, or read from stdin (\"-\") or --prompt-file; it must be UTF-8.",
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			opts, err := f.startOptions(cmd)
+			if err != nil {
+				return err
+			}
+			prompt, err := ps.read(cmd, args, "prompt")
 			if err != nil {
 				return err
 			}
@@ -200,10 +206,11 @@ func runCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer done()
-			return runOnce(s, f, opts, strings.Join(args, " "))
+			return runOnce(s, f, opts, prompt)
 		},
 	}
 	f.register(cmd, true)
+	ps.register(cmd, "prompt")
 	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print runId, childId and the whole result as JSON")
 	progressFlag(cmd, &f.progress)
 	clientFlags(cmd, g)

@@ -56,21 +56,26 @@ func withUser(g *globals, fn func(ctx context.Context, s *session, auth protocol
 
 func startCmd(g *globals) *cobra.Command {
 	var f childFlags
+	var ps promptSource
 	var label, childID string
 	cmd := &cobra.Command{
-		Use:   "start --provider NAME [--label L] [flags] PROMPT",
+		Use:   "start --provider NAME [--label L] [flags] (PROMPT | - | --prompt-file FILE)",
 		Short: "Start a continuable (background) child from a root opened in the current directory; prints childId",
 		Long: "Starts a continuable child and returns at once: the child works in the background, its session\n" +
 			"outlives the command, and `brood followup CHILD MESSAGE` sends it more turns later, even after\n" +
 			"every process restarted. `brood state CHILD` and `brood result CHILD` tell how it is doing and\n" +
-			"what it answered. The root opened for the start is closed when the command ends; the child lives on.",
-		Args: cobra.MinimumNArgs(1),
+			"what it answered. The root opened for the start is closed when the command ends; the child lives on.\n" +
+			"The prompt is the words after the flags, or read from stdin (\"-\") or --prompt-file; it must be UTF-8.",
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			o, err := f.startOptions(cmd)
 			if err != nil {
 				return err
 			}
-			prompt := strings.Join(args, " ")
+			prompt, err := ps.read(cmd, args, "prompt")
+			if err != nil {
+				return err
+			}
 			if label == "" {
 				label = firstWords(prompt, 5)
 			}
@@ -96,6 +101,7 @@ func startCmd(g *globals) *cobra.Command {
 		},
 	}
 	f.register(cmd, false)
+	ps.register(cmd, "prompt")
 	cmd.Flags().StringVar(&label, "label", "", "a short label for the child (default: the prompt's first words)")
 	cmd.Flags().StringVar(&childID, "child-id", "", "reserve this child id (^[A-Za-z0-9_-]{1,64}$; an id ever used is DUPLICATE_CHILD)")
 	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print JSON")
@@ -114,20 +120,26 @@ func firstWords(s string, n int) string {
 func followupCmd(g *globals) *cobra.Command {
 	var key, progressMode string
 	var asJSON, wait bool
+	var ps promptSource
 	cmd := &cobra.Command{
-		Use:   "followup CHILD MESSAGE [--wait]",
+		Use:   "followup CHILD (MESSAGE | - | --prompt-file FILE) [--wait]",
 		Short: "Send a continuable child its next turn, as the user (with a user grant); prints messageId (--wait: the turn's answer)",
 		Long: "Queues MESSAGE as the child's next turn. A child with no live activation is resumed on a live\n" +
 			"host of its provider. While a drain holds admission closed the message is accepted and waits\n" +
 			"(it runs once `brood drain --lift` reopens admission); the answer says so.\n" +
 			"--wait waits for the turn that runs MESSAGE and prints its answer, as `brood result` would (the\n" +
 			"messageId goes to stderr); on a terminal it shows the turn's tool calls and descendants meanwhile.\n" +
-			"It exits 1 with the code first on stderr when that turn did not complete.",
-		Args: cobra.MinimumNArgs(2),
+			"It exits 1 with the code first on stderr when that turn did not complete.\n" +
+			"MESSAGE is the words after CHILD, or read from stdin (\"-\") or --prompt-file; it must be UTF-8.",
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			msg, err := ps.read(cmd, args[1:], "message")
+			if err != nil {
+				return err
+			}
 			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
 				req := protocol.FollowupRequest{
-					ChildID: args[0], Authority: auth, Message: protocol.Text(strings.Join(args[1:], " ")), IdempotencyKey: key,
+					ChildID: args[0], Authority: auth, Message: protocol.Text(msg), IdempotencyKey: key,
 				}
 				if wait {
 					return followupWait(ctx, s, req, progressMode, asJSON)
@@ -150,6 +162,7 @@ func followupCmd(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&key, "idempotency-key", "", "a retry with the same key within 2 minutes is accepted once")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON (--wait: {childId, state, turn, stopReason, output})")
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the turn that runs the message and print its answer")
+	ps.register(cmd, "message")
 	progressFlag(cmd, &progressMode)
 	clientFlags(cmd, g)
 	userFlags(cmd, g)

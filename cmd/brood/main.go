@@ -128,9 +128,17 @@ func main() {
 // stderr (DESIGN.md §9); a verb's own status (brood run: 1 when the stop
 // reason is not completed).
 func execute(args []string, stdout, stderr io.Writer) int {
+	return executeIn(args, nil, stdout, stderr)
+}
+
+// executeIn is execute with stdin read from in (nil: the process's stdin).
+func executeIn(args []string, in io.Reader, stdout, stderr io.Writer) int {
 	g := &globals{out: stdout, errOut: stderr, ctx: context.Background()}
 	root := newRoot(g)
 	root.SetArgs(args)
+	if in != nil {
+		root.SetIn(in)
+	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	cmd, err := root.ExecuteC()

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -125,11 +126,18 @@ func (c *Coordinator) checkSchema(schema any) (string, error) {
 	return protocol.CheckOutputSchema(schema)
 }
 
+// checkPrompt checks a prompt, followup message or report: text blocks only,
+// each UTF-8 (docs/protocol.md §5 and §10; raw bytes from a msgpack client are
+// refused here, for every client: issue 37, item 4), not empty, at most
+// PromptBytesMax bytes in all.
 func (c *Coordinator) checkPrompt(prompt []protocol.ContentBlock) error {
 	size := 0
-	for _, b := range prompt {
+	for i, b := range prompt {
 		if b.Type != protocol.BlockText {
 			return protocol.Errorf(protocol.CodeInvalidArgument, "prompt block type %q is not supported; use text blocks", b.Type)
+		}
+		if !utf8.ValidString(b.Text) {
+			return protocol.Errorf(protocol.CodeInvalidArgument, "prompt block %d is not UTF-8 text", i)
 		}
 		size += len(b.Text)
 	}

@@ -481,3 +481,59 @@ func TestStartInputsAtTheirLimits(t *testing.T) {
 		})
 	}
 }
+
+// TestTextThatIsNotUTF8IsRefusedOnEveryDoor: a prompt, a followup message
+// and a report must be UTF-8 text (one check, checkPrompt); raw bytes (a
+// msgpack client can send any) are INVALID_ARGUMENT on runs.start,
+// continuable.start and continuable.followup, while the same text in
+// valid UTF-8 (several-byte characters, an encoded U+FFFD) is accepted
+// (issue 37, item 4).
+func TestTextThatIsNotUTF8IsRefusedOnEveryDoor(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	s.WaitProvider("spawn")
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	idle, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "idle", Prompt: protocol.Text("say hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	doors := []struct {
+		name string
+		send func(text string) error
+	}{
+		{"runs.start", func(text string) error {
+			var reply protocol.RunStartReply
+			return s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text(text)}, &reply)
+		}},
+		{"continuable.start", func(text string) error {
+			_, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "utf8", Prompt: protocol.Text(text)})
+			return err
+		}},
+		{"continuable.followup", func(text string) error {
+			_, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: idle.ChildID, Authority: root.Authority(), Message: protocol.Text(text)})
+			return err
+		}},
+	}
+	texts := []struct {
+		name string
+		text string
+		want protocol.Code
+	}{
+		{"a lone 0xff byte", "say a\xffb", protocol.CodeInvalidArgument},
+		{"a cut three-byte character", "say \xe2\x82", protocol.CodeInvalidArgument},
+		{"an encoded surrogate", "say \xed\xa0\x80", protocol.CodeInvalidArgument},
+		{"several-byte characters and U+FFFD", "say é€😀\uFFFD", ""},
+	}
+	for _, d := range doors {
+		for _, tt := range texts {
+			t.Run(d.name+"/"+tt.name, func(t *testing.T) {
+				if err := d.send(tt.text); protocol.CodeOf(err) != tt.want {
+					t.Fatalf("%s: %v, want %q", d.name, err, tt.want)
+				}
+			})
+		}
+	}
+}
