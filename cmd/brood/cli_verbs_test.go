@@ -102,7 +102,7 @@ func TestRunVerb(t *testing.T) {
 	}
 
 	o = c.run("run", "--provider", "spawn", "fail boom")
-	if o.code != 1 || !idLine.MatchString(o.err) || !strings.Contains(o.err, "ERROR: run ") || !strings.Contains(o.err, "stopReason error") || !strings.Contains(o.err, "boom") {
+	if o.code != 1 || !idLine.MatchString(o.err) || !strings.Contains(o.err, "\nMODEL_ERROR: run ") || !strings.Contains(o.err, "stopReason error") || !strings.Contains(o.err, "boom") {
 		t.Fatalf("a failing child: exit %d stderr %q", o.code, o.err)
 	}
 	o = c.fails("NO_PROVIDER", "run", "--provider", "nope", "x")
@@ -124,7 +124,7 @@ func TestRunVerb(t *testing.T) {
 		t.Fatalf("a refused structured value: exit %d stderr %q", o.code, o.err)
 	}
 	o = c.run("run", "--provider", "spawn", "--schema", schema, "say no json")
-	if o.code != 1 || !strings.Contains(o.err, "it never called structured_output") {
+	if o.code != 1 || !strings.Contains(o.err, "TASK_FAILED: run ") || !strings.Contains(o.err, "it never called structured_output") {
 		t.Fatalf("no structured value: exit %d stderr %q", o.code, o.err)
 	}
 }

@@ -1,10 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // TestNATSUserComesFromTheEnvironment: a process's NATS user and password
@@ -52,5 +58,39 @@ func TestRedactURLHidesPasswords(t *testing.T) {
 	got := redactURL("nats://client:secret1@127.0.0.1:4222,nats://127.0.0.1:4223")
 	if strings.Contains(got, "secret1") || !strings.Contains(got, "127.0.0.1:4223") {
 		t.Fatalf("redactURL = %q", got)
+	}
+}
+
+// TestAWrongNATSPasswordIsAuthenticationFailed: a client verb whose NATS
+// password the server refuses exits with AUTHENTICATION_FAILED (not
+// retryable), never UNAVAILABLE's "retry later", and does not print the
+// password; with the right password the same verb gets past the dial (here
+// UNAVAILABLE: no coordinator runs) (issue 37, item 2).
+func TestAWrongNATSPasswordIsAuthenticationFailed(t *testing.T) {
+	s := testutil.ServerWithUsers(t, []*server.User{{Username: "client", Password: "right-pw"}})
+	addr := strings.TrimPrefix(s.ClientURL(), "nats://")
+	for _, tc := range []struct {
+		name, password string
+		want           protocol.Code
+	}{
+		{"a wrong password", "wrong-pw", protocol.CodeAuthenticationFailed},
+		{"the right password", "right-pw", protocol.CodeUnavailable},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(envNATSUser, "client")
+			t.Setenv(envNATSPassword, tc.password)
+			t.Setenv(envNATSPasswordFile, "")
+			var out, errb bytes.Buffer
+			code := execute([]string{"providers", "--nats", "nats://" + addr, "--timeout", "2s"}, &out, &errb)
+			if code != 1 || !strings.HasPrefix(errb.String(), string(tc.want)+": ") {
+				t.Fatalf("exit %d, stderr %q; want exit 1 and %s first", code, errb.String(), tc.want)
+			}
+			if strings.Contains(errb.String(), tc.password) {
+				t.Fatalf("stderr shows the password: %q", errb.String())
+			}
+			if tc.want.Retryable() != (tc.want == protocol.CodeUnavailable) {
+				t.Fatalf("%s retryable %v", tc.want, tc.want.Retryable())
+			}
+		})
 	}
 }

@@ -378,9 +378,20 @@ func connectWith(url, name string, reconnect bool, extra ...nats.Option) (*nats.
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "connect to NATS at %s: %w", redactURL(url), err)
+		return nil, connectError(url, err)
 	}
 	return nc, nil
+}
+
+// connectError is the catalogue error of a failed NATS dial: refused
+// credentials are AUTHENTICATION_FAILED (retrying with them cannot help,
+// issue 37, item 2); anything else (no server, a timeout) UNAVAILABLE.
+func connectError(url string, err error) *protocol.Error {
+	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) ||
+		strings.Contains(strings.ToLower(err.Error()), "authorization violation") {
+		return protocol.Errorf(protocol.CodeAuthenticationFailed, "connect to NATS at %s: %w", redactURL(url), err)
+	}
+	return protocol.Errorf(protocol.CodeUnavailable, "connect to NATS at %s: %w", redactURL(url), err)
 }
 
 // redactURL hides the passwords of a comma-separated NATS URL list.

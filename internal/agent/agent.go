@@ -272,7 +272,7 @@ func (a *Agent) OpenTurn(ctx context.Context, in Input) (Outcome, bool) {
 	b.add(a, protocol.EvUserMessage, protocol.UserMessageData{ID: id, Turn: turn, Content: content, Source: in.Source})
 	b.evs = append(b.evs, in.Extra...)
 	if b.err != nil {
-		return Outcome{Turn: turn, Reason: errReason(b.err.Error()), Err: b.err}, false
+		return Outcome{Turn: turn, Reason: errReason(protocol.CodeInternal, b.err.Error()), Err: b.err}, false
 	}
 	if out, ok := a.append(ctx, turn, b.evs); !ok {
 		return out, false
@@ -325,7 +325,7 @@ func (a *Agent) RunSteps(ctx context.Context) Outcome {
 	defer cancel()
 	for step := int64(1); ; step++ {
 		if step > int64(a.limits.StepsPerTurnMax) {
-			return a.end(ctx, turn, nil, errReason(fmt.Sprintf("the turn reached its limit of %d steps", a.limits.StepsPerTurnMax)))
+			return a.end(ctx, turn, nil, errReason(protocol.CodeLimitExceeded, fmt.Sprintf("the turn reached its limit of %d steps", a.limits.StepsPerTurnMax)))
 		}
 		out, done := a.runStep(ctx, turn, step)
 		if done {
@@ -346,7 +346,7 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	history, err := a.index.Messages()
 	a.mu.Unlock()
 	if err != nil {
-		return a.end(ctx, turn, nil, errReason("the session log cannot be replayed: "+err.Error())), true
+		return a.end(ctx, turn, nil, errReason(protocol.CodeInternal, "the session log cannot be replayed: "+err.Error())), true
 	}
 	req := model.Request{System: a.cfg.System, Messages: history, Tools: a.cfg.Tools.Specs()}
 	var partial strings.Builder
@@ -377,7 +377,7 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 		b.add(a, protocol.EvToolCall, d)
 	}
 	if b.err != nil {
-		return a.end(ctx, turn, nil, errReason(b.err.Error())), true
+		return a.end(ctx, turn, nil, errReason(protocol.CodeInternal, b.err.Error())), true
 	}
 	if out, ok := a.append(ctx, turn, b.evs); !ok {
 		return out, true
@@ -422,7 +422,7 @@ func (a *Agent) endModelFailed(ctx context.Context, turn, step int64, b *eventBu
 	if errors.As(merr, &me) {
 		diag = me.Diagnostic
 	}
-	return a.end(ctx, turn, b, errReason(diag))
+	return a.end(ctx, turn, b, errReason(protocol.CodeModelError, diag))
 }
 
 // answerEnds reports whether a model answer ends the turn, and how: cut at
@@ -437,7 +437,7 @@ func (a *Agent) answerEnds(finish model.Finish, msg protocol.AssistantMessage) (
 	case len(msg.ToolCalls) == 0:
 		return protocol.TurnEndReason{Kind: protocol.TurnCompleted}, true
 	case len(msg.ToolCalls) > a.limits.ToolCallsPerStepMax:
-		return errReason(fmt.Sprintf("the model asked for %d tool calls in one step; the limit is %d", len(msg.ToolCalls), a.limits.ToolCallsPerStepMax)), true
+		return errReason(protocol.CodeLimitExceeded, fmt.Sprintf("the model asked for %d tool calls in one step; the limit is %d", len(msg.ToolCalls), a.limits.ToolCallsPerStepMax)), true
 	}
 	return protocol.TurnEndReason{}, false
 }
@@ -466,7 +466,7 @@ func (a *Agent) runStepTools(ctx context.Context, turn, step int64, calls []prot
 		return a.end(ctx, turn, &rb, protocol.TurnEndReason{Kind: protocol.TurnCompleted}), true
 	}
 	if rb.err != nil {
-		return a.end(ctx, turn, nil, errReason(rb.err.Error())), true
+		return a.end(ctx, turn, nil, errReason(protocol.CodeInternal, rb.err.Error())), true
 	}
 	if out, ok := a.append(ctx, turn, rb.evs); !ok {
 		return out, true
@@ -603,7 +603,7 @@ func (a *Agent) endCancelled(ctx context.Context, turn int64, b *eventBuf) Outco
 		return Outcome{Turn: turn, Fenced: true, Reason: protocol.TurnEndReason{Kind: protocol.TurnInterrupted}}
 	}
 	if errors.Is(cause, errTurnTimeout) {
-		return a.end(ctx, turn, b, errReason(fmt.Sprintf("the turn exceeded its %s limit", a.limits.TurnTimeout)))
+		return a.end(ctx, turn, b, errReason(protocol.CodeLimitExceeded, fmt.Sprintf("the turn exceeded its %s limit", a.limits.TurnTimeout)))
 	}
 	reason := protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: protocol.CauseDisposed}
 	var c *Cancel
@@ -642,7 +642,7 @@ func (a *Agent) append(ctx context.Context, turn int64, evs []protocol.SessionEv
 			return Outcome{Turn: turn, Fenced: true}, false
 		}
 		a.log.Error("session log append failed", "turn", turn, "err", err)
-		return Outcome{Turn: turn, Reason: errReason("the session log did not accept an append: " + err.Error()), Err: err}, false
+		return Outcome{Turn: turn, Reason: errReason(protocol.CodeDurabilityFailed, "the session log did not accept an append: "+err.Error()), Err: err}, false
 	}
 	return Outcome{}, true
 }
@@ -670,8 +670,11 @@ func (a *Agent) appendSplit(ctx context.Context, evs []protocol.SessionEvent) er
 	return nil
 }
 
-func errReason(diag string) protocol.TurnEndReason {
-	return protocol.TurnEndReason{Kind: protocol.TurnError, Error: protocol.TruncateDiagnostic(diag)}
+// errReason is an error turn end with the catalogue code that tells its
+// class (MODEL_ERROR, LIMIT_EXCEEDED, DURABILITY_FAILED, INTERNAL:
+// docs/protocol.md §8.4) and its diagnostic.
+func errReason(code protocol.Code, diag string) protocol.TurnEndReason {
+	return protocol.TurnEndReason{Kind: protocol.TurnError, Code: code, Error: protocol.TruncateDiagnostic(diag)}
 }
 
 // eventBuf collects a record's events, keeping the first encoding error.

@@ -131,11 +131,14 @@ func OneShotOutcome(events []protocol.SessionEvent, ownerCancelled, structuredRe
 		if end.Reason.Error != "" {
 			res.Diagnostic = protocol.TruncateDiagnostic(end.Reason.Error)
 		}
+		if res.StopReason == protocol.StopError {
+			res.ErrorCode = end.Reason.Code
+		}
 	} else {
 		res.Diagnostic = "the child never finished a turn"
 	}
 	if ownerCancelled && res.StopReason != protocol.StopCompleted {
-		res.StopReason = protocol.StopAborted
+		res.StopReason, res.ErrorCode = protocol.StopAborted, ""
 	}
 	if structuredRequested {
 		s, captured := CapturedStructured(events)
@@ -143,7 +146,7 @@ func OneShotOutcome(events []protocol.SessionEvent, ownerCancelled, structuredRe
 		case captured:
 			res.Structured = s
 		case res.StopReason == protocol.StopCompleted:
-			res.StopReason = protocol.StopError
+			res.StopReason, res.ErrorCode = protocol.StopError, protocol.CodeTaskFailed
 			res.Diagnostic = protocol.TruncateDiagnostic("the child finished without a valid structured_output capture: " + structuredRefusal(events))
 		}
 	}
@@ -313,6 +316,7 @@ func EpochOutcome(events []protocol.SessionEvent) protocol.SubagentResult {
 		inTurn, stepped, claimed bool
 		last                     = ""
 		lastErr                  = ""
+		lastCode                 protocol.Code
 		dropped                  bool
 	)
 	for _, ev := range events {
@@ -335,7 +339,7 @@ func EpochOutcome(events []protocol.SessionEvent) protocol.SubagentResult {
 			failed := d.Reason.Kind == protocol.TurnBlocked || d.Reason.Kind == protocol.TurnAborted ||
 				d.Reason.Kind == protocol.TurnInterrupted || d.Reason.Kind == protocol.TurnError
 			if stepped || (claimed && failed) {
-				last, lastErr, dropped = d.Reason.Kind, d.Reason.Error, false
+				last, lastErr, lastCode, dropped = d.Reason.Kind, d.Reason.Error, d.Reason.Code, false
 			}
 			inTurn = false
 		}
@@ -346,7 +350,7 @@ func EpochOutcome(events []protocol.SessionEvent) protocol.SubagentResult {
 	case protocol.TurnAborted, protocol.TurnInterrupted:
 		res.StopReason = protocol.StopAborted
 	case protocol.TurnError:
-		res.StopReason = protocol.StopError
+		res.StopReason, res.ErrorCode = protocol.StopError, lastCode
 		res.Diagnostic = protocol.TruncateDiagnostic(lastErr)
 	case protocol.TurnBlocked:
 		res.StopReason = protocol.StopRefusal
@@ -376,6 +380,9 @@ func TurnResult(sessionID string, turn []protocol.SessionEvent) (protocol.Sessio
 	}
 	reply.Finished, reply.Turn, reply.EndedAt = true, d.Turn, last.Time
 	reply.StopReason = StopReasonOf(d.Reason.Kind)
+	if reply.StopReason == protocol.StopError {
+		reply.ErrorCode = d.Reason.Code
+	}
 	reply.Output = SelectOutput(turn)
 	reply.Diagnostic = d.Reason.Error
 	if reply.Diagnostic == "" && d.Reason.Cause != "" {

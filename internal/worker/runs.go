@@ -328,7 +328,7 @@ func inScope(p Provider, h protocol.SessionHeader) error {
 // balanced (chaos seed 1 of make test: "turn 1 never ended"), with
 // closeOpenTurn, for up to store.SettleBudget.
 func (h *Host) closeLogAfterDurabilityFailure(scope, childID string) {
-	reason := protocol.TurnEndReason{Kind: protocol.TurnError, Error: "the session log did not acknowledge an append (DURABILITY_FAILED)"}
+	reason := protocol.TurnEndReason{Kind: protocol.TurnError, Code: protocol.CodeDurabilityFailed, Error: "the session log did not acknowledge an append (DURABILITY_FAILED)"}
 	if _, closed, err := h.closeOpenTurn(scope, childID, reason, store.SettleBudget); err != nil {
 		h.log.Warn("could not close the turn a durability failure left open", "session", childID, "err", err)
 	} else if closed {

@@ -32,6 +32,8 @@ const DefaultTimeout = 30 * time.Second
 //   - a deadline that passed is UNAVAILABLE (the request may have been
 //     executed), with cause context.DeadlineExceeded or nats.ErrTimeout;
 //   - a cancelled ctx is CANCELLED, with cause context.Canceled;
+//   - a request larger than the server's max_payload is LIMIT_EXCEEDED
+//     (limit "request bytes"), with cause nats.ErrMaxPayload;
 //   - any other transport failure is UNAVAILABLE with that cause.
 //
 // ctx without a deadline gets DefaultTimeout. The request carries the time
@@ -89,6 +91,11 @@ func transportError(subject string, err error) *protocol.Error {
 		return protocol.Errorf(protocol.CodeUnavailable, "no reply from %s in time", subject).WithCause(err)
 	case errors.Is(err, context.Canceled):
 		return protocol.Errorf(protocol.CodeCancelled, "request to %s cancelled", subject).WithCause(err)
+	case errors.Is(err, nats.ErrMaxPayload):
+		// Sending it again cannot help: not UNAVAILABLE (issue 37, item 2).
+		return protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+			"limit": "request bytes", "reason": fmt.Sprintf("the request to %s is larger than the NATS server's max_payload", subject),
+		}).WithCause(err)
 	default:
 		return protocol.Errorf(protocol.CodeUnavailable, "request to %s: %v", subject, err).WithCause(err)
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 // TestProtocolDocCatalogue keeps the error table of docs/protocol.md §2.2
-// equal to Catalogue: every code with its number, message template and hint,
+// equal to Catalogue: every code with its number, retry mark, message template and hint,
 // and no row the code does not have. Clients in other languages are written
 // from that table (clients/typescript checks its own catalogue against it).
 func TestProtocolDocCatalogue(t *testing.T) {
@@ -25,6 +25,7 @@ func TestProtocolDocCatalogue(t *testing.T) {
 	}
 	type row struct {
 		number         int
+		retryable      bool
 		template, hint string
 	}
 	rows := map[protocol.Code]row{}
@@ -34,8 +35,8 @@ func TestProtocolDocCatalogue(t *testing.T) {
 			continue
 		}
 		cells := strings.Split(strings.Trim(line, "|"), " | ")
-		if len(cells) != 6 {
-			t.Fatalf("a catalogue row has %d cells, want 6: %s", len(cells), line)
+		if len(cells) != 7 {
+			t.Fatalf("a catalogue row has %d cells, want 7: %s", len(cells), line)
 		}
 		for i := range cells {
 			cells[i] = strings.TrimSpace(cells[i])
@@ -48,7 +49,10 @@ func TestProtocolDocCatalogue(t *testing.T) {
 		if _, dup := rows[code]; dup {
 			t.Errorf("code %s has two rows", code)
 		}
-		rows[code] = row{number: n, template: strings.TrimSuffix(strings.TrimPrefix(cells[2], "`"), "`"), hint: cells[3]}
+		if cells[2] != "yes" && cells[2] != "no" {
+			t.Fatalf("row %s: retry %q, want yes or no", code, cells[2])
+		}
+		rows[code] = row{number: n, retryable: cells[2] == "yes", template: strings.TrimSuffix(strings.TrimPrefix(cells[3], "`"), "`"), hint: cells[4]}
 		order = append(order, code)
 	}
 	for i, e := range protocol.Catalogue {
@@ -57,8 +61,9 @@ func TestProtocolDocCatalogue(t *testing.T) {
 			t.Errorf("docs/protocol.md §2.2 lacks %s", e.Code)
 			continue
 		}
-		if r.number != e.Number || r.template != e.Template || r.hint != e.Hint {
-			t.Errorf("%s in the document: %d %q %q\nin the code:              %d %q %q", e.Code, r.number, r.template, r.hint, e.Number, e.Template, e.Hint)
+		if r.number != e.Number || r.retryable != e.Retryable || r.template != e.Template || r.hint != e.Hint {
+			t.Errorf("%s in the document: %d retry %v %q %q\nin the code:              %d retry %v %q %q",
+				e.Code, r.number, r.retryable, r.template, r.hint, e.Number, e.Retryable, e.Template, e.Hint)
 		}
 		if i < len(order) && order[i] != e.Code {
 			t.Errorf("row %d is %s, the catalogue's entry %d is %s (keep the order)", i+1, order[i], i+1, e.Code)

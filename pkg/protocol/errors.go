@@ -43,46 +43,65 @@ const (
 	// permissions violation): the role it acts in lacks the right
 	// (docs/security.md). No coordinator answers it.
 	CodePermissionDenied Code = "PERMISSION_DENIED"
+	// CodeModelError is a run's (or turn's) errorCode when the model call
+	// failed: an outage, a refused or malformed model request (issue 37,
+	// item 2). No coordinator answers it to a request.
+	CodeModelError Code = "MODEL_ERROR"
+	// CodeTaskFailed is a run's errorCode when the child's turn ended but
+	// did not do what the start asked of it: a requested outputSchema was
+	// never satisfied.
+	CodeTaskFailed Code = "TASK_FAILED"
+	// CodeAuthenticationFailed is made by a client or service itself when
+	// NATS refused its connection's credentials (a wrong user, password,
+	// token or creds file). No coordinator answers it.
+	CodeAuthenticationFailed Code = "AUTHENTICATION_FAILED"
 )
 
 // CatalogueEntry describes one error code: its stable numeric code (sent in
 // the Nats-Service-Error-Code header) and its message template. Placeholders
 // `{name}` in Template are filled from the error's Details; Hint says what to
-// do about it and is appended to every message.
+// do about it and is appended to every message. Retryable marks a code a
+// client or scheduler may act on by trying again after a pause: the same
+// request (or, as a run's errorCode, the same start) may succeed later
+// (docs/protocol.md §2.3); every other code is an answer.
 type CatalogueEntry struct {
-	Code     Code
-	Number   int
-	Template string
-	Hint     string
+	Code      Code
+	Number    int
+	Retryable bool
+	Template  string
+	Hint      string
 }
 
 // Catalogue lists every error code Brood answers with. Numeric codes are
 // stable and unique; docs/protocol.md reproduces this table.
 var Catalogue = []CatalogueEntry{
-	{CodeInvalidArgument, 1001, "{reason}", "fix the request; it was not acted on"},
-	{CodeNoProvider, 1002, "no provider named \"{provider}\" is registered", "list live providers with `brood providers` or start a worker for it"},
-	{CodeDuplicateProvider, 1003, "provider \"{provider}\" is already registered with a different descriptor", "give this instance the same descriptor as the live instances, or a different provider name"},
-	{CodeUnsupportedCapability, 1004, "provider \"{provider}\" does not support {capability}", "drop the option or choose a provider whose descriptor has the capability"},
-	{CodeUnauthorized, 1005, "not authorized: {reason}", "act as the exact live parent agent (its current credential) or with a user grant"},
-	{CodeDepthExceeded, 1006, "delegation depth {attemptedDepth} exceeds the maximum depth {maxDepth}", "do the work in this agent instead of delegating deeper"},
-	{CodeUnsupportedSchema, 1007, "outputSchema is outside the supported subset: {violations}", "use an object-rooted schema built from type, properties, required, additionalProperties, items, enum, const and oneOf"},
-	{CodeInvalidToolFilter, 1008, "invalid tool filter: {reason}", "name at least one of allow/deny and only tools the provider offers and the parent may use"},
-	{CodeInvalidPersona, 1009, "invalid persona template: {reason}", "use only {{provider}}, {{model}} and {{cwd}} references"},
-	{CodeLimitExceeded, 1010, "{limit} exceeded: {reason}", "send less or split the work; nothing was truncated"},
-	{CodeDraining, 1011, "admission is closed: {reason}", "nothing was created; start it once the drain is lifted, or in a lineage no drain holds"},
-	{CodeDuplicateChild, 1012, "child id \"{childId}\" was already used", "choose a new child id or omit it"},
-	{CodeNotResumable, 1013, "session {childId} cannot be resumed: {reason}", "nothing was delivered"},
-	{CodeDurabilityFailed, 1014, "JetStream did not acknowledge the session's writes: {reason}", "check the JetStream servers; the durable record is reconciled once writes are accepted again"},
-	{CodeActivationClosing, 1015, "the activation is closing: {reason}", "retry once the activation settled"},
-	{CodeParentUnavailable, 1016, "the parent is not available: {reason}", "the parent is no longer live; nothing was delivered"},
-	{CodeActivationTeardownFailed, 1017, "activation teardown failed: {reason}", "see the diagnostic; durable sessions are unaffected"},
-	{CodeCancelled, 1018, "cancelled: {reason}", "the caller cancelled the operation"},
-	{CodeHostLost, 1019, "host {hostId} stopped heartbeating", "the run was settled by a coordinator; start a new run"},
-	{CodeNotFound, 1020, "{what} not found", "check the id"},
-	{CodeUnavailable, 1021, "{reason}", "retry later, or check that the coordinator, the workers and JetStream are running"},
-	{CodeInternal, 1022, "internal error: {reason}", "report this with the logs; the request may not have been completed"},
-	{CodeNotPending, 1023, "run {runId} is no longer waiting to start: {reason}", "another instance started it, or its requester gave up; nothing was done"},
-	{CodePermissionDenied, 1024, "permission denied: {reason}", "connect as a NATS user of the role this needs (docs/security.md lists each role and its rights); nothing was done"},
+	{CodeInvalidArgument, 1001, false, "{reason}", "fix the request; it was not acted on"},
+	{CodeNoProvider, 1002, false, "no provider named \"{provider}\" is registered", "list live providers with `brood providers` or start a worker for it"},
+	{CodeDuplicateProvider, 1003, false, "provider \"{provider}\" is already registered with a different descriptor", "give this instance the same descriptor as the live instances, or a different provider name"},
+	{CodeUnsupportedCapability, 1004, false, "provider \"{provider}\" does not support {capability}", "drop the option or choose a provider whose descriptor has the capability"},
+	{CodeUnauthorized, 1005, false, "not authorized: {reason}", "act as the exact live parent agent (its current credential) or with a user grant"},
+	{CodeDepthExceeded, 1006, false, "delegation depth {attemptedDepth} exceeds the maximum depth {maxDepth}", "do the work in this agent instead of delegating deeper"},
+	{CodeUnsupportedSchema, 1007, false, "outputSchema is outside the supported subset: {violations}", "use an object-rooted schema built from type, properties, required, additionalProperties, items, enum, const and oneOf"},
+	{CodeInvalidToolFilter, 1008, false, "invalid tool filter: {reason}", "name at least one of allow/deny and only tools the provider offers and the parent may use"},
+	{CodeInvalidPersona, 1009, false, "invalid persona template: {reason}", "use only {{provider}}, {{model}} and {{cwd}} references"},
+	{CodeLimitExceeded, 1010, false, "{limit} exceeded: {reason}", "send less or split the work; nothing was truncated"},
+	{CodeDraining, 1011, true, "admission is closed: {reason}", "nothing was created; start it once the drain is lifted, or in a lineage no drain holds"},
+	{CodeDuplicateChild, 1012, false, "child id \"{childId}\" was already used", "choose a new child id or omit it"},
+	{CodeNotResumable, 1013, false, "session {childId} cannot be resumed: {reason}", "nothing was delivered"},
+	{CodeDurabilityFailed, 1014, true, "JetStream did not acknowledge the session's writes: {reason}", "check the JetStream servers; the durable record is reconciled once writes are accepted again"},
+	{CodeActivationClosing, 1015, true, "the activation is closing: {reason}", "retry once the activation settled"},
+	{CodeParentUnavailable, 1016, false, "the parent is not available: {reason}", "the parent is no longer live; nothing was delivered"},
+	{CodeActivationTeardownFailed, 1017, false, "activation teardown failed: {reason}", "see the diagnostic; durable sessions are unaffected"},
+	{CodeCancelled, 1018, false, "cancelled: {reason}", "the caller cancelled the operation"},
+	{CodeHostLost, 1019, true, "host {hostId} stopped heartbeating", "the run was settled by a coordinator; start a new run"},
+	{CodeNotFound, 1020, false, "{what} not found", "check the id"},
+	{CodeUnavailable, 1021, true, "{reason}", "retry later, or check that the coordinator, the workers and JetStream are running"},
+	{CodeInternal, 1022, false, "internal error: {reason}", "report this with the logs; the request may not have been completed"},
+	{CodeNotPending, 1023, false, "run {runId} is no longer waiting to start: {reason}", "another instance started it, or its requester gave up; nothing was done"},
+	{CodePermissionDenied, 1024, false, "permission denied: {reason}", "connect as a NATS user of the role this needs (docs/security.md lists each role and its rights); nothing was done"},
+	{CodeModelError, 1025, true, "the model failed: {reason}", "a model outage or a model request it refused; retry later, and check the worker's model settings if it persists"},
+	{CodeTaskFailed, 1026, false, "the child did not do its task: {reason}", "the run ended without the result its start asked for; change the prompt or the schema before starting it again"},
+	{CodeAuthenticationFailed, 1027, false, "NATS refused the connection's credentials: {reason}", "check the NATS user and password (the URL, BROOD_NATS_USER and BROOD_NATS_PASSWORD); retrying with the same credentials gets the same answer"},
 }
 
 var catalogueByCode = func() map[Code]CatalogueEntry {
@@ -101,6 +120,11 @@ func Lookup(code Code) (CatalogueEntry, bool) {
 
 // Number returns the stable numeric code of code, or 0 when unknown.
 func (c Code) Number() int { return catalogueByCode[c].Number }
+
+// Retryable reports whether the catalogue marks code retryable (false when
+// unknown): trying the same request, or the same start, again after a pause
+// may succeed (docs/protocol.md §2.2, §2.3).
+func (c Code) Retryable() bool { return catalogueByCode[c].Retryable }
 
 // Error is the one error type of the wire contract. On the wire it travels as
 // the body {code, message, details?} plus the micro headers
@@ -255,4 +279,7 @@ var (
 	ErrInternal                 = &Error{Code: CodeInternal}
 	ErrNotPending               = &Error{Code: CodeNotPending}
 	ErrPermissionDenied         = &Error{Code: CodePermissionDenied}
+	ErrModelError               = &Error{Code: CodeModelError}
+	ErrTaskFailed               = &Error{Code: CodeTaskFailed}
+	ErrAuthenticationFailed     = &Error{Code: CodeAuthenticationFailed}
 )

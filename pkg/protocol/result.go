@@ -26,5 +26,6 @@ type SessionResultReply struct {
 	Output     []ContentBlock `msgpack:"output" json:"output"`
 	Structured any            `msgpack:"structured,omitempty" json:"structured,omitempty"`
 	Diagnostic string         `msgpack:"diagnostic,omitempty" json:"diagnostic,omitempty"`
+	ErrorCode  Code           `msgpack:"errorCode,omitempty" json:"errorCode,omitempty"`
 	EndedAt    int64          `msgpack:"endedAt,omitempty" json:"endedAt,omitempty"`
 }

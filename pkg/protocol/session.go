@@ -164,12 +164,15 @@ const (
 	CauseHostLost = "host-lost"
 )
 
-// TurnEndReason is {kind, cause?, error?}: cause for aborted, error (a short
-// diagnostic) for error.
+// TurnEndReason is {kind, cause?, error?, code?}: cause for aborted, error (a
+// short diagnostic) for error, and code, the catalogue code of an error's
+// class (MODEL_ERROR, LIMIT_EXCEEDED, DURABILITY_FAILED, INTERNAL), which a
+// run's result carries as its errorCode (docs/protocol.md §8.4, §8.9).
 type TurnEndReason struct {
 	Kind  string `msgpack:"kind" json:"kind"`
 	Cause string `msgpack:"cause,omitempty" json:"cause,omitempty"`
 	Error string `msgpack:"error,omitempty" json:"error,omitempty"`
+	Code  Code   `msgpack:"code,omitempty" json:"code,omitempty"`
 }
 
 // TurnEndData is the data of turn/end.

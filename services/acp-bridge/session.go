@@ -153,7 +153,7 @@ func (s *Session) OpenTurn(ctx context.Context, in agent.Input) (agent.Outcome, 
 	b.add(protocol.EvUserMessage, protocol.UserMessageData{ID: id, Turn: turn, Content: content, Source: in.Source})
 	b.evs = append(b.evs, in.Extra...)
 	if b.err != nil {
-		return agent.Outcome{Turn: turn, Reason: errReason(b.err.Error()), Err: b.err}, false
+		return agent.Outcome{Turn: turn, Reason: errReason(protocol.CodeInternal, b.err.Error()), Err: b.err}, false
 	}
 	s.logMu.Lock()
 	out, ok := s.append(ctx, turn, b.evs)
@@ -201,7 +201,7 @@ func (s *Session) RunSteps(ctx context.Context) agent.Outcome {
 	t := newTurnState(turn, 1)
 	b.add(protocol.EvStepStart, protocol.StepData{Turn: turn, Step: t.step})
 	if b.err != nil {
-		return agent.Outcome{Turn: turn, Reason: errReason(b.err.Error()), Err: b.err}
+		return agent.Outcome{Turn: turn, Reason: errReason(protocol.CodeInternal, b.err.Error()), Err: b.err}
 	}
 	s.logMu.Lock()
 	out, ok := s.append(ctx, turn, b.evs)
@@ -274,11 +274,14 @@ type ending struct {
 }
 
 func errEnding(format string, args ...any) *ending {
-	return &ending{reason: errReason(fmt.Sprintf(format, args...)), cancelRemote: true, cut: true}
+	return &ending{reason: errReason(protocol.CodeModelError, fmt.Sprintf(format, args...)), cancelRemote: true, cut: true}
 }
 
-func errReason(diag string) protocol.TurnEndReason {
-	return protocol.TurnEndReason{Kind: protocol.TurnError, Error: protocol.TruncateDiagnostic(diag)}
+// errReason is an error turn end with its class's code (docs/protocol.md
+// §8.4): the ACP agent plays the model's part, so its own failures are
+// MODEL_ERROR.
+func errReason(code protocol.Code, diag string) protocol.TurnEndReason {
+	return protocol.TurnEndReason{Kind: protocol.TurnError, Code: code, Error: protocol.TruncateDiagnostic(diag)}
 }
 
 // ctxEnding maps a done turn context to its ending (nil while it runs).
@@ -315,7 +318,7 @@ func (s *Session) attach(ctx context.Context) (protocol.ACPSessionData, *ending)
 	})
 	if err != nil {
 		s.o.Metrics.ACPStartFailed(a.Name)
-		return data, &ending{reason: errReason(fmt.Sprintf("could not start the ACP agent %q: %v", a.Command, err))}
+		return data, &ending{reason: errReason(protocol.CodeModelError, fmt.Sprintf("could not start the ACP agent %q: %v", a.Command, err))}
 	}
 	exited := s.o.Metrics.ACPStarted(a.Name)
 	go func() { <-proc.Exited(); exited() }()
@@ -348,7 +351,7 @@ func (s *Session) attach(ctx context.Context) (protocol.ACPSessionData, *ending)
 	meta := protocol.LineageOfHeader(s.header).Meta()
 	if s.resume != nil {
 		if !data.LoadSession {
-			return data, &ending{reason: errReason(fmt.Sprintf("%s: the ACP agent no longer advertises session/load, so ACP session %s cannot be restored",
+			return data, &ending{reason: errReason(protocol.CodeModelError, fmt.Sprintf("%s: the ACP agent no longer advertises session/load, so ACP session %s cannot be restored",
 				protocol.CodeNotResumable, s.resume.SessionID))}
 		}
 		data.SessionID, data.Loaded = s.resume.SessionID, true
@@ -601,7 +604,7 @@ func (s *Session) promptEnding(res *promptResult) *ending {
 			TurnEnd *protocol.ACPTurnEnd `json:"turnEnd"`
 		}
 		if protocol.ACPMetaOf(res.resp.Meta, &m) && m.TurnEnd != nil && m.TurnEnd.Kind == protocol.TurnError {
-			return &ending{reason: errReason("the ACP agent's turn failed: " + m.TurnEnd.Error)}
+			return &ending{reason: errReason(protocol.CodeModelError, "the ACP agent's turn failed: "+m.TurnEnd.Error)}
 		}
 		return &ending{reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}}
 	case acp.StopReasonMaxTokens:
@@ -611,7 +614,7 @@ func (s *Session) promptEnding(res *promptResult) *ending {
 	case acp.StopReasonCancelled:
 		return &ending{reason: protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: CauseAgent}, cut: true}
 	default:
-		return &ending{reason: errReason(fmt.Sprintf("the ACP agent ended the turn with stop reason %q", r)), cut: true}
+		return &ending{reason: errReason(protocol.CodeModelError, fmt.Sprintf("the ACP agent ended the turn with stop reason %q", r)), cut: true}
 	}
 }
 
@@ -664,7 +667,7 @@ func (s *Session) endTurn(ctx context.Context, t *turnState, turn int64, e endin
 	}
 	b.add(protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: e.reason})
 	if b.err != nil {
-		return agent.Outcome{Turn: turn, Reason: errReason(b.err.Error()), Err: b.err}
+		return agent.Outcome{Turn: turn, Reason: errReason(protocol.CodeInternal, b.err.Error()), Err: b.err}
 	}
 	if out, ok := s.append(ctx, turn, b.evs); !ok {
 		return out
@@ -730,7 +733,7 @@ func (s *Session) append(ctx context.Context, turn int64, evs []protocol.Session
 			return agent.Outcome{Turn: turn, Fenced: true}, false
 		}
 		s.logger.Error("session log append failed", "turn", turn, "err", err)
-		return agent.Outcome{Turn: turn, Reason: errReason("the session log did not accept an append: " + err.Error()), Err: err}, false
+		return agent.Outcome{Turn: turn, Reason: errReason(protocol.CodeDurabilityFailed, "the session log did not accept an append: "+err.Error()), Err: err}, false
 	}
 	return agent.Outcome{}, true
 }
@@ -1141,7 +1144,7 @@ func newTurnState(turn, step int64) *turnState {
 func (t *turnState) add(typ string, data any) {
 	ev, err := protocol.NewEvent(typ, store.NowMs(), data)
 	if err != nil {
-		t.fail(&ending{reason: errReason("encode " + typ + ": " + err.Error()), err: err, cancelRemote: true})
+		t.fail(&ending{reason: errReason(protocol.CodeInternal, "encode "+typ+": "+err.Error()), err: err, cancelRemote: true})
 		return
 	}
 	t.pending = append(t.pending, ev)

@@ -4,8 +4,10 @@
 
 import { decode, encode } from "@msgpack/msgpack";
 import {
+  AuthorizationError,
   createInbox,
   headers,
+  InvalidArgumentError as NatsInvalidArgumentError,
   NoRespondersError,
   nuid,
   RequestError,
@@ -15,7 +17,15 @@ import {
   type Subscription,
 } from "@nats-io/transport-node";
 
-import { brood, fromBody, type BroodError, CancelledError, UnavailableError } from "./errors.js";
+import {
+  AuthenticationFailedError,
+  brood,
+  fromBody,
+  type BroodError,
+  CancelledError,
+  LimitExceededError,
+  UnavailableError,
+} from "./errors.js";
 import { Follow } from "./follow.js";
 import {
   Endpoints,
@@ -133,8 +143,25 @@ export function errorOf(m: Msg): BroodError | undefined {
   return brood(desc.slice(0, i), desc.slice(i + 2));
 }
 
-/** A failed request mapped to the catalogue, keeping the cause (§2.3). */
+/**
+ * A failed request mapped to the catalogue, keeping the cause (§2.3): no
+ * responders and timeouts are UNAVAILABLE (retryable); a request larger than
+ * the server's max_payload is LIMIT_EXCEEDED (limit "request bytes") and a
+ * connection whose credentials NATS refused is AUTHENTICATION_FAILED, since
+ * sending either again cannot help.
+ */
 export function transportError(subject: string, err: unknown): BroodError {
+  if (err instanceof NatsInvalidArgumentError && err.message.includes("max_payload")) {
+    return new LimitExceededError(
+      "LIMIT_EXCEEDED",
+      `request bytes exceeded: the request to ${subject} is larger than the NATS server's max_payload; send less or split the work; nothing was truncated`,
+      { limit: "request bytes", reason: `the request to ${subject} is larger than the NATS server's max_payload` },
+      { cause: err },
+    );
+  }
+  if (err instanceof AuthorizationError) {
+    return new AuthenticationFailedError("AUTHENTICATION_FAILED", `NATS refused the connection's credentials: ${err.message}`, { reason: err.message }, { cause: err });
+  }
   if (err instanceof NoRespondersError || (err instanceof RequestError && err.isNoResponders())) {
     return new UnavailableError("UNAVAILABLE", `nobody serves ${subject}`, undefined, { cause: err });
   }

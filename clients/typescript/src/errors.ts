@@ -32,9 +32,31 @@ export const Catalogue = {
   INTERNAL: 1022,
   NOT_PENDING: 1023,
   PERMISSION_DENIED: 1024,
+  MODEL_ERROR: 1025,
+  TASK_FAILED: 1026,
+  AUTHENTICATION_FAILED: 1027,
 } as const;
 
 export type Code = keyof typeof Catalogue;
+
+/**
+ * The codes the catalogue marks retryable (§2.2 "retry" yes): trying the same
+ * request, or as a run's errorCode the same start, again after a pause may
+ * succeed. Every other code is an answer.
+ */
+export const Retryable: ReadonlySet<Code> = new Set<Code>([
+  "DRAINING",
+  "DURABILITY_FAILED",
+  "ACTIVATION_CLOSING",
+  "HOST_LOST",
+  "UNAVAILABLE",
+  "MODEL_ERROR",
+]);
+
+/** isRetryable reports whether a code (an error's or a result's errorCode) is marked retryable. */
+export function isRetryable(code: string | undefined): boolean {
+  return code !== undefined && Retryable.has(code as Code);
+}
 
 /** The base of every Brood error. */
 export class BroodError extends Error {
@@ -78,6 +100,9 @@ export class UnavailableError extends BroodError {}
 export class InternalError extends BroodError {}
 export class NotPendingError extends BroodError {}
 export class PermissionDeniedError extends BroodError {}
+export class ModelError extends BroodError {}
+export class TaskFailedError extends BroodError {}
+export class AuthenticationFailedError extends BroodError {}
 
 type ErrorClass = new (code: string, message: string, details?: Record<string, unknown>, options?: ErrorOptions) => BroodError;
 
@@ -107,6 +132,9 @@ export const ErrorClasses: Record<Code, ErrorClass> = {
   INTERNAL: InternalError,
   NOT_PENDING: NotPendingError,
   PERMISSION_DENIED: PermissionDeniedError,
+  MODEL_ERROR: ModelError,
+  TASK_FAILED: TaskFailedError,
+  AUTHENTICATION_FAILED: AuthenticationFailedError,
 };
 
 /**

@@ -13,7 +13,10 @@ import {
   CancelledError,
   ErrorClasses,
   InvalidArgumentError,
+  isRetryable,
+  LimitExceededError,
   NoProviderError,
+  Retryable,
   NotFoundError,
   UnauthorizedError,
   UnavailableError,
@@ -336,12 +339,47 @@ describe("the error catalogue", () => {
     const doc = readFileSync(join(repoRoot, "docs/protocol.md"), "utf8");
     const section = doc.slice(doc.indexOf("### 2.2 Catalogue"), doc.indexOf("### 2.3"));
     const table: Record<string, number> = {};
-    for (const m of section.matchAll(/^\| `([A-Z_]+)` \| (\d+) \|/gm)) table[m[1]!] = Number(m[2]);
+    const retry = new Set<string>();
+    for (const m of section.matchAll(/^\| `([A-Z_]+)` \| (\d+) \| (yes|no) \|/gm)) {
+      table[m[1]!] = Number(m[2]);
+      if (m[3] === "yes") retry.add(m[1]!);
+    }
     assert.deepEqual(table, { ...Catalogue });
+    assert.deepEqual([...retry].sort(), [...Retryable].sort(), "the codes marked retry yes in §2.2");
     for (const [code, n] of Object.entries(Catalogue)) {
       const err = new ErrorClasses[code as keyof typeof Catalogue](code, "m");
       assert.equal(err.number, n);
       assert.ok(err instanceof BroodError);
+    }
+  });
+
+  test("a 2 MB request is LIMIT_EXCEEDED (request bytes), not a retryable UNAVAILABLE", async () => {
+    const root = await brood.openRoot({ cwd });
+    try {
+      const prompt = text("x".repeat(2 << 20));
+      await assert.rejects(brood.startRun({ provider: "spawn", parent: root.ref(), prompt }), (err: unknown) => {
+        assert.ok(err instanceof LimitExceededError, `got ${String(err)}`);
+        assert.equal(err.code, "LIMIT_EXCEEDED");
+        assert.equal(err.details.limit, "request bytes");
+        assert.equal(isRetryable(err.code), false);
+        return true;
+      });
+    } finally {
+      await root.close();
+    }
+  });
+
+  test("a run whose model failed ends with errorCode MODEL_ERROR, marked retryable", async () => {
+    const root = await brood.openRoot({ cwd });
+    try {
+      const run = await brood.startRun({ provider: "spawn", parent: root.ref(), prompt: text("fail boom") });
+      const res = await run.result();
+      assert.equal(res.stopReason, "error");
+      assert.equal(res.errorCode, "MODEL_ERROR");
+      assert.equal(res.diagnostic, "boom");
+      assert.equal(isRetryable(res.errorCode), true);
+    } finally {
+      await root.close();
     }
   });
 });
