@@ -142,6 +142,9 @@ func devACPAgents(url, prefix string, mf modelFlags) ([]acpbridge.AgentConfig, e
 	if mf.name != "" {
 		args = append(args, "--model-name", mf.name)
 	}
+	for _, r := range mf.workspaceRoots {
+		args = append(args, "--workspace-root", r)
+	}
 	env := map[string]string{}
 	if mf.kind == "openai" {
 		for _, k := range []string{"DEEPSEEK_API_KEY", "OPENAI_API_KEY", "BROOD_MODEL_BASE_URL", "BROOD_MODEL_NAME"} {
@@ -191,6 +194,7 @@ func acpAgentCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return storeError(nc, "open", err)
 			}
+			mf.warnNoWorkspace(log)
 			svc, err := acpagent.New(acpagent.Config{
 				Client: cl, Store: st, Models: models, In: os.Stdin, Out: os.Stdout, Logger: log,
 				Tools: acpagent.DelegationTools(subagentProvider, mf.workspaceRoots...),

@@ -14,6 +14,7 @@ import (
 	"github.com/oklog/run"
 	"github.com/spf13/cobra"
 
+	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/buildinfo"
 	"github.com/brood-dev/brood/internal/embedded"
 	"github.com/brood-dev/brood/internal/model"
@@ -124,7 +125,16 @@ func (m *modelFlags) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&m.baseURL, "model-base-url", "", "openai adapter: base URL (default $BROOD_MODEL_BASE_URL, else https://api.deepseek.com)")
 	cmd.Flags().StringVar(&m.name, "model-name", "", "openai adapter: model id (default $BROOD_MODEL_NAME, else deepseek-chat)")
 	cmd.Flags().StringSliceVar(&m.workspaceRoots, "workspace-root", nil,
-		"only sessions whose cwd lies in one of these directories may use the workspace tools (repeatable; default: any)")
+		"only sessions whose cwd lies in one of these directories may use the workspace tools (repeatable; {user} stands for the session's user; / allows any; default: none)")
+}
+
+// warnNoWorkspace says at start, once, that the workspace tools refuse
+// every session: no --workspace-root allows no workspace (docs/security.md,
+// "The workspace is fenced").
+func (m *modelFlags) warnNoWorkspace(log *slog.Logger) {
+	if len(m.workspaceRoots) == 0 {
+		log.Warn("no --workspace-root: list_dir and read_file refuse every session; pass e.g. --workspace-root /srv/brood/workspaces/{user}")
+	}
 }
 
 // factory returns the model of new agents. The openai adapter is built once
@@ -391,6 +401,7 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 				return err
 			}
 			defer nc.Close()
+			mf.warnNoWorkspace(log)
 			w, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, met.metrics(), log, desc)
 			if err != nil {
 				return err
@@ -435,6 +446,9 @@ func devCmd(g *globals) *cobra.Command {
 			}
 			if fsync != embedded.FsyncInterval && fsync != embedded.FsyncAlways {
 				return protocol.Errorf(protocol.CodeInvalidArgument, "--fsync %q must be interval or always", fsync)
+			}
+			if !cmd.Flags().Changed("workspace-root") {
+				mf.workspaceRoots = []string{agent.AnyWorkspace}
 			}
 			models, err := mf.factory()
 			if err != nil {
@@ -541,6 +555,9 @@ func devCmd(g *globals) *cobra.Command {
 	lim.flags(cmd)
 	cf.flags(cmd)
 	mf.flags(cmd)
+	// brood dev is one user's own deployment, its workers running as that
+	// user: any workspace, unless narrowed (docs/security.md).
+	cmd.Flags().Lookup("workspace-root").DefValue = "[" + agent.AnyWorkspace + "]"
 	met.flags(cmd)
 	return cmd
 }

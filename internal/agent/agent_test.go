@@ -57,7 +57,7 @@ func (m *memLog) types() [][]string {
 func newTestAgent(t *testing.T, m model.Model, log *memLog, cwd string, tools ...*Tool) *Agent {
 	t.Helper()
 	if len(tools) == 0 {
-		tools = []*Tool{ListDirTool()}
+		tools = []*Tool{ListDirTool(AnyWorkspace)}
 	}
 	reg, err := NewRegistry(tools...)
 	if err != nil {
@@ -141,7 +141,7 @@ func TestTurnEndReasons(t *testing.T) {
 
 func TestUnknownToolIsAnErrorResult(t *testing.T) {
 	log := &memLog{}
-	reg, _ := NewRegistry(ListDirTool())
+	reg, _ := NewRegistry(ListDirTool(AnyWorkspace))
 	reg, err := reg.Restrict(protocol.ToolFilter{Deny: []string{"list_dir"}})
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ func TestListDirStaysInsideTheWorkspace(t *testing.T) {
 	_ = os.MkdirAll(filepath.Join(ws, "sub"), 0o755)
 	_ = os.WriteFile(filepath.Join(root, "secret"), []byte("s"), 0o644)
 	_ = os.Symlink(root, filepath.Join(ws, "escape"))
-	tool := ListDirTool()
+	tool := ListDirTool(AnyWorkspace)
 	tc := ToolContext{Header: protocol.SessionHeader{Cwd: ws}}
 	tests := []struct {
 		args    string
@@ -294,7 +294,7 @@ func TestReadFileStaysInsideTheWorkspaceAndNeverCutsSilently(t *testing.T) {
 	_ = os.WriteFile(filepath.Join(ws, "notes.txt"), []byte("héllo wörld"), 0o644)
 	_ = os.WriteFile(filepath.Join(ws, "bin"), []byte{0xff, 0xfe, 0x00}, 0o644)
 	_ = os.Symlink(filepath.Join(root, "secret"), filepath.Join(ws, "link"))
-	tool := ReadFileTool()
+	tool := ReadFileTool(AnyWorkspace)
 	tc := ToolContext{Header: protocol.SessionHeader{Cwd: ws}}
 	tests := []struct {
 		args    string
@@ -329,7 +329,7 @@ func TestWorkspaceToolsRefuseNamedPipesAndForeignRoots(t *testing.T) {
 	}
 	tc := ToolContext{Header: protocol.SessionHeader{Cwd: ws}}
 	done := make(chan ToolResult, 1)
-	go func() { done <- ReadFileTool().Run(context.Background(), tc, `{"path":"fifo"}`) }()
+	go func() { done <- ReadFileTool(AnyWorkspace).Run(context.Background(), tc, `{"path":"fifo"}`) }()
 	select {
 	case r := <-done:
 		if !r.IsError || !strings.Contains(protocol.PlainText(r.Content), "not a regular file") {
@@ -338,7 +338,7 @@ func TestWorkspaceToolsRefuseNamedPipesAndForeignRoots(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("read_file blocked on a named pipe")
 	}
-	if r := ListDirTool().Run(context.Background(), tc, `{"path":"fifo"}`); !r.IsError {
+	if r := ListDirTool(AnyWorkspace).Run(context.Background(), tc, `{"path":"fifo"}`); !r.IsError {
 		t.Fatalf("list_dir of a fifo = %+v", r)
 	}
 	// Outside the worker's workspace roots, the tools refuse the whole session.
@@ -350,8 +350,8 @@ func TestWorkspaceToolsRefuseNamedPipesAndForeignRoots(t *testing.T) {
 		t.Fatalf("list_dir inside the roots = %+v", r)
 	}
 	// Outside the workspace, the answer never says whether a file exists.
-	a := ReadFileTool().Run(context.Background(), tc, `{"path":"/etc/hostname"}`)
-	b := ReadFileTool().Run(context.Background(), tc, `{"path":"/etc/does-not-exist"}`)
+	a := ReadFileTool(AnyWorkspace).Run(context.Background(), tc, `{"path":"/etc/hostname"}`)
+	b := ReadFileTool(AnyWorkspace).Run(context.Background(), tc, `{"path":"/etc/does-not-exist"}`)
 	if protocol.PlainText(a.Content) == "" || !strings.Contains(protocol.PlainText(b.Content), "outside the workspace") || !strings.Contains(protocol.PlainText(a.Content), "outside the workspace") {
 		t.Fatalf("outside answers: %q / %q", protocol.PlainText(a.Content), protocol.PlainText(b.Content))
 	}

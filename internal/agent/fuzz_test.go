@@ -216,7 +216,7 @@ func fuzzTools(f *testing.F) (tools []*Tool, cwd string) {
 	if err := os.WriteFile(filepath.Join(cwd, "a.txt"), []byte("hello\n"), 0o644); err != nil {
 		f.Fatal(err)
 	}
-	return []*Tool{ListDirTool(), ReadFileTool(),
+	return []*Tool{ListDirTool(AnyWorkspace), ReadFileTool(AnyWorkspace),
 		SubagentTool(SubagentConfig{Client: cl, Provider: "spawn", Background: BackgroundStarter(cl, "spawn")}),
 		SendMessageTool(cl), InterruptAgentTool(cl), ListAgentsTool(cl), ReportTool(cl), so}, cwd
 }

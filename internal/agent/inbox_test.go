@@ -24,7 +24,7 @@ func materialize(t *testing.T, st *store.Store, id string) *agent.Agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, _ := agent.NewRegistry(agent.ListDirTool())
+	reg, _ := agent.NewRegistry(agent.ListDirTool(agent.AnyWorkspace))
 	a, err := agent.New(agent.Config{
 		Header: protocol.SessionHeader{ID: id, Cwd: t.TempDir()}, Events: log.Events,
 		Log: st.NewLogWriter(protocol.ScopeRoot, id, log.LastSubjSeq, int64(len(log.Events))), Model: model.NewScripted(), Tools: reg,

@@ -251,7 +251,7 @@ func TestATurnDecodesEachEventOncePerActivation(t *testing.T) {
 	prior := priorTurns(t, 20)
 	log := &memLog{next: int64(len(prior))}
 	m := &historyModel{Scripted: model.NewScripted()}
-	reg, err := NewRegistry(ListDirTool())
+	reg, err := NewRegistry(ListDirTool(AnyWorkspace))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +319,7 @@ func TestATurnDecodesEachEventOncePerActivation(t *testing.T) {
 // agent's share of a cold resume).
 func BenchmarkAgentStepLongSession(b *testing.B) {
 	prior := priorTurns(b, 10000/11+1)
-	reg, err := NewRegistry(ListDirTool())
+	reg, err := NewRegistry(ListDirTool(AnyWorkspace))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func ReadFileTool(roots ...string) *Tool {
 				}
 				limit = min(*in.Limit, ReadFileBytesMax)
 			}
-			path, err := ResolveInWorkspace(tc.Header.Cwd, in.Path, roots...)
+			path, err := ResolveInUserWorkspace(tc.Header.Cwd, tc.Header.User, in.Path, roots...)
 			if err != nil {
 				return ErrorResult("read_file: %v", err)
 			}

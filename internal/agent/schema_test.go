@@ -125,7 +125,7 @@ func newStructuredAgent(t *testing.T, schema string) *Agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := NewRegistry(ListDirTool())
+	reg, err := NewRegistry(ListDirTool(AnyWorkspace))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -194,7 +194,7 @@ func TestSubagentHiddenAtTheDepthCap(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			reg, err := NewRegistry(ListDirTool(), SubagentTool(SubagentConfig{Provider: "spawn", MaxDepth: tt.maxDepth, ProviderManaged: tt.managed}))
+			reg, err := NewRegistry(ListDirTool(AnyWorkspace), SubagentTool(SubagentConfig{Provider: "spawn", MaxDepth: tt.maxDepth, ProviderManaged: tt.managed}))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,17 +9,20 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"unicode"
 )
 
 // ListDirEntriesMax bounds how many entries list_dir returns; the rest are
 // counted, never dropped silently.
 const ListDirEntriesMax = 1000
 
-// ListDirTool lists a directory inside the session's cwd (read-only). Roots,
-// when given, are the only directories a session's workspace may lie in (a
-// worker's --workspace-root): a root opened with cwd "/" must not turn the
-// workspace tools into a reader of the worker's whole disk. No roots: any
-// absolute directory the client chose.
+// ListDirTool lists a directory inside the session's cwd (read-only). Roots
+// are the only directories a session's workspace may lie in (a worker's
+// --workspace-root; see ResolveInWorkspace): none allows no workspace at
+// all, AnyWorkspace allows any absolute directory, and a root naming
+// UserToken is that directory of the session's user. A root opened with cwd
+// "/" must not turn the workspace tools into a reader of the worker's whole
+// disk (docs/security.md, "The workspace is fenced").
 func ListDirTool(roots ...string) *Tool {
 	return &Tool{
 		Name:        "list_dir",
@@ -36,7 +39,7 @@ func ListDirTool(roots ...string) *Tool {
 			if in.Path != nil && *in.Path != "" {
 				p = *in.Path
 			}
-			dir, err := ResolveInWorkspace(tc.Header.Cwd, p, roots...)
+			dir, err := ResolveInUserWorkspace(tc.Header.Cwd, tc.Header.User, p, roots...)
 			if err != nil {
 				return ErrorResult("list_dir: %v", err)
 			}
@@ -79,39 +82,89 @@ func ListDirTool(roots ...string) *Tool {
 	}
 }
 
+// AnyWorkspace is the root that allows any absolute workspace directory
+// (`--workspace-root /`): `brood dev`'s default, where the worker runs as
+// the only user it serves.
+const AnyWorkspace = "/"
+
+// UserToken in a workspace root stands for the session's user
+// (SessionHeader.User, the NATS user whose root the session's tree hangs
+// from): a worker started with --workspace-root /srv/brood/workspaces/{user}
+// gives user alice /srv/brood/workspaces/alice and nothing else.
+const UserToken = "{user}"
+
 // ResolveInWorkspace resolves p (relative to cwd, or absolute) and returns it
 // if it lies inside cwd after following symlinks; anything else is refused.
+// The workspace itself, cwd, must lie in one of roots, both as written and
+// after its symlinks are followed (a symlink inside a root pointing at "/"
+// is no workspace); no roots allows no workspace (fail closed:
+// docs/security.md, "The workspace is fenced"). A root holding UserToken is
+// the root with the session's user in its place; a session without a user,
+// or with one that is no single path element, gets no workspace from it.
 // A path outside the workspace is refused before the file system is asked,
 // so the answer never tells whether it exists.
 func ResolveInWorkspace(cwd, p string, roots ...string) (string, error) {
+	return resolveInWorkspace(cwd, "", p, roots)
+}
+
+// ResolveInUserWorkspace is ResolveInWorkspace for a session of user (the
+// value UserToken stands for in roots).
+func ResolveInUserWorkspace(cwd, user, p string, roots ...string) (string, error) {
+	return resolveInWorkspace(cwd, user, p, roots)
+}
+
+func resolveInWorkspace(cwd, user, p string, roots []string) (string, error) {
+	if len(roots) == 0 {
+		return "", errors.New("this worker allows no workspace (it was started without --workspace-root)")
+	}
 	if cwd == "" || !filepath.IsAbs(cwd) {
 		return "", errors.New("the session has no absolute workspace directory")
 	}
-	if !inRoots(filepath.Clean(cwd), roots) {
-		return "", fmt.Errorf("the workspace %s is outside this worker's workspace roots", cwd)
+	cwd = filepath.Clean(cwd)
+	mine := userRoots(roots, user)
+	if !inRoots(cwd, mine) {
+		return "", fmt.Errorf("the workspace %s is outside this worker's workspace roots for this session", cwd)
 	}
 	target := p
 	if !filepath.IsAbs(target) {
 		target = filepath.Join(cwd, target)
 	}
 	target = filepath.Clean(target)
-	if !within(filepath.Clean(cwd), target) {
+	if !within(cwd, target) {
 		return "", fmt.Errorf("path %s is outside the workspace %s; only paths inside it are allowed", p, cwd)
 	}
 	root, err := filepath.EvalSymlinks(cwd)
 	if err != nil {
 		return "", fmt.Errorf("workspace %s is not accessible: %v", cwd, unwrapPathError(err))
 	}
+	if !inRealRoots(root, mine) {
+		return "", fmt.Errorf("the workspace %s is outside this worker's workspace roots for this session", cwd)
+	}
 	real, err := filepath.EvalSymlinks(target)
 	if err != nil {
 		// A path that does not exist cannot escape; report it plainly.
 		return "", fmt.Errorf("%s: %v", p, unwrapPathError(err))
 	}
-	rel, err := filepath.Rel(root, real)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+	if !within(root, real) {
 		return "", fmt.Errorf("path %s is outside the workspace %s; only paths inside it are allowed", p, cwd)
 	}
 	return real, nil
+}
+
+// userRoots returns roots with UserToken replaced by user; a root holding
+// UserToken is dropped when user is empty or no single path element.
+func userRoots(roots []string, user string) []string {
+	out := make([]string, 0, len(roots))
+	for _, r := range roots {
+		if strings.Contains(r, UserToken) {
+			if user == "" || user == "." || user == ".." || strings.ContainsAny(user, `/\`) || strings.ContainsFunc(user, unicode.IsControl) {
+				continue
+			}
+			r = strings.ReplaceAll(r, UserToken, user)
+		}
+		out = append(out, filepath.Clean(r))
+	}
+	return out
 }
 
 // within reports whether path lies in dir (both clean and absolute).
@@ -121,11 +174,21 @@ func within(dir, path string) bool {
 }
 
 func inRoots(cwd string, roots []string) bool {
-	if len(roots) == 0 {
-		return true
-	}
 	for _, r := range roots {
-		if within(filepath.Clean(r), cwd) {
+		if within(r, cwd) {
+			return true
+		}
+	}
+	return false
+}
+
+// inRealRoots reports whether real (a path with its symlinks followed) lies
+// in one of roots with their symlinks followed; a root that does not exist
+// holds nothing.
+func inRealRoots(real string, roots []string) bool {
+	for _, r := range roots {
+		rr, err := filepath.EvalSymlinks(r)
+		if err == nil && within(rr, real) {
 			return true
 		}
 	}

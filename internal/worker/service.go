@@ -29,8 +29,11 @@ type InProcessConfig struct {
 	// that provider's children see the delegating conversation (tool wording).
 	SubagentProvider string
 	SubagentInherits bool
-	// WorkspaceRoots, when set, are the only directories a session's
-	// workspace (its cwd) may lie in; empty allows any absolute directory.
+	// WorkspaceRoots are the only directories a session's workspace (its
+	// cwd) may lie in (agent.ResolveInWorkspace): empty allows none,
+	// agent.AnyWorkspace any absolute directory, and a root holding
+	// agent.UserToken that directory of the session's user
+	// (docs/security.md, "The workspace is fenced").
 	WorkspaceRoots []string
 	// Persona overrides the deployment persona template.
 	Persona           string

@@ -33,8 +33,12 @@ type SessionHeader struct {
 	DepthCap        *int64      `msgpack:"depthCap,omitempty" json:"depthCap,omitempty"`
 	// User is the NATS user that opened a root (agents.open on its own
 	// subject <p>.v1.user.<user>.agents.open; docs/security.md): a grant
-	// scoped to that user acts on the root's tree. Absent for children and
-	// for roots opened without a user.
+	// scoped to that user acts on the root's tree. A child carries its
+	// parent's, copied by the coordinator, so a worker can fence the
+	// workspace per user (docs/protocol.md, "Workspace tools";
+	// docs/security.md, "The workspace is fenced"); authority is still
+	// decided from the root's. Absent for roots opened without a user and
+	// their trees.
 	User string `msgpack:"user,omitempty" json:"user,omitempty"`
 	// Provider is the provider a child was started on, written by the
 	// coordinator when it admits the child; absent for roots. It is the

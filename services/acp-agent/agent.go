@@ -63,13 +63,14 @@ type ToolSpec struct {
 // whatever the factory returned.
 type ToolsFactory func(ToolSpec) ([]*agent.Tool, error)
 
-// DefaultTools gives every session the workspace tool list_dir.
+// DefaultTools gives every session the workspace tool list_dir, with no
+// workspace root: it refuses every path (DelegationTools takes the roots).
 func DefaultTools(ToolSpec) ([]*agent.Tool, error) {
 	return []*agent.Tool{agent.ListDirTool()}, nil
 }
 
 // DelegationTools gives every session the workspace tools (bounded by
-// workspaceRoots, when given) and the delegation
+// workspaceRoots: none allows no workspace; agent.ResolveInWorkspace) and the delegation
 // tools: `subagent` on provider (foreground one-shot, or run_in_background
 // for a continuable child), send_message, interrupt_agent and list_agents,
 // all acting with the session agent's own credential.

@@ -28,7 +28,9 @@ func nocaps() worker.Provider {
 	return &worker.InProcess{
 		Desc:   protocol.ProviderDescriptor{Name: "nocaps", Tools: []string{"list_dir"}},
 		Models: func() (model.Model, error) { return model.NewScripted(), nil },
-		Tools:  func(worker.SessionSpec) ([]*agent.Tool, error) { return []*agent.Tool{agent.ListDirTool()}, nil },
+		Tools: func(worker.SessionSpec) ([]*agent.Tool, error) {
+			return []*agent.Tool{agent.ListDirTool(agent.AnyWorkspace)}, nil
+		},
 	}
 }
 

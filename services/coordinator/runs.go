@@ -19,6 +19,9 @@ func (c *Coordinator) childHeader(a admission, id string, now int64) protocol.Se
 		Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: a.pheader.Cwd,
 		ParentSession: a.pheader.ID, Origin: protocol.OriginSubagent, DelegationDepth: a.depth,
 		ToolCeiling: a.ceiling, DepthCap: a.depthCap, Provider: a.desc.Name,
+		// The tree's user, for the worker's per-user workspace fence
+		// (docs/security.md, "The workspace is fenced").
+		User: a.pheader.User,
 	}
 }
 

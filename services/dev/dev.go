@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/embedded"
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
@@ -123,6 +124,9 @@ func Start(ctx context.Context, cfg Config) (*Deployment, error) {
 		w, err := worker.NewInProcessHost(worker.InProcessConfig{
 			NC: d.nc, Store: st, Models: models, HeartbeatInterval: cfg.HeartbeatInterval, HostExpiry: cfg.HostExpiry,
 			DrainGrace: 2 * time.Second, Logger: cfg.Logger,
+			// One user's own development deployment, as `brood dev`: any
+			// workspace (docs/security.md, "The workspace is fenced").
+			WorkspaceRoots: []string{agent.AnyWorkspace},
 		}, desc)
 		if err != nil {
 			return fail(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/embedded"
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
@@ -138,6 +139,9 @@ func (s *Stack) AddInProcessWorker(desc protocol.ProviderDescriptor, mod ...func
 	cfg := worker.InProcessConfig{
 		NC: nc, Store: s.storeOn(nc), Models: func() (model.Model, error) { return model.NewScripted(), nil },
 		HeartbeatInterval: Heartbeat, HostExpiry: HostExpiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(s.T),
+		// Tests' workspaces are temporary directories anywhere: a stack's
+		// workers allow any, as `brood dev` does.
+		WorkspaceRoots: []string{agent.AnyWorkspace},
 	}
 	for _, m := range mod {
 		m(&cfg)
