@@ -127,8 +127,10 @@ func (s *Server) dispatch(svc *Service, st *endpointStats, req Request, h Handle
 		if svc != nil {
 			defer svc.track.done()
 		}
-		defer func() { <-s.sem }()
+		slot := &heldSlot{sem: s.sem}
+		defer slot.release()
 		ctx, span := tracecontext.StartServer(s.ctx, req.subject, req.header)
+		ctx = context.WithValue(ctx, slotKey{}, slot)
 		reply, err := s.call(ctx, h, req)
 		if err != nil && s.ctx.Err() != nil && protocol.CodeOf(err) == protocol.CodeCancelled {
 			err = errStopping() // cut off by Stop, not by the caller: another instance can answer
@@ -136,6 +138,31 @@ func (s *Server) dispatch(svc *Service, st *endpointStats, req Request, h Handle
 		s.finish(st, req, received, reply, err)
 		tracecontext.End(span, err)
 	})
+}
+
+// heldSlot is the request slot (one of InFlightMax) a handler holds until it
+// returns, or until it gives it back with Park.
+type heldSlot struct {
+	sem  chan struct{}
+	once sync.Once
+}
+
+func (h *heldSlot) release() { h.once.Do(func() { <-h.sem }) }
+
+type slotKey struct{}
+
+// Park gives back the request slot of the handler whose context ctx is,
+// before it waits for something other than its own work (a long poll's
+// wait for a new record): a handler that parked holds none of the
+// server's InFlightMax slots, so its wait takes nothing from the requests
+// that do work (docs/security.md, "Fair shares"). The handler must bound
+// such waits itself (the coordinator's long polls take a slot of their own,
+// per user and per replica). Park once parked, or outside a handler, does
+// nothing.
+func Park(ctx context.Context) {
+	if h, ok := ctx.Value(slotKey{}).(*heldSlot); ok {
+		h.release()
+	}
 }
 
 // call runs h; a panic becomes an INTERNAL reply instead of a dead process.

@@ -70,6 +70,15 @@ type Config struct {
 	// FollowsMax bounds the follows (events.follow) one replica streams at
 	// once (256); more are LIMIT_EXCEEDED.
 	FollowsMax int
+	// UserFollowsMax bounds the follows of one user on one replica
+	// (DefaultUserFollowsMax); more are LIMIT_EXCEEDED (fairshare.go).
+	UserFollowsMax int
+	// LongPollsMax bounds the long polls (sessions.log and inbox.read
+	// with waitMs) one replica holds waiting at once
+	// (DefaultLongPollsMax), UserLongPollsMax those of one user
+	// (DefaultUserLongPollsMax); more are LIMIT_EXCEEDED. A waiting long
+	// poll holds none of the RequestsInFlightMax slots (fairshare.go).
+	LongPollsMax, UserLongPollsMax int
 	// GrantTTL is how long a user grant lives (24 h); UserGrantsDisabled
 	// refuses authority.user altogether.
 	GrantTTL           time.Duration
@@ -86,6 +95,14 @@ type Config struct {
 	// not limited.
 	UserRequestsPerSecond float64
 	UserRequestsBurst     int
+	// UserPromptBytesPerSecond and UserPromptBytesBurst bound the bytes of
+	// the prompts (runs.start, continuable.start, followups, reports; the
+	// request body, in bytes) one NATS user stores through this replica
+	// (DefaultUserPromptBytesPerSecond, DefaultUserPromptBytesBurst): a
+	// token bucket per user; a request over it is LIMIT_EXCEEDED (prompt
+	// bytes per user) and stores nothing (quotas.go).
+	UserPromptBytesPerSecond float64
+	UserPromptBytesBurst     int
 	// LivenessInterval is how often pending inbox items of sessions with no
 	// live activation are looked for and resumed (2 s; DESIGN.md §4 asks
 	// within 10 s).
@@ -138,6 +155,15 @@ func (c *Config) defaults() {
 	if c.FollowsMax <= 0 {
 		c.FollowsMax = 256
 	}
+	if c.UserFollowsMax <= 0 {
+		c.UserFollowsMax = DefaultUserFollowsMax
+	}
+	if c.LongPollsMax <= 0 {
+		c.LongPollsMax = DefaultLongPollsMax
+	}
+	if c.UserLongPollsMax <= 0 {
+		c.UserLongPollsMax = DefaultUserLongPollsMax
+	}
 	if c.GrantTTL <= 0 {
 		c.GrantTTL = DefaultGrantTTL
 	}
@@ -152,6 +178,12 @@ func (c *Config) defaults() {
 	}
 	if c.UserRequestsBurst <= 0 {
 		c.UserRequestsBurst = DefaultUserRequestsBurst
+	}
+	if c.UserPromptBytesPerSecond <= 0 {
+		c.UserPromptBytesPerSecond = DefaultUserPromptBytesPerSecond
+	}
+	if c.UserPromptBytesBurst <= 0 {
+		c.UserPromptBytesBurst = DefaultUserPromptBytesBurst
 	}
 	if c.Version == "" {
 		c.Version = buildinfo.Version
@@ -174,7 +206,10 @@ type Coordinator struct {
 	headers     *headerCache
 	descs       *descriptorCache // continuable children's descriptors (local providers)
 	follows     *followRegistry
-	started     int64
+	// longPolls are the long polls waiting now, followSlots the follows
+	// streaming (fairshare.go).
+	longPolls, followSlots *waitSlots
+	started                int64
 
 	hostsWatch, agentsWatch *kvWatch
 	runs                    *runIndex // running run and epoch records (orphans.go)
@@ -266,7 +301,9 @@ func New(cfg Config) (*Coordinator, error) {
 		runsWatch:   newKVWatch(cfg.Store.Runs, "runs", log, runs.put, runs.del),
 		headers:     &headerCache{newBoundedMap[protocol.SessionHeader](cfg.HeadersCachedMax)},
 		descs:       &descriptorCache{newBoundedMap[protocol.DescriptorData](cfg.HeadersCachedMax)},
-		follows:     &followRegistry{m: map[string]*follow{}, max: cfg.FollowsMax},
+		follows:     &followRegistry{m: map[string]*follow{}},
+		longPolls:   newWaitSlots("long polls", cfg.LongPollsMax, cfg.UserLongPollsMax),
+		followSlots: newWaitSlots("follows", cfg.FollowsMax, cfg.UserFollowsMax),
 		working:     map[string]bool{},
 		ready:       make(chan struct{}),
 		kick:        make(chan struct{}, 1),
@@ -548,7 +585,7 @@ func (c *Coordinator) callerOf(req rpc.Request) string {
 // instrument counts ep's answers and their latency (brood_requests_total,
 // brood_request_duration_seconds).
 func (c *Coordinator) instrument(ep endpoint) rpc.Handler {
-	handle := c.rateLimited(ep.handle)
+	handle := c.rateLimited(ep.subject, ep.handle)
 	if c.cfg.Metrics == nil {
 		return handle
 	}

@@ -37,23 +37,19 @@ const followCreditToken = "follow."
 // nothing yet: the core message can arrive before JetStream stored the event.
 var followRecheck = []time.Duration{10 * time.Millisecond, 50 * time.Millisecond, 200 * time.Millisecond, 800 * time.Millisecond}
 
-// followRegistry holds this replica's live follows.
+// followRegistry holds this replica's live follows (their number is
+// bounded by Coordinator.followSlots).
 type followRegistry struct {
-	mu  sync.Mutex
-	m   map[string]*follow
-	max int
-	wg  sync.WaitGroup
+	mu sync.Mutex
+	m  map[string]*follow
+	wg sync.WaitGroup
 }
 
-func (r *followRegistry) add(f *follow) bool {
+func (r *followRegistry) add(f *follow) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if len(r.m) >= r.max {
-		return false
-	}
 	r.m[f.id] = f
 	r.wg.Add(1)
-	return true
 }
 
 func (r *followRegistry) remove(id string) {
@@ -135,10 +131,12 @@ func (c *Coordinator) eventsFollow(ctx context.Context, req rpc.Request, r proto
 		heartbeat: time.Duration(heartbeat) * time.Millisecond, wake: make(chan struct{}, 1),
 		credit: clamp(r.CreditMsgs, protocol.FollowCreditMsgsDefault, protocol.FollowCreditMsgsMax), renewed: time.Now(),
 	}
-	if !c.follows.add(f) {
-		return nil, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
-			"limit": "live follows", "reason": "this coordinator streams its maximum number of follows; retry later or read pages with events.read"})
+	// At most FollowsMax per replica and UserFollowsMax per user
+	// (fairshare.go); the slot is given back when the follow ends.
+	if err := c.followSlots.take(f.user); err != nil {
+		return nil, err
 	}
+	c.follows.add(f)
 	// The reply must be the stream's first message: send it before the
 	// follow starts publishing.
 	credit := c.subj.FollowCredit(c.cfg.ID)
@@ -153,6 +151,7 @@ func (c *Coordinator) eventsFollow(ctx context.Context, req rpc.Request, r proto
 	// follow outlives the handler and ends when the replica stops serving.
 	go func() {
 		defer c.follows.remove(f.id)
+		defer c.followSlots.give(f.user)
 		c.runFollow(ctx, f, start)
 	}()
 	return rpc.Replied, nil

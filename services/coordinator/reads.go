@@ -60,13 +60,13 @@ func (c *Coordinator) sessionsLog(ctx context.Context, req rpc.Request, r protoc
 	}
 	eventsMax := clamp(r.EventsMax, protocol.LogPageEventsDefault, protocol.LogPageEventsMax)
 	var page protocol.LogPage
-	err = c.longPoll(ctx, c.subj.Log(h.Scope(), r.SessionID), r.WaitMs, func() (bool, error) {
+	err = c.longPoll(ctx, req, c.subj.Log(h.Scope(), r.SessionID), r.WaitMs, func() (bool, error) {
 		var err error
 		page, err = c.st.ReadLogPage(ctx, h.Scope(), r.SessionID, r.FromSeq, r.Cursor, eventsMax, protocol.ReadPageBytesMax)
 		return len(page.Events) > 0, err
 	})
 	if err != nil {
-		return protocol.LogPage{}, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
+		return protocol.LogPage{}, pollError(err)
 	}
 	return page, nil
 }
@@ -75,15 +75,33 @@ func (c *Coordinator) sessionsLog(ctx context.Context, req rpc.Request, r protoc
 // message that wakes a poll can arrive before JetStream stored it.
 var longPollRecheck = []time.Duration{0, 10 * time.Millisecond, 50 * time.Millisecond, 200 * time.Millisecond}
 
+// pollError is the answer to a long poll that failed: its own
+// LIMIT_EXCEEDED (fairshare.go) as is, any other failure UNAVAILABLE.
+func pollError(err error) error {
+	if protocol.CodeOf(err) == protocol.CodeLimitExceeded {
+		return err
+	}
+	return protocol.Errorf(protocol.CodeUnavailable, "%w", err)
+}
+
 // longPoll calls read until it finds something or waitMs (capped at
 // protocol.ReadWaitMsMax) passed, waking on core messages on subject (every
-// JetStream publish to a stream subject is also a core message on it). A
-// long poll holds one of the coordinator's request slots while it waits.
-func (c *Coordinator) longPoll(ctx context.Context, subject string, waitMs int64, read func() (bool, error)) error {
+// JetStream publish to a stream subject is also a core message on it).
+// Before it waits it takes one of the replica's long-poll slots for the
+// caller (LIMIT_EXCEEDED when the caller or the replica holds its maximum)
+// and gives its request slot back (rpc.Park): a waiting long poll takes
+// nothing from the requests that do work (fairshare.go).
+func (c *Coordinator) longPoll(ctx context.Context, req rpc.Request, subject string, waitMs int64, read func() (bool, error)) error {
 	found, err := read()
 	if err != nil || found || waitMs <= 0 {
 		return err
 	}
+	user := c.callerOf(req)
+	if err := c.longPolls.take(user); err != nil {
+		return err
+	}
+	defer c.longPolls.give(user)
+	rpc.Park(ctx)
 	wctx, cancel := context.WithTimeout(ctx, time.Duration(min(waitMs, protocol.ReadWaitMsMax))*time.Millisecond)
 	defer cancel()
 	sub, err := c.cfg.NC.SubscribeSync(subject)
@@ -139,13 +157,13 @@ func (c *Coordinator) inboxRead(ctx context.Context, req rpc.Request, r protocol
 	}
 	itemsMax := clamp(r.ItemsMax, protocol.InboxPageItemsDefault, protocol.InboxPageItemsMax)
 	page := protocol.InboxPage{Items: []protocol.InboxItem{}}
-	err = c.longPoll(ctx, c.subj.Inbox(scope, r.SessionID), r.WaitMs, func() (bool, error) {
+	err = c.longPoll(ctx, req, c.subj.Inbox(scope, r.SessionID), r.WaitMs, func() (bool, error) {
 		var err error
 		page.Items, page.More, err = c.st.ReadInboxPage(ctx, scope, r.SessionID, r.AfterSeq, itemsMax, protocol.ReadPageBytesMax)
 		return len(page.Items) > 0, err
 	})
 	if err != nil {
-		return protocol.InboxPage{}, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
+		return protocol.InboxPage{}, pollError(err)
 	}
 	return page, nil
 }
