@@ -302,6 +302,7 @@ func (h *Host) materialize(ctx context.Context, p Provider, req protocol.Activat
 	a.started = h.st.PublishEvent(protocol.LifecycleEvent{
 		Type: protocol.LifecycleStart, RunID: a.runID, Provider: a.provider, ID: a.childID,
 		ParentSession: a.header.ParentSession, Local: !a.remote, Mode: protocol.ModeContinuable, Time: store.NowMs(),
+		Label: req.Descriptor.Label,
 	}, h.eventErr)
 	close(a.built)
 	go a.loop()

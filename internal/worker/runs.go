@@ -285,6 +285,7 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 	r.started = h.st.PublishEvent(protocol.LifecycleEvent{
 		Type: protocol.LifecycleStart, RunID: r.runID, Provider: req.Provider, ID: childID,
 		ParentSession: req.Header.ParentSession, Local: !p.Descriptor().Remote, Mode: protocol.ModeOneShot, Time: store.NowMs(),
+		Label: req.Options.Label,
 	}, h.eventErr)
 	go h.execute(r)
 	return protocol.ProviderStartReply{HostID: h.id}, nil

@@ -410,6 +410,10 @@ type LifecycleEvent struct {
 	StopReason           StopReason     `msgpack:"stopReason,omitempty" json:"stopReason,omitempty"`
 	LastAssistantMessage []ContentBlock `msgpack:"lastAssistantMessage,omitempty" json:"lastAssistantMessage,omitempty"`
 	ErrorCode            Code           `msgpack:"errorCode,omitempty" json:"errorCode,omitempty"`
+	// Label is the child's display label (its descriptor's: the
+	// subagent tool's description, a continuable child's label), on start
+	// events whose host knew it; absent otherwise (docs/protocol.md §7.5).
+	Label string `msgpack:"label,omitempty" json:"label,omitempty"`
 	// Seq is the event's BROOD_EVENTS stream sequence: absent in the stored
 	// body, set when the event is read through events.read or events.follow.
 	Seq Seq `msgpack:"seq,omitempty" json:"seq,omitempty"`

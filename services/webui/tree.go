@@ -20,6 +20,10 @@ type Node struct {
 	Provider string `json:"provider,omitempty"`
 	Mode     string `json:"mode,omitempty"`
 	RunID    string `json:"runId,omitempty"`
+	// Label is the child's display label (its start event's: the subagent
+	// tool's description, a continuable child's label), shown beside its
+	// id and searched.
+	Label string `json:"label,omitempty"`
 	// State is running while a run or epoch is open, else settled
 	// (one-shot) or idle (continuable, resumable by a followup).
 	State      string `json:"state"`
@@ -66,6 +70,9 @@ func (t *Tree) Apply(evs ...protocol.LifecycleEvent) []Node {
 		}
 		n.Root = false
 		n.Parent, n.Provider, n.Mode, n.RunID, n.Seq = ev.ParentSession, ev.Provider, ev.Mode, ev.RunID, ev.Seq.String()
+		if ev.Label != "" {
+			n.Label = ev.Label // an end, or a start republished after host loss, carries none
+		}
 		switch ev.Type {
 		case protocol.LifecycleStart:
 			if n.Start == 0 {
@@ -235,6 +242,17 @@ func (h *hub) apply(evs ...protocol.LifecycleEvent) {
 			h.unsubscribe(ch)
 		}
 	}
+}
+
+// node returns the tree's node id, if it holds one.
+func (h *hub) node(id string) (Node, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n, ok := h.tree.nodes[id]
+	if !ok {
+		return Node{}, false
+	}
+	return *n, true
 }
 
 // subscribe returns the tree now and a channel of the nodes that change

@@ -13,6 +13,15 @@
 //	GET /api/tree                  event stream: "tree" (every node now), then "nodes" (nodes that changed)
 //	GET /api/sessions/{id}         the session's header (JSON)
 //	GET /api/sessions/{id}/log     event stream: "header", then "events" (pages from ?from=N on, then each new page)
+//	POST /api/sessions/{id}/interrupt  continuable.interrupt with the view's grant: {childId, interrupted}
+//	POST /api/sessions/{id}/dispose    as `brood dispose ID`: a one-shot run's runs.dispose ({runId, state, ...}),
+//	                                   else continuable.drain of that child ({childId, disposed})
+//
+// The two POSTs act with the same user grant as the reads, so the page has
+// the authority of `brood interrupt` and `brood dispose` run with that
+// grant; each must carry the header X-Brood-Action: 1, which a page of
+// another origin cannot send without a CORS preflight this server never
+// answers (so a cross-site form cannot dispose anything).
 //
 // Who may look: the server reads everything its grant may, so on loopback
 // (the default) only requests whose Host is a loopback name are served (a
@@ -268,6 +277,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/tree", s.treeStream)
 	mux.HandleFunc("GET /api/sessions/{id}", s.header)
 	mux.HandleFunc("GET /api/sessions/{id}/log", s.logStream)
+	mux.HandleFunc("POST /api/sessions/{id}/interrupt", s.interrupt)
+	mux.HandleFunc("POST /api/sessions/{id}/dispose", s.dispose)
 	return s.guard(mux)
 }
 
@@ -357,6 +368,89 @@ func (s *Server) header(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(h)
+}
+
+// ActionHeader must be set (to "1") on the page's POSTs: a custom header a
+// cross-origin page cannot send without a preflight.
+const ActionHeader = "X-Brood-Action"
+
+// ActionTimeout bounds one interrupt or dispose from the page (a dispose
+// waits for the run to settle: runs.dispose's own wait, 20 s, and a drain's).
+const ActionTimeout = 60 * time.Second
+
+// action checks an action request's origin header and grant.
+func (s *Server) action(w http.ResponseWriter, r *http.Request) (context.Context, context.CancelFunc, bool) {
+	if r.Header.Get(ActionHeader) != "1" {
+		http.Error(w, "actions need the header "+ActionHeader+": 1 (sent by the page)", http.StatusForbidden)
+		return nil, nil, false
+	}
+	if !s.waitReady(w, r) {
+		return nil, nil, false
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), ActionTimeout)
+	return ctx, cancel, true
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// interrupt stops a continuable child's current turn (continuable.interrupt
+// with the view's grant, cause user).
+func (s *Server) interrupt(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel, ok := s.action(w, r)
+	if !ok {
+		return
+	}
+	defer cancel()
+	reply, err := s.cfg.Client.Interrupt(ctx, protocol.InterruptRequest{ChildID: r.PathValue("id"), Authority: s.authority()})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, reply)
+}
+
+// dispose ends a child as `brood dispose ID` does: a one-shot run (the
+// tree's run id, else the id itself) through runs.dispose, which answers
+// its settled status; a continuable child (or an id runs.dispose does not
+// know) through continuable.drain of that child and its subtree.
+func (s *Server) dispose(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel, ok := s.action(w, r)
+	if !ok {
+		return
+	}
+	defer cancel()
+	id := r.PathValue("id")
+	n, known := s.hub.node(id)
+	if !known || n.Mode != protocol.ModeContinuable {
+		runID := id
+		if known && n.RunID != "" {
+			runID = n.RunID
+		}
+		st, err := s.cfg.Client.Dispose(ctx, protocol.RunRef{RunID: runID, Grant: s.authority().Grant})
+		if err == nil {
+			writeJSON(w, st)
+			return
+		}
+		// Not a run the grant knows: a continuable child (a grant of one
+		// user is told UNAUTHORIZED for an unknown run id, authority
+		// before existence; the drain below answers for the child).
+		if !errors.Is(err, protocol.ErrNotFound) && !errors.Is(err, protocol.ErrUnauthorized) && !errors.Is(err, protocol.ErrInvalidArgument) {
+			writeError(w, err)
+			return
+		}
+	}
+	reply, err := s.cfg.Client.Drain(ctx, protocol.DrainRequest{Authority: s.authority(), Children: []string{id}})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, struct {
+		ChildID string `json:"childId"`
+		protocol.DrainReply
+	}{id, reply})
 }
 
 // sse is one server-sent event stream.

@@ -412,6 +412,8 @@ export interface LifecycleEvent {
   stopReason?: StopReason;
   lastAssistantMessage?: ContentBlock[];
   errorCode?: string;
+  /** start events: the child's label (its descriptor's), when its host knew it */
+  label?: string;
   seq?: Seq;
 }
 

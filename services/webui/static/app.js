@@ -5,8 +5,16 @@
 // HTML.
 "use strict";
 
-const nodes = new Map(); // id -> node {id, parent, root, provider, mode, state, stopReason, errorCode, start, end, epochs}
+const nodes = new Map(); // id -> node {id, parent, root, label, provider, mode, runId, state, stopReason, errorCode, start, end, epochs}
+// The tree's indexes, kept as nodes arrive (issue 37, item 5: a tree of
+// 30,000 nodes was rebuilt by scanning every node for each node's children):
+const kids = new Map(); // parent id -> Set of child ids
+const items = new Map(); // id -> its rendered <li>
+const running = new Set(); // ids of running nodes (their durations tick)
 let selected = "";
+// Timings of the last renders (ms), read by the browser tests.
+const perf = { tree: 0, update: 0, search: 0, nodes: 0 };
+window.broodPerf = perf;
 
 function el(tag, cls, text) {
   const e = document.createElement(tag);
@@ -50,20 +58,65 @@ function setStatus(text, cls) {
 
 // ---- the tree ----
 
-function childrenOf(id) {
-  const out = [];
-  for (const n of nodes.values()) if (n.parent === id) out.push(n);
-  out.sort((a, b) => (a.start || 0) - (b.start || 0));
-  return out;
+function isRoot(n) {
+  return !n.parent || !nodes.has(n.parent);
 }
 
+function byStart(a, b) {
+  return (a.start || 0) - (b.start || 0) || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+}
+
+// put stores n and keeps the indexes; it reports whether the tree's shape
+// changed in a way an in-place update cannot follow (a node moved, or a new
+// node adopted nodes shown as roots).
+function put(n) {
+  const old = nodes.get(n.id);
+  n.key = (n.id + "\n" + (n.label || "")).toLowerCase(); // what search matches
+  nodes.set(n.id, n);
+  if (n.state === "running") running.add(n.id); else running.delete(n.id);
+  let reshaped = false;
+  if (old && old.parent !== n.parent) {
+    const set = kids.get(old.parent);
+    if (set) set.delete(n.id);
+    reshaped = true;
+  }
+  if (n.parent) {
+    let set = kids.get(n.parent);
+    if (!set) kids.set(n.parent, (set = new Set()));
+    set.add(n.id);
+  }
+  if (!old && kids.has(n.id) && kids.get(n.id).size) reshaped = true;
+  return reshaped;
+}
+
+function childrenOf(id) {
+  const set = kids.get(id);
+  if (!set) return [];
+  const out = [];
+  for (const k of set) {
+    const n = nodes.get(k);
+    if (n) out.push(n);
+  }
+  return out.sort(byStart);
+}
+
+// A row's fixed part, cloned for each row (cheaper than building it).
+const rowTemplate = (() => {
+  const row = el("div", "row");
+  row.appendChild(el("span", "dot"));
+  row.appendChild(el("span", "id"));
+  return row;
+})();
+
 function renderRow(n) {
-  const row = el("div", "row" + (n.id === selected ? " selected" : ""));
-  row.dataset.id = n.id;
-  row.dataset.state = n.state || "";
-  row.title = n.id;
-  row.appendChild(el("span", "dot " + dotClass(n)));
-  row.appendChild(el("span", "id", n.root ? "root " + shortId(n.id) : shortId(n.id)));
+  const row = rowTemplate.cloneNode(true);
+  if (n.id === selected) row.className = "row selected";
+  row.setAttribute("data-id", n.id);
+  row.setAttribute("data-state", n.state || "");
+  row.title = n.label ? n.label + "\n" + n.id : n.id;
+  row.firstChild.className = "dot " + dotClass(n);
+  row.lastChild.textContent = n.root ? "root " + shortId(n.id) : shortId(n.id);
+  if (n.label) row.appendChild(el("span", "nlabel", n.label));
   if (n.provider) row.appendChild(el("span", "badge provider", n.provider));
   if (n.mode === "continuable") row.appendChild(el("span", "badge", "continuable" + (n.epochs > 1 ? " ×" + n.epochs : "")));
   if (n.state === "running" || n.state === "idle") row.appendChild(el("span", "badge state-" + n.state, n.state));
@@ -73,73 +126,243 @@ function renderRow(n) {
     row.appendChild(r);
   }
   const d = el("span", "dur", nodeDuration(n));
-  d.dataset.durationOf = n.id;
+  d.setAttribute("data-duration-of", n.id);
   row.appendChild(d);
-  row.addEventListener("click", () => { location.hash = "#/s/" + encodeURIComponent(n.id); });
   return row;
 }
 
-function renderSubtree(n, depth) {
-  const li = el("li");
-  li.dataset.node = n.id;
+function renderItem(n, depth) {
+  const li = document.createElement("li");
+  li.setAttribute("data-node", n.id);
   li.appendChild(renderRow(n));
-  const kids = depth < 64 ? childrenOf(n.id) : [];
-  if (kids.length) {
+  items.set(n.id, li);
+  const ks = depth < 64 ? childrenOf(n.id) : [];
+  if (ks.length) {
     const ul = el("ul", "children");
-    for (const k of kids) ul.appendChild(renderSubtree(k, depth + 1));
+    for (const k of ks) ul.appendChild(renderItem(k, depth + 1));
     li.appendChild(ul);
   }
   return li;
 }
 
 function renderTree() {
+  const t0 = performance.now();
   const nav = document.getElementById("tree");
   const roots = [];
-  for (const n of nodes.values()) if (!n.parent || !nodes.has(n.parent)) roots.push(n);
-  roots.sort((a, b) => (b.start || 0) - (a.start || 0)); // newest first
+  for (const n of nodes.values()) if (isRoot(n)) roots.push(n);
+  roots.sort((a, b) => byStart(b, a)); // newest first
+  items.clear();
   nav.replaceChildren();
   if (!roots.length) {
     nav.appendChild(el("div", "empty", 'No delegations yet. Run brood run --provider spawn "say hi".'));
   } else {
     const ul = el("ul", "roots");
-    for (const r of roots) ul.appendChild(renderSubtree(r, 0));
+    ul.id = "roots";
+    for (const r of roots) ul.appendChild(renderItem(r, 0));
     nav.appendChild(ul);
   }
-  let running = 0;
-  for (const n of nodes.values()) if (n.state === "running") running++;
-  document.getElementById("summary").textContent =
-    nodes.size + " sessions, " + running + " running";
+  summarize();
   refreshChildLinks();
+  perf.build = performance.now() - t0;
+  void nav.offsetHeight; // lay it out within the measurement
+  perf.tree = performance.now() - t0;
+  perf.layout = perf.tree - perf.build;
+  perf.nodes = nodes.size;
 }
 
-let treeTimer = 0;
-function scheduleTree() {
-  if (!treeTimer) treeTimer = setTimeout(() => { treeTimer = 0; renderTree(); }, 50);
+function summarize() {
+  document.getElementById("summary").textContent = nodes.size + " sessions, " + running.size + " running";
+}
+
+// insertSorted puts li into ul among its siblings in order (newest first
+// for roots, oldest first for children); new nodes are usually the newest,
+// so the scan starts at the end that takes them.
+function insertSorted(ul, li, n, newestFirst) {
+  const after = (other) => {
+    const o = nodes.get(other.dataset.node);
+    if (!o) return false;
+    return newestFirst ? byStart(o, n) > 0 : byStart(o, n) < 0;
+  };
+  if (newestFirst) {
+    let c = ul.firstElementChild;
+    while (c && after(c)) c = c.nextElementSibling;
+    ul.insertBefore(li, c);
+  } else {
+    let c = ul.lastElementChild;
+    while (c && !after(c)) c = c.previousElementSibling;
+    ul.insertBefore(li, c ? c.nextElementSibling : ul.firstElementChild);
+  }
+}
+
+// place renders a node that has no item yet under its parent's item (or
+// among the roots); false when its parent has no item yet.
+function place(n) {
+  let ul;
+  if (isRoot(n)) {
+    ul = document.getElementById("roots");
+    if (!ul) return false;
+  } else {
+    const p = items.get(n.parent);
+    if (!p) return false;
+    ul = p.querySelector(":scope > ul.children");
+    if (!ul) p.appendChild((ul = el("ul", "children")));
+  }
+  insertSorted(ul, renderItem(n, 0), n, isRoot(n));
+  return true;
+}
+
+// update applies changed nodes in place: a changed row is replaced, a new
+// node is inserted under its parent; anything that reshapes the tree
+// renders it whole.
+function update(changed) {
+  const t0 = performance.now();
+  let whole = !document.getElementById("roots");
+  for (const n of changed) if (put(n)) whole = true;
+  if (whole) {
+    renderTree();
+    perf.update = perf.tree;
+    return;
+  }
+  let pending = [];
+  for (const n of changed) {
+    const li = items.get(n.id);
+    if (li) li.replaceChild(renderRow(nodes.get(n.id)), li.firstElementChild);
+    else pending.push(nodes.get(n.id));
+  }
+  // New nodes whose parents are new too wait for them.
+  while (pending.length) {
+    const left = pending.filter((n) => !place(n));
+    if (left.length === pending.length) {
+      renderTree();
+      perf.update = perf.tree;
+      return;
+    }
+    pending = left;
+  }
+  summarize();
+  refreshChildLinks();
+  void document.getElementById("tree").offsetHeight;
+  perf.update = performance.now() - t0;
 }
 
 function connectTree() {
   const es = new EventSource("/api/tree");
   es.addEventListener("tree", (e) => {
+    const t0 = performance.now();
     nodes.clear();
-    for (const n of JSON.parse(e.data)) nodes.set(n.id, n);
+    kids.clear();
+    running.clear();
+    const all = JSON.parse(e.data);
+    perf.parse = performance.now() - t0;
+    for (const n of all) put(n);
+    perf.index = performance.now() - t0 - perf.parse;
     setStatus("live", "live");
     renderTree();
+    perf.tree = performance.now() - t0; // parse, index, render, layout
+    runSearch();
   });
   es.addEventListener("nodes", (e) => {
-    for (const n of JSON.parse(e.data)) nodes.set(n.id, n);
-    scheduleTree();
+    const t0 = performance.now();
+    update(JSON.parse(e.data));
+    perf.update = performance.now() - t0;
+    if (searchBox && searchBox.value) runSearch();
   });
   es.onerror = () => setStatus("reconnecting", "down"); // EventSource retries by itself
 }
 
-// Running durations tick once a second.
-setInterval(() => {
-  for (const d of document.querySelectorAll("[data-duration-of]")) {
-    const n = nodes.get(d.dataset.durationOf);
-    if (n && n.state === "running") d.textContent = nodeDuration(n);
+// One click handler for every row.
+document.getElementById("tree").addEventListener("click", (e) => {
+  const row = e.target.closest(".row");
+  if (row) location.hash = "#/s/" + encodeURIComponent(row.dataset.id);
+});
+
+// ---- search by label or id ----
+
+const searchBox = document.getElementById("search");
+const searchResults = document.getElementById("search-results");
+const searchShown = 50;
+
+function runSearch() {
+  if (!searchBox) return;
+  const t0 = performance.now();
+  const q = searchBox.value.trim().toLowerCase();
+  searchResults.replaceChildren();
+  if (!q) {
+    searchResults.hidden = true;
+    perf.search = performance.now() - t0;
+    return;
   }
-  if (view && nodes.has(view.id) && nodes.get(view.id).state === "running") refreshChildLinks();
+  const hits = [];
+  let count = 0;
+  for (const n of nodes.values()) {
+    if (n.key.includes(q)) {
+      count++;
+      if (hits.length < searchShown) hits.push(n);
+    }
+  }
+  hits.sort((a, b) => byStart(b, a));
+  for (const n of hits) {
+    const li = el("li", "hit");
+    li.dataset.id = n.id;
+    li.appendChild(el("span", "dot " + dotClass(n)));
+    li.appendChild(el("span", "id", shortId(n.id)));
+    if (n.label) li.appendChild(el("span", "nlabel", n.label));
+    li.title = n.id;
+    searchResults.appendChild(li);
+  }
+  const more = count > hits.length ? " (first " + hits.length + " shown)" : "";
+  const head = el("li", "hits", count + (count === 1 ? " match" : " matches") + more);
+  searchResults.insertBefore(head, searchResults.firstChild);
+  searchResults.hidden = false;
+  perf.search = performance.now() - t0;
+}
+
+let searchTimer = 0;
+if (searchBox) {
+  searchBox.addEventListener("input", () => {
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(runSearch, 60);
+  });
+  searchResults.addEventListener("click", (e) => {
+    const hit = e.target.closest("li.hit");
+    if (!hit) return;
+    location.hash = "#/s/" + encodeURIComponent(hit.dataset.id);
+    const li = items.get(hit.dataset.id);
+    if (li) li.scrollIntoView({ block: "center" });
+  });
+}
+
+// Running durations tick once a second (only the running rows).
+setInterval(() => {
+  for (const id of running) {
+    const li = items.get(id);
+    const d = li && li.firstElementChild.querySelector("[data-duration-of]");
+    if (d) d.textContent = nodeDuration(nodes.get(id));
+  }
+  if (view && running.has(view.id)) refreshChildLinks();
 }, 1000);
+
+// ---- interrupt and dispose (with the view's grant, as the CLI's) ----
+
+async function act(what, id) {
+  const out = document.getElementById("action-result");
+  if (out) { out.textContent = what + " " + shortId(id) + " …"; out.dataset.result = "pending"; }
+  let text, ok = false;
+  try {
+    const r = await fetch("/api/sessions/" + encodeURIComponent(id) + "/" + what, { method: "POST", headers: { "X-Brood-Action": "1" } });
+    const body = await r.json().catch(() => ({}));
+    ok = r.ok;
+    if (!r.ok) text = what + " failed: " + (body.code ? body.code + ": " + body.message : r.status);
+    else if (what === "interrupt") text = body.interrupted ? "interrupted its turn" : "nothing to interrupt: no live activation";
+    else if (body.result) text = "disposed: the run settled " + body.result.stopReason;
+    else if (body.disposed) text = body.disposed.length ? "disposed " + body.disposed.length + " activation(s), child first" : "nothing to dispose: no live activation";
+    else text = "dispose answered: the run is " + (body.state || "unknown");
+  } catch (err) {
+    text = what + " failed: " + err;
+  }
+  const now = document.getElementById("action-result");
+  if (now && view && view.id === id) { now.textContent = text; now.dataset.result = ok ? "ok" : "error"; }
+}
 
 // ---- one session's conversation ----
 
@@ -213,6 +436,9 @@ function renderHeader(v, h) {
   const meta = el("dl", "meta");
   const add = (k, val) => { meta.appendChild(el("dt", "", k)); const dd = el("dd"); if (val instanceof Node) dd.appendChild(val); else dd.textContent = val; meta.appendChild(dd); };
   if (h.parentSession) add("parent", link(h.parentSession)); else add("kind", "root");
+  const label = el("span", "", "");
+  label.id = "session-label";
+  add("label", label);
   const run = el("span", "", "");
   run.id = "session-run";
   add("run", run);
@@ -221,6 +447,29 @@ function renderHeader(v, h) {
   if (h.createdAt) add("created", new Date(h.createdAt).toLocaleString());
   if (h.seedLength) add("inherited", h.seedLength + " events of its parent's log");
   sec.appendChild(meta);
+  if (h.parentSession) {
+    const bar = el("div", "actions");
+    const intr = el("button", "", "Interrupt");
+    intr.id = "action-interrupt";
+    intr.title = "stop the turn running now (continuable children; as brood interrupt)";
+    intr.addEventListener("click", () => act("interrupt", h.id));
+    const disp = el("button", "", "Dispose");
+    disp.id = "action-dispose";
+    disp.title = "end the run, or the activation and its subtree's (as brood dispose)";
+    // Two clicks: the first arms the button for a few seconds.
+    disp.addEventListener("click", () => {
+      if (disp.dataset.armed) { delete disp.dataset.armed; disp.textContent = "Dispose"; act("dispose", h.id); return; }
+      disp.dataset.armed = "1";
+      disp.textContent = "Confirm dispose";
+      setTimeout(() => { if (disp.dataset.armed) { delete disp.dataset.armed; disp.textContent = "Dispose"; } }, 5000);
+    });
+    bar.appendChild(intr);
+    bar.appendChild(disp);
+    const res = el("span", "note");
+    res.id = "action-result";
+    bar.appendChild(res);
+    sec.appendChild(bar);
+  }
   const kids = el("div", "note");
   kids.id = "children-of";
   sec.appendChild(kids);
@@ -352,6 +601,12 @@ function refreshChildLinks() {
     run.textContent = !n ? "—" : n.root ? "root (no run of its own)" :
       [n.provider, n.mode, n.state, n.stopReason, n.errorCode, nodeDuration(n)].filter(Boolean).join(" · ");
     run.dataset.state = n ? n.state : "";
+    const label = document.getElementById("session-label");
+    if (label) label.textContent = (n && n.label) || "—";
+    const intr = document.getElementById("action-interrupt");
+    if (intr) intr.disabled = !n || n.mode !== "continuable" || n.state !== "running";
+    const disp = document.getElementById("action-dispose");
+    if (disp) disp.disabled = !n || n.root || (n.mode !== "continuable" && n.state !== "running");
   }
   const box = document.getElementById("children-of");
   if (!box || !view) return;
