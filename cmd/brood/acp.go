@@ -172,7 +172,7 @@ func acpAgentCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			nc, err := connect(g.natsURL, "brood-acp-agent", true)
+			nc, err := connect(g.natsURL, "brood-acp-agent")
 			if err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -31,7 +32,7 @@ type session struct {
 
 func openClient(g *globals) (*session, func(), error) {
 	log := newLogger(g.logLevel, slog.LevelWarn, g.errOut)
-	nc, err := connect(g.natsURL, "brood-cli", false)
+	nc, err := connect(g.natsURL, "brood-cli")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -279,6 +280,12 @@ func runIn(ctx context.Context, s *session, root *client.Root, f childFlags, opt
 	res, err := run.Result(ctx)
 	if p != nil {
 		p.finish() // the result goes on a clean line
+	}
+	if err != nil && !errors.Is(err, protocol.ErrCancelled) {
+		// The deployment stayed out of reach past client.Options.OutageMax:
+		// the run goes on without this command (issue 37, item 1).
+		fmt.Fprintf(s.errOut, "lost the deployment while waiting; `brood result %s` tells how the run ended\n", run.ChildID)
+		return err
 	}
 	if err != nil {
 		// Interrupted: dispose the child, then report how it ended.

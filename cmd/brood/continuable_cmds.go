@@ -221,7 +221,13 @@ func waitTurn(ctx context.Context, s *session, child string, auth protocol.Autho
 	var turn []protocol.SessionEvent // since the last turn/start
 	ours := false
 	for {
-		page, err := s.cl.LogPage(ctx, req)
+		// A long poll is safe to ask again: a broker restart or the serving
+		// coordinator's death goes on through whichever answers next.
+		var page protocol.LogPage
+		err := s.cl.Retrying(ctx, "waiting for the turn of "+messageID, func(ctx context.Context) (err error) {
+			page, err = s.cl.LogPage(ctx, req)
+			return err
+		})
 		if err != nil {
 			if ctx.Err() != nil {
 				return childResult{}, protocol.Errorf(protocol.CodeCancelled, "waiting for the turn of %s: %w", messageID, ctx.Err())

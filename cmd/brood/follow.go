@@ -23,6 +23,10 @@ type followReads interface {
 	Header(ctx context.Context, req protocol.SessionGetRequest) (protocol.SessionHeader, error)
 	LogPage(ctx context.Context, req protocol.LogReadRequest) (protocol.LogPage, error)
 	State(ctx context.Context, req protocol.ChildRef) (protocol.StateReply, error)
+	// Retrying asks again while the coordinators are UNAVAILABLE (a broker
+	// restart, the coordinator serving the long poll killed: the next page
+	// comes from another), bounded by client.Options.OutageMax.
+	Retrying(ctx context.Context, what string, f func(ctx context.Context) error) error
 }
 
 // follow is followLog reading through r and printing to out.
@@ -61,7 +65,11 @@ func follow(ctx context.Context, r followReads, out io.Writer, id string, auth p
 		if caughtUp {
 			req.WaitMs = followDonePoll.Milliseconds()
 		}
-		page, err := r.LogPage(ctx, req)
+		var page protocol.LogPage
+		err := r.Retrying(ctx, "following the log of "+id, func(ctx context.Context) (err error) {
+			page, err = r.LogPage(ctx, req)
+			return err
+		})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil

@@ -38,6 +38,11 @@ func (l *scriptedLog) LogPage(_ context.Context, req protocol.LogReadRequest) (p
 	return protocol.LogPage{Events: evs, NextSeq: int64(l.logged), Complete: true}, nil
 }
 
+// Retrying asks once: the scripted coordinator never fails.
+func (l *scriptedLog) Retrying(ctx context.Context, _ string, f func(context.Context) error) error {
+	return f(ctx)
+}
+
 func (l *scriptedLog) State(_ context.Context, req protocol.ChildRef) (protocol.StateReply, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -351,7 +351,7 @@ func natsUser(url string) (user, password string, err error) {
 // connect dials NATS for a process named name as the user of natsUser,
 // with that user's inbox prefix _INBOX.<user> (protocol.UserInboxPrefix):
 // every reply, run notice and followed event of the process arrives under it.
-func connect(url, name string, reconnect bool) (*nats.Conn, error) {
+func connect(url, name string) (*nats.Conn, error) {
 	user, password, err := natsUser(url)
 	if err != nil {
 		return nil, err
@@ -360,22 +360,24 @@ func connect(url, name string, reconnect bool) (*nats.Conn, error) {
 	if user != "" {
 		opts = append(opts, nats.UserInfo(user, password), nats.CustomInboxPrefix(protocol.UserInboxPrefix(user)))
 	}
-	return connectWith(url, name, reconnect, opts...)
+	return connectWith(url, name, opts...)
 }
 
 // connectWith dials NATS with explicit options (brood dev's own server
 // takes none of the environment's).
-func connectWith(url, name string, reconnect bool, extra ...nats.Option) (*nats.Conn, error) {
+func connectWith(url, name string, extra ...nats.Option) (*nats.Conn, error) {
 	// nats.go prints asynchronous errors to stderr unless told otherwise; a
 	// refused publish or subscription is reported by the call that made it
 	// (PERMISSION_DENIED, pkg/client), so print nothing here.
 	opts := append([]nats.Option{nats.Name(name), nats.Timeout(5 * time.Second),
 		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}, extra...)
-	if reconnect {
-		opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
-	} else {
-		opts = append(opts, nats.MaxReconnects(2))
-	}
+	// Every process reconnects for as long as it runs: a client verb that
+	// waits (run, followup --wait, log --follow, watch) rides out a broker
+	// restart, bounded by its own deadline or client.Options.OutageMax, and
+	// one that does not is bounded by --timeout (issue 37, item 1: with two
+	// tries, a restart of `brood dev` left `brood run` waiting forever on a
+	// closed connection).
+	opts = append(opts, nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, connectError(url, err)

@@ -41,7 +41,7 @@ func mcpCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return protocol.Errorf(protocol.CodeInvalidArgument, "--cwd: %w", err)
 			}
-			nc, err := connect(g.natsURL, "brood-mcp", true)
+			nc, err := connect(g.natsURL, "brood-mcp")
 			if err != nil {
 				return err
 			}

@@ -58,7 +58,7 @@ func provisionCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return protocol.Errorf(protocol.CodeInvalidArgument, "%w", err)
 			}
-			nc, err := connect(g.natsURL, "brood-provision", false)
+			nc, err := connect(g.natsURL, "brood-provision")
 			if err != nil {
 				return err
 			}

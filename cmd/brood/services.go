@@ -182,7 +182,7 @@ func (s *storeFlags) flags(cmd *cobra.Command) {
 // Brood's streams and buckets, waiting while they are not provisioned
 // (openStore); close the connection when done.
 func serviceConn(ctx context.Context, g *globals, name string, sf storeFlags, log *slog.Logger) (*nats.Conn, *store.Store, error) {
-	nc, err := connect(g.natsURL, name, true)
+	nc, err := connect(g.natsURL, name)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -479,7 +479,7 @@ func devCmd(g *globals) *cobra.Command {
 				return protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 			}
 			defer ns.Shutdown()
-			nc, err := connectWith(ns.ClientURL(), "brood-dev", true)
+			nc, err := connectWith(ns.ClientURL(), "brood-dev")
 			if err != nil {
 				return err
 			}

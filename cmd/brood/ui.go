@@ -60,7 +60,7 @@ func uiCmd(g *globals) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(g.logLevel, slog.LevelInfo, g.errOut)
-			nc, err := connect(g.natsURL, "brood-ui", true)
+			nc, err := connect(g.natsURL, "brood-ui")
 			if err != nil {
 				return err
 			}

@@ -51,6 +51,12 @@ type Options struct {
 	// AwaitFallback is how long Run.Result waits for its notice before it
 	// asks runs.await instead (10 s).
 	AwaitFallback time.Duration
+	// OutageMax bounds how long a wait that outlives single requests
+	// (Run.Result, Follow.Next, Retrying) goes on while every attempt is
+	// UNAVAILABLE (DefaultOutageMax, 1 minute); then it answers UNAVAILABLE.
+	// The connection must be able to reconnect (nats.MaxReconnects(-1)) to
+	// ride out a broker restart; a closed one ends the wait at once.
+	OutageMax time.Duration
 	// User is the NATS user the client acts as: it calls the coordinator on
 	// that user's own subjects, <prefix>.v1.user.<User>.<endpoint>
 	// (protocol.Subjects.User), where a deployment knows who calls (notify
@@ -85,6 +91,9 @@ func New(nc *nats.Conn, opts Options) (*Client, error) {
 	}
 	if opts.AwaitFallback <= 0 {
 		opts.AwaitFallback = 10 * time.Second
+	}
+	if opts.OutageMax <= 0 {
+		opts.OutageMax = DefaultOutageMax
 	}
 	if opts.User == "" {
 		opts.User = nc.Opts.User

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -199,14 +200,20 @@ func (f *Follow) drop() {
 }
 
 // resume opens a new follow after the cursor, retrying while the
-// coordinator is UNAVAILABLE.
+// coordinator is UNAVAILABLE for up to Options.OutageMax: then (or at once
+// when the connection is closed) the follow is stale and Next says so with
+// UNAVAILABLE, rather than showing nothing new (issue 37, item 1).
 func (f *Follow) resume(ctx context.Context) error {
 	cursor := f.cursor
 	f.req.AfterSeq = &cursor
+	down := outage{c: f.c}
 	for {
 		err := f.open(ctx)
-		if err == nil || !errors.Is(err, protocol.ErrUnavailable) {
-			return err
+		if err == nil {
+			return nil
+		}
+		if gaveUp := down.failed(err, "resuming the follow after event "+strconv.FormatUint(uint64(cursor), 10)); gaveUp != nil {
+			return gaveUp
 		}
 		select {
 		case <-ctx.Done():

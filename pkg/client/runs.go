@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -101,14 +100,17 @@ func (c *Client) StartRun(ctx context.Context, req protocol.RunStartRequest) (*R
 }
 
 // Result waits for the run's result: its notice, or runs.await when none came
-// within Options.AwaitFallback (retried while the coordinator is
-// UNAVAILABLE). A child that did not complete is a result with another stop
+// within Options.AwaitFallback (asked again while the deployment is
+// UNAVAILABLE, a broker or coordinator restarting, for up to
+// Options.OutageMax; then UNAVAILABLE, at once when the connection is
+// closed for good). A child that did not complete is a result with another stop
 // reason, not an error; a cancelled ctx is CANCELLED (the run goes on:
 // Dispose it).
 func (r *Run) Result(ctx context.Context) (protocol.SubagentResult, error) {
 	t := time.NewTimer(r.c.opts.AwaitFallback)
 	defer t.Stop()
 	defer r.forget()
+	down := outage{c: r.c}
 	for {
 		select {
 		case n := <-r.notice:
@@ -120,10 +122,20 @@ func (r *Run) Result(ctx context.Context) (protocol.SubagentResult, error) {
 			return protocol.SubagentResult{}, protocol.Errorf(protocol.CodeCancelled, "waiting for run %s: %w", r.RunID, ctx.Err())
 		case <-t.C:
 			st, err := r.c.Await(ctx, protocol.RunRef{RunID: r.RunID, Parent: &r.parent, WaitMs: r.c.opts.AwaitFallback.Milliseconds()})
-			if err != nil && !errors.Is(err, protocol.ErrUnavailable) {
-				return protocol.SubagentResult{}, err
+			if err != nil {
+				if ctx.Err() != nil {
+					return protocol.SubagentResult{}, protocol.Errorf(protocol.CodeCancelled, "waiting for run %s: %w", r.RunID, ctx.Err())
+				}
+				// The deployment may be restarting: ask again, for up to
+				// Options.OutageMax (issue 37, item 1).
+				if gaveUp := down.failed(err, "waiting for run "+r.RunID); gaveUp != nil {
+					return protocol.SubagentResult{}, gaveUp
+				}
+				t.Reset(min(r.c.opts.AwaitFallback, outageRetryWait))
+				continue
 			}
-			if err == nil && st.State == protocol.RunSettled && st.Result != nil {
+			down.ok()
+			if st.State == protocol.RunSettled && st.Result != nil {
 				return *st.Result, nil
 			}
 			t.Reset(r.c.opts.AwaitFallback)

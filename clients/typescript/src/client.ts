@@ -88,6 +88,15 @@ export interface ClientOptions {
   /** How long Run.result waits for its notice before asking runs.await (default 10 000 ms). */
   awaitFallbackMs?: number;
   /**
+   * How long a wait that outlives single requests (Run.result, a Follow's
+   * resume) goes on while every attempt is UNAVAILABLE (a broker restarting,
+   * the coordinator serving it killed) before it rejects with
+   * UnavailableError (default 60 000 ms); a closed connection ends it at
+   * once. Connect with `maxReconnectAttempts: -1` to ride out a broker
+   * restart (issue 37, item 1).
+   */
+  outageMaxMs?: number;
+  /**
    * The connection's inbox prefix (its `inboxPrefix` option; default: read
    * from the connection, else "_INBOX"). Run notices and follows arrive
    * under it, so a deployment can confine each user's replies to its own prefix.
@@ -172,6 +181,38 @@ export function transportError(subject: string, err: unknown): BroodError {
   return new UnavailableError("UNAVAILABLE", `request to ${subject}: ${msg}`, undefined, { cause: err });
 }
 
+/**
+ * Outage tracks how long a wait has been unable to reach the deployment:
+ * since the first of its consecutive UNAVAILABLE answers (Client.outageMaxMs).
+ */
+export class Outage {
+  private since = 0;
+  constructor(private readonly client: Client) {}
+
+  /**
+   * failed records a failed attempt and returns the error to give up with,
+   * or undefined while the outage may still pass (the error is UNAVAILABLE,
+   * the connection is open, and outageMaxMs has not passed).
+   */
+  failed(err: unknown, what: string): unknown {
+    if (!(err instanceof UnavailableError)) return err;
+    if (this.since === 0) this.since = Date.now();
+    if (this.client.nc.isClosed()) {
+      return new UnavailableError("UNAVAILABLE", `${what}: the NATS connection is closed`, undefined, { cause: err });
+    }
+    const down = Date.now() - this.since;
+    if (down >= this.client.outageMaxMs) {
+      return new UnavailableError("UNAVAILABLE", `${what}: the deployment could not be reached for ${Math.round(down / 1000)} s`, undefined, { cause: err });
+    }
+    return undefined;
+  }
+
+  /** ok records a successful attempt: the outage, if any, is over. */
+  ok(): void {
+    this.since = 0;
+  }
+}
+
 /** Rejects with CancelledError when signal aborts. */
 export function abortable<T>(p: Promise<T>, signal: AbortSignal | undefined, what: string): Promise<T> {
   if (!signal) return p;
@@ -206,6 +247,7 @@ export class Client {
   readonly prefix: string;
   readonly timeoutMs: number;
   readonly awaitFallbackMs: number;
+  readonly outageMaxMs: number;
   readonly inboxPrefix: string;
   readonly user: string;
   private notifySub?: Subscription;
@@ -221,6 +263,7 @@ export class Client {
     this.prefix = prefix;
     this.timeoutMs = opts.timeoutMs ?? 30_000;
     this.awaitFallbackMs = opts.awaitFallbackMs ?? 10_000;
+    this.outageMaxMs = opts.outageMaxMs ?? 60_000;
     const connOpts = (nc as { options?: { inboxPrefix?: string; user?: string } }).options;
     this.inboxPrefix = opts.inboxPrefix ?? connOpts?.inboxPrefix ?? "_INBOX";
     this.user = opts.user ?? connOpts?.user ?? "";
@@ -565,11 +608,14 @@ export class Run {
 
   /**
    * The run's result: its notice, or runs.await when none came within the
-   * client's awaitFallbackMs (retried while the coordinator is UNAVAILABLE).
+   * client's awaitFallbackMs (asked again while the deployment is
+   * UNAVAILABLE, for up to the client's outageMaxMs; then UnavailableError,
+   * at once when the connection is closed).
    * A child that did not complete is a result with another stopReason, not
    * an error; an aborted signal is CANCELLED (the run goes on: dispose it).
    */
   async result(opts: CallOptions = {}): Promise<SubagentResult> {
+    const down = new Outage(this.client);
     try {
       for (;;) {
         let timer: NodeJS.Timeout | undefined;
@@ -598,9 +644,12 @@ export class Run {
             { runId: this.runId, parent: this.parent, waitMs: this.client.awaitFallbackMs },
             { signal: opts.signal },
           );
+          down.ok();
           if (st.state === "settled" && st.result) return st.result;
         } catch (err) {
-          if (!(err instanceof UnavailableError)) throw err;
+          const gaveUp = down.failed(err, `waiting for run ${this.runId}`);
+          if (gaveUp !== undefined) throw gaveUp;
+          await new Promise((r) => setTimeout(r, 500));
         }
       }
     } finally {

@@ -4,7 +4,7 @@
 
 import { type Msg, type Subscription } from "@nats-io/transport-node";
 
-import { abortable, cancelled, decodeBody, encodeBody, errorOf, transportError, type CallOptions, type Client } from "./client.js";
+import { abortable, cancelled, decodeBody, encodeBody, errorOf, Outage, transportError, type CallOptions, type Client } from "./client.js";
 import { fromBody, UnavailableError } from "./errors.js";
 import {
   Endpoints,
@@ -180,15 +180,21 @@ export class Follow implements AsyncIterable<LifecycleEvent> {
     this.sub = undefined;
   }
 
-  /** Opens a new follow after the cursor, retrying while UNAVAILABLE. */
+  /**
+   * Opens a new follow after the cursor, retrying while UNAVAILABLE for up to
+   * the client's outageMaxMs: then (or at once when the connection is
+   * closed) the follow is stale and says so with UnavailableError.
+   */
   private async resume(signal?: AbortSignal): Promise<void> {
     this.req = { ...this.req, afterSeq: this.cursor };
+    const down = new Outage(this.client);
     for (;;) {
       try {
         await this.openSub({ signal });
         return;
       } catch (err) {
-        if (!(err instanceof UnavailableError)) throw err;
+        const gaveUp = down.failed(err, `resuming the follow after event ${this.cursor}`);
+        if (gaveUp !== undefined) throw gaveUp;
       }
       if (signal?.aborted) throw cancelled("resuming the follow", signal);
       await new Promise((r) => setTimeout(r, FollowRetryWaitMs));

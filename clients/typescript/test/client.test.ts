@@ -26,6 +26,8 @@ import {
   text,
   type LifecycleEvent,
 } from "../src/index.js";
+import { connect } from "@nats-io/transport-node";
+
 import { eventually, repoRoot, startDev, type Dev } from "./dev.js";
 
 let dev: Dev;
@@ -331,6 +333,25 @@ describe("the README", () => {
       timeout: 60_000,
     });
     assert.equal(stdout.trim(), "completed Hello from a child agent");
+  });
+});
+
+describe("outages", () => {
+  test("a run's result rejects UNAVAILABLE once its connection closed for good, instead of waiting forever", async () => {
+    const nc = await connect({ servers: dev.url });
+    const c = new Client(nc, { awaitFallbackMs: 200 });
+    const root = await c.openRoot({ cwd });
+    const run = await c.startRun({ provider: "spawn", parent: root.ref(), prompt: text("sleep 60s\nsay late") });
+    const waiting = run.result();
+    await nc.close();
+    const started = Date.now();
+    await assert.rejects(waiting, (err: unknown) => {
+      assert.ok(err instanceof UnavailableError, `got ${String(err)}`);
+      assert.match(err.message, /connection is closed/);
+      return true;
+    });
+    assert.ok(Date.now() - started < 10_000, "rejected within 10 s of the close");
+    await brood.dispose({ runId: run.runId, parent: root.ref() });
   });
 });
 
