@@ -37,6 +37,13 @@ func (s *syncBuffer) String() string {
 // what it printed and its exit status.
 func (c *cli) serve(t *testing.T, ready string, args ...string) outcome {
 	t.Helper()
+	return c.serveDuring(t, ready, nil, args...)
+}
+
+// serveDuring is serve that runs during (when not nil) once the verb
+// printed ready, before stopping it.
+func (c *cli) serveDuring(t *testing.T, ready string, during func(), args ...string) outcome {
+	t.Helper()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt) // the test process survives its own SIGINT
 	defer signal.Stop(sig)
@@ -53,6 +60,9 @@ func (c *cli) serve(t *testing.T, ready string, args ...string) outcome {
 		if time.Now().After(deadline) {
 			t.Fatalf("brood %s printed no %q in 60 s:\n%s", strings.Join(args, " "), ready, printed())
 		}
+	}
+	if during != nil {
+		during()
 	}
 	// Until the verb's own signal handler is in place, a signal only
 	// reaches the test's: send it again until the verb returns.

@@ -338,6 +338,7 @@ func (s stopOnViolation) Run(ctx context.Context) error {
 func collectorCmd(g *globals) *cobra.Command {
 	var sf storeFlags
 	var cf collectorFlags
+	var mf metricsFlags
 	cmd := &cobra.Command{
 		Use:   "collector",
 		Short: "Run the collector: remove closed roots' trees once idle for the retention",
@@ -347,6 +348,12 @@ func collectorCmd(g *globals) *cobra.Command {
 			if err := cf.validate(); err != nil {
 				return err
 			}
+			// --metrics as every service has it (deploy/k8s and compose
+			// scrape each pod; issue 37, item 8): the process's own series.
+			if err := mf.listen(); err != nil {
+				return err
+			}
+			defer mf.close()
 			nc, st, err := serviceConn(cmd.Context(), g, "brood-collector", sf, log)
 			if err != nil {
 				return err
@@ -356,11 +363,12 @@ func collectorCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return serve(stopOnViolation{nc, c})
+			return serve(mf.actors(stopOnViolation{nc, c})...)
 		},
 	}
 	sf.flags(cmd)
 	cf.flags(cmd)
+	mf.flags(cmd)
 	natsFlag(cmd, g)
 	return cmd
 }
