@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	a2agateway "github.com/brood-dev/brood/services/a2a-gateway"
 )
 
 // syncBuffer is a bytes.Buffer safe for a command writing while the test reads.
@@ -130,7 +132,7 @@ func helpVerbs(t *testing.T, help string) []string {
 	var verbs []string
 	_, groups, _ := strings.Cut(help, "Run everything in one process:")
 	groups, _, _ = strings.Cut(groups, "Additional Commands:")
-	for _, m := range regexp.MustCompile(`(?m)^  ([a-z][a-z-]*) `).FindAllStringSubmatch(groups, -1) {
+	for _, m := range regexp.MustCompile(`(?m)^  ([a-z][a-z0-9-]*) `).FindAllStringSubmatch(groups, -1) {
 		verbs = append(verbs, m[1])
 	}
 	if len(verbs) < 20 {
@@ -297,6 +299,18 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 			},
 			errOut: `(?s)msg="host serving" host=acp\.` + id + ` providers=\[acp\].*msg="host drained"`,
 			fail:   []string{"acp-bridge"}, code: "INVALID_ARGUMENT",
+		},
+		"a2a-gateway": {
+			ok: func() outcome {
+				callers := filepath.Join(t.TempDir(), "callers.json")
+				body := `{"callers":[{"user":"alice","tokenSha256":"` + a2agateway.TokenHash("t") + `"}]}`
+				if err := os.WriteFile(callers, []byte(body), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				return c.serve(t, "a2a gateway serving", "a2a-gateway", "--nats", c.url, "--listen", "127.0.0.1:0", "--callers", callers)
+			},
+			errOut: `(?s)msg="a2a gateway serving" addr=127\.0\.0\.1:\d+.*msg="a2a gateway stopped"`,
+			fail:   []string{"a2a-gateway", "--callers", "/nonexistent/callers.json"}, code: "INVALID_ARGUMENT",
 		},
 		"acp-agent": {
 			ok: func() outcome {
