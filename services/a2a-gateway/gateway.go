@@ -34,6 +34,10 @@ const (
 	// RequestBytesMax bounds an HTTP request body (a message is at most
 	// protocol's 256 KiB of text; the rest is JSON framing).
 	RequestBytesMax = 512 << 10
+	// MessageBytesMax bounds a message's text, checked before anything is
+	// opened or started: the coordinator's default prompt bound (256 KiB,
+	// docs/protocol.md §5.8), which it checks again.
+	MessageBytesMax = 256 << 10
 	// grantRenewBefore: a cached user grant is re-minted this long before
 	// it expires (grants last 24 h, docs/protocol.md §5.15).
 	grantRenewBefore = time.Hour

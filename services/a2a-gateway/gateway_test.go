@@ -455,3 +455,39 @@ func TestAnotherCallerIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestBadMessagesStartNothing: a message over MessageBytesMax, a body over
+// RequestBytesMax, a part that is not text, a message without text and one
+// naming a taskId (input-required is a seam) are refused, and no session
+// is written for any of them.
+func TestBadMessagesStartNothing(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t, 60*time.Second)
+	cl := e.client(e.gw, "spawn", aliceToken, a2a.TransportProtocolJSONRPC)
+	before := e.s.SessionCount()
+	withTask := userMsg("", "say x")
+	withTask.Message.TaskID = "01K0000000000000000000000A.01K0000000000000000000000B"
+	data := userMsg("", "")
+	data.Message.Parts = a2a.ContentParts{a2a.NewDataPart(map[string]any{"k": 1})}
+	for _, tc := range []struct {
+		name string
+		req  *a2a.SendMessageRequest
+		want error
+	}{
+		{"text over MessageBytesMax", userMsg("", strings.Repeat("x", MessageBytesMax+1)), a2a.ErrInvalidParams},
+		{"body over RequestBytesMax", userMsg("", strings.Repeat("x", RequestBytesMax+1)), nil},
+		{"a data part", data, a2a.ErrUnsupportedContentType},
+		{"no text", userMsg("", "  "), a2a.ErrInvalidParams},
+		{"a taskId", withTask, a2a.ErrUnsupportedOperation},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := cl.SendMessage(ctx, tc.req)
+			if err == nil || (tc.want != nil && !errors.Is(err, tc.want)) {
+				t.Fatalf("send: %v, want %v", err, tc.want)
+			}
+		})
+	}
+	if after := e.s.SessionCount(); after != before {
+		t.Fatalf("%d sessions before, %d after: a refused message started something", before, after)
+	}
+}

@@ -3,6 +3,7 @@ package a2agateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"iter"
 	"slices"
 	"strconv"
@@ -109,6 +110,10 @@ func prompt(m *a2a.Message) (string, error) {
 			b.WriteString("\n")
 		}
 		b.WriteString(p.Text())
+	}
+	if b.Len() > MessageBytesMax {
+		return "", a2a.NewError(a2a.ErrInvalidParams, fmt.Sprintf("LIMIT_EXCEEDED: the message's text is %d bytes; the limit is %d", b.Len(), MessageBytesMax)).
+			WithDetails(map[string]any{"broodCode": string(protocol.CodeLimitExceeded)})
 	}
 	if strings.TrimSpace(b.String()) == "" {
 		return "", a2a.NewError(a2a.ErrInvalidParams, "INVALID_ARGUMENT: the message has no text")
