@@ -3,6 +3,7 @@ package main
 import (
 	"log/slog"
 	neturl "net/url"
+	"os"
 	"strings"
 
 	"github.com/nats-io/nats.go"
@@ -11,6 +12,7 @@ import (
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	a2agateway "github.com/brood-dev/brood/services/a2a-gateway"
+	a2aworker "github.com/brood-dev/brood/services/a2a-worker"
 )
 
 // a2aGatewayCmd is `brood a2a-gateway`: Brood's continuable providers as A2A
@@ -84,4 +86,54 @@ func urlsWithoutUser(urls string) string {
 		}
 	}
 	return strings.Join(parts, ",")
+}
+
+// envA2AToken is where `brood a2a-worker` takes the remote agent's bearer
+// token from: never the command line, where ps would show it.
+const envA2AToken = "BROOD_A2A_TOKEN"
+
+// a2aWorkerCmd is `brood a2a-worker`: a provider whose children are a remote
+// A2A agent (services/a2a-worker, docs/a2a.md "The a2a provider").
+func a2aWorkerCmd(g *globals) *cobra.Command {
+	var t timing
+	var sf storeFlags
+	var name, card string
+	cmd := &cobra.Command{
+		Use:   "a2a-worker --name NAME --card URL",
+		Short: "Run a worker of a provider whose children are a remote Agent2Agent (A2A) agent",
+		Long: "Serves provider NAME (provisioned first: brood provision --providers ...,NAME): each child is the\n" +
+			"remote A2A agent whose card is at URL (its .well-known/agent-card.json), one remote context per child,\n" +
+			"one remote task per turn; a dispose of the child cancels the remote task. The remote agent's bearer\n" +
+			"token, if it needs one, comes from $" + envA2AToken + ".",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := newLogger(g.logLevel, slog.LevelInfo, g.errOut)
+			if err := t.validate(); err != nil {
+				return err
+			}
+			if !protocol.ValidID(name) || card == "" {
+				return protocol.Errorf(protocol.CodeInvalidArgument, "--name (^[A-Za-z0-9_-]{1,64}$) and --card URL are required")
+			}
+			sf.providers, sf.worker = []string{name}, true
+			nc, st, err := serviceConn(cmd.Context(), g, "brood-a2a-worker", sf, log)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			h, err := a2aworker.New(a2aworker.Config{
+				NC: nc, Store: st, Name: name, CardURL: card, Token: os.Getenv(envA2AToken),
+				HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, DrainGrace: t.drainGrace, Logger: log,
+			})
+			if err != nil {
+				return err
+			}
+			return serve(stopOnViolation{nc, h})
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "the provider's name")
+	cmd.Flags().StringVar(&card, "card", "", "the remote agent's card URL")
+	t.flags(cmd)
+	sf.flags(cmd)
+	natsFlag(cmd, g)
+	return cmd
 }

@@ -312,6 +312,14 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 			errOut: `(?s)msg="a2a gateway serving" addr=127\.0\.0\.1:\d+.*msg="a2a gateway stopped"`,
 			fail:   []string{"a2a-gateway", "--callers", "/nonexistent/callers.json"}, code: "INVALID_ARGUMENT",
 		},
+		"a2a-worker": {
+			ok: func() outcome {
+				c.ok("provision", "--providers", "spawn,fork,acp,a2a-echo")
+				return c.serve(t, `providers=[a2a-echo]`, "a2a-worker", "--nats", c.url, "--name", "a2a-echo", "--card", "http://127.0.0.1:1/.well-known/agent-card.json")
+			},
+			errOut: `(?s)msg="host serving" host=a2a-echo\.` + id + ` providers=\[a2a-echo\].*msg="host drained"`,
+			fail:   []string{"a2a-worker", "--name", "a2a-echo"}, code: "INVALID_ARGUMENT",
+		},
 		"acp-agent": {
 			ok: func() outcome {
 				var o outcome

@@ -25,7 +25,7 @@ func TestHelpGroupsVerbsByWhatAUserWantsToDo(t *testing.T) {
 		{"Delegate work to children:", []string{"providers", "run", "start", "followup"}},
 		{"See what children do and answered:", []string{"state", "result", "children", "log", "watch"}},
 		{"Steer children (stop, end, hold):", []string{"interrupt", "dispose", "drain", "grant"}},
-		{"Run the services separately (one per process):", []string{"provision", "coordinator", "spawn-worker", "fork-worker", "acp-bridge", "acp-agent", "mcp", "a2a-gateway"}},
+		{"Run the services separately (one per process):", []string{"provision", "coordinator", "spawn-worker", "fork-worker", "acp-bridge", "acp-agent", "mcp", "a2a-gateway", "a2a-worker"}},
 	}
 	rest := o.out
 	for _, g := range groups {

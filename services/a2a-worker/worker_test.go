@@ -1,0 +1,289 @@
+package a2aworker
+
+import (
+	"context"
+	"errors"
+	"iter"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/a2aproject/a2a-go/v2/a2a"
+	"github.com/a2aproject/a2a-go/v2/a2asrv"
+	"go.uber.org/goleak"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The SDK's HTTP keep-alive connections to the test agent.
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"))
+}
+
+// echo is a small A2A agent built with the same SDK: it answers
+// "echo: <text>"; a message "slow <duration> <text>" works that long first
+// (honouring cancellation). It records every task it started, and every
+// task cancelled.
+type echo struct {
+	mu        sync.Mutex
+	started   []a2a.TaskInfo
+	texts     []string
+	cancelled []a2a.TaskID
+}
+
+func (e *echo) Execute(ctx context.Context, ec *a2asrv.ExecutorContext) iter.Seq2[a2a.Event, error] {
+	return func(yield func(a2a.Event, error) bool) {
+		text := ec.Message.Parts[0].Text()
+		e.mu.Lock()
+		e.started = append(e.started, ec.TaskInfo())
+		e.texts = append(e.texts, text)
+		e.mu.Unlock()
+		if !yield(a2a.NewSubmittedTask(ec, ec.Message), nil) {
+			return
+		}
+		if !yield(a2a.NewStatusUpdateEvent(ec, a2a.TaskStateWorking, nil), nil) {
+			return
+		}
+		if rest, ok := strings.CutPrefix(text, "slow "); ok {
+			ds, t, _ := strings.Cut(rest, " ")
+			d, _ := time.ParseDuration(ds)
+			text = t
+			select {
+			case <-ctx.Done():
+				yield(nil, context.Cause(ctx))
+				return
+			case <-time.After(d):
+			}
+		}
+		if !yield(a2a.NewArtifactEvent(ec, a2a.NewTextPart("echo: "+text)), nil) {
+			return
+		}
+		yield(a2a.NewStatusUpdateEvent(ec, a2a.TaskStateCompleted, nil), nil)
+	}
+}
+
+func (e *echo) Cancel(_ context.Context, ec *a2asrv.ExecutorContext) iter.Seq2[a2a.Event, error] {
+	return func(yield func(a2a.Event, error) bool) {
+		e.mu.Lock()
+		e.cancelled = append(e.cancelled, ec.TaskID)
+		e.mu.Unlock()
+		yield(a2a.NewStatusUpdateEvent(ec, a2a.TaskStateCanceled, nil), nil)
+	}
+}
+
+func (e *echo) snapshot() (started []a2a.TaskInfo, texts []string, cancelled []a2a.TaskID) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]a2a.TaskInfo(nil), e.started...), append([]string(nil), e.texts...), append([]a2a.TaskID(nil), e.cancelled...)
+}
+
+// startEcho serves the echo agent (JSON-RPC) and its card on a loopback
+// port; it returns the agent and its card URL.
+func startEcho(t *testing.T) (*echo, string) {
+	t.Helper()
+	e := &echo{}
+	mux := http.NewServeMux()
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	card := &a2a.AgentCard{
+		Name: "echo", Description: "echoes", Version: "1",
+		SupportedInterfaces: []*a2a.AgentInterface{a2a.NewAgentInterface(srv.URL+"/rpc", a2a.TransportProtocolJSONRPC)},
+		Capabilities:        a2a.AgentCapabilities{Streaming: true},
+		DefaultInputModes:   []string{"text/plain"}, DefaultOutputModes: []string{"text/plain"},
+		Skills: []a2a.AgentSkill{{ID: "echo", Name: "echo", Description: "echoes", Tags: []string{"echo"}}},
+	}
+	mux.Handle("/.well-known/agent-card.json", a2asrv.NewStaticAgentCardHandler(card))
+	mux.Handle("/rpc", a2asrv.NewJSONRPCHandler(a2asrv.NewHandler(e)))
+	return e, srv.URL + "/.well-known/agent-card.json"
+}
+
+// cut is an HTTP transport the test can cut, as a killed worker's
+// connections are: nothing it would send after that reaches the agent.
+type cut struct{ down atomic.Bool }
+
+func (c *cut) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c.down.Load() {
+		return nil, errors.New("the worker is dead")
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+const name = "a2a-echo"
+
+// addWorker starts an a2a worker on its own connection; kill stops it as a
+// kill would: its HTTP is cut first (it sends the remote agent nothing
+// more), then its connection closes and it stops.
+func addWorker(t *testing.T, s *stack.Stack, cardURL string) (kill func()) {
+	t.Helper()
+	s.Provide(name)
+	nc := s.Conn()
+	tr := &cut{}
+	bctx, bcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer bcancel()
+	st, err := store.Bind(bctx, nc, s.Store.Subj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Cfg = s.Store.Cfg
+	h, err := New(Config{NC: nc, Store: st, Name: name, CardURL: cardURL,
+		HTTPClient: &http.Client{Transport: tr}, HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry,
+		DrainGrace: 2 * time.Second, Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = h.Run(ctx) }()
+	s.WaitProvider(name)
+	var once sync.Once
+	kill = func() {
+		once.Do(func() {
+			tr.down.Store(true)
+			nc.Close()
+			cancel()
+			<-done
+		})
+	}
+	t.Cleanup(kill)
+	return kill
+}
+
+func newStack(t *testing.T) *stack.Stack {
+	s := stack.New(t)
+	s.AddCoordinator()
+	return s
+}
+
+func toolCalls(t *testing.T, s *stack.Stack, child string) []string {
+	t.Helper()
+	_, evs := s.Log(child)
+	var ids []string
+	for _, ev := range evs {
+		var d protocol.ToolCallData
+		if ev.Type == protocol.EvToolCall && ev.Decode(&d) == nil && d.Name == TaskTool {
+			ids = append(ids, d.Arguments)
+		}
+	}
+	return ids
+}
+
+// TestDelegatesOneShotAndContinuable: a one-shot Brood run answers with the
+// remote agent's answer; a continuable child's followup goes to the same
+// remote context; each remote task's id is in the child's log.
+func TestDelegatesOneShotAndContinuable(t *testing.T) {
+	s := newStack(t)
+	e, card := startEcho(t)
+	addWorker(t, s, card)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root := s.Root()
+	_, res, err := s.Run(root.Ref(), name, "hello", protocol.StartOptions{})
+	if err != nil || res.StopReason != protocol.StopCompleted || protocol.PlainText(res.Output) != "echo: hello" {
+		t.Fatalf("one-shot: %v %+v", err, res)
+	}
+	r, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: name, Parent: root.Ref(), Label: "c", Prompt: protocol.Text("first")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answered := func(want string) {
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			got, err := s.Client.SessionResult(ctx, protocol.SessionResultRequest{SessionID: r.ChildID, Authority: s.Grant()})
+			return err == nil && got.Finished && protocol.PlainText(got.Output) == want
+		}, "the child answered %q", want)
+	}
+	answered("echo: first")
+	if _, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: r.ChildID, Authority: s.Grant(), Message: protocol.Text("second")}); err != nil {
+		t.Fatal(err)
+	}
+	answered("echo: second")
+	started, texts, _ := e.snapshot()
+	if len(started) != 3 || texts[1] != "first" || texts[2] != "second" {
+		t.Fatalf("remote tasks: %v %v", started, texts)
+	}
+	if started[1].ContextID != started[2].ContextID || started[0].ContextID == started[1].ContextID {
+		t.Fatalf("remote contexts: %v (the followup must reuse the child's, the one-shot run has its own)", started)
+	}
+	calls := toolCalls(t, s, r.ChildID)
+	if len(calls) != 2 || !strings.Contains(calls[0], string(started[1].TaskID)) || !strings.Contains(calls[1], string(started[2].TaskID)) {
+		t.Fatalf("logged remote tasks %v, want %v", calls, started[1:])
+	}
+}
+
+// TestDisposeCancelsTheRemoteTask: a parent's dispose of its child reaches
+// the remote agent as CancelTask of the remote task the turn waits for.
+func TestDisposeCancelsTheRemoteTask(t *testing.T) {
+	s := newStack(t)
+	e, card := startEcho(t)
+	addWorker(t, s, card)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root := s.Root()
+	r, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: name, Parent: root.Ref(), Label: "slow", Prompt: protocol.Text("slow 60s never")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool { return len(toolCalls(t, s, r.ChildID)) == 1 }, "the remote task logged")
+	if _, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: s.Grant(), Children: []string{r.ChildID}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		started, _, cancelled := e.snapshot()
+		return len(started) == 1 && len(cancelled) == 1 && cancelled[0] == started[0].TaskID
+	}, "the remote task was not cancelled")
+}
+
+// TestKilledWorkerReattaches: a worker killed while its child waits for a
+// remote task; the takeover closes the turn. The child's next turn, on
+// another worker, re-attaches to that remote task (waits for it and gives
+// its answer) and sends only the new message: the remote agent sees two
+// tasks, never the first message twice.
+func TestKilledWorkerReattaches(t *testing.T) {
+	s := newStack(t)
+	e, card := startEcho(t)
+	kill := addWorker(t, s, card)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	root := s.Root()
+	r, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: name, Parent: root.Ref(), Label: "slow", Prompt: protocol.Text("slow 4s first")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool { return len(toolCalls(t, s, r.ChildID)) == 1 }, "the remote task logged")
+	kill()
+	// The takeover closes the turn interrupted.
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, evs := s.Log(r.ChildID)
+		for _, ev := range evs {
+			var d protocol.TurnEndData
+			if ev.Type == protocol.EvTurnEnd && ev.Decode(&d) == nil && d.Reason.Kind == protocol.TurnInterrupted {
+				return true
+			}
+		}
+		return false
+	}, "the killed worker's turn was closed")
+	addWorker(t, s, card)
+	if _, err := s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: r.ChildID, Authority: s.Grant(), Message: protocol.Text("second")}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		got, err := s.Client.SessionResult(ctx, protocol.SessionResultRequest{SessionID: r.ChildID, Authority: s.Grant()})
+		return err == nil && got.Finished && protocol.PlainText(got.Output) == "echo: first\necho: second"
+	}, "the next turn gave the re-attached task's answer and its own")
+	started, texts, cancelled := e.snapshot()
+	if len(started) != 2 || texts[0] != "slow 4s first" || texts[1] != "second" || len(cancelled) != 0 {
+		t.Fatalf("remote tasks %v %v, cancelled %v: want the first once, then the second", started, texts, cancelled)
+	}
+	if started[0].ContextID != started[1].ContextID {
+		t.Fatalf("remote contexts %v: the followup must reuse the child's", started)
+	}
+}
