@@ -77,10 +77,13 @@ type Config struct {
 	Logger            *slog.Logger
 }
 
-// Descriptor is the a2a provider's descriptor: continuable, no start
-// capability, no global tool (a2a_task is the child's own).
+// Descriptor is the a2a provider's descriptor: continuable, no global tool
+// (a2a_task is the child's own). Of the start capabilities it takes only
+// depthLimit, which its children honour whatever the limit: they start no
+// Brood child (what the remote agent does beyond A2A is its own); so an
+// agent's subagent tool, which always sends maxDepth, may delegate to it.
 func Descriptor(name string) protocol.ProviderDescriptor {
-	return protocol.ProviderDescriptor{Name: name, Continuable: true, Tools: []string{}}
+	return protocol.ProviderDescriptor{Name: name, Continuable: true, Capabilities: protocol.Capabilities{DepthLimit: true}, Tools: []string{}}
 }
 
 // New returns the worker's host (provider.Host: Run serves it).

@@ -19,6 +19,7 @@ import (
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -286,4 +287,49 @@ func TestKilledWorkerReattaches(t *testing.T) {
 	if started[0].ContextID != started[1].ContextID {
 		t.Fatalf("remote contexts %v: the followup must reuse the child's", started)
 	}
+}
+
+// TestABroodRunDelegates: a spawn agent whose subagent tool delegates to the
+// a2a provider gets the remote agent's answer as its child's result; and
+// when the spawn run is disposed while its a2a child waits, the dispose
+// reaches the remote task as CancelTask.
+func TestABroodRunDelegates(t *testing.T) {
+	s := newStack(t)
+	e, card := startEcho(t)
+	addWorker(t, s, card)
+	s.AddSpawnWorker(func(c *worker.InProcessConfig) { c.SubagentProvider = name })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root := s.Root()
+	first, res, err := s.Run(root.Ref(), "spawn", `call subagent {"description":"ask echo","prompt":"hello"}`+"\nsay done", protocol.StartOptions{})
+	if err != nil || res.StopReason != protocol.StopCompleted {
+		t.Fatalf("delegating run: %v %+v", err, res)
+	}
+	_, evs := s.Log(first.ChildID)
+	found := false
+	for _, ev := range evs {
+		var d protocol.ToolResultData
+		if ev.Type == protocol.EvToolResult && ev.Decode(&d) == nil && d.Name == "subagent" && strings.Contains(protocol.PlainText(d.Content), "echo: hello") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("the spawn agent's subagent result lacks the remote answer")
+	}
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn",
+		Prompt: protocol.Text(`call subagent {"description":"ask echo","prompt":"slow 60s never"}` + "\nsay done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		started, _, _ := e.snapshot()
+		return len(started) == 2
+	}, "the remote task of the delegated child started")
+	if _, err := run.Dispose(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		started, _, cancelled := e.snapshot()
+		return len(cancelled) == 1 && cancelled[0] == started[1].TaskID
+	}, "the parent's dispose did not cancel the remote task")
 }
