@@ -283,7 +283,10 @@ func (r *remote) Stream(ctx context.Context, req model.Request, onText func(stri
 	}
 	msg := a2a.NewMessage(a2a.MessageRoleUser, a2a.NewTextPart(st.prompt))
 	msg.ContextID = st.contextID
-	sctx, cancel := context.WithTimeout(ctx, sendTimeout)
+	// The send is not cut by the turn's cancellation: a task the remote
+	// agent created must be known, so that a cancelled turn cancels it
+	// (below) instead of leaving it running unseen.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), sendTimeout)
 	defer cancel()
 	res, err := cl.SendMessage(sctx, &a2a.SendMessageRequest{Message: msg, Config: &a2a.SendMessageConfig{ReturnImmediately: true}})
 	if err != nil {
@@ -291,6 +294,12 @@ func (r *remote) Stream(ctx context.Context, req model.Request, onText func(stri
 			return model.Response{}, ctx.Err()
 		}
 		return model.Response{}, &model.Error{Diagnostic: fmt.Sprintf("send to the remote agent: %v", err)}
+	}
+	if t, ok := res.(*a2a.Task); ok && ctx.Err() != nil {
+		if !t.Status.State.Terminal() {
+			r.cancel(cl, string(t.ID))
+		}
+		return model.Response{}, ctx.Err()
 	}
 	switch v := res.(type) {
 	case *a2a.Message:
