@@ -135,7 +135,7 @@ func devACPAgents(url, prefix string, mf modelFlags) ([]acpbridge.AgentConfig, e
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"acp-agent", "--nats", url, "--prefix", prefix, "--model", mf.kind}
+	args := []string{"acp-agent", "--nats", url, "--prefix", prefix, "--model", mf.adapter()}
 	if mf.baseURL != "" {
 		args = append(args, "--model-base-url", mf.baseURL)
 	}
@@ -146,7 +146,7 @@ func devACPAgents(url, prefix string, mf modelFlags) ([]acpbridge.AgentConfig, e
 		args = append(args, "--workspace-root", r)
 	}
 	env := map[string]string{}
-	if mf.kind == "openai" {
+	if mf.adapter() == "openai" {
 		for _, k := range []string{"DEEPSEEK_API_KEY", "OPENAI_API_KEY", "BROOD_MODEL_BASE_URL", "BROOD_MODEL_NAME"} {
 			if v, ok := os.LookupEnv(k); ok {
 				env[k] = v
@@ -168,7 +168,7 @@ func acpAgentCmd(g *globals) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(g.logLevel, slog.LevelWarn, g.errOut)
-			models, err := mf.factory()
+			models, _, err := mf.factory()
 			if err != nil {
 				return err
 			}

@@ -80,12 +80,12 @@ func providersCmd(g *globals) *cobra.Command {
 					return printJSON(s.out, r)
 				}
 				tw := tabwriter.NewWriter(s.out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "PROVIDER\tINSTANCES\tOUTPUT-SCHEMA\tDEPTH-LIMIT\tTOOL-FILTER\tPERSONA\tINHERITS-CONTEXT\tCONTINUABLE\tTOOLS")
+				fmt.Fprintln(tw, "PROVIDER\tINSTANCES\tOUTPUT-SCHEMA\tDEPTH-LIMIT\tTOOL-FILTER\tPERSONA\tINHERITS-CONTEXT\tCONTINUABLE\tTOOLS\tMODEL")
 				for _, d := range r.Providers {
 					c := d.Capabilities
-					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, r.Instances[d.Name],
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, r.Instances[d.Name],
 						yes(c.OutputSchema), yes(c.DepthLimit), yes(c.ToolFilter), yes(c.Persona),
-						yes(d.InheritsParentContext), yes(d.Continuable), strings.Join(d.Tools, ","))
+						yes(d.InheritsParentContext), yes(d.Continuable), orDash(strings.Join(d.Tools, ",")), models(d.Models))
 				}
 				if len(r.Providers) == 0 {
 					fmt.Fprintln(tw, "(no live providers)")
@@ -97,6 +97,26 @@ func providersCmd(g *globals) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	clientFlags(cmd, g)
 	return cmd
+}
+
+// models is a descriptor's models as `brood providers` shows them:
+// adapter/id, the default first; "-" when the provider names none.
+func models(ms []protocol.ModelInfo) string {
+	if len(ms) == 0 {
+		return "-"
+	}
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.String()
+	}
+	return strings.Join(out, ",")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func yes(b bool) string {

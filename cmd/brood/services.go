@@ -121,7 +121,7 @@ type modelFlags struct {
 }
 
 func (m *modelFlags) flags(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&m.kind, "model", "scripted", "model adapter of the agents: scripted, or openai (any OpenAI-compatible endpoint; key from $DEEPSEEK_API_KEY or $OPENAI_API_KEY)")
+	cmd.Flags().StringVar(&m.kind, "model", "", "model adapter of the agents: scripted, or openai (any OpenAI-compatible endpoint; key from $DEEPSEEK_API_KEY or $OPENAI_API_KEY); default $"+envModel+", else openai when $"+model.EnvModelName+" or $"+model.EnvModelBaseURL+" is set, else scripted")
 	cmd.Flags().StringVar(&m.baseURL, "model-base-url", "", "openai adapter: base URL (default $BROOD_MODEL_BASE_URL, else https://api.deepseek.com)")
 	cmd.Flags().StringVar(&m.name, "model-name", "", "openai adapter: model id (default $BROOD_MODEL_NAME, else deepseek-chat)")
 	cmd.Flags().StringSliceVar(&m.workspaceRoots, "workspace-root", nil,
@@ -137,13 +137,35 @@ func (m *modelFlags) warnNoWorkspace(log *slog.Logger) {
 	}
 }
 
-// factory returns the model of new agents. The openai adapter is built once
-// and shared (it is safe for concurrent use); nothing is called unless it is
-// selected and a key is configured.
-func (m *modelFlags) factory() (worker.ModelFactory, error) {
-	switch m.kind {
-	case "", "scripted":
-		return func() (model.Model, error) { return model.NewScripted(), nil }, nil
+// envModel names the model adapter when --model is not given (issue 37,
+// item 3: the deploy/ files said the BROOD_MODEL_* variables choose the
+// model, yet without --model openai a worker served the scripted one).
+const envModel = "BROOD_MODEL"
+
+// adapter is the model adapter chosen: --model, else $BROOD_MODEL, else
+// openai when an OpenAI-compatible endpoint or model is named in the
+// environment ($BROOD_MODEL_NAME, $BROOD_MODEL_BASE_URL), else scripted.
+func (m *modelFlags) adapter() string {
+	if m.kind != "" {
+		return m.kind
+	}
+	if v := os.Getenv(envModel); v != "" {
+		return v
+	}
+	if os.Getenv(model.EnvModelName) != "" || os.Getenv(model.EnvModelBaseURL) != "" {
+		return "openai"
+	}
+	return "scripted"
+}
+
+// factory returns the model of new agents and what it is (the
+// descriptor's models, docs/protocol.md §9.1). The openai adapter is built
+// once and shared (it is safe for concurrent use); nothing is called unless
+// it is selected and a key is configured.
+func (m *modelFlags) factory() (worker.ModelFactory, protocol.ModelInfo, error) {
+	switch kind := m.adapter(); kind {
+	case "scripted":
+		return func() (model.Model, error) { return model.NewScripted(), nil }, model.ScriptedInfo, nil
 	case "openai":
 		cfg := model.OpenAIConfigFromEnv()
 		if m.baseURL != "" {
@@ -154,11 +176,11 @@ func (m *modelFlags) factory() (worker.ModelFactory, error) {
 		}
 		om, err := model.NewOpenAI(cfg)
 		if err != nil {
-			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--model openai: %w", err)
+			return nil, protocol.ModelInfo{}, protocol.Errorf(protocol.CodeInvalidArgument, "--model openai: %w", err)
 		}
-		return func() (model.Model, error) { return om, nil }, nil
+		return func() (model.Model, error) { return om, nil }, protocol.ModelInfo{Adapter: "openai", ID: cfg.Model}, nil
 	default:
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "unknown model adapter %q (known: scripted, openai)", m.kind)
+		return nil, protocol.ModelInfo{}, protocol.Errorf(protocol.CodeInvalidArgument, "unknown model adapter %q (known: scripted, openai; from --model or $%s)", kind, envModel)
 	}
 }
 
@@ -395,10 +417,11 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 			if err := t.validate(); err != nil {
 				return err
 			}
-			models, err := mf.factory()
+			models, info, err := mf.factory()
 			if err != nil {
 				return err
 			}
+			desc.Models = []protocol.ModelInfo{info}
 			if err := met.listen(); err != nil {
 				return err
 			}
@@ -458,7 +481,7 @@ func devCmd(g *globals) *cobra.Command {
 			if !cmd.Flags().Changed("workspace-root") {
 				mf.workspaceRoots = []string{agent.AnyWorkspace}
 			}
-			models, err := mf.factory()
+			models, info, err := mf.factory()
 			if err != nil {
 				return err
 			}
@@ -508,11 +531,13 @@ func devCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			spawn, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, met.metrics(), log, spawnworker.Descriptor(spawnworker.DefaultName))
+			spawnDesc, forkDesc := spawnworker.Descriptor(spawnworker.DefaultName), forkworker.Descriptor(forkworker.DefaultName)
+			spawnDesc.Models, forkDesc.Models = []protocol.ModelInfo{info}, []protocol.ModelInfo{info}
+			spawn, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, met.metrics(), log, spawnDesc)
 			if err != nil {
 				return err
 			}
-			fork, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, met.metrics(), log, forkworker.Descriptor(forkworker.DefaultName))
+			fork, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, met.metrics(), log, forkDesc)
 			if err != nil {
 				return err
 			}

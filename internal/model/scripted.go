@@ -37,6 +37,10 @@ type Scripted struct {
 // NewScripted returns the scripted model.
 func NewScripted() *Scripted { return &Scripted{} }
 
+// ScriptedInfo names the scripted model in a provider descriptor's models
+// (docs/protocol.md §9.1).
+var ScriptedInfo = protocol.ModelInfo{Adapter: "scripted", ID: "scripted"}
+
 func (*Scripted) Provider() string { return "scripted" }
 func (*Scripted) Name() string     { return "scripted" }
 

@@ -481,3 +481,31 @@ func TestKVLatestSubjectNamesItsProviderAndBucket(t *testing.T) {
 		}
 	}
 }
+
+// TestDescriptorsOfAnotherModelDiffer: instances of one provider answer
+// with the same models, so a descriptor naming another model (or another
+// order) is another descriptor (DUPLICATE_PROVIDER at a worker's start;
+// issue 37, item 3).
+func TestDescriptorsOfAnotherModelDiffer(t *testing.T) {
+	a := ModelInfo{Adapter: "openai", ID: "deepseek-chat"}
+	b := ModelInfo{Adapter: "openai", ID: "deepseek-reasoner"}
+	for _, tt := range []struct {
+		name string
+		x, y []ModelInfo
+		eq   bool
+	}{
+		{"same", []ModelInfo{a}, []ModelInfo{a}, true},
+		{"none", nil, nil, true},
+		{"another id", []ModelInfo{a}, []ModelInfo{b}, false},
+		{"one named, one not", []ModelInfo{a}, nil, false},
+		{"another default", []ModelInfo{a, b}, []ModelInfo{b, a}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			x := ProviderDescriptor{Name: "spawn", Models: tt.x}
+			y := ProviderDescriptor{Name: "spawn", Models: tt.y}
+			if x.Equal(y) != tt.eq || y.Equal(x) != tt.eq {
+				t.Fatalf("Equal = %v, want %v", x.Equal(y), tt.eq)
+			}
+		})
+	}
+}

@@ -148,17 +148,37 @@ type ProviderDescriptor struct {
 	// (ACP): its runId is a fresh id distinct from the child id (seed:
 	// SubagentRun.id). Brood's addition to the descriptor.
 	Remote bool `msgpack:"remote,omitempty" json:"remote,omitempty"`
+	// Models are the models the provider's agents answer with, the
+	// default first (docs/protocol.md §9.1); absent when the provider does
+	// not say (an ACP agent's model is the agent's business).
+	Models []ModelInfo `msgpack:"models,omitempty" json:"models,omitempty"`
 }
+
+// ModelInfo names a model: the adapter that speaks to it (scripted,
+// openai) and the model's id there (deepseek-chat; the scripted model's
+// id is "scripted").
+type ModelInfo struct {
+	Adapter string `msgpack:"adapter" json:"adapter"`
+	ID      string `msgpack:"id" json:"id"`
+}
+
+// String is "adapter/id".
+func (m ModelInfo) String() string { return m.Adapter + "/" + m.ID }
 
 // Equal reports whether two descriptors describe the same provider.
 func (d ProviderDescriptor) Equal(o ProviderDescriptor) bool {
 	if d.Name != o.Name || d.Capabilities != o.Capabilities ||
 		d.InheritsParentContext != o.InheritsParentContext || d.Continuable != o.Continuable ||
-		d.Remote != o.Remote || len(d.Tools) != len(o.Tools) {
+		d.Remote != o.Remote || len(d.Tools) != len(o.Tools) || len(d.Models) != len(o.Models) {
 		return false
 	}
 	for i := range d.Tools {
 		if d.Tools[i] != o.Tools[i] {
+			return false
+		}
+	}
+	for i := range d.Models {
+		if d.Models[i] != o.Models[i] {
 			return false
 		}
 	}

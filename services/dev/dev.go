@@ -121,6 +121,7 @@ func Start(ctx context.Context, cfg Config) (*Deployment, error) {
 	}
 	actors := []actor{c}
 	for _, desc := range []protocol.ProviderDescriptor{spawnworker.Descriptor(spawnworker.DefaultName), forkworker.Descriptor(forkworker.DefaultName)} {
+		desc.Models = []protocol.ModelInfo{model.ScriptedInfo} // what they answer with, named (docs/protocol.md §9.1)
 		w, err := worker.NewInProcessHost(worker.InProcessConfig{
 			NC: d.nc, Store: st, Models: models, HeartbeatInterval: cfg.HeartbeatInterval, HostExpiry: cfg.HostExpiry,
 			DrainGrace: 2 * time.Second, Logger: cfg.Logger,

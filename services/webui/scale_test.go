@@ -12,8 +12,10 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
+	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
 )
 
 // Budgets of issue 37, item 5 (the page's own measurements: from the
@@ -244,4 +246,31 @@ func TestActionsNeedTheirHeader(t *testing.T) {
 			t.Fatalf("%s without its header: %d, want 403", what, resp.StatusCode)
 		}
 	}
+}
+
+// TestBrowserShowsTheModel: the session view names the model its
+// provider's workers answer with (adapter/id, from providers.list; issue
+// 37, item 3).
+func TestBrowserShowsTheModel(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	desc := spawnworker.Descriptor(spawnworker.DefaultName)
+	desc.Models = []protocol.ModelInfo{{Adapter: "scripted", ID: "scripted"}}
+	s.AddInProcessWorker(desc)
+	cl, err := client.New(s.Conn(), client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(Config{Client: cl, Listen: "127.0.0.1:0", Logger: testutil.Logger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Background(t, srv)
+	run, err := s.Client.StartRun(context.Background(), protocol.RunStartRequest{Provider: "spawn", Parent: s.Root().Ref(), Prompt: protocol.Text("say hi")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t)
+	b.do("open the run's session", chromedp.Navigate(srv.URL()+"#/s/"+run.ChildID))
+	b.waitFor("its model", `document.getElementById("session-model")?.textContent === "scripted/scripted"`)
 }

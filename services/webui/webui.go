@@ -13,6 +13,7 @@
 //	GET /api/tree                  event stream: "tree" (every node now), then "nodes" (nodes that changed)
 //	GET /api/sessions/{id}         the session's header (JSON)
 //	GET /api/sessions/{id}/log     event stream: "header", then "events" (pages from ?from=N on, then each new page)
+//	GET /api/providers             providers.list: the live providers, each with its models (adapter and id)
 //	POST /api/sessions/{id}/interrupt  continuable.interrupt with the view's grant: {childId, interrupted}
 //	POST /api/sessions/{id}/dispose    as `brood dispose ID`: a one-shot run's runs.dispose ({runId, state, ...}),
 //	                                   else continuable.drain of that child ({childId, disposed})
@@ -277,6 +278,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/tree", s.treeStream)
 	mux.HandleFunc("GET /api/sessions/{id}", s.header)
 	mux.HandleFunc("GET /api/sessions/{id}/log", s.logStream)
+	mux.HandleFunc("GET /api/providers", s.providers)
 	mux.HandleFunc("POST /api/sessions/{id}/interrupt", s.interrupt)
 	mux.HandleFunc("POST /api/sessions/{id}/dispose", s.dispose)
 	return s.guard(mux)
@@ -394,6 +396,16 @@ func (s *Server) action(w http.ResponseWriter, r *http.Request) (context.Context
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// providers answers providers.list (the page shows each provider's model).
+func (s *Server) providers(w http.ResponseWriter, r *http.Request) {
+	reply, err := s.cfg.Client.Providers(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, reply)
 }
 
 // interrupt stops a continuable child's current turn (continuable.interrupt

@@ -90,6 +90,14 @@ export interface ProviderDescriptor {
   remote?: boolean;
   /** Names of the global tools its agents offer; `null` means none. */
   tools: string[] | null;
+  /** The models its agents answer with, the default first (§9.1); absent: not stated. */
+  models?: ModelInfo[];
+}
+
+/** §9.1: a model, by the adapter that speaks to it and its id there. */
+export interface ModelInfo {
+  adapter: string;
+  id: string;
 }
 
 /** §5.1 */

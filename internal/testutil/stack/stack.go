@@ -120,16 +120,23 @@ func (s *Stack) AddCoordinator(mod ...func(*coordinator.Config)) *coordinator.Co
 	return c
 }
 
-// AddSpawnWorker starts a spawn worker with the scripted model on its own connection.
+// AddSpawnWorker starts a spawn worker with the scripted model on its own
+// connection; its descriptor names the scripted model, as `brood
+// spawn-worker --model scripted`'s does.
 func (s *Stack) AddSpawnWorker(mod ...func(*worker.InProcessConfig)) (*worker.Host, func()) {
 	s.T.Helper()
-	return s.AddInProcessWorker(spawnworker.Descriptor(spawnworker.DefaultName), mod...)
+	desc := spawnworker.Descriptor(spawnworker.DefaultName)
+	desc.Models = []protocol.ModelInfo{model.ScriptedInfo}
+	return s.AddInProcessWorker(desc, mod...)
 }
 
-// AddForkWorker starts a fork worker with the scripted model on its own connection.
+// AddForkWorker starts a fork worker with the scripted model on its own
+// connection, its descriptor naming it (as AddSpawnWorker's).
 func (s *Stack) AddForkWorker(mod ...func(*worker.InProcessConfig)) (*worker.Host, func()) {
 	s.T.Helper()
-	return s.AddInProcessWorker(forkworker.Descriptor(forkworker.DefaultName), mod...)
+	desc := forkworker.Descriptor(forkworker.DefaultName)
+	desc.Models = []protocol.ModelInfo{model.ScriptedInfo}
+	return s.AddInProcessWorker(desc, mod...)
 }
 
 // AddInProcessWorker starts a worker of an in-process provider.

@@ -342,6 +342,26 @@ setInterval(() => {
   if (view && running.has(view.id)) refreshChildLinks();
 }, 1000);
 
+// ---- the providers' models ----
+
+let providerModels = new Map(); // provider name -> "adapter/id, …"
+
+async function loadProviders() {
+  try {
+    const r = await fetch("/api/providers");
+    if (!r.ok) return;
+    const body = await r.json();
+    const m = new Map();
+    for (const d of body.providers || []) {
+      if (d.models && d.models.length) m.set(d.name, d.models.map((x) => x.adapter + "/" + x.id).join(", "));
+    }
+    providerModels = m;
+    refreshChildLinks();
+  } catch (_) {
+    // the next load tries again
+  }
+}
+
 // ---- interrupt and dispose (with the view's grant, as the CLI's) ----
 
 async function act(what, id) {
@@ -439,6 +459,12 @@ function renderHeader(v, h) {
   const label = el("span", "", "");
   label.id = "session-label";
   add("label", label);
+  if (h.parentSession) {
+    const mod = el("span", "mono", "");
+    mod.id = "session-model";
+    mod.title = "the model its provider's workers answer with (adapter/id)";
+    add("model", mod);
+  }
   const run = el("span", "", "");
   run.id = "session-run";
   add("run", run);
@@ -601,6 +627,8 @@ function refreshChildLinks() {
     run.textContent = !n ? "—" : n.root ? "root (no run of its own)" :
       [n.provider, n.mode, n.state, n.stopReason, n.errorCode, nodeDuration(n)].filter(Boolean).join(" · ");
     run.dataset.state = n ? n.state : "";
+    const mod = document.getElementById("session-model");
+    if (mod) mod.textContent = (n && providerModels.get(n.provider)) || "—";
     const label = document.getElementById("session-label");
     if (label) label.textContent = (n && n.label) || "—";
     const intr = document.getElementById("action-interrupt");
@@ -629,5 +657,7 @@ function route() {
 }
 
 window.addEventListener("hashchange", route);
+loadProviders();
+setInterval(loadProviders, 30000);
 connectTree();
 route();

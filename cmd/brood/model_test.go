@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// TestWorkersNameTheirModel is issue 37, item 3's visibility: a worker's
+// descriptor names the model it was started with, `brood providers` shows
+// it, and the BROOD_MODEL_* variables alone switch a worker to the
+// OpenAI-compatible adapter, as the deploy/ files say (it quietly served
+// the scripted model without --model openai).
+func TestWorkersNameTheirModel(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want protocol.ModelInfo
+	}{
+		{"--model scripted", nil, []string{"--model", "scripted"}, protocol.ModelInfo{Adapter: "scripted", ID: "scripted"}},
+		{"BROOD_MODEL", map[string]string{"BROOD_MODEL": "scripted"}, nil, protocol.ModelInfo{Adapter: "scripted", ID: "scripted"}},
+		{"BROOD_MODEL_* alone", map[string]string{
+			"BROOD_MODEL_NAME": "my-model", "BROOD_MODEL_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "sk-test", "DEEPSEEK_API_KEY": "",
+		}, nil, protocol.ModelInfo{Adapter: "openai", ID: "my-model"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			s := stack.New(t)
+			s.AddCoordinator()
+			url := s.Server.ClientURL()
+			c := &cli{t: t, stack: s, url: url}
+			var listed protocol.ProvidersListReply
+			c.serveDuring(t, "providers=[spawn]", func() {
+				testutil.Eventually(t, 30*time.Second, func() bool {
+					r, err := s.Client.Providers(context.Background())
+					listed = r
+					return err == nil && r.Instances["spawn"] == 1
+				}, "the worker listed")
+			}, append([]string{"spawn-worker", "--nats", url, "--heartbeat", "100ms", "--host-expiry", "1s"}, tc.args...)...)
+			if len(listed.Providers) != 1 || len(listed.Providers[0].Models) != 1 || listed.Providers[0].Models[0] != tc.want {
+				t.Fatalf("providers.list: %+v, want the model %v", listed.Providers, tc.want)
+			}
+		})
+	}
+}
+
+// TestProvidersShowTheModel: the table's MODEL column (adapter/id), "-"
+// for a provider that names none.
+func TestProvidersShowTheModel(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	url := s.Server.ClientURL()
+	c := &cli{t: t, stack: s, url: url}
+	var table string
+	c.serveDuring(t, "providers=[spawn]", func() {
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			table = c.run("providers").out
+			return strings.Contains(table, "scripted/scripted")
+		}, "the worker listed with its model")
+	}, "spawn-worker", "--nats", url, "--model", "scripted", "--heartbeat", "100ms", "--host-expiry", "1s")
+	if !regexp.MustCompile(`(?m)^PROVIDER +INSTANCES .* TOOLS +MODEL$`).MatchString(table) ||
+		!regexp.MustCompile(`(?m)^spawn +1 +yes .* scripted/scripted$`).MatchString(table) {
+		t.Fatalf("table:\n%s", table)
+	}
+	if got := models(nil); got != "-" {
+		t.Fatalf("no models: %q", got)
+	}
+}
