@@ -111,6 +111,7 @@ func TestForgerySuite(t *testing.T) {
 	t.Run("trusted host", f.trustedHostAttempts)
 	t.Run("coordinator", f.coordinatorAttempts)
 	t.Run("confused deputy", f.deputyAttempts)
+	t.Run("worker of the same provider", f.sameProviderAttempts)
 }
 
 // start provisions as admin and runs a coordinator, a spawn worker and a

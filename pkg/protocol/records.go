@@ -73,6 +73,13 @@ type AgentRecord struct {
 	// subject; SessionHeader.User): its open roots count against
 	// UserOpenRootsMax. Absent for children and anonymous roots.
 	User string `msgpack:"user,omitempty" json:"user,omitempty"`
+	// HeaderDigest is a root's header as its coordinator wrote it
+	// (HeaderDigest): a coordinator takes a live root's header only when
+	// it matches, so a header purged and published again by another role
+	// (the collector) does not pass for it (docs/security.md, "A
+	// collector"). Absent for children and for roots' leases written
+	// before it.
+	HeaderDigest string `msgpack:"headerDigest,omitempty" json:"headerDigest,omitempty"`
 }
 
 // RunRecord is one run (or continuable epoch) in KV brood_runs (DESIGN.md §4).

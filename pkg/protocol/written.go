@@ -1,6 +1,10 @@
 package protocol
 
-import "errors"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+)
 
 // WrittenRecord is a stored record whose writer always sets some of its
 // fields: a value that lacks one of them was not written by that writer
@@ -36,4 +40,19 @@ func (r ClosedRootRecord) Written() error {
 		return errors.New("a closed-root record carries closedAt")
 	}
 	return nil
+}
+
+// HeaderDigest is the hex SHA-256 of h in MessagePack, as a coordinator
+// writes it: a root's lease records its header's (AgentRecord.HeaderDigest),
+// so a coordinator can tell the header it wrote from one another role
+// published after a purge (the collector may purge headers and put back
+// the ones of a tree it stopped removing; docs/security.md, "A collector").
+// Decoding a stored header and encoding it again gives the bytes written.
+func HeaderDigest(h SessionHeader) string {
+	data, err := Marshal(Msgpack, h)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
 }

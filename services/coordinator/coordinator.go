@@ -299,7 +299,7 @@ func New(cfg Config) (*Coordinator, error) {
 		agentsWatch: newKVWatch(cfg.Store.Agents, "agents", log, agents.put, agents.del),
 		runs:        runs,
 		runsWatch:   newKVWatch(cfg.Store.Runs, "runs", log, runs.put, runs.del),
-		headers:     &headerCache{newBoundedMap[protocol.SessionHeader](cfg.HeadersCachedMax)},
+		headers:     &headerCache{boundedMap: newBoundedMap[protocol.SessionHeader](cfg.HeadersCachedMax)},
 		descs:       &descriptorCache{newBoundedMap[protocol.DescriptorData](cfg.HeadersCachedMax)},
 		follows:     &followRegistry{m: map[string]*follow{}},
 		longPolls:   newWaitSlots("long polls", cfg.LongPollsMax, cfg.UserLongPollsMax),
@@ -310,6 +310,7 @@ func New(cfg Config) (*Coordinator, error) {
 		slotBackoff: randomSlotBackoff,
 	}
 	c.childSlots, c.rootSlots = c.newChildSlots(), c.newRootSlots()
+	c.headers.verify = c.verifyHeader
 	return c, nil
 }
 

@@ -111,7 +111,7 @@ func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenReq
 	lease := protocol.AgentRecord{
 		SessionID: id, Kind: protocol.AgentRoot, HostID: RootHostID, Epoch: 1,
 		CredentialHash: protocol.HashCredential(cred), ExpiresAt: now + c.cfg.RootLease.Milliseconds(), CreatedAt: now,
-		User: h.User,
+		User: h.User, HeaderDigest: protocol.HeaderDigest(h),
 	}
 	cur, err := c.st.Lease(ctx, id)
 	switch {

@@ -59,7 +59,7 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request, r protoco
 	lease := protocol.AgentRecord{
 		SessionID: id, Kind: protocol.AgentRoot, HostID: RootHostID, Epoch: 1,
 		CredentialHash: protocol.HashCredential(cred), ExpiresAt: now + c.cfg.RootLease.Milliseconds(), CreatedAt: now,
-		User: user,
+		User: user, HeaderDigest: protocol.HeaderDigest(h),
 	}
 	var rev uint64
 	if err := parallel(ctx,

@@ -379,7 +379,14 @@ func (c *Coordinator) disposeRun(ctx context.Context, rec protocol.RunRecord, ca
 			protocol.HostRunRequest{RunID: rec.RunID, ChildID: rec.ChildID, Cause: cause}, &st)
 		cancel()
 		if herr == nil && st.State == protocol.RunSettled {
-			return st, nil
+			// The answer says the run settled; what it settled as is read
+			// from the run's records, not taken from the answer: every
+			// host of the provider sees the host subjects of the others
+			// and may answer first (issue 29, item 7; docs/security.md,
+			// "What a compromised worker can do").
+			if r, err := c.st.RunLatest(ctx, rec.RunID); err == nil && r.Value.State == protocol.RunSettled {
+				return status(r.Value), nil
+			}
 		}
 		if herr != nil && !errors.Is(herr, protocol.ErrNotFound) {
 			c.log.Warn("host did not dispose the run", "run", rec.RunID, "host", lease.Value.HostID, "err", herr)
