@@ -295,11 +295,17 @@ func (r *remote) Stream(ctx context.Context, req model.Request, onText func(stri
 		}
 		return model.Response{}, &model.Error{Diagnostic: fmt.Sprintf("send to the remote agent: %v", err)}
 	}
-	if t, ok := res.(*a2a.Task); ok && ctx.Err() != nil {
-		if !t.Status.State.Terminal() {
-			r.cancel(cl, string(t.ID))
+	if t, ok := res.(*a2a.Task); ok && !t.Status.State.Terminal() {
+		if ctx.Err() != nil {
+			if cancelled(ctx) {
+				r.cancel(cl, string(t.ID))
+			}
+			return model.Response{}, ctx.Err()
 		}
-		return model.Response{}, ctx.Err()
+		// The turn may be cancelled before its next step follows the task
+		// (between this step and the next the runtime logs the a2a_task
+		// call and runs it): the watch sends CancelTask then too.
+		go r.watch(ctx, cl, string(t.ID))
 	}
 	switch v := res.(type) {
 	case *a2a.Message:
@@ -330,7 +336,9 @@ func (r *remote) await(ctx context.Context, cl *a2aclient.Client, id string) (st
 			return finish(task)
 		}
 		if ctx.Err() != nil {
-			r.cancel(cl, id)
+			if cancelled(ctx) {
+				r.cancel(cl, id)
+			}
 			return "", ctx.Err()
 		}
 		if err == nil {
@@ -348,10 +356,32 @@ func (r *remote) await(ctx context.Context, cl *a2aclient.Client, id string) (st
 		}
 		select {
 		case <-ctx.Done():
-			r.cancel(cl, id)
+			if cancelled(ctx) {
+				r.cancel(cl, id)
+			}
 			return "", ctx.Err()
 		case <-time.After(pollInterval):
 		}
+	}
+}
+
+// cancelled reports whether the turn's context ended because the turn was
+// interrupted or disposed (a *provider.Cancel cause): then its remote task
+// is cancelled. Any other end leaves the task alone: the turn completed,
+// or the host lost the child (provider.ErrLeaseLost), whose next turn
+// re-attaches to the task.
+func cancelled(ctx context.Context) bool {
+	var c *provider.Cancel
+	return errors.As(context.Cause(ctx), &c)
+}
+
+// watch sends CancelTask for a task its turn logged if the turn is cancelled
+// (interrupt, dispose) before it ends; it returns when the turn's context
+// ends, which it does at every turn's end.
+func (r *remote) watch(ctx context.Context, cl *a2aclient.Client, id string) {
+	<-ctx.Done()
+	if cancelled(ctx) {
+		r.cancel(cl, id)
 	}
 }
 
