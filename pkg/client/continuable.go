@@ -61,6 +61,18 @@ func (c *Client) Drain(ctx context.Context, req protocol.DrainRequest) (protocol
 	return r, err
 }
 
+// DisposeDescendants disposes the live continuable descendants of the
+// calling agent req.Agent (its own session id and credential), deepest
+// first, and answers once they all stopped (descendants.dispose,
+// docs/protocol.md §5.13b): what a one-shot run's host sends when the run's
+// turn is over. Errors: UNAUTHORIZED (no lease, another credential),
+// UNAVAILABLE, ACTIVATION_TEARDOWN_FAILED (some did not stop; named).
+func (c *Client) DisposeDescendants(ctx context.Context, req protocol.DescendantsDisposeRequest) (protocol.DrainReply, error) {
+	var r protocol.DrainReply
+	err := c.Call(ctx, protocol.EpDescendantsDispose, req, &r)
+	return r, err
+}
+
 // Drains lists the drain markers and what each holds closed
 // (continuable.drains, user grant).
 func (c *Client) Drains(ctx context.Context, req protocol.DrainsListRequest) (protocol.DrainsListReply, error) {

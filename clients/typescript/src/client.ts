@@ -39,6 +39,7 @@ import {
   type ChildrenListRequest,
   type ContinuableStartReply,
   type ContinuableStartRequest,
+  type DescendantsDisposeRequest,
   type DrainReply,
   type DrainRequest,
   type DrainsListReply,
@@ -69,6 +70,8 @@ import {
   type SessionEvent,
   type SessionGetRequest,
   type SessionHeader,
+  type SessionResultReply,
+  type SessionResultRequest,
   type StateReply,
   type SubagentResult,
   type UserGrantReply,
@@ -430,9 +433,23 @@ export class Client {
     return this.call(Endpoints.continuableDrains, req, opts);
   }
 
+  /**
+   * descendants.dispose (§5.13b): disposes the calling agent's live
+   * continuable descendants, deepest first, and resolves once they all
+   * stopped (what a one-shot run's host sends when its turn is over).
+   */
+  disposeDescendants(req: DescendantsDisposeRequest, opts: CallOptions = {}): Promise<DrainReply> {
+    return this.call(Endpoints.descendantsDispose, req, { timeoutMs: 60_000, ...opts });
+  }
+
   /** children.list (§5.14). */
   children(req: ChildrenListRequest, opts?: CallOptions): Promise<ChildrenListReply> {
     return this.call(Endpoints.childrenList, req, opts);
+  }
+
+  /** sessions.result (§5.14a): a child's last finished turn of its own. */
+  sessionResult(req: SessionResultRequest, opts?: CallOptions): Promise<SessionResultReply> {
+    return this.call(Endpoints.sessionsResult, req, opts);
   }
 
   /** sessions.get (§5.17). */

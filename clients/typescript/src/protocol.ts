@@ -29,6 +29,8 @@ export const Endpoints = {
   continuableInterrupt: "continuable.interrupt",
   continuableReport: "continuable.report",
   childrenList: "children.list",
+  descendantsDispose: "descendants.dispose",
+  sessionsResult: "sessions.result",
   authorityUser: "authority.user",
   sessionsGet: "sessions.get",
   sessionsLog: "sessions.log",
@@ -305,6 +307,11 @@ export interface DrainReply {
   failed?: string[];
 }
 
+/** §5.13b `descendants.dispose`: the calling agent's own ref. */
+export interface DescendantsDisposeRequest {
+  agent: ParentRef;
+}
+
 /** §5.13 `continuable.drains` */
 export interface DrainsListRequest {
   authority: Authority;
@@ -536,4 +543,28 @@ export function plainText(blocks: ContentBlock[] | null | undefined): string {
     .filter((b) => b.type === "text" && !b.framing)
     .map((b) => b.text)
     .join("\n");
+}
+
+/** §5.14a `sessions.result` */
+export interface SessionResultRequest {
+  sessionId: string;
+  authority: Authority;
+}
+
+/**
+ * §5.14a: the child's last finished turn of its own (after any fork seed);
+ * finished false when none ended yet. output follows the output selection
+ * rule within that turn; diagnostic is the turn's error, or "cause <cause>"
+ * for an aborted turn.
+ */
+export interface SessionResultReply {
+  sessionId: string;
+  mode?: string;
+  finished: boolean;
+  turn?: number;
+  stopReason?: StopReason;
+  output: ContentBlock[];
+  structured?: unknown;
+  diagnostic?: string;
+  endedAt?: Millis;
 }

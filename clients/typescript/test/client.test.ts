@@ -201,6 +201,27 @@ describe("continuable children", () => {
     }
   });
 
+  test("sessions.result answers the last finished turn; descendants.dispose stops a running child", async () => {
+    const root = await brood.openRoot({ cwd });
+    try {
+      const auth = root.authority();
+      const start = await brood.startContinuable({ provider: "spawn", parent: root.ref(), label: "worker", prompt: text("say done") });
+      await eventually("its first turn ends", 20_000, async () => (await brood.sessionResult({ sessionId: start.childId, authority: auth })).finished);
+      const r = await brood.sessionResult({ sessionId: start.childId, authority: auth });
+      assert.equal(r.stopReason, "completed");
+      assert.deepEqual(r.output, text("done"));
+      await eventually("the child settles", 20_000, async () => (await brood.state({ childId: start.childId, authority: auth })).state === "none");
+      await brood.followup({ childId: start.childId, authority: auth, message: text("sleep 60s\nsay late") });
+      await eventually("the child runs the followup", 20_000, async () => (await brood.state({ childId: start.childId, authority: auth })).state === "running");
+      await assert.rejects(brood.disposeDescendants({ agent: { ...root.ref(), credential: "not-the-credential" } }), UnauthorizedError);
+      const d = await brood.disposeDescendants({ agent: root.ref() });
+      assert.deepEqual(d.disposed, [start.childId]);
+      await eventually("no activation after the disposal", 20_000, async () => (await brood.state({ childId: start.childId, authority: auth })).state === "none");
+    } finally {
+      await root.close();
+    }
+  });
+
   test("another root may not act on the child", async () => {
     const [root, other] = await Promise.all([brood.openRoot({ cwd }), brood.openRoot({ cwd })]);
     try {
