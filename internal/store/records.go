@@ -145,6 +145,30 @@ func readLeader(ctx context.Context, kv jetstream.KeyValue, key string) (kvState
 	return kvState{v, rev, found}, err
 }
 
+// decideRefusal decides a refused write of data to key, expected at revision
+// rev (0: a create, the key absent or deleted), by reading the key from the
+// leader: our value there, at a later revision than expected, means an
+// earlier attempt whose answer was lost landed (its revision is returned);
+// the key as expected (a create's key still absent; an update's key still at
+// rev, or not even there: a leader that has not applied every write, one
+// just elected or a deposed one still answering as a partition heals) is
+// errBusy, tried again; a read that failed is its error, tried again;
+// anything else is ErrConflict.
+func decideRefusal(ctx context.Context, kv jetstream.KeyValue, key string, data []byte, rev uint64) (uint64, error) {
+	st, err := readLeader(ctx, kv, key)
+	switch {
+	case err != nil:
+		return 0, err // ask again
+	case st.found && st.rev > rev && bytes.Equal(st.data, data):
+		return st.rev, nil
+	case rev == 0 && !st.found, rev > 0 && (st.found && st.rev == rev || st.rev < rev):
+		return 0, errBusy
+	case rev == 0:
+		return 0, fmt.Errorf("%w: %s/%s exists", ErrConflict, kv.Bucket(), key)
+	}
+	return 0, fmt.Errorf("%w: %s/%s changed since revision %d", ErrConflict, kv.Bucket(), key, rev)
+}
+
 // Create writes key only if it does not exist (or was deleted), retrying
 // transient failures. An existing key is ErrConflict, unless it holds this
 // very value (an earlier attempt whose answer was lost landed). opts may
@@ -162,17 +186,8 @@ func Create[T any](ctx context.Context, kv jetstream.KeyValue, key string, v T, 
 		if err == nil || !isKVConflict(err) {
 			return err
 		}
-		st, gerr := readLeader(ctx, kv, key)
-		switch {
-		case gerr != nil:
-			return gerr // ask again
-		case st.found && bytes.Equal(st.data, data):
-			rev = st.rev
-			return nil
-		case !st.found:
-			return errBusy
-		}
-		return fmt.Errorf("%w: %s/%s exists", ErrConflict, kv.Bucket(), key)
+		rev, err = decideRefusal(ctx, kv, key, data, 0)
+		return err
 	})
 	return rev, err
 }
@@ -228,21 +243,8 @@ func updateRaw(ctx context.Context, kv jetstream.KeyValue, key string, data []by
 		if err == nil || !isKVConflict(err) {
 			return err
 		}
-		st, gerr := readLeader(ctx, kv, key)
-		switch {
-		case gerr != nil:
-			return gerr // ask again
-		case st.found && st.rev > rev && bytes.Equal(st.data, data):
-			nrev = st.rev
-			return nil
-		case st.found && st.rev == rev, st.rev < rev:
-			// Unchanged, or not even at rev: the answer of a leader that
-			// has not applied every write (one just elected, or a deposed
-			// one still answering after a partition healed), which is no
-			// evidence of a conflict.
-			return errBusy
-		}
-		return fmt.Errorf("%w: %s/%s changed since revision %d", ErrConflict, kv.Bucket(), key, rev)
+		nrev, err = decideRefusal(ctx, kv, key, data, rev)
+		return err
 	})
 	return nrev, err
 }
