@@ -95,6 +95,21 @@ func TestDevMetricsCountARun(t *testing.T) {
 	wantSample(t, f, 1, "brood_provider_instances", "provider", "spawn")
 	wantSample(t, f, 0, "brood_inbox_pending_items")
 	wantSample(t, f, 1, "brood_build_info")
+	// The failure series alerts watch exist at 0 before their first event,
+	// so an alert sees 0, not "no data" (issue 37, item 8).
+	for _, z := range [][]string{
+		{"brood_takeovers_total", "mode", protocol.ModeOneShot},
+		{"brood_takeovers_total", "mode", protocol.ModeContinuable},
+		{"brood_host_lost_total", "provider", "spawn", "mode", protocol.ModeOneShot},
+		{"brood_durability_failed_total", "provider", "spawn", "mode", protocol.ModeContinuable},
+		{"brood_replies_refused_total", "service", "coordinator", "reason", "outside_inboxes"},
+		{"brood_replies_refused_total", "service", "worker", "reason", "outside_user_inbox"},
+		{"brood_acp_agent_process_start_failures_total"},
+	} {
+		if v, ok := f.Sum(z[0], z[1:]...); !ok || v != 0 {
+			t.Errorf("%s%v = %v (present %v), want present at 0", z[0], z[1:], v, ok)
+		}
+	}
 
 	// A refused start counts under its code, in the metrics and in `nats
 	// micro stats` alike, which count every request and its time too.

@@ -149,6 +149,9 @@ func NewMetrics(version string) *Metrics {
 	m.acpLive = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "acp_agent_processes",
 		Help: "ACP agent processes alive now."}, []string{"provider"})
 	m.reg.MustRegister(m.acpLive)
+	for _, mode := range []string{protocol.ModeOneShot, protocol.ModeContinuable} {
+		m.takeovers.WithLabelValues(mode) // 0 until the first takeover (Known)
+	}
 
 	m.activations = gauge("activations_live", "Continuable activations resident in this process's hosts.", sum, "provider")
 	m.runsLive = gauge("runs_live", "One-shot runs hosted by this process now.", sum, "provider")
@@ -219,6 +222,31 @@ func (m *Metrics) FollowupAccepted(route string, d time.Duration) {
 		return
 	}
 	m.followupAccept.WithLabelValues(route).Observe(d.Seconds())
+}
+
+// Known creates, at 0, the failure series of a process's service and
+// providers that its first failure would create (alerts on them see 0, not
+// "no data", until then: issue 37, item 8): brood_replies_refused_total
+// for service and each of refusedReasons, brood_host_lost_total and
+// brood_durability_failed_total for each provider in both modes, and, for
+// each of acpProviders, brood_acp_agent_process_start_failures_total. The
+// counters of takeovers start at 0 in NewMetrics.
+func (m *Metrics) Known(service string, refusedReasons, providers, acpProviders []string) {
+	if m == nil {
+		return
+	}
+	for _, r := range refusedReasons {
+		m.repliesRefused.WithLabelValues(service, r)
+	}
+	for _, p := range providers {
+		for _, mode := range []string{protocol.ModeOneShot, protocol.ModeContinuable} {
+			m.hostLost.WithLabelValues(p, mode)
+			m.durabilityFailed.WithLabelValues(p, mode)
+		}
+	}
+	for _, p := range acpProviders {
+		m.acpStartFailed.WithLabelValues(p)
+	}
 }
 
 // TakeOver counts a lease taken from a dead host.

@@ -267,6 +267,7 @@ func (h *Host) Run(ctx context.Context) error {
 		return fmt.Errorf("worker: first heartbeat: %w", err)
 	}
 	h.log.Info("host serving", "providers", h.providerNames())
+	h.cfg.Metrics.Known("worker", []string{rpc.ReplyOutsideInboxes, rpc.ReplyOutsideUserInbox}, h.providerNames(), nil)
 	defer h.cfg.Metrics.HostGauges(h.liveActivations, h.liveRuns)()
 
 	beatDone := make(chan struct{})

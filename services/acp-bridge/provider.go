@@ -113,7 +113,9 @@ func NewProvider(a AgentConfig, o Options) (*Provider, error) {
 	if err := a.Validate(); err != nil {
 		return nil, err
 	}
-	return &Provider{agent: a, opts: o.withDefaults()}, nil
+	o = o.withDefaults()
+	o.Metrics.Known("", nil, nil, []string{a.Name}) // its start failures count from 0
+	return &Provider{agent: a, opts: o}, nil
 }
 
 // Descriptor implements provider.Provider: every capability false, no parent

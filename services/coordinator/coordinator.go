@@ -418,6 +418,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		UserOf:  func(subject string) string { user, _, _ := c.subj.CallerOf(subject); return user },
 		Refused: func(_, reason string) { c.cfg.Metrics.ReplyRefused("coordinator", reason) },
 	})
+	c.cfg.Metrics.Known("coordinator", []string{rpc.ReplyOutsideInboxes, rpc.ReplyOutsideUserInbox}, nil, nil)
 	stopServing := func() {
 		sctx, cancel := context.WithTimeout(context.Background(), c.cfg.StopGrace)
 		defer cancel()
