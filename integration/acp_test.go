@@ -628,4 +628,19 @@ func TestDevACPProvider(t *testing.T) {
 	if string(out) != "hi\n" {
 		t.Fatalf("brood run printed %q", out)
 	}
+	// `brood result` of the ACP run's child (its run id differs: "child C
+	// (run R)") prints the same answer, as it does for the run's own id
+	// (issue 37, item 8: it failed recommending that same command).
+	f := strings.Fields(stderr.String())
+	if len(f) < 4 || f[0] != "child" || f[2] != "(run" {
+		t.Fatalf("brood run's stderr %q names no child and run", stderr.String())
+	}
+	for _, id := range []string{f[1], strings.TrimSuffix(f[3], ")")} {
+		res := exec.Command(broodBin, "result", id, "--nats", url)
+		var rerr bytes.Buffer
+		res.Stderr = &rerr
+		if out, err := res.Output(); err != nil || string(out) != "hi\n" {
+			t.Fatalf("brood result %s: %q, %v\nstderr: %s", id, out, err, rerr.String())
+		}
+	}
 }

@@ -56,8 +56,16 @@ func resultCmd(g *globals) *cobra.Command {
 					}
 					break
 				}
-				// Not a one-shot run: a continuable child.
+				// Not a one-shot run: a continuable child, or the child of a
+				// one-shot run on a remote provider (an ACP run: its run id is
+				// not its child id), which has no activation state.
 				st, err := s.cl.State(ctx, protocol.ChildRef{ChildID: id, Authority: auth})
+				if errors.Is(err, protocol.ErrInvalidArgument) {
+					if done, rerr := oneShotChildResult(ctx, s, id, auth, wait, asJSON); done {
+						return rerr
+					}
+					return err
+				}
 				for wait && err == nil && (st.State != protocol.StateNone || st.Queued > 0) {
 					select {
 					case <-ctx.Done():
@@ -83,6 +91,30 @@ func resultCmd(g *globals) *cobra.Command {
 	clientFlags(cmd, g)
 	userFlags(cmd, g)
 	return cmd
+}
+
+// oneShotChildResult prints what a one-shot child answered, read from its
+// log (sessions.result) by its child id, which a remote provider's run does
+// not share with its run id (issue 37, item 8: `brood result` of an ACP
+// run's child recommended running that same command). --wait polls until
+// its turn ended.
+// done is false when id is no one-shot child (sessions.result's mode says
+// so): the caller reports its own error then.
+func oneShotChildResult(ctx context.Context, s *session, id string, auth protocol.Authority, wait, asJSON bool) (done bool, err error) {
+	for {
+		res, err := s.cl.SessionResult(ctx, protocol.SessionResultRequest{SessionID: id, Authority: auth})
+		if err != nil || res.Mode != protocol.ModeOneShot {
+			return false, nil
+		}
+		if res.Finished || !wait {
+			return true, printChildResult(s, childResult{SessionResultReply: res, State: protocol.ModeOneShot}, asJSON)
+		}
+		select {
+		case <-ctx.Done():
+			return true, protocol.Errorf(protocol.CodeCancelled, "waiting for %s: %w", id, ctx.Err())
+		case <-time.After(resultWaitPoll):
+		}
+	}
 }
 
 // turnResult is the result of one finished turn: its events from

@@ -197,7 +197,7 @@ type storeFlags struct {
 }
 
 func (s *storeFlags) flags(cmd *cobra.Command) {
-	cmd.Flags().IntVar(&s.replicas, "replicas", 0, "replicas the streams and buckets must have (0: whatever `brood provision` gave them); the service only checks, it never changes them")
+	cmd.Flags().IntVar(&s.replicas, "replicas", 0, "replicas the streams and buckets must have (0: whatever brood provision gave them); the service only checks, it never changes them")
 }
 
 // serviceConn connects a service process (reconnecting forever) and opens
