@@ -312,7 +312,9 @@ func TestResubscribeAfterGatewayRestart(t *testing.T) {
 	ctx := ctxT(t, 90*time.Second)
 	gw1, stop1 := e.startGateway("127.0.0.1:0")
 	cl1 := e.client(gw1, "spawn", aliceToken, a2a.TransportProtocolJSONRPC)
-	task := asTask(t)(cl1.SendMessage(ctx, immediately(userMsg("", "sleep 3s\nsay survived"))))
+	// 8 s: long enough on a loaded machine for the stop and the second
+	// gateway's start to happen while the task still works.
+	task := asTask(t)(cl1.SendMessage(ctx, immediately(userMsg("", "sleep 8s\nsay survived"))))
 	sctx, scancel := context.WithCancel(ctx)
 	var first a2a.Event
 	for ev, err := range cl1.SubscribeToTask(sctx, &a2a.SubscribeToTaskRequest{ID: task.ID}) {
@@ -331,6 +333,7 @@ func TestResubscribeAfterGatewayRestart(t *testing.T) {
 	cl2 := e.client(gw2, "spawn", aliceToken, a2a.TransportProtocolHTTPJSON)
 	var final a2a.TaskState
 	var art string
+	updates := 0
 	for ev, err := range cl2.SubscribeToTask(ctx, &a2a.SubscribeToTaskRequest{ID: task.ID}) {
 		if err != nil {
 			t.Fatal(err)
@@ -340,12 +343,13 @@ func TestResubscribeAfterGatewayRestart(t *testing.T) {
 			final = v.Status.State
 		case *a2a.TaskStatusUpdateEvent:
 			final = v.Status.State
+			updates++
 		case *a2a.TaskArtifactUpdateEvent:
 			art = v.Artifact.Parts[0].Text()
 		}
 	}
-	if final != a2a.TaskStateCompleted || art != "survived" {
-		t.Fatalf("after the restart the subscription ended %s with %q", final, art)
+	if final != a2a.TaskStateCompleted || art != "survived" || updates == 0 {
+		t.Fatalf("after the restart the subscription ended %s with %q after %d updates (want the task still working when re-subscribed, then completed)", final, art, updates)
 	}
 }
 
