@@ -156,6 +156,11 @@ func (f *forgery) deputyAttempts(t *testing.T) {
 				protocol.EpochEndRequest{RunID: "NOSUCH"})
 		}},
 	})
+	f.run(t, "coordinator", []attempt{
+		{"publish into another coordinator's inbox (not an answer: a notice or a follow aimed there)", func(_ context.Context, _ *testing.T, nc *nats.Conn) error {
+			return refusedPublish(nc, &nats.Msg{Subject: v.coordInbox + ".forged", Data: []byte("forged")})
+		}},
+	})
 	t.Run("every refusal counted by its reason", func(t *testing.T) {
 		fams, err := f.coordMetrics.Gather()
 		if err != nil {
