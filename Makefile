@@ -152,7 +152,7 @@ mutate:
 fmt:
 	gofmt -w .
 
-# What the ACP tests run against (DESIGN.md §6), from the registries this
+# What the ACP tests run against (docs/design.md §6), from the registries this
 # machine reaches: the ACP Go SDK's example agent (Go module proxy; the
 # binary is .deps/bin/agent) and, pinned by integration/testdata/acp's
 # package-lock.json, @zed-industries/codex-acp and the ACP TypeScript SDK

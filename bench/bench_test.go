@@ -1,5 +1,5 @@
 // Package bench measures Brood against baselines taken in the same run on the
-// same embedded server (DESIGN.md §13): shared machines are noisy, so every
+// same embedded server (docs/design.md §13): shared machines are noisy, so every
 // figure is reported next to its baseline and as a ratio. Run with
 // `make bench`; compare runs with benchstat.
 package bench

@@ -18,7 +18,7 @@ import (
 
 // publishP50 measures one JetStream publish of a small message with a
 // Nats-Msg-Id, as an inbox item is stored: the publish of the followup
-// floor (DESIGN.md §13).
+// floor (docs/design.md §13).
 func publishP50(b *testing.B, js jetstream.JetStream) time.Duration {
 	b.Helper()
 	ctx := context.Background()
@@ -147,7 +147,7 @@ const followupsPerChild = 500
 // BenchmarkFollowupRunning: a followup to a child whose turn is running
 // (its model sleeps), accepted when its messageId returns; p50 next to the
 // floor 1 request-reply + 1 JetStream publish measured on the same server
-// in the same run. Budget (DESIGN.md §13): ratio ≤ 1.5.
+// in the same run. Budget (docs/design.md §13): ratio ≤ 1.5.
 func BenchmarkFollowupRunning(b *testing.B) {
 	s := newLabelledStack(b, stackMods{})
 	auth := rootAuthority(s)
@@ -195,7 +195,7 @@ func reportRatio(b *testing.B, what string, p50, p99, rr, pub, floor time.Durati
 // next to the floor 1 request-reply + 1 JetStream publish of the same run.
 // Each sample waits (untimed) for the resumed epoch to end, so every
 // followup finds the child cold. Also prints the time from the followup to
-// its resumed epoch's first model request (a short log). Budget (DESIGN.md
+// its resumed epoch's first model request (a short log). Budget (docs/design.md
 // §13): ratio ≤ 2.
 //
 // The floor is printed twice. The first is taken in a tight loop (as every
@@ -346,7 +346,7 @@ func sampleCycles3(b *testing.B, warm int, cycle func() (x, y, z time.Duration))
 // holds 10,000 events, timed end to end from the followup's request to the
 // resumed epoch's first model request; next to a bare ordered consumer
 // reading the same log in the same run. Budget (issue 12): within 100 ms on
-// a warm server; DESIGN.md §13: ≤ 2 × the bare read.
+// a warm server; docs/design.md §13: ≤ 2 × the bare read.
 func BenchmarkColdResume10k(b *testing.B) {
 	const events = 10000
 	calls := make(chan time.Time, 16)

@@ -93,7 +93,7 @@ func orderedReadAll(b *testing.B, s *stack.Stack, scope, subject string) time.Du
 
 // BenchmarkReadLog10k: reading a 10,000-event log (a fork seed or a cold
 // resume) next to a bare ordered consumer reading the same records in the
-// same run. Budget (DESIGN.md §13, cold resume): ratio ≤ 2.
+// same run. Budget (docs/design.md §13, cold resume): ratio ≤ 2.
 func BenchmarkReadLog10k(b *testing.B) {
 	s := stack.New(b)
 	const events = 10000

@@ -47,10 +47,10 @@ const (
 	loopbackDir = "nats"
 )
 
-// payloadBytesMax is the max message size every config must set (DESIGN.md §4).
+// payloadBytesMax is the max message size every config must set (docs/design.md §4).
 const payloadBytesMax = 1 << 20
 
-// authorityUser is the only subject that mints user grants (DESIGN.md §7).
+// authorityUser is the only subject that mints user grants (docs/design.md §7).
 const authorityUser = "brood.v1.coord.authority.user"
 
 // Users of accounts.conf, the environment variable nats-server reads each
@@ -184,7 +184,7 @@ func checkServer(t *testing.T, path string, o *server.Options) {
 		t.Errorf("jetstream store_dir is not set")
 	}
 	// ProcessConfigFile leaves SyncInterval zero unless the file states
-	// sync_interval (DESIGN.md §4, §12: say which mode a deployment runs in).
+	// sync_interval (docs/design.md §4, §12: say which mode a deployment runs in).
 	if !o.SyncAlways && o.SyncInterval <= 0 {
 		t.Errorf("jetstream sync_interval is not stated (the server would silently use its 2 min default)")
 	}
@@ -354,7 +354,7 @@ func (c permCase) String() string {
 // permCases is the permission contract of accounts.conf (docs/security.md
 // says why each holds; deploy/forgery_test.go tries the attacks behind them).
 var permCases = []permCase{
-	// Only trusted hosts mint grants over every session (DESIGN.md §7).
+	// Only trusted hosts mint grants over every session (docs/design.md §7).
 	{user: "client", subject: authorityUser},
 	{user: "worker-spawn", subject: authorityUser},
 	{user: "trusted-host", subject: authorityUser, allowed: true},

@@ -22,7 +22,7 @@ func acpSessions(evs []protocol.SessionEvent) []protocol.ACPSessionData {
 	return out
 }
 
-// TestContinuableACPChildren (DESIGN.md §6, issue point 3): a followup to a
+// TestContinuableACPChildren (docs/design.md §6, issue point 3): a followup to a
 // resident ACP child prompts the same ACP session again; a cold resume loads
 // it with session/load when the agent offers it, and is NOT_RESUMABLE when it
 // does not.

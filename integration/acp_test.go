@@ -23,7 +23,7 @@ import (
 )
 
 // The ACP tests run the bridge against agents this project did not write,
-// installed by `make acp-deps` at known paths (DESIGN.md §6): the ACP Go
+// installed by `make acp-deps` at known paths (docs/design.md §6): the ACP Go
 // SDK's example agent, @zed-industries/codex-acp, and an agent written here
 // with the ACP TypeScript SDK. They fail, never skip, when one is missing.
 const (

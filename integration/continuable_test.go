@@ -218,7 +218,7 @@ func waitListedInactive(t *testing.T, s *stack.Stack, root *client.Root, child s
 }
 
 // TestParentWaitsForItsRunningGrandchild: a continuable child that started a
-// background grandchild waits for it (DESIGN.md §7, Ownership), takes its
+// background grandchild waits for it (docs/design.md §7, Ownership), takes its
 // settlement notice in the same epoch, and settles only after it.
 func TestParentWaitsForItsRunningGrandchild(t *testing.T) {
 	s := contStack(t)
@@ -258,7 +258,7 @@ func TestParentWaitsForItsRunningGrandchild(t *testing.T) {
 	// Settlement order is the order of the epochs' run records in
 	// brood_runs (one stream, so its revisions order them), not that of the
 	// subagent/end timestamps: an epoch's end is published after it
-	// released its parent's ownership edge (DESIGN.md §7), so a parent that
+	// released its parent's ownership edge (docs/design.md §7), so a parent that
 	// settles at once can stamp its end a moment before its child's.
 	c, g := settledRun(t, s, childRun), settledRun(t, s, grandRun)
 	if c.Revision <= g.Revision {

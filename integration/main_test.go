@@ -1,6 +1,6 @@
 // Package integration holds black-box tests of the whole stack: several
 // coordinators and workers on one embedded server, and worker processes that
-// are killed and paused to test the settlement protocol (DESIGN.md §7).
+// are killed and paused to test the settlement protocol (docs/design.md §7).
 package integration
 
 import (

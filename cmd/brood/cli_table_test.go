@@ -144,7 +144,7 @@ func helpVerbs(t *testing.T, help string) []string {
 // TestEveryVerbAnswersWithItsShapeAndExitCode: each verb `brood --help`
 // lists, on an embedded deployment, once succeeding (exit 0 and what it
 // prints, a long-lived verb stopped by Ctrl-C) and once failing (exit 1, a
-// stable code first on stderr: DESIGN.md §9, pkg/protocol's catalogue). A
+// stable code first on stderr: docs/design.md §9, pkg/protocol's catalogue). A
 // verb added to the help without a row here fails the test.
 func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 	c := newCLI(t)

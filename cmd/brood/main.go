@@ -1,6 +1,6 @@
 // Command brood is Brood's single binary: `brood dev` (embedded NATS and all
 // services), one service per process (`brood coordinator`, `brood
-// spawn-worker`), and the client verbs (DESIGN.md §9).
+// spawn-worker`), and the client verbs (docs/design.md §9).
 package main
 
 import (
@@ -125,7 +125,7 @@ func main() {
 
 // execute runs the brood command line with args and returns the process exit
 // status: 0 on success; 1 with the error's code first on the first line of
-// stderr (DESIGN.md §9); a verb's own status (brood run: 1 when the stop
+// stderr (docs/design.md §9); a verb's own status (brood run: 1 when the stop
 // reason is not completed).
 func execute(args []string, stdout, stderr io.Writer) int {
 	return executeIn(args, nil, stdout, stderr)

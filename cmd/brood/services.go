@@ -218,7 +218,7 @@ func serviceConn(ctx context.Context, g *globals, name string, sf storeFlags, lo
 	return nc, st, nil
 }
 
-// coordinatorLimits are the coordinator's admission limits (DESIGN.md §4).
+// coordinatorLimits are the coordinator's admission limits (docs/design.md §4).
 // The per-user quotas are docs/security.md's.
 type coordinatorLimits struct {
 	liveChildrenMax       int

@@ -1,5 +1,5 @@
-// Package acpio is the stdio plumbing of ACP agent processes (DESIGN.md §6;
-// upstream-behaviour §4): a scrubbed environment, a process group that
+// Package acpio is the stdio plumbing of ACP agent processes (docs/design.md §6;
+// docs/upstream-behaviour.md §4): a scrubbed environment, a process group that
 // teardown signals reach grandchildren through, the EOF → SIGTERM → SIGKILL
 // ladder, a bounded tail of stderr, and a filter in front of the ACP SDK's
 // reader that forwards only JSON-object lines.
@@ -16,7 +16,7 @@ import (
 )
 
 // secretName matches environment names that carry credentials
-// (upstream-behaviour §4, step 4).
+// (docs/upstream-behaviour.md §4, step 4).
 var secretName = regexp.MustCompile(`(?i)KEY|PASSWORD|SECRET|TOKEN`)
 
 // ScrubbedPrefix is dropped from the child's environment like upstream's
@@ -66,7 +66,7 @@ func SecretValues(explicit map[string]string) []string {
 
 // ValidateDir checks that dir can be an ACP agent's workspace: an absolute
 // path naming a directory this process may enter (execute permission;
-// upstream-behaviour §8, item 15: "is a directory" is not enough).
+// docs/upstream-behaviour.md §8, item 15: "is a directory" is not enough).
 func ValidateDir(dir string) error {
 	if dir == "" {
 		return fmt.Errorf("no workspace directory is known")

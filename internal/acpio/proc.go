@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Teardown defaults (upstream-behaviour §4, Teardown): the EOF grace is
+// Teardown defaults (docs/upstream-behaviour.md §4, Teardown): the EOF grace is
 // deliberately longer than the SIGTERM grace, so a child can flush its own
 // persistence and reap its nested processes.
 const (
@@ -186,7 +186,7 @@ type TeardownReport struct {
 	Duration time.Duration
 }
 
-// Teardown ends the agent and every process of its group (upstream-behaviour
+// Teardown ends the agent and every process of its group (docs/upstream-behaviour.md
 // §4, Teardown): close stdin (EOF) and wait up to eofGrace for the whole group
 // to exit; else SIGTERM the group and wait up to termGrace; else SIGKILL the
 // group. The agent is reaped and the pipes are closed. Idempotent: later calls

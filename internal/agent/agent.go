@@ -1,4 +1,4 @@
-// Package agent is Brood's agent runtime (DESIGN.md §5): a session's turns and
+// Package agent is Brood's agent runtime (docs/design.md §5): a session's turns and
 // steps, its tools, and the rules that read a result out of its log. Every
 // turn is durable before it is used: the turn opening (turn/start, the claim,
 // the user message) is one log record; each model step is one record (two
@@ -30,7 +30,7 @@ type Appender interface {
 
 // Limits bound one agent's work. Zero fields take the defaults of DefaultLimits.
 type Limits struct {
-	// TurnTimeout bounds a whole turn (default 10 minutes, DESIGN.md §4).
+	// TurnTimeout bounds a whole turn (default 10 minutes, docs/design.md §4).
 	TurnTimeout time.Duration
 	// StepsPerTurnMax bounds the model calls of one turn (default 64).
 	StepsPerTurnMax int
@@ -110,7 +110,7 @@ type Cancel struct{ Cause string }
 func (c *Cancel) Error() string { return "cancelled: " + c.Cause }
 
 // ErrLeaseLost is the cause given to a turn's context when its host lost the
-// session's lease: the agent stops at once and appends nothing (DESIGN.md §7,
+// session's lease: the agent stops at once and appends nothing (docs/design.md §7,
 // Settlement 3).
 var ErrLeaseLost = errors.New("agent: session lease lost to another host")
 
@@ -285,7 +285,7 @@ func (a *Agent) OpenTurn(ctx context.Context, in Input) (Outcome, bool) {
 
 // SeedFraming is the note added, as a framing block, before the task of a
 // seeded (fork) child's first own turn: the inherited turns are its parent's
-// context (DESIGN.md §6).
+// context (docs/design.md §6).
 const SeedFraming = "The conversation above is context inherited from your parent agent; you are a subagent forked from it. " +
 	"Do not continue the parent's work on your own: your task is the following."
 
@@ -494,7 +494,7 @@ func (a *Agent) recordCallIDs(msg *protocol.AssistantMessage) []string {
 
 // runTools runs a step's tool calls: in parallel, except that a message
 // calling structured_output runs in order and every call after a successful
-// capture is denied (upstream-behaviour §1.6).
+// capture is denied (docs/upstream-behaviour.md §1.6).
 func (a *Agent) runTools(ctx context.Context, turn, step int64, calls []protocol.ToolCall) []ToolResult {
 	results := make([]ToolResult, len(calls))
 	sequential := false

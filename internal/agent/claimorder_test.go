@@ -82,7 +82,7 @@ func logOf(t *testing.T, st *store.Store, id string) []protocol.SessionEvent {
 }
 
 // TestClaimOrderAnItemLeavesTheInboxOnlyAfterItsClaimIsLogged: the claim of
-// an inbox item is logged before the item is removed (DESIGN.md §4). When
+// an inbox item is logged before the item is removed (docs/design.md §4). When
 // the log append that carries the claim fails, the item must still be
 // pending, and it is claimed exactly once by the next attempt: a removal
 // before the append would lose the accepted message with nothing in the log.
@@ -167,7 +167,7 @@ func TestClaimOrderAnItemLeavesTheInboxOnlyAfterItsClaimIsLogged(t *testing.T) {
 
 // TestClaimOrderALostAcknowledgementStillCountsTheClaim: the log append that
 // carries a claim lands but its acknowledgement is lost (a timeout). The
-// writer finds its record in the log (DESIGN.md §12), so the claim counts:
+// writer finds its record in the log (docs/design.md §12), so the claim counts:
 // the item is removed, claimed once, and a rebuilt agent claims nothing.
 func TestClaimOrderALostAcknowledgementStillCountsTheClaim(t *testing.T) {
 	st := testutil.NewStore(t)

@@ -10,8 +10,8 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// The model-facing control tools of continuable children (DESIGN.md §8;
-// upstream-behaviour §5.13, §5.14). Each acts with the calling agent's own
+// The model-facing control tools of continuable children (docs/design.md §8;
+// docs/upstream-behaviour.md §5.13, §5.14). Each acts with the calling agent's own
 // credential; failures are isError results, never a crash of the turn.
 
 func self(tc ToolContext) protocol.ParentRef {

@@ -11,7 +11,7 @@ import (
 )
 
 // Inbox is a session's pending items as the runtime reads them;
-// *store.SessionInbox is the JetStream one (DESIGN.md §4).
+// *store.SessionInbox is the JetStream one (docs/design.md §4).
 type Inbox interface {
 	// Pending returns the items above sequence after, oldest first.
 	Pending(ctx context.Context, after protocol.Seq) ([]store.InboxItem, error)
@@ -196,7 +196,7 @@ func outcomeErr(o Outcome) error {
 
 // claimSteps claims every unclaimed next-step and quiet item into the running
 // turn: each is logged (enqueue if unseen, dequeue, user/message) in one
-// record before the next model request uses it (upstream-behaviour §3.3,
+// record before the next model request uses it (docs/upstream-behaviour.md §3.3,
 // steer). Several notices share one step.
 func (a *Agent) claimSteps(ctx context.Context, turn int64) error {
 	items, seen, err := a.unclaimed(ctx, a.cfg.Inbox)

@@ -12,7 +12,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// This file holds structured capture (upstream-behaviour §1.6): the
+// This file holds structured capture (docs/upstream-behaviour.md §1.6): the
 // child-only structured_output tool that validates the model's value
 // against the run's output schema (checked by pkg/protocol's
 // CheckOutputSchema when the start was admitted).
@@ -26,7 +26,7 @@ const (
 )
 
 // StructuredOutputInstruction is the child-only system-prompt section of a
-// run that requested an outputSchema (upstream-behaviour §1.6). Only
+// run that requested an outputSchema (docs/upstream-behaviour.md §1.6). Only
 // children get it: the capture tool exists only there.
 const StructuredOutputInstruction = "Structured output: this task requires a structured result. " +
 	"You must finish by calling the structured_output tool exactly once, with arguments that are one JSON value matching its parameter schema. " +
@@ -39,7 +39,7 @@ const structuredOutputDescription = "Record this task's result: one JSON value m
 	"A rejected call (INVALID_ARGS) records nothing: fix the value and call again."
 
 // StructuredOutputTool builds the child-only structured_output tool for a
-// run that requested an outputSchema (upstream-behaviour §1.6). schemaJSON is
+// run that requested an outputSchema (docs/upstream-behaviour.md §1.6). schemaJSON is
 // the schema as JSON text (the canonical text protocol.CheckOutputSchema
 // returned); it is checked again and compiled once here
 // (protocol.ParseOutputSchema), and an unsupported or malformed schema is an

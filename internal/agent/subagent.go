@@ -13,7 +13,7 @@ import (
 )
 
 // DefaultSubagentMaxDepth is the subagent tool's default absolute depth cap:
-// the root plus three generations (upstream-behaviour §1.5, §6).
+// the root plus three generations (docs/upstream-behaviour.md §1.5, §6).
 const DefaultSubagentMaxDepth = 3
 
 // SubagentDisposeTimeout bounds the dispose of a child whose parent's turn was cancelled.
@@ -23,8 +23,8 @@ const SubagentDisposeTimeout = 30 * time.Second
 // waits for (so that the child it created is disposed, never left running).
 const SubagentStartTimeout = 30 * time.Second
 
-// SubagentConfig configures the model-facing `subagent` tool (DESIGN.md §8;
-// upstream-behaviour §6). The provider is chosen by configuration only; the
+// SubagentConfig configures the model-facing `subagent` tool (docs/design.md §8;
+// docs/upstream-behaviour.md §6). The provider is chosen by configuration only; the
 // model never names one.
 type SubagentConfig struct {
 	Client   *client.Client
@@ -136,7 +136,7 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 // through a subagent tool that sends maxDepth (0: none, provider-managed):
 // the child's depth, h's depth plus one, must not exceed the smaller of the
 // header's depth cap and maxDepth (the coordinator's DEPTH_EXCEEDED rule,
-// upstream-behaviour §1.5). A session at its cap is not offered the tool at
+// docs/upstream-behaviour.md §1.5). A session at its cap is not offered the tool at
 // all (Brood's departure from upstream, which kept it visible and failed the
 // call).
 func MayDelegate(h protocol.SessionHeader, maxDepth int64) bool {
@@ -148,7 +148,7 @@ func MayDelegate(h protocol.SessionHeader, maxDepth int64) bool {
 }
 
 // resultToTool maps a child's result to the parent's tool result
-// (upstream-behaviour §6, result mapping).
+// (docs/upstream-behaviour.md §6, result mapping).
 func resultToTool(childID string, res protocol.SubagentResult) ToolResult {
 	text := protocol.PlainText(res.Output)
 	if res.StopReason == protocol.StopCompleted {

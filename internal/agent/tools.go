@@ -56,7 +56,7 @@ type Tool struct {
 
 // Registry is an agent's tool set: global tools (subject to tool filters) and
 // child-local tools (structured_output, report) added after filtering
-// (upstream-behaviour §1.7). Immutable once built; Restrict and WithLocal
+// (docs/upstream-behaviour.md §1.7). Immutable once built; Restrict and WithLocal
 // return new registries.
 type Registry struct {
 	tools []*Tool
@@ -176,7 +176,7 @@ func (r *Registry) ForSession(h protocol.SessionHeader) *Registry {
 }
 
 // Ceiling returns the registry without the global tools a tool ceiling (the
-// intersection of every ancestor's filter, DESIGN.md §7) denies. Names the
+// intersection of every ancestor's filter, docs/design.md §7) denies. Names the
 // registry does not know are ignored: a ceiling spans providers.
 func (r *Registry) Ceiling(c *protocol.ToolFilter) *Registry {
 	if c == nil {

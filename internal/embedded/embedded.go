@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// Fsync modes (DESIGN.md §4: durability depends on the server's sync
+// Fsync modes (docs/design.md §4: durability depends on the server's sync
 // interval; `brood dev` states which one it runs).
 const (
 	// FsyncInterval flushes JetStream files every SyncInterval (server default 2 min):
@@ -39,7 +39,7 @@ type Config struct {
 	Fsync string
 	// SyncInterval overrides the server's 2-minute flush interval in FsyncInterval mode; 0 keeps it.
 	SyncInterval time.Duration
-	// MaxPayloadBytes is the largest message the server accepts; default 1 MiB (DESIGN.md §4).
+	// MaxPayloadBytes is the largest message the server accepts; default 1 MiB (docs/design.md §4).
 	MaxPayloadBytes int32
 	// ServerName names the node; default "brood-dev".
 	ServerName string

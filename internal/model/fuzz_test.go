@@ -77,7 +77,7 @@ func withoutLines(groups []group) []group {
 // scriptAllocBound: a directive and its group per line, the line split.
 var scriptAllocBound = fuzzcheck.Bound{Base: 4 << 10, PerByte: 128}
 
-// FuzzScripted holds the scripted model's language (DESIGN.md §5; the doc
+// FuzzScripted holds the scripted model's language (docs/design.md §5; the doc
 // of Scripted) to its rules:
 //   - a script parses exactly when every non-blank line is a directive
 //     (firstBadLine), and a refused one names its first bad line;

@@ -1,6 +1,6 @@
 // Package model holds Brood's model adapters behind one interface: `scripted`
 // (deterministic, no network; the default) and `openai` (any
-// OpenAI-compatible chat-completions endpoint, DeepSeek by default). DESIGN.md §5.
+// OpenAI-compatible chat-completions endpoint, DeepSeek by default). docs/design.md §5.
 package model
 
 import (

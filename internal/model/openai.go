@@ -24,7 +24,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Defaults of the openai adapter (DESIGN.md §5: DeepSeek unless configured
+// Defaults of the openai adapter (docs/design.md §5: DeepSeek unless configured
 // otherwise).
 const (
 	DefaultOpenAIBaseURL = "https://api.deepseek.com"
@@ -114,7 +114,7 @@ func OpenAIConfigFromEnv() OpenAIConfig {
 }
 
 // OpenAI is the adapter for any OpenAI-compatible chat-completions endpoint
-// (DESIGN.md §5), built on github.com/openai/openai-go/v3. Each Stream call is
+// (docs/design.md §5), built on github.com/openai/openai-go/v3. Each Stream call is
 // one streamed chat completion (plus retries); an OpenAI value holds no
 // per-call state and is safe for concurrent use.
 //

@@ -460,7 +460,7 @@ func TestOpenAIRequestBody(t *testing.T) {
 }
 
 // TestOpenAIReasoningEcho: the reasoning_content of an answer goes back
-// exactly as received on the next request (DESIGN.md §5).
+// exactly as received on the next request (docs/design.md §5).
 func TestOpenAIReasoningEcho(t *testing.T) {
 	tests := []struct {
 		name    string

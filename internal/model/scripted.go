@@ -9,7 +9,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Scripted is the deterministic model (DESIGN.md §5). It reads the caller's
+// Scripted is the deterministic model (docs/design.md §5). It reads the caller's
 // text of the newest user message (framing blocks ignored):
 //
 //   - If the first line is not a directive, the answer is "echo: <text>".

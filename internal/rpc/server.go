@@ -264,7 +264,7 @@ func (t *tracker) wait(ctx context.Context) bool {
 	}
 }
 
-// ServiceConfig names a micro service (DESIGN.md §3: `nats micro ls` finds it).
+// ServiceConfig names a micro service (docs/design.md §3: `nats micro ls` finds it).
 type ServiceConfig struct {
 	// Name must match ^[A-Za-z0-9_-]+$; Version is semantic (1.2.3).
 	Name, Version, Description string

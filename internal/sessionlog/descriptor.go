@@ -20,7 +20,7 @@ func Own(events []protocol.SessionEvent, seedLength int64) []protocol.SessionEve
 // Descriptor reads how to rebuild a continuable child (cold resume): the
 // first subagent/descriptor of the child's own events, which must decode, be
 // version protocol.DescriptorVersion, continuable, and name its provider and
-// label (upstream-behaviour §3.5, §5.4). The error says why a child cannot be
+// label (docs/upstream-behaviour.md §3.5, §5.4). The error says why a child cannot be
 // resumed; for a descriptor of another mode or version the decoded
 // descriptor comes back with it.
 func Descriptor(events []protocol.SessionEvent, seedLength int64) (protocol.DescriptorData, error) {

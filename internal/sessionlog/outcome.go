@@ -1,7 +1,7 @@
 // Package sessionlog is the reading of a session log: pure folds over its
 // events, with no I/O, that every party which must agree on what a log says
 // uses the same way. A run's result (the output selection rule and the stop
-// reasons, upstream-behaviour §3.8–§3.9: OneShotOutcome, EpochOutcome,
+// reasons, docs/upstream-behaviour.md §3.8–§3.9: OneShotOutcome, EpochOutcome,
 // TurnResult), the open turn and how to close it (OpenTurn, CloseOpenTurn),
 // the descriptor that rebuilds a continuable child (Descriptor), the inbox
 // items a log has seen and claimed (InboxCursor), the balanced
@@ -99,7 +99,7 @@ func LastTurnEnd(events []protocol.SessionEvent) (protocol.TurnEndData, bool) {
 	return protocol.TurnEndData{}, false
 }
 
-// StopReasonOf maps a turn-end kind to a run stop reason (upstream-behaviour
+// StopReasonOf maps a turn-end kind to a run stop reason (docs/upstream-behaviour.md
 // §3.9, one-shot): blocked is refusal; error, interrupted, none and unknown
 // are error.
 func StopReasonOf(kind string) protocol.StopReason {
@@ -118,7 +118,7 @@ func StopReasonOf(kind string) protocol.StopReason {
 }
 
 // OneShotOutcome derives a one-shot run's result from the child's own events
-// (upstream-behaviour §3.8–§3.9): the stop reason of the last turn; aborted
+// (docs/upstream-behaviour.md §3.8–§3.9): the stop reason of the last turn; aborted
 // whenever the owner cancelled and the turn did not complete; a requested
 // structured output that was not captured turns completed into error. The
 // diagnostic is the turn's error text.
@@ -259,7 +259,7 @@ func LastTurn(events []protocol.SessionEvent) int64 {
 
 // CloseOpenTurn returns the events that close a turn left open (a host died
 // mid-turn): an error result for every pending tool call, step/end for an
-// open step, and turn/end with reason (DESIGN.md §7, HOST_LOST), so the log
+// open step, and turn/end with reason (docs/design.md §7, HOST_LOST), so the log
 // stays balanced for replay and fork.
 func CloseOpenTurn(events []protocol.SessionEvent, reason protocol.TurnEndReason, nowMs int64) ([]protocol.SessionEvent, error) {
 	turn, open, step, stepOpen, pending := OpenTurn(events)
@@ -303,7 +303,7 @@ func CloseTurn(turn, step int64, stepOpen bool, pending []protocol.ToolCallData,
 }
 
 // EpochOutcome derives a continuable epoch's result from the epoch's own
-// events (upstream-behaviour §3.9, the consumed-work fold): a turn accounts
+// events (docs/upstream-behaviour.md §3.9, the consumed-work fold): a turn accounts
 // for work if it entered a step, or claimed inbox input and then ended
 // blocked, aborted, interrupted or error; the latest such turn decides, and
 // accepted work discarded unrun after it makes a clean end `aborted`. A
@@ -420,7 +420,7 @@ func EarlierOutputNote(from *protocol.OutputSource) string {
 
 // SettledNotice is the one-line account and the content of the notice a
 // parent gets when a continuable child's epoch settled with res
-// (upstream-behaviour §5.10): the account by stop reason and error code,
+// (docs/upstream-behaviour.md §5.10): the account by stop reason and error code,
 // then the child's closing message, if any, with EarlierOutputNote.
 func SettledNotice(childID string, res protocol.SubagentResult) (string, []protocol.ContentBlock) {
 	var line string

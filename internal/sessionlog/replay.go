@@ -8,7 +8,7 @@ import (
 
 // CompletedPrefix returns the length of the balanced completed-turn prefix of
 // a log: every event up to and including its last turn/end, or 0 when no turn
-// ended (upstream-behaviour §3.6). Everything after it, notably an in-flight
+// ended (docs/upstream-behaviour.md §3.6). Everything after it, notably an in-flight
 // turn and its open tool calls, is excluded.
 func CompletedPrefix(events []protocol.SessionEvent) int {
 	for i := len(events) - 1; i >= 0; i-- {

@@ -14,7 +14,7 @@ import (
 )
 
 // The end of a run or of an epoch, as its settlement winner publishes it
-// (DESIGN.md §7; order.go). Hosts publish the ends they settled; a
+// (docs/design.md §7; order.go). Hosts publish the ends they settled; a
 // coordinator publishes the ends it settled on HOST_LOST, and publishes
 // again the end of a record it finds settled under a dead host's lease (the
 // host may have died before it published): both are idempotent (subagent/end
@@ -172,7 +172,7 @@ type EpochEnd struct {
 
 // EndEpoch delivers the subagent-settled notice to the live parent and
 // removes the ownership edge (EndEpochRecords; for a host, e.Delegate asks
-// the coordinators to), then emits subagent/end (DESIGN.md §7, Ownership).
+// the coordinators to), then emits subagent/end (docs/design.md §7, Ownership).
 // Hosts and coordinators (HOST_LOST) both use it. Failures go to onErr (an
 // edge not removed, or a delegation that failed, as ErrOwnershipKept); the
 // later steps are still taken. The channel is closed once subagent/end is

@@ -10,7 +10,7 @@ import (
 
 // Host records (brood_hosts <hostId>, docs/protocol.md §7.7): each worker host
 // and coordinator replica puts its own record on every heartbeat and deletes
-// it when it stops; liveness is judged from the heartbeats (DESIGN.md §4).
+// it when it stops; liveness is judged from the heartbeats (docs/design.md §4).
 
 // PutHost writes rec as its host's record (a heartbeat).
 func (s *Store) PutHost(ctx context.Context, rec protocol.HostRecord) (uint64, error) {

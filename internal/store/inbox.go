@@ -20,7 +20,7 @@ import (
 	"github.com/brood-dev/brood/pkg/tracecontext"
 )
 
-// The inbox (DESIGN.md §4). Each session's pending items are the messages on
+// The inbox (docs/design.md §4). Each session's pending items are the messages on
 // its inbox subject, in its scope's stream BROOD_INBOX_<scope> (streams.go); an item is deleted once its claim is logged in the
 // session log, so the subject holds exactly what is pending. Agents read it
 // with direct gets after the last inbox sequence their log claimed, and wake

@@ -265,7 +265,7 @@ func (s *Store) TakeOverLease(ctx context.Context, cur Record[protocol.AgentReco
 
 // EndedAncestor returns the first session of ancestry (ids, root first) that
 // is a one-shot agent whose run ended or is ending (its lease gone, Ending,
-// or taken over from a dead host), or "" when there is none (DESIGN.md §14:
+// or taken over from a dead host), or "" when there is none (docs/design.md §14:
 // nothing under an ended one-shot run starts work again). A session with no
 // lease is one-shot when its parent's child index says so, else when the
 // descriptor in its own log does; roots (no parent) never count as ended.

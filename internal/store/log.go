@@ -22,7 +22,7 @@ const LogReadBatch = 512
 
 // LogReadTimeout bounds a whole-log read whose context has no deadline: a
 // batch get can stop early without an error, so every read has a deadline
-// and a completeness check (DESIGN.md §4).
+// and a completeness check (docs/design.md §4).
 const LogReadTimeout = 30 * time.Second
 
 // LogReadAttemptTimeout bounds one attempt of a whole-log read; a failed or
@@ -48,7 +48,7 @@ func (s *Store) PutHeader(ctx context.Context, h protocol.SessionHeader) error {
 			return err
 		}
 		// A retried publish that actually landed comes back as a conflict
-		// (DESIGN.md §12): it is ours if the stored header carries our msg
+		// (docs/design.md §12): it is ours if the stored header carries our msg
 		// id; no header yet means a write was in flight (10164): again.
 		m, gerr := s.leaderLast(ctx, s.Subj.StreamSessions(), s.Subj.Session(h.ID))
 		switch {
@@ -548,7 +548,7 @@ const landedWait = 2 * time.Second
 
 // landed checks, after an append whose outcome stayed unknown, whether the
 // record is in fact the subject's last message (a publish whose ack was
-// lost, DESIGN.md §12).
+// lost, docs/design.md §12).
 func (w *LogWriter) landed(msgID string) (uint64, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), landedWait)
 	defer cancel()

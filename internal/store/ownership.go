@@ -9,7 +9,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Ownership (brood_agents owns.<scope>.<parent>, scope the parent's (OwnsKey), docs/protocol.md §7.6; DESIGN.md §7,
+// Ownership (brood_agents owns.<scope>.<parent>, scope the parent's (OwnsKey), docs/protocol.md §7.6; docs/design.md §7,
 // Ownership): the live continuable children a continuable parent owns, so it
 // cannot settle while one of them lives. The coordinator adds the edge when
 // it starts, resumes or follows up a child of a continuable parent (before

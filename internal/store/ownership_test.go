@@ -15,7 +15,7 @@ import (
 // TestOwnershipUpdatesRacingLoseNothing: many children register with one
 // parent at once, each through its own connection (hosts and coordinators
 // do), then half of them release at once. Each update is a compare-and-set
-// retried on conflict (DESIGN.md §7, Ownership), so the record ends with
+// retried on conflict (docs/design.md §7, Ownership), so the record ends with
 // exactly the children still owned: a lost update would leave a parent
 // waiting for a child that ended, or forget one it still owns.
 func TestOwnershipUpdatesRacingLoseNothing(t *testing.T) {

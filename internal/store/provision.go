@@ -38,7 +38,7 @@ const kvStreamPrefix = "KV_"
 
 // streamConfigs returns the configuration of every stream and bucket (a KV
 // bucket is a stream named KV_<bucket> on subjects $KV.<bucket>.>), each
-// setting explicit (DESIGN.md §4). Hardening that the services rely on
+// setting explicit (docs/design.md §4). Hardening that the services rely on
 // (docs/security.md, "JetStream"):
 //   - no stream allows roll-ups (a message with Nats-Rollup: all would purge
 //     a whole stream, or a whole bucket, for anyone who may publish one

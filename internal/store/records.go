@@ -116,7 +116,7 @@ func getMatching[T any](ctx context.Context, s *Store, kv jetstream.KeyValue, pa
 }
 
 // isKVConflict reports a KV compare-and-set refusal (10071 or, on replicated
-// buckets, 10164: DESIGN.md §12).
+// buckets, 10164: docs/design.md §12).
 func isKVConflict(err error) bool {
 	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || isWrongLastSeq(err)
 }
@@ -125,7 +125,7 @@ func isKVConflict(err error) bool {
 // also answers 10164 while another write to the same subject is in flight
 // (which may be our own earlier attempt, whose answer was lost, or a write
 // that is then lost with its leader), and a retry of a write that landed is
-// refused too (DESIGN.md §12). So every refusal is decided by reading the key
+// refused too (docs/design.md §12). So every refusal is decided by reading the key
 // from the leader: our value there means our write landed; the key as we
 // expected it (unchanged), or not even at the revision we expect (a leader
 // that has not applied every write: one just elected, or a deposed one

@@ -16,7 +16,7 @@ import (
 // TestCompareAndSetsRefuseAStaleRevision: an update or a conditional delete
 // at a revision the key moved past is ErrConflict and changes nothing; a
 // create of an existing key is ErrConflict; the current revision wins
-// (DESIGN.md §7: every settlement and ownership step is one of these).
+// (docs/design.md §7: every settlement and ownership step is one of these).
 func TestCompareAndSetsRefuseAStaleRevision(t *testing.T) {
 	st := testutil.NewStore(t)
 	ctx := context.Background()

@@ -22,7 +22,7 @@ import (
 //
 //   - stream appends carry a Nats-Msg-Id and, when conditional, are checked
 //     against the subject's last message after a refusal (a retry of an
-//     append that landed comes back as a conflict, DESIGN.md §12);
+//     append that landed comes back as a conflict, docs/design.md §12);
 //   - KV creates and updates that come back as a conflict after an attempt
 //     with an unknown outcome read the key: our own value there means the
 //     earlier attempt landed;

@@ -194,7 +194,7 @@ func TestFencedAppendWhoseAnswerWasLostIsOurs(t *testing.T) {
 
 // busyOnce is a KV whose first conditional write of each kind is refused
 // with 10164 without being carried out: the answer of a replicated stream
-// while another write to the subject is in flight (DESIGN.md §12).
+// while another write to the subject is in flight (docs/design.md §12).
 type busyOnce struct {
 	jetstream.KeyValue
 	creates, updates atomic.Int32

@@ -14,7 +14,7 @@ import (
 
 // A run record is created running, claimed once at its creation revision
 // and settled once: every later claim or settlement at a revision that is
-// no longer current loses (the settlement's compare-and-set, DESIGN.md §7).
+// no longer current loses (the settlement's compare-and-set, docs/design.md §7).
 func TestRunRecordIsClaimedAndSettledOnce(t *testing.T) {
 	st := testutil.NewStore(t)
 	ctx := context.Background()

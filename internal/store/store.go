@@ -1,4 +1,4 @@
-// Package store is Brood's durable state in JetStream (DESIGN.md §4): the
+// Package store is Brood's durable state in JetStream (docs/design.md §4): the
 // streams BROOD_SESSIONS (immutable headers), BROOD_LOG_<scope> (session
 // event records, one fenced writer per session), BROOD_INBOX_<scope>
 // (pending inbox items), one of each per provider and one for roots
@@ -28,7 +28,7 @@ import (
 )
 
 // Config holds every stream and bucket setting; none is left to the server
-// default (DESIGN.md §4). DefaultConfig gives the documented defaults.
+// default (docs/design.md §4). DefaultConfig gives the documented defaults.
 type Config struct {
 	// Replicas of every stream and bucket: 1 in `brood dev`, 3 in a cluster.
 	// Open checks it only when above 0 (a service that was not told the
@@ -72,7 +72,7 @@ type Config struct {
 // acp (one ACP bridge agent named acp).
 var DefaultProviders = []string{"spawn", "fork", "acp"}
 
-// DefaultConfig returns the documented defaults (DESIGN.md §4).
+// DefaultConfig returns the documented defaults (docs/design.md §4).
 func DefaultConfig() Config {
 	return Config{
 		Replicas:        1,
@@ -198,7 +198,7 @@ func BindLogs(ctx context.Context, nc *nats.Conn, subj protocol.Subjects) (*Stor
 
 // isWrongLastSeq reports a JetStream expected-last-sequence refusal, which
 // replicated streams answer with 10164 and single-replica ones with 10071
-// (DESIGN.md §12).
+// (docs/design.md §12).
 func isWrongLastSeq(err error) bool {
 	var apiErr *jetstream.APIError
 	if !errors.As(err, &apiErr) {

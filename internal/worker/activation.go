@@ -22,7 +22,7 @@ import (
 )
 
 // An activation is one residency epoch of a continuable child in this host
-// (seed: Activation; DESIGN.md §7). The child's inbox in JetStream is its only
+// (seed: Activation; docs/design.md §7). The child's inbox in JetStream is its only
 // queue: the activation wakes on a core subscription to its wake subject
 // (published once an item is stored, or an owned child released it),
 // claims items in order and runs one turn each; next-step items (settlement
@@ -100,7 +100,7 @@ type activation struct {
 
 // pendingAbort is an interrupt that came while no turn was open: the turn
 // that was about to run at that moment ends aborted as soon as it is claimed
-// (DESIGN.md §7; upstream-behaviour §5.11 cancels the running turn, and in
+// (docs/design.md §7; docs/upstream-behaviour.md §5.11 cancels the running turn, and in
 // Brood a turn is about to run from the moment its message is accepted).
 type pendingAbort struct {
 	cause string
@@ -434,7 +434,7 @@ func (a *activation) loop() {
 		}
 		if a.isParked() {
 			// Interrupted with work queued: stay resident, the queue parked,
-			// until the next send (upstream-behaviour §5.11).
+			// until the next send (docs/upstream-behaviour.md §5.11).
 			a.sleep(ActivationRecheck)
 			continue
 		}
@@ -649,7 +649,7 @@ func (a *activation) trySettle() bool {
 const InterruptReadTimeout = 5 * time.Second
 
 // interrupt stops the turn running or about to run at this moment, and
-// parks the queue until the next send (upstream-behaviour §5.11): the open
+// parks the queue until the next send (docs/upstream-behaviour.md §5.11): the open
 // turn is cancelled; with no turn open, the turn a claim in progress opens,
 // or else the turn of the oldest message waiting, ends aborted as soon as it
 // is claimed (pendingAbort). The messages waiting now stay parked; one sent

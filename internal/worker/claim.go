@@ -13,7 +13,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Stale requests and the claim (DESIGN.md §14: work whose requester gave up
+// Stale requests and the claim (docs/design.md §14: work whose requester gave up
 // is dropped without writing anything).
 //
 // A start or an activation carries the coordinator's deadline, and the run

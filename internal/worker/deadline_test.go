@@ -14,7 +14,7 @@ import (
 )
 
 // TestWithDeadlineDropsStaleRequests: a request whose deadline passed is
-// dropped as UNAVAILABLE before anything is written (DESIGN.md §14); one
+// dropped as UNAVAILABLE before anything is written (docs/design.md §14); one
 // without a deadline (0) gets ClaimBudgetMax; a near deadline bounds the
 // claim, a far one is capped at ClaimBudgetMax.
 func TestWithDeadlineDropsStaleRequests(t *testing.T) {

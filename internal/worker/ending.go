@@ -14,7 +14,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// A parent's end (DESIGN.md §14; RELIABILITY.md I5; issue 14). A one-shot run
+// A parent's end (docs/design.md §14; RELIABILITY.md I5; issue 14). A one-shot run
 // is one unit of work: when its turn is over — completed, failed, disposed,
 // cancelled — its live descendants are disposed, child first, before the run
 // settles (so before runs.dispose answers): every continuable descendant's
@@ -90,7 +90,7 @@ func (h *Host) endDescendants(r *hostedRun) bool {
 
 // discardPending drops every unclaimed item of a continuable session unrun,
 // logging agent/inbox/enqueue (when unseen) and agent/inbox/discard for each
-// before it leaves the inbox (DESIGN.md §5: accepted work dropped unrun is
+// before it leaves the inbox (docs/design.md §5: accepted work dropped unrun is
 // logged). It returns how many it dropped.
 func discardPending(ctx context.Context, sess ContinuableSession, in agent.Inbox, reason string) (int, error) {
 	items, err := sess.Unclaimed(ctx, in)

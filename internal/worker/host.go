@@ -1,4 +1,4 @@
-// Package worker is what every provider worker shares (DESIGN.md §2): the
+// Package worker is what every provider worker shares (docs/design.md §2): the
 // host identity and its heartbeat in brood_hosts, the provider micro services
 // on `<prefix>.v1.provider.<name>.<op>`, the host's own subjects
 // `<prefix>.v1.host.<hostId>.<op>`, and the hosting of runs: lease, log,
@@ -85,7 +85,7 @@ type Provider interface {
 	NewSession(ctx context.Context, spec SessionSpec) (Session, error)
 }
 
-// Config configures a Host. Zero durations take the defaults of DESIGN.md §4.
+// Config configures a Host. Zero durations take the defaults of docs/design.md §4.
 type Config struct {
 	NC        *nats.Conn
 	Store     *store.Store
@@ -401,7 +401,7 @@ func (h *Host) serveProvider(srv *rpc.Server, p Provider) (*rpc.Service, error) 
 }
 
 // checkDuplicates refuses to start when a live host serves a provider of the
-// same name with a different descriptor (DUPLICATE_PROVIDER, DESIGN.md §4).
+// same name with a different descriptor (DUPLICATE_PROVIDER, docs/design.md §4).
 // The listing is retried through transient failures for up to
 // FirstHeartbeatBudget: on a cluster just provisioned the hosts bucket may
 // have no leader yet ("no responders"), which is no reason to exit.
@@ -481,7 +481,7 @@ func (h *Host) beat(ctx context.Context) error {
 // heartbeatLoop rewrites the host record every interval. After a gap longer
 // than the host expiry (the process was paused, or cut off), coordinators may
 // have taken its sessions over: it checks every lease and stops the agents
-// whose lease is gone (DESIGN.md §7, Settlement 3).
+// whose lease is gone (docs/design.md §7, Settlement 3).
 func (h *Host) heartbeatLoop(ctx context.Context) {
 	beat := func(ctx context.Context) error {
 		err := h.beat(ctx)
@@ -613,7 +613,7 @@ func (h *Host) drain(svcs []*rpc.Service) {
 		r.cancel(&agent.Cancel{Cause: protocol.CauseDisposed})
 	}
 	// Activations end their epoch; accepted inbox items stay for the next
-	// activation, on another host (DESIGN.md §7, Settlement 4).
+	// activation, on another host (docs/design.md §7, Settlement 4).
 	for _, a := range h.snapshotActs() {
 		a.stop(protocol.CauseDisposed)
 	}

@@ -22,7 +22,7 @@ type ModelFactory func() (model.Model, error)
 type ToolsFactory func(spec SessionSpec) ([]*agent.Tool, error)
 
 // InProcess is the provider driver shared by `spawn` and `fork`: the child
-// is a Brood agent running in this host (upstream-behaviour §2, in-process
+// is a Brood agent running in this host (docs/upstream-behaviour.md §2, in-process
 // one-shot driver).
 type InProcess struct {
 	Desc    protocol.ProviderDescriptor
@@ -48,7 +48,7 @@ type InProcess struct {
 const DefaultSeedEventsMax = 100_000
 
 // Prepare returns the child's creation spec: for a seeded provider the
-// length of the parent's balanced completed-turn prefix (upstream-behaviour
+// length of the parent's balanced completed-turn prefix (docs/upstream-behaviour.md
 // §3.6), which the coordinator read and checked (req.ParentCompleted: a
 // worker reads no other session's log), within SeedEventsMax; 0 otherwise.
 func (p *InProcess) Prepare(ctx context.Context, req protocol.ProviderPrepareRequest) (protocol.ProviderPrepareReply, error) {
@@ -151,7 +151,7 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 			return nil, err
 		}
 	}
-	// The ceiling every ancestor narrowed (DESIGN.md §7): a descendant never
+	// The ceiling every ancestor narrowed (docs/design.md §7): a descendant never
 	// gets a tool an ancestor was denied, whatever its own filter says.
 	reg = reg.Ceiling(spec.Header.ToolCeiling).ForSession(spec.Header)
 	var sections []string

@@ -325,7 +325,7 @@ func inScope(p Provider, h protocol.SessionHeader) error {
 
 // closeLogAfterDurabilityFailure closes the turn a run (or an epoch) that ended
 // DURABILITY_FAILED left open in its log, once JetStream takes writes again
-// (DESIGN.md §4: durable records are reconciled then), so the log replays
+// (docs/design.md §4: durable records are reconciled then), so the log replays
 // balanced (chaos seed 1 of make test: "turn 1 never ended"), with
 // closeOpenTurn, for up to store.SettleBudget.
 func (h *Host) closeLogAfterDurabilityFailure(scope, childID string) {
@@ -482,7 +482,7 @@ func (h *Host) execute(r *hostedRun) {
 }
 
 // settleRun records the result by CAS on the run record at the claim's
-// revision, retrying transient failures (DESIGN.md §7, Settlement 1; settle
+// revision, retrying transient failures (docs/design.md §7, Settlement 1; settle
 // in claim.go); only the winner publishes notify and subagent/end, then
 // releases the lease. Until the settlement lands the lease stays: the run is
 // still this host's, and a coordinator settles it from the log if this host

@@ -49,7 +49,7 @@ type InProcessConfig struct {
 }
 
 // InProcessDescriptor is the descriptor of an in-process provider: every
-// start capability, continuable, the global tools (DESIGN.md §6).
+// start capability, continuable, the global tools (docs/design.md §6).
 func InProcessDescriptor(name string, inheritsParentContext bool) protocol.ProviderDescriptor {
 	return protocol.ProviderDescriptor{
 		Name:                  name,

@@ -15,7 +15,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Contention tests of the settlement compare-and-set (DESIGN.md §7,
+// Contention tests of the settlement compare-and-set (docs/design.md §7,
 // Settlement 1 and 2; RELIABILITY.md I2: a run settles exactly once). A
 // worker is paused at its settlement write (testutil.Pause: the write is
 // held and the worker's heartbeats fail), a coordinator takes the run or
@@ -187,7 +187,7 @@ func TestSettlementAnEpochEndingAfterATakeoverPublishesNothing(t *testing.T) {
 // TestHostLostEndsAContinuableEpochWithHostLost: the worker of a continuable
 // child stops mid-turn (paused at a log append, its heartbeats failing).
 // The coordinator takes the activation over: the open turn is closed as
-// interrupted, the epoch settles aborted with HOST_LOST (README; DESIGN.md
+// interrupted, the epoch settles aborted with HOST_LOST (README; docs/design.md
 // §7, Settlement 2), subagent/end says so, and the worker, back, is fenced
 // out of the log and publishes nothing.
 func TestHostLostEndsAContinuableEpochWithHostLost(t *testing.T) {

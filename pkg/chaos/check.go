@@ -193,7 +193,7 @@ type checker struct {
 // window that overlaps the bound (a fault extends the wait to its heal plus
 // the bound); L1 also waits out drains until their lift and interrupts until
 // the child's next message (its queue is parked until then,
-// upstream-behaviour §5.11).
+// docs/upstream-behaviour.md §5.11).
 func Check(h *History) *Report {
 	c := &checker{h: h, snap: h.Snapshot, sessions: map[string]*session{}, occ: map[int64][]occurrence{},
 		ops: map[int64]*Op{}, v: map[string]*Verdict{}, processedAt: map[string]int64{},
@@ -484,7 +484,7 @@ func (c *checker) checkMessages() {
 // undeliverableNotice reports whether a pending item is a notice or report
 // to a one-shot session that has ended: nothing will ever run it, and the
 // sender was told nothing else (notices to a parent that is gone are
-// dropped, DESIGN.md §7).
+// dropped, docs/design.md §7).
 func (c *checker) undeliverableNotice(s *session, mid string) bool {
 	for _, it := range c.snap.Inbox[s.id] {
 		if it.MessageID != mid {

@@ -1,4 +1,4 @@
-// Package client is the Go client of the Brood coordinator API (DESIGN.md
+// Package client is the Go client of the Brood coordinator API (docs/design.md
 // §7, docs/protocol.md §5): roots, one-shot runs and their results,
 // continuable children, session headers and logs, lifecycle events (past and
 // followed live) and a root's inbox (settlement notices and reports).

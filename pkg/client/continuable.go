@@ -6,7 +6,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Continuable children (DESIGN.md §7; docs/protocol.md §5.8–§5.14). Every
+// Continuable children (docs/design.md §7; docs/protocol.md §5.8–§5.14). Every
 // call returns a *protocol.Error on failure.
 
 // StartContinuable starts a continuable child (continuable.start); it

@@ -6,7 +6,7 @@ import (
 )
 
 // This file is the part of the wire contract that concerns ACP (the Agent
-// Client Protocol, DESIGN.md §6): the log event that records an ACP child's
+// Client Protocol, docs/design.md §6): the log event that records an ACP child's
 // remote session, the lineage the ACP bridge passes in the `_meta` of
 // `session/new`, and the roots that `brood acp-agent` opens for its ACP
 // sessions.
@@ -33,7 +33,7 @@ type ACPSessionData struct {
 
 // ACPMetaKey is the key under `_meta` of `session/new` where the ACP bridge
 // puts an ACPLineage, so a Brood ACP agent never resets a depth limit or a
-// tool ceiling (DESIGN.md §7).
+// tool ceiling (docs/design.md §7).
 const ACPMetaKey = "brood"
 
 // ACPLineage is the delegation an ACP child serves, as the ACP bridge passes
@@ -172,7 +172,7 @@ type ACPLateUpdateData struct {
 // `session/prompt` for a Brood ACP agent: the prompt's provenance (who sent
 // it: the user, a parent agent's relay, a report), so the agent logs the
 // message with its real source instead of `user`. Provenance only, never
-// authority (DESIGN.md §7).
+// authority (docs/design.md §7).
 type ACPPromptMeta struct {
 	Source *MessageSource `json:"source,omitempty"`
 }

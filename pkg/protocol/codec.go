@@ -15,7 +15,7 @@ import (
 )
 
 // Encoding is the body encoding of a message: MessagePack by default, JSON when
-// the request carries the header Content-Type: application/json (DESIGN.md §3).
+// the request carries the header Content-Type: application/json (docs/design.md §3).
 type Encoding int
 
 const (

@@ -1,9 +1,9 @@
 package protocol
 
-// Continuable children (DESIGN.md §7; the seed's SubagentService).
+// Continuable children (docs/design.md §7; the seed's SubagentService).
 
 // Authority is who acts on a continuable child: the credential of the exact
-// live parent agent, or a user grant minted by authority.user (DESIGN.md §7).
+// live parent agent, or a user grant minted by authority.user (docs/design.md §7).
 // Source and SenderSessionID of a message are provenance only.
 type Authority struct {
 	Parent *ParentRef `msgpack:"parent,omitempty" json:"parent,omitempty"`
@@ -12,7 +12,7 @@ type Authority struct {
 
 // ContinuableOptions are a continuable child's composition: recorded in its
 // descriptor and used again on every cold resume. (No outputSchema: that is
-// a one-shot result contract, upstream-behaviour §3.5.)
+// a one-shot result contract, docs/upstream-behaviour.md §3.5.)
 type ContinuableOptions struct {
 	MaxDepth   any         `msgpack:"maxDepth" json:"maxDepth,omitempty"`
 	ToolFilter *ToolFilter `msgpack:"toolFilter,omitempty" json:"toolFilter,omitempty"`
@@ -89,7 +89,7 @@ type StateReply struct {
 
 // InterruptRequest is the body of continuable.interrupt: it stops the
 // target's current turn only and keeps its queue parked until the next send
-// (upstream-behaviour §5.11). Authority: a user grant, or the credential of a
+// (docs/upstream-behaviour.md §5.11). Authority: a user grant, or the credential of a
 // live ancestor of the target.
 type InterruptRequest struct {
 	ChildID   string    `msgpack:"childId" json:"childId"`
@@ -106,7 +106,7 @@ type InterruptReply struct {
 
 // ReportRequest is the body of continuable.report: the child (by its own
 // credential) sends content to its live parent, joining the parent's next
-// step (upstream-behaviour §5.13).
+// step (docs/upstream-behaviour.md §5.13).
 type ReportRequest struct {
 	Child   ParentRef      `msgpack:"child" json:"child"`
 	Content []ContentBlock `msgpack:"content" json:"content"`
@@ -178,7 +178,7 @@ type ChildrenListRequest struct {
 	Descendants bool      `msgpack:"descendants,omitempty" json:"descendants,omitempty"`
 }
 
-// Child row kinds and activities (upstream-behaviour §5.15).
+// Child row kinds and activities (docs/upstream-behaviour.md §5.15).
 const (
 	RowChild      = "child"
 	RowDiagnostic = "diagnostic"
@@ -238,7 +238,7 @@ type UserGrantRecord struct {
 
 // OwnershipRecord is the set of live continuable children a continuable
 // parent owns, in brood_agents under `owns.<parentSession>`. A parent with
-// any is `waiting` and cannot settle (DESIGN.md §7, Ownership).
+// any is `waiting` and cannot settle (docs/design.md §7, Ownership).
 type OwnershipRecord struct {
 	Children []string `msgpack:"children" json:"children"`
 }

@@ -5,7 +5,7 @@
 // Every message is MessagePack with camelCase keys (compact integers; absent
 // and empty stay distinct), or JSON when the request carries the header
 // Content-Type: application/json, in which case the reply is JSON too
-// (DESIGN.md §3). Errors are *Error values with a stable string Code and a
+// (docs/design.md §3). Errors are *Error values with a stable string Code and a
 // stable numeric code (Catalogue); match them with errors.Is against the
 // sentinels, e.g. errors.Is(err, protocol.ErrNoProvider).
 package protocol

@@ -11,9 +11,9 @@ import (
 // numeric code (see Catalogue). Codes never change meaning once published.
 type Code string
 
-// The error catalogue (DESIGN.md §3). The seed's and upstream's codes
-// (upstream-behaviour §1.1) keep their names; Brood adds codes for what
-// upstream left uncoded (upstream-behaviour §1.2).
+// The error catalogue (docs/design.md §3). The seed's and upstream's codes
+// (docs/upstream-behaviour.md §1.1) keep their names; Brood adds codes for what
+// upstream left uncoded (docs/upstream-behaviour.md §1.2).
 const (
 	CodeInvalidArgument          Code = "INVALID_ARGUMENT"
 	CodeNoProvider               Code = "NO_PROVIDER"

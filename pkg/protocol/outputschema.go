@@ -17,7 +17,7 @@ import (
 	"golang.org/x/text/message"
 )
 
-// This file holds output schemas (upstream-behaviour §1.6): the check of a
+// This file holds output schemas (docs/upstream-behaviour.md §1.6): the check of a
 // requested outputSchema against the supported subset, which the
 // coordinator runs when it admits a start, and the validation of a
 // structured_output value against a checked schema, which the child's
@@ -57,7 +57,7 @@ var scalarTypes = map[string]bool{"string": true, "number": true, "integer": tru
 var schemaMsgPrinter = message.NewPrinter(language.English)
 
 // CheckOutputSchema checks a decoded outputSchema against the supported
-// subset (upstream-behaviour §1.6) and returns it as canonical JSON text:
+// subset (docs/upstream-behaviour.md §1.6) and returns it as canonical JSON text:
 // compact, object keys sorted, numbers as decoded (json.Number literals
 // verbatim), no HTML escaping. The text compiles as a JSON Schema 2020-12
 // document.

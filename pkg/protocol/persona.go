@@ -6,17 +6,17 @@ import (
 	"strings"
 )
 
-// This file holds persona templates (upstream-behaviour §1.8): the
+// This file holds persona templates (docs/upstream-behaviour.md §1.8): the
 // coordinator validates a start's persona with ValidatePersona when it admits
 // the start, and an agent renders its persona with RenderTemplate.
 
-// Template variables the runtime registers (upstream-behaviour §1.8).
+// Template variables the runtime registers (docs/upstream-behaviour.md §1.8).
 var TemplateVars = []string{"provider", "model", "cwd"}
 
 var templateNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]*$`)
 
 // RenderTemplate interpolates `{{name}}` references strictly
-// (upstream-behaviour §1.8): a name must match ^[a-z][a-z0-9_]*$ and be one
+// (docs/upstream-behaviour.md §1.8): a name must match ^[a-z][a-z0-9_]*$ and be one
 // of vars; a malformed group (`{{}}`, `{{a b}}`) or an unknown or unset name
 // is an INVALID_PERSONA error; a lone `{{` with no later `}}` is literal
 // text; substituted values are not re-scanned.
@@ -52,7 +52,7 @@ func RenderTemplate(tmpl string, vars map[string]string) (string, error) {
 
 // ValidatePersona checks a persona template with placeholder values for every
 // registered variable, so a bad template fails at start (Brood's deliberate
-// improvement over upstream, DESIGN.md §10).
+// improvement over upstream, docs/design.md §10).
 func ValidatePersona(p string) error {
 	vars := map[string]string{}
 	for _, v := range TemplateVars {

@@ -33,7 +33,7 @@ func TestCatalogueCodesAreUniqueAndComplete(t *testing.T) {
 		CodeParentUnavailable, CodeActivationTeardownFailed, CodeCancelled, CodeInvalidArgument, CodeDepthExceeded,
 		CodeUnsupportedSchema, CodeInvalidToolFilter, CodeInvalidPersona, CodeLimitExceeded, CodeHostLost} {
 		if !codes[c] {
-			t.Errorf("DESIGN.md §3 code %s missing from the catalogue", c)
+			t.Errorf("docs/design.md §3 code %s missing from the catalogue", c)
 		}
 	}
 }
@@ -364,7 +364,7 @@ func TestSubjectsAndNames(t *testing.T) {
 			t.Errorf("ValidID(%q) != %v", id, ok)
 		}
 	}
-	// The rule of DESIGN.md §4 as a regexp is the oracle over every byte.
+	// The rule of docs/design.md §4 as a regexp is the oracle over every byte.
 	rule := regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 	for c := 0; c < 256; c++ {
 		for _, id := range []string{string([]byte{byte(c)}), "a" + string([]byte{byte(c)}) + "b"} {

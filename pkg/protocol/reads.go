@@ -1,6 +1,6 @@
 package protocol
 
-// Reads through the coordinator (DESIGN.md §14, "Reads go through the
+// Reads through the coordinator (docs/design.md §14, "Reads go through the
 // coordinator"): session headers and logs, past and live lifecycle events,
 // and a root's inbox. Each endpoint checks authority, so a client in any
 // language needs no JetStream permission: it sends requests to
@@ -239,7 +239,7 @@ type InboxRemoveRequest struct {
 	Seqs []Seq `msgpack:"seqs" json:"seqs"`
 }
 
-// Inbox item deliveries (DESIGN.md §4).
+// Inbox item deliveries (docs/design.md §4).
 const (
 	// DeliveryNextTurn queues the item as a turn of its own (followups, prompts).
 	DeliveryNextTurn = "next-turn"
@@ -289,7 +289,7 @@ type ForkSeedRequest struct {
 // (Subjects.Read, ReadAncestry; an Empty request) for a child whose header
 // names provider: EndedAncestor is the first of the child's ancestors (root
 // first, from the headers) that is a one-shot run that ended or is ending,
-// "" when none is (DESIGN.md §14). Errors: INVALID_ARGUMENT, UNAUTHORIZED
+// "" when none is (docs/design.md §14). Errors: INVALID_ARGUMENT, UNAUTHORIZED
 // (no child of that provider, whether or not it exists), UNAVAILABLE.
 type AncestryReply struct {
 	EndedAncestor string `msgpack:"endedAncestor,omitempty" json:"endedAncestor,omitempty"`

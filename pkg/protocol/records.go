@@ -2,7 +2,7 @@ package protocol
 
 import "time"
 
-// Liveness of hosts (DESIGN.md §4): every host (worker or coordinator)
+// Liveness of hosts (docs/design.md §4): every host (worker or coordinator)
 // rewrites its brood_hosts record each heartbeat interval, and a host whose
 // record has not changed for longer than the host expiry is dead: its
 // sessions are taken over (HOST_LOST). These are the defaults of every
@@ -19,7 +19,7 @@ const (
 	HostCoordinator = "coordinator"
 )
 
-// HostRecord is a live host in KV brood_hosts (DESIGN.md §4), rewritten by the
+// HostRecord is a live host in KV brood_hosts (docs/design.md §4), rewritten by the
 // host every heartbeat interval. Heartbeat is the host's epoch ms at writing;
 // coordinators judge liveness by when they last saw the record change, so a
 // skewed host clock cannot keep a dead host alive.
@@ -41,7 +41,7 @@ const (
 )
 
 // AgentRecord is the lease of one live agent in KV brood_agents, keyed by
-// session id (DESIGN.md §4). Whoever holds it is the session log's one writer.
+// session id (docs/design.md §4). Whoever holds it is the session log's one writer.
 // Epoch increases by one on every takeover (CAS). CredentialHash is the
 // hex SHA-256 of the agent's credential. ExpiresAt (epoch ms) bounds a root's
 // lease; worker-hosted agents live as long as their host heartbeats.
@@ -82,9 +82,9 @@ type AgentRecord struct {
 	HeaderDigest string `msgpack:"headerDigest,omitempty" json:"headerDigest,omitempty"`
 }
 
-// RunRecord is one run (or continuable epoch) in KV brood_runs (DESIGN.md §4).
+// RunRecord is one run (or continuable epoch) in KV brood_runs (docs/design.md §4).
 // Created `running` by the coordinator; settled exactly once by a CAS at the
-// record's revision (DESIGN.md §7, Settlement 1).
+// record's revision (docs/design.md §7, Settlement 1).
 type RunRecord struct {
 	RunID         string `msgpack:"runId" json:"runId"`
 	ChildID       string `msgpack:"childId" json:"childId"`

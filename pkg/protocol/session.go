@@ -10,16 +10,16 @@ import (
 // SessionHeaderVersion is the on-stream format version of SessionHeader.
 const SessionHeaderVersion = 1
 
-// OriginSubagent marks a session created as a child (upstream-behaviour §3.1).
+// OriginSubagent marks a session created as a child (docs/upstream-behaviour.md §3.1).
 const OriginSubagent = "subagent"
 
 // SessionHeader is a session's immutable metadata, stored once in
-// BROOD_SESSIONS (DESIGN.md §4; upstream-behaviour §3.1). CreatedAt is epoch
+// BROOD_SESSIONS (docs/design.md §4; docs/upstream-behaviour.md §3.1). CreatedAt is epoch
 // ms. DelegationDepth is absent (0) for roots and parent depth + 1 for a
 // child. SeedLength counts the events inherited from a fork parent (absent
 // when unseeded). ToolCeiling is the intersection of every ancestor's tool
 // filter and DepthCap the absolute depth cap, so both survive fork and cold
-// resume (DESIGN.md §7).
+// resume (docs/design.md §7).
 type SessionHeader struct {
 	Version         int         `msgpack:"version" json:"version"`
 	ID              string      `msgpack:"id" json:"id"`
@@ -70,7 +70,7 @@ func (h SessionHeader) Scope() string {
 // and a run's structured value is read from them (docs/protocol.md §8).
 const ToolStructuredOutput = "structured_output"
 
-// Event types of the session log (DESIGN.md §5; upstream-behaviour §3.2).
+// Event types of the session log (docs/design.md §5; docs/upstream-behaviour.md §3.2).
 const (
 	EvTurnStart          = "turn/start"
 	EvTurnEnd            = "turn/end"
@@ -89,7 +89,7 @@ const (
 	// a host that stopped heartbeating while no turn was open. Being a write
 	// fenced on the log's last record, it fences the lost host out of the
 	// log: a host that comes back from a pause cannot append a claim (or a
-	// first turn) after the takeover (DESIGN.md §4, one writer per log).
+	// first turn) after the takeover (docs/design.md §4, one writer per log).
 	EvAgentTakeover = "agent/takeover"
 )
 
@@ -149,7 +149,7 @@ type TurnData struct {
 	Turn int64 `msgpack:"turn" json:"turn"`
 }
 
-// Turn-end reason kinds (DESIGN.md §5).
+// Turn-end reason kinds (docs/design.md §5).
 const (
 	TurnCompleted   = "completed"
 	TurnAborted     = "aborted"
@@ -191,7 +191,7 @@ type StepData struct {
 	Step int64 `msgpack:"step" json:"step"`
 }
 
-// Message source kinds (upstream-behaviour §3.4). A source is provenance,
+// Message source kinds (docs/upstream-behaviour.md §3.4). A source is provenance,
 // never authority.
 const (
 	SourceUser            = "user"
@@ -217,7 +217,7 @@ type UserMessageData struct {
 }
 
 // ToolCall is one tool call of an assistant message. Arguments is the raw JSON
-// text exactly as the model produced it, never re-encoded (DESIGN.md §3).
+// text exactly as the model produced it, never re-encoded (docs/design.md §3).
 type ToolCall struct {
 	ID        string `msgpack:"id" json:"id"`
 	Name      string `msgpack:"name" json:"name"`
@@ -290,7 +290,7 @@ type TakeoverData struct {
 }
 
 // InboxDequeueData is the data of agent/inbox/dequeue: the claim of one inbox
-// item by a turn, logged before the turn uses it (DESIGN.md §4).
+// item by a turn, logged before the turn uses it (docs/design.md §4).
 type InboxDequeueData struct {
 	MessageID string `msgpack:"messageId" json:"messageId"`
 	InboxSeq  Seq    `msgpack:"inboxSeq" json:"inboxSeq"`
@@ -304,10 +304,10 @@ type InboxDiscardData struct {
 	Reason    string `msgpack:"reason" json:"reason"`
 }
 
-// DescriptorVersion is the current subagent/descriptor version (upstream-behaviour §3.5).
+// DescriptorVersion is the current subagent/descriptor version (docs/upstream-behaviour.md §3.5).
 const DescriptorVersion = 2
 
-// DescriptorData is the hidden subagent/descriptor event (upstream-behaviour
+// DescriptorData is the hidden subagent/descriptor event (docs/upstream-behaviour.md
 // §3.5, §1.9): how to rebuild a continuable child. Undeclared fields are
 // omitted, never null.
 type DescriptorData struct {

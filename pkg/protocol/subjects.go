@@ -13,7 +13,7 @@ const DefaultPrefix = "brood"
 // Version is the wire version token that follows the prefix in every subject.
 const Version = "v1"
 
-// Coordinator endpoints (DESIGN.md §3, §7). Each is served on
+// Coordinator endpoints (docs/design.md §3, §7). Each is served on
 // `<prefix>.v1.coord.<endpoint>` by the micro service CoordinatorService in the
 // queue group CoordinatorQueue, so replicas share the load.
 const (
@@ -82,11 +82,11 @@ var (
 	prefixRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
 )
 
-// idLenMax is the longest caller-chosen id, in bytes (DESIGN.md §4).
+// idLenMax is the longest caller-chosen id, in bytes (docs/design.md §4).
 const idLenMax = 64
 
 // ValidID reports whether s may be used as a caller-chosen id or provider name:
-// `^[A-Za-z0-9_-]{1,64}$` (DESIGN.md §4), so it is always one subject token.
+// `^[A-Za-z0-9_-]{1,64}$` (docs/design.md §4), so it is always one subject token.
 // A loop over the bytes, not a regexp: every request checks several ids
 // (issue 12's profile).
 func ValidID(s string) bool {

@@ -8,7 +8,7 @@ import (
 )
 
 // ValidateToolFilter checks a tool filter against the global tool names known:
-// at least one of allow/deny, every name known (upstream-behaviour §1.7). The
+// at least one of allow/deny, every name known (docs/upstream-behaviour.md §1.7). The
 // error is INVALID_TOOL_FILTER listing the known tools.
 func ValidateToolFilter(f ToolFilter, known []string) error {
 	if f.Allow == nil && f.Deny == nil {
@@ -37,7 +37,7 @@ func ValidateToolFilter(f ToolFilter, known []string) error {
 }
 
 // Allows reports whether c, a tool ceiling (the intersection of every
-// ancestor's filter, a session header's toolCeiling; DESIGN.md §7), lets the
+// ancestor's filter, a session header's toolCeiling; docs/design.md §7), lets the
 // global tool name through: a nil ceiling allows every tool; otherwise name
 // must be in Allow when Allow is present, and never in Deny.
 func (c *ToolFilter) Allows(name string) bool {

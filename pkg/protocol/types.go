@@ -55,7 +55,7 @@ func AllText(blocks []ContentBlock) string {
 
 // Seq is a JetStream sequence or KV revision. It travels as a decimal string,
 // because sequences may exceed 2^53 and JavaScript decoders would round them
-// (DESIGN.md §12).
+// (docs/design.md §12).
 type Seq uint64
 
 func (s Seq) String() string { return strconv.FormatUint(uint64(s), 10) }
@@ -134,7 +134,7 @@ type Capabilities struct {
 	Persona      bool `msgpack:"persona" json:"persona"`
 }
 
-// ProviderDescriptor is the static description of a provider (DESIGN.md §3, §6).
+// ProviderDescriptor is the static description of a provider (docs/design.md §3, §6).
 // Tools names the global tools its agents offer, so a tool filter is validated
 // before anything is created. All instances of one provider have equal
 // descriptors (else DUPLICATE_PROVIDER).
@@ -195,7 +195,7 @@ func (d ProviderDescriptor) HasTool(name string) bool {
 	return false
 }
 
-// ToolFilter restricts a child's global tools (upstream-behaviour §1.7): allow
+// ToolFilter restricts a child's global tools (docs/upstream-behaviour.md §1.7): allow
 // is applied before deny; at least one must be present. A nil list is absent;
 // an empty allow list hides every global tool.
 type ToolFilter struct {
@@ -215,11 +215,11 @@ const (
 	StopRefusal   StopReason = "refusal"
 )
 
-// DiagnosticBytesMax bounds SubagentResult.Diagnostic (upstream-behaviour §1.10).
+// DiagnosticBytesMax bounds SubagentResult.Diagnostic (docs/upstream-behaviour.md §1.10).
 const DiagnosticBytesMax = 4096
 
 // SubagentResult is the terminal outcome of a run or epoch (seed: SubagentResult).
-// Output is the child's final assistant output (upstream-behaviour §3.8), never
+// Output is the child's final assistant output (docs/upstream-behaviour.md §3.8), never
 // nil on the wire; OutputFrom names the message it came from (absent when
 // Output is empty); Structured is present only after a requested outputSchema
 // was satisfied; Diagnostic (≤ 4096 bytes, never secrets or payloads) and
@@ -247,7 +247,7 @@ type PermissionCounts struct {
 // OutputSource names the assistant/message a result's output came from: its
 // seq in the child's log, its turn and step, and Last, whether it is the
 // child's last assistant message. The output rule skips empty messages
-// (upstream-behaviour §3.8), so when the child's last message was empty the
+// (docs/upstream-behaviour.md §3.8), so when the child's last message was empty the
 // output is an earlier one (a preamble such as "Let me look first.") and
 // Last is false: a parent can tell it is not a final answer (issue 14).
 type OutputSource struct {
@@ -258,7 +258,7 @@ type OutputSource struct {
 }
 
 // TruncateDiagnostic cuts s to at most DiagnosticBytesMax bytes at a UTF-8
-// boundary, marking the cut (upstream-behaviour §1.10).
+// boundary, marking the cut (docs/upstream-behaviour.md §1.10).
 func TruncateDiagnostic(s string) string {
 	if len(s) <= DiagnosticBytesMax {
 		return s
@@ -274,14 +274,14 @@ func TruncateDiagnostic(s string) string {
 func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }
 
 // ParentRef names the acting parent: its session id and the credential of its
-// current live agent (DESIGN.md §7).
+// current live agent (docs/design.md §7).
 type ParentRef struct {
 	SessionID  string `msgpack:"sessionId" json:"sessionId"`
 	Credential string `msgpack:"credential" json:"credential"`
 }
 
 // StartOptions are the optional start-time features of a one-shot run
-// (seed: SubagentStartRequest; upstream-behaviour §1.3–§1.8). Each needs the
+// (seed: SubagentStartRequest; docs/upstream-behaviour.md §1.3–§1.8). Each needs the
 // matching provider capability. MaxDepth is kept untyped so that -1, 1.5, NaN
 // and 2^53 reach validation and get INVALID_ARGUMENT instead of a decode error.
 type StartOptions struct {
@@ -295,7 +295,7 @@ type StartOptions struct {
 	Label string `msgpack:"label,omitempty" json:"label,omitempty"`
 }
 
-// RunStartRequest is the body of runs.start (DESIGN.md §7). Notify is the
+// RunStartRequest is the body of runs.start (docs/design.md §7). Notify is the
 // subject the settled RunNotice is published to; the caller subscribes to it
 // before starting (one wildcard subscription per connection).
 type RunStartRequest struct {
@@ -350,7 +350,7 @@ type RunNotice struct {
 }
 
 // RunRef names a run and the authority acting on it: the parent's credential
-// or a user grant (DESIGN.md §7, Settlement 4). WaitMs (runs.await only) is how
+// or a user grant (docs/design.md §7, Settlement 4). WaitMs (runs.await only) is how
 // long to wait for settlement, 0 for an immediate answer; capped by the
 // coordinator's RunAwaitWaitMax.
 type RunRef struct {
@@ -374,7 +374,7 @@ type RunStatus struct {
 	Result  *SubagentResult `msgpack:"result,omitempty" json:"result,omitempty"`
 }
 
-// AgentsOpenRequest opens a root agent for a client (DESIGN.md §7). Cwd must be
+// AgentsOpenRequest opens a root agent for a client (docs/design.md §7). Cwd must be
 // an absolute path; it becomes the root session's workspace.
 type AgentsOpenRequest struct {
 	Cwd   string `msgpack:"cwd" json:"cwd"`
@@ -417,7 +417,7 @@ type Empty struct{}
 
 // LifecycleEvent is a subagent/start or subagent/end event on BROOD_EVENTS
 // under the parent's id (seed: SubagentRunInfo, SubagentRunEndInfo;
-// upstream-behaviour §3.7). ID is the child id (or the remote run id).
+// docs/upstream-behaviour.md §3.7). ID is the child id (or the remote run id).
 type LifecycleEvent struct {
 	Type                 string         `msgpack:"type" json:"type"`
 	RunID                string         `msgpack:"runId" json:"runId"`

@@ -1,4 +1,4 @@
-// Package acpagent is `brood acp-agent` (DESIGN.md §6, §7): a Brood agent
+// Package acpagent is `brood acp-agent` (docs/design.md §6, §7): a Brood agent
 // served over ACP on stdio with the ACP Go SDK's agent side, so an editor
 // that speaks ACP (or the ACP bridge) can drive a Brood fleet.
 //

@@ -1,10 +1,10 @@
-// Package acpbridge is the ACP bridge (DESIGN.md §6; upstream-behaviour §4): a
+// Package acpbridge is the ACP bridge (docs/design.md §6; docs/upstream-behaviour.md §4): a
 // provider worker whose children are Agent Client Protocol agents driven over
 // stdio with the ACP Go SDK (github.com/coder/acp-go-sdk). Each configured
 // agent is one provider; each run spawns the agent in its own process group,
 // initializes it with every client capability false, opens an ACP session in
 // the parent's workspace, prompts it, and keeps a Brood session log of the
-// child like any other child (DESIGN.md §4), so `brood log`, the settlement
+// child like any other child (docs/design.md §4), so `brood log`, the settlement
 // protocol and HOST_LOST cover ACP children too.
 //
 // Log of one ACP turn (one record per logical step, each fenced on the last):

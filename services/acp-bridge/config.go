@@ -13,7 +13,7 @@ import (
 )
 
 // Policy is how an ACP child's permission requests are answered; nobody is
-// asked (upstream-behaviour §4, client callbacks).
+// asked (docs/upstream-behaviour.md §4, client callbacks).
 type Policy string
 
 const (
@@ -21,7 +21,7 @@ const (
 	PolicyReject Policy = "reject"
 	// PolicyAllow selects the first allow_once or allow_always option, else
 	// answers `cancelled`. A child whose tool ceiling denies anything is
-	// treated as reject whatever its provider says (fail closed, DESIGN.md §7).
+	// treated as reject whatever its provider says (fail closed, docs/design.md §7).
 	PolicyAllow Policy = "allow"
 )
 
@@ -39,7 +39,7 @@ type AgentConfig struct {
 }
 
 // Validate checks the agent's configuration; a configured cwd must be an
-// enterable absolute directory now (upstream-behaviour §4, step 2).
+// enterable absolute directory now (docs/upstream-behaviour.md §4, step 2).
 func (a *AgentConfig) Validate() error {
 	if !protocol.ValidID(a.Name) {
 		return fmt.Errorf("ACP agent name %q must match ^[A-Za-z0-9_-]{1,64}$", a.Name)

@@ -13,17 +13,17 @@ import (
 	"github.com/brood-dev/brood/pkg/provider"
 )
 
-// Options are the bounds of every wait on an ACP agent (DESIGN.md §10: every
+// Options are the bounds of every wait on an ACP agent (docs/design.md §10: every
 // wait on something outside the process has a bound). Zero fields take the
 // defaults below.
 type Options struct {
 	// SilenceTimeout ends a turn `error` when the agent sent no message at
-	// all for this long (60 s, DESIGN.md §4).
+	// all for this long (60 s, docs/design.md §4).
 	SilenceTimeout time.Duration
 	// TurnTimeout bounds a whole turn, startup included (10 minutes).
 	TurnTimeout time.Duration
 	// EOFGrace and TermGrace are the teardown ladder's waits after closing
-	// stdin and after SIGTERM (6 s and 3 s, upstream-behaviour §4).
+	// stdin and after SIGTERM (6 s and 3 s, docs/upstream-behaviour.md §4).
 	EOFGrace  time.Duration
 	TermGrace time.Duration
 	// ExitGrace is how long a turn waits, after the agent exited, for the
@@ -120,7 +120,7 @@ func NewProvider(a AgentConfig, o Options) (*Provider, error) {
 
 // Descriptor implements provider.Provider: every capability false, no parent
 // context, no global tools, remote (its run id is not the child id), and
-// continuable (DESIGN.md §6: a followup prompts the resident ACP session
+// continuable (docs/design.md §6: a followup prompts the resident ACP session
 // again; a cold resume uses session/load where the agent offers it).
 func (p *Provider) Descriptor() protocol.ProviderDescriptor {
 	return protocol.ProviderDescriptor{Name: p.agent.Name, Remote: true, Continuable: true}

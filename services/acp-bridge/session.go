@@ -26,7 +26,7 @@ const CauseAgent = "agent"
 
 // PreviousPromptWaitMax bounds how long a new turn waits for the agent to
 // answer the previous, cancelled prompt before it prompts again, so a late
-// cancellation never reaches the next turn (DESIGN.md §12).
+// cancellation never reaches the next turn (docs/design.md §12).
 const PreviousPromptWaitMax = 10 * time.Second
 
 var errTurnTimeout = errors.New("acp: turn timeout")
@@ -417,7 +417,7 @@ type promptResult struct {
 // startPrompt sends session/prompt. Its context is the session's lifetime:
 // a turn that ends early asks the agent to stop with session/cancel rather
 // than abandoning the request (an abandoned request is a JSON-RPC error, not
-// a stop reason, DESIGN.md §12); Close is the hard stop.
+// a stop reason, docs/design.md §12); Close is the hard stop.
 //
 // The prompt's provenance travels in `_meta.brood.source` (ACPPromptMeta), so
 // a Brood ACP agent logs a message relayed from a parent agent as such, not
@@ -589,7 +589,7 @@ func rpcErrorText(err error) string {
 	return text
 }
 
-// promptEnding maps the answer to session/prompt (upstream-behaviour §4):
+// promptEnding maps the answer to session/prompt (docs/upstream-behaviour.md §4):
 // end_turn → completed, max_tokens → max-tokens, refusal → blocked (stop
 // reason refusal), cancelled → aborted, anything else → error.
 func (s *Session) promptEnding(res *promptResult) *ending {
@@ -811,8 +811,8 @@ func ceilingDeniesAny(c *protocol.ToolFilter) bool {
 }
 
 // onPermission answers a permission request by policy; nobody is asked
-// (upstream-behaviour §4). A child whose tool ceiling denies any tool has
-// every request rejected (fail closed, DESIGN.md §7), and so has a request
+// (docs/upstream-behaviour.md §4). A child whose tool ceiling denies any tool has
+// every request rejected (fail closed, docs/design.md §7), and so has a request
 // that arrives when no turn is running (the turn it belongs to is over).
 // Reject selects the agent's reject_once (else reject_always) option, allow
 // its allow_once (else allow_always) option; the `cancelled` outcome is the
@@ -869,7 +869,7 @@ pick:
 
 // onUpdate records one session/update of the current turn: message chunks
 // into the answer, tool calls and their completion as log events. Thoughts,
-// plans and the rest are consumed and dropped (upstream-behaviour §4).
+// plans and the rest are consumed and dropped (docs/upstream-behaviour.md §4).
 func (s *Session) onUpdate(n acp.SessionNotification) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1228,7 +1228,7 @@ var (
 )
 
 // ClaimNext opens the next turn with the oldest unclaimed inbox item (a
-// continuable ACP child's followup, DESIGN.md §4): the claim is logged before
+// continuable ACP child's followup, docs/design.md §4): the claim is logged before
 // the turn prompts the ACP session with it.
 func (s *Session) ClaimNext(ctx context.Context, in agent.Inbox) (agent.Outcome, bool, error) {
 	return agent.ClaimNextOf(ctx, s, in, s.logger)

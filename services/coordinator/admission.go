@@ -1,6 +1,6 @@
 package coordinator
 
-// Admission (DESIGN.md §7): the checks a start passes before anything is
+// Admission (docs/design.md §7): the checks a start passes before anything is
 // written, in the design's order, and a user's open roots
 // (Config.UserOpenRootsMax, openroots.go). The live-children slots are slots.go.
 
@@ -25,7 +25,7 @@ type admission struct {
 	options  protocol.ResolvedOptions
 }
 
-// admit runs the start checks in DESIGN.md §7's order, all before anything is
+// admit runs the start checks in docs/design.md §7's order, all before anything is
 // created: provider → capabilities → parent authority → maxDepth domain →
 // depth cap and ceilings → schema subset → tool filter → persona.
 func (c *Coordinator) admit(ctx context.Context, providerName string, parent protocol.ParentRef, prompt []protocol.ContentBlock, o protocol.StartOptions) (admission, error) {
@@ -120,7 +120,7 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 }
 
 // checkSchema validates an outputSchema against the supported subset
-// (upstream-behaviour §1.6; UNSUPPORTED_SCHEMA lists every offending path)
+// (docs/upstream-behaviour.md §1.6; UNSUPPORTED_SCHEMA lists every offending path)
 // and returns its canonical JSON text.
 func (c *Coordinator) checkSchema(schema any) (string, error) {
 	return protocol.CheckOutputSchema(schema)

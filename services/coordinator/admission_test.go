@@ -43,7 +43,7 @@ func contains(ids []string, id string) bool {
 // TestASlotCountsForAStartsBudgetAndTwoHostExpiries: a slot whose child has
 // no lease yet (its start is still on the way to a provider) counts against
 // the parent's limit for slotGrace, a start's whole budget (RequestBudget)
-// and two host expiries, and no longer (slots.go; DESIGN.md §4, agent
+// and two host expiries, and no longer (slots.go; docs/design.md §4, agent
 // limits).
 func TestASlotCountsForAStartsBudgetAndTwoHostExpiries(t *testing.T) {
 	const budget, expiry = 20 * time.Second, 10 * time.Second

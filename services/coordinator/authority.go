@@ -1,6 +1,6 @@
 package coordinator
 
-// Authority (DESIGN.md §7, Authority; docs/security.md): who may act on a
+// Authority (docs/design.md §7, Authority; docs/security.md): who may act on a
 // session. A live agent's credential acts on itself and reads its subtree;
 // a user grant acts on every session, or on the trees of one user's roots.
 // Each check reads the lease, header or grant it decides on; a refusal of
@@ -16,7 +16,7 @@ import (
 )
 
 // authorize checks that p is the credential of the current live agent of
-// p.SessionID (DESIGN.md §7, Authority) and returns its lease. A replaced or
+// p.SessionID (docs/design.md §7, Authority) and returns its lease. A replaced or
 // disposed agent's credential is dead. The check uses the watched cache and
 // falls back to a direct read, so a lease written (or renewed) a moment ago
 // is found even when the watch is behind. Every refusal says the same, so a

@@ -17,7 +17,7 @@ import (
 // answers the agent's own credential, read fresh from its lease, and
 // refuses every other caller UNAUTHORIZED: another credential, none, a
 // session with no agent, a malformed id, and the agent's credential once a
-// coordinator took its lease over (DESIGN.md §7, Authority).
+// coordinator took its lease over (docs/design.md §7, Authority).
 func TestDescendantsDisposeActsOnlyForTheAgentItself(t *testing.T) {
 	s := stack.New(t)
 	s.AddCoordinator()

@@ -260,12 +260,12 @@ type hostState struct {
 }
 
 // registry is the provider registry, derived from the records in brood_hosts
-// (DESIGN.md §4): a provider exists while at least one live, non-draining
+// (docs/design.md §4): a provider exists while at least one live, non-draining
 // host offers it; instances must have equal descriptors (the
 // earliest-started instance defines it; a conflicting one is ignored).
 //
 // Liveness is judged on evidence about the host only (shared/RELIABILITY.md;
-// DESIGN.md §14): a host is dead once this coordinator has watched the
+// docs/design.md §14): a host is dead once this coordinator has watched the
 // bucket, provably current, for longer than the expiry without seeing a
 // heartbeat from it. The proof is the coordinator's own heartbeat: the watch
 // delivers in stream order, so when our own record written at time t comes

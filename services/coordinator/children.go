@@ -11,7 +11,7 @@ import (
 
 // childrenList lists a parent's children (or its descendants, in pre-order):
 // identity from each child's own descriptor; a damaged child is a diagnostic
-// row, never a failed list (upstream-behaviour §5.15).
+// row, never a failed list (docs/upstream-behaviour.md §5.15).
 func (c *Coordinator) childrenList(ctx context.Context, req rpc.Request, r protocol.ChildrenListRequest) (protocol.ChildrenListReply, error) {
 	if r.Parent == "" {
 		return c.liveChildrenList(ctx, r)

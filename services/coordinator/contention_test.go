@@ -106,7 +106,7 @@ func wantOneNotice(t *testing.T, s *stack.Stack, got chan *nats.Msg) {
 // and then the worker, their settlement compare-and-sets are refused: the
 // run settles once, by B, with one notice and one subagent/end, and with
 // the result its log records (the turn had ended: completed, not HOST_LOST)
-// (DESIGN.md §7, Settlement 2; RELIABILITY.md I2).
+// (docs/design.md §7, Settlement 2; RELIABILITY.md I2).
 func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 	s := stack.New(t)
 	pauseA := testutil.NewPause(testutil.Settlement(s.Store))
@@ -182,7 +182,7 @@ func TestSettlementTwoCoordinatorsSettleARunOnce(t *testing.T) {
 // settlement and both coordinators judge it dead; each is brought to its
 // lease compare-and-set (the takeover's first step) and both are let go at
 // once. Exactly one wins the lease; the session is fenced once and the run
-// settled once, by the winner (DESIGN.md §7, Settlement 2: every takeover
+// settled once, by the winner (docs/design.md §7, Settlement 2: every takeover
 // step is a CAS), and the takeover is counted once, by the winner, in the
 // sweep that won the lease (brood_takeovers_total: the loser counts none).
 func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
@@ -273,7 +273,7 @@ func TestTakeoverTwoCoordinatorsRacingForOneLease(t *testing.T) {
 // settled: it publishes the start again and the end with the worker's
 // result, then releases the lease, and settles nothing again (the record
 // keeps the worker's settlement). Once the worker comes back, its own end
-// is the same message (deduplicated): one subagent/end in all (DESIGN.md
+// is the same message (deduplicated): one subagent/end in all (docs/design.md
 // §7, Settlement 2; RELIABILITY.md I7).
 func TestTakeoverPublishesTheEndOfARunItsHostSettled(t *testing.T) {
 	s := stack.New(t)
@@ -312,7 +312,7 @@ func TestTakeoverPublishesTheEndOfARunItsHostSettled(t *testing.T) {
 // TestALiveHostsRunIsNeverTakenOver: a run that lasts three host expiries
 // on a worker that keeps heartbeating is left to it: it completes with its
 // own result, settled by its worker, and no coordinator writes a takeover
-// into its log (DESIGN.md §4, Liveness: a host is dead only once it stopped
+// into its log (docs/design.md §4, Liveness: a host is dead only once it stopped
 // heartbeating for the expiry).
 func TestALiveHostsRunIsNeverTakenOver(t *testing.T) {
 	s := stack.New(t)
@@ -338,7 +338,7 @@ func TestALiveHostsRunIsNeverTakenOver(t *testing.T) {
 // the lease stays taken over, so its next sweep resumes the takeover, finds
 // its own fence last in the log and writes nothing more there, then
 // settles: one agent/takeover, one settlement (by it), one subagent/end
-// and one notice (DESIGN.md §7, Settlement 2).
+// and one notice (docs/design.md §7, Settlement 2).
 func TestATakeoverResumedAfterAFailedSettlementFencesOnce(t *testing.T) {
 	s := stack.New(t)
 	refused := errors.New("test: the coordinator's first settlement write fails")
@@ -386,7 +386,7 @@ func TestATakeoverResumedAfterAFailedSettlementFencesOnce(t *testing.T) {
 // coordinator takes the run over: the open turn is closed as interrupted
 // (cause HOST_LOST) with no other record after it, and the run settles once,
 // by the coordinator, error HOST_LOST, with one notice and one subagent/end
-// (DESIGN.md §7, Settlement 2; upstream-behaviour: a lost host's run ends
+// (docs/design.md §7, Settlement 2; docs/upstream-behaviour.md: a lost host's run ends
 // HOST_LOST).
 func TestARunWhoseHostDiesMidTurnEndsHostLost(t *testing.T) {
 	s := stack.New(t)
@@ -437,7 +437,7 @@ func TestARunWhoseHostDiesMidTurnEndsHostLost(t *testing.T) {
 // events none, no subagent/start published) is taken over like any other:
 // the log gets one agent/takeover (so the lost host's first append is
 // refused), the run settles once, by the coordinator, error/HOST_LOST (a
-// dead host's run ends HOST_LOST: DESIGN.md §7, Settlement 2; the log
+// dead host's run ends HOST_LOST: docs/design.md §7, Settlement 2; the log
 // records no result of its own, and a seeded child's seed, its parent's
 // turns, is not its result), its start and end are published once each,
 // and the lease goes. Before, such a run settled error "the child never

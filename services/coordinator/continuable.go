@@ -17,7 +17,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Continuable children (DESIGN.md §7; the seed's SubagentService). Write order
+// Continuable children (docs/design.md §7; the seed's SubagentService). Write order
 // of continuable.start: header (expect subject empty: DUPLICATE_CHILD) and
 // child index → epoch run record → provider activation (lease, seed,
 // descriptor, inbox subscription, subagent/start) → ownership edge (when the
@@ -161,7 +161,7 @@ func (c *Coordinator) admitContinuable(ctx context.Context, r protocol.Continuab
 	opts := protocol.StartOptions{MaxDepth: r.Options.MaxDepth, ToolFilter: r.Options.ToolFilter, Persona: r.Options.Persona, Label: r.Label}
 	// In-process continuable children are composed by the manager: the
 	// capability flags are not consulted, but every option is validated
-	// (upstream-behaviour §1.4). A remote child (ACP) keeps its provider's
+	// (docs/upstream-behaviour.md §1.4). A remote child (ACP) keeps its provider's
 	// flags: an option it cannot honour is refused, never ignored.
 	if !desc.Remote {
 		desc.Capabilities = protocol.Capabilities{OutputSchema: false, DepthLimit: true, ToolFilter: true, Persona: true}
@@ -423,7 +423,7 @@ func (c *Coordinator) resumable(ctx context.Context, h protocol.SessionHeader) (
 		return d, notResumable(err.Error())
 	}
 	// An ACP child lives in its agent's memory: without session/load it
-	// cannot come back once its process ended (DESIGN.md §6). A provider
+	// cannot come back once its process ended (docs/design.md §6). A provider
 	// known to be local has no ACP sessions.
 	if local(d) {
 		c.descs.add(h.ID, d)
@@ -451,7 +451,7 @@ const descriptorEventsMax = 64
 // coldResumeBudget and the coordinator's lifetime, continuing the request's
 // trace. The followup's caller has its answer once the message is durable
 // (and its ownership recorded), not once the activation is up (issue 12;
-// DESIGN.md §13). The child's lease is read from the bucket (resident: a
+// docs/design.md §13). The child's lease is read from the bucket (resident: a
 // dead host's lease is taken over first) after the message is in the
 // inbox, so a live activation read there claims it (the enqueue woke it),
 // and an activation that ends after the read finds it pending (as for
@@ -459,7 +459,7 @@ const descriptorEventsMax = 64
 // (coldResume: the epoch's run record and lease are created under
 // compare-and-set, so two resumes of one child activate it once). A read
 // or resume that fails leaves the accepted message to the liveness sweep,
-// which resumes every child with pending items (DESIGN.md §4, Liveness).
+// which resumes every child with pending items (docs/design.md §4, Liveness).
 // accepted is the accept's duration, counted under the route the bucket
 // gave.
 func (c *Coordinator) resumeOffPath(ctx context.Context, h protocol.SessionHeader, d protocol.DescriptorData, owner string, accepted time.Duration) {
@@ -692,7 +692,7 @@ func oneShotHasNoState(id string) error {
 }
 
 // continuableInterrupt stops the target's current turn only and parks its
-// queue (upstream-behaviour §5.11): a user grant, or a live ancestor of the
+// queue (docs/upstream-behaviour.md §5.11): a user grant, or a live ancestor of the
 // target. An absent target is an accepted no-op.
 func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request, r protocol.InterruptRequest) (protocol.InterruptReply, error) {
 	if !protocol.ValidID(r.ChildID) {
@@ -764,7 +764,7 @@ func (c *Coordinator) continuableInterrupt(ctx context.Context, req rpc.Request,
 }
 
 // continuableReport sends a child's report to its live parent, joining the
-// parent's next step (upstream-behaviour §5.13).
+// parent's next step (docs/upstream-behaviour.md §5.13).
 func (c *Coordinator) continuableReport(ctx context.Context, req rpc.Request, r protocol.ReportRequest) (protocol.FollowupReply, error) {
 	l, err := c.authorize(ctx, r.Child)
 	if err != nil {

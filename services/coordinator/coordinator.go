@@ -1,4 +1,4 @@
-// Package coordinator is Brood's coordinator service (DESIGN.md §2, §7): the
+// Package coordinator is Brood's coordinator service (docs/design.md §2, §7): the
 // provider registry, request validation, authority checks, run admission and
 // settlement on HOST_LOST, served as the NATS micro service brood-coordinator
 // on `<prefix>.v1.coord.<endpoint>` in one queue group, so replicas share the
@@ -26,7 +26,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Config configures a coordinator. Zero values take the defaults of DESIGN.md §4.
+// Config configures a coordinator. Zero values take the defaults of docs/design.md §4.
 type Config struct {
 	NC    *nats.Conn
 	Store *store.Store
@@ -104,7 +104,7 @@ type Config struct {
 	UserPromptBytesPerSecond float64
 	UserPromptBytesBurst     int
 	// LivenessInterval is how often pending inbox items of sessions with no
-	// live activation are looked for and resumed (2 s; DESIGN.md §4 asks
+	// live activation are looked for and resumed (2 s; docs/design.md §4 asks
 	// within 10 s).
 	LivenessInterval time.Duration
 	Version          string

@@ -574,7 +574,7 @@ func TestResumedChildCountsAgainstTheLimit(t *testing.T) {
 
 // TestColdFollowupAnswersOnceTheMessageIsDurable: a followup to a child
 // with no activation is answered once its message is in the inbox, not once
-// the resumed activation is up (issue 12; DESIGN.md §13: "answer once
+// the resumed activation is up (issue 12; docs/design.md §13: "answer once
 // durable, resume off the reply path"). The worker's lease write of the
 // resume is held here: the followup answers meanwhile, its message waits
 // in the inbox, and the resumed epoch runs it once the write goes on.

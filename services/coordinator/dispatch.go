@@ -12,7 +12,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Dispatch to provider instances (DESIGN.md §14: a start that one instance
+// Dispatch to provider instances (docs/design.md §14: a start that one instance
 // does not answer goes to another live instance).
 //
 // A provider's instances share no queue group for the coordinator's
@@ -211,7 +211,7 @@ func budgetSpent(provider string, last error) error {
 		"no instance of provider %s answered within the request's budget; nothing was started (last: %v)", provider, last).WithCause(context.DeadlineExceeded)
 }
 
-// Deadlines (DESIGN.md §14; docs/protocol.md §2.4). Each hop's budget is
+// Deadlines (docs/design.md §14; docs/protocol.md §2.4). Each hop's budget is
 // smaller than its caller's, so every caller hears its callee's own answer:
 //
 //	client (Go client, CLI: 30 s by default)

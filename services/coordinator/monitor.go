@@ -100,7 +100,7 @@ func (c *Coordinator) sweep() []job {
 }
 
 // expireRoot ends a root whose lease lapsed: its credential dies with the
-// lease, and its one-shot runs are disposed (DESIGN.md §7, Settlement 4).
+// lease, and its one-shot runs are disposed (docs/design.md §7, Settlement 4).
 func (c *Coordinator) expireRoot(ctx context.Context, l leaseState) {
 	if err := c.markClosed(ctx, l.rec.SessionID); err != nil {
 		c.log.Warn("could not expire root", "session", l.rec.SessionID, "err", err)
@@ -159,7 +159,7 @@ const LivenessResumesMax = 16
 const notResumableRecheck = time.Minute
 
 // liveness resumes continuable children that have accepted items in their
-// inbox but no live activation (DESIGN.md §4, Liveness; RELIABILITY.md, L1):
+// inbox but no live activation (docs/design.md §4, Liveness; RELIABILITY.md, L1):
 // an accepted message never waits for another followup to be noticed. Each
 // sweep (every LivenessInterval, and at once when a drain is lifted) starts
 // the resumes it finds in parallel, each bounded by resumeTimeout, so one
@@ -286,7 +286,7 @@ func (c *Coordinator) resume(ctx context.Context, id string) bool {
 
 // ownerOf returns the continuable parent that owns a resumed child: its
 // parent while that is a live continuable agent (a continuable parent owns
-// its live continuable children, DESIGN.md §7), else "". An epoch resumed
+// its live continuable children, docs/design.md §7), else "". An epoch resumed
 // without its owner would never release the edge its parent's followup
 // registered, and the parent would wait for it forever.
 func (c *Coordinator) ownerOf(ctx context.Context, h protocol.SessionHeader) string {

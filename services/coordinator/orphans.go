@@ -11,7 +11,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Orphaned run records (DESIGN.md §7; RELIABILITY.md, I6).
+// Orphaned run records (docs/design.md §7; RELIABILITY.md, I6).
 //
 // A run or epoch record is settled by the host that holds its session's
 // lease, or, when that host dies, by a coordinator taking the lease over. A

@@ -11,7 +11,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Reads through the coordinator (DESIGN.md §14): session headers and logs,
+// Reads through the coordinator (docs/design.md §14): session headers and logs,
 // past lifecycle events, a root's inbox (events.follow is in follow.go).
 // Each checks authority (authority.go), so a client needs no JetStream permission at all:
 // a user grant reads everything; a live agent's credential reads its own

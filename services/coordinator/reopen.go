@@ -11,7 +11,7 @@ import (
 )
 
 // This file holds the two agents.open extensions that `brood acp-agent` needs
-// (DESIGN.md §6, §7): a root narrowed to the lineage of the delegation it
+// (docs/design.md §6, §7): a root narrowed to the lineage of the delegation it
 // serves, so a hop through ACP never resets a depth limit or a tool ceiling,
 // and the reopening of a reopenable root after its process restarted
 // (`session/load`).

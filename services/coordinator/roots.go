@@ -114,7 +114,7 @@ func (c *Coordinator) agentsClose(ctx context.Context, req rpc.Request, p protoc
 	}
 	c.agents.del(store.RootLeaseKey(p.SessionID))
 	// The root's one-shot runs belong to it: dispose them now rather than at
-	// the next monitor tick (DESIGN.md §7, Settlement 4).
+	// the next monitor tick (docs/design.md §7, Settlement 4).
 	go c.disposeOrphans(context.WithoutCancel(ctx), p.SessionID)
 	return protocol.Empty{}, nil
 }

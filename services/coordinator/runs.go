@@ -33,7 +33,7 @@ func ancestry(a admission) []string {
 
 // runsStart admits a one-shot run, writes the child's header and run record,
 // asks a provider instance to publish the child, and answers {runId, childId}
-// at publication (DESIGN.md §7).
+// at publication (docs/design.md §7).
 func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol.RunStartRequest) (protocol.RunStartReply, error) {
 	began := time.Now()
 	if r.Notify != "" && !c.validNotify(r.Notify) {
@@ -216,7 +216,7 @@ func (c *Coordinator) settled(rec protocol.RunRecord) {
 
 // loadRun checks the authority of ref, then reads its run: the run's
 // parent with its live credential, or a user grant that covers the run's
-// child (DESIGN.md §7, Settlement 4). Authority comes first: a caller that
+// child (docs/design.md §7, Settlement 4). Authority comes first: a caller that
 // may not act on a run gets the same UNAUTHORIZED whether the run exists or
 // not, so run ids cannot be probed; only a grant over every session learns
 // NOT_FOUND (issue 17).

@@ -12,7 +12,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Slot records (DESIGN.md §4, agent limits; RELIABILITY.md I8; docs/security.md,
+// Slot records (docs/design.md §4, agent limits; RELIABILITY.md I8; docs/security.md,
 // "Limits"). A limit that several replicas enforce at once (a parent's live
 // children, slots.go; a user's open roots, openroots.go) cannot rest on what
 // each replica's caches count: two admissions served at the same instant

@@ -12,7 +12,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Live-children slots (DESIGN.md §4, agent limits; RELIABILITY.md I8). The
+// Live-children slots (docs/design.md §4, agent limits; RELIABILITY.md I8). The
 // leases in this replica's cache say which children are live, but two
 // starts for one parent, on two replicas or on one, both see the same count
 // before either child has a lease: a burst would be admitted past

@@ -1,6 +1,6 @@
 package coordinator
 
-// Takeover (DESIGN.md §7, Settlement 2; RELIABILITY.md, I6): a session whose
+// Takeover (docs/design.md §7, Settlement 2; RELIABILITY.md, I6): a session whose
 // host stopped heartbeating is taken over by one coordinator (a
 // compare-and-set on its lease), its open turn closed as interrupted with an
 // append fenced on its log, and its run settled HOST_LOST by compare-and-set
@@ -71,7 +71,7 @@ func (c *Coordinator) hostLost(ctx context.Context, id string) bool {
 	return true
 }
 
-// takeOver settles the run of a session whose host died (DESIGN.md §7,
+// takeOver settles the run of a session whose host died (docs/design.md §7,
 // Settlement 2): (i) CAS the lease to this replica, (ii) close the open turn
 // as interrupted with an append fenced on the log's last record, (iii) settle
 // the run `error`/HOST_LOST by CAS, (iv) publish, then release the lease. A
@@ -337,7 +337,7 @@ func isTakeover(ev protocol.SessionEvent, fence protocol.TakeoverData) bool {
 // The child is not failed: its turn in flight is closed as interrupted, the
 // epoch settles (aborted, HOST_LOST), the parent gets its notice and the
 // ownership edge is released, and accepted items still in the inbox are
-// resumed on a live host (DESIGN.md §7, Settlement 2; §4, Liveness).
+// resumed on a live host (docs/design.md §7, Settlement 2; §4, Liveness).
 func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record[protocol.AgentRecord]) {
 	id := fresh.Value.SessionID
 	deadHost := fresh.Value.HostID

@@ -134,7 +134,7 @@ func lastTurnEnd(evs []protocol.SessionEvent) (protocol.TurnEndReason, bool) {
 }
 
 // TestTakeoverOfADeadHostsEpoch: the lease of a continuable child whose host
-// stopped heartbeating is taken over and the epoch ends as DESIGN.md §7
+// stopped heartbeating is taken over and the epoch ends as docs/design.md §7
 // (Settlement 2) and docs/protocol.md §9.8 say: a turn in flight is closed
 // as interrupted and the epoch settles aborted with HOST_LOST; an epoch
 // whose host died before it began a turn settles completed, whatever an
@@ -264,7 +264,7 @@ func TestTakeoverOfADeadHostsEpoch(t *testing.T) {
 }
 
 // TestOrphanedRunsAreSettledOnceTheirClaimerIsDead: a run or epoch record
-// left running with no lease for its run (DESIGN.md §7; docs/protocol.md
+// left running with no lease for its run (docs/design.md §7; docs/protocol.md
 // §9.8) is settled never started, once, by the coordinator, only once it is
 // due: claimed by a host that stopped heartbeating, HOST_LOST, after the
 // host expiry. A one-shot run's log is fenced (its open first turn closed
@@ -432,7 +432,7 @@ func TestAnUnclaimedOrphanIsSettledOnceItsStartsBudgetPassed(t *testing.T) {
 // TestPendingMessagesOfADeadHostsEpochResumeAtOnce: the messages a
 // continuable child accepted are resumed on a live host as soon as the
 // coordinator ended the epoch of its dead host, not at the next liveness
-// sweep (an hour here; DESIGN.md §4, Liveness): whether the host took the
+// sweep (an hour here; docs/design.md §4, Liveness): whether the host took the
 // child's lease (a takeover) or died before (an orphaned epoch record). A
 // first epoch's descriptor, which the dead host never logged, is logged
 // from its record so the child can be resumed (RELIABILITY.md, I6).

@@ -11,7 +11,7 @@ import (
 const MaxSafeInteger = 1<<53 - 1
 
 // checkCapabilities refuses options the provider lacks, in upstream's order
-// (upstream-behaviour §1.3): outputSchema, depthLimit (maxDepth), toolFilter, persona.
+// (docs/upstream-behaviour.md §1.3): outputSchema, depthLimit (maxDepth), toolFilter, persona.
 func checkCapabilities(d protocol.ProviderDescriptor, o protocol.StartOptions) error {
 	refuse := func(capability string) error {
 		return protocol.NewError(protocol.CodeUnsupportedCapability, map[string]any{"provider": d.Name, "capability": capability})
@@ -30,7 +30,7 @@ func checkCapabilities(d protocol.ProviderDescriptor, o protocol.StartOptions) e
 }
 
 // ParseMaxDepth validates a maxDepth value: a non-negative safe integer
-// (upstream-behaviour §1.2): -1, 1.5, NaN, -0 and 2^53 are INVALID_ARGUMENT.
+// (docs/upstream-behaviour.md §1.2): -1, 1.5, NaN, -0 and 2^53 are INVALID_ARGUMENT.
 func ParseMaxDepth(v any) (int64, error) {
 	bad := func(why string) (int64, error) {
 		return 0, protocol.Errorf(protocol.CodeInvalidArgument, "maxDepth must be a non-negative safe integer (0 … 2^53−1): %s", why)
@@ -116,7 +116,7 @@ func resolveDepth(parent protocol.SessionHeader, maxDepth *int64) (int64, *int64
 }
 
 // intersectCeiling narrows a parent's ceiling by a child's filter: a tool is
-// allowed below only if every ancestor allowed it (DESIGN.md §10).
+// allowed below only if every ancestor allowed it (docs/design.md §10).
 func intersectCeiling(parent *protocol.ToolFilter, f *protocol.ToolFilter) *protocol.ToolFilter {
 	if f == nil {
 		return parent

@@ -107,7 +107,7 @@ func (c *Coordinator) ancestry(ctx context.Context, req rpc.Request, _ protocol.
 }
 
 // parentCompleted returns the length of parent's balanced completed-turn
-// prefix (the seed of a fork child started now: upstream-behaviour §3.6),
+// prefix (the seed of a fork child started now: docs/upstream-behaviour.md §3.6),
 // checked to replay, for a provider's prepare (ProviderPrepareRequest).
 func (c *Coordinator) parentCompleted(ctx context.Context, parent protocol.SessionHeader) (int64, error) {
 	log, err := c.st.ReadLog(ctx, parent.Scope(), parent.ID)

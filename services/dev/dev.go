@@ -1,6 +1,6 @@
 // Package dev runs a whole Brood deployment inside one process: an embedded
 // NATS server with JetStream on loopback, a coordinator, and workers of the
-// spawn and fork providers on the deterministic scripted model (DESIGN.md
+// spawn and fork providers on the deterministic scripted model (docs/design.md
 // §5). It is `brood dev` as a library, without the ACP bridge, for the
 // examples and tests of code that talks to Brood only over the wire
 // (pkg/client's runnable examples start one).

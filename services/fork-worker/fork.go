@@ -1,5 +1,5 @@
-// Package forkworker is the `fork` provider worker (DESIGN.md §6;
-// upstream-behaviour §2, §3.6): each child's log starts with its parent's
+// Package forkworker is the `fork` provider worker (docs/design.md §6;
+// docs/upstream-behaviour.md §2, §3.6): each child's log starts with its parent's
 // balanced completed-turn prefix, read from the parent's log in JetStream, so
 // a fork works whichever host runs the parent.
 package forkworker

@@ -1,4 +1,4 @@
-// Package spawnworker is the `spawn` provider worker (DESIGN.md §6): a fresh
+// Package spawnworker is the `spawn` provider worker (docs/design.md §6): a fresh
 // child agent per run, with the parent's cwd and nothing of its history.
 package spawnworker
 
@@ -10,7 +10,7 @@ import (
 // DefaultName is the provider name unless configured.
 const DefaultName = "spawn"
 
-// Descriptor returns the spawn provider's descriptor (DESIGN.md §6).
+// Descriptor returns the spawn provider's descriptor (docs/design.md §6).
 func Descriptor(name string) protocol.ProviderDescriptor {
 	return provider.AgentDescriptor(name, false)
 }
