@@ -632,7 +632,7 @@ func startWorkerProcess(t *testing.T, urls string, beat, expiry time.Duration) *
 		t.Fatal(err)
 	}
 	p := &pausedWorker{done: make(chan struct{})}
-	p.cmd = exec.Command(bin, "spawn-worker", "--nats", urls, "--log-level", "info",
+	p.cmd = exec.Command(bin, "spawn-worker", "--nats", urls, "--log-level", "info", "--model", "scripted",
 		"--heartbeat", beat.String(), "--host-expiry", expiry.String())
 	p.cmd.Env = append(os.Environ(), "BROOD_NATS_USER=worker-spawn", "BROOD_NATS_PASSWORD="+passwordOf(t, "worker-spawn"))
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -90,7 +90,7 @@ func TestServerRestartIsNotHostLoss(t *testing.T) {
 	stopDev := startDevCoordinator()
 	coord := startProc(t, "coordinator", "--nats", url, "--log-level", "info")
 	coord.waitStderr(t, "coordinator serving", 20*time.Second)
-	w := startProc(t, "spawn-worker", "--nats", url, "--log-level", "info")
+	w := startProc(t, "spawn-worker", "--nats", url, "--log-level", "info", "--model", "scripted")
 	w.waitStderr(t, "host serving", 20*time.Second)
 	s.WaitProvider("spawn")
 	t.Cleanup(func() {

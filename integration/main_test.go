@@ -131,7 +131,7 @@ func (p *proc) waitStderr(t *testing.T, s string, total time.Duration) {
 
 // spawnWorkerProc starts a spawn worker process with the test timing.
 func spawnWorkerProc(t *testing.T, url string) *proc {
-	return startProc(t, "spawn-worker", "--nats", url, "--log-level", "info",
+	return startProc(t, "spawn-worker", "--nats", url, "--log-level", "info", "--model", "scripted",
 		"--heartbeat", stack.Heartbeat.String(), "--host-expiry", stack.HostExpiry.String())
 }
 
@@ -245,6 +245,6 @@ func (l *lockedBuilder) Write(p []byte) (int, error) {
 // spawnWorkerGroup starts a spawn worker process in its own process group
 // (to pause it with SIGSTOP) with the given host expiry.
 func spawnWorkerGroup(t *testing.T, url string, expiry time.Duration) *proc {
-	return startProcGroup(t, "spawn-worker", "--nats", url, "--log-level", "info",
+	return startProcGroup(t, "spawn-worker", "--nats", url, "--log-level", "info", "--model", "scripted",
 		"--heartbeat", stack.Heartbeat.String(), "--host-expiry", expiry.String())
 }

@@ -27,7 +27,7 @@ func TestServicesStartedTogetherWaitForTheAdminStep(t *testing.T) {
 	procs := []*proc{
 		startProc(t, append([]string{"coordinator", "--nats", url}, timing...)...),
 		startProc(t, append([]string{"coordinator", "--nats", url}, timing...)...),
-		startProc(t, append([]string{"spawn-worker", "--nats", url}, timing...)...),
+		startProc(t, append([]string{"spawn-worker", "--nats", url, "--model", "scripted"}, timing...)...),
 	}
 	for _, p := range procs {
 		p.waitStderr(t, "waiting for Brood's streams and buckets: run `brood provision --replicas N --providers P,...` as the admin user", 20*time.Second)
@@ -51,7 +51,7 @@ func TestServicesStartedTogetherWaitForTheAdminStep(t *testing.T) {
 	procs[2].waitStderr(t, "host serving", 20*time.Second)
 	// A provider that was not provisioned: its worker waits, naming its
 	// log and inbox streams, until the admin step names it too.
-	fork := startProc(t, append([]string{"fork-worker", "--nats", url}, timing...)...)
+	fork := startProc(t, append([]string{"fork-worker", "--nats", url, "--model", "scripted"}, timing...)...)
 	fork.waitStderr(t, "BROOD_LOG_fork, BROOD_INBOX_fork not found", 20*time.Second)
 	if out, err := exec.Command(broodBin, "provision", "--replicas", "1", "--providers", "spawn,fork", "--nats", url).CombinedOutput(); err != nil {
 		t.Fatalf("brood provision with the fork provider added: %v: %s", err, out)

@@ -283,12 +283,16 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 			fail:   []string{"collector", "--retention", "0"}, code: "INVALID_ARGUMENT",
 		},
 		"spawn-worker": {
-			ok:     func() outcome { return c.serve(t, `providers=[spawn]`, "spawn-worker", "--nats", c.url) },
+			ok: func() outcome {
+				return c.serve(t, `providers=[spawn]`, "spawn-worker", "--nats", c.url, "--model", "scripted")
+			},
 			errOut: `(?s)msg="host serving" host=spawn\.` + id + ` providers=\[spawn\].*msg="host drained"`,
 			fail:   []string{"spawn-worker", "--model", "bogus"}, code: "INVALID_ARGUMENT",
 		},
 		"fork-worker": {
-			ok:     func() outcome { return c.serve(t, `providers=[fork]`, "fork-worker", "--nats", c.url) },
+			ok: func() outcome {
+				return c.serve(t, `providers=[fork]`, "fork-worker", "--nats", c.url, "--model", "scripted")
+			},
 			errOut: `(?s)msg="host serving" host=fork\.` + id + ` providers=\[fork\].*msg="host drained"`,
 			fail:   []string{"fork-worker", "--model", "bogus"}, code: "INVALID_ARGUMENT",
 		},

@@ -75,3 +75,22 @@ func TestProvidersShowTheModel(t *testing.T) {
 		t.Fatalf("no models: %q", got)
 	}
 }
+
+// TestAWorkerRefusesToStartWithoutAModel: outside brood dev a worker does
+// not fall back to the scripted model (issue 37, item 3: a production
+// worker quietly served it); naming it (--model scripted) starts one, as
+// TestWorkersNameTheirModel shows.
+func TestAWorkerRefusesToStartWithoutAModel(t *testing.T) {
+	for _, k := range []string{"BROOD_MODEL", "BROOD_MODEL_NAME", "BROOD_MODEL_BASE_URL"} {
+		t.Setenv(k, "")
+	}
+	s := stack.New(t)
+	s.AddCoordinator()
+	c := &cli{t: t, stack: s, url: s.Server.ClientURL()}
+	for _, verb := range []string{"spawn-worker", "fork-worker"} {
+		o := c.run(verb)
+		if o.code != 1 || !strings.HasPrefix(o.err, "INVALID_ARGUMENT: no model named") || !strings.Contains(o.err, "--model scripted") {
+			t.Fatalf("%s without a model: exit %d, stderr %q; want INVALID_ARGUMENT naming the way to choose one", verb, o.code, o.err)
+		}
+	}
+}

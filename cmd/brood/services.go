@@ -114,6 +114,9 @@ func (t *timing) flags(cmd *cobra.Command) {
 // modelFlags configure in-process agents: their model, and the directories
 // their workspaces may lie in.
 type modelFlags struct {
+	// mustName: a worker outside brood dev (spawn-worker, fork-worker)
+	// has no default model: the scripted one must be asked for.
+	mustName       bool
 	kind           string
 	baseURL        string
 	name           string
@@ -121,7 +124,7 @@ type modelFlags struct {
 }
 
 func (m *modelFlags) flags(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&m.kind, "model", "", "model adapter of the agents: scripted, or openai (any OpenAI-compatible endpoint; key from $DEEPSEEK_API_KEY or $OPENAI_API_KEY); default $"+envModel+", else openai when $"+model.EnvModelName+" or $"+model.EnvModelBaseURL+" is set, else scripted")
+	cmd.Flags().StringVar(&m.kind, "model", "", "model adapter of the agents: scripted, or openai (any OpenAI-compatible endpoint; key from $DEEPSEEK_API_KEY or $OPENAI_API_KEY); default $"+envModel+", else openai when $"+model.EnvModelName+" or $"+model.EnvModelBaseURL+" is set, else scripted (brood dev, acp-agent) or none: a worker refuses to start without a model named")
 	cmd.Flags().StringVar(&m.baseURL, "model-base-url", "", "openai adapter: base URL (default $BROOD_MODEL_BASE_URL, else https://api.deepseek.com)")
 	cmd.Flags().StringVar(&m.name, "model-name", "", "openai adapter: model id (default $BROOD_MODEL_NAME, else deepseek-chat)")
 	cmd.Flags().StringSliceVar(&m.workspaceRoots, "workspace-root", nil,
@@ -144,7 +147,8 @@ const envModel = "BROOD_MODEL"
 
 // adapter is the model adapter chosen: --model, else $BROOD_MODEL, else
 // openai when an OpenAI-compatible endpoint or model is named in the
-// environment ($BROOD_MODEL_NAME, $BROOD_MODEL_BASE_URL), else scripted.
+// environment ($BROOD_MODEL_NAME, $BROOD_MODEL_BASE_URL), else scripted;
+// "" for a worker that must name its model (mustName) and named none.
 func (m *modelFlags) adapter() string {
 	if m.kind != "" {
 		return m.kind
@@ -155,6 +159,9 @@ func (m *modelFlags) adapter() string {
 	if os.Getenv(model.EnvModelName) != "" || os.Getenv(model.EnvModelBaseURL) != "" {
 		return "openai"
 	}
+	if m.mustName {
+		return ""
+	}
 	return "scripted"
 }
 
@@ -164,6 +171,11 @@ func (m *modelFlags) adapter() string {
 // it is selected and a key is configured.
 func (m *modelFlags) factory() (worker.ModelFactory, protocol.ModelInfo, error) {
 	switch kind := m.adapter(); kind {
+	case "":
+		return nil, protocol.ModelInfo{}, protocol.Errorf(protocol.CodeInvalidArgument,
+			"no model named: a worker outside `brood dev` does not fall back to the scripted model (issue 37); pass --model openai "+
+				"(or set $%s or $%s; key from $%s or $%s), or --model scripted (or $%s=scripted) to run the scripted model on purpose",
+			model.EnvModelName, model.EnvModelBaseURL, model.EnvDeepSeekKey, model.EnvOpenAIKey, envModel)
 	case "scripted":
 		return func() (model.Model, error) { return model.NewScripted(), nil }, model.ScriptedInfo, nil
 	case "openai":
@@ -405,7 +417,7 @@ func forkWorkerCmd(g *globals) *cobra.Command {
 
 func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDescriptor) *cobra.Command {
 	var t timing
-	var mf modelFlags
+	mf := modelFlags{mustName: true}
 	var sf storeFlags
 	var met metricsFlags
 	cmd := &cobra.Command{

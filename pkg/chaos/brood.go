@@ -97,7 +97,7 @@ func (c *Cluster) StartBrood(ctx context.Context, cfg BroodConfig) (*Brood, erro
 	}
 	worker := func(kind string, n int) {
 		for i := 1; i <= max(n, 0); i++ {
-			add(fmt.Sprintf("%s-%d", kind, i), "host serving", kind, "--drain-grace", cfg.DrainGrace.String())
+			add(fmt.Sprintf("%s-%d", kind, i), "host serving", kind, "--model", "scripted", "--drain-grace", cfg.DrainGrace.String())
 		}
 	}
 	worker("spawn-worker", cfg.SpawnWorkers)

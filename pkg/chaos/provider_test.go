@@ -28,7 +28,7 @@ func TestYourProviderUnderFaults(t *testing.T) {
 			Name: name, Binary: brood, ReadyLine: "host serving",
 			// Your worker's own flags: the streams are R3, and it
 			// heartbeats often enough for RunConfig's host expiry (3 s).
-			Args: []string{"spawn-worker", "--replicas", "3", "--heartbeat", "500ms", "--host-expiry", "3s"},
+			Args: []string{"spawn-worker", "--model", "scripted", "--replicas", "3", "--heartbeat", "500ms", "--host-expiry", "3s"},
 		}
 	}
 	dir, err := os.MkdirTemp("", "brood-chaos-provider-")
