@@ -497,7 +497,7 @@ func TestDescriptorsOfAnotherModelDiffer(t *testing.T) {
 		{"same", []ModelInfo{a}, []ModelInfo{a}, true},
 		{"none", nil, nil, true},
 		{"another id", []ModelInfo{a}, []ModelInfo{b}, false},
-		{"one named, one not", []ModelInfo{a}, nil, false},
+		{"one named, one not (agrees)", []ModelInfo{a}, nil, true},
 		{"another default", []ModelInfo{a, b}, []ModelInfo{b, a}, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

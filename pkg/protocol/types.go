@@ -169,13 +169,22 @@ func (m ModelInfo) String() string { return m.Adapter + "/" + m.ID }
 func (d ProviderDescriptor) Equal(o ProviderDescriptor) bool {
 	if d.Name != o.Name || d.Capabilities != o.Capabilities ||
 		d.InheritsParentContext != o.InheritsParentContext || d.Continuable != o.Continuable ||
-		d.Remote != o.Remote || len(d.Tools) != len(o.Tools) || len(d.Models) != len(o.Models) {
+		d.Remote != o.Remote || len(d.Tools) != len(o.Tools) {
 		return false
 	}
 	for i := range d.Tools {
 		if d.Tools[i] != o.Tools[i] {
 			return false
 		}
+	}
+	if len(d.Models) == 0 || len(o.Models) == 0 {
+		// A descriptor that names no model (a host built as a library
+		// whose model factory does not say, an older worker) agrees with
+		// any: only two that both name their models can disagree.
+		return true
+	}
+	if len(d.Models) != len(o.Models) {
+		return false
 	}
 	for i := range d.Models {
 		if d.Models[i] != o.Models[i] {
