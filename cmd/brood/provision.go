@@ -131,9 +131,12 @@ func openStore(ctx context.Context, nc *nats.Conn, prefix string, sf storeFlags,
 	}
 	cfg := store.DefaultConfig()
 	cfg.Replicas = sf.replicas
-	cfg.Providers, cfg.SkipRoots = sf.providers, sf.worker
+	cfg.Providers, cfg.SkipRoots, cfg.JSDomain = sf.providers, sf.worker, sf.jsDomain
 	if err := store.CheckProviders(cfg.Providers); err != nil {
 		return nil, err
+	}
+	if err := store.CheckDomain(cfg.JSDomain); err != nil {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--js-domain: %w", err)
 	}
 	ctx, stop := cancelOnViolation(ctx, nc)
 	defer stop()

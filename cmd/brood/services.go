@@ -206,10 +206,17 @@ type storeFlags struct {
 	// worker: the service reads and writes no root's log or inbox
 	// (store.Config.SkipRoots).
 	worker bool
+	// jsDomain is the JetStream domain of the hub (store.Config.JSDomain):
+	// --js-domain, default $BROOD_JS_DOMAIN.
+	jsDomain string
 }
+
+// envJSDomain is the default of --js-domain.
+const envJSDomain = "BROOD_JS_DOMAIN"
 
 func (s *storeFlags) flags(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&s.replicas, "replicas", 0, "replicas the streams and buckets must have (0: whatever brood provision gave them); the service only checks, it never changes them")
+	cmd.Flags().StringVar(&s.jsDomain, "js-domain", os.Getenv(envJSDomain), "JetStream domain of the hub whose streams Brood runs on, when the service connects through a leaf node that runs JetStream of its own (a site; deploy/README.md \"Sites\"); empty: the connection's own JetStream (default $"+envJSDomain+")")
 }
 
 // serviceConn connects a service process (reconnecting forever) and opens

@@ -237,7 +237,7 @@ func (s *Store) deleteExpiring(ctx context.Context, kv jetstream.KeyValue, key s
 		case rev != 0 && cur.Sequence != rev:
 			return fmt.Errorf("%w: %s/%s changed since revision %d", ErrConflict, kv.Bucket(), key, rev)
 		}
-		m := nats.NewMsg(subject)
+		m := nats.NewMsg(s.kvWriteSubject(kv.Bucket(), key))
 		m.Header.Set(kvOperation, "DEL")
 		_, err = s.JS.PublishMsg(ctx, m, jetstream.WithMsgTTL(KVMarkerTTL), jetstream.WithExpectLastSequencePerSubject(cur.Sequence))
 		if isWrongLastSeq(err) {

@@ -194,7 +194,7 @@ func Provision(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg C
 	if err := CheckProviders(cfg.Providers); err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
+	js, err := newJetStream(nc, cfg.JSDomain)
 	if err != nil {
 		return nil, err
 	}
@@ -232,7 +232,7 @@ func Open(ctx context.Context, nc *nats.Conn, subj protocol.Subjects, cfg Config
 	if err := CheckProviders(cfg.Providers); err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
+	js, err := newJetStream(nc, cfg.JSDomain)
 	if err != nil {
 		return nil, err
 	}

@@ -178,7 +178,7 @@ func (s *Store) leaderLast(ctx context.Context, stream, subject string) (*jetstr
 // answers (nats-server: a permission on the API subject scopes it by
 // subject; docs/security.md). No message is jetstream.ErrMsgNotFound.
 func (s *Store) directLast(ctx context.Context, stream, subject string) (*jetstream.RawStreamMsg, error) {
-	resp, err := s.NC.RequestWithContext(ctx, "$JS.API.DIRECT.GET."+stream+"."+subject, nil)
+	resp, err := s.NC.RequestWithContext(ctx, s.api+"DIRECT.GET."+stream+"."+subject, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +210,7 @@ func (s *Store) leaderGetMsg(ctx context.Context, stream string, body map[string
 	if err != nil {
 		return nil, err
 	}
-	resp, err := s.NC.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	resp, err := s.NC.RequestWithContext(ctx, s.api+"STREAM.MSG.GET."+stream, req)
 	if err != nil {
 		return nil, err
 	}
@@ -307,7 +307,7 @@ func (b *bucket) Create(ctx context.Context, key string, value []byte, opts ...j
 // publishAt publishes value to key's subject if the key's last revision is
 // revision (0: it has none), with opts (a TTL: updateTTL).
 func (b *bucket) publishAt(ctx context.Context, key string, value []byte, revision uint64, opts ...jetstream.PublishOpt) (uint64, error) {
-	m := &nats.Msg{Subject: "$KV." + b.Bucket() + "." + key, Header: nats.Header{}, Data: value}
+	m := &nats.Msg{Subject: b.s.kvWriteSubject(b.Bucket(), key), Header: nats.Header{}, Data: value}
 	ack, err := b.s.JS.PublishMsg(ctx, m, append(opts, jetstream.WithExpectLastSequencePerSubject(revision))...)
 	if err != nil {
 		return 0, err

@@ -65,6 +65,13 @@ type Config struct {
 	// and whose NATS user may not see them (docs/security.md). Provision
 	// makes them all the same.
 	SkipRoots bool
+	// JSDomain is the JetStream domain of the hub's JetStream when the
+	// service connects through a leaf node whose server runs JetStream of
+	// its own (a site's; `--js-domain`, deploy/README.md "Sites"): every
+	// API request goes to $JS.<JSDomain>.API.> and every KV write to
+	// $JS.<JSDomain>.API.$KV.> (domain.go). Empty (the default): the
+	// account's own JetStream, $JS.API.> and $KV.>.
+	JSDomain string
 }
 
 // DefaultProviders are the providers `brood provision` provisions unless
@@ -115,6 +122,10 @@ type Store struct {
 	specsCached *atomic.Int64
 	// lagging is Faults.Lagging (WithFaults), nil in a product path.
 	lagging func(seq uint64) bool
+	// api is the JetStream API prefix (APIPrefix(Cfg.JSDomain)), and
+	// kvWritePrefix what goes before a KV write's subject: empty without a
+	// domain, the API prefix with one (kvWriteSubject).
+	api, kvWritePrefix string
 	// leaderRead is Faults.LeaderRead (WithFaults), nil in a product path:
 	// reads from a bucket's leader that pass no bucket (getMatching).
 	leaderRead func(ctx context.Context, bucket, key string) error

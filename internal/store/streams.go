@@ -83,8 +83,13 @@ func (cfg Config) scopeStreams(subj protocol.Subjects, scope string) (log, inbox
 }
 
 func newStore(nc *nats.Conn, js jetstream.JetStream, subj protocol.Subjects, cfg Config) *Store {
-	return &Store{NC: nc, JS: js, Subj: subj, Cfg: cfg, streams: &sync.Map{},
-		roots: &sync.Map{}, rootsCached: &atomic.Int64{}, specs: &sync.Map{}, specsCached: &atomic.Int64{}}
+	s := &Store{NC: nc, JS: js, Subj: subj, Cfg: cfg, streams: &sync.Map{},
+		roots: &sync.Map{}, rootsCached: &atomic.Int64{}, specs: &sync.Map{}, specsCached: &atomic.Int64{},
+		api: APIPrefix(cfg.JSDomain)}
+	if cfg.JSDomain != "" {
+		s.kvWritePrefix = s.api
+	}
+	return s
 }
 
 // LogStream returns the stream of scope's logs (protocol.Subjects.StreamLog),
