@@ -43,6 +43,8 @@ import (
 const (
 	devConf    = "nats/dev.conf"
 	clusterDir = "nats/cluster"
+	// siteDir holds the leaf nodes of sites (leaf_test.go).
+	siteDir = "nats/site"
 	// loopbackDir holds configs that must never listen beyond 127.0.0.1.
 	loopbackDir = "nats"
 )
@@ -71,6 +73,10 @@ var users = []struct {
 	{"admin", "BROOD_NATS_ADMIN_PASSWORD", "adminTestSecret1", false},
 	{"collector", "BROOD_NATS_COLLECTOR_PASSWORD", "collectorTestSecret1", false},
 	{"sys", "BROOD_NATS_SYS_PASSWORD", "sysTestSecret1", false},
+	// The local worker users of the site of nats/site (leaf_test.go).
+	{"site-worker-spawn", "BROOD_SITE_WORKER_SPAWN_PASSWORD", "siteSpawnTestSecret1", false},
+	{"site-worker-fork", "BROOD_SITE_WORKER_FORK_PASSWORD", "siteForkTestSecret1", false},
+	{"site-worker-acp", "BROOD_SITE_WORKER_ACP_PASSWORD", "siteAcpTestSecret1", false},
 }
 
 func passwordOf(t testing.TB, user string) string {
@@ -98,6 +104,9 @@ func setPasswords(t testing.TB) {
 			v = `"` + string(h) + `"`
 		}
 		t.Setenv(u.env, v)
+	}
+	for _, p := range siteProviders {
+		t.Setenv(siteSeedEnv(p), string(siteKey(t, p).seed))
 	}
 }
 
@@ -167,6 +176,10 @@ func TestEveryConfig(t *testing.T) {
 				return
 			}
 			checkServer(t, f, o)
+			if strings.HasPrefix(f, siteDir+"/") {
+				checkSite(t, o)
+				return
+			}
 			if len(o.Users) > 0 {
 				checkPermissionsStatic(t, o)
 			}
@@ -229,8 +242,18 @@ func requireLoopback(t testing.TB, o *server.Options) {
 			t.Errorf("route %s is not loopback", r.Redacted())
 		}
 	}
-	if o.LeafNode.Port != 0 || o.Gateway.Port != 0 || o.Websocket.Port != 0 || o.MQTT.Port != 0 {
-		t.Errorf("leafnode, gateway, websocket or MQTT listener configured")
+	if o.LeafNode.Port != 0 && !isLoopbackHost(o.LeafNode.Host) {
+		t.Errorf("leafnode listener %q is not loopback", o.LeafNode.Host)
+	}
+	for _, r := range o.LeafNode.Remotes {
+		for _, u := range r.URLs {
+			if !isLoopbackHost(u.Hostname()) {
+				t.Errorf("leafnode remote %s is not loopback", u.Redacted())
+			}
+		}
+	}
+	if o.Gateway.Port != 0 || o.Websocket.Port != 0 || o.MQTT.Port != 0 {
+		t.Errorf("gateway, websocket or MQTT listener configured")
 	}
 }
 
@@ -804,6 +827,9 @@ func startServers(t testing.TB, opts ...*server.Options) []*server.Server {
 		if o.HTTPPort > 0 {
 			ports = append(ports, o.HTTPPort)
 		}
+		if o.LeafNode.Port > 0 {
+			ports = append(ports, o.LeafNode.Port)
+		}
 	}
 	if t.Failed() {
 		t.FailNow()
@@ -880,6 +906,9 @@ func remapPorts(t testing.TB, opts []*server.Options) {
 		o.Port = free()
 		if o.HTTPPort > 0 {
 			o.HTTPPort = free()
+		}
+		if o.LeafNode.Port > 0 {
+			o.LeafNode.Port = free()
 		}
 		if o.Cluster.Port > 0 {
 			old := net.JoinHostPort(o.Cluster.Host, strconv.Itoa(o.Cluster.Port))
