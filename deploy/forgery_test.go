@@ -54,6 +54,13 @@ type forgery struct {
 	// coordMetrics are the coordinator's (forgery_deputy_test.go reads
 	// its refusals of reply subjects).
 	coordMetrics *telemetry.Metrics
+	// leaf, when set, makes run try each attempt through a site's leaf
+	// node (leaf_test.go): it connects as the site's user of the role, and
+	// answered counts what the hub answered it since; an attempt the hub
+	// answered nothing at all also counts as refused (the hub drops what a
+	// link may not carry without telling the site, whose server answers
+	// "no responders" itself); that nothing changed is checked all the same.
+	leaf func(t *testing.T, user string) (nc *nats.Conn, answered func() int)
 
 	// The client's own root, idle child and user-scoped grant (what an
 	// attacking client holds), and what the attacks aim at: a trusted
@@ -366,10 +373,20 @@ func (f *forgery) run(t *testing.T, user string, attempts []attempt) {
 	for _, a := range attempts {
 		t.Run(a.name, func(t *testing.T) {
 			before := f.snapshot()
-			nc := connectAs(t, f.urls[len(a.name)%len(f.urls)], user, nil)
+			var nc *nats.Conn
+			answered := func() int { return -1 }
+			if f.leaf != nil {
+				nc, answered = f.leaf(t, user)
+			} else {
+				nc = connectAs(t, f.urls[len(a.name)%len(f.urls)], user, nil)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			if err := a.do(ctx, t, nc); err == nil {
+			err := a.do(ctx, t, nc)
+			if err == nil && answered() == 0 {
+				err = errors.New("the hub answered nothing through the leaf")
+			}
+			if err == nil {
 				t.Fatalf("%s: not refused", a.name)
 			} else {
 				t.Logf("refused: %v", err)

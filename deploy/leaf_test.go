@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -741,4 +742,64 @@ func (h *siteHistory) check(ctx context.Context, s *site) {
 			h.t.Errorf("%s %s: %d violations: %v", v.Name, v.Title, v.Violations, v.Examples)
 		}
 	}
+}
+
+// TestForgeryThroughALeaf (issue 36, acceptance): the forgery suite's
+// deployment (forgery.start: its coordinator, workers and victims on the
+// hub of nats/cluster), and the suite's worker attempts made by the example
+// site's local users through the site's leaf node, each refused with
+// nothing changed. The site's accounts map the plain JetStream API and KV
+// subjects the attempts use into the hub's domain, so each attempt crosses
+// the link as a site's worker would send it; a refusal is the site's own
+// server's (a permissions violation: its users hold the worker roles'
+// subscribe permissions) or the hub's, which drops what the link's user may
+// not carry: no answer at all.
+func TestForgeryThroughALeaf(t *testing.T) {
+	s := startSite(t)
+	for _, name := range []string{"SPAWN", "FORK"} {
+		acc, err := s.leaf.LookupAccount(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for src, dst := range map[string]string{"$JS.API.>": store.APIPrefix(hubDomain) + ">", "$KV.>": store.APIPrefix(hubDomain) + "$KV.>"} {
+			if err := acc.AddMapping(src, dst); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	f := &forgery{t: t, all: s.hubURLs}
+	for _, h := range s.hub {
+		f.urls = append(f.urls, h.ClientURL())
+	}
+	f.start()
+	f.leaf = func(t *testing.T, user string) (*nats.Conn, func() int) {
+		p, ok := strings.CutPrefix(user, "worker-")
+		if !ok {
+			t.Fatalf("no site user for %s", user)
+		}
+		// What the hub answers the site's user: every answer goes to the
+		// user's inbox prefix, which the same user on the hub may watch.
+		// The site's own "no responders" (503, no body) never reaches it;
+		// the hub's are not answers either.
+		var n atomic.Int64
+		spy := connectAs(t, s.hubURLs, user, nil)
+		if _, err := spy.Subscribe(protocol.UserInboxPrefix(user)+".>", func(m *nats.Msg) {
+			if len(m.Data) > 0 || m.Header.Get("Status") != "503" {
+				n.Add(1)
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if err := spy.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		return s.siteConn(t, p, &violations{}), func() int {
+			_ = spy.Flush()
+			return int(n.Load())
+		}
+	}
+	t.Run("worker", f.workerAttempts)
+	t.Run("worker of another provider", f.otherProviderAttempts)
+	t.Run("worker reads across providers", f.crossProviderReads)
+	t.Run("worker of the fork provider", f.forkWorkerAttempts)
 }
