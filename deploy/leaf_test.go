@@ -3,6 +3,7 @@ package deploy
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"os/exec"
@@ -319,9 +320,15 @@ func (s *site) setLink(mode chaos.LinkMode) {
 // provider p, with that worker role's inbox prefix.
 func (s *site) siteConn(t *testing.T, p string, v *violations) *nats.Conn {
 	t.Helper()
+	return s.siteConnInbox(t, p, protocol.UserInboxPrefix("worker-"+p), v)
+}
+
+// siteConnInbox is siteConn with inbox prefix inbox (under the role's).
+func (s *site) siteConnInbox(t *testing.T, p, inbox string, v *violations) *nats.Conn {
+	t.Helper()
 	user := "worker-" + p
 	nc, err := nats.Connect(s.leaf.ClientURL(), nats.UserInfo(user, passwordOf(t, "site-"+user)), nats.Name("site-test-"+user),
-		nats.CustomInboxPrefix(protocol.UserInboxPrefix(user)), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+		nats.CustomInboxPrefix(inbox), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
 		nats.ErrorHandler(v.handler))
 	if err != nil {
 		t.Fatalf("connect to the site as %s: %v", user, err)
@@ -472,16 +479,21 @@ func TestASiteServesThroughALeafNode(t *testing.T) {
 		h.waitAnswers(ctx, a, 1)
 		i := h.start(ctx, "spawn", "sleep 30s\nsay never")
 		h.waitState(ctx, i, protocol.StateRunning)
-		if r, err := cl.Interrupt(ctx, protocol.InterruptRequest{ChildID: i, Authority: root.Authority()}); err != nil || !r.Interrupted {
+		o := h.op(&chaos.Op{Kind: chaos.OpInterrupt, Child: i})
+		r, err := cl.Interrupt(ctx, protocol.InterruptRequest{ChildID: i, Authority: root.Authority()})
+		h.complete(o, err)
+		if err != nil || !r.Interrupted {
 			t.Fatalf("interrupt: %+v, %v", r, err)
 		}
 		h.waitTurnEnds(ctx, i, 1)
 		d := h.start(ctx, "spawn", "sleep 30s\nsay never")
 		h.waitState(ctx, d, protocol.StateRunning)
 		p := root.Ref()
-		r, err := cl.Drain(ctx, protocol.DrainRequest{Authority: protocol.Authority{Parent: &p}, Parent: root.SessionID, Children: []string{d}})
-		if err != nil || len(r.Disposed) != 1 || r.Disposed[0] != d {
-			t.Fatalf("drain: %+v, %v", r, err)
+		o = h.op(&chaos.Op{Kind: chaos.OpDrain, Scope: "children", Targets: []string{d}})
+		dr, err := cl.Drain(ctx, protocol.DrainRequest{Authority: protocol.Authority{Parent: &p}, Parent: root.SessionID, Children: []string{d}})
+		h.complete(o, err)
+		if err != nil || len(dr.Disposed) != 1 || dr.Disposed[0] != d {
+			t.Fatalf("drain: %+v, %v", dr, err)
 		}
 		h.waitState(ctx, d, protocol.StateNone)
 	})
@@ -600,6 +612,16 @@ func (h *siteHistory) op(o *chaos.Op) *chaos.Op {
 	o.Invoke = store.NowMs()
 	h.ops = append(h.ops, o)
 	return o
+}
+
+// complete records op's outcome.
+func (h *siteHistory) complete(o *chaos.Op, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	o.Complete, o.Outcome = store.NowMs(), chaos.OutcomeOK
+	if err != nil {
+		o.Outcome, o.Error = chaos.OutcomeFail, err.Error()
+	}
 }
 
 // fault runs f as a fault of class on the site's links, recorded.
@@ -726,10 +748,18 @@ func (h *siteHistory) waitRunClaimed(ctx context.Context) {
 // checker's invariants (shared/RELIABILITY.md).
 func (h *siteHistory) check(ctx context.Context, s *site) {
 	h.t.Helper()
-	snap, err := chaos.TakeSnapshot(ctx, connectAs(h.t, s.hubURLs, "admin", nil), protocol.MustSubjects(""))
-	if err != nil {
-		h.t.Fatalf("snapshot: %v", err)
-	}
+	admin := connectAs(h.t, s.hubURLs, "admin", nil)
+	var snap *chaos.Snapshot
+	var err error
+	// A snapshot's reads are retried as the chaos harness retries them
+	// (a JetStream request can go unanswered on a loaded machine).
+	testutil.Eventually(h.t, 60*time.Second, func() bool {
+		snap, err = chaos.TakeSnapshot(ctx, admin, protocol.MustSubjects(""))
+		if err != nil {
+			h.t.Logf("snapshot: %v; again", err)
+		}
+		return err == nil
+	}, "a snapshot of the hub")
 	h.mu.Lock()
 	hist := &chaos.History{
 		Bounds: chaos.Bounds{HostExpiry: siteHostExpiry, Grace: 10 * time.Second, Cascade: 30 * time.Second, Process: 60 * time.Second},
@@ -772,18 +802,35 @@ func TestForgeryThroughALeaf(t *testing.T) {
 		f.urls = append(f.urls, h.ClientURL())
 	}
 	f.start()
+	// The victims' last writes (a settled run's spec given its TTL, a
+	// lease released) land after start returns: wait until the stored
+	// state holds still for a second, so each attempt's "nothing changed"
+	// is the attempt's.
+	prev, prevAt := f.snapshot(), time.Now()
+	waitFor(t, 60*time.Second, "the stored state to hold still", func() bool {
+		if time.Since(prevAt) < time.Second {
+			return false
+		}
+		cur := f.snapshot()
+		still := maps.EqualFunc(prev, cur, slices.Equal[[]string])
+		prev, prevAt = cur, time.Now()
+		return still
+	})
 	f.leaf = func(t *testing.T, user string) (*nats.Conn, func() int) {
 		p, ok := strings.CutPrefix(user, "worker-")
 		if !ok {
 			t.Fatalf("no site user for %s", user)
 		}
 		// What the hub answers the site's user: every answer goes to the
-		// user's inbox prefix, which the same user on the hub may watch.
-		// The site's own "no responders" (503, no body) never reaches it;
-		// the hub's are not answers either.
+		// attempt connection's own inbox prefix (under the role's, which
+		// the same user on the hub may watch; the suite's own workers on
+		// the hub use the role's prefix itself). The site's own "no
+		// responders" (503, no body) never reaches the hub; the hub's are
+		// not answers either.
 		var n atomic.Int64
+		inbox := protocol.UserInboxPrefix(user) + ".leafprobe"
 		spy := connectAs(t, s.hubURLs, user, nil)
-		if _, err := spy.Subscribe(protocol.UserInboxPrefix(user)+".>", func(m *nats.Msg) {
+		if _, err := spy.Subscribe(inbox+".>", func(m *nats.Msg) {
 			if len(m.Data) > 0 || m.Header.Get("Status") != "503" {
 				n.Add(1)
 			}
@@ -793,7 +840,7 @@ func TestForgeryThroughALeaf(t *testing.T) {
 		if err := spy.Flush(); err != nil {
 			t.Fatal(err)
 		}
-		return s.siteConn(t, p, &violations{}), func() int {
+		return s.siteConnInbox(t, p, inbox, &violations{}), func() int {
 			_ = spy.Flush()
 			return int(n.Load())
 		}
