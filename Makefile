@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := bin/brood
 PKGS    := ./...
 
-.PHONY: all build run test test-short bench bench-profile bench-scale chaos chaos-seams fuzz vet fmt clean acp-deps ts-deps ts-test mcp-deps mcp-conformance ui-deps ui-screenshot
+.PHONY: all build run test test-short bench bench-profile bench-scale chaos chaos-site chaos-seams fuzz vet fmt clean acp-deps ts-deps ts-test mcp-deps mcp-conformance ui-deps ui-screenshot
 
 all: build
 
@@ -71,9 +71,17 @@ bench-profile:
 CHAOS_SEEDS    ?= 1,2,3,4
 CHAOS_DURATION ?= 3m
 CHAOS_ARGS     ?=
-chaos: chaos-seams
+chaos: chaos-seams chaos-site
 	$(GO) test -count=1 -timeout 60m -run '^TestChaos$$' -v ./pkg/chaos/ -args -chaos -chaos.race \
 		-chaos.seeds=$(CHAOS_SEEDS) -chaos.duration=$(CHAOS_DURATION) $(CHAOS_ARGS)
+
+# The chaos suite's topology with a site (docs/chaos.md; issue 36): one of the
+# spawn workers behind a leaf node whose links are cut and slowed.
+CHAOS_SITE_SEEDS    ?= 1
+CHAOS_SITE_DURATION ?= 2m
+chaos-site:
+	$(GO) test -count=1 -timeout 30m -run '^TestChaos$$' -v ./pkg/chaos/ -args -chaos -chaos.race -chaos.site \
+		-chaos.seeds=$(CHAOS_SITE_SEEDS) -chaos.duration=$(CHAOS_SITE_DURATION) $(CHAOS_ARGS)
 
 # The fuzz targets (Go's native fuzzing, docs in README.md): every
 # `func FuzzX(f *testing.F)` of the module, one go test invocation each (go

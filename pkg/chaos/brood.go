@@ -22,6 +22,10 @@ type BroodConfig struct {
 	Coordinators int
 	SpawnWorkers int
 	ForkWorkers  int
+	// SiteSpawnWorkers (0) adds spawn-worker processes at the site
+	// (ClusterConfig.Site): connected to the site's leaf node only, with
+	// --js-domain HubDomain (deploy/README.md, "Sites").
+	SiteSpawnWorkers int
 	// Heartbeat and HostExpiry of every process (default
 	// protocol.DefaultHeartbeatInterval and DefaultHostExpiry).
 	Heartbeat  time.Duration
@@ -87,6 +91,12 @@ func (c *Cluster) StartBrood(ctx context.Context, cfg BroodConfig) (*Brood, erro
 			Name: name, Binary: cfg.Binary, Args: append(args, common...), FirstNode: next % len(c.nodes), ReadyLine: ready,
 		})
 		next++
+	}
+	for i := 1; i <= cfg.SiteSpawnWorkers; i++ {
+		specs = append(specs, ProcessSpec{
+			Name: fmt.Sprintf("site-spawn-worker-%d", i), Binary: cfg.Binary, ReadyLine: "host serving", AtSite: true,
+			Args: append([]string{"spawn-worker", "--drain-grace", cfg.DrainGrace.String(), "--js-domain", HubDomain}, common...),
+		})
 	}
 	for i := 1; i <= max(cfg.Coordinators, 0); i++ {
 		args := []string{"coordinator"}

@@ -21,6 +21,7 @@ var (
 	chaosClasses  = flag.String("chaos.classes", "", "comma-separated fault classes (default: every class)")
 	chaosKeep     = flag.Bool("chaos.keep", false, "keep each seed's directory (stores and logs) and print its path")
 	chaosRace     = flag.Bool("chaos.race", false, "run Brood's services built with the race detector")
+	chaosSite     = flag.Bool("chaos.site", false, "the topology with a site: one spawn worker behind a leaf node, its links cut and slowed as a fault class (make chaos-site)")
 )
 
 // TestChaos runs the seeded workload against a 3-node cluster with two
@@ -66,7 +67,7 @@ func TestChaos(t *testing.T) {
 		}
 		cfg := RunConfig{
 			Dir: dir, Brood: broodBin, ServiceBinary: broodRaceBin, Seed: seed, Duration: *chaosDuration, Classes: classes,
-			Logf: func(format string, args ...any) { t.Logf(format, args...) },
+			Site: *chaosSite, Logf: func(format string, args ...any) { t.Logf(format, args...) },
 		}
 		if *chaosHistory != "" {
 			cfg.HistoryPath = filepath.Join(*chaosHistory, fmt.Sprintf("history-seed-%d.json.gz", seed))

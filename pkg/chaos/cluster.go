@@ -57,7 +57,21 @@ type ClusterConfig struct {
 	ReadyTimeout time.Duration
 	// Logf receives the harness's own notes (nil: none).
 	Logf func(format string, args ...any)
+	// Site adds a site (deploy/README.md, "Sites"; issue 36): a nats-server
+	// leaf node in JetStream domain SiteDomain that joins the cluster, whose
+	// nodes then run JetStream in domain HubDomain and listen for leaf
+	// connections. The site's link to each node passes through a proxy
+	// (SiteLinks), and the site's processes (ProcessSpec.AtSite) connect to
+	// the site only.
+	Site bool
 }
+
+// The JetStream domains of a cluster with a site (ClusterConfig.Site): a
+// site's workers run with --js-domain HubDomain.
+const (
+	HubDomain  = "hub"
+	SiteDomain = "site"
+)
 
 // Cluster is a JetStream cluster of nats-server processes on loopback whose
 // routes all pass through proxies: node i reaches node j only through the
@@ -70,6 +84,11 @@ type Cluster struct {
 	nodes  []*Node
 	routes map[[2]int]*Proxy // [from, to]
 	sink   net.Listener
+
+	// site is the site's leaf node and siteLinks its links to each node
+	// (by node index), when ClusterConfig.Site is set.
+	site      *Node
+	siteLinks []*Proxy
 
 	mu        sync.Mutex
 	endpoints []*Endpoint
@@ -86,10 +105,12 @@ type Node struct {
 	ClientPort  int
 	ClusterPort int
 	HTTPPort    int
-	StoreDir    string
-	SyncAlways  bool
-	confPath    string
-	logPath     string
+	// LeafPort is where a node listens for the site's links (0: no site).
+	LeafPort   int
+	StoreDir   string
+	SyncAlways bool
+	confPath   string
+	logPath    string
 
 	mu   sync.Mutex
 	proc *osProc
@@ -159,7 +180,7 @@ func startCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	for _, i := range cfg.SyncAlways {
 		always[i] = true
 	}
-	ports, err := pickPorts(3 * cfg.Nodes)
+	ports, err := pickPorts(4*cfg.Nodes + 2)
 	if err != nil {
 		c.Close()
 		return nil, err
@@ -169,6 +190,9 @@ func startCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 			c: c, Index: i, Name: fmt.Sprintf("n%d", i+1),
 			ClientPort: ports[3*i], ClusterPort: ports[3*i+1], HTTPPort: ports[3*i+2],
 			SyncAlways: always[i],
+		}
+		if cfg.Site {
+			n.LeafPort = ports[3*cfg.Nodes+i]
 		}
 		n.StoreDir = filepath.Join(cfg.Dir, n.Name, "jetstream")
 		n.confPath = filepath.Join(cfg.Dir, n.Name, "nats.conf")
@@ -188,8 +212,28 @@ func startCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 			c.routes[[2]int{from.Index, to.Index}] = p
 		}
 	}
+	if cfg.Site {
+		c.site = &Node{c: c, Index: -1, Name: "site", ClientPort: ports[4*cfg.Nodes], HTTPPort: ports[4*cfg.Nodes+1]}
+		c.site.StoreDir = filepath.Join(cfg.Dir, c.site.Name, "jetstream")
+		c.site.confPath = filepath.Join(cfg.Dir, c.site.Name, "nats.conf")
+		c.site.logPath = filepath.Join(cfg.Dir, "logs", c.site.Name+".log")
+		for _, n := range c.nodes {
+			p, err := NewProxy("site>"+n.Name, net.JoinHostPort("127.0.0.1", strconv.Itoa(n.LeafPort)))
+			if err != nil {
+				c.Close()
+				return nil, err
+			}
+			c.siteLinks = append(c.siteLinks, p)
+		}
+	}
 	for _, n := range c.nodes {
 		if err := n.writeConfig(); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
+	if c.site != nil {
+		if err := c.site.writeSiteConfig(); err != nil {
 			c.Close()
 			return nil, err
 		}
@@ -212,7 +256,32 @@ func startCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 		c.Close()
 		return nil, err
 	}
+	if c.site != nil {
+		if err := c.site.startProc(); err != nil {
+			c.Close()
+			return nil, err
+		}
+		if err := c.site.waitReady(rctx); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
 	return c, nil
+}
+
+// Site is the site's leaf node (nil without ClusterConfig.Site). The
+// nemesis never kills it: the faults of a site are its links'.
+func (c *Cluster) Site() *Node { return c.site }
+
+// SetSiteLinks sets every link of the site to the cluster's nodes: a cut
+// or a drop of the site, or latency on its links.
+func (c *Cluster) SetSiteLinks(mode LinkMode, delay time.Duration) {
+	for _, p := range c.siteLinks {
+		p.Set(mode, delay)
+	}
+	if len(c.siteLinks) > 0 {
+		c.logf("site links %s %s", mode, delay)
+	}
 }
 
 func (c *Cluster) logf(format string, args ...any) {
@@ -296,6 +365,9 @@ func (c *Cluster) Unreachable(i int, mode LinkMode) {
 	for _, e := range eps {
 		e.SetNode(i, mode, 0)
 	}
+	if len(c.siteLinks) > i {
+		c.siteLinks[i].Set(mode, 0)
+	}
 	c.logf("node %s unreachable (%s)", c.nodes[i].Name, mode)
 }
 
@@ -313,9 +385,11 @@ func (c *Cluster) DelayRoutes(d time.Duration) {
 	}
 }
 
-// HealAll heals every route and every client link of every endpoint.
+// HealAll heals every route, every client link of every endpoint and the
+// site's links.
 func (c *Cluster) HealAll() {
 	c.HealRoutes()
+	c.SetSiteLinks(Pass, 0)
 	c.mu.Lock()
 	eps := append([]*Endpoint(nil), c.endpoints...)
 	c.mu.Unlock()
@@ -338,10 +412,16 @@ func (c *Cluster) Close() {
 	for _, p := range procs {
 		p.Kill()
 	}
+	if c.site != nil {
+		c.site.Kill()
+	}
 	for _, n := range c.nodes {
 		n.Kill()
 	}
 	for _, p := range c.routes {
+		p.Close()
+	}
+	for _, p := range c.siteLinks {
 		p.Close()
 	}
 	for _, e := range eps {
@@ -401,7 +481,7 @@ jetstream {
   max_memory_store: 256MiB
   max_file_store: 10GiB
   sync_interval: %[5]s
-}
+%[10]s}
 
 cluster {
   name: %[6]s
@@ -413,7 +493,45 @@ cluster {
   routes: [
 %[9]s  ]
 }
+%[11]s`
+
+// siteConfTemplate is the site's leaf node: deploy/nats/site/site1.conf's
+// settings without its accounts, in its own JetStream domain, with one
+// remote whose URLs are the site's links (proxies) to every node.
+const siteConfTemplate = `# Written by the chaos harness (pkg/chaos).
+server_name: %[1]s
+listen: 127.0.0.1:%[2]d
+http: 127.0.0.1:%[3]d
+max_payload: 1MiB
+
+jetstream {
+  domain: %[4]s
+  store_dir: %[5]q
+  max_memory_store: 256MiB
+  max_file_store: 10GiB
+  sync_interval: "2m"
+}
+
+leafnodes {
+  reconnect: "1s"
+  remotes: [
+    { urls: [ %[6]s ] }
+  ]
+}
 `
+
+// writeSiteConfig writes the site's config.
+func (n *Node) writeSiteConfig() error {
+	if err := os.MkdirAll(filepath.Dir(n.confPath), 0o755); err != nil {
+		return err
+	}
+	var urls []string
+	for _, p := range n.c.siteLinks {
+		urls = append(urls, strconv.Quote("nats-leaf://"+p.Addr()))
+	}
+	conf := fmt.Sprintf(siteConfTemplate, n.Name, n.ClientPort, n.HTTPPort, SiteDomain, n.StoreDir, strings.Join(urls, ", "))
+	return os.WriteFile(n.confPath, []byte(conf), 0o644)
+}
 
 func (n *Node) writeConfig() error {
 	if err := os.MkdirAll(filepath.Dir(n.confPath), 0o755); err != nil {
@@ -430,8 +548,16 @@ func (n *Node) writeConfig() error {
 	if n.SyncAlways {
 		sync = "always"
 	}
+	// With a site: the hub's JetStream domain, and a leafnodes listener
+	// that does not tell the site the other nodes' (its links go through
+	// the harness's proxies).
+	domain, leaf := "", ""
+	if n.LeafPort > 0 {
+		domain = "  domain: " + HubDomain + "\n"
+		leaf = fmt.Sprintf("\nleafnodes {\n  listen: 127.0.0.1:%d\n  no_advertise: true\n}\n", n.LeafPort)
+	}
 	conf := fmt.Sprintf(nodeConfTemplate, n.Name, n.ClientPort, n.HTTPPort, n.StoreDir, sync,
-		n.c.cfg.Name, n.ClusterPort, n.c.sink.Addr().String(), routes.String())
+		n.c.cfg.Name, n.ClusterPort, n.c.sink.Addr().String(), routes.String(), domain, leaf)
 	return os.WriteFile(n.confPath, []byte(conf), 0o644)
 }
 

@@ -39,7 +39,17 @@ const (
 	FaultKillWorker      = "kill-worker"
 	// FaultPauseWorker: SIGSTOP of a worker past the host expiry, then SIGCONT.
 	FaultPauseWorker = "pause-worker"
+	// FaultSiteCut: the site's links to every node cut (or their packets
+	// dropped), for less or more than the host expiry (issue 36; a cluster
+	// with a site, ClusterConfig.Site).
+	FaultSiteCut = "site-cut"
+	// FaultSiteSlow: latency on the site's links.
+	FaultSiteSlow = "site-slow"
 )
+
+// SiteFaultClasses are the classes of a cluster with a site: the site's
+// links' first (a short seed reaches them), then every other class.
+var SiteFaultClasses = append([]string{FaultSiteCut, FaultSiteSlow}, FaultClasses...)
 
 // FaultClasses lists every class, in the order the schedule first visits them.
 var FaultClasses = []string{
@@ -68,9 +78,9 @@ type Step struct {
 func (s Step) String() string {
 	extra := ""
 	switch s.Class {
-	case FaultIsolate, FaultUnreachable, FaultClientCut:
+	case FaultIsolate, FaultUnreachable, FaultClientCut, FaultSiteCut:
 		extra = " " + s.Mode.String()
-	case FaultDelay:
+	case FaultDelay, FaultSiteSlow:
 		extra = " " + s.Delay.String()
 	}
 	return fmt.Sprintf("after %s %s#%d%s for %s", s.Gap, s.Class, s.Pick, extra, s.Hold)
@@ -148,6 +158,8 @@ func NewSchedule(cfg ScheduleConfig) []Step {
 			s.Hold = 0
 		case FaultDelay:
 			s.Delay = time.Duration(20+rng.Intn(180)) * time.Millisecond
+		case FaultSiteSlow:
+			s.Delay = time.Duration(50+rng.Intn(450)) * time.Millisecond
 		}
 		steps = append(steps, s)
 		total += s.Gap + s.Hold
@@ -285,17 +297,25 @@ func (n *Nemesis) apply(ctx context.Context, s Step) {
 		}
 		ep := pick(eps, s.Pick)
 		on := ep.Connected()
-		node := s.Pick % len(n.c.Nodes())
+		node := s.Pick % len(ep.proxies)
 		if len(on) > 0 {
 			node = on[0]
 		}
-		rec.Target = fmt.Sprintf("%s>n%d %s", ep.Name, node+1, s.Mode)
+		rec.Target = ep.Proxy(node).Name() + " " + s.Mode.String()
 		ep.SetNode(node, s.Mode, 0)
 		heal = ep.Heal
 	case FaultDelay:
 		rec.Target = s.Delay.String()
 		n.c.DelayRoutes(s.Delay)
 		heal = n.c.HealRoutes
+	case FaultSiteCut:
+		rec.Target = "site " + s.Mode.String()
+		n.c.SetSiteLinks(s.Mode, 0)
+		heal = func() { n.c.SetSiteLinks(Pass, 0) }
+	case FaultSiteSlow:
+		rec.Target = "site " + s.Delay.String()
+		n.c.SetSiteLinks(Pass, s.Delay)
+		heal = func() { n.c.SetSiteLinks(Pass, 0) }
 	case FaultKillCoordinator, FaultKillWorker:
 		procs := n.b.Coordinators
 		if s.Class == FaultKillWorker {

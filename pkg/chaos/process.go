@@ -19,6 +19,23 @@ type Endpoint struct {
 	proxies []*Proxy // by node index
 }
 
+// newSiteEndpoint creates the proxy of a new client of the site named name:
+// its only link is to the site's leaf node (index 0).
+func (c *Cluster) newSiteEndpoint(name string) (*Endpoint, error) {
+	if c.site == nil {
+		return nil, errors.New("chaos: a process at the site of a cluster without one (ClusterConfig.Site)")
+	}
+	p, err := NewProxy(name+">"+c.site.Name, c.site.ClientAddr())
+	if err != nil {
+		return nil, err
+	}
+	e := &Endpoint{Name: name, proxies: []*Proxy{p}}
+	c.mu.Lock()
+	c.endpoints = append(c.endpoints, e)
+	c.mu.Unlock()
+	return e, nil
+}
+
 // NewEndpoint creates the proxies of a new client named name.
 func (c *Cluster) NewEndpoint(name string) (*Endpoint, error) {
 	e := &Endpoint{Name: name}
@@ -60,8 +77,14 @@ func (e *Endpoint) Connected() []int {
 	return out
 }
 
-// SetNode sets the endpoint's link to node i.
-func (e *Endpoint) SetNode(i int, mode LinkMode, delay time.Duration) { e.proxies[i].Set(mode, delay) }
+// SetNode sets the endpoint's link to node i. A site's endpoint has one
+// link, to the site (index 0): a fault of another node leaves it alone
+// (the site's links to the nodes are the cluster's, SetSiteLinks).
+func (e *Endpoint) SetNode(i int, mode LinkMode, delay time.Duration) {
+	if i < len(e.proxies) {
+		e.proxies[i].Set(mode, delay)
+	}
+}
 
 // SetAll sets the endpoint's links to every node.
 func (e *Endpoint) SetAll(mode LinkMode, delay time.Duration) {
@@ -97,6 +120,9 @@ type ProcessSpec struct {
 	// ReadyLine is printed by the process once it serves; Start waits for it
 	// ("" waits for nothing).
 	ReadyLine string
+	// AtSite connects the process to the site's leaf node only
+	// (ClusterConfig.Site) instead of the cluster's nodes.
+	AtSite bool
 }
 
 // Process is a process of the system under test, reaching the cluster through
@@ -122,7 +148,11 @@ func (c *Cluster) StartProcess(ctx context.Context, spec ProcessSpec) (*Process,
 	if spec.URLFlag == "" {
 		spec.URLFlag = "--nats"
 	}
-	ep, err := c.NewEndpoint(spec.Name)
+	newEndpoint := c.NewEndpoint
+	if spec.AtSite {
+		newEndpoint = c.newSiteEndpoint
+	}
+	ep, err := newEndpoint(spec.Name)
 	if err != nil {
 		return nil, err
 	}

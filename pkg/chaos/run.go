@@ -49,6 +49,10 @@ type RunConfig struct {
 	// FaultHoldMax, FaultGapMax shape the schedule (8 s, 4 s).
 	FaultHoldMax time.Duration
 	FaultGapMax  time.Duration
+	// Site runs the topology with a site (ClusterConfig.Site; issue 36):
+	// one of the two spawn workers is the site's, behind its leaf node,
+	// and the schedule draws from SiteFaultClasses unless Classes is set.
+	Site bool
 	// HistoryPath, when set, receives the history as gzipped JSON.
 	HistoryPath string
 	Logf        func(format string, args ...any)
@@ -98,7 +102,7 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 		logf = func(string, ...any) {}
 	}
 	c, err := StartCluster(ctx, ClusterConfig{
-		Dir: cfg.Dir, ServerCommand: ServerCommand(cfg.Brood), SyncAlways: []int{2}, Logf: logf,
+		Dir: cfg.Dir, ServerCommand: ServerCommand(cfg.Brood), SyncAlways: []int{2}, Logf: logf, Site: cfg.Site,
 	})
 	if err != nil {
 		return nil, err
@@ -107,9 +111,18 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 	if cfg.Provider == "" {
 		cfg.Provider = "spawn"
 	}
-	spawnWorkers := 0
+	spawnWorkers, siteWorkers := 0, 0
 	if len(cfg.Workers) > 0 {
 		spawnWorkers = -1
+	}
+	if cfg.Site {
+		if len(cfg.Workers) > 0 || cfg.Provider != "spawn" {
+			return nil, fmt.Errorf("chaos: RunConfig.Site runs Brood's spawn workers, not Workers")
+		}
+		spawnWorkers, siteWorkers = 1, 1
+		if len(cfg.Classes) == 0 {
+			cfg.Classes = SiteFaultClasses
+		}
 	}
 	services := cfg.Brood
 	if cfg.ServiceBinary != "" {
@@ -117,7 +130,7 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 	}
 	b, err := c.StartBrood(ctx, BroodConfig{
 		Binary: services, Heartbeat: cfg.Heartbeat, HostExpiry: cfg.HostExpiry, DrainGrace: 2 * time.Second,
-		LiveChildrenMax: cfg.LiveChildrenMax, SpawnWorkers: spawnWorkers,
+		LiveChildrenMax: cfg.LiveChildrenMax, SpawnWorkers: spawnWorkers, SiteSpawnWorkers: siteWorkers,
 	})
 	if err != nil {
 		return nil, err
