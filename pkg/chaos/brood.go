@@ -95,7 +95,7 @@ func (c *Cluster) StartBrood(ctx context.Context, cfg BroodConfig) (*Brood, erro
 	for i := 1; i <= cfg.SiteSpawnWorkers; i++ {
 		specs = append(specs, ProcessSpec{
 			Name: fmt.Sprintf("site-spawn-worker-%d", i), Binary: cfg.Binary, ReadyLine: "host serving", AtSite: true,
-			Args: append([]string{"spawn-worker", "--drain-grace", cfg.DrainGrace.String(), "--js-domain", HubDomain}, common...),
+			Args: append([]string{"spawn-worker", "--model", "scripted", "--drain-grace", cfg.DrainGrace.String(), "--js-domain", HubDomain}, common...),
 		})
 	}
 	for i := 1; i <= max(cfg.Coordinators, 0); i++ {
