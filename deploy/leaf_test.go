@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -243,6 +244,16 @@ type site struct {
 // through proxies.
 func startSite(t *testing.T) *site {
 	t.Helper()
+	// Registered first, so it runs last: once the services and servers
+	// are stopped, a publish they made off their callers' path (a
+	// lifecycle event after the site's return) gives up within
+	// store.AsyncBudget; the package's goleak check must not see it.
+	t.Cleanup(func() {
+		waitFor(t, store.AsyncBudget+store.AckWaitMax+5*time.Second, "the stores' publishes off the callers' path to end", func() bool {
+			buf := make([]byte, 1<<20)
+			return !strings.Contains(string(buf[:runtime.Stack(buf, true)]), "store.(*Store).publishAsync")
+		})
+	})
 	setPasswords(t)
 	dir := t.TempDir()
 	for _, f := range []string{"accounts.conf", "node-1.conf", "node-2.conf", "node-3.conf"} {
