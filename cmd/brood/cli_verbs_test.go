@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -455,5 +456,37 @@ func TestStateOfARunningOneShotChild(t *testing.T) {
 	}
 	if o := c.ok("result", run.RunID); o.err != "run "+run.RunID+" (child "+run.ChildID+") is running\n" {
 		t.Fatalf("result of a running one-shot run: %q", o.err)
+	}
+}
+
+// TestMCPConfigIsCheckedBeforeConnecting: a worker's --mcp-config that does
+// not parse or names a server badly is INVALID_ARGUMENT at once, before any
+// connection (docs/mcp.md); acp-agent does not take it.
+func TestMCPConfigIsCheckedBeforeConnecting(t *testing.T) {
+	c := &cli{t: t}
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(bad, []byte(`{"servers":[{"name":"x__y","command":"srv"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	unknown := filepath.Join(dir, "unknown.json")
+	if err := os.WriteFile(unknown, []byte(`{"servers":[{"name":"x","command":"srv","secret":"no"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"spawn-worker", "--model", "scripted", "--nats", "nats://127.0.0.1:1", "--mcp-config", bad}, `name "x__y" must match`},
+		{[]string{"fork-worker", "--model", "scripted", "--nats", "nats://127.0.0.1:1", "--mcp-config", unknown}, `unknown field "secret"`},
+		{[]string{"dev", "--listen", "127.0.0.1:0", "--mcp-config", filepath.Join(dir, "missing.json")}, "missing.json"},
+		{[]string{"acp-agent", "--mcp-config", bad}, "unknown flag: --mcp-config"},
+	} {
+		t.Run(tc.args[0], func(t *testing.T) {
+			o := c.runBare(tc.args...)
+			if o.code != 1 || !strings.HasPrefix(o.err, "INVALID_ARGUMENT: ") || !strings.Contains(o.err, tc.want) {
+				t.Fatalf("exit %d stderr %q; want INVALID_ARGUMENT mentioning %q", o.code, o.err, tc.want)
+			}
+		})
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/buildinfo"
 	"github.com/brood-dev/brood/internal/embedded"
+	"github.com/brood-dev/brood/internal/mcptools"
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
@@ -196,6 +197,26 @@ func (m *modelFlags) factory() (worker.ModelFactory, protocol.ModelInfo, error) 
 	}
 }
 
+// mcpFlags is --mcp-config FILE of the in-process workers: MCP servers
+// whose tools their children get (internal/mcptools, docs/mcp.md). Secrets
+// (a server's env, headers) live in the file, never on the command line.
+type mcpFlags struct{ file string }
+
+func (f *mcpFlags) flags(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.file, "mcp-config", "", `JSON file of MCP servers whose tools the children get as <server>__<tool>: {"servers": [{"name", "command", "args", "env"} | {"name", "url", "headers"}, ...]} (docs/mcp.md)`)
+}
+
+func (f *mcpFlags) servers() ([]mcptools.ServerConfig, error) {
+	if f.file == "" {
+		return nil, nil
+	}
+	s, err := mcptools.LoadFile(f.file)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--mcp-config: %w", err)
+	}
+	return s, nil
+}
+
 // storeFlags are what a service checks Brood's streams and buckets against.
 type storeFlags struct {
 	replicas int
@@ -273,10 +294,10 @@ func newCoordinator(nc *nats.Conn, st *store.Store, t timing, l coordinatorLimit
 }
 
 // newInProcessWorker builds the worker of an in-process provider (spawn, fork).
-func newInProcessWorker(nc *nats.Conn, st *store.Store, t timing, models worker.ModelFactory, roots []string, m *telemetry.Metrics, log *slog.Logger, desc protocol.ProviderDescriptor) (*worker.Host, error) {
+func newInProcessWorker(nc *nats.Conn, st *store.Store, t timing, models worker.ModelFactory, roots []string, servers []mcptools.ServerConfig, m *telemetry.Metrics, log *slog.Logger, desc protocol.ProviderDescriptor) (*worker.Host, error) {
 	return worker.NewInProcessHost(worker.InProcessConfig{
 		NC: nc, Store: st, Models: models, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry,
-		DrainGrace: t.drainGrace, WorkspaceRoots: roots, Logger: log, Metrics: m,
+		DrainGrace: t.drainGrace, WorkspaceRoots: roots, Logger: log, Metrics: m, MCPServers: servers,
 	}, desc)
 }
 
@@ -425,6 +446,7 @@ func forkWorkerCmd(g *globals) *cobra.Command {
 func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDescriptor) *cobra.Command {
 	var t timing
 	mf := modelFlags{mustName: true}
+	var mcpf mcpFlags
 	var sf storeFlags
 	var met metricsFlags
 	cmd := &cobra.Command{
@@ -441,6 +463,10 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 				return err
 			}
 			desc.Models = []protocol.ModelInfo{info}
+			servers, err := mcpf.servers()
+			if err != nil {
+				return err
+			}
 			if err := met.listen(); err != nil {
 				return err
 			}
@@ -452,7 +478,7 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 			}
 			defer nc.Close()
 			mf.warnNoWorkspace(log)
-			w, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, met.metrics(), log, desc)
+			w, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, servers, met.metrics(), log, desc)
 			if err != nil {
 				return err
 			}
@@ -461,6 +487,7 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 	}
 	t.flags(cmd)
 	mf.flags(cmd)
+	mcpf.flags(cmd)
 	sf.flags(cmd)
 	met.flags(cmd)
 	natsFlag(cmd, g)
@@ -472,6 +499,7 @@ func devCmd(g *globals) *cobra.Command {
 		t      timing
 		lim    coordinatorLimits
 		mf     modelFlags
+		mcpf   mcpFlags
 		data   string
 		listen string
 		fsync  string
@@ -501,6 +529,10 @@ func devCmd(g *globals) *cobra.Command {
 				mf.workspaceRoots = []string{agent.AnyWorkspace}
 			}
 			models, info, err := mf.factory()
+			if err != nil {
+				return err
+			}
+			servers, err := mcpf.servers()
 			if err != nil {
 				return err
 			}
@@ -552,11 +584,11 @@ func devCmd(g *globals) *cobra.Command {
 			}
 			spawnDesc, forkDesc := spawnworker.Descriptor(spawnworker.DefaultName), forkworker.Descriptor(forkworker.DefaultName)
 			spawnDesc.Models, forkDesc.Models = []protocol.ModelInfo{info}, []protocol.ModelInfo{info}
-			spawn, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, met.metrics(), log, spawnDesc)
+			spawn, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, servers, met.metrics(), log, spawnDesc)
 			if err != nil {
 				return err
 			}
-			fork, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, met.metrics(), log, forkDesc)
+			fork, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, servers, met.metrics(), log, forkDesc)
 			if err != nil {
 				return err
 			}
@@ -610,6 +642,7 @@ func devCmd(g *globals) *cobra.Command {
 	// brood dev is one user's own deployment, its workers running as that
 	// user: any workspace, unless narrowed (docs/security.md).
 	cmd.Flags().Lookup("workspace-root").DefValue = "[" + agent.AnyWorkspace + "]"
+	mcpf.flags(cmd)
 	met.flags(cmd)
 	return cmd
 }

@@ -117,6 +117,9 @@ type Config struct {
 	// Metrics, when set, counts the runs and epochs this host settles and its
 	// requests, and reports its live runs and activations.
 	Metrics *telemetry.Metrics
+	// Stopped, when set, is called once Run returns (after the drain): it
+	// stops what the host's providers started with it (their MCP servers).
+	Stopped func()
 }
 
 // DefaultDrainGrace is how long a stopping host lets in-flight turns finish
@@ -221,6 +224,9 @@ func (h *Host) ID() string { return h.id }
 // It returns only after every request handler it started returned. A drain
 // returns nil.
 func (h *Host) Run(ctx context.Context) error {
+	if h.cfg.Stopped != nil {
+		defer h.cfg.Stopped()
+	}
 	if err := h.checkDuplicates(ctx); err != nil {
 		return err
 	}

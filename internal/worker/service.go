@@ -1,12 +1,15 @@
 package worker
 
 import (
+	"context"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/mcptools"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/client"
@@ -46,6 +49,11 @@ type InProcessConfig struct {
 	// Metrics, when set, counts the host's settlements and its agents'
 	// model and tool calls, and reports its live runs and activations.
 	Metrics *telemetry.Metrics
+	// MCPServers are MCP servers whose tools the children get as global
+	// tools `<server>__<tool>` (internal/mcptools, docs/mcp.md): connected
+	// when the host is built (a server that cannot be reached fails it),
+	// listed in the descriptor, stopped when Run returns.
+	MCPServers []mcptools.ServerConfig
 }
 
 // InProcessDescriptor is the descriptor of an in-process provider: every
@@ -80,6 +88,23 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 	})
 	global := []*agent.Tool{agent.ListDirTool(cfg.WorkspaceRoots...), agent.ReadFileTool(cfg.WorkspaceRoots...), delegate,
 		agent.SendMessageTool(cl), agent.InterruptAgentTool(cl), agent.ListAgentsTool(cl)}
+	var servers *mcptools.Set
+	if len(cfg.MCPServers) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), mcptools.ConnectTimeout*time.Duration(len(cfg.MCPServers)))
+		servers, err = mcptools.Start(ctx, cfg.MCPServers, cfg.Logger)
+		cancel()
+		if err != nil {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "%w", err)
+		}
+		for _, name := range servers.Names() {
+			if slices.Contains(desc.Tools, name) {
+				servers.Close()
+				return nil, protocol.Errorf(protocol.CodeInvalidArgument, "MCP tool %s has the name of a built-in tool", name)
+			}
+		}
+		global = append(global, servers.Tools()...)
+		desc.Tools = append(slices.Clone(desc.Tools), servers.Names()...)
+	}
 	report := agent.ReportTool(cl)
 	p := &InProcess{
 		Desc: desc, Models: cfg.Models, Persona: cfg.Persona, Limits: cfg.Limits, Logger: cfg.Logger, Metrics: cfg.Metrics,
@@ -92,9 +117,13 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 			return nil
 		},
 	}
-	return New(Config{
+	h, err := New(Config{
 		NC: cfg.NC, Store: cfg.Store, Providers: []Provider{p}, HostID: cfg.HostID,
 		HeartbeatInterval: cfg.HeartbeatInterval, HostExpiry: cfg.HostExpiry, DrainGrace: cfg.DrainGrace, Logger: cfg.Logger,
-		Metrics: cfg.Metrics,
+		Metrics: cfg.Metrics, Stopped: servers.Close,
 	})
+	if err != nil {
+		servers.Close()
+	}
+	return h, err
 }
