@@ -56,11 +56,12 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 		Use:   "acp-bridge --nats URL (--agent SPEC ... | --config FILE)",
 		Short: "Run the ACP bridge: one provider per configured Agent Client Protocol agent",
 		Long: "Serves each configured ACP agent (claude-code, codex, gemini, brood acp-agent, ...) as a provider.\n" +
-			"--agent takes comma-separated key=value pairs: name, command, arg (repeatable), env (repeatable,\n" +
-			"KEY=VALUE), cwd, permission (reject|allow), e.g.\n" +
-			"  --agent name=codex,command=npx,arg=-y,arg=@zed-industries/codex-acp,env=HOME=/srv/codex\n" +
-			"The agent's environment is the bridge's without names matching KEY, PASSWORD, SECRET, TOKEN or\n" +
-			"BROOD_*; set what it needs with env. --config FILE holds the same as JSON (see services/acp-bridge).",
+			"--agent takes comma-separated key=value pairs: name, command, arg (repeatable), env (repeatable:\n" +
+			"KEY=VALUE sets a value, a bare KEY passes the bridge's own $KEY through), cwd, permission (reject|allow), e.g.\n" +
+			"  --agent name=codex,command=npx,arg=-y,arg=@zed-industries/codex-acp,env=HOME=/srv/codex,env=OPENAI_API_KEY\n" +
+			"The agent's environment is an allowlist: PATH, HOME, LANG, LC_ALL, TMPDIR and TZ of the bridge, then what\n" +
+			"env names, and nothing else; values of the bridge's environment are redacted from its stderr in diagnostics.\n" +
+			"--config FILE holds the same as JSON (\"env\" values, \"passEnv\" names; see services/acp-bridge).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(g.logLevel, slog.LevelInfo, g.errOut)
@@ -110,7 +111,7 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&configFile, "config", "", "JSON config file: {\"agents\": [...], \"silenceTimeout\": \"60s\", ...}")
-	cmd.Flags().StringArrayVar(&specs, "agent", nil, "an ACP agent: name=N,command=C[,arg=A]...[,env=K=V]...[,cwd=DIR][,permission=reject|allow]")
+	cmd.Flags().StringArrayVar(&specs, "agent", nil, "an ACP agent: name=N,command=C[,arg=A]...[,env=K=V|env=K]...[,cwd=DIR][,permission=reject|allow]")
 	t.flags(cmd)
 	at.flags(cmd)
 	sf.flags(cmd)
@@ -129,7 +130,8 @@ func newACPBridge(nc *nats.Conn, st *store.Store, t timing, agents []acpbridge.A
 // devACPAgents is `brood dev`'s default ACP provider: `acp`, this binary's
 // own ACP agent on the dev server, so the demo needs nothing installed. The
 // model settings follow the dev flags; a model key the agent needs is passed
-// explicitly, since the bridge scrubs credentials from the agents' environment.
+// through by name, since an agent gets nothing of the bridge's environment
+// it does not name (docs/security.md, "Secrets stay home").
 func devACPAgents(url, prefix string, mf modelFlags) ([]acpbridge.AgentConfig, error) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -145,15 +147,11 @@ func devACPAgents(url, prefix string, mf modelFlags) ([]acpbridge.AgentConfig, e
 	for _, r := range mf.workspaceRoots {
 		args = append(args, "--workspace-root", r)
 	}
-	env := map[string]string{}
+	var pass []string
 	if mf.adapter() == "openai" {
-		for _, k := range []string{"DEEPSEEK_API_KEY", "OPENAI_API_KEY", "BROOD_MODEL_BASE_URL", "BROOD_MODEL_NAME"} {
-			if v, ok := os.LookupEnv(k); ok {
-				env[k] = v
-			}
-		}
+		pass = []string{"DEEPSEEK_API_KEY", "OPENAI_API_KEY", "BROOD_MODEL_BASE_URL", "BROOD_MODEL_NAME"}
 	}
-	return []acpbridge.AgentConfig{{Name: "acp", Command: exe, Args: args, Env: env, Permission: acpbridge.PolicyReject}}, nil
+	return []acpbridge.AgentConfig{{Name: "acp", Command: exe, Args: args, PassEnv: pass, Permission: acpbridge.PolicyReject}}, nil
 }
 
 func acpAgentCmd(g *globals) *cobra.Command {

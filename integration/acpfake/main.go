@@ -12,6 +12,8 @@
 //	              ignores SIGTERM and stdin EOF itself, never answers, and
 //	              writes "PGID GRANDCHILD_PID" to ./stubborn.pids
 //	env           answers with its environment, one KEY=VALUE per line
+//	leak WORD...  writes 8 KiB of filler, its environment and "guessed WORD"
+//	              for each word to stderr, exits with status 3
 //	cwd           answers with its working directory
 //	meta          answers with the _meta it got in session/new, as JSON
 //	tools         reports a completed tool call and one left pending, end_turn
@@ -148,6 +150,17 @@ func (f *fake) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptRespo
 		_ = os.WriteFile("stubborn.pids.tmp", []byte(pids), 0o600)
 		_ = os.Rename("stubborn.pids.tmp", "stubborn.pids")
 		sleepForever()
+	case "leak":
+		f.chunk(ctx, sid, "partial")
+		time.Sleep(100 * time.Millisecond)
+		fmt.Fprintln(os.Stderr, strings.Repeat("filler ", 8<<10/7))
+		env := os.Environ()
+		sort.Strings(env)
+		fmt.Fprintln(os.Stderr, strings.Join(env, "\n"))
+		for _, w := range strings.Fields(arg) {
+			fmt.Fprintln(os.Stderr, "guessed "+w)
+		}
+		os.Exit(3)
 	case "env":
 		env := os.Environ()
 		sort.Strings(env)

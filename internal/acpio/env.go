@@ -1,5 +1,5 @@
 // Package acpio is the stdio plumbing of ACP agent processes (docs/design.md §6;
-// docs/upstream-behaviour.md §4): a scrubbed environment, a process group that
+// docs/upstream-behaviour.md §4): an allowlisted environment, a process group that
 // teardown signals reach grandchildren through, the EOF → SIGTERM → SIGKILL
 // ladder, a bounded tail of stderr, and a filter in front of the ACP SDK's
 // reader that forwards only JSON-object lines.
@@ -7,6 +7,7 @@ package acpio
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,26 +20,34 @@ import (
 // (docs/upstream-behaviour.md §4, step 4).
 var secretName = regexp.MustCompile(`(?i)KEY|PASSWORD|SECRET|TOKEN`)
 
-// ScrubbedPrefix is dropped from the child's environment like upstream's
-// DSH_*: a Brood process's own settings are no business of an ACP agent.
-const ScrubbedPrefix = "BROOD_"
-
 // IsSecretName reports whether an environment name looks like a credential.
 func IsSecretName(name string) bool { return secretName.MatchString(name) }
 
-// ScrubEnv returns the environment of an ACP agent: parent (KEY=VALUE
-// entries) without the names matching KEY, PASSWORD, SECRET or TOKEN (any
-// case) and without BROOD_* names, then explicit layered on top. Explicit
-// entries survive whatever their names (a provider that needs a credential
-// sets it in its configuration). The result is sorted by name.
-func ScrubEnv(parent []string, explicit map[string]string) []string {
+// BaseEnvNames are the variables of the bridge's environment every ACP agent
+// gets without naming them: what a program needs to find its tools, its home
+// and its locale, and nothing that carries a credential (docs/security.md,
+// "Secrets stay home"). An agent's config overrides any of them by naming
+// it with a value.
+var BaseEnvNames = []string{"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ"}
+
+// AgentEnv returns the environment of an ACP agent, an allowlist: the
+// BaseEnvNames of parent (the bridge's environment, KEY=VALUE entries), then
+// the variables pass names, taken from parent (absent there: absent), then
+// explicit layered on top. Nothing else of parent reaches the agent, whatever
+// its name: not OTEL_EXPORTER_OTLP_HEADERS, DATABASE_URL, a proxy's URL,
+// GITHUB_PAT, SSH_AUTH_SOCK, nor Brood's own settings. The result is sorted.
+func AgentEnv(parent []string, pass []string, explicit map[string]string) []string {
+	have := envMap(parent)
 	env := map[string]string{}
-	for _, kv := range parent {
-		name, value, ok := strings.Cut(kv, "=")
-		if !ok || name == "" || IsSecretName(name) || strings.HasPrefix(strings.ToUpper(name), ScrubbedPrefix) {
-			continue
+	for _, name := range BaseEnvNames {
+		if v, ok := have[name]; ok {
+			env[name] = v
 		}
-		env[name] = value
+	}
+	for _, name := range pass {
+		if v, ok := have[name]; ok {
+			env[name] = v
+		}
 	}
 	for name, value := range explicit {
 		env[name] = value
@@ -51,17 +60,84 @@ func ScrubEnv(parent []string, explicit map[string]string) []string {
 	return out
 }
 
-// SecretValues returns the values of explicit entries whose names look like
-// credentials, so diagnostics built from the agent's stderr can redact them.
-// Values shorter than 4 bytes are skipped (redacting them would mangle text).
-func SecretValues(explicit map[string]string) []string {
-	var out []string
-	for name, value := range explicit {
-		if IsSecretName(name) && len(value) >= 4 {
-			out = append(out, value)
+func envMap(kvs []string) map[string]string {
+	m := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		if name, value, ok := strings.Cut(kv, "="); ok && name != "" {
+			m[name] = value
 		}
 	}
-	return out
+	return m
+}
+
+// RedactBytesMin is the shortest value a Redactor replaces: shorter ones
+// ("1", "true", "C") would mangle the text without hiding anything.
+const RedactBytesMin = 6
+
+// Redactor replaces, in text an ACP agent wrote (its stderr, its error
+// messages), every value it must not show: each value of the bridge's
+// environment (but the BaseEnvNames', which every agent has anyway), the
+// password of each URL among them, each value of a comma-separated
+// KEY=VALUE list among them (OTEL_EXPORTER_OTLP_HEADERS), and each value the
+// agent's config sets under a credential-like name; all of at least
+// RedactBytesMin bytes, longest first.
+type Redactor struct{ values []string }
+
+// NewRedactor builds the Redactor of an agent started from parent (the
+// bridge's environment) with explicit (its config's values).
+func NewRedactor(parent []string, explicit map[string]string) *Redactor {
+	seen := map[string]bool{}
+	var vals []string
+	add := func(v string) {
+		v = strings.TrimSpace(v)
+		if len(v) >= RedactBytesMin && !seen[v] {
+			seen[v] = true
+			vals = append(vals, v)
+		}
+	}
+	base := map[string]bool{}
+	for _, n := range BaseEnvNames {
+		base[n] = true
+	}
+	for name, v := range envMap(parent) {
+		if base[name] {
+			continue
+		}
+		add(v)
+		for _, part := range strings.Split(v, ",") {
+			if u, err := url.Parse(strings.TrimSpace(part)); err == nil && u.User != nil {
+				if pw, ok := u.User.Password(); ok {
+					add(pw)
+				}
+			}
+			if _, pv, ok := strings.Cut(part, "="); ok {
+				add(pv)
+				// "authorization=Bearer TOKEN": the token alone, too.
+				if _, tok, ok := strings.Cut(strings.TrimSpace(pv), " "); ok {
+					add(tok)
+				}
+			}
+		}
+	}
+	for name, v := range explicit {
+		if IsSecretName(name) {
+			add(v)
+		}
+	}
+	sort.Slice(vals, func(i, j int) bool { return len(vals[i]) > len(vals[j]) })
+	return &Redactor{values: vals}
+}
+
+// Redact returns s with every value of r replaced by "[redacted]". A nil
+// Redactor replaces nothing.
+func (r *Redactor) Redact(s string) string {
+	if r == nil {
+		return s
+	}
+	for _, v := range r.values {
+		s = strings.ReplaceAll(s, v, "[redacted]")
+	}
+	return s
 }
 
 // ValidateDir checks that dir can be an ACP agent's workspace: an absolute

@@ -36,13 +36,13 @@ const StderrTailBytesDefault = 4096
 type Command struct {
 	Path string
 	Args []string
-	// Env is the complete environment (see ScrubEnv); Dir the working directory.
+	// Env is the complete environment (see AgentEnv); Dir the working directory.
 	Env []string
 	Dir string
 	// StderrTailBytes bounds the stderr kept (default StderrTailBytesDefault).
 	StderrTailBytes int
-	// Redact lists values replaced by "[redacted]" in StderrTail.
-	Redact []string
+	// Redact replaces the values StderrTail must not show (nil: none).
+	Redact *Redactor
 	// OnStderrLine, if set, sees every stderr line (for debug logging).
 	OnStderrLine func(string)
 }
@@ -59,7 +59,7 @@ type Process struct {
 	Stdout *os.File
 	stderr *os.File
 	tail   *tailBuffer
-	redact []string
+	redact *Redactor
 
 	exited     chan struct{}
 	stderrDone chan struct{}
@@ -166,9 +166,7 @@ func (p *Process) WaitStderr(d time.Duration) {
 // lines where possible, with the Redact values replaced.
 func (p *Process) StderrTail(n int) string {
 	s := p.tail.String()
-	for _, v := range p.redact {
-		s = strings.ReplaceAll(s, v, "[redacted]")
-	}
+	s = p.redact.Redact(s)
 	if len(s) > n {
 		s = s[len(s)-n:]
 		if i := strings.IndexByte(s, '\n'); i >= 0 && i < len(s)-1 {

@@ -26,16 +26,23 @@ const (
 )
 
 // AgentConfig is one ACP agent served as a provider: `claude-code`, `codex`,
-// `gemini` or Brood's own `acp-agent`. Env is layered over the bridge's
-// scrubbed environment, so a credential the agent needs must be set here.
+// `gemini` or Brood's own `acp-agent`. Its environment is an allowlist
+// (acpio.AgentEnv; docs/security.md, "Secrets stay home"): the bridge's
+// acpio.BaseEnvNames, the variables PassEnv names taken from the bridge's
+// environment, and Env's values, and nothing else of the bridge's
+// environment, so a credential the agent needs must be named here.
 // Cwd overrides the parent's workspace as the child's cwd.
 type AgentConfig struct {
-	Name       string            `json:"name"`
-	Command    string            `json:"command"`
-	Args       []string          `json:"args,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
-	Cwd        string            `json:"cwd,omitempty"`
-	Permission Policy            `json:"permission,omitempty"`
+	Name    string            `json:"name"`
+	Command string            `json:"command"`
+	Args    []string          `json:"args,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	// PassEnv names variables of the bridge's own environment the agent
+	// gets with their values (a value with commas, a credential kept out of
+	// the config file); one the bridge lacks is left out.
+	PassEnv    []string `json:"passEnv,omitempty"`
+	Cwd        string   `json:"cwd,omitempty"`
+	Permission Policy   `json:"permission,omitempty"`
 }
 
 // Validate checks the agent's configuration; a configured cwd must be an
@@ -59,6 +66,11 @@ func (a *AgentConfig) Validate() error {
 			return fmt.Errorf("ACP agent %s: env name %q is invalid", a.Name, k)
 		}
 	}
+	for _, k := range a.PassEnv {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return fmt.Errorf("ACP agent %s: passEnv name %q is invalid", a.Name, k)
+		}
+	}
 	if a.Cwd != "" {
 		if err := acpio.ValidateDir(a.Cwd); err != nil {
 			return fmt.Errorf("ACP agent %s: cwd: %w", a.Name, err)
@@ -68,12 +80,14 @@ func (a *AgentConfig) Validate() error {
 }
 
 // ParseAgentSpec reads the `--agent` flag: comma-separated key=value pairs
-// with keys name, command, arg (repeatable, in order), env (repeatable,
-// KEY=VALUE), cwd and permission, e.g.
+// with keys name, command, arg (repeatable, in order), env (repeatable:
+// KEY=VALUE sets a value, a bare KEY passes the bridge's own variable KEY
+// through, AgentConfig.PassEnv), cwd and permission, e.g.
 //
-//	name=codex,command=npx,arg=-y,arg=@zed-industries/codex-acp,env=HOME=/srv/codex,permission=reject
+//	name=codex,command=npx,arg=-y,arg=@zed-industries/codex-acp,env=HOME=/srv/codex,env=OPENAI_API_KEY,permission=reject
 //
-// A value cannot contain a comma; use a config file for that.
+// A value cannot contain a comma; pass such a value through from the
+// bridge's environment (env=NAME), or use a config file.
 func ParseAgentSpec(spec string) (AgentConfig, error) {
 	var a AgentConfig
 	for _, part := range strings.Split(spec, ",") {
@@ -91,7 +105,8 @@ func ParseAgentSpec(spec string) (AgentConfig, error) {
 		case "env":
 			k, v, ok := strings.Cut(value, "=")
 			if !ok {
-				return a, fmt.Errorf("--agent %q: env %q is not KEY=VALUE", spec, value)
+				a.PassEnv = append(a.PassEnv, value)
+				continue
 			}
 			if a.Env == nil {
 				a.Env = map[string]string{}
@@ -133,7 +148,7 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 
 // File is the bridge's config file (`brood acp-bridge --config FILE`):
 //
-//	{"agents": [{"name": "codex", "command": "codex-acp", "env": {"CODEX_API_KEY": "…"}, "permission": "allow"}],
+//	{"agents": [{"name": "codex", "command": "codex-acp", "env": {"HOME": "/srv/codex"}, "passEnv": ["CODEX_API_KEY"], "permission": "allow"}],
 //	 "silenceTimeout": "60s", "turnTimeout": "10m", "eofGrace": "6s", "termGrace": "3s"}
 //
 // Unknown fields are errors, so a typo never silently drops a setting.

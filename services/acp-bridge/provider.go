@@ -50,7 +50,10 @@ type Options struct {
 	// agent's: a failed append ends the run DURABILITY_FAILED, so it waits
 	// out a leader election as long as the run's settlement would).
 	AppendTimeout time.Duration
-	// Environ is the environment scrubbed for the agent (os.Environ).
+	// Environ is the bridge's environment (default os.Environ): the agent
+	// gets only what its config names of it (acpio.AgentEnv), and every
+	// value of it is redacted from the agent's stderr and error messages
+	// before a diagnostic carries them (acpio.Redactor).
 	Environ func() []string
 	// Version is reported to agents as clientInfo.version.
 	Version string

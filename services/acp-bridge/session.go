@@ -62,15 +62,18 @@ type Session struct {
 
 	logMu sync.Mutex
 
-	mu        sync.Mutex
-	events    []protocol.SessionEvent
-	turn      int64
-	prompt    []acp.ContentBlock
-	source    protocol.MessageSource // the open turn's message provenance
-	fenced    bool
-	cur       *turnState
-	proc      *acpio.Process
-	conn      *acp.ClientSideConnection
+	mu     sync.Mutex
+	events []protocol.SessionEvent
+	turn   int64
+	prompt []acp.ContentBlock
+	source protocol.MessageSource // the open turn's message provenance
+	fenced bool
+	cur    *turnState
+	proc   *acpio.Process
+	conn   *acp.ClientSideConnection
+	// redact hides the bridge's secrets in what the agent writes (its
+	// stderr, its error messages) before a diagnostic carries it.
+	redact    *acpio.Redactor
 	acpID     acp.SessionId
 	prompting chan struct{} // closed when the last session/prompt call returned
 
@@ -309,11 +312,13 @@ func (s *Session) ctxEnding(ctx context.Context) *ending {
 func (s *Session) attach(ctx context.Context) (protocol.ACPSessionData, *ending) {
 	var data protocol.ACPSessionData
 	a := s.p.agent
+	environ := s.o.Environ()
+	redact := acpio.NewRedactor(environ, a.Env)
 	proc, err := acpio.Start(acpio.Command{
-		Path: a.Command, Args: a.Args, Env: acpio.ScrubEnv(s.o.Environ(), a.Env), Dir: s.cwd,
-		Redact: acpio.SecretValues(a.Env),
+		Path: a.Command, Args: a.Args, Env: acpio.AgentEnv(environ, a.PassEnv, a.Env), Dir: s.cwd,
+		Redact: redact,
 		OnStderrLine: func(line string) {
-			s.logger.Debug("ACP agent stderr", "line", line)
+			s.logger.Debug("ACP agent stderr", "line", redact.Redact(line))
 		},
 	})
 	if err != nil {
@@ -327,7 +332,7 @@ func (s *Session) attach(ctx context.Context) (protocol.ACPSessionData, *ending)
 	conn := acp.NewClientSideConnection(client{s}, proc.Stdin, filter)
 	conn.SetLogger(s.logger.With("component", "acp-sdk"))
 	s.mu.Lock()
-	s.proc, s.conn = proc, conn
+	s.proc, s.conn, s.redact = proc, conn, redact
 	s.mu.Unlock()
 	go s.lateWriter()
 	s.logger.Debug("ACP agent started", "pid", proc.Pid(), "command", a.Command, "cwd", s.cwd)
@@ -516,12 +521,18 @@ func (s *Session) await(ctx context.Context, t *turnState, done <-chan struct{},
 	}
 }
 
-// exitEnding describes an agent that went away during what, with the end of
-// its stderr (secrets configured for it redacted).
 // StderrSettleMax bounds how long a diagnostic waits for the rest of a dead
 // agent's stderr.
 const StderrSettleMax = 500 * time.Millisecond
 
+// StderrDiagnosticBytesMax bounds the end of an agent's stderr a run's
+// diagnostic carries (whole lines where possible), after the values of the
+// bridge's environment are redacted (acpio.Redactor; docs/security.md,
+// "Secrets stay home").
+const StderrDiagnosticBytesMax = 1024
+
+// exitEnding describes an agent that went away during what, with the end of
+// its stderr (bounded, the bridge's secrets redacted).
 func (s *Session) exitEnding(what string) *ending {
 	s.mu.Lock()
 	proc := s.proc
@@ -536,7 +547,7 @@ func (s *Session) exitEnding(what string) *ending {
 	if st := proc.ExitStatus(); st != "" {
 		msg = fmt.Sprintf("the ACP agent exited (%s) during %s", st, what)
 	}
-	if tail := proc.StderrTail(1024); tail != "" {
+	if tail := proc.StderrTail(StderrDiagnosticBytesMax); tail != "" {
 		msg += "; the end of its stderr: " + tail
 	}
 	return errEnding("%s", msg)
@@ -547,7 +558,7 @@ func (s *Session) exitEnding(what string) *ending {
 // when the agent asks for authentication.
 func (s *Session) rpcEnding(what string, err error) *ending {
 	s.mu.Lock()
-	proc, conn := s.proc, s.conn
+	proc, conn, redact := s.proc, s.conn, s.redact
 	s.mu.Unlock()
 	gone := false
 	select {
@@ -560,11 +571,11 @@ func (s *Session) rpcEnding(what string, err error) *ending {
 	if gone {
 		return s.exitEnding(what)
 	}
-	msg := fmt.Sprintf("%s failed: %s", what, rpcErrorText(err))
+	msg := fmt.Sprintf("%s failed: %s", what, redact.Redact(rpcErrorText(err)))
 	var re *acp.RequestError
 	if errors.As(err, &re) && (re.Code == -32000 || strings.Contains(strings.ToLower(re.Message), "auth")) {
-		msg += "; the ACP agent requires authentication: set the credentials it needs in the provider's env " +
-			"(the bridge scrubs them from its own environment) or log the agent in"
+		msg += "; the ACP agent requires authentication: name the credentials it needs in the provider's env " +
+			"(env=NAME passes the bridge's own variable; an agent gets nothing of the bridge's environment it does not name) or log the agent in"
 	}
 	return errEnding("%s", msg)
 }

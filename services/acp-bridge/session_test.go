@@ -380,12 +380,13 @@ func TestSessionLateUpdates(t *testing.T) {
 
 func TestAgentConfig(t *testing.T) {
 	dir := t.TempDir()
-	a, err := ParseAgentSpec("name=codex,command=npx,arg=-y,arg=@zed-industries/codex-acp,env=HOME=/srv/x,env=A=b=c,cwd=" + dir + ",permission=allow")
+	a, err := ParseAgentSpec("name=codex,command=npx,arg=-y,arg=@zed-industries/codex-acp,env=HOME=/srv/x,env=A=b=c,env=OPENAI_API_KEY,cwd=" + dir + ",permission=allow")
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A bare env=NAME passes the bridge's own variable through (issue 29, item 6).
 	if a.Name != "codex" || a.Command != "npx" || strings.Join(a.Args, " ") != "-y @zed-industries/codex-acp" ||
-		a.Env["HOME"] != "/srv/x" || a.Env["A"] != "b=c" || a.Cwd != dir || a.Permission != PolicyAllow {
+		a.Env["HOME"] != "/srv/x" || a.Env["A"] != "b=c" || strings.Join(a.PassEnv, " ") != "OPENAI_API_KEY" || a.Cwd != dir || a.Permission != PolicyAllow {
 		t.Fatalf("%+v", a)
 	}
 	for spec, want := range map[string]string{
@@ -395,7 +396,8 @@ func TestAgentConfig(t *testing.T) {
 		"name=x,command=c,cwd=relative":      "not an absolute path",
 		"name=x,command=c,cwd=/nonexistent/": "no such file",
 		"name=x,command=c,colour=red":        "unknown key",
-		"name=x,command=c,env=NOVALUE":       "not KEY=VALUE",
+		"name=x,command=c,env=":              "passEnv name",
+		"name=x,command=c,env==v":            "env name",
 	} {
 		if _, err := ParseAgentSpec(spec); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: err %v, want %q", spec, err, want)
