@@ -7,6 +7,7 @@ package deploy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -154,7 +155,7 @@ func fragments(t *testing.T, files []string) map[string]bool {
 
 func processConf(t testing.TB, path string) *server.Options {
 	t.Helper()
-	o, err := server.ProcessConfigFile(path)
+	o, err := server.ProcessConfigFile(withTestRouteTLS(t, path))
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
@@ -279,10 +280,14 @@ func TestClusterTopology(t *testing.T) {
 	}
 }
 
-// routeAddr is where the other nodes of a cluster reach node o: its cluster
-// listener, named by its server name when it listens on every interface
-// (compose service names are the server names).
+// routeAddr is where the other nodes of a cluster reach node o: the
+// address it advertises (compose: its alias on the routes network), else its
+// cluster listener, named by its server name when it listens on every
+// interface.
 func routeAddr(o *server.Options) string {
+	if o.Cluster.Advertise != "" {
+		return o.Cluster.Advertise
+	}
 	h := o.Cluster.Host
 	if h == "" || h == "0.0.0.0" || h == "::" {
 		h = o.ServerName
@@ -319,10 +324,9 @@ func checkCluster(t *testing.T, nodes []*server.Options) {
 		}
 		for _, r := range o.Routes {
 			got = append(got, r.Host)
-			user := r.User.Username()
-			pass, _ := r.User.Password()
-			if o.Cluster.Username != "" && (user != o.Cluster.Username || pass != o.Cluster.Password) {
-				t.Errorf("%s: route %s does not carry the cluster's route credentials", o.ServerName, r.Redacted())
+			// No route secret ships (docs/security.md): routes carry none.
+			if r.User != nil {
+				t.Errorf("%s: route %s carries credentials", o.ServerName, r.Redacted())
 			}
 		}
 		sort.Strings(want)
@@ -330,8 +334,13 @@ func checkCluster(t *testing.T, nodes []*server.Options) {
 		if !slices.Equal(want, got) {
 			t.Errorf("%s routes to %v, want the other nodes %v", o.ServerName, got, want)
 		}
-		if o.Cluster.Username == "" {
-			t.Errorf("%s: routes are not authenticated (cluster.authorization)", o.ServerName)
+		// Routes authenticate by certificate: each node presents one and
+		// verifies its peers' against the deployment's CA (mutual TLS).
+		if c := o.Cluster.TLSConfig; c == nil || c.ClientAuth != tls.RequireAndVerifyClientCert || c.ClientCAs == nil || len(c.Certificates) == 0 {
+			t.Errorf("%s: routes are not authenticated by mutual TLS (cluster.tls with verify)", o.ServerName)
+		}
+		if o.Cluster.Username != "" || o.Cluster.Password != "" {
+			t.Errorf("%s: the cluster has a route password (cluster.authorization): no route secret ships", o.ServerName)
 		}
 	}
 	// On one machine the nodes also need distinct ports.

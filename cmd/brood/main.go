@@ -256,6 +256,7 @@ func newRoot(g *globals) *cobra.Command {
 	add(groupSteer, interruptCmd(g), disposeCmd(g), drainCmd(g), grantCmd(g))
 	add(groupServices, provisionCmd(g), coordinatorCmd(g), collectorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g), acpBridgeCmd(g), acpAgentCmd(g), mcpCmd(g), a2aGatewayCmd(g), a2aWorkerCmd(g))
 	root.AddCommand(natsServerCmd()) // hidden: the chaos harness's nodes
+	root.AddCommand(routeTLSCmd(g))  // hidden: deploy/README.md's set-up step
 	for _, c := range root.Commands() {
 		if c.Args != nil {
 			c.Args = argsError(c.Args)
