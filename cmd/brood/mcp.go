@@ -25,7 +25,9 @@ func mcpCmd(g *globals) *cobra.Command {
 		Long: "An MCP server for a host such as Claude Code or VS Code (docs/mcp.md): tools providers, delegate,\n" +
 			"followup, state, result, children, interrupt and dispose act on the fleet as the NATS user of\n" +
 			"$BROOD_NATS_USER (the client role is enough). Over stdio by default (the host starts `brood mcp`);\n" +
-			"with --listen it serves streamable HTTP at http://HOST:PORT/mcp and prints that URL on stdout.\n" +
+			"with --listen it serves streamable HTTP at http://HOST:PORT/mcp and prints that URL on stdout; every HTTP\n" +
+			"caller acts as that user, so without $BROOD_MCP_TOKEN it listens on loopback only and answers loopback\n" +
+			"Host names only, and with it every request needs Authorization: Bearer $BROOD_MCP_TOKEN.\n" +
 			"Delegations start from one root agent opened in --cwd (default: the current directory).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -51,7 +53,10 @@ func mcpCmd(g *globals) *cobra.Command {
 				return err
 			}
 			defer cl.Close()
-			cfg := mcpserver.Config{Client: cl, Cwd: abs, Listen: listen, Version: buildinfo.Version, Logger: log}
+			// The token comes from the environment only, never a flag,
+			// so that it stays out of `ps`.
+			cfg := mcpserver.Config{Client: cl, Cwd: abs, Listen: listen, AccessToken: os.Getenv("BROOD_MCP_TOKEN"),
+				Version: buildinfo.Version, Logger: log}
 			if listen == "" {
 				cfg.In, cfg.Out = os.Stdin, os.Stdout
 			}

@@ -46,6 +46,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/brood-dev/brood/internal/httpauth"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/pkg/tracecontext"
@@ -79,6 +80,12 @@ type Config struct {
 	// (host:port; port 0 picks one: Addr tells which) at path /mcp.
 	// Empty serves stdio on In and Out.
 	Listen string
+	// AccessToken, when set, is required of every HTTP request as
+	// `Authorization: Bearer TOKEN` (401 without it). Without one, Listen
+	// must be a loopback address and only requests whose Host is a
+	// loopback name are served (403 otherwise): every caller acts as the
+	// server's Brood user (internal/httpauth, docs/security.md).
+	AccessToken string
 	// In and Out carry stdio's messages (default os.Stdin and os.Stdout
 	// are the caller's to pass). Nothing else may write to Out.
 	In  io.Reader
@@ -115,6 +122,16 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Listen == "" && (cfg.In == nil || cfg.Out == nil) {
 		return nil, errors.New("mcp: In and Out are required without Listen")
+	}
+	if cfg.Listen != "" && cfg.AccessToken == "" {
+		host, _, err := net.SplitHostPort(cfg.Listen)
+		if err != nil {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "mcp: listen address %q: %v (want host:port)", cfg.Listen, err)
+		}
+		if !httpauth.IsLoopback(host) {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument,
+				"mcp: %s is not a loopback address: every caller acts as this server's Brood user, so beyond loopback it needs an access token ($BROOD_MCP_TOKEN)", cfg.Listen)
+		}
 	}
 	if cfg.Version == "" {
 		cfg.Version = "0.1.0"
@@ -170,7 +187,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.addr = ln.Addr()
 	mux := http.NewServeMux()
-	mux.Handle("/mcp", s.http)
+	mux.Handle("/mcp", s.guard(s.http))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: httpReadHeaderTimeout}
 	s.isReady()
 	errc := make(chan error, 1)
@@ -188,6 +205,25 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 func (s *Server) isReady() { s.readyOnce.Do(func() { close(s.ready) }) }
+
+// guard serves a request with the access token when one is set, else only
+// a request whose Host is a loopback name (Config.AccessToken).
+func (s *Server) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case s.cfg.AccessToken != "":
+			if !httpauth.TokenOK(httpauth.Bearer(r), s.cfg.AccessToken) {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="brood-mcp"`)
+				http.Error(w, "an access token is required: send Authorization: Bearer TOKEN", http.StatusUnauthorized)
+				return
+			}
+		case !httpauth.HostIsLoopback(r):
+			http.Error(w, "this MCP server answers loopback names only (Host "+r.Host+")", http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
 
 type nopWriteCloser struct{ io.Writer }
 

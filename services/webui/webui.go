@@ -33,7 +33,6 @@ package webui
 
 import (
 	"context"
-	"crypto/subtle"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -43,10 +42,10 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/brood-dev/brood/internal/httpauth"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -105,16 +104,6 @@ type Server struct {
 	ready chan struct{} // closed once a grant is held
 }
 
-// IsLoopback reports whether host (a name or an address) is loopback: the
-// only hosts served without an access token.
-func IsLoopback(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(strings.Trim(host, "[]"))
-	return ip != nil && ip.IsLoopback()
-}
-
 // New validates cfg and listens, so a busy address or a missing access
 // token fails before anything runs.
 func New(cfg Config) (*Server, error) {
@@ -134,7 +123,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "listen address %q: %w (want host:port)", cfg.Listen, err)
 	}
-	loopback := IsLoopback(host)
+	loopback := httpauth.IsLoopback(host)
 	if !loopback && cfg.AccessToken == "" {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument,
 			"%s is not a loopback address: the web view reads every session with a user grant, so beyond loopback it needs an access token (--access-token or $BROOD_UI_TOKEN)", cfg.Listen)
@@ -292,11 +281,7 @@ func (s *Server) guard(next http.Handler) http.Handler {
 		w.Header().Set("Referrer-Policy", "no-referrer")
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; style-src 'self'; script-src 'self'; connect-src 'self'; img-src 'self' data:")
 		if s.cfg.AccessToken == "" {
-			host, _, err := net.SplitHostPort(r.Host)
-			if err != nil {
-				host = r.Host
-			}
-			if !IsLoopback(host) {
+			if !httpauth.HostIsLoopback(r) {
 				http.Error(w, "this web view answers loopback names only (Host "+r.Host+")", http.StatusForbidden)
 				return
 			}
@@ -312,8 +297,8 @@ func (s *Server) guard(next http.Handler) http.Handler {
 			return
 		}
 		tok := ""
-		if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
-			tok = strings.TrimPrefix(a, "Bearer ")
+		if b := httpauth.Bearer(r); b != "" {
+			tok = b
 		} else if c, err := r.Cookie(cookieName); err == nil {
 			tok = c.Value
 		}
@@ -326,7 +311,7 @@ func (s *Server) guard(next http.Handler) http.Handler {
 }
 
 func (s *Server) tokenOK(tok string) bool {
-	return tok != "" && subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.AccessToken)) == 1
+	return httpauth.TokenOK(tok, s.cfg.AccessToken)
 }
 
 // waitReady waits until the server holds a grant (bounded by the request).
