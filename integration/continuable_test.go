@@ -761,12 +761,24 @@ func TestReportsAndListing(t *testing.T) {
 	if !strings.Contains(listing, "— reporter") || !strings.Contains(listing, "[ready]") {
 		t.Fatalf("list_agents = %q", listing)
 	}
-	// A damaged child is a diagnostic row, not a failed list.
-	damaged := protocol.SessionHeader{Version: 1, ID: "DAMAGED", CreatedAt: 1, ParentSession: root.SessionID, Origin: protocol.OriginSubagent}
-	if err := s.Store.PutHeader(ctx, damaged); err != nil {
+	// A damaged child (events of its own logged, none a descriptor that
+	// decodes) is a diagnostic row, not a failed list; a child whose start
+	// never logged anything of its own is a refused start, listed as
+	// not-started with its mode and provider (docs/protocol.md §5.14).
+	for _, id := range []string{"DAMAGED", "NEVERSTARTED"} {
+		h := protocol.SessionHeader{Version: 1, ID: id, CreatedAt: 1, ParentSession: root.SessionID, Origin: protocol.OriginSubagent}
+		if err := s.Store.PutHeader(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Store.PutChildIndex(ctx, root.SessionID, protocol.ChildIndexRecord{ChildID: id, CreatedAt: 1, Mode: protocol.ModeContinuable, Provider: "spawn"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	turn, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{Turn: 1})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Store.PutChildIndex(ctx, root.SessionID, protocol.ChildIndexRecord{ChildID: "DAMAGED", CreatedAt: 1, Mode: protocol.ModeContinuable}); err != nil {
+	if _, err := s.Store.NewLogWriter(protocol.ScopeRoot, "DAMAGED", 0, 0).Append(ctx, turn); err != nil {
 		t.Fatal(err)
 	}
 	list, err := s.Client.Children(ctx, protocol.ChildrenListRequest{Parent: root.SessionID, Authority: ref(root), Descendants: true})
@@ -780,7 +792,8 @@ func TestReportsAndListing(t *testing.T) {
 			t.Errorf("row of the child = %+v", r)
 		}
 	}
-	if kinds[c.ChildID] != "child/continuable" || kinds["DAMAGED"] != "diagnostic/corrupt" || len(list.Rows) != 3 {
+	if kinds[c.ChildID] != "child/continuable" || kinds["DAMAGED"] != "diagnostic/corrupt" ||
+		kinds["NEVERSTARTED"] != "diagnostic/continuable"+protocol.DiagnosticNotStarted || len(list.Rows) != 4 {
 		t.Fatalf("list.Rows = %+v", list.Rows)
 	}
 	// Only the parent (or the user) lists its children.
