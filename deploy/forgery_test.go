@@ -152,8 +152,12 @@ func (f *forgery) start() {
 	coord, err := coordinator.New(coordinator.Config{
 		NC: coordNC, Store: coordStore, HeartbeatInterval: stack.Heartbeat, HostExpiry: stack.HostExpiry, Metrics: f.coordMetrics,
 		// Roots are not renewed while the attempts run, so nothing writes
-		// but the attempts themselves.
-		RootLease: 10 * time.Minute, Logger: testutil.Logger(t),
+		// but the attempts themselves: a root's client renews at a third
+		// of the lease, and a lease of an hour puts the first renewal
+		// past the package's 20-minute timeout (with 10 minutes, a suite
+		// that took 242 s at load 25 saw its root renewed at 200 s,
+		// counted as a change by an attempt).
+		RootLease: time.Hour, Logger: testutil.Logger(t),
 	})
 	if err != nil {
 		t.Fatal(err)
