@@ -26,6 +26,7 @@ import (
 	"github.com/brood-dev/brood/pkg/chaos"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/provider"
 	"github.com/brood-dev/brood/services/coordinator"
 	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
 )
@@ -141,9 +142,14 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 	inProcess := map[string]bool{}
 	for i := 0; i < 2; i++ {
 		nc := serviceConn(t, all, "worker-spawn", v)
-		w, err := spawnworker.New(spawnworker.Config{NC: nc, Store: provision(nc),
+		// Its descriptor names the scripted model, as the worker process's
+		// (brood spawn-worker --model scripted) does: instances of one
+		// provider must have equal descriptors (DUPLICATE_PROVIDER).
+		desc := spawnworker.Descriptor(spawnworker.DefaultName)
+		desc.Models = []protocol.ModelInfo{model.ScriptedInfo}
+		w, err := provider.NewAgentHost(spawnworker.Config{NC: nc, Store: provision(nc),
 			Models:            func() (model.Model, error) { return model.NewScripted(), nil },
-			HeartbeatInterval: beat, HostExpiry: expiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(t)})
+			HeartbeatInterval: beat, HostExpiry: expiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(t)}, desc)
 		if err != nil {
 			t.Fatal(err)
 		}

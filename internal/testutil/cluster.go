@@ -177,8 +177,14 @@ func (c *Cluster) URLs() string {
 }
 
 // Stop shuts node i down (its clients reconnect to the other nodes; the
-// streams it led elect new leaders). Stopping a stopped node does nothing.
+// streams it led elect new leaders). Stopping a stopped node does nothing;
+// an index that names no node fails the test before the cluster's lock is
+// taken (an index out of range panicked under the lock, and the cleanup
+// that stops every node then hung on it).
 func (c *Cluster) Stop(i int) {
+	if i < 0 || i >= len(c.opts) {
+		c.t.Fatalf("Stop(%d): the cluster has nodes 0 to %d", i, len(c.opts)-1)
+	}
 	c.mu.Lock()
 	s := c.nodes[i]
 	c.nodes[i] = nil
@@ -226,27 +232,109 @@ func (c *Cluster) StreamLeader(account, stream string) int {
 	return -1
 }
 
-// WaitStreamCurrent waits until every running node has a current replica of
-// each stream (after a restart, before stopping another node).
+// replicaHeardWithin is how recently a stream's leader must have heard from
+// a replica to count it current.
+const replicaHeardWithin = 2 * time.Second
+
+// streamCurrentWait bounds WaitStreamCurrent.
+const streamCurrentWait = 60 * time.Second
+
+// WaitStreamCurrent waits until the cluster has caught up (after a restart,
+// before stopping another node): a meta leader that knows every node and
+// counts each running one current, and, for each stream, a leader whose own
+// view (JszAccount with StreamLeaderOnly) has every replica on a running
+// node current, not offline, and heard from within replicaHeardWithin.
+// Asking each node whether it is current is not enough: nats-server's raft
+// counts a replica current while it knows no leader yet, so a node restarted
+// a moment ago reads current before it has caught up, and stopping the next
+// node then leaves a stream without a quorum (deploy's election test, issue
+// 37, item 9).
 func (c *Cluster) WaitStreamCurrent(account string, streams ...string) {
 	c.t.Helper()
-	Eventually(c.t, 30*time.Second, func() bool {
-		for i := range c.opts {
-			s := c.Node(i)
-			if s == nil {
+	var behind string
+	Eventually(c.t, streamCurrentWait, func() bool {
+		behind = c.notCaughtUp(account, streams)
+		return behind == ""
+	}, "streams %v led and current on every running node (last: %s)", streams, lazy(func() string { return behind }))
+}
+
+// lazy is a string formatted when printed (what a wait last saw, in its failure).
+type lazy func() string
+
+func (l lazy) String() string { return l() }
+
+// notCaughtUp says what WaitStreamCurrent still waits for ("" for nothing).
+func (c *Cluster) notCaughtUp(account string, streams []string) string {
+	running := map[string]bool{}
+	for i := range c.opts {
+		if c.Node(i) != nil {
+			running[c.opts[i].ServerName] = true
+		}
+	}
+	meta := "no meta leader"
+	for i := range c.opts {
+		s := c.Node(i)
+		if s == nil || !s.JetStreamIsLeader() {
+			continue
+		}
+		if n := len(s.JetStreamClusterPeers()); n != len(c.opts) {
+			return fmt.Sprintf("the meta leader knows %d of %d nodes", n, len(c.opts))
+		}
+		jsi, err := s.Jsz(&server.JSzOptions{})
+		if err != nil || jsi.Meta == nil {
+			return fmt.Sprintf("the meta leader's view: %v", err)
+		}
+		if why := replicasBehind(jsi.Meta.Replicas, running); why != "" {
+			return "meta: " + why
+		}
+		meta = ""
+	}
+	if meta != "" {
+		return meta
+	}
+	for _, st := range streams {
+		leader := c.StreamLeader(account, st)
+		if leader < 0 {
+			return st + " has no leader"
+		}
+		s := c.Node(leader)
+		if s == nil {
+			return st + "'s leader stopped"
+		}
+		ad, err := s.JszAccount(&server.JSzOptions{Account: account, Streams: true, StreamLeaderOnly: true})
+		if err != nil {
+			return fmt.Sprintf("%s's leader's view: %v", st, err)
+		}
+		found := false
+		for _, d := range ad.Streams {
+			if d.Name != st {
 				continue
 			}
-			for _, st := range streams {
-				if !s.JetStreamIsStreamCurrent(account, st) {
-					return false
-				}
+			found = true
+			if d.Cluster == nil {
+				return st + " has no cluster view yet"
+			}
+			if why := replicasBehind(d.Cluster.Replicas, running); why != "" {
+				return st + ": " + why
 			}
 		}
-		for _, st := range streams {
-			if c.StreamLeader(account, st) < 0 {
-				return false
-			}
+		if !found {
+			return st + " is not in its leader's view"
 		}
-		return true
-	}, "streams %v led and current on every running node", streams)
+	}
+	return ""
+}
+
+// replicasBehind says which replica on a running node is not caught up
+// ("" when every one is).
+func replicasBehind(replicas []*server.PeerInfo, running map[string]bool) string {
+	for _, r := range replicas {
+		if !running[r.Name] {
+			continue
+		}
+		if !r.Current || r.Offline || r.Active > replicaHeardWithin {
+			return fmt.Sprintf("replica %s current %v offline %v last heard %s ago, lag %d", r.Name, r.Current, r.Offline, r.Active, r.Lag)
+		}
+	}
+	return ""
 }
