@@ -30,11 +30,13 @@ vet:
 	$(GO) vet $(PKGS)
 
 # Benchmarks with their same-run baselines; compare runs with benchstat.
-# The cold benchmarks wait (untimed) for each resumed epoch to end, so they
-# run a fixed number of samples instead of filling a time.
+# The throughput benchmark also prints the CPU per run (the process's, and
+# Brood's own against the embedded server's, by pprof label). The cold and
+# burst benchmarks wait (untimed) for each resumed epoch to end, so they
+# run a fixed number of samples (bursts of 30 followups) instead of filling a time.
 bench:
 	$(GO) test -run '^$$' -bench 'OneShotLatency|OneShotThroughput|FollowupRunning|ReadLog10k' -benchtime 2s -count 1 ./bench/
-	$(GO) test -run '^$$' -bench 'FollowupCold|ColdResume10k' -benchtime 30x -count 1 ./bench/
+	$(GO) test -run '^$$' -bench 'FollowupCold|ColdResume10k|FollowupBurst' -benchtime 30x -count 1 ./bench/
 
 # How the cost grows with the fleet (bench/scale_test.go): one-shot p50 and
 # runs/s with 1, 2 and 4 coordinators and worker processes, with 0 and

@@ -376,3 +376,64 @@ func BenchmarkColdResume10k(b *testing.B) {
 	fmt.Printf("cold resume, 10,000-event log: followup to the first model request p50 %.2f ms (budget ≤ 100 ms); bare ordered consumer %.2f ms; ratio %.2f (budget ≤ 2)\n",
 		ms(p50), ms(read), float64(p50)/float64(read))
 }
+
+// burstChildren is how many idle continuable children a burst's followups go
+// to (issue 31, item 4).
+const burstChildren = 30
+
+// BenchmarkFollowupBurst: followups to burstChildren idle continuable
+// children (each child's epoch ended: no activation), sent back to back from
+// one client, each sent once the one before it was accepted; every accept
+// (messageId back) is a sample. p50 next to the floor the other followup
+// benchmarks use (1 request-reply + 1 JetStream publish, same server, same
+// run), and the p50 of each burst's first accept beside it: a burst should
+// be accepted about as fast as one followup (issue 31, item 4: within 3 × the
+// floor), but each accept after the first competes for the cores with the
+// resumes the earlier ones started. After each burst the benchmark waits,
+// untimed, for every child to be idle again. -benchtime Nx: N bursts.
+func BenchmarkFollowupBurst(b *testing.B) {
+	s := newLabelledStack(b, stackMods{})
+	auth := rootAuthority(s)
+	rr, pub := followupFloor(b, s)
+	floor := rr + pub
+	children := make([]string, burstChildren)
+	for i := range children {
+		children[i] = continuableChild(b, s, auth, "say ok")
+	}
+	idle := func() {
+		for _, c := range children {
+			waitChildState(b, s, auth, c, protocol.StateNone)
+		}
+	}
+	idle()
+	burst := func() (lat []time.Duration, all time.Duration) {
+		lat = make([]time.Duration, 0, len(children))
+		start := time.Now()
+		for _, c := range children {
+			t := time.Now()
+			followup(b, s, auth, c, "say ok")
+			lat = append(lat, time.Since(t))
+		}
+		all = time.Since(start)
+		b.StopTimer()
+		idle()
+		b.StartTimer()
+		return lat, all
+	}
+	burst() // warm up
+	var lat, first, whole []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		l, all := burst()
+		lat = append(lat, l...)
+		first = append(first, l[0])
+		whole = append(whole, all)
+	}
+	b.StopTimer()
+	p50, p99 := percentile(lat, 0.5), percentile(lat, 0.99)
+	reportRatio(b, fmt.Sprintf("followup accept, burst to %d idle children", burstChildren), p50, p99, rr, pub, floor, 3)
+	b.ReportMetric(ms(percentile(first, 0.5)), "first-accept-p50-ms")
+	b.ReportMetric(ms(percentile(whole, 0.5)), "burst-p50-ms")
+	fmt.Printf("followup accept, burst to %d idle children: each burst's first accept p50 %.3f ms (ratio %.2f to the floor); a whole burst accepted in %.2f ms (p50 over %d bursts)\n",
+		burstChildren, ms(percentile(first, 0.5)), float64(percentile(first, 0.5))/float64(floor), ms(percentile(whole, 0.5)), len(whole))
+}

@@ -43,29 +43,6 @@ import (
 //     span (an in-memory OpenTelemetry recorder), as offsets from the
 //     client's runs.start, medians over sequential runs.
 
-// profileCPU starts a CPU profile into $BROOD_BENCH_CPUPROFILE when it is
-// set (make bench-profile) and returns the func that stops it: a profile of
-// the measured loop only, not of the stack's start or the baselines.
-func profileCPU(b *testing.B) (stop func()) {
-	path := os.Getenv("BROOD_BENCH_CPUPROFILE")
-	if path == "" {
-		return func() {}
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := pprof.StartCPUProfile(f); err != nil {
-		b.Fatal(err)
-	}
-	return func() {
-		pprof.StopCPUProfile()
-		if err := f.Close(); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 // labelComponent gives the calling goroutine (and every goroutine it starts
 // from now on) the pprof label component=name.
 func labelComponent(name string) {
