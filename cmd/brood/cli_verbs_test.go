@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -145,7 +146,8 @@ func TestStartVerb(t *testing.T) {
 		t.Fatalf("start printed %q", o.out)
 	}
 	j := decodeJSON[struct{ ChildID, MessageID, ParentSession string }](t,
-		c.ok("start", "--provider", "spawn", "--json", "--max-depth", "2", "--deny-tools", "read_file", "--persona", "You are {{provider}}.", "say two").out)
+		c.ok("start", "--provider", "spawn", "--json", "--max-depth", "2", "--deny-tools", "read_file", "--persona", "You are {{provider}}.",
+			"--auto-approve", "write_file,run_command", "say two").out)
 	if j.ChildID == "" || j.MessageID == "" || j.ParentSession == "" {
 		t.Fatalf("json %+v", j)
 	}
@@ -157,7 +159,11 @@ func TestStartVerb(t *testing.T) {
 		t.Fatalf("--deny-tools not applied: %+v", h.ToolCeiling)
 	}
 	c.fails("INVALID_PERSONA", "start", "--provider", "spawn", "--persona", "{{nope}}", "x")
+	if !slices.Equal(h.AutoApprove, []string{"run_command", "write_file"}) {
+		t.Fatalf("--auto-approve not applied: autoApprove %v", h.AutoApprove)
+	}
 	c.fails("INVALID_TOOL_FILTER", "start", "--provider", "spawn", "--allow-tools", "no_such_tool", "x")
+	c.fails("INVALID_ARGUMENT", "start", "--provider", "spawn", "--auto-approve", "no_such_tool", "x")
 }
 
 func TestGrantVerb(t *testing.T) {

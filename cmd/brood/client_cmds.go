@@ -136,7 +136,10 @@ type childFlags struct {
 	allowTools string
 	denyTools  string
 	persona    string
-	progress   string // --progress of run
+	// autoApprove is --auto-approve: tools needing approval the child runs
+	// without asking (docs/protocol.md §5.5).
+	autoApprove string
+	progress    string // --progress of run
 }
 
 // register adds the flags to cmd; withSchema adds --schema (one-shot only:
@@ -149,6 +152,7 @@ func (f *childFlags) register(cmd *cobra.Command, withSchema bool) {
 	cmd.Flags().Int64Var(&f.maxDepth, "max-depth", 0, "absolute delegation depth cap for the child (0 refuses any child)")
 	cmd.Flags().StringVar(&f.allowTools, "allow-tools", "", "comma-separated tools the child may use (\"\" hides every tool)")
 	cmd.Flags().StringVar(&f.denyTools, "deny-tools", "", "comma-separated tools the child may not use")
+	cmd.Flags().StringVar(&f.autoApprove, "auto-approve", "", "comma-separated tools needing approval (write_file, edit_file, run_command) the child may run without asking")
 	cmd.Flags().StringVar(&f.persona, "persona", "", "the child's persona, a template with {{provider}}, {{model}}, {{cwd}}")
 }
 
@@ -182,6 +186,9 @@ func (f *childFlags) startOptions(cmd *cobra.Command) (protocol.StartOptions, er
 		if fl.Changed("deny-tools") {
 			o.ToolFilter.Deny = splitList(f.denyTools)
 		}
+	}
+	if fl.Changed("auto-approve") {
+		o.AutoApprove = splitList(f.autoApprove)
 	}
 	if fl.Changed("persona") {
 		p := f.persona

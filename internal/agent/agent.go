@@ -565,6 +565,9 @@ func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCa
 	if strings.TrimSpace(c.Arguments) != "" && !argsObject(c.Arguments) {
 		return argsError(c)
 	}
+	if t.NeedsApproval && !a.cfg.Header.AutoApproves(c.Name) {
+		return approvalRequired(c.Name)
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			a.log.Error("tool panicked", "tool", c.Name, "panic", p)

@@ -52,6 +52,12 @@ type Tool struct {
 	// Delegates marks a tool that may start children (the subagent tool):
 	// an agent that called one has descendants to dispose when it ends.
 	Delegates bool
+	// NeedsApproval marks a tool that changes the workspace or runs a
+	// program (ApprovalTools): it runs only when the session's header
+	// allows it outright (SessionHeader.AutoApprove) or an approval was
+	// given; otherwise the call gets an error result and the turn goes on
+	// (Agent.runTool; docs/protocol.md §9.1, "Workspace tools").
+	NeedsApproval bool
 }
 
 // Registry is an agent's tool set: global tools (subject to tool filters) and
@@ -189,4 +195,13 @@ func (r *Registry) Ceiling(c *protocol.ToolFilter) *Registry {
 		}
 	}
 	return out
+}
+
+// approvalRequired is the result of a call to a tool that needs approval in
+// a session whose start did not allow it outright: the tool did not run,
+// and the turn goes on (the model may do without it or say what it needs).
+func approvalRequired(name string) ToolResult {
+	return ErrorResult("%s needs approval before it runs, and this session cannot ask for it; it did not run. "+
+		"A start allows it outright with the autoApprove option (brood run --auto-approve %s); otherwise do without it or say in your answer what you need",
+		name, name)
 }

@@ -18,7 +18,8 @@ import (
 
 // GlobalTools are the global tools in-process children offer, in order (the
 // descriptor's tools, so filters are validated before anything is created).
-var GlobalTools = []string{"list_dir", "read_file", "subagent", "send_message", "interrupt_agent", "list_agents"}
+// write_file, edit_file and run_command need approval (agent.ApprovalTools).
+var GlobalTools = []string{"list_dir", "read_file", "write_file", "edit_file", "run_command", "subagent", "send_message", "interrupt_agent", "list_agents"}
 
 // InProcessConfig configures the worker of an in-process provider (spawn, fork).
 type InProcessConfig struct {
@@ -86,7 +87,8 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 		Client: cl, Provider: cfg.SubagentProvider, InheritsParentContext: cfg.SubagentInherits,
 		Background: agent.BackgroundStarter(cl, cfg.SubagentProvider),
 	})
-	global := []*agent.Tool{agent.ListDirTool(cfg.WorkspaceRoots...), agent.ReadFileTool(cfg.WorkspaceRoots...), delegate,
+	global := []*agent.Tool{agent.ListDirTool(cfg.WorkspaceRoots...), agent.ReadFileTool(cfg.WorkspaceRoots...),
+		agent.WriteFileTool(cfg.WorkspaceRoots...), agent.EditFileTool(cfg.WorkspaceRoots...), agent.RunCommandTool(cfg.WorkspaceRoots...), delegate,
 		agent.SendMessageTool(cl), agent.InterruptAgentTool(cl), agent.ListAgentsTool(cl)}
 	var servers *mcptools.Set
 	if len(cfg.MCPServers) > 0 {

@@ -17,6 +17,8 @@ type ContinuableOptions struct {
 	MaxDepth   any         `msgpack:"maxDepth" json:"maxDepth,omitempty"`
 	ToolFilter *ToolFilter `msgpack:"toolFilter,omitempty" json:"toolFilter,omitempty"`
 	Persona    *string     `msgpack:"persona,omitempty" json:"persona,omitempty"`
+	// AutoApprove is as in StartOptions.
+	AutoApprove []string `msgpack:"autoApprove,omitempty" json:"autoApprove,omitempty"`
 	// Label is accepted here too, as in runs.start's options; the request's
 	// top-level label is the documented place (protocol.OneLabel).
 	Label string `msgpack:"label,omitempty" json:"label,omitempty"`

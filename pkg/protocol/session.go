@@ -46,6 +46,12 @@ type SessionHeader struct {
 	// deployment's permissions give only that provider's workers
 	// (docs/security.md).
 	Provider string `msgpack:"provider,omitempty" json:"provider,omitempty"`
+	// AutoApprove names the tools that need approval (write_file,
+	// edit_file, run_command) this session runs without asking, sorted;
+	// absent, it asks for each. Written by the coordinator from the start's
+	// autoApprove option and the parent's own (ResolveAutoApprove): it only
+	// narrows down the tree (docs/protocol.md §5.5).
+	AutoApprove []string `msgpack:"autoApprove,omitempty" json:"autoApprove,omitempty"`
 }
 
 // ScopeRoot is the scope of a root session (Scope): roots' logs are

@@ -298,6 +298,10 @@ type StartOptions struct {
 	MaxDepth     any         `msgpack:"maxDepth" json:"maxDepth,omitempty"`
 	ToolFilter   *ToolFilter `msgpack:"toolFilter,omitempty" json:"toolFilter,omitempty"`
 	Persona      *string     `msgpack:"persona,omitempty" json:"persona,omitempty"`
+	// AutoApprove names tools that need approval which the child may run
+	// without asking (ResolveAutoApprove; docs/protocol.md §5.5); nil when
+	// absent. Any provider takes it: a name outside its tools is refused.
+	AutoApprove []string `msgpack:"autoApprove,omitempty" json:"autoApprove,omitempty"`
 	// Label is a short display label (the subagent tool's description).
 	// Deprecated: send the request's top-level label (documented in both
 	// runs.start and continuable.start); this place is still accepted.

@@ -23,6 +23,8 @@ type admission struct {
 	depthCap *int64
 	ceiling  *protocol.ToolFilter
 	options  protocol.ResolvedOptions
+	// autoApprove is the child's header autoApprove (protocol.ResolveAutoApprove).
+	autoApprove []string
 }
 
 // admit runs the start checks in docs/design.md §7's order, all before anything is
@@ -105,6 +107,9 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 		}
 		a.ceiling = intersectCeiling(a.pheader.ToolCeiling, o.ToolFilter)
 		a.options.ToolFilter = o.ToolFilter
+	}
+	if a.autoApprove, err = protocol.ResolveAutoApprove(a.pheader, o.AutoApprove, desc.Tools); err != nil {
+		return a, err
 	}
 	if o.Persona != nil {
 		if err := protocol.ValidatePersona(*o.Persona); err != nil {

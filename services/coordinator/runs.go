@@ -21,7 +21,8 @@ func (c *Coordinator) childHeader(a admission, id string, now int64) protocol.Se
 		ToolCeiling: a.ceiling, DepthCap: a.depthCap, Provider: a.desc.Name,
 		// The tree's user, for the worker's per-user workspace fence
 		// (docs/security.md, "The workspace is fenced").
-		User: a.pheader.User,
+		User:        a.pheader.User,
+		AutoApprove: a.autoApprove,
 	}
 }
 

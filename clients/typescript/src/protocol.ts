@@ -145,6 +145,8 @@ export interface StartOptions {
   maxDepth?: number;
   toolFilter?: ToolFilter;
   persona?: string;
+  /** Tools needing approval (write_file, edit_file, run_command) the child runs without asking. */
+  autoApprove?: string[];
 }
 
 /** §5.5 */
@@ -217,6 +219,8 @@ export interface ContinuableOptions {
   maxDepth?: number;
   toolFilter?: ToolFilter;
   persona?: string;
+  /** As in StartOptions. */
+  autoApprove?: string[];
 }
 
 /** §5.8 */
@@ -380,6 +384,8 @@ export interface SessionHeader {
   user?: string;
   /** Children only: the provider it was started on; the scope of its log subject (§7.3, §8.1). */
   provider?: string;
+  /** Tools needing approval this session runs without asking (§5.5 autoApprove). */
+  autoApprove?: string[];
 }
 
 /** §8.2: one log entry; `data` is the type's data map (§8.3). */
