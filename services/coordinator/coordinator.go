@@ -17,181 +17,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/oklog/ulid/v2"
 
-	"github.com/brood-dev/brood/internal/buildinfo"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
-	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
-
-// Config configures a coordinator. Zero values take the defaults of docs/design.md §4.
-type Config struct {
-	NC    *nats.Conn
-	Store *store.Store
-	// ID names this replica; default a new ULID.
-	ID string
-	// HeartbeatInterval: how often this replica's record is rewritten
-	// (protocol.DefaultHeartbeatInterval, 1 s).
-	HeartbeatInterval time.Duration
-	// HostExpiry: a host whose last heartbeat is older is dead
-	// (protocol.DefaultHostExpiry, 5 s).
-	HostExpiry time.Duration
-	// RootLease: how long a root agent lives without agents.renew
-	// (DefaultRootLease, 30 s).
-	RootLease time.Duration
-	// PromptBytesMax bounds a prompt's text (256 KiB).
-	PromptBytesMax int
-	// LiveChildrenMax bounds the live children of one parent (64).
-	LiveChildrenMax int
-	// ProviderAttemptTimeout bounds one attempt of a provider start, prepare
-	// or activate at one instance (4 s): an instance that does not answer in
-	// time is suspected and the request goes to another live instance
-	// (dispatch.go).
-	ProviderAttemptTimeout time.Duration
-	// RequestBudget is this replica's whole budget for one request whose
-	// caller did not send how long it waits (header Brood-Timeout) (20 s):
-	// below every client's default timeout (30 s), so a client hears the
-	// coordinator's own answer. A request that says how long its caller
-	// waits gets that, less replyMargin. Endpoints that wait by design keep
-	// their own bounds (ownBound; docs/protocol.md §2.4).
-	RequestBudget time.Duration
-	// RunAwaitWaitMax caps runs.await's waitMs (60 s).
-	RunAwaitWaitMax time.Duration
-	// RequestsInFlightMax bounds concurrently handled requests (1024).
-	RequestsInFlightMax int
-	// StopGrace is how long a stopping replica lets requests in flight
-	// finish before it cancels them (5 s); they then answer UNAVAILABLE, so
-	// callers retry on another replica.
-	StopGrace time.Duration
-	// HeadersCachedMax bounds the session header cache (10,000).
-	HeadersCachedMax int
-	// FollowsMax bounds the follows (events.follow) one replica streams at
-	// once (256); more are LIMIT_EXCEEDED.
-	FollowsMax int
-	// UserFollowsMax bounds the follows of one user on one replica
-	// (DefaultUserFollowsMax); more are LIMIT_EXCEEDED (fairshare.go).
-	UserFollowsMax int
-	// LongPollsMax bounds the long polls (sessions.log and inbox.read
-	// with waitMs) one replica holds waiting at once
-	// (DefaultLongPollsMax), UserLongPollsMax those of one user
-	// (DefaultUserLongPollsMax); more are LIMIT_EXCEEDED. A waiting long
-	// poll holds none of the RequestsInFlightMax slots (fairshare.go).
-	LongPollsMax, UserLongPollsMax int
-	// GrantTTL is how long a user grant lives (24 h); UserGrantsDisabled
-	// refuses authority.user altogether.
-	GrantTTL           time.Duration
-	UserGrantsDisabled bool
-	// UserOpenRootsMax bounds the live roots one NATS user holds open at
-	// once (DefaultUserOpenRootsMax); agents.open beyond it is
-	// LIMIT_EXCEEDED. Only roots opened on a user's own subject count
-	// (docs/security.md, quotas.go).
-	UserOpenRootsMax int
-	// UserRequestsPerSecond and UserRequestsBurst bound the rate of one
-	// NATS user's requests to this replica (DefaultUserRequestsPerSecond,
-	// DefaultUserRequestsBurst): a token bucket per user; a request over it
-	// is LIMIT_EXCEEDED. Anonymous requests (<p>.v1.coord.<endpoint>) are
-	// not limited.
-	UserRequestsPerSecond float64
-	UserRequestsBurst     int
-	// UserPromptBytesPerSecond and UserPromptBytesBurst bound the bytes of
-	// the prompts (runs.start, continuable.start, followups, reports; the
-	// request body, in bytes) one NATS user stores through this replica
-	// (DefaultUserPromptBytesPerSecond, DefaultUserPromptBytesBurst): a
-	// token bucket per user; a request over it is LIMIT_EXCEEDED (prompt
-	// bytes per user) and stores nothing (quotas.go).
-	UserPromptBytesPerSecond float64
-	UserPromptBytesBurst     int
-	// LivenessInterval is how often pending inbox items of sessions with no
-	// live activation are looked for and resumed (2 s; docs/design.md §4 asks
-	// within 10 s).
-	LivenessInterval time.Duration
-	Version          string
-	Logger           *slog.Logger
-	// Metrics, when set, counts what this replica does (runs it admits or
-	// settles, takeovers, followups, requests) and reports the hosts and
-	// inbox depth it sees.
-	Metrics *telemetry.Metrics
-}
-
-func (c *Config) defaults() {
-	if c.ID == "" {
-		c.ID = ulid.Make().String()
-	}
-	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = protocol.DefaultHeartbeatInterval
-	}
-	if c.HostExpiry <= 0 {
-		c.HostExpiry = protocol.DefaultHostExpiry
-	}
-	if c.RootLease <= 0 {
-		c.RootLease = DefaultRootLease
-	}
-	if c.PromptBytesMax <= 0 {
-		c.PromptBytesMax = 256 << 10
-	}
-	if c.LiveChildrenMax <= 0 {
-		c.LiveChildrenMax = 64
-	}
-	if c.ProviderAttemptTimeout <= 0 {
-		c.ProviderAttemptTimeout = DefaultProviderAttemptTimeout
-	}
-	if c.RequestBudget <= 0 {
-		c.RequestBudget = DefaultRequestBudget
-	}
-	if c.RunAwaitWaitMax <= 0 {
-		c.RunAwaitWaitMax = 60 * time.Second
-	}
-	if c.RequestsInFlightMax <= 0 {
-		c.RequestsInFlightMax = 1024
-	}
-	if c.StopGrace <= 0 {
-		c.StopGrace = 5 * time.Second
-	}
-	if c.HeadersCachedMax <= 0 {
-		c.HeadersCachedMax = 10000
-	}
-	if c.FollowsMax <= 0 {
-		c.FollowsMax = 256
-	}
-	if c.UserFollowsMax <= 0 {
-		c.UserFollowsMax = DefaultUserFollowsMax
-	}
-	if c.LongPollsMax <= 0 {
-		c.LongPollsMax = DefaultLongPollsMax
-	}
-	if c.UserLongPollsMax <= 0 {
-		c.UserLongPollsMax = DefaultUserLongPollsMax
-	}
-	if c.GrantTTL <= 0 {
-		c.GrantTTL = DefaultGrantTTL
-	}
-	if c.LivenessInterval <= 0 {
-		c.LivenessInterval = 2 * time.Second
-	}
-	if c.UserOpenRootsMax <= 0 {
-		c.UserOpenRootsMax = DefaultUserOpenRootsMax
-	}
-	if c.UserRequestsPerSecond <= 0 {
-		c.UserRequestsPerSecond = DefaultUserRequestsPerSecond
-	}
-	if c.UserRequestsBurst <= 0 {
-		c.UserRequestsBurst = DefaultUserRequestsBurst
-	}
-	if c.UserPromptBytesPerSecond <= 0 {
-		c.UserPromptBytesPerSecond = DefaultUserPromptBytesPerSecond
-	}
-	if c.UserPromptBytesBurst <= 0 {
-		c.UserPromptBytesBurst = DefaultUserPromptBytesBurst
-	}
-	if c.Version == "" {
-		c.Version = buildinfo.Version
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-}
 
 // Coordinator is one replica.
 type Coordinator struct {
@@ -394,14 +224,8 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		watches.Add(1)
 		go func() { defer watches.Done(); w.run(watchCtx, nil) }()
 	}
-	for _, w := range []*kvWatch{c.hostsWatch, c.agentsWatch} {
-		select {
-		case <-w.ready:
-		case <-ctx.Done():
-			return nil
-		case <-time.After(cacheReadyTimeout):
-			return fmt.Errorf("coordinator: the initial values of KV bucket %s were not read within %s", w.name, cacheReadyTimeout)
-		}
+	if stopped, err := c.awaitCaches(ctx); stopped || err != nil {
+		return err
 	}
 	if err := c.beat(ctx); err != nil {
 		return fmt.Errorf("coordinator: first heartbeat: %w", err)
@@ -409,89 +233,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	c.offPath.mu.Lock()
 	c.offPath.ctx, c.offPath.stop = context.WithCancel(context.WithoutCancel(ctx))
 	c.offPath.mu.Unlock()
-	// Answers go only to inboxes, and on a user's subject only to that
-	// user's own (docs/security.md, "Replies go only where replies may
-	// go"): the coordinator publishes with rights over every bucket and
-	// stream of Brood, so a reply subject of the caller's choosing would
-	// make it write records (a confused deputy).
-	srv := rpc.NewServer(c.cfg.NC, c.cfg.RequestsInFlightMax, c.log).WithReplyPolicy(rpc.ReplyPolicy{
-		UserOf:  func(subject string) string { user, _, _ := c.subj.CallerOf(subject); return user },
-		Refused: func(_, reason string) { c.cfg.Metrics.ReplyRefused("coordinator", reason) },
-	})
-	c.cfg.Metrics.Known("coordinator", []string{rpc.ReplyOutsideInboxes, rpc.ReplyOutsideUserInbox}, nil, nil)
-	stopServing := func() {
-		sctx, cancel := context.WithTimeout(context.Background(), c.cfg.StopGrace)
-		defer cancel()
-		srv.Stop(sctx)
-		c.stopOffPath()
-	}
-	svc, err := srv.AddService(rpc.ServiceConfig{
-		Name:        protocol.CoordinatorService,
-		Version:     c.cfg.Version,
-		Description: "Brood coordinator: providers, roots, runs, continuable children",
-		QueueGroup:  protocol.CoordinatorQueue,
-		Metadata:    map[string]string{"coordinatorId": c.cfg.ID},
-	})
+	stopServing, err := c.serve()
 	if err != nil {
-		return fmt.Errorf("coordinator: micro service: %w", err)
-	}
-	for _, ep := range c.endpoints() {
-		name := strings.ReplaceAll(ep.subject, ".", "_")
-		// Every endpoint on its anonymous subject and on each user's
-		// (protocol.Subjects.User), where the caller is known.
-		subjects := []string{c.subj.Coord(ep.subject), c.subj.User("*", ep.subject)}
-		if err := svc.AddEndpointOn(name, subjects, c.budgeted(ep.subject, c.instrument(ep))); err != nil {
-			stopServing()
-			return fmt.Errorf("coordinator: endpoint %s: %w", ep.subject, err)
-		}
-	}
-	if err := c.serveUnknownEndpoints(srv); err != nil {
-		stopServing()
 		return err
-	}
-	// Credit requests of this replica's follows reach this replica only: its
-	// own subjects (in the queue group, which the deployment's permissions require).
-	for _, subject := range []string{c.subj.FollowCredit(c.cfg.ID), c.subj.UserFollowCredit("*", c.cfg.ID)} {
-		if err := srv.Subscribe(subject, protocol.CoordinatorQueue, nil, rpc.Typed(c.followCredit)); err != nil {
-			stopServing()
-			return fmt.Errorf("coordinator: follow credit subscription: %w", err)
-		}
-	}
-	// Hosts' requests for the notices of the runs they settled (notices.go).
-	if err := srv.Subscribe(c.subj.NoticeAll(), protocol.CoordinatorQueue, nil, c.relayNotice); err != nil {
-		stopServing()
-		return fmt.Errorf("coordinator: notice subscription: %w", err)
-	}
-	// Hosts' requests for the ends of the epochs they settled (epochend.go).
-	if err := srv.Subscribe(c.subj.EpochEndAll(), protocol.CoordinatorQueue, nil, rpc.Typed(c.endEpoch)); err != nil {
-		stopServing()
-		return fmt.Errorf("coordinator: epoch end subscription: %w", err)
-	}
-	// Hosts' requests for the deletion of the inbox items their children's
-	// logs claimed or discarded (inboxremove.go).
-	if err := srv.Subscribe(c.subj.InboxRemoveAll(), protocol.CoordinatorQueue, nil, rpc.Typed(c.removeInboxItems)); err != nil {
-		stopServing()
-		return fmt.Errorf("coordinator: inbox removal subscription: %w", err)
-	}
-	// Hosts' reads across providers, answered for their own children only
-	// (workerreads.go).
-	if err := srv.Subscribe(c.subj.ReadAll(protocol.ReadForkSeed), protocol.CoordinatorQueue, nil, rpc.Typed(c.forkSeed)); err != nil {
-		stopServing()
-		return fmt.Errorf("coordinator: fork seed subscription: %w", err)
-	}
-	if err := srv.Subscribe(c.subj.ReadAll(protocol.ReadAncestry), protocol.CoordinatorQueue, nil, rpc.Typed(c.ancestry)); err != nil {
-		stopServing()
-		return fmt.Errorf("coordinator: ancestry subscription: %w", err)
-	}
-	// Hosts' reads from the leader of their provider's records (kvlatest.go).
-	if err := srv.Subscribe(c.subj.KVLatestAll(), protocol.CoordinatorQueue, nil, rpc.Typed(c.kvLatest)); err != nil {
-		stopServing()
-		return fmt.Errorf("coordinator: leader read subscription: %w", err)
-	}
-	// The server knows the endpoints' subscriptions once a flush returns.
-	if err := rpc.Subscribed(c.cfg.NC, subscribeFlushTimeout); err != nil {
-		stopServing()
-		return fmt.Errorf("coordinator: subscribe: %w", err)
 	}
 	c.log.Info("coordinator serving")
 	close(c.ready)
@@ -520,6 +264,119 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	_ = c.st.DeleteHost(dctx, c.cfg.ID)
 	c.log.Info("coordinator stopped")
 	return nil
+}
+
+// awaitCaches waits for the first values of brood_hosts and brood_agents
+// (at most cacheReadyTimeout); stopped when ctx was done first.
+func (c *Coordinator) awaitCaches(ctx context.Context) (stopped bool, err error) {
+	for _, w := range []*kvWatch{c.hostsWatch, c.agentsWatch} {
+		select {
+		case <-w.ready:
+		case <-ctx.Done():
+			return true, nil
+		case <-time.After(cacheReadyTimeout):
+			return false, fmt.Errorf("coordinator: the initial values of KV bucket %s were not read within %s", w.name, cacheReadyTimeout)
+		}
+	}
+	return false, nil
+}
+
+// serve subscribes the endpoints (every endpoint on its anonymous subject
+// and on each user's, protocol.Subjects.User, where the caller is known),
+// the catch-all for unknown ones and the hosts' subscriptions
+// (hostSubscriptions), and returns once the server knows them all. Its
+// stop admits nothing more and lets the requests in flight finish (within
+// StopGrace, then cancelled), and the work started off their reply path.
+func (c *Coordinator) serve() (stop func(), err error) {
+	// Answers go only to inboxes, and on a user's subject only to that
+	// user's own (docs/security.md, "Replies go only where replies may
+	// go"): the coordinator publishes with rights over every bucket and
+	// stream of Brood, so a reply subject of the caller's choosing would
+	// make it write records (a confused deputy).
+	srv := rpc.NewServer(c.cfg.NC, c.cfg.RequestsInFlightMax, c.log).WithReplyPolicy(rpc.ReplyPolicy{
+		UserOf:  func(subject string) string { user, _, _ := c.subj.CallerOf(subject); return user },
+		Refused: func(_, reason string) { c.cfg.Metrics.ReplyRefused("coordinator", reason) },
+	})
+	c.cfg.Metrics.Known("coordinator", []string{rpc.ReplyOutsideInboxes, rpc.ReplyOutsideUserInbox}, nil, nil)
+	stop = func() {
+		sctx, cancel := context.WithTimeout(context.Background(), c.cfg.StopGrace)
+		defer cancel()
+		srv.Stop(sctx)
+		c.stopOffPath()
+	}
+	if err := c.subscribeAll(srv); err != nil {
+		stop()
+		return nil, err
+	}
+	// The server knows the endpoints' subscriptions once a flush returns.
+	if err := rpc.Subscribed(c.cfg.NC, subscribeFlushTimeout); err != nil {
+		stop()
+		return nil, fmt.Errorf("coordinator: subscribe: %w", err)
+	}
+	return stop, nil
+}
+
+// subscribeAll adds the micro service with its endpoints, the catch-all
+// for unknown endpoints and the hosts' subscriptions to srv.
+func (c *Coordinator) subscribeAll(srv *rpc.Server) error {
+	svc, err := srv.AddService(rpc.ServiceConfig{
+		Name:        protocol.CoordinatorService,
+		Version:     c.cfg.Version,
+		Description: "Brood coordinator: providers, roots, runs, continuable children",
+		QueueGroup:  protocol.CoordinatorQueue,
+		Metadata:    map[string]string{"coordinatorId": c.cfg.ID},
+	})
+	if err != nil {
+		return fmt.Errorf("coordinator: micro service: %w", err)
+	}
+	for _, ep := range c.endpoints() {
+		name := strings.ReplaceAll(ep.subject, ".", "_")
+		subjects := []string{c.subj.Coord(ep.subject), c.subj.User("*", ep.subject)}
+		if err := svc.AddEndpointOn(name, subjects, c.budgeted(ep.subject, c.instrument(ep))); err != nil {
+			return fmt.Errorf("coordinator: endpoint %s: %w", ep.subject, err)
+		}
+	}
+	if err := c.serveUnknownEndpoints(srv); err != nil {
+		return err
+	}
+	for _, s := range c.hostSubscriptions() {
+		if err := srv.Subscribe(s.subject, protocol.CoordinatorQueue, nil, s.handle); err != nil {
+			return fmt.Errorf("coordinator: %s subscription: %w", s.what, err)
+		}
+	}
+	return nil
+}
+
+// hostSubscription is one subject the coordinator serves beside its
+// endpoints, in its queue group (which the deployment's permissions
+// require).
+type hostSubscription struct {
+	subject string
+	handle  rpc.Handler
+	what    string // names it in an error
+}
+
+// hostSubscriptions are the subjects served beside the endpoints: the
+// credit requests of this replica's follows (its own subjects: they reach
+// this replica only) and the hosts' requests.
+func (c *Coordinator) hostSubscriptions() []hostSubscription {
+	return []hostSubscription{
+		{c.subj.FollowCredit(c.cfg.ID), rpc.Typed(c.followCredit), "follow credit"},
+		{c.subj.UserFollowCredit("*", c.cfg.ID), rpc.Typed(c.followCredit), "follow credit"},
+		// The notices of the runs hosts settled (notices.go).
+		{c.subj.NoticeAll(), c.relayNotice, "notice"},
+		// The ends of the epochs hosts settled (epochend.go).
+		{c.subj.EpochEndAll(), rpc.Typed(c.endEpoch), "epoch end"},
+		// The deletion of the inbox items their children's logs claimed or
+		// discarded (inboxremove.go).
+		{c.subj.InboxRemoveAll(), rpc.Typed(c.removeInboxItems), "inbox removal"},
+		// Reads across providers, answered for their own children only
+		// (workerreads.go).
+		{c.subj.ReadAll(protocol.ReadForkSeed), rpc.Typed(c.forkSeed), "fork seed"},
+		{c.subj.ReadAll(protocol.ReadAncestry), rpc.Typed(c.ancestry), "ancestry"},
+		// Reads from the leader of their provider's records (kvlatest.go).
+		{c.subj.KVLatestAll(), rpc.Typed(c.kvLatest), "leader read"},
+	}
 }
 
 // serveUnknownEndpoints answers a request to a subject under the coordinator

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -197,22 +198,13 @@ func (c *Coordinator) runFollow(ctx context.Context, f *follow, cursor protocol.
 			return
 		}
 		if credit > 0 {
-			page, err := f.scope.read(ctx, c.st, cursor, min(credit, protocol.EventsPageMax))
-			if err != nil {
-				log.Warn("follow read failed; retrying at the next heartbeat", "err", err)
-			} else {
-				for i := range page.Events {
-					ev := page.Events[i]
-					send(protocol.FollowMessage{Kind: protocol.FollowEvent, Seq: ev.Seq, Event: &ev})
-				}
-				f.use(len(page.Events))
-				if len(page.Events) > 0 {
-					lastSent, rechecks = time.Now(), len(followRecheck)
-				}
-				cursor = page.Cursor
-				if !page.Complete {
-					continue // more is stored already
-				}
+			var sent, more bool
+			cursor, sent, more = c.followPage(ctx, f, cursor, credit, send, log)
+			if sent {
+				lastSent, rechecks = time.Now(), len(followRecheck)
+			}
+			if more {
+				continue // more is stored already
 			}
 		}
 		select {
@@ -238,6 +230,24 @@ func (c *Coordinator) runFollow(ctx context.Context, f *follow, cursor protocol.
 			rechecks++
 		}
 	}
+}
+
+// followPage sends the follow f the events after cursor, at most credit
+// (and a page), and returns the cursor after them, whether any was sent and
+// whether more are stored already. A read that failed sends nothing: it is
+// retried at the next heartbeat.
+func (c *Coordinator) followPage(ctx context.Context, f *follow, cursor protocol.Seq, credit int, send func(protocol.FollowMessage), log *slog.Logger) (next protocol.Seq, sent, more bool) {
+	page, err := f.scope.read(ctx, c.st, cursor, min(credit, protocol.EventsPageMax))
+	if err != nil {
+		log.Warn("follow read failed; retrying at the next heartbeat", "err", err)
+		return cursor, false, false
+	}
+	for i := range page.Events {
+		ev := page.Events[i]
+		send(protocol.FollowMessage{Kind: protocol.FollowEvent, Seq: ev.Seq, Event: &ev})
+	}
+	f.use(len(page.Events))
+	return page.Cursor, len(page.Events) > 0, !page.Complete
 }
 
 // followCredit takes a client's credit request for one of this replica's

@@ -72,43 +72,61 @@ func (c *Coordinator) hostLost(ctx context.Context, id string) bool {
 }
 
 // takeOver settles the run of a session whose host died (docs/design.md §7,
-// Settlement 2): (i) CAS the lease to this replica, (ii) close the open turn
-// as interrupted with an append fenced on the log's last record, (iii) settle
-// the run `error`/HOST_LOST by CAS, (iv) publish, then release the lease. A
-// turn that had already ended is settled with the result its log records.
+// Settlement 2): a one-shot run's (takeOverRun) or a continuable child's
+// epoch (takeOverActivation), once the bucket's leader shows the lease
+// still as judged and its host lost.
 func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
-	id := l.rec.SessionID
-	fresh, err := c.st.LeaseLatest(ctx, id)
+	fresh, ok := c.takeoverDue(ctx, l)
+	if !ok {
+		return
+	}
+	switch fresh.Value.Kind {
+	case protocol.AgentContinuable:
+		c.takeOverActivation(ctx, fresh)
+	case protocol.AgentOneShot:
+		c.takeOverRun(ctx, fresh)
+	}
+}
+
+// takeoverDue reads l's lease from the bucket's leader: ok when it is still
+// the one judged (the same host and epoch) and its host is confirmed lost
+// (hostLost), or the takeover is this replica's own, resumed.
+func (c *Coordinator) takeoverDue(ctx context.Context, l leaseState) (store.Record[protocol.AgentRecord], bool) {
+	fresh, err := c.st.LeaseLatest(ctx, l.rec.SessionID)
 	if err != nil || fresh.Value.HostID != l.rec.HostID || fresh.Value.Epoch != l.rec.Epoch {
-		return // gone, or changed hands since we looked
+		return fresh, false // gone, or changed hands since we looked
 	}
 	if fresh.Value.TakenOverBy != c.cfg.ID && !c.hostLost(ctx, fresh.Value.HostID) {
-		return
+		return fresh, false
 	}
-	if fresh.Value.Kind == protocol.AgentContinuable {
-		c.takeOverActivation(ctx, fresh)
-		return
-	}
-	if fresh.Value.Kind != protocol.AgentOneShot {
-		return
-	}
+	return fresh, true
+}
+
+// takeOverRun settles a one-shot run whose host died: (i) CAS the lease to
+// this replica, (ii) close the open turn as interrupted with an append
+// fenced on the log's last record, (iii) settle the run `error`/HOST_LOST by
+// CAS, (iv) publish, then release the lease. A turn that had already ended
+// is settled with the result its log records.
+func (c *Coordinator) takeOverRun(ctx context.Context, fresh store.Record[protocol.AgentRecord]) {
+	id := fresh.Value.SessionID
 	// Read from the bucket's leader: a replica that is not yet current (after
 	// a restart or a partition) may not have the record, or its last write.
 	run, err := c.st.RunLatest(ctx, fresh.Value.RunID)
-	if err == nil && run.Value.State == protocol.RunSettled && run.Value.Result != nil {
-		// The host settled, then died holding the lease: it may not have
-		// published. Publishing again is harmless (subagent/end carries a
-		// Nats-Msg-Id; a notice comes at least once, with the same result).
-		onErr := func(err error) { c.log.Warn("settled run not republished", "run", run.Value.RunID, "err", err) }
-		<-c.st.PublishStartAgain(run.Value, onErr)
-		<-c.st.PublishRunEnd(run.Value, c.st.PublishRunNotice, onErr)
-	}
-	if errors.Is(err, store.ErrNotFound) || (err == nil && run.Value.State == protocol.RunSettled) {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
 		_ = c.st.ReleaseLease(ctx, id, fresh.Revision)
 		return
-	}
-	if err != nil {
+	case err != nil:
 		c.log.Warn("takeover: read run", "run", fresh.Value.RunID, "err", err)
+		return
+	case run.Value.State == protocol.RunSettled:
+		if run.Value.Result != nil {
+			// The host settled, then died holding the lease: it may not have
+			// published. Publishing again is harmless (subagent/end carries a
+			// Nats-Msg-Id; a notice comes at least once, with the same result).
+			c.publishEnd(run.Value, func(err error) { c.log.Warn("settled run not republished", "run", run.Value.RunID, "err", err) })
+		}
+		_ = c.st.ReleaseLease(ctx, id, fresh.Revision)
 		return
 	}
 	deadHost := fresh.Value.HostID
@@ -121,19 +139,47 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		c.closeFailed(id, err)
 		return
 	}
-	header, err := c.headers.get(ctx, c.st, id)
+	res, err := c.takenOverResult(ctx, id, events, run.Value.Structured, deadHost)
 	if err != nil {
 		c.log.Warn("takeover: read header", "session", id, "err", err)
 		return
+	}
+	// The run's end disposes its descendants before it settles, as its host
+	// would have (internal/worker/ending.go); the lease, taken over, already
+	// counts as ended for them.
+	if _, err := c.disposeDescendants(ctx, id); err != nil {
+		c.log.Warn("takeover: the run's descendants were not all disposed", "session", id, "err", err)
+	}
+	if !c.settleTakenOver(ctx, store.Settled(run.Value, c.cfg.ID, res), run.Revision, taken) {
+		return // the lease stays taken over: the next sweep looks again
+	}
+	if err := c.st.ReleaseLease(ctx, id, taken.Revision); err == nil {
+		c.agents.del(store.LeaseKeyOf(taken.Value))
+	}
+}
+
+// publishEnd publishes a settled run's subagent/start (again) and its end
+// (subagent/end and the notice), waiting for both; onErr hears what was not
+// acknowledged. Both carry their ids, so publishing again is idempotent.
+func (c *Coordinator) publishEnd(rec protocol.RunRecord, onErr func(error)) {
+	<-c.st.PublishStartAgain(rec, onErr)
+	<-c.st.PublishRunEnd(rec, c.st.PublishRunNotice, onErr)
+}
+
+// takenOverResult is the result of a one-shot run taken over, from the
+// session's events after its takeover was written: its host's when its turn
+// had ended; HOST_LOST for a turn closed here, or none begun (the host died
+// between its lease and its first turn: the log holds no turn/end).
+func (c *Coordinator) takenOverResult(ctx context.Context, id string, events []protocol.SessionEvent, structured bool, deadHost string) (protocol.SubagentResult, error) {
+	header, err := c.headers.get(ctx, c.st, id)
+	if err != nil {
+		return protocol.SubagentResult{}, err
 	}
 	own := events
 	if header.SeedLength <= int64(len(events)) {
 		own = events[header.SeedLength:]
 	}
-	res := sessionlog.OneShotOutcome(own, false, run.Value.Structured)
-	// The run's result is its host's only when its turn had ended; a turn
-	// closed here, or none begun (the host died between its lease and its
-	// first turn: the log holds no turn/end), is HOST_LOST.
+	res := sessionlog.OneShotOutcome(own, false, structured)
 	if end, ended := sessionlog.LastTurnEnd(own); !ended || end.Reason.Kind == protocol.TurnInterrupted {
 		done := "closed the open turn as interrupted"
 		if !ended {
@@ -143,44 +189,42 @@ func (c *Coordinator) takeOver(ctx context.Context, l leaseState) {
 		res.ErrorCode = protocol.CodeHostLost
 		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating for more than %s; the coordinator %s", deadHost, c.cfg.HostExpiry, done)
 	}
-	// The run's end disposes its descendants before it settles, as its host
-	// would have (internal/worker/ending.go); the lease, taken over, already
-	// counts as ended for them.
-	if _, err := c.disposeDescendants(ctx, id); err != nil {
-		c.log.Warn("takeover: the run's descendants were not all disposed", "session", id, "err", err)
-	}
-	rec := store.Settled(run.Value, c.cfg.ID, res)
+	return res, nil
+}
+
+// settleTakenOver settles rec, a one-shot run taken over at lease taken, by
+// compare-and-set at runRev and publishes its end. It reports whether the
+// lease is to be released now; false leaves it taken over, so the next
+// sweep tries again (a settlement that failed, or one that won elsewhere
+// and could not be read back to be published).
+func (c *Coordinator) settleTakenOver(ctx context.Context, rec protocol.RunRecord, runRev uint64, taken store.Record[protocol.AgentRecord]) bool {
 	onErr := func(err error) { c.log.Warn("lifecycle event not acknowledged", "err", err) }
-	won, err := c.st.SettleRun(ctx, rec, run.Revision)
+	won, err := c.st.SettleRun(ctx, rec, runRev)
 	switch {
-	case err == nil && !won:
-		// Settled meanwhile: by the host before it died, or by a replica
-		// that took this takeover over (the lease is then no longer ours).
-		// While the lease is ours, its publication is ours: publish the
-		// record as it is, then release; a lease that changed hands is
-		// left alone (the delete at our revision is refused).
-		if l, err := c.st.LeaseLatest(ctx, id); err == nil && l.Revision == taken.Revision {
-			r, err := c.st.RunLatest(ctx, rec.RunID)
-			if err != nil || r.Value.State != protocol.RunSettled || r.Value.Result == nil {
-				return // the lease stays taken over: the next sweep looks again
-			}
-			<-c.st.PublishStartAgain(r.Value, onErr)
-			<-c.st.PublishRunEnd(r.Value, c.st.PublishRunNotice, onErr)
-		}
 	case err != nil:
-		// Not settled: the lease stays taken over, so the next sweep tries
-		// again.
 		c.log.Warn("takeover: settle; will retry", "run", rec.RunID, "err", err)
-		return
-	default:
+		return false
+	case won:
 		c.settled(rec)
-		<-c.st.PublishStartAgain(rec, onErr)
-		<-c.st.PublishRunEnd(rec, c.st.PublishRunNotice, onErr)
-		c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", res.StopReason, "errorCode", res.ErrorCode)
+		c.publishEnd(rec, onErr)
+		c.log.Info("run settled after host loss", "run", rec.RunID, "stopReason", rec.Result.StopReason, "errorCode", rec.Result.ErrorCode)
+		return true
 	}
-	if err := c.st.ReleaseLease(ctx, id, taken.Revision); err == nil {
-		c.agents.del(store.LeaseKeyOf(taken.Value))
+	// Settled meanwhile: by the host before it died, or by a replica that
+	// took this takeover over (the lease is then no longer ours). While the
+	// lease is ours, its publication is ours: publish the record as it is,
+	// then release; a lease that changed hands is left alone (the delete at
+	// our revision is refused).
+	l, err := c.st.LeaseLatest(ctx, taken.Value.SessionID)
+	if err != nil || l.Revision != taken.Revision {
+		return true
 	}
+	r, err := c.st.RunLatest(ctx, rec.RunID)
+	if err != nil || r.Value.State != protocol.RunSettled || r.Value.Result == nil {
+		return false
+	}
+	c.publishEnd(r.Value, onErr)
+	return true
 }
 
 // takeLease takes over the lease fresh of a session whose host died, for
@@ -231,15 +275,9 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence pro
 		if err != nil {
 			return nil, err
 		}
-		var first []protocol.SessionEvent
-		if desc != nil {
-			if sessionlog.Mode(log.Events, h.SeedLength) == "" {
-				ev, err := protocol.NewEvent(protocol.EvSubagentDescriptor, store.NowMs(), *desc)
-				if err != nil {
-					return nil, err
-				}
-				first = append(first, ev)
-			}
+		first, err := descriptorFirst(log.Events, h.SeedLength, desc)
+		if err != nil {
+			return nil, err
 		}
 		closing, err := sessionlog.CloseOpenTurn(log.Events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
 		if err != nil {
@@ -273,6 +311,20 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence pro
 		}
 	}
 	return nil, fmt.Errorf("the log of %s kept changing during %d attempts", id, TakeoverAttemptsMax)
+}
+
+// descriptorFirst returns the subagent/descriptor a continuable child's
+// log must get before its closing (closeInterrupted): desc, when the
+// child's own events (after its seed of seedLength) hold none; nothing else.
+func descriptorFirst(events []protocol.SessionEvent, seedLength int64, desc *protocol.DescriptorData) ([]protocol.SessionEvent, error) {
+	if desc == nil || sessionlog.Mode(events, seedLength) != "" {
+		return nil, nil
+	}
+	ev, err := protocol.NewEvent(protocol.EvSubagentDescriptor, store.NowMs(), *desc)
+	if err != nil {
+		return nil, err
+	}
+	return []protocol.SessionEvent{ev}, nil
 }
 
 // errSuperseded: the session a takeover or a settlement meant to close moved
@@ -367,55 +419,17 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		res.ErrorCode = protocol.CodeHostLost
 		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating; the turn in flight was closed as interrupted and accepted messages resume on another host", deadHost)
 	}
-	// The epoch record is settled before the lease goes: a lease released
-	// over a record still running leaves it running for good, since no one
-	// holds the session any more. A failed settlement keeps the lease taken
-	// over, and the next sweep tries again.
-	settled := false
-	var epochRec protocol.RunRecord
-	switch {
-	case errors.Is(runErr, store.ErrNotFound): // nothing to settle
-	case run.Value.State == protocol.RunRunning:
-		rec := store.Settled(run.Value, c.cfg.ID, res)
-		if won, err := c.st.SettleRun(ctx, rec, run.Revision); err != nil || !won {
-			c.log.Warn("takeover: settle the epoch; will retry", "session", id, "run", rec.RunID, "err", err)
-			return
-		}
-		settled, epochRec = true, rec
-		c.settled(rec)
-	case run.Value.Result != nil:
-		// The host settled the epoch, then died holding the lease (it
-		// publishes before it releases): publish its end again, idempotently
-		// (the notice and subagent/end carry their ids), with its result;
-		// an epoch that never started has no end.
-		settled, res, epochRec = !run.Value.NotStarted, *run.Value.Result, run.Value
+	if errors.Is(runErr, store.ErrNotFound) {
+		run = store.Record[protocol.RunRecord]{} // nothing to settle
+	}
+	epochRec, settled, ok := c.settleTakenOverEpoch(ctx, run, res)
+	if !ok {
+		return
 	}
 	// Published before the lease goes, as a host does: a replica that dies
 	// here is taken over in turn and publishes again.
-	if settled {
-		// A child under an ended one-shot run gives its parent, disposed by
-		// the same end, no notice (store.EndEpoch); a failed read is taken
-		// as "not ended", as the host does.
-		anc, err := c.st.EndedAncestor(ctx, fresh.Value.Ancestry)
-		if err != nil {
-			c.log.Warn("takeover: could not check whether an ancestor ended", "session", id, "err", err)
-		}
-		<-c.st.PublishStartAgain(epochRec, func(err error) { c.log.Warn("epoch start not republished", "err", err) })
-		var ownershipKept atomic.Bool
-		<-c.st.EndEpoch(ctx, store.EpochEnd{
-			ChildID: id, Parent: fresh.Value.ParentSession, Owner: fresh.Value.Owner, RunID: fresh.Value.RunID,
-			Provider: fresh.Value.Provider, Remote: c.isRemote(fresh.Value.Provider), Result: res, AncestorEnded: anc != "",
-		}, func(err error) {
-			ownershipKept.CompareAndSwap(false, errors.Is(err, store.ErrOwnershipKept))
-			c.log.Warn("epoch end not fully published", "err", err)
-		})
-		if ownershipKept.Load() {
-			// An edge left behind keeps the owner waiting for good: the
-			// lease stays taken over, and the next sweep publishes the
-			// settled epoch's end again (idempotently) and removes it.
-			c.log.Warn("takeover: the ownership edge was not removed; will retry", "session", id, "owner", fresh.Value.Owner)
-			return
-		}
+	if settled && !c.publishEpochEnd(ctx, fresh.Value, epochRec) {
+		return
 	}
 	if err := c.st.ReleaseLease(ctx, id, taken.Revision); err != nil {
 		c.log.Warn("takeover: could not release the lease", "session", id, "err", err)
@@ -425,140 +439,58 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	c.resumePending(ctx, id)
 }
 
-// orphans returns the running records that stayed without a lease for their
-// run for at least the host expiry by the observed clock, noting the first
-// sighting of the others; hasLease reports whether a run's session holds a
-// lease for it.
-func (x *runIndex) orphans(hasLease func(protocol.RunRecord) bool, expired func(since time.Duration) bool) []protocol.RunRecord {
-	obs := x.clock()
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	var out []protocol.RunRecord
-	for _, s := range x.m {
-		switch {
-		case hasLease(s.rec):
-			s.leaseless = 0
-		case s.leaseless == 0:
-			s.leaseless = obs
-		case expired(s.leaseless):
-			out = append(out, s.rec)
+// settleTakenOverEpoch settles the epoch record run (zero when there is
+// none) of a continuable child taken over with result res. The epoch record
+// is settled before the lease goes: a lease released over a record still
+// running leaves it running for good, since no one holds the session any
+// more. ok false: the settlement failed and the lease stays taken over (the
+// next sweep tries again). settled says whether the epoch has an end to
+// publish: the one written here, or the one of a host that settled the
+// epoch, then died holding the lease (it publishes before it releases),
+// whose record (and result) epochRec then is; an epoch that never started
+// has no end.
+func (c *Coordinator) settleTakenOverEpoch(ctx context.Context, run store.Record[protocol.RunRecord], res protocol.SubagentResult) (epochRec protocol.RunRecord, settled, ok bool) {
+	switch {
+	case run.Value.State == protocol.RunRunning:
+		rec := store.Settled(run.Value, c.cfg.ID, res)
+		if won, err := c.st.SettleRun(ctx, rec, run.Revision); err != nil || !won {
+			c.log.Warn("takeover: settle the epoch; will retry", "session", rec.ChildID, "run", rec.RunID, "err", err)
+			return rec, false, false
 		}
+		c.settled(rec)
+		return rec, true, true
+	case run.Value.Result != nil:
+		return run.Value, !run.Value.NotStarted, true
 	}
-	return out
+	return protocol.RunRecord{}, false, true
 }
 
-// orphanDue reports whether a leaseless running record is an orphan: its
-// claimer stopped heartbeating (one never seen heartbeating counts as
-// dead: the lease-less wait already lasted the host expiry), or, unclaimed,
-// its start's budget (RequestBudget) and the host expiry passed since it
-// was created.
-func (c *Coordinator) orphanDue(rec protocol.RunRecord) bool {
-	if rec.HostID == "" {
-		return time.Since(time.UnixMilli(rec.CreatedAt)) > c.cfg.RequestBudget+c.cfg.HostExpiry
+// publishEpochEnd publishes the end of the epoch epochRec of lease's child,
+// taken over, again (idempotently: the notice and subagent/end carry their
+// ids) and removes its ownership edge (store.EndEpoch). It reports whether
+// the lease may go: an edge left behind keeps the owner waiting for good,
+// so the lease stays taken over, and the next sweep publishes the settled
+// epoch's end again and removes it.
+func (c *Coordinator) publishEpochEnd(ctx context.Context, lease protocol.AgentRecord, epochRec protocol.RunRecord) bool {
+	// A child under an ended one-shot run gives its parent, disposed by the
+	// same end, no notice (store.EndEpoch); a failed read is taken as "not
+	// ended", as the host does.
+	anc, err := c.st.EndedAncestor(ctx, lease.Ancestry)
+	if err != nil {
+		c.log.Warn("takeover: could not check whether an ancestor ended", "session", lease.SessionID, "err", err)
 	}
-	_, live, known := c.reg.hostKnown(rec.HostID)
-	return !known || !live
-}
-
-// settleOrphan settles an orphaned record never started (see the top of
-// this file), once the bucket's leader confirms it is still running with no
-// lease for it.
-//
-// The record is read before the lease: its host holds the claim again once
-// it holds the lease (store.HoldRun, a compare-and-set at the revision read
-// here), so either that lands and this settlement's compare-and-set fails,
-// or the lease was already there when it was read.
-func (c *Coordinator) settleOrphan(ctx context.Context, seen protocol.RunRecord) {
-	run, err := c.st.RunLatest(ctx, seen.RunID)
-	if errors.Is(err, store.ErrNotFound) {
-		c.runs.forget(seen.RunID) // a spec whose state was never created: no run
-		return
+	<-c.st.PublishStartAgain(epochRec, func(err error) { c.log.Warn("epoch start not republished", "err", err) })
+	var ownershipKept atomic.Bool
+	<-c.st.EndEpoch(ctx, store.EpochEnd{
+		ChildID: lease.SessionID, Parent: lease.ParentSession, Owner: lease.Owner, RunID: lease.RunID,
+		Provider: lease.Provider, Remote: c.isRemote(lease.Provider), Result: *epochRec.Result, AncestorEnded: anc != "",
+	}, func(err error) {
+		ownershipKept.CompareAndSwap(false, errors.Is(err, store.ErrOwnershipKept))
+		c.log.Warn("epoch end not fully published", "err", err)
+	})
+	if ownershipKept.Load() {
+		c.log.Warn("takeover: the ownership edge was not removed; will retry", "session", lease.SessionID, "owner", lease.Owner)
+		return false
 	}
-	if err != nil || run.Value.State != protocol.RunRunning || run.Value.HostID != seen.HostID {
-		return // settled, claimed meanwhile, or unreadable: the next sweep looks again
-	}
-	rec := run.Value
-	if rec.HostID != "" && !c.hostLost(ctx, rec.HostID) {
-		return // its claimer heartbeats: it may still take the lease
-	}
-	// A claimed one-shot run's host takes the session's lease beside its
-	// claim and holds the claim no more (internal/worker, startRun): the
-	// lease is the fence. The settlement creates it first, taken over by
-	// this replica, so that of this create and the claimer's exactly one
-	// lands: a claimer whose create is refused starts nothing, and a run
-	// whose claimer holds the lease is left to it.
-	var taken *store.Record[protocol.AgentRecord]
-	if rec.HostID != "" && rec.Mode == protocol.ModeOneShot {
-		tomb := protocol.AgentRecord{
-			SessionID: rec.ChildID, Kind: protocol.AgentOneShot, HostID: c.cfg.ID, TakenOverBy: c.cfg.ID, Epoch: 2,
-			RunID: rec.RunID, Provider: rec.Provider, ParentSession: rec.ParentSession, Notify: rec.Notify, CreatedAt: store.NowMs(),
-		}
-		trev, err := c.st.CreateLease(ctx, tomb)
-		if err != nil {
-			// Refused: the claimer (or a takeover) holds the lease. An
-			// outcome unknown is decided by the lease sweep: a lease taken
-			// over by this replica is taken over again (holderDead).
-			return
-		}
-		c.agents.observe(tomb, trev)
-		taken = &store.Record[protocol.AgentRecord]{Value: tomb, Revision: trev}
-	} else if l, err := c.st.LeaseLatest(ctx, seen.ChildID); err == nil && l.Value.RunID == seen.RunID {
-		return // it has its lease: the lease's holder settles it
-	} else if err != nil && !errors.Is(err, store.ErrNotFound) {
-		return // the next sweep looks again
-	}
-	release := func() {
-		if taken != nil {
-			if err := c.st.ReleaseLease(ctx, rec.ChildID, taken.Revision); err == nil {
-				c.agents.del(store.LeaseKeyOf(taken.Value))
-			} else {
-				c.log.Warn("orphaned run: the lease taken to settle it was not released; the lease sweep takes it over again", "run", rec.RunID, "err", err)
-			}
-		}
-	}
-	code, why := protocol.CodeUnavailable, "no instance claimed it and the coordinator that created it stopped before it settled it"
-	if rec.HostID != "" {
-		code, why = protocol.CodeHostLost, fmt.Sprintf("host %s claimed it and stopped heartbeating before it took the session's lease", rec.HostID)
-	}
-	rec.State, rec.SettledAt, rec.SettledBy, rec.NotStarted = protocol.RunSettled, store.NowMs(), c.cfg.ID, true
-	rec.Result = &protocol.SubagentResult{
-		Output: []protocol.ContentBlock{}, StopReason: protocol.StopError, ErrorCode: code,
-		Diagnostic: protocol.TruncateDiagnostic("the child was never started: " + why),
-	}
-	if won, err := c.st.SettleRun(ctx, rec, run.Revision); err != nil || !won {
-		if err != nil {
-			c.log.Warn("orphaned run: settle; will retry", "run", rec.RunID, "err", err)
-		}
-		release()
-		return
-	}
-	// The log is touched only once the settlement won: the claimer's hold
-	// (store.HoldRun, an epoch's) or its lease (a one-shot run's, held here)
-	// then fails, so it writes nothing more. Fenced before, a claimer that
-	// had just held its claim lost its log under a live lease (and its run
-	// stayed running). A one-shot run's log is fenced (agent/takeover, or
-	// an open turn closed) before the lease taken here goes, so a claimer's
-	// lease create landing after that (sent before it paused) still finds
-	// its first append refused. An epoch's host writes nothing before the
-	// hold; a later epoch may hold the session's lease and write the log
-	// now, so it is left alone (make test's chaos seed: a resumed epoch's
-	// log fenced by the settlement of an earlier epoch orphaned by a killed
-	// worker), except a first epoch's descriptor, which the log must get to
-	// stay resumable.
-	if rec.HostID != "" && (rec.Mode == protocol.ModeOneShot || rec.Descriptor != nil) {
-		held := c.noLaterEpoch(rec.ChildID, rec.RunID)
-		if taken != nil {
-			held = c.holding(*taken)
-		}
-		if _, err := c.closeInterrupted(ctx, rec.ChildID, protocol.TakeoverData{HostID: rec.HostID, By: c.cfg.ID}, rec.Descriptor, held); err != nil && !errors.Is(err, store.ErrNotFound) {
-			c.log.Warn("orphaned run: its log was not closed", "run", rec.RunID, "err", err)
-		}
-	}
-	defer release()
-	c.settled(rec)
-	c.log.Warn("settled a run left running without a lease", "run", rec.RunID, "session", rec.ChildID, "errorCode", code)
-	c.st.PublishRunEnd(rec, c.st.PublishRunNotice, func(err error) { c.log.Warn("orphaned run's notice not published", "run", rec.RunID, "err", err) })
-	if rec.Mode == protocol.ModeContinuable {
-		c.resumePending(ctx, rec.ChildID)
-	}
+	return true
 }

@@ -1,0 +1,180 @@
+package coordinator
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/brood-dev/brood/internal/buildinfo"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
+	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/nats-io/nats.go"
+	"github.com/oklog/ulid/v2"
+)
+
+// Config configures a coordinator. Zero values take the defaults of docs/design.md §4.
+type Config struct {
+	NC    *nats.Conn
+	Store *store.Store
+	// ID names this replica; default a new ULID.
+	ID string
+	// HeartbeatInterval: how often this replica's record is rewritten
+	// (protocol.DefaultHeartbeatInterval, 1 s).
+	HeartbeatInterval time.Duration
+	// HostExpiry: a host whose last heartbeat is older is dead
+	// (protocol.DefaultHostExpiry, 5 s).
+	HostExpiry time.Duration
+	// RootLease: how long a root agent lives without agents.renew
+	// (DefaultRootLease, 30 s).
+	RootLease time.Duration
+	// PromptBytesMax bounds a prompt's text (256 KiB).
+	PromptBytesMax int
+	// LiveChildrenMax bounds the live children of one parent (64).
+	LiveChildrenMax int
+	// ProviderAttemptTimeout bounds one attempt of a provider start, prepare
+	// or activate at one instance (4 s): an instance that does not answer in
+	// time is suspected and the request goes to another live instance
+	// (dispatch.go).
+	ProviderAttemptTimeout time.Duration
+	// RequestBudget is this replica's whole budget for one request whose
+	// caller did not send how long it waits (header Brood-Timeout) (20 s):
+	// below every client's default timeout (30 s), so a client hears the
+	// coordinator's own answer. A request that says how long its caller
+	// waits gets that, less replyMargin. Endpoints that wait by design keep
+	// their own bounds (ownBound; docs/protocol.md §2.4).
+	RequestBudget time.Duration
+	// RunAwaitWaitMax caps runs.await's waitMs (60 s).
+	RunAwaitWaitMax time.Duration
+	// RequestsInFlightMax bounds concurrently handled requests (1024).
+	RequestsInFlightMax int
+	// StopGrace is how long a stopping replica lets requests in flight
+	// finish before it cancels them (5 s); they then answer UNAVAILABLE, so
+	// callers retry on another replica.
+	StopGrace time.Duration
+	// HeadersCachedMax bounds the session header cache (10,000).
+	HeadersCachedMax int
+	// FollowsMax bounds the follows (events.follow) one replica streams at
+	// once (256); more are LIMIT_EXCEEDED.
+	FollowsMax int
+	// UserFollowsMax bounds the follows of one user on one replica
+	// (DefaultUserFollowsMax); more are LIMIT_EXCEEDED (fairshare.go).
+	UserFollowsMax int
+	// LongPollsMax bounds the long polls (sessions.log and inbox.read
+	// with waitMs) one replica holds waiting at once
+	// (DefaultLongPollsMax), UserLongPollsMax those of one user
+	// (DefaultUserLongPollsMax); more are LIMIT_EXCEEDED. A waiting long
+	// poll holds none of the RequestsInFlightMax slots (fairshare.go).
+	LongPollsMax, UserLongPollsMax int
+	// GrantTTL is how long a user grant lives (24 h); UserGrantsDisabled
+	// refuses authority.user altogether.
+	GrantTTL           time.Duration
+	UserGrantsDisabled bool
+	// UserOpenRootsMax bounds the live roots one NATS user holds open at
+	// once (DefaultUserOpenRootsMax); agents.open beyond it is
+	// LIMIT_EXCEEDED. Only roots opened on a user's own subject count
+	// (docs/security.md, quotas.go).
+	UserOpenRootsMax int
+	// UserRequestsPerSecond and UserRequestsBurst bound the rate of one
+	// NATS user's requests to this replica (DefaultUserRequestsPerSecond,
+	// DefaultUserRequestsBurst): a token bucket per user; a request over it
+	// is LIMIT_EXCEEDED. Anonymous requests (<p>.v1.coord.<endpoint>) are
+	// not limited.
+	UserRequestsPerSecond float64
+	UserRequestsBurst     int
+	// UserPromptBytesPerSecond and UserPromptBytesBurst bound the bytes of
+	// the prompts (runs.start, continuable.start, followups, reports; the
+	// request body, in bytes) one NATS user stores through this replica
+	// (DefaultUserPromptBytesPerSecond, DefaultUserPromptBytesBurst): a
+	// token bucket per user; a request over it is LIMIT_EXCEEDED (prompt
+	// bytes per user) and stores nothing (quotas.go).
+	UserPromptBytesPerSecond float64
+	UserPromptBytesBurst     int
+	// LivenessInterval is how often pending inbox items of sessions with no
+	// live activation are looked for and resumed (2 s; docs/design.md §4 asks
+	// within 10 s).
+	LivenessInterval time.Duration
+	Version          string
+	Logger           *slog.Logger
+	// Metrics, when set, counts what this replica does (runs it admits or
+	// settles, takeovers, followups, requests) and reports the hosts and
+	// inbox depth it sees.
+	Metrics *telemetry.Metrics
+}
+
+func (c *Config) defaults() {
+	if c.ID == "" {
+		c.ID = ulid.Make().String()
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = protocol.DefaultHeartbeatInterval
+	}
+	if c.HostExpiry <= 0 {
+		c.HostExpiry = protocol.DefaultHostExpiry
+	}
+	if c.RootLease <= 0 {
+		c.RootLease = DefaultRootLease
+	}
+	if c.PromptBytesMax <= 0 {
+		c.PromptBytesMax = 256 << 10
+	}
+	if c.LiveChildrenMax <= 0 {
+		c.LiveChildrenMax = 64
+	}
+	if c.ProviderAttemptTimeout <= 0 {
+		c.ProviderAttemptTimeout = DefaultProviderAttemptTimeout
+	}
+	if c.RequestBudget <= 0 {
+		c.RequestBudget = DefaultRequestBudget
+	}
+	if c.RunAwaitWaitMax <= 0 {
+		c.RunAwaitWaitMax = 60 * time.Second
+	}
+	if c.RequestsInFlightMax <= 0 {
+		c.RequestsInFlightMax = 1024
+	}
+	if c.StopGrace <= 0 {
+		c.StopGrace = 5 * time.Second
+	}
+	if c.HeadersCachedMax <= 0 {
+		c.HeadersCachedMax = 10000
+	}
+	if c.FollowsMax <= 0 {
+		c.FollowsMax = 256
+	}
+	if c.UserFollowsMax <= 0 {
+		c.UserFollowsMax = DefaultUserFollowsMax
+	}
+	if c.LongPollsMax <= 0 {
+		c.LongPollsMax = DefaultLongPollsMax
+	}
+	if c.UserLongPollsMax <= 0 {
+		c.UserLongPollsMax = DefaultUserLongPollsMax
+	}
+	if c.GrantTTL <= 0 {
+		c.GrantTTL = DefaultGrantTTL
+	}
+	if c.LivenessInterval <= 0 {
+		c.LivenessInterval = 2 * time.Second
+	}
+	if c.UserOpenRootsMax <= 0 {
+		c.UserOpenRootsMax = DefaultUserOpenRootsMax
+	}
+	if c.UserRequestsPerSecond <= 0 {
+		c.UserRequestsPerSecond = DefaultUserRequestsPerSecond
+	}
+	if c.UserRequestsBurst <= 0 {
+		c.UserRequestsBurst = DefaultUserRequestsBurst
+	}
+	if c.UserPromptBytesPerSecond <= 0 {
+		c.UserPromptBytesPerSecond = DefaultUserPromptBytesPerSecond
+	}
+	if c.UserPromptBytesBurst <= 0 {
+		c.UserPromptBytesBurst = DefaultUserPromptBytesBurst
+	}
+	if c.Version == "" {
+		c.Version = buildinfo.Version
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
