@@ -159,13 +159,18 @@ func (h *Host) dropLease(lt *leaseTake) {
 }
 
 // replaceLease writes lease, this host's for run runID, which it claimed,
-// over the session's lease another instance created beside a claim of the
-// same run that failed (a start dispatched to it first, which it claimed
-// too late): the claim decides between instances, so that lease is not the
-// run's, and its instance deletes it at its own revision, which this write
-// changed. A lease taken over (a coordinator settling the claim orphaned,
-// or taking over a dead instance's) or naming another run stays: it
-// returns store.ErrConflict. A lease gone meanwhile is created again.
+// over the session's lease another handler of the same start created
+// beside a claim of the same run that failed: another instance's (a start
+// dispatched to it first, which it claimed too late), or this host's own (a
+// start delivered to it twice: its first claim's answer was lost, the host
+// answered UNAVAILABLE, and the dispatch tried it again). The claim decides
+// between handlers, so that lease is not the run's, and its handler
+// deletes it at its own revision, which this write changed. A lease taken
+// over (a coordinator settling the claim orphaned, or taking over a dead
+// instance's) or naming another run stays: it returns store.ErrConflict. A
+// lease gone meanwhile is created again. (It refused this host's own lease
+// too, and a live host settled its own claimed run never started,
+// NOT_PENDING: issue 37, item 9.)
 func (h *Host) replaceLease(ctx context.Context, lease protocol.AgentRecord, runID string) (uint64, error) {
 	wctx, cancel := runWrites(ctx)
 	defer cancel()
@@ -177,7 +182,7 @@ func (h *Host) replaceLease(ctx context.Context, lease protocol.AgentRecord, run
 			rev, err = h.st.CreateLease(wctx, lease)
 		case err != nil:
 			return 0, err
-		case cur.Value.TakenOverBy != "" || cur.Value.RunID != runID || cur.Value.HostID == h.id:
+		case cur.Value.TakenOverBy != "" || cur.Value.RunID != runID:
 			return 0, store.ErrConflict
 		default:
 			rev, err = h.st.UpdateLease(wctx, lease, cur.Revision)
@@ -212,10 +217,11 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 	if lt.err != nil {
 		var cause error
 		if errors.Is(lt.err, store.ErrConflict) {
-			// A coordinator settling the claim orphaned holds the lease
-			// (settleOrphan): the run is no longer this host's to start.
+			// The lease is taken over (a coordinator settling the claim
+			// orphaned holds it, settleOrphan) or names another run: the
+			// run is no longer this host's to start.
 			cause = protocol.NewError(protocol.CodeNotPending, map[string]any{
-				"runId": run.RunID, "reason": "another party held the session's lease before this host did (the run was settled as orphaned)"})
+				"runId": run.RunID, "reason": "the session's lease is taken over (the claim was settled as orphaned) or names another run"})
 		} else {
 			h.dropUnknownLease(lease) // it may have landed unseen
 			cause = protocol.Errorf(protocol.CodeDurabilityFailed, "take the lease of %s: %w", childID, lt.err)
