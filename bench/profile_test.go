@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"regexp"
 	"runtime/pprof"
 	"sort"
 	"strings"
@@ -198,6 +199,7 @@ func describe(e writeEvent, ids map[string]string) string {
 	for id, ph := range ids {
 		name = strings.ReplaceAll(name, id, ph)
 	}
+	name = otherID.ReplaceAllString(name, otherRun)
 	name = strings.TrimPrefix(name, "brood.v1.")
 	detail := ""
 	switch {
@@ -227,6 +229,43 @@ func describe(e writeEvent, ids map[string]string) string {
 		async = " (async)"
 	}
 	return fmt.Sprintf("%s %s %s%s%s", e.component, w.Op, name, detail, async)
+}
+
+// otherID matches an id (a ULID) left in a write's name once the run's own
+// ids were replaced: another run's (the coordinator's sweep rewrites settled
+// runs' specs with their TTL, off every run's path).
+var otherID = regexp.MustCompile(`[0-9A-HJKMNP-TV-Z]{26}`)
+
+const otherRun = "<other run>"
+
+// runWrites counts a run's own writes (not other runs' in its window):
+// acknowledged and asynchronous, and the acknowledged ones in series: the
+// number of groups left once writes whose intervals overlap are merged (two
+// writes in flight at once count as one step of the path).
+func runWrites(writes []writeEvent, names []string) (acked, async, series int) {
+	var iv [][2]time.Time
+	for i, e := range writes {
+		if strings.Contains(names[i], otherRun) {
+			continue
+		}
+		if e.w.Async || e.end.IsZero() {
+			async++
+			continue
+		}
+		acked++
+		iv = append(iv, [2]time.Time{e.start, e.end})
+	}
+	sort.Slice(iv, func(i, j int) bool { return iv[i][0].Before(iv[j][0]) })
+	var end time.Time
+	for _, x := range iv {
+		if series == 0 || x[0].After(end) {
+			series++
+			end = x[1]
+		} else if x[1].After(end) {
+			end = x[1]
+		}
+	}
+	return acked, async, series
 }
 
 // timelineRow is one write or span of the run's timeline, aggregated over runs.
@@ -290,7 +329,8 @@ func BenchmarkOneShotTimeline(b *testing.B) {
 
 	rows := map[string]*timelineRow{}
 	var startReplies, results []time.Duration
-	writesPerRun := []time.Duration{} // counts, as durations for median()
+	// counts, as durations for median()
+	var writesPerRun, ackedPerRun, asyncPerRun, seriesPerRun []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		child, t0, started, resulted := runOne()
@@ -299,11 +339,19 @@ func BenchmarkOneShotTimeline(b *testing.B) {
 		ids := map[string]string{child: "<child>", root.Ref().SessionID: "<root>"}
 		seen := map[string]int{}
 		writes := rec.take()
-		writesPerRun = append(writesPerRun, time.Duration(len(writes)))
-		for _, e := range writes {
-			name := describe(e, ids)
+		names := make([]string, len(writes))
+		for i, e := range writes {
+			names[i] = describe(e, ids)
+		}
+		acked, async, series := runWrites(writes, names)
+		writesPerRun = append(writesPerRun, time.Duration(acked+async))
+		ackedPerRun = append(ackedPerRun, time.Duration(acked))
+		asyncPerRun = append(asyncPerRun, time.Duration(async))
+		seriesPerRun = append(seriesPerRun, time.Duration(series))
+		for i, e := range writes {
+			name := names[i]
 			seen[name]++
-			if seen[name] > 1 {
+			if seen[name] > 1 && !strings.Contains(name, otherRun) {
 				name = fmt.Sprintf("%s #%d", name, seen[name])
 			}
 			row := rows[name]
@@ -357,7 +405,10 @@ func BenchmarkOneShotTimeline(b *testing.B) {
 	fmt.Fprintf(tw, "client: runs.start answered\t\t\t%.3f\t\n", ms(median(startReplies)))
 	fmt.Fprintf(tw, "client: result received\t\t\t%.3f\t\n", ms(median(results)))
 	tw.Flush()
-	fmt.Printf("writes per run (coordinator + worker, median): %d\n", int(median(writesPerRun)))
+	fmt.Printf("writes per run (coordinator + worker, the run's own, medians): %d: %d acknowledged (%d in series: overlapping writes count once), %d asynchronous\n",
+		int(median(writesPerRun)), int(median(ackedPerRun)), int(median(seriesPerRun)), int(median(asyncPerRun)))
 	b.ReportMetric(float64(median(writesPerRun)), "writes/run")
+	b.ReportMetric(float64(median(ackedPerRun)), "acked-writes/run")
+	b.ReportMetric(float64(median(seriesPerRun)), "acked-in-series/run")
 	b.ReportMetric(ms(median(results)), "result-p50-ms")
 }
