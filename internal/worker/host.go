@@ -19,6 +19,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/buildinfo"
+	"github.com/brood-dev/brood/internal/gopool"
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
@@ -141,6 +142,14 @@ type Host struct {
 	started  int64
 
 	unsettled unsettled // settlements whose budget ran out (claim.go)
+
+	// turns runs each hosted one-shot run's turn (execute) on a reused
+	// goroutine, whose stack has grown already: a fresh one's growth was
+	// 18 µs of the worker's CPU per run (BENCHMARKS.md, issue 31). Set by
+	// Run before it serves; its idle goroutines end with Run's context. It
+	// is not waited for: a run a drain did not end may outlive Run, as it
+	// did on a goroutine of its own.
+	turns *gopool.Pool
 }
 
 // New validates cfg and returns a host; Run serves it.
@@ -231,6 +240,7 @@ func (h *Host) Run(ctx context.Context) error {
 		return err
 	}
 	h.started = store.NowMs()
+	h.turns = gopool.New(ctx)
 	// Answers go only to inboxes (docs/security.md, "Replies go only where
 	// replies may go"): a host publishes with its provider's rights (its
 	// runs' states, leases and logs), never where a request's reply

@@ -293,7 +293,11 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 		ParentSession: req.Header.ParentSession, Local: !p.Descriptor().Remote, Mode: protocol.ModeOneShot, Time: store.NowMs(),
 		Label: req.Options.Label,
 	}, h.eventErr)
-	go h.execute(r)
+	if h.turns != nil {
+		h.turns.Go(func() { h.execute(r) })
+	} else {
+		go h.execute(r)
+	}
 	return protocol.ProviderStartReply{HostID: h.id}, nil
 }
 
