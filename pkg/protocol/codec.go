@@ -123,7 +123,15 @@ func Marshal(enc Encoding, v any) ([]byte, error) {
 	e := msgpack.GetEncoder()
 	e.Reset(buf)
 	e.UseCompactInts(true)
-	err := e.Encode(v)
+	var err error
+	switch r := v.(type) {
+	case *RunRecord: // by hand: runcodec.go
+		err = encodeRunRecord(e, r)
+	case RunRecord:
+		err = encodeRunRecord(e, &r)
+	default:
+		err = e.Encode(v)
+	}
 	msgpack.PutEncoder(e)
 	var out []byte
 	if err == nil {
@@ -157,7 +165,13 @@ func decodeMsgpackPooled(data []byte, v any, strict bool) error {
 	d.Reset(bytes.NewReader(data))
 	d.UseLooseInterfaceDecoding(true)
 	d.DisallowUnknownFields(strict)
-	if err := decodeMsgpack(d, v); err != nil {
+	var err error
+	if r, ok := v.(*RunRecord); ok && !strict { // by hand: runcodec.go
+		err = decodeRunRecord(d, r)
+	} else {
+		err = decodeMsgpack(d, v)
+	}
+	if err != nil {
 		return err
 	}
 	msgpack.PutDecoder(d)
