@@ -137,8 +137,9 @@ MUTATE_AUTHORITY_TESTS := Authority,Grant,DescendantsDispose,Hostile,RootInbox,E
 MUTATE_TAKEOVER_TESTS  := Takeover,TakenOver,DeadHost,TwoCoordinators,HostLost,Orphan,RunCompletes,DisposeMidRun
 MUTATE_ADMISSION_TESTS := StartChecks,StartInputs,Hostile,OpenRoots,LiveChildrenPerParent,FreesItsSlot,Ceilings,DepthCap,AllowList,JSONRequests
 MUTATE_TARGETS       ?= internal/agent:inbox.go internal/store:inbox.go,records.go,runs.go,leases.go,ownership.go internal/worker:claim.go \
-	services/coordinator:slots.go services/coordinator:admission.go:$(MUTATE_ADMISSION_TESTS) \
-	services/coordinator:authority.go:$(MUTATE_AUTHORITY_TESTS) services/coordinator:takeover.go:$(MUTATE_TAKEOVER_TESTS)
+	services/coordinator:slots.go services/coordinator:admission.go,validate.go:$(MUTATE_ADMISSION_TESTS) \
+	services/coordinator:authority.go:$(MUTATE_AUTHORITY_TESTS) \
+	services/coordinator:takeover.go,orphans.go,liveness.go:$(MUTATE_TAKEOVER_TESTS)
 MUTATE_TIMEOUT_COEF  ?= 10
 MUTATE_THRESHOLD     ?= 80
 MUTATE_ARGS          ?=

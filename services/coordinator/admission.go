@@ -1,17 +1,117 @@
 package coordinator
 
-// Admission (docs/design.md §7): the checks a start passes before anything is
-// written, in the design's order, and a user's open roots
-// (Config.UserOpenRootsMax, openroots.go). The live-children slots are slots.go.
+// Admission: where a start is admitted (docs/design.md §7; RELIABILITY.md,
+// I4 and I8). One pipeline, read top to bottom; every check passes before
+// anything is written, and a refusal is an error with its code
+// (docs/protocol.md §4):
+//
+//  0. the request's rate and prompt bytes per user: quotas.go, around
+//     every endpoint (rateLimited), before the handler runs;
+//  1. validate: the notify subject (checkNotify), the provider
+//     (lookupProvider) and its capabilities, the prompt, maxDepth, the
+//     output schema, the tool filter, the persona and the label (admitWith;
+//     the checks themselves are validate.go and pkg/protocol's);
+//  2. authority: the parent's credential against the cached lease
+//     (authorize, in admitWith) and then against the bucket's leader
+//     (authorizeFresh, in reserveAuthorized; authority.go);
+//  3. quotas and slots: a first look at the parent's live children
+//     (admitWith), then the slot record's compare-and-set (reserveChild,
+//     slots.go, over slotrecord.go), taken together with the fresh
+//     authority read;
+//  4. write: the child's header and run record (createRun);
+//  5. dispatch: the provider start to one live instance, another on a
+//     timeout (dispatch.go), and what became of a run whose answer was
+//     lost (claimedRun, runs.go).
+//
+// runsStart below is the one-shot pipeline. A continuable start
+// (continuableStart, continuable.go) runs the same admit, then its own
+// write and first epoch; a root's open (agentsOpen, roots.go) takes a
+// user's open-root slot (openroots.go).
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
+	"time"
 
+	"github.com/oklog/ulid/v2"
+
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
+
+// runsStart admits a one-shot run, writes the child's header and run record,
+// asks a provider instance to publish the child, and answers {runId, childId}
+// at publication (docs/design.md §7).
+func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol.RunStartRequest) (protocol.RunStartReply, error) {
+	began := time.Now()
+	if err := c.checkNotify(req, r.Notify); err != nil {
+		return protocol.RunStartReply{}, err
+	}
+	var err error
+	if r.Options.Label, err = protocol.OneLabel(r.Label, r.Options.Label); err != nil {
+		return protocol.RunStartReply{}, err
+	}
+	a, err := c.admit(ctx, r.Provider, r.Parent, r.Prompt, r.Options)
+	if err != nil {
+		return protocol.RunStartReply{}, err
+	}
+	childID := ulid.Make().String()
+	runID := childID // local providers: the run id is the child's session id (seed: SubagentRun.id)
+	if a.desc.Remote {
+		runID = ulid.Make().String() // remote providers: a fresh id in the parent's namespace
+	}
+	if err := c.reserveAuthorized(ctx, r.Parent, a.pheader.ID, childID); err != nil {
+		return protocol.RunStartReply{}, err
+	}
+	release := func() { c.releaseChild(ctx, a.pheader.ID, childID) }
+	start, runRev, err := c.createRun(ctx, a, req, r, runID, childID)
+	if err != nil {
+		release()
+		return protocol.RunStartReply{}, err
+	}
+	dctx, cancel := reserve(ctx)
+	_, err = c.dispatch(dctx, a.desc.Name, protocol.OpProviderStart, runID, func(deadline int64) any {
+		start.Deadline = deadline
+		return start
+	}, &protocol.ProviderStartReply{})
+	cancel()
+	unread := false
+	if err != nil && (errors.Is(err, protocol.ErrNotPending) || c.failRun(ctx, start.Run, runRev, err)) {
+		// An instance claimed the run (one whose answer we did not wait
+		// for): it started the child, or settled it never started.
+		unread, err = c.claimedRun(ctx, start.Run, runRev, err)
+	}
+	if err != nil {
+		if !unread { // a run claimed and maybe live keeps its slot until it ends
+			release()
+		}
+		return protocol.RunStartReply{}, err
+	}
+	c.cfg.Metrics.StartAnswered(start.Run.Provider, start.Run.Mode, time.Since(began))
+	return protocol.RunStartReply{RunID: runID, ChildID: childID}, nil
+}
+
+// checkNotify checks a start's notify subject (validNotify): a caller's
+// notices go to its own inbox prefix only, never another user's
+// (docs/security.md): the deployment lets each user subscribe only under
+// _INBOX.<user>.
+func (c *Coordinator) checkNotify(req rpc.Request, notify string) error {
+	if notify == "" {
+		return nil
+	}
+	if !c.validNotify(notify) {
+		return protocol.Errorf(protocol.CodeInvalidArgument,
+			"notify must be a literal subject of printable ASCII without wildcards, outside %s.> and $-subjects (use your connection's inbox prefix)", c.subj.Prefix())
+	}
+	if user := c.callerOf(req); user != "" && !strings.HasPrefix(notify, protocol.UserInboxPrefix(user)+".") {
+		return protocol.Errorf(protocol.CodeInvalidArgument,
+			"notify %q must lie under your own inbox prefix %s. (connect as NATS user %s with that inbox prefix, as brood does)", notify, protocol.UserInboxPrefix(user), user)
+	}
+	return nil
+}
 
 // admission is a validated start: everything the child's header and the
 // provider need.
@@ -45,7 +145,7 @@ func (c *Coordinator) lookupProvider(name string) (protocol.ProviderDescriptor, 
 	if name == "" {
 		return protocol.ProviderDescriptor{}, protocol.Errorf(protocol.CodeInvalidArgument, "provider is required")
 	}
-	desc, ok := c.reg.provider(name)
+	desc, ok := c.reg.Provider(name)
 	if !ok {
 		return desc, c.noInstance(name)
 	}
@@ -124,55 +224,91 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 	return a, nil
 }
 
-// checkSchema validates an outputSchema against the supported subset
-// (docs/upstream-behaviour.md §1.6; UNSUPPORTED_SCHEMA lists every offending path)
-// and returns its canonical JSON text.
-func (c *Coordinator) checkSchema(schema any) (string, error) {
-	return protocol.CheckOutputSchema(schema)
-}
-
-// checkPrompt checks a prompt, followup message or report: text blocks only,
-// each UTF-8 (docs/protocol.md §5 and §10; raw bytes from a msgpack client are
-// refused here, for every client: issue 37, item 4), not empty, at most
-// PromptBytesMax bytes in all.
-func (c *Coordinator) checkPrompt(prompt []protocol.ContentBlock) error {
-	size := 0
-	for i, b := range prompt {
-		if b.Type != protocol.BlockText {
-			return protocol.Errorf(protocol.CodeInvalidArgument, "prompt block type %q is not supported; use text blocks", b.Type)
+// reserveAuthorized takes the live-children slot of childID under the
+// session parentID (parent's, its header's id), whose credential is read from the bucket's leader before anything but
+// the slot is written: this replica's cache, or a follower, may still hold
+// the lease of a root closed a moment ago (chaos seed 3: a run started with
+// a closed root's credential 0.4 s after the close, right after a partition
+// healed, and its prompt reached the child's log: I4). The read and the
+// slot's compare-and-set do not depend on each other, so they run together
+// (issue 16: each may wait out an election of brood_agents, and back to
+// back they cost a start two); a parent found not live gives the slot back,
+// and its refusal is the answer.
+func (c *Coordinator) reserveAuthorized(ctx context.Context, parent protocol.ParentRef, parentID, childID string) error {
+	var authErr, slotErr error
+	_ = parallel(ctx,
+		func() error { _, authErr = c.authorizeFresh(ctx, parent); return authErr },
+		func() error { slotErr = c.reserveChild(ctx, parentID, childID, ""); return slotErr },
+	)
+	switch {
+	case authErr != nil:
+		if slotErr == nil {
+			c.releaseChild(ctx, parentID, childID)
 		}
-		if !utf8.ValidString(b.Text) {
-			return protocol.Errorf(protocol.CodeInvalidArgument, "prompt block %d is not UTF-8 text", i)
-		}
-		size += len(b.Text)
-	}
-	if len(prompt) == 0 || size == 0 {
-		return protocol.Errorf(protocol.CodeInvalidArgument, "prompt is empty")
-	}
-	if size > c.cfg.PromptBytesMax {
-		return protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
-			"limit": "prompt bytes", "reason": fmt.Sprintf("the prompt is %d bytes; the limit is %d", size, c.cfg.PromptBytesMax)})
+		return authErr
+	case slotErr != nil:
+		return slotErr
 	}
 	return nil
 }
 
-// validNotify checks a client-chosen notify subject: printable ASCII literal
-// tokens, at most protocol.NotifySubjectBytesMax bytes, and never a subject of the deployment itself or
-// of the system ($JS, $KV, $SRV…): the settling host publishes there with its
-// own permissions, so a notify subject must not reach Brood's state.
-func (c *Coordinator) validNotify(s string) bool {
-	if s == "" || len(s) > protocol.NotifySubjectBytesMax || strings.HasPrefix(s, "$") || strings.HasPrefix(s, c.subj.Prefix()+".") {
-		return false
-	}
-	for _, r := range s {
-		if r <= ' ' || r > '~' || r == '*' || r == '>' {
-			return false
+// createRun writes an admitted one-shot run's child header and run record
+// and returns the provider start that publishes it, with the record's
+// revision. The run and its child are created at the admission, once the
+// slot is taken: a child whose settlement let this one in (read while the
+// slot was being taken, which may wait for the parent's slot lock and read
+// every counted child from the leader) settled before this time, so the
+// records never show it live at this child's admission (RELIABILITY.md I8;
+// chaos seeds 2 and 3 of issue 9, stamped 28 ms and 1.07 s before the
+// slot). The ids are drawn before, as the slot names the child: their ULID
+// time is not the admission.
+func (c *Coordinator) createRun(ctx context.Context, a admission, req rpc.Request, r protocol.RunStartRequest, runID, childID string) (protocol.ProviderStartRequest, uint64, error) {
+	now := store.NowMs()
+	header := c.childHeader(a, childID, now)
+	if a.desc.InheritsParentContext {
+		seed, err := c.prepare(ctx, a.desc.Name, a.pheader, childID)
+		if err != nil {
+			return protocol.ProviderStartRequest{}, 0, err
 		}
+		header.SeedLength = seed
 	}
-	for _, tok := range strings.Split(s, ".") {
-		if tok == "" {
-			return false
-		}
+	rec := protocol.RunRecord{
+		RunID: runID, ChildID: childID, ParentSession: a.pheader.ID, Provider: a.desc.Name,
+		Mode: protocol.ModeOneShot, Notify: r.Notify, NotifyJSON: req.Encoding == protocol.JSON, Structured: a.options.OutputSchema != "", Remote: a.desc.Remote,
+		State: protocol.RunRunning, CreatedAt: now,
 	}
-	return true
+	var runRev uint64
+	if err := parallel(ctx,
+		func() error { return c.st.PutHeader(ctx, header) },
+		func() (err error) { runRev, err = c.st.CreateRun(ctx, rec); return err },
+	); err != nil {
+		return protocol.ProviderStartRequest{}, 0, protocol.Errorf(protocol.CodeUnavailable, "record the run: %w", err)
+	}
+	c.cfg.Metrics.RunStarted(rec.Provider, rec.Mode)
+	c.st.PutChildIndexAsync(header.ParentSession, protocol.ChildIndexRecord{
+		ChildID: childID, CreatedAt: now, Mode: protocol.ModeOneShot, Provider: a.desc.Name,
+	}, func(err error) { c.log.Warn("child index entry not written", "child", childID, "err", err) })
+	c.headers.add(header)
+	return protocol.ProviderStartRequest{
+		RunID: runID, Header: header, Provider: a.desc.Name, Prompt: r.Prompt, Notify: r.Notify, NotifyJSON: req.Encoding == protocol.JSON,
+		Source: ptrTo(protocol.PromptSource(a.pheader)), RunRevision: protocol.Seq(runRev), Run: rec, Options: a.options, Ancestry: ancestry(a),
+	}, runRev, nil
+}
+
+func (c *Coordinator) childHeader(a admission, id string, now int64) protocol.SessionHeader {
+	return protocol.SessionHeader{
+		Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: a.pheader.Cwd,
+		ParentSession: a.pheader.ID, Origin: protocol.OriginSubagent, DelegationDepth: a.depth,
+		ToolCeiling: a.ceiling, DepthCap: a.depthCap, Provider: a.desc.Name,
+		// The tree's user, for the worker's per-user workspace fence
+		// (docs/security.md, "The workspace is fenced").
+		User:        a.pheader.User,
+		AutoApprove: a.autoApprove,
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func ancestry(a admission) []string {
+	return append(append([]string(nil), a.parent.rec.Ancestry...), a.pheader.ID)
 }

@@ -144,7 +144,7 @@ func TestALiveChildCountsWithoutItsSlot(t *testing.T) {
 }
 
 // TestAdmissionGivesUpWhenItsSlotRecordKeepsChanging: an admission tries
-// its compare-and-set of the parent's slot record at most slotAttemptsMax
+// its compare-and-set of the parent's slot record at most slotrecord.AttemptsMax
 // times; when another writer changes the record before each attempt, the
 // start is refused UNAVAILABLE (retry later), after exactly that many
 // attempts, and nothing is started.
@@ -176,7 +176,7 @@ func TestAdmissionGivesUpWhenItsSlotRecordKeepsChanging(t *testing.T) {
 		t.Fatalf("a start whose slot record changes before each write: %v, want UNAVAILABLE (kept changing)", err)
 	}
 	if got := attempts.Load(); got != coordinator.SlotAttemptsMax {
-		t.Fatalf("%d compare-and-set attempts, want slotAttemptsMax (%d)", got, coordinator.SlotAttemptsMax)
+		t.Fatalf("%d compare-and-set attempts, want slotrecord.AttemptsMax (%d)", got, coordinator.SlotAttemptsMax)
 	}
 	if got := s.SessionCount(); got != headers {
 		t.Fatalf("a refused start wrote %d session headers", got-headers)

@@ -98,7 +98,7 @@ func (c *Coordinator) leaseLive(rec protocol.AgentRecord) bool {
 	if rec.TakenOverBy != "" || rec.Ending {
 		return false
 	}
-	return c.reg.hostLive(rec.HostID)
+	return c.reg.HostLive(rec.HostID)
 }
 
 // authorizeSelf checks that p is the credential of the current agent of its

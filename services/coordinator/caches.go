@@ -1,5 +1,12 @@
 package coordinator
 
+// What the replica caches of brood_agents and BROOD_SESSIONS
+// (docs/architecture.md §6): the leases with their indexes by parent and
+// host (agentIndex, fed by the agents watch, kvwatch.Watch), the session
+// headers and the continuable children's descriptors (bounded maps, read
+// through on a miss). The hosts are hostreg.Registry; the running runs are
+// the run index (orphans.go).
+
 import (
 	"context"
 	"errors"
@@ -122,7 +129,7 @@ func (a *agentIndex) hasEndedRun(runID string) bool {
 
 // put applies brood_agents key's value e. Of its keys only a user grant
 // lapses by itself (store.CreateGrant's TTL): the time from e's creation
-// to its expiry, plus the second CreateGrant rounds up (kvWatch).
+// to its expiry, plus the second CreateGrant rounds up (kvwatch.Watch).
 func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) time.Duration {
 	kind, id := store.KindOf(key)
 	switch kind {

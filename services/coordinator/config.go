@@ -4,12 +4,13 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/oklog/ulid/v2"
+
 	"github.com/brood-dev/brood/internal/buildinfo"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
-	"github.com/nats-io/nats.go"
-	"github.com/oklog/ulid/v2"
 )
 
 // Config configures a coordinator. Zero values take the defaults of docs/design.md §4.

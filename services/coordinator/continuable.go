@@ -286,7 +286,7 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 			return protocol.ActivateReply{}, err
 		}
 	}
-	pd, _ := c.reg.provider(desc.Provider)
+	pd, _ := c.reg.Provider(desc.Provider)
 	remote := pd.Remote
 	rec := protocol.RunRecord{
 		RunID: runID, ChildID: header.ID, ParentSession: header.ParentSession, Provider: desc.Provider,
@@ -357,7 +357,7 @@ func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Reco
 		if err != nil {
 			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", childID, err)
 		}
-		if l.Value.TakenOverBy == "" && c.reg.hostLive(l.Value.HostID) {
+		if l.Value.TakenOverBy == "" && c.reg.HostLive(l.Value.HostID) {
 			return &l, nil
 		}
 		// The holder is dead (or a takeover is in progress): finish it here.
@@ -382,7 +382,7 @@ func (c *Coordinator) resident(ctx context.Context, childID string) (*store.Reco
 // the bucket. It saves a running child's followup one JetStream read
 // (issue 12).
 func (c *Coordinator) residentCached(ctx context.Context, childID string) *store.Record[protocol.AgentRecord] {
-	if l, ok := c.leaseCached(ctx, childID); ok && l.rec.TakenOverBy == "" && c.reg.hostLive(l.rec.HostID) {
+	if l, ok := c.leaseCached(ctx, childID); ok && l.rec.TakenOverBy == "" && c.reg.HostLive(l.rec.HostID) {
 		return &store.Record[protocol.AgentRecord]{Value: l.rec, Revision: l.rev}
 	}
 	return nil
@@ -401,7 +401,7 @@ func (c *Coordinator) resumable(ctx context.Context, h protocol.SessionHeader) (
 		return protocol.NewError(protocol.CodeNotResumable, map[string]any{"childId": h.ID, "reason": reason})
 	}
 	local := func(d protocol.DescriptorData) bool {
-		desc, ok := c.reg.provider(d.Provider)
+		desc, ok := c.reg.Provider(d.Provider)
 		return ok && !desc.Remote
 	}
 	if d, ok := c.descs.get(h.ID); ok && local(d) {
@@ -499,7 +499,7 @@ const coldResumeBudget = 30 * time.Second
 // keeps the edge: the child still has accepted work, and the epoch that
 // eventually runs it releases the edge when it ends.
 func (c *Coordinator) coldResume(ctx context.Context, h protocol.SessionHeader, d protocol.DescriptorData, owner string) error {
-	if _, ok := c.reg.provider(d.Provider); !ok {
+	if _, ok := c.reg.Provider(d.Provider); !ok {
 		return protocol.Errorf(protocol.CodeUnavailable, "no live host of provider %s can resume %s", d.Provider, h.ID)
 	}
 	up, err := c.lineage(ctx, h)

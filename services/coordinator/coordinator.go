@@ -4,6 +4,11 @@
 // on `<prefix>.v1.coord.<endpoint>` in one queue group, so replicas share the
 // load. It keeps no state that cannot be rebuilt from JetStream: its
 // registry, leases and headers are caches of KV watches and stream reads.
+//
+// Its rooms are docs/architecture.md §6: a start is admitted in
+// admission.go, a dead host's sessions are taken over from liveness.go, and
+// the leaf packages under it (kvwatch, hostreg, slotrecord, fairshare) hold
+// the state that separates from the Coordinator type.
 package coordinator
 
 import (
@@ -21,6 +26,10 @@ import (
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator/fairshare"
+	"github.com/brood-dev/brood/services/coordinator/hostreg"
+	"github.com/brood-dev/brood/services/coordinator/kvwatch"
+	"github.com/brood-dev/brood/services/coordinator/slotrecord"
 )
 
 // Coordinator is one replica.
@@ -31,26 +40,26 @@ type Coordinator struct {
 	log  *slog.Logger
 	// hostReplies receives the answers of worker hosts (callHost).
 	hostReplies *rpc.Replies
-	reg         *registry
+	reg         *hostreg.Registry
 	agents      *agentIndex
 	headers     *headerCache
 	descs       *descriptorCache // continuable children's descriptors (local providers)
 	follows     *followRegistry
 	// longPolls are the long polls waiting now, followSlots the follows
 	// streaming (fairshare.go).
-	longPolls, followSlots *waitSlots
+	longPolls, followSlots *fairshare.Slots
 	started                int64
 
-	hostsWatch, agentsWatch *kvWatch
+	hostsWatch, agentsWatch *kvwatch.Watch
 	runs                    *runIndex // running run and epoch records (orphans.go)
-	runsWatch               *kvWatch
+	runsWatch               *kvwatch.Watch
 
 	mu         sync.Mutex
-	working    map[string]bool                        // sessions with a takeover or disposal in progress (removed when it ends)
-	childSlots *slotRecords[childSlotsRecord]         // the parents' live-children slot records (slots.go)
-	rootSlots  *slotRecords[protocol.UserRootsRecord] // the users' open-root slot records (openroots.go)
-	suspected  suspects                               // provider instances that let an attempt time out
-	quotas     userQuotas                             // per-user request rates and root opens (quotas.go)
+	working    map[string]bool                               // sessions with a takeover or disposal in progress (removed when it ends)
+	childSlots *slotrecord.Records[childSlotsRecord]         // the parents' live-children slot records (slots.go)
+	rootSlots  *slotrecord.Records[protocol.UserRootsRecord] // the users' open-root slot records (openroots.go)
+	suspected  suspects                                      // provider instances that let an attempt time out
+	quotas     userQuotas                                    // per-user request rates and root opens (quotas.go)
 	ready      chan struct{}
 	kick       chan struct{} // runs the liveness sweep now (a drain was lifted)
 	offPath    offPath       // work requests started off their reply path
@@ -107,14 +116,14 @@ func New(cfg Config) (*Coordinator, error) {
 	}
 	cfg.defaults()
 	log := cfg.Logger.With("coordinator", cfg.ID)
-	reg := newRegistry(cfg.ID, cfg.HeartbeatInterval, cfg.HostExpiry, log)
-	agents := newAgentIndex(reg.observed, func(key string, rec protocol.AgentRecord) error {
+	reg := hostreg.New(cfg.ID, cfg.HeartbeatInterval, cfg.HostExpiry, log)
+	agents := newAgentIndex(reg.Observed, func(key string, rec protocol.AgentRecord) error {
 		ctx, cancel := context.WithTimeout(context.Background(), leaseHeaderWait)
 		defer cancel()
 		return cfg.Store.LeaseBelongs(ctx, key, rec)
 	}, log)
-	reg.maxAge = cfg.Store.Cfg.HostsMaxAge
-	runs := newRunIndex(reg.observed, cfg.RequestBudget+cfg.HostExpiry)
+	reg.MaxAge = cfg.Store.Cfg.HostsMaxAge
+	runs := newRunIndex(reg.Observed, cfg.RequestBudget+cfg.HostExpiry)
 	runs.ttl = cfg.Store.RunsTTL()
 	replies, err := rpc.NewReplies(cfg.NC)
 	if err != nil {
@@ -125,15 +134,15 @@ func New(cfg Config) (*Coordinator, error) {
 		hostReplies: replies,
 		reg:         reg,
 		agents:      agents,
-		hostsWatch:  newKVWatch(cfg.Store.Hosts, "hosts", log, reg.put, reg.del),
-		agentsWatch: newKVWatch(cfg.Store.Agents, "agents", log, agents.put, agents.del),
+		hostsWatch:  kvwatch.New(cfg.Store.Hosts, "hosts", log, reg.Put, reg.Del),
+		agentsWatch: kvwatch.New(cfg.Store.Agents, "agents", log, agents.put, agents.del),
 		runs:        runs,
-		runsWatch:   newKVWatch(cfg.Store.Runs, "runs", log, runs.put, runs.del),
+		runsWatch:   kvwatch.New(cfg.Store.Runs, "runs", log, runs.put, runs.del),
 		headers:     &headerCache{boundedMap: newBoundedMap[protocol.SessionHeader](cfg.HeadersCachedMax)},
 		descs:       &descriptorCache{newBoundedMap[protocol.DescriptorData](cfg.HeadersCachedMax)},
 		follows:     &followRegistry{m: map[string]*follow{}},
-		longPolls:   newWaitSlots("long polls", cfg.LongPollsMax, cfg.UserLongPollsMax),
-		followSlots: newWaitSlots("follows", cfg.FollowsMax, cfg.UserFollowsMax),
+		longPolls:   fairshare.New("long polls", cfg.LongPollsMax, cfg.UserLongPollsMax),
+		followSlots: fairshare.New("follows", cfg.FollowsMax, cfg.UserFollowsMax),
 		working:     map[string]bool{},
 		ready:       make(chan struct{}),
 		kick:        make(chan struct{}, 1),
@@ -220,9 +229,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	defer func() { stopWatch(); watches.Wait() }()
 	// The runs watch only finds orphaned records (orphans.go): serving does
 	// not wait for its first values.
-	for _, w := range []*kvWatch{c.hostsWatch, c.agentsWatch, c.runsWatch} {
+	for _, w := range []*kvwatch.Watch{c.hostsWatch, c.agentsWatch, c.runsWatch} {
 		watches.Add(1)
-		go func() { defer watches.Done(); w.run(watchCtx, nil) }()
+		go func() { defer watches.Done(); w.Run(watchCtx, nil) }()
 	}
 	if stopped, err := c.awaitCaches(ctx); stopped || err != nil {
 		return err
@@ -239,7 +248,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}
 	c.log.Info("coordinator serving")
 	close(c.ready)
-	defer c.cfg.Metrics.CoordinatorGauges(c.reg.liveHosts, c.reg.liveInstances, c.inboxDepth)()
+	defer c.cfg.Metrics.CoordinatorGauges(c.reg.LiveHosts, c.reg.LiveInstances, c.inboxDepth)()
 
 	var bg sync.WaitGroup
 	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
@@ -269,13 +278,13 @@ func (c *Coordinator) Run(ctx context.Context) error {
 // awaitCaches waits for the first values of brood_hosts and brood_agents
 // (at most cacheReadyTimeout); stopped when ctx was done first.
 func (c *Coordinator) awaitCaches(ctx context.Context) (stopped bool, err error) {
-	for _, w := range []*kvWatch{c.hostsWatch, c.agentsWatch} {
+	for _, w := range []*kvwatch.Watch{c.hostsWatch, c.agentsWatch} {
 		select {
-		case <-w.ready:
+		case <-w.Ready():
 		case <-ctx.Done():
 			return true, nil
 		case <-time.After(cacheReadyTimeout):
-			return false, fmt.Errorf("coordinator: the initial values of KV bucket %s were not read within %s", w.name, cacheReadyTimeout)
+			return false, fmt.Errorf("coordinator: the initial values of KV bucket %s were not read within %s", w.Name(), cacheReadyTimeout)
 		}
 	}
 	return false, nil
@@ -417,7 +426,7 @@ func (c *Coordinator) serveUnknownEndpoints(srv *rpc.Server) error {
 		// follows (FollowCredit): that replica answers while it lives; for
 		// one that is gone, NOT_FOUND tells the client to resume the follow.
 		if id, ok := strings.CutPrefix(ep, followCreditToken); ok {
-			_, live, known := c.reg.hostKnown(id)
+			_, live, known := c.reg.HostKnown(id)
 			return id != c.cfg.ID && !(known && live)
 		}
 		return true
@@ -479,7 +488,7 @@ func (c *Coordinator) inboxDepth() (items, sessions float64, ok bool) {
 
 // beat writes this replica's heartbeat. The registry waits for it to come
 // back through the hosts watch: that is how this replica proves its own view
-// current before it judges any host (registry).
+// current before it judges any host (hostreg.Registry).
 func (c *Coordinator) beat(ctx context.Context) error {
 	bctx, cancel := context.WithTimeout(ctx, c.cfg.HeartbeatInterval+time.Second)
 	defer cancel()
@@ -488,13 +497,13 @@ func (c *Coordinator) beat(ctx context.Context) error {
 		Heartbeat: store.NowMs(), StartedAt: c.started, HeartbeatMs: c.cfg.HeartbeatInterval.Milliseconds(),
 	})
 	if err == nil {
-		c.reg.wrote(rev)
+		c.reg.Wrote(rev)
 	}
 	return err
 }
 
 func (c *Coordinator) providersList(ctx context.Context, req rpc.Request, _ protocol.Empty) (protocol.ProvidersListReply, error) {
-	ds, counts := c.reg.providers()
+	ds, counts := c.reg.Providers()
 	return protocol.ProvidersListReply{Providers: ds, Instances: counts}, nil
 }
 

@@ -69,29 +69,16 @@ func (c *Coordinator) isSuspect(hostID string, now time.Time) bool {
 // its canonical descriptor: unsuspected ones first, each group shuffled so
 // requests spread over them.
 func (c *Coordinator) instances(name string) []string {
-	desc, ok := c.reg.provider(name)
+	desc, ok := c.reg.Provider(name)
 	if !ok {
 		return nil
 	}
-	c.reg.mu.Lock()
-	var ids []string
-	for id, h := range c.reg.hosts {
-		if h.rec.Draining {
-			continue
-		}
-		for _, d := range h.rec.Providers {
-			if d.Name == name && d.Equal(desc) {
-				ids = append(ids, id)
-				break
-			}
-		}
-	}
-	c.reg.mu.Unlock()
+	ids := c.reg.Offering(name, desc)
 	now := time.Now()
 	var good, bad []string
 	for _, id := range ids {
 		switch {
-		case !c.reg.hostLive(id):
+		case !c.reg.HostLive(id):
 		case c.isSuspect(id, now):
 			bad = append(bad, id)
 		default:
@@ -108,18 +95,7 @@ func (c *Coordinator) instances(name string) []string {
 // are all silent now (paused, cut off, or heartbeats held up by a leader
 // election) is UNAVAILABLE, which a client retries.
 func (c *Coordinator) registered(name string) int {
-	c.reg.mu.Lock()
-	defer c.reg.mu.Unlock()
-	n := 0
-	for _, h := range c.reg.hosts {
-		for _, d := range h.rec.Providers {
-			if d.Name == name {
-				n++
-				break
-			}
-		}
-	}
-	return n
+	return c.reg.Registered(name)
 }
 
 // dispatchRetryWait is the pause before the instances are tried again once

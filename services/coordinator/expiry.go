@@ -141,20 +141,6 @@ func (x *runIndex) expiryDone(key string, rev uint64, failed bool) (gaveUp bool)
 	return gaveUp
 }
 
-// liveCoordinators returns the ids of the live coordinators, sorted.
-func (r *registry) liveCoordinators() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []string
-	for id, h := range r.hosts {
-		if h.rec.Kind == protocol.HostCoordinator && r.liveLocked(h) {
-			out = append(out, id)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
 // expiryDelay returns how long after a key is due this replica acts on it:
 // its rank among the live coordinators (live) in the order that starts at
 // the one the key's hash picks, times expiryStagger; a replica not among
@@ -173,7 +159,7 @@ func expiryDelay(self string, live []string, key string) time.Duration {
 
 // expiryJobs lists the lifetime writes due now (see the top of this file).
 func (c *Coordinator) expiryJobs() []job {
-	live := c.reg.liveCoordinators()
+	live := c.reg.LiveCoordinators()
 	due := c.runs.expiryDue(time.Now(), func(key string) time.Duration { return expiryDelay(c.cfg.ID, live, key) }, expiryWritesPerSweepMax)
 	jobs := make([]job, 0, len(due))
 	for key, e := range due {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator/slotrecord"
 )
 
 // For the external tests of admission (slots_test.go): a parent's slot
@@ -16,7 +17,7 @@ type ChildSlotsRecord = childSlotsRecord
 
 type ChildSlot = childSlot
 
-const SlotAttemptsMax = slotAttemptsMax
+const SlotAttemptsMax = slotrecord.AttemptsMax
 
 // Resident is resident, for TestResidentWaitsForATakeoverInProgress.
 func (c *Coordinator) Resident(ctx context.Context, childID string) (*store.Record[protocol.AgentRecord], error) {
@@ -47,7 +48,7 @@ func (c *Coordinator) CountSlotBackoffs(n *atomic.Int64) {
 }
 
 // WatchedKeys returns the keys this replica's watches hold of brood_hosts,
-// brood_agents and brood_runs (kvWatch.revs).
+// brood_agents and brood_runs (kvwatch.Watch.Keys).
 func (c *Coordinator) WatchedKeys() (hosts, agents, runs int64) {
-	return c.hostsWatch.keys.Load(), c.agentsWatch.keys.Load(), c.runsWatch.keys.Load()
+	return c.hostsWatch.Keys(), c.agentsWatch.Keys(), c.runsWatch.Keys()
 }

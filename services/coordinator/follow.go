@@ -134,7 +134,7 @@ func (c *Coordinator) eventsFollow(ctx context.Context, req rpc.Request, r proto
 	}
 	// At most FollowsMax per replica and UserFollowsMax per user
 	// (fairshare.go); the slot is given back when the follow ends.
-	if err := c.followSlots.take(f.user); err != nil {
+	if err := c.followSlots.Take(f.user); err != nil {
 		return nil, err
 	}
 	c.follows.add(f)
@@ -152,7 +152,7 @@ func (c *Coordinator) eventsFollow(ctx context.Context, req rpc.Request, r proto
 	// follow outlives the handler and ends when the replica stops serving.
 	go func() {
 		defer c.follows.remove(f.id)
-		defer c.followSlots.give(f.user)
+		defer c.followSlots.Give(f.user)
 		c.runFollow(ctx, f, start)
 	}()
 	return rpc.Replied, nil

@@ -118,7 +118,7 @@ func (c *Coordinator) routeFollowup(ctx context.Context, h protocol.SessionHeade
 	var err error
 	if lease == nil {
 		if desc, err = c.resumable(ctx, h); err == nil {
-			if _, ok := c.reg.provider(desc.Provider); !ok && held == "" {
+			if _, ok := c.reg.Provider(desc.Provider); !ok && held == "" {
 				err = protocol.Errorf(protocol.CodeUnavailable, "no live host of provider %s can resume %s", desc.Provider, h.ID)
 			}
 		}

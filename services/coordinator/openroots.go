@@ -9,6 +9,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator/slotrecord"
 )
 
 // A user's open roots (Config.UserOpenRootsMax; docs/security.md, "Limits").
@@ -31,7 +32,7 @@ import (
 // or refuses with LIMIT_EXCEEDED when user already holds UserOpenRootsMax
 // roots (slots of roots whose lease is live or that are within their grace,
 // and live root leases of the user this replica sees). The record is taken
-// as every slot record is (slotRecords.reserve: this replica's opens of
+// as every slot record is (slotrecord.Records.Reserve: this replica's opens of
 // one user wait for each other within ctx, reads from the leader, the
 // compare-and-set's retries, an UNAVAILABLE that says how long it took).
 // Anonymous opens (user "") are not limited.
@@ -39,7 +40,7 @@ func (c *Coordinator) reserveRoot(ctx context.Context, user, id string) error {
 	if user == "" {
 		return nil
 	}
-	return c.rootSlots.reserve(ctx, user, func(ctx context.Context, rec protocol.UserRootsRecord, now int64) (protocol.UserRootsRecord, error) {
+	return c.rootSlots.Reserve(ctx, user, func(ctx context.Context, rec protocol.UserRootsRecord, now int64) (protocol.UserRootsRecord, error) {
 		kept, count, err := c.countRoots(ctx, user, rec.Roots, now, false)
 		if err != nil {
 			return rec, err
@@ -61,13 +62,13 @@ func (c *Coordinator) reserveRoot(ctx context.Context, user, id string) error {
 
 // newRootSlots is the users' open-root slot records, brood_agents
 // `userroots.<user>` (store.UserRoots, store.WriteUserRoots).
-func (c *Coordinator) newRootSlots() *slotRecords[protocol.UserRootsRecord] {
-	return &slotRecords[protocol.UserRootsRecord]{
-		read: c.st.UserRoots, write: c.st.WriteUserRoots,
-		slot: "open root", records: "open roots", admissions: "opens",
-		of:      func(user string) string { return "user " + user },
-		backoff: func() time.Duration { return c.slotBackoff() }, background: c.background,
-		grace: func() time.Duration { return time.Duration(c.slotGrace()) * time.Millisecond }, log: c.log,
+func (c *Coordinator) newRootSlots() *slotrecord.Records[protocol.UserRootsRecord] {
+	return &slotrecord.Records[protocol.UserRootsRecord]{
+		Read: c.st.UserRoots, Write: c.st.WriteUserRoots,
+		Slot: "open root", Records: "open roots", Admissions: "opens",
+		Of:      func(user string) string { return "user " + user },
+		Backoff: func() time.Duration { return c.slotBackoff() }, Background: c.background,
+		Grace: func() time.Duration { return time.Duration(c.slotGrace()) * time.Millisecond }, Log: c.log,
 	}
 }
 
@@ -120,13 +121,13 @@ func (c *Coordinator) countRoots(ctx context.Context, user string, slots []proto
 }
 
 // releaseRootSlot gives back the slot of an open that failed
-// (slotRecords.release: within what is left of ctx, then in the background
+// (slotrecord.Records.Release: within what is left of ctx, then in the background
 // within store.SettleBudget; a slot left behind lapses after slotGrace).
 func (c *Coordinator) releaseRootSlot(ctx context.Context, user, id string) {
 	if user == "" {
 		return
 	}
-	c.rootSlots.release(ctx, user, func(rec protocol.UserRootsRecord) (protocol.UserRootsRecord, bool) {
+	c.rootSlots.Release(ctx, user, func(rec protocol.UserRootsRecord) (protocol.UserRootsRecord, bool) {
 		kept := slices.DeleteFunc(slices.Clone(rec.Roots), func(s protocol.RootSlot) bool { return s.SessionID == id })
 		return protocol.UserRootsRecord{Roots: kept}, len(kept) != len(rec.Roots)
 	})

@@ -60,7 +60,7 @@ type runIndex struct {
 	// come later.
 	grace time.Duration
 	// ttl is the lifetime of a settled run's keys (store.Store.RunsTTL):
-	// put reports it to the runs watch, which forgets them then (kvWatch).
+	// put reports it to the runs watch, which forgets them then (kvwatch.Watch).
 	ttl time.Duration
 	// ended holds the runs the watch saw settled lately (their spec joined
 	// with their settled state), for the notices their hosts ask for next
@@ -140,7 +140,7 @@ func (x *runIndex) endedRecord(id string) (protocol.RunRecord, bool) {
 }
 
 // put applies brood_runs key's value e and returns how long after e's
-// creation the server removes it (kvWatch): RunsTTL for a settled state or
+// creation the server removes it (kvwatch.Watch): RunsTTL for a settled state or
 // a spec given its lifetime, 0 for any other.
 func (x *runIndex) put(key string, e jetstream.KeyValueEntry) time.Duration {
 	kind, provider, id := store.RunsKindOf(key)
@@ -270,7 +270,7 @@ func (c *Coordinator) orphanJobs() []job {
 		return ok && l.rec.RunID == r.RunID
 	}
 	var jobs []job
-	for _, rec := range c.runs.orphans(hasLease, c.reg.expired) {
+	for _, rec := range c.runs.orphans(hasLease, c.reg.Expired) {
 		if !c.orphanDue(rec) {
 			continue
 		}
@@ -311,7 +311,7 @@ func (c *Coordinator) orphanDue(rec protocol.RunRecord) bool {
 	if rec.HostID == "" {
 		return time.Since(time.UnixMilli(rec.CreatedAt)) > c.cfg.RequestBudget+c.cfg.HostExpiry
 	}
-	_, live, known := c.reg.hostKnown(rec.HostID)
+	_, live, known := c.reg.HostKnown(rec.HostID)
 	return !known || !live
 }
 

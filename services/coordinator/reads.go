@@ -97,10 +97,10 @@ func (c *Coordinator) longPoll(ctx context.Context, req rpc.Request, subject str
 		return err
 	}
 	user := c.callerOf(req)
-	if err := c.longPolls.take(user); err != nil {
+	if err := c.longPolls.Take(user); err != nil {
 		return err
 	}
-	defer c.longPolls.give(user)
+	defer c.longPolls.Give(user)
 	rpc.Park(ctx)
 	wctx, cancel := context.WithTimeout(ctx, time.Duration(min(waitMs, protocol.ReadWaitMsMax))*time.Millisecond)
 	defer cancel()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator/slotrecord"
 )
 
 // Live-children slots (docs/design.md §4, agent limits; RELIABILITY.md I8). The
@@ -57,11 +58,11 @@ func (c *Coordinator) slotGrace() int64 {
 // slot the child already holds (a retried start) succeeds. A resumeRun
 // (the run id of a cold resume's epoch, "" for an admission) takes the
 // child's slot for that run and is never refused. The record is taken as
-// every slot record is (slotRecords.reserve: this replica's admissions of
+// every slot record is (slotrecord.Records.Reserve: this replica's admissions of
 // parent wait for each other within ctx, reads from the leader, the
 // compare-and-set's retries, an UNAVAILABLE that says how long it took).
 func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun string) error {
-	return c.childSlots.reserve(ctx, parent, func(ctx context.Context, rec childSlotsRecord, now int64) (childSlotsRecord, error) {
+	return c.childSlots.Reserve(ctx, parent, func(ctx context.Context, rec childSlotsRecord, now int64) (childSlotsRecord, error) {
 		live := c.liveChildIDs(parent)
 		if err := c.confirmLive(ctx, rec.Slots, live, now); err != nil {
 			return rec, err
@@ -94,27 +95,29 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun
 
 // newChildSlots is the live-children slot records, brood_agents
 // `slots.<parent>` (store.Slots, store.WriteSlots).
-func (c *Coordinator) newChildSlots() *slotRecords[childSlotsRecord] {
-	return &slotRecords[childSlotsRecord]{
-		read: c.st.Slots, write: c.st.WriteSlots,
-		slot: "live-child slot", records: "live children", admissions: "admissions",
-		of:      func(parent string) string { return parent },
-		backoff: func() time.Duration { return c.slotBackoff() }, background: c.background,
-		grace: func() time.Duration { return time.Duration(c.slotGrace()) * time.Millisecond }, log: c.log,
+func (c *Coordinator) newChildSlots() *slotrecord.Records[childSlotsRecord] {
+	return &slotrecord.Records[childSlotsRecord]{
+		Read: c.st.Slots, Write: c.st.WriteSlots,
+		Slot: "live-child slot", Records: "live children", Admissions: "admissions",
+		Of:      func(parent string) string { return parent },
+		Backoff: func() time.Duration { return c.slotBackoff() }, Background: c.background,
+		Grace: func() time.Duration { return time.Duration(c.slotGrace()) * time.Millisecond }, Log: c.log,
 	}
 }
 
 // randomSlotBackoff is the wait before an admission whose compare-and-set
 // met another admission of the same owner tries again: random in
-// [0, slotBackoffMax).
-func randomSlotBackoff() time.Duration { return time.Duration(rand.Int63n(int64(slotBackoffMax))) }
+// [0, slotrecord.BackoffMax).
+func randomSlotBackoff() time.Duration {
+	return time.Duration(rand.Int63n(int64(slotrecord.BackoffMax)))
+}
 
 // releaseChild gives back child's slot after its start failed
-// (slotRecords.release: within what is left of ctx, then in the background
+// (slotrecord.Records.Release: within what is left of ctx, then in the background
 // within store.SettleBudget; a slot left behind still lapses after
 // slotGrace).
 func (c *Coordinator) releaseChild(ctx context.Context, parent, child string) {
-	c.childSlots.release(ctx, parent, func(rec childSlotsRecord) (childSlotsRecord, bool) {
+	c.childSlots.Release(ctx, parent, func(rec childSlotsRecord) (childSlotsRecord, bool) {
 		kept := slices.DeleteFunc(slices.Clone(rec.Slots), func(s childSlot) bool { return s.ChildID == child })
 		return childSlotsRecord{Slots: kept}, len(kept) != len(rec.Slots)
 	})

@@ -13,63 +13,11 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
-	"time"
 
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
-
-// holderDead reports whether the lease's holder stopped heartbeating: a
-// worker past the expiry, or a coordinator that died during a takeover
-// (judged by the registry, on evidence about the holder only). A takeover of
-// this replica's own that did not finish counts too, so it is resumed. A
-// holder never seen heartbeating is judged from when the lease was first
-// seen, on the same observed clock.
-func (c *Coordinator) holderDead(l leaseState) bool {
-	if l.rec.TakenOverBy == c.cfg.ID {
-		return true
-	}
-	_, live, known := c.reg.hostKnown(l.rec.HostID)
-	if known {
-		return !live
-	}
-	return c.reg.expired(l.firstObs)
-}
-
-// hostLostWait bounds hostLost's read of a host record from the bucket's
-// leader; a read that did not answer in time decides nothing (the next
-// sweep asks again).
-const hostLostWait = 2 * time.Second
-
-// hostLost confirms, before this replica acts on the death of host id (a
-// takeover of its session, the settlement of a run it claimed), that the
-// record the registry judged it on is the host's latest: it reads the
-// host's record from the bucket's leader. A newer one (a heartbeat the
-// hosts watch did not deliver: the watch silent or opened again through an
-// election of brood_hosts, a snapshot that missed the key) makes the host
-// live again from now (registry.confirm), and nothing is done; no record at
-// the leader confirms the loss; a read that failed (the bucket electing)
-// decides nothing now. A host is declared lost only on a record read fresh
-// (issue 16: a run settled HOST_LOST 0.2 s after its coordinator opened its
-// watches again, while its host heartbeated).
-func (c *Coordinator) hostLost(ctx context.Context, id string) bool {
-	rctx, cancel := context.WithTimeout(ctx, hostLostWait)
-	defer cancel()
-	rec, err := store.GetLatest[protocol.HostRecord](rctx, c.st.Hosts, store.HostKey(id))
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return true
-	case err != nil:
-		c.log.Info("a host judged lost could not be read from the leader; deciding at the next sweep", "host", id, "err", err)
-		return false
-	}
-	if c.reg.confirm(store.HostKey(id), rec.Value, rec.Revision) {
-		c.log.Warn("a host judged lost heartbeated after the record this replica had; keeping it live", "host", id)
-		return false
-	}
-	return true
-}
 
 // takeOver settles the run of a session whose host died (docs/design.md §7,
 // Settlement 2): a one-shot run's (takeOverRun) or a continuable child's

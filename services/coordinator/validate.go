@@ -3,6 +3,8 @@ package coordinator
 import (
 	"fmt"
 	"math"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -165,4 +167,57 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// checkSchema validates an outputSchema against the supported subset
+// (docs/upstream-behaviour.md §1.6; UNSUPPORTED_SCHEMA lists every offending path)
+// and returns its canonical JSON text.
+func (c *Coordinator) checkSchema(schema any) (string, error) {
+	return protocol.CheckOutputSchema(schema)
+}
+
+// checkPrompt checks a prompt, followup message or report: text blocks only,
+// each UTF-8 (docs/protocol.md §5 and §10; raw bytes from a msgpack client are
+// refused here, for every client: issue 37, item 4), not empty, at most
+// PromptBytesMax bytes in all.
+func (c *Coordinator) checkPrompt(prompt []protocol.ContentBlock) error {
+	size := 0
+	for i, b := range prompt {
+		if b.Type != protocol.BlockText {
+			return protocol.Errorf(protocol.CodeInvalidArgument, "prompt block type %q is not supported; use text blocks", b.Type)
+		}
+		if !utf8.ValidString(b.Text) {
+			return protocol.Errorf(protocol.CodeInvalidArgument, "prompt block %d is not UTF-8 text", i)
+		}
+		size += len(b.Text)
+	}
+	if len(prompt) == 0 || size == 0 {
+		return protocol.Errorf(protocol.CodeInvalidArgument, "prompt is empty")
+	}
+	if size > c.cfg.PromptBytesMax {
+		return protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+			"limit": "prompt bytes", "reason": fmt.Sprintf("the prompt is %d bytes; the limit is %d", size, c.cfg.PromptBytesMax)})
+	}
+	return nil
+}
+
+// validNotify checks a client-chosen notify subject: printable ASCII literal
+// tokens, at most protocol.NotifySubjectBytesMax bytes, and never a subject of the deployment itself or
+// of the system ($JS, $KV, $SRV…): the settling host publishes there with its
+// own permissions, so a notify subject must not reach Brood's state.
+func (c *Coordinator) validNotify(s string) bool {
+	if s == "" || len(s) > protocol.NotifySubjectBytesMax || strings.HasPrefix(s, "$") || strings.HasPrefix(s, c.subj.Prefix()+".") {
+		return false
+	}
+	for _, r := range s {
+		if r <= ' ' || r > '~' || r == '*' || r == '>' {
+			return false
+		}
+	}
+	for _, tok := range strings.Split(s, ".") {
+		if tok == "" {
+			return false
+		}
+	}
+	return true
 }

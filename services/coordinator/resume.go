@@ -1,154 +1,20 @@
 package coordinator
 
+// Resumes (docs/design.md §4, Liveness; RELIABILITY.md, L1): a continuable
+// child with accepted messages in its inbox and no live activation is
+// resumed on a live host, by the liveness sweep or right after the event
+// that left its messages waiting (a takeover, an orphan settled, a drain
+// lifted).
+
 import (
 	"context"
 	"errors"
 	"sync"
 	"time"
 
-	"github.com/brood-dev/brood/internal/gopool"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
-
-// TakeoverAttemptsMax bounds the fenced appends of one takeover that race
-// with a host that came back.
-const TakeoverAttemptsMax = 3
-
-// monitor judges liveness from the cached leases and host records, every
-// quarter of the host expiry: it settles the runs of dead hosts (HOST_LOST),
-// expires lapsed roots and disposes one-shot runs whose parent is gone.
-// Every action is a CAS, so replicas racing on the same session are safe. It
-// also opens the KV watches again when this replica's own heartbeat does not
-// come back through them (registry.stalled): the caches were silent.
-func (c *Coordinator) monitor(ctx context.Context) {
-	interval := min(c.cfg.HeartbeatInterval, c.cfg.HostExpiry/4)
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	// The jobs run on reused goroutines: a fresh one per job grew its stack
-	// again each time (3-19 µs of CPU per one-shot run in the throughput
-	// loop: a settled run's spec gets its lifetime in a job, expiry.go).
-	jobs := gopool.New(ctx)
-	defer jobs.Wait()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if c.reg.stalled() {
-			c.log.Warn("own heartbeat did not come back through the hosts watch; opening the KV watches again")
-			c.hostsWatch.restart()
-			c.agentsWatch.restart()
-			c.runsWatch.restart()
-		}
-		for _, job := range c.sweep() {
-			jobs.Go(func() {
-				if !c.claim(job.id) {
-					return
-				}
-				defer c.release(job.id)
-				job.run(ctx)
-			})
-		}
-	}
-}
-
-type job struct {
-	id  string
-	run func(ctx context.Context)
-}
-
-func (c *Coordinator) sweep() []job {
-	now := time.Now()
-	nowMs := now.UnixMilli()
-	leases := c.agents.snapshot()
-	live := make(map[string]bool, len(leases))
-	for _, l := range leases {
-		live[l.rec.SessionID] = true
-	}
-	var jobs []job
-	// A drain below a root lasts while that exact root agent lives.
-	for scope, m := range c.agents.drainMarks() {
-		if scope == store.DrainAll {
-			continue
-		}
-		hctx, cancel := context.WithTimeout(context.Background(), markHeaderWait)
-		l, ok := c.leaseCached(hctx, scope)
-		cancel()
-		if !ok || l.rec.CredentialHash != m.CredentialHash {
-			jobs = append(jobs, job{store.DrainKey(scope), func(ctx context.Context) { _ = c.st.DeleteDrain(ctx, scope) }})
-		}
-	}
-	jobs = append(jobs, c.orphanJobs()...)
-	jobs = append(jobs, c.expiryJobs()...)
-	for _, l := range leases {
-		l := l
-		switch {
-		case l.rec.Kind == protocol.AgentRoot:
-			if l.rec.ExpiresAt < nowMs {
-				jobs = append(jobs, job{l.rec.SessionID, func(ctx context.Context) { c.expireRoot(ctx, l) }})
-			}
-		case c.holderDead(l):
-			jobs = append(jobs, job{l.rec.SessionID, func(ctx context.Context) { c.takeOver(ctx, l) }})
-		case l.rec.Kind == protocol.AgentOneShot && l.rec.ParentSession != "" && !live[l.rec.ParentSession] &&
-			now.Sub(l.firstSeen) > c.cfg.HostExpiry:
-			jobs = append(jobs, job{l.rec.SessionID, func(ctx context.Context) { c.disposeOrphan(ctx, l) }})
-		}
-	}
-	return jobs
-}
-
-// expireRoot ends a root whose lease lapsed: its credential dies with the
-// lease, and its one-shot runs are disposed (docs/design.md §7, Settlement 4).
-func (c *Coordinator) expireRoot(ctx context.Context, l leaseState) {
-	if err := c.markClosed(ctx, l.rec.SessionID); err != nil {
-		c.log.Warn("could not expire root", "session", l.rec.SessionID, "err", err)
-		return
-	}
-	err := c.st.ReleaseLease(ctx, l.rec.SessionID, l.rev)
-	if err != nil && !errors.Is(err, store.ErrConflict) {
-		c.log.Warn("could not expire root", "session", l.rec.SessionID, "err", err)
-		return
-	}
-	if err == nil {
-		c.log.Info("root lease lapsed", "session", l.rec.SessionID)
-		c.agents.del(store.RootLeaseKey(l.rec.SessionID))
-		c.disposeOrphans(ctx, l.rec.SessionID)
-	}
-}
-
-// disposeOrphans disposes the one-shot runs of a parent that stopped being live.
-func (c *Coordinator) disposeOrphans(ctx context.Context, parent string) {
-	for _, l := range c.agents.snapshot() {
-		if l.rec.Kind == protocol.AgentOneShot && l.rec.ParentSession == parent {
-			if c.claim(l.rec.SessionID) {
-				c.disposeOrphan(ctx, l)
-				c.release(l.rec.SessionID)
-			}
-		}
-	}
-}
-
-func (c *Coordinator) disposeOrphan(ctx context.Context, l leaseState) {
-	// From the bucket's leader: a replica not yet current may lack a run
-	// created a moment ago, and its lease would go while the run works on
-	// (chaos seed 1 of make test: a root closed just after it started a run).
-	run, err := c.st.RunLatest(ctx, l.rec.RunID)
-	if err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			_ = c.st.ReleaseLease(ctx, l.rec.SessionID, l.rev)
-		}
-		return
-	}
-	if run.Value.State == protocol.RunSettled {
-		return
-	}
-	c.log.Info("disposing a one-shot run whose parent is gone", "run", l.rec.RunID, "parent", l.rec.ParentSession)
-	if _, err := c.disposeRun(ctx, run.Value, protocol.CauseParent); err != nil {
-		c.log.Warn("orphan dispose failed", "run", l.rec.RunID, "err", err)
-	}
-}
 
 // LivenessResumesMax bounds the cold resumes the liveness sweep runs at
 // once; sessions beyond it wait for the next sweep.
@@ -298,6 +164,6 @@ func (c *Coordinator) ownerOf(ctx context.Context, h protocol.SessionHeader) str
 }
 
 func (c *Coordinator) isRemote(provider string) bool {
-	d, _ := c.reg.provider(provider)
+	d, _ := c.reg.Provider(provider)
 	return d.Remote
 }

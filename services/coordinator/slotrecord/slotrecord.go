@@ -1,4 +1,10 @@
-package coordinator
+// Package slotrecord is the coordinator's slot records (docs/design.md §4,
+// agent limits; RELIABILITY.md I8; docs/security.md, "Limits";
+// docs/architecture.md §6): a limit several coordinator replicas enforce at
+// once, kept in one record per owner in brood_agents and taken by
+// compare-and-set. The coordinator composes two (a parent's live children,
+// services/coordinator/slots.go; a user's open roots, openroots.go).
+package slotrecord
 
 import (
 	"context"
@@ -12,8 +18,7 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Slot records (docs/design.md §4, agent limits; RELIABILITY.md I8; docs/security.md,
-// "Limits"). A limit that several replicas enforce at once (a parent's live
+// A limit that several replicas enforce at once (a parent's live
 // children, slots.go; a user's open roots, openroots.go) cannot rest on what
 // each replica's caches count: two admissions served at the same instant
 // both see the same count before either's lease exists. So each admission
@@ -21,7 +26,7 @@ import (
 // brood_agents, by compare-and-set: the admissions of one owner are
 // serialized by the record's revision, whichever replica serves them.
 //
-// slotRecords is that mechanism for one kind of record R, shared by both:
+// Records is that mechanism for one kind of record R, shared by both:
 //   - this replica's admissions of one owner wait for each other (so they
 //     do not race on the record) on a lock a waiter gives up at its
 //     deadline: an admission stalled by an election must not make the ones
@@ -35,46 +40,47 @@ import (
 //     revision it wrote at was remembered (the owner's admissions alternate
 //     between replicas, so a remembered one is often behind), after a short
 //     random wait when it was read just now (another replica's admission of
-//     the owner at the same time), at most slotAttemptsMax times;
+//     the owner at the same time), at most AttemptsMax times;
 //   - a failed admission's slot is given back within what is left of its
 //     caller's deadline, then in the background within store.SettleBudget
 //     (an election outlasting the caller); a slot left behind still lapses
-//     after its grace (slotGrace). A release neither waits for the owner's
+//     after its grace (Grace). A release neither waits for the owner's
 //     admissions nor they for it: it reads the record from the leader and
 //     writes it by compare-and-set, and an admission whose remembered
 //     revision it superseded reads it again.
-type slotRecords[R any] struct {
-	// read reads owner's record from the bucket's leader (none:
-	// store.ErrNotFound); write writes it by compare-and-set at rev (0:
+type Records[R any] struct {
+	// Read reads owner's record from the bucket's leader (none:
+	// store.ErrNotFound); Write writes it by compare-and-set at rev (0:
 	// create).
-	read  func(ctx context.Context, owner string) (store.Record[R], error)
-	write func(ctx context.Context, owner string, rec R, rev uint64) (uint64, error)
+	Read  func(ctx context.Context, owner string) (store.Record[R], error)
+	Write func(ctx context.Context, owner string, rec R, rev uint64) (uint64, error)
 	// Words of its errors and logs: a slot ("live-child slot"), the records
 	// ("live children"), the admissions ("admissions"), and owner's name
 	// ("<parent>", "user <user>").
-	slot, records, admissions string
-	of                        func(owner string) string
-	// backoff is the random wait after a conflict on a record read just now
-	// (Coordinator.slotBackoff); background runs a release past its
-	// caller's deadline (Coordinator.background); grace is slotGrace.
-	backoff    func() time.Duration
-	background func(func(context.Context))
-	grace      func() time.Duration
-	log        *slog.Logger
+	Slot, Records, Admissions string
+	Of                        func(owner string) string
+	// Backoff is the random wait after a conflict on a record read just now
+	// (Coordinator.slotBackoff); Background runs a release past its
+	// caller's deadline (Coordinator.background); Grace is how long a slot
+	// left behind is counted (the coordinator's slotGrace).
+	Backoff    func() time.Duration
+	Background func(func(context.Context))
+	Grace      func() time.Duration
+	Log        *slog.Logger
 
 	mu sync.Mutex
-	m  map[string]*ownerSlots[R] // at most slotOwnersCachedMax
+	m  map[string]*ownerSlots[R] // at most OwnersCachedMax
 }
 
-// slotOwnersCachedMax bounds the owners whose slot record a replica keeps.
-const slotOwnersCachedMax = 10000
+// OwnersCachedMax bounds the owners whose slot record a replica keeps.
+const OwnersCachedMax = 10000
 
-// slotAttemptsMax bounds the compare-and-set attempts of one admission.
-const slotAttemptsMax = 32
+// AttemptsMax bounds the compare-and-set attempts of one admission.
+const AttemptsMax = 32
 
-// slotBackoffMax bounds the random wait before a conflicting admission
+// BackoffMax bounds the random wait before a conflicting admission
 // tries again, so two replicas' admissions of one owner interleave.
-const slotBackoffMax = 20 * time.Millisecond
+const BackoffMax = 20 * time.Millisecond
 
 // ownerSlots is what this replica last knew of one owner's slot record. Its
 // admissions hold held while they use it.
@@ -97,10 +103,10 @@ func (o *ownerSlots[R]) lock(ctx context.Context) error {
 
 func (o *ownerSlots[R]) unlock() { <-o.held }
 
-func (sr *slotRecords[R]) owner(owner string) *ownerSlots[R] {
+func (sr *Records[R]) owner(owner string) *ownerSlots[R] {
 	sr.mu.Lock()
 	defer sr.mu.Unlock()
-	if sr.m == nil || len(sr.m) >= slotOwnersCachedMax {
+	if sr.m == nil || len(sr.m) >= OwnersCachedMax {
 		sr.m = map[string]*ownerSlots[R]{} // dropping an entry only costs a read
 	}
 	o := sr.m[owner]
@@ -111,7 +117,7 @@ func (sr *slotRecords[R]) owner(owner string) *ownerSlots[R] {
 	return o
 }
 
-// reserve takes a slot of owner's record: take is given the record as
+// Reserve takes a slot of owner's record: take is given the record as
 // known (the zero R when there is none) and the time of the attempt, and
 // returns the record to write (the slot taken, lapsed ones dropped), or an
 // error: a *protocol.Error (LIMIT_EXCEEDED) is the answer as it is, any
@@ -120,27 +126,27 @@ func (sr *slotRecords[R]) owner(owner string) *ownerSlots[R] {
 // (the caller's deadline, less the margin to answer): an UNAVAILABLE says
 // how long the admission took, and how much of it went to waiting for this
 // replica's other admissions of the owner.
-func (sr *slotRecords[R]) reserve(ctx context.Context, owner string, take func(ctx context.Context, rec R, now int64) (R, error)) error {
+func (sr *Records[R]) Reserve(ctx context.Context, owner string, take func(ctx context.Context, rec R, now int64) (R, error)) error {
 	began := time.Now()
 	o := sr.owner(owner)
 	err := o.lock(ctx)
 	waited := time.Since(began)
-	of := sr.of(owner)
+	of := sr.Of(owner)
 	unavailable := func(what string, err error) error {
 		return protocol.Errorf(protocol.CodeUnavailable, "%s of %s after %s (%s of it waiting for this replica's other %s of %s): %w",
-			what, of, time.Since(began).Round(time.Millisecond), waited.Round(time.Millisecond), sr.admissions, of, err)
+			what, of, time.Since(began).Round(time.Millisecond), waited.Round(time.Millisecond), sr.Admissions, of, err)
 	}
-	reserve := "reserve a " + sr.slot
+	reserve := "reserve a " + sr.Slot
 	if err != nil {
 		return unavailable(reserve, err)
 	}
 	defer o.unlock()
-	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
+	for attempt := 0; attempt < AttemptsMax; attempt++ {
 		cached := o.known
 		if !o.known {
-			cur, err := sr.read(ctx, owner)
+			cur, err := sr.Read(ctx, owner)
 			if err != nil && !errors.Is(err, store.ErrNotFound) {
-				return unavailable("read the "+sr.records, err)
+				return unavailable("read the "+sr.Records, err)
 			}
 			o.rec, o.rev, o.known = cur.Value, cur.Revision, true
 		}
@@ -150,9 +156,9 @@ func (sr *slotRecords[R]) reserve(ctx context.Context, owner string, take func(c
 			if errors.As(err, &pe) {
 				return err
 			}
-			return unavailable("read the "+sr.records, err)
+			return unavailable("read the "+sr.Records, err)
 		}
-		rev, err := sr.write(ctx, owner, next, o.rev)
+		rev, err := sr.Write(ctx, owner, next, o.rev)
 		if err == nil {
 			o.rec, o.rev = next, rev
 			return nil
@@ -167,35 +173,35 @@ func (sr *slotRecords[R]) reserve(ctx context.Context, owner string, take func(c
 		select {
 		case <-ctx.Done():
 			return unavailable(reserve, ctx.Err())
-		case <-time.After(sr.backoff()):
+		case <-time.After(sr.Backoff()):
 		}
 	}
-	return protocol.Errorf(protocol.CodeUnavailable, "the %s of %s kept changing; retry", sr.records, of)
+	return protocol.Errorf(protocol.CodeUnavailable, "the %s of %s kept changing; retry", sr.Records, of)
 }
 
-// release gives back a slot of owner's record after its admission failed:
+// Release gives back a slot of owner's record after its admission failed:
 // drop returns the record without it, and false when it holds no such slot.
 // It writes within what is left of ctx, then, when that did not do, in the
 // background within store.SettleBudget; a slot left behind lapses after
 // its grace (logged).
-func (sr *slotRecords[R]) release(ctx context.Context, owner string, drop func(R) (R, bool)) {
+func (sr *Records[R]) Release(ctx context.Context, owner string, drop func(R) (R, bool)) {
 	if sr.drop(ctx, owner, drop) == nil {
 		return
 	}
-	sr.background(func(bg context.Context) {
+	sr.Background(func(bg context.Context) {
 		ctx, cancel := context.WithTimeout(bg, store.SettleBudget)
 		defer cancel()
 		if err := sr.drop(ctx, owner, drop); err != nil {
-			sr.log.Warn("a failed admission's slot not released; it lapses after its grace", "slot", sr.slot, "of", sr.of(owner), "grace", sr.grace(), "err", err)
+			sr.Log.Warn("a failed admission's slot not released; it lapses after its grace", "slot", sr.Slot, "of", sr.Of(owner), "grace", sr.Grace(), "err", err)
 		}
 	})
 }
 
 // drop removes a slot from owner's record (read from the leader, written by
 // compare-and-set); a record without it is no error.
-func (sr *slotRecords[R]) drop(ctx context.Context, owner string, drop func(R) (R, bool)) error {
-	for attempt := 0; attempt < slotAttemptsMax; attempt++ {
-		cur, err := sr.read(ctx, owner)
+func (sr *Records[R]) drop(ctx context.Context, owner string, drop func(R) (R, bool)) error {
+	for attempt := 0; attempt < AttemptsMax; attempt++ {
+		cur, err := sr.Read(ctx, owner)
 		if errors.Is(err, store.ErrNotFound) {
 			return nil
 		}
@@ -206,9 +212,9 @@ func (sr *slotRecords[R]) drop(ctx context.Context, owner string, drop func(R) (
 		if !had {
 			return nil
 		}
-		if _, err = sr.write(ctx, owner, next, cur.Revision); !errors.Is(err, store.ErrConflict) {
+		if _, err = sr.Write(ctx, owner, next, cur.Revision); !errors.Is(err, store.ErrConflict) {
 			return err
 		}
 	}
-	return fmt.Errorf("the %s of %s kept changing", sr.records, sr.of(owner))
+	return fmt.Errorf("the %s of %s kept changing", sr.Records, sr.Of(owner))
 }

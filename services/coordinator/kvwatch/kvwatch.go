@@ -1,4 +1,7 @@
-package coordinator
+// Package kvwatch keeps a cache of one KV bucket current through a watch
+// (docs/architecture.md §6): the coordinator's caches of brood_hosts,
+// brood_agents and brood_runs each apply what one Watch delivers.
+package kvwatch
 
 import (
 	"container/heap"
@@ -10,10 +13,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// kvWatch keeps a cache of one KV bucket current through a watch (an ordered
+// Watch keeps a cache of one KV bucket current through a watch (an ordered
 // consumer), in stream order: apply gets every key's value, then every change.
 // Each key's revision is applied at most once, so values the watch delivers
-// again after a restart are not news. The watch can be restarted (restart);
+// again after a restart are not news. The watch can be restarted (Restart);
 // after a restart the keys that disappeared meanwhile are applied as deleted.
 //
 // A key whose value lapses (a per-message TTL, or the bucket's max age, as
@@ -29,8 +32,8 @@ import (
 // checks every 2 × 5 s), and recreating it can fail while JetStream recovers,
 // so the watch can stay silent for half a minute. A coordinator finds out
 // sooner from its own heartbeat: written, but not delivered back
-// (registry.stalled).
-type kvWatch struct {
+// (hostreg.Registry.Stalled).
+type Watch struct {
 	kv   jetstream.KeyValue
 	name string
 	log  *slog.Logger
@@ -56,8 +59,10 @@ type kvWatch struct {
 	keys atomic.Int64
 }
 
-func newKVWatch(kv jetstream.KeyValue, name string, log *slog.Logger, put func(string, jetstream.KeyValueEntry) time.Duration, del func(string)) *kvWatch {
-	return &kvWatch{kv: kv, name: name, log: log, put: put, del: del,
+// New returns the watch of bucket kv (name names it in logs and errors);
+// put and del apply its changes (see Watch). Run runs it.
+func New(kv jetstream.KeyValue, name string, log *slog.Logger, put func(string, jetstream.KeyValueEntry) time.Duration, del func(string)) *Watch {
+	return &Watch{kv: kv, name: name, log: log, put: put, del: del,
 		ready: make(chan struct{}), again: make(chan struct{}, 1), revs: map[string]uint64{}, lapses: map[string]*lapse{}}
 }
 
@@ -71,7 +76,7 @@ const kvLapseSlack = 2 * time.Second
 // kvLapseSweep is how often the watch looks for lapsed keys.
 const kvLapseSweep = time.Second
 
-// lapse is one key of kvWatch.lapses: its value at rev lapses at at.
+// lapse is one key of Watch.lapses: its value at rev lapses at at.
 type lapse struct {
 	key string
 	rev uint64
@@ -100,7 +105,7 @@ func (h *lapseHeap) Pop() any {
 
 // setLapse files key, applied at rev, to lapse at at; a zero at: it does
 // not lapse (any earlier filing is dropped).
-func (w *kvWatch) setLapse(key string, rev uint64, at time.Time) {
+func (w *Watch) setLapse(key string, rev uint64, at time.Time) {
 	l, ok := w.lapses[key]
 	switch {
 	case at.IsZero():
@@ -119,7 +124,7 @@ func (w *kvWatch) setLapse(key string, rev uint64, at time.Time) {
 }
 
 // lapseDue applies as deleted the keys whose value lapsed by now.
-func (w *kvWatch) lapseDue(now time.Time) {
+func (w *Watch) lapseDue(now time.Time) {
 	for len(w.lapseOrder) > 0 && !w.lapseOrder[0].at.After(now) {
 		l := heap.Pop(&w.lapseOrder).(*lapse)
 		delete(w.lapses, l.key)
@@ -130,22 +135,22 @@ func (w *kvWatch) lapseDue(now time.Time) {
 }
 
 // forget applies key as deleted and drops what the watch holds of it.
-func (w *kvWatch) forget(key string) {
+func (w *Watch) forget(key string) {
 	delete(w.revs, key)
 	w.setLapse(key, 0, time.Time{})
 	w.keys.Store(int64(len(w.revs)))
 	w.del(key)
 }
 
-// restart asks run to replace the watch with a new one (non-blocking).
-func (w *kvWatch) restart() {
+// Restart asks Run to replace the watch with a new one (non-blocking).
+func (w *Watch) Restart() {
 	select {
 	case w.again <- struct{}{}:
 	default:
 	}
 }
 
-// kvWatchRetry is how long run waits before opening a watch again after
+// kvWatchRetry is how long Run waits before opening a watch again after
 // opening one failed (the server is down or JetStream recovering).
 const kvWatchRetry = 250 * time.Millisecond
 
@@ -154,9 +159,9 @@ const kvWatchRetry = 250 * time.Millisecond
 // have been created while the stream was still electing a leader).
 const kvWatchInitialMax = 10 * time.Second
 
-// run watches until ctx is done, opening the watch again whenever it ends or
-// restart is called.
-func (w *kvWatch) run(ctx context.Context, onRestart func()) {
+// Run watches until ctx is done, opening the watch again whenever it ends or
+// Restart is called; onRestart (optional) is called before each new watch.
+func (w *Watch) Run(ctx context.Context, onRestart func()) {
 	for first := true; ctx.Err() == nil; first = false {
 		if !first && onRestart != nil {
 			onRestart()
@@ -182,7 +187,7 @@ func (w *kvWatch) run(ctx context.Context, onRestart func()) {
 
 // consume applies one watch's updates until it ends, ctx is done or a
 // restart is requested.
-func (w *kvWatch) consume(ctx context.Context, kw jetstream.KeyWatcher) {
+func (w *Watch) consume(ctx context.Context, kw jetstream.KeyWatcher) {
 	snapshot := map[string]bool{} // keys of the initial values; nil once they are in
 	initial := time.NewTimer(kvWatchInitialMax)
 	defer initial.Stop()
@@ -245,3 +250,13 @@ func (w *kvWatch) consume(ctx context.Context, kw jetstream.KeyWatcher) {
 		}
 	}
 }
+
+// Ready is closed once the first snapshot of the bucket was applied.
+func (w *Watch) Ready() <-chan struct{} { return w.ready }
+
+// Name names the watched bucket (New's name).
+func (w *Watch) Name() string { return w.name }
+
+// Keys is how many keys the watch holds (its revs), readable from any
+// goroutine (tests, benchmarks).
+func (w *Watch) Keys() int64 { return w.keys.Load() }

@@ -1,20 +1,27 @@
-package coordinator
+// Package hostreg is the coordinator's host registry (docs/design.md §4;
+// docs/architecture.md §6): the provider registry derived from brood_hosts
+// and the judgement of which hosts are live, on an observed clock of the
+// coordinator's own heartbeats. The coordinator feeds it from its hosts
+// watch (Put, Del) and its own heartbeats (Wrote), and reads it.
+package hostreg
 
 import (
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // hostState is one host as this coordinator last saw it.
 type hostState struct {
 	rec protocol.HostRecord
-	// obs is the observed clock (registry.obs) when its latest heartbeat
+	// obs is the observed clock (Registry.obs) when its latest heartbeat
 	// reached this coordinator.
 	obs time.Duration
 	// rev is the bucket revision of rec: a record delivered again (a
@@ -22,7 +29,7 @@ type hostState struct {
 	rev uint64
 }
 
-// registry is the provider registry, derived from the records in brood_hosts
+// Registry is the provider registry, derived from the records in brood_hosts
 // (docs/design.md §4): a provider exists while at least one live, non-draining
 // host offers it; instances must have equal descriptors (the
 // earliest-started instance defines it; a conflicting one is ignored).
@@ -33,7 +40,7 @@ type hostState struct {
 // heartbeat from it. The proof is the coordinator's own heartbeat: the watch
 // delivers in stream order, so when our own record written at time t comes
 // back, every heartbeat any host stored before t has come back too. The
-// observed clock (obs) advances by the time between two consecutive own
+// Observed clock (obs) advances by the time between two consecutive own
 // heartbeats that came back, and stands still while they do not: while this
 // coordinator is cut off, paused, or its watch is restarting or cannot read
 // the bucket. A gap longer than gapMax between two own heartbeats is not
@@ -42,16 +49,17 @@ type hostState struct {
 // the whole expiry of observed time after it. A host is dead when more than
 // the expiry of observed time passed since its latest heartbeat (or the
 // latest gap) came back; a new heartbeat from it makes it live again.
-type registry struct {
+type Registry struct {
 	mu sync.Mutex
 	// hosts holds the hosts whose record brood_hosts holds, by host id:
 	// removed when a host's record is deleted (a host that stops) or lapses
-	// (maxAge after its latest heartbeat, kvWatch). Bound: the live hosts
-	// and those silent for less than maxAge (store.Config.HostsMaxAge,
+	// (MaxAge after its latest heartbeat, kvwatch.Watch). Bound: the live hosts
+	// and those silent for less than MaxAge (store.Config.HostsMaxAge,
 	// 10 min by default).
 	hosts map[string]*hostState
-	// maxAge is brood_hosts' max age (store.Config.HostsMaxAge; 0: none).
-	maxAge   time.Duration
+	// MaxAge is brood_hosts' max age (store.Config.HostsMaxAge; 0: none),
+	// set before the registry is fed.
+	MaxAge   time.Duration
 	self     string
 	expiry   time.Duration
 	gapMax   time.Duration
@@ -68,27 +76,27 @@ type registry struct {
 	wroteRev    uint64
 }
 
-// newRegistry returns the registry of the coordinator self, which heartbeats
+// New returns the registry of the coordinator self, which heartbeats
 // every interval; hosts expire after expiry of observed time.
-func newRegistry(self string, interval, expiry time.Duration, log *slog.Logger) *registry {
-	return &registry{
+func New(self string, interval, expiry time.Duration, log *slog.Logger) *Registry {
+	return &Registry{
 		hosts: map[string]*hostState{}, self: self, expiry: expiry, log: log,
 		gapMax:   max(expiry/2, interval*3/2),
 		staleMax: max(3*interval, 2*time.Second),
 	}
 }
 
-// put applies host key's record e; it lapses after the bucket's max age
-// (kvWatch).
-func (r *registry) put(key string, e jetstream.KeyValueEntry) time.Duration {
+// Put applies host key's record e; it lapses after the bucket's max age
+// (kvwatch.Watch).
+func (r *Registry) Put(key string, e jetstream.KeyValueEntry) time.Duration {
 	rec, err := store.Decode[protocol.HostRecord](e)
 	if err != nil {
 		r.log.Warn("undecodable host record", "host", key, "err", err)
-		return r.maxAge
+		return r.MaxAge
 	}
 	if rec.HostID != key {
 		r.log.Warn("host record under another host's key ignored", "key", key, "hostId", rec.HostID)
-		return r.maxAge
+		return r.MaxAge
 	}
 	rec.Providers = inScope(key, rec.Providers, r.log)
 	r.mu.Lock()
@@ -97,13 +105,13 @@ func (r *registry) put(key string, e jetstream.KeyValueEntry) time.Duration {
 		r.ownBeat(rec.Heartbeat, e.Revision())
 	}
 	if h, ok := r.hosts[key]; ok && h.rev >= e.Revision() {
-		return r.maxAge // applied already (confirm read it from the leader first)
+		return r.MaxAge // applied already (confirm read it from the leader first)
 	}
 	r.hosts[key] = &hostState{rec: rec, obs: r.obs, rev: e.Revision()}
-	return r.maxAge
+	return r.MaxAge
 }
 
-// confirm applies rec, host key's record at revision rev as the bucket's
+// Confirm applies rec, host key's record at revision rev as the bucket's
 // leader answered it, when the registry holds an older revision of it or
 // none: a heartbeat its watch did not deliver (a watch silent or opened
 // again through an election, a snapshot without the key). It reports
@@ -111,7 +119,7 @@ func (r *registry) put(key string, e jetstream.KeyValueEntry) time.Duration {
 // makes it live from now on the observed clock; the same one leaves the
 // judgement as it was. A record filed under another host's key is not
 // applied (and proves nothing of key).
-func (r *registry) confirm(key string, rec protocol.HostRecord, rev uint64) bool {
+func (r *Registry) Confirm(key string, rec protocol.HostRecord, rev uint64) bool {
 	if rec.HostID != key {
 		return false
 	}
@@ -142,7 +150,7 @@ func inScope(host string, ds []protocol.ProviderDescriptor, log *slog.Logger) []
 }
 
 // ownBeat advances the observed clock with an own heartbeat that came back.
-func (r *registry) ownBeat(issueMs int64, rev uint64) {
+func (r *Registry) ownBeat(issueMs int64, rev uint64) {
 	if d := time.Duration(issueMs-r.ownIssue) * time.Millisecond; r.ownIssue != 0 && d > 0 && d <= r.gapMax {
 		r.obs += d
 	} else {
@@ -154,8 +162,8 @@ func (r *registry) ownBeat(issueMs int64, rev uint64) {
 	}
 }
 
-// wrote records an own heartbeat that JetStream acknowledged at rev.
-func (r *registry) wrote(rev uint64) {
+// Wrote records an own heartbeat that JetStream acknowledged at rev.
+func (r *Registry) Wrote(rev uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if rev <= r.ownRev {
@@ -167,10 +175,10 @@ func (r *registry) wrote(rev uint64) {
 	r.wroteRev = max(r.wroteRev, rev)
 }
 
-// stalled reports whether an own heartbeat JetStream acknowledged more than
+// Stalled reports whether an own heartbeat JetStream acknowledged more than
 // staleMax ago has not come back through the watch: the watch is silent and
 // must be opened again. It resets the wait, so a restart is asked for once.
-func (r *registry) stalled() bool {
+func (r *Registry) Stalled() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.unconfirmed.IsZero() || time.Since(r.unconfirmed) <= r.staleMax {
@@ -180,37 +188,37 @@ func (r *registry) stalled() bool {
 	return true
 }
 
-func (r *registry) del(key string) {
+func (r *Registry) Del(key string) {
 	r.mu.Lock()
 	delete(r.hosts, key)
 	r.mu.Unlock()
 }
 
-// observed returns the observed clock.
-func (r *registry) observed() time.Duration {
+// Observed returns the observed clock.
+func (r *Registry) Observed() time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.obs
 }
 
-// expired reports whether more than the expiry of observed time passed
+// Expired reports whether more than the expiry of observed time passed
 // since since, in one stretch without a gap.
-func (r *registry) expired(since time.Duration) bool {
+func (r *Registry) Expired(since time.Duration) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.expiredLocked(since)
 }
 
-func (r *registry) expiredLocked(since time.Duration) bool {
+func (r *Registry) expiredLocked(since time.Duration) bool {
 	return r.obs-max(since, r.gapObs) > r.expiry
 }
 
-func (r *registry) liveLocked(h *hostState) bool {
+func (r *Registry) liveLocked(h *hostState) bool {
 	return !r.expiredLocked(h.obs)
 }
 
-// liveHosts reports the live hosts by kind (brood_hosts_live).
-func (r *registry) liveHosts(add func(v float64, labels ...string)) {
+// LiveHosts reports the live hosts by kind (brood_hosts_live).
+func (r *Registry) LiveHosts(add func(v float64, labels ...string)) {
 	counts := map[string]int{protocol.HostWorker: 0, protocol.HostCoordinator: 0}
 	r.mu.Lock()
 	for _, h := range r.hosts {
@@ -224,25 +232,25 @@ func (r *registry) liveHosts(add func(v float64, labels ...string)) {
 	}
 }
 
-// liveInstances reports the live instances of each provider
+// LiveInstances reports the live instances of each provider
 // (brood_provider_instances).
-func (r *registry) liveInstances(add func(v float64, labels ...string)) {
-	_, counts := r.providers()
+func (r *Registry) LiveInstances(add func(v float64, labels ...string)) {
+	_, counts := r.Providers()
 	for name, n := range counts {
 		add(float64(n), name)
 	}
 }
 
-// hostLive reports whether host id is known and not judged dead.
-func (r *registry) hostLive(id string) bool {
+// HostLive reports whether host id is known and not judged dead.
+func (r *Registry) HostLive(id string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	h, ok := r.hosts[id]
 	return ok && r.liveLocked(h)
 }
 
-// hostKnown reports whether a record of host id exists, live or not.
-func (r *registry) hostKnown(id string) (kind string, live, ok bool) {
+// HostKnown reports whether a record of host id exists, live or not.
+func (r *Registry) HostKnown(id string) (kind string, live, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	h, ok := r.hosts[id]
@@ -252,8 +260,8 @@ func (r *registry) hostKnown(id string) (kind string, live, ok bool) {
 	return h.rec.Kind, r.liveLocked(h), true
 }
 
-// providers returns the live providers sorted by name and their instance counts.
-func (r *registry) providers() ([]protocol.ProviderDescriptor, map[string]int) {
+// Providers returns the live providers sorted by name and their instance counts.
+func (r *Registry) Providers() ([]protocol.ProviderDescriptor, map[string]int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	type inst struct {
@@ -297,13 +305,13 @@ func (r *registry) providers() ([]protocol.ProviderDescriptor, map[string]int) {
 	return out, counts
 }
 
-// provider returns the live descriptor of name.
+// Provider returns the live descriptor of name.
 //
 // It is the descriptor providers would list for name (the one of the live,
 // not draining host that started first, ties by host id), found without
 // building the whole list: every start asks it (issue 12's profile: 7 µs of
 // a run's coordinator CPU sorted and mapped every provider for one).
-func (r *registry) provider(name string) (protocol.ProviderDescriptor, bool) {
+func (r *Registry) Provider(name string) (protocol.ProviderDescriptor, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var (
@@ -327,4 +335,55 @@ func (r *registry) provider(name string) (protocol.ProviderDescriptor, bool) {
 		}
 	}
 	return best, found
+}
+
+// LiveCoordinators returns the ids of the live coordinators, sorted.
+func (r *Registry) LiveCoordinators() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for id, h := range r.hosts {
+		if h.rec.Kind == protocol.HostCoordinator && r.liveLocked(h) {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Offering returns the ids of the hosts, live or not, not draining, that
+// offer provider name with desc, its canonical descriptor (Provider).
+func (r *Registry) Offering(name string, desc protocol.ProviderDescriptor) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ids []string
+	for id, h := range r.hosts {
+		if h.rec.Draining {
+			continue
+		}
+		for _, d := range h.rec.Providers {
+			if d.Name == name && d.Equal(desc) {
+				ids = append(ids, id)
+				break
+			}
+		}
+	}
+	return ids
+}
+
+// Registered counts the host records, live or not, that offer provider
+// name.
+func (r *Registry) Registered(name string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, h := range r.hosts {
+		for _, d := range h.rec.Providers {
+			if d.Name == name {
+				n++
+				break
+			}
+		}
+	}
+	return n
 }
