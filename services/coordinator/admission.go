@@ -16,7 +16,7 @@ package coordinator
 //     (authorizeFresh, in reserveAuthorized; authority.go);
 //  3. quotas and slots: a first look at the parent's live children
 //     (admitWith), then the slot record's compare-and-set (reserveChild,
-//     slots.go, over slotrecord.go), taken together with the fresh
+//     slots.go, over the slotrecord package), taken together with the fresh
 //     authority read;
 //  4. write: the child's header and run record (createRun);
 //  5. dispatch: the provider start to one live instance, another on a

@@ -5,7 +5,7 @@ package coordinator
 // host (agentIndex, fed by the agents watch, kvwatch.Watch), the session
 // headers and the continuable children's descriptors (bounded maps, read
 // through on a miss). The hosts are hostreg.Registry; the running runs are
-// the run index (orphans.go).
+// runindex.Index.
 
 import (
 	"context"

@@ -7,8 +7,8 @@
 //
 // Its rooms are docs/architecture.md §6: a start is admitted in
 // admission.go, a dead host's sessions are taken over from liveness.go, and
-// the leaf packages under it (kvwatch, hostreg, slotrecord, fairshare) hold
-// the state that separates from the Coordinator type.
+// the leaf packages under it (kvwatch, hostreg, runindex, slotrecord,
+// fairshare) hold the state that separates from the Coordinator type.
 package coordinator
 
 import (
@@ -29,6 +29,7 @@ import (
 	"github.com/brood-dev/brood/services/coordinator/fairshare"
 	"github.com/brood-dev/brood/services/coordinator/hostreg"
 	"github.com/brood-dev/brood/services/coordinator/kvwatch"
+	"github.com/brood-dev/brood/services/coordinator/runindex"
 	"github.com/brood-dev/brood/services/coordinator/slotrecord"
 )
 
@@ -51,7 +52,7 @@ type Coordinator struct {
 	started                int64
 
 	hostsWatch, agentsWatch *kvwatch.Watch
-	runs                    *runIndex // running run and epoch records (orphans.go)
+	runs                    *runindex.Index // running run and epoch records (orphans.go)
 	runsWatch               *kvwatch.Watch
 
 	mu         sync.Mutex
@@ -123,8 +124,8 @@ func New(cfg Config) (*Coordinator, error) {
 		return cfg.Store.LeaseBelongs(ctx, key, rec)
 	}, log)
 	reg.MaxAge = cfg.Store.Cfg.HostsMaxAge
-	runs := newRunIndex(reg.Observed, cfg.RequestBudget+cfg.HostExpiry)
-	runs.ttl = cfg.Store.RunsTTL()
+	runs := runindex.New(reg.Observed, cfg.RequestBudget+cfg.HostExpiry)
+	runs.TTL = cfg.Store.RunsTTL()
 	replies, err := rpc.NewReplies(cfg.NC)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
@@ -137,7 +138,7 @@ func New(cfg Config) (*Coordinator, error) {
 		hostsWatch:  kvwatch.New(cfg.Store.Hosts, "hosts", log, reg.Put, reg.Del),
 		agentsWatch: kvwatch.New(cfg.Store.Agents, "agents", log, agents.put, agents.del),
 		runs:        runs,
-		runsWatch:   kvwatch.New(cfg.Store.Runs, "runs", log, runs.put, runs.del),
+		runsWatch:   kvwatch.New(cfg.Store.Runs, "runs", log, runs.Put, runs.Del),
 		headers:     &headerCache{boundedMap: newBoundedMap[protocol.SessionHeader](cfg.HeadersCachedMax)},
 		descs:       &descriptorCache{newBoundedMap[protocol.DescriptorData](cfg.HeadersCachedMax)},
 		follows:     &followRegistry{m: map[string]*follow{}},

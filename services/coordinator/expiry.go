@@ -9,6 +9,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator/runindex"
 )
 
 // The lifetime of brood_runs' keys (RELIABILITY.md, "a run or epoch that
@@ -21,7 +22,7 @@ import (
 //
 //   - a spec whose state was never created (its coordinator failed or died
 //     between the two writes of store.CreateRun): once the orphan sweep
-//     finds no run for it (settleOrphan, runIndex.forget);
+//     finds no run for it (settleOrphan, runindex.Index.Forget);
 //   - a state with no spec of its provider (the same window the other way
 //     round, or a worker's key for a run of another provider), and a key of
 //     no known layout: the start's budget and the host expiry (Config
@@ -40,26 +41,9 @@ import (
 // expiryStagger after the one before it (the first at once): the others see
 // the rewritten spec through their watch and drop theirs.
 
-// runsExpiry is one brood_runs key this replica is to give its lifetime.
-type runsExpiry struct {
-	rev uint64 // the revision the compare-and-set names
-	// spec is set for a run's spec (store.ExpireRunSpec); nil for any other
-	// key (store.ExpireRunsKey).
-	spec *protocol.RunRecord
-	// state and stateRev name a settled state to give a TTL to first
-	// (store.ExpireRunsKey): one written before this replica started.
-	state    string
-	stateRev uint64
-	due      time.Time // before its rank's delay
-	fails    int
-}
-
-// Bounds of the lifetime work (expiry.go).
+// Bounds of the lifetime work; the keys filed and the attempts at each are
+// bounded by the run index (runindex.ExpiryAttemptsMax).
 const (
-	// expiringMax bounds the keys one replica holds to expire; past it a
-	// key is left to the next replica to start (its runs watch delivers
-	// every key again).
-	expiringMax = 1 << 20
 	// expiryStagger is how long after the replica before it in a key's
 	// rank a replica gives the key its lifetime.
 	expiryStagger = 10 * time.Second
@@ -67,79 +51,7 @@ const (
 	// the monitor starts (each a goroutine and a KV write); the rest wait
 	// for the next sweep.
 	expiryWritesPerSweepMax = 4096
-	// expiryAttemptsMax bounds the failed attempts at one key (each within
-	// the store's WriteBudget); past it the key is left to the next replica
-	// to start.
-	expiryAttemptsMax = 5
 )
-
-// expireSpec files spec (at rev), whose run is settled or was never
-// created, to be given its lifetime at once; state and stateRev name its
-// settled state when checkState (written before this replica started).
-// x.mu is held.
-func (x *runIndex) expireSpec(spec protocol.RunRecord, rev uint64, state string, stateRev uint64, checkState bool) {
-	e := &runsExpiry{rev: rev, spec: &spec, due: time.Now()}
-	if checkState {
-		e.state, e.stateRev = state, stateRev
-	}
-	x.file(store.RunSpecKey(spec.Provider, spec.RunID), e)
-}
-
-// expireLater files key (at rev), covered by no run's lifetime, to be given
-// one after x.grace. x.mu is held.
-func (x *runIndex) expireLater(key string, rev uint64) {
-	if e, ok := x.expiring[key]; ok && e.spec == nil {
-		e.rev = rev // written again: its grace still runs from the first
-		return
-	}
-	x.file(key, &runsExpiry{rev: rev, due: time.Now().Add(x.grace)})
-}
-
-func (x *runIndex) file(key string, e *runsExpiry) {
-	if len(x.expiring) >= expiringMax {
-		if _, ok := x.expiring[key]; !ok {
-			return // left to the next replica to start
-		}
-	}
-	x.expiring[key] = e
-}
-
-// expiryDue lists at most `most` keys due now, delay(key) after their due
-// time.
-func (x *runIndex) expiryDue(now time.Time, delay func(key string) time.Duration, most int) map[string]runsExpiry {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	out := map[string]runsExpiry{}
-	for key, e := range x.expiring {
-		if len(out) >= most {
-			break
-		}
-		if !now.Before(e.due.Add(delay(key))) {
-			out[key] = *e
-		}
-	}
-	return out
-}
-
-// expiryDone drops key from the keys to expire when it is still filed at
-// rev; failed counts an attempt that failed instead, and drops the key past
-// expiryAttemptsMax. It reports whether the key was dropped for good.
-func (x *runIndex) expiryDone(key string, rev uint64, failed bool) (gaveUp bool) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	e, ok := x.expiring[key]
-	if !ok || e.rev != rev {
-		return false
-	}
-	if failed {
-		if e.fails++; e.fails < expiryAttemptsMax {
-			return false
-		}
-		gaveUp = true
-	}
-	delete(x.expiring, key)
-	return gaveUp
-}
 
 // expiryDelay returns how long after a key is due this replica acts on it:
 // its rank among the live coordinators (live) in the order that starts at
@@ -160,7 +72,7 @@ func expiryDelay(self string, live []string, key string) time.Duration {
 // expiryJobs lists the lifetime writes due now (see the top of this file).
 func (c *Coordinator) expiryJobs() []job {
 	live := c.reg.LiveCoordinators()
-	due := c.runs.expiryDue(time.Now(), func(key string) time.Duration { return expiryDelay(c.cfg.ID, live, key) }, expiryWritesPerSweepMax)
+	due := c.runs.ExpiryDue(time.Now(), func(key string) time.Duration { return expiryDelay(c.cfg.ID, live, key) }, expiryWritesPerSweepMax)
 	jobs := make([]job, 0, len(due))
 	for key, e := range due {
 		jobs = append(jobs, job{"runs-ttl:" + key, func(ctx context.Context) { c.expireRunsKey(ctx, key, e) }})
@@ -169,16 +81,16 @@ func (c *Coordinator) expiryJobs() []job {
 }
 
 // expireRunsKey gives key its lifetime (see the top of this file).
-func (c *Coordinator) expireRunsKey(ctx context.Context, key string, e runsExpiry) {
+func (c *Coordinator) expireRunsKey(ctx context.Context, key string, e runindex.Expiry) {
 	var err error
 	switch {
-	case e.spec != nil:
-		if e.state != "" {
-			if _, err = c.st.ExpireRunsKey(ctx, e.state, e.stateRev); err != nil {
+	case e.Spec != nil:
+		if e.State != "" {
+			if _, err = c.st.ExpireRunsKey(ctx, e.State, e.StateRev); err != nil {
 				break
 			}
 		}
-		_, err = c.st.ExpireRunSpec(ctx, *e.spec, e.rev)
+		_, err = c.st.ExpireRunSpec(ctx, *e.Spec, e.Rev)
 	default:
 		if kind, provider, id := store.RunsKindOf(key); kind == store.RunsState {
 			// Its spec may have come without this replica's watch
@@ -186,17 +98,17 @@ func (c *Coordinator) expireRunsKey(ctx context.Context, key string, e runsExpir
 			spec, serr := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, store.RunSpecKey(provider, id))
 			switch {
 			case serr == nil && spec.Value.Provider == provider && spec.Value.RunID == id:
-				c.runs.expiryDone(key, e.rev, false) // a run's state: its run's lifetime covers it
+				c.runs.ExpiryDone(key, e.Rev, false) // a run's state: its run's lifetime covers it
 				return
 			case serr != nil && !errors.Is(serr, store.ErrNotFound):
 				err = serr
 			}
 		}
 		if err == nil {
-			_, err = c.st.ExpireRunsKey(ctx, key, e.rev)
+			_, err = c.st.ExpireRunsKey(ctx, key, e.Rev)
 		}
 	}
-	if c.runs.expiryDone(key, e.rev, err != nil) {
-		c.log.Warn("a brood_runs key was not given its lifetime; the next coordinator to start tries again", "key", key, "attempts", expiryAttemptsMax, "err", err)
+	if c.runs.ExpiryDone(key, e.Rev, err != nil) {
+		c.log.Warn("a brood_runs key was not given its lifetime; the next coordinator to start tries again", "key", key, "attempts", runindex.ExpiryAttemptsMax, "err", err)
 	}
 }

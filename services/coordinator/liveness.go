@@ -4,7 +4,7 @@ package coordinator
 // Settlement 2; RELIABILITY.md, I6), read top to bottom:
 //
 //  1. Death is judged on evidence about the host only. The host registry
-//     (hosts.go) runs an observed clock on this replica's own heartbeats
+//     (hostreg.Registry) runs an observed clock on this replica's own heartbeats
 //     coming back through the brood_hosts watch; a host silent for more
 //     than the host expiry of that clock is dead, and a lease's holder is
 //     dead when its host is (holderDead, below).

@@ -22,7 +22,7 @@ const noticeReadRetry = 100 * time.Millisecond
 // relayNotice serves protocol.Subjects.Notice, <p>.v1.notice.<provider>.<runId>
 // (queue group CoordinatorQueue, no reply): a host that settled run runId of
 // provider asks for its RunNotice (store.RequestRunNotice). The coordinator
-// takes the run as its runs watch saw it settle (runIndex.endedRecord), or
+// takes the run as its runs watch saw it settle (runindex.Index.EndedRecord), or
 // else reads it from the bucket's leader (store.RunLatest): its spec, which
 // only coordinators write, joined with its state under the spec's provider;
 // and it publishes the notice the records hold to the spec's notify subject
@@ -47,7 +47,7 @@ func (c *Coordinator) relayNotice(ctx context.Context, req rpc.Request) (any, er
 	// The settlement is usually here already: the runs watch delivers it
 	// as the host learns it landed, before the host asks (a settled state
 	// never changes, so it is what the leader would answer).
-	if rec, ok := c.runs.endedRecord(runID); ok {
+	if rec, ok := c.runs.EndedRecord(runID); ok {
 		publish(rec)
 		return nil, nil
 	}
