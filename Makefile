@@ -135,7 +135,7 @@ chaos-seams: acp-deps
 GREMLINS_VERSION     := v0.6.0
 MUTATE_AUTHORITY_TESTS := Authority,Grant,DescendantsDispose,Hostile,RootInbox,EventsRead,BareKey,StartChecks,RootLineage,ReopenRoot,RootLease,ClosingTheRoot,ByHand,LogPages,LogLongPoll,ClientFollow,RunCompletes,DisposeMidRun
 MUTATE_TAKEOVER_TESTS  := Takeover,TakenOver,DeadHost,TwoCoordinators,HostLost,Orphan,RunCompletes,DisposeMidRun
-MUTATE_ADMISSION_TESTS := StartChecks,StartInputs,Hostile,OpenRoots,LiveChildrenPerParent,FreesItsSlot,Ceilings,DepthCap,AllowList,JSONRequests
+MUTATE_ADMISSION_TESTS := StartChecks,StartInputs,Hostile,OpenRoots,LiveChildrenPerParent,FreesItsSlot,Ceilings,DepthCap,AllowList,JSONRequests,NotUTF8,AutoApprove
 MUTATE_TARGETS       ?= internal/agent:inbox.go internal/store:inbox.go,records.go,runs.go,leases.go,ownership.go internal/worker:claim.go \
 	services/coordinator:slots.go services/coordinator:admission.go,validate.go:$(MUTATE_ADMISSION_TESTS) \
 	services/coordinator:authority.go:$(MUTATE_AUTHORITY_TESTS) \

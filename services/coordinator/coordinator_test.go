@@ -72,6 +72,12 @@ func TestStartChecksRefuseBeforeAnythingIsCreated(t *testing.T) {
 		{"empty tool filter", "spawn", root.Ref(), protocol.StartOptions{ToolFilter: &protocol.ToolFilter{}}, protocol.CodeInvalidToolFilter, "at least one"},
 		{"unknown tool", "spawn", root.Ref(), protocol.StartOptions{ToolFilter: &protocol.ToolFilter{Deny: []string{"nosuch"}}}, protocol.CodeInvalidToolFilter, "nosuch"},
 		{"bad persona", "spawn", root.Ref(), protocol.StartOptions{Persona: ptr("hi {{nope}}")}, protocol.CodeInvalidPersona, "nope"},
+		// A schema outside the supported subset (docs/upstream-behaviour.md
+		// §1.6), every offending path named; checked before the tool filter
+		// and the persona.
+		{"unsupported schema", "spawn", root.Ref(), protocol.StartOptions{OutputSchema: map[string]any{"type": "object", "bogus": true}}, protocol.CodeUnsupportedSchema, "bogus"},
+		{"schema before tool filter and persona", "spawn", root.Ref(), protocol.StartOptions{OutputSchema: map[string]any{"bogus": true},
+			ToolFilter: &protocol.ToolFilter{}, Persona: ptr("hi {{nope}}")}, protocol.CodeUnsupportedSchema, "bogus"},
 	}
 	before := s.SessionCount()
 	for _, tt := range tests {
