@@ -20,13 +20,13 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/providerhost"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/chaos"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
-	"github.com/brood-dev/brood/pkg/provider"
 	"github.com/brood-dev/brood/services/coordinator"
 	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
 )
@@ -147,7 +147,7 @@ func TestLeaderElectionsAreNotFailures(t *testing.T) {
 		// provider must have equal descriptors (DUPLICATE_PROVIDER).
 		desc := spawnworker.Descriptor(spawnworker.DefaultName)
 		desc.Models = []protocol.ModelInfo{model.ScriptedInfo}
-		w, err := provider.NewAgentHost(spawnworker.Config{NC: nc, Store: provision(nc),
+		w, err := providerhost.NewAgentHost(spawnworker.Config{NC: nc, Store: provision(nc),
 			Models:            func() (model.Model, error) { return model.NewScripted(), nil },
 			HeartbeatInterval: beat, HostExpiry: expiry, DrainGrace: 2 * time.Second, Logger: testutil.Logger(t)}, desc)
 		if err != nil {

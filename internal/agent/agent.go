@@ -19,14 +19,30 @@ import (
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/provider/contract"
 )
 
-// Appender writes a session's log; *store.LogWriter is the production one.
-// Append returns the events with their seqs, store.ErrFenced when another
-// writer owns the log, or a LIMIT_EXCEEDED error for an oversized record.
-type Appender interface {
-	Append(ctx context.Context, evs ...protocol.SessionEvent) ([]protocol.SessionEvent, error)
-}
+// The session contract's types are the provider SDK's (pkg/provider/contract,
+// a leaf the host framework and providers outside the module share); the
+// runtime names them here.
+type (
+	// Appender writes a session's log; *store.LogWriter is the production
+	// one. Append returns the events with their seqs, an error wrapping
+	// store.ErrFenced (contract.ErrFenced) when another writer owns the log,
+	// or a LIMIT_EXCEEDED error for an oversized record.
+	Appender = contract.Appender
+	// Cancel is the cause given to a turn's context when its owner stops
+	// it; the turn ends aborted{cause}.
+	Cancel = contract.Cancel
+	// Input is one turn's input: a user message, optionally claimed from
+	// the inbox (InboxSeq > 0, logged as agent/inbox/dequeue before it is
+	// used).
+	Input = contract.Input
+	// Outcome is how a turn ended: Fenced means the agent lost its log to
+	// another writer and must be dropped without publishing anything; Err
+	// is a log append JetStream did not acknowledge (DURABILITY_FAILED).
+	Outcome = contract.Outcome
+)
 
 // Limits bound one agent's work. Zero fields take the defaults of DefaultLimits.
 type Limits struct {
@@ -103,44 +119,12 @@ type Config struct {
 	Metrics *telemetry.Metrics
 }
 
-// Cancel is the cause given to a turn's context when its owner stops it; the
-// turn ends aborted{cause}.
-type Cancel struct{ Cause string }
-
-func (c *Cancel) Error() string { return "cancelled: " + c.Cause }
-
 // ErrLeaseLost is the cause given to a turn's context when its host lost the
 // session's lease: the agent stops at once and appends nothing (docs/design.md §7,
 // Settlement 3).
-var ErrLeaseLost = errors.New("agent: session lease lost to another host")
+var ErrLeaseLost = contract.ErrLeaseLost
 
 var errTurnTimeout = errors.New("turn timeout")
-
-// Input is one turn's input: a user message, optionally claimed from the
-// inbox (InboxSeq > 0, logged as agent/inbox/dequeue before it is used).
-// Before events go between turn/start and the claim (an inbox enqueue seen
-// just now); Extra events follow the user message (the one-shot descriptor).
-type Input struct {
-	Content   []protocol.ContentBlock
-	Source    protocol.MessageSource
-	MessageID string
-	InboxSeq  protocol.Seq
-	Before    []protocol.SessionEvent
-	Extra     []protocol.SessionEvent
-}
-
-// Outcome is how a turn ended. Fenced means the agent lost its log to another
-// writer and must be dropped without publishing anything; Err is a log
-// append that JetStream did not acknowledge (DURABILITY_FAILED).
-type Outcome struct {
-	Turn   int64
-	Reason protocol.TurnEndReason
-	Fenced bool
-	Err    error
-	// Trace is the trace context of the inbox item a claimed turn runs (the
-	// request that accepted it; protocol.InboxItem.Trace), nil when none.
-	Trace map[string][]string
-}
 
 // Agent is one live session. Turns run one at a time; Events may be read
 // concurrently.

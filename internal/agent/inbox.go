@@ -8,16 +8,13 @@ import (
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/provider/contract"
 )
 
 // Inbox is a session's pending items as the runtime reads them;
-// *store.SessionInbox is the JetStream one (docs/design.md §4).
-type Inbox interface {
-	// Pending returns the items above sequence after, oldest first.
-	Pending(ctx context.Context, after protocol.Seq) ([]store.InboxItem, error)
-	// Remove deletes items whose claim or discard is logged.
-	Remove(ctx context.Context, seqs ...protocol.Seq) error
-}
+// *store.SessionInbox is the JetStream one (docs/design.md §4). It is the
+// provider SDK's (pkg/provider/contract).
+type Inbox = contract.Inbox
 
 // InboxLog returns what the session's log says of its inbox items, read
 // from the agent's Index (a copy).

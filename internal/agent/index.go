@@ -8,6 +8,7 @@ import (
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/provider/contract"
 )
 
 // Index is what the runtime reads from a session's events, kept as events
@@ -55,13 +56,11 @@ type Index struct {
 
 // InboxLog is what a session's log says of its inbox items: the sequences
 // seen (named by any inbox event) and done (dequeued or discarded), and the
-// messageIds done (sessionlog.InboxCursor, sessionlog.DoneMessages).
-type InboxLog struct {
-	Seen, Done map[protocol.Seq]bool
-	DoneIDs    map[string]bool
-}
+// messageIds done (sessionlog.InboxCursor, sessionlog.DoneMessages). It is
+// the provider SDK's (pkg/provider/contract).
+type InboxLog = contract.InboxLog
 
-func (l InboxLog) clone() InboxLog {
+func cloneInboxLog(l InboxLog) InboxLog {
 	return InboxLog{Seen: maps.Clone(l.Seen), Done: maps.Clone(l.Done), DoneIDs: maps.Clone(l.DoneIDs)}
 }
 
@@ -181,7 +180,7 @@ func (x *Index) Messages() ([]model.Message, error) {
 func (x *Index) CallIDs() *CallIDs { return x.calls }
 
 // InboxLog returns a copy of what the added events say of the inbox.
-func (x *Index) InboxLog() InboxLog { return x.inbox.clone() }
+func (x *Index) InboxLog() InboxLog { return cloneInboxLog(x.inbox) }
 
 // LastTurn returns the number of the last turn started (0 if none).
 func (x *Index) LastTurn() int64 {

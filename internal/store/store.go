@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/provider/contract"
 )
 
 // Config holds every stream and bucket setting; none is left to the server
@@ -138,8 +139,9 @@ var (
 	// ErrConflict: a compare-and-set lost (someone else wrote first).
 	ErrConflict = errors.New("store: conflict")
 	// ErrFenced: a fenced log append was refused because another writer
-	// appended; the caller no longer owns the session log.
-	ErrFenced = errors.New("store: log append fenced by another writer")
+	// appended; the caller no longer owns the session log. It is the
+	// provider SDK's (pkg/provider/contract), which an Appender's error wraps.
+	ErrFenced = contract.ErrFenced
 )
 
 // ErrMaxPayload is returned when the NATS server's max_payload is below what

@@ -24,67 +24,32 @@ import (
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/provider/contract"
 )
 
-// Session is a hosted child as the host drives it: an *agent.Agent, or a
-// provider's own implementation (the ACP bridge) that logs the same way.
-type Session interface {
-	OpenTurn(ctx context.Context, in agent.Input) (agent.Outcome, bool)
-	RunSteps(ctx context.Context) agent.Outcome
-	Events() []protocol.SessionEvent
-}
-
-// Preparer is implemented by providers with a creation spec (seed:
-// prepareContinuable): the coordinator asks it before writing a child's
-// header, whose seedLength records the answer.
-type Preparer interface {
-	Prepare(ctx context.Context, req protocol.ProviderPrepareRequest) (protocol.ProviderPrepareReply, error)
-}
-
-// Closer is implemented by sessions that hold resources beyond their turn (an
-// ACP agent process): the host calls Close once the run settled or was
-// dropped. Close must be idempotent and bounded in time.
-type Closer interface{ Close() error }
-
-// SessionSpec is what a provider needs to compose one child session.
-type SessionSpec struct {
-	Header     protocol.SessionHeader
-	Options    protocol.ResolvedOptions
-	Credential string
-	Log        agent.Appender
-	// Events are the session's existing events (a log read on cold resume);
-	// empty for a new child (a seeded provider then writes its seed).
-	Events []protocol.SessionEvent
-	// Continuable children read their inbox (next-step items join a running
-	// turn) and get the child-only report tool.
-	Continuable bool
-	Inbox       agent.Inbox
-	InboxDirty  func() bool
-}
-
-// ContinuableSession is a session that can host a continuable child's
-// activation: it claims its turns from the inbox (*agent.Agent).
-type ContinuableSession interface {
-	Session
-	ClaimNext(ctx context.Context, in agent.Inbox) (agent.Outcome, bool, error)
-	Unclaimed(ctx context.Context, in agent.Inbox) ([]store.InboxItem, error)
-	Append(ctx context.Context, evs ...protocol.SessionEvent) error
-	// InboxLog and CloseOpenTurn read the session's events as it keeps
-	// them decoded (agent.Index): what they say of the inbox, and the
-	// closing of a turn they left open (sessionlog.CloseOpenTurn).
-	InboxLog() agent.InboxLog
-	CloseOpenTurn(reason protocol.TurnEndReason, nowMs int64) ([]protocol.SessionEvent, error)
-}
-
-// Provider is one provider a host serves.
-type Provider interface {
-	Descriptor() protocol.ProviderDescriptor
-	// NewSession composes a child (model, tools, prompt) over its log. A
-	// *protocol.Error refuses the start with its code; nothing was logged yet.
-	// ctx bounds the composition and its writes (a seed: RunWriteBudget) and
-	// ends once the run or epoch started: a session must not keep it.
-	NewSession(ctx context.Context, spec SessionSpec) (Session, error)
-}
+// The session contract is the provider SDK's (pkg/provider/contract, a leaf
+// that providers outside the module import too): the host drives these very
+// types, and what each promises is said there.
+type (
+	// Session is a hosted child as the host drives it: an *agent.Agent, or a
+	// provider's own implementation (the ACP bridge) that logs the same way.
+	Session = contract.Session
+	// Preparer is implemented by providers with a creation spec (seed:
+	// prepareContinuable): the coordinator asks it before writing a child's
+	// header, whose seedLength records the answer.
+	Preparer = contract.Preparer
+	// Closer is implemented by sessions that hold resources beyond their
+	// turn (an ACP agent process): the host calls Close once the run
+	// settled or was dropped.
+	Closer = contract.Closer
+	// SessionSpec is what a provider needs to compose one child session.
+	SessionSpec = contract.SessionSpec
+	// ContinuableSession is a session that can host a continuable child's
+	// activation: it claims its turns from the inbox (*agent.Agent).
+	ContinuableSession = contract.ContinuableSession
+	// Provider is one provider a host serves.
+	Provider = contract.Provider
+)
 
 // Config configures a Host. Zero durations take the defaults of docs/design.md §4.
 type Config struct {

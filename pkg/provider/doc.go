@@ -42,7 +42,18 @@
 // the worker user of that provider (docs/security.md "Workers scoped to their
 // provider").
 //
+// The session contract (Provider, Session, ContinuableSession, SessionSpec,
+// Input, Outcome, Appender, Inbox, ...) is declared in
+// pkg/provider/contract, a leaf on nothing of Brood's but pkg/protocol, and
+// named here by aliases: the host framework inside the module drives those
+// very types, so no name of this package's API is one a program outside the
+// module cannot import.
+//
 // The in-repo providers spawn and fork (services/spawn-worker,
-// services/fork-worker) are Brood agents on a model (NewAgentHost); they and
-// the ACP bridge reach the host framework only through this package.
+// services/fork-worker) are Brood agents on a model, and the ACP bridge
+// (services/acp-bridge) a session provider; they reach the host framework
+// only through this package's Host, as a third party does. What they hand
+// it is the module's own (its opened store, its metrics, the agent runtime):
+// they build their hosts with internal/providerhost, the module's door to
+// the same Host, which this package's public API does not offer.
 package provider

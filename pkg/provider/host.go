@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/brood-dev/brood/internal/providerhost/hook"
 	"github.com/brood-dev/brood/internal/store"
-	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -86,33 +86,21 @@ func Open(ctx context.Context, cfg Config) (*Host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("provider: open Brood's streams and buckets: %w", err)
 	}
-	return NewInModule(InModule{Store: st}, cfg)
-}
-
-// InModule is what a composition inside this module (the services' main,
-// the test stack) already holds and hands to the host instead of letting it
-// open its own: the store it opened and the process's metrics. A program
-// outside the module uses Open.
-type InModule struct {
-	// Store is the opened store (required); cfg.Prefix is then the store's.
-	Store *store.Store
-	// Metrics, when set, counts the runs and epochs the host settles and its
-	// requests, and reports its live runs and activations.
-	Metrics *telemetry.Metrics
-}
-
-// NewInModule builds a host on what a composition inside this module holds.
-func NewInModule(m InModule, cfg Config) (*Host, error) {
 	h, err := worker.New(worker.Config{
-		NC: cfg.NC, Store: m.Store, Providers: cfg.Providers, Scope: cfg.Scope, HostID: cfg.HostID,
+		NC: cfg.NC, Store: st, Providers: cfg.Providers, Scope: cfg.Scope, HostID: cfg.HostID,
 		HeartbeatInterval: cfg.HeartbeatInterval, HostExpiry: cfg.HostExpiry, DrainGrace: cfg.DrainGrace,
-		Logger: cfg.Logger, Metrics: m.Metrics,
+		Logger: cfg.Logger,
 	})
 	if err != nil {
 		return nil, err
 	}
 	return &Host{h: h}, nil
 }
+
+// The module's own compositions (internal/providerhost: the services' main,
+// the test stack) build their hosts on the store and metrics they already
+// hold, then hand them out as this package's Host.
+func init() { hook.WrapHost = func(h *worker.Host) any { return &Host{h: h} } }
 
 // ID returns the host id, <Scope>.<HostID>.
 func (h *Host) ID() string { return h.h.ID() }

@@ -29,6 +29,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/providerhost"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -111,7 +112,7 @@ func New(cfg Config) (*provider.Host, error) {
 		Local:  func(worker.SessionSpec) []*agent.Tool { return []*agent.Tool{taskTool()} },
 		Logger: cfg.Logger,
 	}
-	return provider.NewInModule(provider.InModule{Store: cfg.Store}, provider.Config{
+	return providerhost.New(providerhost.InModule{Store: cfg.Store}, provider.Config{
 		NC: cfg.NC, Providers: []provider.Provider{p}, HeartbeatInterval: cfg.HeartbeatInterval,
 		HostExpiry: cfg.HostExpiry, DrainGrace: cfg.DrainGrace, Logger: cfg.Logger,
 	})

@@ -32,6 +32,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/brood-dev/brood/internal/providerhost"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/provider"
@@ -73,7 +74,7 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := provider.NewInModule(provider.InModule{Store: cfg.Store, Metrics: cfg.Metrics}, provider.Config{
+	h, err := providerhost.New(providerhost.InModule{Store: cfg.Store, Metrics: cfg.Metrics}, provider.Config{
 		NC: cfg.NC, Providers: providers, HostID: cfg.HostID,
 		HeartbeatInterval: cfg.HeartbeatInterval, HostExpiry: cfg.HostExpiry, DrainGrace: cfg.DrainGrace, Logger: cfg.Logger,
 	})

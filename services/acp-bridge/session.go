@@ -50,7 +50,7 @@ type Session struct {
 	p      *Provider
 	o      Options
 	header protocol.SessionHeader
-	log    agent.Appender
+	log    provider.Appender
 	cwd    string
 	logger *slog.Logger
 	// resume is the ACP session to load instead of creating one (cold resume).
@@ -133,9 +133,9 @@ func (s *Session) ACPSessionID() string {
 // OpenTurn appends the turn's opening record: turn/start, the inbox claim
 // when the input came from the inbox, the user message and in.Extra (the
 // one-shot descriptor).
-func (s *Session) OpenTurn(ctx context.Context, in agent.Input) (agent.Outcome, bool) {
-	if errors.Is(context.Cause(ctx), agent.ErrLeaseLost) {
-		return agent.Outcome{Fenced: true}, false
+func (s *Session) OpenTurn(ctx context.Context, in provider.Input) (provider.Outcome, bool) {
+	if errors.Is(context.Cause(ctx), provider.ErrLeaseLost) {
+		return provider.Outcome{Fenced: true}, false
 	}
 	s.mu.Lock()
 	turn := s.turn + 1
@@ -156,7 +156,7 @@ func (s *Session) OpenTurn(ctx context.Context, in agent.Input) (agent.Outcome, 
 	b.add(protocol.EvUserMessage, protocol.UserMessageData{ID: id, Turn: turn, Content: content, Source: in.Source})
 	b.evs = append(b.evs, in.Extra...)
 	if b.err != nil {
-		return agent.Outcome{Turn: turn, Reason: errReason(protocol.CodeInternal, b.err.Error()), Err: b.err}, false
+		return provider.Outcome{Turn: turn, Reason: errReason(protocol.CodeInternal, b.err.Error()), Err: b.err}, false
 	}
 	s.logMu.Lock()
 	out, ok := s.append(ctx, turn, b.evs)
@@ -173,16 +173,16 @@ func (s *Session) OpenTurn(ctx context.Context, in agent.Input) (agent.Outcome, 
 	s.mu.Lock()
 	s.turn, s.prompt, s.source = turn, prompt, in.Source
 	s.mu.Unlock()
-	return agent.Outcome{Turn: turn}, true
+	return provider.Outcome{Turn: turn}, true
 }
 
 // RunSteps runs the open turn: it starts the agent and its ACP session when
 // this is the session's first turn, prompts, records what the agent reports,
 // and ends the turn. It returns promptly when ctx is cancelled: with an
-// *agent.Cancel cause the turn ends aborted with the text so far (the agent gets
-// session/cancel and is torn down by Close), with agent.ErrLeaseLost nothing
+// *provider.Cancel cause the turn ends aborted with the text so far (the agent gets
+// session/cancel and is torn down by Close), with provider.ErrLeaseLost nothing
 // more is appended.
-func (s *Session) RunSteps(ctx context.Context) agent.Outcome {
+func (s *Session) RunSteps(ctx context.Context) provider.Outcome {
 	s.mu.Lock()
 	turn, prompt, source, attached := s.turn, s.prompt, s.source, s.conn != nil
 	s.mu.Unlock()
@@ -204,7 +204,7 @@ func (s *Session) RunSteps(ctx context.Context) agent.Outcome {
 	t := newTurnState(turn, 1)
 	b.add(protocol.EvStepStart, protocol.StepData{Turn: turn, Step: t.step})
 	if b.err != nil {
-		return agent.Outcome{Turn: turn, Reason: errReason(protocol.CodeInternal, b.err.Error()), Err: b.err}
+		return provider.Outcome{Turn: turn, Reason: errReason(protocol.CodeInternal, b.err.Error()), Err: b.err}
 	}
 	s.logMu.Lock()
 	out, ok := s.append(ctx, turn, b.evs)
@@ -293,9 +293,9 @@ func (s *Session) ctxEnding(ctx context.Context) *ending {
 		return nil
 	}
 	cause := context.Cause(ctx)
-	var c *agent.Cancel
+	var c *provider.Cancel
 	switch {
-	case errors.Is(cause, agent.ErrLeaseLost):
+	case errors.Is(cause, provider.ErrLeaseLost):
 		return &ending{fenced: true, cancelRemote: true}
 	case errors.Is(cause, errTurnTimeout):
 		return errEnding("the ACP turn exceeded its %s limit", s.o.TurnTimeout)
@@ -632,7 +632,7 @@ func (s *Session) promptEnding(res *promptResult) *ending {
 // endTurn stops the turn's writer and appends its last record: what the
 // writer had not flushed, an error result for every tool call still open,
 // the answer, step/end and turn/end.
-func (s *Session) endTurn(ctx context.Context, t *turnState, turn int64, e ending) agent.Outcome {
+func (s *Session) endTurn(ctx context.Context, t *turnState, turn int64, e ending) provider.Outcome {
 	if t != nil {
 		close(t.stopWriter)
 		<-t.writerDone
@@ -671,19 +671,19 @@ func (s *Session) endTurn(ctx context.Context, t *turnState, turn int64, e endin
 	}
 	s.mu.Unlock()
 	if e.fenced {
-		return agent.Outcome{Turn: turn, Fenced: true, Reason: protocol.TurnEndReason{Kind: protocol.TurnInterrupted}}
+		return provider.Outcome{Turn: turn, Fenced: true, Reason: protocol.TurnEndReason{Kind: protocol.TurnInterrupted}}
 	}
 	if e.err != nil {
-		return agent.Outcome{Turn: turn, Reason: e.reason, Err: e.err}
+		return provider.Outcome{Turn: turn, Reason: e.reason, Err: e.err}
 	}
 	b.add(protocol.EvTurnEnd, protocol.TurnEndData{Turn: turn, Reason: e.reason})
 	if b.err != nil {
-		return agent.Outcome{Turn: turn, Reason: errReason(protocol.CodeInternal, b.err.Error()), Err: b.err}
+		return provider.Outcome{Turn: turn, Reason: errReason(protocol.CodeInternal, b.err.Error()), Err: b.err}
 	}
 	if out, ok := s.append(ctx, turn, b.evs); !ok {
 		return out
 	}
-	return agent.Outcome{Turn: turn, Reason: e.reason}
+	return provider.Outcome{Turn: turn, Reason: e.reason}
 }
 
 // cancelRemote asks the agent to stop the current prompt. It never blocks
@@ -726,27 +726,27 @@ func (s *Session) writer(ctx context.Context, t *turnState) {
 // append writes evs as one record (split when too large), with its own
 // deadline so a cancelled turn can still record how it ended. The caller
 // holds logMu.
-func (s *Session) append(ctx context.Context, turn int64, evs []protocol.SessionEvent) (agent.Outcome, bool) {
+func (s *Session) append(ctx context.Context, turn int64, evs []protocol.SessionEvent) (provider.Outcome, bool) {
 	s.mu.Lock()
 	fenced := s.fenced
 	s.mu.Unlock()
-	if fenced || errors.Is(context.Cause(ctx), agent.ErrLeaseLost) {
-		return agent.Outcome{Turn: turn, Fenced: true}, false
+	if fenced || errors.Is(context.Cause(ctx), provider.ErrLeaseLost) {
+		return provider.Outcome{Turn: turn, Fenced: true}, false
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.o.AppendTimeout)
 	defer cancel()
 	if err := s.appendSplit(actx, evs); err != nil {
-		if errors.Is(err, store.ErrFenced) {
+		if errors.Is(err, provider.ErrFenced) {
 			s.mu.Lock()
 			s.fenced = true
 			s.mu.Unlock()
 			s.logger.Warn("session log fenced by another writer; stopping this ACP child", "turn", turn)
-			return agent.Outcome{Turn: turn, Fenced: true}, false
+			return provider.Outcome{Turn: turn, Fenced: true}, false
 		}
 		s.logger.Error("session log append failed", "turn", turn, "err", err)
-		return agent.Outcome{Turn: turn, Reason: errReason(protocol.CodeDurabilityFailed, "the session log did not accept an append: "+err.Error()), Err: err}, false
+		return provider.Outcome{Turn: turn, Reason: errReason(protocol.CodeDurabilityFailed, "the session log did not accept an append: "+err.Error()), Err: err}, false
 	}
-	return agent.Outcome{}, true
+	return provider.Outcome{}, true
 }
 
 func (s *Session) appendSplit(ctx context.Context, evs []protocol.SessionEvent) error {
@@ -1241,17 +1241,17 @@ var (
 // ClaimNext opens the next turn with the oldest unclaimed inbox item (a
 // continuable ACP child's followup, docs/design.md §4): the claim is logged before
 // the turn prompts the ACP session with it.
-func (s *Session) ClaimNext(ctx context.Context, in agent.Inbox) (agent.Outcome, bool, error) {
+func (s *Session) ClaimNext(ctx context.Context, in provider.Inbox) (provider.Outcome, bool, error) {
 	return agent.ClaimNextOf(ctx, s, in, s.logger)
 }
 
 // Unclaimed returns the inbox items this session has not claimed yet.
-func (s *Session) Unclaimed(ctx context.Context, in agent.Inbox) ([]store.InboxItem, error) {
+func (s *Session) Unclaimed(ctx context.Context, in provider.Inbox) ([]protocol.InboxItem, error) {
 	return agent.UnclaimedOf(ctx, s.InboxLog(), in, s.logger)
 }
 
 // InboxLog returns what the session's log says of its inbox items (a copy).
-func (s *Session) InboxLog() agent.InboxLog {
+func (s *Session) InboxLog() provider.InboxLog {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.index.InboxLog()
@@ -1275,7 +1275,7 @@ func (s *Session) Append(ctx context.Context, evs ...protocol.SessionEvent) erro
 		return nil
 	}
 	if out.Fenced {
-		return store.ErrFenced
+		return provider.ErrFenced
 	}
 	return out.Err
 }

@@ -11,9 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/sessionlog"
-	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -89,7 +87,7 @@ func turn(t *testing.T, sess provider.Session, log *memLog, prompt string) (prot
 	t.Helper()
 	ctx := context.Background()
 	before := len(log.events())
-	if out, ok := sess.OpenTurn(ctx, agent.Input{Content: protocol.Text(prompt), Source: protocol.MessageSource{Kind: protocol.SourceUser}}); !ok {
+	if out, ok := sess.OpenTurn(ctx, provider.Input{Content: protocol.Text(prompt), Source: protocol.MessageSource{Kind: protocol.SourceUser}}); !ok {
 		t.Fatalf("open turn: %+v", out)
 	}
 	out := sess.RunSteps(ctx)
@@ -445,19 +443,19 @@ func TestSessionStopsWhenItLosesTheLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open := func(log agent.Appender) provider.Session {
+	open := func(log provider.Appender) provider.Session {
 		s, err := p.NewSession(context.Background(), provider.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir()}, Log: log})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = s.(provider.Closer).Close() })
-		if out, ok := s.OpenTurn(context.Background(), agent.Input{Content: protocol.Text("slow 2s")}); !ok {
+		if out, ok := s.OpenTurn(context.Background(), provider.Input{Content: protocol.Text("slow 2s")}); !ok {
 			t.Fatalf("open: %+v", out)
 		}
 		return s
 	}
 
-	fenced := &failingLog{n: 1, err: store.ErrFenced}
+	fenced := &failingLog{n: 1, err: provider.ErrFenced}
 	if out := open(fenced).RunSteps(context.Background()); !out.Fenced {
 		t.Fatalf("fenced log: %+v", out)
 	}
@@ -478,7 +476,7 @@ func TestSessionStopsWhenItLosesTheLog(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		time.Sleep(100 * time.Millisecond)
-		cancel(agent.ErrLeaseLost)
+		cancel(provider.ErrLeaseLost)
 	}()
 	start := time.Now()
 	out := s.RunSteps(ctx)
