@@ -492,8 +492,8 @@ const coldResumeBudget = 30 * time.Second
 // coldResume materializes a new epoch of a child with no live activation in
 // any live host of its descriptor's provider (cold resume never calls the
 // provider's own logic; it reuses the descriptor's route, persona and tool
-// filter). A continuable owner owns the child before the epoch can run
-// anything: the edge is registered first, so an epoch that ends at once
+// filter). owner is what wakeOwner returned: its edge is registered
+// before the epoch can run anything, so an epoch that ends at once
 // releases it (registered after the activation, it could come back after
 // that release and leave the owner waiting forever). A resume that fails
 // keeps the edge: the child still has accepted work, and the epoch that
@@ -505,11 +505,6 @@ func (c *Coordinator) coldResume(ctx context.Context, h protocol.SessionHeader, 
 	up, err := c.lineage(ctx, h)
 	if err != nil {
 		return protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %w", h.ID, err)
-	}
-	if owner != "" {
-		if err := c.st.AddOwnership(ctx, owner, h.ID); err != nil {
-			return protocol.Errorf(protocol.CodeUnavailable, "register ownership: %w", err)
-		}
 	}
 	reply, err := c.activateEpoch(ctx, h, d, owner, up, false)
 	if err != nil {

@@ -78,13 +78,11 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request, 
 	if err != nil {
 		return protocol.FollowupReply{}, err
 	}
-	owner := ""
-	if parent != nil && parent.rec.Kind == protocol.AgentContinuable {
-		owner = h.ParentSession
-		// A continuable parent owns a child before the child runs its work.
-		if err := c.st.AddOwnership(ctx, owner, h.ID); err != nil {
-			return protocol.FollowupReply{}, protocol.Errorf(protocol.CodeUnavailable, "register ownership: %w", err)
-		}
+	// A live continuable parent owns the child before it runs the work,
+	// whoever sends it (wakes.go).
+	owner, err := c.wakeOwner(ctx, h, parent)
+	if err != nil {
+		return protocol.FollowupReply{}, err
 	}
 	src := followupSource(h, parent != nil, r.Source)
 	mid, _, err := c.st.Enqueue(ctx, h.Scope(), h.ID, store.InboxItem{Content: r.Message, Source: src, Delivery: store.DeliveryNextTurn}, r.IdempotencyKey)

@@ -132,6 +132,11 @@ func (c *Coordinator) resume(ctx context.Context, id string) bool {
 	if h.ParentSession == "" || h.Origin != protocol.OriginSubagent {
 		return false // a root's inbox is its client's to read
 	}
+	// Work the log claimed is done, though still in the inbox (wakes.go):
+	// skipped like a session never resumable until its inbox changes.
+	if items, err = c.pendingWork(ctx, h, items); err != nil || len(items) == 0 {
+		return err != nil
+	}
 	up, err := c.lineage(ctx, h)
 	if err != nil || c.drainingFor(append(up, id)) != "" {
 		return true
@@ -144,7 +149,11 @@ func (c *Coordinator) resume(ctx context.Context, id string) bool {
 	if err != nil {
 		return !errors.Is(err, protocol.ErrNotResumable)
 	}
-	if err := c.coldResume(ctx, h, d, c.ownerOf(ctx, h)); err != nil {
+	owner, err := c.wakeOwner(ctx, h, nil)
+	if err == nil {
+		err = c.coldResume(ctx, h, d, owner)
+	}
+	if err != nil {
 		c.log.Warn("liveness: cold resume failed; the next sweep tries again", "session", id, "err", err)
 	}
 	return true
