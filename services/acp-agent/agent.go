@@ -25,7 +25,8 @@
 //	session/load   coordinator: lease Create, or CAS over a lapsed lease (the previous
 //	               incarnation's credential dies) → log read (batch direct get, with a
 //	               completeness check) → turn/end{interrupted} for a turn the previous
-//	               incarnation left open, fenced on the last record → replay to the client
+//	               incarnation left open, fenced on the last record → replay to the client;
+//	               loads of one session at once are one load: the others wait, then replay (load.go)
 //	exit           running turns cancelled and ended (aborted) → agents.close per root
 package acpagent
 
@@ -115,7 +116,10 @@ type Service struct {
 
 	mu       sync.Mutex
 	sessions map[string]*session
-	closing  bool
+	// loading holds the session/load requests in progress by session id;
+	// the channel is closed when that load ends (load.go).
+	loading map[string]chan struct{}
+	closing bool
 }
 
 // New checks cfg and returns the server; Run serves it.
@@ -141,7 +145,7 @@ func New(cfg Config) (*Service, error) {
 	if err := protocol.ValidatePersona(cfg.Persona); err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, log: cfg.Logger, sessions: map[string]*session{}}, nil
+	return &Service{cfg: cfg, log: cfg.Logger, sessions: map[string]*session{}, loading: map[string]chan struct{}{}}, nil
 }
 
 // Run serves the ACP connection until the client disconnects (EOF on In) or
@@ -288,13 +292,15 @@ func (s *Service) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.
 // and the conversation replayed as session/update notifications.
 func (s *Service) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (acp.LoadSessionResponse, error) {
 	id := string(p.SessionId)
-	s.mu.Lock()
-	ss, live := s.sessions[id]
-	s.mu.Unlock()
-	if live {
+	ss, done, err := s.beginLoad(ctx, id)
+	if err != nil {
+		return acp.LoadSessionResponse{}, err
+	}
+	if ss != nil {
 		ss.replay(ctx, ss.agent.Events())
 		return acp.LoadSessionResponse{}, nil
 	}
+	defer done()
 	if !protocol.ValidID(id) {
 		return acp.LoadSessionResponse{}, notFound(fmt.Sprintf("session %q is not a Brood session id", id))
 	}
