@@ -173,6 +173,9 @@ func (f *fake) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptRespo
 		b, _ := json.Marshal(f.meta)
 		f.mu.Unlock()
 		return answer(string(b))
+	case "promptmeta": // this prompt's own _meta
+		b, _ := json.Marshal(p.Meta)
+		return answer(string(b))
 	case "tools":
 		_ = f.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: sid, Update: acp.StartToolCall("t1", "Read notes",
 			acp.WithStartKind(acp.ToolKindRead), acp.WithStartStatus(acp.ToolCallStatusPending), acp.WithStartRawInput(map[string]any{"path": "notes.txt"}))})

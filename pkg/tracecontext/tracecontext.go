@@ -170,3 +170,57 @@ func End(span trace.Span, err error) {
 	}
 	span.End()
 }
+
+// MetaCarrier adapts the `_meta` object of an ACP (JSON-RPC) request to the
+// OpenTelemetry TextMapCarrier: the W3C keys (`traceparent`, `tracestate`,
+// `baggage`) are root keys of `_meta`, where ACP reserves them for trace
+// context (its extensibility rules, as MCP's). Get ignores a value that is
+// not a string.
+type MetaCarrier map[string]any
+
+// Get returns key's value when it is a string.
+func (c MetaCarrier) Get(key string) string {
+	s, _ := c[key].(string)
+	return s
+}
+
+// Set sets key.
+func (c MetaCarrier) Set(key, value string) { c[key] = value }
+
+// Keys lists the keys.
+func (c MetaCarrier) Keys() []string {
+	out := make([]string, 0, len(c))
+	for k := range c {
+		out = append(out, k)
+	}
+	return out
+}
+
+// InjectMeta adds ctx's trace context to the `_meta` of an ACP request
+// (MetaCarrier) and returns it: meta itself, or a new map when meta is nil
+// and ctx carries a context (nil when it carries none). This is how a
+// delegation tree's trace continues through an ACP stdio hop
+// (docs/protocol.md, "Trace context").
+func InjectMeta(ctx context.Context, meta map[string]any) map[string]any {
+	c := MetaCarrier{}
+	otel.GetTextMapPropagator().Inject(ctx, c)
+	if len(c) == 0 {
+		return meta
+	}
+	if meta == nil {
+		meta = make(map[string]any, len(c))
+	}
+	for k, v := range c {
+		meta[k] = v
+	}
+	return meta
+}
+
+// ExtractMeta returns ctx with the trace context an ACP request's `_meta`
+// carries (none: ctx as it is).
+func ExtractMeta(ctx context.Context, meta map[string]any) context.Context {
+	if len(meta) == 0 {
+		return ctx
+	}
+	return otel.GetTextMapPropagator().Extract(ctx, MetaCarrier(meta))
+}

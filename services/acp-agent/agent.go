@@ -48,6 +48,7 @@ import (
 	"github.com/brood-dev/brood/internal/worker"
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/pkg/tracecontext"
 )
 
 // ToolSpec is what a tools factory gets for one ACP session's agent: its
@@ -250,7 +251,9 @@ func (s *Service) Authenticate(context.Context, acp.AuthenticateRequest) (acp.Au
 
 // NewSession implements acp.Agent: a new reopenable root in cwd, narrowed by
 // the lineage in `_meta` when the ACP bridge sent one.
-func (s *Service) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.NewSessionResponse, error) {
+func (s *Service) NewSession(ctx context.Context, p acp.NewSessionRequest) (_ acp.NewSessionResponse, err error) {
+	ctx, span := startSpan(ctx, acp.AgentMethodSessionNew, p.Meta, "")
+	defer func() { tracecontext.End(span, err) }()
 	if err := acpio.ValidateDir(p.Cwd); err != nil {
 		return acp.NewSessionResponse{}, acp.NewInvalidParams(map[string]any{"error": "cwd: " + err.Error()})
 	}
@@ -290,8 +293,10 @@ func (s *Service) NewSession(ctx context.Context, p acp.NewSessionRequest) (acp.
 // LoadSession implements acp.AgentLoader: the root is reopened (or found open
 // in this process), its log read, a turn left open closed as interrupted,
 // and the conversation replayed as session/update notifications.
-func (s *Service) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (acp.LoadSessionResponse, error) {
+func (s *Service) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (_ acp.LoadSessionResponse, err error) {
 	id := string(p.SessionId)
+	ctx, span := startSpan(ctx, acp.AgentMethodSessionLoad, p.Meta, id)
+	defer func() { tracecontext.End(span, err) }()
 	ss, done, err := s.beginLoad(ctx, id)
 	if err != nil {
 		return acp.LoadSessionResponse{}, err
@@ -356,7 +361,9 @@ func (s *Service) LoadSession(ctx context.Context, p acp.LoadSessionRequest) (ac
 
 // Prompt implements acp.Agent: one Brood turn; text streams as
 // agent_message_chunk, tool calls as tool_call / tool_call_update.
-func (s *Service) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResponse, error) {
+func (s *Service) Prompt(ctx context.Context, p acp.PromptRequest) (_ acp.PromptResponse, err error) {
+	ctx, span := startSpan(ctx, acp.AgentMethodSessionPrompt, p.Meta, string(p.SessionId))
+	defer func() { tracecontext.End(span, err) }()
 	ss, err := s.get(p.SessionId)
 	if err != nil {
 		return acp.PromptResponse{}, err

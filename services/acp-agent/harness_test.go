@@ -54,15 +54,16 @@ func (e *editor) WaitForTerminalExit(context.Context, acp.WaitForTerminalExitReq
 	return acp.WaitForTerminalExitResponse{}, acp.NewMethodNotFound(acp.ClientMethodTerminalWaitForExit)
 }
 
-// serve runs an ACP agent server on s in this process, connected to an
+// serve runs an ACP agent server on s in this process (tools nil: the
+// default tools), connected to an
 // editor over pipes, initialized; it stops (the editor disconnects) when
 // the test ends.
-func serve(t *testing.T, s *stack.Stack) *acp.ClientSideConnection {
+func serve(t *testing.T, s *stack.Stack, tools acpagent.ToolsFactory) *acp.ClientSideConnection {
 	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	svc, err := acpagent.New(acpagent.Config{
-		Client: s.Client, Store: s.Store, In: inR, Out: outW, Logger: testutil.Logger(t),
+		Client: s.Client, Store: s.Store, In: inR, Out: outW, Logger: testutil.Logger(t), Tools: tools,
 		Models: func() (model.Model, error) { return model.NewScripted(), nil },
 	})
 	if err != nil {

@@ -31,7 +31,7 @@ func TestConcurrentLoadsOfOneSessionAreOne(t *testing.T) {
 	if err := root.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	conn := serve(t, s)
+	conn := serve(t, s, nil)
 	const loads = 4
 	errs := make([]error, loads)
 	var wg sync.WaitGroup

@@ -89,11 +89,13 @@ var errClosing = errors.New("the session is closing")
 
 // turn runs one turn with run under the turn lock, cancellable by
 // session/cancel (cancelTurn); the turn ends aborted{user} when ctx (the
-// prompt's) is cancelled.
+// prompt's) is cancelled. The turn keeps ctx's values: its span (the
+// prompt's, in the trace its `_meta` carried), so the turn's requests join
+// the delegation tree's trace.
 func (ss *session) turn(ctx context.Context, run func(tctx context.Context) agent.Outcome) (agent.Outcome, error) {
 	ss.turnMu.Lock()
 	defer ss.turnMu.Unlock()
-	tctx, cancel := context.WithCancelCause(context.Background())
+	tctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
 	stop := context.AfterFunc(ctx, func() { cancel(&agent.Cancel{Cause: protocol.CauseUser}) })
 	defer stop()

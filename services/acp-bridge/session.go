@@ -18,6 +18,7 @@ import (
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/pkg/provider"
+	"github.com/brood-dev/brood/pkg/tracecontext"
 )
 
 // CauseAgent is the aborted cause recorded when the ACP agent itself ended a
@@ -218,7 +219,7 @@ func (s *Session) RunSteps(ctx context.Context) provider.Outcome {
 		return out
 	}
 	go s.writer(ctx, t)
-	done, res := s.startPrompt(prompt, source)
+	done, res := s.startPrompt(ctx, prompt, source)
 	e := s.await(ctx, t, done, "the turn")
 	if e == nil {
 		e = s.promptEnding(res)
@@ -353,7 +354,10 @@ func (s *Session) attach(ctx context.Context) (protocol.ACPSessionData, *ending)
 	if info := init.AgentInfo; info != nil {
 		data.Agent = strings.TrimSpace(info.Name + " " + info.Version)
 	}
-	meta := protocol.LineageOfHeader(s.header).Meta()
+	// The child's turn's trace context goes with the lineage (root keys of
+	// `_meta`, where ACP reserves them): a Brood agent behind the hop
+	// continues the delegation tree's trace (brood acp-agent).
+	meta := tracecontext.InjectMeta(ctx, protocol.LineageOfHeader(s.header).Meta())
 	if s.resume != nil {
 		if !data.LoadSession {
 			return data, &ending{reason: errReason(protocol.CodeModelError, fmt.Sprintf("%s: the ACP agent no longer advertises session/load, so ACP session %s cannot be restored",
@@ -426,8 +430,11 @@ type promptResult struct {
 //
 // The prompt's provenance travels in `_meta.brood.source` (ACPPromptMeta), so
 // a Brood ACP agent logs a message relayed from a parent agent as such, not
-// as the user's; other agents ignore `_meta`.
-func (s *Session) startPrompt(prompt []acp.ContentBlock, source protocol.MessageSource) (<-chan struct{}, *promptResult) {
+// as the user's; other agents ignore `_meta`. The W3C trace context of ctx
+// (the turn's) travels in `_meta` too (`traceparent`, tracecontext.InjectMeta),
+// so the agent's work joins the delegation tree's trace; ctx is not the
+// request's context.
+func (s *Session) startPrompt(ctx context.Context, prompt []acp.ContentBlock, source protocol.MessageSource) (<-chan struct{}, *promptResult) {
 	res := &promptResult{}
 	done := make(chan struct{})
 	s.mu.Lock()
@@ -437,12 +444,13 @@ func (s *Session) startPrompt(prompt []acp.ContentBlock, source protocol.Message
 	if prompt == nil {
 		prompt = []acp.ContentBlock{}
 	}
+	var meta map[string]any
+	if source.Kind != "" {
+		meta = map[string]any{protocol.ACPMetaKey: protocol.ACPPromptMeta{Source: &source}}
+	}
+	meta = tracecontext.InjectMeta(ctx, meta)
 	go func() {
 		defer close(done)
-		var meta map[string]any
-		if source.Kind != "" {
-			meta = map[string]any{protocol.ACPMetaKey: protocol.ACPPromptMeta{Source: &source}}
-		}
 		res.resp, res.err = conn.Prompt(s.lifetime, acp.PromptRequest{SessionId: id, Prompt: prompt, Meta: meta})
 		s.mu.Lock()
 		if s.cur != nil {
