@@ -23,7 +23,7 @@ func self(tc ToolContext) protocol.ParentRef {
 // at once ("started subagent <id>"); a settlement notice arrives later.
 func BackgroundStarter(cl *client.Client, provider string) func(ctx context.Context, tc ToolContext, description, prompt string) ToolResult {
 	return func(ctx context.Context, tc ToolContext, description, prompt string) ToolResult {
-		r, err := cl.StartContinuable(ctx, protocol.ContinuableStartRequest{
+		r, err := startContinuable(ctx, cl, protocol.ContinuableStartRequest{
 			Provider: provider, Parent: self(tc), Label: description, Prompt: protocol.Text(prompt),
 		})
 		if err != nil {
@@ -57,7 +57,7 @@ func SendMessageTool(cl *client.Client) *Tool {
 				return ErrorResult("send_message: subagent_id and message are both required")
 			}
 			parent := self(tc)
-			r, err := cl.Followup(ctx, protocol.FollowupRequest{
+			r, err := followup(ctx, cl, protocol.FollowupRequest{
 				ChildID: in.ID, Authority: protocol.Authority{Parent: &parent}, Message: protocol.Text(in.Message),
 			})
 			if err != nil {

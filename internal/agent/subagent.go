@@ -117,9 +117,7 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 			res, err := run.Result(ctx)
 			if err != nil {
 				// The parent's turn was cancelled: dispose the child and report how it ended.
-				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), SubagentDisposeTimeout)
-				defer cancel()
-				st, derr := run.Dispose(dctx)
+				st, derr := disposeRun(ctx, cfg.Client, run, parent)
 				if derr != nil || st.Result == nil {
 					return ErrorResult("The subagent %s was cancelled; disposing it failed: %v", run.ChildID, derr)
 				}
