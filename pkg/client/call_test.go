@@ -346,3 +346,29 @@ func TestNewRefusesABadPrefix(t *testing.T) {
 		t.Fatalf("New with a bad prefix: %v", err)
 	}
 }
+
+// TestARefusedRequestIsPermissionDenied (issue 37, item 7): a service's
+// request that NATS refuses (its user may not publish the subject, as a
+// worker whose role lacks <p>.v1.inboxremove.<provider>.> asking for an
+// inbox item's removal) is PERMISSION_DENIED, naming the subject, not
+// UNAVAILABLE: no retry mends it. Before, it waited for its deadline and
+// ended UNAVAILABLE ("no reply ... in time; retry later").
+func TestARefusedRequestIsPermissionDenied(t *testing.T) {
+	const refused = "brood.v1.inboxremove.spawn.child-1"
+	url := coreServer(t, &server.User{Username: "worker", Password: "pw", Permissions: &server.Permissions{
+		Publish: &server.SubjectPermission{Deny: []string{"brood.v1.inboxremove.>"}}}})
+	respond(t, strings.Replace(url, "nats://", "nats://worker:pw@", 1), "brood.v1.inboxremove.>", func(m *nats.Msg) *nats.Msg { return &nats.Msg{Data: m.Data} })
+	nc := dial(t, strings.Replace(url, "nats://", "nats://worker:pw@", 1), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	err := client.Call(ctx, nc, refused, protocol.InboxRemoveRequest{Seqs: []protocol.Seq{1}}, &protocol.InboxAckReply{})
+	if !errors.Is(err, protocol.ErrPermissionDenied) || !strings.Contains(err.Error(), refused) {
+		t.Fatalf("a request NATS refused: %v; want PERMISSION_DENIED naming %s", err, refused)
+	}
+	// A request the user may make, unanswered, stays UNAVAILABLE.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), time.Second)
+	defer cancel2()
+	if err := client.Call(ctx2, nc, "brood.v1.nobody.serves.this", protocol.Empty{}, nil); !errors.Is(err, protocol.ErrUnavailable) {
+		t.Fatalf("an unanswered request: %v; want UNAVAILABLE", err)
+	}
+}

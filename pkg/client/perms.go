@@ -142,3 +142,23 @@ func checkSubscribed(nc *nats.Conn, subject string) error {
 	}
 	return nil
 }
+
+// refusedBy returns PERMISSION_DENIED when nc's last error is NATS's
+// refusal of a publish to subject, or of a subscription under nc's inbox
+// prefix (no reply could arrive), else nil: what a call without a Client's
+// watch (Call, the services' requests) learns once its request went
+// unanswered.
+func refusedBy(nc *nats.Conn, subject string) error {
+	op, s, ok := violationOf(nc.LastError())
+	if !ok {
+		return nil
+	}
+	prefix := nc.Opts.InboxPrefix
+	if prefix == "" {
+		prefix = nats.InboxPrefix[:len(nats.InboxPrefix)-1]
+	}
+	if (op == "publish to" && s == subject) || (op == "subscribe to" && strings.HasPrefix(s, prefix+".")) {
+		return PermissionDenied(op, s)
+	}
+	return nil
+}

@@ -40,7 +40,16 @@ const DefaultTimeout = 30 * time.Second
 // left until ctx's deadline in the Brood-Timeout header, so the callee can
 // answer within it (docs/protocol.md §2.4).
 func Call(ctx context.Context, nc *nats.Conn, subject string, req, reply any) error {
-	return CallVia(ctx, nc.RequestMsgWithContext, subject, req, reply)
+	err := CallVia(ctx, nc.RequestMsgWithContext, subject, req, reply)
+	if protocol.CodeOf(err) == protocol.CodeUnavailable {
+		// No answer, because NATS refused the request (the connection's
+		// user may not publish it): PERMISSION_DENIED, which no retry
+		// mends, not UNAVAILABLE (issue 37, item 7).
+		if denied := refusedBy(nc, subject); denied != nil {
+			return denied
+		}
+	}
+	return err
 }
 
 // RequestFunc sends msg as a request and returns its reply: what Call does
