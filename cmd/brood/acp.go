@@ -166,7 +166,11 @@ func acpAgentCmd(g *globals) *cobra.Command {
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := newLogger(g.logLevel, slog.LevelWarn, g.errOut)
-			models, _, err := mf.factory()
+			models, err := mf.factory()
+			if err != nil {
+				return err
+			}
+			limits, err := mf.limits()
 			if err != nil {
 				return err
 			}
@@ -194,7 +198,7 @@ func acpAgentCmd(g *globals) *cobra.Command {
 			}
 			mf.warnNoWorkspace(log)
 			svc, err := acpagent.New(acpagent.Config{
-				Client: cl, Store: st, Models: models, In: os.Stdin, Out: os.Stdout, Logger: log,
+				Client: cl, Store: st, Models: models.def, Limits: limits, In: os.Stdin, Out: os.Stdout, Logger: log,
 				Tools: acpagent.DelegationTools(subagentProvider, mf.workspaceRoots...),
 			})
 			if err != nil {

@@ -140,6 +140,11 @@ type childFlags struct {
 	// without asking (docs/protocol.md §5.5).
 	autoApprove string
 	progress    string // --progress of run
+	// model and the turn limits the child may be narrowed to
+	// (docs/protocol.md §5.5, "Model and turn limits").
+	model                                string
+	turnTimeout                          time.Duration
+	stepsPerTurnMax, toolCallsPerStepMax int64
 }
 
 // register adds the flags to cmd; withSchema adds --schema (one-shot only:
@@ -154,6 +159,10 @@ func (f *childFlags) register(cmd *cobra.Command, withSchema bool) {
 	cmd.Flags().StringVar(&f.denyTools, "deny-tools", "", "comma-separated tools the child may not use")
 	cmd.Flags().StringVar(&f.autoApprove, "auto-approve", "", "comma-separated tools needing approval (write_file, edit_file, run_command) the child may run without asking")
 	cmd.Flags().StringVar(&f.persona, "persona", "", "the child's persona, a template with {{provider}}, {{model}}, {{cwd}}")
+	cmd.Flags().StringVar(&f.model, "model", "", "the model the child runs on, among those its provider offers (adapter/id or id; see brood providers)")
+	cmd.Flags().DurationVar(&f.turnTimeout, "turn-timeout", 0, "a shorter turn time limit for the child (never above its worker's)")
+	cmd.Flags().Int64Var(&f.stepsPerTurnMax, "steps-per-turn-max", 0, "fewer model calls per turn for the child (never above its worker's)")
+	cmd.Flags().Int64Var(&f.toolCallsPerStepMax, "tool-calls-per-step-max", 0, "fewer tool calls per model answer for the child (never above its worker's)")
 }
 
 // startOptions builds the start options from the flags the user set; an
@@ -193,6 +202,30 @@ func (f *childFlags) startOptions(cmd *cobra.Command) (protocol.StartOptions, er
 	if fl.Changed("persona") {
 		p := f.persona
 		o.Persona = &p
+	}
+	if fl.Changed("model") {
+		o.Model = f.model
+	}
+	var l protocol.TurnLimits
+	for _, x := range []struct {
+		flag string
+		v    int64
+		dst  *int64
+	}{
+		{"turn-timeout", f.turnTimeout.Milliseconds(), &l.TurnTimeoutMs},
+		{"steps-per-turn-max", f.stepsPerTurnMax, &l.StepsPerTurnMax},
+		{"tool-calls-per-step-max", f.toolCallsPerStepMax, &l.ToolCallsPerStepMax},
+	} {
+		if !fl.Changed(x.flag) {
+			continue
+		}
+		if x.v <= 0 {
+			return o, protocol.Errorf(protocol.CodeInvalidArgument, "--%s must be positive", x.flag)
+		}
+		*x.dst = x.v
+	}
+	if !l.IsZero() {
+		o.Limits = &l
 	}
 	return o, nil
 }

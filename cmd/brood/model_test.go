@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,13 +23,22 @@ func TestWorkersNameTheirModel(t *testing.T) {
 		name string
 		env  map[string]string
 		args []string
-		want protocol.ModelInfo
+		want []protocol.ModelInfo
+		// the turn limits the descriptor shows
+		limits protocol.TurnLimits
 	}{
-		{"--model scripted", nil, []string{"--model", "scripted"}, protocol.ModelInfo{Adapter: "scripted", ID: "scripted"}},
-		{"BROOD_MODEL", map[string]string{"BROOD_MODEL": "scripted"}, nil, protocol.ModelInfo{Adapter: "scripted", ID: "scripted"}},
+		{"--model scripted", nil, []string{"--model", "scripted"}, []protocol.ModelInfo{{Adapter: "scripted", ID: "scripted"}}, protocol.DefaultTurnLimits()},
+		{"BROOD_MODEL", map[string]string{"BROOD_MODEL": "scripted"}, nil, []protocol.ModelInfo{{Adapter: "scripted", ID: "scripted"}}, protocol.DefaultTurnLimits()},
 		{"BROOD_MODEL_* alone", map[string]string{
 			"BROOD_MODEL_NAME": "my-model", "BROOD_MODEL_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "sk-test", "DEEPSEEK_API_KEY": "",
-		}, nil, protocol.ModelInfo{Adapter: "openai", ID: "my-model"}},
+		}, nil, []protocol.ModelInfo{{Adapter: "openai", ID: "my-model"}}, protocol.DefaultTurnLimits()},
+		// Several models offered, the first the default (issue 37, item 3:
+		// a start chooses among them), and the turn limits set.
+		{"--model-name a list", nil, []string{"--model", "scripted", "--model-name", "small,large", "--turn-timeout", "90s", "--steps-per-turn-max", "8", "--tool-calls-per-step-max", "4"},
+			[]protocol.ModelInfo{{Adapter: "scripted", ID: "small"}, {Adapter: "scripted", ID: "large"}}, protocol.TurnLimits{TurnTimeoutMs: 90_000, StepsPerTurnMax: 8, ToolCallsPerStepMax: 4}},
+		{"BROOD_MODEL_NAME a list", map[string]string{
+			"BROOD_MODEL_NAME": "chat, reasoner", "BROOD_MODEL_BASE_URL": "http://127.0.0.1:9/v1", "OPENAI_API_KEY": "sk-test", "DEEPSEEK_API_KEY": "",
+		}, nil, []protocol.ModelInfo{{Adapter: "openai", ID: "chat"}, {Adapter: "openai", ID: "reasoner"}}, protocol.DefaultTurnLimits()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for k, v := range tc.env {
@@ -46,8 +56,11 @@ func TestWorkersNameTheirModel(t *testing.T) {
 					return err == nil && r.Instances["spawn"] == 1
 				}, "the worker listed")
 			}, append([]string{"spawn-worker", "--nats", url, "--heartbeat", "100ms", "--host-expiry", "1s"}, tc.args...)...)
-			if len(listed.Providers) != 1 || len(listed.Providers[0].Models) != 1 || listed.Providers[0].Models[0] != tc.want {
-				t.Fatalf("providers.list: %+v, want the model %v", listed.Providers, tc.want)
+			if len(listed.Providers) != 1 || !slices.Equal(listed.Providers[0].Models, tc.want) {
+				t.Fatalf("providers.list: %+v, want the models %v", listed.Providers, tc.want)
+			}
+			if l := listed.Providers[0].Limits; l == nil || *l != tc.limits {
+				t.Fatalf("providers.list: limits %+v, want %+v", l, tc.limits)
 			}
 		})
 	}

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -122,12 +124,27 @@ type modelFlags struct {
 	baseURL        string
 	name           string
 	workspaceRoots []string
+	// The turn limits of the agents (docs/protocol.md §10), shown in the
+	// descriptor; a start may only tighten them.
+	turnTimeout                          time.Duration
+	stepsPerTurnMax, toolCallsPerStepMax int
+}
+
+// limits are the agents' turn limits from the flags: each must be positive.
+func (m *modelFlags) limits() (agent.Limits, error) {
+	if m.turnTimeout <= 0 || m.stepsPerTurnMax <= 0 || m.toolCallsPerStepMax <= 0 {
+		return agent.Limits{}, protocol.Errorf(protocol.CodeInvalidArgument, "--turn-timeout, --steps-per-turn-max and --tool-calls-per-step-max must be positive")
+	}
+	return agent.Limits{TurnTimeout: m.turnTimeout, StepsPerTurnMax: m.stepsPerTurnMax, ToolCallsPerStepMax: m.toolCallsPerStepMax}, nil
 }
 
 func (m *modelFlags) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&m.kind, "model", "", "model adapter of the agents: scripted, or openai (any OpenAI-compatible endpoint; key from $DEEPSEEK_API_KEY or $OPENAI_API_KEY); default $"+envModel+", else openai when $"+model.EnvModelName+" or $"+model.EnvModelBaseURL+" is set, else scripted (brood dev, acp-agent) or none: a worker refuses to start without a model named")
 	cmd.Flags().StringVar(&m.baseURL, "model-base-url", "", "openai adapter: base URL (default $BROOD_MODEL_BASE_URL, else https://api.deepseek.com)")
-	cmd.Flags().StringVar(&m.name, "model-name", "", "openai adapter: model id (default $BROOD_MODEL_NAME, else deepseek-chat)")
+	cmd.Flags().StringVar(&m.name, "model-name", "", "model id, or several comma-separated (the first the default; a start chooses with its model option): openai adapter default $BROOD_MODEL_NAME, else deepseek-chat; scripted adapter default scripted")
+	cmd.Flags().DurationVar(&m.turnTimeout, "turn-timeout", time.Duration(protocol.DefaultTurnTimeoutMs)*time.Millisecond, "most time one agent turn may take (a start may ask for less)")
+	cmd.Flags().IntVar(&m.stepsPerTurnMax, "steps-per-turn-max", int(protocol.DefaultStepsPerTurnMax), "most model calls (steps) one agent turn may make (a start may ask for fewer)")
+	cmd.Flags().IntVar(&m.toolCallsPerStepMax, "tool-calls-per-step-max", int(protocol.DefaultToolCallsPerStepMax), "most tool calls one model answer may ask for (a start may ask for fewer)")
 	cmd.Flags().StringSliceVar(&m.workspaceRoots, "workspace-root", nil,
 		"only sessions whose cwd lies in one of these directories may use the workspace tools (repeatable; {user} stands for the session's user; / allows any; default: none)")
 }
@@ -166,19 +183,83 @@ func (m *modelFlags) adapter() string {
 	return "scripted"
 }
 
-// factory returns the model of new agents and what it is (the
+// modelSet is what a worker's model flags give: the default model, the
+// others it offers, and the descriptor's list of them (the default first,
+// docs/protocol.md §9.1).
+type modelSet struct {
+	def    worker.ModelFactory
+	choose worker.ModelChooser
+	infos  []protocol.ModelInfo
+}
+
+// modelList is "adapter/id, …", the default first.
+func modelList(infos []protocol.ModelInfo) string {
+	names := make([]string, len(infos))
+	for i, m := range infos {
+		names[i] = m.String()
+	}
+	return strings.Join(names, ", ")
+}
+
+// modelIDs splits --model-name (or $BROOD_MODEL_NAME): one model id, or
+// several comma-separated, the first the default (issue 37, item 3: a start
+// may choose among them with its `model` option).
+func modelIDs(list string) ([]string, error) {
+	var ids []string
+	for _, id := range strings.Split(list, ",") {
+		id = strings.TrimSpace(id)
+		if id == "" || slices.Contains(ids, id) {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "--model-name %q: give model ids separated by commas, each once", list)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// factory returns the models of new agents and what they are (the
 // descriptor's models, docs/protocol.md §9.1). The openai adapter is built
-// once and shared (it is safe for concurrent use); nothing is called unless
-// it is selected and a key is configured.
-func (m *modelFlags) factory() (worker.ModelFactory, protocol.ModelInfo, error) {
+// once per model id and shared (it is safe for concurrent use); nothing is
+// called unless it is selected and a key is configured.
+func (m *modelFlags) factory() (modelSet, error) {
+	byID := map[protocol.ModelInfo]model.Model{}
+	set := func(models []model.Model) modelSet {
+		var s modelSet
+		for _, x := range models {
+			info := protocol.ModelInfo{Adapter: x.Provider(), ID: x.Name()}
+			byID[info] = x
+			s.infos = append(s.infos, info)
+		}
+		def := models[0]
+		s.def = func() (model.Model, error) { return def, nil }
+		s.choose = func(info protocol.ModelInfo) (model.Model, error) {
+			if x, ok := byID[info]; ok {
+				return x, nil
+			}
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "model %s is not offered by this worker", info)
+		}
+		return s
+	}
 	switch kind := m.adapter(); kind {
 	case "":
-		return nil, protocol.ModelInfo{}, protocol.Errorf(protocol.CodeInvalidArgument,
+		return modelSet{}, protocol.Errorf(protocol.CodeInvalidArgument,
 			"no model named: a worker outside `brood dev` does not fall back to the scripted model (issue 37); pass --model openai "+
 				"(or set $%s or $%s; key from $%s or $%s), or --model scripted (or $%s=scripted) to run the scripted model on purpose",
 			model.EnvModelName, model.EnvModelBaseURL, model.EnvDeepSeekKey, model.EnvOpenAIKey, envModel)
 	case "scripted":
-		return func() (model.Model, error) { return model.NewScripted(), nil }, model.ScriptedInfo, nil
+		// The scripted model answers the same under any id; --model-name
+		// names several, so a start can choose among them (tests, demos).
+		if m.name == "" {
+			return set([]model.Model{model.NewScripted()}), nil
+		}
+		ids, err := modelIDs(m.name)
+		if err != nil {
+			return modelSet{}, err
+		}
+		var models []model.Model
+		for _, id := range ids {
+			models = append(models, model.NewScriptedID(id))
+		}
+		return set(models), nil
 	case "openai":
 		cfg := model.OpenAIConfigFromEnv()
 		if m.baseURL != "" {
@@ -187,13 +268,23 @@ func (m *modelFlags) factory() (worker.ModelFactory, protocol.ModelInfo, error) 
 		if m.name != "" {
 			cfg.Model = m.name
 		}
-		om, err := model.NewOpenAI(cfg)
+		ids, err := modelIDs(cfg.Model)
 		if err != nil {
-			return nil, protocol.ModelInfo{}, protocol.Errorf(protocol.CodeInvalidArgument, "--model openai: %w", err)
+			return modelSet{}, err
 		}
-		return func() (model.Model, error) { return om, nil }, protocol.ModelInfo{Adapter: "openai", ID: cfg.Model}, nil
+		var models []model.Model
+		for _, id := range ids {
+			c := cfg
+			c.Model = id
+			om, err := model.NewOpenAI(c)
+			if err != nil {
+				return modelSet{}, protocol.Errorf(protocol.CodeInvalidArgument, "--model openai: %w", err)
+			}
+			models = append(models, om)
+		}
+		return set(models), nil
 	default:
-		return nil, protocol.ModelInfo{}, protocol.Errorf(protocol.CodeInvalidArgument, "unknown model adapter %q (known: scripted, openai; from --model or $%s)", kind, envModel)
+		return modelSet{}, protocol.Errorf(protocol.CodeInvalidArgument, "unknown model adapter %q (known: scripted, openai; from --model or $%s)", kind, envModel)
 	}
 }
 
@@ -294,9 +385,10 @@ func newCoordinator(nc *nats.Conn, st *store.Store, t timing, l coordinatorLimit
 }
 
 // newInProcessWorker builds the worker of an in-process provider (spawn, fork).
-func newInProcessWorker(nc *nats.Conn, st *store.Store, t timing, models worker.ModelFactory, roots []string, servers []mcptools.ServerConfig, m *telemetry.Metrics, log *slog.Logger, desc protocol.ProviderDescriptor) (*worker.Host, error) {
+func newInProcessWorker(nc *nats.Conn, st *store.Store, t timing, models modelSet, limits agent.Limits, roots []string, servers []mcptools.ServerConfig, m *telemetry.Metrics, log *slog.Logger, desc protocol.ProviderDescriptor) (*worker.Host, error) {
+	desc.Models = models.infos
 	return worker.NewInProcessHost(worker.InProcessConfig{
-		NC: nc, Store: st, Models: models, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry,
+		NC: nc, Store: st, Models: models.def, ModelFor: models.choose, Limits: limits, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry,
 		DrainGrace: t.drainGrace, WorkspaceRoots: roots, Logger: log, Metrics: m, MCPServers: servers,
 	}, desc)
 }
@@ -458,11 +550,14 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 			if err := t.validate(); err != nil {
 				return err
 			}
-			models, info, err := mf.factory()
+			models, err := mf.factory()
 			if err != nil {
 				return err
 			}
-			desc.Models = []protocol.ModelInfo{info}
+			limits, err := mf.limits()
+			if err != nil {
+				return err
+			}
 			servers, err := mcpf.servers()
 			if err != nil {
 				return err
@@ -478,7 +573,7 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 			}
 			defer nc.Close()
 			mf.warnNoWorkspace(log)
-			w, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, servers, met.metrics(), log, desc)
+			w, err := newInProcessWorker(nc, st, t, models, limits, mf.workspaceRoots, servers, met.metrics(), log, desc)
 			if err != nil {
 				return err
 			}
@@ -528,7 +623,11 @@ func devCmd(g *globals) *cobra.Command {
 			if !cmd.Flags().Changed("workspace-root") {
 				mf.workspaceRoots = []string{agent.AnyWorkspace}
 			}
-			models, info, err := mf.factory()
+			models, err := mf.factory()
+			if err != nil {
+				return err
+			}
+			limits, err := mf.limits()
 			if err != nil {
 				return err
 			}
@@ -583,12 +682,11 @@ func devCmd(g *globals) *cobra.Command {
 				return err
 			}
 			spawnDesc, forkDesc := spawnworker.Descriptor(spawnworker.DefaultName), forkworker.Descriptor(forkworker.DefaultName)
-			spawnDesc.Models, forkDesc.Models = []protocol.ModelInfo{info}, []protocol.ModelInfo{info}
-			spawn, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, servers, met.metrics(), log, spawnDesc)
+			spawn, err := newInProcessWorker(nc, st, t, models, limits, mf.workspaceRoots, servers, met.metrics(), log, spawnDesc)
 			if err != nil {
 				return err
 			}
-			fork, err := newInProcessWorker(nc, st, t, models, mf.workspaceRoots, servers, met.metrics(), log, forkDesc)
+			fork, err := newInProcessWorker(nc, st, t, models, limits, mf.workspaceRoots, servers, met.metrics(), log, forkDesc)
 			if err != nil {
 				return err
 			}
@@ -619,7 +717,7 @@ func devCmd(g *globals) *cobra.Command {
 			if web != nil {
 				fmt.Fprintf(g.out, "brood dev: web view on %s\n", web.URL())
 			}
-			fmt.Fprintf(g.out, "brood dev: providers spawn, fork, acp; model %s; Ctrl-C drains and exits\n", mf.kind)
+			fmt.Fprintf(g.out, "brood dev: providers spawn, fork, acp; model %s; Ctrl-C drains and exits\n", modelList(models.infos))
 			if met.srv != nil {
 				fmt.Fprintf(g.out, "brood dev: metrics on http://%s/metrics\n", met.srv.Addr())
 			}

@@ -67,9 +67,9 @@ type Limits struct {
 // DefaultLimits are the documented defaults.
 func DefaultLimits() Limits {
 	return Limits{
-		TurnTimeout:         10 * time.Minute,
-		StepsPerTurnMax:     64,
-		ToolCallsPerStepMax: 32,
+		TurnTimeout:         defaultTurnTimeout,
+		StepsPerTurnMax:     int(protocol.DefaultStepsPerTurnMax),
+		ToolCallsPerStepMax: int(protocol.DefaultToolCallsPerStepMax),
 		ToolOutputBytesMax:  512 << 10,
 		AppendTimeout:       store.SettleBudget,
 	}
@@ -337,7 +337,7 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	resp, merr := a.callModel(ctx, req, func(s string) { partial.WriteString(s) })
 
 	var b eventBuf
-	b.add(a, protocol.EvStepStart, protocol.StepData{Turn: turn, Step: step})
+	b.add(a, protocol.EvStepStart, protocol.StepData{Turn: turn, Step: step, Model: a.cfg.Model.Provider() + "/" + a.cfg.Model.Name()})
 	if merr != nil {
 		return a.endModelFailed(ctx, turn, step, &b, merr, partial.String()), true
 	}

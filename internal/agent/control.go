@@ -21,10 +21,10 @@ func self(tc ToolContext) protocol.ParentRef {
 // BackgroundStarter returns the subagent tool's run_in_background handler:
 // it starts a continuable child of the calling agent on provider and returns
 // at once ("started subagent <id>"); a settlement notice arrives later.
-func BackgroundStarter(cl *client.Client, provider string) func(ctx context.Context, tc ToolContext, description, prompt string) ToolResult {
-	return func(ctx context.Context, tc ToolContext, description, prompt string) ToolResult {
+func BackgroundStarter(cl *client.Client, provider string) func(ctx context.Context, tc ToolContext, description, prompt string, opts protocol.ContinuableOptions) ToolResult {
+	return func(ctx context.Context, tc ToolContext, description, prompt string, opts protocol.ContinuableOptions) ToolResult {
 		r, err := startContinuable(ctx, cl, protocol.ContinuableStartRequest{
-			Provider: provider, Parent: self(tc), Label: description, Prompt: protocol.Text(prompt),
+			Provider: provider, Parent: self(tc), Label: description, Prompt: protocol.Text(prompt), Options: opts,
 		})
 		if err != nil {
 			return ErrorResult("The background subagent could not be started: %v", err)

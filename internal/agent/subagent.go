@@ -40,7 +40,12 @@ type SubagentConfig struct {
 	InheritsParentContext bool
 	// Background, when set, runs `run_in_background` delegations as
 	// continuable children (see the continuable tools); nil refuses them.
-	Background func(ctx context.Context, tc ToolContext, description, prompt string) ToolResult
+	Background func(ctx context.Context, tc ToolContext, description, prompt string, opts protocol.ContinuableOptions) ToolResult
+	// Models lists the models the delegate provider offers ("adapter/id",
+	// the default first), named in the tool's `model` input; empty when
+	// they are not known here (the input is still accepted and checked by
+	// the coordinator).
+	Models []string
 }
 
 // SubagentTool returns the delegation tool. A foreground call starts a
@@ -67,6 +72,15 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 	}
 	props := `"description":{"type":"string","description":"a 3-5 word label for the task"},` +
 		`"prompt":{"type":"string","description":` + quote(promptDesc) + `}`
+	modelDesc := "the model the subagent runs on, among those its provider offers; default: yours when offered, else the provider's default"
+	if len(cfg.Models) > 0 {
+		modelDesc += " (offered: " + strings.Join(cfg.Models, ", ") + ")"
+	}
+	props += `,"model":{"type":"string","description":` + quote(modelDesc) + `}` +
+		`,"limits":{"type":"object","description":"lower turn limits for the subagent (never above yours)","properties":{` +
+		`"turnTimeoutMs":{"type":"integer","minimum":1,"description":"milliseconds one turn may take"},` +
+		`"stepsPerTurnMax":{"type":"integer","minimum":1,"description":"model calls one turn may make"},` +
+		`"toolCallsPerStepMax":{"type":"integer","minimum":1,"description":"tool calls one model answer may ask for"}},"additionalProperties":false}`
 	if cfg.Background != nil {
 		desc += " Set run_in_background to start a continuable subagent and go on; you get a notice when it settles, and can message it with send_message."
 		props += `,"run_in_background":{"type":"boolean","description":"start the subagent in the background (continuable) instead of waiting for it"}`
@@ -84,9 +98,11 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 		Parameters: json.RawMessage(`{"type":"object","properties":{` + props + `},"required":["description","prompt"],"additionalProperties":false}`),
 		Run: func(ctx context.Context, tc ToolContext, args string) ToolResult {
 			var in struct {
-				Description string `json:"description"`
-				Prompt      string `json:"prompt"`
-				Background  *bool  `json:"run_in_background"`
+				Description string               `json:"description"`
+				Prompt      string               `json:"prompt"`
+				Background  *bool                `json:"run_in_background"`
+				Model       string               `json:"model"`
+				Limits      *protocol.TurnLimits `json:"limits"`
 			}
 			if err := decodeArgs(args, &in); err != nil {
 				return ErrorResult("%s: %v", name, err)
@@ -98,9 +114,9 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 				if cfg.Background == nil {
 					return ErrorResult("%s: run_in_background is not available with this provider", name)
 				}
-				return cfg.Background(ctx, tc, in.Description, in.Prompt)
+				return cfg.Background(ctx, tc, in.Description, in.Prompt, protocol.ContinuableOptions{Model: in.Model, Limits: in.Limits})
 			}
-			opts := protocol.StartOptions{Label: in.Description}
+			opts := protocol.StartOptions{Label: in.Description, Model: in.Model, Limits: in.Limits}
 			if !cfg.ProviderManaged {
 				opts.MaxDepth = maxDepth
 			}

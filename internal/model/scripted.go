@@ -32,17 +32,30 @@ type Scripted struct {
 	// sleep waits d or until ctx is done (its error); nil: a timer. Tests
 	// replace it to walk scripts without waiting.
 	sleep func(ctx context.Context, d time.Duration) error
+	// id is the model's id (Name); "" is "scripted".
+	id string
 }
 
 // NewScripted returns the scripted model.
 func NewScripted() *Scripted { return &Scripted{} }
+
+// NewScriptedID returns the scripted model under another id: it answers
+// exactly as NewScripted's, and names itself id (Name, and so the log's
+// step/start records and a descriptor's models), so a worker can offer
+// several models and a test can tell which one served a session.
+func NewScriptedID(id string) *Scripted { return &Scripted{id: id} }
 
 // ScriptedInfo names the scripted model in a provider descriptor's models
 // (docs/protocol.md §9.1).
 var ScriptedInfo = protocol.ModelInfo{Adapter: "scripted", ID: "scripted"}
 
 func (*Scripted) Provider() string { return "scripted" }
-func (*Scripted) Name() string     { return "scripted" }
+func (s *Scripted) Name() string {
+	if s.id == "" {
+		return "scripted"
+	}
+	return s.id
+}
 
 // StructuredOutputTool is the child-only capture tool the `json` directive calls.
 const StructuredOutputTool = protocol.ToolStructuredOutput

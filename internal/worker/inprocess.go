@@ -17,6 +17,11 @@ import (
 // ModelFactory returns the model a new agent uses.
 type ModelFactory func() (model.Model, error)
 
+// ModelChooser returns one of the models a provider's descriptor offers, for
+// a session whose header names it (a start's `model` option,
+// docs/protocol.md §5.5).
+type ModelChooser func(protocol.ModelInfo) (model.Model, error)
+
 // ToolsFactory returns the global tools of one new agent (the tools named in
 // the provider descriptor, in order).
 type ToolsFactory func(spec SessionSpec) ([]*agent.Tool, error)
@@ -25,12 +30,16 @@ type ToolsFactory func(spec SessionSpec) ([]*agent.Tool, error)
 // is a Brood agent running in this host (docs/upstream-behaviour.md §2, in-process
 // one-shot driver).
 type InProcess struct {
-	Desc    protocol.ProviderDescriptor
-	Models  ModelFactory
-	Tools   ToolsFactory
-	Persona string
-	Limits  agent.Limits
-	Logger  *slog.Logger
+	Desc   protocol.ProviderDescriptor
+	Models ModelFactory
+	// ModelFor serves a session whose header chose a model other than the
+	// default (Desc.Models[0], served by Models); nil serves the default
+	// only, so Desc should then offer one model.
+	ModelFor ModelChooser
+	Tools    ToolsFactory
+	Persona  string
+	Limits   agent.Limits
+	Logger   *slog.Logger
 	// Seeded providers (fork) seed each child with the parent's balanced
 	// completed-turn prefix, read from Store.
 	Seeded bool
@@ -168,9 +177,9 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 		reg = reg.WithLocal(so)
 		sections = append(sections, agent.StructuredOutputInstruction)
 	}
-	m, err := p.Models()
+	m, err := p.model(spec.Header)
 	if err != nil {
-		return nil, protocol.Errorf(protocol.CodeUnavailable, "model: %w", err)
+		return nil, err
 	}
 	persona := p.Persona
 	if persona == "" {
@@ -196,7 +205,26 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 	}
 	return agent.New(agent.Config{
 		Header: spec.Header, Log: spec.Log, Events: events, Model: m, Tools: reg,
-		System: system, Credential: spec.Credential, Limits: p.Limits, Logger: logger,
+		System: system, Credential: spec.Credential, Limits: p.Limits.Within(spec.Header.Limits), Logger: logger,
 		Inbox: spec.Inbox, InboxDirty: spec.InboxDirty, Metrics: p.Metrics,
 	})
+}
+
+// model returns a session's model: the one its header chose (the
+// coordinator checked it against the descriptor; checked again here, since
+// a worker serves only what it offers), else the default.
+func (p *InProcess) model(h protocol.SessionHeader) (model.Model, error) {
+	factory := p.Models
+	if h.Model != nil && (len(p.Desc.Models) == 0 || *h.Model != p.Desc.Models[0]) {
+		if !p.Desc.Offers(*h.Model) || p.ModelFor == nil {
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "provider %s does not serve model %s here", p.Desc.Name, h.Model)
+		}
+		chosen := *h.Model
+		factory = func() (model.Model, error) { return p.ModelFor(chosen) }
+	}
+	m, err := factory()
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "model: %w", err)
+	}
+	return m, nil
 }

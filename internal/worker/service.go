@@ -28,6 +28,8 @@ type InProcessConfig struct {
 	// Name is the provider name (default: the descriptor's).
 	Name   string
 	Models ModelFactory
+	// ModelFor serves the descriptor's other models (InProcess.ModelFor).
+	ModelFor ModelChooser
 	// SubagentProvider is the provider the children's `subagent` tool
 	// delegates to (default: this provider), and SubagentInherits whether
 	// that provider's children see the delegating conversation (tool wording).
@@ -40,7 +42,10 @@ type InProcessConfig struct {
 	// (docs/security.md, "The workspace is fenced").
 	WorkspaceRoots []string
 	// Persona overrides the deployment persona template.
-	Persona           string
+	Persona string
+	// Limits are the turn limits of the host's agents, shown in the
+	// descriptor (defaults applied: agent.DefaultLimits) and narrowed per
+	// session by its header's (docs/protocol.md §5.5).
 	Limits            agent.Limits
 	HostID            string
 	HeartbeatInterval time.Duration
@@ -76,6 +81,8 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 	if cfg.Name != "" {
 		desc.Name = cfg.Name
 	}
+	turn := cfg.Limits.Turn()
+	desc.Limits = &turn
 	if cfg.SubagentProvider == "" {
 		cfg.SubagentProvider, cfg.SubagentInherits = desc.Name, desc.InheritsParentContext
 	}
@@ -83,9 +90,15 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 	if err != nil {
 		return nil, err
 	}
+	var offered []string // the delegate's models, when it is this provider
+	if cfg.SubagentProvider == desc.Name {
+		for _, m := range desc.Models {
+			offered = append(offered, m.String())
+		}
+	}
 	delegate := agent.SubagentTool(agent.SubagentConfig{
 		Client: cl, Provider: cfg.SubagentProvider, InheritsParentContext: cfg.SubagentInherits,
-		Background: agent.BackgroundStarter(cl, cfg.SubagentProvider),
+		Background: agent.BackgroundStarter(cl, cfg.SubagentProvider), Models: offered,
 	})
 	global := []*agent.Tool{agent.ListDirTool(cfg.WorkspaceRoots...), agent.ReadFileTool(cfg.WorkspaceRoots...),
 		agent.WriteFileTool(cfg.WorkspaceRoots...), agent.EditFileTool(cfg.WorkspaceRoots...), agent.RunCommandTool(cfg.WorkspaceRoots...), delegate,
@@ -109,7 +122,7 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 	}
 	report := agent.ReportTool(cl)
 	p := &InProcess{
-		Desc: desc, Models: cfg.Models, Persona: cfg.Persona, Limits: cfg.Limits, Logger: cfg.Logger, Metrics: cfg.Metrics,
+		Desc: desc, Models: cfg.Models, ModelFor: cfg.ModelFor, Persona: cfg.Persona, Limits: cfg.Limits, Logger: cfg.Logger, Metrics: cfg.Metrics,
 		Store: cfg.Store, Seeded: desc.InheritsParentContext,
 		Tools: func(SessionSpec) ([]*agent.Tool, error) { return global, nil },
 		Local: func(spec SessionSpec) []*agent.Tool {

@@ -22,6 +22,10 @@ type ContinuableOptions struct {
 	// Label is accepted here too, as in runs.start's options; the request's
 	// top-level label is the documented place (protocol.OneLabel).
 	Label string `msgpack:"label,omitempty" json:"label,omitempty"`
+	// Model and Limits are as in StartOptions; recorded in the child's
+	// header, so they hold for every turn and survive cold resume.
+	Model  string      `msgpack:"model,omitempty" json:"model,omitempty"`
+	Limits *TurnLimits `msgpack:"limits,omitempty" json:"limits,omitempty"`
 }
 
 // ContinuableStartRequest is the body of continuable.start. Label is

@@ -52,6 +52,15 @@ type SessionHeader struct {
 	// autoApprove option and the parent's own (ResolveAutoApprove): it only
 	// narrows down the tree (docs/protocol.md §5.5).
 	AutoApprove []string `msgpack:"autoApprove,omitempty" json:"autoApprove,omitempty"`
+	// Model is the model chosen for a child (a start's `model`, or its
+	// parent's choice when its provider offers it), written by the
+	// coordinator; absent: the provider's default (docs/protocol.md §5.5).
+	Model *ModelInfo `msgpack:"model,omitempty" json:"model,omitempty"`
+	// Limits are a child's effective turn limits, written by the
+	// coordinator: its parent's, its worker's settings and its start's
+	// request, field by field the smallest (ResolveChildChoice); a worker
+	// runs the child's turns within them and its own settings.
+	Limits *TurnLimits `msgpack:"limits,omitempty" json:"limits,omitempty"`
 }
 
 // ScopeRoot is the scope of a root session (Scope): roots' logs are
@@ -195,6 +204,10 @@ type TurnEndData struct {
 type StepData struct {
 	Turn int64 `msgpack:"turn" json:"turn"`
 	Step int64 `msgpack:"step" json:"step"`
+	// Model names the model that answered the step ("adapter/id"), on
+	// step/start of an in-process agent's steps; absent on step/end and in
+	// logs written before it was recorded.
+	Model string `msgpack:"model,omitempty" json:"model,omitempty"`
 }
 
 // Message source kinds (docs/upstream-behaviour.md §3.4). A source is provenance,

@@ -152,6 +152,11 @@ type ProviderDescriptor struct {
 	// default first (docs/protocol.md §9.1); absent when the provider does
 	// not say (an ACP agent's model is the agent's business).
 	Models []ModelInfo `msgpack:"models,omitempty" json:"models,omitempty"`
+	// Limits are the turn limits the provider's workers are set to
+	// (docs/protocol.md §9.1, §10): a start may ask for less, never more;
+	// absent when the provider does not describe them (a start's `limits`
+	// is then UNSUPPORTED_CAPABILITY).
+	Limits *TurnLimits `msgpack:"limits,omitempty" json:"limits,omitempty"`
 }
 
 // ModelInfo names a model: the adapter that speaks to it (scripted,
@@ -176,6 +181,9 @@ func (d ProviderDescriptor) Equal(o ProviderDescriptor) bool {
 		if d.Tools[i] != o.Tools[i] {
 			return false
 		}
+	}
+	if d.Limits != nil && o.Limits != nil && *d.Limits != *o.Limits {
+		return false // absent limits agree with any, as absent models do
 	}
 	if len(d.Models) == 0 || len(o.Models) == 0 {
 		// A descriptor that names no model (a host built as a library
@@ -306,6 +314,14 @@ type StartOptions struct {
 	// Deprecated: send the request's top-level label (documented in both
 	// runs.start and continuable.start); this place is still accepted.
 	Label string `msgpack:"label,omitempty" json:"label,omitempty"`
+	// Model chooses among the models the provider's descriptor offers
+	// ("adapter/id", or an id one model has); absent: the parent's chosen
+	// model when the provider offers it, else the provider's default
+	// (docs/protocol.md §5.5, ResolveChildChoice).
+	Model string `msgpack:"model,omitempty" json:"model,omitempty"`
+	// Limits tighten the child's turn limits below its parent's and its
+	// worker's; a limit above them is INVALID_ARGUMENT (ResolveChildChoice).
+	Limits *TurnLimits `msgpack:"limits,omitempty" json:"limits,omitempty"`
 }
 
 // RunStartRequest is the body of runs.start (docs/design.md §7). Notify is the

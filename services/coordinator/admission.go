@@ -125,6 +125,7 @@ type admission struct {
 	options  protocol.ResolvedOptions
 	// autoApprove is the child's header autoApprove (protocol.ResolveAutoApprove).
 	autoApprove []string
+	choice      protocol.ChildChoice // model and turn limits (protocol.ResolveChildChoice)
 }
 
 // admit runs the start checks in docs/design.md §7's order, all before anything is
@@ -217,6 +218,9 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 		}
 		a.options.Persona = o.Persona
 	}
+	if a.choice, err = protocol.ResolveChildChoice(desc, a.pheader, o.Model, o.Limits); err != nil {
+		return a, err
+	}
 	if len(o.Label) > protocol.LabelBytesMax {
 		return a, protocol.Errorf(protocol.CodeInvalidArgument, "label is longer than %d bytes", protocol.LabelBytesMax)
 	}
@@ -300,6 +304,7 @@ func (c *Coordinator) childHeader(a admission, id string, now int64) protocol.Se
 		Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: a.pheader.Cwd,
 		ParentSession: a.pheader.ID, Origin: protocol.OriginSubagent, DelegationDepth: a.depth,
 		ToolCeiling: a.ceiling, DepthCap: a.depthCap, Provider: a.desc.Name,
+		Model: a.choice.Model, Limits: a.choice.Limits,
 		// The tree's user, for the worker's per-user workspace fence
 		// (docs/security.md, "The workspace is fenced").
 		User:        a.pheader.User,

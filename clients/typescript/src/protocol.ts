@@ -94,12 +94,28 @@ export interface ProviderDescriptor {
   tools: string[] | null;
   /** The models its agents answer with, the default first (§9.1); absent: not stated. */
   models?: ModelInfo[];
+  /** The turn limits its workers are set to (§9.1, §10); a start may only tighten them. */
+  limits?: TurnLimits;
 }
 
 /** §9.1: a model, by the adapter that speaks to it and its id there. */
 export interface ModelInfo {
   adapter: string;
   id: string;
+}
+
+/**
+ * §5.5 "Model and turn limits": each a positive integer, absent for none.
+ * A start may ask for less than its parent's and its worker's, never more
+ * (INVALID_ARGUMENT naming the limit).
+ */
+export interface TurnLimits {
+  /** Milliseconds one turn may take (worker default 600 000). */
+  turnTimeoutMs?: number;
+  /** Model calls one turn may make (worker default 64). */
+  stepsPerTurnMax?: number;
+  /** Tool calls one model answer may ask for (worker default 32). */
+  toolCallsPerStepMax?: number;
 }
 
 /** §5.1 */
@@ -147,6 +163,10 @@ export interface StartOptions {
   persona?: string;
   /** Tools needing approval (write_file, edit_file, run_command) the child runs without asking. */
   autoApprove?: string[];
+  /** One of the descriptor's models: "adapter/id", or an id one model has (§5.5). */
+  model?: string;
+  /** Lower turn limits for the child (§5.5). */
+  limits?: TurnLimits;
 }
 
 /** §5.5 */
@@ -221,6 +241,10 @@ export interface ContinuableOptions {
   persona?: string;
   /** As in StartOptions. */
   autoApprove?: string[];
+  /** As in StartOptions (§5.5). */
+  model?: string;
+  /** As in StartOptions (§5.5). */
+  limits?: TurnLimits;
 }
 
 /** §5.8 */
@@ -386,6 +410,10 @@ export interface SessionHeader {
   provider?: string;
   /** Tools needing approval this session runs without asking (§5.5 autoApprove). */
   autoApprove?: string[];
+  /** Children only: the model chosen for it, by its start or its parent's choice (§5.5, §8.1). */
+  model?: ModelInfo;
+  /** Children only: its effective turn limits, at most its parent's (§5.5, §8.1). */
+  limits?: TurnLimits;
 }
 
 /** §8.2: one log entry; `data` is the type's data map (§8.3). */

@@ -97,6 +97,34 @@ describe("one-shot runs", () => {
     }
   });
 
+  test("model and turn limits: a start chooses a model the provider offers and may only lower its limits", async () => {
+    const root = await brood.openRoot({ cwd });
+    try {
+      const spawn = (await brood.providers()).providers.find((p) => p.name === "spawn");
+      assert.deepEqual(spawn?.models, [{ adapter: "scripted", id: "scripted" }]);
+      assert.deepEqual(spawn?.limits, { turnTimeoutMs: 600_000, stepsPerTurnMax: 64, toolCallsPerStepMax: 32 });
+      const chosen = await brood.startRun({ provider: "spawn", parent: root.ref(), prompt: text("say hi"), options: { model: "scripted" } });
+      assert.equal((await chosen.result()).stopReason, "completed");
+      await assert.rejects(
+        brood.startRun({ provider: "spawn", parent: root.ref(), prompt: text("say hi"), options: { model: "huge" } }),
+        InvalidArgumentError,
+      );
+      await assert.rejects(
+        brood.startRun({ provider: "spawn", parent: root.ref(), prompt: text("say hi"), options: { limits: { stepsPerTurnMax: 65 } } }),
+        (err: unknown) => err instanceof InvalidArgumentError && err.details?.limit === "stepsPerTurnMax",
+      );
+      const run = await brood.startRun({
+        provider: "spawn", parent: root.ref(), prompt: text("call list_dir {}\nsleep 0s\ncall list_dir {}\nsay done"),
+        options: { limits: { stepsPerTurnMax: 2 } },
+      });
+      const res = await run.result();
+      assert.equal(res.stopReason, "error");
+      assert.equal(res.errorCode, "LIMIT_EXCEEDED");
+    } finally {
+      await root.close();
+    }
+  });
+
   test("dispose a running child: it settles aborted", async () => {
     const root = await brood.openRoot({ cwd });
     try {
