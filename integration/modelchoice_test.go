@@ -329,4 +329,26 @@ func TestTurnLimitsOnlyTighten(t *testing.T) {
 			}
 		})
 	}
+
+	// agents.open with a lineage (the ACP hop: `brood acp-agent` serving a
+	// Brood child's delegation) gives the root its parent's limits, which
+	// bind the root's agent and its own children.
+	t.Run("a lineage root takes its parent's limits", func(t *testing.T) {
+		run, res, err := s.Run(root.Ref(), spawnworker.DefaultName, "say hi", protocol.StartOptions{Limits: &protocol.TurnLimits{StepsPerTurnMax: 5}})
+		if err != nil || res.StopReason != protocol.StopCompleted {
+			t.Fatalf("parent: %+v, %v", res, err)
+		}
+		lr, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Lineage: &protocol.RootLineage{ParentSession: run.ChildID, DelegationDepth: 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lr.Close(ctx)
+		if h, _ := s.Log(lr.SessionID); h.Limits == nil || h.Limits.StepsPerTurnMax != 5 {
+			t.Fatalf("the lineage root's limits %+v, want its parent's 5 steps per turn", h.Limits)
+		}
+		_, _, err = s.Run(lr.Ref(), spawnworker.DefaultName, "say hi", protocol.StartOptions{Limits: &protocol.TurnLimits{StepsPerTurnMax: 6}})
+		if protocol.CodeOf(err) != protocol.CodeInvalidArgument {
+			t.Fatalf("a child of the lineage root asking more: %v, want INVALID_ARGUMENT", err)
+		}
+	})
 }

@@ -164,6 +164,20 @@ func TestStartVerb(t *testing.T) {
 	}
 	c.fails("INVALID_TOOL_FILTER", "start", "--provider", "spawn", "--allow-tools", "no_such_tool", "x")
 	c.fails("INVALID_ARGUMENT", "start", "--provider", "spawn", "--auto-approve", "no_such_tool", "x")
+	// The model and turn limits (issue 37, item 3): applied, and refused
+	// when not offered or above the worker's.
+	id = c.startChild("--model", "scripted", "--turn-timeout", "90s", "--steps-per-turn-max", "5", "--tool-calls-per-step-max", "3", "say three")
+	h, _ = c.stack.Log(id)
+	if h.Model == nil || h.Model.String() != "scripted/scripted" {
+		t.Fatalf("--model not applied: model %v", h.Model)
+	}
+	if h.Limits == nil || *h.Limits != (protocol.TurnLimits{TurnTimeoutMs: 90_000, StepsPerTurnMax: 5, ToolCallsPerStepMax: 3}) {
+		t.Fatalf("the limits flags not applied: limits %+v", h.Limits)
+	}
+	c.fails("INVALID_ARGUMENT", "start", "--provider", "spawn", "--model", "huge", "x")
+	c.fails("INVALID_ARGUMENT", "start", "--provider", "spawn", "--steps-per-turn-max", "65", "x")
+	c.fails("INVALID_ARGUMENT", "start", "--provider", "spawn", "--steps-per-turn-max", "0", "x")
+	c.fails("INVALID_ARGUMENT", "run", "--provider", "spawn", "--model", "huge", "x")
 }
 
 func TestGrantVerb(t *testing.T) {

@@ -67,7 +67,7 @@ func (s *Service) build(root *client.Root, h protocol.SessionHeader, events []pr
 	ss.agent, err = agent.New(agent.Config{
 		Header: h, Log: observedLog{inner: log, on: ss.appended}, Events: events,
 		Model: teeModel{Model: m, onText: ss.text}, Tools: reg, System: system,
-		Credential: root.Credential, Limits: s.cfg.Limits, Logger: s.log, Inbox: ss.inbox,
+		Credential: root.Credential, Limits: s.cfg.Limits.Within(h.Limits), Logger: s.log, Inbox: ss.inbox,
 	})
 	if err != nil {
 		return nil, acp.NewInternalError(map[string]any{"error": err.Error()})

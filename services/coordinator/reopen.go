@@ -52,6 +52,9 @@ func (c *Coordinator) narrowRoot(ctx context.Context, h *protocol.SessionHeader,
 		h.DelegationDepth = max(l.DelegationDepth, p.DelegationDepth+1)
 		h.DepthCap = narrowerCap(p.DepthCap, l.DepthCap)
 		h.ToolCeiling = intersectCeiling(p.ToolCeiling, l.ToolCeiling)
+		// The parent's turn limits bind the root's agent too (the ACP hop:
+		// docs/protocol.md §5.2, §5.5 "Model and turn limits").
+		h.Limits = protocol.NarrowPtr(p.Limits, nil)
 	}
 	if r.Reopenable {
 		h.Origin = protocol.OriginReopenable
