@@ -112,6 +112,15 @@ func (f *fake) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptRespo
 	case "echo":
 		f.chunk(ctx, sid, "echo: ")
 		return answer(arg)
+	case "usage", "usage-quiet": // usage IN OUT: report the turn's tokens (quiet: no text)
+		in, out, _ := strings.Cut(arg, " ")
+		i, _ := strconv.Atoi(in)
+		o, _ := strconv.Atoi(out)
+		end.Usage = &acp.Usage{InputTokens: i, OutputTokens: o, TotalTokens: i + o}
+		if word == "usage-quiet" {
+			return end, nil
+		}
+		return answer("counted")
 	case "junk":
 		f.out.raw("plain text on stdout")
 		f.chunk(ctx, sid, "after ")

@@ -140,8 +140,42 @@ func parseScript(text string) ([]group, error) {
 	return groups, nil
 }
 
-// Stream answers one request from the script.
+// Stream answers one request from the script, with the scripted usage
+// (ScriptedUsage) on every answer; a failed request (`fail`, a script
+// error, a cancelled sleep) reports none, as a real endpoint's failure does.
 func (s *Scripted) Stream(ctx context.Context, req Request, onText func(string)) (Response, error) {
+	resp, err := s.answer(ctx, req, onText)
+	if err == nil {
+		u := ScriptedUsage(req, resp.Message)
+		resp.Usage = &u
+	}
+	return resp, err
+}
+
+// ScriptedUsage is the scripted model's deterministic usage for one request
+// (docs/protocol.md §6.6), one token per word: InputTokens counts the words
+// (strings.Fields) of every message of the request, framing included (the
+// text of each content block, and each tool call's name and arguments);
+// the system prompt and the tool list are not counted. OutputTokens counts
+// the words of the answer the same way (its text, its tool calls' names and
+// arguments). So a test knows a run's exact usage from its log.
+func ScriptedUsage(req Request, answer protocol.AssistantMessage) protocol.Usage {
+	var in int64
+	for _, m := range req.Messages {
+		in += words(m.Content, m.ToolCalls)
+	}
+	return protocol.Usage{InputTokens: in, OutputTokens: words(answer.Content, answer.ToolCalls)}
+}
+
+func words(content []protocol.ContentBlock, calls []protocol.ToolCall) int64 {
+	n := len(strings.Fields(protocol.AllText(content)))
+	for _, c := range calls {
+		n += len(strings.Fields(c.Name)) + len(strings.Fields(c.Arguments))
+	}
+	return int64(n)
+}
+
+func (s *Scripted) answer(ctx context.Context, req Request, onText func(string)) (Response, error) {
 	userIdx := -1
 	for i := len(req.Messages) - 1; i >= 0; i-- {
 		if req.Messages[i].Role == RoleUser {

@@ -21,22 +21,23 @@ func TestScriptedAnswers(t *testing.T) {
 		wantCalls []protocol.ToolCall
 		wantFin   Finish
 		wantErr   string
+		wantUsage protocol.Usage // one token per word (ScriptedUsage)
 	}{
-		{"plain text echoes", []Message{user("hello there")}, "echo: hello there", nil, FinishStop, ""},
-		{"say", []Message{user("say hi")}, "hi", nil, FinishStop, ""},
+		{"plain text echoes", []Message{user("hello there")}, "echo: hello there", nil, FinishStop, "", protocol.Usage{InputTokens: 2, OutputTokens: 3}},
+		{"say", []Message{user("say hi")}, "hi", nil, FinishStop, "", protocol.Usage{InputTokens: 2, OutputTokens: 1}},
 		{"call group then say", []Message{user("call list_dir {}\ncall list_dir {\"path\":\"x\"}\nsay done")}, "",
-			[]protocol.ToolCall{{ID: "call_1_0", Name: "list_dir", Arguments: "{}"}, {ID: "call_1_1", Name: "list_dir", Arguments: `{"path":"x"}`}}, FinishToolCalls, ""},
-		{"second request continues after the calls", []Message{user("call list_dir {}\nsay done"), assistant(), {Role: RoleTool}}, "done", nil, FinishStop, ""},
-		{"lines run out", []Message{user("say one"), assistant()}, "", nil, FinishStop, ""},
+			[]protocol.ToolCall{{ID: "call_1_0", Name: "list_dir", Arguments: "{}"}, {ID: "call_1_1", Name: "list_dir", Arguments: `{"path":"x"}`}}, FinishToolCalls, "", protocol.Usage{InputTokens: 8, OutputTokens: 4}},
+		{"second request continues after the calls", []Message{user("call list_dir {}\nsay done"), assistant(), {Role: RoleTool}}, "done", nil, FinishStop, "", protocol.Usage{InputTokens: 5, OutputTokens: 1}},
+		{"lines run out", []Message{user("say one"), assistant()}, "", nil, FinishStop, "", protocol.Usage{InputTokens: 2, OutputTokens: 0}},
 		{"json calls structured_output", []Message{user(`json {"answer":42}`)}, "",
-			[]protocol.ToolCall{{ID: "call_1_0", Name: StructuredOutputTool, Arguments: `{"answer":42}`}}, FinishToolCalls, ""},
-		{"fail", []Message{user("fail boom")}, "", nil, "", "boom"},
-		{"refuse", []Message{user("refuse")}, "", nil, FinishRefusal, ""},
-		{"max-tokens", []Message{user("max-tokens part")}, "part", nil, FinishLength, ""},
-		{"typo is loud", []Message{user("say a\nsya b")}, "", nil, "", `line 2 "sya b" is not a directive`},
+			[]protocol.ToolCall{{ID: "call_1_0", Name: StructuredOutputTool, Arguments: `{"answer":42}`}}, FinishToolCalls, "", protocol.Usage{InputTokens: 2, OutputTokens: 2}},
+		{"fail", []Message{user("fail boom")}, "", nil, "", "boom", protocol.Usage{}},
+		{"refuse", []Message{user("refuse")}, "", nil, FinishRefusal, "", protocol.Usage{InputTokens: 1, OutputTokens: 0}},
+		{"max-tokens", []Message{user("max-tokens part")}, "part", nil, FinishLength, "", protocol.Usage{InputTokens: 2, OutputTokens: 1}},
+		{"typo is loud", []Message{user("say a\nsya b")}, "", nil, "", `line 2 "sya b" is not a directive`, protocol.Usage{}},
 		{"framing is ignored", []Message{{Role: RoleUser, Content: []protocol.ContentBlock{
-			{Type: "text", Text: "note: inherited context", Framing: true}, {Type: "text", Text: "say ok"}}}}, "ok", nil, FinishStop, ""},
-		{"sleep then say", []Message{user("sleep 1ms\nsay late")}, "late", nil, FinishStop, ""},
+			{Type: "text", Text: "note: inherited context", Framing: true}, {Type: "text", Text: "say ok"}}}}, "ok", nil, FinishStop, "", protocol.Usage{InputTokens: 5, OutputTokens: 1}},
+		{"sleep then say", []Message{user("sleep 1ms\nsay late")}, "late", nil, FinishStop, "", protocol.Usage{InputTokens: 4, OutputTokens: 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -51,6 +52,9 @@ func TestScriptedAnswers(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatal(err)
+			}
+			if resp.Usage == nil || *resp.Usage != tt.wantUsage {
+				t.Errorf("usage = %+v, want %+v", resp.Usage, tt.wantUsage)
 			}
 			if got := protocol.PlainText(resp.Message.Content); got != tt.wantText {
 				t.Errorf("text = %q, want %q", got, tt.wantText)

@@ -71,6 +71,7 @@ type Metrics struct {
 	repliesRefused   *prometheus.CounterVec
 	modelRequests    *prometheus.CounterVec
 	modelTokens      *prometheus.CounterVec
+	modelUnreported  *prometheus.CounterVec
 	modelDuration    *prometheus.HistogramVec
 	toolCalls        *prometheus.CounterVec
 	toolDuration     *prometheus.HistogramVec
@@ -136,7 +137,9 @@ func NewMetrics(version string) *Metrics {
 	m.modelRequests = counter("model_requests_total",
 		"Model calls by adapter, model id and outcome (ok, error, cancelled).", "adapter", "model", "outcome")
 	m.modelTokens = counter("model_tokens_total",
-		"Tokens the model reported using, by direction (input, output).", "adapter", "model", "direction")
+		"Tokens the model reported using, by direction (input, output); an ACP agent's under adapter acp and its provider's name as the model.", "adapter", "model", "direction")
+	m.modelUnreported = counter("model_usage_unreported_total",
+		"Model requests whose tokens are unknown: no usage reported (a failed or cut request, an ACP agent that sends none); docs/protocol.md §6.6.", "adapter", "model")
 	m.modelDuration = histogram("model_request_duration_seconds",
 		"Time of one model call, request to complete answer.", ModelBuckets, "adapter", "model")
 	m.toolCalls = counter("tool_calls_total",
@@ -287,10 +290,32 @@ func (m *Metrics) ModelCall(adapter, model, outcome string, d time.Duration, usa
 	}
 	m.modelRequests.WithLabelValues(adapter, model, outcome).Inc()
 	m.modelDuration.WithLabelValues(adapter, model).Observe(d.Seconds())
-	if usage != nil {
-		m.modelTokens.WithLabelValues(adapter, model, "input").Add(float64(usage.InputTokens))
-		m.modelTokens.WithLabelValues(adapter, model, "output").Add(float64(usage.OutputTokens))
+	m.tokens(adapter, model, usage)
+}
+
+// tokens counts a request's reported tokens, or an unreported request
+// (usage nil or unknown).
+func (m *Metrics) tokens(adapter, model string, usage *protocol.Usage) {
+	if usage == nil || usage.Unknown {
+		m.modelUnreported.WithLabelValues(adapter, model).Inc()
+		return
 	}
+	m.modelTokens.WithLabelValues(adapter, model, "input").Add(float64(usage.InputTokens))
+	m.modelTokens.WithLabelValues(adapter, model, "output").Add(float64(usage.OutputTokens))
+}
+
+// AdapterACP is the adapter label of an ACP agent's tokens.
+const AdapterACP = "acp"
+
+// ACPTurnUsage counts an ACP child's turn (one model request, the agent
+// playing the model) under adapter acp and model provider, the ACP
+// provider's configured name (a bounded label): its reported tokens, or
+// an unreported request when the agent sent none (usage nil or unknown).
+func (m *Metrics) ACPTurnUsage(provider string, usage *protocol.Usage) {
+	if m == nil {
+		return
+	}
+	m.tokens(AdapterACP, provider, usage)
 }
 
 // ToolCall counts one tool call (tool: a registry name or ToolUnknown).

@@ -251,10 +251,14 @@ type AssistantMessage struct {
 	ReasoningContent *string        `msgpack:"reasoningContent,omitempty" json:"reasoningContent,omitempty"`
 }
 
-// Usage is a model's token accounting for one step.
+// Usage is a model's token accounting for one step (one model request).
+// Unknown marks a step whose source reported no token counts (an ACP agent
+// that sends no usage with its answer): its InputTokens and OutputTokens
+// are then 0 and mean nothing, never "spent nothing" (docs/protocol.md §6.6).
 type Usage struct {
 	InputTokens  int64 `msgpack:"inputTokens" json:"inputTokens"`
 	OutputTokens int64 `msgpack:"outputTokens" json:"outputTokens"`
+	Unknown      bool  `msgpack:"unknown,omitempty" json:"unknown,omitempty"`
 }
 
 // AssistantMessageData is the data of assistant/message. Interrupted marks the

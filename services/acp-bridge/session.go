@@ -275,6 +275,10 @@ type ending struct {
 	err          error
 	cancelRemote bool
 	cut          bool
+	// usage is the turn's token usage as the agent's answer to
+	// session/prompt reported it (ACP's PromptResponse.usage); nil: the
+	// agent sent none, and the turn's usage is logged unknown.
+	usage *protocol.Usage
 }
 
 func errEnding(format string, args ...any) *ending {
@@ -615,6 +619,15 @@ func (s *Session) promptEnding(res *promptResult) *ending {
 	if res.err != nil {
 		return s.rpcEnding("session/prompt", res.err)
 	}
+	e := s.answerEnding(res)
+	if u := res.resp.Usage; u != nil && u.InputTokens >= 0 && u.OutputTokens >= 0 {
+		e.usage = &protocol.Usage{InputTokens: int64(u.InputTokens), OutputTokens: int64(u.OutputTokens)}
+	}
+	return e
+}
+
+// answerEnding maps an answer's stop reason (promptEnding).
+func (s *Session) answerEnding(res *promptResult) *ending {
 	switch r := res.resp.StopReason; r {
 	case acp.StopReasonEndTurn:
 		// A Brood ACP agent says end_turn for a failed turn and records
@@ -670,9 +683,22 @@ func (s *Session) endTurn(ctx context.Context, t *turnState, turn int64, e endin
 				})
 			}
 		}
+		// The turn is one model request (the agent plays the model): its
+		// message carries the usage the agent reported, or says it is
+		// unknown, never zero (docs/protocol.md §6.6). With no text, a
+		// reported usage still gets an empty message of its own.
+		usage := e.usage
+		if usage == nil {
+			usage = &protocol.Usage{Unknown: true}
+		}
+		s.o.Metrics.ACPTurnUsage(s.p.agent.Name, usage)
 		if text := t.text.String(); text != "" && !t.overflow {
 			b.add(protocol.EvAssistantMessage, protocol.AssistantMessageData{
-				Turn: turn, Step: t.step, Message: protocol.AssistantMessage{Content: protocol.Text(text)}, Interrupted: e.cut,
+				Turn: turn, Step: t.step, Message: protocol.AssistantMessage{Content: protocol.Text(text)}, Usage: usage, Interrupted: e.cut,
+			})
+		} else if e.usage != nil {
+			b.add(protocol.EvAssistantMessage, protocol.AssistantMessageData{
+				Turn: turn, Step: t.step, Message: protocol.AssistantMessage{Content: []protocol.ContentBlock{}}, Usage: usage,
 			})
 		}
 		b.add(protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: t.step})

@@ -495,3 +495,47 @@ func typesOf(evs []protocol.SessionEvent) []string {
 	}
 	return out
 }
+
+// TestSessionUsage: a turn's usage is what the agent reported with its
+// answer (ACP's PromptResponse.usage), on the turn's assistant message; an
+// agent that reports none leaves the turn's usage unknown, never zero, and
+// the log's fold counts it as an unreported request (docs/protocol.md §6.6).
+func TestSessionUsage(t *testing.T) {
+	p, err := NewProvider(AgentConfig{Name: "fake", Command: fakeAgent(t)}, testOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &memLog{}
+	s, _ := p.NewSession(context.Background(), provider.SessionSpec{Header: protocol.SessionHeader{ID: "c", Cwd: t.TempDir()}, Log: log})
+	defer s.(provider.Closer).Close()
+	tests := []struct {
+		prompt string
+		want   protocol.Usage
+	}{
+		{"echo hi", protocol.Usage{Unknown: true}},
+		{"usage 7 3", protocol.Usage{InputTokens: 7, OutputTokens: 3}},
+		{"usage-quiet 5 2", protocol.Usage{InputTokens: 5, OutputTokens: 2}},
+		{"refuse", protocol.Usage{Unknown: true}},
+	}
+	for _, tt := range tests {
+		before := len(log.events())
+		turn(t, s, log, tt.prompt)
+		var got []protocol.AssistantMessageData
+		for _, ev := range log.events()[before:] {
+			var d protocol.AssistantMessageData
+			if ev.Type == protocol.EvAssistantMessage && ev.Decode(&d) == nil {
+				got = append(got, d)
+			}
+		}
+		if len(got) != 1 || got[0].Usage == nil || *got[0].Usage != tt.want {
+			t.Errorf("%q: assistant messages %+v, want one with usage %+v", tt.prompt, got, tt.want)
+		}
+	}
+	u := sessionlog.OwnUsage(log.events())
+	if u.ModelRequests != 4 || u.UnreportedRequests != 2 || u.InputTokens != 12 || u.OutputTokens != 5 {
+		t.Fatalf("own usage %+v: want 4 requests, 2 unreported, 12 in, 5 out", u)
+	}
+	if err := sessionlog.ValidateReplay(log.events(), false); err != nil {
+		t.Fatalf("the log does not replay: %v", err)
+	}
+}
