@@ -320,13 +320,14 @@ func childrenCmd(g *globals) *cobra.Command {
 					return printJSON(s.out, rows)
 				}
 				tw := tabwriter.NewWriter(s.out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "CHILD\tKIND\tMODE\tSTATE\tPROVIDER\tLABEL\tPARENT\tDEPTH")
+				fmt.Fprintln(tw, "CHILD\tKIND\tMODE\tSTATE\tPROVIDER\tLABEL\tPARENT\tDEPTH\tTOKENS\tREQUESTS")
 				for _, r := range rows {
 					kind, label := r.Kind, r.Label
 					if r.Kind == protocol.RowDiagnostic {
 						kind, label = "diagnostic", r.Reason
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", r.ID, kind, dash(r.Mode), dash(r.State), dash(r.Provider), dash(clipLabel(label)), dash(r.ParentID), r.Depth)
+					tokens, requests := usageCells(r.Usage)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.ID, kind, dash(r.Mode), dash(r.State), dash(r.Provider), dash(clipLabel(label)), dash(r.ParentID), r.Depth, tokens, requests)
 				}
 				if len(rows) == 0 {
 					fmt.Fprintln(tw, "(no children)")
@@ -484,6 +485,9 @@ func printRunStatus(s *session, st protocol.RunStatus, asJSON, judge bool) error
 // reason is not completed.
 func printResult(s *session, what string, res protocol.SubagentResult, asJSON bool) error {
 	if !asJSON {
+		if line := usageLine(res.Usage); line != "" {
+			defer fmt.Fprintln(s.errOut, line) // after the output and its notes
+		}
 		if text := protocol.PlainText(res.Output); text != "" {
 			fmt.Fprintln(s.out, text)
 			// The output rule skips an empty last message (issue 14): say so.

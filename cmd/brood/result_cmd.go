@@ -140,5 +140,5 @@ func printChildResult(s *session, r childResult, asJSON bool) error {
 		fmt.Fprintf(s.errOut, "%s: turn %d %s (state %s)\n", r.SessionID, r.Turn, r.StopReason, r.State)
 	}
 	return printResult(s, fmt.Sprintf("turn %d of %s", r.Turn, r.SessionID),
-		protocol.SubagentResult{Output: r.Output, StopReason: r.StopReason, Diagnostic: r.Diagnostic, ErrorCode: r.ErrorCode, Structured: r.Structured}, asJSON)
+		protocol.SubagentResult{Output: r.Output, StopReason: r.StopReason, Diagnostic: r.Diagnostic, ErrorCode: r.ErrorCode, Structured: r.Structured, Usage: r.Usage}, asJSON)
 }

@@ -211,5 +211,9 @@ func nodeLine(n webui.Node, now time.Time) string {
 		}
 		parts = append(parts, elapsed(time.Duration(end-n.Start)*time.Millisecond))
 	}
+	if n.Usage != nil {
+		tokens, requests := usageCells(n.Usage)
+		parts = append(parts, "tokens "+tokens, "requests "+requests)
+	}
 	return strings.Join(parts, "  ")
 }

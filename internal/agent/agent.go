@@ -436,7 +436,7 @@ func (a *Agent) runStepTools(ctx context.Context, turn, step int64, calls []prot
 	for i, c := range calls {
 		r := results[i]
 		rb.add(a, protocol.EvToolResult, protocol.ToolResultData{
-			Turn: turn, Step: step, CallID: c.ID, Name: c.Name, Content: r.Content, IsError: r.IsError, Meta: r.Meta,
+			Turn: turn, Step: step, CallID: c.ID, Name: c.Name, Content: r.Content, IsError: r.IsError, Meta: r.Meta, ChildUsage: r.ChildUsage,
 		})
 		if r.Conclude && !r.IsError {
 			conclude = true
@@ -567,8 +567,10 @@ func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCa
 		size += len(b.Text)
 	}
 	if size > a.limits.ToolOutputBytesMax {
-		return ErrorResult("LIMIT_EXCEEDED: %s produced %d bytes of output, over the limit of %d bytes; none of it is shown, nothing was truncated — ask for less (a narrower path or range)",
+		over := ErrorResult("LIMIT_EXCEEDED: %s produced %d bytes of output, over the limit of %d bytes; none of it is shown, nothing was truncated — ask for less (a narrower path or range)",
 			c.Name, size, a.limits.ToolOutputBytesMax)
+		over.ChildUsage = res.ChildUsage // a child that answered too much still spent
+		return over
 	}
 	return res
 }

@@ -141,6 +141,7 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 			}
 			out := resultToTool(run.ChildID, res)
 			out.Meta = map[string]string{"runId": run.RunID, "childId": run.ChildID, "stopReason": string(res.StopReason)}
+			out.ChildUsage = res.Usage
 			return out
 		},
 	}

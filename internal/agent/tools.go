@@ -27,6 +27,10 @@ type ToolResult struct {
 	Structured string
 	// Meta is logged with the result, never shown to the model.
 	Meta map[string]string
+	// ChildUsage, logged with the result (never shown to the model), is
+	// the usage of the child a delegation waited for: the log's subtree
+	// usage counts it (docs/protocol.md §6.6).
+	ChildUsage *protocol.UsageSummary
 }
 
 // ErrorResult is an isError result with one text block.

@@ -123,7 +123,8 @@ func StopReasonOf(kind string) protocol.StopReason {
 // structured output that was not captured turns completed into error. The
 // diagnostic is the turn's error text.
 func OneShotOutcome(events []protocol.SessionEvent, ownerCancelled, structuredRequested bool) protocol.SubagentResult {
-	res := protocol.SubagentResult{StopReason: protocol.StopError, Permissions: CountPermissions(events)}
+	usage := Usage(events)
+	res := protocol.SubagentResult{StopReason: protocol.StopError, Permissions: CountPermissions(events), Usage: &usage}
 	res.Output, res.OutputFrom = SelectOutputFrom(events)
 	end, ok := LastTurnEnd(events)
 	if ok {
@@ -310,7 +311,8 @@ func CloseTurn(turn, step int64, stepOpen bool, pending []protocol.ToolCallData,
 // recorded failure beats a later cancellation. Output is the epoch's own
 // (never a previous epoch's or a fork parent's).
 func EpochOutcome(events []protocol.SessionEvent) protocol.SubagentResult {
-	res := protocol.SubagentResult{StopReason: protocol.StopCompleted, Permissions: CountPermissions(events)}
+	usage := Usage(events)
+	res := protocol.SubagentResult{StopReason: protocol.StopCompleted, Permissions: CountPermissions(events), Usage: &usage}
 	res.Output, res.OutputFrom = SelectOutputFrom(events)
 	var (
 		inTurn, stepped, claimed bool
@@ -378,7 +380,8 @@ func TurnResult(sessionID string, turn []protocol.SessionEvent) (protocol.Sessio
 	if err := last.Decode(&d); err != nil {
 		return reply, protocol.Errorf(protocol.CodeInternal, "turn/end of %s does not decode: %w", sessionID, err)
 	}
-	reply.Finished, reply.Turn, reply.EndedAt = true, d.Turn, last.Time
+	usage := Usage(turn)
+	reply.Finished, reply.Turn, reply.EndedAt, reply.Usage = true, d.Turn, last.Time, &usage
 	reply.StopReason = StopReasonOf(d.Reason.Kind)
 	if reply.StopReason == protocol.StopError {
 		reply.ErrorCode = d.Reason.Code

@@ -64,3 +64,49 @@ func OwnUsage(events []protocol.SessionEvent) protocol.RunUsage {
 	}
 	return u
 }
+
+// Usage folds events, a session's own events of one run, epoch or turn,
+// into its usage summary (docs/protocol.md §6.6): Own is OwnUsage(events);
+// Subtree is Own plus the Subtree of every delegation that ended into
+// these events, each counted once: a foreground child's, logged with the
+// subagent tool's result (tool/result childUsage, once per runId, else per
+// callId), and a background child's, logged with its subagent-settled
+// notice (the source's usage on agent/inbox/enqueue or user/message, once
+// per messageId, whether the item was claimed or discarded).
+func Usage(events []protocol.SessionEvent) protocol.UsageSummary {
+	own := OwnUsage(events)
+	sub := own
+	seen := map[string]bool{}
+	add := func(key string, u *protocol.UsageSummary) {
+		if u == nil || seen[key] {
+			return
+		}
+		seen[key] = true
+		sub = sub.Add(u.Subtree)
+	}
+	for _, ev := range events {
+		switch ev.Type {
+		case protocol.EvToolResult:
+			var d protocol.ToolResultData
+			if ev.Decode(&d) != nil || d.ChildUsage == nil {
+				continue
+			}
+			key := "call:" + d.CallID
+			if id := d.Meta["runId"]; id != "" {
+				key = "run:" + id
+			}
+			add(key, d.ChildUsage)
+		case protocol.EvInboxEnqueue:
+			var d protocol.InboxEnqueueData
+			if ev.Decode(&d) == nil && d.Source.Kind == protocol.SourceSubagentSettled {
+				add("msg:"+d.MessageID, d.Source.Usage)
+			}
+		case protocol.EvUserMessage:
+			var d protocol.UserMessageData
+			if ev.Decode(&d) == nil && d.Source.Kind == protocol.SourceSubagentSettled {
+				add("msg:"+d.ID, d.Source.Usage)
+			}
+		}
+	}
+	return protocol.UsageSummary{Own: own, Subtree: sub}
+}

@@ -67,3 +67,45 @@ func TestOwnUsage(t *testing.T) {
 		})
 	}
 }
+
+// TestUsageCountsEachDelegationOnce: the subtree adds each foreground
+// child's usage once per runId and each background child's notice once per
+// messageId, whether it was seen (enqueue), claimed (user/message) or
+// discarded; a notice of another kind, or a result without childUsage,
+// adds nothing (docs/protocol.md §6.6).
+func TestUsageCountsEachDelegationOnce(t *testing.T) {
+	child := func(in int64) *protocol.UsageSummary {
+		u := protocol.RunUsage{InputTokens: in, OutputTokens: 1, ModelRequests: 1, ToolCalls: 1, WallMs: 10}
+		return &protocol.UsageSummary{Own: protocol.RunUsage{InputTokens: 1}, Subtree: u}
+	}
+	settled := func(u *protocol.UsageSummary) protocol.MessageSource {
+		return protocol.MessageSource{Kind: protocol.SourceSubagentSettled, Form: "notice", Usage: u}
+	}
+	events := []protocol.SessionEvent{
+		ev(t, protocol.EvStepStart, 1, protocol.StepData{Turn: 1, Step: 1}),
+		ev(t, protocol.EvAssistantMessage, 2, protocol.AssistantMessageData{Turn: 1, Step: 1, Usage: &protocol.Usage{InputTokens: 5, OutputTokens: 5}}),
+		ev(t, protocol.EvToolCall, 2, protocol.ToolCallData{Turn: 1, Step: 1, CallID: "c1", Name: "subagent"}),
+		ev(t, protocol.EvToolResult, 3, protocol.ToolResultData{Turn: 1, Step: 1, CallID: "c1", Name: "subagent", Meta: map[string]string{"runId": "r1"}, ChildUsage: child(100)}),
+		// a copy of the same run's result (never logged twice, but counted once if it were)
+		ev(t, protocol.EvToolResult, 3, protocol.ToolResultData{Turn: 1, Step: 1, CallID: "c9", Name: "subagent", Meta: map[string]string{"runId": "r1"}, ChildUsage: child(100)}),
+		ev(t, protocol.EvToolResult, 3, protocol.ToolResultData{Turn: 1, Step: 1, CallID: "c2", Name: "read_file"}),
+		// a claimed notice: enqueue and user/message name the same item
+		ev(t, protocol.EvInboxEnqueue, 4, protocol.InboxEnqueueData{MessageID: "m1", InboxSeq: 7, Source: settled(child(1000))}),
+		ev(t, protocol.EvInboxDequeue, 4, protocol.InboxDequeueData{MessageID: "m1", InboxSeq: 7, Turn: 2}),
+		ev(t, protocol.EvUserMessage, 4, protocol.UserMessageData{ID: "m1", Turn: 2, Source: settled(child(1000))}),
+		// a discarded notice still counts: the child spent it
+		ev(t, protocol.EvInboxEnqueue, 5, protocol.InboxEnqueueData{MessageID: "m2", InboxSeq: 8, Source: settled(child(10000))}),
+		ev(t, protocol.EvInboxDiscard, 5, protocol.InboxDiscardData{MessageID: "m2", InboxSeq: 8, Reason: "parent"}),
+		// a report is no end
+		ev(t, protocol.EvUserMessage, 6, protocol.UserMessageData{ID: "m3", Turn: 3, Source: protocol.MessageSource{Kind: protocol.SourceSubagentReport, Usage: child(99999)}}),
+	}
+	got := Usage(events)
+	own := protocol.RunUsage{InputTokens: 5, OutputTokens: 5, ModelRequests: 1, ToolCalls: 1}
+	if got.Own != own {
+		t.Fatalf("own %+v, want %+v", got.Own, own)
+	}
+	want := own.Add(child(100).Subtree).Add(child(1000).Subtree).Add(child(10000).Subtree)
+	if got.Subtree != want {
+		t.Fatalf("subtree %+v, want %+v", got.Subtree, want)
+	}
+}

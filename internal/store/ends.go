@@ -49,7 +49,7 @@ func (s *Store) PublishRunEnd(rec protocol.RunRecord, notice NoticeFunc, onErr f
 	ev := protocol.LifecycleEvent{
 		Type: protocol.LifecycleEnd, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,
 		ParentSession: rec.ParentSession, Local: !rec.Remote, Mode: rec.Mode, Time: NowMs(),
-		StopReason: res.StopReason, ErrorCode: res.ErrorCode,
+		StopReason: res.StopReason, ErrorCode: res.ErrorCode, Usage: res.Usage,
 	}
 	if len(res.Output) > 0 {
 		ev.LastAssistantMessage = res.Output
@@ -188,6 +188,7 @@ func (s *Store) EndEpoch(ctx context.Context, e EpochEnd, onErr func(error)) <-c
 	ev := protocol.LifecycleEvent{
 		Type: protocol.LifecycleEnd, RunID: e.RunID, Provider: e.Provider, ID: e.ChildID, ParentSession: e.Parent,
 		Local: !e.Remote, Mode: protocol.ModeContinuable, Time: NowMs(), StopReason: e.Result.StopReason, ErrorCode: e.Result.ErrorCode,
+		Usage: e.Result.Usage,
 	}
 	if len(e.Result.Output) > 0 {
 		ev.LastAssistantMessage = e.Result.Output
@@ -216,7 +217,7 @@ func (s *Store) EndEpochRecords(ctx context.Context, e EpochEnd, onErr func(erro
 			if err == nil {
 				_, _, err = s.Enqueue(ctx, scope, e.Parent, InboxItem{
 					Content:  content,
-					Source:   protocol.MessageSource{Kind: protocol.SourceSubagentSettled, Form: "notice", Summary: summary, SenderSessionID: e.ChildID},
+					Source:   protocol.MessageSource{Kind: protocol.SourceSubagentSettled, Form: "notice", Summary: summary, SenderSessionID: e.ChildID, Usage: e.Result.Usage},
 					Delivery: DeliveryNextStep,
 				}, "settled-"+e.RunID)
 			}

@@ -217,6 +217,10 @@ type ChildRow struct {
 	ParentID    string `msgpack:"parentId,omitempty" json:"parentId,omitempty"`
 	Depth       int    `msgpack:"depth,omitempty" json:"depth,omitempty"`
 	CreatedAt   int64  `msgpack:"createdAt,omitempty" json:"createdAt,omitempty"`
+	// Usage, on child rows, is what the child spent over its whole log so
+	// far, every run or epoch: its own and its subtree's (docs/protocol.md
+	// §6.6).
+	Usage *UsageSummary `msgpack:"usage,omitempty" json:"usage,omitempty"`
 }
 
 // ChildrenListReply lists rows ordered by createdAt then id (pre-order for descendants).

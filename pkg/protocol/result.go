@@ -28,4 +28,7 @@ type SessionResultReply struct {
 	Diagnostic string         `msgpack:"diagnostic,omitempty" json:"diagnostic,omitempty"`
 	ErrorCode  Code           `msgpack:"errorCode,omitempty" json:"errorCode,omitempty"`
 	EndedAt    int64          `msgpack:"endedAt,omitempty" json:"endedAt,omitempty"`
+	// Usage is what the turn spent, its own and its subtree's
+	// (docs/protocol.md §6.6); present when Finished.
+	Usage *UsageSummary `msgpack:"usage,omitempty" json:"usage,omitempty"`
 }

@@ -225,6 +225,10 @@ type MessageSource struct {
 	Form            string `msgpack:"form,omitempty" json:"form,omitempty"`
 	SenderSessionID string `msgpack:"senderSessionId,omitempty" json:"senderSessionId,omitempty"`
 	Summary         string `msgpack:"summary,omitempty" json:"summary,omitempty"`
+	// Usage, on a subagent-settled notice, is the settled epoch's usage:
+	// the parent's log counts it into its subtree once, by the item's
+	// messageId (docs/protocol.md §6.6).
+	Usage *UsageSummary `msgpack:"usage,omitempty" json:"usage,omitempty"`
 }
 
 // UserMessageData is the data of user/message.
@@ -294,6 +298,10 @@ type ToolResultData struct {
 	// Meta carries the tool's own facts about the call, log-only (the
 	// subagent tool records the child's runId and childId).
 	Meta map[string]string `msgpack:"meta,omitempty" json:"meta,omitempty"`
+	// ChildUsage, log-only, is the usage of the child a foreground
+	// delegation waited for (its result's): the parent's log counts its
+	// subtree once (docs/protocol.md §6.6).
+	ChildUsage *UsageSummary `msgpack:"childUsage,omitempty" json:"childUsage,omitempty"`
 }
 
 // InboxEnqueueData is the data of agent/inbox/enqueue: the agent saw an inbox

@@ -251,6 +251,10 @@ type SubagentResult struct {
 	// Permissions counts the permission requests an ACP child made and how
 	// they were answered (acp/permission events); absent when none.
 	Permissions *PermissionCounts `msgpack:"permissions,omitempty" json:"permissions,omitempty"`
+	// Usage is what the run or epoch spent, its own and its subtree's
+	// (docs/protocol.md §6.6); absent from a worker that predates it and
+	// for a child never started.
+	Usage *UsageSummary `msgpack:"usage,omitempty" json:"usage,omitempty"`
 }
 
 // PermissionCounts counts a child's permission requests (ACP
@@ -459,6 +463,9 @@ type LifecycleEvent struct {
 	StopReason           StopReason     `msgpack:"stopReason,omitempty" json:"stopReason,omitempty"`
 	LastAssistantMessage []ContentBlock `msgpack:"lastAssistantMessage,omitempty" json:"lastAssistantMessage,omitempty"`
 	ErrorCode            Code           `msgpack:"errorCode,omitempty" json:"errorCode,omitempty"`
+	// Usage, on end events, is the run's or epoch's result's usage
+	// (docs/protocol.md §6.6).
+	Usage *UsageSummary `msgpack:"usage,omitempty" json:"usage,omitempty"`
 	// Label is the child's display label (its descriptor's: the
 	// subagent tool's description, a continuable child's label), on start
 	// events whose host knew it; absent otherwise (docs/protocol.md §7.5).

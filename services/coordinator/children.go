@@ -145,6 +145,8 @@ func (c *Coordinator) childRow(ctx context.Context, e protocol.ChildIndexRecord)
 		return protocol.ChildRow{Kind: protocol.RowDiagnostic, ID: e.ChildID, Reason: protocol.DiagnosticCorrupt}
 	}
 	row.Mode, row.Label, row.Provider = d.Mode, d.Label, d.Provider
+	usage := sessionlog.Usage(own)
+	row.Usage = &usage
 	if d.Mode == protocol.ModeOneShot {
 		if _, ok := sessionlog.LastTurnEnd(own); ok && row.Activity == protocol.ActivityRunning {
 			row.State = protocol.StateRunning

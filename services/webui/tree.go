@@ -36,6 +36,12 @@ type Node struct {
 	Epochs int   `json:"epochs,omitempty"`
 	// Seq is the lifecycle stream sequence of the last event applied.
 	Seq string `json:"seq,omitempty"`
+	// Usage sums the usage of the node's ended runs or epochs (their end
+	// events', each run once): its own and its subtree's
+	// (docs/protocol.md §6.6); nil until one ended with usage.
+	Usage *protocol.UsageSummary `json:"usage,omitempty"`
+	// ended holds the runs whose usage Usage counts.
+	ended map[string]bool
 }
 
 // Node states.
@@ -89,6 +95,7 @@ func (t *Tree) Apply(evs ...protocol.LifecycleEvent) []Node {
 				n.State = StateIdle
 			}
 			n.StopReason, n.ErrorCode, n.End = string(ev.StopReason), string(ev.ErrorCode), ev.Time
+			n.addUsage(ev)
 		}
 		changed[n.ID] = n
 		if ev.ParentSession != "" {
@@ -273,4 +280,22 @@ func (h *hub) unsubscribe(ch chan []Node) {
 		delete(h.subs, ch)
 		close(ch)
 	}
+}
+
+// addUsage counts the usage of an end event, once per run: a copy of an
+// end republished after a host loss is not counted again.
+func (n *Node) addUsage(ev protocol.LifecycleEvent) {
+	if ev.Usage == nil || n.ended[ev.RunID] {
+		return
+	}
+	if n.ended == nil {
+		n.ended = map[string]bool{}
+	}
+	n.ended[ev.RunID] = true
+	sum := protocol.UsageSummary{}
+	if n.Usage != nil {
+		sum = *n.Usage
+	}
+	sum.Own, sum.Subtree = sum.Own.Add(ev.Usage.Own), sum.Subtree.Add(ev.Usage.Subtree)
+	n.Usage = &sum
 }

@@ -284,3 +284,31 @@ func TestStreams(t *testing.T) {
 		t.Fatalf("unknown session: %d %s", resp.StatusCode, body)
 	}
 }
+
+// TestTreeSumsUsagePerRun: a node's usage sums its ended runs' or epochs'
+// (end events), each run once: a copy of an end republished after a host
+// loss adds nothing (docs/protocol.md §6.6).
+func TestTreeSumsUsagePerRun(t *testing.T) {
+	tr := NewTree(10)
+	end := func(run string, own, sub int64) protocol.LifecycleEvent {
+		ev := lifecycle(protocol.LifecycleEnd, "c", "root", protocol.ModeContinuable, 10, protocol.StopCompleted)
+		ev.RunID = run
+		ev.Usage = &protocol.UsageSummary{Own: protocol.RunUsage{InputTokens: own, ModelRequests: 1}, Subtree: protocol.RunUsage{InputTokens: sub, ModelRequests: 2}}
+		return ev
+	}
+	tr.Apply(lifecycle(protocol.LifecycleStart, "c", "root", protocol.ModeContinuable, 1, ""))
+	if n := tr.Apply(end("e1", 5, 20))[0]; n.Usage == nil || n.Usage.Own.InputTokens != 5 || n.Usage.Subtree.InputTokens != 20 {
+		t.Fatalf("after one epoch: %+v", n.Usage)
+	}
+	tr.Apply(end("e1", 5, 20)) // the same end again
+	var got Node
+	for _, n := range tr.Apply(end("e2", 7, 7)) {
+		if n.ID == "c" {
+			got = n
+		}
+	}
+	want := protocol.UsageSummary{Own: protocol.RunUsage{InputTokens: 12, ModelRequests: 2}, Subtree: protocol.RunUsage{InputTokens: 27, ModelRequests: 4}}
+	if got.Usage == nil || *got.Usage != want {
+		t.Fatalf("after two epochs and a copy: %+v, want %+v", got.Usage, want)
+	}
+}

@@ -198,6 +198,29 @@ export interface SubagentResult {
   errorCode?: string;
   /** Which message `output` came from; absent when `output` is empty. */
   outputFrom?: OutputSource;
+  /** What the run or epoch spent, its own and its subtree's (§6.6). */
+  usage?: UsageSummary;
+}
+
+/**
+ * §6.6: what a run, epoch or turn spent, folded from session logs (exact,
+ * never estimated). `unreportedRequests` counts model requests whose tokens
+ * are unknown: while it is not 0 the token sums are a lower bound.
+ */
+export interface RunUsage {
+  inputTokens: number;
+  outputTokens: number;
+  modelRequests: number;
+  unreportedRequests?: number;
+  toolCalls: number;
+  /** agent time, ms: each turn's end less its start; a subtree's sums its runs */
+  wallMs: number;
+}
+
+/** §6.6: own (the child's own log) and subtree (own plus every delegation that ended into it, once each). */
+export interface UsageSummary {
+  own: RunUsage;
+  subtree: RunUsage;
 }
 
 /** §6.2: where a result's output came from in the child's log. */
@@ -269,6 +292,8 @@ export interface MessageSource {
   form?: string;
   senderSessionId?: string;
   summary?: string;
+  /** subagent-settled notices: the settled epoch's usage (§6.6) */
+  usage?: UsageSummary;
 }
 
 /** §5.9 */
@@ -377,6 +402,8 @@ export interface ChildRow {
   parentId?: string;
   depth?: number;
   createdAt?: Millis;
+  /** child rows: what the child spent over its whole log so far (§6.6) */
+  usage?: UsageSummary;
 }
 
 /** §5.14 */
@@ -463,6 +490,8 @@ export interface LifecycleEvent {
   errorCode?: string;
   /** start events: the child's label (its descriptor's), when its host knew it */
   label?: string;
+  /** end events: the run's or epoch's usage (§6.6) */
+  usage?: UsageSummary;
   seq?: Seq;
 }
 
@@ -601,4 +630,6 @@ export interface SessionResultReply {
   structured?: unknown;
   diagnostic?: string;
   endedAt?: Millis;
+  /** present when finished: what the turn spent (§6.6) */
+  usage?: UsageSummary;
 }

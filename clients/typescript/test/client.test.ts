@@ -74,6 +74,11 @@ describe("one-shot runs", () => {
       const res = await run.result();
       assert.equal(res.stopReason, "completed");
       assert.equal(plainText(res.output), "hello");
+      // The scripted model counts one token per word (§6.6): one request, "hello" out.
+      assert.equal(res.usage?.own.modelRequests, 1);
+      assert.equal(res.usage?.own.outputTokens, 1);
+      assert.ok((res.usage?.own.inputTokens ?? 0) >= 2);
+      assert.deepEqual(res.usage?.subtree, res.usage?.own);
       const st = await brood.await({ runId: run.runId, parent: root.ref(), waitMs: 5_000 });
       assert.equal(st.state, "settled");
       assert.equal(st.result?.stopReason, "completed");
@@ -238,6 +243,8 @@ describe("continuable children", () => {
       const r = await brood.sessionResult({ sessionId: start.childId, authority: auth });
       assert.equal(r.stopReason, "completed");
       assert.deepEqual(r.output, text("done"));
+      assert.equal(r.usage?.own.modelRequests, 1);
+      assert.equal(r.usage?.own.outputTokens, 1);
       await eventually("the child settles", 20_000, async () => (await brood.state({ childId: start.childId, authority: auth })).state === "none");
       await brood.followup({ childId: start.childId, authority: auth, message: text("sleep 60s\nsay late") });
       await eventually("the child runs the followup", 20_000, async () => (await brood.state({ childId: start.childId, authority: auth })).state === "running");

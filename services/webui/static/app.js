@@ -5,7 +5,7 @@
 // HTML.
 "use strict";
 
-const nodes = new Map(); // id -> node {id, parent, root, label, provider, mode, runId, state, stopReason, errorCode, start, end, epochs}
+const nodes = new Map(); // id -> node {id, parent, root, label, provider, mode, runId, state, stopReason, errorCode, start, end, epochs, usage}
 // The tree's indexes, kept as nodes arrive (issue 37, item 5: a tree of
 // 30,000 nodes was rebuilt by scanning every node for each node's children):
 const kids = new Map(); // parent id -> Set of child ids
@@ -125,10 +125,34 @@ function renderRow(n) {
     r.dataset.stopReason = n.stopReason;
     row.appendChild(r);
   }
+  if (n.usage) {
+    const u = el("span", "badge usage", usageBadge(n.usage));
+    u.title = usageTitle(n.usage);
+    u.dataset.tokens = String(n.usage.subtree.inputTokens + n.usage.subtree.outputTokens);
+    row.appendChild(u);
+  }
   const d = el("span", "dur", nodeDuration(n));
   d.setAttribute("data-duration-of", n.id);
   row.appendChild(d);
   return row;
+}
+
+// Usage (docs/protocol.md §6.6): a node's own and subtree tokens; "+?"
+// marks a lower bound (some requests' tokens were not reported).
+function usageTokens(u) {
+  return String(u.inputTokens + u.outputTokens) + (u.unreportedRequests ? "+?" : "");
+}
+
+function usageBadge(usage) {
+  const own = usageTokens(usage.own), tree = usageTokens(usage.subtree);
+  return own === tree ? own + " tok" : own + " tok (tree " + tree + ")";
+}
+
+function usageTitle(usage) {
+  const line = (name, u) => name + ": " + u.inputTokens + " in + " + u.outputTokens + " out tokens, " +
+    u.modelRequests + " model requests" + (u.unreportedRequests ? " (" + u.unreportedRequests + " unreported)" : "") +
+    ", " + u.toolCalls + " tool calls, " + (u.wallMs / 1000).toFixed(1) + "s";
+  return line("own", usage.own) + "\n" + line("subtree", usage.subtree);
 }
 
 function renderItem(n, depth) {
@@ -625,7 +649,7 @@ function refreshChildLinks() {
   if (run && view) {
     const n = nodes.get(view.id);
     run.textContent = !n ? "—" : n.root ? "root (no run of its own)" :
-      [n.provider, n.mode, n.state, n.stopReason, n.errorCode, nodeDuration(n)].filter(Boolean).join(" · ");
+      [n.provider, n.mode, n.state, n.stopReason, n.errorCode, nodeDuration(n), n.usage ? usageBadge(n.usage) : ""].filter(Boolean).join(" · ");
     run.dataset.state = n ? n.state : "";
     const mod = document.getElementById("session-model");
     if (mod) mod.textContent = (n && providerModels.get(n.provider)) || "—";

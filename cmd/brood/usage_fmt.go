@@ -1,0 +1,45 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// usageLine is a result's usage as `brood run` and `brood result` print it
+// on stderr (docs/protocol.md §6.6), "" when the result carries none:
+//
+//	usage: own 12 in + 5 out tokens, 3 model requests, 2 tool calls, 1.2s; subtree 40 in + 9 out tokens, ...
+func usageLine(u *protocol.UsageSummary) string {
+	if u == nil {
+		return ""
+	}
+	return "usage: own " + usageText(u.Own) + "; subtree " + usageText(u.Subtree)
+}
+
+func usageText(u protocol.RunUsage) string {
+	s := fmt.Sprintf("%d in + %d out tokens, %d model requests, %d tool calls, %s",
+		u.InputTokens, u.OutputTokens, u.ModelRequests, u.ToolCalls, elapsed(time.Duration(u.WallMs)*time.Millisecond))
+	if u.UnreportedRequests > 0 {
+		s += fmt.Sprintf(" (%d requests' tokens unreported: at least)", u.UnreportedRequests)
+	}
+	return s
+}
+
+// usageCells are a table's TOKENS and REQUESTS cells, own/subtree: total
+// tokens (in + out; "+?" after a figure that is a lower bound, some
+// requests' tokens unreported) and model requests; "-" without usage.
+func usageCells(u *protocol.UsageSummary) (tokens, requests string) {
+	if u == nil {
+		return "-", "-"
+	}
+	tok := func(r protocol.RunUsage) string {
+		s := fmt.Sprint(r.Tokens())
+		if r.UnreportedRequests > 0 {
+			s += "+?"
+		}
+		return s
+	}
+	return tok(u.Own) + "/" + tok(u.Subtree), fmt.Sprintf("%d/%d", u.Own.ModelRequests, u.Subtree.ModelRequests)
+}
