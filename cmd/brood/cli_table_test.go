@@ -184,7 +184,7 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 		},
 		"run": {
 			ok:  func() outcome { return c.run("run", "--provider", "spawn", "say hello") },
-			out: `^hello\n$`, errOut: `^child ` + id + `\n$`,
+			out: `^hello\n$`, errOut: `^child ` + id + `\n` + usageRE + `$`,
 			fail: []string{"run", "--provider", "nope", "say x"}, code: "NO_PROVIDER",
 		},
 		"start": {
@@ -204,12 +204,12 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 		},
 		"result": {
 			ok:  func() outcome { return c.run("result", "--wait", idle) },
-			out: `^again\n$`, errOut: `^` + idle + `: turn 2 completed \(state none\)\n$`,
+			out: `^again\n$`, errOut: `^` + idle + `: turn 2 completed \(state none\)\n` + usageRE + `$`,
 			fail: []string{"result", "01NOSUCHCHILD0000000000000"}, code: "NOT_FOUND",
 		},
 		"children": {
 			ok:   func() outcome { return c.run("children") },
-			out:  `^CHILD +KIND +MODE +STATE +PROVIDER +LABEL +PARENT +DEPTH\n(.*\n)*` + busy + ` +child +continuable +running +spawn +`,
+			out:  `^CHILD +KIND +MODE +STATE +PROVIDER +LABEL +PARENT +DEPTH +TOKENS +REQUESTS\n(.*\n)*` + busy + ` +child +continuable +running +spawn +`,
 			fail: []string{"children", "a", "b"}, code: "INVALID_ARGUMENT",
 		},
 		"log": {
@@ -383,3 +383,7 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 		t.Errorf("row %s names no verb of brood --help", v)
 	}
 }
+
+// usageRE is the usage line `brood run` and `brood result` print on stderr
+// after a result (docs/protocol.md §6.6).
+const usageRE = `usage: own \d+ in \+ \d+ out tokens, \d+ model requests, \d+ tool calls, [\d.]+m?s; subtree \d+ in \+ \d+ out tokens, \d+ model requests, \d+ tool calls, [\d.]+m?s\n`

@@ -41,12 +41,12 @@ func TestRunProgress(t *testing.T) {
 	if started, ended := strings.Index(o.err, ") started"), strings.Index(o.err, " completed ("); started < 0 || started > ended {
 		t.Errorf("progress out of order:\n%s", o.err)
 	}
-	if strings.Contains(o.err, "tool calls") {
+	if regexp.MustCompile(`· \d+ tool calls`).MatchString(o.err) {
 		t.Errorf("a status line was drawn on stderr that is no terminal:\n%s", o.err)
 	}
 
 	o = c.ok("run", "--provider", "spawn", prompt) // auto: the test's buffers are no terminal
-	if o.out != "done\n" || !regexp.MustCompile(`^child [0-9A-Z]{26}\n$`).MatchString(o.err) {
+	if o.out != "done\n" || !regexp.MustCompile(`^child [0-9A-Z]{26}\n`+usageRE+`$`).MatchString(o.err) {
 		t.Fatalf("piped: stdout %q stderr %q", o.out, o.err)
 	}
 	c.fails("INVALID_ARGUMENT", "run", "--provider", "spawn", "--progress", "sometimes", "say x")
