@@ -262,6 +262,21 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 			out:  `^drained \d+ activations?; admission stays closed until ` + "`brood drain --lift`" + `\n`,
 			fail: []string{"drain", "--list", "--lift"}, code: "INVALID_ARGUMENT",
 		},
+		"requests": {
+			ok:   func() outcome { return c.run("requests") },
+			out:  `^REQUEST +SESSION +STATE +TOOL +ARGUMENTS +DEADLINE\n\(no requests\)\n$`,
+			fail: []string{"requests", "a", "b"}, code: "INVALID_ARGUMENT",
+		},
+		"approve": {
+			ok:   func() outcome { return c.run("approve", c.parkedRequest()) },
+			out:  `^r[0-9a-f]{24} approved: run_command of \{"command":"true"\} in ` + id + `\n$`,
+			fail: []string{"approve", "rnosuchrequest"}, code: "NOT_FOUND",
+		},
+		"deny": {
+			ok:   func() outcome { return c.run("deny", "--reason", "no", c.parkedRequest()) },
+			out:  `^r[0-9a-f]{24} denied: run_command of \{"command":"true"\} in ` + id + `\n$`,
+			fail: []string{"deny", "--reason", "no", "rnosuchrequest"}, code: "NOT_FOUND",
+		},
 		"grant": {
 			ok:   func() outcome { return c.run("grant") },
 			out:  `^grant \S{20,}\nexpiresAt \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\nscope .+\n$`,

@@ -117,6 +117,10 @@ type Config struct {
 	InboxDirty func() bool
 	// Metrics, when set, counts the agent's model and tool calls.
 	Metrics *telemetry.Metrics
+	// Requests, when set, lets a call to a tool that needs approval park
+	// on a request until it is answered (requests.go, docs/protocol.md
+	// §5.21); unset, such a call is an error result at once.
+	Requests Requester
 }
 
 // ErrLeaseLost is the cause given to a turn's context when its host lost the
@@ -550,7 +554,12 @@ func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCa
 		return argsError(c)
 	}
 	if t.NeedsApproval && !a.cfg.Header.AutoApproves(c.Name) {
-		return approvalRequired(c.Name)
+		if a.cfg.Requests == nil {
+			return approvalRequired(c.Name)
+		}
+		if denied, ok := a.awaitApproval(ctx, turn, step, c); !ok {
+			return denied
+		}
 	}
 	defer func() {
 		if p := recover(); p != nil {

@@ -51,6 +51,10 @@ type InProcess struct {
 	Local func(spec SessionSpec) []*agent.Tool
 	// Metrics, when set, counts the agents' model and tool calls.
 	Metrics *telemetry.Metrics
+	// Requests, when set, parks a call to a tool that needs approval on a
+	// request until it is answered (agent.Config.Requests); unset, such a
+	// call is an error result.
+	Requests agent.Requester
 }
 
 // DefaultSeedEventsMax is the default bound of a fork seed.
@@ -206,7 +210,7 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 	return agent.New(agent.Config{
 		Header: spec.Header, Log: spec.Log, Events: events, Model: m, Tools: reg,
 		System: system, Credential: spec.Credential, Limits: p.Limits.Within(spec.Header.Limits), Logger: logger,
-		Inbox: spec.Inbox, InboxDirty: spec.InboxDirty, Metrics: p.Metrics,
+		Inbox: spec.Inbox, InboxDirty: spec.InboxDirty, Metrics: p.Metrics, Requests: p.Requests,
 	})
 }
 

@@ -55,6 +55,9 @@ const (
 	// NATS refused its connection's credentials (a wrong user, password,
 	// token or creds file). No coordinator answers it.
 	CodeAuthenticationFailed Code = "AUTHENTICATION_FAILED"
+	// CodeAlreadyAnswered answers a second answer to a request (approval):
+	// the first answer, or its timeout, decided it (docs/protocol.md §5.21).
+	CodeAlreadyAnswered Code = "ALREADY_ANSWERED"
 )
 
 // CatalogueEntry describes one error code: its stable numeric code (sent in
@@ -102,6 +105,7 @@ var Catalogue = []CatalogueEntry{
 	{CodeModelError, 1025, true, "the model failed: {reason}", "a model outage or a model request it refused; retry later, and check the worker's model settings if it persists"},
 	{CodeTaskFailed, 1026, false, "the child did not do its task: {reason}", "the run ended without the result its start asked for; change the prompt or the schema before starting it again"},
 	{CodeAuthenticationFailed, 1027, false, "NATS refused the connection's credentials: {reason}", "check the NATS user and password (the URL, BROOD_NATS_USER and BROOD_NATS_PASSWORD); retrying with the same credentials gets the same answer"},
+	{CodeAlreadyAnswered, 1028, false, "request {requestId} was already answered: it is {state}", "the first answer decided it (a timeout counts as a denial); nothing was changed"},
 }
 
 var catalogueByCode = func() map[Code]CatalogueEntry {
@@ -282,4 +286,5 @@ var (
 	ErrModelError               = &Error{Code: CodeModelError}
 	ErrTaskFailed               = &Error{Code: CodeTaskFailed}
 	ErrAuthenticationFailed     = &Error{Code: CodeAuthenticationFailed}
+	ErrAlreadyAnswered          = &Error{Code: CodeAlreadyAnswered}
 )

@@ -34,6 +34,11 @@ const (
 	EpChildrenList         = "children.list"
 	EpDescendantsDispose   = "descendants.dispose"
 	EpAuthorityUser        = "authority.user"
+	// Requests for approval (docs/protocol.md §5.21).
+	EpRequestsOpen   = "requests.open"
+	EpRequestsGet    = "requests.get"
+	EpRequestsAnswer = "requests.answer"
+	EpRequestsList   = "requests.list"
 )
 
 // Provider operations, served by each instance of a provider on its own

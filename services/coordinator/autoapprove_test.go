@@ -7,19 +7,23 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
 )
 
 // TestAutoApproveThroughTheTree (issue 33, item 3): through the wire, the
-// coordinator and the spawn worker, write_file needs approval unless the
-// start allowed it outright; the tool filter still removes it; a
+// coordinator and the spawn worker, write_file needs approval (here no one
+// answers, so its request times out, a denial) unless the start allowed it
+// outright; the tool filter still removes it; a
 // grandchild inherits its parent's autoApprove; a name the provider does
 // not offer is INVALID_ARGUMENT.
 func TestAutoApproveThroughTheTree(t *testing.T) {
 	s := stack.New(t)
-	s.AddCoordinator()
+	// No one answers here: a call that asks times out (a denial) at once.
+	s.AddCoordinator(func(c *coordinator.Config) { c.RequestTimeout = time.Second })
 	s.AddSpawnWorker()
 	write := func(name string) string {
 		return `call write_file {"path":"` + name + `","content":"hi"}`
@@ -40,13 +44,13 @@ func TestAutoApproveThroughTheTree(t *testing.T) {
 		written bool
 		deeper  bool // the write is the grandchild's
 	}{
-		{"asks by default", write("a.txt") + "\nsay done", protocol.StartOptions{}, "needs approval", true, false, false},
+		{"asks by default", write("a.txt") + "\nsay done", protocol.StartOptions{}, "timed out", true, false, false},
 		{"allowed outright", write("b.txt") + "\nsay done", protocol.StartOptions{AutoApprove: []string{"write_file"}}, "wrote 2 bytes", false, true, false},
-		{"another tool allowed", write("c.txt") + "\nsay done", protocol.StartOptions{AutoApprove: []string{"run_command"}}, "needs approval", true, false, false},
+		{"another tool allowed", write("c.txt") + "\nsay done", protocol.StartOptions{AutoApprove: []string{"run_command"}}, "timed out", true, false, false},
 		{"the filter still applies", write("d.txt") + "\nsay done",
 			protocol.StartOptions{AutoApprove: []string{"write_file"}, ToolFilter: &protocol.ToolFilter{Deny: []string{"write_file"}}}, `unknown tool "write_file"`, true, false, false},
 		{"a grandchild inherits", delegate(write("e.txt")+"\nsay ok") + "\nsay done", protocol.StartOptions{AutoApprove: []string{"write_file"}}, "wrote 2 bytes", false, true, true},
-		{"a grandchild asks too", delegate(write("f.txt")+"\nsay ok") + "\nsay done", protocol.StartOptions{}, "needs approval", true, false, true},
+		{"a grandchild asks too", delegate(write("f.txt")+"\nsay ok") + "\nsay done", protocol.StartOptions{}, "timed out", true, false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

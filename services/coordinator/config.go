@@ -32,6 +32,10 @@ type Config struct {
 	PromptBytesMax int
 	// LiveChildrenMax bounds the live children of one parent (64).
 	LiveChildrenMax int
+	// RequestTimeout is how long a request for approval waits for its
+	// answer before it is timed-out, a denial (protocol.RequestTimeout,
+	// 5 minutes; requests.go, docs/protocol.md §5.21).
+	RequestTimeout time.Duration
 	// ProviderAttemptTimeout bounds one attempt of a provider start, prepare
 	// or activate at one instance (4 s): an instance that does not answer in
 	// time is suspected and the request goes to another live instance
@@ -120,6 +124,9 @@ func (c *Config) defaults() {
 	}
 	if c.LiveChildrenMax <= 0 {
 		c.LiveChildrenMax = 64
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = protocol.RequestTimeout
 	}
 	if c.ProviderAttemptTimeout <= 0 {
 		c.ProviderAttemptTimeout = DefaultProviderAttemptTimeout

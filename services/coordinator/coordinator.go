@@ -215,6 +215,11 @@ func (c *Coordinator) endpoints() []endpoint {
 		{protocol.EpInboxRead, rpc.Typed[protocol.InboxReadRequest, protocol.InboxPage](c.inboxRead)},
 		{protocol.EpInboxAck, rpc.Typed[protocol.InboxAckRequest, protocol.InboxAckReply](c.inboxAck)},
 		{protocol.EpSessionsResult, rpc.Typed[protocol.SessionResultRequest, protocol.SessionResultReply](c.sessionsResult)},
+		// Requests for approval (requests.go).
+		{protocol.EpRequestsOpen, rpc.Typed[protocol.RequestOpenRequest, protocol.RequestRecord](c.requestsOpen)},
+		{protocol.EpRequestsGet, rpc.Typed[protocol.RequestGetRequest, protocol.RequestRecord](c.requestsGet)},
+		{protocol.EpRequestsAnswer, rpc.Typed[protocol.RequestAnswerRequest, protocol.RequestRecord](c.requestsAnswer)},
+		{protocol.EpRequestsList, rpc.Typed[protocol.RequestsListRequest, protocol.RequestsListReply](c.requestsList)},
 	}
 }
 

@@ -62,6 +62,12 @@ import {
   type ParentRef,
   type ProvidersListReply,
   type ReportRequest,
+  type RequestAnswerRequest,
+  type RequestGetRequest,
+  type RequestOpenRequest,
+  type RequestRecord,
+  type RequestsListReply,
+  type RequestsListRequest,
   type RunNotice,
   type RunRef,
   type RunStartReply,
@@ -445,6 +451,33 @@ export class Client {
   /** children.list (§5.14). */
   children(req: ChildrenListRequest, opts?: CallOptions): Promise<ChildrenListReply> {
     return this.call(Endpoints.childrenList, req, opts);
+  }
+
+  /**
+   * requests.open (§5.21): the calling agent (req.self, its own live
+   * credential) asks for approval of its tool call; the record, pending.
+   */
+  openRequest(req: RequestOpenRequest, opts?: CallOptions): Promise<RequestRecord> {
+    return this.call(Endpoints.requestsOpen, req, opts);
+  }
+
+  /** requests.get (§5.21): a request, read by its session or one who may answer it. */
+  getRequest(req: RequestGetRequest, opts?: CallOptions): Promise<RequestRecord> {
+    return this.call(Endpoints.requestsGet, req, opts);
+  }
+
+  /**
+   * requests.answer (§5.21): approve or deny a pending request, as the user
+   * (a grant) or an ancestor of the asking session; the first answer wins,
+   * a later one rejects with AlreadyAnsweredError.
+   */
+  answerRequest(req: RequestAnswerRequest, opts?: CallOptions): Promise<RequestRecord> {
+    return this.call(Endpoints.requestsAnswer, req, opts);
+  }
+
+  /** requests.list (§5.21): the requests the authority may answer, pending unless req.all. */
+  requests(req: RequestsListRequest, opts?: CallOptions): Promise<RequestsListReply> {
+    return this.call(Endpoints.requestsList, req, opts);
   }
 
   /** sessions.result (§5.14a): a child's last finished turn of its own. */

@@ -35,6 +35,7 @@ export const Catalogue = {
   MODEL_ERROR: 1025,
   TASK_FAILED: 1026,
   AUTHENTICATION_FAILED: 1027,
+  ALREADY_ANSWERED: 1028,
 } as const;
 
 export type Code = keyof typeof Catalogue;
@@ -103,6 +104,7 @@ export class PermissionDeniedError extends BroodError {}
 export class ModelError extends BroodError {}
 export class TaskFailedError extends BroodError {}
 export class AuthenticationFailedError extends BroodError {}
+export class AlreadyAnsweredError extends BroodError {}
 
 type ErrorClass = new (code: string, message: string, details?: Record<string, unknown>, options?: ErrorOptions) => BroodError;
 
@@ -135,6 +137,7 @@ export const ErrorClasses: Record<Code, ErrorClass> = {
   MODEL_ERROR: ModelError,
   TASK_FAILED: TaskFailedError,
   AUTHENTICATION_FAILED: AuthenticationFailedError,
+  ALREADY_ANSWERED: AlreadyAnsweredError,
 };
 
 /**

@@ -38,6 +38,10 @@ export const Endpoints = {
   eventsFollow: "events.follow",
   inboxRead: "inbox.read",
   inboxAck: "inbox.ack",
+  requestsOpen: "requests.open",
+  requestsGet: "requests.get",
+  requestsAnswer: "requests.answer",
+  requestsList: "requests.list",
 } as const;
 export type Endpoint = (typeof Endpoints)[keyof typeof Endpoints];
 
@@ -379,6 +383,78 @@ export interface DrainMarker {
 
 export interface DrainsListReply {
   drains: DrainMarker[];
+}
+
+/** §5.21: who answered a request. */
+export interface Answerer {
+  kind: "user" | "agent" | "timeout";
+  sessionId?: string;
+  user?: string;
+}
+
+/** §5.21 */
+export interface RequestAnswer {
+  state: "approved" | "denied" | "timed-out";
+  reason?: string;
+  by: Answerer;
+  at: Millis;
+}
+
+/** §5.21: a request for approval of a child's tool call. */
+export interface RequestRecord {
+  version: number;
+  id: string;
+  sessionId: string;
+  kind: "approval";
+  callId: string;
+  turn: number;
+  step: number;
+  tool?: string;
+  /** The call's arguments, raw JSON text. */
+  arguments?: string;
+  state: "pending" | "approved" | "denied" | "timed-out";
+  createdAt: Millis;
+  deadline: Millis;
+  answer?: RequestAnswer;
+}
+
+/** §5.21 */
+export interface RequestOpenRequest {
+  self: ParentRef;
+  kind: "approval";
+  callId: string;
+  turn: number;
+  step: number;
+  tool: string;
+  arguments: string;
+}
+
+/** §5.21 */
+export interface RequestGetRequest {
+  requestId: string;
+  self?: ParentRef;
+  authority?: Authority;
+}
+
+/** §5.21 */
+export interface RequestAnswerRequest {
+  requestId: string;
+  authority: Authority;
+  answer: "approve" | "deny";
+  reason?: string;
+}
+
+/** §5.21 */
+export interface RequestsListRequest {
+  authority: Authority;
+  under?: string;
+  all?: boolean;
+}
+
+/** §5.21 */
+export interface RequestsListReply {
+  requests: RequestRecord[];
+  more?: boolean;
 }
 
 /** §5.14 */

@@ -1,0 +1,177 @@
+package protocol
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+)
+
+// Requests (docs/protocol.md §5.21): a child asks for the approval of a
+// tool call, and whoever may answer for it — the user (a grant over its
+// tree) or one of its ancestors (a live agent's credential), never the
+// child itself nor a sibling — answers once. The record lives in
+// brood_agents under request.<requestId>, written only by coordinators;
+// the answer moves it out of pending by compare-and-set, so the first
+// answer wins and every later one is ALREADY_ANSWERED.
+
+// Request kinds.
+const (
+	// RequestApproval asks to run a tool call that needs approval
+	// (Tool, Arguments).
+	RequestApproval = "approval"
+)
+
+// Request states: pending until answered; then one of the others, for good.
+const (
+	RequestPending  = "pending"
+	RequestApproved = "approved"
+	RequestDenied   = "denied"
+	// RequestTimedOut: no answer came by the deadline; its declared outcome
+	// is a denial, logged as a timeout, never as a user's denial.
+	RequestTimedOut = "timed-out"
+)
+
+// Answerer kinds (RequestAnswer.By.Kind).
+const (
+	AnswererUser    = "user"
+	AnswererAgent   = "agent"
+	AnswererTimeout = "timeout"
+)
+
+// Answer verbs of requests.answer.
+const (
+	AnswerApprove = "approve"
+	AnswerDeny    = "deny"
+)
+
+// RequestTimeout is how long a request waits for its answer (5 minutes):
+// inside the turn's own limit (10 minutes by default), since the turn
+// waits for it. Past it the request is timed-out (a denial).
+const RequestTimeout = 5 * time.Minute
+
+// RequestReasonBytesMax bounds a denial's reason (the same as a diagnostic).
+const RequestReasonBytesMax = DiagnosticBytesMax
+
+// RequestsListMax bounds the records one requests.list answers.
+const RequestsListMax = 256
+
+// RequestRecord is a request as brood_agents holds it (request.<id>).
+// Times are epoch ms of the coordinator's clock.
+type RequestRecord struct {
+	Version   int    `msgpack:"version" json:"version"`
+	ID        string `msgpack:"id" json:"id"`
+	SessionID string `msgpack:"sessionId" json:"sessionId"`
+	Kind      string `msgpack:"kind" json:"kind"`
+	// CallID, Turn and Step name the tool call in the child's log.
+	CallID string `msgpack:"callId" json:"callId"`
+	Turn   int64  `msgpack:"turn" json:"turn"`
+	Step   int64  `msgpack:"step" json:"step"`
+	// Tool and Arguments (raw JSON text) are the call asked about.
+	Tool      string         `msgpack:"tool,omitempty" json:"tool,omitempty"`
+	Arguments string         `msgpack:"arguments,omitempty" json:"arguments,omitempty"`
+	State     string         `msgpack:"state" json:"state"`
+	CreatedAt int64          `msgpack:"createdAt" json:"createdAt"`
+	Deadline  int64          `msgpack:"deadline" json:"deadline"`
+	Answer    *RequestAnswer `msgpack:"answer,omitempty" json:"answer,omitempty"`
+}
+
+// RequestVersion is the current RequestRecord version.
+const RequestVersion = 1
+
+// RequestAnswer is how a request left pending.
+type RequestAnswer struct {
+	State  string   `msgpack:"state" json:"state"`
+	Reason string   `msgpack:"reason,omitempty" json:"reason,omitempty"`
+	By     Answerer `msgpack:"by" json:"by"`
+	At     int64    `msgpack:"at" json:"at"`
+}
+
+// Answerer is who answered: the user (User, when the grant names one), an
+// ancestor agent (SessionID), or the timeout.
+type Answerer struct {
+	Kind      string `msgpack:"kind" json:"kind"`
+	SessionID string `msgpack:"sessionId,omitempty" json:"sessionId,omitempty"`
+	User      string `msgpack:"user,omitempty" json:"user,omitempty"`
+}
+
+// RequestID is the id of the request of the tool call callID of session
+// sessionID: "r" and 24 hex digits of their SHA-256, so opening the same
+// call's request again finds the one already open.
+func RequestID(sessionID, callID string) string {
+	sum := sha256.Sum256([]byte(sessionID + "\x00" + callID))
+	return "r" + hex.EncodeToString(sum[:12])
+}
+
+// RequestOpenRequest is the body of requests.open: the child (its own
+// live credential, Self) asks about its tool call.
+type RequestOpenRequest struct {
+	Self      ParentRef `msgpack:"self" json:"self"`
+	Kind      string    `msgpack:"kind" json:"kind"`
+	CallID    string    `msgpack:"callId" json:"callId"`
+	Turn      int64     `msgpack:"turn" json:"turn"`
+	Step      int64     `msgpack:"step" json:"step"`
+	Tool      string    `msgpack:"tool" json:"tool"`
+	Arguments string    `msgpack:"arguments" json:"arguments"`
+}
+
+// RequestGetRequest is the body of requests.get: the child itself (Self)
+// or one who may answer (Authority) reads a request.
+type RequestGetRequest struct {
+	RequestID string     `msgpack:"requestId" json:"requestId"`
+	Self      *ParentRef `msgpack:"self,omitempty" json:"self,omitempty"`
+	Authority Authority  `msgpack:"authority" json:"authority"`
+}
+
+// RequestAnswerRequest is the body of requests.answer: Answer is approve
+// or deny; Reason (deny only, at most RequestReasonBytesMax bytes) is
+// shown to the child.
+type RequestAnswerRequest struct {
+	RequestID string    `msgpack:"requestId" json:"requestId"`
+	Authority Authority `msgpack:"authority" json:"authority"`
+	Answer    string    `msgpack:"answer" json:"answer"`
+	Reason    string    `msgpack:"reason,omitempty" json:"reason,omitempty"`
+}
+
+// RequestsListRequest is the body of requests.list: the requests the
+// authority may answer (a grant: its users' trees; an agent: its
+// descendants'), of the subtree of Under when set, pending only unless All.
+type RequestsListRequest struct {
+	Authority Authority `msgpack:"authority" json:"authority"`
+	Under     string    `msgpack:"under,omitempty" json:"under,omitempty"`
+	All       bool      `msgpack:"all,omitempty" json:"all,omitempty"`
+}
+
+// RequestsListReply lists requests, oldest first; More says some were
+// left out (RequestsListMax).
+type RequestsListReply struct {
+	Requests []RequestRecord `msgpack:"requests" json:"requests"`
+	More     bool            `msgpack:"more,omitempty" json:"more,omitempty"`
+}
+
+// RequestOpenData is the data of the log event request/open: the child
+// parked the tool call CallID on request RequestID until Deadline.
+type RequestOpenData struct {
+	RequestID string `msgpack:"requestId" json:"requestId"`
+	Kind      string `msgpack:"kind" json:"kind"`
+	Turn      int64  `msgpack:"turn" json:"turn"`
+	Step      int64  `msgpack:"step" json:"step"`
+	CallID    string `msgpack:"callId" json:"callId"`
+	Tool      string `msgpack:"tool,omitempty" json:"tool,omitempty"`
+	Deadline  int64  `msgpack:"deadline" json:"deadline"`
+}
+
+// RequestAnswerData is the data of the log event request/answer: how the
+// request ended (state approved, denied or timed-out) and who said so.
+type RequestAnswerData struct {
+	RequestID string   `msgpack:"requestId" json:"requestId"`
+	CallID    string   `msgpack:"callId" json:"callId"`
+	State     string   `msgpack:"state" json:"state"`
+	Reason    string   `msgpack:"reason,omitempty" json:"reason,omitempty"`
+	By        Answerer `msgpack:"by" json:"by"`
+}
+
+// Log event types of requests.
+const (
+	EvRequestOpen   = "request/open"
+	EvRequestAnswer = "request/answer"
+)

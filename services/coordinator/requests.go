@@ -1,0 +1,261 @@
+package coordinator
+
+// Requests (docs/protocol.md §5.21; issue 33): a child asks for the approval
+// of a tool call and parks the call until the request is answered. The
+// record is brood_agents request.<id> (store.RequestKey), which only
+// coordinators write:
+//
+//	requests.open    the child, with its own credential: create the record
+//	                 pending (again: the same record, its id is the call's)
+//	requests.answer  the user (a grant over the child's tree) or an ancestor
+//	                 (its live credential), never the child nor a sibling:
+//	                 compare-and-set pending → approved|denied; a later
+//	                 answer is ALREADY_ANSWERED
+//	requests.get     the child or one who may answer
+//	requests.list    what the caller may answer, pending unless all
+//
+// A pending request past its deadline is moved to timed-out (a denial that
+// no one gave) by the first of these to read it, by the same
+// compare-and-set, so a late answer loses to the timeout as to any answer.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"unicode/utf8"
+
+	"github.com/brood-dev/brood/internal/rpc"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Bounds of a request's fields (INVALID_ARGUMENT past them).
+const (
+	requestCallIDBytesMax    = 256
+	requestToolBytesMax      = 256
+	requestArgumentsBytesMax = 64 << 10
+)
+
+// requestsOpen creates the pending request of the caller's own tool call.
+func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protocol.RequestOpenRequest) (protocol.RequestRecord, error) {
+	switch {
+	case r.Kind != protocol.RequestApproval:
+		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "request kind %q is not known; the kind is %q", r.Kind, protocol.RequestApproval)
+	case r.CallID == "" || len(r.CallID) > requestCallIDBytesMax:
+		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "callId is required (at most %d bytes)", requestCallIDBytesMax)
+	case r.Tool == "" || len(r.Tool) > requestToolBytesMax:
+		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "tool is required (at most %d bytes)", requestToolBytesMax)
+	case len(r.Arguments) > requestArgumentsBytesMax || !utf8.ValidString(r.Arguments):
+		return protocol.RequestRecord{}, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+			"limit": "request arguments bytes", "reason": fmt.Sprintf("the arguments are %d bytes (UTF-8 text only); the limit is %d", len(r.Arguments), requestArgumentsBytesMax)})
+	}
+	if err := c.authorizeSelf(ctx, r.Self); err != nil {
+		return protocol.RequestRecord{}, err
+	}
+	now := store.NowMs()
+	rec := protocol.RequestRecord{
+		Version: protocol.RequestVersion, ID: protocol.RequestID(r.Self.SessionID, r.CallID), SessionID: r.Self.SessionID,
+		Kind: r.Kind, CallID: r.CallID, Turn: r.Turn, Step: r.Step, Tool: r.Tool, Arguments: r.Arguments,
+		State: protocol.RequestPending, CreatedAt: now, Deadline: now + c.cfg.RequestTimeout.Milliseconds(),
+	}
+	if _, err := c.st.CreateRequest(ctx, rec); err != nil {
+		if !errors.Is(err, store.ErrConflict) {
+			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnavailable, "write the request: %w", err)
+		}
+		// Opened before (a retry, or the call's turn resumed): that one.
+		old, err := c.st.Request(ctx, rec.ID)
+		if err != nil {
+			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnavailable, "read the request %s: %w", rec.ID, err)
+		}
+		if old.Value.SessionID != rec.SessionID || old.Value.CallID != rec.CallID {
+			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInternal, "request id %s names another call", rec.ID)
+		}
+		return c.expired(ctx, old)
+	}
+	c.log.Info("request opened", "request", rec.ID, "session", rec.SessionID, "tool", rec.Tool)
+	return rec, nil
+}
+
+// requestsGet reads a request for the child itself or one who may answer it.
+func (c *Coordinator) requestsGet(ctx context.Context, _ rpc.Request, r protocol.RequestGetRequest) (protocol.RequestRecord, error) {
+	rec, err := c.request(ctx, r.RequestID)
+	if err != nil {
+		return protocol.RequestRecord{}, err
+	}
+	if r.Self != nil {
+		if err := c.authorizeSelf(ctx, *r.Self); err != nil {
+			return protocol.RequestRecord{}, err
+		}
+		if r.Self.SessionID != rec.Value.SessionID {
+			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnauthorized, "request %s is not of session %s", r.RequestID, r.Self.SessionID)
+		}
+	} else if _, err := c.answerer(ctx, r.Authority, rec.Value.SessionID); err != nil {
+		return protocol.RequestRecord{}, err
+	}
+	return c.expired(ctx, rec)
+}
+
+// requestsAnswer answers a pending request, once.
+func (c *Coordinator) requestsAnswer(ctx context.Context, _ rpc.Request, r protocol.RequestAnswerRequest) (protocol.RequestRecord, error) {
+	state := map[string]string{protocol.AnswerApprove: protocol.RequestApproved, protocol.AnswerDeny: protocol.RequestDenied}[r.Answer]
+	switch {
+	case state == "":
+		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "answer %q is not known; answer %q or %q", r.Answer, protocol.AnswerApprove, protocol.AnswerDeny)
+	case len(r.Reason) > protocol.RequestReasonBytesMax || !utf8.ValidString(r.Reason):
+		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "reason must be UTF-8 text of at most %d bytes", protocol.RequestReasonBytesMax)
+	case r.Reason != "" && state != protocol.RequestDenied:
+		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "a reason goes with a denial only")
+	}
+	rec, err := c.request(ctx, r.RequestID)
+	if err != nil {
+		return protocol.RequestRecord{}, err
+	}
+	by, err := c.answerer(ctx, r.Authority, rec.Value.SessionID)
+	if err != nil {
+		return protocol.RequestRecord{}, err
+	}
+	if rec, err = c.expiredRecord(ctx, rec); err != nil {
+		return protocol.RequestRecord{}, err
+	}
+	if rec.Value.State != protocol.RequestPending {
+		return protocol.RequestRecord{}, alreadyAnswered(rec.Value)
+	}
+	answered := rec.Value
+	answered.State = state
+	answered.Answer = &protocol.RequestAnswer{State: state, Reason: r.Reason, By: by, At: store.NowMs()}
+	if _, err := c.st.AnswerRequest(ctx, answered, rec.Revision); err != nil {
+		if !errors.Is(err, store.ErrConflict) {
+			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnavailable, "write the answer: %w", err)
+		}
+		now, rerr := c.st.Request(ctx, r.RequestID)
+		if rerr != nil {
+			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnavailable, "read the request %s: %w", r.RequestID, rerr)
+		}
+		return protocol.RequestRecord{}, alreadyAnswered(now.Value)
+	}
+	c.log.Info("request answered", "request", answered.ID, "session", answered.SessionID, "state", state, "by", by.Kind)
+	return answered, nil
+}
+
+// requestsList lists the requests the caller may answer.
+func (c *Coordinator) requestsList(ctx context.Context, _ rpc.Request, r protocol.RequestsListRequest) (protocol.RequestsListReply, error) {
+	if r.Under != "" && !protocol.ValidID(r.Under) {
+		return protocol.RequestsListReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "under %q must match ^[A-Za-z0-9_-]{1,64}$", r.Under)
+	}
+	rd, err := c.readerOf(ctx, r.Authority)
+	if err != nil {
+		return protocol.RequestsListReply{}, err
+	}
+	ids, more, err := c.st.RequestIDs(ctx, protocol.RequestsListMax)
+	if err != nil {
+		return protocol.RequestsListReply{}, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
+	}
+	out := protocol.RequestsListReply{Requests: []protocol.RequestRecord{}, More: more}
+	for _, id := range ids {
+		rec, err := c.st.Request(ctx, id)
+		if errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return protocol.RequestsListReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the request %s: %w", id, err)
+		}
+		if rec, err = c.expiredRecord(ctx, rec); err != nil {
+			return protocol.RequestsListReply{}, err
+		}
+		v := rec.Value
+		if (!r.All && v.State != protocol.RequestPending) || v.SessionID == rd.agent {
+			continue
+		}
+		if ok, err := c.covers(ctx, rd, v.SessionID); err != nil || !ok {
+			continue
+		}
+		if r.Under != "" && v.SessionID != r.Under {
+			if ok, err := c.covers(ctx, reader{agent: r.Under}, v.SessionID); err != nil || !ok {
+				continue
+			}
+		}
+		out.Requests = append(out.Requests, v)
+	}
+	slices.SortFunc(out.Requests, func(a, b protocol.RequestRecord) int {
+		return cmp.Or(cmp.Compare(a.CreatedAt, b.CreatedAt), cmp.Compare(a.ID, b.ID))
+	})
+	return out, nil
+}
+
+// request reads request id from the bucket's leader.
+func (c *Coordinator) request(ctx context.Context, id string) (store.Record[protocol.RequestRecord], error) {
+	if id == "" || len(id) > 64 || !protocol.ValidID(id) {
+		return store.Record[protocol.RequestRecord]{}, protocol.Errorf(protocol.CodeInvalidArgument, "request id %q must match ^[A-Za-z0-9_-]{1,64}$", id)
+	}
+	rec, err := c.st.Request(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return rec, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "request " + id})
+	}
+	if err != nil {
+		return rec, protocol.Errorf(protocol.CodeUnavailable, "read the request %s: %w", id, err)
+	}
+	return rec, nil
+}
+
+// answerer checks that auth may answer a request of session child: a user
+// grant whose scope holds the child's tree, or the live credential of one
+// of the child's ancestors (authorizeRead's subtree rule), never the child
+// itself. A sibling or a stranger is UNAUTHORIZED, whether or not the
+// session exists.
+func (c *Coordinator) answerer(ctx context.Context, auth protocol.Authority, child string) (protocol.Answerer, error) {
+	rd, err := c.authorizeRead(ctx, auth, child)
+	if err != nil {
+		return protocol.Answerer{}, err
+	}
+	switch {
+	case rd.agent == child:
+		return protocol.Answerer{}, protocol.Errorf(protocol.CodeUnauthorized, "a session never answers its own request; its user or an ancestor does")
+	case rd.agent != "":
+		return protocol.Answerer{Kind: protocol.AnswererAgent, SessionID: rd.agent}, nil
+	default:
+		return protocol.Answerer{Kind: protocol.AnswererUser, User: rd.grant.user}, nil
+	}
+}
+
+// expired is expiredRecord's value.
+func (c *Coordinator) expired(ctx context.Context, rec store.Record[protocol.RequestRecord]) (protocol.RequestRecord, error) {
+	r, err := c.expiredRecord(ctx, rec)
+	return r.Value, err
+}
+
+// expiredRecord moves a pending request past its deadline to timed-out, by
+// compare-and-set (an answer that landed first stands), and returns the
+// record as it is now.
+func (c *Coordinator) expiredRecord(ctx context.Context, rec store.Record[protocol.RequestRecord]) (store.Record[protocol.RequestRecord], error) {
+	if rec.Value.State != protocol.RequestPending || store.NowMs() < rec.Value.Deadline {
+		return rec, nil
+	}
+	out := rec.Value
+	out.State = protocol.RequestTimedOut
+	out.Answer = &protocol.RequestAnswer{State: protocol.RequestTimedOut, By: protocol.Answerer{Kind: protocol.AnswererTimeout}, At: store.NowMs(),
+		Reason: fmt.Sprintf("no answer within %s", c.cfg.RequestTimeout)}
+	rev, err := c.st.AnswerRequest(ctx, out, rec.Revision)
+	if errors.Is(err, store.ErrConflict) {
+		now, err := c.st.Request(ctx, rec.Value.ID)
+		if err != nil {
+			return rec, protocol.Errorf(protocol.CodeUnavailable, "read the request %s: %w", rec.Value.ID, err)
+		}
+		return now, nil
+	}
+	if err != nil {
+		return rec, protocol.Errorf(protocol.CodeUnavailable, "write the timeout of request %s: %w", rec.Value.ID, err)
+	}
+	c.log.Info("request timed out", "request", out.ID, "session", out.SessionID)
+	return store.Record[protocol.RequestRecord]{Value: out, Revision: rev}, nil
+}
+
+// alreadyAnswered is the answer to a second answer.
+func alreadyAnswered(rec protocol.RequestRecord) error {
+	by := ""
+	if rec.Answer != nil {
+		by = rec.Answer.By.Kind
+	}
+	return protocol.NewError(protocol.CodeAlreadyAnswered, map[string]any{"requestId": rec.ID, "state": rec.State, "by": by})
+}
