@@ -99,6 +99,19 @@ var eventDetails = map[string]func(protocol.SessionEvent) string{
 	protocol.EvAgentTakeover: detail(func(d protocol.TakeoverData) string {
 		return fmt.Sprintf("host %s lost; coordinator %s took the session over (epoch %d)", d.HostID, d.By, d.Epoch)
 	}),
+	protocol.EvRequestOpen: detail(func(d protocol.RequestOpenData) string {
+		return fmt.Sprintf("%s %s waits for approval: request %s", d.CallID, d.Tool, d.RequestID)
+	}),
+	protocol.EvRequestAnswer: detail(func(d protocol.RequestAnswerData) string {
+		s := fmt.Sprintf("%s %s by %s", d.RequestID, d.State, d.By.Kind)
+		if d.By.SessionID != "" {
+			s += " " + d.By.SessionID
+		}
+		if d.Reason != "" {
+			s += ": " + d.Reason
+		}
+		return s
+	}),
 }
 
 // detail decodes an event's data as T and renders it with f ("" when it

@@ -24,6 +24,13 @@ func TestLogShowsTheEdgeEvents(t *testing.T) {
 			"[late, turn 2]"},
 		{ev(protocol.EvACPLateUpdate, protocol.ACPLateUpdateData{Turn: 3, Kind: "agent_message_chunk", Text: " late"}),
 			"turn 3, after its end: agent_message_chunk  late"},
+		{ev(protocol.EvRequestOpen, protocol.RequestOpenData{RequestID: "r1", CallID: "call_1_0", Tool: "write_file"}),
+			"call_1_0 write_file waits for approval: request r1"},
+		{ev(protocol.EvRequestAnswer, protocol.RequestAnswerData{RequestID: "r1", State: protocol.RequestDenied, Reason: "no",
+			By: protocol.Answerer{Kind: protocol.AnswererAgent, SessionID: "P"}}),
+			"r1 denied by agent P: no"},
+		{ev(protocol.EvRequestAnswer, protocol.RequestAnswerData{RequestID: "r2", State: protocol.RequestTimedOut, By: protocol.Answerer{Kind: protocol.AnswererTimeout}}),
+			"r2 timed-out by timeout"},
 	}
 	for _, tt := range tests {
 		if got := formatEvent(tt.ev, protocol.SessionHeader{}); !strings.Contains(got, tt.want) {
