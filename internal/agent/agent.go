@@ -117,9 +117,10 @@ type Config struct {
 	InboxDirty func() bool
 	// Metrics, when set, counts the agent's model and tool calls.
 	Metrics *telemetry.Metrics
-	// Requests, when set, lets a call to a tool that needs approval park
-	// on a request until it is answered (requests.go, docs/protocol.md
-	// §5.21); unset, such a call is an error result at once.
+	// Requests, when set, lets a call to a tool that needs approval, or to
+	// the ask tool, park on a request until it is answered (requests.go,
+	// docs/protocol.md §5.21); unset, such a call is an error result at
+	// once.
 	Requests Requester
 }
 
@@ -552,6 +553,9 @@ func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCa
 	// mean {}); the raw text stays in the log and is quoted back.
 	if strings.TrimSpace(c.Arguments) != "" && !argsObject(c.Arguments) {
 		return argsError(c)
+	}
+	if t.Asks {
+		return a.ask(ctx, turn, step, c)
 	}
 	if t.NeedsApproval && !a.cfg.Header.AutoApproves(c.Name) {
 		if a.cfg.Requests == nil {

@@ -2,8 +2,10 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/brood-dev/brood/internal/store"
@@ -25,47 +27,74 @@ const (
 	RequestPollIntervalMax = 2 * time.Second
 )
 
-// awaitApproval parks the tool call c until its request is answered
-// (docs/protocol.md §5.21): it opens the request, logs request/open, polls
-// the request until it leaves pending, logs request/answer, and reports
-// whether the call may run; when it may not, res is the call's result (the
-// denial, the timeout, or why no one could be asked). While parked the
-// call holds its turn's goroutine, the session's lease and nothing of the
-// model: no model request is open between steps.
-func (a *Agent) awaitApproval(ctx context.Context, turn, step int64, c protocol.ToolCall) (res ToolResult, approved bool) {
-	self := protocol.ParentRef{SessionID: a.cfg.Header.ID, Credential: a.cfg.Credential}
-	rec, err := a.cfg.Requests.OpenRequest(ctx, protocol.RequestOpenRequest{
-		Self: self, Kind: protocol.RequestApproval, CallID: c.ID, Turn: turn, Step: step, Tool: c.Name, Arguments: c.Arguments,
-	})
+// Why a parked call got no answer (park's failure).
+const (
+	parkOpened   = iota + 1 // the request could not be opened (err says why)
+	parkLogged              // its request/open could not be logged
+	parkEnded               // the turn ended while the call was parked
+	parkAnswered            // its request/answer could not be logged
+)
+
+// park parks the tool call of req (its CallID) until its request is
+// answered (docs/protocol.md §5.21): it opens the request, logs
+// request/open, polls the request until it leaves pending, and logs
+// request/answer. On success failed is 0 and rec is the answered (or
+// timed-out) record, d what was logged of its answer; otherwise failed
+// says which step failed, err why. While parked the call holds its turn's
+// goroutine, the session's lease and nothing of the model: no model
+// request is open between steps.
+func (a *Agent) park(ctx context.Context, turn int64, req protocol.RequestOpenRequest) (rec protocol.RequestRecord, d protocol.RequestAnswerData, failed int, err error) {
+	req.Self = protocol.ParentRef{SessionID: a.cfg.Header.ID, Credential: a.cfg.Credential}
+	rec, err = a.cfg.Requests.OpenRequest(ctx, req)
 	if err != nil {
-		return ErrorResult("%s needs approval, and the request for it could not be opened (%v); it did not run", c.Name, err), false
+		return rec, d, parkOpened, err
 	}
 	var b eventBuf
 	b.add(a, protocol.EvRequestOpen, protocol.RequestOpenData{
-		RequestID: rec.ID, Kind: rec.Kind, Turn: turn, Step: step, CallID: c.ID, Tool: c.Name, Deadline: rec.Deadline,
+		RequestID: rec.ID, Kind: rec.Kind, Turn: req.Turn, Step: req.Step, CallID: req.CallID, Tool: req.Tool, Deadline: rec.Deadline,
 	})
 	if b.err != nil {
-		return ErrorResult("%s: %v", c.Name, b.err), false
+		return rec, d, parkLogged, b.err
 	}
 	if _, ok := a.append(ctx, turn, b.evs); !ok {
-		return ErrorResult("%s needs approval, and its request could not be logged; it did not run", c.Name), false
+		return rec, d, parkLogged, errors.New("the log refused it")
 	}
-	a.log.Info("tool call parked on a request", "request", rec.ID, "tool", c.Name, "call", c.ID)
-	rec, err = a.pollRequest(ctx, self, rec)
-	if err != nil {
-		return ErrorResult("%s was waiting for approval (request %s) when the turn ended; it did not run", c.Name, rec.ID), false
+	a.log.Info("tool call parked on a request", "request", rec.ID, "kind", rec.Kind, "tool", req.Tool, "call", req.CallID)
+	if rec, err = a.pollRequest(ctx, req.Self, rec); err != nil {
+		return rec, d, parkEnded, err
 	}
 	var ab eventBuf
-	d := protocol.RequestAnswerData{RequestID: rec.ID, CallID: c.ID, State: rec.State}
+	d = protocol.RequestAnswerData{RequestID: rec.ID, CallID: req.CallID, State: rec.State}
 	if rec.Answer != nil {
-		d.Reason, d.By = rec.Answer.Reason, rec.Answer.By
+		d.Reason, d.Text, d.JSON, d.By = rec.Answer.Reason, rec.Answer.Text, rec.Answer.JSON, rec.Answer.By
 	}
 	ab.add(a, protocol.EvRequestAnswer, d)
 	if ab.err != nil {
-		return ErrorResult("%s: %v", c.Name, ab.err), false
+		return rec, d, parkAnswered, ab.err
 	}
 	if _, ok := a.append(ctx, turn, ab.evs); !ok {
-		return ErrorResult("%s: the answer to its request could not be logged; it did not run", c.Name), false
+		return rec, d, parkAnswered, errors.New("the log refused it")
+	}
+	return rec, d, 0, nil
+}
+
+// awaitApproval parks the tool call c until its request for approval is
+// answered (park), and reports whether the call may run; when it may not,
+// res is the call's result (the denial, the timeout, or why no one could
+// be asked).
+func (a *Agent) awaitApproval(ctx context.Context, turn, step int64, c protocol.ToolCall) (res ToolResult, approved bool) {
+	rec, d, failed, err := a.park(ctx, turn, protocol.RequestOpenRequest{
+		Kind: protocol.RequestApproval, CallID: c.ID, Turn: turn, Step: step, Tool: c.Name, Arguments: c.Arguments,
+	})
+	switch failed {
+	case parkOpened:
+		return ErrorResult("%s needs approval, and the request for it could not be opened (%v); it did not run", c.Name, err), false
+	case parkLogged:
+		return ErrorResult("%s needs approval, and its request could not be logged (%v); it did not run", c.Name, err), false
+	case parkEnded:
+		return ErrorResult("%s was waiting for approval (request %s) when the turn ended; it did not run", c.Name, rec.ID), false
+	case parkAnswered:
+		return ErrorResult("%s: the answer to its request could not be logged (%v); it did not run", c.Name, err), false
 	}
 	switch rec.State {
 	case protocol.RequestApproved:
@@ -78,6 +107,82 @@ func (a *Agent) awaitApproval(ctx context.Context, turn, step int64, c protocol.
 			reason = ": " + d.Reason
 		}
 		return ErrorResult("%s was denied by %s%s; it did not run", c.Name, answererName(d.By), reason), false
+	}
+}
+
+// AskToolName is the name of the ask tool.
+const AskToolName = "ask"
+
+// AskTool is the ask tool of spawn and fork children (issue 33): the
+// agent asks a question of whoever may answer for it (the user, or an
+// ancestor) and its call waits for the answer, which becomes the call's
+// result. The agent runs it (Agent.ask, through Config.Requests), never
+// Run; it needs no approval itself, and the tool filters apply to it as to
+// every global tool.
+func AskTool() *Tool {
+	return &Tool{
+		Name: AskToolName,
+		Description: "Ask the user (or the agent that delegated this work) a question and wait for the answer, which is this call's result. " +
+			"Use it when you cannot go on without a decision or a fact only they have. " +
+			fmt.Sprintf("Offer choices (at most %d) when the answer is one of a few, or an answerSchema (a JSON Schema) when you need the answer as JSON; not both. ", protocol.RequestChoicesMax) +
+			"The question times out if no one answers in time; then decide without it.",
+		Parameters: json.RawMessage(`{"type":"object","properties":{` +
+			`"question":{"type":"string","description":"the question, in full: the reader sees nothing else of your work"},` +
+			`"choices":{"type":"array","items":{"type":"string"},"description":"the possible answers; the answer is exactly one of them"},` +
+			`"answerSchema":{"type":"object","description":"a JSON Schema (type, properties, required, additionalProperties, items, enum, const, oneOf) the answer must match; the answer is then JSON text"}},` +
+			`"required":["question"],"additionalProperties":false}`),
+		Asks: true,
+		Run: func(context.Context, ToolContext, string) ToolResult {
+			return ErrorResult("ask: this session cannot ask anyone anything")
+		},
+	}
+}
+
+// ask runs a call to the ask tool: it opens a question request (park) and
+// returns the answer, text or JSON text, as the call's result; an error
+// result when the question could not be asked, the turn ended while it
+// waited, or no answer came in time.
+func (a *Agent) ask(ctx context.Context, turn, step int64, c protocol.ToolCall) ToolResult {
+	var in struct {
+		Question     string          `json:"question"`
+		Choices      []string        `json:"choices"`
+		AnswerSchema json.RawMessage `json:"answerSchema"`
+	}
+	if err := decodeArgs(c.Arguments, &in); err != nil {
+		return ErrorResult("ask: %v", err)
+	}
+	schema := ""
+	if s := strings.TrimSpace(string(in.AnswerSchema)); s != "" && s != "null" {
+		schema = s
+	}
+	if _, err := protocol.CheckQuestion(in.Question, in.Choices, schema); err != nil {
+		return ErrorResult("ask: %v; nothing was asked", err)
+	}
+	if a.cfg.Requests == nil {
+		return ErrorResult("ask: this session cannot ask anyone anything; decide without an answer, or say in your answer what you need")
+	}
+	rec, d, failed, err := a.park(ctx, turn, protocol.RequestOpenRequest{
+		Kind: protocol.RequestQuestion, CallID: c.ID, Turn: turn, Step: step, Question: in.Question, Choices: in.Choices, AnswerSchema: schema,
+	})
+	switch failed {
+	case parkOpened:
+		return ErrorResult("ask: the question could not be asked (%v)", err)
+	case parkLogged:
+		return ErrorResult("ask: the question could not be logged (%v); it was not asked", err)
+	case parkEnded:
+		return ErrorResult("ask: the turn ended while the question (request %s) waited for its answer", rec.ID)
+	case parkAnswered:
+		return ErrorResult("ask: the answer to the question (request %s) could not be logged (%v)", rec.ID, err)
+	}
+	switch {
+	case rec.State == protocol.RequestAnswered && d.JSON != "":
+		return TextResult(d.JSON)
+	case rec.State == protocol.RequestAnswered:
+		return TextResult(d.Text)
+	case rec.State == protocol.RequestTimedOut:
+		return ErrorResult("ask: no answer came to the question (request %s) in time; it timed out, so decide without it", rec.ID)
+	default:
+		return ErrorResult("ask: the question (request %s) ended %s with no answer", rec.ID, rec.State)
 	}
 }
 

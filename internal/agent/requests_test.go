@@ -20,6 +20,8 @@ type fakeRequester struct {
 	openErr error
 	state   string
 	reason  string
+	text    string // a question's answer
+	json    string
 	polls   int
 	opened  []protocol.RequestOpenRequest
 }
@@ -46,7 +48,7 @@ func (f *fakeRequester) GetRequest(_ context.Context, r protocol.RequestGetReque
 		if f.state == protocol.RequestTimedOut {
 			kind = protocol.AnswererTimeout
 		}
-		rec.Answer = &protocol.RequestAnswer{State: f.state, Reason: f.reason, By: protocol.Answerer{Kind: kind}}
+		rec.Answer = &protocol.RequestAnswer{State: f.state, Reason: f.reason, Text: f.text, JSON: f.json, By: protocol.Answerer{Kind: kind}}
 	}
 	return rec, nil
 }
@@ -127,6 +129,96 @@ func TestParkedCallRunsOnlyWhenApproved(t *testing.T) {
 			}
 			if len(tt.req.opened) != 1 || tt.req.opened[0].Self.Credential != "cred" || tt.req.opened[0].Tool != "write_file" {
 				t.Fatalf("opened %+v", tt.req.opened)
+			}
+		})
+	}
+}
+
+// TestAskParksOnAQuestion (issue 33, item 2(b)): a child's ask call opens
+// a question (its text, choices, answerSchema) with the child's own
+// credential and parks; the answer, text or JSON text, becomes the call's
+// result, logged call, request/open, request/answer (with the answer),
+// result; a timeout is an error result saying no answer came; a question
+// the protocol refuses is never opened; a filter that denies ask removes
+// it like any tool; a session that cannot ask gets an error result.
+func TestAskParksOnAQuestion(t *testing.T) {
+	const schema = `{"type":"object","properties":{"n":{"type":"integer"}}}`
+	tests := []struct {
+		name    string
+		call    string
+		req     *fakeRequester
+		deny    bool // a tool filter denies ask
+		noAsk   bool // the session has no Requester
+		isError bool
+		result  string
+		trail   string
+	}{
+		{"a text answer", `call ask {"question":"Which one?","choices":["a","b"]}`, &fakeRequester{state: protocol.RequestAnswered, text: "b"},
+			false, false, false, "b", "tool/call request/open request/answer tool/result"},
+		{"a JSON answer", `call ask {"question":"How many?","answerSchema":` + schema + `}`, &fakeRequester{state: protocol.RequestAnswered, json: `{"n":3}`},
+			false, false, false, `{"n":3}`, "tool/call request/open request/answer tool/result"},
+		{"no answer in time", `call ask {"question":"Anyone?"}`, &fakeRequester{state: protocol.RequestTimedOut},
+			false, false, true, "no answer came", "tool/call request/open request/answer tool/result"},
+		{"choices and a schema", `call ask {"question":"Which?","choices":["a"],"answerSchema":` + schema + `}`, &fakeRequester{},
+			false, false, true, "choices or an answerSchema, not both", "tool/call tool/result"},
+		{"no question", `call ask {"choices":["a","b"]}`, &fakeRequester{},
+			false, false, true, "needs its text", "tool/call tool/result"},
+		{"the question cannot be asked", `call ask {"question":"Q?"}`, &fakeRequester{openErr: errors.New("UNAVAILABLE: down")},
+			false, false, true, "could not be asked", "tool/call tool/result"},
+		{"denied by a filter", `call ask {"question":"Q?"}`, &fakeRequester{},
+			true, false, true, `unknown tool "ask"`, "tool/call tool/result"},
+		{"a session that cannot ask", `call ask {"question":"Q?"}`, nil,
+			false, true, true, "cannot ask anyone", "tool/call tool/result"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg, err := NewRegistry(AskTool())
+			must(t, err)
+			if tt.deny {
+				reg, err = reg.Restrict(protocol.ToolFilter{Deny: []string{AskToolName}})
+				must(t, err)
+			}
+			cfg := Config{Header: protocol.SessionHeader{ID: "S1"}, Credential: "cred", Log: &memLog{}, Model: model.NewScripted(), Tools: reg}
+			if !tt.noAsk {
+				cfg.Requests = tt.req
+			}
+			a, err := New(cfg)
+			must(t, err)
+			out := a.RunTurn(context.Background(), userInput(tt.call+"\nsay done"))
+			var trail []string
+			var res protocol.ToolResultData
+			var ans protocol.RequestAnswerData
+			for _, ev := range a.Events() {
+				switch ev.Type {
+				case protocol.EvToolCall, protocol.EvRequestOpen:
+					trail = append(trail, ev.Type)
+				case protocol.EvRequestAnswer:
+					trail = append(trail, ev.Type)
+					must(t, ev.Decode(&ans))
+				case protocol.EvToolResult:
+					trail = append(trail, ev.Type)
+					must(t, ev.Decode(&res))
+				}
+			}
+			if out.Reason.Kind != protocol.TurnCompleted || strings.Join(trail, " ") != tt.trail {
+				t.Fatalf("outcome %+v, trail %v; want completed, %s", out, trail, tt.trail)
+			}
+			text := protocol.PlainText(res.Content)
+			if res.IsError != tt.isError || !strings.Contains(text, tt.result) || (!tt.isError && text != tt.result) {
+				t.Fatalf("result (error %v) %q, want (error %v) %q", res.IsError, text, tt.isError, tt.result)
+			}
+			if tt.trail != "tool/call request/open request/answer tool/result" {
+				return
+			}
+			if len(tt.req.opened) != 1 {
+				t.Fatalf("opened %+v, want one question", tt.req.opened)
+			}
+			o := tt.req.opened[0]
+			if o.Kind != protocol.RequestQuestion || o.Self.Credential != "cred" || o.Question == "" || o.Tool != "" {
+				t.Fatalf("opened %+v, want a question with the session's credential", o)
+			}
+			if ans.State != tt.req.state || ans.Text != tt.req.text || ans.JSON != tt.req.json {
+				t.Fatalf("request/answer %+v, want state %s text %q json %q", ans, tt.req.state, tt.req.text, tt.req.json)
 			}
 		})
 	}

@@ -62,6 +62,9 @@ type Tool struct {
 	// given; otherwise the call gets an error result and the turn goes on
 	// (Agent.runTool; docs/protocol.md §9.1, "Workspace tools").
 	NeedsApproval bool
+	// Asks marks the ask tool: the agent runs the call itself, parking it
+	// on a question request (Agent.ask), and never calls Run.
+	Asks bool
 }
 
 // Registry is an agent's tool set: global tools (subject to tool filters) and

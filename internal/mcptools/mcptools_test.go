@@ -148,7 +148,7 @@ func TestSpawnAndForkChildrenUseAnMCPServersTools(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, d := range provs.Providers {
-		if got := strings.Join(d.Tools, ","); !strings.HasSuffix(got, ",list_agents,fs__crash,fs__hang,fs__has_secret,fs__write_file") {
+		if got := strings.Join(d.Tools, ","); got != strings.Join(worker.GlobalTools, ",")+",fs__crash,fs__hang,fs__has_secret,fs__write_file" {
 			t.Errorf("%s's descriptor lists tools %s, not the built-in tools then the MCP server's", d.Name, got)
 		}
 	}

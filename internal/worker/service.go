@@ -18,8 +18,9 @@ import (
 
 // GlobalTools are the global tools in-process children offer, in order (the
 // descriptor's tools, so filters are validated before anything is created).
-// write_file, edit_file and run_command need approval (agent.ApprovalTools).
-var GlobalTools = []string{"list_dir", "read_file", "write_file", "edit_file", "run_command", "subagent", "send_message", "interrupt_agent", "list_agents"}
+// write_file, edit_file and run_command need approval (agent.ApprovalTools);
+// ask parks on a question to the user or an ancestor (agent.AskTool).
+var GlobalTools = []string{"list_dir", "read_file", "write_file", "edit_file", "run_command", "subagent", "send_message", "interrupt_agent", "list_agents", agent.AskToolName}
 
 // InProcessConfig configures the worker of an in-process provider (spawn, fork).
 type InProcessConfig struct {
@@ -102,7 +103,7 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 	})
 	global := []*agent.Tool{agent.ListDirTool(cfg.WorkspaceRoots...), agent.ReadFileTool(cfg.WorkspaceRoots...),
 		agent.WriteFileTool(cfg.WorkspaceRoots...), agent.EditFileTool(cfg.WorkspaceRoots...), agent.RunCommandTool(cfg.WorkspaceRoots...), delegate,
-		agent.SendMessageTool(cl), agent.InterruptAgentTool(cl), agent.ListAgentsTool(cl)}
+		agent.SendMessageTool(cl), agent.InterruptAgentTool(cl), agent.ListAgentsTool(cl), agent.AskTool()}
 	var servers *mcptools.Set
 	if len(cfg.MCPServers) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), mcptools.ConnectTimeout*time.Duration(len(cfg.MCPServers)))

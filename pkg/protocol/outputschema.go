@@ -86,14 +86,16 @@ var schemaMsgPrinter = message.NewPrinter(language.English)
 // "<path>: <problem>", path a JSON pointer into the schema ("(root)" for the
 // root itself); at most schemaViolationsMax are listed, the rest counted.
 func CheckOutputSchema(schema any) (canonical string, err error) {
-	canonical, _, err = checkOutputSchema(schema)
+	canonical, _, err = checkOutputSchema(schema, true)
 	return canonical, err
 }
 
-// checkOutputSchema is CheckOutputSchema also returning the compiled schema.
-func checkOutputSchema(schema any) (string, *jsonschema.Schema, error) {
+// checkOutputSchema is CheckOutputSchema also returning the compiled
+// schema; rootObject asks that the root have type "object" (an output
+// schema's does; a question's answerSchema may have any root).
+func checkOutputSchema(schema any, rootObject bool) (string, *jsonschema.Schema, error) {
 	c := &schemaChecker{open: map[uintptr]bool{}}
-	if m, ok := schema.(map[string]any); ok {
+	if m, ok := schema.(map[string]any); ok && rootObject {
 		if t, _ := m["type"].(string); t != "object" {
 			c.add("", `the root schema must have type "object"`)
 		}
@@ -134,7 +136,23 @@ func ParseOutputSchema(schemaJSON string) (*OutputSchema, error) {
 	if err != nil {
 		return nil, unsupportedSchema(fmt.Sprintf("(root): the schema is not one JSON value: %v", err))
 	}
-	canonical, sch, err := checkOutputSchema(v)
+	canonical, sch, err := checkOutputSchema(v, true)
+	if err != nil {
+		return nil, err
+	}
+	return &OutputSchema{canonical: canonical, sch: sch}, nil
+}
+
+// ParseAnswerSchema checks and compiles a question's answerSchema (§5.21):
+// the subset of ParseOutputSchema, bounded alike, except that the root may
+// have any type (or none: any JSON). It is an UNSUPPORTED_SCHEMA error
+// listing the violations otherwise.
+func ParseAnswerSchema(schemaJSON string) (*OutputSchema, error) {
+	v, err := jsonschema.UnmarshalJSON(strings.NewReader(schemaJSON))
+	if err != nil {
+		return nil, unsupportedSchema(fmt.Sprintf("(root): the schema is not one JSON value: %v", err))
+	}
+	canonical, sch, err := checkOutputSchema(v, false)
 	if err != nil {
 		return nil, err
 	}

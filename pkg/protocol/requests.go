@@ -7,7 +7,7 @@ import (
 )
 
 // Requests (docs/protocol.md §5.21): a child asks for the approval of a
-// tool call, and whoever may answer for it — the user (a grant over its
+// tool call, or asks a question (the ask tool), and whoever may answer for it — the user (a grant over its
 // tree) or one of its ancestors (a live agent's credential), never the
 // child itself nor a sibling — answers once. The record lives in
 // brood_agents under request.<requestId>, written only by coordinators;
@@ -19,6 +19,9 @@ const (
 	// RequestApproval asks to run a tool call that needs approval
 	// (Tool, Arguments).
 	RequestApproval = "approval"
+	// RequestQuestion asks a question (Question), to be answered with free
+	// text, with one of its Choices, or with JSON its AnswerSchema accepts.
+	RequestQuestion = "question"
 )
 
 // Request states: pending until answered; then one of the others, for good.
@@ -26,6 +29,9 @@ const (
 	RequestPending  = "pending"
 	RequestApproved = "approved"
 	RequestDenied   = "denied"
+	// RequestAnswered: a question got its answer (RequestAnswer.Text or
+	// RequestAnswer.JSON).
+	RequestAnswered = "answered"
 	// RequestTimedOut: no answer came by the deadline; its declared outcome
 	// is a denial, logged as a timeout, never as a user's denial.
 	RequestTimedOut = "timed-out"
@@ -38,10 +44,27 @@ const (
 	AnswererTimeout = "timeout"
 )
 
-// Answer verbs of requests.answer.
+// Answer verbs of requests.answer: approve and deny answer an approval,
+// answer (with text or json) a question.
 const (
 	AnswerApprove = "approve"
 	AnswerDeny    = "deny"
+	AnswerAnswer  = "answer"
+)
+
+// Bounds of a question and of its answer (INVALID_ARGUMENT past them).
+const (
+	// RequestQuestionBytesMax bounds a question's text (16 KiB).
+	RequestQuestionBytesMax = 16 << 10
+	// RequestChoicesMax bounds a question's choices (32).
+	RequestChoicesMax = 32
+	// RequestChoiceBytesMax bounds one choice (1 KiB).
+	RequestChoiceBytesMax = 1 << 10
+	// RequestAnswerSchemaBytesMax bounds a question's answerSchema, as
+	// JSON text (64 KiB).
+	RequestAnswerSchemaBytesMax = 64 << 10
+	// RequestAnswerBytesMax bounds an answer's text or json (64 KiB).
+	RequestAnswerBytesMax = 64 << 10
 )
 
 // RequestTimeout is how long a request waits for its answer (5 minutes):
@@ -67,12 +90,17 @@ type RequestRecord struct {
 	Turn   int64  `msgpack:"turn" json:"turn"`
 	Step   int64  `msgpack:"step" json:"step"`
 	// Tool and Arguments (raw JSON text) are the call asked about.
-	Tool      string         `msgpack:"tool,omitempty" json:"tool,omitempty"`
-	Arguments string         `msgpack:"arguments,omitempty" json:"arguments,omitempty"`
-	State     string         `msgpack:"state" json:"state"`
-	CreatedAt int64          `msgpack:"createdAt" json:"createdAt"`
-	Deadline  int64          `msgpack:"deadline" json:"deadline"`
-	Answer    *RequestAnswer `msgpack:"answer,omitempty" json:"answer,omitempty"`
+	Tool      string `msgpack:"tool,omitempty" json:"tool,omitempty"`
+	Arguments string `msgpack:"arguments,omitempty" json:"arguments,omitempty"`
+	// Question, Choices and AnswerSchema (canonical JSON text) are a
+	// question's (kind question).
+	Question     string         `msgpack:"question,omitempty" json:"question,omitempty"`
+	Choices      []string       `msgpack:"choices,omitempty" json:"choices,omitempty"`
+	AnswerSchema string         `msgpack:"answerSchema,omitempty" json:"answerSchema,omitempty"`
+	State        string         `msgpack:"state" json:"state"`
+	CreatedAt    int64          `msgpack:"createdAt" json:"createdAt"`
+	Deadline     int64          `msgpack:"deadline" json:"deadline"`
+	Answer       *RequestAnswer `msgpack:"answer,omitempty" json:"answer,omitempty"`
 }
 
 // RequestVersion is the current RequestRecord version.
@@ -80,10 +108,13 @@ const RequestVersion = 1
 
 // RequestAnswer is how a request left pending.
 type RequestAnswer struct {
-	State  string   `msgpack:"state" json:"state"`
-	Reason string   `msgpack:"reason,omitempty" json:"reason,omitempty"`
-	By     Answerer `msgpack:"by" json:"by"`
-	At     int64    `msgpack:"at" json:"at"`
+	State  string `msgpack:"state" json:"state"`
+	Reason string `msgpack:"reason,omitempty" json:"reason,omitempty"`
+	// Text or JSON (canonical JSON text) is a question's answer.
+	Text string   `msgpack:"text,omitempty" json:"text,omitempty"`
+	JSON string   `msgpack:"json,omitempty" json:"json,omitempty"`
+	By   Answerer `msgpack:"by" json:"by"`
+	At   int64    `msgpack:"at" json:"at"`
 }
 
 // Answerer is who answered: the user (User, when the grant names one), an
@@ -103,15 +134,20 @@ func RequestID(sessionID, callID string) string {
 }
 
 // RequestOpenRequest is the body of requests.open: the child (its own
-// live credential, Self) asks about its tool call.
+// live credential, Self) asks about its tool call (kind approval: Tool,
+// Arguments) or asks a question through it (kind question: Question,
+// Choices or AnswerSchema).
 type RequestOpenRequest struct {
-	Self      ParentRef `msgpack:"self" json:"self"`
-	Kind      string    `msgpack:"kind" json:"kind"`
-	CallID    string    `msgpack:"callId" json:"callId"`
-	Turn      int64     `msgpack:"turn" json:"turn"`
-	Step      int64     `msgpack:"step" json:"step"`
-	Tool      string    `msgpack:"tool" json:"tool"`
-	Arguments string    `msgpack:"arguments" json:"arguments"`
+	Self         ParentRef `msgpack:"self" json:"self"`
+	Kind         string    `msgpack:"kind" json:"kind"`
+	CallID       string    `msgpack:"callId" json:"callId"`
+	Turn         int64     `msgpack:"turn" json:"turn"`
+	Step         int64     `msgpack:"step" json:"step"`
+	Tool         string    `msgpack:"tool,omitempty" json:"tool,omitempty"`
+	Arguments    string    `msgpack:"arguments,omitempty" json:"arguments,omitempty"`
+	Question     string    `msgpack:"question,omitempty" json:"question,omitempty"`
+	Choices      []string  `msgpack:"choices,omitempty" json:"choices,omitempty"`
+	AnswerSchema string    `msgpack:"answerSchema,omitempty" json:"answerSchema,omitempty"`
 }
 
 // RequestGetRequest is the body of requests.get: the child itself (Self)
@@ -123,13 +159,16 @@ type RequestGetRequest struct {
 }
 
 // RequestAnswerRequest is the body of requests.answer: Answer is approve
-// or deny; Reason (deny only, at most RequestReasonBytesMax bytes) is
-// shown to the child.
+// or deny for an approval, with Reason (deny only, at most
+// RequestReasonBytesMax bytes) shown to the child; it is answer for a
+// question, with Text or JSON (JSON text), one of them.
 type RequestAnswerRequest struct {
 	RequestID string    `msgpack:"requestId" json:"requestId"`
 	Authority Authority `msgpack:"authority" json:"authority"`
 	Answer    string    `msgpack:"answer" json:"answer"`
 	Reason    string    `msgpack:"reason,omitempty" json:"reason,omitempty"`
+	Text      string    `msgpack:"text,omitempty" json:"text,omitempty"`
+	JSON      string    `msgpack:"json,omitempty" json:"json,omitempty"`
 }
 
 // RequestsListRequest is the body of requests.list: the requests the
@@ -161,13 +200,17 @@ type RequestOpenData struct {
 }
 
 // RequestAnswerData is the data of the log event request/answer: how the
-// request ended (state approved, denied or timed-out) and who said so.
+// request ended (state approved, denied, answered or timed-out) and who
+// said so.
 type RequestAnswerData struct {
-	RequestID string   `msgpack:"requestId" json:"requestId"`
-	CallID    string   `msgpack:"callId" json:"callId"`
-	State     string   `msgpack:"state" json:"state"`
-	Reason    string   `msgpack:"reason,omitempty" json:"reason,omitempty"`
-	By        Answerer `msgpack:"by" json:"by"`
+	RequestID string `msgpack:"requestId" json:"requestId"`
+	CallID    string `msgpack:"callId" json:"callId"`
+	State     string `msgpack:"state" json:"state"`
+	Reason    string `msgpack:"reason,omitempty" json:"reason,omitempty"`
+	// Text or JSON is a question's answer (state answered).
+	Text string   `msgpack:"text,omitempty" json:"text,omitempty"`
+	JSON string   `msgpack:"json,omitempty" json:"json,omitempty"`
+	By   Answerer `msgpack:"by" json:"by"`
 }
 
 // Log event types of requests.

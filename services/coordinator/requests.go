@@ -1,7 +1,8 @@
 package coordinator
 
 // Requests (docs/protocol.md §5.21; issue 33): a child asks for the approval
-// of a tool call and parks the call until the request is answered. The
+// of a tool call, or asks a question (its ask tool), and parks the call
+// until the request is answered. The
 // record is brood_agents request.<id> (store.RequestKey), which only
 // coordinators write:
 //
@@ -9,8 +10,9 @@ package coordinator
 //	                 pending (again: the same record, its id is the call's)
 //	requests.answer  the user (a grant over the child's tree) or an ancestor
 //	                 (its live credential), never the child nor a sibling:
-//	                 compare-and-set pending → approved|denied; a later
-//	                 answer is ALREADY_ANSWERED
+//	                 compare-and-set pending → approved|denied (an
+//	                 approval) or answered (a question, its answer
+//	                 checked first); a later answer is ALREADY_ANSWERED
 //	requests.get     the child or one who may answer
 //	requests.list    what the caller may answer, pending unless all
 //
@@ -40,16 +42,12 @@ const (
 
 // requestsOpen creates the pending request of the caller's own tool call.
 func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protocol.RequestOpenRequest) (protocol.RequestRecord, error) {
-	switch {
-	case r.Kind != protocol.RequestApproval:
-		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "request kind %q is not known; the kind is %q", r.Kind, protocol.RequestApproval)
-	case r.CallID == "" || len(r.CallID) > requestCallIDBytesMax:
+	if r.CallID == "" || len(r.CallID) > requestCallIDBytesMax {
 		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "callId is required (at most %d bytes)", requestCallIDBytesMax)
-	case r.Tool == "" || len(r.Tool) > requestToolBytesMax:
-		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "tool is required (at most %d bytes)", requestToolBytesMax)
-	case len(r.Arguments) > requestArgumentsBytesMax || !utf8.ValidString(r.Arguments):
-		return protocol.RequestRecord{}, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
-			"limit": "request arguments bytes", "reason": fmt.Sprintf("the arguments are %d bytes (UTF-8 text only); the limit is %d", len(r.Arguments), requestArgumentsBytesMax)})
+	}
+	schema, err := checkRequestOpen(r)
+	if err != nil {
+		return protocol.RequestRecord{}, err
 	}
 	if err := c.authorizeSelf(ctx, r.Self); err != nil {
 		return protocol.RequestRecord{}, err
@@ -58,6 +56,7 @@ func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protoco
 	rec := protocol.RequestRecord{
 		Version: protocol.RequestVersion, ID: protocol.RequestID(r.Self.SessionID, r.CallID), SessionID: r.Self.SessionID,
 		Kind: r.Kind, CallID: r.CallID, Turn: r.Turn, Step: r.Step, Tool: r.Tool, Arguments: r.Arguments,
+		Question: r.Question, Choices: r.Choices, AnswerSchema: schema,
 		State: protocol.RequestPending, CreatedAt: now, Deadline: now + c.cfg.RequestTimeout.Milliseconds(),
 	}
 	if _, err := c.st.CreateRequest(ctx, rec); err != nil {
@@ -74,8 +73,34 @@ func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protoco
 		}
 		return c.expired(ctx, old)
 	}
-	c.log.Info("request opened", "request", rec.ID, "session", rec.SessionID, "tool", rec.Tool)
+	c.log.Info("request opened", "request", rec.ID, "session", rec.SessionID, "kind", rec.Kind, "tool", rec.Tool)
 	return rec, nil
+}
+
+// checkRequestOpen checks the fields of r's kind, and that it has none of
+// the other kind's; it returns a question's answerSchema as canonical JSON
+// text.
+func checkRequestOpen(r protocol.RequestOpenRequest) (string, error) {
+	switch r.Kind {
+	case protocol.RequestApproval:
+		switch {
+		case r.Tool == "" || len(r.Tool) > requestToolBytesMax:
+			return "", protocol.Errorf(protocol.CodeInvalidArgument, "tool is required (at most %d bytes)", requestToolBytesMax)
+		case len(r.Arguments) > requestArgumentsBytesMax || !utf8.ValidString(r.Arguments):
+			return "", protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+				"limit": "request arguments bytes", "reason": fmt.Sprintf("the arguments are %d bytes (UTF-8 text only); the limit is %d", len(r.Arguments), requestArgumentsBytesMax)})
+		case r.Question != "" || len(r.Choices) > 0 || r.AnswerSchema != "":
+			return "", protocol.Errorf(protocol.CodeInvalidArgument, "question, choices and answerSchema belong to a request of kind %q, not %q", protocol.RequestQuestion, protocol.RequestApproval)
+		}
+		return "", nil
+	case protocol.RequestQuestion:
+		if r.Tool != "" || r.Arguments != "" {
+			return "", protocol.Errorf(protocol.CodeInvalidArgument, "tool and arguments belong to a request of kind %q, not %q", protocol.RequestApproval, protocol.RequestQuestion)
+		}
+		return protocol.CheckQuestion(r.Question, r.Choices, r.AnswerSchema)
+	default:
+		return "", protocol.Errorf(protocol.CodeInvalidArgument, "request kind %q is not known; the kinds are %q and %q", r.Kind, protocol.RequestApproval, protocol.RequestQuestion)
+	}
 }
 
 // requestsGet reads a request for the child itself or one who may answer it.
@@ -97,16 +122,23 @@ func (c *Coordinator) requestsGet(ctx context.Context, _ rpc.Request, r protocol
 	return c.expired(ctx, rec)
 }
 
-// requestsAnswer answers a pending request, once.
+// requestsAnswer answers a pending request, once: an approval with approve
+// or deny, a question with answer and an answer its choices or
+// answerSchema accept. A wrong verb or an answer the question refuses is
+// INVALID_ARGUMENT and leaves the request pending.
 func (c *Coordinator) requestsAnswer(ctx context.Context, _ rpc.Request, r protocol.RequestAnswerRequest) (protocol.RequestRecord, error) {
-	state := map[string]string{protocol.AnswerApprove: protocol.RequestApproved, protocol.AnswerDeny: protocol.RequestDenied}[r.Answer]
+	state := map[string]string{protocol.AnswerApprove: protocol.RequestApproved, protocol.AnswerDeny: protocol.RequestDenied,
+		protocol.AnswerAnswer: protocol.RequestAnswered}[r.Answer]
 	switch {
 	case state == "":
-		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "answer %q is not known; answer %q or %q", r.Answer, protocol.AnswerApprove, protocol.AnswerDeny)
+		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "answer %q is not known; answer %q or %q (an approval), or %q (a question)",
+			r.Answer, protocol.AnswerApprove, protocol.AnswerDeny, protocol.AnswerAnswer)
 	case len(r.Reason) > protocol.RequestReasonBytesMax || !utf8.ValidString(r.Reason):
 		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "reason must be UTF-8 text of at most %d bytes", protocol.RequestReasonBytesMax)
 	case r.Reason != "" && state != protocol.RequestDenied:
 		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "a reason goes with a denial only")
+	case (r.Text != "" || r.JSON != "") && state != protocol.RequestAnswered:
+		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "text and json go with the answer %q (a question's) only", protocol.AnswerAnswer)
 	}
 	rec, err := c.request(ctx, r.RequestID)
 	if err != nil {
@@ -122,9 +154,25 @@ func (c *Coordinator) requestsAnswer(ctx context.Context, _ rpc.Request, r proto
 	if rec.Value.State != protocol.RequestPending {
 		return protocol.RequestRecord{}, alreadyAnswered(rec.Value)
 	}
+	var text, jsonText string
+	switch rec.Value.Kind {
+	case protocol.RequestQuestion:
+		if state != protocol.RequestAnswered {
+			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "request %s is a question: answer it with %q and text or json; %q and %q answer an approval",
+				r.RequestID, protocol.AnswerAnswer, protocol.AnswerApprove, protocol.AnswerDeny)
+		}
+		if text, jsonText, err = protocol.CheckAnswer(rec.Value, r.Text, r.JSON); err != nil {
+			return protocol.RequestRecord{}, err
+		}
+	default:
+		if state == protocol.RequestAnswered {
+			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "request %s asks for approval: %q or %q it; %q answers a question",
+				r.RequestID, protocol.AnswerApprove, protocol.AnswerDeny, protocol.AnswerAnswer)
+		}
+	}
 	answered := rec.Value
 	answered.State = state
-	answered.Answer = &protocol.RequestAnswer{State: state, Reason: r.Reason, By: by, At: store.NowMs()}
+	answered.Answer = &protocol.RequestAnswer{State: state, Reason: r.Reason, Text: text, JSON: jsonText, By: by, At: store.NowMs()}
 	if _, err := c.st.AnswerRequest(ctx, answered, rec.Revision); err != nil {
 		if !errors.Is(err, store.ErrConflict) {
 			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnavailable, "write the answer: %w", err)
