@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +74,118 @@ func (c *cli) parkedRequest() string {
 	child := c.startChild(`call run_command {"command":"true"}` + "\nsay done")
 	var id string
 	c.eventually("the child's request is pending", func() bool {
+		for _, r := range decodeJSON[[]protocol.RequestRecord](c.t, c.ok("requests", "--json").out) {
+			if r.SessionID == child {
+				id = r.ID
+			}
+		}
+		return id != ""
+	})
+	return id
+}
+
+// askResult waits for the result of child's ask call.
+func (c *cli) askResult(child string) protocol.ToolResultData {
+	c.t.Helper()
+	var res *protocol.ToolResultData
+	c.eventually("the ask call gets its result", func() bool {
+		_, evs := c.stack.Log(child)
+		for _, ev := range evs {
+			var d protocol.ToolResultData
+			if ev.Type == protocol.EvToolResult && ev.Decode(&d) == nil && d.Name == "ask" {
+				res = &d
+			}
+		}
+		return res != nil
+	})
+	return *res
+}
+
+// TestAnswerVerb (issue 33, items 2(b) and 4): `brood requests` shows a
+// child's question and its choices; `brood answer ID TEXT` answers it
+// with one of them and `brood answer ID --json FILE` (or - for stdin) with
+// JSON its answerSchema accepts; the answer is the ask call's result; an
+// answer the question refuses is INVALID_ARGUMENT and leaves it pending,
+// and approve of a question is refused; a second answer is
+// ALREADY_ANSWERED.
+func TestAnswerVerb(t *testing.T) {
+	c := newCLI(t)
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good.json"), filepath.Join(dir, "bad.json")
+	if err := os.WriteFile(good, []byte("{\"n\": 3}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte(`{"n":"three"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const schema = `{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}`
+	tests := []struct {
+		name   string
+		ask    string
+		shows  string   // brood requests shows
+		wrong  []string // an answer refused INVALID_ARGUMENT
+		says   string
+		answer []string
+		stdin  string
+		prints string
+		result string
+	}{
+		{"a choice", `{"question":"Which database?","choices":["postgres","sqlite"]}`, "ask   Which database? [postgres | sqlite]",
+			[]string{"mysql"}, "is not one of the choices", []string{"sqlite"}, "", "answered in %s: sqlite", "sqlite"},
+		{"free text of several words", `{"question":"What next?"}`, "ask   What next?",
+			nil, "", []string{"write", "the", "tests"}, "", "answered in %s: write the tests", "write the tests"},
+		{"JSON from a file", `{"question":"How many?","answerSchema":` + schema + `}`, "ask   How many? [JSON]",
+			[]string{"--json", bad}, "/n: got string, want integer", []string{"--json", good}, "", `answered in %s: {"n":3}`, `{"n":3}`},
+		{"JSON from stdin", `{"question":"How many?","answerSchema":` + schema + `}`, "ask   How many? [JSON]",
+			[]string{"three"}, "answer with json, not text", []string{"--json", "-"}, `{"n":4}`, `answered in %s: {"n":4}`, `{"n":4}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			child := c.startChild("--label", "asks", "call ask "+tt.ask+"\nsay done")
+			var id string
+			c.eventually("the child's question is pending", func() bool {
+				for _, r := range decodeJSON[[]protocol.RequestRecord](t, c.ok("requests", "--json").out) {
+					if r.SessionID == child && r.Kind == protocol.RequestQuestion {
+						id = r.ID
+					}
+				}
+				return id != ""
+			})
+			if got := c.ok("requests").out; !strings.Contains(got, tt.shows) {
+				t.Fatalf("requests printed %q, want %q", got, tt.shows)
+			}
+			if tt.says != "" {
+				if o := c.fails("INVALID_ARGUMENT", append([]string{"answer", id}, tt.wrong...)...); !strings.Contains(o.err, tt.says) {
+					t.Fatalf("a wrong answer said %q, want %q", o.err, tt.says)
+				}
+			}
+			c.fails("INVALID_ARGUMENT", "approve", id)
+			o := c.runIn(tt.stdin, append([]string{"answer", id}, tt.answer...)...)
+			if want := id + " " + strings.ReplaceAll(tt.prints, "%s", child) + "\n"; o.code != 0 || o.out != want {
+				t.Fatalf("answer: exit %d, printed %q (stderr %q); want %q", o.code, o.out, o.err, want)
+			}
+			if o := c.runIn(tt.stdin, append([]string{"answer", id}, tt.answer...)...); o.code != 1 || !strings.HasPrefix(o.err, "ALREADY_ANSWERED: ") {
+				t.Fatalf("a second answer: exit %d, stderr %q; want ALREADY_ANSWERED", o.code, o.err)
+			}
+			if res := c.askResult(child); res.IsError || protocol.PlainText(res.Content) != tt.result {
+				t.Fatalf("ask result (error %v) %q, want %q", res.IsError, protocol.PlainText(res.Content), tt.result)
+			}
+		})
+	}
+	t.Run("no answer, or two", func(t *testing.T) {
+		c.fails("INVALID_ARGUMENT", "answer", "r0")
+		c.fails("INVALID_ARGUMENT", "answer", "r0", "text", "--json", good)
+		c.fails("INVALID_ARGUMENT", "answer", "r0", "--json", filepath.Join(dir, "missing.json"))
+	})
+}
+
+// parkedQuestion starts a child whose ask call parks on a question and
+// returns the request's id once it is pending.
+func (c *cli) parkedQuestion() string {
+	c.t.Helper()
+	child := c.startChild(`call ask {"question":"Go on?","choices":["yes","no"]}` + "\nsay done")
+	var id string
+	c.eventually("the child's question is pending", func() bool {
 		for _, r := range decodeJSON[[]protocol.RequestRecord](c.t, c.ok("requests", "--json").out) {
 			if r.SessionID == child {
 				id = r.ID

@@ -277,6 +277,11 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 			out:  `^r[0-9a-f]{24} denied: run_command of \{"command":"true"\} in ` + id + `\n$`,
 			fail: []string{"deny", "--reason", "no", "rnosuchrequest"}, code: "NOT_FOUND",
 		},
+		"answer": {
+			ok:   func() outcome { return c.run("answer", c.parkedQuestion(), "yes") },
+			out:  `^r[0-9a-f]{24} answered in ` + id + `: yes\n$`,
+			fail: []string{"answer", "rnosuchrequest", "yes"}, code: "NOT_FOUND",
+		},
 		"grant": {
 			ok:   func() outcome { return c.run("grant") },
 			out:  `^grant \S{20,}\nexpiresAt \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\nscope .+\n$`,

@@ -100,6 +100,9 @@ var eventDetails = map[string]func(protocol.SessionEvent) string{
 		return fmt.Sprintf("host %s lost; coordinator %s took the session over (epoch %d)", d.HostID, d.By, d.Epoch)
 	}),
 	protocol.EvRequestOpen: detail(func(d protocol.RequestOpenData) string {
+		if d.Kind == protocol.RequestQuestion {
+			return fmt.Sprintf("%s ask waits for an answer: request %s", d.CallID, d.RequestID)
+		}
 		return fmt.Sprintf("%s %s waits for approval: request %s", d.CallID, d.Tool, d.RequestID)
 	}),
 	protocol.EvRequestAnswer: detail(func(d protocol.RequestAnswerData) string {
@@ -109,6 +112,9 @@ var eventDetails = map[string]func(protocol.SessionEvent) string{
 		}
 		if d.Reason != "" {
 			s += ": " + d.Reason
+		}
+		if a := d.Text + d.JSON; a != "" {
+			s += ": " + clipLabel(a)
 		}
 		return s
 	}),

@@ -31,6 +31,10 @@ func TestLogShowsTheEdgeEvents(t *testing.T) {
 			"r1 denied by agent P: no"},
 		{ev(protocol.EvRequestAnswer, protocol.RequestAnswerData{RequestID: "r2", State: protocol.RequestTimedOut, By: protocol.Answerer{Kind: protocol.AnswererTimeout}}),
 			"r2 timed-out by timeout"},
+		{ev(protocol.EvRequestOpen, protocol.RequestOpenData{RequestID: "r3", Kind: protocol.RequestQuestion, CallID: "call_2_0"}),
+			"call_2_0 ask waits for an answer: request r3"},
+		{ev(protocol.EvRequestAnswer, protocol.RequestAnswerData{RequestID: "r3", State: protocol.RequestAnswered, Text: "postgres", By: protocol.Answerer{Kind: protocol.AnswererUser}}),
+			"r3 answered by user: postgres"},
 	}
 	for _, tt := range tests {
 		if got := formatEvent(tt.ev, protocol.SessionHeader{}); !strings.Contains(got, tt.want) {

@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -18,10 +21,12 @@ func requestsCmd(g *globals) *cobra.Command {
 	var wait, all, asJSON bool
 	cmd := &cobra.Command{
 		Use:   "requests [SESSION] [--wait] [--all]",
-		Short: "List the requests for approval you may answer (pending ones; of SESSION's subtree when given)",
+		Short: "List the requests for approval and the questions you may answer (pending ones; of SESSION's subtree when given)",
 		Long: "A child that calls a tool needing approval (write_file, edit_file, run_command, unless its start\n" +
 			"allowed it with --auto-approve) parks the call on a request until it is answered with\n" +
 			"`brood approve ID` or `brood deny ID --reason …`, or its deadline passes (a denial by timeout).\n" +
+			"A child that calls ask parks on a question (TOOL ask, its text and [choices] as ARGUMENTS) until\n" +
+			"`brood answer ID TEXT` or `brood answer ID --json FILE` answers it, or its deadline passes.\n" +
 			"--wait waits until at least one is pending (up to --timeout); --all lists answered ones too.",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -48,7 +53,8 @@ func requestsCmd(g *globals) *cobra.Command {
 				tw := tabwriter.NewWriter(s.out, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "REQUEST\tSESSION\tSTATE\tTOOL\tARGUMENTS\tDEADLINE")
 				for _, r := range l.Requests {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.SessionID, r.State, dash(r.Tool), dash(clipLabel(r.Arguments)),
+					tool, what := requestWhat(r)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.SessionID, r.State, tool, what,
 						time.UnixMilli(r.Deadline).UTC().Format(time.RFC3339))
 				}
 				if len(l.Requests) == 0 {
@@ -68,6 +74,26 @@ func requestsCmd(g *globals) *cobra.Command {
 	userFlags(cmd, g)
 	return cmd
 }
+
+// requestWhat is what a request's TOOL and ARGUMENTS columns show: the
+// call asked about, or for a question the ask tool and the question, its
+// choices in brackets ([JSON] when the answer is JSON its schema accepts).
+func requestWhat(r protocol.RequestRecord) (tool, what string) {
+	if r.Kind != protocol.RequestQuestion {
+		return dash(r.Tool), dash(clipLabel(r.Arguments))
+	}
+	what = clipLabel(r.Question)
+	switch {
+	case len(r.Choices) > 0:
+		what += " [" + clipLabel(strings.Join(r.Choices, " | ")) + "]"
+	case r.AnswerSchema != "":
+		what += " [JSON]"
+	}
+	return agentAskTool, what
+}
+
+// agentAskTool is the name of the built-in agents' ask tool.
+const agentAskTool = "ask"
 
 func hasPending(rs []protocol.RequestRecord) bool {
 	for _, r := range rs {
@@ -115,6 +141,79 @@ func answerCmd(g *globals, answer, use, short string) *cobra.Command {
 		cmd.Flags().StringVar(&reason, "reason", "", "why, shown to the child (at most 4096 bytes)")
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the answered record as JSON")
+	clientFlags(cmd, g)
+	userFlags(cmd, g)
+	return cmd
+}
+
+// answerReadBytesMax bounds what `brood answer --json` reads: the
+// coordinator's bound (protocol.RequestAnswerBytesMax) and one byte more,
+// so a longer answer is refused rather than cut.
+const answerReadBytesMax = protocol.RequestAnswerBytesMax + 1
+
+// answerQuestionCmd answers a question a child asked with its ask tool:
+// with TEXT (the words after ID, joined by spaces; one of the question's
+// choices when it has some) or with the JSON of --json FILE ("-": stdin),
+// which its answerSchema, when it has one, must accept. A bad answer is
+// INVALID_ARGUMENT and the question stays pending; a question answered
+// before (or timed out) is ALREADY_ANSWERED.
+func answerQuestionCmd(g *globals) *cobra.Command {
+	var jsonFile string
+	cmd := &cobra.Command{
+		Use:   "answer ID TEXT | answer ID --json FILE",
+		Short: "Answer a pending question a child asked with its ask tool: the answer becomes the ask call's result",
+		Long: "Answer a pending question: TEXT (the words after ID, joined by spaces) must be one of the question's\n" +
+			"choices when it has some; --json FILE (\"-\": stdin) answers with JSON, which the question's\n" +
+			"answerSchema must accept when it has one. A bad answer is INVALID_ARGUMENT and leaves the question\n" +
+			"pending. Only the first answer counts: a later one is ALREADY_ANSWERED. The grant this command acts\n" +
+			"with must cover the asking child's tree (its user's, or every user's).",
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := protocol.RequestAnswerRequest{RequestID: args[0], Answer: protocol.AnswerAnswer}
+			switch {
+			case jsonFile != "" && len(args) > 1:
+				return protocol.Errorf(protocol.CodeInvalidArgument, "give the answer either as TEXT or with --json FILE, not both")
+			case jsonFile == "" && len(args) == 1:
+				return protocol.Errorf(protocol.CodeInvalidArgument, "no answer: give TEXT after the request id, or --json FILE (\"-\": stdin)")
+			case jsonFile == "":
+				req.Text = strings.Join(args[1:], " ")
+			default:
+				var src io.Reader = cmd.InOrStdin()
+				if jsonFile != "-" {
+					f, err := os.Open(jsonFile)
+					if err != nil {
+						return protocol.Errorf(protocol.CodeInvalidArgument, "--json: %w", err)
+					}
+					defer f.Close()
+					src = f
+				}
+				data, err := io.ReadAll(io.LimitReader(src, answerReadBytesMax))
+				if err != nil {
+					return protocol.Errorf(protocol.CodeInvalidArgument, "--json: read %s: %w", jsonFile, err)
+				}
+				if len(data) >= answerReadBytesMax {
+					return protocol.Errorf(protocol.CodeInvalidArgument, "--json: %s is longer than an answer may be (%d bytes)", jsonFile, protocol.RequestAnswerBytesMax)
+				}
+				if req.JSON = strings.TrimSpace(string(data)); req.JSON == "" {
+					return protocol.Errorf(protocol.CodeInvalidArgument, "--json: %s is empty", jsonFile)
+				}
+			}
+			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
+				req.Authority = auth
+				r, err := s.cl.AnswerRequest(ctx, req)
+				if err != nil {
+					return err
+				}
+				answer := ""
+				if r.Answer != nil {
+					answer = r.Answer.Text + r.Answer.JSON
+				}
+				fmt.Fprintf(s.out, "%s %s in %s: %s\n", r.ID, r.State, r.SessionID, clipLabel(answer))
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&jsonFile, "json", "", "answer with the JSON this file holds (\"-\": stdin)")
 	clientFlags(cmd, g)
 	userFlags(cmd, g)
 	return cmd
