@@ -475,6 +475,21 @@ export class Client {
     return this.call(Endpoints.requestsAnswer, req, opts);
   }
 
+  /**
+   * requests.answer with the verb answer (§5.21): answer a pending question
+   * with text (one of its choices, when it has some), or with json (JSON
+   * text its answerSchema accepts, when it has one). A wrong answer rejects
+   * with InvalidArgumentError and leaves the question pending.
+   */
+  answerQuestion(
+    requestId: string,
+    authority: Authority,
+    answer: { text: string } | { json: string },
+    opts?: CallOptions,
+  ): Promise<RequestRecord> {
+    return this.answerRequest({ requestId, authority, answer: "answer", ...answer }, opts);
+  }
+
   /** requests.list (§5.21): the requests the authority may answer, pending unless req.all. */
   requests(req: RequestsListRequest, opts?: CallOptions): Promise<RequestsListReply> {
     return this.call(Endpoints.requestsList, req, opts);

@@ -394,25 +394,46 @@ export interface Answerer {
 
 /** §5.21 */
 export interface RequestAnswer {
-  state: "approved" | "denied" | "timed-out";
+  state: "approved" | "denied" | "answered" | "timed-out";
   reason?: string;
+  /** A question's answer: text, or JSON text (canonical). */
+  text?: string;
+  json?: string;
   by: Answerer;
   at: Millis;
 }
 
-/** §5.21: a request for approval of a child's tool call. */
+/** §5.21: a question's bounds (INVALID_ARGUMENT past them). */
+export const QuestionLimits = {
+  questionBytesMax: 16 * 1024,
+  choicesMax: 32,
+  choiceBytesMax: 1024,
+  answerSchemaBytesMax: 64 * 1024,
+  answerBytesMax: 64 * 1024,
+} as const;
+
+/**
+ * §5.21: a request for approval of a child's tool call (kind approval),
+ * or a child's question from its ask tool (kind question).
+ */
 export interface RequestRecord {
   version: number;
   id: string;
   sessionId: string;
-  kind: "approval";
+  kind: "approval" | "question";
   callId: string;
   turn: number;
   step: number;
   tool?: string;
   /** The call's arguments, raw JSON text. */
   arguments?: string;
-  state: "pending" | "approved" | "denied" | "timed-out";
+  /** A question's text. */
+  question?: string;
+  /** A question's choices: its answer is one of them, as text. */
+  choices?: string[];
+  /** A question's answerSchema (canonical JSON Schema text): its answer is JSON it accepts. */
+  answerSchema?: string;
+  state: "pending" | "approved" | "denied" | "answered" | "timed-out";
   createdAt: Millis;
   deadline: Millis;
   answer?: RequestAnswer;
@@ -421,12 +442,17 @@ export interface RequestRecord {
 /** §5.21 */
 export interface RequestOpenRequest {
   self: ParentRef;
-  kind: "approval";
+  kind: "approval" | "question";
   callId: string;
   turn: number;
   step: number;
-  tool: string;
-  arguments: string;
+  /** An approval's call. */
+  tool?: string;
+  arguments?: string;
+  /** A question's text, and its choices or answerSchema (JSON Schema text). */
+  question?: string;
+  choices?: string[];
+  answerSchema?: string;
 }
 
 /** §5.21 */
@@ -440,8 +466,13 @@ export interface RequestGetRequest {
 export interface RequestAnswerRequest {
   requestId: string;
   authority: Authority;
-  answer: "approve" | "deny";
+  /** approve or deny an approval; answer a question (with text or json). */
+  answer: "approve" | "deny" | "answer";
+  /** deny only */
   reason?: string;
+  /** answer only: text (one of the choices, when there are some) or json (JSON text its answerSchema accepts). */
+  text?: string;
+  json?: string;
 }
 
 /** §5.21 */

@@ -8,6 +8,7 @@ import { after, before, describe, test } from "node:test";
 import { promisify } from "node:util";
 
 import {
+  AlreadyAnsweredError,
   BroodError,
   Catalogue,
   CancelledError,
@@ -25,6 +26,7 @@ import {
   plainText,
   text,
   type LifecycleEvent,
+  type RequestRecord,
 } from "../src/index.js";
 import { connect } from "@nats-io/transport-node";
 
@@ -273,6 +275,40 @@ describe("continuable children", () => {
     assert.ok(g.grant.length >= 43 && g.expiresAt > Date.now());
     const drains = await brood.drains({ authority: { grant: g.grant } });
     assert.ok(Array.isArray(drains.drains));
+  });
+});
+
+describe("requests", () => {
+  test("a child's question: listed with its choices, a wrong answer or verb is INVALID_ARGUMENT, the parent's answer wins once", async () => {
+    const root = await brood.openRoot({ cwd });
+    try {
+      const run = await brood.startRun({
+        provider: "spawn",
+        parent: root.ref(),
+        prompt: text('call ask {"question":"Which one?","choices":["a","b"]}\nsay done'),
+      });
+      let req: RequestRecord | undefined;
+      await eventually("the question is pending", 20_000, async () => {
+        const l = await brood.requests({ authority: root.authority() });
+        req = l.requests.find((r) => r.sessionId === run.childId);
+        return req !== undefined;
+      });
+      const id = req!.id;
+      assert.equal(req!.kind, "question");
+      assert.equal(req!.question, "Which one?");
+      assert.deepEqual(req!.choices, ["a", "b"]);
+      await assert.rejects(brood.answerQuestion(id, root.authority(), { text: "c" }), InvalidArgumentError);
+      await assert.rejects(brood.answerRequest({ requestId: id, authority: root.authority(), answer: "approve" }), InvalidArgumentError);
+      assert.equal((await brood.getRequest({ requestId: id, authority: root.authority() })).state, "pending");
+      const answered = await brood.answerQuestion(id, root.authority(), { text: "b" });
+      assert.equal(answered.state, "answered");
+      assert.equal(answered.answer?.text, "b");
+      assert.equal(answered.answer?.by.kind, "agent");
+      await assert.rejects(brood.answerQuestion(id, root.authority(), { text: "a" }), AlreadyAnsweredError);
+      assert.equal((await run.result()).stopReason, "completed");
+    } finally {
+      await root.close();
+    }
   });
 });
 
