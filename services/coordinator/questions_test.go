@@ -8,6 +8,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
 )
 
 // toolResult returns the result the child's log holds for its call to
@@ -167,4 +168,43 @@ func errText(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// TestQuestionTimesOut (issue 33, item 2(b)): a question no one answers
+// ends timed-out at its deadline, logged as a timeout (by: timeout); the
+// ask call's result is an error saying no answer came, the turn goes on,
+// and a late answer is ALREADY_ANSWERED.
+func TestQuestionTimesOut(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.RequestTimeout = time.Second })
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run, res, err := s.Run(s.Root().Ref(), "spawn", `call ask {"question":"Anyone there?","choices":["yes","no"]}`+"\nsay done", protocol.StartOptions{})
+	if err != nil || res.StopReason != protocol.StopCompleted {
+		t.Fatalf("run: %+v, %v", res, err)
+	}
+	_, evs := s.Log(run.ChildID)
+	var ans protocol.RequestAnswerData
+	for _, ev := range evs {
+		if ev.Type == protocol.EvRequestAnswer {
+			if err := ev.Decode(&ans); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	trail, result := toolResult(evs, "ask")
+	if strings.Join(trail, " ") != "tool/call request/open request/answer tool/result" {
+		t.Fatalf("log trail %v", trail)
+	}
+	if ans.State != protocol.RequestTimedOut || ans.By.Kind != protocol.AnswererTimeout || ans.Text != "" {
+		t.Fatalf("request/answer %+v, want timed-out by the timeout", ans)
+	}
+	if !result.IsError || !strings.Contains(protocol.PlainText(result.Content), "no answer came") {
+		t.Fatalf("ask result (error %v) %q, want an error saying no answer came", result.IsError, protocol.PlainText(result.Content))
+	}
+	_, err = s.Client.AnswerQuestion(ctx, ans.RequestID, s.Grant(), "yes", "")
+	if protocol.CodeOf(err) != protocol.CodeAlreadyAnswered || !strings.Contains(err.Error(), protocol.RequestTimedOut) {
+		t.Fatalf("a late answer = %v, want ALREADY_ANSWERED naming timed-out", err)
+	}
 }
