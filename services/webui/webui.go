@@ -4,7 +4,9 @@
 // JavaScript embedded in the binary; it reads JSON and server-sent events
 // from this server, which reads through the coordinator's read endpoints
 // (sessions.get, sessions.log, events.read, events.follow) with a user
-// grant, like any client: it holds no JetStream permission.
+// grant, like any client: it holds no JetStream permission. With the same
+// grant it lists the pending requests and questions (requests.list) and
+// answers them (requests.answer; requests.go).
 //
 // HTTP routes:
 //
@@ -17,10 +19,18 @@
 //	POST /api/sessions/{id}/interrupt  continuable.interrupt with the view's grant: {childId, interrupted}
 //	POST /api/sessions/{id}/dispose    as `brood dispose ID`: a one-shot run's runs.dispose ({runId, state, ...}),
 //	                                   else continuable.drain of that child ({childId, disposed})
+//	GET /api/requests              requests.list: the pending requests and questions the grant may answer
+//	                               ({requests, more}; ?all=1 answered ones too, ?under=ID that subtree's)
+//	POST /api/requests/{id}/answer requests.answer with the view's grant: {answer: approve|deny|answer,
+//	                               reason?, text?, json?} → the answered record, or the coordinator's error
 //
-// The two POSTs act with the same user grant as the reads, so the page has
-// the authority of `brood interrupt` and `brood dispose` run with that
-// grant; each must carry the header X-Brood-Action: 1, which a page of
+// The tree stream also sends "requests" (the pending requests, as GET
+// /api/requests answers them) when the list changes, listed once a second
+// while a page is open.
+//
+// The POSTs act with the same user grant as the reads, so the page has
+// the authority of `brood interrupt`, `brood dispose`, `brood approve`,
+// `brood deny` and `brood answer` run with that grant; each must carry the header X-Brood-Action: 1, which a page of
 // another origin cannot send without a CORS preflight this server never
 // answers (so a cross-site form cannot dispose anything).
 //
@@ -96,6 +106,7 @@ type Server struct {
 	ln       net.Listener
 	srv      *http.Server
 	hub      *hub
+	reqs     *requestsWatch
 	streams  chan struct{}
 	loopback bool
 
@@ -138,6 +149,7 @@ func New(cfg Config) (*Server, error) {
 		close(s.ready)
 	}
 	s.hub = newHub(cfg.Client, s.authority, cfg.NodesMax, s.log)
+	s.reqs = newRequestsWatch(s.listPending)
 	s.srv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return s, nil
 }
@@ -177,6 +189,11 @@ func (s *Server) Run(ctx context.Context) error {
 				return
 			}
 		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.reqs.run(bg)
+		}()
 		s.hub.run(bg)
 	}()
 	errc := make(chan error, 1)
@@ -270,6 +287,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /api/providers", s.providers)
 	mux.HandleFunc("POST /api/sessions/{id}/interrupt", s.interrupt)
 	mux.HandleFunc("POST /api/sessions/{id}/dispose", s.dispose)
+	mux.HandleFunc("GET /api/requests", s.requests)
+	mux.HandleFunc("POST /api/requests/{id}/answer", s.answer)
 	return s.guard(mux)
 }
 
@@ -337,6 +356,8 @@ func writeError(w http.ResponseWriter, err error) {
 		status = http.StatusBadRequest
 	case protocol.CodeUnauthorized:
 		status = http.StatusForbidden
+	case protocol.CodeAlreadyAnswered:
+		status = http.StatusConflict
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
@@ -361,7 +382,7 @@ func (s *Server) header(w http.ResponseWriter, r *http.Request) {
 // cross-origin page cannot send without a preflight.
 const ActionHeader = "X-Brood-Action"
 
-// ActionTimeout bounds one interrupt or dispose from the page (a dispose
+// ActionTimeout bounds one interrupt, dispose or answer from the page (a dispose
 // waits for the run to settle: runs.dispose's own wait, 20 s, and a drain's).
 const ActionTimeout = 60 * time.Second
 
@@ -498,7 +519,8 @@ func (e *sse) keepAlive() error {
 	return nil
 }
 
-// treeStream sends the whole tree, then the nodes that change.
+// treeStream sends the whole tree, then the nodes that change, and the
+// pending requests whenever they change.
 func (s *Server) treeStream(w http.ResponseWriter, r *http.Request) {
 	if !s.waitReady(w, r) {
 		return
@@ -518,6 +540,11 @@ func (s *Server) treeStream(w http.ResponseWriter, r *http.Request) {
 	if st.send("tree", snap) != nil {
 		return
 	}
+	reqs, rch := s.reqs.subscribe()
+	defer s.reqs.unsubscribe(rch)
+	if reqs != nil && st.send("requests", json.RawMessage(reqs)) != nil {
+		return
+	}
 	tick := time.NewTicker(KeepAlive)
 	defer tick.Stop()
 	for {
@@ -527,6 +554,10 @@ func (s *Server) treeStream(w http.ResponseWriter, r *http.Request) {
 		case nodes, ok := <-ch:
 			if !ok || st.send("nodes", nodes) != nil {
 				return // fell behind: the page reconnects and gets the tree again
+			}
+		case l := <-rch:
+			if st.send("requests", json.RawMessage(l)) != nil {
+				return
 			}
 		case <-tick.C:
 			if st.keepAlive() != nil {

@@ -11,6 +11,7 @@ const nodes = new Map(); // id -> node {id, parent, root, label, provider, mode,
 const kids = new Map(); // parent id -> Set of child ids
 const items = new Map(); // id -> its rendered <li>
 const running = new Set(); // ids of running nodes (their durations tick)
+const pendingBy = new Map(); // session id -> how many pending requests it has (its row is marked)
 let selected = "";
 // Timings of the last renders (ms), read by the browser tests.
 const perf = { tree: 0, update: 0, search: 0, nodes: 0 };
@@ -117,6 +118,13 @@ function renderRow(n) {
   row.firstChild.className = "dot " + dotClass(n);
   row.lastChild.textContent = n.root ? "root " + shortId(n.id) : shortId(n.id);
   if (n.label) row.appendChild(el("span", "nlabel", n.label));
+  const asks = pendingBy.get(n.id);
+  if (asks) {
+    row.dataset.requests = String(asks);
+    const b = el("span", "badge request-pending", asks === 1 ? "awaits an answer" : asks + " requests await answers");
+    b.title = "a pending request for approval or a question: answer it in the panel above";
+    row.appendChild(b);
+  }
   if (n.provider) row.appendChild(el("span", "badge provider", n.provider));
   if (n.mode === "continuable") row.appendChild(el("span", "badge", "continuable" + (n.epochs > 1 ? " ×" + n.epochs : "")));
   if (n.state === "running" || n.state === "idle") row.appendChild(el("span", "badge state-" + n.state, n.state));
@@ -263,6 +271,7 @@ function update(changed) {
     }
     pending = left;
   }
+  for (const n of changed) if (pendingBy.has(n.id)) refreshRequestLabels(n.id);
   summarize();
   refreshChildLinks();
   void document.getElementById("tree").offsetHeight;
@@ -291,6 +300,7 @@ function connectTree() {
     perf.update = performance.now() - t0;
     if (searchBox && searchBox.value) runSearch();
   });
+  es.addEventListener("requests", (e) => updateRequests(JSON.parse(e.data).requests || []));
   es.onerror = () => setStatus("reconnecting", "down"); // EventSource retries by itself
 }
 
@@ -364,6 +374,7 @@ setInterval(() => {
     if (d) d.textContent = nodeDuration(nodes.get(id));
   }
   if (view && running.has(view.id)) refreshChildLinks();
+  for (const d of document.querySelectorAll("#requests-list .deadline")) d.textContent = deadlineText(Number(d.dataset.deadline));
 }, 1000);
 
 // ---- the providers' models ----
@@ -406,6 +417,194 @@ async function act(what, id) {
   }
   const now = document.getElementById("action-result");
   if (now && view && view.id === id) { now.textContent = text; now.dataset.result = ok ? "ok" : "error"; }
+}
+
+// ---- pending requests: approvals and questions (docs/protocol.md §5.21) ----
+//
+// The list comes with the tree stream ("requests", whenever it changes);
+// answers go through POST /api/requests/ID/answer, which asks the
+// coordinator (requests.answer) with the view's grant: the coordinator
+// decides, and its error code is shown on the card.
+
+const reqCards = new Map(); // request id -> its card (kept while pending, so typing survives updates)
+let reqListed = new Set(); // the ids of the last list
+
+function deadlineText(ms) {
+  const left = ms - Date.now();
+  const at = new Date(ms).toLocaleTimeString();
+  return left > 0 ? "deadline " + at + " (in " + duration(Math.floor(left / 1000) * 1000) + ")" : "deadline " + at + " (passed)";
+}
+
+function sessionName(id) {
+  const n = nodes.get(id);
+  return n && n.label ? n.label : shortId(id);
+}
+
+function refreshRequestLabels(id) {
+  for (const a of document.querySelectorAll('#requests-list a.request-session[data-session="' + CSS.escape(id) + '"]')) a.textContent = sessionName(id);
+}
+
+function updateRequests(list) {
+  // Mark the rows whose count of pending requests changed (only those).
+  const counts = new Map();
+  for (const r of list) counts.set(r.sessionId, (counts.get(r.sessionId) || 0) + 1);
+  const touched = new Set();
+  for (const [id, k] of counts) if (pendingBy.get(id) !== k) touched.add(id);
+  for (const id of pendingBy.keys()) if (!counts.has(id)) touched.add(id);
+  pendingBy.clear();
+  for (const [id, k] of counts) pendingBy.set(id, k);
+  for (const id of touched) {
+    const li = items.get(id);
+    const n = nodes.get(id);
+    if (li && n) li.replaceChild(renderRow(n), li.firstElementChild);
+  }
+  // The panel: cards of requests no longer pending go (unless this page
+  // just answered them: their outcome stays a moment), new ones come in
+  // the list's order (oldest first).
+  const box = document.getElementById("requests-list");
+  const ids = new Set(list.map((r) => r.id));
+  reqListed = ids;
+  for (const [id, card] of reqCards) {
+    if (ids.has(id) || card.dataset.keep) continue;
+    card.remove();
+    reqCards.delete(id);
+  }
+  let at = box.firstElementChild;
+  for (const r of list) {
+    let card = reqCards.get(r.id);
+    if (!card) reqCards.set(r.id, (card = renderRequest(r)));
+    if (card === at) { at = at.nextElementSibling; continue; }
+    box.insertBefore(card, at);
+  }
+  requestsCount(list.length);
+}
+
+function requestsCount(pending) {
+  document.getElementById("requests-count").textContent = "(" + pending + ")";
+  document.getElementById("requests").hidden = reqCards.size === 0;
+}
+
+function renderRequest(r) {
+  const card = el("div", "request");
+  card.dataset.requestId = r.id;
+  card.dataset.session = r.sessionId;
+  card.dataset.kind = r.kind;
+  const head = el("div", "rhead");
+  head.appendChild(el("span", "badge", r.kind === "question" ? "question" : "approval"));
+  const who = link(r.sessionId, sessionName(r.sessionId));
+  who.classList.add("request-session");
+  who.title = r.sessionId;
+  head.appendChild(who);
+  head.appendChild(el("span", "mono rtool", r.kind === "question" ? "ask" : r.tool));
+  const dl = el("span", "deadline", deadlineText(r.deadline));
+  dl.dataset.deadline = String(r.deadline);
+  head.appendChild(dl);
+  card.appendChild(head);
+  const bar = el("div", "ractions");
+  const result = el("div", "rresult");
+  const send = (body) => answerRequest(r, card, body);
+  if (r.kind === "question") {
+    card.appendChild(el("div", "question", r.question));
+    if (r.choices && r.choices.length) {
+      for (const c of r.choices) {
+        const b = el("button", "choice", c);
+        b.addEventListener("click", () => send({ answer: "answer", text: c }));
+        bar.appendChild(b);
+      }
+    } else if (r.answerSchema) {
+      const sch = el("details", "schema");
+      sch.appendChild(el("summary", "label", "the answer is JSON this schema accepts"));
+      sch.appendChild(el("pre", "", pretty(r.answerSchema)));
+      card.appendChild(sch);
+      const ta = el("textarea", "answer-json");
+      ta.placeholder = "JSON";
+      card.appendChild(ta);
+      const b = el("button", "answer", "Answer");
+      b.addEventListener("click", () => send({ answer: "answer", json: ta.value }));
+      bar.appendChild(b);
+    } else {
+      const inp = el("input", "answer-text");
+      inp.placeholder = "your answer";
+      const asJSON = el("input", "as-json");
+      asJSON.type = "checkbox";
+      const lab = el("label", "label", " JSON");
+      lab.insertBefore(asJSON, lab.firstChild);
+      const b = el("button", "answer", "Answer");
+      b.addEventListener("click", () => send(asJSON.checked ? { answer: "answer", json: inp.value } : { answer: "answer", text: inp.value }));
+      inp.addEventListener("keydown", (e) => { if (e.key === "Enter") b.click(); });
+      bar.appendChild(inp);
+      bar.appendChild(lab);
+      bar.appendChild(b);
+    }
+  } else {
+    card.appendChild(el("pre", "args", pretty(r.arguments || "")));
+    const ok = el("button", "approve", "Approve");
+    ok.title = "the call runs and the child's turn goes on (as brood approve)";
+    ok.addEventListener("click", () => send({ answer: "approve" }));
+    const reason = el("input", "reason");
+    reason.placeholder = "reason for a denial (optional)";
+    const no = el("button", "deny", "Deny");
+    no.title = "the call gets the denial and the reason as its result (as brood deny)";
+    no.addEventListener("click", () => send(reason.value ? { answer: "deny", reason: reason.value } : { answer: "deny" }));
+    bar.appendChild(ok);
+    bar.appendChild(no);
+    bar.appendChild(reason);
+  }
+  card.appendChild(bar);
+  card.appendChild(result);
+  return card;
+}
+
+function answerText(rec) {
+  const a = rec.answer || {};
+  switch (rec.state) {
+    case "answered": return "answered: " + (a.json !== undefined && a.json !== "" ? a.json : a.text);
+    case "denied": return "denied" + (a.reason ? ": " + a.reason : "");
+    default: return rec.state;
+  }
+}
+
+async function answerRequest(r, card, body) {
+  const out = card.querySelector(".rresult");
+  const buttons = card.querySelectorAll("button");
+  for (const b of buttons) b.disabled = true;
+  out.textContent = body.answer + " …";
+  out.dataset.result = "pending";
+  delete out.dataset.code;
+  let ok = false, code = "", text;
+  card.dataset.keep = "1"; // an answer in flight: the card stays when the list drops it
+  try {
+    const resp = await fetch("/api/requests/" + encodeURIComponent(r.id) + "/answer", {
+      method: "POST", headers: { "X-Brood-Action": "1", "Content-Type": "application/json" }, body: JSON.stringify(body),
+    });
+    const rb = await resp.json().catch(() => ({}));
+    ok = resp.ok;
+    if (ok) text = answerText(rb);
+    else { code = rb.code || String(resp.status); text = code + ": " + (rb.message || resp.statusText); }
+  } catch (err) {
+    text = "failed: " + err;
+  }
+  out.textContent = text;
+  out.dataset.result = ok ? "ok" : "error";
+  if (code) out.dataset.code = code;
+  if (ok || code === "ALREADY_ANSWERED") {
+    // Decided: the card shows the outcome a moment, then goes.
+    card.classList.add("decided");
+    setTimeout(() => {
+      delete card.dataset.keep;
+      if (!card.isConnected) return;
+      card.remove();
+      reqCards.delete(r.id);
+      requestsCount(reqListed.size);
+    }, 5000);
+    return;
+  }
+  delete card.dataset.keep;
+  if (!reqListed.has(r.id)) { // decided meanwhile: the outcome stays a moment
+    setTimeout(() => { if (!card.dataset.keep && !reqListed.has(r.id)) { card.remove(); reqCards.delete(r.id); requestsCount(reqListed.size); } }, 5000);
+    return;
+  }
+  for (const b of buttons) b.disabled = false; // the request is still pending: try again
 }
 
 // ---- one session's conversation ----
@@ -629,6 +828,16 @@ function renderEvent(v, ev) {
     case "acp/session":
       node = el("div", "note", "ACP session " + (d.sessionId || "") + (d.loaded ? " (loaded)" : ""));
       break;
+    case "request/open":
+      node = el("div", "note request-event", (d.kind === "question" ? "asks a question" : "asks for approval of " + (d.tool || "a call")) +
+        " · request " + d.requestId + " · deadline " + new Date(d.deadline).toLocaleTimeString());
+      break;
+    case "request/answer": {
+      const by = d.by || {};
+      const who = by.kind === "timeout" ? "the timeout" : by.kind === "agent" ? "ancestor " + shortId(by.sessionId || "") : "the user" + (by.user ? " " + by.user : "");
+      node = el("div", "note request-event", "request " + d.requestId + " " + answerText({ state: d.state, answer: d }) + " (by " + who + ")");
+      break;
+    }
     case "acp/permission":
       node = el("div", "note", "ACP permission request: " + (d.title || d.toolCallId || "") + " → " + (d.outcome || d.optionId || ""));
       break;
