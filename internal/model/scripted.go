@@ -3,6 +3,7 @@ package model
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -24,6 +25,16 @@ import (
 //     `fail <text>` is a model error; `refuse` ends the turn blocked;
 //     `max-tokens <text>` gives that partial text and ends max-tokens.
 //     When the lines run out, the answer is empty and the turn ends.
+//   - `on /<regexp>/ <directive>` lines take no request of their script's:
+//     they answer a later user message that is no script (a notice that
+//     joined the conversation). Such a message is answered by the
+//     directives of the `on` lines, of the newest script before it, whose
+//     regexp (Go syntax; it may not hold "/ ") matches its text, in order,
+//     with $0, $1… (regexp.Expand) replaced by the match and its groups,
+//     as if they were its script; when none matches, it is echoed. So a
+//     scripted parent can answer a notice that names an id it could not
+//     know beforehand: `on /request (r[0-9a-f]{24})/ call answer_request
+//     {"requestId":"$1","decision":"approve"}`.
 //
 // Blank lines are skipped; any other line inside a script (or a sleep
 // without a duration ≥ 0, a call without a tool name) is a model error
@@ -74,7 +85,7 @@ type group struct {
 	answer []directive // one say/json/fail/refuse/max-tokens, or one or more calls; empty when lines ran out
 }
 
-var verbs = map[string]bool{"sleep": true, "say": true, "call": true, "json": true, "fail": true, "refuse": true, "max-tokens": true}
+var verbs = map[string]bool{"sleep": true, "say": true, "call": true, "json": true, "fail": true, "refuse": true, "max-tokens": true, "on": true}
 
 // IsDirective reports whether line starts with a scripted-model directive.
 func IsDirective(line string) bool {
@@ -83,8 +94,39 @@ func IsDirective(line string) bool {
 }
 
 func parseScript(text string) ([]group, error) {
+	groups, _, err := parseScriptHandlers(text)
+	return groups, err
+}
+
+// handler is an `on` line: a directive for a later message its re matches.
+type handler struct {
+	re   *regexp.Regexp
+	line string // the directive, with $-references
+}
+
+// parseHandler parses the rest of an `on` line: /<regexp>/ <directive>.
+func parseHandler(rest string, n int) (handler, error) {
+	bad := fmt.Errorf("scripted: line %d: on needs /<regexp>/ and a directive", n)
+	if !strings.HasPrefix(rest, "/") {
+		return handler{}, bad
+	}
+	pat, line, ok := strings.Cut(rest[1:], "/ ")
+	line = strings.TrimSpace(line)
+	if !ok || pat == "" || !IsDirective(line) || strings.HasPrefix(line, "on ") {
+		return handler{}, bad
+	}
+	re, err := regexp.Compile(pat)
+	if err != nil {
+		return handler{}, fmt.Errorf("scripted: line %d: %v", n, err)
+	}
+	return handler{re: re, line: line}, nil
+}
+
+// parseScriptHandlers parses a script into its groups and its `on` lines.
+func parseScriptHandlers(text string) ([]group, []handler, error) {
 	lines := strings.Split(text, "\n")
 	var ds []directive
+	var hs []handler
 	for i, raw := range lines {
 		line := strings.TrimSpace(raw)
 		if line == "" {
@@ -93,13 +135,21 @@ func parseScript(text string) ([]group, error) {
 		verb, rest, _ := strings.Cut(line, " ")
 		rest = strings.TrimSpace(rest)
 		if !verbs[verb] {
-			return nil, fmt.Errorf("scripted: line %d %q is not a directive (sleep, say, call, json, fail, refuse, max-tokens)", i+1, line)
+			return nil, nil, fmt.Errorf("scripted: line %d %q is not a directive (sleep, say, call, json, fail, refuse, max-tokens, on)", i+1, line)
+		}
+		if verb == "on" {
+			h, err := parseHandler(rest, i+1)
+			if err != nil {
+				return nil, nil, err
+			}
+			hs = append(hs, h)
+			continue
 		}
 		d := directive{verb: verb, arg: rest, line: i + 1}
 		if verb == "call" {
 			name, args, _ := strings.Cut(rest, " ")
 			if name == "" {
-				return nil, fmt.Errorf("scripted: line %d: call needs a tool name", i+1)
+				return nil, nil, fmt.Errorf("scripted: line %d: call needs a tool name", i+1)
 			}
 			d.tool, d.arg = name, strings.TrimSpace(args)
 			if d.arg == "" {
@@ -109,7 +159,7 @@ func parseScript(text string) ([]group, error) {
 		if verb == "sleep" {
 			dur, err := time.ParseDuration(rest)
 			if err != nil || dur < 0 {
-				return nil, fmt.Errorf("scripted: line %d: sleep needs a duration like 2s or 150ms", i+1)
+				return nil, nil, fmt.Errorf("scripted: line %d: sleep needs a duration like 2s or 150ms", i+1)
 			}
 			d.dur = dur
 		}
@@ -137,7 +187,36 @@ func parseScript(text string) ([]group, error) {
 	if len(cur.sleeps) > 0 {
 		groups = append(groups, cur)
 	}
-	return groups, nil
+	return groups, hs, nil
+}
+
+// handled returns the script that answers text, a user message that is no
+// script, from the `on` lines of the newest script among msgs (the
+// messages before it): the directives whose regexp matches text, expanded;
+// "" when none does.
+func handled(msgs []Message, text string) (string, error) {
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if msgs[i].Role != RoleUser {
+			continue
+		}
+		prev := protocol.PlainText(msgs[i].Content)
+		first, _, _ := strings.Cut(strings.TrimSpace(prev), "\n")
+		if !IsDirective(first) {
+			continue
+		}
+		_, hs, err := parseScriptHandlers(prev)
+		if err != nil {
+			return "", err
+		}
+		var out []string
+		for _, h := range hs {
+			if m := h.re.FindStringSubmatchIndex(text); m != nil {
+				out = append(out, string(h.re.ExpandString(nil, h.line, text, m)))
+			}
+		}
+		return strings.Join(out, "\n"), nil
+	}
+	return "", nil
 }
 
 // Stream answers one request from the script, with the scripted usage
@@ -189,9 +268,16 @@ func (s *Scripted) answer(ctx context.Context, req Request, onText func(string))
 	text := protocol.PlainText(req.Messages[userIdx].Content)
 	first, _, _ := strings.Cut(strings.TrimSpace(text), "\n")
 	if !IsDirective(first) {
-		answer := "echo: " + text
-		onText(answer)
-		return textResponse(answer, FinishStop), nil
+		script, err := handled(req.Messages[:userIdx], text)
+		if err != nil {
+			return Response{}, &Error{Diagnostic: err.Error()}
+		}
+		if script == "" {
+			answer := "echo: " + text
+			onText(answer)
+			return textResponse(answer, FinishStop), nil
+		}
+		text = script
 	}
 	groups, err := parseScript(text)
 	if err != nil {

@@ -13,6 +13,13 @@ import (
 func user(text string) Message { return Message{Role: RoleUser, Content: protocol.Text(text)} }
 func assistant() Message       { return Message{Role: RoleAssistant} }
 
+// on is a script with on lines: a notice naming a request is answered by
+// two calls, then a say; anything else is echoed.
+const on = "on /request (r[0-9a-f]+)/ call answer_request {\"requestId\":\"$1\"}\n" +
+	"on /^Subagent (\\S+) asks/ call list_dir {\"path\":\"$1\"}\n" +
+	"on /request (r[0-9a-f]+)/ say answered $1\n" +
+	"say started"
+
 func TestScriptedAnswers(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -38,6 +45,13 @@ func TestScriptedAnswers(t *testing.T) {
 		{"framing is ignored", []Message{{Role: RoleUser, Content: []protocol.ContentBlock{
 			{Type: "text", Text: "note: inherited context", Framing: true}, {Type: "text", Text: "say ok"}}}}, "ok", nil, FinishStop, "", protocol.Usage{InputTokens: 5, OutputTokens: 1}},
 		{"sleep then say", []Message{user("sleep 1ms\nsay late")}, "late", nil, FinishStop, "", protocol.Usage{InputTokens: 4, OutputTokens: 1}},
+		{"on lines take no request", []Message{user("on /x/ say never\nsay first")}, "first", nil, FinishStop, "", protocol.Usage{InputTokens: 6, OutputTokens: 1}},
+		{"a notice an on line matches is answered by it, expanded", []Message{user(on), assistant(), user("Subagent S asks (request r1f)."), assistant(), {Role: RoleTool}, user("Subagent S asks (request r2a).")}, "",
+			[]protocol.ToolCall{{ID: "call_6_0", Name: "answer_request", Arguments: `{"requestId":"r2a"}`}, {ID: "call_6_1", Name: "list_dir", Arguments: `{"path":"S"}`}}, FinishToolCalls, "", protocol.Usage{InputTokens: 31, OutputTokens: 4}},
+		{"the matching on lines go on as a script", []Message{user(on), user("Subagent S asks (request r2a)."), assistant(), {Role: RoleTool}}, "answered r2a", nil, FinishStop, "", protocol.Usage{InputTokens: 26, OutputTokens: 2}},
+		{"a notice no on line matches is echoed", []Message{user(on), user("Subagent S is done.")}, "echo: Subagent S is done.", nil, FinishStop, "", protocol.Usage{InputTokens: 25, OutputTokens: 5}},
+		{"an on line needs a regexp and a directive", []Message{user("on x say a")}, "", nil, "", "line 1: on needs /<regexp>/ and a directive", protocol.Usage{}},
+		{"an on line's regexp must compile", []Message{user("on /(/ say a")}, "", nil, "", "line 1: error parsing regexp", protocol.Usage{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
