@@ -20,7 +20,9 @@ import (
 // descriptor's tools, so filters are validated before anything is created).
 // write_file, edit_file and run_command need approval (agent.ApprovalTools);
 // ask parks on a question to the user or an ancestor (agent.AskTool).
-var GlobalTools = []string{"list_dir", "read_file", "write_file", "edit_file", "run_command", "subagent", "send_message", "interrupt_agent", "list_agents", agent.AskToolName}
+// answer_request answers a descendant's request (agent.AnswerRequestTool).
+var GlobalTools = []string{"list_dir", "read_file", "write_file", "edit_file", "run_command", "subagent", "send_message", "interrupt_agent", "list_agents", agent.AskToolName,
+	protocol.ToolAnswerRequest}
 
 // InProcessConfig configures the worker of an in-process provider (spawn, fork).
 type InProcessConfig struct {
@@ -103,7 +105,8 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 	})
 	global := []*agent.Tool{agent.ListDirTool(cfg.WorkspaceRoots...), agent.ReadFileTool(cfg.WorkspaceRoots...),
 		agent.WriteFileTool(cfg.WorkspaceRoots...), agent.EditFileTool(cfg.WorkspaceRoots...), agent.RunCommandTool(cfg.WorkspaceRoots...), delegate,
-		agent.SendMessageTool(cl), agent.InterruptAgentTool(cl), agent.ListAgentsTool(cl), agent.AskTool()}
+		agent.SendMessageTool(cl), agent.InterruptAgentTool(cl), agent.ListAgentsTool(cl), agent.AskTool(),
+		agent.AnswerRequestTool(cl)}
 	var servers *mcptools.Set
 	if len(cfg.MCPServers) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), mcptools.ConnectTimeout*time.Duration(len(cfg.MCPServers)))

@@ -75,6 +75,14 @@ const RequestTimeout = 5 * time.Minute
 // RequestReasonBytesMax bounds a denial's reason (the same as a diagnostic).
 const RequestReasonBytesMax = DiagnosticBytesMax
 
+// ToolAnswerRequest is the name of the answer_request tool of the built-in
+// agents: an agent answers a descendant's request with it (requests.answer
+// with its own credential). A provider whose descriptor lists it, under a
+// session whose tool filter and ceiling let it through, takes requests: the
+// nearest such live continuable ancestor of an asking session gets a
+// notice of each of its requests (§5.21, "Who is told").
+const ToolAnswerRequest = "answer_request"
+
 // RequestsListMax bounds the records one requests.list answers.
 const RequestsListMax = 256
 

@@ -217,6 +217,9 @@ const (
 	SourceCoordinator     = "coordinator"
 	SourceSubagentReport  = "subagent-report"
 	SourceSubagentSettled = "subagent-settled"
+	// SourceSubagentRequest is the notice of a descendant's request
+	// (docs/protocol.md §5.21) to the nearest ancestor that takes requests.
+	SourceSubagentRequest = "subagent-request"
 )
 
 // MessageSource records who produced a user message.

@@ -16,6 +16,9 @@ package coordinator
 //	requests.get     the child or one who may answer
 //	requests.list    what the caller may answer, pending unless all
 //
+// An opened request is told to the nearest ancestor that takes requests
+// (requestnotice.go), which may answer with its answer_request tool.
+//
 // A pending request past its deadline is moved to timed-out (a denial that
 // no one gave) by the first of these to read it, by the same
 // compare-and-set, so a late answer loses to the timeout as to any answer.
@@ -71,9 +74,14 @@ func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protoco
 		if old.Value.SessionID != rec.SessionID || old.Value.CallID != rec.CallID {
 			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInternal, "request id %s names another call", rec.ID)
 		}
-		return c.expired(ctx, old)
+		now, err := c.expired(ctx, old)
+		if err == nil {
+			c.noticeRequest(ctx, now) // told once: the notice's key is the request's
+		}
+		return now, err
 	}
 	c.log.Info("request opened", "request", rec.ID, "session", rec.SessionID, "kind", rec.Kind, "tool", rec.Tool)
+	c.noticeRequest(ctx, rec)
 	return rec, nil
 }
 

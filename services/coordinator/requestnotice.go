@@ -1,0 +1,132 @@
+package coordinator
+
+// Who is told of a request (docs/protocol.md §5.21, "Who is told"; issue
+// 33, item 4): when a request opens, the nearest ancestor of the asking
+// session that takes requests gets a notice of it in its inbox, as a
+// background child's settlement notice reaches its parent (durable,
+// delivery next-step: it joins the ancestor's running turn at its next
+// step, or starts a turn when the ancestor is idle). An ancestor takes
+// requests when it is a live continuable agent (a lease that is neither
+// ending nor taken over; a one-shot run's turn reads no inbox) of a
+// provider whose descriptor lists the answer_request tool, and its tool
+// ceiling and its own tool filter let that tool through. One that does not
+// is passed over for its parent, up to the root, which is never told here:
+// the root's user sees the request in requests.list (brood requests). No
+// one told, or one told that does not answer: the user may still answer,
+// and so may any ancestor, until the deadline.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// requestNoticeHopsMax bounds the ancestors looked at for one notice (the
+// depth of a tree is bounded far below it).
+const requestNoticeHopsMax = 64
+
+// requestNoticeArgumentsMax bounds the arguments a notice shows (requests.get
+// reads them whole).
+const requestNoticeArgumentsMax = 4 << 10
+
+// noticeRequest tells the nearest ancestor of rec's session that takes
+// requests of rec (its inbox, idempotency key request-<requestId>, so an
+// open asked again tells it once). Best effort: a failure is logged, and
+// the request stays pending for whoever may answer it.
+func (c *Coordinator) noticeRequest(ctx context.Context, rec protocol.RequestRecord) {
+	if rec.State != protocol.RequestPending {
+		return
+	}
+	taker, ok := c.requestTaker(ctx, rec.SessionID)
+	if !ok {
+		return
+	}
+	summary, content := requestNotice(rec)
+	_, _, err := c.st.Enqueue(ctx, taker.Scope(), taker.ID, store.InboxItem{
+		Content:  content,
+		Source:   protocol.MessageSource{Kind: protocol.SourceSubagentRequest, Form: "notice", Summary: summary, SenderSessionID: rec.SessionID},
+		Delivery: store.DeliveryNextStep,
+	}, "request-"+rec.ID)
+	if err != nil {
+		c.log.Warn("request notice not delivered; the request waits for the user or another ancestor", "request", rec.ID, "to", taker.ID, "err", err)
+		return
+	}
+	c.log.Info("request notice delivered", "request", rec.ID, "session", rec.SessionID, "to", taker.ID)
+}
+
+// requestTaker returns the header of the nearest ancestor of session id
+// that takes requests, if any below its root.
+func (c *Coordinator) requestTaker(ctx context.Context, id string) (protocol.SessionHeader, bool) {
+	h, err := c.headers.get(ctx, c.st, id)
+	if err != nil {
+		return protocol.SessionHeader{}, false
+	}
+	for range requestNoticeHopsMax {
+		if h.ParentSession == "" || h.Origin == protocol.OriginReopenable {
+			return protocol.SessionHeader{}, false // a root: its user's
+		}
+		if h, err = c.headers.get(ctx, c.st, h.ParentSession); err != nil {
+			return protocol.SessionHeader{}, false
+		}
+		if c.takesRequests(ctx, h) {
+			return h, true
+		}
+	}
+	return protocol.SessionHeader{}, false
+}
+
+// takesRequests reports whether session h takes requests: a live
+// continuable agent that may call answer_request.
+func (c *Coordinator) takesRequests(ctx context.Context, h protocol.SessionHeader) bool {
+	if h.Provider == "" || !h.ToolCeiling.Allows(protocol.ToolAnswerRequest) {
+		return false
+	}
+	desc, ok := c.reg.Provider(h.Provider)
+	if !ok || !slices.Contains(desc.Tools, protocol.ToolAnswerRequest) {
+		return false
+	}
+	l, err := c.st.Lease(ctx, h.ID)
+	if err != nil || l.Value.Kind != protocol.AgentContinuable || l.Value.Provider != h.Provider || !c.leaseLive(l.Value) {
+		return false
+	}
+	d, err := c.resumable(ctx, h) // its descriptor event: its own tool filter
+	return err == nil && d.ToolFilter.Allows(protocol.ToolAnswerRequest)
+}
+
+// requestNotice is the one-line account and the content of the notice of
+// rec: who asks what, and how to answer.
+func requestNotice(rec protocol.RequestRecord) (string, []protocol.ContentBlock) {
+	var b strings.Builder
+	var line string
+	switch rec.Kind {
+	case protocol.RequestQuestion:
+		line = fmt.Sprintf("Subagent %s asks a question (request %s).", rec.SessionID, rec.ID)
+		fmt.Fprintf(&b, "%s\nQuestion:\n%s\n", line, rec.Question)
+		switch {
+		case len(rec.Choices) > 0:
+			q, _ := json.Marshal(rec.Choices)
+			fmt.Fprintf(&b, "Choices (answer with exactly one, as text): %s\n", q)
+		case rec.AnswerSchema != "":
+			fmt.Fprintf(&b, "Answer with JSON this schema accepts (json): %s\n", rec.AnswerSchema)
+		}
+		fmt.Fprintf(&b, `To answer, call %s {"requestId":%q,"decision":"answer","text":"..."}`, protocol.ToolAnswerRequest, rec.ID)
+		b.WriteString(` (or "json" instead of "text").`)
+	default:
+		line = fmt.Sprintf("Subagent %s asks for approval to run %s (request %s).", rec.SessionID, rec.Tool, rec.ID)
+		args := rec.Arguments
+		if len(args) > requestNoticeArgumentsMax {
+			args = strings.ToValidUTF8(args[:requestNoticeArgumentsMax], "") + " … (cut; the whole arguments are in the request)"
+		}
+		fmt.Fprintf(&b, "%s\nArguments: %s\n", line, args)
+		fmt.Fprintf(&b, `To answer, call %s {"requestId":%q,"decision":"approve"}, or "deny" with a "reason" the subagent sees.`, protocol.ToolAnswerRequest, rec.ID)
+	}
+	fmt.Fprintf(&b, "\nIf you leave it unanswered, the user (or another ancestor) may answer it; unanswered by %s, it times out, which counts as a denial.",
+		time.UnixMilli(rec.Deadline).UTC().Format(time.RFC3339))
+	return line, protocol.Text(b.String())
+}
