@@ -237,7 +237,7 @@ func acpLateUpdateDetail(d protocol.ACPLateUpdateData) string {
 
 // sourceLabel names who a message came from: the user, or the session that
 // sent it (a parent agent's prompt or followup, relayed by the coordinator;
-// a child's report or settlement notice).
+// a child's report or settlement notice, a descendant's request).
 func sourceLabel(src protocol.MessageSource) string {
 	if src.SenderSessionID == "" {
 		return src.Kind
@@ -249,6 +249,8 @@ func sourceLabel(src protocol.MessageSource) string {
 		return "report of " + src.SenderSessionID
 	case protocol.SourceSubagentSettled:
 		return "notice of " + src.SenderSessionID
+	case protocol.SourceSubagentRequest:
+		return "request of " + src.SenderSessionID
 	}
 	return src.Kind + " " + src.SenderSessionID
 }

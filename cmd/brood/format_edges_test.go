@@ -8,7 +8,8 @@ import (
 )
 
 // TestLogShowsTheEdgeEvents: `brood log` renders the events issue 14 added
-// (a renamed tool-call id, ACP permission answers, late ACP output).
+// (a renamed tool-call id, ACP permission answers, late ACP output), and
+// those of issue 33 (requests, their answers, a request's notice).
 func TestLogShowsTheEdgeEvents(t *testing.T) {
 	ev := func(typ string, data any) protocol.SessionEvent { return newEvent(t, typ, data) }
 	tests := []struct {
@@ -35,6 +36,9 @@ func TestLogShowsTheEdgeEvents(t *testing.T) {
 			"call_2_0 ask waits for an answer: request r3"},
 		{ev(protocol.EvRequestAnswer, protocol.RequestAnswerData{RequestID: "r3", State: protocol.RequestAnswered, Text: "postgres", By: protocol.Answerer{Kind: protocol.AnswererUser}}),
 			"r3 answered by user: postgres"},
+		{ev(protocol.EvUserMessage, protocol.UserMessageData{ID: "m1", Turn: 2, Content: protocol.Text("Subagent C asks for approval to run write_file (request r4).\nArguments: {}"),
+			Source: protocol.MessageSource{Kind: protocol.SourceSubagentRequest, Form: "notice", SenderSessionID: "C"}}),
+			"[request of C] Subagent C asks for approval to run write_file (request r4).⏎Arguments: {}"},
 	}
 	for _, tt := range tests {
 		if got := formatEvent(tt.ev, protocol.SessionHeader{}); !strings.Contains(got, tt.want) {

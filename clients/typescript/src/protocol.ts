@@ -292,7 +292,7 @@ export interface ContinuableStartReply {
 
 /** §8.6 */
 export interface MessageSource {
-  kind: "user" | "coordinator" | "subagent-report" | "subagent-settled" | (string & {});
+  kind: "user" | "coordinator" | "subagent-report" | "subagent-settled" | "subagent-request" | (string & {});
   form?: string;
   senderSessionId?: string;
   summary?: string;
