@@ -58,8 +58,9 @@ func requestNotices(evs []protocol.SessionEvent) []protocol.UserMessageData {
 // once, gets the denial or the answer, and its turn completes; a second
 // answer is an ALREADY_ANSWERED error result. A parent that does not take
 // requests (its descriptor lacks answer_request) is passed over for its
-// own parent; one whose tool filter denies it is told nothing, and the
-// request waits for the user.
+// own parent; one whose tool filter denies it, or which waits on the asking
+// child's one-shot run in the foreground, is told nothing, and the request
+// waits for the user.
 func TestParentAgentAnswersWithAnswerRequest(t *testing.T) {
 	s := stack.New(t)
 	s.AddCoordinator()
@@ -96,11 +97,15 @@ func TestParentAgentAnswersWithAnswerRequest(t *testing.T) {
 			return on(`"decision":"answer","text":"sqlite"`) + "\n" + background(t, ask) + "\nsay started"
 		}, nil, "ask", "sqlite", false, false, true, 1, 0},
 		{"a second answer is ALREADY_ANSWERED", func(t *testing.T) string {
-			return approve + "\n" + approve + "\n" + background(t, write) + "\nsay started"
+			// One after the other (the sleep ends the first call's group).
+			return approve + "\non /request / sleep 0s\n" + approve + "\n" + background(t, write) + "\nsay started"
 		}, nil, "write_file", "wrote 2 bytes", false, true, true, 1, 1},
 		{"a grandchild's request passes over a parent that does not take requests", func(t *testing.T) string {
 			return approve + "\n" + background(t, background(t, write)+"\nsay started") + "\nsay started"
 		}, nil, "write_file", "wrote 2 bytes", false, true, true, 1, 0},
+		{"an agent waiting on its one-shot child in the foreground is not told", func(t *testing.T) string {
+			return approve + "\n" + `call subagent {"description":"helper","prompt":"call write_file {\"path\":\"x.txt\",\"content\":\"hi\"}\nsay done"}` + "\nsay started"
+		}, nil, "write_file", "wrote 2 bytes", false, true, false, 0, 0},
 		{"an agent whose filter denies answer_request is not told", func(t *testing.T) string { return approve + "\n" + background(t, write) + "\nsay started" },
 			&protocol.ToolFilter{Deny: []string{protocol.ToolAnswerRequest}}, "write_file", "wrote 2 bytes", false, true, false, 0, 0},
 	}
@@ -182,7 +187,10 @@ func TestParentAgentAnswersWithAnswerRequest(t *testing.T) {
 			if answer.By.Kind != wantBy.Kind || answer.By.SessionID != wantBy.SessionID {
 				t.Fatalf("answered by %+v, want %+v", answer.By, wantBy)
 			}
-			if !tt.told {
+			if !tt.told { // and never was, now that the open is long over
+				if _, evs := s.Log(a.ChildID); len(requestNotices(evs)) != 0 || len(toolResults(evs, protocol.ToolAnswerRequest)) != 0 {
+					t.Fatalf("the agent was told: %+v", requestNotices(evs))
+				}
 				return
 			}
 			// The agent's side: the notice, then its answers.

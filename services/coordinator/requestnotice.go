@@ -9,8 +9,12 @@ package coordinator
 // requests when it is a live continuable agent (a lease that is neither
 // ending nor taken over; a one-shot run's turn reads no inbox) of a
 // provider whose descriptor lists the answer_request tool, and its tool
-// ceiling and its own tool filter let that tool through. One that does not
-// is passed over for its parent, up to the root, which is never told here:
+// ceiling and its own tool filter let that tool through, and it does not
+// wait on the session below it: the parent of a one-shot run is passed over,
+// since a built-in agent's one-shot children are its foreground subagent
+// calls, and it would see the notice only once that call returned. One that
+// does not take requests is passed over for its parent, up to the root,
+// which is never told here:
 // the root's user sees the request in requests.list (brood requests). No
 // one told, or one told that does not answer: the user may still answer,
 // and so may any ancestor, until the deadline.
@@ -67,6 +71,10 @@ func (c *Coordinator) requestTaker(ctx context.Context, id string) (protocol.Ses
 	if err != nil {
 		return protocol.SessionHeader{}, false
 	}
+	below := "" // the kind of the agent of h, the session below the next
+	if l, err := c.st.Lease(ctx, id); err == nil {
+		below = l.Value.Kind
+	}
 	for range requestNoticeHopsMax {
 		if h.ParentSession == "" || h.Origin == protocol.OriginReopenable {
 			return protocol.SessionHeader{}, false // a root: its user's
@@ -74,29 +82,35 @@ func (c *Coordinator) requestTaker(ctx context.Context, id string) (protocol.Ses
 		if h, err = c.headers.get(ctx, c.st, h.ParentSession); err != nil {
 			return protocol.SessionHeader{}, false
 		}
-		if c.takesRequests(ctx, h) {
+		takes, kind := c.takesRequests(ctx, h)
+		if takes && below != protocol.AgentOneShot {
 			return h, true
 		}
+		below = kind
 	}
 	return protocol.SessionHeader{}, false
 }
 
-// takesRequests reports whether session h takes requests: a live
-// continuable agent that may call answer_request.
-func (c *Coordinator) takesRequests(ctx context.Context, h protocol.SessionHeader) bool {
-	if h.Provider == "" || !h.ToolCeiling.Allows(protocol.ToolAnswerRequest) {
-		return false
-	}
-	desc, ok := c.reg.Provider(h.Provider)
-	if !ok || !slices.Contains(desc.Tools, protocol.ToolAnswerRequest) {
-		return false
+// takesRequests reports whether session h may take requests, a live
+// continuable agent that may call answer_request, and the kind of its
+// agent ("" with none).
+func (c *Coordinator) takesRequests(ctx context.Context, h protocol.SessionHeader) (bool, string) {
+	if h.Provider == "" {
+		return false, ""
 	}
 	l, err := c.st.Lease(ctx, h.ID)
-	if err != nil || l.Value.Kind != protocol.AgentContinuable || l.Value.Provider != h.Provider || !c.leaseLive(l.Value) {
-		return false
+	if err != nil || l.Value.Provider != h.Provider {
+		return false, ""
+	}
+	kind := l.Value.Kind
+	if kind != protocol.AgentContinuable || !c.leaseLive(l.Value) || !h.ToolCeiling.Allows(protocol.ToolAnswerRequest) {
+		return false, kind
+	}
+	if desc, ok := c.reg.Provider(h.Provider); !ok || !slices.Contains(desc.Tools, protocol.ToolAnswerRequest) {
+		return false, kind
 	}
 	d, err := c.resumable(ctx, h) // its descriptor event: its own tool filter
-	return err == nil && d.ToolFilter.Allows(protocol.ToolAnswerRequest)
+	return err == nil && d.ToolFilter.Allows(protocol.ToolAnswerRequest), kind
 }
 
 // requestNotice is the one-line account and the content of the notice of
