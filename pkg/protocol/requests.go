@@ -123,6 +123,10 @@ type RequestAnswer struct {
 	JSON string   `msgpack:"json,omitempty" json:"json,omitempty"`
 	By   Answerer `msgpack:"by" json:"by"`
 	At   int64    `msgpack:"at" json:"at"`
+	// ID is a fresh id of this answer (a ULID), so two answers never
+	// write equal records: the compare-and-set tells the second from a
+	// retry of the first (records written before it lack it).
+	ID string `msgpack:"id,omitempty" json:"id,omitempty"`
 }
 
 // Answerer is who answered: the user (User, when the grant names one), an

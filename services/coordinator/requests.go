@@ -31,6 +31,8 @@ import (
 	"slices"
 	"unicode/utf8"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -180,7 +182,7 @@ func (c *Coordinator) requestsAnswer(ctx context.Context, _ rpc.Request, r proto
 	}
 	answered := rec.Value
 	answered.State = state
-	answered.Answer = &protocol.RequestAnswer{State: state, Reason: r.Reason, Text: text, JSON: jsonText, By: by, At: store.NowMs()}
+	answered.Answer = &protocol.RequestAnswer{State: state, Reason: r.Reason, Text: text, JSON: jsonText, By: by, At: store.NowMs(), ID: ulid.Make().String()}
 	if _, err := c.st.AnswerRequest(ctx, answered, rec.Revision); err != nil {
 		if !errors.Is(err, store.ErrConflict) {
 			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnavailable, "write the answer: %w", err)
@@ -291,7 +293,7 @@ func (c *Coordinator) expiredRecord(ctx context.Context, rec store.Record[protoc
 	out := rec.Value
 	out.State = protocol.RequestTimedOut
 	out.Answer = &protocol.RequestAnswer{State: protocol.RequestTimedOut, By: protocol.Answerer{Kind: protocol.AnswererTimeout}, At: store.NowMs(),
-		Reason: fmt.Sprintf("no answer within %s", c.cfg.RequestTimeout)}
+		Reason: fmt.Sprintf("no answer within %s", c.cfg.RequestTimeout), ID: ulid.Make().String()}
 	rev, err := c.st.AnswerRequest(ctx, out, rec.Revision)
 	if errors.Is(err, store.ErrConflict) {
 		now, err := c.st.Request(ctx, rec.Value.ID)

@@ -170,3 +170,48 @@ func TestRequestTimesOutAsADenial(t *testing.T) {
 		t.Fatalf("a late answer = %v, want ALREADY_ANSWERED naming timed-out", err)
 	}
 }
+
+// TestEqualAnswersAtOnceAreOneAnswer (issue 33, item 5): the same answer
+// given many times at once, by one user (equal verbs, equal answerers,
+// often in one millisecond), is taken once; every other is
+// ALREADY_ANSWERED. (Equal records once read as a retry of the first's
+// write, and every such answer was taken.)
+func TestEqualAnswersAtOnceAreOneAnswer(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Provider: "spawn", Parent: s.Root(t.TempDir()).Ref(),
+		Prompt: protocol.Text(`call write_file {"path":"x.txt","content":"hi"}` + "\nsay done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := pendingRequest(t, s)
+	const n = 8
+	errs := make(chan error, n)
+	start := make(chan struct{})
+	for range n {
+		go func() {
+			<-start
+			_, err := s.Client.AnswerRequest(ctx, protocol.RequestAnswerRequest{RequestID: req.ID, Authority: s.Grant(), Answer: protocol.AnswerApprove})
+			errs <- err
+		}()
+	}
+	close(start)
+	taken := 0
+	for range n {
+		switch err := <-errs; {
+		case err == nil:
+			taken++
+		case protocol.CodeOf(err) != protocol.CodeAlreadyAnswered:
+			t.Fatalf("an answer: %v", err)
+		}
+	}
+	if taken != 1 {
+		t.Fatalf("%d of %d equal answers taken, want 1", taken, n)
+	}
+	if res, err := run.Result(ctx); err != nil || res.StopReason != protocol.StopCompleted {
+		t.Fatalf("run: %+v, %v", res, err)
+	}
+}

@@ -401,6 +401,8 @@ export interface RequestAnswer {
   json?: string;
   by: Answerer;
   at: Millis;
+  /** A fresh id of this answer (ULID): two answers never write equal records. */
+  id?: string;
 }
 
 /** §5.21: a question's bounds (INVALID_ARGUMENT past them). */
