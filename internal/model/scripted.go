@@ -87,9 +87,13 @@ type group struct {
 
 var verbs = map[string]bool{"sleep": true, "say": true, "call": true, "json": true, "fail": true, "refuse": true, "max-tokens": true, "on": true}
 
-// IsDirective reports whether line starts with a scripted-model directive.
+// IsDirective reports whether line starts with a scripted-model directive
+// (`on` only before a /: plain text may begin with the word).
 func IsDirective(line string) bool {
-	verb, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+	verb, rest, _ := strings.Cut(strings.TrimSpace(line), " ")
+	if verb == "on" {
+		return strings.HasPrefix(strings.TrimSpace(rest), "/")
+	}
 	return verbs[verb]
 }
 

@@ -50,7 +50,8 @@ func TestScriptedAnswers(t *testing.T) {
 			[]protocol.ToolCall{{ID: "call_6_0", Name: "answer_request", Arguments: `{"requestId":"r2a"}`}, {ID: "call_6_1", Name: "list_dir", Arguments: `{"path":"S"}`}}, FinishToolCalls, "", protocol.Usage{InputTokens: 31, OutputTokens: 4}},
 		{"the matching on lines go on as a script", []Message{user(on), user("Subagent S asks (request r2a)."), assistant(), {Role: RoleTool}}, "answered r2a", nil, FinishStop, "", protocol.Usage{InputTokens: 26, OutputTokens: 2}},
 		{"a notice no on line matches is echoed", []Message{user(on), user("Subagent S is done.")}, "echo: Subagent S is done.", nil, FinishStop, "", protocol.Usage{InputTokens: 25, OutputTokens: 5}},
-		{"an on line needs a regexp and a directive", []Message{user("on x say a")}, "", nil, "", "line 1: on needs /<regexp>/ and a directive", protocol.Usage{}},
+		{"an on line needs a regexp and a directive", []Message{user("say a\non x say a")}, "", nil, "", "line 2: on needs /<regexp>/ and a directive", protocol.Usage{}},
+		{"plain text may begin with on", []Message{user("on second thought")}, "echo: on second thought", nil, FinishStop, "", protocol.Usage{InputTokens: 3, OutputTokens: 4}},
 		{"an on line's regexp must compile", []Message{user("on /(/ say a")}, "", nil, "", "line 1: error parsing regexp", protocol.Usage{}},
 	}
 	for _, tt := range tests {
