@@ -16,20 +16,7 @@ import (
 )
 
 // entry is a KV entry as a watch delivers it.
-type entry struct {
-	key string
-	val []byte
-	rev uint64
-	op  jetstream.KeyValueOp
-}
-
-func (e entry) Bucket() string                  { return "test" }
-func (e entry) Key() string                     { return e.key }
-func (e entry) Value() []byte                   { return e.val }
-func (e entry) Revision() uint64                { return e.rev }
-func (e entry) Created() time.Time              { return time.Time{} }
-func (e entry) Delta() uint64                   { return 0 }
-func (e entry) Operation() jetstream.KeyValueOp { return e.op }
+type entry = testutil.KVEntry
 
 // TestChildrenOfFollowsTheLeases: the per-parent index of the lease cache
 // (agentIndex.childrenOf, which admission counts live children with) holds
@@ -44,7 +31,7 @@ func TestChildrenOfFollowsTheLeases(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return entry{key: store.LeaseKey("spawn", id), val: data, rev: rev}
+		return entry{Name: store.LeaseKey("spawn", id), Data: data, Rev: rev}
 	}
 	scan := func(parent string) []string {
 		var ids []string
@@ -71,11 +58,11 @@ func TestChildrenOfFollowsTheLeases(t *testing.T) {
 	}{
 		{"puts", func() {
 			for _, e := range []entry{lease("c1", "p1", 1), lease("c2", "p1", 2), lease("c3", "p2", 3)} {
-				a.put(e.key, e)
+				a.put(e.Name, e)
 			}
 		}, map[string][]string{"p1": {"c1", "c2"}, "p2": {"c3"}}},
-		{"an update of a lease", func() { e := lease("c1", "p1", 4); a.put(e.key, e) }, map[string][]string{"p1": {"c1", "c2"}, "p2": {"c3"}}},
-		{"a lease under another parent", func() { e := lease("c2", "p2", 5); a.put(e.key, e) }, map[string][]string{"p1": {"c1"}, "p2": {"c2", "c3"}}},
+		{"an update of a lease", func() { e := lease("c1", "p1", 4); a.put(e.Name, e) }, map[string][]string{"p1": {"c1", "c2"}, "p2": {"c3"}}},
+		{"a lease under another parent", func() { e := lease("c2", "p2", 5); a.put(e.Name, e) }, map[string][]string{"p1": {"c1"}, "p2": {"c2", "c3"}}},
 		{"a fresher direct read", func() {
 			a.observe(protocol.AgentRecord{SessionID: "c4", ParentSession: "p1", Kind: protocol.AgentOneShot, Provider: "spawn"}, 6)
 		}, map[string][]string{"p1": {"c1", "c4"}, "p2": {"c2", "c3"}}},
@@ -172,6 +159,6 @@ func putRecords[R any](t *testing.T, put func(string, jetstream.KeyValueEntry) t
 			t.Fatal(err)
 		}
 		rev++
-		put(key, entry{key: key, val: data, rev: rev})
+		put(key, entry{Name: key, Data: data, Rev: rev})
 	}
 }

@@ -7,26 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // entry is a KV entry as a watch delivers it.
-type entry struct {
-	key string
-	val []byte
-	rev uint64
-	op  jetstream.KeyValueOp
-}
-
-func (e entry) Bucket() string                  { return "test" }
-func (e entry) Key() string                     { return e.key }
-func (e entry) Value() []byte                   { return e.val }
-func (e entry) Revision() uint64                { return e.rev }
-func (e entry) Created() time.Time              { return time.Time{} }
-func (e entry) Delta() uint64                   { return 0 }
-func (e entry) Operation() jetstream.KeyValueOp { return e.op }
+type entry = testutil.KVEntry
 
 func hostEntry(t *testing.T, id string, rev uint64, heartbeatMs int64) entry {
 	t.Helper()
@@ -38,7 +24,7 @@ func hostEntry(t *testing.T, id string, rev uint64, heartbeatMs int64) entry {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return entry{key: id, val: data, rev: rev}
+	return entry{Name: id, Data: data, Rev: rev}
 }
 
 // TestRegistryJudgesHostsOnEvidenceOnly drives the registry with the
@@ -142,7 +128,7 @@ func TestRegistryTakesProvidersOnlyInTheirHostsScope(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return entry{key: key, val: data, rev: 1}
+		return entry{Name: key, Data: data, Rev: 1}
 	}
 	for _, tc := range []struct {
 		name  string
@@ -158,7 +144,7 @@ func TestRegistryTakesProvidersOnlyInTheirHostsScope(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := New("self", time.Second, 5*time.Second, slog.Default())
-			r.Put(tc.entry.key, tc.entry)
+			r.Put(tc.entry.Name, tc.entry)
 			if _, got := r.Providers(); !maps.Equal(got, tc.want) {
 				t.Fatalf("instances %v, want %v", got, tc.want)
 			}
@@ -199,7 +185,7 @@ func TestRegistryProviderIsTheListedOne(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				r.Put(h.id, entry{key: h.id, val: data, rev: uint64(i + 2)})
+				r.Put(h.id, entry{Name: h.id, Data: data, Rev: uint64(i + 2)})
 			}
 			got, ok := r.Provider("spawn")
 			if ok != (tc.wantTools != nil) || (ok && !reflect.DeepEqual(got.Tools, tc.wantTools)) {

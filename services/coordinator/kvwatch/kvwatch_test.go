@@ -10,23 +10,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/brood-dev/brood/internal/testutil"
 )
 
 // entry is a KV entry as a watch delivers it.
-type entry struct {
-	key string
-	val []byte
-	rev uint64
-	op  jetstream.KeyValueOp
-}
-
-func (e entry) Bucket() string                  { return "test" }
-func (e entry) Key() string                     { return e.key }
-func (e entry) Value() []byte                   { return e.val }
-func (e entry) Revision() uint64                { return e.rev }
-func (e entry) Created() time.Time              { return time.Time{} }
-func (e entry) Delta() uint64                   { return 0 }
-func (e entry) Operation() jetstream.KeyValueOp { return e.op }
+type entry = testutil.KVEntry
 
 // fakeWatcher is a KeyWatcher fed by the test.
 type fakeWatcher struct{ ch chan jetstream.KeyValueEntry }
@@ -54,16 +43,16 @@ func TestKVWatchAppliesEachRevisionOnce(t *testing.T) {
 		close(fw.ch)
 		w.consume(context.Background(), fw)
 	}
-	feed(entry{key: "a", val: []byte("1"), rev: 1}, entry{key: "b", val: []byte("1"), rev: 2}, nil,
-		entry{key: "a", val: []byte("2"), rev: 3})
+	feed(entry{Name: "a", Data: []byte("1"), Rev: 1}, entry{Name: "b", Data: []byte("1"), Rev: 2}, nil,
+		entry{Name: "a", Data: []byte("2"), Rev: 3})
 	select {
 	case <-w.ready:
 	default:
 		t.Fatal("not ready after the initial values")
 	}
 	// The restarted watch: a unchanged, b gone, c new.
-	feed(entry{key: "a", val: []byte("2"), rev: 3}, entry{key: "c", val: []byte("1"), rev: 5}, nil,
-		entry{key: "c", rev: 6, op: jetstream.KeyValueDelete})
+	feed(entry{Name: "a", Data: []byte("2"), Rev: 3}, entry{Name: "c", Data: []byte("1"), Rev: 5}, nil,
+		entry{Name: "c", Rev: 6, Op: jetstream.KeyValueDelete})
 	want := []string{"put a@1", "put b@1", "put a@2", "put c@1", "del b", "del c"}
 	if strings.Join(applied, ",") != strings.Join(want, ",") {
 		t.Fatalf("applied %v\nwant    %v", applied, want)
@@ -96,14 +85,14 @@ func TestKVWatchForgetsKeysOnceTheirValueLapsed(t *testing.T) {
 		func(key string) { applied = append(applied, "del "+key) })
 	fw := &fakeWatcher{ch: make(chan jetstream.KeyValueEntry, 16)}
 	for _, e := range []jetstream.KeyValueEntry{
-		created{entry{key: "short", val: []byte("1s"), rev: 1}, t0},
-		created{entry{key: "long", val: []byte("1h"), rev: 2}, t0},
-		created{entry{key: "never", val: []byte("0s"), rev: 3}, t0},
-		created{entry{key: "renewed", val: []byte("1s"), rev: 4}, t0},
-		created{entry{key: "kept", val: []byte("1s"), rev: 5}, t0},
+		created{entry{Name: "short", Data: []byte("1s"), Rev: 1}, t0},
+		created{entry{Name: "long", Data: []byte("1h"), Rev: 2}, t0},
+		created{entry{Name: "never", Data: []byte("0s"), Rev: 3}, t0},
+		created{entry{Name: "renewed", Data: []byte("1s"), Rev: 4}, t0},
+		created{entry{Name: "kept", Data: []byte("1s"), Rev: 5}, t0},
 		nil,
-		created{entry{key: "renewed", val: []byte("1m"), rev: 6}, t0.Add(time.Second)},
-		created{entry{key: "kept", val: []byte("0s"), rev: 7}, t0.Add(time.Second)},
+		created{entry{Name: "renewed", Data: []byte("1m"), Rev: 6}, t0.Add(time.Second)},
+		created{entry{Name: "kept", Data: []byte("0s"), Rev: 7}, t0.Add(time.Second)},
 	} {
 		fw.ch <- e
 	}

@@ -8,24 +8,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // entry is a KV entry as a watch delivers it.
-type entry struct {
-	key string
-	val []byte
-	rev uint64
-	op  jetstream.KeyValueOp
-}
-
-func (e entry) Bucket() string                  { return "test" }
-func (e entry) Key() string                     { return e.key }
-func (e entry) Value() []byte                   { return e.val }
-func (e entry) Revision() uint64                { return e.rev }
-func (e entry) Created() time.Time              { return time.Time{} }
-func (e entry) Delta() uint64                   { return 0 }
-func (e entry) Operation() jetstream.KeyValueOp { return e.op }
+type entry = testutil.KVEntry
 
 // putRecords returns a function that files rec under key in an index (its
 // put, as a KV watch would deliver it), msgpack-encoded at the next
@@ -39,7 +27,7 @@ func putRecords[R any](t *testing.T, put func(string, jetstream.KeyValueEntry) t
 			t.Fatal(err)
 		}
 		rev++
-		put(key, entry{key: key, val: data, rev: rev})
+		put(key, entry{Name: key, Data: data, Rev: rev})
 	}
 }
 
