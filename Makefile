@@ -118,7 +118,7 @@ chaos-seams: acp-deps
 # mutates the files that carry Brood's guarantees, one target at a time,
 # and runs that package's own tests against each mutant (go test -failfast,
 # no -race). MUTATE_TARGETS lists dir:file,file...[:word,word...]; the
-# package's other files are left alone. The optional third field runs only
+# package's other files and its sub-packages are left alone. The optional third field runs only
 # the tests whose names match one of its words (go test -run, the commas
 # read as |): the coordinator's tests take ~40 s a run, so each of its files
 # is measured with the tests of its concern. Bounded: one worker, and a
@@ -151,6 +151,7 @@ mutate:
 		for f in $$(cd $$dir && ls *.go | grep -v '_test\.go$$'); do \
 			case ",$$files," in *",$$f,"*) ;; *) excl="$$excl -E ^$$f\$$";; esac; \
 		done; \
+		for d in $$(cd $$dir && find . -mindepth 1 -maxdepth 1 -type d ! -name testdata -printf '%f\n'); do excl="$$excl -E ^$$d/"; done; \
 		echo "== $$dir ($$files)$${run:+, tests matching $$run}"; \
 		out=$$(mktemp); \
 		GOFLAGS="$$goflags" ./.deps/bin/gremlins unleash --workers 1 --timeout-coefficient $(MUTATE_TIMEOUT_COEF) \
