@@ -55,6 +55,8 @@ func TestDepthCapNeverWidens(t *testing.T) {
 		{1, &three, ptr(int64(10)), &three, false}, // asking for more keeps the narrower cap
 		{1, &three, &one, nil, true},               // depth 2 > 1
 		{3, &three, nil, nil, true},                // depth 4 > inherited 3
+		{2, &three, nil, &three, false},            // depth 3 = inherited 3: at the cap is allowed
+		{0, nil, &one, &one, false},                // depth 1 = maxDepth 1
 	}
 	for _, tt := range tests {
 		_, cap, err := resolveDepth(protocol.SessionHeader{DelegationDepth: tt.parentDepth, DepthCap: tt.parentCap}, tt.maxDepth)
