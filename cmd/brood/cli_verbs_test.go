@@ -437,8 +437,8 @@ func TestSteeringVerbsInJSON(t *testing.T) {
 	if st.RunID != run.RunID || st.State != protocol.RunSettled || st.Result == nil || st.Result.StopReason != protocol.StopAborted {
 		t.Fatalf("dispose --json of a settled run %+v", st)
 	}
-	if o := c.run("result", run.RunID); o.code != 1 || !strings.HasPrefix(o.err, "ABORTED: run "+run.RunID+" ended with stopReason aborted") {
-		t.Fatalf("result of the disposed run: exit %d stderr %q", o.code, o.err)
+	if o := c.run("result", run.RunID); o.code != 1 || !regexp.MustCompile(`(^|\n)ABORTED: run `+run.RunID+` ended with stopReason aborted[^\n]*\n$`).MatchString(o.err) {
+		t.Fatalf("result of the disposed run: exit %d stderr %q; want the code on its last line", o.code, o.err)
 	}
 
 	c.eventually("every activation went idle", func() bool {

@@ -481,13 +481,11 @@ func printRunStatus(s *session, st protocol.RunStatus, asJSON, judge bool) error
 }
 
 // printResult prints a result's output (and structured value) unless asJSON,
-// and returns exit status 1 with the code first on stderr when the stop
-// reason is not completed.
+// then its usage line on stderr, and returns exit status 1 with a last
+// stderr line that starts with the code when the stop reason is not
+// completed.
 func printResult(s *session, what string, res protocol.SubagentResult, asJSON bool) error {
 	if !asJSON {
-		if line := usageLine(res.Usage); line != "" {
-			defer fmt.Fprintln(s.errOut, line) // after the output and its notes
-		}
 		if text := protocol.PlainText(res.Output); text != "" {
 			fmt.Fprintln(s.out, text)
 			// The output rule skips an empty last message (issue 14): say so.
@@ -499,6 +497,12 @@ func printResult(s *session, what string, res protocol.SubagentResult, asJSON bo
 			if err := printJSONLine(s.out, res.Structured); err != nil {
 				return err
 			}
+		}
+		// After the output and its notes, before the code: the last line
+		// of stderr of a run that did not complete starts with its code
+		// (README: "otherwise the last line of stderr starts with the code").
+		if line := usageLine(res.Usage); line != "" {
+			fmt.Fprintln(s.errOut, line)
 		}
 	}
 	if res.StopReason == protocol.StopCompleted {

@@ -76,6 +76,13 @@ func TestFollowupWait(t *testing.T) {
 	if o.code != 1 || !strings.HasPrefix(o.err, "messageId ") || !strings.Contains(o.err, "ERROR: turn 4 of "+child+" ended with stopReason error") {
 		t.Fatalf("failing turn: exit %d stderr %q", o.code, o.err)
 	}
+	// Its usage line comes before the code, which stays the last line of
+	// stderr (README: "otherwise the last line of stderr starts with the
+	// code"), for scripts that read it.
+	if lines := strings.Split(strings.TrimSuffix(o.err, "\n"), "\n"); len(lines) < 2 ||
+		!strings.HasPrefix(lines[len(lines)-2], "usage: own ") || !strings.HasPrefix(lines[len(lines)-1], "MODEL_ERROR: turn 4 of "+child) {
+		t.Fatalf("failing turn: the last line of stderr is not the code after the usage line: %q", o.err)
+	}
 }
 
 // The tree `brood watch` draws on a terminal.
