@@ -406,4 +406,4 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 
 // usageRE is the usage line `brood run` and `brood result` print on stderr
 // after a result (docs/protocol.md §6.6).
-const usageRE = `usage: own \d+ in \+ \d+ out tokens, \d+ model requests, \d+ tool calls, [\d.]+m?s; subtree \d+ in \+ \d+ out tokens, \d+ model requests, \d+ tool calls, [\d.]+m?s\n`
+const usageRE = `usage: own \d+ in \+ \d+ out tokens, \d+ model requests?, \d+ tool calls?, [\d.]+m?s; subtree \d+ in \+ \d+ out tokens, \d+ model requests?, \d+ tool calls?, [\d.]+m?s\n`

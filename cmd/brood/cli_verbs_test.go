@@ -59,6 +59,7 @@ func TestVerbsRefuseFlagsTheyDoNotHonour(t *testing.T) {
 		{[]string{"start", "--provider", "spawn", "--schema", "s.json", "x"}, "unknown flag: --schema"},
 		{[]string{"providers", "--log-level", "loud"}, `--log-level "loud" must be`},
 		{[]string{"state", "--max-depth", "2", "X"}, "unknown flag: --max-depth"},
+		{[]string{"run", "--provider", "spawn", "--turn-timeout", "1ns", "x"}, "--turn-timeout must be at least 1ms (got 1ns)"},
 	} {
 		t.Run(strings.Join(tc.args[:2], " "), func(t *testing.T) {
 			o := c.runBare(tc.args...)

@@ -220,6 +220,10 @@ func (f *childFlags) startOptions(cmd *cobra.Command) (protocol.StartOptions, er
 			continue
 		}
 		if x.v <= 0 {
+			if x.flag == "turn-timeout" {
+				// Carried in whole milliseconds: 1ns is positive, and still 0.
+				return o, protocol.Errorf(protocol.CodeInvalidArgument, "--turn-timeout must be at least 1ms (got %s)", f.turnTimeout)
+			}
 			return o, protocol.Errorf(protocol.CodeInvalidArgument, "--%s must be positive", x.flag)
 		}
 		*x.dst = x.v

@@ -295,7 +295,9 @@ func childrenCmd(g *globals) *cobra.Command {
 		Use:   "children [PARENT] [--descendants]",
 		Short: "List a parent's children (without PARENT: every live continuable activation)",
 		Long: "Rows are in creation order (createdAt, then id), a subtree in pre-order. Without PARENT the\n" +
-			"list is every continuable child with a live activation, whoever its parent.",
+			"list is every continuable child with a live activation, whoever its parent.\n" +
+			"DEPTH counts from PARENT (its children are 1, theirs 2); without PARENT it counts from the\n" +
+			"child's root (a root's children are 1). TOKENS and REQUESTS are own/subtree (model requests).",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {

@@ -19,12 +19,21 @@ func usageLine(u *protocol.UsageSummary) string {
 }
 
 func usageText(u protocol.RunUsage) string {
-	s := fmt.Sprintf("%d in + %d out tokens, %d model requests, %d tool calls, %s",
-		u.InputTokens, u.OutputTokens, u.ModelRequests, u.ToolCalls, elapsed(time.Duration(u.WallMs)*time.Millisecond))
+	s := fmt.Sprintf("%d in + %d out tokens, %s, %s, %s",
+		u.InputTokens, u.OutputTokens, count(u.ModelRequests, "model request"), count(u.ToolCalls, "tool call"),
+		elapsed(time.Duration(u.WallMs)*time.Millisecond))
 	if u.UnreportedRequests > 0 {
-		s += fmt.Sprintf(" (%d requests' tokens unreported: at least)", u.UnreportedRequests)
+		s += fmt.Sprintf(" (tokens of %s unreported: at least)", count(u.UnreportedRequests, "request"))
 	}
 	return s
+}
+
+// count is n and noun, plural unless n is 1: "1 tool call", "0 tool calls".
+func count[N ~int | ~int64](n N, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // usageCells are a table's TOKENS and REQUESTS cells, own/subtree: total
