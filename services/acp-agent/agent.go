@@ -27,6 +27,10 @@
 //	               completeness check) → turn/end{interrupted} for a turn the previous
 //	               incarnation left open, fenced on the last record → replay to the client;
 //	               loads of one session at once are one load: the others wait, then replay (load.go)
+//	request        (a pending request in the root's tree, listed by requests.go's watch)
+//	               tool_call update (pending) → session/request_permission → the editor's
+//	               choice as requests.answer with a user grant → tool_call_update (its outcome);
+//	               nothing is written to the root's log
 //	exit           running turns cancelled and ended (aborted) → agents.close per root
 package acpagent
 
@@ -121,6 +125,9 @@ type Service struct {
 	// the channel is closed when that load ends (load.go).
 	loading map[string]chan struct{}
 	closing bool
+	// grant is the user grant the editor's answers to requests go with
+	// (requests.go), minted when first needed.
+	grant protocol.UserGrantReply
 }
 
 // New checks cfg and returns the server; Run serves it.

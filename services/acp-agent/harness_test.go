@@ -60,6 +60,12 @@ func (e *editor) WaitForTerminalExit(context.Context, acp.WaitForTerminalExitReq
 // the test ends.
 func serve(t *testing.T, s *stack.Stack, tools acpagent.ToolsFactory) *acp.ClientSideConnection {
 	t.Helper()
+	return serveTo(t, s, tools, &editor{})
+}
+
+// serveTo is serve with the editor ed on the client side.
+func serveTo(t *testing.T, s *stack.Stack, tools acpagent.ToolsFactory, ed acp.Client) *acp.ClientSideConnection {
+	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	svc, err := acpagent.New(acpagent.Config{
@@ -84,7 +90,7 @@ func serve(t *testing.T, s *stack.Stack, tools acpagent.ToolsFactory) *acp.Clien
 		_ = outW.Close()
 		_ = inR.Close()
 	})
-	conn := acp.NewClientSideConnection(&editor{}, inW, outR)
+	conn := acp.NewClientSideConnection(ed, inW, outR)
 	conn.SetLogger(testutil.Logger(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

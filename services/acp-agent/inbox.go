@@ -58,14 +58,19 @@ func (in rootInbox) Remove(ctx context.Context, seqs ...protocol.Seq) error {
 	return nil
 }
 
-// watch starts the session's inbox watcher; close stops it.
+// watch starts the session's inbox watcher and the watch of its tree's
+// requests (requests.go); close stops them.
 func (ss *session) watch() {
 	ctx, cancel := context.WithCancel(context.Background())
 	ss.stopWatch = cancel
-	ss.watching.Add(1)
+	ss.watching.Add(2)
 	go func() {
 		defer ss.watching.Done()
 		ss.watchInbox(ctx)
+	}()
+	go func() {
+		defer ss.watching.Done()
+		ss.watchRequests(ctx)
 	}()
 }
 

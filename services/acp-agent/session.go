@@ -21,6 +21,10 @@ type session struct {
 	root  *client.Root
 	agent *agent.Agent
 	inbox rootInbox
+	// requests is the session's view of its tree's requests (requests.go);
+	// delegating names its tools that start children.
+	requests   *requestsState
+	delegating map[string]bool
 
 	turnMu sync.Mutex // one turn at a time
 
@@ -60,7 +64,13 @@ func (s *Service) build(root *client.Root, h protocol.SessionHeader, events []pr
 	if err != nil {
 		return nil, acp.NewInternalError(map[string]any{"error": "system prompt: " + err.Error()})
 	}
-	ss := &session{s: s, id: h.ID, root: root, inbox: rootInbox{root: root}}
+	ss := &session{s: s, id: h.ID, root: root, inbox: rootInbox{root: root}, requests: newRequestsState(), delegating: map[string]bool{}}
+	for _, n := range reg.Names() {
+		if t, ok := reg.Lookup(n); ok && t.Delegates {
+			ss.delegating[n] = true
+		}
+	}
+	ss.sawDelegation(events)
 	// The root's inbox feeds the agent: notices and reports join a running
 	// turn at its next step (the agent looks at every step), and the
 	// watcher turns those that arrive while it is idle into turns of their own.
@@ -222,6 +232,7 @@ func (ss *session) text(s string) {
 // appended forwards what the agent logged: tool calls and their results, and
 // an answer whose text was not streamed (a model adapter that does not stream).
 func (ss *session) appended(evs []protocol.SessionEvent) {
+	ss.sawDelegation(evs)
 	for _, ev := range evs {
 		switch ev.Type {
 		case protocol.EvAssistantMessage:
@@ -250,6 +261,18 @@ func (ss *session) appended(evs []protocol.SessionEvent) {
 			if u, ok := toolUpdate(ev); ok {
 				ss.notify(u)
 			}
+		}
+	}
+}
+
+// sawDelegation opens the watch of the tree's requests at the first call
+// of a tool that starts children (requests.go).
+func (ss *session) sawDelegation(evs []protocol.SessionEvent) {
+	for _, ev := range evs {
+		var d protocol.ToolCallData
+		if ev.Type == protocol.EvToolCall && ev.Decode(&d) == nil && ss.delegating[d.Name] {
+			ss.requests.delegated()
+			return
 		}
 	}
 }
@@ -326,6 +349,10 @@ func toolKind(name string) acp.ToolKind {
 	switch name {
 	case "list_dir", "read_file":
 		return acp.ToolKindRead
+	case "write_file", "edit_file":
+		return acp.ToolKindEdit
+	case "run_command":
+		return acp.ToolKindExecute
 	default:
 		return acp.ToolKindOther
 	}

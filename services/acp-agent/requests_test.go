@@ -1,0 +1,299 @@
+package acpagent_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	acp "github.com/coder/acp-go-sdk"
+	"github.com/nats-io/nats.go"
+
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/pkg/protocol"
+	acpagent "github.com/brood-dev/brood/services/acp-agent"
+)
+
+// askedEditor is an editor that records the session/request_permission it
+// gets and the updates of the tool calls they stand for, and answers each
+// with decide.
+type askedEditor struct {
+	editor
+	decide func(ctx context.Context, req acp.RequestPermissionRequest) acp.RequestPermissionOutcome
+
+	mu       sync.Mutex
+	asks     []acp.RequestPermissionRequest
+	statuses map[acp.ToolCallId][]acp.ToolCallStatus
+}
+
+func (e *askedEditor) RequestPermission(ctx context.Context, req acp.RequestPermissionRequest) (acp.RequestPermissionResponse, error) {
+	e.mu.Lock()
+	e.asks = append(e.asks, req)
+	e.mu.Unlock()
+	return acp.RequestPermissionResponse{Outcome: e.decide(ctx, req)}, nil
+}
+
+func (e *askedEditor) SessionUpdate(ctx context.Context, n acp.SessionNotification) error {
+	e.mu.Lock()
+	switch u := n.Update; {
+	case u.ToolCall != nil && strings.HasPrefix(string(u.ToolCall.ToolCallId), "request-"):
+		e.statuses[u.ToolCall.ToolCallId] = append(e.statuses[u.ToolCall.ToolCallId], u.ToolCall.Status)
+	case u.ToolCallUpdate != nil && u.ToolCallUpdate.Status != nil && strings.HasPrefix(string(u.ToolCallUpdate.ToolCallId), "request-"):
+		e.statuses[u.ToolCallUpdate.ToolCallId] = append(e.statuses[u.ToolCallUpdate.ToolCallId], *u.ToolCallUpdate.Status)
+	}
+	e.mu.Unlock()
+	return e.editor.SessionUpdate(ctx, n)
+}
+
+func (e *askedEditor) taken() ([]acp.RequestPermissionRequest, map[acp.ToolCallId][]acp.ToolCallStatus) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := map[acp.ToolCallId][]acp.ToolCallStatus{}
+	for k, v := range e.statuses {
+		st[k] = append([]acp.ToolCallStatus(nil), v...)
+	}
+	return append([]acp.RequestPermissionRequest(nil), e.asks...), st
+}
+
+func selected(id string) acp.RequestPermissionOutcome {
+	return acp.RequestPermissionOutcome{Selected: &acp.RequestPermissionOutcomeSelected{OptionId: acp.PermissionOptionId(id)}}
+}
+
+var cancelled = acp.RequestPermissionOutcome{Cancelled: &acp.RequestPermissionOutcomeCancelled{}}
+
+// requestOf returns the Brood request id and asking session an ask names
+// in its _meta.
+func requestOf(t *testing.T, req acp.RequestPermissionRequest) (id, session string) {
+	t.Helper()
+	m, _ := req.Meta[protocol.ACPMetaKey].(map[string]any)
+	id, _ = m["requestId"].(string)
+	session, _ = m["sessionId"].(string)
+	if id == "" || session == "" || req.ToolCall.ToolCallId != acp.ToolCallId("request-"+id) {
+		t.Fatalf("the ask names no request: meta %v, tool call %q", req.Meta, req.ToolCall.ToolCallId)
+	}
+	return id, session
+}
+
+// TestEditorAnswersTheTreesRequests (issue 33, item 4): a background child
+// of an ACP session of `brood acp-agent` parks a call on a request; the
+// editor (the ACP Go SDK's client side) gets it as session/request_permission
+// in that session, once, however long it takes to answer (and when
+// the editor loads the session again meanwhile); its choice
+// reaches the child through requests.answer as the user's: approved, the
+// tool runs and the turn completes; denied, the call's result is the
+// denial; a question's choices are the options and the chosen one is the
+// answer. A cancelled ask leaves the request pending and is not asked
+// again; a request answered elsewhere while the editor is asked has its
+// ask cancelled, and the other answer stands.
+func TestEditorAnswersTheTreesRequests(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	var lists atomic.Int64 // requests.list calls seen on the wire
+	sub, err := s.NC.Subscribe("*.v1.>", func(m *nats.Msg) {
+		if strings.HasSuffix(m.Subject, "."+protocol.EpRequestsList) {
+			lists.Add(1)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	// polls waits until the agent listed the requests n more times (each
+	// poll is at most RequestPollMax apart).
+	polls := func(t *testing.T, n int64) {
+		t.Helper()
+		from := lists.Load()
+		testutil.Eventually(t, time.Duration(n+2)*acpagent.RequestPollMax, func() bool { return lists.Load() >= from+n },
+			"%d more requests.list", n)
+	}
+	const write = `call write_file {"path":"x.txt","content":"hi"}` + "\nsay done"
+	const ask = `call ask {"question":"Which database?","choices":["postgres","sqlite"]}` + "\nsay done"
+	approve := func(t *testing.T, id string) {
+		t.Helper()
+		if _, err := s.Client.AnswerRequest(context.Background(), protocol.RequestAnswerRequest{RequestID: id, Authority: s.Grant(), Answer: protocol.AnswerApprove}); err != nil {
+			t.Error(err)
+		}
+	}
+	tests := []struct {
+		name   string
+		script string
+		// decide answers the ask; after, when set, runs once it answered,
+		// while the child's call is parked.
+		decide  func(t *testing.T, ctx context.Context, req acp.RequestPermissionRequest) acp.RequestPermissionOutcome
+		after   func(t *testing.T, id string)
+		reload  bool // the editor loads the session again while it is asked
+		tool    string
+		result  string
+		isError bool
+		written bool
+		state   string // the request's, in the child's log
+		final   acp.ToolCallStatus
+	}{
+		{"approved in the editor, asked once while it waits", write, func(t *testing.T, _ context.Context, _ acp.RequestPermissionRequest) acp.RequestPermissionOutcome {
+			polls(t, 3) // the request is listed again meanwhile: not asked again
+			return selected("approve")
+		}, nil, true, "write_file", "wrote 2 bytes", false, true, protocol.RequestApproved, acp.ToolCallStatusCompleted},
+		{"denied in the editor", write, func(*testing.T, context.Context, acp.RequestPermissionRequest) acp.RequestPermissionOutcome {
+			return selected("deny")
+		}, nil, false, "write_file", "denied in the editor", true, false, protocol.RequestDenied, acp.ToolCallStatusCompleted},
+		{"a question's choice", ask, func(t *testing.T, _ context.Context, req acp.RequestPermissionRequest) acp.RequestPermissionOutcome {
+			for _, o := range req.Options {
+				if o.Name == "sqlite" {
+					return selected(string(o.OptionId))
+				}
+			}
+			t.Errorf("no option sqlite: %+v", req.Options)
+			return cancelled
+		}, nil, false, "ask", "sqlite", false, false, protocol.RequestAnswered, acp.ToolCallStatusCompleted},
+		{"cancelled in the editor: pending, not asked again", write, func(*testing.T, context.Context, acp.RequestPermissionRequest) acp.RequestPermissionOutcome {
+			return cancelled
+		}, func(t *testing.T, id string) {
+			polls(t, 3)
+			r, err := s.Client.GetRequest(context.Background(), protocol.RequestGetRequest{RequestID: id, Authority: s.Grant()})
+			if err != nil || r.State != protocol.RequestPending {
+				t.Errorf("after a cancelled ask the request is %+v, %v; want pending", r, err)
+			}
+			approve(t, id)
+		}, false, "write_file", "wrote 2 bytes", false, true, protocol.RequestApproved, acp.ToolCallStatusFailed},
+		{"answered elsewhere while the editor is asked", write, func(t *testing.T, ctx context.Context, req acp.RequestPermissionRequest) acp.RequestPermissionOutcome {
+			id, _ := requestOf(t, req)
+			approve(t, id)
+			select {
+			case <-ctx.Done(): // $/cancel_request
+			case <-time.After(4 * acpagent.RequestPollMax):
+				t.Error("the ask was not cancelled once the request was answered elsewhere")
+			}
+			return selected("deny") // too late: loses
+		}, nil, false, "write_file", "wrote 2 bytes", false, true, protocol.RequestApproved, acp.ToolCallStatusCompleted},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			dir := t.TempDir()
+			ed := &askedEditor{statuses: map[acp.ToolCallId][]acp.ToolCallStatus{}}
+			var conn *acp.ClientSideConnection
+			ed.decide = func(ctx context.Context, req acp.RequestPermissionRequest) acp.RequestPermissionOutcome {
+				if tt.reload {
+					// A load of a session open here replays it: no second ask.
+					if _, err := conn.LoadSession(ctx, acp.LoadSessionRequest{SessionId: req.SessionId, Cwd: dir, McpServers: []acp.McpServer{}}); err != nil {
+						t.Errorf("session/load while asked: %v", err)
+					}
+				}
+				return tt.decide(t, ctx, req)
+			}
+			conn = serveTo(t, s, acpagent.DelegationTools("spawn", dir), ed)
+			ns, err := conn.NewSession(ctx, acp.NewSessionRequest{Cwd: dir, McpServers: []acp.McpServer{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			prompt, err := json.Marshal(tt.script)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := conn.Prompt(ctx, acp.PromptRequest{SessionId: ns.SessionId, Prompt: []acp.ContentBlock{acp.TextBlock(
+				`call subagent {"description":"helper","prompt":` + string(prompt) + `,"run_in_background":true}` + "\nsay started")}})
+			if err != nil || r.StopReason != acp.StopReasonEndTurn {
+				t.Fatalf("prompt: %+v, %v", r, err)
+			}
+			var asks []acp.RequestPermissionRequest
+			testutil.Eventually(t, 60*time.Second, func() bool { asks, _ = ed.taken(); return len(asks) > 0 }, "the editor is asked")
+			req := asks[0]
+			id, child := requestOf(t, req)
+			if req.SessionId != ns.SessionId {
+				t.Fatalf("asked in session %s, want the root's %s", req.SessionId, ns.SessionId)
+			}
+			var opts []string
+			for _, o := range req.Options {
+				opts = append(opts, string(o.OptionId)+":"+string(o.Kind))
+			}
+			title := ""
+			if req.ToolCall.Title != nil {
+				title = *req.ToolCall.Title
+			}
+			switch tt.tool {
+			case "write_file":
+				if want := []string{"approve:allow_once", "deny:reject_once"}; !reflect.DeepEqual(opts, want) {
+					t.Fatalf("options %v, want %v", opts, want)
+				}
+				if want := map[string]any{"path": "x.txt", "content": "hi"}; !reflect.DeepEqual(req.ToolCall.RawInput, want) {
+					t.Fatalf("rawInput %#v, want %v", req.ToolCall.RawInput, want)
+				}
+				if !strings.Contains(title, child) || !strings.Contains(title, "write_file") {
+					t.Fatalf("title %q names neither the child %s nor the tool", title, child)
+				}
+			case "ask":
+				if want := []string{"choice-0:allow_once", "choice-1:allow_once"}; !reflect.DeepEqual(opts, want) {
+					t.Fatalf("options %v, want %v", opts, want)
+				}
+			}
+
+			if tt.after != nil {
+				tt.after(t, id)
+			}
+			// The child's call ends and its turn with it.
+			var evs []protocol.SessionEvent
+			testutil.Eventually(t, 60*time.Second, func() bool {
+				_, evs = s.Log(child)
+				return len(evs) > 0 && evs[len(evs)-1].Type == protocol.EvTurnEnd
+			}, "the child's turn ends")
+			var trail []string
+			var answer protocol.RequestAnswerData
+			var result protocol.ToolResultData
+			var end protocol.TurnEndData
+			for _, ev := range evs {
+				switch ev.Type {
+				case protocol.EvRequestOpen, protocol.EvToolResult:
+					trail = append(trail, ev.Type)
+					if ev.Type == protocol.EvToolResult && ev.Decode(&result) != nil {
+						t.Fatal("tool/result")
+					}
+				case protocol.EvRequestAnswer:
+					trail = append(trail, ev.Type)
+					if err := ev.Decode(&answer); err != nil {
+						t.Fatal(err)
+					}
+				case protocol.EvTurnEnd:
+					if err := ev.Decode(&end); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if want := "request/open request/answer tool/result"; strings.Join(trail, " ") != want {
+				t.Fatalf("the child's log: %v, want %s", trail, want)
+			}
+			if answer.RequestID != id || answer.State != tt.state || answer.By.Kind != protocol.AnswererUser {
+				t.Fatalf("the answer %+v, want %s by the user", answer, tt.state)
+			}
+			if result.Name != tt.tool || result.IsError != tt.isError || !strings.Contains(protocol.PlainText(result.Content), tt.result) {
+				t.Fatalf("the %s result %+v, want (error %v) %q", tt.tool, result, tt.isError, tt.result)
+			}
+			if end.Reason.Kind != protocol.TurnCompleted {
+				t.Fatalf("the child's turn ended %+v", end.Reason)
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, "x.txt")); (err == nil) != tt.written || (tt.written && string(b) != "hi") {
+				t.Fatalf("x.txt: %q, %v; written: want %v", b, err, tt.written)
+			}
+			// One ask; the tool call it stands for went pending, then to its outcome.
+			var statuses map[acp.ToolCallId][]acp.ToolCallStatus
+			testutil.Eventually(t, 10*time.Second, func() bool {
+				asks, statuses = ed.taken()
+				return len(statuses[req.ToolCall.ToolCallId]) >= 2
+			}, "the editor sees the outcome")
+			if len(asks) != 1 {
+				t.Fatalf("the editor was asked %d times, want once", len(asks))
+			}
+			if got, want := statuses[req.ToolCall.ToolCallId], []acp.ToolCallStatus{acp.ToolCallStatusPending, tt.final}; !reflect.DeepEqual(got, want) {
+				t.Fatalf("the request's tool call went %v, want %v", got, want)
+			}
+		})
+	}
+}
