@@ -148,7 +148,7 @@ func TestStartVerb(t *testing.T) {
 	}
 	j := decodeJSON[struct{ ChildID, MessageID, ParentSession string }](t,
 		c.ok("start", "--provider", "spawn", "--json", "--max-depth", "2", "--deny-tools", "read_file", "--persona", "You are {{provider}}.",
-			"--auto-approve", "write_file,run_command", "say two").out)
+			"--auto-approve", "write_file,run_command", "--request-timeout", "90s", "say two").out)
 	if j.ChildID == "" || j.MessageID == "" || j.ParentSession == "" {
 		t.Fatalf("json %+v", j)
 	}
@@ -165,6 +165,12 @@ func TestStartVerb(t *testing.T) {
 	}
 	c.fails("INVALID_TOOL_FILTER", "start", "--provider", "spawn", "--allow-tools", "no_such_tool", "x")
 	c.fails("INVALID_ARGUMENT", "start", "--provider", "spawn", "--auto-approve", "no_such_tool", "x")
+	// --request-timeout (issue 33, item 5): recorded, and refused out of bounds.
+	if h.RequestTimeoutMs != 90_000 {
+		t.Fatalf("--request-timeout 90s not applied: requestTimeoutMs %d", h.RequestTimeoutMs)
+	}
+	c.fails("LIMIT_EXCEEDED", "start", "--provider", "spawn", "--request-timeout", "25h", "x")
+	c.fails("INVALID_ARGUMENT", "start", "--provider", "spawn", "--request-timeout", "-1s", "x")
 	// The model and turn limits (issue 37, item 3): applied, and refused
 	// when not offered or above the worker's.
 	id = c.startChild("--model", "scripted", "--turn-timeout", "90s", "--steps-per-turn-max", "5", "--tool-calls-per-step-max", "3", "say three")

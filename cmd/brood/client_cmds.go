@@ -145,6 +145,9 @@ type childFlags struct {
 	model                                string
 	turnTimeout                          time.Duration
 	stepsPerTurnMax, toolCallsPerStepMax int64
+	// requestTimeout is --request-timeout: how long each request of the
+	// child's tree waits for an answer (docs/protocol.md §5.21).
+	requestTimeout time.Duration
 }
 
 // register adds the flags to cmd; withSchema adds --schema (one-shot only:
@@ -163,6 +166,7 @@ func (f *childFlags) register(cmd *cobra.Command, withSchema bool) {
 	cmd.Flags().DurationVar(&f.turnTimeout, "turn-timeout", 0, "a shorter turn time limit for the child (never above its worker's)")
 	cmd.Flags().Int64Var(&f.stepsPerTurnMax, "steps-per-turn-max", 0, "fewer model calls per turn for the child (never above its worker's)")
 	cmd.Flags().Int64Var(&f.toolCallsPerStepMax, "tool-calls-per-step-max", 0, "fewer tool calls per model answer for the child (never above its worker's)")
+	cmd.Flags().DurationVar(&f.requestTimeout, "request-timeout", 0, "how long each approval or question of the child's tree waits for an answer before it times out as a denial (at most 24h; default 5m)")
 }
 
 // startOptions builds the start options from the flags the user set; an
@@ -230,6 +234,12 @@ func (f *childFlags) startOptions(cmd *cobra.Command) (protocol.StartOptions, er
 	}
 	if !l.IsZero() {
 		o.Limits = &l
+	}
+	if fl.Changed("request-timeout") {
+		if f.requestTimeout < time.Millisecond {
+			return o, protocol.Errorf(protocol.CodeInvalidArgument, "--request-timeout must be at least 1ms, not %s", f.requestTimeout)
+		}
+		o.RequestTimeoutMs = f.requestTimeout.Milliseconds()
 	}
 	return o, nil
 }

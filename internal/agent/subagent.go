@@ -80,7 +80,8 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 		`,"limits":{"type":"object","description":"lower turn limits for the subagent (never above yours)","properties":{` +
 		`"turnTimeoutMs":{"type":"integer","minimum":1,"description":"milliseconds one turn may take"},` +
 		`"stepsPerTurnMax":{"type":"integer","minimum":1,"description":"model calls one turn may make"},` +
-		`"toolCallsPerStepMax":{"type":"integer","minimum":1,"description":"tool calls one model answer may ask for"}},"additionalProperties":false}`
+		`"toolCallsPerStepMax":{"type":"integer","minimum":1,"description":"tool calls one model answer may ask for"}},"additionalProperties":false}` +
+		`,"requestTimeoutMs":{"type":"integer","minimum":1,"description":"milliseconds each approval or question of the subagent (and its own subagents) waits for an answer before it counts as a denial; never above yours"}`
 	if cfg.Background != nil {
 		desc += " Set run_in_background to start a continuable subagent and go on; you get a notice when it settles, and can message it with send_message."
 		props += `,"run_in_background":{"type":"boolean","description":"start the subagent in the background (continuable) instead of waiting for it"}`
@@ -103,6 +104,8 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 				Background  *bool                `json:"run_in_background"`
 				Model       string               `json:"model"`
 				Limits      *protocol.TurnLimits `json:"limits"`
+				// RequestTimeoutMs is StartOptions.RequestTimeoutMs.
+				RequestTimeoutMs int64 `json:"requestTimeoutMs"`
 			}
 			if err := decodeArgs(args, &in); err != nil {
 				return ErrorResult("%s: %v", name, err)
@@ -114,9 +117,9 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 				if cfg.Background == nil {
 					return ErrorResult("%s: run_in_background is not available with this provider", name)
 				}
-				return cfg.Background(ctx, tc, in.Description, in.Prompt, protocol.ContinuableOptions{Model: in.Model, Limits: in.Limits})
+				return cfg.Background(ctx, tc, in.Description, in.Prompt, protocol.ContinuableOptions{Model: in.Model, Limits: in.Limits, RequestTimeoutMs: in.RequestTimeoutMs})
 			}
-			opts := protocol.StartOptions{Label: in.Description, Model: in.Model, Limits: in.Limits}
+			opts := protocol.StartOptions{Label: in.Description, Model: in.Model, Limits: in.Limits, RequestTimeoutMs: in.RequestTimeoutMs}
 			if !cfg.ProviderManaged {
 				opts.MaxDepth = maxDepth
 			}

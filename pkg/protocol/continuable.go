@@ -26,6 +26,8 @@ type ContinuableOptions struct {
 	// header, so they hold for every turn and survive cold resume.
 	Model  string      `msgpack:"model,omitempty" json:"model,omitempty"`
 	Limits *TurnLimits `msgpack:"limits,omitempty" json:"limits,omitempty"`
+	// RequestTimeoutMs is as in StartOptions; recorded in the child's header.
+	RequestTimeoutMs int64 `msgpack:"requestTimeoutMs,omitempty" json:"requestTimeoutMs,omitempty"`
 }
 
 // ContinuableStartRequest is the body of continuable.start. Label is

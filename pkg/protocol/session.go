@@ -61,6 +61,12 @@ type SessionHeader struct {
 	// request, field by field the smallest (ResolveChildChoice); a worker
 	// runs the child's turns within them and its own settings.
 	Limits *TurnLimits `msgpack:"limits,omitempty" json:"limits,omitempty"`
+	// RequestTimeoutMs is how long a request of this session waits for its
+	// answer, in milliseconds, written by the coordinator: its start's
+	// requestTimeoutMs (agents.open's, for a root), else its parent's
+	// (ResolveRequestTimeout: at most its parent's); absent, the
+	// coordinator's default (5 minutes) holds (docs/protocol.md §5.21).
+	RequestTimeoutMs int64 `msgpack:"requestTimeoutMs,omitempty" json:"requestTimeoutMs,omitempty"`
 }
 
 // ScopeRoot is the scope of a root session (Scope): roots' logs are

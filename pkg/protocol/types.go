@@ -326,6 +326,13 @@ type StartOptions struct {
 	// Limits tighten the child's turn limits below its parent's and its
 	// worker's; a limit above them is INVALID_ARGUMENT (ResolveChildChoice).
 	Limits *TurnLimits `msgpack:"limits,omitempty" json:"limits,omitempty"`
+	// RequestTimeoutMs is how long each request of the child and its
+	// descendants waits for an answer, in milliseconds (1 to
+	// RequestTimeoutMsMax, 24 hours); absent (0): its parent's, else the
+	// coordinator's default (5 minutes). It is never above the parent's
+	// (ResolveRequestTimeout: INVALID_ARGUMENT above it, LIMIT_EXCEEDED
+	// above the maximum). Any provider takes it.
+	RequestTimeoutMs int64 `msgpack:"requestTimeoutMs,omitempty" json:"requestTimeoutMs,omitempty"`
 }
 
 // RunStartRequest is the body of runs.start (docs/design.md §7). Notify is the
@@ -422,6 +429,11 @@ type AgentsOpenRequest struct {
 	// Grant is a user grant (authority.user): reopening a root takes over its
 	// identity, so only a trusted host acting for the user may do it.
 	Grant string `msgpack:"grant,omitempty" json:"grant,omitempty"`
+	// RequestTimeoutMs is how long each request in the new root's tree
+	// waits for an answer, in milliseconds, as StartOptions.RequestTimeoutMs
+	// (CheckRequestTimeout); its children may only tighten it. Ignored on a
+	// reopen (SessionID), which keeps the root's header.
+	RequestTimeoutMs int64 `msgpack:"requestTimeoutMs,omitempty" json:"requestTimeoutMs,omitempty"`
 }
 
 // AgentsOpenReply carries the root's session id and credential. The root is

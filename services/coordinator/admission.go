@@ -126,6 +126,9 @@ type admission struct {
 	// autoApprove is the child's header autoApprove (protocol.ResolveAutoApprove).
 	autoApprove []string
 	choice      protocol.ChildChoice // model and turn limits (protocol.ResolveChildChoice)
+	// requestTimeoutMs is the child's header requestTimeoutMs
+	// (protocol.ResolveRequestTimeout).
+	requestTimeoutMs int64
 }
 
 // admit runs the start checks in docs/design.md §7's order, all before anything is
@@ -210,6 +213,9 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 		a.options.ToolFilter = o.ToolFilter
 	}
 	if a.autoApprove, err = protocol.ResolveAutoApprove(a.pheader, o.AutoApprove, desc.Tools); err != nil {
+		return a, err
+	}
+	if a.requestTimeoutMs, err = protocol.ResolveRequestTimeout(a.pheader, o.RequestTimeoutMs); err != nil {
 		return a, err
 	}
 	if o.Persona != nil {
@@ -307,8 +313,9 @@ func (c *Coordinator) childHeader(a admission, id string, now int64) protocol.Se
 		Model: a.choice.Model, Limits: a.choice.Limits,
 		// The tree's user, for the worker's per-user workspace fence
 		// (docs/security.md, "The workspace is fenced").
-		User:        a.pheader.User,
-		AutoApprove: a.autoApprove,
+		User:             a.pheader.User,
+		AutoApprove:      a.autoApprove,
+		RequestTimeoutMs: a.requestTimeoutMs,
 	}
 }
 

@@ -32,9 +32,10 @@ type Config struct {
 	PromptBytesMax int
 	// LiveChildrenMax bounds the live children of one parent (64).
 	LiveChildrenMax int
-	// RequestTimeout is how long a request for approval waits for its
-	// answer before it is timed-out, a denial (protocol.RequestTimeout,
-	// 5 minutes; requests.go, docs/protocol.md §5.21).
+	// RequestTimeout is how long a request waits for its answer before it
+	// is timed-out, a denial (protocol.RequestTimeout, 5 minutes;
+	// requests.go, docs/protocol.md §5.21), unless the asking session's
+	// header sets its own (requestTimeoutMs of its start or an ancestor's).
 	RequestTimeout time.Duration
 	// ProviderAttemptTimeout bounds one attempt of a provider start, prepare
 	// or activate at one instance (4 s): an instance that does not answer in

@@ -158,7 +158,7 @@ func (c *Coordinator) admitContinuable(ctx context.Context, r protocol.Continuab
 		return continuableAdmission{}, err
 	}
 	opts := protocol.StartOptions{MaxDepth: r.Options.MaxDepth, ToolFilter: r.Options.ToolFilter, Persona: r.Options.Persona, Label: r.Label,
-		AutoApprove: r.Options.AutoApprove, Model: r.Options.Model, Limits: r.Options.Limits}
+		AutoApprove: r.Options.AutoApprove, Model: r.Options.Model, Limits: r.Options.Limits, RequestTimeoutMs: r.Options.RequestTimeoutMs}
 	// In-process continuable children are composed by the manager: the
 	// capability flags are not consulted, but every option is validated
 	// (docs/upstream-behaviour.md §1.4). A remote child (ACP) keeps its provider's

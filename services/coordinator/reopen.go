@@ -55,6 +55,12 @@ func (c *Coordinator) narrowRoot(ctx context.Context, h *protocol.SessionHeader,
 		// The parent's turn limits bind the root's agent too (the ACP hop:
 		// docs/protocol.md §5.2, §5.5 "Model and turn limits").
 		h.Limits = protocol.NarrowPtr(p.Limits, nil)
+		// So does its request timeout: the root's own only tightens it.
+		rt, err := protocol.ResolveRequestTimeout(p, h.RequestTimeoutMs)
+		if err != nil {
+			return err
+		}
+		h.RequestTimeoutMs = rt
 	}
 	if r.Reopenable {
 		h.Origin = protocol.OriginReopenable

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 	"unicode/utf8"
 
 	"github.com/oklog/ulid/v2"
@@ -57,12 +58,16 @@ func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protoco
 	if err := c.authorizeSelf(ctx, r.Self); err != nil {
 		return protocol.RequestRecord{}, err
 	}
+	h, err := c.headers.get(ctx, c.st, r.Self.SessionID)
+	if err != nil {
+		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnavailable, "read the header of session %s: %w", r.Self.SessionID, err)
+	}
 	now := store.NowMs()
 	rec := protocol.RequestRecord{
 		Version: protocol.RequestVersion, ID: protocol.RequestID(r.Self.SessionID, r.CallID), SessionID: r.Self.SessionID,
 		Kind: r.Kind, CallID: r.CallID, Turn: r.Turn, Step: r.Step, Tool: r.Tool, Arguments: r.Arguments,
 		Question: r.Question, Choices: r.Choices, AnswerSchema: schema,
-		State: protocol.RequestPending, CreatedAt: now, Deadline: now + c.cfg.RequestTimeout.Milliseconds(),
+		State: protocol.RequestPending, CreatedAt: now, Deadline: now + h.RequestTimeout(c.cfg.RequestTimeout).Milliseconds(),
 	}
 	if _, err := c.st.CreateRequest(ctx, rec); err != nil {
 		if !errors.Is(err, store.ErrConflict) {
@@ -293,7 +298,7 @@ func (c *Coordinator) expiredRecord(ctx context.Context, rec store.Record[protoc
 	out := rec.Value
 	out.State = protocol.RequestTimedOut
 	out.Answer = &protocol.RequestAnswer{State: protocol.RequestTimedOut, By: protocol.Answerer{Kind: protocol.AnswererTimeout}, At: store.NowMs(),
-		Reason: fmt.Sprintf("no answer within %s", c.cfg.RequestTimeout), ID: ulid.Make().String()}
+		Reason: fmt.Sprintf("no answer within %s", time.Duration(out.Deadline-out.CreatedAt)*time.Millisecond), ID: ulid.Make().String()}
 	rev, err := c.st.AnswerRequest(ctx, out, rec.Revision)
 	if errors.Is(err, store.ErrConflict) {
 		now, err := c.st.Request(ctx, rec.Value.ID)

@@ -43,6 +43,9 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request, r protoco
 	if r.Cwd == "" || !filepath.IsAbs(r.Cwd) || len(r.Cwd) > CwdBytesMax || strings.ContainsFunc(r.Cwd, unicode.IsControl) {
 		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "cwd must be an absolute path of at most %d bytes", CwdBytesMax)
 	}
+	if err := protocol.CheckRequestTimeout(r.RequestTimeoutMs); err != nil {
+		return protocol.AgentsOpenReply{}, err
+	}
 	user := c.callerOf(req)
 	id := ulid.Make().String()
 	if err := c.reserveRoot(ctx, user, id); err != nil {
@@ -51,7 +54,8 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request, r protoco
 	now := store.NowMs()
 	cred := protocol.NewCredential()
 	// The root records who opened it: a grant of that user acts on its tree.
-	h := protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: filepath.Clean(r.Cwd), User: user}
+	h := protocol.SessionHeader{Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: filepath.Clean(r.Cwd), User: user,
+		RequestTimeoutMs: r.RequestTimeoutMs}
 	if err := c.narrowRoot(ctx, &h, r); err != nil {
 		c.releaseRootSlot(ctx, user, id)
 		return protocol.AgentsOpenReply{}, err

@@ -144,6 +144,8 @@ export interface AgentsOpenRequest {
   lineage?: RootLineage;
   sessionId?: string;
   grant?: string;
+  /** Milliseconds each request of the new root's tree waits for an answer (1 to 86 400 000; §5.21); ignored on a reopen. */
+  requestTimeoutMs?: number;
 }
 
 /** §5.2 */
@@ -171,6 +173,12 @@ export interface StartOptions {
   model?: string;
   /** Lower turn limits for the child (§5.5). */
   limits?: TurnLimits;
+  /**
+   * Milliseconds each request (approval or question) of the child's tree waits for an answer before it
+   * times out as a denial: 1 to 86 400 000 (24 h), at most its parent's; absent, its parent's, else the
+   * coordinator's default (5 minutes) (§5.5, §5.21).
+   */
+  requestTimeoutMs?: number;
 }
 
 /** §5.5 */
@@ -272,6 +280,8 @@ export interface ContinuableOptions {
   model?: string;
   /** As in StartOptions (§5.5). */
   limits?: TurnLimits;
+  /** As in StartOptions (§5.5, §5.21). */
+  requestTimeoutMs?: number;
 }
 
 /** §5.8 */
@@ -550,6 +560,8 @@ export interface SessionHeader {
   model?: ModelInfo;
   /** Children only: its effective turn limits, at most its parent's (§5.5, §8.1). */
   limits?: TurnLimits;
+  /** How long each of its requests waits for an answer, in milliseconds; absent, the coordinator's default (§5.21). */
+  requestTimeoutMs?: number;
 }
 
 /** §8.2: one log entry; `data` is the type's data map (§8.3). */
