@@ -10,8 +10,8 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// TestRequestVerbs (issue 33, item 4): `brood requests --wait` lists a
-// child's parked run_command; `brood approve` lets it run, once; a second
+// TestRequestVerbs (issue 33, item 4): `brood requests --wait` gives up
+// at --timeout with none pending, and lists a child's parked run_command; `brood approve` lets it run, once; a second
 // answer is ALREADY_ANSWERED; `brood deny --reason` gives the call the
 // denial with the reason.
 func TestRequestVerbs(t *testing.T) {
@@ -24,6 +24,15 @@ func TestRequestVerbs(t *testing.T) {
 	}{
 		{"approve", []string{"approve"}, protocol.RequestApproved, "ran-after-approval"},
 		{"deny", []string{"deny", "--reason", "not today"}, protocol.RequestDenied, "denied by the user: not today"},
+	}
+	// Nothing pending: --wait gives up at --timeout, CANCELLED (issue 33;
+	// it once waited forever).
+	start := time.Now()
+	if o := c.fails("CANCELLED", "requests", "--wait", "--timeout", "1s"); o.out != "" || !strings.Contains(o.err, "within 1s (--timeout)") {
+		t.Fatalf("requests --wait with none pending: stdout %q, stderr %q", o.out, o.err)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("requests --wait --timeout 1s took %s", took)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -27,7 +28,8 @@ func requestsCmd(g *globals) *cobra.Command {
 			"`brood approve ID` or `brood deny ID --reason …`, or its deadline passes (a denial by timeout).\n" +
 			"A child that calls ask parks on a question (TOOL ask, its text and [choices] as ARGUMENTS) until\n" +
 			"`brood answer ID TEXT` or `brood answer ID --json FILE` answers it, or its deadline passes.\n" +
-			"--wait waits until at least one is pending (up to --timeout); --all lists answered ones too.",
+			"--wait waits until at least one is pending, up to --timeout in all: then it exits 1 with\n" +
+			"CANCELLED first on stderr and lists nothing. --all lists answered ones too.",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
@@ -35,15 +37,7 @@ func requestsCmd(g *globals) *cobra.Command {
 				if len(args) == 1 {
 					req.Under = args[0]
 				}
-				l, err := s.cl.Requests(ctx, req)
-				for err == nil && wait && !hasPending(l.Requests) {
-					select {
-					case <-ctx.Done():
-						return ctx.Err()
-					case <-time.After(requestsWaitPoll):
-					}
-					l, err = s.cl.Requests(ctx, req)
-				}
+				l, err := listRequests(ctx, s, req, wait, g.timeout)
 				if err != nil {
 					return err
 				}
@@ -67,7 +61,7 @@ func requestsCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().BoolVar(&wait, "wait", false, "wait until at least one request is pending")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait until at least one request is pending (up to --timeout; then exit 1, CANCELLED)")
 	cmd.Flags().BoolVar(&all, "all", false, "list answered and timed-out requests too")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the records as JSON")
 	clientFlags(cmd, g)
@@ -94,6 +88,41 @@ func requestWhat(r protocol.RequestRecord) (tool, what string) {
 
 // agentAskTool is the name of the built-in agents' ask tool.
 const agentAskTool = "ask"
+
+// listRequests lists the requests of req; with wait, until one is pending,
+// looking again every requestsWaitPoll for at most timeout in all (the
+// --timeout that bounds each coordinator request bounds the whole wait
+// too): past it, CANCELLED saying nothing became pending.
+func listRequests(ctx context.Context, s *session, req protocol.RequestsListRequest, wait bool, timeout time.Duration) (protocol.RequestsListReply, error) {
+	if !wait {
+		return s.cl.Requests(ctx, req)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	expired := func() error {
+		return protocol.Errorf(protocol.CodeCancelled, "no request became pending within %s (--timeout); nothing was listed", timeout)
+	}
+	for {
+		l, err := s.cl.Requests(ctx, req)
+		switch {
+		case errors.Is(ctx.Err(), context.DeadlineExceeded):
+			if err == nil && hasPending(l.Requests) {
+				return l, nil
+			}
+			return l, expired()
+		case err != nil || hasPending(l.Requests):
+			return l, err
+		}
+		select {
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return l, expired()
+			}
+			return l, ctx.Err()
+		case <-time.After(requestsWaitPoll):
+		}
+	}
+}
 
 func hasPending(rs []protocol.RequestRecord) bool {
 	for _, r := range rs {
