@@ -24,6 +24,11 @@ package acpagent
 // pending while the editor is asked (another answer won, or it timed out)
 // has its session/request_permission cancelled ($/cancel_request), and an
 // editor's answer that comes anyway loses quietly (ALREADY_ANSWERED).
+//
+// A question without choices (free text, or JSON for an answerSchema) is
+// not asked, since an editor's options cannot carry its answer: it is shown
+// as a pending tool call that says how to answer it (brood answer), and
+// completed once it is no longer pending.
 
 import (
 	"context"
@@ -91,11 +96,14 @@ type requestsState struct {
 	// cannot answer: a free-text or JSON question) while they are pending,
 	// so none is asked twice; dropped once the list no longer has them.
 	asked map[string]bool
+	// shown holds the questions without choices shown to the editor (not
+	// asked) while they are pending.
+	shown map[string]bool
 	wake  chan struct{} // capacity 1: a delegating call was logged
 }
 
 func newRequestsState() *requestsState {
-	return &requestsState{asking: map[string]context.CancelCauseFunc{}, asked: map[string]bool{}, wake: make(chan struct{}, 1)}
+	return &requestsState{asking: map[string]context.CancelCauseFunc{}, asked: map[string]bool{}, shown: map[string]bool{}, wake: make(chan struct{}, 1)}
 }
 
 // delegated records that the session started (or starts) children.
@@ -110,7 +118,8 @@ func (rs *requestsState) delegated() {
 }
 
 // watchRequests polls the tree's pending requests until ctx ends, and asks
-// the editor about each new one.
+// the editor about each new one. Until the session delegates it waits for
+// that, listing nothing.
 func (ss *session) watchRequests(ctx context.Context) {
 	rs := ss.requests
 	log := ss.s.log.With("session", ss.id)
@@ -120,22 +129,27 @@ func (ss *session) watchRequests(ctx context.Context) {
 		rs.mu.Lock()
 		on := rs.delegates
 		rs.mu.Unlock()
-		if on {
-			fresh, err := ss.pollRequests(ctx)
-			switch {
-			case err != nil && ctx.Err() == nil:
-				if !failing {
-					log.Warn("could not list the tree's requests; retrying", "err", err)
-				}
-				failing = true
-				wait = RequestPollMax
-			case fresh:
-				failing = false
-				wait = RequestPollMin
-			default:
-				failing = false
-				wait = min(2*wait, RequestPollMax)
+		if !on {
+			select {
+			case <-ctx.Done():
+			case <-rs.wake:
 			}
+			continue
+		}
+		fresh, err := ss.pollRequests(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			if !failing {
+				log.Warn("could not list the tree's requests; retrying", "err", err)
+			}
+			failing = true
+			wait = RequestPollMax
+		case fresh:
+			failing = false
+			wait = RequestPollMin
+		default:
+			failing = false
+			wait = min(2*wait, RequestPollMax)
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -145,15 +159,14 @@ func (ss *session) watchRequests(ctx context.Context) {
 		case <-t.C:
 		}
 		t.Stop()
-		if !on {
-			wait = RequestPollMin // the first list comes right after the first delegation
-		}
 	}
 }
 
 // pollRequests lists the pending requests of the root's descendants, cancels
 // the asks of those no longer pending, and asks about the new ones; fresh
-// reports whether it asked about any.
+// reports whether it asked about (or showed) any. A question the editor
+// cannot answer (no choices) is shown as a pending tool call that says how
+// to answer it, and completed once it is no longer pending.
 func (ss *session) pollRequests(ctx context.Context) (fresh bool, err error) {
 	l, err := ss.s.cfg.Client.Requests(ctx, protocol.RequestsListRequest{Authority: ss.root.Authority()})
 	if err != nil {
@@ -164,8 +177,9 @@ func (ss *session) pollRequests(ctx context.Context) (fresh bool, err error) {
 	for _, r := range l.Requests {
 		pending[r.ID] = true
 	}
+	var show []acp.ToolCallUpdate // the questions to show, not ask
+	var left []string             // the shown questions no longer pending
 	rs.mu.Lock()
-	defer rs.mu.Unlock()
 	for id, cancel := range rs.asking {
 		if !pending[id] {
 			cancel(errNotPending) // answered elsewhere, or timed out: the editor is told to drop it
@@ -176,6 +190,12 @@ func (ss *session) pollRequests(ctx context.Context) (fresh bool, err error) {
 			delete(rs.asked, id)
 		}
 	}
+	for id := range rs.shown {
+		if !pending[id] {
+			delete(rs.shown, id)
+			left = append(left, id)
+		}
+	}
 	for _, r := range l.Requests {
 		if rs.asked[r.ID] {
 			continue
@@ -184,14 +204,15 @@ func (ss *session) pollRequests(ctx context.Context) (fresh bool, err error) {
 			break
 		}
 		rs.asked[r.ID] = true
-		perm, ok := permissionRequest(ss.id, r)
-		if !ok {
-			ss.s.log.Info("a question without choices is left to brood answer and the web view", "session", ss.id, "request", r.ID)
+		fresh = true
+		perm, askable := permissionRequest(ss.id, r)
+		if !askable {
+			rs.shown[r.ID] = true
+			show = append(show, perm.ToolCall)
 			continue
 		}
 		actx, cancel := context.WithCancelCause(ctx)
 		rs.asking[r.ID] = cancel
-		fresh = true
 		ss.watching.Add(1)
 		go func() {
 			defer ss.watching.Done()
@@ -204,7 +225,29 @@ func (ss *session) pollRequests(ctx context.Context) (fresh bool, err error) {
 			ss.ask(actx, r, perm)
 		}()
 	}
+	rs.mu.Unlock()
+	for _, tc := range show {
+		ss.notify(startOf(tc))
+	}
+	for _, id := range left {
+		if now, err := ss.s.cfg.Client.GetRequest(ctx, protocol.RequestGetRequest{RequestID: id, Authority: ss.root.Authority()}); err == nil && now.State != protocol.RequestPending {
+			ss.notify(outcomeOf(acp.ToolCallId(requestCallPrefix+id), acp.ToolCallStatusCompleted, "answered elsewhere: "+decided(now)))
+		}
+	}
 	return fresh, nil
+}
+
+// startOf is the tool_call update (status pending) that shows tc.
+func startOf(tc acp.ToolCallUpdate) acp.SessionUpdate {
+	u := acp.StartToolCall(tc.ToolCallId, *tc.Title, acp.WithStartKind(*tc.Kind), acp.WithStartStatus(acp.ToolCallStatusPending),
+		acp.WithStartRawInput(tc.RawInput), acp.WithStartContent(tc.Content))
+	u.ToolCall.Meta = tc.Meta
+	return u
+}
+
+// outcomeOf is the tool_call_update that ends a request's tool call with text.
+func outcomeOf(id acp.ToolCallId, status acp.ToolCallStatus, text string) acp.SessionUpdate {
+	return acp.UpdateToolCall(id, acp.WithUpdateStatus(status), acp.WithUpdateContent([]acp.ToolCallContent{acp.ToolContent(acp.TextBlock(text))}))
 }
 
 // ask asks the editor about request r and answers it with the editor's
@@ -213,15 +256,9 @@ func (ss *session) pollRequests(ctx context.Context) (fresh bool, err error) {
 func (ss *session) ask(ctx context.Context, r protocol.RequestRecord, perm acp.RequestPermissionRequest) {
 	log := ss.s.log.With("session", ss.id, "request", r.ID)
 	tc := perm.ToolCall
-	start := acp.StartToolCall(tc.ToolCallId, *tc.Title, acp.WithStartKind(*tc.Kind), acp.WithStartStatus(acp.ToolCallStatusPending),
-		acp.WithStartRawInput(tc.RawInput), acp.WithStartContent(tc.Content))
-	start.ToolCall.Meta = perm.Meta
-	ss.notify(start)
+	ss.notify(startOf(tc))
 	resp, err := ss.s.conn.RequestPermission(ctx, perm)
-	outcome := func(status acp.ToolCallStatus, text string) {
-		ss.notify(acp.UpdateToolCall(tc.ToolCallId, acp.WithUpdateStatus(status),
-			acp.WithUpdateContent([]acp.ToolCallContent{acp.ToolContent(acp.TextBlock(text))})))
-	}
+	outcome := func(status acp.ToolCallStatus, text string) { ss.notify(outcomeOf(tc.ToolCallId, status, text)) }
 	// What follows the editor's choice is bounded on its own: the answer
 	// is sent even when the session starts closing meanwhile.
 	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestAnswerTimeout)
@@ -336,14 +373,19 @@ func (s *Service) dropGrant(g string) {
 	}
 }
 
+// requestCallPrefix prefixes a request's id to name the tool call that
+// stands for it in the editor.
+const requestCallPrefix = "request-"
+
 // permissionRequest is the session/request_permission of request r in ACP
 // session id: the tool call it stands for (id "request-<requestId>", the
-// asking session and the tool with its arguments, or the question) and the
-// options: allow_once "approve" and reject_once "deny" for an approval,
-// one allow_once "choice-<i>" per choice for a question with choices. A
-// question without choices (free text, or JSON for its answerSchema) has
-// no options an editor could offer: false.
-func permissionRequest(id string, r protocol.RequestRecord) (acp.RequestPermissionRequest, bool) {
+// asking session and the tool with its arguments, or the question; its
+// _meta.brood names the request) and the options: allow_once "approve" and
+// reject_once "deny" for an approval, one allow_once "choice-<i>" per
+// choice for a question with choices. A question without choices (free
+// text, or JSON for its answerSchema) has no options an editor could
+// offer: askable is false, and the tool call says how to answer it.
+func permissionRequest(id string, r protocol.RequestRecord) (_ acp.RequestPermissionRequest, askable bool) {
 	var title, shown string
 	var raw any
 	kind := acp.ToolKindOther
@@ -360,19 +402,24 @@ func permissionRequest(id string, r protocol.RequestRecord) (acp.RequestPermissi
 			{OptionId: optionApprove, Name: "Approve", Kind: acp.PermissionOptionKindAllowOnce},
 			{OptionId: optionDeny, Name: "Deny", Kind: acp.PermissionOptionKindRejectOnce},
 		}
-	case protocol.RequestQuestion:
-		if len(r.Choices) == 0 {
-			return acp.RequestPermissionRequest{}, false
-		}
+	default: // a question
 		title = fmt.Sprintf("Subagent %s asks a question", r.SessionID)
 		shown = cut(r.Question, requestShownBytesMax)
-		raw = map[string]any{"question": r.Question, "choices": r.Choices}
-		kind = acp.ToolKindThink
+		q := map[string]any{"question": r.Question}
 		for i, c := range r.Choices {
 			options = append(options, acp.PermissionOption{OptionId: acp.PermissionOptionId(fmt.Sprintf("%s%d", optionChoice, i)), Name: c, Kind: acp.PermissionOptionKindAllowOnce})
 		}
-	default:
-		return acp.RequestPermissionRequest{}, false
+		switch {
+		case len(r.Choices) > 0:
+			q["choices"] = r.Choices
+		case r.AnswerSchema != "":
+			q["answerSchema"] = json.RawMessage(r.AnswerSchema)
+			shown += "\n\nAnswer with JSON for its schema: brood answer " + r.ID + " --json FILE, or in the web view."
+		default:
+			shown += "\n\nAnswer with: brood answer " + r.ID + " TEXT, or in the web view."
+		}
+		raw = q
+		kind = acp.ToolKindThink
 	}
 	status := acp.ToolCallStatusPending
 	meta := map[string]any{protocol.ACPMetaKey: map[string]any{
@@ -382,10 +429,10 @@ func permissionRequest(id string, r protocol.RequestRecord) (acp.RequestPermissi
 		Options:   options,
 		Meta:      meta,
 		ToolCall: acp.ToolCallUpdate{
-			ToolCallId: acp.ToolCallId("request-" + r.ID), Title: &title, Kind: &kind, Status: &status, RawInput: raw,
-			Content: []acp.ToolCallContent{acp.ToolContent(acp.TextBlock(shown))},
+			ToolCallId: acp.ToolCallId(requestCallPrefix + r.ID), Title: &title, Kind: &kind, Status: &status, RawInput: raw,
+			Content: []acp.ToolCallContent{acp.ToolContent(acp.TextBlock(shown))}, Meta: meta,
 		},
-	}, true
+	}, len(options) > 0
 }
 
 // decided says how a request ended, for the editor.

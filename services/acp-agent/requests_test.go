@@ -31,6 +31,7 @@ type askedEditor struct {
 	mu       sync.Mutex
 	asks     []acp.RequestPermissionRequest
 	statuses map[acp.ToolCallId][]acp.ToolCallStatus
+	texts    map[acp.ToolCallId][]string // the text of each update's content
 }
 
 func (e *askedEditor) RequestPermission(ctx context.Context, req acp.RequestPermissionRequest) (acp.RequestPermissionResponse, error) {
@@ -41,12 +42,23 @@ func (e *askedEditor) RequestPermission(ctx context.Context, req acp.RequestPerm
 }
 
 func (e *askedEditor) SessionUpdate(ctx context.Context, n acp.SessionNotification) error {
+	text := func(cs []acp.ToolCallContent) string {
+		var b strings.Builder
+		for _, c := range cs {
+			if c.Content != nil && c.Content.Content.Text != nil {
+				b.WriteString(c.Content.Content.Text.Text)
+			}
+		}
+		return b.String()
+	}
 	e.mu.Lock()
 	switch u := n.Update; {
 	case u.ToolCall != nil && strings.HasPrefix(string(u.ToolCall.ToolCallId), "request-"):
 		e.statuses[u.ToolCall.ToolCallId] = append(e.statuses[u.ToolCall.ToolCallId], u.ToolCall.Status)
+		e.texts[u.ToolCall.ToolCallId] = append(e.texts[u.ToolCall.ToolCallId], text(u.ToolCall.Content))
 	case u.ToolCallUpdate != nil && u.ToolCallUpdate.Status != nil && strings.HasPrefix(string(u.ToolCallUpdate.ToolCallId), "request-"):
 		e.statuses[u.ToolCallUpdate.ToolCallId] = append(e.statuses[u.ToolCallUpdate.ToolCallId], *u.ToolCallUpdate.Status)
+		e.texts[u.ToolCallUpdate.ToolCallId] = append(e.texts[u.ToolCallUpdate.ToolCallId], text(u.ToolCallUpdate.Content))
 	}
 	e.mu.Unlock()
 	return e.editor.SessionUpdate(ctx, n)
@@ -60,6 +72,16 @@ func (e *askedEditor) taken() ([]acp.RequestPermissionRequest, map[acp.ToolCallI
 		st[k] = append([]acp.ToolCallStatus(nil), v...)
 	}
 	return append([]acp.RequestPermissionRequest(nil), e.asks...), st
+}
+
+func newAskedEditor() *askedEditor {
+	return &askedEditor{statuses: map[acp.ToolCallId][]acp.ToolCallStatus{}, texts: map[acp.ToolCallId][]string{}}
+}
+
+func (e *askedEditor) textsOf(id acp.ToolCallId) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.texts[id]...)
 }
 
 func selected(id string) acp.RequestPermissionOutcome {
@@ -179,7 +201,7 @@ func TestEditorAnswersTheTreesRequests(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			dir := t.TempDir()
-			ed := &askedEditor{statuses: map[acp.ToolCallId][]acp.ToolCallStatus{}}
+			ed := newAskedEditor()
 			var conn *acp.ClientSideConnection
 			ed.decide = func(ctx context.Context, req acp.RequestPermissionRequest) acp.RequestPermissionOutcome {
 				if tt.reload {
@@ -295,5 +317,70 @@ func TestEditorAnswersTheTreesRequests(t *testing.T) {
 				t.Fatalf("the request's tool call went %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+// TestEditorIsShownQuestionsItCannotAnswer (issue 33, item 4): a question
+// without choices (free text) has no options an editor could offer: it is
+// not asked, but shown as a pending tool call that says how to answer it
+// (brood answer), and completed with the answer once it was answered
+// elsewhere.
+func TestEditorIsShownQuestionsItCannotAnswer(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	ed := newAskedEditor()
+	ed.decide = func(context.Context, acp.RequestPermissionRequest) acp.RequestPermissionOutcome {
+		t.Error("a question without choices was asked")
+		return cancelled
+	}
+	conn := serveTo(t, s, acpagent.DelegationTools("spawn", dir), ed)
+	ns, err := conn.NewSession(ctx, acp.NewSessionRequest{Cwd: dir, McpServers: []acp.McpServer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := conn.Prompt(ctx, acp.PromptRequest{SessionId: ns.SessionId, Prompt: []acp.ContentBlock{acp.TextBlock(
+		`call subagent {"description":"helper","prompt":"call ask {\"question\":\"Which branch?\"}\nsay done","run_in_background":true}` + "\nsay started")}})
+	if err != nil || r.StopReason != acp.StopReasonEndTurn {
+		t.Fatalf("prompt: %+v, %v", r, err)
+	}
+	var call acp.ToolCallId
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		_, st := ed.taken()
+		for id := range st {
+			call = id
+		}
+		return call != ""
+	}, "the editor is shown the question")
+	id := strings.TrimPrefix(string(call), "request-")
+	if texts := ed.textsOf(call); len(texts) != 1 || !strings.Contains(texts[0], "Which branch?") || !strings.Contains(texts[0], "brood answer "+id+" TEXT") {
+		t.Fatalf("the question's tool call says %q", texts)
+	}
+	rec, err := s.Client.AnswerQuestion(ctx, id, s.Grant(), "main", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs []protocol.SessionEvent
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		_, evs = s.Log(rec.SessionID)
+		return len(evs) > 0 && evs[len(evs)-1].Type == protocol.EvTurnEnd
+	}, "the child's turn ends")
+	var result protocol.ToolResultData
+	for _, ev := range evs {
+		if ev.Type == protocol.EvToolResult && ev.Decode(&result) != nil {
+			t.Fatal("tool/result")
+		}
+	}
+	if result.Name != "ask" || result.IsError || protocol.PlainText(result.Content) != "main" {
+		t.Fatalf("the ask result %+v", result)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return len(ed.textsOf(call)) == 2 }, "the editor is told it was answered")
+	asks, st := ed.taken()
+	if texts := ed.textsOf(call); len(asks) != 0 || !reflect.DeepEqual(st[call], []acp.ToolCallStatus{acp.ToolCallStatusPending, acp.ToolCallStatusCompleted}) ||
+		!strings.Contains(texts[1], "answered elsewhere: answered (by user): main") {
+		t.Fatalf("asks %d, the question's tool call went %v saying %q", len(asks), st[call], texts)
 	}
 }
