@@ -19,7 +19,7 @@ func openAIOn(srv *fakeopenai.Server) worker.ModelFactory {
 	return func() (model.Model, error) {
 		return model.NewOpenAI(model.OpenAIConfig{
 			BaseURL: srv.URL, Model: "deepseek-chat", APIKey: fakeopenai.Key, HTTPClient: srv.HTTPClient(),
-			RetriesMax: -1, StreamIdleTimeout: 10 * time.Second,
+			StreamIdleTimeout: 10 * time.Second,
 		})
 	}
 }

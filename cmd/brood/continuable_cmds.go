@@ -267,7 +267,9 @@ func stateCmd(g *globals) *cobra.Command {
 		Short: "Print a continuable child's residency: running, waiting, or none",
 		Long: "running: an activation is working or ready for its next turn; waiting: it owns live children\n" +
 			"and cannot settle yet; none: no live activation (a followup resumes it). An unknown id is\n" +
-			"NOT_FOUND; a one-shot child has no residency (`brood result` tells how it ended).",
+			"NOT_FOUND; a one-shot child has no residency (`brood result` tells how it ended).\n" +
+			"A running turn paused to retry a model request that failed temporarily (a 429, a 5xx, a\n" +
+			"connection reset) adds a line on stderr: the failed attempt, its error and the next attempt.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
@@ -279,11 +281,14 @@ func stateCmd(g *globals) *cobra.Command {
 					return printJSON(s.out, st)
 				}
 				fmt.Fprintln(s.out, st.State)
+				if r := st.ModelRetry; r != nil {
+					fmt.Fprintln(s.errOut, modelRetryNote(*r))
+				}
 				return nil
 			})
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print {childId, state, hostId?, runId?} as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print {childId, state, hostId?, runId?, queued?, modelRetry?} as JSON")
 	clientFlags(cmd, g)
 	userFlags(cmd, g)
 	return cmd
@@ -846,4 +851,12 @@ func printInbox(w io.Writer, items []protocol.InboxItem) {
 		fmt.Fprintln(tw, "(inbox empty)")
 	}
 	_ = tw.Flush()
+}
+
+// modelRetryNote is brood state's line for a turn paused on a model retry:
+// "paused: model attempt 2 of turn 1 step 3 failed (HTTP 429 ...); next
+// attempt at 15:04:05".
+func modelRetryNote(r protocol.ModelRetryData) string {
+	next := time.UnixMilli(r.NextAt).Format(time.TimeOnly)
+	return fmt.Sprintf("paused: model attempt %d of turn %d step %d failed (%s); next attempt at %s", r.Attempt, r.Turn, r.Step, r.Diagnostic, next)
 }

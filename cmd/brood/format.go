@@ -99,6 +99,10 @@ var eventDetails = map[string]func(protocol.SessionEvent) string{
 	protocol.EvAgentTakeover: detail(func(d protocol.TakeoverData) string {
 		return fmt.Sprintf("host %s lost; coordinator %s took the session over (epoch %d)", d.HostID, d.By, d.Epoch)
 	}),
+	protocol.EvModelRetry: detail(func(d protocol.ModelRetryData) string {
+		return fmt.Sprintf("turn %d step %d: model attempt %d failed temporarily, retry in %s: %s",
+			d.Turn, d.Step, d.Attempt, time.Duration(d.WaitMs)*time.Millisecond, d.Diagnostic)
+	}),
 	protocol.EvRequestOpen: detail(func(d protocol.RequestOpenData) string {
 		if d.Kind == protocol.RequestQuestion {
 			return fmt.Sprintf("%s ask waits for an answer: request %s", d.CallID, d.RequestID)

@@ -9,7 +9,8 @@ import (
 
 // TestLogShowsTheEdgeEvents: `brood log` renders the events issue 14 added
 // (a renamed tool-call id, ACP permission answers, late ACP output), and
-// those of issue 33 (requests, their answers, a request's notice).
+// those of issue 33 (requests, their answers, a request's notice), and
+// issue 32's model/retry.
 func TestLogShowsTheEdgeEvents(t *testing.T) {
 	ev := func(typ string, data any) protocol.SessionEvent { return newEvent(t, typ, data) }
 	tests := []struct {
@@ -39,6 +40,8 @@ func TestLogShowsTheEdgeEvents(t *testing.T) {
 		{ev(protocol.EvUserMessage, protocol.UserMessageData{ID: "m1", Turn: 2, Content: protocol.Text("Subagent C asks for approval to run write_file (request r4).\nArguments: {}"),
 			Source: protocol.MessageSource{Kind: protocol.SourceSubagentRequest, Form: "notice", SenderSessionID: "C"}}),
 			"[request of C] Subagent C asks for approval to run write_file (request r4).⏎Arguments: {}"},
+		{ev(protocol.EvModelRetry, protocol.ModelRetryData{Turn: 1, Step: 2, Attempt: 3, Status: 429, WaitMs: 2000, NextAt: 5, Diagnostic: "HTTP 429 from https://x: slow down"}),
+			"turn 1 step 2: model attempt 3 failed temporarily, retry in 2s: HTTP 429 from https://x: slow down"},
 	}
 	for _, tt := range tests {
 		if got := formatEvent(tt.ev, protocol.SessionHeader{}); !strings.Contains(got, tt.want) {

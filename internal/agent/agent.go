@@ -62,6 +62,18 @@ type Limits struct {
 	// run's settlement would: at 10 s, elections of BROOD_LOG on a loaded
 	// cluster failed runs that only had to wait (issue 9).
 	AppendTimeout time.Duration
+	// ModelRetryBackoff is the pause of the turn before the first retry of
+	// a model request that failed temporarily (model.Error.Retryable),
+	// doubled for each further retry up to ModelRetryBackoffMax (default
+	// 500 ms). Retries go on until the model answers, fails for good, or
+	// the turn's deadline passes (modelretry.go).
+	ModelRetryBackoff time.Duration
+	// ModelRetryBackoffMax caps that doubling pause (default 30 s).
+	ModelRetryBackoffMax time.Duration
+	// ModelRetryAfterMax caps how long an endpoint's Retry-After may make a
+	// pause (default 60 s): the pause is the larger of the backoff and the
+	// Retry-After so capped.
+	ModelRetryAfterMax time.Duration
 }
 
 // DefaultLimits are the documented defaults.
@@ -72,6 +84,10 @@ func DefaultLimits() Limits {
 		ToolCallsPerStepMax: int(protocol.DefaultToolCallsPerStepMax),
 		ToolOutputBytesMax:  512 << 10,
 		AppendTimeout:       store.SettleBudget,
+
+		ModelRetryBackoff:    modelRetryBackoffDefault,
+		ModelRetryBackoffMax: modelRetryBackoffMaxDefault,
+		ModelRetryAfterMax:   modelRetryAfterMaxDefault,
 	}
 }
 
@@ -91,6 +107,15 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.AppendTimeout <= 0 {
 		l.AppendTimeout = d.AppendTimeout
+	}
+	if l.ModelRetryBackoff <= 0 {
+		l.ModelRetryBackoff = d.ModelRetryBackoff
+	}
+	if l.ModelRetryBackoffMax <= 0 {
+		l.ModelRetryBackoffMax = d.ModelRetryBackoffMax
+	}
+	if l.ModelRetryAfterMax <= 0 {
+		l.ModelRetryAfterMax = d.ModelRetryAfterMax
 	}
 	return l
 }
@@ -149,6 +174,10 @@ type Agent struct {
 	// appendMu serializes appends: the log has one writer, and inbox
 	// bookkeeping may append while a turn runs.
 	appendMu sync.Mutex
+
+	// retry is the model retry the running turn is paused on (the data of
+	// its last model/retry event), nil when none; under mu.
+	retry *protocol.ModelRetryData
 }
 
 // New builds an agent over its session's existing events.
@@ -338,13 +367,16 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 		return a.end(ctx, turn, nil, errReason(protocol.CodeInternal, "the session log cannot be replayed: "+err.Error())), true
 	}
 	req := model.Request{System: a.cfg.System, Messages: history, Tools: a.cfg.Tools.Specs()}
-	var partial strings.Builder
-	resp, merr := a.callModel(ctx, req, func(s string) { partial.WriteString(s) })
+	mc, out, ok := a.callModelRetrying(ctx, turn, step, req)
+	if !ok {
+		return out, true
+	}
+	resp := mc.resp
 
 	var b eventBuf
 	b.add(a, protocol.EvStepStart, protocol.StepData{Turn: turn, Step: step, Model: a.cfg.Model.Provider() + "/" + a.cfg.Model.Name()})
-	if merr != nil {
-		return a.endModelFailed(ctx, turn, step, &b, merr, partial.String()), true
+	if mc.err != nil {
+		return a.endModelFailed(ctx, turn, step, &b, mc), true
 	}
 	msg := resp.Message
 	if msg.Content == nil {
@@ -391,24 +423,25 @@ func (a *Agent) claimStepItems(ctx context.Context, turn int64) (Outcome, bool) 
 	return Outcome{}, false
 }
 
-// endModelFailed ends the turn after a model call failed: aborted when ctx
-// was cancelled (keeping the text streamed so far, marked interrupted),
-// error with the model's diagnostic otherwise.
-func (a *Agent) endModelFailed(ctx context.Context, turn, step int64, b *eventBuf, merr error, partial string) Outcome {
+// endModelFailed ends the turn after a model call failed: as endCancelled
+// says when ctx was done (keeping the text streamed so far, marked
+// interrupted; a turn timeout during a model retry names the last model
+// error), error MODEL_ERROR with the model's diagnostic otherwise.
+func (a *Agent) endModelFailed(ctx context.Context, turn, step int64, b *eventBuf, mc modelCall) Outcome {
 	if ctx.Err() != nil {
-		if partial != "" {
+		if mc.partial != "" {
 			b.add(a, protocol.EvAssistantMessage, protocol.AssistantMessageData{
 				Turn: turn, Step: step, Interrupted: true,
-				Message: protocol.AssistantMessage{Content: protocol.Text(partial)},
+				Message: protocol.AssistantMessage{Content: protocol.Text(mc.partial)},
 			})
 		}
 		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
-		return a.endCancelled(ctx, turn, b)
+		return a.endCancelledNote(ctx, turn, b, mc.retriedNote())
 	}
 	b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
-	diag := merr.Error()
+	diag := mc.err.Error()
 	var me *model.Error
-	if errors.As(merr, &me) {
+	if errors.As(mc.err, &me) {
 		diag = me.Diagnostic
 	}
 	return a.end(ctx, turn, b, errReason(protocol.CodeModelError, diag))
@@ -600,12 +633,19 @@ func headline(r ToolResult) string {
 // endCancelled ends the turn after ctx was done: aborted with the owner's
 // cause, error on the turn timeout, or nothing at all when the lease was lost.
 func (a *Agent) endCancelled(ctx context.Context, turn int64, b *eventBuf) Outcome {
+	return a.endCancelledNote(ctx, turn, b, "")
+}
+
+// endCancelledNote is endCancelled with a note appended to the diagnostic
+// of a deadline's error end ("" for none): what the turn was doing when
+// its time ran out.
+func (a *Agent) endCancelledNote(ctx context.Context, turn int64, b *eventBuf, note string) Outcome {
 	cause := context.Cause(ctx)
 	if errors.Is(cause, ErrLeaseLost) {
 		return Outcome{Turn: turn, Fenced: true, Reason: protocol.TurnEndReason{Kind: protocol.TurnInterrupted}}
 	}
 	if errors.Is(cause, errTurnTimeout) {
-		return a.end(ctx, turn, b, errReason(protocol.CodeLimitExceeded, fmt.Sprintf("the turn exceeded its %s limit", a.limits.TurnTimeout)))
+		return a.end(ctx, turn, b, errReason(protocol.CodeLimitExceeded, fmt.Sprintf("the turn exceeded its %s limit", a.limits.TurnTimeout)+note))
 	}
 	reason := protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: protocol.CauseDisposed}
 	var c *Cancel

@@ -16,7 +16,7 @@ func strictModel(t *testing.T, srv *fakeopenai.Server) model.Model {
 	t.Helper()
 	m, err := model.NewOpenAI(model.OpenAIConfig{
 		BaseURL: srv.URL, Model: "deepseek-chat", APIKey: fakeopenai.Key, HTTPClient: srv.HTTPClient(),
-		RetriesMax: -1, StreamIdleTimeout: 10 * time.Second,
+		StreamIdleTimeout: 10 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)

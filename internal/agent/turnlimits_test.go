@@ -23,7 +23,9 @@ func TestLimitsWithin(t *testing.T) {
 		{"one field", &protocol.TurnLimits{StepsPerTurnMax: 3}, Limits{TurnTimeout: time.Minute, StepsPerTurnMax: 3, ToolCallsPerStepMax: 4}},
 	} {
 		got := worker.Within(tc.header)
-		got.ToolOutputBytesMax, got.AppendTimeout = 0, 0 // defaults, not turn limits
+		// defaults, not turn limits
+		got.ToolOutputBytesMax, got.AppendTimeout = 0, 0
+		got.ModelRetryBackoff, got.ModelRetryBackoffMax, got.ModelRetryAfterMax = 0, 0, 0
 		if got != tc.want {
 			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
 		}

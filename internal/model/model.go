@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"time"
 
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -72,7 +73,10 @@ type Response struct {
 // Model is one adapter. Stream sends the request and calls onText with each
 // text fragment as it arrives (the runtime keeps them as the partial output
 // of a cut step). It returns ctx's error when cancelled and a *Error when the
-// model or its transport failed; the turn then ends `error`.
+// model or its transport failed. Each call is one attempt: an adapter does
+// not retry. The runtime retries a *Error marked Retryable (the turn pauses
+// with a model/retry event, internal/agent) and ends the turn `error`
+// MODEL_ERROR on any other.
 type Model interface {
 	// Provider names the adapter ("scripted", "openai"); Name the model id.
 	Provider() string
@@ -84,7 +88,23 @@ type Model interface {
 // no secrets).
 type Error struct {
 	Diagnostic string
-	Retryable  bool
+	// Retryable says the failure is temporary and nothing of the answer
+	// arrived (onText was never called, no tool call or reasoning was
+	// read), so the same request may be sent again and repeats nothing:
+	// an HTTP 429 or 5xx, a transport failure (a connection reset or
+	// refused, an EOF before the answer), an attempt that timed out, a
+	// stream that ended without a finish. The runtime then pauses the turn
+	// and retries (docs/protocol.md §8.3, model/retry). False: the same
+	// request would fail the same way (HTTP 400, 401, 403, 404, a malformed
+	// stream) or part of the answer was already streamed.
+	Retryable bool
+	// Status is the HTTP status of the failed answer, 0 when there was
+	// none (a transport failure, a timeout, a failure inside the stream).
+	Status int
+	// RetryAfter is the endpoint's Retry-After (the seconds form), 0 when
+	// absent or not a positive number of seconds. The runtime waits at
+	// least this long, up to its own cap, before the next attempt.
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string { return "model error: " + e.Diagnostic }

@@ -2,10 +2,13 @@ package model
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -13,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -30,10 +34,6 @@ const (
 	DefaultOpenAIBaseURL = "https://api.deepseek.com"
 	DefaultOpenAIModel   = "deepseek-chat"
 
-	openAIRetriesMaxDefault        = 3
-	openAIRetryBackoffDefault      = 500 * time.Millisecond
-	openAIRetryBackoffMax          = 30 * time.Second
-	openAIRetryAfterMax            = 30 * time.Second
 	openAIStreamIdleTimeoutDefault = 60 * time.Second
 	openAIRequestTimeoutDefault    = 10 * time.Minute
 
@@ -45,6 +45,10 @@ const (
 	openAIErrorBodyBytesMax = 4096
 	// diagnosticBytesMax bounds a model.Error diagnostic.
 	diagnosticBytesMax = 300
+	// retryAfterMax bounds a parsed Retry-After, so a huge value cannot
+	// overflow a duration; the runtime's own cap is lower
+	// (agent.Limits.ModelRetryAfterMax).
+	retryAfterMax = time.Hour
 )
 
 // Environment variables read by OpenAIConfigFromEnv.
@@ -70,13 +74,6 @@ type OpenAIConfig struct {
 	// MaxTokens is sent as max_tokens when a Request leaves MaxTokens 0;
 	// 0 here leaves it to the endpoint.
 	MaxTokens int64
-	// RetriesMax is how many times an HTTP 429 or 5xx answer is retried
-	// before any content arrived. 0 means 3; negative means no retry.
-	RetriesMax int
-	// RetryBackoff is the wait before the first retry, doubled for each
-	// further one (capped at 30s); a larger Retry-After (seconds, capped at
-	// 30s) wins. 0 (or negative) means 500ms.
-	RetryBackoff time.Duration
 	// StreamIdleTimeout ends an attempt that received no bytes for this long
 	// (waiting for headers included; SSE keep-alive comments count as bytes)
 	// with a model error. 0 (or negative) means 60s.
@@ -115,8 +112,9 @@ func OpenAIConfigFromEnv() OpenAIConfig {
 
 // OpenAI is the adapter for any OpenAI-compatible chat-completions endpoint
 // (docs/design.md §5), built on github.com/openai/openai-go/v3. Each Stream call is
-// one streamed chat completion (plus retries); an OpenAI value holds no
-// per-call state and is safe for concurrent use.
+// one streamed chat completion, one attempt: retries are the runtime's
+// (internal/agent); an OpenAI value holds no per-call state and is safe for
+// concurrent use.
 //
 // DeepSeek's reasoning_content is read from every delta and sent back on
 // assistant messages exactly as received: nil stays absent, "" is sent as "".
@@ -140,14 +138,6 @@ func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("openai model: base URL %q is not an http(s) URL with a host: set %s (for example %q)",
 			cfg.BaseURL, EnvModelBaseURL, DefaultOpenAIBaseURL)
-	}
-	if cfg.RetriesMax == 0 {
-		cfg.RetriesMax = openAIRetriesMaxDefault
-	} else if cfg.RetriesMax < 0 {
-		cfg.RetriesMax = 0
-	}
-	if cfg.RetryBackoff <= 0 {
-		cfg.RetryBackoff = openAIRetryBackoffDefault
 	}
 	if cfg.StreamIdleTimeout <= 0 {
 		cfg.StreamIdleTimeout = openAIStreamIdleTimeoutDefault
@@ -195,48 +185,40 @@ func (o *OpenAI) Name() string { return o.cfg.Model }
 // are then cut), otherwise FinishToolCalls whenever tool calls are present,
 // else "stop" is FinishStop. Usage is set when the stream sent it.
 //
-// Failures: HTTP 429 and 5xx answers are retried up to RetriesMax times with
-// backoff (always before any content arrived). Anything else, and retries
-// exhausted, is a *Error with a short diagnostic such as
+// Failures are a *Error with a short diagnostic such as
 // "HTTP 401 from https://api.deepseek.com: invalid api key" (no payloads, no
-// key, at most 300 bytes): other HTTP errors, an error event in the stream, a
-// malformed chunk, a stream that ends without a known finish reason, the idle
-// timeout and the request timeout. When ctx is cancelled Stream returns
-// ctx.Err(); the text already passed to onText is the partial answer.
+// key, at most 300 bytes), its HTTP status and Retry-After. It is Retryable
+// (see Error) when nothing of the answer arrived and the failure is
+// temporary: HTTP 408, 429 or 5xx; a transport failure (a connection reset
+// or refused, an EOF, a network timeout; not an unknown host or a
+// certificate that does not verify); the idle or request timeout; a stream
+// that ended without a finish reason or with a finish reason Brood does not
+// know (DeepSeek's "insufficient_system_resource"). Never Retryable: other
+// HTTP errors (400, 401, 403, 404, ...), an error event in the stream, a
+// malformed chunk. When ctx is cancelled Stream returns ctx.Err(); the text
+// already passed to onText is the partial answer.
 func (o *OpenAI) Stream(ctx context.Context, req Request, onText func(string)) (Response, error) {
 	params, err := o.params(req)
 	if err != nil {
 		return Response{}, err
 	}
-	for attempt := 0; ; attempt++ {
-		resp, f := o.attempt(ctx, params, onText)
-		if ctx.Err() != nil {
-			return Response{}, ctx.Err()
-		}
-		if f == nil {
-			return resp, nil
-		}
-		if !f.retry || attempt >= o.cfg.RetriesMax {
-			if attempt > 0 {
-				f.diag += fmt.Sprintf(" (after %d attempts)", attempt+1)
-			}
-			return Response{}, &Error{Diagnostic: o.clean(f.diag), Retryable: f.retryable}
-		}
-		t := time.NewTimer(o.backoff(attempt, f.retryAfter))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return Response{}, ctx.Err()
-		case <-t.C:
-		}
+	resp, f := o.attempt(ctx, params, onText)
+	if ctx.Err() != nil {
+		return Response{}, ctx.Err()
 	}
+	if f != nil {
+		return Response{}, &Error{Diagnostic: o.clean(f.diag), Retryable: f.temporary && !f.content,
+			Status: f.status, RetryAfter: f.retryAfter}
+	}
+	return resp, nil
 }
 
 // failure is why one attempt failed.
 type failure struct {
 	diag       string
-	retry      bool          // retry now (HTTP 429/5xx before any content)
-	retryable  bool          // worth retrying later (reported in *Error)
+	temporary  bool          // the same request may succeed later
+	content    bool          // part of the answer had arrived
+	status     int           // the HTTP status, 0 when none
 	retryAfter time.Duration // server's Retry-After, 0 when absent
 }
 
@@ -301,7 +283,11 @@ func (o *OpenAI) attempt(ctx context.Context, params openai.ChatCompletionNewPar
 		// The body may end cleanly right when a timer fires.
 		return Response{}, o.classify(actx, cause, hr, acc.content)
 	}
-	return acc.response()
+	resp, f := acc.response()
+	if f != nil {
+		f.content = acc.content
+	}
+	return resp, f
 }
 
 // classify turns an attempt's error into a failure. Timers and HTTP statuses
@@ -309,29 +295,62 @@ func (o *OpenAI) attempt(ctx context.Context, params openai.ChatCompletionNewPar
 func (o *OpenAI) classify(actx context.Context, err error, hr httpResult, content bool) *failure {
 	switch cause := context.Cause(actx); {
 	case errors.Is(cause, errStreamIdle):
-		return &failure{diag: fmt.Sprintf("no data from %s for %s", o.base, o.cfg.StreamIdleTimeout), retryable: true}
+		return &failure{diag: fmt.Sprintf("no data from %s for %s", o.base, o.cfg.StreamIdleTimeout), temporary: true, content: content}
 	case errors.Is(cause, errRequestTimeout):
-		return &failure{diag: fmt.Sprintf("request to %s took longer than %s", o.base, o.cfg.RequestTimeout), retryable: true}
+		return &failure{diag: fmt.Sprintf("request to %s took longer than %s", o.base, o.cfg.RequestTimeout), temporary: true, content: content}
 	}
 	if hr.status >= 400 {
-		transient := hr.status == http.StatusTooManyRequests || hr.status >= 500
 		return &failure{
 			diag:       fmt.Sprintf("HTTP %d from %s: %s", hr.status, o.base, errorBodyMessage(hr.body, hr.status)),
-			retry:      transient && !content,
-			retryable:  transient,
+			temporary:  temporaryStatus(hr.status),
+			content:    content,
+			status:     hr.status,
 			retryAfter: hr.retryAfter,
 		}
 	}
 	var se *ssestream.StreamError
 	if errors.As(err, &se) {
-		return &failure{diag: fmt.Sprintf("error event in stream from %s: %s", o.base, errorBodyMessage(se.Event.Data, 0))}
+		return &failure{diag: fmt.Sprintf("error event in stream from %s: %s", o.base, errorBodyMessage(se.Event.Data, 0)), content: content}
 	}
 	var syn *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	if errors.As(err, &syn) || errors.As(err, &typ) {
-		return &failure{diag: fmt.Sprintf("malformed stream from %s: %v", o.base, err)}
+		return &failure{diag: fmt.Sprintf("malformed stream from %s: %v", o.base, err), content: content}
 	}
-	return &failure{diag: fmt.Sprintf("request to %s failed: %v", o.base, err)}
+	return &failure{diag: fmt.Sprintf("request to %s failed: %v", o.base, err), temporary: temporaryTransport(err), content: content}
+}
+
+// temporaryStatus reports whether an HTTP status may clear by itself: 408
+// (request timeout), 429 (rate limit) and 5xx (an outage, an overload).
+func temporaryStatus(status int) bool {
+	return status == http.StatusRequestTimeout || status == http.StatusTooManyRequests || status >= 500
+}
+
+// temporaryTransport reports whether a transport failure may clear by
+// itself: a connection reset, refused or cut (EOF), a network timeout. An
+// unknown host and a certificate that does not verify are configuration
+// errors that no retry fixes.
+func temporaryTransport(err error) bool {
+	var dns *net.DNSError
+	var cert *tls.CertificateVerificationError
+	var unknownAuthority x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	switch {
+	case errors.As(err, &dns) && dns.IsNotFound,
+		errors.As(err, &cert), errors.As(err, &unknownAuthority), errors.As(err, &hostname), errors.As(err, &invalid):
+		return false
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNABORTED),
+		errors.Is(err, syscall.EPIPE):
+		return true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op)
 }
 
 // params maps a Request onto the library's request body.
@@ -536,11 +555,11 @@ func (a *streamAcc) response() (Response, *failure) {
 	case a.finish == "stop":
 		fin = FinishStop
 	case a.finish == "":
-		return Response{}, &failure{diag: "stream ended without a finish_reason", retryable: true}
+		return Response{}, &failure{diag: "stream ended without a finish_reason", temporary: true}
 	case a.finish == "tool_calls":
 		return Response{}, &failure{diag: "malformed stream: finish_reason tool_calls without tool calls"}
 	default: // e.g. DeepSeek's "insufficient_system_resource"
-		return Response{}, &failure{diag: fmt.Sprintf("stream ended with finish_reason %q", a.finish), retryable: true}
+		return Response{}, &failure{diag: fmt.Sprintf("stream ended with finish_reason %q", a.finish), temporary: true}
 	}
 	return Response{Message: msg, Finish: fin, Usage: a.usage}, nil
 }
@@ -559,22 +578,14 @@ func (b *activityBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// backoff is the wait before retry number attempt+1.
-func (o *OpenAI) backoff(attempt int, retryAfter time.Duration) time.Duration {
-	d := o.cfg.RetryBackoff << min(attempt, 16)
-	if d <= 0 || d > openAIRetryBackoffMax {
-		d = openAIRetryBackoffMax
-	}
-	return max(d, min(retryAfter, openAIRetryAfterMax))
-}
-
-// parseRetryAfter reads a Retry-After in seconds; dates and junk give 0.
+// parseRetryAfter reads a Retry-After in seconds (at most retryAfterMax);
+// dates and junk give 0.
 func parseRetryAfter(v string) time.Duration {
 	n, err := strconv.Atoi(strings.TrimSpace(v))
 	if err != nil || n <= 0 {
 		return 0
 	}
-	return time.Duration(min(n, int(openAIRetryAfterMax/time.Second))) * time.Second
+	return time.Duration(min(n, int(retryAfterMax/time.Second))) * time.Second
 }
 
 // errorBodyMessage extracts the message of an error body: OpenAI and DeepSeek

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -33,6 +34,7 @@ type reply struct {
 	gap         time.Duration     // pause between SSE events
 	silentFirst bool              // stay silent before sending headers
 	hang        bool              // after the body, stay silent until the client goes away
+	reset       bool              // reset the connection (TCP RST) instead of answering
 }
 
 // fakeEndpoint is a loopback chat-completions endpoint that replays recorded
@@ -70,6 +72,10 @@ func (f *fakeEndpoint) serve(t *testing.T) func(http.ResponseWriter, *http.Reque
 			t.Errorf("Authorization = %q", got)
 		}
 		rp := f.replies[min(n, len(f.replies)-1)]
+		if rp.reset {
+			resetConn(t, w)
+			return
+		}
 		if rp.silentFirst && !f.wait(r.Context(), 0) {
 			return
 		}
@@ -98,6 +104,21 @@ func (f *fakeEndpoint) serve(t *testing.T) func(http.ResponseWriter, *http.Reque
 			f.wait(r.Context(), 0)
 		}
 	}
+}
+
+// resetConn closes the request's connection with a TCP RST (linger 0), as a
+// proxy or an overloaded endpoint may: the client reads "connection reset
+// by peer" (or an EOF).
+func resetConn(t *testing.T, w http.ResponseWriter) {
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		t.Errorf("hijack: %v", err)
+		return
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = conn.Close()
 }
 
 // wait pauses for d (forever when 0) and reports whether the handler should go on.
@@ -131,7 +152,6 @@ func newTestOpenAI(t *testing.T, f *fakeEndpoint, mod func(*OpenAIConfig)) *Open
 		BaseURL:           f.srv.URL,
 		Model:             "deepseek-chat",
 		APIKey:            testKey,
-		RetryBackoff:      time.Millisecond,
 		StreamIdleTimeout: 5 * time.Second,
 		HTTPClient:        f.srv.Client(),
 	}
@@ -515,73 +535,101 @@ func orAbsent(s string) string {
 	return s
 }
 
+// TestOpenAIFailures: each Stream call is one attempt (retries are the
+// runtime's); a failure is a *Error with its HTTP status and Retry-After,
+// Retryable only when it is temporary and nothing of the answer arrived.
 func TestOpenAIFailures(t *testing.T) {
 	rateLimited := reply{status: 429, body: `{"error":{"message":"Rate limit reached for requests","type":"requests","param":null,"code":"rate_limit_exceeded"}}`}
 	serverError := reply{status: 500, body: `{"error":{"message":"The server had an error while processing your request.","type":"server_error"}}`}
+	cut := sse(chunk(`{"role":"assistant","content":"Hel"}`, "null"))
+	cut = cut[:strings.Index(cut, "data: [DONE]")]
 	tests := []struct {
-		name         string
-		replies      []reply
-		retriesMax   int
-		wantText     string
-		wantErr      string // %URL% is the endpoint
-		wantRetry    bool   // Error.Retryable
-		wantRequests int
+		name           string
+		reply          reply
+		wantErr        string // %URL% is the endpoint; a prefix when wantPrefix
+		wantPrefix     bool
+		wantRetry      bool // Error.Retryable
+		wantStatus     int
+		wantRetryAfter time.Duration
+		wantStreamed   string
 	}{
-		{name: "429 then success is retried", replies: []reply{rateLimited, {body: fixture(t, "openai_text.sse")}},
-			wantText: "Hello there!", wantRequests: 2},
-		{name: "503 twice then success", replies: []reply{{status: 503, body: "upstream connect error"}, {status: 503}, {body: fixture(t, "deepseek_chat_text.sse")}},
-			wantText: "你好, world.", wantRequests: 3},
-		{name: "500 three times gives up", replies: []reply{serverError}, retriesMax: 2,
-			wantErr: "HTTP 500 from %URL%: The server had an error while processing your request. (after 3 attempts)", wantRetry: true, wantRequests: 3},
-		{name: "429 with retries disabled", replies: []reply{rateLimited}, retriesMax: -1,
-			wantErr: "HTTP 429 from %URL%: Rate limit reached for requests", wantRetry: true, wantRequests: 1},
-		{name: "401 is not retried and hides the key", replies: []reply{{status: 401,
-			body: `{"error":{"message":"Authentication Fails, Your api key: ` + testKey + ` is invalid","type":"authentication_error","param":null,"code":"invalid_request_error"}}`}},
-			wantErr: "HTTP 401 from %URL%: Authentication Fails, Your api key: [redacted] is invalid", wantRequests: 1},
-		{name: "deepseek masked key is hidden too", replies: []reply{{status: 401,
-			body: `{"error":{"message":"Authentication Fails, Your api key: ****6789 is invalid","type":"authentication_error","param":null,"code":"invalid_request_error"}}`}},
-			wantErr: "HTTP 401 from %URL%: Authentication Fails, Your api key: **** is invalid", wantRequests: 1},
-		{name: "400 context length", replies: []reply{{status: 400,
-			body: `{"error":{"message":"This model's maximum context length is 65536 tokens.","type":"invalid_request_error","param":null,"code":"invalid_request_error"}}`}},
-			wantErr: "HTTP 400 from %URL%: This model's maximum context length is 65536 tokens.", wantRequests: 1},
-		{name: "404 plain text body", replies: []reply{{status: 404, header: map[string]string{"Content-Type": "text/plain"}, body: "404 page not found\n"}},
-			wantErr: "HTTP 404 from %URL%: 404 page not found", wantRequests: 1},
-		{name: "402 empty body", replies: []reply{{status: 402}},
-			wantErr: "HTTP 402 from %URL%: payment required", wantRequests: 1},
+		{name: "429 is temporary", reply: rateLimited,
+			wantErr: "HTTP 429 from %URL%: Rate limit reached for requests", wantRetry: true, wantStatus: 429},
+		{name: "429 with Retry-After", reply: reply{status: 429, header: map[string]string{"Retry-After": "7"}, body: rateLimited.body},
+			wantErr: "HTTP 429 from %URL%: Rate limit reached for requests", wantRetry: true, wantStatus: 429, wantRetryAfter: 7 * time.Second},
+		{name: "Retry-After as a date is ignored", reply: reply{status: 429, header: map[string]string{"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}, body: rateLimited.body},
+			wantErr: "HTTP 429 from %URL%: Rate limit reached for requests", wantRetry: true, wantStatus: 429},
+		{name: "500 is temporary", reply: serverError,
+			wantErr: "HTTP 500 from %URL%: The server had an error while processing your request.", wantRetry: true, wantStatus: 500},
+		{name: "503 plain body", reply: reply{status: 503, header: map[string]string{"Content-Type": "text/plain"}, body: "upstream connect error"},
+			wantErr: "HTTP 503 from %URL%: upstream connect error", wantRetry: true, wantStatus: 503},
+		{name: "408 is temporary", reply: reply{status: 408},
+			wantErr: "HTTP 408 from %URL%: request timeout", wantRetry: true, wantStatus: 408},
+		{name: "connection reset before the answer", reply: reply{reset: true},
+			wantErr: "request to %URL% failed: ", wantPrefix: true, wantRetry: true},
+		{name: "stream ended without a finish, nothing streamed", reply: reply{body: "data: [DONE]\n\n"},
+			wantErr: "stream ended without a finish_reason", wantRetry: true},
+		{name: "stream cut after content is not retried", reply: reply{body: cut},
+			wantErr: "stream ended without a finish_reason", wantStreamed: "Hel"},
+		{name: "401 is permanent and hides the key", reply: reply{status: 401,
+			body: `{"error":{"message":"Authentication Fails, Your api key: ` + testKey + ` is invalid","type":"authentication_error","param":null,"code":"invalid_request_error"}}`},
+			wantErr: "HTTP 401 from %URL%: Authentication Fails, Your api key: [redacted] is invalid", wantStatus: 401},
+		{name: "deepseek masked key is hidden too", reply: reply{status: 401,
+			body: `{"error":{"message":"Authentication Fails, Your api key: ****6789 is invalid","type":"authentication_error","param":null,"code":"invalid_request_error"}}`},
+			wantErr: "HTTP 401 from %URL%: Authentication Fails, Your api key: **** is invalid", wantStatus: 401},
+		{name: "400 context length", reply: reply{status: 400,
+			body: `{"error":{"message":"This model's maximum context length is 65536 tokens.","type":"invalid_request_error","param":null,"code":"invalid_request_error"}}`},
+			wantErr: "HTTP 400 from %URL%: This model's maximum context length is 65536 tokens.", wantStatus: 400},
+		{name: "404 plain text body", reply: reply{status: 404, header: map[string]string{"Content-Type": "text/plain"}, body: "404 page not found\n"},
+			wantErr: "HTTP 404 from %URL%: 404 page not found", wantStatus: 404},
+		{name: "402 empty body", reply: reply{status: 402},
+			wantErr: "HTTP 402 from %URL%: payment required", wantStatus: 402},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFakeEndpoint(t, tt.replies...)
-			o := newTestOpenAI(t, f, func(c *OpenAIConfig) { c.RetriesMax = tt.retriesMax })
+			f := newFakeEndpoint(t, tt.reply)
+			o := newTestOpenAI(t, f, nil)
 			var streamed string
-			resp, err := o.Stream(context.Background(), hello(), func(s string) { streamed += s })
-			if n := len(f.requests()); n != tt.wantRequests {
-				t.Errorf("%d requests, want %d", n, tt.wantRequests)
-			}
-			if tt.wantErr == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				if got := protocol.AllText(resp.Message.Content); got != tt.wantText || streamed != tt.wantText {
-					t.Errorf("text %q streamed %q, want %q", got, streamed, tt.wantText)
-				}
-				return
+			_, err := o.Stream(context.Background(), hello(), func(s string) { streamed += s })
+			if n := len(f.requests()); n != 1 {
+				t.Errorf("%d requests, want 1 (the adapter never retries)", n)
 			}
 			var me *Error
 			if !errors.As(err, &me) {
 				t.Fatalf("err = %v, want *Error", err)
 			}
-			if want := strings.ReplaceAll(tt.wantErr, "%URL%", f.srv.URL); me.Diagnostic != want {
-				t.Errorf("diagnostic = %q\nwant         %q", me.Diagnostic, want)
+			want := strings.ReplaceAll(tt.wantErr, "%URL%", f.srv.URL)
+			if got := me.Diagnostic; got != want && !(tt.wantPrefix && strings.HasPrefix(got, want)) {
+				t.Errorf("diagnostic = %q\nwant         %q", got, want)
 			}
-			if me.Retryable != tt.wantRetry {
-				t.Errorf("retryable = %v, want %v", me.Retryable, tt.wantRetry)
+			if me.Retryable != tt.wantRetry || me.Status != tt.wantStatus || me.RetryAfter != tt.wantRetryAfter {
+				t.Errorf("retryable %v status %d retryAfter %v, want %v %d %v", me.Retryable, me.Status, me.RetryAfter, tt.wantRetry, tt.wantStatus, tt.wantRetryAfter)
+			}
+			if streamed != tt.wantStreamed {
+				t.Errorf("streamed %q, want %q", streamed, tt.wantStreamed)
 			}
 			if strings.Contains(me.Error(), testKey) {
 				t.Errorf("diagnostic leaks the key: %q", me.Error())
 			}
 		})
 	}
+	t.Run("connection refused is temporary", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		_ = l.Close() // nothing listens there now
+		o, err := NewOpenAI(OpenAIConfig{BaseURL: "http://" + addr, Model: "m", APIKey: testKey})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = o.Stream(context.Background(), hello(), func(string) {})
+		var me *Error
+		if !errors.As(err, &me) || !me.Retryable || me.Status != 0 {
+			t.Fatalf("err = %#v, want a retryable *Error without status", err)
+		}
+	})
 }
 
 func TestOpenAIDiagnosticIsShort(t *testing.T) {
@@ -623,11 +671,14 @@ func TestOpenAIStreamIdleTimeout(t *testing.T) {
 		reply    reply
 		wantText string
 		wantErr  string
+		// wantRetry: Error.Retryable, true only when nothing of the
+		// answer arrived before the silence
+		wantRetry bool
 	}{
 		{name: "silent after the first chunk", reply: reply{body: first, hang: true},
 			wantText: "Hel", wantErr: "no data from %URL% for 100ms"},
 		{name: "silent before the headers", reply: reply{silentFirst: true},
-			wantErr: "no data from %URL% for 100ms"},
+			wantErr: "no data from %URL% for 100ms", wantRetry: true},
 		{name: "keep-alive comments are not silence", idle: keepAliveIdle, reply: reply{gap: keepAliveGap,
 			body: strings.Repeat(": keep-alive\n\n", 8) + fixture(t, "openai_text.sse")},
 			wantText: "Hello there!"},
@@ -661,7 +712,10 @@ func TestOpenAIStreamIdleTimeout(t *testing.T) {
 				t.Fatalf("err = %v, want model error %q", err, want)
 			}
 			if n := len(f.requests()); n != 1 {
-				t.Errorf("%d requests, want 1 (an idle stream is not retried)", n)
+				t.Errorf("%d requests, want 1 (the adapter never retries)", n)
+			}
+			if me.Retryable != tt.wantRetry {
+				t.Errorf("retryable %v, want %v", me.Retryable, tt.wantRetry)
 			}
 		})
 	}
@@ -682,24 +736,6 @@ func TestOpenAICancel(t *testing.T) {
 		}
 		if streamed != "Hel" {
 			t.Errorf("streamed %q, want %q", streamed, "Hel")
-		}
-	})
-	t.Run("during retry backoff", func(t *testing.T) {
-		checkNoLeaks(t)
-		f := newFakeEndpoint(t, reply{status: 429, header: map[string]string{"Retry-After": "30"}, body: `{"error":{"message":"slow down"}}`})
-		o := newTestOpenAI(t, f, nil)
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		defer cancel()
-		start := time.Now()
-		_, err := o.Stream(ctx, hello(), func(string) {})
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("err = %v, want ctx's deadline error", err)
-		}
-		if el := time.Since(start); el > 5*time.Second {
-			t.Errorf("took %v: backoff ignored ctx", el)
-		}
-		if n := len(f.requests()); n != 1 {
-			t.Errorf("%d requests, want 1 (Retry-After 30s honoured)", n)
 		}
 	})
 }
@@ -754,7 +790,7 @@ func TestNewOpenAIValidates(t *testing.T) {
 			if o.Provider() != "openai" || o.Name() != cfg.Model {
 				t.Errorf("provider %q name %q", o.Provider(), o.Name())
 			}
-			if o.cfg.RetriesMax != 3 || o.cfg.StreamIdleTimeout != 60*time.Second || o.cfg.RetryBackoff <= 0 || o.cfg.RequestTimeout <= 0 || o.cfg.HTTPClient == nil {
+			if o.cfg.StreamIdleTimeout != 60*time.Second || o.cfg.RequestTimeout <= 0 || o.cfg.HTTPClient == nil {
 				t.Errorf("defaults not applied: %+v", o.cfg)
 			}
 		})

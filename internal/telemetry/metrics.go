@@ -14,6 +14,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -73,6 +74,7 @@ type Metrics struct {
 	modelTokens      *prometheus.CounterVec
 	modelUnreported  *prometheus.CounterVec
 	modelDuration    *prometheus.HistogramVec
+	modelRetries     *prometheus.CounterVec
 	toolCalls        *prometheus.CounterVec
 	toolDuration     *prometheus.HistogramVec
 	acpStarted       *prometheus.CounterVec
@@ -140,6 +142,9 @@ func NewMetrics(version string) *Metrics {
 		"Tokens the model reported using, by direction (input, output); an ACP agent's under adapter acp and its provider's name as the model.", "adapter", "model", "direction")
 	m.modelUnreported = counter("model_usage_unreported_total",
 		"Model requests whose tokens are unknown: no usage reported (a failed or cut request, an ACP agent that sends none); docs/protocol.md §6.6.", "adapter", "model")
+	m.modelRetries = counter("model_retries_total",
+		"Model requests that failed temporarily and were retried after a pause of the turn, by adapter, model id and status (the HTTP status, or transport for a failure without one: a connection reset, an attempt's timeout).",
+		"adapter", "model", "status")
 	m.modelDuration = histogram("model_request_duration_seconds",
 		"Time of one model call, request to complete answer.", ModelBuckets, "adapter", "model")
 	m.toolCalls = counter("tool_calls_total",
@@ -291,6 +296,24 @@ func (m *Metrics) ModelCall(adapter, model, outcome string, d time.Duration, usa
 	m.modelRequests.WithLabelValues(adapter, model, outcome).Inc()
 	m.modelDuration.WithLabelValues(adapter, model).Observe(d.Seconds())
 	m.tokens(adapter, model, usage)
+}
+
+// StatusTransport is the status label of a model retry after a failure
+// without an HTTP status (a connection reset, an attempt's timeout).
+const StatusTransport = "transport"
+
+// ModelRetry counts a model request that failed temporarily and will be
+// retried: status is the HTTP status (429, 503), 0 for a failure without
+// one (labelled StatusTransport).
+func (m *Metrics) ModelRetry(adapter, model string, status int) {
+	if m == nil {
+		return
+	}
+	label := StatusTransport
+	if status > 0 {
+		label = strconv.Itoa(status)
+	}
+	m.modelRetries.WithLabelValues(adapter, model, label).Inc()
 }
 
 // tokens counts a request's reported tokens, or an unreported request

@@ -560,7 +560,22 @@ func (h *Host) hostState(_ context.Context, _ rpc.Request, r protocol.HostChildR
 	if a == nil {
 		return protocol.StateReply{ChildID: r.ChildID, State: protocol.StateNone}, nil
 	}
-	return protocol.StateReply{ChildID: r.ChildID, State: a.state(), HostID: h.id, RunID: a.runID}, nil
+	st := protocol.StateReply{ChildID: r.ChildID, State: a.state(), HostID: h.id, RunID: a.runID}
+	select {
+	case <-a.built: // a.sess is set (or never will be) once built is closed
+		if mr, ok := a.sess.(modelRetrier); ok && st.State == protocol.StateRunning {
+			st.ModelRetry = mr.ModelRetry()
+		}
+	default:
+	}
+	return st, nil
+}
+
+// modelRetrier is a session that pauses its turn to retry a model request
+// that failed temporarily (*agent.Agent): ModelRetry is the retry it waits
+// on, nil when none (docs/protocol.md §5.10, modelRetry).
+type modelRetrier interface {
+	ModelRetry() *protocol.ModelRetryData
 }
 
 // dispose cancels a hosted run (cause disposed unless given) and answers with

@@ -87,12 +87,16 @@ type ChildRef struct {
 
 // StateReply answers continuable.state. Queued counts the accepted messages
 // still waiting in the child's inbox (unclaimed), answered by the coordinator.
+// ModelRetry, with state running, says the running turn is paused until
+// the next attempt of a model request that failed temporarily (the data of
+// its last model/retry event); absent otherwise.
 type StateReply struct {
-	ChildID string `msgpack:"childId" json:"childId"`
-	State   string `msgpack:"state" json:"state"`
-	HostID  string `msgpack:"hostId,omitempty" json:"hostId,omitempty"`
-	RunID   string `msgpack:"runId,omitempty" json:"runId,omitempty"`
-	Queued  uint64 `msgpack:"queued,omitempty" json:"queued,omitempty"`
+	ChildID    string          `msgpack:"childId" json:"childId"`
+	State      string          `msgpack:"state" json:"state"`
+	HostID     string          `msgpack:"hostId,omitempty" json:"hostId,omitempty"`
+	RunID      string          `msgpack:"runId,omitempty" json:"runId,omitempty"`
+	Queued     uint64          `msgpack:"queued,omitempty" json:"queued,omitempty"`
+	ModelRetry *ModelRetryData `msgpack:"modelRetry,omitempty" json:"modelRetry,omitempty"`
 }
 
 // InterruptRequest is the body of continuable.interrupt: it stops the

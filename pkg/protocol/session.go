@@ -112,6 +112,11 @@ const (
 	// log: a host that comes back from a pause cannot append a claim (or a
 	// first turn) after the takeover (docs/design.md §4, one writer per log).
 	EvAgentTakeover = "agent/takeover"
+	// EvModelRetry is log-only: a model request of the turn failed
+	// temporarily (ModelRetryData) and the turn pauses until its next
+	// attempt, inside the turn and before the step's step/start
+	// (docs/protocol.md §8.3). Replay skips it.
+	EvModelRetry = "model/retry"
 )
 
 // SessionEvent is one log entry {seq, type, time, data}; Seq is contiguous
@@ -327,6 +332,26 @@ type TakeoverData struct {
 	HostID string `msgpack:"hostId" json:"hostId"`
 	By     string `msgpack:"by" json:"by"`
 	Epoch  int64  `msgpack:"epoch" json:"epoch"`
+}
+
+// ModelRetryData is the data of model/retry, and what continuable.state
+// shows of a turn paused on a model retry (StateReply.ModelRetry): attempt
+// Attempt of step Step's model request failed temporarily and the next
+// attempt starts at NextAt (epoch ms), WaitMs (milliseconds) after the
+// failure. Status is the endpoint's HTTP status (429, 5xx), 0 for a failure
+// without one (a connection reset, an attempt's timeout); RetryAfterMs is
+// its Retry-After in milliseconds, 0 when it sent none. Diagnostic is the
+// failure's short diagnostic (no payloads, no secrets; cut as
+// TruncateDiagnostic cuts).
+type ModelRetryData struct {
+	Turn         int64  `msgpack:"turn" json:"turn"`
+	Step         int64  `msgpack:"step" json:"step"`
+	Attempt      int64  `msgpack:"attempt" json:"attempt"`
+	Status       int64  `msgpack:"status,omitempty" json:"status,omitempty"`
+	RetryAfterMs int64  `msgpack:"retryAfterMs,omitempty" json:"retryAfterMs,omitempty"`
+	WaitMs       int64  `msgpack:"waitMs" json:"waitMs"`
+	NextAt       int64  `msgpack:"nextAt" json:"nextAt"`
+	Diagnostic   string `msgpack:"diagnostic" json:"diagnostic"`
 }
 
 // InboxDequeueData is the data of agent/inbox/dequeue: the claim of one inbox

@@ -332,6 +332,23 @@ export interface ChildRef {
   authority: Authority;
 }
 
+/**
+ * §8.3 `model/retry`: attempt `attempt` of step `step`'s model request failed
+ * temporarily (`status` 429 or 5xx; absent for a connection reset or an
+ * attempt's timeout) and the turn pauses until `nextAt` (epoch ms), `waitMs`
+ * after the failure; `retryAfterMs` is the endpoint's Retry-After.
+ */
+export interface ModelRetryData {
+  turn: number;
+  step: number;
+  attempt: number;
+  status?: number;
+  retryAfterMs?: number;
+  waitMs: number;
+  nextAt: number;
+  diagnostic: string;
+}
+
 /** §5.10 */
 export interface StateReply {
   childId: string;
@@ -339,6 +356,8 @@ export interface StateReply {
   hostId?: string;
   runId?: string;
   queued?: number;
+  /** With state running: the running turn waits to retry a model request that failed temporarily. */
+  modelRetry?: ModelRetryData;
 }
 
 /** §5.11 */

@@ -31,6 +31,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -64,7 +65,11 @@ type Call struct {
 // its own delta with its full arguments, at its position as index (or at
 // index 0 for every call when SameIndex is set, as some servers do). Finish
 // defaults to "tool_calls" when there are calls, else "stop". Status, when
-// not 0 or 200, answers that HTTP status with Body instead of a stream.
+// not 0 or 200, answers that HTTP status with Body instead of a stream;
+// Header adds response headers (a Retry-After). Reset answers nothing: the
+// connection is closed with a TCP RST, as a proxy that drops it does.
+// Repeat keeps the reply at the head of the queue: it answers every later
+// request (a rate limit that never clears).
 type Reply struct {
 	Text      string
 	Reasoning *string
@@ -73,7 +78,13 @@ type Reply struct {
 	Finish    string
 	Status    int
 	Body      string
+	Header    map[string]string
+	Reset     bool
+	Repeat    bool
 }
+
+// Status is a reply that answers HTTP status with body instead of a stream.
+func Status(status int, body string) Reply { return Reply{Status: status, Body: body} }
 
 // Say is a reply with text only.
 func Say(text string) Reply { return Reply{Text: text} }
@@ -162,12 +173,22 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		verr = "fakeopenai: no scripted reply left"
 		s.rejections = append(s.rejections, verr)
 	default:
-		rp, s.replies = s.replies[0], s.replies[1:]
+		rp = s.replies[0]
+		if !rp.Repeat {
+			s.replies = s.replies[1:]
+		}
 	}
 	s.mu.Unlock()
 	if verr != "" {
 		writeError(w, http.StatusBadRequest, verr)
 		return
+	}
+	if rp.Reset {
+		reset(w)
+		return
+	}
+	for k, v := range rp.Header {
+		w.Header().Set(k, v)
 	}
 	if rp.Status != 0 && rp.Status != http.StatusOK {
 		w.Header().Set("Content-Type", "application/json")
@@ -184,6 +205,19 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+}
+
+// reset closes the request's connection with a TCP RST (linger 0): the
+// client reads "connection reset by peer" or an EOF, never an answer.
+func reset(w http.ResponseWriter) {
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		return
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = conn.Close()
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
