@@ -62,7 +62,7 @@ func requestsCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait until at least one request is pending (up to --timeout; then exit 1, CANCELLED)")
-	cmd.Flags().BoolVar(&all, "all", false, "list answered and timed-out requests too")
+	cmd.Flags().BoolVar(&all, "all", false, "list answered, timed-out and cancelled (their turn ended) requests too")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the records as JSON")
 	clientFlags(cmd, g)
 	userFlags(cmd, g)

@@ -101,6 +101,8 @@ func (a *Agent) awaitApproval(ctx context.Context, turn, step int64, c protocol.
 		return ToolResult{}, true
 	case protocol.RequestTimedOut:
 		return ErrorResult("%s got no answer to its request for approval (%s) in time; the request timed out, which counts as a denial; it did not run", c.Name, rec.ID), false
+	case protocol.RequestCancelled:
+		return ErrorResult("%s: its request for approval (%s) was cancelled (%s); it did not run", c.Name, rec.ID, d.Reason), false
 	default:
 		reason := ""
 		if d.Reason != "" {

@@ -24,7 +24,8 @@ func (c *Client) OpenRequest(ctx context.Context, req protocol.RequestOpenReques
 // GetRequest reads a request (requests.get) as its own session (req.Self)
 // or as one who may answer it (req.Authority: a user grant over its tree,
 // or an ancestor's live credential). A pending request past its deadline
-// is answered timed-out by this read. Errors: NOT_FOUND, UNAUTHORIZED,
+// is answered timed-out by this read, and (read with req.Authority) one
+// whose asking turn ended is cancelled. Errors: NOT_FOUND, UNAUTHORIZED,
 // UNAVAILABLE.
 func (c *Client) GetRequest(ctx context.Context, req protocol.RequestGetRequest) (protocol.RequestRecord, error) {
 	var r protocol.RequestRecord
@@ -41,7 +42,9 @@ func (c *Client) GetRequest(ctx context.Context, req protocol.RequestGetRequest)
 // the wrong verb, or an answer the question refuses, is INVALID_ARGUMENT
 // naming what is wrong, and the request stays pending. The first answer
 // wins: a request answered (or timed out) before is ALREADY_ANSWERED,
-// naming its state. It returns the answered record.
+// naming its state, and so is one whose asking turn ended before an answer
+// (its run settled, its turn closed: cancelled), whose call can no longer
+// run. It returns the answered record.
 func (c *Client) AnswerRequest(ctx context.Context, req protocol.RequestAnswerRequest) (protocol.RequestRecord, error) {
 	var r protocol.RequestRecord
 	err := c.Call(ctx, protocol.EpRequestsAnswer, req, &r)

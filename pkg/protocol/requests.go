@@ -35,6 +35,14 @@ const (
 	// RequestTimedOut: no answer came by the deadline; its declared outcome
 	// is a denial, logged as a timeout, never as a user's denial.
 	RequestTimedOut = "timed-out"
+	// RequestCancelled: the asking turn ended before an answer came (its
+	// one-shot run settled, or the turn was closed: interrupted, disposed,
+	// its parent ended, its time ran out); no answer can reach the call
+	// any more, so none is taken (ALREADY_ANSWERED). By.Kind is
+	// AnswererEnded and Reason says how the turn ended. A continuable
+	// child's turn left open when its host died is not ended: its next
+	// activation continues it.
+	RequestCancelled = "cancelled"
 )
 
 // Answerer kinds (RequestAnswer.By.Kind).
@@ -42,6 +50,8 @@ const (
 	AnswererUser    = "user"
 	AnswererAgent   = "agent"
 	AnswererTimeout = "timeout"
+	// AnswererEnded: the asking turn ended (RequestCancelled).
+	AnswererEnded = "ended"
 )
 
 // Answer verbs of requests.answer: approve and deny answer an approval,

@@ -16,6 +16,10 @@ package coordinator
 //	requests.get     the child or one who may answer
 //	requests.list    what the caller may answer, pending unless all
 //
+// A pending request whose asking turn ended (its run settled, its turn
+// closed) is moved to cancelled when one who may answer reads it
+// (requestended.go): no answer can reach the call any more.
+//
 // An opened request is told to the nearest ancestor that takes requests
 // (requestnotice.go), which may answer with its answer_request tool.
 //
@@ -131,8 +135,14 @@ func (c *Coordinator) requestsGet(ctx context.Context, _ rpc.Request, r protocol
 		if r.Self.SessionID != rec.Value.SessionID {
 			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnauthorized, "request %s is not of session %s", r.RequestID, r.Self.SessionID)
 		}
-	} else if _, err := c.answerer(ctx, r.Authority, rec.Value.SessionID); err != nil {
-		return protocol.RequestRecord{}, err
+	} else {
+		if _, err := c.answerer(ctx, r.Authority, rec.Value.SessionID); err != nil {
+			return protocol.RequestRecord{}, err
+		}
+		// One who may answer learns whether the asking turn still waits
+		// (requestended.go); the asking session itself, parked, is that turn.
+		rec, err := c.settledRecord(ctx, rec)
+		return rec.Value, err
 	}
 	return c.expired(ctx, rec)
 }
@@ -163,7 +173,7 @@ func (c *Coordinator) requestsAnswer(ctx context.Context, _ rpc.Request, r proto
 	if err != nil {
 		return protocol.RequestRecord{}, err
 	}
-	if rec, err = c.expiredRecord(ctx, rec); err != nil {
+	if rec, err = c.settledRecord(ctx, rec); err != nil {
 		return protocol.RequestRecord{}, err
 	}
 	if rec.Value.State != protocol.RequestPending {
@@ -238,6 +248,13 @@ func (c *Coordinator) requestsList(ctx context.Context, _ rpc.Request, r protoco
 			if ok, err := c.covers(ctx, reader{agent: r.Under}, v.SessionID); err != nil || !ok {
 				continue
 			}
+		}
+		// Only the caller's own are read for an ended turn (a log read each).
+		if rec, err = c.endedRecord(ctx, rec); err != nil {
+			return protocol.RequestsListReply{}, err
+		}
+		if v = rec.Value; !r.All && v.State != protocol.RequestPending {
+			continue
 		}
 		out.Requests = append(out.Requests, v)
 	}

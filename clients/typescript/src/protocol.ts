@@ -416,14 +416,15 @@ export interface DrainsListReply {
 
 /** §5.21: who answered a request. */
 export interface Answerer {
-  kind: "user" | "agent" | "timeout";
+  /** "ended": the asking turn ended before an answer (state "cancelled"). */
+  kind: "user" | "agent" | "timeout" | "ended";
   sessionId?: string;
   user?: string;
 }
 
 /** §5.21 */
 export interface RequestAnswer {
-  state: "approved" | "denied" | "answered" | "timed-out";
+  state: "approved" | "denied" | "answered" | "timed-out" | "cancelled";
   reason?: string;
   /** A question's answer: text, or JSON text (canonical). */
   text?: string;
@@ -464,7 +465,8 @@ export interface RequestRecord {
   choices?: string[];
   /** A question's answerSchema (canonical JSON Schema text): its answer is JSON it accepts. */
   answerSchema?: string;
-  state: "pending" | "approved" | "denied" | "answered" | "timed-out";
+  /** "cancelled": its asking turn ended before an answer came (its run settled, its turn was closed); no answer is taken. */
+  state: "pending" | "approved" | "denied" | "answered" | "timed-out" | "cancelled";
   createdAt: Millis;
   deadline: Millis;
   answer?: RequestAnswer;
