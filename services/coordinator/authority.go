@@ -104,12 +104,16 @@ func (c *Coordinator) leaseLive(rec protocol.AgentRecord) bool {
 // authorizeSelf checks that p is the credential of the current agent of its
 // session, read fresh, live or ending (a one-shot agent ends its descendants
 // after its turn, with its lease marked ending); a lease a coordinator took
-// over names no agent.
+// over names no agent. The lease is read from the bucket's leader: a
+// follower that has not applied a new epoch's lease yet (one just written
+// across a partition's heal) would refuse the agent its own credential, and
+// a parked tool call that reads its request so would give up its request
+// while its turn goes on (found by the chaos checker's I10, issue 33).
 func (c *Coordinator) authorizeSelf(ctx context.Context, p protocol.ParentRef) error {
 	if !protocol.ValidID(p.SessionID) || p.Credential == "" {
 		return protocol.Errorf(protocol.CodeUnauthorized, "a sessionId and its credential are required")
 	}
-	l, err := c.st.Lease(ctx, p.SessionID)
+	l, err := c.st.LeaseLatest(ctx, p.SessionID)
 	if errors.Is(err, store.ErrNotFound) {
 		return protocol.Errorf(protocol.CodeUnauthorized, "session %s has no agent", p.SessionID)
 	}
