@@ -356,6 +356,9 @@ type coordinatorLimits struct {
 	userOpenRootsMax      int
 	userRequestsPerSecond float64
 	userRequestsBurst     int
+	// requestTimeout: how long a request for approval or a question waits
+	// for its answer before it is timed-out, a denial (docs/protocol.md §5.21).
+	requestTimeout time.Duration
 }
 
 func (l *coordinatorLimits) flags(cmd *cobra.Command) {
@@ -363,6 +366,7 @@ func (l *coordinatorLimits) flags(cmd *cobra.Command) {
 	cmd.Flags().IntVar(&l.userOpenRootsMax, "user-open-roots-max", coordinator.DefaultUserOpenRootsMax, "most roots one NATS user may hold open (LIMIT_EXCEEDED beyond)")
 	cmd.Flags().Float64Var(&l.userRequestsPerSecond, "user-requests-per-second", coordinator.DefaultUserRequestsPerSecond, "requests per second one NATS user may send to this replica, on average (LIMIT_EXCEEDED beyond)")
 	cmd.Flags().IntVar(&l.userRequestsBurst, "user-requests-burst", coordinator.DefaultUserRequestsBurst, "requests one NATS user may send to this replica at once, above its rate")
+	cmd.Flags().DurationVar(&l.requestTimeout, "request-timeout", protocol.RequestTimeout, "how long a child's request for approval or question waits for its answer before it times out (a denial), unless its tree's start set its own (at most 24h)")
 }
 
 func (l coordinatorLimits) validate() error {
@@ -372,6 +376,9 @@ func (l coordinatorLimits) validate() error {
 	if l.userOpenRootsMax <= 0 || l.userRequestsPerSecond <= 0 || l.userRequestsBurst <= 0 {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "--user-open-roots-max, --user-requests-per-second and --user-requests-burst must be positive")
 	}
+	if l.requestTimeout < time.Millisecond || l.requestTimeout.Milliseconds() > protocol.RequestTimeoutMsMax {
+		return protocol.Errorf(protocol.CodeInvalidArgument, "--request-timeout must be at least 1ms and at most %s, not %s", time.Duration(protocol.RequestTimeoutMsMax)*time.Millisecond, l.requestTimeout)
+	}
 	return nil
 }
 
@@ -379,7 +386,7 @@ func newCoordinator(nc *nats.Conn, st *store.Store, t timing, l coordinatorLimit
 	return coordinator.New(coordinator.Config{
 		NC: nc, Store: st, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, RootLease: t.rootLease,
 		LiveChildrenMax: l.liveChildrenMax, UserOpenRootsMax: l.userOpenRootsMax,
-		UserRequestsPerSecond: l.userRequestsPerSecond, UserRequestsBurst: l.userRequestsBurst,
+		UserRequestsPerSecond: l.userRequestsPerSecond, UserRequestsBurst: l.userRequestsBurst, RequestTimeout: l.requestTimeout,
 		Logger: log, Metrics: m,
 	})
 }

@@ -1,0 +1,32 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// TestCoordinatorRequestTimeoutFlag: --request-timeout takes 1 ms to 24 h
+// and refuses anything else INVALID_ARGUMENT, naming the flag.
+func TestCoordinatorRequestTimeoutFlag(t *testing.T) {
+	base := coordinatorLimits{liveChildrenMax: 64, userOpenRootsMax: 1, userRequestsPerSecond: 1, userRequestsBurst: 1}
+	for _, tc := range []struct {
+		d  time.Duration
+		ok bool
+	}{
+		{protocol.RequestTimeout, true}, {time.Millisecond, true}, {24 * time.Hour, true}, {8 * time.Second, true},
+		{0, false}, {-time.Second, false}, {time.Microsecond, false}, {24*time.Hour + time.Millisecond, false},
+	} {
+		l := base
+		l.requestTimeout = tc.d
+		err := l.validate()
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("%s: %v", tc.d, err)
+		case !tc.ok && (protocol.CodeOf(err) != protocol.CodeInvalidArgument || !strings.Contains(err.Error(), "--request-timeout")):
+			t.Errorf("%s: %v; want INVALID_ARGUMENT naming --request-timeout", tc.d, err)
+		}
+	}
+}
