@@ -30,11 +30,25 @@ import (
 //     put instead of the compare-and-set, after a coordinator settled it
 //     HOST_LOST: both writes land and both publish, the client gets two
 //     notices, and the record holds the second result.
+//   - broken-answer-without-cas: requests.answer writes the answer with a
+//     plain put instead of the compare-and-set: a second answer (a deny by
+//     another client's grant) to a request already approved is taken too,
+//     replacing the first in the record, while the child went on with the
+//     approval it read.
+//   - broken-tool-runs-twice: an approved run_command runs twice (say, a
+//     worker that runs an approved call again when its result's append
+//     fails): its token is twice in the workspace's RanFile.
+//
+// The good history of a real run holds requests (issue 33): approvals
+// approved and denied, a question, a second answer refused
+// ALREADY_ANSWERED, approved run_command and write_file calls that ran.
 var brokenBuilds = []struct {
 	file, invariant, example string
 }{
 	{"broken-delete-before-claim.json.gz", "I1", "is neither in the log nor in the inbox: lost"},
 	{"broken-settle-without-cas.json.gz", "I2", "announced settled 2 times with 2 results"},
+	{"broken-answer-without-cas.json.gz", "I10", "2 answers were taken"},
+	{"broken-tool-runs-twice.json.gz", "I10", "ran 2 times"},
 }
 
 func TestCheckerCatchesRecordedBrokenBuilds(t *testing.T) {
@@ -52,14 +66,19 @@ func TestCheckerCatchesRecordedBrokenBuilds(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := Check(h)
+			found := false
 			for _, v := range r.Verdicts {
 				if v.Name == b.invariant {
+					found = true
 					if v.Holds() || !strings.Contains(strings.Join(v.Examples, "\n"), b.example) {
 						t.Errorf("%s: %d violations %v; want one saying %q", v.Name, v.Violations, v.Examples, b.example)
 					}
 				} else if !v.Holds() {
 					t.Errorf("%s violated too: %v", v.Name, v.Examples)
 				}
+			}
+			if !found {
+				t.Errorf("the checker has no invariant %s", b.invariant)
 			}
 			if t.Failed() {
 				t.Log(strings.Join(r.Lines(), "\n"))
@@ -138,6 +157,77 @@ func TestRecordBrokenBuilds(t *testing.T) {
 	if err := h.Save(filepath.Join("testdata", brokenBuilds[1].file)); err != nil {
 		t.Fatal(err)
 	}
+
+	// Answer without CAS: the first approval taken gets a second answer,
+	// a deny by another grant, taken too; the record holds it.
+	h = load()
+	op := firstApproved(h, "")
+	if op == nil {
+		t.Fatal("no approval taken to answer twice")
+	}
+	at := op.Complete + 5
+	second := &Op{ID: int64(len(h.Ops)) + 1, Client: "client-2", Kind: OpAnswer, Root: op.Root, Sender: "grant:client-2", Child: op.Child,
+		RequestID: op.RequestID, Verb: protocol.AnswerDeny, AnswerID: op.AnswerID + "-2", AnswerState: protocol.RequestDenied,
+		Invoke: op.Invoke + 1, Complete: at, Outcome: OutcomeOK}
+	h.Ops = append(h.Ops, second)
+	rec := h.Snapshot.Requests[op.RequestID]
+	rec.State = protocol.RequestDenied
+	rec.Answer = &protocol.RequestAnswer{State: protocol.RequestDenied, Reason: "denied by grant:client-2", By: protocol.Answerer{Kind: protocol.AnswererUser},
+		At: at, ID: second.AnswerID}
+	h.Snapshot.Requests[op.RequestID] = rec
+	t.Logf("broken-answer-without-cas: op %d, request %s, answered again by op %d", op.ID, op.RequestID, second.ID)
+	if err := h.Save(filepath.Join("testdata", brokenBuilds[2].file)); err != nil {
+		t.Fatal(err)
+	}
+
+	// The tool runs twice: the first approved run_command that ran leaves
+	// its token twice.
+	h = load()
+	op = firstApproved(h, "run_command")
+	if op == nil {
+		t.Fatal("no approved run_command")
+	}
+	tok := ""
+	for _, ev := range h.Snapshot.Logs[op.Child] {
+		var d protocol.ToolCallData
+		if ev.Type == protocol.EvToolCall && ev.Decode(&d) == nil && protocol.RequestID(op.Child, d.CallID) == op.RequestID {
+			tok = requestTokenRE.FindString(d.Arguments)
+		}
+	}
+	if tok == "" || !strings.Contains(h.Workspace[RanFile], tok+"\n") {
+		t.Fatalf("request %s: no token %q in %s", op.RequestID, tok, RanFile)
+	}
+	h.Workspace[RanFile] += tok + "\n"
+	t.Logf("broken-tool-runs-twice: op %d, request %s, %s", op.ID, op.RequestID, tok)
+	if err := h.Save(filepath.Join("testdata", brokenBuilds[3].file)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// firstApproved is the first answer op of h whose approval was taken and
+// whose request's tool (any, when tool is "") ran after it in its log.
+func firstApproved(h *History, tool string) *Op {
+	for _, op := range sortedOps(h) {
+		if op.Kind != OpAnswer || op.Outcome != OutcomeOK || op.AnswerState != protocol.RequestApproved {
+			continue
+		}
+		rec, ok := h.Snapshot.Requests[op.RequestID]
+		if !ok || rec.Answer == nil || rec.Answer.ID != op.AnswerID || (tool != "" && rec.Tool != tool) {
+			continue
+		}
+		ran := false
+		for _, ev := range h.Snapshot.Logs[rec.SessionID] {
+			var d protocol.ToolResultData
+			if ev.Type == protocol.EvToolResult && ev.Decode(&d) == nil && d.CallID == rec.CallID && !d.IsError {
+				ran = true
+			}
+		}
+		if ran {
+			op.Child = rec.SessionID
+			return op
+		}
+	}
+	return nil
 }
 
 func sortedOps(h *History) []*Op {

@@ -34,6 +34,14 @@ type BroodConfig struct {
 	DrainGrace time.Duration
 	// LiveChildrenMax of the coordinators (0: their default, 64).
 	LiveChildrenMax int
+	// RequestTimeout of the coordinators (--request-timeout; 0: their
+	// default, protocol.RequestTimeout): how long a child's request waits
+	// for its answer before it is timed-out.
+	RequestTimeout time.Duration
+	// WorkspaceRoot is the workers' --workspace-root: the directory the
+	// children's workspace tools (write_file, run_command ...) may work in
+	// ("": none, and those tools refuse every session).
+	WorkspaceRoot string
 	// LogLevel of the processes ("info").
 	LogLevel string
 	// StartTimeout bounds each process's start (30 s).
@@ -84,6 +92,10 @@ func (c *Cluster) StartBrood(ctx context.Context, cfg BroodConfig) (*Brood, erro
 	}
 	common := []string{"--replicas", "3", "--log-level", cfg.LogLevel,
 		"--heartbeat", cfg.Heartbeat.String(), "--host-expiry", cfg.HostExpiry.String()}
+	var workspace []string
+	if cfg.WorkspaceRoot != "" {
+		workspace = []string{"--workspace-root", cfg.WorkspaceRoot}
+	}
 	var specs []ProcessSpec
 	next := 0
 	add := func(name, ready string, args ...string) {
@@ -95,7 +107,7 @@ func (c *Cluster) StartBrood(ctx context.Context, cfg BroodConfig) (*Brood, erro
 	for i := 1; i <= cfg.SiteSpawnWorkers; i++ {
 		specs = append(specs, ProcessSpec{
 			Name: fmt.Sprintf("site-spawn-worker-%d", i), Binary: cfg.Binary, ReadyLine: "host serving", AtSite: true,
-			Args: append([]string{"spawn-worker", "--model", "scripted", "--drain-grace", cfg.DrainGrace.String(), "--js-domain", HubDomain}, common...),
+			Args: append(append([]string{"spawn-worker", "--model", "scripted", "--drain-grace", cfg.DrainGrace.String(), "--js-domain", HubDomain}, workspace...), common...),
 		})
 	}
 	for i := 1; i <= max(cfg.Coordinators, 0); i++ {
@@ -103,11 +115,14 @@ func (c *Cluster) StartBrood(ctx context.Context, cfg BroodConfig) (*Brood, erro
 		if cfg.LiveChildrenMax > 0 {
 			args = append(args, "--live-children-max", strconv.Itoa(cfg.LiveChildrenMax))
 		}
+		if cfg.RequestTimeout > 0 {
+			args = append(args, "--request-timeout", cfg.RequestTimeout.String())
+		}
 		add(fmt.Sprintf("coordinator-%d", i), "coordinator serving", args...)
 	}
 	worker := func(kind string, n int) {
 		for i := 1; i <= max(n, 0); i++ {
-			add(fmt.Sprintf("%s-%d", kind, i), "host serving", kind, "--model", "scripted", "--drain-grace", cfg.DrainGrace.String())
+			add(fmt.Sprintf("%s-%d", kind, i), "host serving", append([]string{kind, "--model", "scripted", "--drain-grace", cfg.DrainGrace.String()}, workspace...)...)
 		}
 	}
 	worker("spawn-worker", cfg.SpawnWorkers)

@@ -23,6 +23,7 @@ var invariantTitles = []struct{ name, title string }{
 	{"I6", "every child is terminal or resumable; no record stays running"},
 	{"I7", "lifecycle events pair up per run; every log replays balanced"},
 	{"I8", "depth and live-children limits are never exceeded"},
+	{"I10", "each request is answered at most once, an answered one resumes exactly one turn, none is lost"},
 	{"L1", "once faults heal, every accepted message is processed within the bound"},
 }
 
@@ -57,6 +58,17 @@ type Summary struct {
 	RecoveryAfter   string                    `json:"recoveryAfter,omitempty"`
 	Faults          map[string]int            `json:"faults"`
 	ByKind          map[string]map[string]int `json:"byKind"`
+	// Requests opened in the logs and how they ended (I10): answered
+	// (approved, denied, a question's answer), timed out, closed while
+	// parked (the turn aborted, or its host lost), left pending; Answers
+	// taken (the workload's and agents'), AnswersRefused ALREADY_ANSWERED.
+	Requests         int `json:"requests,omitempty"`
+	RequestsAnswered int `json:"requestsAnswered,omitempty"`
+	RequestsTimedOut int `json:"requestsTimedOut,omitempty"`
+	RequestsClosed   int `json:"requestsClosed,omitempty"`
+	RequestsPending  int `json:"requestsPending,omitempty"`
+	Answers          int `json:"answers,omitempty"`
+	AnswersRefused   int `json:"answersRefused,omitempty"`
 }
 
 // Report is the checker's verdict on a History.
@@ -120,6 +132,8 @@ func (r *Report) Lines() []string {
 		classes = append(classes, fmt.Sprintf("%s×%d", c, n))
 	}
 	sort.Strings(classes)
+	out = append(out, fmt.Sprintf("requests: %d opened in the logs: %d answered, %d timed out, %d closed while parked, %d left pending; %d answers taken, %d refused ALREADY_ANSWERED",
+		s.Requests, s.RequestsAnswered, s.RequestsTimedOut, s.RequestsClosed, s.RequestsPending, s.Answers, s.AnswersRefused))
 	out = append(out, "faults: "+strings.Join(classes, ", "))
 	var kinds []string
 	for k, outcomes := range s.ByKind {
@@ -188,7 +202,7 @@ type checker struct {
 	epochStart map[string]int64
 }
 
-// Check judges a history against I1–I8 and L1 (shared/RELIABILITY.md).
+// Check judges a history against I1–I8, I10 and L1 (shared/RELIABILITY.md).
 // The bounds count from the later of the event and the end of every fault
 // window that overlaps the bound (a fault extends the wait to its heal plus
 // the bound); L1 also waits out drains until their lift and interrupts until
@@ -231,6 +245,7 @@ func Check(h *History) *Report {
 	c.checkRecords()
 	c.checkLifecycle()
 	c.checkLimits()
+	c.checkRequests()
 	c.recovery()
 	r := &Report{Summary: c.sum, ByClass: c.byClass, Recovery: c.recoveries}
 	for _, t := range invariantTitles {

@@ -29,6 +29,7 @@ const (
 	OpLift      = "lift"       // continuable.drain with Lift
 	OpGrant     = "grant"      // authority.user
 	OpForeign   = "foreign"    // a request from a sender without authority (ForeignKind says which)
+	OpAnswer    = "answer"     // requests.answer of a child's request (RequestID, Verb; the reply's AnswerID, AnswerState)
 )
 
 // Outcomes of an operation (Jepsen's ok, fail, info).
@@ -52,7 +53,8 @@ type Op struct {
 	Kind   string `json:"kind"`
 	// ForeignKind says which authority a foreign op lacks or forges
 	// ("followup-other-root", "followup-dead-root", "followup-forged",
-	// "interrupt-other-root", "dispose-other-root", "run-dead-root").
+	// "interrupt-other-root", "dispose-other-root", "run-dead-root",
+	// "answer-other-root").
 	ForeignKind string `json:"foreignKind,omitempty"`
 	// Sender is who acts: a root session id, or "grant:<client>".
 	Sender string `json:"sender,omitempty"`
@@ -72,6 +74,13 @@ type Op struct {
 	Scope string `json:"scope,omitempty"`
 	// Targets of a drain or lift (parents, or children of Parent).
 	Targets []string `json:"targets,omitempty"`
+	// RequestID is the request an answer names; Verb its answer verb
+	// (approve, deny, answer). An accepted answer's reply: AnswerID (the
+	// record's answer.id) and AnswerState (approved, denied, answered).
+	RequestID   string `json:"requestId,omitempty"`
+	Verb        string `json:"verb,omitempty"`
+	AnswerID    string `json:"answerId,omitempty"`
+	AnswerState string `json:"answerState,omitempty"`
 
 	Invoke   int64  `json:"invoke"`
 	Complete int64  `json:"complete,omitempty"`
@@ -135,6 +144,11 @@ type History struct {
 	Ops      []*Op         `json:"ops"`
 	Faults   []FaultRecord `json:"faults"`
 	Snapshot *Snapshot     `json:"snapshot"`
+	// Workspace holds the files the children's tools wrote in the
+	// workspace every root works in (path relative to it -> content), read
+	// with the snapshot: the side effects of approved calls (I10). Nil in
+	// histories recorded before requests were in the workload.
+	Workspace map[string]string `json:"workspace,omitempty"`
 }
 
 // Save writes the history as gzipped JSON (creating its directory).
@@ -260,6 +274,7 @@ var definiteCodes = map[protocol.Code]bool{
 	protocol.CodeUnsupportedCapability: true,
 	protocol.CodeActivationClosing:     true,
 	protocol.CodeParentUnavailable:     true,
+	protocol.CodeAlreadyAnswered:       true,
 }
 
 // Classify maps a call's error to an outcome, its code and text.

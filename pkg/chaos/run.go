@@ -44,6 +44,9 @@ type RunConfig struct {
 	HostExpiry time.Duration
 	// LiveChildrenMax of the coordinators (10).
 	LiveChildrenMax int
+	// RequestTimeout of the coordinators (8 s): a request the workload
+	// leaves unanswered times out within the run.
+	RequestTimeout time.Duration
 	// Bounds the checker holds Brood to (DefaultBounds).
 	Bounds Bounds
 	// FaultHoldMax, FaultGapMax shape the schedule (8 s, 4 s).
@@ -94,6 +97,9 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 	if cfg.LiveChildrenMax <= 0 {
 		cfg.LiveChildrenMax = 10
 	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 8 * time.Second
+	}
 	if cfg.Bounds == (Bounds{}) {
 		cfg.Bounds = DefaultBounds(cfg.HostExpiry)
 	}
@@ -128,9 +134,16 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 	if cfg.ServiceBinary != "" {
 		services = cfg.ServiceBinary
 	}
+	// Every root works in cwd, the workers' workspace root: the side
+	// effects of approved calls land there (RanFile, WriteDir).
+	cwd := filepath.Join(cfg.Dir, "workspace")
+	if err := os.MkdirAll(cwd, 0o755); err != nil {
+		return nil, err
+	}
 	b, err := c.StartBrood(ctx, BroodConfig{
 		Binary: services, Heartbeat: cfg.Heartbeat, HostExpiry: cfg.HostExpiry, DrainGrace: 2 * time.Second,
 		LiveChildrenMax: cfg.LiveChildrenMax, SpawnWorkers: spawnWorkers, SiteSpawnWorkers: siteWorkers,
+		RequestTimeout: cfg.RequestTimeout, WorkspaceRoot: cwd,
 	})
 	if err != nil {
 		return nil, err
@@ -148,10 +161,6 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 	}
 	defer observer.Close()
 	if err := waitProviders(ctx, observer, cfg.Provider, len(b.Workers)); err != nil {
-		return nil, err
-	}
-	cwd := filepath.Join(cfg.Dir, "workspace")
-	if err := os.MkdirAll(cwd, 0o755); err != nil {
 		return nil, err
 	}
 	rec := NewRecorder()
@@ -201,9 +210,13 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	ws, err := readWorkspace(cwd)
+	if err != nil {
+		return nil, err
+	}
 	h := &History{
 		Seed: cfg.Seed, Bounds: cfg.Bounds, Limits: Limits{LiveChildrenMax: cfg.LiveChildrenMax, DepthMax: 3},
-		Start: start.UnixMilli(), Healed: healed.UnixMilli(), Ops: rec.Ops(), Faults: rec.Faults(), Snapshot: snap,
+		Start: start.UnixMilli(), Healed: healed.UnixMilli(), Ops: rec.Ops(), Faults: rec.Faults(), Snapshot: snap, Workspace: ws,
 	}
 	wl.CloseRoots(ctx)
 	if cfg.HistoryPath != "" {
@@ -212,6 +225,43 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 		}
 	}
 	return &Result{History: h, Report: Check(h), Schedule: steps, Crashes: crashes(c)}, nil
+}
+
+// workspaceBytesMax bounds what readWorkspace reads of the workspace.
+const workspaceBytesMax = 16 << 20
+
+// readWorkspace reads the workload's side effects in the workspace dir:
+// RanFile and the files of WriteDir, by path relative to dir (every
+// directory but WriteDir is left alone: none of the workload's).
+func readWorkspace(dir string) (map[string]string, error) {
+	out := map[string]string{}
+	total := 0
+	read := func(rel string) error {
+		b, err := os.ReadFile(filepath.Join(dir, rel))
+		if err != nil {
+			return err
+		}
+		if total += len(b); total > workspaceBytesMax {
+			return fmt.Errorf("chaos: the workspace %s holds more than %d bytes", dir, workspaceBytesMax)
+		}
+		out[rel] = string(b)
+		return nil
+	}
+	if err := read(RanFile); err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	entries, err := os.ReadDir(filepath.Join(dir, WriteDir))
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			if err := read(WriteDir + "/" + e.Name()); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
 }
 
 // crashMarks are what Go prints when a process dies of a bug.

@@ -16,8 +16,8 @@ import (
 
 // Snapshot is Brood's durable state as the checker reads it once the faults
 // healed: every session header and log, every lifecycle event, every run
-// record (settled ones are kept 24 hours), the agent records and the items
-// still pending in each inbox.
+// record (settled ones are kept 24 hours), the agent records, the request
+// records and the items still pending in each inbox.
 type Snapshot struct {
 	TakenAt   int64                             `json:"takenAt"`
 	Headers   map[string]protocol.SessionHeader `json:"headers"`
@@ -25,9 +25,12 @@ type Snapshot struct {
 	Lifecycle []protocol.LifecycleEvent         `json:"lifecycle"`
 	Runs      map[string]protocol.RunRecord     `json:"runs"`
 	Agents    map[string]protocol.AgentRecord   `json:"agents"`
-	// Keys of brood_agents that are not leases (owns.*, drain.*, grant.*).
+	// Keys of brood_agents that are not leases nor requests (owns.*, drain.*, grant.*).
 	OtherKeys []string                `json:"otherKeys,omitempty"`
 	Inbox     map[string][]InboxEntry `json:"inbox"`
+	// Requests are the request records (brood_agents request.<id>, kept a
+	// day after their last write), by request id.
+	Requests map[string]protocol.RequestRecord `json:"requests,omitempty"`
 }
 
 // Event is one session event with its data kept as MessagePack.
@@ -80,6 +83,7 @@ func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 		TakenAt: time.Now().UnixMilli(),
 		Headers: map[string]protocol.SessionHeader{}, Logs: map[string][]Event{},
 		Runs: map[string]protocol.RunRecord{}, Agents: map[string]protocol.AgentRecord{}, Inbox: map[string][]InboxEntry{},
+		Requests: map[string]protocol.RequestRecord{},
 	}
 	sessPrefix := st.Subj.Session("")
 	if err := readStream(ctx, st.Sessions, func(m jetstream.Msg) error {
@@ -175,6 +179,14 @@ func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 		}
 	}
 	if err := readBucket(ctx, st.Agents, func(key string, v []byte) error {
+		if id, ok := strings.CutPrefix(key, store.RequestKey("")); ok {
+			var r protocol.RequestRecord
+			if err := protocol.Unmarshal(protocol.Msgpack, v, &r); err != nil {
+				return fmt.Errorf("request %s: %w", id, err)
+			}
+			s.Requests[id] = r
+			return nil
+		}
 		kind, id := store.KindOf(key)
 		if kind != store.KindLease && kind != store.KindRootLease {
 			s.OtherKeys = append(s.OtherKeys, key)

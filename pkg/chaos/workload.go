@@ -201,8 +201,21 @@ func (w *Workload) Run(ctx context.Context) {
 
 // Finish runs once the faults healed: every drain is lifted, every
 // continuable child gets one last message (it unparks an interrupted queue),
-// and every run's result is awaited.
+// and every run's result is awaited, while every pending request is
+// answered (answerPending).
 func (w *Workload) Finish(ctx context.Context) {
+	sctx, stop := context.WithCancel(ctx)
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		w.answerPending(sctx)
+	}()
+	// Stopped (its last answer completed) before the snapshot is read, so
+	// every answer taken is in the records the checker reads.
+	defer func() {
+		stop()
+		<-swept
+	}()
 	var wg sync.WaitGroup
 	for _, c := range w.clients {
 		wg.Add(1)
@@ -263,6 +276,7 @@ func (c *wclient) loop(ctx context.Context) {
 		{"drain", 3, c.drainAndLift},
 		{"foreign", 6, c.foreign},
 		{"limit-burst", 1, c.limitBurst},
+		{"answer", 16, c.answerRequests},
 	}
 	total := 0
 	for _, a := range actions {
@@ -401,11 +415,15 @@ func (c *wclient) rootGone(r *wroot, err error) {
 
 // --- one-shot runs ---------------------------------------------------------
 
-// script returns a one-shot prompt: a plain answer, a sleep, a nested chain
-// (deeper than the subagent tool's cap of 3 sometimes, which it must
-// refuse), a fan-out, or a background (continuable) grandchild.
-func (c *wclient) script(marker string) string {
+// script returns a one-shot prompt of op opID: a plain answer, a sleep, a
+// nested chain (deeper than the subagent tool's cap of 3 sometimes, which
+// it must refuse), a fan-out, a background (continuable) grandchild, or
+// (one in eight) a call that parks on a request (askingRunScript).
+func (c *wclient) script(opID int64, marker string) string {
 	say := "say " + marker
+	if c.rng.Intn(8) == 0 {
+		return c.askingRunScript(opID, marker)
+	}
 	switch n := c.rng.Intn(10); {
 	case n < 3:
 		return say
@@ -459,7 +477,7 @@ func (c *wclient) startRun(r *wroot, script string) *Op {
 	op := c.invoke(&Op{Kind: OpRun, Root: r.id, Parent: r.id, Sender: r.id})
 	marker := Marker(op.ID)
 	if script == "" {
-		script = c.script(marker)
+		script = c.script(op.ID, marker)
 	} else {
 		script += "\nsay " + marker
 	}
@@ -582,9 +600,14 @@ func (c *wclient) childID() string {
 	return fmt.Sprintf("c%d-%d-%d", c.w.cfg.Seed, c.idx+1, c.seq)
 }
 
-// startScript is a continuable child's first prompt: an answer after a
-// short sleep, or a background grandchild it owns until that one settles.
-func (c *wclient) startScript(marker string) string {
+// startScript is a continuable child's first prompt (of op opID): an
+// answer after a short sleep, a background grandchild it owns until that
+// one settles, or (one in six) a call that parks on a request
+// (askingStartScript).
+func (c *wclient) startScript(opID int64, marker string) string {
+	if c.rng.Intn(6) == 0 {
+		return c.askingStartScript(opID, marker)
+	}
 	if c.rng.Intn(5) == 0 {
 		return subagentCall(fmt.Sprintf("sleep %dms\nsay grandchild", c.rng.Intn(500)), true) + "\nsay " + marker
 	}
@@ -631,7 +654,7 @@ func (c *wclient) startOn(r *wroot, script string) *Op {
 	op := c.invoke(&Op{Kind: OpStart, Root: r.id, Parent: r.id, Sender: r.id, Child: id})
 	marker := Marker(op.ID)
 	if script == "" {
-		script = c.startScript(marker)
+		script = c.startScript(op.ID, marker)
 	} else {
 		script += "\nsay " + marker
 	}

@@ -1,0 +1,288 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Requests in the workload (issue 33; docs/protocol.md §5.21): some
+// children's scripts call a tool that needs approval or ask a question, so
+// their call parks on a request; the clients list the pending requests of
+// their roots' trees and answer them, sometimes twice at once from two
+// authorities (exactly one answer may win), sometimes not at all (the
+// coordinators' request timeout then denies), and sometimes with another
+// root's credential (it must be refused). A continuable child whose
+// background grandchild asks is told of the request and answers it with
+// its answer_request tool, racing the clients.
+//
+// The side effects of approved calls land in the workspace every root
+// works in: run_command appends its token to RanFile, write_file writes
+// WriteDir/<token>.txt holding the token. The checker counts them (I10).
+const (
+	// RanFile is the workspace file every approved run_command of the
+	// workload appends one line to: its token.
+	RanFile = "ran.txt"
+	// WriteDir is the workspace directory the workload's write_file calls
+	// write <token>.txt in.
+	WriteDir = "w"
+)
+
+// askingCallsMax bounds the parked calls one scripted step makes at once.
+const askingCallsMax = 2
+
+// requestTokenRE finds the token of a workload call that parks (r<op>-<n>)
+// in its arguments.
+var requestTokenRE = regexp.MustCompile(`\br(\d+)-(\d+)\b`)
+
+// askingCalls returns one or two scripted calls (in parallel, one model
+// answer) that park on a request: run_command appending its token to
+// RanFile, write_file of WriteDir/<token>.txt, or the ask tool with or
+// without choices. Tokens are r<opID>-<n>, unique in the history.
+func (c *wclient) askingCalls(opID int64) string {
+	n := 1 + c.rng.Intn(askingCallsMax)
+	var lines []string
+	for i := 1; i <= n; i++ {
+		tok := fmt.Sprintf("r%d-%d", opID, i)
+		var tool string
+		var args map[string]any
+		switch c.rng.Intn(3) {
+		case 0:
+			tool, args = "run_command", map[string]any{"command": "echo " + tok + " >> " + RanFile}
+		case 1:
+			tool, args = "write_file", map[string]any{"path": WriteDir + "/" + tok + ".txt", "content": tok}
+		default:
+			tool, args = "ask", map[string]any{"question": "go on with " + tok + "?"}
+			if c.rng.Intn(2) == 0 {
+				args["choices"] = []string{"yes", "no"}
+			}
+		}
+		b, _ := json.Marshal(args)
+		lines = append(lines, "call "+tool+" "+string(b))
+	}
+	return strings.Join(lines, "\n")
+}
+
+// answerOnLines are the scripted model's on lines with which a continuable
+// child answers the notice of a request of its descendants: an approval
+// approved, a question answered "yes" (one of the workload's choices, and
+// free text otherwise).
+const answerOnLines = `on /approval to run \S+ \(request (r[0-9a-f]{24})\)/ call answer_request {"requestId":"$1","decision":"approve"}` + "\n" +
+	`on /asks a question \(request (r[0-9a-f]{24})\)/ call answer_request {"requestId":"$1","decision":"answer","text":"yes"}`
+
+// askingRunScript is a one-shot prompt whose child asks, or (one in three)
+// whose one-shot grandchild asks (no agent above it takes requests: the
+// clients answer).
+func (c *wclient) askingRunScript(opID int64, marker string) string {
+	calls := c.askingCalls(opID)
+	if c.rng.Intn(3) == 0 {
+		return subagentCall(calls+"\nsay leaf", false) + "\nsay " + marker
+	}
+	return calls + "\nsay " + marker
+}
+
+// askingStartScript is a continuable child's first prompt that asks, or
+// (one in three) whose background grandchild asks and which answers its
+// notice itself (answerOnLines), racing the clients.
+func (c *wclient) askingStartScript(opID int64, marker string) string {
+	calls := c.askingCalls(opID)
+	if c.rng.Intn(3) == 0 {
+		return subagentCall(calls+"\nsay grandchild", true) + "\nsay " + marker + "\n" + answerOnLines
+	}
+	return calls + "\nsay " + marker
+}
+
+// answerer is one authority that may answer a request of a root's tree.
+type answerer struct {
+	name string
+	auth protocol.Authority
+}
+
+// plannedAnswer is one answer, drawn in the loop (the rng is the loop's own).
+type plannedAnswer struct {
+	who  answerer
+	verb string
+	req  protocol.RequestAnswerRequest
+}
+
+// requestsAnsweredMax bounds the requests one answer action answers.
+const requestsAnsweredMax = 4
+
+// answerRequests lists pending requests with the client's grant, those of
+// one of its roots' trees or (one in two) all the user's, and answers up
+// to requestsAnsweredMax of them: one in eight is left alone (it may time
+// out), one in three gets two answers at once from two authorities (the
+// root's credential, an ancestor's, when the list is its tree's; the
+// client's grant; another client's grant), of which exactly one may be
+// taken. One action in five on a root's tree also answers one with another
+// root's credential, which must be refused (I4).
+func (c *wclient) answerRequests(ctx context.Context) {
+	r := c.pickRoot()
+	g := c.userGrant()
+	if r == nil || g == "" {
+		return
+	}
+	tree := c.rng.Intn(2) == 0
+	req := protocol.RequestsListRequest{Authority: protocol.Authority{Grant: g}}
+	if tree {
+		req.Under = r.id
+	}
+	var list protocol.RequestsListReply
+	if err := c.call(protocol.EpRequestsList, req, &list); err != nil {
+		return
+	}
+	whos := []answerer{{"grant:" + c.name, protocol.Authority{Grant: g}}}
+	if tree {
+		ref := r.ref
+		whos = append(whos, answerer{r.id, protocol.Authority{Parent: &ref}})
+	}
+	other := c.w.clients[(c.idx+1)%len(c.w.clients)]
+	if og := other.userGrant(); other != c && og != "" {
+		whos = append(whos, answerer{"grant:" + other.name, protocol.Authority{Grant: og}})
+	}
+	var plans [][]plannedAnswer
+	for i, rec := range list.Requests {
+		if i == requestsAnsweredMax {
+			break
+		}
+		if c.rng.Intn(8) == 0 {
+			continue
+		}
+		k := 1
+		if c.rng.Intn(3) == 0 && len(whos) > 1 {
+			k = 2
+		}
+		var group []plannedAnswer
+		for _, j := range c.rng.Perm(len(whos))[:k] {
+			group = append(group, c.planAnswer(rec, whos[j]))
+		}
+		plans = append(plans, group)
+	}
+	if tree && len(list.Requests) > 0 && c.rng.Intn(5) == 0 {
+		c.foreignAnswer(r, list.Requests[0])
+	}
+	for _, group := range plans {
+		var wg sync.WaitGroup
+		for _, p := range group {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.answer(r, tree, p)
+			}()
+		}
+		wg.Wait()
+	}
+}
+
+// planAnswer draws an answer to rec by who: an approval approved (three in
+// four) or denied with a reason; a question answered with one of its
+// choices, or with free text.
+func (c *wclient) planAnswer(rec protocol.RequestRecord, who answerer) plannedAnswer {
+	req := protocol.RequestAnswerRequest{RequestID: rec.ID, Authority: who.auth}
+	switch {
+	case rec.Kind == protocol.RequestQuestion && len(rec.Choices) > 0:
+		req.Answer, req.Text = protocol.AnswerAnswer, rec.Choices[c.rng.Intn(len(rec.Choices))]
+	case rec.Kind == protocol.RequestQuestion:
+		req.Answer, req.Text = protocol.AnswerAnswer, "answered by "+who.name
+	case c.rng.Intn(4) == 0:
+		req.Answer, req.Reason = protocol.AnswerDeny, "denied by "+who.name
+	default:
+		req.Answer = protocol.AnswerApprove
+	}
+	return plannedAnswer{who: who, verb: req.Answer, req: req}
+}
+
+// answer sends one planned answer (of a request of r's tree when tree),
+// recorded as an OpAnswer with the reply's answer id and state when it is
+// taken.
+func (c *wclient) answer(r *wroot, tree bool, p plannedAnswer) {
+	root := ""
+	if tree {
+		root = r.id
+	}
+	err := c.sendAnswer(root, p)
+	if p.req.Authority.Parent != nil {
+		c.rootGone(r, err)
+	}
+}
+
+// sendAnswer sends p and records it (root names the op's tree, "" none).
+func (c *wclient) sendAnswer(root string, p plannedAnswer) error {
+	op := c.invoke(&Op{Kind: OpAnswer, Root: root, Sender: p.who.name, RequestID: p.req.RequestID, Verb: p.verb})
+	var rec protocol.RequestRecord
+	err := c.call(protocol.EpRequestsAnswer, p.req, &rec)
+	if err == nil {
+		c.w.rec.Update(op, func(o *Op) {
+			o.Child, o.AnswerState = rec.SessionID, rec.State
+			if rec.Answer != nil {
+				o.AnswerID = rec.Answer.ID
+			}
+		})
+	}
+	c.w.rec.Complete(op, err)
+	return err
+}
+
+// foreignAnswer answers rec, a request of r's tree, with the credential of
+// another live root: no ancestor of the asking session, so it must be
+// refused (UNAUTHORIZED) and change nothing.
+func (c *wclient) foreignAnswer(r *wroot, rec protocol.RequestRecord) {
+	c.w.mu.Lock()
+	all := append([]*wroot(nil), c.w.roots...)
+	c.w.mu.Unlock()
+	var other *wroot
+	for _, i := range c.rng.Perm(len(all)) {
+		if all[i] != r && !all[i].closed.Load() {
+			other = all[i]
+			break
+		}
+	}
+	if other == nil {
+		return
+	}
+	ref := other.ref
+	op := c.invoke(&Op{Kind: OpForeign, ForeignKind: "answer-other-root", Sender: other.id, Root: r.id, Child: rec.SessionID, RequestID: rec.ID, Verb: protocol.AnswerApprove})
+	err := c.call(protocol.EpRequestsAnswer, protocol.RequestAnswerRequest{
+		RequestID: rec.ID, Authority: protocol.Authority{Parent: &ref}, Answer: protocol.AnswerApprove,
+	}, &protocol.RequestRecord{})
+	c.w.rec.Complete(op, err)
+}
+
+// answerSweepInterval is how often answerPending lists the pending requests.
+const answerSweepInterval = 300 * time.Millisecond
+
+// answerPending answers every pending request the first client's grant
+// sees (approvals approved, questions answered), again every
+// answerSweepInterval until ctx ends: Finish runs it so that no child
+// waits out the request timeout once the workload is over.
+func (w *Workload) answerPending(ctx context.Context) {
+	c := w.clients[0]
+	for ctx.Err() == nil {
+		if g := c.userGrant(); g != "" {
+			var list protocol.RequestsListReply
+			if err := c.call(protocol.EpRequestsList, protocol.RequestsListRequest{Authority: protocol.Authority{Grant: g}}, &list); err == nil {
+				who := answerer{"grant:" + c.name, protocol.Authority{Grant: g}}
+				for _, rec := range list.Requests {
+					if ctx.Err() != nil {
+						return
+					}
+					req := protocol.RequestAnswerRequest{RequestID: rec.ID, Authority: who.auth, Answer: protocol.AnswerApprove}
+					if rec.Kind == protocol.RequestQuestion {
+						req.Answer, req.Text = protocol.AnswerAnswer, "yes"
+					}
+					_ = c.sendAnswer("", plannedAnswer{who: who, verb: req.Answer, req: req})
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(answerSweepInterval):
+		}
+	}
+}
