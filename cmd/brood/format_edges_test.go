@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -58,4 +59,15 @@ func newEvent(t *testing.T, typ string, data any) protocol.SessionEvent {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// TestModelRetryNote: brood state's stderr line for a turn paused on a
+// model retry names the attempt, the turn and step, the error and the next
+// attempt's local time.
+func TestModelRetryNote(t *testing.T) {
+	next := time.Date(2026, 12, 7, 15, 4, 5, 0, time.Local)
+	got := modelRetryNote(protocol.ModelRetryData{Turn: 1, Step: 3, Attempt: 2, Status: 429, WaitMs: 1000, NextAt: next.UnixMilli(), Diagnostic: "HTTP 429 from https://x: slow down"})
+	if want := "paused: model attempt 2 of turn 1 step 3 failed (HTTP 429 from https://x: slow down); next attempt at 15:04:05"; got != want {
+		t.Fatalf("note %q\nwant %q", got, want)
+	}
 }

@@ -69,3 +69,45 @@ func TestContinuableStateShowsAModelRetry(t *testing.T) {
 		t.Fatalf("%d model/retry events, %d model requests; want 1 and 2", retries, len(srv.Requests()))
 	}
 }
+
+// TestOneShotRunEndsAtItsTurnLimitWhileRetrying is issue 32, item 3's
+// deadline: a one-shot run whose model answers 429 for ever (Retry-After
+// past the deadline) ends at its start's turnTimeoutMs with the time
+// limit's reason, LIMIT_EXCEEDED, the diagnostic naming the last model
+// error, within a bound of the limit.
+func TestOneShotRunEndsAtItsTurnLimitWhileRetrying(t *testing.T) {
+	const limitMs = 1500
+	srv := fakeopenai.New(t, fakeopenai.Config{},
+		fakeopenai.Reply{Status: 429, Body: `{"error":{"message":"Rate limit reached"}}`, Header: map[string]string{"Retry-After": "30"}, Repeat: true})
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker(func(c *worker.InProcessConfig) {
+		c.Models = func() (model.Model, error) {
+			return model.NewOpenAI(model.OpenAIConfig{BaseURL: srv.URL, Model: "deepseek-chat", APIKey: fakeopenai.Key, HTTPClient: srv.HTTPClient()})
+		}
+	})
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	start := time.Now()
+	r, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("hello"),
+		Options: protocol.StartOptions{Limits: &protocol.TurnLimits{TurnTimeoutMs: limitMs}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Result(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elapsed := time.Since(start)
+	if res.StopReason != protocol.StopError || res.ErrorCode != protocol.CodeLimitExceeded ||
+		!strings.Contains(res.Diagnostic, "the turn exceeded its 1.5s limit") || !strings.Contains(res.Diagnostic, "HTTP 429 from") {
+		t.Fatalf("result %s %s %q; want error LIMIT_EXCEEDED naming the turn limit and the last model error", res.StopReason, res.ErrorCode, res.Diagnostic)
+	}
+	if limit := limitMs * time.Millisecond; elapsed < limit || elapsed > limit+10*time.Second {
+		t.Errorf("the run settled %v after its start, want within [%v, %v]", elapsed, limit, limit+10*time.Second)
+	}
+	if n := len(srv.Requests()); n != 1 {
+		t.Errorf("%d model requests, want 1 (Retry-After 30 s honoured)", n)
+	}
+}
