@@ -65,7 +65,8 @@ type Limits struct {
 	// ModelRetryBackoff is the pause of the turn before the first retry of
 	// a model request that failed temporarily (model.Error.Retryable),
 	// doubled for each further retry up to ModelRetryBackoffMax (default
-	// 500 ms). Retries go on until the model answers, fails for good, or
+	// 500 ms); each pause is drawn from its second half at random (jitter)
+	// unless the endpoint's Retry-After decided it. Retries go on until the model answers, fails for good, or
 	// the turn's deadline passes (modelretry.go).
 	ModelRetryBackoff time.Duration
 	// ModelRetryBackoffMax caps that doubling pause (default 30 s).

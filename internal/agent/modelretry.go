@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -67,7 +68,7 @@ func (a *Agent) callModelRetrying(ctx context.Context, turn, step int64, req mod
 			return mc, Outcome{}, true
 		}
 		mc.retried, mc.attempt = me, attempt
-		wait := a.limits.modelRetryWait(attempt, me.RetryAfter)
+		wait := jitter(a.limits.modelRetryWait(attempt, me.RetryAfter), me.RetryAfter)
 		d := protocol.ModelRetryData{
 			Turn: turn, Step: step, Attempt: attempt, Status: int64(me.Status),
 			RetryAfterMs: me.RetryAfter.Milliseconds(), WaitMs: wait.Milliseconds(),
@@ -137,4 +138,16 @@ func (l Limits) modelRetryWait(attempt int64, retryAfter time.Duration) time.Dur
 	}
 	d = min(d, l.ModelRetryBackoffMax)
 	return max(d, min(retryAfter, l.ModelRetryAfterMax))
+}
+
+// jitter spreads a backoff pause over [wait/2, wait] at random ("equal
+// jitter"), so the children of a fleet that hit one rate limit together do
+// not all retry in the same instant; a pause the endpoint's Retry-After
+// decided (retryAfter >= wait) is kept whole, and no pause is made shorter
+// than retryAfter.
+func jitter(wait, retryAfter time.Duration) time.Duration {
+	if wait <= 0 || retryAfter >= wait {
+		return wait
+	}
+	return max(wait/2+rand.N(wait-wait/2+1), retryAfter)
 }

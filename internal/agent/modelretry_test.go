@@ -106,9 +106,9 @@ func TestModelRetryPausesAndResumes(t *testing.T) {
 			}
 			for i, d := range got {
 				w := tt.want[i]
-				if d.Turn != 1 || d.Step != 1 || d.Attempt != int64(i+1) || d.Status != w[0] || d.WaitMs != w[1] || d.RetryAfterMs != w[2] ||
+				if d.Turn != 1 || d.Step != 1 || d.Attempt != int64(i+1) || d.Status != w[0] || !waitOK(d.WaitMs, w[1], w[2]) || d.RetryAfterMs != w[2] ||
 					d.Diagnostic == "" || d.NextAt < evs[0].Time {
-					t.Errorf("model/retry %d = %+v, want attempt %d status %d waitMs %d retryAfterMs %d", i, d, i+1, w[0], w[1], w[2])
+					t.Errorf("model/retry %d = %+v, want attempt %d status %d waitMs %d (less up to half its jitter) retryAfterMs %d", i, d, i+1, w[0], w[1], w[2])
 				}
 			}
 			if n := len(srv.Requests()); n != len(tt.want)+1 {
@@ -248,5 +248,47 @@ func TestModelRetryWait(t *testing.T) {
 		if got := l.modelRetryWait(tt.attempt, tt.retryAfter); got != tt.want {
 			t.Errorf("attempt %d retryAfter %v: wait %v, want %v", tt.attempt, tt.retryAfter, got, tt.want)
 		}
+	}
+}
+
+// waitOK says whether a logged pause is the backoff want with its jitter
+// (want/2 … want), or exactly want when the Retry-After decided it.
+func waitOK(got, want, retryAfter int64) bool {
+	if retryAfter >= want {
+		return got == want
+	}
+	return got >= max(want/2, retryAfter) && got <= want
+}
+
+// TestModelRetryJitter: a backoff pause is drawn from [wait/2, wait], never
+// below the Retry-After, and a pause the Retry-After decided is kept whole;
+// over many draws the pauses differ (children do not retry in step).
+func TestModelRetryJitter(t *testing.T) {
+	tests := []struct {
+		name             string
+		wait, retryAfter time.Duration
+		lo, hi           time.Duration
+	}{
+		{"backoff", time.Second, 0, 500 * time.Millisecond, time.Second},
+		{"odd nanoseconds", 3, 0, 1, 3},
+		{"retry-after below half", time.Second, 100 * time.Millisecond, 500 * time.Millisecond, time.Second},
+		{"retry-after above half", time.Second, 800 * time.Millisecond, 800 * time.Millisecond, time.Second},
+		{"retry-after decided", 5 * time.Second, 5 * time.Second, 5 * time.Second, 5 * time.Second},
+		{"zero", 0, 0, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			seen := map[time.Duration]bool{}
+			for range 200 {
+				got := jitter(tt.wait, tt.retryAfter)
+				if got < tt.lo || got > tt.hi {
+					t.Fatalf("jitter(%v, %v) = %v, want within [%v, %v]", tt.wait, tt.retryAfter, got, tt.lo, tt.hi)
+				}
+				seen[got] = true
+			}
+			if tt.hi-tt.lo > time.Millisecond && len(seen) < 2 {
+				t.Errorf("jitter(%v, %v) gave one value in 200 draws: %v", tt.wait, tt.retryAfter, seen)
+			}
+		})
 	}
 }
