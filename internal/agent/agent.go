@@ -342,7 +342,13 @@ func (a *Agent) RunSteps(ctx context.Context) Outcome {
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeoutCause(ctx, a.limits.TurnTimeout, errTurnTimeout)
 	defer cancel()
-	for step := int64(1); ; step++ {
+	return a.stepsFrom(ctx, turn, 1)
+}
+
+// stepsFrom runs turn's steps from step first until the turn ends; ctx
+// carries the turn's time limit.
+func (a *Agent) stepsFrom(ctx context.Context, turn, first int64) Outcome {
+	for step := first; ; step++ {
 		if step > int64(a.limits.StepsPerTurnMax) {
 			return a.end(ctx, turn, nil, errReason(protocol.CodeLimitExceeded, fmt.Sprintf("the turn reached its limit of %d steps", a.limits.StepsPerTurnMax)))
 		}
@@ -469,7 +475,13 @@ func (a *Agent) answerEnds(finish model.Finish, msg protocol.AssistantMessage) (
 // the step's end; the turn ends when ctx was cancelled (aborted) or a tool
 // concluded it (completed), and goes on to its next step otherwise.
 func (a *Agent) runStepTools(ctx context.Context, turn, step int64, calls []protocol.ToolCall) (Outcome, bool) {
-	results := a.runTools(ctx, turn, step, calls)
+	return a.logStepResults(ctx, turn, step, calls, a.runTools(ctx, turn, step, calls))
+}
+
+// logStepResults logs the results of a step's calls and the step's end
+// (runStepTools); the turn ends when ctx was cancelled (aborted) or a tool
+// concluded it (completed), and goes on to its next step otherwise.
+func (a *Agent) logStepResults(ctx context.Context, turn, step int64, calls []protocol.ToolCall, results []ToolResult) (Outcome, bool) {
 	var rb eventBuf
 	conclude := false
 	for i, c := range calls {
@@ -533,7 +545,7 @@ func (a *Agent) runTools(ctx context.Context, turn, step int64, calls []protocol
 				results[i] = ErrorResult("denied: structured output was already captured in this step; the turn ends now")
 				continue
 			}
-			results[i] = a.runTool(ctx, turn, step, c)
+			results[i] = a.runTool(ctx, turn, step, c, nil)
 			captured = results[i].Conclude && !results[i].IsError
 		}
 		return results
@@ -543,7 +555,7 @@ func (a *Agent) runTools(ctx context.Context, turn, step int64, calls []protocol
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = a.runTool(ctx, turn, step, c)
+			results[i] = a.runTool(ctx, turn, step, c, nil)
 		}()
 	}
 	wg.Wait()
@@ -568,7 +580,10 @@ func (a *Agent) callModel(ctx context.Context, req model.Request, onText func(st
 	return resp, err
 }
 
-func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCall) (res ToolResult) {
+// runTool runs call c of turn's step. parked, when set, is the request/open
+// the call was parked on before its host died (ContinueParked): the call
+// waits for that request's answer instead of opening one.
+func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCall, parked *protocol.RequestOpenData) (res ToolResult) {
 	t, ok := a.cfg.Tools.Lookup(c.Name)
 	if !ok {
 		_, span := telemetry.StartTool(ctx, telemetry.ToolUnknown, c.ID)
@@ -589,13 +604,13 @@ func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCa
 		return argsError(c)
 	}
 	if t.Asks {
-		return a.ask(ctx, turn, step, c)
+		return a.ask(ctx, turn, step, c, parked)
 	}
 	if t.NeedsApproval && !a.cfg.Header.AutoApproves(c.Name) {
 		if a.cfg.Requests == nil {
 			return approvalRequired(c.Name)
 		}
-		if denied, ok := a.awaitApproval(ctx, turn, step, c); !ok {
+		if denied, ok := a.awaitApproval(ctx, turn, step, c, parked); !ok {
 			return denied
 		}
 	}

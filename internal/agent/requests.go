@@ -38,13 +38,20 @@ const (
 // park parks the tool call of req (its CallID) until its request is
 // answered (docs/protocol.md §5.21): it opens the request, logs
 // request/open, polls the request until it leaves pending, and logs
-// request/answer. On success failed is 0 and rec is the answered (or
-// timed-out) record, d what was logged of its answer; otherwise failed
-// says which step failed, err why. While parked the call holds its turn's
-// goroutine, the session's lease and nothing of the model: no model
-// request is open between steps.
-func (a *Agent) park(ctx context.Context, turn int64, req protocol.RequestOpenRequest) (rec protocol.RequestRecord, d protocol.RequestAnswerData, failed int, err error) {
+// request/answer. parked, when set, is the call's request/open logged
+// before its host died (ContinueParked): nothing is opened or logged
+// again, and the call waits for that request. On success failed is 0 and
+// rec is the answered (or timed-out) record, d what was logged of its
+// answer; otherwise failed says which step failed, err why. While parked
+// the call holds its turn's goroutine, the session's lease and nothing of
+// the model: no model request is open between steps.
+func (a *Agent) park(ctx context.Context, turn int64, req protocol.RequestOpenRequest, parked *protocol.RequestOpenData) (rec protocol.RequestRecord, d protocol.RequestAnswerData, failed int, err error) {
 	req.Self = protocol.ParentRef{SessionID: a.cfg.Header.ID, Credential: a.cfg.Credential}
+	if parked != nil {
+		rec = protocol.RequestRecord{ID: parked.RequestID, SessionID: req.Self.SessionID, CallID: req.CallID, Kind: parked.Kind, State: protocol.RequestPending}
+		a.log.Info("tool call parked again on its request after a restart", "request", rec.ID, "kind", rec.Kind, "tool", req.Tool, "call", req.CallID)
+		return a.awaitAnswer(ctx, turn, req.Self, req.CallID, rec, 0)
+	}
 	rec, err = a.cfg.Requests.OpenRequest(ctx, req)
 	if err != nil {
 		return rec, d, parkOpened, err
@@ -60,11 +67,19 @@ func (a *Agent) park(ctx context.Context, turn int64, req protocol.RequestOpenRe
 		return rec, d, parkLogged, errors.New("the log refused it")
 	}
 	a.log.Info("tool call parked on a request", "request", rec.ID, "kind", rec.Kind, "tool", req.Tool, "call", req.CallID)
-	if rec, err = a.pollRequest(ctx, req.Self, rec); err != nil {
+	return a.awaitAnswer(ctx, turn, req.Self, req.CallID, rec, RequestPollInterval)
+}
+
+// awaitAnswer polls request rec (its first read after first) until it
+// leaves pending and logs its request/answer (park).
+func (a *Agent) awaitAnswer(ctx context.Context, turn int64, self protocol.ParentRef, callID string, rec protocol.RequestRecord, first time.Duration) (protocol.RequestRecord, protocol.RequestAnswerData, int, error) {
+	var d protocol.RequestAnswerData
+	rec, err := a.pollRequest(ctx, self, rec, first)
+	if err != nil {
 		return rec, d, parkEnded, err
 	}
 	var ab eventBuf
-	d = protocol.RequestAnswerData{RequestID: rec.ID, CallID: req.CallID, State: rec.State}
+	d = protocol.RequestAnswerData{RequestID: rec.ID, CallID: callID, State: rec.State}
 	if rec.Answer != nil {
 		d.Reason, d.Text, d.JSON, d.By = rec.Answer.Reason, rec.Answer.Text, rec.Answer.JSON, rec.Answer.By
 	}
@@ -79,36 +94,46 @@ func (a *Agent) park(ctx context.Context, turn int64, req protocol.RequestOpenRe
 }
 
 // awaitApproval parks the tool call c until its request for approval is
-// answered (park), and reports whether the call may run; when it may not,
-// res is the call's result (the denial, the timeout, or why no one could
-// be asked).
-func (a *Agent) awaitApproval(ctx context.Context, turn, step int64, c protocol.ToolCall) (res ToolResult, approved bool) {
+// answered (park; parked as there), and reports whether the call may run;
+// when it may not, res is the call's result (the denial, the timeout, or
+// why no one could be asked).
+func (a *Agent) awaitApproval(ctx context.Context, turn, step int64, c protocol.ToolCall, parked *protocol.RequestOpenData) (res ToolResult, approved bool) {
 	rec, d, failed, err := a.park(ctx, turn, protocol.RequestOpenRequest{
 		Kind: protocol.RequestApproval, CallID: c.ID, Turn: turn, Step: step, Tool: c.Name, Arguments: c.Arguments,
-	})
+	}, parked)
 	switch failed {
 	case parkOpened:
 		return ErrorResult("%s needs approval, and the request for it could not be opened (%v); it did not run", c.Name, err), false
 	case parkLogged:
 		return ErrorResult("%s needs approval, and its request could not be logged (%v); it did not run", c.Name, err), false
 	case parkEnded:
+		if protocol.CodeOf(err) == protocol.CodeNotFound {
+			return ErrorResult("%s was waiting for approval (request %s), and the request is gone; it did not run", c.Name, rec.ID), false
+		}
 		return ErrorResult("%s was waiting for approval (request %s) when the turn ended; it did not run", c.Name, rec.ID), false
 	case parkAnswered:
 		return ErrorResult("%s: the answer to its request could not be logged (%v); it did not run", c.Name, err), false
 	}
-	switch rec.State {
+	return approvalResult(c.Name, rec.ID, d)
+}
+
+// approvalResult is what the logged answer d of request id of a call to
+// tool says: it may run (approved), or its result (the denial, the
+// timeout).
+func approvalResult(tool, id string, d protocol.RequestAnswerData) (ToolResult, bool) {
+	switch d.State {
 	case protocol.RequestApproved:
 		return ToolResult{}, true
 	case protocol.RequestTimedOut:
-		return ErrorResult("%s got no answer to its request for approval (%s) in time; the request timed out, which counts as a denial; it did not run", c.Name, rec.ID), false
+		return ErrorResult("%s got no answer to its request for approval (%s) in time; the request timed out, which counts as a denial; it did not run", tool, id), false
 	case protocol.RequestCancelled:
-		return ErrorResult("%s: its request for approval (%s) was cancelled (%s); it did not run", c.Name, rec.ID, d.Reason), false
+		return ErrorResult("%s: its request for approval (%s) was cancelled (%s); it did not run", tool, id, d.Reason), false
 	default:
 		reason := ""
 		if d.Reason != "" {
 			reason = ": " + d.Reason
 		}
-		return ErrorResult("%s was denied by %s%s; it did not run", c.Name, answererName(d.By), reason), false
+		return ErrorResult("%s was denied by %s%s; it did not run", tool, answererName(d.By), reason), false
 	}
 }
 
@@ -140,11 +165,11 @@ func AskTool() *Tool {
 	}
 }
 
-// ask runs a call to the ask tool: it opens a question request (park) and
-// returns the answer, text or JSON text, as the call's result; an error
-// result when the question could not be asked, the turn ended while it
-// waited, or no answer came in time.
-func (a *Agent) ask(ctx context.Context, turn, step int64, c protocol.ToolCall) ToolResult {
+// ask runs a call to the ask tool: it opens a question request (park;
+// parked as there) and returns the answer, text or JSON text, as the
+// call's result; an error result when the question could not be asked, the
+// turn ended while it waited, or no answer came in time.
+func (a *Agent) ask(ctx context.Context, turn, step int64, c protocol.ToolCall, parked *protocol.RequestOpenData) ToolResult {
 	var in struct {
 		Question     string          `json:"question"`
 		Choices      []string        `json:"choices"`
@@ -165,33 +190,44 @@ func (a *Agent) ask(ctx context.Context, turn, step int64, c protocol.ToolCall) 
 	}
 	rec, d, failed, err := a.park(ctx, turn, protocol.RequestOpenRequest{
 		Kind: protocol.RequestQuestion, CallID: c.ID, Turn: turn, Step: step, Question: in.Question, Choices: in.Choices, AnswerSchema: schema,
-	})
+	}, parked)
 	switch failed {
 	case parkOpened:
 		return ErrorResult("ask: the question could not be asked (%v)", err)
 	case parkLogged:
 		return ErrorResult("ask: the question could not be logged (%v); it was not asked", err)
 	case parkEnded:
+		if protocol.CodeOf(err) == protocol.CodeNotFound {
+			return ErrorResult("ask: the question (request %s) is gone; decide without its answer", rec.ID)
+		}
 		return ErrorResult("ask: the turn ended while the question (request %s) waited for its answer", rec.ID)
 	case parkAnswered:
 		return ErrorResult("ask: the answer to the question (request %s) could not be logged (%v)", rec.ID, err)
 	}
+	return askResult(rec.ID, d)
+}
+
+// askResult is an ask call's result from the logged answer d of its
+// question, request id.
+func askResult(id string, d protocol.RequestAnswerData) ToolResult {
 	switch {
-	case rec.State == protocol.RequestAnswered && d.JSON != "":
+	case d.State == protocol.RequestAnswered && d.JSON != "":
 		return TextResult(d.JSON)
-	case rec.State == protocol.RequestAnswered:
+	case d.State == protocol.RequestAnswered:
 		return TextResult(d.Text)
-	case rec.State == protocol.RequestTimedOut:
-		return ErrorResult("ask: no answer came to the question (request %s) in time; it timed out, so decide without it", rec.ID)
+	case d.State == protocol.RequestTimedOut:
+		return ErrorResult("ask: no answer came to the question (request %s) in time; it timed out, so decide without it", id)
 	default:
-		return ErrorResult("ask: the question (request %s) ended %s with no answer", rec.ID, rec.State)
+		return ErrorResult("ask: the question (request %s) ended %s with no answer", id, d.State)
 	}
 }
 
-// pollRequest reads the request until it is no longer pending, or ctx ends
-// (its error). A read that fails is tried again at the next poll.
-func (a *Agent) pollRequest(ctx context.Context, self protocol.ParentRef, rec protocol.RequestRecord) (protocol.RequestRecord, error) {
-	wait := RequestPollInterval
+// pollRequest reads the request, first after first, until it is no longer
+// pending, or ctx ends (its error). A read that fails is tried again at the
+// next poll, except UNAUTHORIZED, a fenced log and NOT_FOUND (the record
+// is gone: its TTL passed), which end the wait with their error.
+func (a *Agent) pollRequest(ctx context.Context, self protocol.ParentRef, rec protocol.RequestRecord, first time.Duration) (protocol.RequestRecord, error) {
+	wait := first
 	for rec.State == protocol.RequestPending {
 		t := time.NewTimer(wait)
 		select {
@@ -200,14 +236,14 @@ func (a *Agent) pollRequest(ctx context.Context, self protocol.ParentRef, rec pr
 			return rec, ctx.Err()
 		case <-t.C:
 		}
-		wait = min(2*wait, RequestPollIntervalMax)
+		wait = min(max(2*wait, RequestPollInterval), RequestPollIntervalMax)
 		got, err := a.cfg.Requests.GetRequest(ctx, protocol.RequestGetRequest{RequestID: rec.ID, Self: &self})
 		if err != nil {
 			if ctx.Err() != nil {
 				return rec, ctx.Err()
 			}
-			if protocol.CodeOf(err) == protocol.CodeUnauthorized || errors.Is(err, store.ErrFenced) {
-				return rec, err // no longer this session's agent
+			if code := protocol.CodeOf(err); code == protocol.CodeUnauthorized || code == protocol.CodeNotFound || errors.Is(err, store.ErrFenced) {
+				return rec, err // no longer this session's agent, or no longer a request
 			}
 			a.log.Warn("could not read a request; trying again", "request", rec.ID, "err", err)
 			continue

@@ -338,11 +338,14 @@ func (h *Host) epochLease(ctx context.Context, req protocol.ActivateRequest, cre
 
 // logEpochStart logs what precedes an epoch's first turn: a fresh child's
 // descriptor (after any seed), or, on a resume, the closing of a turn a
-// dead host left open.
+// dead host left open, unless that turn is parked on a request and the
+// session continues it (ParkedSession: the epoch's loop does, first).
 func logEpochStart(ctx context.Context, req protocol.ActivateRequest, cs ContinuableSession) error {
 	var first []protocol.SessionEvent
 	if req.Fresh {
 		first = append(first, mustEvent(protocol.EvSubagentDescriptor, *req.Descriptor))
+	} else if ps, ok := cs.(ParkedSession); ok && ps.ParkedTurn() {
+		return nil
 	} else {
 		closing, err := cs.CloseOpenTurn(protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
 		if err != nil {
@@ -409,9 +412,11 @@ func (a *activation) loop() {
 	// checked once the activation is registered, so a dispose that came
 	// while it was being created, and found nothing yet, is not lost.
 	if a.endIfOrphaned(log) {
+		a.closeParked(log)
 		a.teardown()
 		return
 	}
+	a.continueParked()
 	for a.ctx.Err() == nil && !a.h.isDraining() {
 		ran, err := a.runNext()
 		if err != nil {
@@ -511,6 +516,51 @@ func (a *activation) runNext() (bool, error) {
 	telemetry.EndTurn(span, out.Reason, out.Err)
 	a.noteOutcome(out)
 	return true, nil
+}
+
+// continueParked continues, before anything is claimed, the turn the log
+// left parked on a request when the session's previous host died
+// (ParkedSession.ContinueParked; docs/protocol.md §5.21, "After a
+// restart"): as a claimed turn runs (runNext), an interrupt or a dispose
+// cancels it.
+func (a *activation) continueParked() {
+	ps, ok := a.sess.(ParkedSession)
+	if !ok || !ps.ParkedTurn() {
+		return
+	}
+	turnCtx, cancel := context.WithCancelCause(a.ctx)
+	defer cancel(nil)
+	a.mu.Lock()
+	a.running, a.turnCancel = true, cancel
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.turnCancel, a.running = nil, false
+		a.mu.Unlock()
+	}()
+	stepsCtx, span := telemetry.StartTurn(turnCtx, sessionlog.LastTurn(a.sess.Events()), nil)
+	out := ps.ContinueParked(stepsCtx)
+	telemetry.EndTurn(span, out.Reason, out.Err)
+	a.noteOutcome(out)
+}
+
+// closeParked closes a turn parked on a request that the epoch will not
+// continue (an ancestor of the child ended: nothing under it starts work
+// again) as aborted{parent}, so the log stays balanced.
+func (a *activation) closeParked(log *slog.Logger) {
+	ps, ok := a.sess.(ParkedSession)
+	if !ok || !ps.ParkedTurn() {
+		return
+	}
+	closing, err := a.sess.CloseOpenTurn(protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: protocol.CauseParent}, store.NowMs())
+	if err == nil && len(closing) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), OrphanDiscardTimeout)
+		err = a.sess.Append(ctx, closing...)
+		cancel()
+	}
+	if err != nil {
+		log.Warn("could not close a parked turn under an ended ancestor", "err", err)
+	}
 }
 
 // openingClaim returns the inbox sequence the open turn was opened with:

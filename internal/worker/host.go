@@ -47,6 +47,9 @@ type (
 	// ContinuableSession is a session that can host a continuable child's
 	// activation: it claims its turns from the inbox (*agent.Agent).
 	ContinuableSession = contract.ContinuableSession
+	// ParkedSession is a ContinuableSession that continues a turn its log
+	// left parked on a request (*agent.Agent).
+	ParkedSession = contract.ParkedSession
 	// Provider is one provider a host serves.
 	Provider = contract.Provider
 )

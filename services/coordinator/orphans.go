@@ -188,7 +188,7 @@ func (c *Coordinator) closeOrphanLog(ctx context.Context, rec protocol.RunRecord
 	if taken != nil {
 		held = c.holding(*taken)
 	}
-	if _, err := c.closeInterrupted(ctx, rec.ChildID, protocol.TakeoverData{HostID: rec.HostID, By: c.cfg.ID}, rec.Descriptor, held); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if _, err := c.closeInterrupted(ctx, rec.ChildID, protocol.TakeoverData{HostID: rec.HostID, By: c.cfg.ID}, rec.Descriptor, rec.Mode == protocol.ModeContinuable, held); err != nil && !errors.Is(err, store.ErrNotFound) {
 		c.log.Warn("orphaned run: its log was not closed", "run", rec.RunID, "err", err)
 	}
 }

@@ -26,6 +26,10 @@ package coordinator
 // A pending request past its deadline is moved to timed-out (a denial that
 // no one gave) by the first of these to read it, by the same
 // compare-and-set, so a late answer loses to the timeout as to any answer.
+//
+// An answer (or a timeout) wakes the asking child when no live activation
+// holds it (wakeParked): its host died while the call waited, and its next
+// activation continues the parked turn from the log (resume.go).
 
 import (
 	"cmp"
@@ -209,6 +213,7 @@ func (c *Coordinator) requestsAnswer(ctx context.Context, _ rpc.Request, r proto
 		return protocol.RequestRecord{}, alreadyAnswered(now.Value)
 	}
 	c.log.Info("request answered", "request", answered.ID, "session", answered.SessionID, "state", state, "by", by.Kind)
+	c.wakeParked(ctx, answered.SessionID)
 	return answered, nil
 }
 
@@ -328,6 +333,7 @@ func (c *Coordinator) expiredRecord(ctx context.Context, rec store.Record[protoc
 		return rec, protocol.Errorf(protocol.CodeUnavailable, "write the timeout of request %s: %w", rec.Value.ID, err)
 	}
 	c.log.Info("request timed out", "request", out.ID, "session", out.SessionID)
+	c.wakeParked(ctx, out.SessionID) // its turn goes on with the timeout, as with an answer
 	return store.Record[protocol.RequestRecord]{Value: out, Revision: rev}, nil
 }
 

@@ -12,6 +12,9 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -119,23 +122,39 @@ func (c *Coordinator) resumePending(ctx context.Context, id string) bool {
 	return c.resume(ctx, id)
 }
 
-// resume is resumePending for a caller that claimed "resume."+id.
+// resume is resumePending for a caller that claimed "resume."+id. A child
+// has work when its inbox holds items its log has not claimed, or when its
+// log ends in a turn parked on a request (sessionlog.Parked: its host died
+// while a call waited for an answer; docs/protocol.md §5.21, "After a
+// restart"), which its next activation continues.
 func (c *Coordinator) resume(ctx context.Context, id string) bool {
 	h, err := c.headers.get(ctx, c.st, id)
 	if err != nil {
 		return !errors.Is(err, store.ErrNotFound)
 	}
 	items, err := c.st.InboxOf(h.Scope(), id).Pending(ctx, 0)
-	if err != nil || len(items) == 0 {
+	if err != nil {
 		return true
 	}
+	queued := len(items) > 0
 	if h.ParentSession == "" || h.Origin != protocol.OriginSubagent {
-		return false // a root's inbox is its client's to read
+		return !queued // a root's inbox is its client's to read
 	}
 	// Work the log claimed is done, though still in the inbox (wakes.go):
 	// skipped like a session never resumable until its inbox changes.
-	if items, err = c.pendingWork(ctx, h, items); err != nil || len(items) == 0 {
-		return err != nil
+	if queued {
+		if items, err = c.pendingWork(ctx, h, items); err != nil {
+			return true
+		}
+	}
+	if len(items) == 0 {
+		parked, err := c.parkedTurn(ctx, h)
+		if err != nil {
+			return true
+		}
+		if !parked {
+			return !queued
+		}
 	}
 	up, err := c.lineage(ctx, h)
 	if err != nil || c.drainingFor(append(up, id)) != "" {
@@ -175,4 +194,39 @@ func (c *Coordinator) ownerOf(ctx context.Context, h protocol.SessionHeader) str
 func (c *Coordinator) isRemote(provider string) bool {
 	d, _ := c.reg.Provider(provider)
 	return d.Remote
+}
+
+// parkedTurn reports whether child h's log ends in a turn parked on a
+// request (sessionlog.Parked), which only its next activation continues.
+func (c *Coordinator) parkedTurn(ctx context.Context, h protocol.SessionHeader) (bool, error) {
+	log, err := c.st.ReadLog(ctx, h.Scope(), h.ID)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_, parked := sessionlog.Parked(log.Events)
+	return parked, nil
+}
+
+// wakeParked resumes, in the background, the child whose request was just
+// answered when no live activation holds it (its host died while the call
+// waited, and no resume has run since): its next activation continues the
+// parked turn and reads the answer (resume). A resident child reads the
+// answer itself; a resume that fails or finds nothing parked changes
+// nothing (the request's answer stays in its record for the activation
+// that eventually continues the turn). Two wakes, or a wake and a resume
+// already under way, activate the child once: the epoch's lease is taken
+// by compare-and-set.
+func (c *Coordinator) wakeParked(ctx context.Context, child string) {
+	if c.residentCached(ctx, child) != nil {
+		return
+	}
+	span := trace.SpanFromContext(ctx)
+	c.background(func(bg context.Context) {
+		rctx, cancel := context.WithTimeout(trace.ContextWithSpan(bg, span), coldResumeBudget)
+		defer cancel()
+		c.resumePending(rctx, child)
+	})
 }

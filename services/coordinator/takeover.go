@@ -82,7 +82,7 @@ func (c *Coordinator) takeOverRun(ctx context.Context, fresh store.Record[protoc
 	if !ok {
 		return // another replica won the lease
 	}
-	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}, nil, c.holding(taken))
+	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}, nil, false, c.holding(taken))
 	if err != nil {
 		c.closeFailed(id, err)
 		return
@@ -201,7 +201,11 @@ func (c *Coordinator) takeLease(ctx context.Context, fresh store.Record[protocol
 // epoch (RunRecord.Descriptor; nil otherwise): when the child's own events
 // hold no subagent/descriptor yet (its host stopped between its lease and
 // its first append), it is logged first, so the child stays resumable from
-// its log (RELIABILITY.md, I6). It returns the session's events afterwards.
+// its log (RELIABILITY.md, I6). With keepParked (a continuable child's
+// takeover), a last turn parked on a request (sessionlog.Parked) is not
+// closed: only agent/takeover is written, and the child's next activation
+// continues the turn (docs/protocol.md §5.21, "After a restart"). It
+// returns the session's events afterwards.
 //
 // The fence on the log's position alone does not tell whether the writer
 // still may write: held is called after each read of the log and before the
@@ -212,7 +216,7 @@ func (c *Coordinator) takeLease(ctx context.Context, fresh store.Record[protocol
 // a takeover stalled right after its lease compare-and-set, while another
 // coordinator took the session over, released it and a worker resumed it,
 // then closed the resumed epoch's open turn, fenced on its last record).
-func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence protocol.TakeoverData, desc *protocol.DescriptorData, held func(context.Context) error) ([]protocol.SessionEvent, error) {
+func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence protocol.TakeoverData, desc *protocol.DescriptorData, keepParked bool, held func(context.Context) error) ([]protocol.SessionEvent, error) {
 	// The header names the log's scope (and a seeded child's seed length).
 	h, err := c.headers.get(ctx, c.st, id)
 	if err != nil {
@@ -227,7 +231,7 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence pro
 		if err != nil {
 			return nil, err
 		}
-		closing, err := sessionlog.CloseOpenTurn(log.Events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
+		closing, err := closingOf(log.Events, keepParked)
 		if err != nil {
 			return log.Events, err
 		}
@@ -259,6 +263,17 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence pro
 		}
 	}
 	return nil, fmt.Errorf("the log of %s kept changing during %d attempts", id, TakeoverAttemptsMax)
+}
+
+// closingOf returns the events that close the turn events leave open
+// (interrupted, host-lost), none when no turn is open or, with keepParked,
+// when the open turn is parked on a request (sessionlog.Parked: the
+// child's next activation continues it).
+func closingOf(events []protocol.SessionEvent, keepParked bool) ([]protocol.SessionEvent, error) {
+	if _, parked := sessionlog.Parked(events); parked && keepParked {
+		return nil, nil
+	}
+	return sessionlog.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
 }
 
 // descriptorFirst returns the subagent/descriptor a continuable child's
@@ -353,7 +368,7 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		c.log.Warn("takeover: read the epoch record; will retry", "session", id, "run", fresh.Value.RunID, "err", runErr)
 		return
 	}
-	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}, run.Value.Descriptor, c.holding(taken))
+	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}, run.Value.Descriptor, true, c.holding(taken))
 	if err != nil {
 		c.closeFailed(id, err)
 		return
@@ -366,6 +381,12 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	if end, ok := sessionlog.LastTurnEnd(epoch); ok && end.Reason.Kind == protocol.TurnInterrupted {
 		res.ErrorCode = protocol.CodeHostLost
 		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating; the turn in flight was closed as interrupted and accepted messages resume on another host", deadHost)
+	}
+	if p, parked := sessionlog.Parked(events); parked {
+		// The turn is left open for the child's next epoch, which continues
+		// it: this epoch ends as one whose turn its host lost.
+		res.StopReason, res.ErrorCode = protocol.StopAborted, protocol.CodeHostLost
+		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating while turn %d waited for the answer to a request; the turn continues from the log on another host", deadHost, p.Turn)
 	}
 	if errors.Is(runErr, store.ErrNotFound) {
 		run = store.Record[protocol.RunRecord]{} // nothing to settle

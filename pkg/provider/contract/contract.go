@@ -103,6 +103,24 @@ type ContinuableSession interface {
 	CloseOpenTurn(reason protocol.TurnEndReason, nowMs int64) ([]protocol.SessionEvent, error)
 }
 
+// ParkedSession is implemented by a ContinuableSession that can continue
+// a turn its log left parked on a request (docs/protocol.md §5.21, "After
+// a restart"): its host died while a tool call waited for an answer, and
+// the turn was left open rather than closed interrupted. ParkedTurn
+// reports whether the session's log ends in such a turn (nothing is
+// closed then when the activation starts); ContinueParked continues it:
+// it reads each waiting request again and waits for its answer, logs
+// request/answer once, runs the approved call (or records the denial, the
+// timeout, the question's answer), records the step's other calls without
+// a result as interrupted, and runs the turn's next steps to its end, as
+// RunSteps does. A session that is not one has such a turn closed
+// interrupted (host-lost), as any turn its host left open.
+type ParkedSession interface {
+	ContinuableSession
+	ParkedTurn() bool
+	ContinueParked(ctx context.Context) Outcome
+}
+
 // Closer is implemented by sessions that hold resources beyond their turn
 // (an agent process): the host calls Close once the run settled or was
 // dropped. Close must be idempotent and return within seconds; its error is

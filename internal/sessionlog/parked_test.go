@@ -1,0 +1,48 @@
+package sessionlog
+
+import (
+	"testing"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// TestParked: a log ends in a parked turn only when its last turn and step
+// are open and a call without a result has a request/open whose answer is
+// not logged (docs/protocol.md §5.21, "After a restart").
+func TestParked(t *testing.T) {
+	ts := protocol.TurnData{Turn: 2}
+	st := protocol.StepData{Turn: 2, Step: 3}
+	call := func(id string) any {
+		return protocol.ToolCallData{Turn: 2, Step: 3, CallID: id, Name: "write_file"}
+	}
+	open := func(id string) any {
+		return protocol.RequestOpenData{RequestID: "r-" + id, Kind: protocol.RequestApproval, Turn: 2, Step: 3, CallID: id, Tool: "write_file"}
+	}
+	answer := protocol.RequestAnswerData{RequestID: "r-a", CallID: "a", State: protocol.RequestApproved}
+	result := protocol.ToolResultData{Turn: 2, Step: 3, CallID: "a", Name: "write_file"}
+	head := []any{protocol.EvTurnStart, ts, protocol.EvStepStart, st, protocol.EvToolCall, call("a"), protocol.EvToolCall, call("b")}
+	tests := []struct {
+		name    string
+		tail    []any
+		parked  bool
+		pending int
+	}{
+		{"no request", nil, false, 0},
+		{"a call parked", []any{protocol.EvRequestOpen, open("a")}, true, 2},
+		{"its answer logged", []any{protocol.EvRequestOpen, open("a"), protocol.EvRequestAnswer, answer}, false, 0},
+		{"its result logged", []any{protocol.EvRequestOpen, open("a"), protocol.EvRequestAnswer, answer, protocol.EvToolResult, result}, false, 0},
+		{"the other call still parked", []any{protocol.EvRequestOpen, open("a"), protocol.EvRequestOpen, open("b"), protocol.EvRequestAnswer, answer, protocol.EvToolResult, result}, true, 1},
+		{"the turn closed", []any{protocol.EvRequestOpen, open("a"), protocol.EvStepEnd, st, protocol.EvTurnEnd, protocol.TurnEndData{Turn: 2}}, false, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, ok := Parked(seqd(t, append(append([]any(nil), head...), tt.tail...)...))
+			if ok != tt.parked || len(p.Pending) != tt.pending {
+				t.Fatalf("Parked = %+v, %v; want %v with %d pending", p, ok, tt.parked, tt.pending)
+			}
+			if ok && (p.Turn != 2 || p.Step != 3) {
+				t.Fatalf("parked at turn %d step %d, want 2, 3", p.Turn, p.Step)
+			}
+		})
+	}
+}
