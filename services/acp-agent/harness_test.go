@@ -66,6 +66,14 @@ func serve(t *testing.T, s *stack.Stack, tools acpagent.ToolsFactory) *acp.Clien
 // serveTo is serve with the editor ed on the client side.
 func serveTo(t *testing.T, s *stack.Stack, tools acpagent.ToolsFactory, ed acp.Client) *acp.ClientSideConnection {
 	t.Helper()
+	conn, _ := serveStoppable(t, s, tools, ed)
+	return conn
+}
+
+// serveStoppable is serveTo, and stop disconnects the editor (the server
+// stops as at EOF) before the test ends; it may be called more than once.
+func serveStoppable(t *testing.T, s *stack.Stack, tools acpagent.ToolsFactory, ed acp.Client) (_ *acp.ClientSideConnection, stop func()) {
+	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	svc, err := acpagent.New(acpagent.Config{
@@ -77,19 +85,23 @@ func serveTo(t *testing.T, s *stack.Stack, tools acpagent.ToolsFactory, ed acp.C
 	}
 	stopped := make(chan error, 1)
 	go func() { stopped <- svc.Run(context.Background()) }()
-	t.Cleanup(func() {
-		_ = inW.Close()
-		select {
-		case err := <-stopped:
-			if err != nil {
-				t.Errorf("the agent server: %v", err)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			_ = inW.Close()
+			select {
+			case err := <-stopped:
+				if err != nil {
+					t.Errorf("the agent server: %v", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Error("the agent server did not stop at EOF")
 			}
-		case <-time.After(20 * time.Second):
-			t.Error("the agent server did not stop at EOF")
-		}
-		_ = outW.Close()
-		_ = inR.Close()
-	})
+			_ = outW.Close()
+			_ = inR.Close()
+		})
+	}
+	t.Cleanup(stop)
 	conn := acp.NewClientSideConnection(ed, inW, outR)
 	conn.SetLogger(testutil.Logger(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -97,5 +109,5 @@ func serveTo(t *testing.T, s *stack.Stack, tools acpagent.ToolsFactory, ed acp.C
 	if _, err := conn.Initialize(ctx, acp.InitializeRequest{ProtocolVersion: acp.ProtocolVersionNumber}); err != nil {
 		t.Fatal(err)
 	}
-	return conn
+	return conn, stop
 }

@@ -103,6 +103,29 @@ func requestOf(t *testing.T, req acp.RequestPermissionRequest) (id, session stri
 	return id, session
 }
 
+// listCounter counts the requests.list calls on the wire; the function it
+// returns waits until n more were made (an agent's polls are at most
+// RequestPollMax apart).
+func listCounter(t *testing.T, s *stack.Stack) func(t *testing.T, n int64) {
+	t.Helper()
+	var lists atomic.Int64
+	sub, err := s.NC.Subscribe("*.v1.>", func(m *nats.Msg) {
+		if strings.HasSuffix(m.Subject, "."+protocol.EpRequestsList) {
+			lists.Add(1)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return func(t *testing.T, n int64) {
+		t.Helper()
+		from := lists.Load()
+		testutil.Eventually(t, time.Duration(n+2)*acpagent.RequestPollMax, func() bool { return lists.Load() >= from+n },
+			"%d more requests.list", n)
+	}
+}
+
 // TestEditorAnswersTheTreesRequests (issue 33, item 4): a background child
 // of an ACP session of `brood acp-agent` parks a call on a request; the
 // editor (the ACP Go SDK's client side) gets it as session/request_permission
@@ -118,24 +141,7 @@ func TestEditorAnswersTheTreesRequests(t *testing.T) {
 	s := stack.New(t)
 	s.AddCoordinator()
 	s.AddSpawnWorker()
-	var lists atomic.Int64 // requests.list calls seen on the wire
-	sub, err := s.NC.Subscribe("*.v1.>", func(m *nats.Msg) {
-		if strings.HasSuffix(m.Subject, "."+protocol.EpRequestsList) {
-			lists.Add(1)
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	// polls waits until the agent listed the requests n more times (each
-	// poll is at most RequestPollMax apart).
-	polls := func(t *testing.T, n int64) {
-		t.Helper()
-		from := lists.Load()
-		testutil.Eventually(t, time.Duration(n+2)*acpagent.RequestPollMax, func() bool { return lists.Load() >= from+n },
-			"%d more requests.list", n)
-	}
+	polls := listCounter(t, s)
 	const write = `call write_file {"path":"x.txt","content":"hi"}` + "\nsay done"
 	const ask = `call ask {"question":"Which database?","choices":["postgres","sqlite"]}` + "\nsay done"
 	approve := func(t *testing.T, id string) {
@@ -382,5 +388,132 @@ func TestEditorIsShownQuestionsItCannotAnswer(t *testing.T) {
 	if texts := ed.textsOf(call); len(asks) != 0 || !reflect.DeepEqual(st[call], []acp.ToolCallStatus{acp.ToolCallStatusPending, acp.ToolCallStatusCompleted}) ||
 		!strings.Contains(texts[1], "answered elsewhere: answered (by user): main") {
 		t.Fatalf("asks %d, the question's tool call went %v saying %q", len(asks), st[call], texts)
+	}
+}
+
+// backgroundWrite is a prompt of an ACP session that starts a background
+// child whose write_file call asks for approval.
+const backgroundWrite = `call subagent {"description":"helper","prompt":"call write_file {\"path\":\"x.txt\",\"content\":\"hi\"}\nsay done","run_in_background":true}` + "\nsay started"
+
+// leftPending starts an ACP session whose background child asks, in an
+// editor that cancels the ask (the request stays pending), and returns the
+// session, the request, the asking child and the stop of that editor's
+// connection.
+func leftPending(t *testing.T, ctx context.Context, s *stack.Stack, dir string) (acp.SessionId, string, string, func()) {
+	t.Helper()
+	first := newAskedEditor()
+	first.decide = func(context.Context, acp.RequestPermissionRequest) acp.RequestPermissionOutcome { return cancelled }
+	conn, stop := serveStoppable(t, s, acpagent.DelegationTools("spawn", dir), first)
+	ns, err := conn.NewSession(ctx, acp.NewSessionRequest{Cwd: dir, McpServers: []acp.McpServer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := conn.Prompt(ctx, acp.PromptRequest{SessionId: ns.SessionId, Prompt: []acp.ContentBlock{acp.TextBlock(backgroundWrite)}})
+	if err != nil || r.StopReason != acp.StopReasonEndTurn {
+		t.Fatalf("prompt: %+v, %v", r, err)
+	}
+	var asks []acp.RequestPermissionRequest
+	testutil.Eventually(t, 60*time.Second, func() bool { asks, _ = first.taken(); return len(asks) == 1 }, "the first editor is asked")
+	id, child := requestOf(t, asks[0])
+	return ns.SessionId, id, child, stop
+}
+
+// childLive reports whether session child, below root, has a live agent.
+func childLive(t *testing.T, ctx context.Context, s *stack.Stack, root acp.SessionId, child string) bool {
+	t.Helper()
+	rows, err := s.Client.Children(ctx, protocol.ChildrenListRequest{Parent: string(root), Descendants: true, Authority: s.Grant()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range rows.Rows {
+		if row.ID == child {
+			return row.Activity == protocol.ActivityRunning
+		}
+	}
+	return false
+}
+
+// TestEditorIsAskedAgainWhenItLoadsTheSession (issue 33, item 4): the
+// editor leaves a background child's request pending (cancels the ask) and
+// disconnects; the root closes, and its continuable child lives on, still
+// parked. An editor that loads the session in a new agent process is asked
+// about the request once (however often it is listed meanwhile), and its
+// answer reaches the child.
+func TestEditorIsAskedAgainWhenItLoadsTheSession(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	polls := listCounter(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	root, id, child, stop := leftPending(t, ctx, s, dir)
+	stop()
+	if !childLive(t, ctx, s, root, child) {
+		t.Fatal("the child did not live on after its root closed")
+	}
+	second := newAskedEditor()
+	second.decide = func(_ context.Context, req acp.RequestPermissionRequest) acp.RequestPermissionOutcome {
+		if got, _ := requestOf(t, req); got != id || req.SessionId != root {
+			t.Errorf("asked about %s in %s, want %s in %s", got, req.SessionId, id, root)
+		}
+		polls(t, 3)
+		return selected("approve")
+	}
+	conn := serveTo(t, s, acpagent.DelegationTools("spawn", dir), second)
+	if _, err := conn.LoadSession(ctx, acp.LoadSessionRequest{SessionId: root, Cwd: dir, McpServers: []acp.McpServer{}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		_, evs := s.Log(child)
+		return len(evs) > 0 && evs[len(evs)-1].Type == protocol.EvTurnEnd
+	}, "the child's turn ends")
+	if b, err := os.ReadFile(filepath.Join(dir, "x.txt")); err != nil || string(b) != "hi" {
+		t.Fatalf("x.txt: %q, %v", b, err)
+	}
+	rec, err := s.Client.GetRequest(ctx, protocol.RequestGetRequest{RequestID: id, Authority: s.Grant()})
+	if err != nil || rec.State != protocol.RequestApproved || rec.Answer.By.Kind != protocol.AnswererUser {
+		t.Fatalf("the request is %+v, %v; want approved by the user", rec, err)
+	}
+	if asks, _ := second.taken(); len(asks) != 1 {
+		t.Fatalf("the second editor was asked %d times, want once", len(asks))
+	}
+}
+
+// TestEditorIsNotAskedAboutADisposedChildsRequest (issue 33, item 4): a
+// child disposed while its call is parked ends its turn, and its request
+// with it (cancelled, docs/protocol.md §5.21 "A request ends with its
+// turn"): an editor that loads the session again is not asked about it.
+func TestEditorIsNotAskedAboutADisposedChildsRequest(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	polls := listCounter(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	root, id, child, stop := leftPending(t, ctx, s, dir)
+	// brood dispose of a continuable child: its activation ends.
+	if _, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: s.Grant(), Children: []string{child}}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool { return !childLive(t, ctx, s, root, child) }, "the child is disposed")
+	stop()
+
+	second := newAskedEditor()
+	second.decide = func(context.Context, acp.RequestPermissionRequest) acp.RequestPermissionOutcome {
+		t.Error("the editor was asked about a disposed child's request")
+		return cancelled
+	}
+	conn := serveTo(t, s, acpagent.DelegationTools("spawn", dir), second)
+	if _, err := conn.LoadSession(ctx, acp.LoadSessionRequest{SessionId: root, Cwd: dir, McpServers: []acp.McpServer{}}); err != nil {
+		t.Fatal(err)
+	}
+	polls(t, 3) // the loaded session lists its tree's requests
+	if rec, err := s.Client.GetRequest(ctx, protocol.RequestGetRequest{RequestID: id, Authority: s.Grant()}); err != nil || rec.State != protocol.RequestCancelled {
+		t.Fatalf("the request is %+v, %v; want cancelled", rec, err)
+	}
+	if asks, st := second.taken(); len(asks) != 0 || len(st) != 0 {
+		t.Fatalf("the second editor was asked %d times, shown %v", len(asks), st)
 	}
 }
