@@ -264,7 +264,7 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 		},
 		"requests": {
 			ok:   func() outcome { return c.run("requests") },
-			out:  `^REQUEST +SESSION +STATE +TOOL +ARGUMENTS +DEADLINE\n\(no requests\)\n$`,
+			out:  `^REQUEST +SESSION +STATE +HANDLER +TOOL +ARGUMENTS +DEADLINE\n\(no requests\)\n$`,
 			fail: []string{"requests", "a", "b"}, code: "INVALID_ARGUMENT",
 		},
 		"approve": {

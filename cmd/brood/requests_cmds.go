@@ -28,6 +28,9 @@ func requestsCmd(g *globals) *cobra.Command {
 			"`brood approve ID` or `brood deny ID --reason …`, or its deadline passes (a denial by timeout).\n" +
 			"A child that calls ask parks on a question (TOOL ask, its text and [choices] as ARGUMENTS) until\n" +
 			"`brood answer ID TEXT` or `brood answer ID --json FILE` answers it, or its deadline passes.\n" +
+			"A request whose asking turn ended first (its run disposed, the child interrupted) is cancelled.\n" +
+			"HANDLER is who it waits on: the ancestor agent told of it (after answer_request pass_up, the one\n" +
+			"it was passed up to), or user; you may answer it either way.\n" +
 			"--wait waits until at least one is pending, up to --timeout in all: then it exits 1 with\n" +
 			"CANCELLED first on stderr and lists nothing. --all lists answered ones too.",
 		Args: cobra.MaximumNArgs(1),
@@ -45,10 +48,10 @@ func requestsCmd(g *globals) *cobra.Command {
 					return printJSON(s.out, l.Requests)
 				}
 				tw := tabwriter.NewWriter(s.out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "REQUEST\tSESSION\tSTATE\tTOOL\tARGUMENTS\tDEADLINE")
+				fmt.Fprintln(tw, "REQUEST\tSESSION\tSTATE\tHANDLER\tTOOL\tARGUMENTS\tDEADLINE")
 				for _, r := range l.Requests {
 					tool, what := requestWhat(r)
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.SessionID, r.State, tool, what,
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.SessionID, r.State, requestHandler(r), tool, what,
 						time.UnixMilli(r.Deadline).UTC().Format(time.RFC3339))
 				}
 				if len(l.Requests) == 0 {
@@ -84,6 +87,19 @@ func requestWhat(r protocol.RequestRecord) (tool, what string) {
 		what += " [JSON]"
 	}
 	return agentAskTool, what
+}
+
+// requestHandler is what a request's HANDLER column shows: while it is
+// pending, the ancestor agent told of it (after a pass_up, the one it was
+// passed to), or "user" when it waits on the user; "-" once it is not.
+func requestHandler(r protocol.RequestRecord) string {
+	switch {
+	case r.State != protocol.RequestPending:
+		return "-"
+	case r.Handler == "":
+		return "user"
+	}
+	return r.Handler
 }
 
 // agentAskTool is the name of the built-in agents' ask tool.

@@ -22,19 +22,22 @@ type RequestAnswerer interface {
 // own credential. The coordinator decides whether it may (an ancestor of
 // the asking session may; anyone else is UNAUTHORIZED) and whether the
 // answer fits (a second answer is ALREADY_ANSWERED, a wrong verb or answer
-// INVALID_ARGUMENT); its errors are the call's error results. Not
-// answering leaves the request to the user and the other ancestors until
-// its deadline.
+// INVALID_ARGUMENT); its errors are the call's error results. The decision
+// pass_up answers nothing: the coordinator tells the next ancestor above
+// the agent that takes requests, or leaves it to the user. Not answering
+// leaves the request to the user and the other ancestors until its
+// deadline.
 func AnswerRequestTool(cl RequestAnswerer) *Tool {
 	return &Tool{
 		Name: protocol.ToolAnswerRequest,
 		Description: "Answer a request of one of your subagents (or their descendants), named in a notice: " +
 			`"approve" or "deny" (with a "reason" it sees) a tool call it asks approval for, or "answer" its question with "text" ` +
 			`(one of its choices, when it has some) or "json" (when it asks for JSON). Only the first answer counts. ` +
+			`Or "pass_up" a request you should not decide: the agent above you that takes requests is told of it, or the user when none does. ` +
 			"Leave a request unanswered to let the user decide it.",
 		Parameters: json.RawMessage(`{"type":"object","properties":{` +
 			`"requestId":{"type":"string","description":"the request's id, from its notice"},` +
-			`"decision":{"type":"string","enum":["approve","deny","answer"],"description":"approve or deny an approval; answer a question"},` +
+			`"decision":{"type":"string","enum":["approve","deny","answer","pass_up"],"description":"approve or deny an approval; answer a question; pass_up to leave it to the agent above you (or the user)"},` +
 			`"reason":{"type":"string","description":"why, with deny: the subagent sees it"},` +
 			`"text":{"type":"string","description":"the answer to a question, as text"},` +
 			`"json":{"description":"the answer to a question that asks for JSON"}},` +
@@ -79,6 +82,12 @@ func AnswerRequestTool(cl RequestAnswerer) *Tool {
 // answeredText says, for the model, what its answer decided.
 func answeredText(rec protocol.RequestRecord) string {
 	switch rec.State {
+	case protocol.RequestPending: // passed up
+		on := "the user"
+		if rec.Handler != "" {
+			on = "agent " + rec.Handler
+		}
+		return fmt.Sprintf("request %s passed up: subagent %s's request now waits on %s", rec.ID, rec.SessionID, on)
 	case protocol.RequestApproved:
 		return fmt.Sprintf("request %s approved: subagent %s's %s call runs now", rec.ID, rec.SessionID, rec.Tool)
 	case protocol.RequestDenied:

@@ -23,6 +23,9 @@ func (f *fakeAnswerer) AnswerRequest(_ context.Context, r protocol.RequestAnswer
 	case len(f.got) > 1:
 		return protocol.RequestRecord{}, protocol.NewError(protocol.CodeAlreadyAnswered, map[string]any{"requestId": r.RequestID, "state": "approved", "by": "agent"})
 	}
+	if r.Answer == protocol.AnswerPassUp {
+		return protocol.RequestRecord{ID: r.RequestID, SessionID: "C", Tool: "write_file", State: protocol.RequestPending, Handler: "G", PassedBy: []string{"P"}}, nil
+	}
 	state := map[string]string{protocol.AnswerApprove: protocol.RequestApproved, protocol.AnswerDeny: protocol.RequestDenied, protocol.AnswerAnswer: protocol.RequestAnswered}[r.Answer]
 	return protocol.RequestRecord{ID: r.RequestID, SessionID: "C", Tool: "write_file", State: state}, nil
 }
@@ -51,6 +54,8 @@ func TestAnswerRequestTool(t *testing.T) {
 		{"a second answer is ALREADY_ANSWERED", []string{`{"requestId":"r1","decision":"approve"}`, `{"requestId":"r1","decision":"deny"}`}, nil,
 			[]string{"approved", "answer_request: the answer was not taken: ALREADY_ANSWERED"}, []bool{false, true},
 			protocol.RequestAnswerRequest{RequestID: "r1", Answer: "approve"}},
+		{"pass it up", []string{`{"requestId":"r1","decision":"pass_up"}`}, nil, []string{"request r1 passed up: subagent C's request now waits on agent G"}, []bool{false},
+			protocol.RequestAnswerRequest{RequestID: "r1", Answer: "pass_up"}},
 		{"a stranger is UNAUTHORIZED", []string{`{"requestId":"r1","decision":"approve"}`}, protocol.Errorf(protocol.CodeUnauthorized, "not an ancestor"),
 			[]string{"the answer was not taken: UNAUTHORIZED: not authorized: not an ancestor"}, []bool{true}, protocol.RequestAnswerRequest{RequestID: "r1", Answer: "approve"}},
 		{"a decision is required", []string{`{"requestId":"r1"}`}, nil, []string{"requestId and decision are both required"}, []bool{true}, protocol.RequestAnswerRequest{}},

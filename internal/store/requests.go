@@ -44,6 +44,14 @@ func (s *Store) AnswerRequest(ctx context.Context, rec protocol.RequestRecord, r
 	return UpdateTTL(ctx, s.Agents, RequestKey(rec.ID), rec, rev, RequestTTL)
 }
 
+// PassRequest writes the pending request passed up (a new handler) by
+// compare-and-set at rev: ErrConflict when it changed first. Its TTL stays
+// its deadline's, as at its creation.
+func (s *Store) PassRequest(ctx context.Context, rec protocol.RequestRecord, rev uint64) (uint64, error) {
+	ttl := time.Until(time.UnixMilli(rec.Deadline)) + RequestTTL
+	return UpdateTTL(ctx, s.Agents, RequestKey(rec.ID), rec, rev, ttl.Truncate(time.Second)+time.Second)
+}
+
 // RequestIDs lists the ids of the request records the bucket holds, at
 // most max of them (more reports whether there were others).
 func (s *Store) RequestIDs(ctx context.Context, max int) (ids []string, more bool, err error) {

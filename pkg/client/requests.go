@@ -44,7 +44,10 @@ func (c *Client) GetRequest(ctx context.Context, req protocol.RequestGetRequest)
 // wins: a request answered (or timed out) before is ALREADY_ANSWERED,
 // naming its state, and so is one whose asking turn ended before an answer
 // (its run settled, its turn closed: cancelled), whose call can no longer
-// run. It returns the answered record.
+// run. It returns the answered record. An ancestor agent
+// (req.Authority.Parent) may pass the request up instead, req.Answer
+// protocol.AnswerPassUp: it returns the record, still pending, with its new
+// Handler (empty: the user) and PassedBy.
 func (c *Client) AnswerRequest(ctx context.Context, req protocol.RequestAnswerRequest) (protocol.RequestRecord, error) {
 	var r protocol.RequestRecord
 	err := c.Call(ctx, protocol.EpRequestsAnswer, req, &r)

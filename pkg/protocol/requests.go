@@ -60,6 +60,11 @@ const (
 	AnswerApprove = "approve"
 	AnswerDeny    = "deny"
 	AnswerAnswer  = "answer"
+	// AnswerPassUp is no answer: an ancestor agent passes the request up
+	// to the next ancestor above it that takes requests, or to the user
+	// when none does (RequestRecord.Handler, PassedBy); the request stays
+	// pending.
+	AnswerPassUp = "pass_up"
 )
 
 // Bounds of a question and of its answer (INVALID_ARGUMENT past them).
@@ -119,6 +124,13 @@ type RequestRecord struct {
 	CreatedAt    int64          `msgpack:"createdAt" json:"createdAt"`
 	Deadline     int64          `msgpack:"deadline" json:"deadline"`
 	Answer       *RequestAnswer `msgpack:"answer,omitempty" json:"answer,omitempty"`
+	// Handler is the ancestor agent told of the request (its notice), the
+	// one it waits on; absent, none was told and it waits on the user
+	// (any ancestor and the user may answer it either way).
+	Handler string `msgpack:"handler,omitempty" json:"handler,omitempty"`
+	// PassedBy lists the ancestor agents that passed the request up
+	// (answer_request pass_up), in order; each at most once.
+	PassedBy []string `msgpack:"passedBy,omitempty" json:"passedBy,omitempty"`
 }
 
 // RequestVersion is the current RequestRecord version.

@@ -17,7 +17,10 @@ package coordinator
 // which is never told here:
 // the root's user sees the request in requests.list (brood requests). No
 // one told, or one told that does not answer: the user may still answer,
-// and so may any ancestor, until the deadline.
+// and so may any ancestor, until the deadline. The one told is recorded as
+// the request's handler; an agent may pass the request up
+// (requestsPassUp), and the next one above it that takes requests (and has
+// not passed it) becomes the handler and is told, or the user when none.
 
 import (
 	"context"
@@ -39,20 +42,22 @@ const requestNoticeHopsMax = 64
 // reads them whole).
 const requestNoticeArgumentsMax = 4 << 10
 
-// noticeRequest tells the nearest ancestor of rec's session that takes
-// requests of rec (its inbox, idempotency key request-<requestId>, so an
-// open asked again tells it once). Best effort: a failure is logged, and
-// the request stays pending for whoever may answer it.
+// noticeRequest tells rec's handler (RequestRecord.Handler: the nearest
+// ancestor that took requests when it opened, or the one it was passed up
+// to) of rec, in its inbox, idempotency key request-<requestId>, so an open
+// asked again tells it once. Best effort: a failure is logged, and the
+// request stays pending for whoever may answer it.
 func (c *Coordinator) noticeRequest(ctx context.Context, rec protocol.RequestRecord) {
-	if rec.State != protocol.RequestPending {
+	if rec.State != protocol.RequestPending || rec.Handler == "" {
 		return
 	}
-	taker, ok := c.requestTaker(ctx, rec.SessionID)
-	if !ok {
+	taker, err := c.headers.get(ctx, c.st, rec.Handler)
+	if err != nil {
+		c.log.Warn("request notice not delivered; the request waits for the user or another ancestor", "request", rec.ID, "to", rec.Handler, "err", err)
 		return
 	}
 	summary, content := requestNotice(rec)
-	_, _, err := c.st.Enqueue(ctx, taker.Scope(), taker.ID, store.InboxItem{
+	_, _, err = c.st.Enqueue(ctx, taker.Scope(), taker.ID, store.InboxItem{
 		Content:  content,
 		Source:   protocol.MessageSource{Kind: protocol.SourceSubagentRequest, Form: "notice", Summary: summary, SenderSessionID: rec.SessionID},
 		Delivery: store.DeliveryNextStep,
@@ -62,6 +67,24 @@ func (c *Coordinator) noticeRequest(ctx context.Context, rec protocol.RequestRec
 		return
 	}
 	c.log.Info("request notice delivered", "request", rec.ID, "session", rec.SessionID, "to", taker.ID)
+}
+
+// requestHandler returns the id of the nearest ancestor of session id
+// that takes requests and is not in passed (the agents that passed the
+// request up: one told again would only pass it again), or "" when none
+// below the root does: the request waits on the user.
+func (c *Coordinator) requestHandler(ctx context.Context, id string, passed []string) string {
+	for range requestNoticeHopsMax {
+		taker, ok := c.requestTaker(ctx, id)
+		if !ok {
+			return ""
+		}
+		if !slices.Contains(passed, taker.ID) {
+			return taker.ID
+		}
+		id = taker.ID
+	}
+	return ""
 }
 
 // requestTaker returns the header of the nearest ancestor of session id
@@ -118,9 +141,13 @@ func (c *Coordinator) takesRequests(ctx context.Context, h protocol.SessionHeade
 func requestNotice(rec protocol.RequestRecord) (string, []protocol.ContentBlock) {
 	var b strings.Builder
 	var line string
+	passed := ""
+	if n := len(rec.PassedBy); n > 0 {
+		passed = fmt.Sprintf(" Passed up to you by agent %s.", rec.PassedBy[n-1])
+	}
 	switch rec.Kind {
 	case protocol.RequestQuestion:
-		line = fmt.Sprintf("Subagent %s asks a question (request %s).", rec.SessionID, rec.ID)
+		line = fmt.Sprintf("Subagent %s asks a question (request %s).%s", rec.SessionID, rec.ID, passed)
 		fmt.Fprintf(&b, "%s\nQuestion:\n%s\n", line, rec.Question)
 		switch {
 		case len(rec.Choices) > 0:
@@ -132,7 +159,7 @@ func requestNotice(rec protocol.RequestRecord) (string, []protocol.ContentBlock)
 		fmt.Fprintf(&b, `To answer, call %s {"requestId":%q,"decision":"answer","text":"..."}`, protocol.ToolAnswerRequest, rec.ID)
 		b.WriteString(` (or "json" instead of "text").`)
 	default:
-		line = fmt.Sprintf("Subagent %s asks for approval to run %s (request %s).", rec.SessionID, rec.Tool, rec.ID)
+		line = fmt.Sprintf("Subagent %s asks for approval to run %s (request %s).%s", rec.SessionID, rec.Tool, rec.ID, passed)
 		args := rec.Arguments
 		if len(args) > requestNoticeArgumentsMax {
 			args = strings.ToValidUTF8(args[:requestNoticeArgumentsMax], "") + " … (cut; the whole arguments are in the request)"
@@ -140,6 +167,7 @@ func requestNotice(rec protocol.RequestRecord) (string, []protocol.ContentBlock)
 		fmt.Fprintf(&b, "%s\nArguments: %s\n", line, args)
 		fmt.Fprintf(&b, `To answer, call %s {"requestId":%q,"decision":"approve"}, or "deny" with a "reason" the subagent sees.`, protocol.ToolAnswerRequest, rec.ID)
 	}
+	fmt.Fprintf(&b, "\nTo leave the decision to the agent above you (or the user), call %s {\"requestId\":%q,\"decision\":%q}.", protocol.ToolAnswerRequest, rec.ID, protocol.AnswerPassUp)
 	fmt.Fprintf(&b, "\nIf you leave it unanswered, the user (or another ancestor) may answer it; unanswered by %s, it times out, which counts as a denial.",
 		time.UnixMilli(rec.Deadline).UTC().Format(time.RFC3339))
 	return line, protocol.Text(b.String())

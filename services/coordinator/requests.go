@@ -12,7 +12,9 @@ package coordinator
 //	                 (its live credential), never the child nor a sibling:
 //	                 compare-and-set pending → approved|denied (an
 //	                 approval) or answered (a question, its answer
-//	                 checked first); a later answer is ALREADY_ANSWERED
+//	                 checked first); a later answer is ALREADY_ANSWERED;
+//	                 an ancestor agent may pass it up instead (pass_up,
+//	                 requestpass.go)
 //	requests.get     the child or one who may answer
 //	requests.list    what the caller may answer, pending unless all
 //
@@ -76,6 +78,7 @@ func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protoco
 		Kind: r.Kind, CallID: r.CallID, Turn: r.Turn, Step: r.Step, Tool: r.Tool, Arguments: r.Arguments,
 		Question: r.Question, Choices: r.Choices, AnswerSchema: schema,
 		State: protocol.RequestPending, CreatedAt: now, Deadline: now + h.RequestTimeout(c.cfg.RequestTimeout).Milliseconds(),
+		Handler: c.requestHandler(ctx, r.Self.SessionID, nil),
 	}
 	if _, err := c.st.CreateRequest(ctx, rec); err != nil {
 		if !errors.Is(err, store.ErrConflict) {
@@ -156,12 +159,15 @@ func (c *Coordinator) requestsGet(ctx context.Context, _ rpc.Request, r protocol
 // answerSchema accept. A wrong verb or an answer the question refuses is
 // INVALID_ARGUMENT and leaves the request pending.
 func (c *Coordinator) requestsAnswer(ctx context.Context, _ rpc.Request, r protocol.RequestAnswerRequest) (protocol.RequestRecord, error) {
+	if r.Answer == protocol.AnswerPassUp {
+		return c.requestsPassUp(ctx, r)
+	}
 	state := map[string]string{protocol.AnswerApprove: protocol.RequestApproved, protocol.AnswerDeny: protocol.RequestDenied,
 		protocol.AnswerAnswer: protocol.RequestAnswered}[r.Answer]
 	switch {
 	case state == "":
-		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "answer %q is not known; answer %q or %q (an approval), or %q (a question)",
-			r.Answer, protocol.AnswerApprove, protocol.AnswerDeny, protocol.AnswerAnswer)
+		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "answer %q is not known; answer %q or %q (an approval), or %q (a question), or (an agent) %q",
+			r.Answer, protocol.AnswerApprove, protocol.AnswerDeny, protocol.AnswerAnswer, protocol.AnswerPassUp)
 	case len(r.Reason) > protocol.RequestReasonBytesMax || !utf8.ValidString(r.Reason):
 		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInvalidArgument, "reason must be UTF-8 text of at most %d bytes", protocol.RequestReasonBytesMax)
 	case r.Reason != "" && state != protocol.RequestDenied:

@@ -469,7 +469,9 @@ export class Client {
   /**
    * requests.answer (§5.21): approve or deny a pending request, as the user
    * (a grant) or an ancestor of the asking session; the first answer wins,
-   * a later one rejects with AlreadyAnsweredError.
+   * a later one rejects with AlreadyAnsweredError. An ancestor agent may
+   * pass it up instead (answer "pass_up"): the record comes back pending,
+   * with its new handler and passedBy.
    */
   answerRequest(req: RequestAnswerRequest, opts?: CallOptions): Promise<RequestRecord> {
     return this.call(Endpoints.requestsAnswer, req, opts);

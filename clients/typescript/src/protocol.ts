@@ -470,6 +470,10 @@ export interface RequestRecord {
   createdAt: Millis;
   deadline: Millis;
   answer?: RequestAnswer;
+  /** The ancestor agent told of it, the one it waits on; absent: the user (§5.21 "Who is told"). */
+  handler?: string;
+  /** The ancestor agents that passed it up (pass_up), in order. */
+  passedBy?: string[];
 }
 
 /** §5.21 */
@@ -499,8 +503,12 @@ export interface RequestGetRequest {
 export interface RequestAnswerRequest {
   requestId: string;
   authority: Authority;
-  /** approve or deny an approval; answer a question (with text or json). */
-  answer: "approve" | "deny" | "answer";
+  /**
+   * approve or deny an approval; answer a question (with text or json); or, an ancestor agent only
+   * (authority.parent), pass_up: leave it undecided to the next ancestor above that takes requests,
+   * or the user (the record stays pending, with its new handler and passedBy).
+   */
+  answer: "approve" | "deny" | "answer" | "pass_up";
   /** deny only */
   reason?: string;
   /** answer only: text (one of the choices, when there are some) or json (JSON text its answerSchema accepts). */
