@@ -35,8 +35,9 @@ import (
 //     the answer is a lost answer.
 //
 // A request with no record at all is lost. Each request has at most one
-// accepted answer (an OpAnswer answered ok, or an answer_request call whose
-// result is no error); an accepted answer is the record's (its answer.id,
+// accepted answer (an OpAnswer answered ok, or an answer_request call that
+// approves, denies or answers and whose result is no error; pass_up answers
+// nothing); an accepted answer is the record's (its answer.id,
 // or its agent), and every later answer is refused. An approved call's side
 // effect (a line of RanFile, a file of WriteDir) appears at most once and
 // only when the log holds its approval.
@@ -117,8 +118,13 @@ func (c *checker) readRequests() (map[string]*reqLog, map[string]*sessionRequest
 				if d.Name == protocol.ToolAnswerRequest && !d.IsError {
 					var a struct {
 						RequestID string `json:"requestId"`
+						Decision  string `json:"decision"`
 					}
-					if json.Unmarshal([]byte(call.args), &a) == nil && a.RequestID != "" {
+					// Only an answer's verb answers (a request passed up
+					// is still pending).
+					err := json.Unmarshal([]byte(call.args), &a)
+					answers := a.Decision == protocol.AnswerApprove || a.Decision == protocol.AnswerDeny || a.Decision == protocol.AnswerAnswer
+					if err == nil && a.RequestID != "" && answers {
 						agents[a.RequestID] = append(agents[a.RequestID], agentAnswer{session: id, at: ev.Time})
 					}
 				}

@@ -213,6 +213,18 @@ func TestCheckerRequests(t *testing.T) {
 			b.result("P", "p1", protocol.ToolAnswerRequest, n, false)
 			b.endTurn("P", n, protocol.TurnCompleted)
 		}, map[string]string{"I10": "2 answers were taken (op 2 (grant:client-1), agent P)"}, nil},
+		{"an agent that passed the request up answered nothing", func(b *histBuilder) {
+			rid := approvedRun(b)
+			b.child("P", 0)
+			args, _ := json.Marshal(map[string]string{"requestId": rid, "decision": "pass_up"})
+			n := b.askTurn("P", "p1", protocol.ToolAnswerRequest, string(args))
+			b.result("P", "p1", protocol.ToolAnswerRequest, n, false)
+			b.endTurn("P", n, protocol.TurnCompleted)
+		}, nil, func(t *testing.T, s Summary) {
+			if s.Answers != 1 {
+				t.Errorf("summary %+v: a pass_up counted as an answer", s)
+			}
+		}},
 		{"an answer logged in a later turn", func(b *histBuilder) {
 			b.child("A", 0)
 			n := b.askTurn("A", "c1", "ask", `{"question":"go on?"}`)
