@@ -8,24 +8,14 @@ import (
 	"strings"
 	"time"
 
-	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/requestwait"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
 // Requester opens and reads a session's requests (docs/protocol.md §5.21);
 // *client.Client is the production one, acting with the agent's own
 // credential.
-type Requester interface {
-	OpenRequest(ctx context.Context, r protocol.RequestOpenRequest) (protocol.RequestRecord, error)
-	GetRequest(ctx context.Context, r protocol.RequestGetRequest) (protocol.RequestRecord, error)
-}
-
-// How a parked tool call looks for its answer: every
-// RequestPollInterval at first, backing off to RequestPollIntervalMax.
-const (
-	RequestPollInterval    = 250 * time.Millisecond
-	RequestPollIntervalMax = 2 * time.Second
-)
+type Requester = requestwait.Requester
 
 // Why a parked call got no answer (park's failure).
 const (
@@ -67,7 +57,7 @@ func (a *Agent) park(ctx context.Context, turn int64, req protocol.RequestOpenRe
 		return rec, d, parkLogged, errors.New("the log refused it")
 	}
 	a.log.Info("tool call parked on a request", "request", rec.ID, "kind", rec.Kind, "tool", req.Tool, "call", req.CallID)
-	return a.awaitAnswer(ctx, turn, req.Self, req.CallID, rec, RequestPollInterval)
+	return a.awaitAnswer(ctx, turn, req.Self, req.CallID, rec, requestwait.PollInterval)
 }
 
 // awaitAnswer polls request rec (its first read after first) until it
@@ -79,10 +69,7 @@ func (a *Agent) awaitAnswer(ctx context.Context, turn int64, self protocol.Paren
 		return rec, d, parkEnded, err
 	}
 	var ab eventBuf
-	d = protocol.RequestAnswerData{RequestID: rec.ID, CallID: callID, State: rec.State}
-	if rec.Answer != nil {
-		d.Reason, d.Text, d.JSON, d.By = rec.Answer.Reason, rec.Answer.Text, rec.Answer.JSON, rec.Answer.By
-	}
+	d = requestwait.AnswerData(rec, callID)
 	ab.add(a, protocol.EvRequestAnswer, d)
 	if ab.err != nil {
 		return rec, d, parkAnswered, ab.err
@@ -133,7 +120,7 @@ func approvalResult(tool, id string, d protocol.RequestAnswerData) (ToolResult, 
 		if d.Reason != "" {
 			reason = ": " + d.Reason
 		}
-		return ErrorResult("%s was denied by %s%s; it did not run", tool, answererName(d.By), reason), false
+		return ErrorResult("%s was denied by %s%s; it did not run", tool, requestwait.AnswererName(d.By), reason), false
 	}
 }
 
@@ -223,44 +210,8 @@ func askResult(id string, d protocol.RequestAnswerData) ToolResult {
 }
 
 // pollRequest reads the request, first after first, until it is no longer
-// pending, or ctx ends (its error). A read that fails is tried again at the
-// next poll, except UNAUTHORIZED, a fenced log and NOT_FOUND (the record
-// is gone: its TTL passed), which end the wait with their error.
+// pending, or ctx ends (its error), as every asking session does
+// (requestwait.Await).
 func (a *Agent) pollRequest(ctx context.Context, self protocol.ParentRef, rec protocol.RequestRecord, first time.Duration) (protocol.RequestRecord, error) {
-	wait := first
-	for rec.State == protocol.RequestPending {
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return rec, ctx.Err()
-		case <-t.C:
-		}
-		wait = min(max(2*wait, RequestPollInterval), RequestPollIntervalMax)
-		got, err := a.cfg.Requests.GetRequest(ctx, protocol.RequestGetRequest{RequestID: rec.ID, Self: &self})
-		if err != nil {
-			if ctx.Err() != nil {
-				return rec, ctx.Err()
-			}
-			if code := protocol.CodeOf(err); code == protocol.CodeUnauthorized || code == protocol.CodeNotFound || errors.Is(err, store.ErrFenced) {
-				return rec, err // no longer this session's agent, or no longer a request
-			}
-			a.log.Warn("could not read a request; trying again", "request", rec.ID, "err", err)
-			continue
-		}
-		rec = got
-	}
-	return rec, nil
-}
-
-// answererName says who answered, for the model.
-func answererName(by protocol.Answerer) string {
-	switch by.Kind {
-	case protocol.AnswererAgent:
-		return fmt.Sprintf("the agent %s (an ancestor)", by.SessionID)
-	case protocol.AnswererUser:
-		return "the user"
-	default:
-		return by.Kind
-	}
+	return requestwait.Await(ctx, a.cfg.Requests, self, rec, first, a.log)
 }

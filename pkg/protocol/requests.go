@@ -82,6 +82,19 @@ const (
 	RequestAnswerBytesMax = 64 << 10
 )
 
+// Bounds of an approval's fields at requests.open (docs/protocol.md §5.21):
+// its callId and tool (INVALID_ARGUMENT past them) and its arguments
+// (LIMIT_EXCEEDED past it).
+const (
+	// RequestCallIDBytesMax bounds a request's callId (256 bytes).
+	RequestCallIDBytesMax = 256
+	// RequestToolBytesMax bounds an approval's tool name (256 bytes).
+	RequestToolBytesMax = 256
+	// RequestArgumentsBytesMax bounds an approval's arguments, UTF-8 text
+	// (64 KiB).
+	RequestArgumentsBytesMax = 64 << 10
+)
+
 // RequestTimeout is how long a request waits for its answer (5 minutes):
 // inside the turn's own limit (10 minutes by default), since the turn
 // waits for it. Past it the request is timed-out (a denial).

@@ -49,11 +49,12 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Bounds of a request's fields (INVALID_ARGUMENT past them).
+// Bounds of a request's fields (INVALID_ARGUMENT past them; LIMIT_EXCEEDED
+// past the arguments').
 const (
-	requestCallIDBytesMax    = 256
-	requestToolBytesMax      = 256
-	requestArgumentsBytesMax = 64 << 10
+	requestCallIDBytesMax    = protocol.RequestCallIDBytesMax
+	requestToolBytesMax      = protocol.RequestToolBytesMax
+	requestArgumentsBytesMax = protocol.RequestArgumentsBytesMax
 )
 
 // requestsOpen creates the pending request of the caller's own tool call.
