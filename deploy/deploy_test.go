@@ -414,6 +414,13 @@ var permCases = []permCase{
 	{user: "worker-spawn", subject: "brood.v1.user.worker-spawn.authority.user"},
 	{user: "worker-spawn", subject: "brood.v1.user.client.runs.start"},
 	{user: "worker-spawn", subject: "brood.v1.coord.runs.start"},
+	// An ACP bridge asks for approval for its children (permission ask,
+	// docs/protocol.md §5.21) on its own subject; the request records
+	// only coordinators write.
+	{user: "worker-acp", subject: "brood.v1.user.worker-acp.requests.open", allowed: true},
+	{user: "worker-acp", subject: "brood.v1.user.worker-acp.requests.get", allowed: true},
+	{user: "worker-acp", subject: "brood.v1.user.client.requests.open"},
+	{user: "worker-acp", subject: "$KV.brood_agents.request.r1"},
 	{user: "coordinator", subject: "brood.v1.coord.runs.start"},
 	// Clients go through the coordinator and touch nothing else: no stream
 	// subject, no KV key, no JetStream API (so no consumer that delivers

@@ -57,8 +57,10 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 		Short: "Run the ACP bridge: one provider per configured Agent Client Protocol agent",
 		Long: "Serves each configured ACP agent (claude-code, codex, gemini, brood acp-agent, ...) as a provider.\n" +
 			"--agent takes comma-separated key=value pairs: name, command, arg (repeatable), env (repeatable:\n" +
-			"KEY=VALUE sets a value, a bare KEY passes the bridge's own $KEY through), cwd, permission (reject|allow), e.g.\n" +
+			"KEY=VALUE sets a value, a bare KEY passes the bridge's own $KEY through), cwd, permission (reject|allow|ask), e.g.\n" +
 			"  --agent name=codex,command=npx,arg=-y,arg=@zed-industries/codex-acp,env=HOME=/srv/codex,env=OPENAI_API_KEY\n" +
+			"permission answers the agent's permission requests: reject (the default) or allow without asking anyone,\n" +
+			"or ask: a request for approval the user answers (brood requests, approve, deny) or an ancestor agent.\n" +
 			"The agent's environment is an allowlist: PATH, HOME, LANG, LC_ALL, TMPDIR and TZ of the bridge, then what\n" +
 			"env names, and nothing else; values of the bridge's environment are redacted from its stderr in diagnostics.\n" +
 			"--config FILE holds the same as JSON (\"env\" values, \"passEnv\" names; see services/acp-bridge).",
@@ -111,7 +113,7 @@ func acpBridgeCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&configFile, "config", "", "JSON config file: {\"agents\": [...], \"silenceTimeout\": \"60s\", ...}")
-	cmd.Flags().StringArrayVar(&specs, "agent", nil, "an ACP agent: name=N,command=C[,arg=A]...[,env=K=V|env=K]...[,cwd=DIR][,permission=reject|allow]")
+	cmd.Flags().StringArrayVar(&specs, "agent", nil, "an ACP agent: name=N,command=C[,arg=A]...[,env=K=V|env=K]...[,cwd=DIR][,permission=reject|allow|ask]")
 	t.flags(cmd)
 	at.flags(cmd)
 	sf.flags(cmd)

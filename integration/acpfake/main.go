@@ -20,6 +20,13 @@
 //	permission    asks one permission (reject_once "no", allow_once "yes"),
 //	              answers with the outcome, end_turn
 //	permission-allow-only  the same, offering allow_once "yes" only
+//	permission-always      the same, offering reject_always "never" and
+//	              allow_always "always" only
+//	write PATH TEXT  reports a tool call w1 "Write PATH" (kind edit, raw
+//	              input {path, content}) pending, asks permission for it
+//	              (reject_once "no", allow_once "yes"); allowed, writes
+//	              TEXT to PATH in its cwd and reports the call completed,
+//	              else reports it failed; answers with the outcome, end_turn
 //	trailing D    streams "main", answers end_turn, D later streams " trailing"
 //	late D        streams "main", answers end_turn, D later streams " late",
 //	              reports a tool call "late-tool" and asks a permission
@@ -218,6 +225,49 @@ func (f *fake) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptRespo
 			return answer("selected " + string(r.Outcome.Selected.OptionId))
 		}
 		return answer("cancelled")
+	case "permission-always":
+		r, err := f.conn.RequestPermission(ctx, acp.RequestPermissionRequest{SessionId: sid,
+			ToolCall: acp.ToolCallUpdate{ToolCallId: "p1", Title: acp.Ptr("Write a file")},
+			Options: []acp.PermissionOption{
+				{Kind: acp.PermissionOptionKindRejectAlways, Name: "Never", OptionId: "never"},
+				{Kind: acp.PermissionOptionKindAllowAlways, Name: "Always", OptionId: "always"},
+			}})
+		if err != nil {
+			return acp.PromptResponse{}, err
+		}
+		if r.Outcome.Selected != nil {
+			return answer("selected " + string(r.Outcome.Selected.OptionId))
+		}
+		return answer("cancelled")
+	case "write":
+		path, content, _ := strings.Cut(arg, " ")
+		title := "Write " + path
+		input := map[string]any{"path": path, "content": content}
+		_ = f.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: sid, Update: acp.StartToolCall("w1", title,
+			acp.WithStartKind(acp.ToolKindEdit), acp.WithStartStatus(acp.ToolCallStatusPending), acp.WithStartRawInput(input))})
+		r, err := f.conn.RequestPermission(ctx, acp.RequestPermissionRequest{SessionId: sid,
+			ToolCall: acp.ToolCallUpdate{ToolCallId: "w1", Title: acp.Ptr(title), Kind: acp.Ptr(acp.ToolKindEdit), RawInput: input},
+			Options: []acp.PermissionOption{
+				{Kind: acp.PermissionOptionKindRejectOnce, Name: "No", OptionId: "no"},
+				{Kind: acp.PermissionOptionKindAllowOnce, Name: "Yes", OptionId: "yes"},
+			}})
+		if err != nil {
+			return acp.PromptResponse{}, err
+		}
+		outcome := "cancelled"
+		if r.Outcome.Selected != nil {
+			outcome = "selected " + string(r.Outcome.Selected.OptionId)
+		}
+		status, result := acp.ToolCallStatusFailed, "not allowed: "+outcome
+		if outcome == "selected yes" {
+			status, result = acp.ToolCallStatusCompleted, "wrote "+path
+			if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+				status, result = acp.ToolCallStatusFailed, err.Error()
+			}
+		}
+		_ = f.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: sid, Update: acp.UpdateToolCall("w1",
+			acp.WithUpdateStatus(status), acp.WithUpdateContent([]acp.ToolCallContent{acp.ToolContent(acp.TextBlock(result))}))})
+		return answer(outcome)
 	case "trailing", "late":
 		d, _ := time.ParseDuration(arg)
 		f.chunk(ctx, sid, "main")

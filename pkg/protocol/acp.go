@@ -113,8 +113,11 @@ func LastACPSession(events []SessionEvent) (ACPSessionData, bool) {
 
 // EvACPPermission is the log-only event the ACP bridge appends for every
 // `session/request_permission` an ACP child sent, with the answer it got
-// (issue 14): nobody is asked, the provider's policy (and the child's tool
-// ceiling) decides. Results count these events (SubagentResult.Permissions).
+// (issue 14): the provider's policy decides, reject or allow without asking
+// anyone, or ask through a request for approval (issue 33; its
+// request/open and request/answer come before this event), and a child's
+// tool ceiling that denies any tool rejects (docs/protocol.md §8.8).
+// Results count these events (SubagentResult.Permissions).
 const EvACPPermission = "acp/permission"
 
 // ACPPermissionOption is one option the agent offered.
@@ -129,8 +132,9 @@ type ACPPermissionOption struct {
 // the turn it belongs to (Late). ToolCallID and Title name what the agent
 // wanted to do; Options are what it offered. The answer: Outcome "selected"
 // with OptionID and OptionKind, or "cancelled" (when no offered option fits
-// the decision); Granted says whether the agent was allowed; Policy is the
-// policy applied (allow or reject) and Why the reason it applied.
+// the decision); Granted says whether the agent was allowed (an allow
+// option was selected); Policy is the policy applied (reject, allow or ask)
+// and Why the reason it applied, or how the request for approval ended.
 type ACPPermissionData struct {
 	Turn       int64                 `msgpack:"turn" json:"turn"`
 	Step       int64                 `msgpack:"step" json:"step"`

@@ -12,7 +12,9 @@
 //	record 1 (host)   turn/start, user/message (the prompt), subagent/descriptor
 //	record 2          acp/session {sessionId, loadSession} (first turn of an ACP session), step/start
 //	records 3…        tool/call, tool/result, acp/permission as the agent reports
-//	                  and asks (coalesced)
+//	                  and asks (coalesced); under permission ask, request/open
+//	                  and request/answer between a permission request's
+//	                  tool/call and its acp/permission
 //	last record       pending tool results closed as errors, assistant/message
 //	                  (every agent_message_chunk text, interrupted when cut),
 //	                  step/end, turn/end {completed|max-tokens|blocked|aborted|error}
@@ -35,6 +37,7 @@ import (
 	"github.com/brood-dev/brood/internal/providerhost"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
+	broodclient "github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/provider"
 )
 
@@ -69,6 +72,16 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.Options.Metrics == nil {
 		cfg.Options.Metrics = cfg.Metrics
+	}
+	if cfg.Options.Requests == nil {
+		// The agents' requests go to the coordinators on the bridge's own
+		// subject, as its NATS user (docs/security.md: a worker calls the
+		// coordinator for its agents on its own subject).
+		cl, err := broodclient.New(cfg.NC, broodclient.Options{Prefix: cfg.Store.Subj.Prefix()})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Options.Requests = cl
 	}
 	providers, err := Providers(cfg.Agents, cfg.Options)
 	if err != nil {

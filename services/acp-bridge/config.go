@@ -12,17 +12,35 @@ import (
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
-// Policy is how an ACP child's permission requests are answered; nobody is
-// asked (docs/upstream-behaviour.md §4, client callbacks).
+// Policy is how an ACP child's permission requests (`session/request_permission`)
+// are answered, chosen per agent (AgentConfig.Permission; docs/protocol.md
+// §8.8, "ACP permissions"). Reject and allow are fixed answers for an
+// unattended provider: nobody is asked. Ask routes each request to whoever
+// may answer for the child (the user, or an ancestor agent), as a request
+// for approval (docs/protocol.md §5.21, issue 33). Whatever the policy, a
+// child whose tool ceiling denies any tool, and a request that arrives when
+// no turn is running, are rejected without asking (fail closed,
+// docs/design.md §7).
 type Policy string
 
 const (
-	// PolicyReject answers every request with the `cancelled` outcome (the default).
+	// PolicyReject selects the agent's reject_once option, else its
+	// reject_always option, else answers `cancelled` (the default).
 	PolicyReject Policy = "reject"
-	// PolicyAllow selects the first allow_once or allow_always option, else
-	// answers `cancelled`. A child whose tool ceiling denies anything is
-	// treated as reject whatever its provider says (fail closed, docs/design.md §7).
+	// PolicyAllow selects the agent's allow_once option, else its
+	// allow_always option, else answers `cancelled`.
 	PolicyAllow Policy = "allow"
+	// PolicyAsk opens a request for approval (requests.open, kind approval,
+	// with the child's own credential; its callId the tool call's id as the
+	// log records it, its tool the call's title, else its kind, its
+	// arguments the call's raw input as JSON) and waits for its answer
+	// (requests.get, backing off like every asking session,
+	// requestwait.Await): approved selects allow_once, else allow_always;
+	// denied or timed-out selects reject_once, else reject_always; when no
+	// offered option fits, or the turn ends while the request waits, the
+	// answer is `cancelled`. A request that cannot be opened is answered as
+	// a denial. Options.Requests must be set (New sets it).
+	PolicyAsk Policy = "ask"
 )
 
 // AgentConfig is one ACP agent served as a provider: `claude-code`, `codex`,
@@ -40,9 +58,11 @@ type AgentConfig struct {
 	// PassEnv names variables of the bridge's own environment the agent
 	// gets with their values (a value with commas, a credential kept out of
 	// the config file); one the bridge lacks is left out.
-	PassEnv    []string `json:"passEnv,omitempty"`
-	Cwd        string   `json:"cwd,omitempty"`
-	Permission Policy   `json:"permission,omitempty"`
+	PassEnv []string `json:"passEnv,omitempty"`
+	Cwd     string   `json:"cwd,omitempty"`
+	// Permission answers the agent's permission requests: reject (the
+	// default when empty), allow, or ask (Policy).
+	Permission Policy `json:"permission,omitempty"`
 }
 
 // Validate checks the agent's configuration; a configured cwd must be an
@@ -57,9 +77,9 @@ func (a *AgentConfig) Validate() error {
 	switch a.Permission {
 	case "":
 		a.Permission = PolicyReject
-	case PolicyReject, PolicyAllow:
+	case PolicyReject, PolicyAllow, PolicyAsk:
 	default:
-		return fmt.Errorf("ACP agent %s: permission %q must be reject or allow", a.Name, a.Permission)
+		return fmt.Errorf("ACP agent %s: permission %q must be reject, allow or ask", a.Name, a.Permission)
 	}
 	for k := range a.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
@@ -82,7 +102,8 @@ func (a *AgentConfig) Validate() error {
 // ParseAgentSpec reads the `--agent` flag: comma-separated key=value pairs
 // with keys name, command, arg (repeatable, in order), env (repeatable:
 // KEY=VALUE sets a value, a bare KEY passes the bridge's own variable KEY
-// through, AgentConfig.PassEnv), cwd and permission, e.g.
+// through, AgentConfig.PassEnv), cwd and permission (reject, the default,
+// allow or ask: Policy), e.g.
 //
 //	name=codex,command=npx,arg=-y,arg=@zed-industries/codex-acp,env=HOME=/srv/codex,env=OPENAI_API_KEY,permission=reject
 //

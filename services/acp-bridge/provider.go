@@ -2,11 +2,13 @@ package acpbridge
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
 	"github.com/brood-dev/brood/internal/acpio"
+	"github.com/brood-dev/brood/internal/requestwait"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -55,6 +57,11 @@ type Options struct {
 	// value of it is redacted from the agent's stderr and error messages
 	// before a diagnostic carries them (acpio.Redactor).
 	Environ func() []string
+	// Requests opens and reads the requests for approval of agents whose
+	// permission policy is ask (PolicyAsk), each with its child's own
+	// credential (*client.Client over the bridge's connection; New sets it
+	// when nil). NewProvider refuses an ask agent without it.
+	Requests requestwait.Requester
 	// Version is reported to agents as clientInfo.version.
 	Version string
 	Logger  *slog.Logger
@@ -115,6 +122,9 @@ type Provider struct {
 func NewProvider(a AgentConfig, o Options) (*Provider, error) {
 	if err := a.Validate(); err != nil {
 		return nil, err
+	}
+	if a.Permission == PolicyAsk && o.Requests == nil {
+		return nil, fmt.Errorf("ACP agent %s: permission ask needs a requests client (Options.Requests) to ask with", a.Name)
 	}
 	o = o.withDefaults()
 	o.Metrics.Known("", nil, nil, []string{a.Name}) // its start failures count from 0

@@ -60,6 +60,14 @@ type Session struct {
 	// lifetime bounds every SDK call; Close cancels it (the hard stop).
 	lifetime context.Context
 	stop     context.CancelFunc
+	// cred is the child's credential (provider.SessionSpec.Credential): a
+	// permission request under PolicyAsk opens and reads its request for
+	// approval as the child itself. Never logged.
+	cred string
+	// asking counts the permission requests waiting for an answer
+	// (PolicyAsk): the agent waits on the bridge then, so its silence is
+	// not held against it.
+	asking atomic.Int64
 
 	logMu sync.Mutex
 
@@ -104,7 +112,7 @@ type Session struct {
 func newSession(p *Provider, spec provider.SessionSpec, cwd string) *Session {
 	lifetime, stop := context.WithCancel(context.Background())
 	s := &Session{
-		p: p, o: p.opts, header: spec.Header, log: spec.Log, cwd: cwd,
+		p: p, o: p.opts, header: spec.Header, log: spec.Log, cwd: cwd, cred: spec.Credential,
 		logger:   p.opts.Logger.With("provider", p.agent.Name, "session", spec.Header.ID),
 		lifetime: lifetime, stop: stop,
 		events:    append([]protocol.SessionEvent(nil), spec.Events...),
@@ -203,6 +211,8 @@ func (s *Session) RunSteps(ctx context.Context) provider.Outcome {
 		return s.endTurn(ctx, nil, turn, *e)
 	}
 	t := newTurnState(turn, 1)
+	t.askCtx, t.askCancel = context.WithCancel(ctx)
+	defer t.askCancel()
 	b.add(protocol.EvStepStart, protocol.StepData{Turn: turn, Step: t.step})
 	if b.err != nil {
 		return provider.Outcome{Turn: turn, Reason: errReason(protocol.CodeInternal, b.err.Error()), Err: b.err}
@@ -524,6 +534,9 @@ func (s *Session) await(ctx context.Context, t *turnState, done <-chan struct{},
 			}
 			return s.exitEnding(what)
 		case <-tick.C:
+			if s.asking.Load() > 0 {
+				continue // the agent waits for an answer the bridge owes it
+			}
 			silent := time.Since(time.Unix(0, s.lastRecv.Load()))
 			if silent > s.o.SilenceTimeout {
 				return errEnding("the ACP agent sent no message for %s during %s (the silence bound is %s)",
@@ -655,6 +668,13 @@ func (s *Session) answerEnding(res *promptResult) *ending {
 // the answer, step/end and turn/end.
 func (s *Session) endTurn(ctx context.Context, t *turnState, turn int64, e ending) provider.Outcome {
 	if t != nil {
+		// A permission request still waiting for its answer is answered
+		// `cancelled` and logged in this turn's last record.
+		s.mu.Lock()
+		t.asksClosed = true
+		s.mu.Unlock()
+		t.askCancel()
+		t.asks.Wait()
 		close(t.stopWriter)
 		<-t.writerDone
 	}
@@ -849,67 +869,6 @@ func (s *Session) onDrop(d acpio.Drop) {
 	if n := s.dropped.Add(1); n <= logged {
 		s.logger.Info("dropped a line that is not a JSON object from the ACP agent's stdout", "bytes", d.Bytes, "dropped", n)
 	}
-}
-
-func ceilingDeniesAny(c *protocol.ToolFilter) bool {
-	return c != nil && (c.Allow != nil || len(c.Deny) > 0)
-}
-
-// onPermission answers a permission request by policy; nobody is asked
-// (docs/upstream-behaviour.md §4). A child whose tool ceiling denies any tool has
-// every request rejected (fail closed, docs/design.md §7), and so has a request
-// that arrives when no turn is running (the turn it belongs to is over).
-// Reject selects the agent's reject_once (else reject_always) option, allow
-// its allow_once (else allow_always) option; the `cancelled` outcome is the
-// answer only when no offered option fits. Every request and its answer is
-// logged (acp/permission) and counted in the result (issue 14).
-func (s *Session) onPermission(req acp.RequestPermissionRequest) acp.RequestPermissionResponse {
-	policy, why := s.p.agent.Permission, "provider policy"
-	if ceilingDeniesAny(s.header.ToolCeiling) {
-		policy, why = PolicyReject, "the child's tool ceiling denies tools"
-	}
-	s.mu.Lock()
-	t := s.cur
-	late := t == nil || t.done
-	s.mu.Unlock()
-	if late {
-		policy, why = PolicyReject, "no turn is running: the turn it belongs to is over"
-	}
-	prefer := []acp.PermissionOptionKind{acp.PermissionOptionKindRejectOnce, acp.PermissionOptionKindRejectAlways}
-	if policy == PolicyAllow {
-		prefer = []acp.PermissionOptionKind{acp.PermissionOptionKindAllowOnce, acp.PermissionOptionKindAllowAlways}
-	}
-	d := protocol.ACPPermissionData{ToolCallID: string(req.ToolCall.ToolCallId), Policy: string(policy), Why: why, Outcome: "cancelled",
-		Options: make([]protocol.ACPPermissionOption, 0, len(req.Options))}
-	if req.ToolCall.Title != nil {
-		d.Title = *req.ToolCall.Title
-	}
-	for _, o := range req.Options {
-		d.Options = append(d.Options, protocol.ACPPermissionOption{OptionID: string(o.OptionId), Kind: string(o.Kind), Name: o.Name})
-	}
-	resp := acp.RequestPermissionResponse{Outcome: acp.RequestPermissionOutcome{Cancelled: &acp.RequestPermissionOutcomeCancelled{}}}
-pick:
-	for _, kind := range prefer {
-		for _, o := range req.Options {
-			if o.Kind == kind {
-				resp.Outcome = acp.RequestPermissionOutcome{Selected: &acp.RequestPermissionOutcomeSelected{OptionId: o.OptionId}}
-				d.Outcome, d.OptionID, d.OptionKind = "selected", string(o.OptionId), string(o.Kind)
-				d.Granted = policy == PolicyAllow
-				break pick
-			}
-		}
-	}
-	s.mu.Lock()
-	if t := s.cur; t != nil && !t.done {
-		d.Turn, d.Step = t.turn, t.step
-		t.add(protocol.EvACPPermission, d)
-	} else {
-		d.Turn, d.Late = s.sealed, true
-		s.queueLate(lateItem{perm: &d})
-	}
-	s.mu.Unlock()
-	s.logger.Info("ACP permission request answered", "toolCallId", d.ToolCallID, "outcome", d.Outcome, "option", d.OptionID, "granted", d.Granted, "why", why)
-	return resp
 }
 
 // onUpdate records one session/update of the current turn: message chunks
@@ -1164,6 +1123,15 @@ type turnState struct {
 	pending    []protocol.SessionEvent
 	done       bool
 
+	// askCtx ends with the turn (endTurn) or its context: a permission
+	// request waiting for its answer (PolicyAsk) stops waiting then. asks
+	// counts those requests; it is added to only under Session.mu while
+	// asksClosed is false, which endTurn sets before it waits for them.
+	askCtx     context.Context
+	askCancel  context.CancelFunc
+	asks       sync.WaitGroup
+	asksClosed bool
+
 	kick       chan struct{}
 	stopWriter chan struct{}
 	writerDone chan struct{}
@@ -1234,8 +1202,8 @@ func (c client) SessionUpdate(_ context.Context, n acp.SessionNotification) erro
 	return nil
 }
 
-func (c client) RequestPermission(_ context.Context, r acp.RequestPermissionRequest) (acp.RequestPermissionResponse, error) {
-	return c.s.onPermission(r), nil
+func (c client) RequestPermission(ctx context.Context, r acp.RequestPermissionRequest) (acp.RequestPermissionResponse, error) {
+	return c.s.onPermission(ctx, r), nil
 }
 
 func (client) ReadTextFile(context.Context, acp.ReadTextFileRequest) (acp.ReadTextFileResponse, error) {

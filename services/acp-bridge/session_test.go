@@ -390,7 +390,7 @@ func TestAgentConfig(t *testing.T) {
 	for spec, want := range map[string]string{
 		"name=x":                             "command is required",
 		"name=bad name,command=c":            "must match",
-		"name=x,command=c,permission=ask":    "reject or allow",
+		"name=x,command=c,permission=maybe":  "reject, allow or ask",
 		"name=x,command=c,cwd=relative":      "not an absolute path",
 		"name=x,command=c,cwd=/nonexistent/": "no such file",
 		"name=x,command=c,colour=red":        "unknown key",
