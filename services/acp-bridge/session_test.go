@@ -401,15 +401,22 @@ func TestAgentConfig(t *testing.T) {
 			t.Errorf("%s: err %v, want %q", spec, err, want)
 		}
 	}
+	// The three policies, reject the default (issue 33, item 2c).
+	for spec, want := range map[string]Policy{"name=x,command=c": PolicyReject, "name=x,command=c,permission=allow": PolicyAllow,
+		"name=x,command=c,permission=ask": PolicyAsk} {
+		if a, err := ParseAgentSpec(spec); err != nil || a.Permission != want {
+			t.Errorf("%s: permission %q, %v; want %q", spec, a.Permission, err, want)
+		}
+	}
 	file := filepath.Join(dir, "bridge.json")
-	_ = os.WriteFile(file, []byte(`{"agents":[{"name":"a","command":"c"}],"silenceTimeout":"5s","eofGrace":"1s"}`), 0o600)
+	_ = os.WriteFile(file, []byte(`{"agents":[{"name":"a","command":"c"},{"name":"b","command":"c","permission":"ask"}],"silenceTimeout":"5s","eofGrace":"1s"}`), 0o600)
 	f, err := LoadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var o Options
 	f.Apply(&o)
-	if len(f.Agents) != 1 || f.Agents[0].Permission != PolicyReject || o.SilenceTimeout != 5*time.Second || o.EOFGrace != time.Second || o.TermGrace != 0 {
+	if len(f.Agents) != 2 || f.Agents[0].Permission != PolicyReject || f.Agents[1].Permission != PolicyAsk || o.SilenceTimeout != 5*time.Second || o.EOFGrace != time.Second || o.TermGrace != 0 {
 		t.Fatalf("file %+v options %+v", f, o)
 	}
 	_ = os.WriteFile(file, []byte(`{"agents":[],"silenceTimout":"5s"}`), 0o600)
