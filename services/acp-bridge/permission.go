@@ -178,7 +178,7 @@ func permissionArguments(c acp.ToolCallUpdate, bytesMax int) string {
 // prefers (allow when approved, reject when denied, timed out or when no
 // request could be opened or read) and why; no kinds (the `cancelled`
 // outcome) when the turn ended, or the agent withdrew the request, while
-// it waited. While it waits it holds the SDK's request goroutine and
+// it waited, or the request was cancelled because its turn ended. While it waits it holds the SDK's request goroutine and
 // nothing of the turn but its place: the agent waits for the answer, so
 // its silence is not held against it (Session.await).
 func (s *Session) ask(ctx context.Context, t *turnState, call askedCall) ([]acp.PermissionOptionKind, string) {
@@ -215,6 +215,10 @@ func (s *Session) ask(ctx context.Context, t *turnState, call askedCall) ([]acp.
 		return preferAllow, fmt.Sprintf("request %s was approved by %s", rec.ID, requestwait.AnswererName(d.By))
 	case protocol.RequestTimedOut:
 		return preferReject, fmt.Sprintf("request %s timed out, which counts as a denial", rec.ID)
+	case protocol.RequestCancelled:
+		// Its turn ended (the coordinator read its turn/end): the
+		// agent's prompt is being cancelled too.
+		return nil, fmt.Sprintf("request %s was cancelled: %s", rec.ID, d.Reason)
 	case protocol.RequestDenied:
 		why := fmt.Sprintf("request %s was denied by %s", rec.ID, requestwait.AnswererName(d.By))
 		if d.Reason != "" {

@@ -124,6 +124,8 @@ func TestSessionAskRoutesPermissions(t *testing.T) {
 			"selected no", false, false, "tool/call acp/permission tool/result", "could not be opened (UNAVAILABLE: no coordinator), which counts as a denial"},
 		{"approved, only allow_always offered", "permission-always", &answerer{state: protocol.RequestApproved, by: user, polls: 1},
 			"selected always", false, true, "tool/call request/open request/answer acp/permission tool/result", "approved by the user"},
+		{"cancelled: its turn ended", "permission", &answerer{state: protocol.RequestCancelled, by: protocol.Answerer{Kind: protocol.AnswererEnded}, reason: "its turn 1 ended aborted (user) before an answer came", polls: 1},
+			"cancelled", false, false, "tool/call request/open request/answer acp/permission tool/result", "was cancelled: its turn 1 ended aborted (user)"},
 		{"denied, no reject option offered", "permission-allow-only", &answerer{state: protocol.RequestDenied, by: user, polls: 1},
 			"cancelled", false, false, "tool/call request/open request/answer acp/permission tool/result", "no option of kind reject_once or reject_always"},
 	}
