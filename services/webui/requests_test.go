@@ -308,6 +308,9 @@ func TestBrowserApprovesAPendingRequest(t *testing.T) {
 	if args := b.eval(sel("%s", card+" pre.args") + `.textContent`); !strings.Contains(args, `"path": "notes.txt"`) {
 		t.Fatalf("the card shows the arguments %q", args)
 	}
+	if h := b.eval(sel("%s", card+" .rhandler") + `.textContent`); h != "waits on you" {
+		t.Fatalf("the card says whom it waits on: %q, want the user's (no agent was told)", h)
+	}
 	if dl := b.eval(sel("%s", card+" .deadline") + `.textContent`); !strings.HasPrefix(dl, "deadline ") {
 		t.Fatalf("the card shows the deadline %q", dl)
 	}

@@ -496,6 +496,12 @@ function renderRequest(r) {
   who.title = r.sessionId;
   head.appendChild(who);
   head.appendChild(el("span", "mono rtool", r.kind === "question" ? "ask" : r.tool));
+  // Who it waits on (§5.21 handler): the ancestor agent told of it, else
+  // the user; passedBy, when it was passed up, in the title.
+  const handler = el("span", "rhandler", r.handler ? "waits on " + sessionName(r.handler) : "waits on you");
+  const passed = r.passedBy && r.passedBy.length ? "passed up by " + r.passedBy.join(", ") : "";
+  handler.title = [r.handler || "", passed].filter(Boolean).join("; ");
+  head.appendChild(handler);
   const dl = el("span", "deadline", deadlineText(r.deadline));
   dl.dataset.deadline = String(r.deadline);
   head.appendChild(dl);
