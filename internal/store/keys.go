@@ -22,6 +22,7 @@ import (
 //	              grant.<hex-sha256>       protocol.UserGrantRecord: a minted user grant
 //	              drain.all.sessions       protocol.DrainRecord: the global drain
 //	              drain.<sessionId>        protocol.DrainRecord: a drain at and below one agent
+//	              budget.<sessionId>       protocol.BudgetRecord: the ledger of the budget a session named (coordinator)
 //	brood_runs    spec.<provider>.<runId>  protocol.RunRecord as created: what the coordinator decided (coordinator; read by its provider's workers)
 //	              state.<provider>.<runId> protocol.RunRecord: its claim and settlement (its provider's workers)
 //	brood_hosts   <scope>.<unique>         protocol.HostRecord of a worker host (protocol.WorkerHostID)
@@ -39,14 +40,15 @@ import (
 
 // Prefixes of the brood_agents keys.
 const (
-	prefixLease = "lease."
-	prefixRoot  = "root."
-	prefixOwns  = "owns."
-	prefixSlots = "slots."
-	prefixUser  = "userroots."
-	prefixClose = "closed."
-	prefixGrant = "grant."
-	prefixDrain = "drain."
+	prefixLease  = "lease."
+	prefixRoot   = "root."
+	prefixOwns   = "owns."
+	prefixSlots  = "slots."
+	prefixUser   = "userroots."
+	prefixClose  = "closed."
+	prefixGrant  = "grant."
+	prefixDrain  = "drain."
+	prefixBudget = "budget."
 )
 
 // DrainAll is the scope of the global drain (its key is drain.all.sessions):
@@ -118,6 +120,11 @@ func GrantKey(grantHash string) string { return prefixGrant + grantHash }
 // DrainKey is the brood_agents key of the drain marker of scope: a session
 // id, or DrainAll.
 func DrainKey(scope string) string { return prefixDrain + scope }
+
+// BudgetKey is the brood_agents key of the ledger of the budget session
+// named (its start's or its open's), budget.<sessionId>: only coordinators
+// write it, by compare-and-set (docs/protocol.md §7.6).
+func BudgetKey(sessionID string) string { return prefixBudget + sessionID }
 
 // Prefixes of the brood_runs keys.
 const (
@@ -237,6 +244,7 @@ const (
 	KindClosedRoot                   // closed.<sessionId>
 	KindGrant                        // grant.<hash>
 	KindDrain                        // drain.<scope>
+	KindBudget                       // budget.<sessionId>
 )
 
 // KindOf returns what the brood_agents key holds and the id it is keyed by
@@ -257,7 +265,7 @@ func KindOf(key string) (AgentsKind, string) {
 	for _, p := range []struct {
 		prefix string
 		kind   AgentsKind
-	}{{prefixRoot, KindRootLease}, {prefixSlots, KindSlots}, {prefixUser, KindUserRoots}, {prefixClose, KindClosedRoot}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}} {
+	}{{prefixRoot, KindRootLease}, {prefixSlots, KindSlots}, {prefixUser, KindUserRoots}, {prefixClose, KindClosedRoot}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}, {prefixBudget, KindBudget}} {
 		if id, ok := strings.CutPrefix(key, p.prefix); ok {
 			return p.kind, id
 		}

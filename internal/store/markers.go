@@ -84,3 +84,20 @@ func (s *Store) WriteUserRoots(ctx context.Context, user string, rec protocol.Us
 	}
 	return Update(ctx, s.Agents, UserRootsKey(user), rec, rev)
 }
+
+// Budget reads the ledger of the budget session named (budget.<session>)
+// from the bucket's leader (GetLatest), as Slots does: every reservation
+// writes it by compare-and-set. None is ErrNotFound.
+func (s *Store) Budget(ctx context.Context, session string) (Record[protocol.BudgetRecord], error) {
+	return GetLatest[protocol.BudgetRecord](ctx, s.Agents, BudgetKey(session))
+}
+
+// WriteBudget writes a ledger by compare-and-set at rev (0: create it) and
+// returns the new revision; ErrConflict when it changed since (or, at 0,
+// exists).
+func (s *Store) WriteBudget(ctx context.Context, session string, rec protocol.BudgetRecord, rev uint64) (uint64, error) {
+	if rev == 0 {
+		return Create(ctx, s.Agents, BudgetKey(session), rec)
+	}
+	return Update(ctx, s.Agents, BudgetKey(session), rec, rev)
+}

@@ -28,6 +28,8 @@ type ContinuableOptions struct {
 	Limits *TurnLimits `msgpack:"limits,omitempty" json:"limits,omitempty"`
 	// RequestTimeoutMs is as in StartOptions; recorded in the child's header.
 	RequestTimeoutMs int64 `msgpack:"requestTimeoutMs,omitempty" json:"requestTimeoutMs,omitempty"`
+	// Budget is as in StartOptions.
+	Budget *Budget `msgpack:"budget,omitempty" json:"budget,omitempty"`
 }
 
 // ContinuableStartRequest is the body of continuable.start. Label is

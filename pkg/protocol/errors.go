@@ -58,6 +58,13 @@ const (
 	// CodeAlreadyAnswered answers a second answer to a request (approval):
 	// the first answer, or its timeout, decided it (docs/protocol.md §5.21).
 	CodeAlreadyAnswered Code = "ALREADY_ANSWERED"
+	// CodeBudgetExhausted is a run's errorCode, and budget.reserve's
+	// answer, when a budget the session draws on is spent: its tokens,
+	// model requests, tool calls or children, or its deadline passed
+	// (docs/protocol.md §5.5, "Budgets"). Details: budget (the session
+	// that named it), limit, unit, value (the limit), usage (charged and
+	// reserved against it).
+	CodeBudgetExhausted Code = "BUDGET_EXHAUSTED"
 )
 
 // CatalogueEntry describes one error code: its stable numeric code (sent in
@@ -106,6 +113,7 @@ var Catalogue = []CatalogueEntry{
 	{CodeTaskFailed, 1026, false, "the child did not do its task: {reason}", "the run ended without the result its start asked for; change the prompt or the schema before starting it again"},
 	{CodeAuthenticationFailed, 1027, false, "NATS refused the connection's credentials: {reason}", "check the NATS user and password (the URL, BROOD_NATS_USER and BROOD_NATS_PASSWORD); retrying with the same credentials gets the same answer"},
 	{CodeAlreadyAnswered, 1028, false, "request {requestId} was already answered: it is {state}", "the first answer decided it (a timeout counts as a denial); nothing was changed"},
+	{CodeBudgetExhausted, 1029, false, "the budget of {budget} is spent: its {limit} limit of {value} {unit} is reached ({usage} used)", "nothing more was started; raise the budget or start the work with a larger one"},
 }
 
 var catalogueByCode = func() map[Code]CatalogueEntry {
@@ -287,4 +295,5 @@ var (
 	ErrTaskFailed               = &Error{Code: CodeTaskFailed}
 	ErrAuthenticationFailed     = &Error{Code: CodeAuthenticationFailed}
 	ErrAlreadyAnswered          = &Error{Code: CodeAlreadyAnswered}
+	ErrBudgetExhausted          = &Error{Code: CodeBudgetExhausted}
 )

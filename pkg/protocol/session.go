@@ -67,6 +67,16 @@ type SessionHeader struct {
 	// (ResolveRequestTimeout: at most its parent's); absent, the
 	// coordinator's default (5 minutes) holds (docs/protocol.md §5.21).
 	RequestTimeoutMs int64 `msgpack:"requestTimeoutMs,omitempty" json:"requestTimeoutMs,omitempty"`
+	// Budgets are the ledgers this session draws on (brood_agents
+	// budget.<id>, BudgetRecord), root-most first, written by the
+	// coordinator: its parent's, and its own when its start named a
+	// budget (then its id is last). Each model request, tool call and
+	// child start of the session reserves against every one of them
+	// (docs/protocol.md §5.5, "Budgets"). Absent: no budget.
+	Budgets []string `msgpack:"budgets,omitempty" json:"budgets,omitempty"`
+	// BudgetDeadlineAt is the earliest deadline of those budgets, epoch
+	// ms (absent: none): a turn running past it ends BUDGET_EXHAUSTED.
+	BudgetDeadlineAt int64 `msgpack:"budgetDeadlineAt,omitempty" json:"budgetDeadlineAt,omitempty"`
 }
 
 // ScopeRoot is the scope of a root session (Scope): roots' logs are

@@ -39,6 +39,10 @@ const (
 	EpRequestsGet    = "requests.get"
 	EpRequestsAnswer = "requests.answer"
 	EpRequestsList   = "requests.list"
+	// Budgets (docs/protocol.md §5.22): a worker reserves and settles its
+	// hosted session's spend with the session's credential.
+	EpBudgetReserve = "budget.reserve"
+	EpBudgetSettle  = "budget.settle"
 )
 
 // Provider operations, served by each instance of a provider on its own

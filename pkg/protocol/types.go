@@ -333,6 +333,11 @@ type StartOptions struct {
 	// (ResolveRequestTimeout: INVALID_ARGUMENT above it, LIMIT_EXCEEDED
 	// above the maximum). Any provider takes it.
 	RequestTimeoutMs int64 `msgpack:"requestTimeoutMs,omitempty" json:"requestTimeoutMs,omitempty"`
+	// Budget caps what the child and its whole subtree spend (Budget;
+	// docs/protocol.md §5.5, "Budgets"): at most what remains of the
+	// budgets its parent draws on (else LIMIT_EXCEEDED); nil draws on the
+	// parent's alone.
+	Budget *Budget `msgpack:"budget,omitempty" json:"budget,omitempty"`
 }
 
 // RunStartRequest is the body of runs.start (docs/design.md §7). Notify is the
@@ -434,6 +439,10 @@ type AgentsOpenRequest struct {
 	// (CheckRequestTimeout); its children may only tighten it. Ignored on a
 	// reopen (SessionID), which keeps the root's header.
 	RequestTimeoutMs int64 `msgpack:"requestTimeoutMs,omitempty" json:"requestTimeoutMs,omitempty"`
+	// Budget caps what the root's whole tree spends (Budget;
+	// docs/protocol.md §5.2); nil: no budget. Not with SessionID (a
+	// reopened root keeps the budget it had).
+	Budget *Budget `msgpack:"budget,omitempty" json:"budget,omitempty"`
 }
 
 // AgentsOpenReply carries the root's session id and credential. The root is

@@ -66,7 +66,12 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 	if err := c.reserveAuthorized(ctx, r.Parent, a.pheader.ID, childID); err != nil {
 		return protocol.RunStartReply{}, err
 	}
-	release := func() { c.releaseChild(ctx, a.pheader.ID, childID) }
+	refund, err := c.admitBudget(ctx, a, childID, store.NowMs())
+	if err != nil {
+		c.releaseChild(ctx, a.pheader.ID, childID)
+		return protocol.RunStartReply{}, err
+	}
+	release := func() { c.releaseChild(ctx, a.pheader.ID, childID); refund() }
 	start, runRev, err := c.createRun(ctx, a, req, r, runID, childID)
 	if err != nil {
 		release()
@@ -129,6 +134,9 @@ type admission struct {
 	// requestTimeoutMs is the child's header requestTimeoutMs
 	// (protocol.ResolveRequestTimeout).
 	requestTimeoutMs int64
+	// budget is the budget the start names (validated, within what remains
+	// of its parent's: checkChildBudget), nil when it names none.
+	budget *protocol.Budget
 }
 
 // admit runs the start checks in docs/design.md §7's order, all before anything is
@@ -231,7 +239,8 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 		return a, protocol.Errorf(protocol.CodeInvalidArgument, "label is longer than %d bytes", protocol.LabelBytesMax)
 	}
 	a.options.Label = o.Label
-	return a, nil
+	a.budget = o.Budget
+	return a, c.checkChildBudget(ctx, a.pheader, o.Budget)
 }
 
 // reserveAuthorized takes the live-children slot of childID under the
@@ -306,7 +315,9 @@ func (c *Coordinator) createRun(ctx context.Context, a admission, req rpc.Reques
 }
 
 func (c *Coordinator) childHeader(a admission, id string, now int64) protocol.SessionHeader {
+	budgets, deadline := childBudgets(a.pheader, a.budget, id, now)
 	return protocol.SessionHeader{
+		Budgets: budgets, BudgetDeadlineAt: deadline,
 		Version: protocol.SessionHeaderVersion, ID: id, CreatedAt: now, Cwd: a.pheader.Cwd,
 		ParentSession: a.pheader.ID, Origin: protocol.OriginSubagent, DelegationDepth: a.depth,
 		ToolCeiling: a.ceiling, DepthCap: a.depthCap, Provider: a.desc.Name,

@@ -107,11 +107,18 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 	if err := c.reserveChild(ctx, adm.a.pheader.ID, childID, ""); err != nil {
 		return protocol.ContinuableStartReply{}, err
 	}
-	release := func() { c.releaseChild(ctx, adm.a.pheader.ID, childID) }
+	refund, err := c.admitBudget(ctx, adm.a, childID, store.NowMs())
+	if err != nil {
+		c.releaseChild(ctx, adm.a.pheader.ID, childID)
+		return protocol.ContinuableStartReply{}, err
+	}
+	release := func() { c.releaseChild(ctx, adm.a.pheader.ID, childID); refund() }
 	header, err := c.writeContinuableChild(ctx, adm, childID)
 	if err != nil {
 		if protocol.CodeOf(err) != protocol.CodeDuplicateChild {
 			release() // a duplicate is a retried start finding its own child: the slot stays with it
+		} else {
+			refund() // its first attempt was charged the child
 		}
 		return protocol.ContinuableStartReply{}, err
 	}
@@ -158,7 +165,8 @@ func (c *Coordinator) admitContinuable(ctx context.Context, r protocol.Continuab
 		return continuableAdmission{}, err
 	}
 	opts := protocol.StartOptions{MaxDepth: r.Options.MaxDepth, ToolFilter: r.Options.ToolFilter, Persona: r.Options.Persona, Label: r.Label,
-		AutoApprove: r.Options.AutoApprove, Model: r.Options.Model, Limits: r.Options.Limits, RequestTimeoutMs: r.Options.RequestTimeoutMs}
+		AutoApprove: r.Options.AutoApprove, Model: r.Options.Model, Limits: r.Options.Limits, RequestTimeoutMs: r.Options.RequestTimeoutMs,
+		Budget: r.Options.Budget}
 	// In-process continuable children are composed by the manager: the
 	// capability flags are not consulted, but every option is validated
 	// (docs/upstream-behaviour.md §1.4). A remote child (ACP) keeps its provider's

@@ -220,6 +220,9 @@ func (c *Coordinator) endpoints() []endpoint {
 		{protocol.EpRequestsGet, rpc.Typed[protocol.RequestGetRequest, protocol.RequestRecord](c.requestsGet)},
 		{protocol.EpRequestsAnswer, rpc.Typed[protocol.RequestAnswerRequest, protocol.RequestRecord](c.requestsAnswer)},
 		{protocol.EpRequestsList, rpc.Typed[protocol.RequestsListRequest, protocol.RequestsListReply](c.requestsList)},
+		// Budgets (budget.go).
+		{protocol.EpBudgetReserve, rpc.Typed[protocol.BudgetReserveRequest, protocol.BudgetReserveReply](c.budgetReserve)},
+		{protocol.EpBudgetSettle, rpc.Typed[protocol.BudgetSettleRequest, protocol.Empty](c.budgetSettle)},
 	}
 }
 

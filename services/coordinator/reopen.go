@@ -88,6 +88,9 @@ func (c *Coordinator) agentsReopen(ctx context.Context, r protocol.AgentsOpenReq
 	if !protocol.ValidID(id) {
 		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "sessionId must match ^[A-Za-z0-9_-]{1,64}$")
 	}
+	if r.Budget != nil {
+		return protocol.AgentsOpenReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "budget is not taken when reopening a root: it keeps the budget it was opened with")
+	}
 	// Whoever reopens a root becomes it (its credential acts for its
 	// children): only a host holding a user grant that covers the root may
 	// (a grant over every session, or one of the user who opened it).

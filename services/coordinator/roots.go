@@ -46,6 +46,11 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request, r protoco
 	if err := protocol.CheckRequestTimeout(r.RequestTimeoutMs); err != nil {
 		return protocol.AgentsOpenReply{}, err
 	}
+	if r.Budget != nil {
+		if err := r.Budget.Validate(); err != nil {
+			return protocol.AgentsOpenReply{}, err
+		}
+	}
 	user := c.callerOf(req)
 	id := ulid.Make().String()
 	if err := c.reserveRoot(ctx, user, id); err != nil {
@@ -59,6 +64,15 @@ func (c *Coordinator) agentsOpen(ctx context.Context, req rpc.Request, r protoco
 	if err := c.narrowRoot(ctx, &h, r); err != nil {
 		c.releaseRootSlot(ctx, user, id)
 		return protocol.AgentsOpenReply{}, err
+	}
+	if r.Budget != nil {
+		// The root's budget caps its whole tree: its ledger exists before
+		// its header names it.
+		if err := c.createBudget(ctx, id, *r.Budget, now); err != nil {
+			c.releaseRootSlot(ctx, user, id)
+			return protocol.AgentsOpenReply{}, err
+		}
+		h.Budgets, h.BudgetDeadlineAt = childBudgets(h, r.Budget, id, now)
 	}
 	lease := protocol.AgentRecord{
 		SessionID: id, Kind: protocol.AgentRoot, HostID: RootHostID, Epoch: 1,

@@ -101,6 +101,7 @@ func (c *Coordinator) takeOverRun(ctx context.Context, fresh store.Record[protoc
 	if !c.settleTakenOver(ctx, store.Settled(run.Value, c.cfg.ID, res), run.Revision, taken) {
 		return // the lease stays taken over: the next sweep looks again
 	}
+	c.sweepRunBudgets(ctx, id, run.Value.RunID)
 	if err := c.st.ReleaseLease(ctx, id, taken.Revision); err == nil {
 		c.agents.del(store.LeaseKeyOf(taken.Value))
 	}
@@ -395,6 +396,7 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	if !ok {
 		return
 	}
+	c.sweepRunBudgets(ctx, id, fresh.Value.RunID)
 	// Published before the lease goes, as a host does: a replica that dies
 	// here is taken over in turn and publishes again.
 	if settled && !c.publishEpochEnd(ctx, fresh.Value, epochRec) {

@@ -33,6 +33,9 @@ import {
   type AgentsOpenReply,
   type AgentsOpenRequest,
   type AgentsRenewReply,
+  type BudgetReserveReply,
+  type BudgetReserveRequest,
+  type BudgetSettleRequest,
   type Authority,
   type ChildRef,
   type ChildrenListReply,
@@ -459,6 +462,20 @@ export class Client {
    */
   openRequest(req: RequestOpenRequest, opts?: CallOptions): Promise<RequestRecord> {
     return this.call(Endpoints.requestsOpen, req, opts);
+  }
+
+  /**
+   * budget.reserve (§5.22): the calling agent (req.self, its own live
+   * credential) reserves a model request's tokens or a step's tool calls on
+   * every budget it draws on; rejects with BudgetExhaustedError at the cap.
+   */
+  reserveBudget(req: BudgetReserveRequest, opts?: CallOptions): Promise<BudgetReserveReply> {
+    return this.call(Endpoints.budgetReserve, req, opts);
+  }
+
+  /** budget.settle (§5.22): charge what a reservation used and release the rest, once. */
+  async settleBudget(req: BudgetSettleRequest, opts?: CallOptions): Promise<void> {
+    await this.call(Endpoints.budgetSettle, req, opts);
   }
 
   /** requests.get (§5.21): a request, read by its session or one who may answer it. */

@@ -36,6 +36,7 @@ export const Catalogue = {
   TASK_FAILED: 1026,
   AUTHENTICATION_FAILED: 1027,
   ALREADY_ANSWERED: 1028,
+  BUDGET_EXHAUSTED: 1029,
 } as const;
 
 export type Code = keyof typeof Catalogue;
@@ -105,6 +106,8 @@ export class ModelError extends BroodError {}
 export class TaskFailedError extends BroodError {}
 export class AuthenticationFailedError extends BroodError {}
 export class AlreadyAnsweredError extends BroodError {}
+/** A budget the session draws on is spent (§5.5 "Budgets"): details budget, limit, unit, value, usage. */
+export class BudgetExhaustedError extends BroodError {}
 
 type ErrorClass = new (code: string, message: string, details?: Record<string, unknown>, options?: ErrorOptions) => BroodError;
 
@@ -138,6 +141,7 @@ export const ErrorClasses: Record<Code, ErrorClass> = {
   TASK_FAILED: TaskFailedError,
   AUTHENTICATION_FAILED: AuthenticationFailedError,
   ALREADY_ANSWERED: AlreadyAnsweredError,
+  BUDGET_EXHAUSTED: BudgetExhaustedError,
 };
 
 /**

@@ -42,6 +42,8 @@ export const Endpoints = {
   requestsGet: "requests.get",
   requestsAnswer: "requests.answer",
   requestsList: "requests.list",
+  budgetReserve: "budget.reserve",
+  budgetSettle: "budget.settle",
 } as const;
 export type Endpoint = (typeof Endpoints)[keyof typeof Endpoints];
 
@@ -146,6 +148,8 @@ export interface AgentsOpenRequest {
   grant?: string;
   /** Milliseconds each request of the new root's tree waits for an answer (1 to 86 400 000; §5.21); ignored on a reopen. */
   requestTimeoutMs?: number;
+  /** A budget for the root's whole tree (§5.2, §5.5 "Budgets"). */
+  budget?: Budget;
 }
 
 /** §5.2 */
@@ -179,6 +183,8 @@ export interface StartOptions {
    * coordinator's default (5 minutes) (§5.5, §5.21).
    */
   requestTimeoutMs?: number;
+  /** A budget for the child and its subtree, at most what remains of its parent's (§5.5 "Budgets"). */
+  budget?: Budget;
 }
 
 /** §5.5 */
@@ -282,6 +288,8 @@ export interface ContinuableOptions {
   limits?: TurnLimits;
   /** As in StartOptions (§5.5, §5.21). */
   requestTimeoutMs?: number;
+  /** As in StartOptions (§5.5 "Budgets"). */
+  budget?: Budget;
 }
 
 /** §5.8 */
@@ -591,6 +599,10 @@ export interface SessionHeader {
   limits?: TurnLimits;
   /** How long each of its requests waits for an answer, in milliseconds; absent, the coordinator's default (§5.21). */
   requestTimeoutMs?: number;
+  /** The ledgers of the budgets it draws on, root-most first (§5.5 "Budgets", §8.1). */
+  budgets?: string[];
+  /** The earliest deadline of those budgets, epoch ms (§8.1). */
+  budgetDeadlineAt?: Millis;
 }
 
 /** §8.2: one log entry; `data` is the type's data map (§8.3). */
@@ -782,4 +794,49 @@ export interface SessionResultReply {
   endedAt?: Millis;
   /** present when finished: what the turn spent (§6.6) */
   usage?: UsageSummary;
+}
+
+/**
+ * §5.5 "Budgets": caps on what a session and its whole subtree spend. Each
+ * field is a positive whole number (deadlineMs: milliseconds from the
+ * start, at most 30 days); absent fields are no limit; at least one is set.
+ */
+export interface Budget {
+  tokens?: number;
+  modelRequests?: number;
+  toolCalls?: number;
+  children?: number;
+  deadlineMs?: number;
+}
+
+/** §5.22: what is spent or reserved against a budget. */
+export interface BudgetSpend {
+  tokens?: number;
+  modelRequests?: number;
+  toolCalls?: number;
+  children?: number;
+}
+
+/** §5.22 budget.reserve */
+export interface BudgetReserveRequest {
+  self: ParentRef;
+  want: BudgetSpend;
+  tokensMin?: number;
+  noWait?: boolean;
+}
+
+/** §5.22 */
+export interface BudgetReserveReply {
+  /** Absent when the session draws on no budget. */
+  reservationId?: string;
+  granted: BudgetSpend;
+  /** Nothing reserved: ask again after this many ms (tokens held by reservations in flight). */
+  retryMs?: number;
+}
+
+/** §5.22 budget.settle */
+export interface BudgetSettleRequest {
+  self: ParentRef;
+  reservationId: string;
+  used: BudgetSpend;
 }

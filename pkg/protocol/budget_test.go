@@ -1,0 +1,79 @@
+package protocol
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+func TestParseBudget(t *testing.T) {
+	tests := []struct {
+		in    string
+		want  Budget
+		field string // "" when it parses
+	}{
+		{"tokens=200k,children=20,deadline=15m", Budget{Tokens: 200_000, Children: 20, DeadlineMs: 900_000}, ""},
+		{"requests=3, tools=4", Budget{ModelRequests: 3, ToolCalls: 4}, ""},
+		{"tokens=2M,deadline=1500", Budget{Tokens: 2_000_000, DeadlineMs: 1500}, ""},
+		{"deadline=5000ms", Budget{DeadlineMs: 5000}, ""},
+		{"tokens=-1", Budget{}, "tokens"},
+		{"tokens=1.5", Budget{}, "tokens"},
+		{"tokens=NaN", Budget{}, "tokens"},
+		{"tokens=9007199254740992", Budget{}, "tokens"},
+		{"tokenz=5", Budget{}, "tokenz"},
+		{"tokens=5,tokens=6", Budget{}, "twice"},
+		{"tokens", Budget{}, "name=value"},
+		{"", Budget{}, "no limit"},
+		{"deadline=31d", Budget{}, "deadline"},
+		{"deadline=800h", Budget{}, "deadlineMs"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseBudget(tt.in)
+			if tt.field == "" {
+				if err != nil || got != tt.want {
+					t.Fatalf("ParseBudget = %+v, %v; want %+v", got, err, tt.want)
+				}
+				if back, err := ParseBudget(got.String()); err != nil || back != got {
+					t.Fatalf("String %q parses back to %+v, %v", got.String(), back, err)
+				}
+				return
+			}
+			if CodeOf(err) != CodeInvalidArgument || !strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("ParseBudget(%q) = %v, want INVALID_ARGUMENT naming %q", tt.in, err, tt.field)
+			}
+		})
+	}
+}
+
+func TestBudgetLedger(t *testing.T) {
+	rec := BudgetRecord{SessionID: "r", Limits: Budget{Tokens: 100, ToolCalls: 2}, Charged: BudgetSpend{Tokens: 60, ToolCalls: 1},
+		Reservations: []BudgetReservation{{ID: "a", Spend: BudgetSpend{Tokens: 30}}}}
+	if rem := rec.Remaining(); rem.Tokens != 10 || rem.ToolCalls != 1 || rem.ModelRequests != math.MaxInt64 {
+		t.Fatalf("remaining %+v", rem)
+	}
+	if err := rec.Exhausted(BudgetSpend{Tokens: 50}, 10, 0); err != nil {
+		t.Fatalf("10 free tokens cover a minimum of 10: %v", err)
+	}
+	err := rec.Exhausted(BudgetSpend{Tokens: 50}, 11, 0)
+	if e, ok := err.(*Error); !ok || e.Code != CodeBudgetExhausted || e.Details["limit"] != BudgetLimitTokens || e.Details["usage"] != int64(90) {
+		t.Fatalf("exhausted = %v", err)
+	}
+	if err := rec.Exhausted(BudgetSpend{ToolCalls: 2}, 0, 0); CodeOf(err) != CodeBudgetExhausted {
+		t.Fatalf("two tool calls with one left: %v", err)
+	}
+	dl := BudgetRecord{SessionID: "r", Limits: Budget{DeadlineMs: 10}, DeadlineAt: 110, CreatedAt: 100}
+	if err := dl.Exhausted(BudgetSpend{ToolCalls: 1}, 0, 110); CodeOf(err) != CodeBudgetExhausted {
+		t.Fatalf("past the deadline: %v", err)
+	}
+	rem, deadline := BudgetRemainder([]BudgetRecord{rec, dl})
+	if rem.Tokens != 10 || deadline != 110 {
+		t.Fatalf("remainder %+v, %d", rem, deadline)
+	}
+	if err := (Budget{Tokens: 11}).WithinRemainder(rem, deadline, 100); CodeOf(err) != CodeLimitExceeded {
+		t.Fatalf("11 tokens of 10 left: %v", err)
+	}
+	if err := (Budget{Tokens: 10, DeadlineMs: 10}).WithinRemainder(rem, deadline, 100); err != nil {
+		t.Fatalf("within: %v", err)
+	}
+}
