@@ -148,6 +148,9 @@ type childFlags struct {
 	// requestTimeout is --request-timeout: how long each request of the
 	// child's tree waits for an answer (docs/protocol.md §5.21).
 	requestTimeout time.Duration
+	// budget is --budget: the child's budget (protocol.ParseBudget;
+	// docs/protocol.md §5.5, "Budgets").
+	budget string
 }
 
 // register adds the flags to cmd; withSchema adds --schema (one-shot only:
@@ -167,6 +170,7 @@ func (f *childFlags) register(cmd *cobra.Command, withSchema bool) {
 	cmd.Flags().Int64Var(&f.stepsPerTurnMax, "steps-per-turn-max", 0, "fewer model calls per turn for the child (never above its worker's)")
 	cmd.Flags().Int64Var(&f.toolCallsPerStepMax, "tool-calls-per-step-max", 0, "fewer tool calls per model answer for the child (never above its worker's)")
 	cmd.Flags().DurationVar(&f.requestTimeout, "request-timeout", 0, "how long each approval or question of the child's tree waits for an answer before it times out as a denial (at most 24h; default 5m)")
+	cmd.Flags().StringVar(&f.budget, "budget", "", "a budget for the child and its whole subtree: tokens=200k,modelRequests=50,toolCalls=100,children=20,deadline=15m (any of them)")
 }
 
 // startOptions builds the start options from the flags the user set; an
@@ -240,6 +244,13 @@ func (f *childFlags) startOptions(cmd *cobra.Command) (protocol.StartOptions, er
 			return o, protocol.Errorf(protocol.CodeInvalidArgument, "--request-timeout must be at least 1ms, not %s", f.requestTimeout)
 		}
 		o.RequestTimeoutMs = f.requestTimeout.Milliseconds()
+	}
+	if fl.Changed("budget") {
+		b, err := protocol.ParseBudget(f.budget)
+		if err != nil {
+			return o, err
+		}
+		o.Budget = &b
 	}
 	return o, nil
 }

@@ -148,6 +148,12 @@ type Config struct {
 	// docs/protocol.md §5.21); unset, such a call is an error result at
 	// once.
 	Requests Requester
+	// Budget, when set, reserves each model request and each step's tool
+	// calls on the budgets the header lists (budget.go, docs/protocol.md
+	// §5.5), so a session that draws on a budget spends nothing without a
+	// reservation; unset, or with no budgets in the header, nothing is
+	// reserved.
+	Budget Budgeter
 }
 
 // ErrLeaseLost is the cause given to a turn's context when its host lost the
@@ -346,8 +352,10 @@ func (a *Agent) RunSteps(ctx context.Context) Outcome {
 }
 
 // stepsFrom runs turn's steps from step first until the turn ends; ctx
-// carries the turn's time limit.
+// carries the turn's time limit (and here its budget's deadline).
 func (a *Agent) stepsFrom(ctx context.Context, turn, first int64) Outcome {
+	ctx, cancelDeadline := a.withBudgetDeadline(ctx)
+	defer cancelDeadline()
 	for step := first; ; step++ {
 		if step > int64(a.limits.StepsPerTurnMax) {
 			return a.end(ctx, turn, nil, errReason(protocol.CodeLimitExceeded, fmt.Sprintf("the turn reached its limit of %d steps", a.limits.StepsPerTurnMax)))
@@ -374,7 +382,15 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 		return a.end(ctx, turn, nil, errReason(protocol.CodeInternal, "the session log cannot be replayed: "+err.Error())), true
 	}
 	req := model.Request{System: a.cfg.System, Messages: history, Tools: a.cfg.Tools.Specs()}
+	g, err := a.reserveModel(ctx, &req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return a.endCancelled(ctx, turn, nil), true
+		}
+		return a.end(ctx, turn, nil, budgetEnd(err)), true
+	}
 	mc, out, ok := a.callModelRetrying(ctx, turn, step, req)
+	a.settle(ctx, g, modelUsed(g, mc.resp.Usage))
 	if !ok {
 		return out, true
 	}
@@ -394,6 +410,9 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 		Turn: turn, Step: step, Message: msg, Usage: resp.Usage, Interrupted: resp.Finish == model.FinishLength,
 	})
 	if reason, ends := a.answerEnds(resp.Finish, msg); ends {
+		if g.capped && resp.Finish == model.FinishLength {
+			reason = errReason(protocol.CodeBudgetExhausted, fmt.Sprintf("the budget's tokens ran out: the answer was cut at the %d output tokens it had left", req.MaxTokens))
+		}
 		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
 		return a.end(ctx, turn, &b, reason), true
 	}
@@ -475,7 +494,13 @@ func (a *Agent) answerEnds(finish model.Finish, msg protocol.AssistantMessage) (
 // the step's end; the turn ends when ctx was cancelled (aborted) or a tool
 // concluded it (completed), and goes on to its next step otherwise.
 func (a *Agent) runStepTools(ctx context.Context, turn, step int64, calls []protocol.ToolCall) (Outcome, bool) {
-	return a.logStepResults(ctx, turn, step, calls, a.runTools(ctx, turn, step, calls))
+	tg, err := a.reserveTools(ctx, len(calls))
+	if err != nil {
+		return a.refuseTools(ctx, turn, step, calls, err), true
+	}
+	results := a.runTools(ctx, turn, step, calls)
+	a.settle(ctx, tg, protocol.BudgetSpend{ToolCalls: int64(len(calls))})
+	return a.logStepResults(ctx, turn, step, calls, results)
 }
 
 // logStepResults logs the results of a step's calls and the step's end
@@ -662,6 +687,9 @@ func (a *Agent) endCancelledNote(ctx context.Context, turn int64, b *eventBuf, n
 	}
 	if errors.Is(cause, errTurnTimeout) {
 		return a.end(ctx, turn, b, errReason(protocol.CodeLimitExceeded, fmt.Sprintf("the turn exceeded its %s limit", a.limits.TurnTimeout)+note))
+	}
+	if errors.Is(cause, errBudgetDeadline) {
+		return a.end(ctx, turn, b, a.deadlineEnd())
 	}
 	reason := protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: protocol.CauseDisposed}
 	var c *Cancel

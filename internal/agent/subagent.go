@@ -81,7 +81,13 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 		`"turnTimeoutMs":{"type":"integer","minimum":1,"description":"milliseconds one turn may take"},` +
 		`"stepsPerTurnMax":{"type":"integer","minimum":1,"description":"model calls one turn may make"},` +
 		`"toolCallsPerStepMax":{"type":"integer","minimum":1,"description":"tool calls one model answer may ask for"}},"additionalProperties":false}` +
-		`,"requestTimeoutMs":{"type":"integer","minimum":1,"description":"milliseconds each approval or question of the subagent (and its own subagents) waits for an answer before it counts as a denial; never above yours"}`
+		`,"requestTimeoutMs":{"type":"integer","minimum":1,"description":"milliseconds each approval or question of the subagent (and its own subagents) waits for an answer before it counts as a denial; never above yours"}` +
+		`,"budget":{"type":"object","description":"a budget for the subagent and everything it delegates, at most what remains of yours (without one it draws on yours)","properties":{` +
+		`"tokens":{"type":"integer","minimum":1,"description":"input plus output tokens"},` +
+		`"modelRequests":{"type":"integer","minimum":1,"description":"model requests"},` +
+		`"toolCalls":{"type":"integer","minimum":1,"description":"tool calls"},` +
+		`"children":{"type":"integer","minimum":1,"description":"subagents started in total"},` +
+		`"deadlineMs":{"type":"integer","minimum":1,"description":"milliseconds from now the work may take"}},"additionalProperties":false}`
 	if cfg.Background != nil {
 		desc += " Set run_in_background to start a continuable subagent and go on; you get a notice when it settles, and can message it with send_message."
 		props += `,"run_in_background":{"type":"boolean","description":"start the subagent in the background (continuable) instead of waiting for it"}`
@@ -106,6 +112,8 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 				Limits      *protocol.TurnLimits `json:"limits"`
 				// RequestTimeoutMs is StartOptions.RequestTimeoutMs.
 				RequestTimeoutMs int64 `json:"requestTimeoutMs"`
+				// Budget is StartOptions.Budget.
+				Budget *protocol.Budget `json:"budget"`
 			}
 			if err := decodeArgs(args, &in); err != nil {
 				return ErrorResult("%s: %v", name, err)
@@ -117,9 +125,9 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 				if cfg.Background == nil {
 					return ErrorResult("%s: run_in_background is not available with this provider", name)
 				}
-				return cfg.Background(ctx, tc, in.Description, in.Prompt, protocol.ContinuableOptions{Model: in.Model, Limits: in.Limits, RequestTimeoutMs: in.RequestTimeoutMs})
+				return cfg.Background(ctx, tc, in.Description, in.Prompt, protocol.ContinuableOptions{Model: in.Model, Limits: in.Limits, RequestTimeoutMs: in.RequestTimeoutMs, Budget: in.Budget})
 			}
-			opts := protocol.StartOptions{Label: in.Description, Model: in.Model, Limits: in.Limits, RequestTimeoutMs: in.RequestTimeoutMs}
+			opts := protocol.StartOptions{Label: in.Description, Model: in.Model, Limits: in.Limits, RequestTimeoutMs: in.RequestTimeoutMs, Budget: in.Budget}
 			if !cfg.ProviderManaged {
 				opts.MaxDepth = maxDepth
 			}

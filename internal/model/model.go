@@ -114,3 +114,32 @@ func IsError(err error) bool {
 	var e *Error
 	return errors.As(err, &e)
 }
+
+// TokenEstimator is a model that estimates a request's input tokens before
+// it is sent, at least what it will report: a budgeted agent reserves that
+// many tokens, plus its answer's bound, before each request
+// (docs/protocol.md §5.5, "Budgets").
+type TokenEstimator interface {
+	EstimateInputTokens(req Request) int64
+}
+
+// EstimateInputTokens is m's estimate of req's input tokens: its own
+// (TokenEstimator), else one token per two bytes of the system prompt, the
+// messages' text, tool calls and the tools' schemas (a byte-pair
+// tokenizer's tokens are rarely shorter than two bytes).
+func EstimateInputTokens(m Model, req Request) int64 {
+	if e, ok := m.(TokenEstimator); ok {
+		return e.EstimateInputTokens(req)
+	}
+	n := len(req.System)
+	for _, msg := range req.Messages {
+		n += len(protocol.AllText(msg.Content)) + len(msg.Name) + 8 // role and framing
+		for _, c := range msg.ToolCalls {
+			n += len(c.Name) + len(c.Arguments) + len(c.ID)
+		}
+	}
+	for _, t := range req.Tools {
+		n += len(t.Name) + len(t.Description) + len(t.Parameters)
+	}
+	return int64(n+1) / 2
+}

@@ -228,11 +228,37 @@ func handled(msgs []Message, text string) (string, error) {
 // error, a cancelled sleep) reports none, as a real endpoint's failure does.
 func (s *Scripted) Stream(ctx context.Context, req Request, onText func(string)) (Response, error) {
 	resp, err := s.answer(ctx, req, onText)
+	if err == nil && req.MaxTokens > 0 {
+		resp = cutAnswer(resp, req.MaxTokens)
+	}
 	if err == nil {
 		u := ScriptedUsage(req, resp.Message)
 		resp.Usage = &u
 	}
 	return resp, err
+}
+
+// EstimateInputTokens is the scripted model's input tokens for req, exact
+// (ScriptedUsage's InputTokens): a budget reserves no more than it spends.
+func (s *Scripted) EstimateInputTokens(req Request) int64 {
+	return ScriptedUsage(req, protocol.AssistantMessage{}).InputTokens
+}
+
+// cutAnswer bounds an answer to maxTokens output tokens, one per word, as
+// a real endpoint honours max_tokens: an answer with more words keeps its
+// first maxTokens words of text, no tool calls, and finishes length.
+func cutAnswer(resp Response, maxTokens int64) Response {
+	if words(resp.Message.Content, resp.Message.ToolCalls) <= maxTokens {
+		return resp
+	}
+	fields := strings.Fields(protocol.AllText(resp.Message.Content))
+	fields = fields[:min(int64(len(fields)), maxTokens)]
+	resp.Message = protocol.AssistantMessage{Content: protocol.Text(strings.Join(fields, " "))}
+	if len(fields) == 0 {
+		resp.Message.Content = []protocol.ContentBlock{}
+	}
+	resp.Finish = FinishLength
+	return resp
 }
 
 // ScriptedUsage is the scripted model's deterministic usage for one request

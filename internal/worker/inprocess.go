@@ -55,6 +55,10 @@ type InProcess struct {
 	// request until it is answered (agent.Config.Requests); unset, such a
 	// call is an error result.
 	Requests agent.Requester
+	// Budget, when set, reserves a budgeted child's model requests and tool
+	// calls on its budgets (agent.Config.Budget); unset (tests that host
+	// agents without a coordinator), nothing is reserved.
+	Budget agent.Budgeter
 }
 
 // DefaultSeedEventsMax is the default bound of a fork seed.
@@ -210,7 +214,7 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 	return agent.New(agent.Config{
 		Header: spec.Header, Log: spec.Log, Events: events, Model: m, Tools: reg,
 		System: system, Credential: spec.Credential, Limits: p.Limits.Within(spec.Header.Limits), Logger: logger,
-		Inbox: spec.Inbox, InboxDirty: spec.InboxDirty, Metrics: p.Metrics, Requests: p.Requests,
+		Inbox: spec.Inbox, InboxDirty: spec.InboxDirty, Metrics: p.Metrics, Requests: p.Requests, Budget: p.Budget,
 	})
 }
 

@@ -127,7 +127,7 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 	report := agent.ReportTool(cl)
 	p := &InProcess{
 		Desc: desc, Models: cfg.Models, ModelFor: cfg.ModelFor, Persona: cfg.Persona, Limits: cfg.Limits, Logger: cfg.Logger, Metrics: cfg.Metrics,
-		Store: cfg.Store, Seeded: desc.InheritsParentContext, Requests: cl,
+		Store: cfg.Store, Seeded: desc.InheritsParentContext, Requests: cl, Budget: cl,
 		Tools: func(SessionSpec) ([]*agent.Tool, error) { return global, nil },
 		Local: func(spec SessionSpec) []*agent.Tool {
 			if spec.Continuable {

@@ -1,0 +1,184 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Budgeter reserves and settles a budgeted session's spend on the budgets
+// its header lists (budget.reserve and budget.settle, docs/protocol.md
+// §5.22); *client.Client is the production one.
+type Budgeter interface {
+	ReserveBudget(ctx context.Context, req protocol.BudgetReserveRequest) (protocol.BudgetReserveReply, error)
+	SettleBudget(ctx context.Context, req protocol.BudgetSettleRequest) error
+}
+
+// Budget reservation bounds (docs/protocol.md §5.5, "Budgets").
+const (
+	// BudgetOutputTokensReserve is the answer bound a model request
+	// reserves when its request names none (model.Request.MaxTokens 0):
+	// the request reserves its input estimate plus this, or what the
+	// budget has left, and its answer is bounded to the output part of the
+	// grant.
+	BudgetOutputTokensReserve int64 = 4096
+	// BudgetCallTimeout bounds one reserve or settle call, its retries
+	// included.
+	BudgetCallTimeout = 10 * time.Second
+	// BudgetWaitMax bounds how long a model request waits for tokens held
+	// by other reservations in flight before it takes what is free (at
+	// least its input estimate and one token) or ends BUDGET_EXHAUSTED.
+	BudgetWaitMax = 30 * time.Second
+	// budgetBackoffMax bounds the wait between two asks.
+	budgetBackoffMax = 500 * time.Millisecond
+)
+
+// errBudgetDeadline is the cause of a turn cut at its budget's deadline.
+var errBudgetDeadline = errors.New("budget deadline")
+
+// grant is a reservation taken for one step.
+type grant struct {
+	id     string
+	tokens int64 // granted
+	capped bool  // the grant bounds the answer below what was wanted
+}
+
+// budgeted reports whether the session draws on a budget it must reserve on.
+func (a *Agent) budgeted() bool {
+	return a.cfg.Budget != nil && len(a.cfg.Header.Budgets) > 0
+}
+
+func (a *Agent) self() protocol.ParentRef {
+	return protocol.ParentRef{SessionID: a.cfg.Header.ID, Credential: a.cfg.Credential}
+}
+
+// reserveModel reserves one model request and its tokens before req is
+// sent: the input estimate (model.EstimateInputTokens) plus the answer's
+// bound (req.MaxTokens, else BudgetOutputTokensReserve), at least the
+// estimate and one output token. A grant below that bounds the answer
+// (req.MaxTokens). The error is the turn's end: BUDGET_EXHAUSTED, or why
+// no reservation could be taken.
+func (a *Agent) reserveModel(ctx context.Context, req *model.Request) (grant, error) {
+	if !a.budgeted() {
+		return grant{}, nil
+	}
+	in := model.EstimateInputTokens(a.cfg.Model, *req)
+	out := req.MaxTokens
+	if out <= 0 {
+		out = BudgetOutputTokensReserve
+	}
+	want := protocol.BudgetReserveRequest{Self: a.self(), Want: protocol.BudgetSpend{Tokens: in + out, ModelRequests: 1}, TokensMin: in + 1}
+	waitUntil := time.Now().Add(BudgetWaitMax)
+	backoff := time.Duration(protocol.BudgetRetryMs) * time.Millisecond
+	for {
+		want.NoWait = !time.Now().Before(waitUntil)
+		rctx, cancel := context.WithTimeout(ctx, BudgetCallTimeout)
+		rep, err := a.cfg.Budget.ReserveBudget(rctx, want)
+		cancel()
+		if err != nil {
+			return grant{}, err
+		}
+		if rep.RetryMs > 0 {
+			select {
+			case <-ctx.Done():
+				return grant{}, context.Cause(ctx)
+			case <-time.After(max(backoff, time.Duration(rep.RetryMs)*time.Millisecond)):
+			}
+			backoff = min(2*backoff, budgetBackoffMax)
+			continue
+		}
+		g := grant{id: rep.ReservationID, tokens: rep.Granted.Tokens}
+		if g.id != "" {
+			// The answer is bounded to the grant's output part, so the
+			// request spends no more than it reserved (the bound of
+			// docs/protocol.md §5.5).
+			req.MaxTokens = g.tokens - in
+			g.capped = g.tokens < in+out
+		}
+		return g, nil
+	}
+}
+
+// settle settles g with what the step used: resp's reported tokens (the
+// whole grant when none were reported: an unknown is never zero), one
+// model request. A failed settle leaves the reservation to be charged in
+// full once the run settles.
+func (a *Agent) settle(ctx context.Context, g grant, used protocol.BudgetSpend) {
+	if g.id == "" {
+		return
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), BudgetCallTimeout)
+	defer cancel()
+	if err := a.cfg.Budget.SettleBudget(sctx, protocol.BudgetSettleRequest{Self: a.self(), ReservationID: g.id, Used: used}); err != nil {
+		a.log.Warn("a budget reservation was not settled; it is charged in full once the run settles", "reservation", g.id, "err", err)
+	}
+}
+
+// modelUsed is what a model request spent against g.
+func modelUsed(g grant, usage *protocol.Usage) protocol.BudgetSpend {
+	used := protocol.BudgetSpend{ModelRequests: 1, Tokens: g.tokens}
+	if usage != nil && !usage.Unknown {
+		used.Tokens = usage.InputTokens + usage.OutputTokens
+	}
+	return used
+}
+
+// reserveTools reserves a step's n tool calls.
+func (a *Agent) reserveTools(ctx context.Context, n int) (grant, error) {
+	if !a.budgeted() || n == 0 {
+		return grant{}, nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, BudgetCallTimeout)
+	defer cancel()
+	rep, err := a.cfg.Budget.ReserveBudget(rctx, protocol.BudgetReserveRequest{Self: a.self(), Want: protocol.BudgetSpend{ToolCalls: int64(n)}})
+	if err != nil {
+		return grant{}, err
+	}
+	return grant{id: rep.ReservationID}, nil
+}
+
+// budgetEnd is the turn end of a refused reservation: BUDGET_EXHAUSTED
+// with the budget's words, or the code of why none could be taken.
+func budgetEnd(err error) protocol.TurnEndReason {
+	code := protocol.CodeOf(err)
+	if code == "" {
+		code = protocol.CodeUnavailable
+	}
+	return errReason(code, "no budget reservation: "+err.Error())
+}
+
+// withBudgetDeadline bounds ctx by the header's budget deadline.
+func (a *Agent) withBudgetDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	at := a.cfg.Header.BudgetDeadlineAt
+	if at <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithDeadlineCause(ctx, time.UnixMilli(at), errBudgetDeadline)
+}
+
+// deadlineEnd is the turn end at the budget's deadline.
+func (a *Agent) deadlineEnd() protocol.TurnEndReason {
+	return errReason(protocol.CodeBudgetExhausted, fmt.Sprintf("the budget's deadline passed at %s; the turn was cut there",
+		time.UnixMilli(a.cfg.Header.BudgetDeadlineAt).UTC().Format(time.RFC3339Nano)))
+}
+
+// refuseTools ends the turn when a step's tool calls got no reservation:
+// each logged call gets an error result saying so (the log stays
+// balanced), and the turn ends with the refusal's code.
+func (a *Agent) refuseTools(ctx context.Context, turn, step int64, calls []protocol.ToolCall, err error) Outcome {
+	reason := budgetEnd(err)
+	var b eventBuf
+	for _, c := range calls {
+		r := ErrorResult("%s: not run: %s", reason.Code, reason.Error)
+		b.add(a, protocol.EvToolResult, protocol.ToolResultData{Turn: turn, Step: step, CallID: c.ID, Name: c.Name, Content: r.Content, IsError: true})
+	}
+	b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
+	if ctx.Err() != nil {
+		return a.endCancelled(ctx, turn, &b)
+	}
+	return a.end(ctx, turn, &b, reason)
+}
