@@ -37,6 +37,7 @@ vet:
 bench:
 	$(GO) test -run '^$$' -bench 'OneShotLatency|OneShotThroughput|FollowupRunning|ReadLog10k' -benchtime 2s -count 1 ./bench/
 	$(GO) test -run '^$$' -bench 'FollowupCold|ColdResume10k|FollowupBurst' -benchtime 30x -count 1 ./bench/
+	$(GO) test -run '^$$' -bench 'OneShotBudget' -benchtime 500x -count 1 ./bench/
 
 # How the cost grows with the fleet (bench/scale_test.go): one-shot p50 and
 # runs/s with 1, 2 and 4 coordinators and worker processes, with 0 and

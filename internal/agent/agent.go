@@ -181,6 +181,12 @@ type Agent struct {
 	// appendMu serializes appends: the log has one writer, and inbox
 	// bookkeeping may append while a turn runs.
 	appendMu sync.Mutex
+	// settles are the budget settlements in flight (budget.go); a turn
+	// waits for them before it returns.
+	settles sync.WaitGroup
+	// prefetched is the first step's reservation taken beside the turn
+	// opening (budget.go, prefetch); only the turn's goroutine uses it.
+	prefetched chan prefetched
 
 	// retry is the model retry the running turn is paused on (the data of
 	// its last model/retry event), nil when none; under mu.
@@ -299,7 +305,9 @@ func (a *Agent) OpenTurn(ctx context.Context, in Input) (Outcome, bool) {
 	if b.err != nil {
 		return Outcome{Turn: turn, Reason: errReason(protocol.CodeInternal, b.err.Error()), Err: b.err}, false
 	}
+	a.prefetch(ctx, content)
 	if out, ok := a.append(ctx, turn, b.evs); !ok {
+		a.dropPrefetch(ctx)
 		return out, false
 	}
 	a.mu.Lock()
@@ -356,6 +364,8 @@ func (a *Agent) RunSteps(ctx context.Context) Outcome {
 func (a *Agent) stepsFrom(ctx context.Context, turn, first int64) Outcome {
 	ctx, cancelDeadline := a.withBudgetDeadline(ctx)
 	defer cancelDeadline()
+	defer a.settles.Wait()
+	defer a.dropPrefetch(ctx) // a turn that ended before its first request
 	for step := first; ; step++ {
 		if step > int64(a.limits.StepsPerTurnMax) {
 			return a.end(ctx, turn, nil, errReason(protocol.CodeLimitExceeded, fmt.Sprintf("the turn reached its limit of %d steps", a.limits.StepsPerTurnMax)))
@@ -382,7 +392,7 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 		return a.end(ctx, turn, nil, errReason(protocol.CodeInternal, "the session log cannot be replayed: "+err.Error())), true
 	}
 	req := model.Request{System: a.cfg.System, Messages: history, Tools: a.cfg.Tools.Specs()}
-	g, err := a.reserveModel(ctx, &req)
+	g, err := a.takeReservation(ctx, &req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return a.endCancelled(ctx, turn, nil), true

@@ -44,7 +44,75 @@ var errBudgetDeadline = errors.New("budget deadline")
 type grant struct {
 	id     string
 	tokens int64 // granted
+	in     int64 // the input estimate it was taken for
 	capped bool  // the grant bounds the answer below what was wanted
+}
+
+// apply bounds req, whose input estimate is in (at most g.in), to g: its
+// answer gets the grant's tokens less its input.
+func (g grant) apply(req *model.Request, in int64) {
+	if g.id != "" {
+		req.MaxTokens = g.tokens - in
+	}
+}
+
+// prefetched is a first step's reservation taken while its turn opening
+// was being logged (prefetch).
+type prefetched struct {
+	g   grant
+	err error
+}
+
+// prefetch starts reserving the first model request of the turn that in
+// opens, beside the opening's log append (so the reservation is off the
+// turn's path): its request is the history, in's message and the tools.
+// The first step takes it when its real request's input estimate is no
+// larger (takeReservation).
+func (a *Agent) prefetch(ctx context.Context, content []protocol.ContentBlock) {
+	if !a.budgeted() {
+		return
+	}
+	a.mu.Lock()
+	history, err := a.index.Messages()
+	a.mu.Unlock()
+	if err != nil {
+		return
+	}
+	req := model.Request{System: a.cfg.System, Messages: append(history, model.Message{Role: model.RoleUser, Content: content}), Tools: a.cfg.Tools.Specs()}
+	ch := make(chan prefetched, 1)
+	a.prefetched = ch
+	go func() {
+		g, err := a.reserveModel(ctx, &req)
+		ch <- prefetched{g, err}
+	}()
+}
+
+// dropPrefetch releases a prefetched reservation the turn will not use.
+func (a *Agent) dropPrefetch(ctx context.Context) {
+	if ch := a.prefetched; ch != nil {
+		a.prefetched = nil
+		if p := <-ch; p.err == nil {
+			a.settle(ctx, p.g, protocol.BudgetSpend{})
+		}
+	}
+}
+
+// takeReservation reserves the step's model request: the prefetched
+// reservation when there is one that covers req's input estimate, else a
+// new one (reserveModel).
+func (a *Agent) takeReservation(ctx context.Context, req *model.Request) (grant, error) {
+	if ch := a.prefetched; ch != nil {
+		a.prefetched = nil
+		p := <-ch
+		if p.err == nil {
+			if in := model.EstimateInputTokens(a.cfg.Model, *req); p.g.id == "" || in <= p.g.in {
+				p.g.apply(req, in)
+				return p.g, nil
+			}
+			a.settle(ctx, p.g, protocol.BudgetSpend{}) // taken for less than the request needs
+		}
+	}
+	return a.reserveModel(ctx, req)
 }
 
 // budgeted reports whether the session draws on a budget it must reserve on.
@@ -91,14 +159,11 @@ func (a *Agent) reserveModel(ctx context.Context, req *model.Request) (grant, er
 			backoff = min(2*backoff, budgetBackoffMax)
 			continue
 		}
-		g := grant{id: rep.ReservationID, tokens: rep.Granted.Tokens}
-		if g.id != "" {
-			// The answer is bounded to the grant's output part, so the
-			// request spends no more than it reserved (the bound of
-			// docs/protocol.md §5.5).
-			req.MaxTokens = g.tokens - in
-			g.capped = g.tokens < in+out
-		}
+		g := grant{id: rep.ReservationID, tokens: rep.Granted.Tokens, in: in, capped: rep.Granted.Tokens < in+out}
+		// The answer is bounded to the grant's output part, so the
+		// request spends no more than it reserved (the bound of
+		// docs/protocol.md §5.5).
+		g.apply(req, in)
 		return g, nil
 	}
 }
@@ -107,15 +172,23 @@ func (a *Agent) reserveModel(ctx context.Context, req *model.Request) (grant, er
 // whole grant when none were reported: an unknown is never zero), one
 // model request. A failed settle leaves the reservation to be charged in
 // full once the run settles.
+//
+// The settle runs beside the step's log append (it is off the step's
+// path); the turn waits for its settles before it returns (RunSteps), so a
+// run's ledger is settled before the run is.
 func (a *Agent) settle(ctx context.Context, g grant, used protocol.BudgetSpend) {
 	if g.id == "" {
 		return
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), BudgetCallTimeout)
-	defer cancel()
-	if err := a.cfg.Budget.SettleBudget(sctx, protocol.BudgetSettleRequest{Self: a.self(), ReservationID: g.id, Used: used}); err != nil {
-		a.log.Warn("a budget reservation was not settled; it is charged in full once the run settles", "reservation", g.id, "err", err)
-	}
+	a.settles.Add(1)
+	go func() {
+		defer a.settles.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), BudgetCallTimeout)
+		defer cancel()
+		if err := a.cfg.Budget.SettleBudget(sctx, protocol.BudgetSettleRequest{Self: a.self(), ReservationID: g.id, Used: used}); err != nil {
+			a.log.Warn("a budget reservation was not settled; it is charged in full once the run settles", "reservation", g.id, "err", err)
+		}
+	}()
 }
 
 // modelUsed is what a model request spent against g.

@@ -66,7 +66,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 	if err := c.reserveAuthorized(ctx, r.Parent, a.pheader.ID, childID); err != nil {
 		return protocol.RunStartReply{}, err
 	}
-	refund, err := c.admitBudget(ctx, a, childID, store.NowMs())
+	refund, err := c.admitBudget(ctx, a, childID)
 	if err != nil {
 		c.releaseChild(ctx, a.pheader.ID, childID)
 		return protocol.RunStartReply{}, err
@@ -300,6 +300,7 @@ func (c *Coordinator) createRun(ctx context.Context, a admission, req rpc.Reques
 	if err := parallel(ctx,
 		func() error { return c.st.PutHeader(ctx, header) },
 		func() (err error) { runRev, err = c.st.CreateRun(ctx, rec); return err },
+		func() error { return c.createOwnBudget(ctx, a, childID, now) },
 	); err != nil {
 		return protocol.ProviderStartRequest{}, 0, protocol.Errorf(protocol.CodeUnavailable, "record the run: %w", err)
 	}

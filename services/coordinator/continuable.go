@@ -107,7 +107,7 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 	if err := c.reserveChild(ctx, adm.a.pheader.ID, childID, ""); err != nil {
 		return protocol.ContinuableStartReply{}, err
 	}
-	refund, err := c.admitBudget(ctx, adm.a, childID, store.NowMs())
+	refund, err := c.admitBudget(ctx, adm.a, childID)
 	if err != nil {
 		c.releaseChild(ctx, adm.a.pheader.ID, childID)
 		return protocol.ContinuableStartReply{}, err
@@ -196,9 +196,17 @@ func (c *Coordinator) writeContinuableChild(ctx context.Context, adm continuable
 		}
 		header.SeedLength = seed
 	}
-	if err := c.st.PutHeader(ctx, header); err != nil {
-		if errors.Is(err, store.ErrConflict) {
+	// The child's own ledger, when its start named a budget, is written
+	// with its header (a retried start's ledger is taken as it is).
+	if err := parallel(ctx,
+		func() error { return c.st.PutHeader(ctx, header) },
+		func() error { return c.createOwnBudget(ctx, adm.a, childID, now) },
+	); err != nil {
+		switch {
+		case errors.Is(err, store.ErrConflict):
 			return header, protocol.NewError(protocol.CodeDuplicateChild, map[string]any{"childId": childID})
+		case protocol.CodeOf(err) != "":
+			return header, err
 		}
 		return header, protocol.Errorf(protocol.CodeUnavailable, "write the header: %w", err)
 	}

@@ -44,8 +44,12 @@ type Coordinator struct {
 	reg         *hostreg.Registry
 	agents      *agentIndex
 	headers     *headerCache
-	descs       *descriptorCache // continuable children's descriptors (local providers)
-	follows     *followRegistry
+	// ledgers are the budget ledgers this replica last read or wrote
+	// (budget.go): an update tries its compare-and-set at the revision it
+	// knows before it reads the ledger from the leader.
+	ledgers ledgerCache
+	descs   *descriptorCache // continuable children's descriptors (local providers)
+	follows *followRegistry
 	// longPolls are the long polls waiting now, followSlots the follows
 	// streaming (fairshare.go).
 	longPolls, followSlots *fairshare.Slots
