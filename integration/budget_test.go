@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -203,5 +204,49 @@ func TestBudgetOneShotAtItsCap(t *testing.T) {
 	}
 	if res.ErrorCode != protocol.CodeBudgetExhausted || !strings.Contains(res.Diagnostic, "tokens") {
 		t.Fatalf("second run %+v, want BUDGET_EXHAUSTED naming tokens", res)
+	}
+}
+
+// TestBudgetDeadHostReservationChargedOnce (issue 32, item 2): a worker
+// killed (SIGKILL) while its child's model request holds a reservation
+// leaves it on the ledger; the coordinator that settles the run HOST_LOST
+// charges it in full and removes it, once: the ledger ends with exactly
+// that reservation charged and nothing in flight.
+func TestBudgetDeadHostReservationChargedOnce(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = 300 * time.Millisecond })
+	w := spawnWorkerProc(t, s.Server.ClientURL())
+	s.WaitProvider("spawn")
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(),
+		Prompt: protocol.Text("sleep 60s\nsay late"), Options: protocol.StartOptions{Budget: &protocol.Budget{Tokens: 10_000}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held protocol.BudgetReservation
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		rec := ledger(t, s, run.ChildID)
+		if len(rec.Reservations) != 1 {
+			return false
+		}
+		held = rec.Reservations[0]
+		return true
+	}, "the model request holds a reservation")
+	if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	res, err := run.Result(ctx)
+	if err != nil || res.ErrorCode != protocol.CodeHostLost {
+		t.Fatalf("result %+v, %v; want HOST_LOST", res, err)
+	}
+	var rec protocol.BudgetRecord
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		rec = ledger(t, s, run.ChildID)
+		return len(rec.Reservations) == 0
+	}, "the dead host's reservation is removed")
+	if rec.Charged != held.Spend || held.Spend.Tokens == 0 || held.Spend.ModelRequests != 1 {
+		t.Fatalf("charged %+v; the dead host's reservation was %+v: want it charged once, in full", rec.Charged, held.Spend)
 	}
 }
