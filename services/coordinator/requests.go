@@ -233,7 +233,13 @@ func (c *Coordinator) requestsList(ctx context.Context, _ rpc.Request, r protoco
 	if err != nil {
 		return protocol.RequestsListReply{}, err
 	}
-	ids, more, err := c.st.RequestIDs(ctx, protocol.RequestsListMax)
+	// Pending ones come from the pending index (as many as turns are
+	// parked), not from every record of the last day.
+	list := c.st.PendingRequestIDs
+	if r.All {
+		list = c.st.RequestIDs
+	}
+	ids, more, err := list(ctx, protocol.RequestsListMax)
 	if err != nil {
 		return protocol.RequestsListReply{}, protocol.Errorf(protocol.CodeUnavailable, "%w", err)
 	}
@@ -241,6 +247,7 @@ func (c *Coordinator) requestsList(ctx context.Context, _ rpc.Request, r protoco
 	for _, id := range ids {
 		rec, err := c.st.Request(ctx, id)
 		if errors.Is(err, store.ErrNotFound) {
+			c.unlistStale(ctx, r.All, id)
 			continue
 		}
 		if err != nil {
@@ -250,7 +257,11 @@ func (c *Coordinator) requestsList(ctx context.Context, _ rpc.Request, r protoco
 			return protocol.RequestsListReply{}, err
 		}
 		v := rec.Value
-		if (!r.All && v.State != protocol.RequestPending) || v.SessionID == rd.agent {
+		if !r.All && v.State != protocol.RequestPending {
+			c.unlistStale(ctx, r.All, id)
+			continue
+		}
+		if v.SessionID == rd.agent {
 			continue
 		}
 		if ok, err := c.covers(ctx, rd, v.SessionID); err != nil || !ok {
@@ -274,6 +285,19 @@ func (c *Coordinator) requestsList(ctx context.Context, _ rpc.Request, r protoco
 		return cmp.Or(cmp.Compare(a.CreatedAt, b.CreatedAt), cmp.Compare(a.ID, b.ID))
 	})
 	return out, nil
+}
+
+// unlistStale removes request id from the pending index when a listing of
+// it (not of all) found its record gone or no longer pending: a crash
+// between the record's write and the index's left it behind. Best effort:
+// the next listing tries again.
+func (c *Coordinator) unlistStale(ctx context.Context, all bool, id string) {
+	if all {
+		return
+	}
+	if err := c.st.UnlistRequest(ctx, id); err != nil {
+		c.log.Warn("could not unlist a stale pending request", "requestId", id, "err", err)
+	}
 }
 
 // request reads request id from the bucket's leader.

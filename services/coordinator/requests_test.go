@@ -2,12 +2,14 @@ package coordinator_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
@@ -213,5 +215,75 @@ func TestEqualAnswersAtOnceAreOneAnswer(t *testing.T) {
 	}
 	if res, err := run.Result(ctx); err != nil || res.StopReason != protocol.StopCompleted {
 		t.Fatalf("run: %+v, %v", res, err)
+	}
+}
+
+// TestRequestsListFindsThePendingAmongADaysRecords: requests.list reads the
+// pending requests from their index, not from the first 256 records the
+// bucket holds, so a request that opens after more than RequestsListMax
+// answered ones of the day is still listed (it was not, when the listing
+// read the oldest 256 records); an index key whose record is gone or no
+// longer pending is removed by the listing that finds it.
+func TestRequestsListFindsThePendingAmongADaysRecords(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	now := time.Now().UnixMilli()
+	const stale = 5
+	for i := range protocol.RequestsListMax + 10 + stale {
+		rec := protocol.RequestRecord{Version: 1, ID: fmt.Sprintf("r%024x", i), SessionID: fmt.Sprintf("S%d", i), Kind: protocol.RequestApproval,
+			CallID: "c", Tool: "write_file", Arguments: "{}", State: protocol.RequestPending, CreatedAt: now, Deadline: now + 60_000}
+		rev, err := s.Store.CreateRequest(ctx, rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec.State, rec.Answer = protocol.RequestApproved, &protocol.RequestAnswer{State: protocol.RequestApproved, By: protocol.Answerer{Kind: protocol.AnswererUser}, At: now}
+		if i < protocol.RequestsListMax+10 { // answered; the last few an index key a crash left behind, of records gone
+			_, err = s.Store.AnswerRequest(ctx, rec, rev)
+		} else {
+			err = store.Delete(ctx, s.Store.Agents, store.RequestKey(rec.ID), 0)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The answered ones leave the index a second after their answer.
+	pendingIndex := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			ids, _, err := s.Store.PendingRequestIDs(ctx, 1000)
+			if err == nil && len(ids) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pending index: %d keys, %v; want %d", len(ids), err, want)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	pendingIndex(stale)
+	root := s.Root(t.TempDir())
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(),
+		Prompt: protocol.Text(`call write_file {"path":"x.txt","content":"hi"}` + "\nsay done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req := pendingRequest(t, s); req.SessionID != run.ChildID {
+		t.Fatalf("listed %+v, want the request of %s", req, run.ChildID)
+	}
+	pendingIndex(1) // the stale keys went with the first listing
+	req := pendingRequest(t, s)
+	if _, err := s.Client.AnswerRequest(ctx, protocol.RequestAnswerRequest{RequestID: req.ID, Authority: s.Grant(), Answer: protocol.AnswerApprove}); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := run.Result(ctx); err != nil || res.StopReason != protocol.StopCompleted {
+		t.Fatalf("run: %+v, %v", res, err)
+	}
+	pendingIndex(0)
+	if l, err := s.Client.Requests(ctx, protocol.RequestsListRequest{Authority: s.Grant(), All: true}); err != nil || !l.More {
+		t.Fatalf("all requests: %d, more %v, %v; want more than one page", len(l.Requests), l.More, err)
 	}
 }
