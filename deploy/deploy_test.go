@@ -421,6 +421,12 @@ var permCases = []permCase{
 	{user: "worker-acp", subject: "brood.v1.user.worker-acp.requests.get", allowed: true},
 	{user: "worker-acp", subject: "brood.v1.user.client.requests.open"},
 	{user: "worker-acp", subject: "$KV.brood_agents.request.r1"},
+	// Budget ledgers only coordinators write (docs/protocol.md §5.5,
+	// "Budgets"): a worker reserves through budget.reserve on its own
+	// subject, never on the ledger.
+	{user: "worker-spawn", subject: "brood.v1.user.worker-spawn.budget.reserve", allowed: true},
+	{user: "worker-spawn", subject: "$KV.brood_agents.budget.S1"},
+	{user: "worker-acp", subject: "$KV.brood_agents.budget.S1"},
 	{user: "coordinator", subject: "brood.v1.coord.runs.start"},
 	// Clients go through the coordinator and touch nothing else: no stream
 	// subject, no KV key, no JetStream API (so no consumer that delivers
