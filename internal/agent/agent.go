@@ -705,6 +705,13 @@ func (a *Agent) endCancelledNote(ctx context.Context, turn int64, b *eventBuf, n
 	var c *Cancel
 	if errors.As(cause, &c) {
 		reason.Cause = c.Cause
+		if c.KeepParked && a.ParkedTurn() {
+			// A host's drain: the turn stays parked, nothing more is
+			// logged, and the session's next activation continues it
+			// (parked.go). The reason is not logged: it is the span's.
+			a.log.Info("the host stops; the turn stays parked on its request for the next activation", "turn", turn)
+			return Outcome{Turn: turn, Reason: reason}
+		}
 	}
 	return a.end(ctx, turn, b, reason)
 }

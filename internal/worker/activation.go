@@ -756,6 +756,19 @@ func (a *activation) stop(cause string) {
 	a.dispose(&agent.Cancel{Cause: cause})
 }
 
+// stopKeepingParked is stop for the host's own drain: a turn parked on a
+// request at that moment is left parked, unlogged, for the session's next
+// activation (agent.Cancel.KeepParked); the epoch ends.
+func (a *activation) stopKeepingParked(cause string) {
+	a.mu.Lock()
+	a.closing = true
+	if a.stopCause == "" {
+		a.stopCause = cause
+	}
+	a.mu.Unlock()
+	a.dispose(&agent.Cancel{Cause: cause, KeepParked: true})
+}
+
 // OrphanCheckAttemptsMax bounds the reads of an activation's ancestors when
 // the store answers with errors.
 const OrphanCheckAttemptsMax = 3
@@ -846,12 +859,18 @@ func (a *activation) teardown() {
 	if cause == protocol.CauseParent && !orphaned {
 		orphaned = a.endIfOrphaned(log)
 	}
+	parked, isParked := sessionlog.Parked(events)
 	if a.start <= len(events) {
 		events = events[a.start:]
 	}
 	res := sessionlog.EpochOutcome(events)
 	if fenced {
 		fencedResult(&res, events)
+	}
+	if isParked && !fenced {
+		// Left parked by the host's drain: the epoch ends, the turn does not.
+		res.StopReason = protocol.StopAborted
+		res.Diagnostic = fmt.Sprintf("host %s stopped while turn %d waited for the answer to a request; the turn continues from the log when the session resumes", h.id, parked.Turn)
 	}
 	if durability != nil {
 		res.StopReason = protocol.StopError

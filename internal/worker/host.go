@@ -597,9 +597,10 @@ func (h *Host) drain(svcs []*rpc.Service) {
 		r.cancel(&agent.Cancel{Cause: protocol.CauseDisposed})
 	}
 	// Activations end their epoch; accepted inbox items stay for the next
-	// activation, on another host (docs/design.md §7, Settlement 4).
+	// activation, on another host (docs/design.md §7, Settlement 4), and so
+	// does a turn parked on a request (KeepParked).
 	for _, a := range h.snapshotActs() {
-		a.stop(protocol.CauseDisposed)
+		a.stopKeepingParked(protocol.CauseDisposed)
 	}
 	teardown := time.NewTimer(DrainTeardownMax)
 	defer teardown.Stop()

@@ -99,8 +99,13 @@ type Config struct {
 	// live activation are looked for and resumed (2 s; docs/design.md §4 asks
 	// within 10 s).
 	LivenessInterval time.Duration
-	Version          string
-	Logger           *slog.Logger
+	// ParkedSweepInterval is how often the request records are looked
+	// through for turns parked on a request that no live activation holds,
+	// and for pending requests past their deadline; zero or less is
+	// DefaultParkedSweepInterval, 10 s (parkedsweep.go).
+	ParkedSweepInterval time.Duration
+	Version             string
+	Logger              *slog.Logger
 	// Metrics, when set, counts what this replica does (runs it admits or
 	// settles, takeovers, followups, requests) and reports the hosts and
 	// inbox depth it sees.

@@ -265,8 +265,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 
 	var bg sync.WaitGroup
 	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
-	bg.Add(3)
+	bg.Add(4)
 	go func() { defer bg.Done(); c.liveness(bgCtx) }()
+	go func() { defer bg.Done(); c.parkedSweep(bgCtx) }()
 	go func() {
 		defer bg.Done()
 		store.HeartbeatLoop(bgCtx, c.cfg.HeartbeatInterval, c.cfg.HostExpiry, c.beat, nil,

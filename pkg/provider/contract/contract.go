@@ -232,8 +232,15 @@ type InboxLog struct {
 // Cancel is the cause given to a turn's context (context.WithCancelCause)
 // when the turn is interrupted or disposed: the session ends the turn
 // aborted with Cause (docs/protocol.md §8.4: "interrupted", "disposed",
-// "parent", ...).
-type Cancel struct{ Cause string }
+// "parent", ...). KeepParked is set by a host's own drain: a
+// ParkedSession whose turn is parked on a request at that moment stops
+// without appending anything more, and the turn stays parked for the
+// session's next activation to continue (docs/protocol.md §5.21, "After a
+// restart"); any other turn ends aborted with Cause.
+type Cancel struct {
+	Cause      string
+	KeepParked bool
+}
 
 // Error returns "cancelled: " and the cause.
 func (c *Cancel) Error() string { return "cancelled: " + c.Cause }
