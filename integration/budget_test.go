@@ -205,6 +205,20 @@ func TestBudgetOneShotAtItsCap(t *testing.T) {
 	if res.ErrorCode != protocol.CodeBudgetExhausted || !strings.Contains(res.Diagnostic, "tokens") {
 		t.Fatalf("second run %+v, want BUDGET_EXHAUSTED naming tokens", res)
 	}
+	// A budget below the prompt's input: the reservation taken at admission
+	// (5 tokens) does not fit the 11-token request, is released, not
+	// charged, and no model request is made.
+	run, res, err = s.Run(root.Ref(), "spawn", "say one two three four five six seven eight nine ten", protocol.StartOptions{Budget: &protocol.Budget{Tokens: 5}})
+	if err != nil || res.ErrorCode != protocol.CodeBudgetExhausted {
+		t.Fatalf("third run %+v, %v; want BUDGET_EXHAUSTED", res, err)
+	}
+	if h, _ := s.Log(run.ChildID); h.BudgetStartTokens != 5 {
+		t.Fatalf("header budgetStartTokens %d, want the 5 tokens taken at admission", h.BudgetStartTokens)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		rec := ledger(t, s, run.ChildID)
+		return len(rec.Reservations) == 0 && rec.Charged.IsZero()
+	}, "the admission's reservation released, nothing charged")
 }
 
 // TestBudgetDeadHostReservationChargedOnce (issue 32, item 2): a worker

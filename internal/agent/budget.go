@@ -46,6 +46,9 @@ type grant struct {
 	tokens int64 // granted
 	in     int64 // the input estimate it was taken for
 	capped bool  // the grant bounds the answer below what was wanted
+	// atAdmission: taken by the coordinator at the child's admission
+	// (SessionHeader.BudgetStartTokens); capped is decided when it is used.
+	atAdmission bool
 }
 
 // apply bounds req, whose input estimate is in (at most g.in), to g: its
@@ -70,6 +73,15 @@ type prefetched struct {
 // larger (takeReservation).
 func (a *Agent) prefetch(ctx context.Context, content []protocol.ContentBlock) {
 	if !a.budgeted() {
+		return
+	}
+	if g := a.cfg.Header.BudgetStartTokens; g > 0 && a.noOwnTurn() {
+		// The coordinator took it at admission (id: the session's): any
+		// request whose input estimate leaves one token for its answer
+		// fits it.
+		ch := make(chan prefetched, 1)
+		ch <- prefetched{g: grant{id: a.cfg.Header.ID, tokens: g, in: g - 1, atAdmission: true}}
+		a.prefetched = ch
 		return
 	}
 	a.mu.Lock()
@@ -106,6 +118,9 @@ func (a *Agent) takeReservation(ctx context.Context, req *model.Request) (grant,
 		p := <-ch
 		if p.err == nil {
 			if in := model.EstimateInputTokens(a.cfg.Model, *req); p.g.id == "" || in <= p.g.in {
+				if p.g.atAdmission {
+					p.g.capped = p.g.tokens < in+outputBound(*req)
+				}
 				p.g.apply(req, in)
 				return p.g, nil
 			}
@@ -135,10 +150,7 @@ func (a *Agent) reserveModel(ctx context.Context, req *model.Request) (grant, er
 		return grant{}, nil
 	}
 	in := model.EstimateInputTokens(a.cfg.Model, *req)
-	out := req.MaxTokens
-	if out <= 0 {
-		out = BudgetOutputTokensReserve
-	}
+	out := outputBound(*req)
 	want := protocol.BudgetReserveRequest{Self: a.self(), Want: protocol.BudgetSpend{Tokens: in + out, ModelRequests: 1}, TokensMin: in + 1}
 	waitUntil := time.Now().Add(BudgetWaitMax)
 	backoff := time.Duration(protocol.BudgetRetryMs) * time.Millisecond
@@ -254,4 +266,30 @@ func (a *Agent) refuseTools(ctx context.Context, turn, step int64, calls []proto
 		return a.endCancelled(ctx, turn, &b)
 	}
 	return a.end(ctx, turn, &b, reason)
+}
+
+// outputBound is the answer bound a request reserves: its MaxTokens, else
+// BudgetOutputTokensReserve.
+func outputBound(req model.Request) int64 {
+	if req.MaxTokens > 0 {
+		return req.MaxTokens
+	}
+	return BudgetOutputTokensReserve
+}
+
+// noOwnTurn reports whether the session has not opened a turn of its own
+// yet (no user/message after its seed).
+func (a *Agent) noOwnTurn() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	seed := max(a.cfg.Header.SeedLength, 0)
+	if int64(len(a.events)) < seed {
+		return false
+	}
+	for _, ev := range a.events[seed:] {
+		if ev.Type == protocol.EvUserMessage {
+			return false
+		}
+	}
+	return true
 }

@@ -415,3 +415,21 @@ type BudgetSettleRequest struct {
 	ReservationID string      `msgpack:"reservationId" json:"reservationId"`
 	Used          BudgetSpend `msgpack:"used" json:"used"`
 }
+
+// BudgetStartTokensMax bounds the first model request's reservation a
+// coordinator takes at admission (SessionHeader.BudgetStartTokens): the
+// prompt's bytes (a token is rarely shorter than a byte) plus this, in
+// tokens, for the system prompt, the tools and the answer.
+const BudgetStartTokensMax int64 = 16384
+
+// BudgetStartGrant is the first model request's reservation taken at a
+// one-shot child's admission under budget b with prompt bytes promptBytes:
+// min(b.Tokens, promptBytes + BudgetStartTokensMax) (the second alone
+// without a token limit). b is validated: it allows at least one request.
+func BudgetStartGrant(b Budget, promptBytes int64) int64 {
+	g := promptBytes + BudgetStartTokensMax
+	if b.Tokens > 0 {
+		g = min(g, b.Tokens)
+	}
+	return g
+}

@@ -77,6 +77,13 @@ type SessionHeader struct {
 	// BudgetDeadlineAt is the earliest deadline of those budgets, epoch
 	// ms (absent: none): a turn running past it ends BUDGET_EXHAUSTED.
 	BudgetDeadlineAt int64 `msgpack:"budgetDeadlineAt,omitempty" json:"budgetDeadlineAt,omitempty"`
+	// BudgetStartTokens, when set, says the coordinator took the first
+	// model request's reservation at admission, in the ledger write it did
+	// anyway (a one-shot child whose own budget is the only one it draws
+	// on): that many tokens and one model request, reservation id the
+	// session id. The child's first step uses it when its input estimate
+	// fits, else releases it (docs/protocol.md §5.5, "Budgets").
+	BudgetStartTokens int64 `msgpack:"budgetStartTokens,omitempty" json:"budgetStartTokens,omitempty"`
 }
 
 // ScopeRoot is the scope of a root session (Scope): roots' logs are

@@ -284,6 +284,11 @@ func (c *Coordinator) reserveAuthorized(ctx context.Context, parent protocol.Par
 func (c *Coordinator) createRun(ctx context.Context, a admission, req rpc.Request, r protocol.RunStartRequest, runID, childID string) (protocol.ProviderStartRequest, uint64, error) {
 	now := store.NowMs()
 	header := c.childHeader(a, childID, now)
+	if a.budget != nil && len(a.pheader.Budgets) == 0 {
+		// Its own budget is the only one it draws on: its first model
+		// request's reservation is taken in the ledger's creation.
+		header.BudgetStartTokens = protocol.BudgetStartGrant(*a.budget, int64(len(protocol.AllText(r.Prompt))))
+	}
 	if a.desc.InheritsParentContext {
 		seed, err := c.prepare(ctx, a.desc.Name, a.pheader, childID)
 		if err != nil {
@@ -300,7 +305,7 @@ func (c *Coordinator) createRun(ctx context.Context, a admission, req rpc.Reques
 	if err := parallel(ctx,
 		func() error { return c.st.PutHeader(ctx, header) },
 		func() (err error) { runRev, err = c.st.CreateRun(ctx, rec); return err },
-		func() error { return c.createOwnBudget(ctx, a, childID, now) },
+		func() error { return c.createOwnBudget(ctx, a, header, runID) },
 	); err != nil {
 		return protocol.ProviderStartRequest{}, 0, protocol.Errorf(protocol.CodeUnavailable, "record the run: %w", err)
 	}

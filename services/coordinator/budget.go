@@ -141,8 +141,8 @@ func (l *ledgerCache) drop(id string) {
 }
 
 // createBudget creates the ledger of the budget session id names.
-func (c *Coordinator) createBudget(ctx context.Context, id string, b protocol.Budget, now int64) error {
-	rec := protocol.BudgetRecord{SessionID: id, Limits: b, CreatedAt: now}
+func (c *Coordinator) createBudget(ctx context.Context, id string, b protocol.Budget, now int64, first ...protocol.BudgetReservation) error {
+	rec := protocol.BudgetRecord{SessionID: id, Limits: b, CreatedAt: now, Reservations: first}
 	if b.DeadlineMs > 0 {
 		rec.DeadlineAt = now + b.DeadlineMs
 	}
@@ -196,11 +196,18 @@ func (c *Coordinator) checkChildBudget(ctx context.Context, pheader protocol.Ses
 
 // createOwnBudget creates the ledger of a new child whose start named a
 // budget (a.budget), at its header's creation time now; nothing otherwise.
-func (c *Coordinator) createOwnBudget(ctx context.Context, a admission, childID string, now int64) error {
+// A header with BudgetStartTokens gets its first model request's
+// reservation in the same write (id the child's, run runID).
+func (c *Coordinator) createOwnBudget(ctx context.Context, a admission, h protocol.SessionHeader, runID string) error {
 	if a.budget == nil {
 		return nil
 	}
-	return c.createBudget(ctx, childID, *a.budget, now)
+	var first []protocol.BudgetReservation
+	if h.BudgetStartTokens > 0 {
+		first = []protocol.BudgetReservation{{ID: h.ID, SessionID: h.ID, RunID: runID,
+			Spend: protocol.BudgetSpend{Tokens: h.BudgetStartTokens, ModelRequests: 1}, At: h.CreatedAt}}
+	}
+	return c.createBudget(ctx, h.ID, *a.budget, h.CreatedAt, first...)
 }
 
 // childBudgets is a new child's header budgets: its parent's ledgers, and
@@ -486,13 +493,23 @@ func (c *Coordinator) budgetSettle(ctx context.Context, _ rpc.Request, r protoco
 	if err != nil {
 		return protocol.Empty{}, notLiveCredential(r.Self.SessionID)
 	}
+	// The reservation's credential settles it; one taken at admission
+	// (BudgetStartTokens: no credential existed yet) is settled by the
+	// session's live agent.
+	settler := func(x protocol.BudgetReservation) bool {
+		if x.CredentialHash == "" {
+			_, err := c.authorize(ctx, r.Self)
+			return err == nil
+		}
+		return protocol.CredentialMatches(r.Self.Credential, x.CredentialHash)
+	}
 	for _, id := range h.Budgets {
 		err := c.budgetUpdate(ctx, id, func(rec *protocol.BudgetRecord, _ int64) (bool, error) {
 			i := slices.IndexFunc(rec.Reservations, func(x protocol.BudgetReservation) bool { return x.ID == r.ReservationID })
 			if i < 0 {
 				return false, nil // settled before, or charged in full: once
 			}
-			if x := rec.Reservations[i]; x.SessionID != h.ID || !protocol.CredentialMatches(r.Self.Credential, x.CredentialHash) {
+			if x := rec.Reservations[i]; x.SessionID != h.ID || !settler(x) {
 				return false, notLiveCredential(r.Self.SessionID)
 			}
 			rec.Reservations = slices.Delete(rec.Reservations, i, i+1)

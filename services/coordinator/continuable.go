@@ -200,7 +200,7 @@ func (c *Coordinator) writeContinuableChild(ctx context.Context, adm continuable
 	// with its header (a retried start's ledger is taken as it is).
 	if err := parallel(ctx,
 		func() error { return c.st.PutHeader(ctx, header) },
-		func() error { return c.createOwnBudget(ctx, adm.a, childID, now) },
+		func() error { return c.createOwnBudget(ctx, adm.a, header, "") },
 	); err != nil {
 		switch {
 		case errors.Is(err, store.ErrConflict):

@@ -603,6 +603,8 @@ export interface SessionHeader {
   budgets?: string[];
   /** The earliest deadline of those budgets, epoch ms (§8.1). */
   budgetDeadlineAt?: Millis;
+  /** Tokens of the first model request's reservation the coordinator took at admission (§5.5 "Budgets", §8.1). */
+  budgetStartTokens?: number;
 }
 
 /** §8.2: one log entry; `data` is the type's data map (§8.3). */
