@@ -9,11 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/worker"
-	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -48,27 +45,7 @@ func field(t *testing.T, out, name string) string {
 // was logged (epoch ms), read through the coordinator at url.
 func devTurnEnds(t *testing.T, url, id string) (ends []protocol.TurnEndReason, at []int64) {
 	t.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	c, err := client.New(nc, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	g, err := c.UserGrant(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := c.Log(ctx, protocol.LogReadRequest{SessionID: id, Authority: protocol.Authority{Grant: g.Grant}})
-	if err != nil {
-		t.Fatalf("log of %s: %v", id, err)
-	}
-	for _, ev := range l.Events {
+	for _, ev := range devLog(t, url, id) {
 		if ev.Type == protocol.EvTurnEnd {
 			var d protocol.TurnEndData
 			if err := ev.Decode(&d); err != nil {
