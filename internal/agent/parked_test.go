@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/sessionlog"
@@ -19,19 +18,19 @@ import (
 // host that died while the call waited leaves behind.
 func parkedLog(t *testing.T, ws string, tools *Registry, script string) []protocol.SessionEvent {
 	t.Helper()
+	req := &fakeRequester{reading: make(chan struct{})}
 	a, err := New(Config{Header: protocol.SessionHeader{ID: "S1", Cwd: ws}, Credential: "cred1", Log: &memLog{}, Model: model.NewScripted(),
-		Tools: tools, Requests: &fakeRequester{}})
+		Tools: tools, Requests: req})
 	must(t, err)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
+	// The call is parked once it reads its request: request/open is logged
+	// before the first read.
 	go func() {
-		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(5 * time.Millisecond) {
-			for _, ev := range a.Events() {
-				if ev.Type == protocol.EvRequestOpen {
-					cancel(ErrLeaseLost)
-					return
-				}
-			}
+		select {
+		case <-req.reading:
+			cancel(ErrLeaseLost)
+		case <-ctx.Done():
 		}
 	}()
 	if out := a.RunTurn(ctx, userInput(script)); !out.Fenced {

@@ -24,6 +24,8 @@ type fakeRequester struct {
 	json    string
 	polls   int
 	opened  []protocol.RequestOpenRequest
+	// reading, when set, is closed at the first read of a request.
+	reading chan struct{}
 }
 
 func (f *fakeRequester) OpenRequest(_ context.Context, r protocol.RequestOpenRequest) (protocol.RequestRecord, error) {
@@ -40,6 +42,9 @@ func (f *fakeRequester) OpenRequest(_ context.Context, r protocol.RequestOpenReq
 func (f *fakeRequester) GetRequest(_ context.Context, r protocol.RequestGetRequest) (protocol.RequestRecord, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.polls == 0 && f.reading != nil {
+		close(f.reading)
+	}
 	f.polls++
 	rec := protocol.RequestRecord{ID: r.RequestID, State: protocol.RequestPending}
 	if f.polls >= 2 && f.state != "" {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -95,17 +97,8 @@ func TestRequestEndsWithItsTurn(t *testing.T) {
 // waitTurnEnd waits for a turn/end in the session's log.
 func waitTurnEnd(t *testing.T, s *stack.Stack, id string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		_, evs := s.Log(id)
-		for _, ev := range evs {
-			if ev.Type == protocol.EvTurnEnd {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no turn/end in %s's log", id)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return slices.ContainsFunc(evs, func(ev protocol.SessionEvent) bool { return ev.Type == protocol.EvTurnEnd })
+	}, "a turn/end in %s's log", id)
 }

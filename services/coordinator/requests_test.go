@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
@@ -252,17 +253,10 @@ func TestRequestsListFindsThePendingAmongADaysRecords(t *testing.T) {
 	// The answered ones leave the index a second after their answer.
 	pendingIndex := func(want int) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		testutil.Eventually(t, 30*time.Second, func() bool {
 			ids, _, err := s.Store.PendingRequestIDs(ctx, 1000)
-			if err == nil && len(ids) == want {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("pending index: %d keys, %v; want %d", len(ids), err, want)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return err == nil && len(ids) == want
+		}, "%d keys in the pending index", want)
 	}
 	pendingIndex(stale)
 	root := s.Root(t.TempDir())
