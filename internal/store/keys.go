@@ -245,10 +245,11 @@ const (
 	KindGrant                        // grant.<hash>
 	KindDrain                        // drain.<scope>
 	KindBudget                       // budget.<sessionId>
+	KindRequest                      // request.<requestId>
 )
 
 // KindOf returns what the brood_agents key holds and the id it is keyed by
-// (the session, parent, grant hash or drain scope). Any other key, a bare
+// (the session, parent, grant hash, drain scope or request). Any other key, a bare
 // session id among them, is KindOther.
 func KindOf(key string) (AgentsKind, string) {
 	for _, p := range []struct {
@@ -265,7 +266,7 @@ func KindOf(key string) (AgentsKind, string) {
 	for _, p := range []struct {
 		prefix string
 		kind   AgentsKind
-	}{{prefixRoot, KindRootLease}, {prefixSlots, KindSlots}, {prefixUser, KindUserRoots}, {prefixClose, KindClosedRoot}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}, {prefixBudget, KindBudget}} {
+	}{{prefixRoot, KindRootLease}, {prefixSlots, KindSlots}, {prefixUser, KindUserRoots}, {prefixClose, KindClosedRoot}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}, {prefixBudget, KindBudget}, {prefixRequest, KindRequest}} {
 		if id, ok := strings.CutPrefix(key, p.prefix); ok {
 			return p.kind, id
 		}

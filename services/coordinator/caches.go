@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -53,6 +54,13 @@ type agentIndex struct {
 	// only: with 10,000 children resident, a start that copied every lease
 	// took 9.4 ms instead of 1.4 (make bench-scale).
 	byParent map[string]map[string]struct{}
+	// requests holds the request records (request.<id>) by id, each at the
+	// revision last seen, so the parked sweep walks them without listing
+	// the bucket's keys (a listing is a consumer created and deleted, per
+	// replica, every sweep); bound: the records the bucket holds (each
+	// lives a day past its deadline or answer, store.RequestTTL), removed
+	// when deleted or lapsed.
+	requests map[string]uint64
 	clock    func() time.Duration // the registry's observed clock
 	// belongs checks a child's lease seen under key against its session's
 	// header (store.LeaseBelongs); nil: only the key is checked.
@@ -104,7 +112,7 @@ const endedMax = 100_000
 
 func newAgentIndex(clock func() time.Duration, belongs func(string, protocol.AgentRecord) error, log *slog.Logger) *agentIndex {
 	return &agentIndex{byKey: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
-		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, clock: clock, belongs: belongs, log: log}
+		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, requests: map[string]uint64{}, clock: clock, belongs: belongs, log: log}
 }
 
 // leaseHeaderWait bounds the header read that checks a child's lease the
@@ -127,12 +135,18 @@ func (a *agentIndex) hasEndedRun(runID string) bool {
 	return a.endedRuns[runID]
 }
 
-// put applies brood_agents key's value e. Of its keys only a user grant
-// lapses by itself (store.CreateGrant's TTL): the time from e's creation
-// to its expiry, plus the second CreateGrant rounds up (kvwatch.Watch).
+// put applies brood_agents key's value e. Of its keys a user grant and a
+// request record lapse by themselves (store.CreateGrant's and
+// store.CreateRequest's TTLs): put returns the time from e's creation to
+// its expiry, plus the second the stores round up (kvwatch.Watch).
 func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) time.Duration {
 	kind, id := store.KindOf(key)
 	switch kind {
+	case store.KindRequest:
+		a.mu.Lock()
+		a.requests[id] = e.Revision()
+		a.mu.Unlock()
+		return requestLapse(e)
 	case store.KindDrain:
 		if rec, err := store.Decode[protocol.DrainRecord](e); err == nil {
 			a.mu.Lock()
@@ -151,6 +165,36 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) time.Duration {
 	}
 	a.addLease(key, id, kind, e)
 	return 0
+}
+
+// requestLapse is when a request record e lapses, counted from its
+// creation: a pending one's TTL runs to a day past its deadline, an
+// answered one's a day past the answer (store.RequestTTL); the later of
+// the two, so a pending record is never forgotten early (one forgotten
+// late is only read once more by the parked sweep and found gone).
+func requestLapse(e jetstream.KeyValueEntry) time.Duration {
+	lapse := store.RequestTTL
+	if rec, err := store.Decode[protocol.RequestRecord](e); err == nil {
+		lapse = max(lapse, time.UnixMilli(rec.Deadline).Add(store.RequestTTL).Sub(e.Created()))
+	}
+	return lapse + time.Second
+}
+
+// requestRevisions returns the request records seen, by id (oldest id
+// first: ids are ULIDs), with the revision last seen of each.
+func (a *agentIndex) requestRevisions() (ids []string, revs []uint64) {
+	a.mu.Lock()
+	ids = make([]string, 0, len(a.requests))
+	for id := range a.requests {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	revs = make([]uint64, len(ids))
+	for i, id := range ids {
+		revs[i] = a.requests[id]
+	}
+	a.mu.Unlock()
+	return ids, revs
 }
 
 // addLease applies the lease e under key (of session id, kind KindLease or
@@ -212,6 +256,8 @@ func (a *agentIndex) del(key string) {
 	switch kind {
 	case store.KindDrain:
 		delete(a.drains, id)
+	case store.KindRequest:
+		delete(a.requests, id)
 	case store.KindLease, store.KindRootLease:
 		old, ok := a.byKey[key]
 		if !ok {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -128,4 +130,39 @@ func parkedEnds(evs []protocol.SessionEvent) (string, []string) {
 		}
 	}
 	return strings.Join(trail, " "), ends
+}
+
+// TestTheParkedSweepListsNoKeys: the parked sweep walks the request records
+// its replica's watch of brood_agents holds; it creates no consumer (a key
+// listing is one, created and deleted per replica every sweep, which a
+// deployment pays for at its meta leader). A pending record past its
+// deadline, written after the coordinator started, is timed out by a sweep
+// all the same.
+func TestTheParkedSweepListsNoKeys(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.ParkedSweepInterval = 50 * time.Millisecond })
+	nc := s.Conn()
+	created, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.CONSUMER.CREATED.KV_brood_agents.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	now := time.Now()
+	rec := protocol.RequestRecord{ID: ulid.Make().String(), SessionID: ulid.Make().String(), State: protocol.RequestPending,
+		CreatedAt: now.Add(-time.Minute).UnixMilli(), Deadline: now.Add(-time.Second).UnixMilli()}
+	if _, err := s.Store.CreateRequest(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		r, err := s.Store.Request(ctx, rec.ID)
+		return err == nil && r.Value.State == protocol.RequestTimedOut
+	}, "a sweep times out the request past its deadline")
+	if n, _, _ := created.Pending(); n != 0 {
+		m, _ := created.NextMsg(0)
+		t.Fatalf("%d consumers created on brood_agents while the sweep ran; the first: %s", n, m.Data)
+	}
 }

@@ -15,18 +15,22 @@ import (
 // that stopped), or the session's host drain without its answer, nothing
 // would wake the session again, and a request no one reads would outlive
 // its deadline. So every ParkedSweepInterval each replica looks through
-// the request records (at most ParkedSweepRequestsMax): a pending one past
-// its deadline is timed out (which wakes its session), and the session of
-// a record whose log ends parked, with no live activation, is resumed. A
-// record found with nothing to wake is not looked at again until it
-// changes (its revision); a resume is an epoch taken by compare-and-set,
-// so sweeps of several replicas, a takeover and an answer resume a session
-// once.
+// the request records its watch of brood_agents holds (agentIndex: no
+// listing of the bucket, which would be a consumer created per replica
+// per sweep), reading at most ParkedSweepRequestsMax of them from the
+// store: a pending one past its deadline is timed out (which wakes its
+// session), and the session of a record whose log ends parked, with no
+// live activation, is resumed. A record found with nothing to wake is not
+// read again until it changes (its revision); a resume is an epoch taken
+// by compare-and-set, so sweeps of several replicas, a takeover and an
+// answer resume a session once.
 
 // DefaultParkedSweepInterval is Config.ParkedSweepInterval's default.
 const DefaultParkedSweepInterval = 10 * time.Second
 
-// ParkedSweepRequestsMax bounds the request records one sweep looks at.
+// ParkedSweepRequestsMax bounds the request records one sweep reads from
+// the store (those found quiet at their revision are not read); the rest
+// wait for the next sweep.
 const ParkedSweepRequestsMax = 1024
 
 // parkedSweep runs the sweep every Config.ParkedSweepInterval until ctx ends.
@@ -50,17 +54,18 @@ func (c *Coordinator) parkedSweep(ctx context.Context) {
 
 // sweepParked is one sweep (parkedSweep); quiet is updated in place.
 func (c *Coordinator) sweepParked(ctx context.Context, quiet map[string]uint64) {
-	ids, _, err := c.st.RequestIDs(ctx, ParkedSweepRequestsMax)
-	if err != nil {
-		c.log.Warn("parked sweep: the requests could not be listed", "err", err)
-		return
-	}
+	ids, revs := c.agents.requestRevisions()
 	listed := make(map[string]bool, len(ids))
-	for _, id := range ids {
+	reads := 0
+	for i, id := range ids {
 		listed[id] = true
 		if ctx.Err() != nil {
 			return
 		}
+		if rev, ok := quiet[id]; ok && rev == revs[i] || reads == ParkedSweepRequestsMax {
+			continue
+		}
+		reads++
 		rec, err := c.st.Request(ctx, id)
 		if err != nil || quiet[id] == rec.Revision {
 			continue
