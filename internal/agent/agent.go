@@ -704,6 +704,12 @@ func (a *Agent) endCancelledNote(ctx context.Context, turn int64, b *eventBuf, n
 	reason := protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: protocol.CauseDisposed}
 	var c *Cancel
 	if errors.As(cause, &c) {
+		if c.Cause == protocol.CauseDeadline {
+			// A coordinator ends the subtree of a budget whose deadline
+			// passed (docs/protocol.md §5.5): the turn ends as one cut by
+			// its own deadline, whichever came first.
+			return a.end(ctx, turn, b, a.deadlineEnd())
+		}
 		reason.Cause = c.Cause
 		if c.KeepParked && a.ParkedTurn() {
 			// A host's drain: the turn stays parked, nothing more is

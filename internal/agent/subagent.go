@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -18,6 +19,23 @@ const DefaultSubagentMaxDepth = 3
 
 // SubagentDisposeTimeout bounds the dispose of a child whose parent's turn was cancelled.
 const SubagentDisposeTimeout = 30 * time.Second
+
+// SubagentDeadlineWait bounds how long a foreground subagent call whose
+// turn was cut at its budget's deadline waits for its child's own end
+// before it disposes the child: the child's deadline is no later than the
+// parent's (budgets only tighten down the tree), so it is ending at that
+// deadline too, and its result says so (docs/protocol.md §5.5); a dispose
+// would make it `aborted`.
+const SubagentDeadlineWait = 10 * time.Second
+
+// deadlineCut reports whether ctx was cut at a budget's deadline: the
+// turn's own (errBudgetDeadline) or a coordinator's end of the budget's
+// subtree (a Cancel with cause deadline).
+func deadlineCut(ctx context.Context) bool {
+	cause := context.Cause(ctx)
+	var c *Cancel
+	return errors.Is(cause, errBudgetDeadline) || (errors.As(cause, &c) && c.Cause == protocol.CauseDeadline)
+}
 
 // SubagentStartTimeout bounds a foreground start, which a cancelled turn
 // waits for (so that the child it created is disposed, never left running).
@@ -142,6 +160,11 @@ func SubagentTool(cfg SubagentConfig) *Tool {
 				return ErrorResult("The subagent could not be started: %v", err)
 			}
 			res, err := run.Result(ctx)
+			if err != nil && deadlineCut(ctx) {
+				wctx, wcancel := context.WithTimeout(context.WithoutCancel(ctx), SubagentDeadlineWait)
+				res, err = run.Result(wctx)
+				wcancel()
+			}
 			if err != nil {
 				// The parent's turn was cancelled: dispose the child and report how it ended.
 				st, derr := disposeRun(ctx, cfg.Client, run, parent)

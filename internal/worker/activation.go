@@ -867,6 +867,13 @@ func (a *activation) teardown() {
 	if fenced {
 		fencedResult(&res, events)
 	}
+	if cause == protocol.CauseDeadline && !fenced && res.StopReason != protocol.StopError {
+		// Ended by its budget's deadline (docs/protocol.md §5.5) while no
+		// turn ran, or after one ended otherwise: the result says so.
+		res.StopReason = protocol.StopError
+		res.ErrorCode = protocol.CodeBudgetExhausted
+		res.Diagnostic = "the budget's deadline passed; the session's subtree was ended there"
+	}
 	if isParked && !fenced {
 		// Left parked by the host's drain: the epoch ends, the turn does not.
 		res.StopReason = protocol.StopAborted

@@ -474,7 +474,9 @@ func (h *Host) execute(r *hostedRun) {
 		return
 	}
 	var c *agent.Cancel
-	ownerCancelled := errors.As(context.Cause(r.ctx), &c)
+	// A cut at the budget's deadline is no owner's cancel: the turn ended
+	// error BUDGET_EXHAUSTED and the result says so (docs/protocol.md §5.5).
+	ownerCancelled := errors.As(context.Cause(r.ctx), &c) && c.Cause != protocol.CauseDeadline
 	if int64(len(events)) >= r.seedLen {
 		events = events[r.seedLen:]
 	}

@@ -159,6 +159,11 @@ type BudgetRecord struct {
 	Charged      BudgetSpend         `msgpack:"charged" json:"charged"`
 	Reservations []BudgetReservation `msgpack:"reservations,omitempty" json:"reservations,omitempty"`
 	CreatedAt    int64               `msgpack:"createdAt" json:"createdAt"`
+	// DeadlineEndedAt is when a coordinator had ended the budget's subtree
+	// at its deadline (epoch ms, 0: not yet): every live session under the
+	// session that named it disposed, child first. The deadline sweeps
+	// skip a ledger that has it.
+	DeadlineEndedAt int64 `msgpack:"deadlineEndedAt,omitempty" json:"deadlineEndedAt,omitempty"`
 	// WriteID is fresh on every write (a ULID): two writers that made the
 	// same change from the same revision write different bytes, so the
 	// loser's refused compare-and-set is never taken for its own write

@@ -209,6 +209,12 @@ const (
 	CauseDisposed = "disposed"
 	CauseDrain    = "drain"
 	CauseHostLost = "host-lost"
+	// CauseDeadline is a host dispose's cause (HostRunRequest.Cause) when
+	// a coordinator ends the subtree of a budget whose deadline passed
+	// (docs/protocol.md §5.5, "Budgets"): the turn it cuts ends `error`,
+	// code BUDGET_EXHAUSTED, naming the deadline, not `aborted`, and an
+	// epoch it ends settles the same way.
+	CauseDeadline = "deadline"
 )
 
 // TurnEndReason is {kind, cause?, error?, code?}: cause for aborted, error (a

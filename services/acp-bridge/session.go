@@ -314,6 +314,12 @@ func (s *Session) ctxEnding(ctx context.Context) *ending {
 		return &ending{fenced: true, cancelRemote: true}
 	case errors.Is(cause, errTurnTimeout):
 		return errEnding("the ACP turn exceeded its %s limit", s.o.TurnTimeout)
+	case errors.As(cause, &c) && c.Cause == protocol.CauseDeadline:
+		// A coordinator ends the subtree of a budget whose deadline passed
+		// (docs/protocol.md §5.5): the turn ends as the agent runtime's
+		// does at its deadline.
+		r := errReason(protocol.CodeBudgetExhausted, "the budget's deadline passed; the turn was cut there")
+		return &ending{reason: r, cancelRemote: true, cut: true}
 	case errors.As(cause, &c):
 		return &ending{reason: protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: c.Cause}, cancelRemote: true, cut: true}
 	default:

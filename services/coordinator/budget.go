@@ -156,6 +156,7 @@ func (c *Coordinator) createBudget(ctx context.Context, id string, b protocol.Bu
 		return protocol.Errorf(protocol.CodeUnavailable, "create the ledger of budget %s: %w", id, err)
 	}
 	c.ledgers.put(id, store.Record[protocol.BudgetRecord]{Value: rec, Revision: rev})
+	c.armDeadline(id, rec.DeadlineAt)
 	return nil
 }
 

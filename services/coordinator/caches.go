@@ -8,6 +8,7 @@ package coordinator
 // runindex.Index.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -61,7 +62,12 @@ type agentIndex struct {
 	// lives a day past its deadline or answer, store.RequestTTL), removed
 	// when deleted or lapsed.
 	requests map[string]uint64
-	clock    func() time.Duration // the registry's observed clock
+	// deadlines holds the budget ledgers (budget.<id>) with a deadline
+	// whose subtree was not ended yet, by id: the deadline (epoch ms), so
+	// the deadline sweep walks them without listing the bucket's keys
+	// (deadlines.go); bound: the ledgers the bucket holds.
+	deadlines map[string]int64
+	clock     func() time.Duration // the registry's observed clock
 	// belongs checks a child's lease seen under key against its session's
 	// header (store.LeaseBelongs); nil: only the key is checked.
 	belongs func(key string, rec protocol.AgentRecord) error
@@ -112,7 +118,7 @@ const endedMax = 100_000
 
 func newAgentIndex(clock func() time.Duration, belongs func(string, protocol.AgentRecord) error, log *slog.Logger) *agentIndex {
 	return &agentIndex{byKey: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
-		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, requests: map[string]uint64{}, clock: clock, belongs: belongs, log: log}
+		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, requests: map[string]uint64{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
 }
 
 // leaseHeaderWait bounds the header read that checks a child's lease the
@@ -147,6 +153,16 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) time.Duration {
 		a.requests[id] = e.Revision()
 		a.mu.Unlock()
 		return requestLapse(e)
+	case store.KindBudget:
+		rec, err := store.Decode[protocol.BudgetRecord](e)
+		a.mu.Lock()
+		if err == nil && rec.DeadlineAt > 0 && rec.DeadlineEndedAt == 0 {
+			a.deadlines[id] = rec.DeadlineAt
+		} else {
+			delete(a.deadlines, id)
+		}
+		a.mu.Unlock()
+		return 0
 	case store.KindDrain:
 		if rec, err := store.Decode[protocol.DrainRecord](e); err == nil {
 			a.mu.Lock()
@@ -195,6 +211,24 @@ func (a *agentIndex) requestRevisions() (ids []string, revs []uint64) {
 	}
 	a.mu.Unlock()
 	return ids, revs
+}
+
+// dueDeadlines returns the budgets seen whose deadline passed at now and
+// whose subtree was not ended, at most max, earliest deadline first.
+func (a *agentIndex) dueDeadlines(now int64, max int) []string {
+	a.mu.Lock()
+	var ids []string
+	for id, at := range a.deadlines {
+		if at <= now {
+			ids = append(ids, id)
+		}
+	}
+	slices.SortFunc(ids, func(x, y string) int { return cmp.Compare(a.deadlines[x], a.deadlines[y]) })
+	a.mu.Unlock()
+	if len(ids) > max {
+		ids = ids[:max]
+	}
+	return ids
 }
 
 // addLease applies the lease e under key (of session id, kind KindLease or
@@ -258,6 +292,8 @@ func (a *agentIndex) del(key string) {
 		delete(a.drains, id)
 	case store.KindRequest:
 		delete(a.requests, id)
+	case store.KindBudget:
+		delete(a.deadlines, id)
 	case store.KindLease, store.KindRootLease:
 		old, ok := a.byKey[key]
 		if !ok {

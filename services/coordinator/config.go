@@ -104,8 +104,13 @@ type Config struct {
 	// and for pending requests past their deadline; zero or less is
 	// DefaultParkedSweepInterval, 10 s (parkedsweep.go).
 	ParkedSweepInterval time.Duration
-	Version             string
-	Logger              *slog.Logger
+	// BudgetDeadlineSweepInterval is how often the budget ledgers are
+	// looked through for deadlines that passed with their subtree not yet
+	// ended; zero or less is DefaultBudgetDeadlineSweepInterval, 10 s
+	// (deadlines.go).
+	BudgetDeadlineSweepInterval time.Duration
+	Version                     string
+	Logger                      *slog.Logger
 	// Metrics, when set, counts what this replica does (runs it admits or
 	// settles, takeovers, followups, requests) and reports the hosts and
 	// inbox depth it sees.

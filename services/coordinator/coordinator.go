@@ -68,6 +68,7 @@ type Coordinator struct {
 	ready      chan struct{}
 	kick       chan struct{} // runs the liveness sweep now (a drain was lifted)
 	offPath    offPath       // work requests started off their reply path
+	deadlines  deadlines     // budget deadlines armed and being taken up (deadlines.go)
 	// slotBackoff is the wait after a contended slot compare-and-set
 	// (randomSlotBackoff; tests count its calls).
 	slotBackoff func() time.Duration
@@ -265,9 +266,10 @@ func (c *Coordinator) Run(ctx context.Context) error {
 
 	var bg sync.WaitGroup
 	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
-	bg.Add(4)
+	bg.Add(5)
 	go func() { defer bg.Done(); c.liveness(bgCtx) }()
 	go func() { defer bg.Done(); c.parkedSweep(bgCtx) }()
+	go func() { defer bg.Done(); c.deadlineSweep(bgCtx) }()
 	go func() {
 		defer bg.Done()
 		store.HeartbeatLoop(bgCtx, c.cfg.HeartbeatInterval, c.cfg.HostExpiry, c.beat, nil,

@@ -35,9 +35,33 @@ const DescendantsVisitedMax = 10000
 // the start's path that may lag, by the leases this replica knows whose
 // ancestry names id; each lease is read fresh.
 func (c *Coordinator) disposeDescendants(ctx context.Context, id string) (protocol.DrainReply, error) {
+	found, err := c.liveSubtree(ctx, id, func(rec protocol.AgentRecord) bool { return rec.Kind == protocol.AgentContinuable })
+	if err != nil {
+		return protocol.DrainReply{}, err
+	}
+	reply := c.disposeLevels(ctx, found, func(ctx context.Context, rec protocol.AgentRecord) error {
+		return c.disposeActivation(ctx, rec.HostID, rec.SessionID, protocol.CauseParent)
+	})
+	if len(reply.Failed) > 0 {
+		return reply, protocol.NewError(protocol.CodeActivationTeardownFailed, map[string]any{
+			"reason": fmt.Sprintf("%d descendants of %s did not stop: %s", len(reply.Failed), id, strings.Join(reply.Failed, ", "))})
+	}
+	if len(reply.Disposed) > 0 {
+		c.log.Info("an agent's end disposed its descendants", "session", id, "disposed", len(reply.Disposed))
+	}
+	return reply, nil
+}
+
+// liveSubtree returns the live leases under id (not id's own) that
+// include accepts. They are found by walking the child index from id
+// (exact: a child is indexed before its activation exists) and, for
+// entries written off the start's path that may lag, by the leases this
+// replica knows whose ancestry names id; each lease is read fresh. At most
+// DescendantsVisitedMax sessions are visited.
+func (c *Coordinator) liveSubtree(ctx context.Context, id string, include func(protocol.AgentRecord) bool) (map[string]protocol.AgentRecord, error) {
 	found := map[string]protocol.AgentRecord{}
 	consider := func(rec protocol.AgentRecord) {
-		if rec.Kind == protocol.AgentContinuable && c.leaseLive(rec) {
+		if include(rec) && c.leaseLive(rec) {
 			found[rec.SessionID] = rec
 		}
 	}
@@ -48,7 +72,7 @@ func (c *Coordinator) disposeDescendants(ctx context.Context, id string) (protoc
 		queue = queue[1:]
 		idx, err := c.st.ChildIndex(ctx, p)
 		if err != nil {
-			return protocol.DrainReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the child index of %s: %w", p, err)
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "read the child index of %s: %w", p, err)
 		}
 		for _, e := range idx {
 			if visited[e.ChildID] {
@@ -60,7 +84,7 @@ func (c *Coordinator) disposeDescendants(ctx context.Context, id string) (protoc
 			if err == nil {
 				consider(l.Value)
 			} else if !errors.Is(err, store.ErrNotFound) {
-				return protocol.DrainReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", e.ChildID, err)
+				return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", e.ChildID, err)
 			}
 		}
 	}
@@ -71,6 +95,13 @@ func (c *Coordinator) disposeDescendants(ctx context.Context, id string) (protoc
 			}
 		}
 	}
+	return found, nil
+}
+
+// disposeLevels disposes the sessions of found with dispose, child first:
+// the deepest level first, the sessions of one level in parallel. The
+// reply lists the disposed and the failed, child first.
+func (c *Coordinator) disposeLevels(ctx context.Context, found map[string]protocol.AgentRecord, dispose func(context.Context, protocol.AgentRecord) error) protocol.DrainReply {
 	levels := map[int][]protocol.AgentRecord{}
 	for _, rec := range found {
 		levels[len(rec.Ancestry)] = append(levels[len(rec.Ancestry)], rec)
@@ -90,11 +121,11 @@ func (c *Coordinator) disposeDescendants(ctx context.Context, id string) (protoc
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				err := c.disposeActivation(ctx, rec.HostID, rec.SessionID, protocol.CauseParent)
+				err := dispose(ctx, rec)
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
-					c.log.Warn("descendant not disposed", "of", id, "session", rec.SessionID, "err", err)
+					c.log.Warn("descendant not disposed", "session", rec.SessionID, "err", err)
 					reply.Failed = append(reply.Failed, rec.SessionID)
 					return
 				}
@@ -103,14 +134,7 @@ func (c *Coordinator) disposeDescendants(ctx context.Context, id string) (protoc
 		}
 		wg.Wait()
 	}
-	if len(reply.Failed) > 0 {
-		return reply, protocol.NewError(protocol.CodeActivationTeardownFailed, map[string]any{
-			"reason": fmt.Sprintf("%d descendants of %s did not stop: %s", len(reply.Failed), id, strings.Join(reply.Failed, ", "))})
-	}
-	if len(reply.Disposed) > 0 {
-		c.log.Info("an agent's end disposed its descendants", "session", id, "disposed", len(reply.Disposed))
-	}
-	return reply, nil
+	return reply
 }
 
 // endedAncestor returns the first of lineage (root first) that is an ended

@@ -100,6 +100,14 @@ func (s *Stack) Conn() *nats.Conn { return testutil.Connect(s.T, s.URL) }
 // AddCoordinator starts a coordinator replica on its own connection.
 func (s *Stack) AddCoordinator(mod ...func(*coordinator.Config)) *coordinator.Coordinator {
 	s.T.Helper()
+	c, _ := s.StartCoordinator(mod...)
+	return c
+}
+
+// StartCoordinator is AddCoordinator that also returns what stops the
+// replica (as a SIGTERM does: it drains), for a test of a restart.
+func (s *Stack) StartCoordinator(mod ...func(*coordinator.Config)) (*coordinator.Coordinator, func()) {
+	s.T.Helper()
 	nc := s.Conn()
 	// The store is on the replica's own connection before the mods run, so
 	// a mod may wrap it (store.WithFaults).
@@ -111,13 +119,13 @@ func (s *Stack) AddCoordinator(mod ...func(*coordinator.Config)) *coordinator.Co
 	if err != nil {
 		s.T.Fatal(err)
 	}
-	testutil.Background(s.T, c)
+	stop := testutil.Background(s.T, c)
 	select {
 	case <-c.Ready():
 	case <-time.After(10 * time.Second):
 		s.T.Fatal("coordinator not serving after 10s")
 	}
-	return c
+	return c, stop
 }
 
 // AddSpawnWorker starts a spawn worker with the scripted model on its own
