@@ -148,7 +148,7 @@ func TestStartVerb(t *testing.T) {
 	}
 	j := decodeJSON[struct{ ChildID, MessageID, ParentSession string }](t,
 		c.ok("start", "--provider", "spawn", "--json", "--max-depth", "2", "--deny-tools", "read_file", "--persona", "You are {{provider}}.",
-			"--auto-approve", "write_file,run_command", "--request-timeout", "90s", "say two").out)
+			"--auto-approve", "write_file,run_command", "--approve-tools", "subagent,list_dir", "--request-timeout", "90s", "say two").out)
 	if j.ChildID == "" || j.MessageID == "" || j.ParentSession == "" {
 		t.Fatalf("json %+v", j)
 	}
@@ -165,6 +165,11 @@ func TestStartVerb(t *testing.T) {
 	}
 	c.fails("INVALID_TOOL_FILTER", "start", "--provider", "spawn", "--allow-tools", "no_such_tool", "x")
 	c.fails("INVALID_ARGUMENT", "start", "--provider", "spawn", "--auto-approve", "no_such_tool", "x")
+	if !slices.Equal(h.ApproveTools, []string{"list_dir", "subagent"}) {
+		t.Fatalf("--approve-tools not applied: approveTools %v", h.ApproveTools)
+	}
+	c.fails("INVALID_ARGUMENT", "start", "--provider", "spawn", "--approve-tools", "no_such_tool", "x")
+	c.fails("INVALID_ARGUMENT", "start", "--provider", "spawn", "--approve-tools", "write_file", "--auto-approve", "write_file", "x")
 	// --request-timeout (issue 33, item 5): recorded, and refused out of bounds.
 	if h.RequestTimeoutMs != 90_000 {
 		t.Fatalf("--request-timeout 90s not applied: requestTimeoutMs %d", h.RequestTimeoutMs)

@@ -139,7 +139,10 @@ type childFlags struct {
 	// autoApprove is --auto-approve: tools needing approval the child runs
 	// without asking (docs/protocol.md §5.5).
 	autoApprove string
-	progress    string // --progress of run
+	// approveTools is --approve-tools: more tools the child and its tree
+	// ask approval for before each call (docs/protocol.md §5.5).
+	approveTools string
+	progress     string // --progress of run
 	// model and the turn limits the child may be narrowed to
 	// (docs/protocol.md §5.5, "Model and turn limits").
 	model                                string
@@ -164,6 +167,7 @@ func (f *childFlags) register(cmd *cobra.Command, withSchema bool) {
 	cmd.Flags().StringVar(&f.allowTools, "allow-tools", "", "comma-separated tools the child may use (\"\" hides every tool)")
 	cmd.Flags().StringVar(&f.denyTools, "deny-tools", "", "comma-separated tools the child may not use")
 	cmd.Flags().StringVar(&f.autoApprove, "auto-approve", "", "comma-separated tools needing approval (write_file, edit_file, run_command) the child may run without asking")
+	cmd.Flags().StringVar(&f.approveTools, "approve-tools", "", "comma-separated tools the child and everything it delegates must ask approval for before each call (adds to write_file, edit_file, run_command)")
 	cmd.Flags().StringVar(&f.persona, "persona", "", "the child's persona, a template with {{provider}}, {{model}}, {{cwd}}")
 	cmd.Flags().StringVar(&f.model, "model", "", "the model the child runs on, among those its provider offers (adapter/id or id; see brood providers)")
 	cmd.Flags().DurationVar(&f.turnTimeout, "turn-timeout", 0, "a shorter turn time limit for the child (never above its worker's)")
@@ -206,6 +210,9 @@ func (f *childFlags) startOptions(cmd *cobra.Command) (protocol.StartOptions, er
 	}
 	if fl.Changed("auto-approve") {
 		o.AutoApprove = splitList(f.autoApprove)
+	}
+	if fl.Changed("approve-tools") {
+		o.ApproveTools = splitList(f.approveTools)
 	}
 	if fl.Changed("persona") {
 		p := f.persona

@@ -83,7 +83,7 @@ func startCmd(g *globals) *cobra.Command {
 				return withRoot(ctx, s, func(root *client.Root) error {
 					r, err := s.cl.StartContinuable(ctx, protocol.ContinuableStartRequest{
 						Provider: f.provider, Parent: root.Ref(), Label: label, ChildID: childID, Prompt: protocol.Text(prompt),
-						Options: protocol.ContinuableOptions{MaxDepth: o.MaxDepth, ToolFilter: o.ToolFilter, Persona: o.Persona, AutoApprove: o.AutoApprove,
+						Options: protocol.ContinuableOptions{MaxDepth: o.MaxDepth, ToolFilter: o.ToolFilter, Persona: o.Persona, AutoApprove: o.AutoApprove, ApproveTools: o.ApproveTools,
 							Model: o.Model, Limits: o.Limits, RequestTimeoutMs: o.RequestTimeoutMs, Budget: o.Budget},
 					})
 					if err != nil {

@@ -288,13 +288,24 @@ func (m *modelFlags) factory() (modelSet, error) {
 	}
 }
 
-// mcpFlags is --mcp-config FILE of the in-process workers: MCP servers
-// whose tools their children get (internal/mcptools, docs/mcp.md). Secrets
-// (a server's env, headers) live in the file, never on the command line.
-type mcpFlags struct{ file string }
+// mcpFlags are the in-process workers' tool flags: --mcp-config FILE, MCP
+// servers whose tools their children get (internal/mcptools, docs/mcp.md;
+// secrets, a server's env and headers, live in the file, never on the
+// command line), and --approve-tools, the tools every child of the
+// provider asks approval for before each call (the descriptor's
+// approveTools, docs/protocol.md §9.1).
+type mcpFlags struct{ file, approve string }
 
 func (f *mcpFlags) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.file, "mcp-config", "", `JSON file of MCP servers whose tools the children get as <server>__<tool>: {"servers": [{"name", "command", "args", "env"} | {"name", "url", "headers"}, ...]} (docs/mcp.md)`)
+	cmd.Flags().StringVar(&f.approve, "approve-tools", "", "comma-separated tools (the provider's, MCP tools included) every child asks approval for before each call, whatever its start says")
+}
+
+// described is desc with the --approve-tools given (the host checks the
+// names against its tools).
+func (f *mcpFlags) described(desc protocol.ProviderDescriptor) protocol.ProviderDescriptor {
+	desc.ApproveTools = splitList(f.approve)
+	return desc
 }
 
 func (f *mcpFlags) servers() ([]mcptools.ServerConfig, error) {
@@ -580,7 +591,7 @@ func inProcessWorkerCmd(g *globals, use, short string, desc protocol.ProviderDes
 			}
 			defer nc.Close()
 			mf.warnNoWorkspace(log)
-			w, err := newInProcessWorker(nc, st, t, models, limits, mf.workspaceRoots, servers, met.metrics(), log, desc)
+			w, err := newInProcessWorker(nc, st, t, models, limits, mf.workspaceRoots, servers, met.metrics(), log, mcpf.described(desc))
 			if err != nil {
 				return err
 			}
@@ -689,11 +700,11 @@ func devCmd(g *globals) *cobra.Command {
 				return err
 			}
 			spawnDesc, forkDesc := spawnworker.Descriptor(spawnworker.DefaultName), forkworker.Descriptor(forkworker.DefaultName)
-			spawn, err := newInProcessWorker(nc, st, t, models, limits, mf.workspaceRoots, servers, met.metrics(), log, spawnDesc)
+			spawn, err := newInProcessWorker(nc, st, t, models, limits, mf.workspaceRoots, servers, met.metrics(), log, mcpf.described(spawnDesc))
 			if err != nil {
 				return err
 			}
-			fork, err := newInProcessWorker(nc, st, t, models, limits, mf.workspaceRoots, servers, met.metrics(), log, forkDesc)
+			fork, err := newInProcessWorker(nc, st, t, models, limits, mf.workspaceRoots, servers, met.metrics(), log, mcpf.described(forkDesc))
 			if err != nil {
 				return err
 			}

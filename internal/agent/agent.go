@@ -641,9 +641,9 @@ func (a *Agent) runTool(ctx context.Context, turn, step int64, c protocol.ToolCa
 	if t.Asks {
 		return a.ask(ctx, turn, step, c, parked)
 	}
-	if t.NeedsApproval && !a.cfg.Header.AutoApproves(c.Name) {
+	if a.cfg.Header.Asks(c.Name, t.NeedsApproval) {
 		if a.cfg.Requests == nil {
-			return approvalRequired(c.Name)
+			return approvalRequired(a.cfg.Header, c.Name)
 		}
 		if denied, ok := a.awaitApproval(ctx, turn, step, c, parked); !ok {
 			return denied

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -59,7 +60,8 @@ type Tool struct {
 	// NeedsApproval marks a tool that changes the workspace or runs a
 	// program (ApprovalTools): it runs only when the session's header
 	// allows it outright (SessionHeader.AutoApprove) or an approval was
-	// given; otherwise the call gets an error result and the turn goes on
+	// given. Any other tool asks the same way when the header's
+	// ApproveTools names it (SessionHeader.Asks); otherwise the call gets an error result and the turn goes on
 	// (Agent.runTool; docs/protocol.md §9.1, "Workspace tools").
 	NeedsApproval bool
 	// Asks marks the ask tool: the agent runs the call itself, parking it
@@ -205,9 +207,15 @@ func (r *Registry) Ceiling(c *protocol.ToolFilter) *Registry {
 }
 
 // approvalRequired is the result of a call to a tool that needs approval in
-// a session whose start did not allow it outright: the tool did not run,
-// and the turn goes on (the model may do without it or say what it needs).
-func approvalRequired(name string) ToolResult {
+// a session whose start did not allow it outright, on a host with no
+// request path: the tool did not run, and the turn goes on (the model may
+// do without it or say what it needs). A tool the session's approveTools
+// names is never allowed outright, so the hint is only for the others.
+func approvalRequired(h protocol.SessionHeader, name string) ToolResult {
+	if slices.Contains(h.ApproveTools, name) {
+		return ErrorResult("%s needs approval before each call in this session (approveTools), and this session cannot ask for it; it did not run. "+
+			"Do without it or say in your answer what you need", name)
+	}
 	return ErrorResult("%s needs approval before it runs, and this session cannot ask for it; it did not run. "+
 		"A start allows it outright with the autoApprove option (brood run --auto-approve %s); otherwise do without it or say in your answer what you need",
 		name, name)

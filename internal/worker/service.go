@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -123,6 +124,15 @@ func NewInProcessHost(cfg InProcessConfig, desc protocol.ProviderDescriptor) (*H
 		}
 		global = append(global, servers.Tools()...)
 		desc.Tools = append(slices.Clone(desc.Tools), servers.Names()...)
+	}
+	for _, n := range desc.ApproveTools {
+		if !desc.HasTool(n) {
+			servers.Close()
+			return nil, protocol.Errorf(protocol.CodeInvalidArgument, "approveTools: unknown tool %q; the provider's tools: %s", n, strings.Join(desc.Tools, ", "))
+		}
+	}
+	if desc.ApproveTools = slices.Compact(slices.Sorted(slices.Values(desc.ApproveTools))); len(desc.ApproveTools) == 0 {
+		desc.ApproveTools = nil
 	}
 	report := agent.ReportTool(cl)
 	p := &InProcess{

@@ -40,6 +40,59 @@ func ResolveAutoApprove(parent SessionHeader, requested, known []string) ([]stri
 	return normalizeNames(requested), nil
 }
 
+// ResolveApproveTools decides a child's SessionHeader.ApproveTools, the
+// further tools it asks approval for before each call (docs/protocol.md
+// §5.5, approveTools), from its parent's header, the start's approveTools
+// option (nil when absent) and the provider's descriptor: the union of the
+// parent's set, the option's and the descriptor's ApproveTools, so it only
+// grows down the tree (a child asks for at least what its parent asks
+// for, whoever starts it). Each name the option gives must be one of the
+// descriptor's tools, else INVALID_ARGUMENT. The result is sorted and
+// without repeats; nil means none.
+func ResolveApproveTools(parent SessionHeader, requested []string, desc ProviderDescriptor) ([]string, error) {
+	for _, n := range requested {
+		if !desc.HasTool(n) {
+			sorted := slices.Clone(desc.Tools)
+			sort.Strings(sorted)
+			return nil, Errorf(CodeInvalidArgument, "approveTools: unknown tool %q; the provider's global tools: %s", n, strings.Join(sorted, ", "))
+		}
+	}
+	return normalizeNames(slices.Concat(parent.ApproveTools, requested, desc.ApproveTools)), nil
+}
+
+// ResolveApproval resolves a child's autoApprove (ResolveAutoApprove) and
+// approveTools (ResolveApproveTools) together: a tool the child must ask
+// for is never also allowed outright. A start that names one tool in both
+// is INVALID_ARGUMENT; a set inherited from an agent parent loses the
+// tools the child's approveTools adds (the stricter wins).
+func ResolveApproval(parent SessionHeader, autoApprove, approveTools []string, desc ProviderDescriptor) (auto, approve []string, err error) {
+	if approve, err = ResolveApproveTools(parent, approveTools, desc); err != nil {
+		return nil, nil, err
+	}
+	if auto, err = ResolveAutoApprove(parent, autoApprove, desc.Tools); err != nil {
+		return nil, nil, err
+	}
+	for _, n := range auto {
+		if slices.Contains(approve, n) && autoApprove != nil {
+			return nil, nil, Errorf(CodeInvalidArgument, "autoApprove: tool %s must ask for approval in this child (approveTools, from the start, its parent or its provider); a tool is never both", n)
+		}
+	}
+	auto = slices.DeleteFunc(auto, func(n string) bool { return slices.Contains(approve, n) })
+	if len(auto) == 0 {
+		auto = nil
+	}
+	return auto, approve, nil
+}
+
+// Asks reports whether the session asks approval before a call of tool
+// name: a tool its header's approveTools names always asks; a tool that
+// asks by default (approval: the built-in write tools, write_file,
+// edit_file and run_command) asks unless autoApprove names it
+// (docs/protocol.md §5.5, §9.1).
+func (h SessionHeader) Asks(name string, approval bool) bool {
+	return slices.Contains(h.ApproveTools, name) || approval && !h.AutoApproves(name)
+}
+
 // normalizeNames sorts names and drops repeats; empty is nil.
 func normalizeNames(names []string) []string {
 	if len(names) == 0 {

@@ -46,3 +46,65 @@ func TestResolveAutoApprove(t *testing.T) {
 		})
 	}
 }
+
+// TestResolveApproval (issue 33, item 2(a)): approveTools is the union of
+// the start's, the parent's and the provider's, so it only grows down the
+// tree whoever starts the child; a tool in it is never allowed outright.
+func TestResolveApproval(t *testing.T) {
+	desc := ProviderDescriptor{Name: "spawn", Tools: []string{"list_dir", "read_file", "write_file", "edit_file", "run_command", "subagent", "docs__search"}}
+	guarded := desc
+	guarded.ApproveTools = []string{"docs__search"}
+	userRoot := SessionHeader{ID: "R"}
+	agent := SessionHeader{ID: "A", ParentSession: "R", Origin: OriginSubagent, AutoApprove: []string{"run_command", "write_file"}, ApproveTools: []string{"read_file"}}
+	tests := []struct {
+		name        string
+		parent      SessionHeader
+		desc        ProviderDescriptor
+		auto, asks  []string // the start's options (nil: absent)
+		wantAuto    []string
+		wantApprove []string
+		err         string
+	}{
+		{"none anywhere", userRoot, desc, nil, nil, nil, nil, ""},
+		{"a user's start adds", userRoot, desc, nil, []string{"subagent", "read_file", "subagent"}, nil, []string{"read_file", "subagent"}, ""},
+		{"the provider's always apply", userRoot, guarded, nil, nil, nil, []string{"docs__search"}, ""},
+		{"start and provider together", userRoot, guarded, nil, []string{"read_file"}, nil, []string{"docs__search", "read_file"}, ""},
+		{"an agent's child inherits", agent, desc, nil, nil, []string{"run_command", "write_file"}, []string{"read_file"}, ""},
+		{"an agent's start adds, never removes", agent, desc, nil, []string{"list_dir"}, []string{"run_command", "write_file"}, []string{"list_dir", "read_file"}, ""},
+		{"an empty option removes nothing", agent, desc, nil, []string{}, []string{"run_command", "write_file"}, []string{"read_file"}, ""},
+		{"an inherited autoApprove loses what is added", agent, desc, nil, []string{"write_file"}, []string{"run_command"}, []string{"read_file", "write_file"}, ""},
+		{"all of an inherited autoApprove lost", agent, desc, nil, []string{"write_file", "run_command"}, nil, []string{"read_file", "run_command", "write_file"}, ""},
+		{"a tool named in both is refused", userRoot, desc, []string{"write_file"}, []string{"write_file"}, nil, nil, "tool write_file must ask for approval"},
+		{"allowed outright what the provider guards is refused", userRoot, guarded, []string{"docs__search"}, nil, nil, nil, "tool docs__search must ask for approval"},
+		{"an unknown tool is refused", userRoot, desc, nil, []string{"rm_rf"}, nil, nil, `approveTools: unknown tool "rm_rf"`},
+		{"autoApprove's own rules still hold", agent, desc, []string{"edit_file"}, nil, nil, nil, "needs approval in the parent session A"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			auto, approve, err := ResolveApproval(tt.parent, tt.auto, tt.asks, tt.desc)
+			if tt.err != "" {
+				if CodeOf(err) != CodeInvalidArgument || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("ResolveApproval = %v, %v, %v; want INVALID_ARGUMENT containing %q", auto, approve, err, tt.err)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(auto, tt.wantAuto) || !slices.Equal(approve, tt.wantApprove) {
+				t.Fatalf("ResolveApproval = auto %v, approve %v, %v; want auto %v, approve %v", auto, approve, err, tt.wantAuto, tt.wantApprove)
+			}
+			h := SessionHeader{AutoApprove: auto, ApproveTools: approve}
+			for _, n := range approve {
+				if !h.Asks(n, false) || !h.Asks(n, true) {
+					t.Fatalf("%s is in approveTools %v, yet the header does not ask for it", n, approve)
+				}
+			}
+			for _, n := range auto {
+				if h.Asks(n, true) {
+					t.Fatalf("%s is allowed outright (%v), yet the header asks for it", n, auto)
+				}
+			}
+		})
+	}
+	if h := (SessionHeader{}); !h.Asks("write_file", true) || h.Asks("read_file", false) {
+		t.Fatal("a header with neither set asks for the tools that ask by default and only those")
+	}
+}

@@ -19,6 +19,8 @@ type ContinuableOptions struct {
 	Persona    *string     `msgpack:"persona,omitempty" json:"persona,omitempty"`
 	// AutoApprove is as in StartOptions.
 	AutoApprove []string `msgpack:"autoApprove,omitempty" json:"autoApprove,omitempty"`
+	// ApproveTools is as in StartOptions.
+	ApproveTools []string `msgpack:"approveTools,omitempty" json:"approveTools,omitempty"`
 	// Label is accepted here too, as in runs.start's options; the request's
 	// top-level label is the documented place (protocol.OneLabel).
 	Label string `msgpack:"label,omitempty" json:"label,omitempty"`

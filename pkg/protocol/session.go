@@ -52,6 +52,13 @@ type SessionHeader struct {
 	// autoApprove option and the parent's own (ResolveAutoApprove): it only
 	// narrows down the tree (docs/protocol.md §5.5).
 	AutoApprove []string `msgpack:"autoApprove,omitempty" json:"autoApprove,omitempty"`
+	// ApproveTools names the further tools this session asks approval for
+	// before each call (beyond write_file, edit_file and run_command, which
+	// ask unless AutoApprove names them), sorted; absent: none. Written by
+	// the coordinator from the start's approveTools, the parent's own and
+	// the provider's (ResolveApproveTools): it only grows down the tree,
+	// and no tool in it is in AutoApprove (docs/protocol.md §5.5).
+	ApproveTools []string `msgpack:"approveTools,omitempty" json:"approveTools,omitempty"`
 	// Model is the model chosen for a child (a start's `model`, or its
 	// parent's choice when its provider offers it), written by the
 	// coordinator; absent: the provider's default (docs/protocol.md §5.5).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -157,6 +158,11 @@ type ProviderDescriptor struct {
 	// absent when the provider does not describe them (a start's `limits`
 	// is then UNSUPPORTED_CAPABILITY).
 	Limits *TurnLimits `msgpack:"limits,omitempty" json:"limits,omitempty"`
+	// ApproveTools names tools of Tools that every session of the provider
+	// asks approval for before each call, whatever its start says (a
+	// deployment's choice: an MCP server's tools, subagent); sorted,
+	// absent when none (docs/protocol.md §5.5, §9.1). Brood's addition.
+	ApproveTools []string `msgpack:"approveTools,omitempty" json:"approveTools,omitempty"`
 }
 
 // ModelInfo names a model: the adapter that speaks to it (scripted,
@@ -174,7 +180,7 @@ func (m ModelInfo) String() string { return m.Adapter + "/" + m.ID }
 func (d ProviderDescriptor) Equal(o ProviderDescriptor) bool {
 	if d.Name != o.Name || d.Capabilities != o.Capabilities ||
 		d.InheritsParentContext != o.InheritsParentContext || d.Continuable != o.Continuable ||
-		d.Remote != o.Remote || len(d.Tools) != len(o.Tools) {
+		d.Remote != o.Remote || len(d.Tools) != len(o.Tools) || !slices.Equal(d.ApproveTools, o.ApproveTools) {
 		return false
 	}
 	for i := range d.Tools {
@@ -314,6 +320,11 @@ type StartOptions struct {
 	// without asking (ResolveAutoApprove; docs/protocol.md §5.5); nil when
 	// absent. Any provider takes it: a name outside its tools is refused.
 	AutoApprove []string `msgpack:"autoApprove,omitempty" json:"autoApprove,omitempty"`
+	// ApproveTools names more tools the child (and every descendant) must
+	// ask approval for before each call, beyond those that always ask
+	// (ResolveApproveTools; docs/protocol.md §5.5); nil when absent. Any
+	// provider takes it: a name outside its tools is refused.
+	ApproveTools []string `msgpack:"approveTools,omitempty" json:"approveTools,omitempty"`
 	// Label is a short display label (the subagent tool's description).
 	// Deprecated: send the request's top-level label (documented in both
 	// runs.start and continuable.start); this place is still accepted.

@@ -128,9 +128,10 @@ type admission struct {
 	depthCap *int64
 	ceiling  *protocol.ToolFilter
 	options  protocol.ResolvedOptions
-	// autoApprove is the child's header autoApprove (protocol.ResolveAutoApprove).
-	autoApprove []string
-	choice      protocol.ChildChoice // model and turn limits (protocol.ResolveChildChoice)
+	// autoApprove and approveTools are the child's header autoApprove and
+	// approveTools (protocol.ResolveApproval).
+	autoApprove, approveTools []string
+	choice                    protocol.ChildChoice // model and turn limits (protocol.ResolveChildChoice)
 	// requestTimeoutMs is the child's header requestTimeoutMs
 	// (protocol.ResolveRequestTimeout).
 	requestTimeoutMs int64
@@ -220,7 +221,7 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 		a.ceiling = intersectCeiling(a.pheader.ToolCeiling, o.ToolFilter)
 		a.options.ToolFilter = o.ToolFilter
 	}
-	if a.autoApprove, err = protocol.ResolveAutoApprove(a.pheader, o.AutoApprove, desc.Tools); err != nil {
+	if a.autoApprove, a.approveTools, err = protocol.ResolveApproval(a.pheader, o.AutoApprove, o.ApproveTools, desc); err != nil {
 		return a, err
 	}
 	if a.requestTimeoutMs, err = protocol.ResolveRequestTimeout(a.pheader, o.RequestTimeoutMs); err != nil {
@@ -332,6 +333,7 @@ func (c *Coordinator) childHeader(a admission, id string, now int64) protocol.Se
 		// (docs/security.md, "The workspace is fenced").
 		User:             a.pheader.User,
 		AutoApprove:      a.autoApprove,
+		ApproveTools:     a.approveTools,
 		RequestTimeoutMs: a.requestTimeoutMs,
 	}
 }

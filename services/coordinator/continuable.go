@@ -165,7 +165,7 @@ func (c *Coordinator) admitContinuable(ctx context.Context, r protocol.Continuab
 		return continuableAdmission{}, err
 	}
 	opts := protocol.StartOptions{MaxDepth: r.Options.MaxDepth, ToolFilter: r.Options.ToolFilter, Persona: r.Options.Persona, Label: r.Label,
-		AutoApprove: r.Options.AutoApprove, Model: r.Options.Model, Limits: r.Options.Limits, RequestTimeoutMs: r.Options.RequestTimeoutMs,
+		AutoApprove: r.Options.AutoApprove, ApproveTools: r.Options.ApproveTools, Model: r.Options.Model, Limits: r.Options.Limits, RequestTimeoutMs: r.Options.RequestTimeoutMs,
 		Budget: r.Options.Budget}
 	// In-process continuable children are composed by the manager: the
 	// capability flags are not consulted, but every option is validated

@@ -102,6 +102,8 @@ export interface ProviderDescriptor {
   models?: ModelInfo[];
   /** The turn limits its workers are set to (§9.1, §10); a start may only tighten them. */
   limits?: TurnLimits;
+  /** Tools every session of the provider asks approval for before each call, sorted (§5.5, §9.1); absent: none. */
+  approveTools?: string[];
 }
 
 /** §9.1: a model, by the adapter that speaks to it and its id there. */
@@ -173,6 +175,8 @@ export interface StartOptions {
   persona?: string;
   /** Tools needing approval (write_file, edit_file, run_command) the child runs without asking. */
   autoApprove?: string[];
+  /** More tools the child and its whole tree ask approval for before each call; only grows down the tree (§5.5). */
+  approveTools?: string[];
   /** One of the descriptor's models: "adapter/id", or an id one model has (§5.5). */
   model?: string;
   /** Lower turn limits for the child (§5.5). */
@@ -282,6 +286,8 @@ export interface ContinuableOptions {
   persona?: string;
   /** As in StartOptions. */
   autoApprove?: string[];
+  /** As in StartOptions. */
+  approveTools?: string[];
   /** As in StartOptions (§5.5). */
   model?: string;
   /** As in StartOptions (§5.5). */
@@ -593,6 +599,8 @@ export interface SessionHeader {
   provider?: string;
   /** Tools needing approval this session runs without asking (§5.5 autoApprove). */
   autoApprove?: string[];
+  /** Further tools this session asks approval for before each call (§5.5 approveTools); never in autoApprove. */
+  approveTools?: string[];
   /** Children only: the model chosen for it, by its start or its parent's choice (§5.5, §8.1). */
   model?: ModelInfo;
   /** Children only: its effective turn limits, at most its parent's (§5.5, §8.1). */
