@@ -104,8 +104,11 @@ var eventDetails = map[string]func(protocol.SessionEvent) string{
 			d.Turn, d.Step, d.Attempt, time.Duration(d.WaitMs)*time.Millisecond, d.Diagnostic)
 	}),
 	protocol.EvRequestOpen: detail(func(d protocol.RequestOpenData) string {
-		if d.Kind == protocol.RequestQuestion {
+		switch d.Kind {
+		case protocol.RequestQuestion:
 			return fmt.Sprintf("%s ask waits for an answer: request %s", d.CallID, d.RequestID)
+		case protocol.RequestBudget:
+			return fmt.Sprintf("turn %d paused at its budget's cap before step %d, waits for a raise: request %s", d.Turn, d.Step, d.RequestID)
 		}
 		return fmt.Sprintf("%s %s waits for approval: request %s", d.CallID, d.Tool, d.RequestID)
 	}),

@@ -74,8 +74,13 @@ func requestsCmd(g *globals) *cobra.Command {
 
 // requestWhat is what a request's TOOL and ARGUMENTS columns show: the
 // call asked about, or for a question the ask tool and the question, its
-// choices in brackets ([JSON] when the answer is JSON its schema accepts).
+// choices in brackets ([JSON] when the answer is JSON its schema accepts),
+// or for a budget pause "(budget)" and the limit spent (raise it with
+// brood budget SESSION --raise).
 func requestWhat(r protocol.RequestRecord) (tool, what string) {
+	if r.Kind == protocol.RequestBudget {
+		return "(budget)", dash(clipLabel(r.Exhausted))
+	}
 	if r.Kind != protocol.RequestQuestion {
 		return dash(r.Tool), dash(clipLabel(r.Arguments))
 	}

@@ -154,6 +154,10 @@ type Config struct {
 	// reservation; unset, or with no budgets in the header, nothing is
 	// reserved.
 	Budget Budgeter
+	// Continuable is true for a continuable child: at its budget's cap its
+	// turn pauses on a budget request (with Requests) instead of ending
+	// (budgetpause.go).
+	Continuable bool
 }
 
 // ErrLeaseLost is the cause given to a turn's context when its host lost the
@@ -191,6 +195,9 @@ type Agent struct {
 	// retry is the model retry the running turn is paused on (the data of
 	// its last model/retry event), nil when none; under mu.
 	retry *protocol.ModelRetryData
+	// paused is the budget request the running turn is paused on
+	// (budgetpause.go), nil when none; under mu.
+	paused *protocol.RequestOpenData
 }
 
 // New builds an agent over its session's existing events.
@@ -356,16 +363,23 @@ func (a *Agent) RunSteps(ctx context.Context) Outcome {
 	a.mu.Unlock()
 	ctx, cancel := context.WithTimeoutCause(ctx, a.limits.TurnTimeout, errTurnTimeout)
 	defer cancel()
-	return a.stepsFrom(ctx, turn, 1)
+	return a.stepsFrom(ctx, turn, 1, nil)
 }
 
 // stepsFrom runs turn's steps from step first until the turn ends; ctx
-// carries the turn's time limit (and here its budget's deadline).
-func (a *Agent) stepsFrom(ctx context.Context, turn, first int64) Outcome {
+// carries the turn's time limit (and here its budget's deadline). paused,
+// when set, is the budget request the turn was paused on before step
+// first when its previous host stopped: the turn waits on it first.
+func (a *Agent) stepsFrom(ctx context.Context, turn, first int64, paused *protocol.RequestOpenData) Outcome {
 	ctx, cancelDeadline := a.withBudgetDeadline(ctx)
 	defer cancelDeadline()
 	defer a.settles.Wait()
 	defer a.dropPrefetch(ctx) // a turn that ended before its first request
+	if paused != nil {
+		if out, done := a.budgetPause(ctx, turn, first, nil, paused); done {
+			return out
+		}
+	}
 	for step := first; ; step++ {
 		if step > int64(a.limits.StepsPerTurnMax) {
 			return a.end(ctx, turn, nil, errReason(protocol.CodeLimitExceeded, fmt.Sprintf("the turn reached its limit of %d steps", a.limits.StepsPerTurnMax)))
@@ -393,6 +407,12 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	}
 	req := model.Request{System: a.cfg.System, Messages: history, Tools: a.cfg.Tools.Specs()}
 	g, err := a.takeReservation(ctx, &req)
+	for err != nil && ctx.Err() == nil && a.pausesAtCap(err) {
+		if out, done := a.budgetPause(ctx, turn, step, err, nil); done {
+			return out, true
+		}
+		g, err = a.reserveModel(ctx, &req)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return a.endCancelled(ctx, turn, nil), true

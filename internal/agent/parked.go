@@ -48,6 +48,11 @@ func (a *Agent) ContinueParked(ctx context.Context) Outcome {
 	a.log.Info("continuing a turn parked on a request", "turn", p.Turn, "step", p.Step, "calls", len(p.Pending))
 	ctx, cancel := context.WithTimeoutCause(ctx, a.limits.TurnTimeout, errTurnTimeout)
 	defer cancel()
+	if p.Budget != nil {
+		// Paused at its budget's cap before step p.Step: it waits on the
+		// same budget request, then reserves that step again.
+		return a.stepsFrom(ctx, p.Turn, p.Step, p.Budget)
+	}
 	calls := make([]protocol.ToolCall, len(p.Pending))
 	results := make([]ToolResult, len(p.Pending))
 	var wg sync.WaitGroup
@@ -63,7 +68,7 @@ func (a *Agent) ContinueParked(ctx context.Context) Outcome {
 	if out, done := a.logStepResults(ctx, p.Turn, p.Step, calls, results); done {
 		return out
 	}
-	return a.stepsFrom(ctx, p.Turn, p.Step+1)
+	return a.stepsFrom(ctx, p.Turn, p.Step+1, nil)
 }
 
 // continueCall returns the result of call c of a parked step, pc being what

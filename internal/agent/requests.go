@@ -40,6 +40,7 @@ func (a *Agent) park(ctx context.Context, turn int64, req protocol.RequestOpenRe
 	if parked != nil {
 		rec = protocol.RequestRecord{ID: parked.RequestID, SessionID: req.Self.SessionID, CallID: req.CallID, Kind: parked.Kind, State: protocol.RequestPending}
 		a.log.Info("tool call parked again on its request after a restart", "request", rec.ID, "kind", rec.Kind, "tool", req.Tool, "call", req.CallID)
+		a.notePaused(*parked)
 		return a.awaitAnswer(ctx, turn, req.Self, req.CallID, rec, 0)
 	}
 	rec, err = a.cfg.Requests.OpenRequest(ctx, req)
@@ -47,9 +48,10 @@ func (a *Agent) park(ctx context.Context, turn int64, req protocol.RequestOpenRe
 		return rec, d, parkOpened, err
 	}
 	var b eventBuf
-	b.add(a, protocol.EvRequestOpen, protocol.RequestOpenData{
+	open := protocol.RequestOpenData{
 		RequestID: rec.ID, Kind: rec.Kind, Turn: req.Turn, Step: req.Step, CallID: req.CallID, Tool: req.Tool, Deadline: rec.Deadline,
-	})
+	}
+	b.add(a, protocol.EvRequestOpen, open)
 	if b.err != nil {
 		return rec, d, parkLogged, b.err
 	}
@@ -57,6 +59,7 @@ func (a *Agent) park(ctx context.Context, turn int64, req protocol.RequestOpenRe
 		return rec, d, parkLogged, errors.New("the log refused it")
 	}
 	a.log.Info("tool call parked on a request", "request", rec.ID, "kind", rec.Kind, "tool", req.Tool, "call", req.CallID)
+	a.notePaused(open)
 	return a.awaitAnswer(ctx, turn, req.Self, req.CallID, rec, requestwait.PollInterval)
 }
 

@@ -17,6 +17,10 @@ type ParkedStep struct {
 	Turn, Step int64
 	// Pending are the step's calls without a tool/result, in log order.
 	Pending []ParkedCall
+	// Budget, when set, is the budget request the turn is paused on
+	// before step Step's model request (docs/protocol.md §5.5, "Pause and
+	// raise"): no step is open and Pending is empty.
+	Budget *protocol.RequestOpenData
 }
 
 // Parked reports the turn events leave open parked on a request
@@ -28,6 +32,11 @@ type ParkedStep struct {
 // open turn no request holds).
 func Parked(events []protocol.SessionEvent) (p ParkedStep, ok bool) {
 	turn, open, step, stepOpen, pending := OpenTurn(events)
+	if open && !stepOpen {
+		if d := budgetPaused(events, turn); d != nil {
+			return ParkedStep{Turn: turn, Step: d.Step, Budget: d}, true
+		}
+	}
 	if !open || !stepOpen || len(pending) == 0 {
 		return ParkedStep{}, false
 	}
@@ -69,4 +78,31 @@ func Parked(events []protocol.SessionEvent) (p ParkedStep, ok bool) {
 		return ParkedStep{}, false
 	}
 	return p, true
+}
+
+// budgetPaused returns the budget request open turn turn is paused on: a
+// request/open of kind budget with no request/answer of its request and
+// no step/start after it; nil when there is none.
+func budgetPaused(events []protocol.SessionEvent, turn int64) *protocol.RequestOpenData {
+	start := len(events) - 1
+	for ; start > 0 && events[start].Type != protocol.EvTurnStart; start-- {
+	}
+	var open *protocol.RequestOpenData
+	for _, ev := range events[max(start, 0):] {
+		switch ev.Type {
+		case protocol.EvRequestOpen:
+			var d protocol.RequestOpenData
+			if ev.Decode(&d) == nil && d.Kind == protocol.RequestBudget && d.Turn == turn {
+				open = &d
+			}
+		case protocol.EvRequestAnswer:
+			var d protocol.RequestAnswerData
+			if open != nil && ev.Decode(&d) == nil && d.RequestID == open.RequestID {
+				open = nil
+			}
+		case protocol.EvStepStart:
+			open = nil
+		}
+	}
+	return open
 }

@@ -46,3 +46,45 @@ func TestParked(t *testing.T) {
 		})
 	}
 }
+
+// TestParkedAtBudget: a turn paused at its budget's cap (docs/protocol.md
+// §5.5, "Pause and raise") is parked when its last budget request/open,
+// logged with no step open, has no answer and no step started after it.
+func TestParkedAtBudget(t *testing.T) {
+	ts := protocol.TurnData{Turn: 2}
+	st := protocol.StepData{Turn: 2, Step: 1}
+	pause := func(n string) any {
+		return protocol.RequestOpenData{RequestID: "r-" + n, Kind: protocol.RequestBudget, Turn: 2, Step: 2, CallID: "budget-t2-s2-" + n}
+	}
+	answer := func(n string) any {
+		return protocol.RequestAnswerData{RequestID: "r-" + n, CallID: "budget-t2-s2-" + n, State: protocol.RequestApproved}
+	}
+	head := []any{protocol.EvTurnStart, ts, protocol.EvStepStart, st, protocol.EvStepEnd, st}
+	tests := []struct {
+		name   string
+		tail   []any
+		parked string // the request id it waits on; "" not parked
+	}{
+		{"no pause", nil, ""},
+		{"paused", []any{protocol.EvRequestOpen, pause("1")}, "r-1"},
+		{"raised", []any{protocol.EvRequestOpen, pause("1"), protocol.EvRequestAnswer, answer("1")}, ""},
+		{"raised, paused again", []any{protocol.EvRequestOpen, pause("1"), protocol.EvRequestAnswer, answer("1"), protocol.EvRequestOpen, pause("2")}, "r-2"},
+		{"raised, the step started", []any{protocol.EvRequestOpen, pause("1"), protocol.EvRequestAnswer, answer("1"), protocol.EvStepStart, protocol.StepData{Turn: 2, Step: 2}}, ""},
+		{"the turn ended", []any{protocol.EvRequestOpen, pause("1"), protocol.EvTurnEnd, protocol.TurnEndData{Turn: 2}}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, ok := Parked(seqd(t, append(append([]any(nil), head...), tt.tail...)...))
+			got := ""
+			if ok && p.Budget != nil {
+				got = p.Budget.RequestID
+			}
+			if ok != (tt.parked != "") || got != tt.parked {
+				t.Fatalf("Parked = %+v, %v; want parked on %q", p, ok, tt.parked)
+			}
+			if ok && (p.Turn != 2 || p.Step != 2 || len(p.Pending) != 0) {
+				t.Fatalf("parked at turn %d step %d with %d pending, want 2, 2, none", p.Turn, p.Step, len(p.Pending))
+			}
+		})
+	}
+}

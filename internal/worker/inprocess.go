@@ -215,6 +215,7 @@ func (p *InProcess) NewSession(ctx context.Context, spec SessionSpec) (Session, 
 		Header: spec.Header, Log: spec.Log, Events: events, Model: m, Tools: reg,
 		System: system, Credential: spec.Credential, Limits: p.Limits.Within(spec.Header.Limits), Logger: logger,
 		Inbox: spec.Inbox, InboxDirty: spec.InboxDirty, Metrics: p.Metrics, Requests: p.Requests, Budget: p.Budget,
+		Continuable: spec.Continuable,
 	})
 }
 

@@ -568,6 +568,11 @@ func (h *Host) hostState(_ context.Context, _ rpc.Request, r protocol.HostChildR
 		if mr, ok := a.sess.(modelRetrier); ok && st.State == protocol.StateRunning {
 			st.ModelRetry = mr.ModelRetry()
 		}
+		if bp, ok := a.sess.(budgetPauser); ok && st.State == protocol.StateRunning {
+			if st.BudgetPause = bp.BudgetPause(); st.BudgetPause != nil {
+				st.State = protocol.StatePaused
+			}
+		}
 	default:
 	}
 	return st, nil
@@ -578,6 +583,13 @@ func (h *Host) hostState(_ context.Context, _ rpc.Request, r protocol.HostChildR
 // on, nil when none (docs/protocol.md §5.10, modelRetry).
 type modelRetrier interface {
 	ModelRetry() *protocol.ModelRetryData
+}
+
+// budgetPauser is a session whose turn pauses at its budget's cap
+// (*agent.Agent): BudgetPause is the budget request it waits on, nil when
+// none (docs/protocol.md §5.5, "Pause and raise"; state paused).
+type budgetPauser interface {
+	BudgetPause() *protocol.RequestOpenData
 }
 
 // dispose cancels a hosted run (cause disposed unless given) and answers with

@@ -81,6 +81,10 @@ const (
 	StateWaiting = "waiting"
 	StateSettled = "settled"
 	StateNone    = "none"
+	// StatePaused: a continuable child's turn waits at its budget's cap
+	// for a raise (budget.raise; docs/protocol.md §5.5, "Pause and
+	// raise"). The turn is open and continues the same turn once raised.
+	StatePaused = "paused"
 )
 
 // ChildRef names a continuable child and the authority asking about it.
@@ -101,6 +105,10 @@ type StateReply struct {
 	RunID      string          `msgpack:"runId,omitempty" json:"runId,omitempty"`
 	Queued     uint64          `msgpack:"queued,omitempty" json:"queued,omitempty"`
 	ModelRetry *ModelRetryData `msgpack:"modelRetry,omitempty" json:"modelRetry,omitempty"`
+	// BudgetPause, with state paused, is the budget request the turn
+	// waits on (its request/open data; the request record says which
+	// limit: requests.get).
+	BudgetPause *RequestOpenData `msgpack:"budgetPause,omitempty" json:"budgetPause,omitempty"`
 }
 
 // InterruptRequest is the body of continuable.interrupt: it stops the

@@ -22,6 +22,13 @@ const (
 	// RequestQuestion asks a question (Question), to be answered with free
 	// text, with one of its Choices, or with JSON its AnswerSchema accepts.
 	RequestQuestion = "question"
+	// RequestBudget is a continuable child paused at its budget's cap
+	// (docs/protocol.md §5.5, "Pause and raise"): its turn waits, before a
+	// model request, for a raise (budget.raise answers it approved, and the
+	// turn reserves again) or a denial (the turn ends BUDGET_EXHAUSTED, as
+	// a timeout does). Exhausted says which budget and limit; BudgetOf is
+	// the ledger that refused.
+	RequestBudget = "budget"
 )
 
 // Request states: pending until answered; then one of the others, for good.
@@ -144,6 +151,11 @@ type RequestRecord struct {
 	// PassedBy lists the ancestor agents that passed the request up
 	// (answer_request pass_up), in order; each at most once.
 	PassedBy []string `msgpack:"passedBy,omitempty" json:"passedBy,omitempty"`
+	// BudgetOf and Exhausted are a budget pause's (kind budget): the
+	// session whose ledger refused the reservation, and the refusal's
+	// BUDGET_EXHAUSTED message (the limit, its value and the usage).
+	BudgetOf  string `msgpack:"budgetOf,omitempty" json:"budgetOf,omitempty"`
+	Exhausted string `msgpack:"exhausted,omitempty" json:"exhausted,omitempty"`
 }
 
 // RequestVersion is the current RequestRecord version.
@@ -195,6 +207,10 @@ type RequestOpenRequest struct {
 	Question     string    `msgpack:"question,omitempty" json:"question,omitempty"`
 	Choices      []string  `msgpack:"choices,omitempty" json:"choices,omitempty"`
 	AnswerSchema string    `msgpack:"answerSchema,omitempty" json:"answerSchema,omitempty"`
+	// BudgetOf and Exhausted are a budget pause's (kind budget; Exhausted
+	// at most RequestReasonBytesMax bytes).
+	BudgetOf  string `msgpack:"budgetOf,omitempty" json:"budgetOf,omitempty"`
+	Exhausted string `msgpack:"exhausted,omitempty" json:"exhausted,omitempty"`
 }
 
 // RequestGetRequest is the body of requests.get: the child itself (Self)

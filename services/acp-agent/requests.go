@@ -402,6 +402,13 @@ func permissionRequest(id string, r protocol.RequestRecord) (_ acp.RequestPermis
 			{OptionId: optionApprove, Name: "Approve", Kind: acp.PermissionOptionKindAllowOnce},
 			{OptionId: optionDeny, Name: "Deny", Kind: acp.PermissionOptionKindRejectOnce},
 		}
+	case protocol.RequestBudget:
+		// No option an editor could offer raises a budget: the tool call
+		// says how (docs/protocol.md §5.5, "Pause and raise").
+		title = fmt.Sprintf("Subagent %s is paused at its budget's cap", r.SessionID)
+		shown = cut(r.Exhausted, requestShownBytesMax) + "\n\nRaise it and its turn goes on: " + howToAnswer(r) + ", or in the web view."
+		raw = map[string]any{"budgetOf": r.BudgetOf, "exhausted": r.Exhausted}
+		kind = acp.ToolKindOther
 	default: // a question
 		title = fmt.Sprintf("Subagent %s asks a question", r.SessionID)
 		shown = cut(r.Question, requestShownBytesMax)
@@ -458,6 +465,9 @@ func decided(r protocol.RequestRecord) string {
 
 // howToAnswer names the commands that answer r outside the editor.
 func howToAnswer(r protocol.RequestRecord) string {
+	if r.Kind == protocol.RequestBudget {
+		return "brood budget " + r.SessionID + " --raise tokens=+N (brood deny " + r.ID + " ends its turn)"
+	}
 	if r.Kind == protocol.RequestQuestion {
 		return "brood answer " + r.ID + " TEXT"
 	}

@@ -152,5 +152,10 @@ func (c *Coordinator) childRow(ctx context.Context, e protocol.ChildIndexRecord)
 			row.State = protocol.StateRunning
 		}
 	}
+	if p, ok := sessionlog.Parked(own); ok && p.Budget != nil {
+		// Paused at its budget's cap, whether or not an activation holds it
+		// now (its turn is the log's).
+		row.State = protocol.StatePaused
+	}
 	return row
 }

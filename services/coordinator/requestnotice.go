@@ -146,6 +146,11 @@ func requestNotice(rec protocol.RequestRecord) (string, []protocol.ContentBlock)
 		passed = fmt.Sprintf(" Passed up to you by agent %s.", rec.PassedBy[n-1])
 	}
 	switch rec.Kind {
+	case protocol.RequestBudget:
+		line = fmt.Sprintf("Subagent %s is paused at its budget's cap (request %s).%s", rec.SessionID, rec.ID, passed)
+		fmt.Fprintf(&b, "%s\n%s\n", line, rec.Exhausted)
+		fmt.Fprintf(&b, "Its parent or the user raises its budget (budget.raise; brood budget %s --raise tokens=+N), and its turn goes on. ", rec.SessionID)
+		fmt.Fprintf(&b, `To end its turn instead, call %s {"requestId":%q,"decision":"deny"} with a "reason" the subagent sees.`, protocol.ToolAnswerRequest, rec.ID)
 	case protocol.RequestQuestion:
 		line = fmt.Sprintf("Subagent %s asks a question (request %s).%s", rec.SessionID, rec.ID, passed)
 		fmt.Fprintf(&b, "%s\nQuestion:\n%s\n", line, rec.Question)

@@ -77,7 +77,7 @@ func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protoco
 	rec := protocol.RequestRecord{
 		Version: protocol.RequestVersion, ID: protocol.RequestID(r.Self.SessionID, r.CallID), SessionID: r.Self.SessionID,
 		Kind: r.Kind, CallID: r.CallID, Turn: r.Turn, Step: r.Step, Tool: r.Tool, Arguments: r.Arguments,
-		Question: r.Question, Choices: r.Choices, AnswerSchema: schema,
+		Question: r.Question, Choices: r.Choices, AnswerSchema: schema, BudgetOf: r.BudgetOf, Exhausted: r.Exhausted,
 		State: protocol.RequestPending, CreatedAt: now, Deadline: now + h.RequestTimeout(c.cfg.RequestTimeout).Milliseconds(),
 		Handler: c.requestHandler(ctx, r.Self.SessionID, nil),
 	}
@@ -108,7 +108,20 @@ func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protoco
 // the other kind's; it returns a question's answerSchema as canonical JSON
 // text.
 func checkRequestOpen(r protocol.RequestOpenRequest) (string, error) {
+	if r.Kind != protocol.RequestBudget && (r.BudgetOf != "" || r.Exhausted != "") {
+		return "", protocol.Errorf(protocol.CodeInvalidArgument, "budgetOf and exhausted belong to a request of kind %q, not %q", protocol.RequestBudget, r.Kind)
+	}
 	switch r.Kind {
+	case protocol.RequestBudget:
+		switch {
+		case r.Tool != "" || r.Arguments != "" || r.Question != "" || len(r.Choices) > 0 || r.AnswerSchema != "":
+			return "", protocol.Errorf(protocol.CodeInvalidArgument, "a request of kind %q names no tool, arguments or question", protocol.RequestBudget)
+		case r.BudgetOf != "" && !protocol.ValidID(r.BudgetOf):
+			return "", protocol.Errorf(protocol.CodeInvalidArgument, "budgetOf %q must match ^[A-Za-z0-9_-]{1,64}$", r.BudgetOf)
+		case len(r.Exhausted) > protocol.RequestReasonBytesMax || !utf8.ValidString(r.Exhausted):
+			return "", protocol.Errorf(protocol.CodeInvalidArgument, "exhausted must be UTF-8 text of at most %d bytes", protocol.RequestReasonBytesMax)
+		}
+		return "", nil
 	case protocol.RequestApproval:
 		switch {
 		case r.Tool == "" || len(r.Tool) > requestToolBytesMax:
@@ -126,7 +139,7 @@ func checkRequestOpen(r protocol.RequestOpenRequest) (string, error) {
 		}
 		return protocol.CheckQuestion(r.Question, r.Choices, r.AnswerSchema)
 	default:
-		return "", protocol.Errorf(protocol.CodeInvalidArgument, "request kind %q is not known; the kinds are %q and %q", r.Kind, protocol.RequestApproval, protocol.RequestQuestion)
+		return "", protocol.Errorf(protocol.CodeInvalidArgument, "request kind %q is not known; the kinds are %q, %q and %q", r.Kind, protocol.RequestApproval, protocol.RequestQuestion, protocol.RequestBudget)
 	}
 }
 

@@ -1,0 +1,138 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/brood-dev/brood/internal/requestwait"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// A continuable child at its budget's cap pauses instead of ending
+// (docs/protocol.md §5.5, "Pause and raise"; issue 32, item 3). When the
+// reservation of a model request is refused BUDGET_EXHAUSTED on a limit
+// that can be raised (tokens, model requests, tool calls, children; never
+// the deadline), the turn opens a request of kind budget and parks on it
+// as a tool call parks on an approval (park): request/open is logged
+// inside the open turn, no step is open, and the turn holds no model
+// connection and no reservation while it waits. A raise (budget.raise)
+// answers the request approved and the turn reserves again, the same
+// step of the same turn; a denial or the request's timeout ends the turn
+// BUDGET_EXHAUSTED, as a one-shot's cap does; the budget's deadline
+// passing meanwhile ends it with the deadline's reason. The pause is the
+// log's (sessionlog.Parked, Budget): a host that dies while the turn is
+// paused leaves the turn open, and the session's next activation waits on
+// the same request (ContinueParked).
+
+// pausesAtCap reports whether a refused reservation err pauses the turn
+// rather than ending it: the session is a continuable child that may ask
+// (Config.Continuable, Config.Requests), and the limit reached is one a
+// raise lifts.
+func (a *Agent) pausesAtCap(err error) bool {
+	if !a.cfg.Continuable || a.cfg.Requests == nil || protocol.CodeOf(err) != protocol.CodeBudgetExhausted {
+		return false
+	}
+	var pe *protocol.Error
+	if !errors.As(err, &pe) {
+		return false
+	}
+	limit, _ := pe.Details["limit"].(string)
+	return limit != "" && limit != protocol.BudgetLimitDeadline
+}
+
+// budgetPause parks turn before step's model request on a budget request
+// (parked, when set, is the one its previous host logged: the turn waits
+// on it again) and reports whether the turn ended (out says how): not
+// ended means the request was approved (a raise) and the step reserves
+// again. refused is the reservation's BUDGET_EXHAUSTED (nil with parked).
+func (a *Agent) budgetPause(ctx context.Context, turn, step int64, refused error, parked *protocol.RequestOpenData) (Outcome, bool) {
+	req := protocol.RequestOpenRequest{Kind: protocol.RequestBudget, Turn: turn, Step: step}
+	if parked != nil {
+		req.CallID = parked.CallID
+	} else {
+		req.CallID = fmt.Sprintf("budget-t%d-s%d-%d", turn, step, a.budgetRequests(turn, step)+1)
+		var pe *protocol.Error
+		if errors.As(refused, &pe) {
+			req.BudgetOf, _ = pe.Details["budget"].(string)
+			req.Exhausted = protocol.TruncateDiagnostic(pe.Message)
+		}
+	}
+	pause := &protocol.RequestOpenData{RequestID: protocol.RequestID(a.cfg.Header.ID, req.CallID), Kind: protocol.RequestBudget, Turn: turn, Step: step, CallID: req.CallID}
+	defer func() {
+		a.mu.Lock()
+		a.paused = nil
+		a.mu.Unlock()
+	}()
+	a.log.Info("the turn pauses at its budget's cap until the budget is raised", "turn", turn, "step", step, "request", pause.RequestID)
+	rec, d, failed, err := a.park(ctx, turn, req, parked)
+	exhausted := rec.Exhausted
+	if exhausted == "" {
+		exhausted = req.Exhausted
+	}
+	switch {
+	case failed == parkEnded && ctx.Err() != nil:
+		return a.endCancelled(ctx, turn, nil), true
+	case failed != 0:
+		return a.end(ctx, turn, nil, errReason(protocol.CodeBudgetExhausted,
+			fmt.Sprintf("%s; the turn could not pause for a raise (request %s: %v)", exhausted, pause.RequestID, err))), true
+	case d.State == protocol.RequestApproved:
+		a.log.Info("the budget was raised; the turn reserves again", "turn", turn, "step", step, "request", rec.ID)
+		return Outcome{}, false
+	case d.State == protocol.RequestTimedOut:
+		return a.end(ctx, turn, nil, errReason(protocol.CodeBudgetExhausted,
+			fmt.Sprintf("%s; the turn paused for a raise (request %s) and none came in time", exhausted, rec.ID))), true
+	default:
+		reason := ""
+		if d.Reason != "" {
+			reason = ": " + d.Reason
+		}
+		return a.end(ctx, turn, nil, errReason(protocol.CodeBudgetExhausted,
+			fmt.Sprintf("%s; the pause for a raise (request %s) ended %s by %s%s", exhausted, rec.ID, d.State, requestwait.AnswererName(d.By), reason))), true
+	}
+}
+
+// notePaused shows the budget request d (once it is open and logged) as
+// the one the running turn is paused on (BudgetPause); other kinds are
+// not a pause.
+func (a *Agent) notePaused(d protocol.RequestOpenData) {
+	if d.Kind != protocol.RequestBudget {
+		return
+	}
+	a.mu.Lock()
+	a.paused = &d
+	a.mu.Unlock()
+}
+
+// budgetRequests counts the budget requests turn's step opened so far (the
+// next one's call id follows them).
+func (a *Agent) budgetRequests(turn, step int64) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for i := len(a.events) - 1; i >= 0; i-- {
+		ev := a.events[i]
+		if ev.Type == protocol.EvTurnStart {
+			break
+		}
+		var d protocol.RequestOpenData
+		if ev.Type == protocol.EvRequestOpen && ev.Decode(&d) == nil && d.Kind == protocol.RequestBudget && d.Turn == turn && d.Step == step {
+			n++
+		}
+	}
+	return n
+}
+
+// BudgetPause returns the budget request the running turn is paused on (a
+// copy), nil when it is not paused at its budget's cap. Safe for
+// concurrent use; continuable.state shows it as state paused
+// (docs/protocol.md §5.10).
+func (a *Agent) BudgetPause() *protocol.RequestOpenData {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.paused == nil {
+		return nil
+	}
+	d := *a.paused
+	return &d
+}
