@@ -264,8 +264,9 @@ func stateCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "state CHILD",
-		Short: "Print a continuable child's residency: running, waiting, or none",
-		Long: "running: an activation is working or ready for its next turn; waiting: it owns live children\n" +
+		Short: "Print a continuable child's residency: running, paused, waiting, or none",
+		Long: "running: an activation is working or ready for its next turn; paused: its turn waits at its\n" +
+			"budget's cap for a raise (`brood budget CHILD --raise tokens=+100k`); waiting: it owns live children\n" +
 			"and cannot settle yet; none: no live activation (a followup resumes it). An unknown id is\n" +
 			"NOT_FOUND; a one-shot child has no residency (`brood result` tells how it ended).\n" +
 			"A running turn paused to retry a model request that failed temporarily (a 429, a 5xx, a\n" +
@@ -284,11 +285,14 @@ func stateCmd(g *globals) *cobra.Command {
 				if r := st.ModelRetry; r != nil {
 					fmt.Fprintln(s.errOut, modelRetryNote(*r))
 				}
+				if p := st.BudgetPause; p != nil {
+					fmt.Fprintf(s.errOut, "turn %d paused at its budget's cap on request %s; raise it: brood budget %s --raise tokens=+N\n", p.Turn, p.RequestID, st.ChildID)
+				}
 				return nil
 			})
 		},
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print {childId, state, hostId?, runId?, queued?, modelRetry?} as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print {childId, state, hostId?, runId?, queued?, modelRetry?, budgetPause?} as JSON")
 	clientFlags(cmd, g)
 	userFlags(cmd, g)
 	return cmd

@@ -253,7 +253,7 @@ func newRoot(g *globals) *cobra.Command {
 	add(groupStart, devCmd(g))
 	add(groupDelegate, providersCmd(g), runCmd(g), startCmd(g), followupCmd(g))
 	add(groupObserve, stateCmd(g), resultCmd(g), childrenCmd(g), logCmd(g), watchCmd(g), inboxCmd(g), uiCmd(g))
-	add(groupSteer, interruptCmd(g), disposeCmd(g), drainCmd(g), grantCmd(g), requestsCmd(g), approveCmd(g), denyCmd(g), answerQuestionCmd(g))
+	add(groupSteer, interruptCmd(g), disposeCmd(g), drainCmd(g), grantCmd(g), budgetCmd(g), requestsCmd(g), approveCmd(g), denyCmd(g), answerQuestionCmd(g))
 	add(groupServices, provisionCmd(g), coordinatorCmd(g), collectorCmd(g), spawnWorkerCmd(g), forkWorkerCmd(g), acpBridgeCmd(g), acpAgentCmd(g), mcpCmd(g), a2aGatewayCmd(g), a2aWorkerCmd(g))
 	root.AddCommand(natsServerCmd()) // hidden: the chaos harness's nodes
 	root.AddCommand(routeTLSCmd(g))  // hidden: deploy/README.md's set-up step

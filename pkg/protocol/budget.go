@@ -438,3 +438,82 @@ func BudgetStartGrant(b Budget, promptBytes int64) int64 {
 	}
 	return g
 }
+
+// BudgetGetRequest is the body of budget.get: the ledgers child ChildID
+// draws on, read by its exact live parent (Authority.Parent) or a user
+// grant over its tree, as continuable.state is authorised.
+type BudgetGetRequest struct {
+	ChildID   string    `msgpack:"childId" json:"childId"`
+	Authority Authority `msgpack:"authority" json:"authority"`
+}
+
+// BudgetGetReply is the child's ledgers, root-most first (its header's
+// Budgets; the last is its own when its start named one, Own). Each
+// record's remaining is its limits less charged less reserved (per
+// limit it names); empty when the child draws on no budget.
+type BudgetGetReply struct {
+	ChildID string         `msgpack:"childId" json:"childId"`
+	Budgets []BudgetRecord `msgpack:"budgets" json:"budgets"`
+	Own     bool           `msgpack:"own,omitempty" json:"own,omitempty"`
+}
+
+// BudgetRaiseRequest is the body of budget.raise (docs/protocol.md §5.5,
+// "Pause and raise"): the child's own ledger (budget.<childId>) gets each
+// limit Raise names raised by that many (tokens, model requests, tool
+// calls, children; each 0 to BudgetValueMax, at least one positive; a
+// limit the ledger does not name cannot be raised). Authority is as
+// continuable.followup's: the child's exact live parent, or a user grant
+// over its tree; a sibling or a stranger is UNAUTHORIZED. A parent raises
+// at most to what remains of its own budgets: after the raise, what
+// remains of the child's ledger for each raised limit is at most the
+// parent's remainder for it (LIMIT_EXCEEDED otherwise, nothing written).
+// A raise then answers the child's pending budget requests approved, so a
+// paused turn reserves again and continues. A root's own budget is raised
+// by a user grant over its tree only (ChildID the root's id).
+type BudgetRaiseRequest struct {
+	ChildID   string      `msgpack:"childId" json:"childId"`
+	Authority Authority   `msgpack:"authority" json:"authority"`
+	Raise     BudgetSpend `msgpack:"raise" json:"raise"`
+}
+
+// BudgetRaiseReply is the child's ledger as the raise wrote it, and the
+// budget requests the raise answered (the paused turns it wakes).
+type BudgetRaiseReply struct {
+	Budget  BudgetRecord `msgpack:"budget" json:"budget"`
+	Resumed []string     `msgpack:"resumed" json:"resumed"`
+}
+
+// ParseBudgetRaise parses the CLI's raise, "tokens=+100k,modelRequests=+5"
+// (the + is optional; names and suffixes as ParseBudget; no deadline).
+func ParseBudgetRaise(s string) (BudgetSpend, error) {
+	var r BudgetSpend
+	if strings.TrimSpace(s) == "" {
+		return r, Errorf(CodeInvalidArgument, "--raise names at least one limit, e.g. tokens=+100k")
+	}
+	for _, part := range strings.Split(s, ",") {
+		name, val, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			return BudgetSpend{}, Errorf(CodeInvalidArgument, "--raise: %q is not name=+amount", part)
+		}
+		val = strings.TrimPrefix(strings.TrimSpace(val), "+")
+		var f *int64
+		switch strings.TrimSpace(name) {
+		case "tokens":
+			f = &r.Tokens
+		case "modelRequests", "requests":
+			f = &r.ModelRequests
+		case "toolCalls", "tools":
+			f = &r.ToolCalls
+		case "children":
+			f = &r.Children
+		default:
+			return BudgetSpend{}, Errorf(CodeInvalidArgument, "--raise: unknown limit %q: a raise names tokens, modelRequests, toolCalls or children (a deadline is not raised)", name)
+		}
+		n, err := parseBudgetValue(name, val)
+		if err != nil {
+			return BudgetSpend{}, Errorf(CodeInvalidArgument, "--raise: %s=%s: %v", name, val, err)
+		}
+		*f = n
+	}
+	return r, nil
+}

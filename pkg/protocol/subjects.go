@@ -43,6 +43,10 @@ const (
 	// hosted session's spend with the session's credential.
 	EpBudgetReserve = "budget.reserve"
 	EpBudgetSettle  = "budget.settle"
+	// The ledgers of a child, and a raise of its own budget, by its parent
+	// or a user grant (authorised as continuable.followup is).
+	EpBudgetGet   = "budget.get"
+	EpBudgetRaise = "budget.raise"
 )
 
 // Provider operations, served by each instance of a provider on its own

@@ -228,6 +228,9 @@ func (c *Coordinator) endpoints() []endpoint {
 		// Budgets (budget.go).
 		{protocol.EpBudgetReserve, rpc.Typed[protocol.BudgetReserveRequest, protocol.BudgetReserveReply](c.budgetReserve)},
 		{protocol.EpBudgetSettle, rpc.Typed[protocol.BudgetSettleRequest, protocol.Empty](c.budgetSettle)},
+		// Pause and raise (budgetraise.go).
+		{protocol.EpBudgetGet, rpc.Typed[protocol.BudgetGetRequest, protocol.BudgetGetReply](c.budgetGet)},
+		{protocol.EpBudgetRaise, rpc.Typed[protocol.BudgetRaiseRequest, protocol.BudgetRaiseReply](c.budgetRaise)},
 	}
 }
 

@@ -170,3 +170,30 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, rec)
 }
+
+// raiseBudget raises a child's own budget as `brood budget ID --raise`
+// does (budget.raise with the page's grant; docs/protocol.md §5.5, "Pause
+// and raise"): the body is a BudgetSpend, {tokens?, modelRequests?,
+// toolCalls?, children?}; the reply budget.raise's. A turn paused at the
+// cap continues.
+func (s *Server) raiseBudget(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel, ok := s.action(w, r)
+	if !ok {
+		return
+	}
+	defer cancel()
+	var raise protocol.BudgetSpend
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&raise); err != nil {
+		writeError(w, protocol.Errorf(protocol.CodeInvalidArgument, "the body must be JSON {tokens?, modelRequests?, toolCalls?, children?}: %v", err))
+		return
+	}
+	reply, err := s.cfg.Client.RaiseBudget(ctx, r.PathValue("id"), s.authority(), raise)
+	s.reqs.poke()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, reply)
+}

@@ -289,6 +289,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /api/sessions/{id}/dispose", s.dispose)
 	mux.HandleFunc("GET /api/requests", s.requests)
 	mux.HandleFunc("POST /api/requests/{id}/answer", s.answer)
+	mux.HandleFunc("POST /api/sessions/{id}/budget/raise", s.raiseBudget)
 	return s.guard(mux)
 }
 

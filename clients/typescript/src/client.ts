@@ -33,9 +33,12 @@ import {
   type AgentsOpenReply,
   type AgentsOpenRequest,
   type AgentsRenewReply,
+  type BudgetGetReply,
+  type BudgetRaiseReply,
   type BudgetReserveReply,
   type BudgetReserveRequest,
   type BudgetSettleRequest,
+  type BudgetSpend,
   type Authority,
   type ChildRef,
   type ChildrenListReply,
@@ -471,6 +474,23 @@ export class Client {
    */
   reserveBudget(req: BudgetReserveRequest, opts?: CallOptions): Promise<BudgetReserveReply> {
     return this.call(Endpoints.budgetReserve, req, opts);
+  }
+
+  /**
+   * budget.get (§5.5): the ledgers a child draws on, root-most first, read by
+   * its exact live parent or a user grant over its tree.
+   */
+  budget(childId: string, authority: Authority, opts?: CallOptions): Promise<BudgetGetReply> {
+    return this.call(Endpoints.budgetGet, { childId, authority }, opts);
+  }
+
+  /**
+   * budget.raise (§5.5 "Pause and raise"): raise a child's own budget by each
+   * amount of raise; a turn paused at its cap continues. Authorised as a
+   * followup; a parent raises at most to its own remainder (LimitExceededError).
+   */
+  raiseBudget(childId: string, authority: Authority, raise: BudgetSpend, opts?: CallOptions): Promise<BudgetRaiseReply> {
+    return this.call(Endpoints.budgetRaise, { childId, authority, raise }, opts);
   }
 
   /** budget.settle (§5.22): charge what a reservation used and release the rest, once. */

@@ -44,6 +44,8 @@ export const Endpoints = {
   requestsList: "requests.list",
   budgetReserve: "budget.reserve",
   budgetSettle: "budget.settle",
+  budgetGet: "budget.get",
+  budgetRaise: "budget.raise",
 } as const;
 export type Endpoint = (typeof Endpoints)[keyof typeof Endpoints];
 
@@ -366,12 +368,15 @@ export interface ModelRetryData {
 /** §5.10 */
 export interface StateReply {
   childId: string;
-  state: "running" | "waiting" | "settled" | "none";
+  /** paused: the turn waits at its budget's cap for a raise (§5.5 "Pause and raise"; budgetPause). */
+  state: "running" | "paused" | "waiting" | "settled" | "none";
   hostId?: string;
   runId?: string;
   queued?: number;
   /** With state running: the running turn waits to retry a model request that failed temporarily. */
   modelRetry?: ModelRetryData;
+  /** With state paused: the budget request the turn waits on (its request/open data). */
+  budgetPause?: RequestOpenData;
 }
 
 /** §5.11 */
@@ -466,11 +471,15 @@ export interface RequestRecord {
   version: number;
   id: string;
   sessionId: string;
-  kind: "approval" | "question";
+  /** budget: a continuable child paused at its budget's cap, answered by a raise (§5.5 "Pause and raise"). */
+  kind: "approval" | "question" | "budget";
   callId: string;
   turn: number;
   step: number;
   tool?: string;
+  /** A budget pause's: the session whose ledger refused, and the BUDGET_EXHAUSTED message. */
+  budgetOf?: string;
+  exhausted?: string;
   /** The call's arguments, raw JSON text. */
   arguments?: string;
   /** A question's text. */
@@ -490,10 +499,24 @@ export interface RequestRecord {
   passedBy?: string[];
 }
 
+/** §8.3 request/open: the turn parked on request requestId (a budget pause: kind budget, before step's model request). */
+export interface RequestOpenData {
+  requestId: string;
+  kind: "approval" | "question" | "budget";
+  turn: number;
+  step: number;
+  callId: string;
+  tool?: string;
+  deadline: Millis;
+}
+
 /** §5.21 */
 export interface RequestOpenRequest {
   self: ParentRef;
-  kind: "approval" | "question";
+  kind: "approval" | "question" | "budget";
+  /** A budget pause's (kind budget). */
+  budgetOf?: string;
+  exhausted?: string;
   callId: string;
   turn: number;
   step: number;
@@ -842,6 +865,46 @@ export interface BudgetReserveReply {
   granted: BudgetSpend;
   /** Nothing reserved: ask again after this many ms (tokens held by reservations in flight). */
   retryMs?: number;
+}
+
+/** §5.5 "Budgets", §7.6: one budget's ledger. */
+export interface BudgetRecord {
+  sessionId: string;
+  limits: Budget;
+  deadlineAt?: Millis;
+  charged: BudgetSpend;
+  reservations?: { id: string; sessionId: string; runId?: string; hostId?: string; spend: BudgetSpend; at: Millis }[];
+  createdAt: Millis;
+  writeId?: string;
+}
+
+/** §5.5 budget.get: by the child's exact live parent or a user grant. */
+export interface BudgetGetRequest {
+  childId: string;
+  authority: Authority;
+}
+
+/** §5.5: the ledgers the child draws on, root-most first; own: the last is its own. */
+export interface BudgetGetReply {
+  childId: string;
+  budgets: BudgetRecord[];
+  own?: boolean;
+}
+
+/**
+ * §5.5 "Pause and raise" budget.raise: raise the child's own budget by each
+ * amount named (authorised as a followup; a parent at most to its own remainder).
+ */
+export interface BudgetRaiseRequest {
+  childId: string;
+  authority: Authority;
+  raise: BudgetSpend;
+}
+
+/** §5.5: the ledger as raised, and the budget requests answered (the paused turns it wakes). */
+export interface BudgetRaiseReply {
+  budget: BudgetRecord;
+  resumed: string[];
 }
 
 /** §5.22 budget.settle */

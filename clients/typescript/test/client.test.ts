@@ -312,6 +312,40 @@ describe("requests", () => {
   });
 });
 
+describe("budgets", () => {
+  test("a continuable child at its cap is paused; another root may not raise it; the parent's raise continues the same turn", async () => {
+    const [root, other] = await Promise.all([brood.openRoot({ cwd, budget: { modelRequests: 10 } }), brood.openRoot({ cwd })]);
+    try {
+      const auth = root.authority();
+      const start = await brood.startContinuable({
+        provider: "spawn", parent: root.ref(), label: "capped",
+        prompt: text('call read_file {"path":"nothing.txt"}\nsay done'), options: { budget: { modelRequests: 1 } },
+      });
+      await eventually("the child pauses at its cap", 20_000, async () => (await brood.state({ childId: start.childId, authority: auth })).state === "paused");
+      const st = await brood.state({ childId: start.childId, authority: auth });
+      assert.equal(st.budgetPause?.kind, "budget");
+      const req = await brood.getRequest({ requestId: st.budgetPause!.requestId, authority: auth });
+      assert.equal(req.kind, "budget");
+      assert.equal(req.budgetOf, start.childId);
+      const ledgers = await brood.budget(start.childId, auth);
+      assert.equal(ledgers.own, true);
+      assert.deepEqual(ledgers.budgets.map((b) => b.limits.modelRequests), [10, 1]);
+      await assert.rejects(brood.raiseBudget(start.childId, other.authority(), { modelRequests: 1 }), UnauthorizedError);
+      await assert.rejects(brood.raiseBudget(start.childId, auth, { modelRequests: 10 }), LimitExceededError);
+      await assert.rejects(brood.raiseBudget(start.childId, auth, { modelRequests: -1 }), InvalidArgumentError);
+      const raised = await brood.raiseBudget(start.childId, auth, { modelRequests: 1 });
+      assert.equal(raised.budget.limits.modelRequests, 2);
+      assert.deepEqual(raised.resumed, [req.id]);
+      await eventually("the turn completes", 20_000, async () => (await brood.sessionResult({ sessionId: start.childId, authority: auth })).finished);
+      const r = await brood.sessionResult({ sessionId: start.childId, authority: auth });
+      assert.equal(r.stopReason, "completed");
+      assert.deepEqual(r.output, text("done"));
+    } finally {
+      await Promise.all([root.close(), other.close()]);
+    }
+  });
+});
+
 describe("reads", () => {
   test("a root reads its child's header and log, page by page", async () => {
     const root = await brood.openRoot({ cwd });

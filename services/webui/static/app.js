@@ -12,6 +12,7 @@ const kids = new Map(); // parent id -> Set of child ids
 const items = new Map(); // id -> its rendered <li>
 const running = new Set(); // ids of running nodes (their durations tick)
 const pendingBy = new Map(); // session id -> how many pending requests it has (its row is marked)
+const pausedBy = new Set(); // session ids with a pending budget request: paused at the cap (§5.5)
 let selected = "";
 // Timings of the last renders (ms), read by the browser tests.
 const perf = { tree: 0, update: 0, search: 0, nodes: 0 };
@@ -118,6 +119,12 @@ function renderRow(n) {
   row.firstChild.className = "dot " + dotClass(n);
   row.lastChild.textContent = n.root ? "root " + shortId(n.id) : shortId(n.id);
   if (n.label) row.appendChild(el("span", "nlabel", n.label));
+  if (pausedBy.has(n.id)) {
+    row.dataset.paused = "1";
+    const p = el("span", "badge state-paused", "paused");
+    p.title = "paused at its budget's cap: raise its budget in the panel above (or brood budget " + n.id + " --raise tokens=+N)";
+    row.appendChild(p);
+  }
   const asks = pendingBy.get(n.id);
   if (asks) {
     row.dataset.requests = String(asks);
@@ -449,6 +456,13 @@ function updateRequests(list) {
   const counts = new Map();
   for (const r of list) counts.set(r.sessionId, (counts.get(r.sessionId) || 0) + 1);
   const touched = new Set();
+  // A pending budget request is a turn paused at its budget's cap (§5.5
+  // "Pause and raise"): its row says paused.
+  const paused = new Set(list.filter((r) => r.kind === "budget").map((r) => r.sessionId));
+  for (const id of paused) if (!pausedBy.has(id)) touched.add(id);
+  for (const id of pausedBy) if (!paused.has(id)) touched.add(id);
+  pausedBy.clear();
+  for (const id of paused) pausedBy.add(id);
   for (const [id, k] of counts) if (pendingBy.get(id) !== k) touched.add(id);
   for (const id of pendingBy.keys()) if (!counts.has(id)) touched.add(id);
   pendingBy.clear();
@@ -490,12 +504,12 @@ function renderRequest(r) {
   card.dataset.session = r.sessionId;
   card.dataset.kind = r.kind;
   const head = el("div", "rhead");
-  head.appendChild(el("span", "badge", r.kind === "question" ? "question" : "approval"));
+  head.appendChild(el("span", "badge", r.kind === "question" ? "question" : r.kind === "budget" ? "budget" : "approval"));
   const who = link(r.sessionId, sessionName(r.sessionId));
   who.classList.add("request-session");
   who.title = r.sessionId;
   head.appendChild(who);
-  head.appendChild(el("span", "mono rtool", r.kind === "question" ? "ask" : r.tool));
+  head.appendChild(el("span", "mono rtool", r.kind === "question" ? "ask" : r.kind === "budget" ? "paused at its cap" : r.tool));
   // Who it waits on (§5.21 handler): the ancestor agent told of it, else
   // the user; passedBy, when it was passed up, in the title.
   const handler = el("span", "rhandler", r.handler ? "waits on " + sessionName(r.handler) : "waits on you");
@@ -542,6 +556,22 @@ function renderRequest(r) {
       bar.appendChild(lab);
       bar.appendChild(b);
     }
+  } else if (r.kind === "budget") {
+    card.appendChild(el("div", "question", r.exhausted || "its budget is spent"));
+    const lim = el("select", "raise-limit");
+    for (const k of ["tokens", "modelRequests", "toolCalls", "children"]) lim.appendChild(el("option", "", k));
+    const amt = el("input", "raise-amount");
+    amt.placeholder = "amount to add";
+    const up = el("button", "raise", "Raise");
+    up.title = "raise the child's own budget by the amount; its turn goes on (as brood budget ID --raise)";
+    up.addEventListener("click", () => raiseBudget(r, card, { [lim.value]: Number(amt.value) }));
+    const no = el("button", "deny", "End the turn");
+    no.title = "deny: the turn ends BUDGET_EXHAUSTED (as brood deny)";
+    no.addEventListener("click", () => send({ answer: "deny" }));
+    bar.appendChild(lim);
+    bar.appendChild(amt);
+    bar.appendChild(up);
+    bar.appendChild(no);
   } else {
     card.appendChild(el("pre", "args", pretty(r.arguments || "")));
     const ok = el("button", "approve", "Approve");
@@ -559,6 +589,20 @@ function renderRequest(r) {
   card.appendChild(bar);
   card.appendChild(result);
   return card;
+}
+
+// raiseBudget raises the paused child's own budget (POST
+// /api/sessions/{id}/budget/raise, budget.raise with the page's grant).
+async function raiseBudget(r, card, raise) {
+  const out = card.querySelector(".rresult");
+  try {
+    const resp = await fetch("/api/sessions/" + encodeURIComponent(r.sessionId) + "/budget/raise", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(raise) });
+    const body = await resp.json();
+    out.textContent = resp.ok ? "raised; the turn goes on" : (body.code || "") + ": " + (body.message || "");
+  } catch (e) {
+    out.textContent = String(e);
+  }
 }
 
 function answerText(rec) {
@@ -835,7 +879,7 @@ function renderEvent(v, ev) {
       node = el("div", "note", "ACP session " + (d.sessionId || "") + (d.loaded ? " (loaded)" : ""));
       break;
     case "request/open":
-      node = el("div", "note request-event", (d.kind === "question" ? "asks a question" : "asks for approval of " + (d.tool || "a call")) +
+      node = el("div", "note request-event", (d.kind === "question" ? "asks a question" : d.kind === "budget" ? "paused at its budget's cap" : "asks for approval of " + (d.tool || "a call")) +
         " · request " + d.requestId + " · deadline " + new Date(d.deadline).toLocaleTimeString());
       break;
     case "request/answer": {

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// budgetCmd is `brood budget CHILD [--raise tokens=+100k]` (docs/protocol.md
+// §5.5, "Pause and raise"): without --raise it prints the ledgers the child
+// draws on; with it, it raises the child's own budget (budget.raise) and a
+// turn paused at the cap continues.
+func budgetCmd(g *globals) *cobra.Command {
+	var raise string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "budget CHILD [--raise tokens=+100k,...]",
+		Short: "Show a child's budgets, or raise its own (a turn paused at its cap continues)",
+		Long: "Without --raise: one row per budget the child draws on, root-most first (the last is its own\n" +
+			"when its start named one): each limit's LIMIT, USED (charged), RESERVED (in flight) and LEFT.\n" +
+			"With --raise: the child's own budget gets each named limit raised by that amount (tokens,\n" +
+			"modelRequests, toolCalls, children; k and m suffixes; a deadline is not raised), and a\n" +
+			"continuable child paused at its cap (`brood state` says paused) continues the same turn.\n" +
+			"Budgets only tighten down the tree: a parent agent raises at most to what remains of its own.\n" +
+			"CHILD may be a root too (its agents.open named a budget): only you, the user, raise that one.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var delta protocol.BudgetSpend
+			if cmd.Flags().Changed("raise") {
+				var err error
+				if delta, err = protocol.ParseBudgetRaise(raise); err != nil {
+					return err
+				}
+			}
+			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
+				if !delta.IsZero() {
+					rep, err := s.cl.RaiseBudget(ctx, args[0], auth, delta)
+					if err != nil {
+						return err
+					}
+					if asJSON {
+						return printJSON(s.out, rep)
+					}
+					printLedgers(s.out, []protocol.BudgetRecord{rep.Budget})
+					if len(rep.Resumed) > 0 {
+						fmt.Fprintf(s.errOut, "resumed %s paused at the cap: %s\n", count(len(rep.Resumed), "turn"), strings.Join(rep.Resumed, " "))
+					}
+					return nil
+				}
+				rep, err := s.cl.Budget(ctx, args[0], auth)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(s.out, rep)
+				}
+				if len(rep.Budgets) == 0 {
+					fmt.Fprintf(s.errOut, "%s draws on no budget\n", args[0])
+					return nil
+				}
+				printLedgers(s.out, rep.Budgets)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVar(&raise, "raise", "", "raise the child's own budget: tokens=+100k,modelRequests=+5,toolCalls=+10,children=+2")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print budget.get's {childId, budgets, own?} (with --raise: {budget, resumed}) as JSON")
+	clientFlags(cmd, g)
+	userFlags(cmd, g)
+	return cmd
+}
+
+// printLedgers prints one row per limit each ledger names.
+func printLedgers(w io.Writer, recs []protocol.BudgetRecord) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BUDGET\tLIMIT\tVALUE\tUSED\tRESERVED\tLEFT")
+	for _, r := range recs {
+		used, held, left := r.Charged, r.Reserved(), r.Remaining()
+		for _, f := range []struct {
+			name              string
+			v, u, h, leftover int64
+		}{
+			{protocol.BudgetLimitTokens, r.Limits.Tokens, used.Tokens, held.Tokens, left.Tokens},
+			{protocol.BudgetLimitModelRequests, r.Limits.ModelRequests, used.ModelRequests, held.ModelRequests, left.ModelRequests},
+			{protocol.BudgetLimitToolCalls, r.Limits.ToolCalls, used.ToolCalls, held.ToolCalls, left.ToolCalls},
+			{protocol.BudgetLimitChildren, r.Limits.Children, used.Children, held.Children, left.Children},
+		} {
+			if f.v == 0 || f.leftover == math.MaxInt64 {
+				continue
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\n", r.SessionID, f.name, f.v, f.u, f.h, f.leftover)
+		}
+		if r.DeadlineAt > 0 {
+			fmt.Fprintf(tw, "%s\tdeadline\t%s\t\t\t%s\n", r.SessionID, time.UnixMilli(r.DeadlineAt).UTC().Format(time.RFC3339),
+				max(time.Until(time.UnixMilli(r.DeadlineAt)), 0).Round(time.Second))
+		}
+	}
+	tw.Flush()
+}
