@@ -427,6 +427,12 @@ var permCases = []permCase{
 	{user: "worker-spawn", subject: "brood.v1.user.worker-spawn.budget.reserve", allowed: true},
 	{user: "worker-spawn", subject: "$KV.brood_agents.budget.S1"},
 	{user: "worker-acp", subject: "$KV.brood_agents.budget.S1"},
+	// Start queues only coordinators write (docs/protocol.md §5.5, "The
+	// start queue"): a worker cannot queue, reorder or drop a start.
+	{user: "worker-spawn", subject: "$KV.brood_agents.startqueue.S1"},
+	{user: "worker-fork", subject: "$KV.brood_agents.startqueue.S1"},
+	{user: "worker-acp", subject: "$KV.brood_agents.startqueue.S1"},
+	{user: "coordinator", subject: "$KV.brood_agents.startqueue.S1", allowed: true},
 	{user: "coordinator", subject: "brood.v1.coord.runs.start"},
 	// Clients go through the coordinator and touch nothing else: no stream
 	// subject, no KV key, no JetStream API (so no consumer that delivers

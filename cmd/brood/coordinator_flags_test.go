@@ -11,7 +11,7 @@ import (
 // TestCoordinatorRequestTimeoutFlag: --request-timeout takes 1 ms to 24 h
 // and refuses anything else INVALID_ARGUMENT, naming the flag.
 func TestCoordinatorRequestTimeoutFlag(t *testing.T) {
-	base := coordinatorLimits{liveChildrenMax: 64, userOpenRootsMax: 1, userRequestsPerSecond: 1, userRequestsBurst: 1}
+	base := coordinatorLimits{liveChildrenMax: 64, startQueueMax: protocol.DefaultStartQueueMax, userOpenRootsMax: 1, userRequestsPerSecond: 1, userRequestsBurst: 1}
 	for _, tc := range []struct {
 		d  time.Duration
 		ok bool
@@ -27,6 +27,27 @@ func TestCoordinatorRequestTimeoutFlag(t *testing.T) {
 			t.Errorf("%s: %v", tc.d, err)
 		case !tc.ok && (protocol.CodeOf(err) != protocol.CodeInvalidArgument || !strings.Contains(err.Error(), "--request-timeout")):
 			t.Errorf("%s: %v; want INVALID_ARGUMENT naming --request-timeout", tc.d, err)
+		}
+	}
+}
+
+// TestCoordinatorStartQueueMaxFlag: --start-queue-max takes a positive
+// bound or -1 (no queue), and refuses 0 and anything below -1
+// INVALID_ARGUMENT, naming the flag.
+func TestCoordinatorStartQueueMaxFlag(t *testing.T) {
+	base := coordinatorLimits{liveChildrenMax: 64, userOpenRootsMax: 1, userRequestsPerSecond: 1, userRequestsBurst: 1, requestTimeout: protocol.RequestTimeout}
+	for _, tc := range []struct {
+		n  int
+		ok bool
+	}{{protocol.DefaultStartQueueMax, true}, {1, true}, {-1, true}, {0, false}, {-2, false}} {
+		l := base
+		l.startQueueMax = tc.n
+		err := l.validate()
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("%d: %v", tc.n, err)
+		case !tc.ok && (protocol.CodeOf(err) != protocol.CodeInvalidArgument || !strings.Contains(err.Error(), "--start-queue-max")):
+			t.Errorf("%d: %v; want INVALID_ARGUMENT naming --start-queue-max", tc.n, err)
 		}
 	}
 }

@@ -364,6 +364,7 @@ func serviceConn(ctx context.Context, g *globals, name string, sf storeFlags, lo
 // The per-user quotas are docs/security.md's.
 type coordinatorLimits struct {
 	liveChildrenMax       int
+	startQueueMax         int
 	userOpenRootsMax      int
 	userRequestsPerSecond float64
 	userRequestsBurst     int
@@ -373,7 +374,8 @@ type coordinatorLimits struct {
 }
 
 func (l *coordinatorLimits) flags(cmd *cobra.Command) {
-	cmd.Flags().IntVar(&l.liveChildrenMax, "live-children-max", 64, "most live children one parent may have (LIMIT_EXCEEDED beyond)")
+	cmd.Flags().IntVar(&l.liveChildrenMax, "live-children-max", 64, "most live children one parent may have (a one-shot start beyond waits in the parent's start queue; a continuable one is refused LIMIT_EXCEEDED)")
+	cmd.Flags().IntVar(&l.startQueueMax, "start-queue-max", protocol.DefaultStartQueueMax, "most one-shot starts that may wait in one parent's start queue while it is at --live-children-max (LIMIT_EXCEEDED beyond); -1: no queue, a start at the limit is refused")
 	cmd.Flags().IntVar(&l.userOpenRootsMax, "user-open-roots-max", coordinator.DefaultUserOpenRootsMax, "most roots one NATS user may hold open (LIMIT_EXCEEDED beyond)")
 	cmd.Flags().Float64Var(&l.userRequestsPerSecond, "user-requests-per-second", coordinator.DefaultUserRequestsPerSecond, "requests per second one NATS user may send to this replica, on average (LIMIT_EXCEEDED beyond)")
 	cmd.Flags().IntVar(&l.userRequestsBurst, "user-requests-burst", coordinator.DefaultUserRequestsBurst, "requests one NATS user may send to this replica at once, above its rate")
@@ -383,6 +385,9 @@ func (l *coordinatorLimits) flags(cmd *cobra.Command) {
 func (l coordinatorLimits) validate() error {
 	if l.liveChildrenMax <= 0 {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "--live-children-max must be positive")
+	}
+	if l.startQueueMax == 0 || l.startQueueMax < -1 {
+		return protocol.Errorf(protocol.CodeInvalidArgument, "--start-queue-max must be positive, or -1 for no queue")
 	}
 	if l.userOpenRootsMax <= 0 || l.userRequestsPerSecond <= 0 || l.userRequestsBurst <= 0 {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "--user-open-roots-max, --user-requests-per-second and --user-requests-burst must be positive")
@@ -396,7 +401,7 @@ func (l coordinatorLimits) validate() error {
 func newCoordinator(nc *nats.Conn, st *store.Store, t timing, l coordinatorLimits, m *telemetry.Metrics, log *slog.Logger) (*coordinator.Coordinator, error) {
 	return coordinator.New(coordinator.Config{
 		NC: nc, Store: st, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, RootLease: t.rootLease,
-		LiveChildrenMax: l.liveChildrenMax, UserOpenRootsMax: l.userOpenRootsMax,
+		LiveChildrenMax: l.liveChildrenMax, StartQueueMax: l.startQueueMax, UserOpenRootsMax: l.userOpenRootsMax,
 		UserRequestsPerSecond: l.userRequestsPerSecond, UserRequestsBurst: l.userRequestsBurst, RequestTimeout: l.requestTimeout,
 		Logger: log, Metrics: m,
 	})

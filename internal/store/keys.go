@@ -23,6 +23,7 @@ import (
 //	              drain.all.sessions       protocol.DrainRecord: the global drain
 //	              drain.<sessionId>        protocol.DrainRecord: a drain at and below one agent
 //	              budget.<sessionId>       protocol.BudgetRecord: the ledger of the budget a session named (coordinator)
+//	              startqueue.<parentSession>  protocol.StartQueueRecord: the starts waiting for a live-children slot (coordinator)
 //	brood_runs    spec.<provider>.<runId>  protocol.RunRecord as created: what the coordinator decided (coordinator; read by its provider's workers)
 //	              state.<provider>.<runId> protocol.RunRecord: its claim and settlement (its provider's workers)
 //	brood_hosts   <scope>.<unique>         protocol.HostRecord of a worker host (protocol.WorkerHostID)
@@ -49,6 +50,7 @@ const (
 	prefixGrant  = "grant."
 	prefixDrain  = "drain."
 	prefixBudget = "budget."
+	prefixQueue  = "startqueue."
 )
 
 // DrainAll is the scope of the global drain (its key is drain.all.sessions):
@@ -103,6 +105,10 @@ func OwnsKey(scope, parent string) string { return prefixOwns + scope + "." + pa
 
 // SlotsKey is the brood_agents key of a parent's live-children slot record.
 func SlotsKey(parent string) string { return prefixSlots + parent }
+
+// StartQueueKey is the brood_agents key of a parent's start queue,
+// startqueue.<parentSession> (protocol.StartQueueRecord).
+func StartQueueKey(parent string) string { return prefixQueue + parent }
 
 // UserRootsKey is the brood_agents key of a NATS user's open-root slots,
 // userroots.<user> (a user name is a subject token, protocol.ValidUser).
@@ -246,6 +252,7 @@ const (
 	KindDrain                        // drain.<scope>
 	KindBudget                       // budget.<sessionId>
 	KindRequest                      // request.<requestId>
+	KindStartQueue                   // startqueue.<parentSession>
 )
 
 // KindOf returns what the brood_agents key holds and the id it is keyed by
@@ -266,7 +273,7 @@ func KindOf(key string) (AgentsKind, string) {
 	for _, p := range []struct {
 		prefix string
 		kind   AgentsKind
-	}{{prefixRoot, KindRootLease}, {prefixSlots, KindSlots}, {prefixUser, KindUserRoots}, {prefixClose, KindClosedRoot}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}, {prefixBudget, KindBudget}, {prefixRequest, KindRequest}} {
+	}{{prefixRoot, KindRootLease}, {prefixSlots, KindSlots}, {prefixUser, KindUserRoots}, {prefixClose, KindClosedRoot}, {prefixGrant, KindGrant}, {prefixDrain, KindDrain}, {prefixBudget, KindBudget}, {prefixRequest, KindRequest}, {prefixQueue, KindStartQueue}} {
 		if id, ok := strings.CutPrefix(key, p.prefix); ok {
 			return p.kind, id
 		}

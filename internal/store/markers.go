@@ -69,6 +69,32 @@ func (s *Store) WriteSlots(ctx context.Context, parent string, rec protocol.Chil
 	return Update(ctx, s.Agents, SlotsKey(parent), rec, rev)
 }
 
+// StartQueue reads parent's start queue from the bucket's leader
+// (GetLatest), as Slots does: every change writes it by compare-and-set.
+// None is ErrNotFound.
+func (s *Store) StartQueue(ctx context.Context, parent string) (Record[protocol.StartQueueRecord], error) {
+	return GetLatest[protocol.StartQueueRecord](ctx, s.Agents, StartQueueKey(parent))
+}
+
+// WriteStartQueue writes parent's start queue by compare-and-set at rev (0:
+// the record must not exist yet) and returns the new revision; ErrConflict
+// when it changed since. An emptied queue is written empty with a
+// per-message TTL of StartQueueEmptyTTL, never deleted by a writer: the
+// server removes it unless a write replaces it first, and a writer that read
+// it before then conflicts, reads it gone and creates it.
+func (s *Store) WriteStartQueue(ctx context.Context, parent string, rec protocol.StartQueueRecord, rev uint64) (uint64, error) {
+	switch {
+	case rev == 0:
+		return Create(ctx, s.Agents, StartQueueKey(parent), rec)
+	case len(rec.Entries) == 0:
+		return UpdateTTL(ctx, s.Agents, StartQueueKey(parent), rec, rev, StartQueueEmptyTTL)
+	}
+	return Update(ctx, s.Agents, StartQueueKey(parent), rec, rev)
+}
+
+// StartQueueEmptyTTL is how long an emptied start queue record stays.
+const StartQueueEmptyTTL = time.Minute
+
 // UserRoots reads user's open-root slot record from the bucket's leader
 // (GetLatest), as Slots does and for the same reason. None is ErrNotFound.
 func (s *Store) UserRoots(ctx context.Context, user string) (Record[protocol.UserRootsRecord], error) {

@@ -30,7 +30,12 @@ package store
 //	    coordinator: live-children slot (slots.<parent> CAS) → [fork: the
 //	    provider's prepare writes the seed] → header ∥ run record (CreateRun:
 //	    spec ∥ state, running) → child index entry (async) → dispatch the
-//	    start.
+//	    start. At the limit: the start queue (startqueue.<parent> CAS, the
+//	    entry appended) after the budget's child charge, and nothing else;
+//	    its admission, by any replica: slot (CAS) → startqueue.<parent>
+//	    (CAS: the entry marked admitting) → header, run record (each taken
+//	    as found when there) → dispatch → startqueue.<parent> (CAS: the
+//	    entry removed).
 //	    host: drop if past the request's deadline → ClaimRun (CAS at the
 //	    creation revision) ∥ lease (CreateLease; a failed claim deletes it)
 //	    → first log records (descriptor, turn/start; expect seq 0) →

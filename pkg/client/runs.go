@@ -21,9 +21,14 @@ type Run struct {
 	c       *Client
 	RunID   string
 	ChildID string
-	parent  protocol.ParentRef
-	notice  chan protocol.RunNotice
-	token   string
+	// State is protocol.RunQueued when the start waits in its parent's
+	// start queue (the parent was at its live-children limit): the run
+	// starts later and Result waits for it as for any run; "" when the
+	// child was published (docs/protocol.md §5.5, "The start queue").
+	State  string
+	parent protocol.ParentRef
+	notice chan protocol.RunNotice
+	token  string
 }
 
 func (c *Client) ensureNotify() (string, error) {
@@ -96,7 +101,7 @@ func (c *Client) StartRun(ctx context.Context, req protocol.RunStartRequest) (*R
 		c.mu.Unlock()
 		return nil, err
 	}
-	return &Run{c: c, RunID: reply.RunID, ChildID: reply.ChildID, parent: req.Parent, notice: ch, token: token}, nil
+	return &Run{c: c, RunID: reply.RunID, ChildID: reply.ChildID, State: reply.State, parent: req.Parent, notice: ch, token: token}, nil
 }
 
 // Result waits for the run's result: its notice, or runs.await when none came

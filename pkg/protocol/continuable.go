@@ -309,6 +309,51 @@ type ChildSlot struct {
 	RunID      string `msgpack:"runId,omitempty" json:"runId,omitempty"`
 }
 
+// StartQueueRecord is a parent's start queue, in brood_agents under
+// `startqueue.<parentSession>` (docs/protocol.md §5.5, "The start queue";
+// §7.6), written only by coordinators by compare-and-set: the runs.start
+// requests that found the parent at its live-children limit, oldest first.
+// A coordinator admits the first entry when a slot frees (it takes the
+// child's slot, marks the entry admitting, writes the run, then removes the
+// entry), so every entry starts once whichever replica admits it. At most
+// the coordinator's StartQueueMax entries (DefaultStartQueueMax) and
+// StartQueueBytesMax bytes encoded.
+type StartQueueRecord struct {
+	Entries []QueuedStart `msgpack:"entries" json:"entries"`
+}
+
+// QueuedStart is one queued runs.start: what the admission needs of the
+// request, with the parent's credential kept only as its hash
+// (HashCredential: the credential itself is never stored). QueuedAt is
+// epoch ms. AdmittingBy names the coordinator replica admitting it since
+// AdmittingAt (epoch ms), "" while it waits; another replica takes it over
+// once that replica is dead (its heartbeat record expired) or the claim is
+// older than a start's budget.
+type QueuedStart struct {
+	RunID          string         `msgpack:"runId" json:"runId"`
+	ChildID        string         `msgpack:"childId" json:"childId"`
+	Provider       string         `msgpack:"provider" json:"provider"`
+	CredentialHash string         `msgpack:"credentialHash" json:"credentialHash"`
+	Prompt         []ContentBlock `msgpack:"prompt" json:"prompt"`
+	Notify         string         `msgpack:"notify,omitempty" json:"notify,omitempty"`
+	NotifyJSON     bool           `msgpack:"notifyJson,omitempty" json:"notifyJson,omitempty"`
+	Options        StartOptions   `msgpack:"options" json:"options"`
+	QueuedAt       int64          `msgpack:"queuedAt" json:"queuedAt"`
+	AdmittingBy    string         `msgpack:"admittingBy,omitempty" json:"admittingBy,omitempty"`
+	AdmittingAt    int64          `msgpack:"admittingAt,omitempty" json:"admittingAt,omitempty"`
+}
+
+// DefaultStartQueueMax is how many starts may wait in one parent's start
+// queue (StartQueueRecord) unless the coordinator is configured otherwise:
+// one more is refused LIMIT_EXCEEDED naming the bound.
+const DefaultStartQueueMax = 1024
+
+// StartQueueBytesMax bounds one parent's start queue record, encoded (its
+// queued prompts mostly): 512 KiB, below the streams' smallest maximum
+// message size. A start that would pass it is refused LIMIT_EXCEEDED naming
+// the bound.
+const StartQueueBytesMax = 512 << 10
+
 // UserRootsRecord is the roots one NATS user opened under its open-roots
 // quota, in brood_agents under `userroots.<user>` (docs/protocol.md §7.6),
 // written by coordinators by compare-and-set: every agents.open on the

@@ -391,9 +391,16 @@ func (r *RunStartRequest) normalizeNumbers() {
 
 // RunStartReply answers runs.start at publication. RunID equals ChildID for
 // local providers and is a fresh id for remote ones (seed: SubagentRun.id).
+//
+// State is RunQueued when the parent was at its live-children limit and the
+// start waits in the parent's start queue (docs/protocol.md §5.5, "The start
+// queue"): the run starts once a slot frees, in the order the starts were
+// queued, and its RunNotice comes as for any run; absent (""), the child was
+// published.
 type RunStartReply struct {
 	RunID   string `msgpack:"runId" json:"runId"`
 	ChildID string `msgpack:"childId" json:"childId"`
+	State   string `msgpack:"state,omitempty" json:"state,omitempty"`
 }
 
 // RunNotice is published on a run's notify subject once it settled.
@@ -420,6 +427,10 @@ type RunRef struct {
 const (
 	RunRunning = "running"
 	RunSettled = "settled"
+	// RunQueued is a run whose start waits in its parent's start queue
+	// (StartQueueRecord): it has no run record yet; runs.await and
+	// children.list say it, runs.dispose cancels it.
+	RunQueued = "queued"
 )
 
 // RunStatus answers runs.await and runs.dispose.

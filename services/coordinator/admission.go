@@ -54,7 +54,7 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 	if r.Options.Label, err = protocol.OneLabel(r.Label, r.Options.Label); err != nil {
 		return protocol.RunStartReply{}, err
 	}
-	a, err := c.admit(ctx, r.Provider, r.Parent, r.Prompt, r.Options)
+	a, full, err := c.admitRun(ctx, r)
 	if err != nil {
 		return protocol.RunStartReply{}, err
 	}
@@ -63,7 +63,15 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 	if a.desc.Remote {
 		runID = ulid.Make().String() // remote providers: a fresh id in the parent's namespace
 	}
+	// At the limit, or behind starts that wait already (first in, first
+	// out), the start waits in its parent's queue (startqueue.go).
+	if c.queueOn() && (full || c.agents.hasQueue(a.pheader.ID)) {
+		return c.queueStart(ctx, a, req, r, runID, childID)
+	}
 	if err := c.reserveAuthorized(ctx, r.Parent, a.pheader.ID, childID); err != nil {
+		if c.queueOn() && protocol.CodeOf(err) == protocol.CodeLimitExceeded {
+			return c.queueStart(ctx, a, req, r, runID, childID)
+		}
 		return protocol.RunStartReply{}, err
 	}
 	refund, err := c.admitBudget(ctx, a, childID)
@@ -97,6 +105,30 @@ func (c *Coordinator) runsStart(ctx context.Context, req rpc.Request, r protocol
 	}
 	c.cfg.Metrics.StartAnswered(start.Run.Provider, start.Run.Mode, time.Since(began))
 	return protocol.RunStartReply{RunID: runID, ChildID: childID}, nil
+}
+
+// admitRun runs admit's checks for a runs.start, reporting rather than
+// refusing a parent at its live-children limit when the coordinator queues
+// such starts (full: the start waits in the queue, startqueue.go).
+func (c *Coordinator) admitRun(ctx context.Context, r protocol.RunStartRequest) (a admission, full bool, err error) {
+	if !c.queueOn() {
+		a, err = c.admit(ctx, r.Provider, r.Parent, r.Prompt, r.Options)
+		return a, false, err
+	}
+	desc, err := c.lookupProvider(r.Provider)
+	if err != nil {
+		return a, false, err
+	}
+	if err := checkCapabilities(desc, r.Options); err != nil {
+		return a, false, err
+	}
+	l, err := c.authorize(ctx, r.Parent)
+	if err != nil {
+		return a, false, err
+	}
+	_, full = c.atLiveLimit(ctx, r.Parent.SessionID)
+	a, err = c.admitResolved(ctx, desc, l, r.Parent.SessionID, r.Prompt, r.Options)
+	return a, full, err
 }
 
 // checkNotify checks a start's notify subject (validNotify): a caller's
@@ -181,12 +213,38 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 	// A first, cheap look at the limit (the slot record decides, slots.go);
 	// children this replica's cache still counts are read fresh before a
 	// refusal, since a run's result comes before its lease goes.
-	if live := c.liveChildIDs(parent.SessionID); len(live) >= c.cfg.LiveChildrenMax {
-		if n := len(live) - len(c.endedChildren(ctx, nil, live)); n >= c.cfg.LiveChildrenMax {
-			return a, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
-				"limit": "live children per parent", "reason": fmt.Sprintf("session %s already has %d live children; the limit is %d", parent.SessionID, n, c.cfg.LiveChildrenMax)})
-		}
+	if n, full := c.atLiveLimit(ctx, parent.SessionID); full {
+		return a, liveLimitError(parent.SessionID, n, c.cfg.LiveChildrenMax)
 	}
+	return c.admitResolved(ctx, desc, l, parent.SessionID, prompt, o)
+}
+
+// atLiveLimit reports whether parent's live children (this replica's cache,
+// those found ended read fresh) reach LiveChildrenMax, and how many they
+// are: a first, cheap look (the slot record decides, slots.go).
+func (c *Coordinator) atLiveLimit(ctx context.Context, parent string) (int, bool) {
+	live := c.liveChildIDs(parent)
+	if len(live) < c.cfg.LiveChildrenMax {
+		return len(live), false
+	}
+	n := len(live) - len(c.endedChildren(ctx, nil, live))
+	return n, n >= c.cfg.LiveChildrenMax
+}
+
+// liveLimitError is the refusal of a start whose parent has n live
+// children, at or above limit.
+func liveLimitError(parent string, n, limit int) error {
+	return protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
+		"limit": "live children per parent", "reason": fmt.Sprintf("session %s already has %d live children; the limit is %d", parent, n, limit)})
+}
+
+// admitResolved runs the checks after the parent's authority (l, its lease,
+// of session parentID): a queued start (startqueue.go) runs them again at
+// its admission, against the lease its credential's hash matches.
+func (c *Coordinator) admitResolved(ctx context.Context, desc protocol.ProviderDescriptor, l leaseState, parentID string, prompt []protocol.ContentBlock, o protocol.StartOptions) (admission, error) {
+	var a admission
+	var err error
+	a.desc, a.parent = desc, l
 	var maxDepth *int64
 	if o.MaxDepth != nil {
 		v, err := ParseMaxDepth(o.MaxDepth)
@@ -198,7 +256,7 @@ func (c *Coordinator) admitWith(ctx context.Context, desc protocol.ProviderDescr
 	if err := c.checkPrompt(prompt); err != nil {
 		return a, err
 	}
-	a.pheader, err = c.headers.get(ctx, c.st, parent.SessionID)
+	a.pheader, err = c.headers.get(ctx, c.st, parentID)
 	if err != nil {
 		return a, protocol.Errorf(protocol.CodeUnavailable, "read the parent's header: %w", err)
 	}

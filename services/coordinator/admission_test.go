@@ -51,6 +51,7 @@ func TestASlotCountsForAStartsBudgetAndTwoHostExpiries(t *testing.T) {
 	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinator.Config) {
 		c.LiveChildrenMax, c.RequestBudget, c.HostExpiry = 1, budget, expiry
+		c.StartQueueMax = -1 // refused at the limit, not queued
 	})
 	s.AddSpawnWorker()
 	for _, tc := range []struct {
@@ -283,6 +284,7 @@ func TestASlotPastItsGraceCountsWhileItsChildHoldsALease(t *testing.T) {
 	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinator.Config) {
 		c.LiveChildrenMax, c.RequestBudget, c.HostExpiry = 1, budget, expiry
+		c.StartQueueMax = -1 // refused at the limit, not queued
 	})
 	w, _ := s.AddSpawnWorker()
 	for _, tc := range []struct {

@@ -67,7 +67,13 @@ type agentIndex struct {
 	// the deadline sweep walks them without listing the bucket's keys
 	// (deadlines.go); bound: the ledgers the bucket holds.
 	deadlines map[string]int64
-	clock     func() time.Duration // the registry's observed clock
+	// queued holds the parents whose start queue has entries
+	// (startqueue.go), from the watched records; queueChanged, when set, is
+	// called (without a.mu) when one changes or a child of such a parent
+	// ends: the queue may admit its next start.
+	queued       map[string]bool
+	queueChanged func()
+	clock        func() time.Duration // the registry's observed clock
 	// belongs checks a child's lease seen under key against its session's
 	// header (store.LeaseBelongs); nil: only the key is checked.
 	belongs func(key string, rec protocol.AgentRecord) error
@@ -118,7 +124,7 @@ const endedMax = 100_000
 
 func newAgentIndex(clock func() time.Duration, belongs func(string, protocol.AgentRecord) error, log *slog.Logger) *agentIndex {
 	return &agentIndex{byKey: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
-		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, requests: map[string]uint64{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
+		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, queued: map[string]bool{}, requests: map[string]uint64{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
 }
 
 // leaseHeaderWait bounds the header read that checks a child's lease the
@@ -173,6 +179,11 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) time.Duration {
 	case store.KindGrant:
 		if rec, err := store.Decode[protocol.UserGrantRecord](e); err == nil && rec.ExpiresAt > 0 {
 			return max(time.UnixMilli(rec.ExpiresAt).Sub(e.Created()), 0) + time.Second
+		}
+		return 0
+	case store.KindStartQueue:
+		if rec, err := store.Decode[protocol.StartQueueRecord](e); err == nil {
+			a.setQueued(id, len(rec.Entries) > 0)
 		}
 		return 0
 	case store.KindLease, store.KindRootLease:
@@ -286,6 +297,16 @@ func (a *agentIndex) addLease(key, id string, kind store.AgentsKind, e jetstream
 // (store.LeaseKeyOf of a lease), as a watched delete does.
 func (a *agentIndex) del(key string) {
 	kind, id := store.KindOf(key)
+	if kind == store.KindStartQueue {
+		a.setQueued(id, false)
+		return
+	}
+	kickQueue := false
+	defer func() {
+		if kickQueue && a.queueChanged != nil {
+			a.queueChanged()
+		}
+	}()
 	a.mu.Lock()
 	switch kind {
 	case store.KindDrain:
@@ -308,11 +329,44 @@ func (a *agentIndex) del(key string) {
 			a.endedRuns = map[string]bool{}
 		}
 		a.ended[id] = true
+		kickQueue = a.queued[old.rec.ParentSession]
 		if old.rec.RunID != "" {
 			a.endedRuns[old.rec.RunID] = true
 		}
 	}
 	a.mu.Unlock()
+}
+
+// setQueued records whether parent's start queue has entries.
+func (a *agentIndex) setQueued(parent string, has bool) {
+	a.mu.Lock()
+	if has {
+		a.queued[parent] = true
+	} else {
+		delete(a.queued, parent)
+	}
+	a.mu.Unlock()
+	if has && a.queueChanged != nil {
+		a.queueChanged()
+	}
+}
+
+// hasQueue reports whether parent's start queue had entries when last seen.
+func (a *agentIndex) hasQueue(parent string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.queued[parent]
+}
+
+// queuedParents returns the parents whose start queue has entries.
+func (a *agentIndex) queuedParents() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]string, 0, len(a.queued))
+	for p := range a.queued {
+		out = append(out, p)
+	}
+	return out
 }
 
 // drainMarks returns the drain markers in force (scope → record).

@@ -60,6 +60,16 @@ func (c *Coordinator) childRows(ctx context.Context, parent string, descendants 
 				}
 			}
 		}
+		for _, row := range c.queuedRows(ctx, parent) {
+			if seen[row.ID] || len(rows) >= ChildRowsMax {
+				continue
+			}
+			seen[row.ID] = true
+			if descendants {
+				row.ParentID, row.Depth = parent, depth
+			}
+			rows = append(rows, row)
+		}
 		return nil
 	}
 	err := walk(parent, 1)

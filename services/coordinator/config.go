@@ -32,6 +32,12 @@ type Config struct {
 	PromptBytesMax int
 	// LiveChildrenMax bounds the live children of one parent (64).
 	LiveChildrenMax int
+	// StartQueueMax bounds the runs.start requests that wait in one
+	// parent's start queue while it is at LiveChildrenMax
+	// (protocol.DefaultStartQueueMax, 1024; startqueue.go; docs/protocol.md
+	// §5.5, "The start queue"). Negative: no queue, a start at the limit is
+	// refused LIMIT_EXCEEDED.
+	StartQueueMax int
 	// RequestTimeout is how long a request waits for its answer before it
 	// is timed-out, a denial (protocol.RequestTimeout, 5 minutes;
 	// requests.go, docs/protocol.md §5.21), unless the asking session's
@@ -135,6 +141,9 @@ func (c *Config) defaults() {
 	}
 	if c.LiveChildrenMax <= 0 {
 		c.LiveChildrenMax = 64
+	}
+	if c.StartQueueMax == 0 {
+		c.StartQueueMax = protocol.DefaultStartQueueMax
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = protocol.RequestTimeout

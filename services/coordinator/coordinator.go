@@ -67,6 +67,8 @@ type Coordinator struct {
 	quotas     userQuotas                                    // per-user request rates and root opens (quotas.go)
 	ready      chan struct{}
 	kick       chan struct{} // runs the liveness sweep now (a drain was lifted)
+	queueKick  chan struct{} // runs the start queues' admissions now (startqueue.go)
+	queueLocks keyedLocks    // this replica's changes of each start queue, one at a time
 	offPath    offPath       // work requests started off their reply path
 	deadlines  deadlines     // budget deadlines armed and being taken up (deadlines.go)
 	// slotBackoff is the wait after a contended slot compare-and-set
@@ -128,6 +130,8 @@ func New(cfg Config) (*Coordinator, error) {
 		defer cancel()
 		return cfg.Store.LeaseBelongs(ctx, key, rec)
 	}, log)
+	var c *Coordinator
+	agents.queueChanged = func() { c.kickQueues() }
 	reg.MaxAge = cfg.Store.Cfg.HostsMaxAge
 	runs := runindex.New(reg.Observed, cfg.RequestBudget+cfg.HostExpiry)
 	runs.TTL = cfg.Store.RunsTTL()
@@ -135,7 +139,7 @@ func New(cfg Config) (*Coordinator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	c := &Coordinator{
+	c = &Coordinator{
 		cfg: cfg, st: cfg.Store, subj: cfg.Store.Subj, log: log,
 		hostReplies: replies,
 		reg:         reg,
@@ -152,6 +156,7 @@ func New(cfg Config) (*Coordinator, error) {
 		working:     map[string]bool{},
 		ready:       make(chan struct{}),
 		kick:        make(chan struct{}, 1),
+		queueKick:   make(chan struct{}, 1),
 		slotBackoff: randomSlotBackoff,
 	}
 	c.childSlots, c.rootSlots = c.newChildSlots(), c.newRootSlots()
@@ -269,8 +274,9 @@ func (c *Coordinator) Run(ctx context.Context) error {
 
 	var bg sync.WaitGroup
 	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
-	bg.Add(5)
+	bg.Add(6)
 	go func() { defer bg.Done(); c.liveness(bgCtx) }()
+	go func() { defer bg.Done(); c.startQueues(bgCtx) }()
 	go func() { defer bg.Done(); c.parkedSweep(bgCtx) }()
 	go func() { defer bg.Done(); c.deadlineSweep(bgCtx) }()
 	go func() {

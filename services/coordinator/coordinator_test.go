@@ -339,7 +339,7 @@ func TestServicesAreDiscoverable(t *testing.T) {
 
 func TestLiveChildrenPerParentAreBounded(t *testing.T) {
 	s := stack.New(t)
-	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 2 })
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax, c.StartQueueMax = 2, -1 })
 	s.AddSpawnWorker()
 	root := s.Root()
 	ctx := context.Background()
@@ -389,7 +389,7 @@ func TestEndedChildrenFreeTheirSlots(t *testing.T) {
 // next start came in that window).
 func TestASettledChildFreesItsSlotBeforeItsLeaseGoes(t *testing.T) {
 	s := stack.New(t)
-	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 1 })
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax, c.StartQueueMax = 1, -1 })
 	w, _ := s.AddSpawnWorker()
 	root := s.Root()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -448,7 +448,7 @@ func TestLiveChildrenLimitHoldsForConcurrentStarts(t *testing.T) {
 	const limit, burst = 3, 12
 	s := stack.New(t)
 	for i := 0; i < 2; i++ {
-		s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = limit })
+		s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax, c.StartQueueMax = limit, -1 })
 	}
 	s.AddSpawnWorker()
 	for _, continuable := range []bool{false, true} {

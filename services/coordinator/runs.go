@@ -112,6 +112,12 @@ func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.R
 		return protocol.Errorf(protocol.CodeUnauthorized, "run %s is not in a tree of a root user %s opened (or does not exist)", ref.RunID, g.user)
 	}
 	rec, err := c.st.Run(ctx, ref.RunID)
+	if errors.Is(err, store.ErrNotFound) && ref.Parent != nil && ref.Grant == "" {
+		// A run whose start waits in its parent's queue has no record yet.
+		if q, ok := c.queuedRun(ctx, ref.Parent.SessionID, ref.RunID); ok {
+			return store.Record[protocol.RunRecord]{Value: q}, nil
+		}
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		if g.all {
 			return rec, protocol.NewError(protocol.CodeNotFound, map[string]any{"what": "run " + ref.RunID})
@@ -160,7 +166,43 @@ func (c *Coordinator) runsAwait(ctx context.Context, req rpc.Request, ref protoc
 	if ref.WaitMs < wait.Milliseconds() {
 		wait = time.Duration(ref.WaitMs) * time.Millisecond
 	}
+	if rec.Value.State == protocol.RunQueued {
+		return c.waitQueued(ctx, rec.Value, wait)
+	}
 	return c.waitSettled(ctx, ref.RunID, wait)
+}
+
+// queuedPollInterval is how often runs.await of a queued run looks whether
+// its record was written (the run admitted).
+const queuedPollInterval = 250 * time.Millisecond
+
+// waitQueued waits up to d for queued run q to be admitted (its record
+// written), then for it to settle within what is left of d; still queued,
+// it answers state queued.
+func (c *Coordinator) waitQueued(ctx context.Context, q protocol.RunRecord, d time.Duration) (protocol.RunStatus, error) {
+	deadline := time.Now().Add(d)
+	for {
+		if _, err := c.st.RunLatest(ctx, q.RunID); err == nil {
+			return c.waitSettled(ctx, q.RunID, max(time.Until(deadline), 0))
+		}
+		if _, ok := c.queuedRun(ctx, q.ParentSession, q.RunID); !ok {
+			// Removed from the queue without a record: read it once more
+			// (its record is written before its entry is removed).
+			if _, err := c.st.RunLatest(ctx, q.RunID); err == nil {
+				return c.waitSettled(ctx, q.RunID, max(time.Until(deadline), 0))
+			}
+			return protocol.RunStatus{}, protocol.Errorf(protocol.CodeUnavailable, "queued run %s left its queue without a record; retry", q.RunID)
+		}
+		wait := min(queuedPollInterval, time.Until(deadline))
+		if wait <= 0 {
+			return status(q), nil
+		}
+		select {
+		case <-ctx.Done():
+			return status(q), nil
+		case <-time.After(wait):
+		}
+	}
 }
 
 // waitSettled watches a run record until it is settled or d passed, and
@@ -221,6 +263,9 @@ func (c *Coordinator) runsDispose(ctx context.Context, req rpc.Request, ref prot
 	}
 	if rec.Value.State == protocol.RunSettled {
 		return status(rec.Value), nil
+	}
+	if rec.Value.State == protocol.RunQueued {
+		return c.disposeQueued(ctx, rec.Value)
 	}
 	if rec.Value.Mode == protocol.ModeContinuable {
 		return protocol.RunStatus{}, protocol.Errorf(protocol.CodeInvalidArgument,

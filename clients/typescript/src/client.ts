@@ -393,7 +393,7 @@ export class Client {
     this.waiters.set(token, (n) => notices.push(n));
     try {
       const r = await this.call<RunStartReply>(Endpoints.runsStart, { ...req, notify: `${prefix}.${token}` }, opts);
-      return new Run(this, r.runId, r.childId, req.parent, notices, () => this.waiters.delete(token));
+      return new Run(this, r.runId, r.childId, req.parent, notices, () => this.waiters.delete(token), r.state);
     } catch (err) {
       this.waiters.delete(token);
       throw err;
@@ -708,6 +708,11 @@ export class Run {
     private readonly parent: ParentRef,
     private readonly notices: Notices,
     private readonly forget: () => void,
+    /**
+     * "queued" when the start waits in its parent's start queue (§5.5,
+     * "The start queue"): result() waits for it as for any run.
+     */
+    readonly state?: "queued",
   ) {}
 
   /**

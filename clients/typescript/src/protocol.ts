@@ -208,6 +208,13 @@ export interface RunStartRequest {
 export interface RunStartReply {
   runId: string;
   childId: string;
+  /**
+   * "queued" when the parent was at its live-children limit and the start
+   * waits in its start queue (§5.5, "The start queue"): the run starts once
+   * a slot frees, oldest first, and its notice comes as for any run; absent
+   * when the child was published.
+   */
+  state?: "queued";
 }
 
 export type StopReason = "completed" | "aborted" | "error" | "max-tokens" | "refusal" | (string & {});
@@ -277,7 +284,8 @@ export interface RunRef {
 export interface RunStatus {
   runId: string;
   childId: string;
-  state: "running" | "settled";
+  /** "queued" while its start waits in its parent's start queue (§5.5). */
+  state: "queued" | "running" | "settled";
   result?: SubagentResult;
 }
 
@@ -578,6 +586,7 @@ export interface ChildRow {
   kind: "child" | "diagnostic";
   id: string;
   activity?: "running" | "inactive";
+  /** running or none; "queued" for a one-shot start waiting in the parent's start queue (§5.5). */
   state?: string;
   hasChildren?: boolean;
   mode?: "one-shot" | "continuable";

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -126,6 +127,59 @@ func (s *Stack) StartCoordinator(mod ...func(*coordinator.Config)) (*coordinator
 		s.T.Fatal("coordinator not serving after 10s")
 	}
 	return c, stop
+}
+
+// AddKillableCoordinator is AddCoordinator whose replica kill stops as a
+// crash does: its connection is closed first (nothing more it writes lands,
+// its heartbeat record stays until it expires; kill returns once the
+// server dropped the connection), then its Run is stopped;
+// the test's cleanup waits for Run to return, whatever it returns.
+func (s *Stack) AddKillableCoordinator(mod ...func(*coordinator.Config)) (c *coordinator.Coordinator, kill func()) {
+	s.T.Helper()
+	nc := s.Conn()
+	cfg := coordinator.Config{NC: nc, Store: s.storeOn(nc), HeartbeatInterval: Heartbeat, HostExpiry: HostExpiry, Logger: testutil.Logger(s.T)}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	c, err := coordinator.New(cfg)
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	var once sync.Once
+	kill = func() {
+		once.Do(func() {
+			cid, cidErr := nc.GetClientID()
+			nc.Close()
+			cancel()
+			if s.Server == nil || cidErr != nil {
+				return
+			}
+			// Once kill returns, the server routes no request to the
+			// killed replica's subscriptions (a request sent while it
+			// still knew them would go unanswered).
+			testutil.Eventually(s.T, 10*time.Second, func() bool {
+				cz, err := s.Server.Server().Connz(&server.ConnzOptions{CID: cid})
+				return err == nil && len(cz.Conns) == 0
+			}, "the server drops the killed coordinator's connection")
+		})
+	}
+	s.T.Cleanup(func() {
+		kill()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			s.T.Errorf("killed coordinator %s did not return within 60s", c.ID())
+		}
+	})
+	select {
+	case <-c.Ready():
+	case <-time.After(10 * time.Second):
+		s.T.Fatal("coordinator not serving after 10s")
+	}
+	return c, kill
 }
 
 // AddSpawnWorker starts a spawn worker with the scripted model on its own

@@ -1,0 +1,284 @@
+package coordinator_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/brood-dev/brood/internal/testutil"
+	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/pkg/client"
+	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
+)
+
+// TestStartsAtTheLimitQueueInOrder: with a limit of one live child, the
+// starts after the first wait in the parent's start queue (answered at once,
+// state queued; children.list and runs.await say queued), and start one
+// after another in the order they were queued once the first ends; every
+// one completes, none is refused (docs/protocol.md §5.5, "The start queue").
+func TestStartsAtTheLimitQueueInOrder(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 1 })
+	s.AddSpawnWorker()
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	first, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("sleep 30s\nsay first")})
+	if err != nil || first.State != "" {
+		t.Fatalf("the first start: %v, state %q", err, first.State)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return len(s.Lifecycle(root.SessionID)) > 0
+	}, "the first child starts")
+	const queued = 4
+	var runs []*client.Run
+	for i := 0; i < queued; i++ {
+		r, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text(fmt.Sprintf("say q%d", i))})
+		if err != nil {
+			t.Fatalf("start %d at the limit: %v", i, err)
+		}
+		if r.State != protocol.RunQueued {
+			t.Fatalf("start %d at the limit answered state %q, want %q", i, r.State, protocol.RunQueued)
+		}
+		runs = append(runs, r)
+	}
+	st, err := s.Client.Await(ctx, protocol.RunRef{RunID: runs[0].RunID, Parent: ptr(root.Ref())})
+	if err != nil || st.State != protocol.RunQueued {
+		t.Fatalf("runs.await of a queued run: %+v %v", st, err)
+	}
+	var list protocol.ChildrenListReply
+	if err := s.Client.Call(ctx, protocol.EpChildrenList, protocol.ChildrenListRequest{Parent: root.SessionID, Authority: protocol.Authority{Parent: ptr(root.Ref())}}, &list); err != nil {
+		t.Fatal(err)
+	}
+	queuedRows := 0
+	for _, row := range list.Rows {
+		if row.State == protocol.RunQueued {
+			queuedRows++
+		}
+	}
+	if queuedRows != queued {
+		t.Fatalf("children.list shows %d queued rows, want %d: %+v", queuedRows, queued, list.Rows)
+	}
+	if _, err := first.Dispose(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range runs {
+		res, err := r.Result(ctx)
+		if err != nil || res.StopReason != protocol.StopCompleted {
+			t.Fatalf("queued run %d: %+v %v", i, res, err)
+		}
+	}
+	var order []string
+	for _, ev := range s.Lifecycle(root.SessionID) {
+		if ev.Type == protocol.LifecycleStart && ev.RunID != first.RunID {
+			order = append(order, ev.RunID)
+		}
+	}
+	var want []string
+	for _, r := range runs {
+		want = append(want, r.RunID)
+	}
+	if strings.Join(order, ",") != strings.Join(want, ",") {
+		t.Fatalf("queued runs started in the order %v, want the order they were queued %v", order, want)
+	}
+}
+
+// TestAFullStartQueueRefusesNamingItsBound: past StartQueueMax waiting
+// starts, a start is refused LIMIT_EXCEEDED naming the queue's bound, and
+// nothing of it is queued; a queued run disposed leaves the queue and
+// settles never started.
+func TestAFullStartQueueRefusesNamingItsBound(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax, c.StartQueueMax = 1, 2 })
+	s.AddSpawnWorker()
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	start := func() (*client.Run, error) {
+		return s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("sleep 30s\nsay x")})
+	}
+	if _, err := start(); err != nil {
+		t.Fatal(err)
+	}
+	var waiting []*client.Run
+	for i := 0; i < 2; i++ {
+		r, err := start()
+		if err != nil || r.State != protocol.RunQueued {
+			t.Fatalf("start %d: %v (state %q), want queued", i, err, r.State)
+		}
+		waiting = append(waiting, r)
+	}
+	_, err := start()
+	if protocol.CodeOf(err) != protocol.CodeLimitExceeded || !strings.Contains(err.Error(), "queued starts per parent") || !strings.Contains(err.Error(), "2 queued starts") {
+		t.Fatalf("a start past a full queue: %v, want LIMIT_EXCEEDED naming the queue's bound of 2", err)
+	}
+	q, err := s.Store.StartQueue(ctx, root.SessionID)
+	if err != nil || len(q.Value.Entries) != 2 {
+		t.Fatalf("the queue after the refusal: %+v %v, want the 2 queued", q.Value, err)
+	}
+	st, err := waiting[1].Dispose(ctx)
+	if err != nil || st.State != protocol.RunSettled || st.Result == nil || st.Result.ErrorCode != protocol.CodeCancelled {
+		t.Fatalf("dispose of a queued run: %+v %v, want settled CANCELLED", st, err)
+	}
+	if q, err = s.Store.StartQueue(ctx, root.SessionID); err != nil || len(q.Value.Entries) != 1 || q.Value.Entries[0].RunID != waiting[0].RunID {
+		t.Fatalf("the queue after a dispose: %+v %v, want only %s", q.Value, err, waiting[0].RunID)
+	}
+	if _, err := start(); err != nil {
+		t.Fatalf("a start once the queue has room: %v", err)
+	}
+}
+
+// TestAQueuedStartTheBudgetRefusesIsRefusedAtOnce: a start is charged its
+// child on its parent's budget when it is queued; one the budget cannot
+// take is refused BUDGET_EXHAUSTED at once, never queued, and a queued one
+// disposed gives its child back.
+func TestAQueuedStartTheBudgetRefusesIsRefusedAtOnce(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 1 })
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{Children: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = root.Close(context.Background()) }()
+	start := func() (*client.Run, error) {
+		return s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("sleep 30s\nsay x")})
+	}
+	if _, err := start(); err != nil {
+		t.Fatal(err)
+	}
+	waiting, err := start()
+	if err != nil || waiting.State != protocol.RunQueued {
+		t.Fatalf("the second start: %v (state %q), want queued", err, waiting.State)
+	}
+	if _, err := start(); protocol.CodeOf(err) != protocol.CodeBudgetExhausted {
+		t.Fatalf("a third start under a budget of 2 children: %v, want BUDGET_EXHAUSTED", err)
+	}
+	if q, err := s.Store.StartQueue(ctx, root.SessionID); err != nil || len(q.Value.Entries) != 1 {
+		t.Fatalf("the queue: %+v %v, want only the second start", q.Value, err)
+	}
+	if _, err := waiting.Dispose(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := start(); err != nil || r.State != protocol.RunQueued {
+		t.Fatalf("a start once the disposed queued one gave its child back: %v", err)
+	}
+}
+
+// TestTwoHundredChildrenQueueAcrossACoordinatorKill is issue 32's
+// acceptance for the start queue: 200 background children of one parent
+// with a live-children limit of 64, over two coordinators one of which is
+// killed midway: all 200 run and complete, none is refused, each starts
+// once, and never more than 64 are live at once (counted from the
+// lifecycle events in the order the stream holds them: a child's end is
+// published before its slot frees).
+func TestTwoHundredChildrenQueueAcrossACoordinatorKill(t *testing.T) {
+	const children, limit = 200, 64
+	s := stack.New(t)
+	_, kill := s.AddKillableCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = limit })
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = limit })
+	s.AddSpawnWorker()
+	s.AddSpawnWorker()
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	runs := make([]*client.Run, children)
+	var mu sync.Mutex
+	queued := 0
+	// The starts go out 32 at a time; halfway, between two starts (a start
+	// in flight at a killed replica is the client's to retry, not the
+	// queue's), the first replica is killed while its queue admits.
+	startAll := func(from, to int) {
+		var wg sync.WaitGroup
+		next := make(chan int)
+		for w := 0; w < 32; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range next {
+					r, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text(fmt.Sprintf("sleep 3s\nsay child %d", i))})
+					if err != nil {
+						t.Errorf("start %d refused: %v", i, err)
+						continue
+					}
+					mu.Lock()
+					if r.State == protocol.RunQueued {
+						queued++
+					}
+					runs[i] = r
+					mu.Unlock()
+				}
+			}()
+		}
+		for i := from; i < to; i++ {
+			next <- i
+		}
+		close(next)
+		wg.Wait()
+	}
+	began := time.Now()
+	startAll(0, children/2)
+	kill()
+	startAll(children/2, children)
+	t.Logf("%d starts answered in %s", children, time.Since(began).Round(time.Millisecond))
+	if t.Failed() {
+		return
+	}
+	if queued == 0 {
+		t.Fatalf("no start of %d was queued at a limit of %d", children, limit)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, children)
+	for i, r := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := r.Result(ctx)
+			if err == nil && res.StopReason != protocol.StopCompleted {
+				err = fmt.Errorf("stop reason %s: %s %s", res.StopReason, res.ErrorCode, res.Diagnostic)
+			}
+			if err != nil {
+				errs <- fmt.Errorf("child %d (run %s): %w", i, r.RunID, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		return
+	}
+	live, most := map[string]bool{}, 0
+	starts, ends := map[string]int{}, map[string]int{}
+	for _, ev := range s.Lifecycle(root.SessionID) {
+		switch ev.Type {
+		case protocol.LifecycleStart:
+			starts[ev.RunID]++
+			live[ev.RunID] = true
+		case protocol.LifecycleEnd:
+			ends[ev.RunID]++
+			delete(live, ev.RunID)
+		}
+		most = max(most, len(live))
+	}
+	for i, r := range runs {
+		if starts[r.RunID] != 1 || ends[r.RunID] != 1 {
+			t.Errorf("child %d: %d starts and %d ends, want one each", i, starts[r.RunID], ends[r.RunID])
+		}
+	}
+	if most > limit {
+		t.Fatalf("%d children live at once, the limit is %d", most, limit)
+	}
+	t.Logf("%d of %d starts queued; at most %d children live at once", queued, children, most)
+	if q, err := s.Store.StartQueue(ctx, root.SessionID); err == nil && len(q.Value.Entries) > 0 {
+		t.Fatalf("the queue still holds %d entries", len(q.Value.Entries))
+	}
+}
