@@ -667,6 +667,7 @@ var permCases = []permCase{
 	{user: "collector", subject: "$JS.API.STREAM.DELETE.BROOD_LOG_root"},
 	{user: "collector", subject: "$JS.API.CONSUMER.CREATE.BROOD_LOG_root"},
 	{user: "collector", subject: "$KV.brood_agents.closed.R1", allowed: true},
+	{user: "collector", subject: "$KV.brood_agents.budget.R1", allowed: true},
 	{user: "collector", subject: "$KV.brood_agents.root.R1"},
 	{user: "collector", subject: "$KV.brood_agents.grant.G1"},
 	{user: "collector", subject: "brood.v1.log.root.R1"},

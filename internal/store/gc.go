@@ -17,9 +17,10 @@ import (
 // "Garbage collection") reads and removes. A root's tree is the root and
 // every session its child index reaches, recursively; its records are each
 // session's header and child index (BROOD_SESSIONS), log (its scope's
-// BROOD_LOG_<scope>) and
-// slot record (brood_agents slots.<id>), and the root's closed marker
-// (closed.<id>). Headers and logs are removed by a purge of their subjects,
+// BROOD_LOG_<scope>),
+// slot record (brood_agents slots.<id>) and budget ledger (budget.<id>,
+// when the session named a budget: docs/protocol.md §5.5), and the root's
+// closed marker (closed.<id>). Headers and logs are removed by a purge of their subjects,
 // which the streams allow (provision.go) and a deployment lets only the
 // collector user do (docs/security.md); KV records by a delete marker
 // that carries a per-message TTL (KVMarkerTTL), so nothing of a collected
@@ -188,7 +189,9 @@ func (s *Store) PurgeHeader(ctx context.Context, id string) error {
 }
 
 // PurgeSession removes the rest of session n's records: its log (from its
-// scope's log stream), its child index and its slot record.
+// scope's log stream), its child index, its slot record and its budget's
+// ledger (a ledger lives as long as its session's tree: nothing under a
+// collected root spends any more).
 func (s *Store) PurgeSession(ctx context.Context, n TreeSession) error {
 	log, err := s.LogStream(ctx, n.Scope)
 	if err != nil {
@@ -200,7 +203,10 @@ func (s *Store) PurgeSession(ctx context.Context, n TreeSession) error {
 	if err := s.purge(ctx, s.Sessions, s.Subj.ChildrenOf(n.ID)); err != nil {
 		return err
 	}
-	return s.deleteExpiring(ctx, s.Agents, SlotsKey(n.ID), 0)
+	if err := s.deleteExpiring(ctx, s.Agents, SlotsKey(n.ID), 0); err != nil {
+		return err
+	}
+	return s.deleteExpiring(ctx, s.Agents, BudgetKey(n.ID), 0)
 }
 
 // DeleteClosedRoot removes a closed-root marker if it is still at rev (a

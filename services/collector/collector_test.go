@@ -254,3 +254,78 @@ func TestATreeWrittenToWhileCollectedIsKept(t *testing.T) {
 		t.Errorf("the closed marker of the kept tree: %v", err)
 	}
 }
+
+// TestBudgetLedgersAreCollectedWithTheirTree (issue 32): the ledgers of a
+// closed root's tree — the root's budget and a child's own — are deleted
+// with the tree's other records once it is idle for the retention; the
+// ledger of an open root's tree is kept.
+func TestBudgetLedgersAreCollectedWithTheirTree(t *testing.T) {
+	const retention = time.Hour
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	s.WaitProvider("spawn")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	budgeted := func() (*client.Root, string) {
+		r, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{Tokens: 1000}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev, err := protocol.NewEvent(protocol.EvTurnStart, 1, protocol.TurnData{Turn: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Store.NewLogWriter(protocol.ScopeRoot, r.SessionID, 0, 0).Append(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+		run, _, err := s.Run(r.Ref(), "spawn", "say ok", protocol.StartOptions{Budget: &protocol.Budget{Tokens: 100}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			_, err := s.Store.LeaseLatest(ctx, run.ChildID)
+			return errors.Is(err, store.ErrNotFound)
+		}, "the child's lease released")
+		return r, run.ChildID
+	}
+	closedRoot, closedChild := budgeted()
+	openRoot, openChild := budgeted()
+	t.Cleanup(func() { _ = openRoot.Close(context.Background()) })
+	if err := closedRoot.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ledgers := func() map[string]bool {
+		kept := map[string]bool{}
+		for _, id := range []string{closedRoot.SessionID, closedChild, openRoot.SessionID, openChild} {
+			_, err := s.Store.Budget(ctx, id)
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("the ledger of %s: %v", id, err)
+			}
+			kept[id] = err == nil
+		}
+		return kept
+	}
+	if k := ledgers(); !k[closedRoot.SessionID] || !k[closedChild] {
+		t.Fatalf("ledgers before the collection %v: every one should exist", k)
+	}
+	c, err := collector.New(collector.Config{Store: s.Store, Retention: retention, Logger: testutil.Logger(t),
+		Now: func() time.Time { return time.Now().Add(retention + time.Minute) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.Sweep(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Collected != 1 {
+		t.Fatalf("sweep %+v, want the closed root's tree collected", st)
+	}
+	k := ledgers()
+	if k[closedRoot.SessionID] || k[closedChild] {
+		t.Errorf("a collected tree's ledgers are left: root %v, child %v", k[closedRoot.SessionID], k[closedChild])
+	}
+	if !k[openRoot.SessionID] || !k[openChild] {
+		t.Errorf("an open tree's ledgers are gone: root %v, child %v", k[openRoot.SessionID], k[openChild])
+	}
+}
