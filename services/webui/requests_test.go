@@ -369,3 +369,46 @@ func TestBrowserShowsARefusedAnswer(t *testing.T) {
 		t.Fatalf("ask result %+v, want 8080", d)
 	}
 }
+
+// TestBrowserRaisesAPausedChild (issue 32, item 3: the web view shows a
+// continuable child paused at its budget's cap): the child's node says
+// paused, its card says which limit is spent; a raise on the page
+// (modelRequests +1) continues the same turn, which completes, and the
+// mark leaves the tree.
+func TestBrowserRaisesAPausedChild(t *testing.T) {
+	s, srv := stackServer(t, Config{})
+	b := newBrowser(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	b.do("open the page", chromedp.Navigate(srv.URL()))
+	b.waitFor("the tree is live", `document.getElementById("status")?.textContent === "live"`)
+	st, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: s.Root().Ref(), Label: "capped",
+		Prompt: protocol.Text("call read_file {\"path\":\"nothing.txt\"}\nsay done"), Options: protocol.ContinuableOptions{Budget: &protocol.Budget{ModelRequests: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	card := fmt.Sprintf(`#requests .request[data-session=%q][data-kind="budget"]`, st.ChildID)
+	b.waitFor("the paused child's card", sel("%s", card))
+	if what := b.eval(sel("%s", card+" .question") + `.textContent`); !strings.Contains(what, "modelRequests limit of 1") {
+		t.Fatalf("the card says %q; want the modelRequests limit spent", what)
+	}
+	b.waitFor("the child's node marked paused", sel(`.row[data-id=%q][data-paused="1"] .badge.state-paused`, st.ChildID))
+
+	b.eval(sel("%s", card+" select.raise-limit") + `.value = "modelRequests"; "set"`)
+	b.do("raise", chromedp.SendKeys(card+" input.raise-amount", "1"), chromedp.Click(chromedp.CSS(card+" button.raise")))
+	b.waitFor("the page reports the raise", sel("%s", card+` .rresult[data-result="ok"]`)+`?.textContent?.startsWith("raised: modelRequests +1")`)
+	var end protocol.TurnEndData
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, evs := s.Log(st.ChildID)
+		for _, ev := range evs {
+			if ev.Type == protocol.EvTurnEnd && ev.Decode(&end) == nil {
+				return true
+			}
+		}
+		return false
+	}, "the raised turn ends")
+	if end.Turn != 1 || end.Reason.Kind != protocol.TurnCompleted {
+		t.Fatalf("turn end %+v; want turn 1 completed", end)
+	}
+	b.waitFor("the mark gone from the tree", sel(`.row[data-id=%q]`, st.ChildID)+` && !`+sel(`.row[data-id=%q][data-paused]`, st.ChildID))
+}

@@ -591,20 +591,6 @@ function renderRequest(r) {
   return card;
 }
 
-// raiseBudget raises the paused child's own budget (POST
-// /api/sessions/{id}/budget/raise, budget.raise with the page's grant).
-async function raiseBudget(r, card, raise) {
-  const out = card.querySelector(".rresult");
-  try {
-    const resp = await fetch("/api/sessions/" + encodeURIComponent(r.sessionId) + "/budget/raise", {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(raise) });
-    const body = await resp.json();
-    out.textContent = resp.ok ? "raised; the turn goes on" : (body.code || "") + ": " + (body.message || "");
-  } catch (e) {
-    out.textContent = String(e);
-  }
-}
-
 function answerText(rec) {
   const a = rec.answer || {};
   switch (rec.state) {
@@ -614,22 +600,37 @@ function answerText(rec) {
   }
 }
 
-async function answerRequest(r, card, body) {
+function answerRequest(r, card, body) {
+  return postDecision(r, card, "/api/requests/" + encodeURIComponent(r.id) + "/answer", body, body.answer, answerText);
+}
+
+// raiseBudget raises the paused child's own budget (POST
+// /api/sessions/{id}/budget/raise: budget.raise with the page's grant,
+// as brood budget ID --raise); the raise answers the request.
+function raiseBudget(r, card, raise) {
+  return postDecision(r, card, "/api/sessions/" + encodeURIComponent(r.sessionId) + "/budget/raise", raise, "raise",
+    (rb) => "raised: " + Object.entries(raise).map(([k, v]) => k + " +" + v).join(", ") + (rb.resumed && rb.resumed.length ? "; the turn goes on" : ""));
+}
+
+// postDecision posts body to url for request r's card, shows what the
+// coordinator said (okText of its reply, or its refusal's code), and
+// removes the card a moment after a decision.
+async function postDecision(r, card, url, body, verb, okText) {
   const out = card.querySelector(".rresult");
   const buttons = card.querySelectorAll("button");
   for (const b of buttons) b.disabled = true;
-  out.textContent = body.answer + " …";
+  out.textContent = verb + " …";
   out.dataset.result = "pending";
   delete out.dataset.code;
   let ok = false, code = "", text;
   card.dataset.keep = "1"; // an answer in flight: the card stays when the list drops it
   try {
-    const resp = await fetch("/api/requests/" + encodeURIComponent(r.id) + "/answer", {
+    const resp = await fetch(url, {
       method: "POST", headers: { "X-Brood-Action": "1", "Content-Type": "application/json" }, body: JSON.stringify(body),
     });
     const rb = await resp.json().catch(() => ({}));
     ok = resp.ok;
-    if (ok) text = answerText(rb);
+    if (ok) text = okText(rb);
     else { code = rb.code || String(resp.status); text = code + ": " + (rb.message || resp.statusText); }
   } catch (err) {
     text = "failed: " + err;
