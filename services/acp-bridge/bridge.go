@@ -83,6 +83,14 @@ func New(cfg Config) (*Service, error) {
 		}
 		cfg.Options.Requests = cl
 	}
+	if cfg.Options.Budget == nil {
+		// Reservations go the same way, with the child's credential.
+		cl, err := broodclient.New(cfg.NC, broodclient.Options{Prefix: cfg.Store.Subj.Prefix()})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Options.Budget = cl
+	}
 	providers, err := Providers(cfg.Agents, cfg.Options)
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/acpio"
+	"github.com/brood-dev/brood/internal/agent"
 	"github.com/brood-dev/brood/internal/requestwait"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
@@ -62,6 +63,12 @@ type Options struct {
 	// credential (*client.Client over the bridge's connection; New sets it
 	// when nil). NewProvider refuses an ask agent without it.
 	Requests requestwait.Requester
+	// Budget reserves and settles each turn of a child that draws on
+	// budgets (budget.reserve and budget.settle with the child's own
+	// credential; *client.Client over the bridge's connection, New sets
+	// it when nil). Nil: no turn reserves, and its budgets do not count
+	// it (budget.go).
+	Budget agent.Budgeter
 	// Version is reported to agents as clientInfo.version.
 	Version string
 	Logger  *slog.Logger

@@ -78,8 +78,12 @@ type Session struct {
 	source protocol.MessageSource // the open turn's message provenance
 	fenced bool
 	cur    *turnState
-	proc   *acpio.Process
-	conn   *acp.ClientSideConnection
+	grant  turnGrant // the open turn's budget reservation (budget.go)
+	// startGrantUsed: the reservation taken at admission was this
+	// session's first turn's (budget.go).
+	startGrantUsed bool
+	proc           *acpio.Process
+	conn           *acp.ClientSideConnection
 	// redact hides the bridge's secrets in what the agent writes (its
 	// stderr, its error messages) before a diagnostic carries it.
 	redact    *acpio.Redactor
@@ -198,6 +202,9 @@ func (s *Session) RunSteps(ctx context.Context) provider.Outcome {
 	ctx, cancel := context.WithTimeoutCause(ctx, s.o.TurnTimeout, errTurnTimeout)
 	defer cancel()
 	if e := s.ctxEnding(ctx); e != nil {
+		return s.endTurn(ctx, nil, turn, *e)
+	}
+	if e := s.reserveTurn(ctx, promptText(prompt)); e != nil {
 		return s.endTurn(ctx, nil, turn, *e)
 	}
 	var b evBuf
@@ -687,6 +694,9 @@ func (s *Session) endTurn(ctx context.Context, t *turnState, turn int64, e endin
 	if e.cancelRemote {
 		s.cancelRemote()
 	}
+	// The reservation is settled before the turn's end is logged, so
+	// before its run settles (docs/protocol.md §5.5).
+	s.settleTurn(ctx, t != nil, e.usage)
 	s.logMu.Lock()
 	defer s.logMu.Unlock()
 	s.mu.Lock()
