@@ -968,6 +968,12 @@ func (c *checker) checkLimits() {
 	byParent := map[string][]span{}
 	first := map[string]int64{}
 	for _, r := range c.snap.Runs {
+		if r.NotStarted && r.HostID == "" {
+			// Settled never started with no instance's claim (a start no
+			// instance took, a queued start disposed or orphaned by its
+			// parent's end, docs/protocol.md §5.5): no child was ever live.
+			continue
+		}
 		from, to := c.created(r), r.SettledAt
 		if r.State != protocol.RunSettled {
 			to = c.snap.TakenAt
