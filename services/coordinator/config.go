@@ -124,6 +124,7 @@ type Config struct {
 }
 
 func (c *Config) defaults() {
+	c.admissionDefaults()
 	if c.ID == "" {
 		c.ID = ulid.Make().String()
 	}
@@ -135,15 +136,6 @@ func (c *Config) defaults() {
 	}
 	if c.RootLease <= 0 {
 		c.RootLease = DefaultRootLease
-	}
-	if c.PromptBytesMax <= 0 {
-		c.PromptBytesMax = 256 << 10
-	}
-	if c.LiveChildrenMax <= 0 {
-		c.LiveChildrenMax = 64
-	}
-	if c.StartQueueMax == 0 {
-		c.StartQueueMax = protocol.DefaultStartQueueMax
 	}
 	if c.RequestTimeout <= 0 {
 		c.RequestTimeout = protocol.RequestTimeout
@@ -184,6 +176,26 @@ func (c *Config) defaults() {
 	if c.LivenessInterval <= 0 {
 		c.LivenessInterval = 2 * time.Second
 	}
+	if c.Version == "" {
+		c.Version = buildinfo.Version
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// admissionDefaults sets the unset admission limits: a prompt's bytes, the
+// live children and queued starts per parent, and the per-user quotas.
+func (c *Config) admissionDefaults() {
+	if c.PromptBytesMax <= 0 {
+		c.PromptBytesMax = 256 << 10
+	}
+	if c.LiveChildrenMax <= 0 {
+		c.LiveChildrenMax = 64
+	}
+	if c.StartQueueMax == 0 {
+		c.StartQueueMax = protocol.DefaultStartQueueMax
+	}
 	if c.UserOpenRootsMax <= 0 {
 		c.UserOpenRootsMax = DefaultUserOpenRootsMax
 	}
@@ -198,11 +210,5 @@ func (c *Config) defaults() {
 	}
 	if c.UserPromptBytesBurst <= 0 {
 		c.UserPromptBytesBurst = DefaultUserPromptBytesBurst
-	}
-	if c.Version == "" {
-		c.Version = buildinfo.Version
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
 	}
 }
