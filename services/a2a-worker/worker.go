@@ -32,6 +32,7 @@ import (
 	"github.com/brood-dev/brood/internal/providerhost"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/worker"
+	broodclient "github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/pkg/provider"
 )
@@ -104,8 +105,17 @@ func New(cfg Config) (*provider.Host, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	// A child that draws on budgets reserves each step (each a request to
+	// the remote agent) and its a2a_task call, as the agent runtime does
+	// (docs/protocol.md §5.5), on the worker's own subject with the child's
+	// credential.
+	cl, err := broodclient.New(cfg.NC, broodclient.Options{Prefix: cfg.Store.Subj.Prefix()})
+	if err != nil {
+		return nil, err
+	}
 	r := &remote{cfg: cfg}
 	p := &worker.InProcess{
+		Budget: cl,
 		Desc:   Descriptor(cfg.Name),
 		Models: func() (model.Model, error) { return r, nil },
 		Tools:  func(worker.SessionSpec) ([]*agent.Tool, error) { return nil, nil },

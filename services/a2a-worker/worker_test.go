@@ -333,3 +333,45 @@ func TestABroodRunDelegates(t *testing.T) {
 		return len(cancelled) == 1 && cancelled[0] == started[1].TaskID
 	}, "the parent's dispose did not cancel the remote task")
 }
+
+// TestRemoteTasksSpendOnTheirBudgets (issue 32, item 2): an a2a child that
+// draws on a budget reserves each step (a request to the remote agent) and
+// its a2a_task call: one turn charges two model requests, one tool call,
+// and, the remote reporting no usage, each step's whole token grant
+// (unknown, never zero). At the modelRequests cap the next child's turn is
+// refused BUDGET_EXHAUSTED before anything reaches the remote agent.
+func TestRemoteTasksSpendOnTheirBudgets(t *testing.T) {
+	s := newStack(t)
+	e, card := startEcho(t)
+	addWorker(t, s, card)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{ModelRequests: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = root.Close(context.Background()) })
+	_, res, err := s.Run(root.Ref(), name, "hello", protocol.StartOptions{})
+	if err != nil || res.StopReason != protocol.StopCompleted {
+		t.Fatalf("the first child: %v %+v", err, res)
+	}
+	var rec protocol.BudgetRecord
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		got, err := s.Store.Budget(ctx, root.SessionID)
+		rec = got.Value
+		return err == nil && len(rec.Reservations) == 0
+	}, "the first child's reservations settled")
+	if rec.Charged.ModelRequests != 2 || rec.Charged.ToolCalls != 1 || rec.Charged.Children != 1 || rec.Charged.Tokens <= 2*4096 {
+		t.Fatalf("the ledger charged %+v, want 2 requests, 1 tool call, 1 child and two whole grants of tokens", rec.Charged)
+	}
+	_, res, err = s.Run(root.Ref(), name, "again", protocol.StartOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StopReason != protocol.StopError || res.ErrorCode != protocol.CodeBudgetExhausted {
+		t.Fatalf("the second child: %+v, want error BUDGET_EXHAUSTED", res)
+	}
+	if started, _, _ := e.snapshot(); len(started) != 1 {
+		t.Fatalf("the remote agent got %d tasks, want the first child's only", len(started))
+	}
+}
