@@ -38,10 +38,21 @@ import (
 //   - broken-tool-runs-twice: an approved run_command runs twice (say, a
 //     worker that runs an approved call again when its result's append
 //     fails): its token is twice in the workspace's RanFile.
+//   - broken-model-request-unreserved: a worker sends one model request of
+//     a budgeted session without budget.reserve (so nothing settles it):
+//     its step is in the log, its tokens and request on no ledger of the
+//     session's.
+//   - broken-reservation-charged-twice: a dead host's reservation is
+//     charged twice (a settle that lands after the coordinator swept it,
+//     without the "already gone" check; or a sweep that charges without
+//     removing it): a ledger at its limit of model requests (or tool
+//     calls) is charged one more, and the request's tokens again.
 //
 // The good history of a real run holds requests (issue 33): approvals
 // approved and denied, a question, a second answer refused
-// ALREADY_ANSWERED, approved run_command and write_file calls that ran.
+// ALREADY_ANSWERED, approved run_command and write_file calls that ran;
+// and budgets (issue 32): ledgers charged exactly what their trees' logs
+// show, and ledgers at a limit.
 var brokenBuilds = []struct {
 	file, invariant, example string
 }{
@@ -49,6 +60,8 @@ var brokenBuilds = []struct {
 	{"broken-settle-without-cas.json.gz", "I2", "announced settled 2 times with 2 results"},
 	{"broken-answer-without-cas.json.gz", "I10", "2 answers were taken"},
 	{"broken-tool-runs-twice.json.gz", "I10", "ran 2 times"},
+	{"broken-model-request-unreserved.json.gz", "I11", "less than its tree's logs show"},
+	{"broken-reservation-charged-twice.json.gz", "I11", "over its limit of"},
 }
 
 func TestCheckerCatchesRecordedBrokenBuilds(t *testing.T) {
@@ -202,6 +215,104 @@ func TestRecordBrokenBuilds(t *testing.T) {
 	if err := h.Save(filepath.Join("testdata", brokenBuilds[3].file)); err != nil {
 		t.Fatal(err)
 	}
+
+	// A model request without a reservation: the first step with reported
+	// usage of a session whose every ledger charged exactly what its tree's
+	// logs show is on none of them.
+	h = load()
+	session, step := budgetedStep(h, func(id string, rec protocol.BudgetRecord, logged sessionSpend) bool {
+		used := rec.Charged.Add(rec.Reserved())
+		return used.Tokens == logged.tokens && used.ModelRequests == logged.requests
+	})
+	if session == "" {
+		t.Fatal("no budgeted step on ledgers charged exactly their logs")
+	}
+	for _, id := range h.Snapshot.Headers[session].Budgets {
+		rec := h.Snapshot.Budgets[id]
+		rec.Charged.Tokens -= step.Tokens
+		rec.Charged.ModelRequests -= step.ModelRequests
+		h.Snapshot.Budgets[id] = rec
+	}
+	t.Logf("broken-model-request-unreserved: session %s, a step of %+v on %v", session, step, h.Snapshot.Headers[session].Budgets)
+	if err := h.Save(filepath.Join("testdata", brokenBuilds[4].file)); err != nil {
+		t.Fatal(err)
+	}
+
+	// A reservation charged twice: a ledger at its limit of model
+	// requests (else tool calls) is charged one of its tree's steps (else
+	// a step's tool call) again.
+	h = load()
+	var ledger string
+	for _, id := range sortedKeys(h.Snapshot.Budgets) {
+		rec := h.Snapshot.Budgets[id]
+		used := rec.Charged.Add(rec.Reserved())
+		if l := rec.Limits; (l.ModelRequests > 0 && used.ModelRequests >= l.ModelRequests) || (l.ToolCalls > 0 && used.ToolCalls >= l.ToolCalls) {
+			ledger = id
+			break
+		}
+	}
+	if ledger == "" {
+		t.Fatal("no ledger at its limit of model requests or tool calls")
+	}
+	lrec := h.Snapshot.Budgets[ledger]
+	again := protocol.BudgetSpend{ToolCalls: 1}
+	if l := lrec.Limits; l.ModelRequests > 0 && lrec.Charged.Add(lrec.Reserved()).ModelRequests >= l.ModelRequests {
+		_, again = budgetedStep(h, func(id string, _ protocol.BudgetRecord, _ sessionSpend) bool { return id == ledger })
+		again.ModelRequests = 1
+	}
+	lrec.Charged = lrec.Charged.Add(again)
+	h.Snapshot.Budgets[ledger] = lrec
+	t.Logf("broken-reservation-charged-twice: budget %s (limits %+v) charged %+v again", ledger, lrec.Limits, again)
+	if err := h.Save(filepath.Join("testdata", brokenBuilds[5].file)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// budgetedStep finds, in session order, the first step with reported
+// usage of a session every ledger of which ok accepts (given what its
+// tree's logs show): that session and the step's spend (its tokens, one
+// model request).
+func budgetedStep(h *History, ok func(id string, rec protocol.BudgetRecord, logged sessionSpend) bool) (string, protocol.BudgetSpend) {
+	logged := map[string]sessionSpend{}
+	for _, id := range sortedKeys(h.Snapshot.Headers) {
+		hd := h.Snapshot.Headers[id]
+		sp := (&checker{}).sessionSpend(&session{header: hd, events: h.Snapshot.Logs[id]})
+		for _, b := range hd.Budgets {
+			t := logged[b]
+			t.tokens, t.requests = t.tokens+sp.tokens, t.requests+sp.requests
+			logged[b] = t
+		}
+	}
+	for _, id := range sortedKeys(h.Snapshot.Headers) {
+		hd := h.Snapshot.Headers[id]
+		if len(hd.Budgets) == 0 {
+			continue
+		}
+		fits := true
+		for _, b := range hd.Budgets {
+			rec, has := h.Snapshot.Budgets[b]
+			fits = fits && has && ok(b, rec, logged[b])
+		}
+		if !fits {
+			continue
+		}
+		for _, ev := range h.Snapshot.Logs[id] {
+			var d protocol.AssistantMessageData
+			if ev.Type == protocol.EvAssistantMessage && ev.Decode(&d) == nil && d.Usage != nil && !d.Usage.Unknown && d.Usage.InputTokens+d.Usage.OutputTokens > 0 {
+				return id, protocol.BudgetSpend{Tokens: d.Usage.InputTokens + d.Usage.OutputTokens, ModelRequests: 1}
+			}
+		}
+	}
+	return "", protocol.BudgetSpend{}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // firstApproved is the first answer op of h whose approval was taken and

@@ -26,7 +26,7 @@ var (
 
 // TestChaos runs the seeded workload against a 3-node cluster with two
 // coordinators and two spawn workers under the seeded fault schedule, then
-// checks the history (I1–I8, I10, L1). In make test it runs the short seed,
+// checks the history (I1–I8, I10, I11, L1). In make test it runs the short seed,
 // seed 1 for 40 s (its schedule kills a stream leader, isolates a node,
 // kills a worker, steps a leader down and cuts a client, in about a
 // minute); with -chaos, `make chaos` runs -chaos.seeds for -chaos.duration

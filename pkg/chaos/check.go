@@ -24,6 +24,7 @@ var invariantTitles = []struct{ name, title string }{
 	{"I7", "lifecycle events pair up per run; every log replays balanced"},
 	{"I8", "depth and live-children limits are never exceeded"},
 	{"I10", "each request is answered at most once, an answered one resumes exactly one turn, none is lost"},
+	{"I11", "budgets hold over their trees beyond no more than the in-flight bound; each reservation is charged or given back once"},
 	{"L1", "once faults heal, every accepted message is processed within the bound"},
 }
 
@@ -69,6 +70,20 @@ type Summary struct {
 	RequestsPending  int `json:"requestsPending,omitempty"`
 	Answers          int `json:"answers,omitempty"`
 	AnswersRefused   int `json:"answersRefused,omitempty"`
+	// Budget ledgers (I11): how many, limits reached (a named limit whose
+	// ledger is charged and reserved up to it), turns of their trees that
+	// ended BUDGET_EXHAUSTED, tokens over their trees' logs and charged,
+	// reservations in flight at the end (of them, of settled runs: a dead
+	// host's or a lost settlement's, charged by the next coordinator that
+	// finds the ledger short), and breaches found.
+	Budgets                int   `json:"budgets,omitempty"`
+	BudgetLimitsReached    int   `json:"budgetLimitsReached,omitempty"`
+	BudgetTurnsExhausted   int   `json:"budgetTurnsExhausted,omitempty"`
+	BudgetTokensLogged     int64 `json:"budgetTokensLogged,omitempty"`
+	BudgetTokensCharged    int64 `json:"budgetTokensCharged,omitempty"`
+	BudgetReservations     int   `json:"budgetReservations,omitempty"`
+	BudgetReservationsLeft int   `json:"budgetReservationsLeft,omitempty"`
+	BudgetBreaches         int   `json:"budgetBreaches,omitempty"`
 }
 
 // Report is the checker's verdict on a History.
@@ -134,6 +149,7 @@ func (r *Report) Lines() []string {
 	sort.Strings(classes)
 	out = append(out, fmt.Sprintf("requests: %d opened in the logs: %d answered, %d timed out, %d closed while parked, %d left pending; %d answers taken, %d refused ALREADY_ANSWERED",
 		s.Requests, s.RequestsAnswered, s.RequestsTimedOut, s.RequestsClosed, s.RequestsPending, s.Answers, s.AnswersRefused))
+	out = append(out, s.budgetLine())
 	out = append(out, "faults: "+strings.Join(classes, ", "))
 	var kinds []string
 	for k, outcomes := range s.ByKind {
@@ -202,7 +218,7 @@ type checker struct {
 	epochStart map[string]int64
 }
 
-// Check judges a history against I1–I8, I10 and L1 (shared/RELIABILITY.md).
+// Check judges a history against I1–I8, I10, I11 and L1 (shared/RELIABILITY.md).
 // The bounds count from the later of the event and the end of every fault
 // window that overlaps the bound (a fault extends the wait to its heal plus
 // the bound); L1 also waits out drains until their lift and interrupts until
@@ -246,6 +262,7 @@ func Check(h *History) *Report {
 	c.checkLifecycle()
 	c.checkLimits()
 	c.checkRequests()
+	c.checkBudgets()
 	c.recovery()
 	r := &Report{Summary: c.sum, ByClass: c.byClass, Recovery: c.recoveries}
 	for _, t := range invariantTitles {

@@ -3,7 +3,7 @@
 // real `brood` processes, a seeded workload whose every client operation is
 // recorded (invoke, then ok, fail or unknown), a seeded fault schedule, and a
 // checker that reads the durable state once the faults healed and verifies
-// the invariants of shared/RELIABILITY.md (I1–I8, I10, L1).
+// the invariants of shared/RELIABILITY.md (I1–I8, I10, I11, L1).
 //
 // The harness (Cluster, Node, Endpoint, Process) is usable on its own, from
 // any Go test, to run a provider of your own against faults: see

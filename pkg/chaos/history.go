@@ -81,6 +81,9 @@ type Op struct {
 	Verb        string `json:"verb,omitempty"`
 	AnswerID    string `json:"answerId,omitempty"`
 	AnswerState string `json:"answerState,omitempty"`
+	// Budget a start (run, start) named for its child and subtree (I11;
+	// nil: none, the child draws on its parent's, if any).
+	Budget *protocol.Budget `json:"budget,omitempty"`
 
 	Invoke   int64  `json:"invoke"`
 	Complete int64  `json:"complete,omitempty"`
@@ -275,6 +278,7 @@ var definiteCodes = map[protocol.Code]bool{
 	protocol.CodeActivationClosing:     true,
 	protocol.CodeParentUnavailable:     true,
 	protocol.CodeAlreadyAnswered:       true,
+	protocol.CodeBudgetExhausted:       true,
 }
 
 // Classify maps a call's error to an outcome, its code and text.

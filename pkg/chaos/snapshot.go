@@ -17,7 +17,7 @@ import (
 // Snapshot is Brood's durable state as the checker reads it once the faults
 // healed: every session header and log, every lifecycle event, every run
 // record (settled ones are kept 24 hours), the agent records, the request
-// records and the items still pending in each inbox.
+// records, the budget ledgers and the items still pending in each inbox.
 type Snapshot struct {
 	TakenAt   int64                             `json:"takenAt"`
 	Headers   map[string]protocol.SessionHeader `json:"headers"`
@@ -31,6 +31,11 @@ type Snapshot struct {
 	// Requests are the request records (brood_agents request.<id>, kept a
 	// day after their last write), by request id.
 	Requests map[string]protocol.RequestRecord `json:"requests,omitempty"`
+	// Budgets are the budget ledgers (brood_agents budget.<sessionId>,
+	// written only by coordinators), by the id of the session that named
+	// the budget (I11). Nil in histories recorded before budgets were in
+	// the workload.
+	Budgets map[string]protocol.BudgetRecord `json:"budgets,omitempty"`
 }
 
 // Event is one session event with its data kept as MessagePack.
@@ -83,7 +88,7 @@ func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 		TakenAt: time.Now().UnixMilli(),
 		Headers: map[string]protocol.SessionHeader{}, Logs: map[string][]Event{},
 		Runs: map[string]protocol.RunRecord{}, Agents: map[string]protocol.AgentRecord{}, Inbox: map[string][]InboxEntry{},
-		Requests: map[string]protocol.RequestRecord{},
+		Requests: map[string]protocol.RequestRecord{}, Budgets: map[string]protocol.BudgetRecord{},
 	}
 	sessPrefix := st.Subj.Session("")
 	if err := readStream(ctx, st.Sessions, func(m jetstream.Msg) error {
@@ -188,6 +193,14 @@ func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 			return nil
 		}
 		kind, id := store.KindOf(key)
+		if kind == store.KindBudget {
+			var b protocol.BudgetRecord
+			if err := protocol.Unmarshal(protocol.Msgpack, v, &b); err != nil {
+				return fmt.Errorf("budget %s: %w", id, err)
+			}
+			s.Budgets[id] = b
+			return nil
+		}
 		if kind != store.KindLease && kind != store.KindRootLease {
 			s.OtherKeys = append(s.OtherKeys, key)
 			return nil

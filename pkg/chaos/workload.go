@@ -443,6 +443,38 @@ func (c *wclient) script(opID int64, marker string) string {
 	}
 }
 
+// budget is the budget of a start (I11): none three times in four (the
+// child draws on nothing), else small limits its subtree often reaches:
+// tokens (the scripted model counts one per word in and out), model
+// requests, tool calls, children started, and rarely a deadline. A
+// fan-out or nested script under it reserves from one ledger on several
+// workers at once.
+func (c *wclient) budget() *protocol.Budget {
+	if c.rng.Intn(4) != 0 {
+		return nil
+	}
+	var b protocol.Budget
+	if c.rng.Intn(2) == 0 {
+		b.Tokens = 20 + int64(c.rng.Intn(300))
+	}
+	if c.rng.Intn(2) == 0 {
+		b.ModelRequests = 1 + int64(c.rng.Intn(5))
+	}
+	if c.rng.Intn(3) == 0 {
+		b.ToolCalls = 1 + int64(c.rng.Intn(3))
+	}
+	if c.rng.Intn(3) == 0 {
+		b.Children = 1 + int64(c.rng.Intn(3))
+	}
+	if c.rng.Intn(8) == 0 {
+		b.DeadlineMs = 500 + int64(c.rng.Intn(3000))
+	}
+	if b.IsZero() {
+		b.Tokens = 20 + int64(c.rng.Intn(300))
+	}
+	return &b
+}
+
 // subagentCall is a scripted `call subagent` line.
 func subagentCall(prompt string, background bool) string {
 	args := map[string]any{"description": "chaos", "prompt": prompt}
@@ -486,10 +518,12 @@ func (c *wclient) startRun(r *wroot, script string) *Op {
 	c.mu.Lock()
 	c.waiters[token], c.tokens[token] = ch, op
 	c.mu.Unlock()
-	c.w.rec.Update(op, func(o *Op) { o.Marker, o.Script = marker, script })
+	budget := c.budget()
+	c.w.rec.Update(op, func(o *Op) { o.Marker, o.Script, o.Budget = marker, script, budget })
 	var reply protocol.RunStartReply
 	err := c.call(protocol.EpRunsStart, protocol.RunStartRequest{
 		Provider: c.w.cfg.Provider, Parent: r.ref, Prompt: protocol.Text(script), Notify: c.notifyPrefix + "." + token,
+		Options: protocol.StartOptions{Budget: budget},
 	}, &reply)
 	if err == nil {
 		c.w.rec.Update(op, func(o *Op) { o.RunID, o.Child = reply.RunID, reply.ChildID })
@@ -658,10 +692,12 @@ func (c *wclient) startOn(r *wroot, script string) *Op {
 	} else {
 		script += "\nsay " + marker
 	}
-	c.w.rec.Update(op, func(o *Op) { o.Marker, o.Script = marker, script })
+	budget := c.budget()
+	c.w.rec.Update(op, func(o *Op) { o.Marker, o.Script, o.Budget = marker, script, budget })
 	var reply protocol.ContinuableStartReply
 	err := c.call(protocol.EpContinuableStart, protocol.ContinuableStartRequest{
 		Provider: c.w.cfg.Provider, Parent: r.ref, Label: "chaos", ChildID: id, Prompt: protocol.Text(script),
+		Options: protocol.ContinuableOptions{Budget: budget},
 	}, &reply)
 	if err == nil {
 		c.w.rec.Update(op, func(o *Op) { o.MessageID = reply.MessageID })
