@@ -24,7 +24,7 @@ var invariantTitles = []struct{ name, title string }{
 	{"I7", "lifecycle events pair up per run; every log replays balanced"},
 	{"I8", "depth and live-children limits are never exceeded"},
 	{"I10", "each request is answered at most once, an answered one resumes exactly one turn, none is lost"},
-	{"I11", "budgets hold over their trees beyond no more than the in-flight bound; each reservation is charged or given back once"},
+	{"I11", "budgets hold over their trees, within the in-flight bound; each reservation is charged or given back once"},
 	{"L1", "once faults heal, every accepted message is processed within the bound"},
 }
 

@@ -208,6 +208,6 @@ func (c *checker) checkLedger(id string, rec protocol.BudgetRecord, t *budgetTre
 
 // budgetLine is the summary's I11 line.
 func (s Summary) budgetLine() string {
-	return fmt.Sprintf("budgets: %d ledgers, %d limits reached, %d turns ended BUDGET_EXHAUSTED; %d tokens over their trees' logs, %d charged; %d reservations in flight at the end (%d of settled runs)",
-		s.Budgets, s.BudgetLimitsReached, s.BudgetTurnsExhausted, s.BudgetTokensLogged, s.BudgetTokensCharged, s.BudgetReservations, s.BudgetReservationsLeft)
+	return fmt.Sprintf("budgets: %d ledgers, %d limits reached, %d turns ended BUDGET_EXHAUSTED; %d tokens over their trees' logs, %d charged; %d reservations in flight at the end (%d of settled runs); %d breaches",
+		s.Budgets, s.BudgetLimitsReached, s.BudgetTurnsExhausted, s.BudgetTokensLogged, s.BudgetTokensCharged, s.BudgetReservations, s.BudgetReservationsLeft, s.BudgetBreaches)
 }
