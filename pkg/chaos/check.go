@@ -75,7 +75,8 @@ type Summary struct {
 	// ended BUDGET_EXHAUSTED, tokens over their trees' logs and charged,
 	// reservations in flight at the end (of them, of settled runs: a dead
 	// host's or a lost settlement's, charged by the next coordinator that
-	// finds the ledger short), and breaches found.
+	// finds the ledger short), budgeted runs and epochs settled HOST_LOST
+	// (their hosts' reservations charged in full), and breaches found.
 	Budgets                int   `json:"budgets,omitempty"`
 	BudgetLimitsReached    int   `json:"budgetLimitsReached,omitempty"`
 	BudgetTurnsExhausted   int   `json:"budgetTurnsExhausted,omitempty"`
@@ -83,6 +84,7 @@ type Summary struct {
 	BudgetTokensCharged    int64 `json:"budgetTokensCharged,omitempty"`
 	BudgetReservations     int   `json:"budgetReservations,omitempty"`
 	BudgetReservationsLeft int   `json:"budgetReservationsLeft,omitempty"`
+	BudgetRunsHostLost     int   `json:"budgetRunsHostLost,omitempty"`
 	BudgetBreaches         int   `json:"budgetBreaches,omitempty"`
 }
 

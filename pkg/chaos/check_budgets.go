@@ -97,6 +97,11 @@ func (c *checker) checkBudgets() {
 			}
 		}
 	}
+	for _, r := range c.snap.Runs {
+		if r.Result != nil && r.Result.ErrorCode == protocol.CodeHostLost && len(c.snap.Headers[r.ChildID].Budgets) > 0 {
+			c.sum.BudgetRunsHostLost++
+		}
+	}
 	var ledgers []string
 	for id := range c.snap.Budgets {
 		ledgers = append(ledgers, id)
@@ -208,6 +213,7 @@ func (c *checker) checkLedger(id string, rec protocol.BudgetRecord, t *budgetTre
 
 // budgetLine is the summary's I11 line.
 func (s Summary) budgetLine() string {
-	return fmt.Sprintf("budgets: %d ledgers, %d limits reached, %d turns ended BUDGET_EXHAUSTED; %d tokens over their trees' logs, %d charged; %d reservations in flight at the end (%d of settled runs); %d breaches",
-		s.Budgets, s.BudgetLimitsReached, s.BudgetTurnsExhausted, s.BudgetTokensLogged, s.BudgetTokensCharged, s.BudgetReservations, s.BudgetReservationsLeft, s.BudgetBreaches)
+	return fmt.Sprintf("budgets: %d ledgers, %d limits reached, %d turns ended BUDGET_EXHAUSTED; %d tokens over their trees' logs, %d charged; %d reservations in flight at the end (%d of settled runs); %d budgeted runs and epochs settled HOST_LOST; %d breaches",
+		s.Budgets, s.BudgetLimitsReached, s.BudgetTurnsExhausted, s.BudgetTokensLogged, s.BudgetTokensCharged, s.BudgetReservations, s.BudgetReservationsLeft,
+		s.BudgetRunsHostLost, s.BudgetBreaches)
 }

@@ -443,14 +443,14 @@ func (c *wclient) script(opID int64, marker string) string {
 	}
 }
 
-// budget is the budget of a start (I11): none three times in four (the
-// child draws on nothing), else small limits its subtree often reaches:
+// budget is the budget of a start (I11): none one time in two (the child
+// draws on nothing), else small limits its subtree often reaches:
 // tokens (the scripted model counts one per word in and out), model
 // requests, tool calls, children started, and rarely a deadline. A
 // fan-out or nested script under it reserves from one ledger on several
 // workers at once.
 func (c *wclient) budget() *protocol.Budget {
-	if c.rng.Intn(4) != 0 {
+	if c.rng.Intn(2) != 0 {
 		return nil
 	}
 	var b protocol.Budget
