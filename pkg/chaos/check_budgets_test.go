@@ -151,3 +151,69 @@ func TestCheckerBudgets(t *testing.T) {
 		})
 	}
 }
+
+// budgetPause logs a turn of child paused at its budget's cap: its step's
+// model request refused, a request of kind budget opened (call id
+// budget-t<turn>-s1-1, no tool call); it returns the turn and request id.
+func (b *histBuilder) budgetPause(child string) (int64, string) {
+	n := int64(1)
+	for _, ev := range b.h.Snapshot.Logs[child] {
+		if ev.Type == protocol.EvTurnStart {
+			n++
+		}
+	}
+	callID := "budget-t" + string(rune('0'+n)) + "-s1-1"
+	rid := protocol.RequestID(child, callID)
+	b.event(child, protocol.EvTurnStart, protocol.TurnData{Turn: n})
+	b.event(child, protocol.EvRequestOpen, protocol.RequestOpenData{RequestID: rid, Kind: protocol.RequestBudget, Turn: n, Step: 1, CallID: callID,
+		Deadline: b.now + 8000})
+	if b.h.Snapshot.Requests == nil {
+		b.h.Snapshot.Requests = map[string]protocol.RequestRecord{}
+	}
+	b.h.Snapshot.Requests[rid] = protocol.RequestRecord{Version: 1, ID: rid, SessionID: child, Kind: protocol.RequestBudget, CallID: callID,
+		State: protocol.RequestPending, CreatedAt: b.now, Deadline: b.now + 8000}
+	return n, rid
+}
+
+// A continuable child paused at its budget's cap (kind budget: no call,
+// no result) is judged by I10 as its turn tells.
+func TestCheckerBudgetPauses(t *testing.T) {
+	exhausted := protocol.TurnEndReason{Kind: protocol.TurnError, Code: protocol.CodeBudgetExhausted}
+	cases := []struct {
+		name   string
+		mutate func(b *histBuilder)
+		want   map[string]string
+	}{
+		{"denied: the turn ends BUDGET_EXHAUSTED", func(b *histBuilder) {
+			b.child("A", 0)
+			n, rid := b.budgetPause("A")
+			rec := b.h.Snapshot.Requests[rid]
+			rec.State, rec.Answer = protocol.RequestDenied, &protocol.RequestAnswer{State: protocol.RequestDenied, By: byUser, At: b.tick(), ID: "x1"}
+			b.h.Snapshot.Requests[rid] = rec
+			b.answerOp(rid, protocol.AnswerDeny, "x1", protocol.RequestDenied, "")
+			b.event("A", protocol.EvRequestAnswer, protocol.RequestAnswerData{RequestID: rid, CallID: rec.CallID, State: protocol.RequestDenied, By: byUser})
+			b.event("A", protocol.EvTurnEnd, protocol.TurnEndData{Turn: n, Reason: exhausted})
+		}, nil},
+		{"closed with its aborted turn", func(b *histBuilder) {
+			b.child("A", 0)
+			n, _ := b.budgetPause("A")
+			b.event("A", protocol.EvTurnEnd, protocol.TurnEndData{Turn: n, Reason: protocol.TurnEndReason{Kind: protocol.TurnAborted}})
+		}, nil},
+		{"never answered, yet its turn completed", func(b *histBuilder) {
+			b.child("A", 0)
+			n, _ := b.budgetPause("A")
+			b.event("A", protocol.EvTurnEnd, protocol.TurnEndData{Turn: n, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}})
+		}, map[string]string{"I10": "was never answered in its log, yet its turn 2 completed"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newHist(t)
+			tc.mutate(b)
+			r := b.check()
+			expect(t, r, tc.want)
+			if r.Verdict("I10").Checked == 0 {
+				t.Error("I10 checked nothing")
+			}
+		})
+	}
+}

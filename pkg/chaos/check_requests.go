@@ -20,11 +20,13 @@ import (
 //
 //   - answered: exactly one request/answer for it, in the turn that opened
 //     it, after the open, then exactly one tool/result of its call in that
-//     turn (none before the answer); what the child logged is what the
+//     turn (none before the answer; a budget pause, kind budget, parks on
+//     no call and has none); what the child logged is what the
 //     record holds (state and who); a call that was not approved did not
 //     run (its result is an error);
 //   - closed while parked: no request/answer, and its call's only result
-//     is an error in a turn that did not complete (the turn was aborted
+//     is an error (a budget pause, which parks on no call: none) in a turn
+//     that did not complete (the turn was aborted
 //     while the call waited, or closed interrupted after its host died:
 //     docs/protocol.md §5.21, "The child's side");
 //   - still parked: no request/answer and no result, its turn still open,
@@ -212,6 +214,13 @@ func (c *checker) requestAnswered(r *reqLog, sr *sessionRequests, rec protocol.R
 	if a.turn != r.turn {
 		c.fail("I10", a.at, "request %s of %s was opened in turn %d and answered in turn %d: a second turn resumed", r.id, r.session, r.turn, a.turn)
 	}
+	if r.kind == protocol.RequestBudget {
+		// A budget pause parks the turn before a model request, on no
+		// call: an approval (a raise) lets the step reserve again, a
+		// denial or a timeout ends the turn; there is no result to judge.
+		c.requestRecordHolds(r, a, rec, hasRec)
+		return
+	}
 	var before, after []callResult
 	for _, res := range results {
 		if res.seq < a.seq {
@@ -235,6 +244,12 @@ func (c *checker) requestAnswered(r *reqLog, sr *sessionRequests, rec protocol.R
 	case r.kind == protocol.RequestApproval && a.d.State != protocol.RequestApproved && !after[0].isError:
 		c.fail("I10", after[0].at, "request %s of %s was %s, yet its call %s (%s) ran", r.id, r.session, a.d.State, r.callID, r.tool)
 	}
+	c.requestRecordHolds(r, a, rec, hasRec)
+}
+
+// requestRecordHolds: what the child logged of its answer is what the
+// record holds.
+func (c *checker) requestRecordHolds(r *reqLog, a reqAnswer, rec protocol.RequestRecord, hasRec bool) {
 	if !hasRec {
 		return
 	}
@@ -260,6 +275,16 @@ func (c *checker) requestUnanswered(r *reqLog, sr *sessionRequests, rec protocol
 			c.fail("I10", res.at, "request %s of %s was never answered in its log, yet its turn %d went on (%s)", r.id, r.session, r.turn, orOpen(end))
 		default:
 			c.sum.RequestsClosed++ // closed while parked: aborted, or interrupted after its host died
+		}
+		return
+	}
+	if end := sr.turnEnds[r.turn]; r.kind == protocol.RequestBudget && end != "" {
+		// A budget pause closed with its turn (aborted, or interrupted
+		// after its host died): no call to give an error result.
+		if end == protocol.TurnCompleted {
+			c.fail("I10", r.openAt, "budget request %s of %s was never answered in its log, yet its turn %d completed", r.id, r.session, r.turn)
+		} else {
+			c.sum.RequestsClosed++
 		}
 		return
 	}

@@ -182,7 +182,7 @@ func (c *wclient) answerRequests(ctx context.Context) {
 
 // planAnswer draws an answer to rec by who: an approval approved (three in
 // four) or denied with a reason; a question answered with one of its
-// choices, or with free text.
+// choices, or with free text; a budget pause denied.
 func (c *wclient) planAnswer(rec protocol.RequestRecord, who answerer) plannedAnswer {
 	req := protocol.RequestAnswerRequest{RequestID: rec.ID, Authority: who.auth}
 	switch {
@@ -190,6 +190,12 @@ func (c *wclient) planAnswer(rec protocol.RequestRecord, who answerer) plannedAn
 		req.Answer, req.Text = protocol.AnswerAnswer, rec.Choices[c.rng.Intn(len(rec.Choices))]
 	case rec.Kind == protocol.RequestQuestion:
 		req.Answer, req.Text = protocol.AnswerAnswer, "answered by "+who.name
+	case rec.Kind == protocol.RequestBudget:
+		// A child paused at its budget's cap (docs/protocol.md §5.5,
+		// "Pause and raise"): an approval without a raise would only pause
+		// it again on a new request; the workload denies, and the turn
+		// ends BUDGET_EXHAUSTED.
+		req.Answer, req.Reason = protocol.AnswerDeny, "no raise from "+who.name
 	case c.rng.Intn(4) == 0:
 		req.Answer, req.Reason = protocol.AnswerDeny, "denied by "+who.name
 	default:
@@ -258,7 +264,7 @@ func (c *wclient) foreignAnswer(r *wroot, rec protocol.RequestRecord) {
 const answerSweepInterval = 300 * time.Millisecond
 
 // answerPending answers every pending request the first client's grant
-// sees (approvals approved, questions answered), again every
+// sees (approvals approved, questions answered, budget pauses denied), again every
 // answerSweepInterval until ctx ends: Finish runs it so that no child
 // waits out the request timeout once the workload is over.
 func (w *Workload) answerPending(ctx context.Context) {
@@ -273,8 +279,11 @@ func (w *Workload) answerPending(ctx context.Context) {
 						return
 					}
 					req := protocol.RequestAnswerRequest{RequestID: rec.ID, Authority: who.auth, Answer: protocol.AnswerApprove}
-					if rec.Kind == protocol.RequestQuestion {
+					switch rec.Kind {
+					case protocol.RequestQuestion:
 						req.Answer, req.Text = protocol.AnswerAnswer, "yes"
+					case protocol.RequestBudget:
+						req.Answer, req.Reason = protocol.AnswerDeny, "no raise"
 					}
 					_ = c.sendAnswer("", plannedAnswer{who: who, verb: req.Answer, req: req})
 				}

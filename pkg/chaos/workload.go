@@ -443,12 +443,17 @@ func (c *wclient) script(opID int64, marker string) string {
 	}
 }
 
-// budget is the budget of a start (I11): none one time in two (the child
-// draws on nothing), else small limits its subtree often reaches:
+// budget is the budget of a one-shot run (I11): none one time in two (the
+// child draws on nothing), else small limits its subtree often reaches:
 // tokens (the scripted model counts one per word in and out), model
 // requests, tool calls, children started, and rarely a deadline. A
 // fan-out or nested script under it reserves from one ledger on several
-// workers at once.
+// workers at once. Continuable starts name none: a continuable child at
+// its cap pauses each turn on a budget request (docs/protocol.md §5.5,
+// "Pause and raise") until it is answered or times out (8 s), so the
+// followups the workload keeps sending it would wait past L1's bound
+// once the workload stops answering; a budgeted one-shot's background
+// grandchildren still draw on its budget (and pause).
 func (c *wclient) budget() *protocol.Budget {
 	if c.rng.Intn(2) != 0 {
 		return nil
@@ -692,12 +697,10 @@ func (c *wclient) startOn(r *wroot, script string) *Op {
 	} else {
 		script += "\nsay " + marker
 	}
-	budget := c.budget()
-	c.w.rec.Update(op, func(o *Op) { o.Marker, o.Script, o.Budget = marker, script, budget })
+	c.w.rec.Update(op, func(o *Op) { o.Marker, o.Script = marker, script })
 	var reply protocol.ContinuableStartReply
 	err := c.call(protocol.EpContinuableStart, protocol.ContinuableStartRequest{
 		Provider: c.w.cfg.Provider, Parent: r.ref, Label: "chaos", ChildID: id, Prompt: protocol.Text(script),
-		Options: protocol.ContinuableOptions{Budget: budget},
 	}, &reply)
 	if err == nil {
 		c.w.rec.Update(op, func(o *Op) { o.MessageID = reply.MessageID })
