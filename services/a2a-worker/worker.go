@@ -270,25 +270,28 @@ func (r *remote) Stream(ctx context.Context, req model.Request, onText func(stri
 		return model.Response{}, err
 	}
 	if st.current.TaskID != "" {
-		text, err := r.await(ctx, cl, st.current.TaskID)
+		text, usage, err := r.await(ctx, cl, st.current.TaskID)
 		if err != nil {
 			return model.Response{}, err
 		}
 		if st.orphan.TaskID != "" {
 			// The answer an earlier turn never gave (its turn was closed
-			// while it waited): re-attached in phase 1, ended by now.
-			if prev, err := r.await(ctx, cl, st.orphan.TaskID); err == nil && prev != "" {
+			// while it waited): re-attached in phase 1, ended by now. Its
+			// usage was the closed turn's.
+			if prev, _, err := r.await(ctx, cl, st.orphan.TaskID); err == nil && prev != "" {
 				text = prev + "\n" + text
 			}
 		}
 		if text != "" {
 			onText(text)
 		}
-		return model.Response{Message: protocol.AssistantMessage{Content: protocol.Text(text)}, Finish: model.FinishStop}, nil
+		// The remote task's usage, when it reports one (ExtUsage), is this
+		// step's: a budget charges it instead of the step's whole grant.
+		return model.Response{Message: protocol.AssistantMessage{Content: protocol.Text(text)}, Finish: model.FinishStop, Usage: usage}, nil
 	}
 	if st.orphan.TaskID != "" {
 		r.cfg.Logger.Info("re-attaching to a remote task an earlier turn left", "task", st.orphan.TaskID)
-		if _, err := r.await(ctx, cl, st.orphan.TaskID); err != nil && ctx.Err() != nil {
+		if _, _, err := r.await(ctx, cl, st.orphan.TaskID); err != nil && ctx.Err() != nil {
 			return model.Response{}, err
 		}
 	}
@@ -340,7 +343,7 @@ func (r *remote) Stream(ctx context.Context, req model.Request, onText func(stri
 // await follows a remote task to its end (a stream, and GetTask when the
 // stream breaks) and returns its output; a turn cancelled meanwhile sends
 // CancelTask and returns ctx's error.
-func (r *remote) await(ctx context.Context, cl *a2aclient.Client, id string) (string, error) {
+func (r *remote) await(ctx context.Context, cl *a2aclient.Client, id string) (string, *protocol.Usage, error) {
 	for {
 		task, err := cl.GetTask(ctx, &a2a.GetTaskRequest{ID: a2a.TaskID(id)})
 		if err == nil && task.Status.State.Terminal() {
@@ -350,7 +353,7 @@ func (r *remote) await(ctx context.Context, cl *a2aclient.Client, id string) (st
 			if cancelled(ctx) {
 				r.cancel(cl, id)
 			}
-			return "", ctx.Err()
+			return "", nil, ctx.Err()
 		}
 		if err == nil {
 			for ev, serr := range cl.SubscribeToTask(ctx, &a2a.SubscribeToTaskRequest{ID: a2a.TaskID(id)}) {
@@ -370,7 +373,7 @@ func (r *remote) await(ctx context.Context, cl *a2aclient.Client, id string) (st
 			if cancelled(ctx) {
 				r.cancel(cl, id)
 			}
-			return "", ctx.Err()
+			return "", nil, ctx.Err()
 		case <-time.After(pollInterval):
 		}
 	}
@@ -406,7 +409,8 @@ func (r *remote) cancel(cl *a2aclient.Client, id string) {
 	}
 }
 
-func finish(t *a2a.Task) (string, error) {
+// finish is an ended task's output and the usage it reported (taskUsage).
+func finish(t *a2a.Task) (string, *protocol.Usage, error) {
 	var b strings.Builder
 	for _, a := range t.Artifacts {
 		b.WriteString(partsText(a.Parts))
@@ -416,9 +420,37 @@ func finish(t *a2a.Task) (string, error) {
 		text = partsText(t.Status.Message.Parts)
 	}
 	if t.Status.State != a2a.TaskStateCompleted {
-		return "", &model.Error{Diagnostic: fmt.Sprintf("the remote task %s ended %s: %s", t.ID, t.Status.State, firstBytes(text, 200))}
+		return "", nil, &model.Error{Diagnostic: fmt.Sprintf("the remote task %s ended %s: %s", t.ID, t.Status.State, firstBytes(text, 200))}
 	}
-	return text, nil
+	return text, taskUsage(t), nil
+}
+
+// ExtUsage is the A2A extension under whose key an agent that declares it
+// puts its task's model usage in the task's metadata, {inputTokens,
+// outputTokens} (docs/a2a.md, "Usage"; Brood's gateway does).
+const ExtUsage = "urn:brood:a2a:ext:usage:v1"
+
+// taskUsage is the usage a task's metadata reports under ExtUsage, nil
+// when it reports none or a malformed one (then the step's usage is
+// unknown, never zero: docs/protocol.md §6.6).
+func taskUsage(t *a2a.Task) *protocol.Usage {
+	m, ok := t.Metadata[ExtUsage].(map[string]any)
+	if !ok {
+		return nil
+	}
+	count := func(k string) (int64, bool) {
+		f, ok := m[k].(float64)
+		if !ok || f < 0 || f > protocol.BudgetValueMax || f != float64(int64(f)) {
+			return 0, false
+		}
+		return int64(f), true
+	}
+	in, ok1 := count("inputTokens")
+	out, ok2 := count("outputTokens")
+	if !ok1 || !ok2 {
+		return nil
+	}
+	return &protocol.Usage{InputTokens: in, OutputTokens: out}
 }
 
 func partsText(ps a2a.ContentParts) string {

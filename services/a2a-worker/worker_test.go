@@ -3,6 +3,7 @@ package a2aworker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"iter"
 	"net/http"
 	"net/http/httptest"
@@ -69,7 +70,14 @@ func (e *echo) Execute(ctx context.Context, ec *a2asrv.ExecutorContext) iter.Seq
 		if !yield(a2a.NewArtifactEvent(ec, a2a.NewTextPart("echo: "+text)), nil) {
 			return
 		}
-		yield(a2a.NewStatusUpdateEvent(ec, a2a.TaskStateCompleted, nil), nil)
+		done := a2a.NewStatusUpdateEvent(ec, a2a.TaskStateCompleted, nil)
+		if rest, ok := strings.CutPrefix(text, "usage "); ok {
+			// "usage IN OUT": the task reports that usage (ExtUsage).
+			var in, out int
+			_, _ = fmt.Sscanf(rest, "%d %d", &in, &out)
+			done.Metadata = map[string]any{ExtUsage: map[string]any{"inputTokens": in, "outputTokens": out}}
+		}
+		yield(done, nil)
 	}
 }
 
@@ -373,5 +381,40 @@ func TestRemoteTasksSpendOnTheirBudgets(t *testing.T) {
 	}
 	if started, _, _ := e.snapshot(); len(started) != 1 {
 		t.Fatalf("the remote agent got %d tasks, want the first child's only", len(started))
+	}
+}
+
+// TestRemoteTaskUsageIsCharged (issue 32, item 5): a remote task that
+// reports its usage (the usage extension's task metadata) has it logged as
+// its step's and charged instead of the step's whole grant; the step that
+// sent the message reports none and stays unknown.
+func TestRemoteTaskUsageIsCharged(t *testing.T) {
+	s := newStack(t)
+	_, card := startEcho(t)
+	addWorker(t, s, card)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{ModelRequests: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = root.Close(context.Background()) })
+	_, res, err := s.Run(root.Ref(), name, "usage 7 3", protocol.StartOptions{})
+	if err != nil || res.StopReason != protocol.StopCompleted {
+		t.Fatalf("the child: %v %+v", err, res)
+	}
+	if u := res.Usage; u == nil || u.Own.InputTokens != 7 || u.Own.OutputTokens != 3 || u.Own.ModelRequests != 2 || u.Own.UnreportedRequests != 1 {
+		t.Fatalf("the child's usage %+v, want 7 in and 3 out reported by one of its 2 requests", u)
+	}
+	var rec protocol.BudgetRecord
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		got, err := s.Store.Budget(ctx, root.SessionID)
+		rec = got.Value
+		return err == nil && len(rec.Reservations) == 0
+	}, "the reservations settled")
+	// The sending step's whole grant (at least the 4096-token answer
+	// bound) and the reported 10: not a second whole grant.
+	if rest := rec.Charged.Tokens - 10; rest < 4096 || rest >= 2*4096 {
+		t.Fatalf("the ledger charged %d tokens, want one step's grant plus the 10 reported", rec.Charged.Tokens)
 	}
 }
