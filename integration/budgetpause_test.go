@@ -15,17 +15,31 @@ import (
 // TestDevRestartedWhileAChildIsPausedAtItsBudget (issue 32's acceptance:
 // "A continuable child at its cap shows `paused`, survives a kill -9 and
 // restart of `brood dev`, and after `brood budget --raise` completes the
-// same turn"): a continuable child with a budget of one model request
-// pauses before its second; `brood state` and `brood children` say
-// paused; `brood dev` is killed with -9 and started again on the same
+// same turn"): a continuable child pauses at its budget's cap, before its
+// second model request (a budget of one) or before a step's two tool
+// calls (a budget of one tool call); `brood state` and `brood children`
+// say paused; `brood dev` is killed with -9 and started again on the same
 // data; the child is paused again on the same request; `brood budget
-// --raise modelRequests=+1` continues the turn, which completes: one
-// turn, one turn end, its request opened and answered once.
+// --raise` continues the turn, which completes: one turn, one turn end,
+// its request opened and answered once.
 func TestDevRestartedWhileAChildIsPausedAtItsBudget(t *testing.T) {
+	for _, tt := range []struct {
+		name, limit, prompt, trail string
+		step                       int64
+	}{
+		{"before a model request", "modelRequests", "call read_file {\"path\":\"nothing.txt\"}\nsay done",
+			"tool/call tool/result request/open request/answer", 2},
+		{"before a step's tool calls", "toolCalls", "call read_file {\"path\":\"nothing.txt\"}\ncall read_file {\"path\":\"nothing.txt\"}\nsay done",
+			"tool/call tool/call request/open request/answer tool/result tool/result", 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) { devRestartWhilePaused(t, tt.limit, tt.prompt, tt.trail, tt.step) })
+	}
+}
+
+func devRestartWhilePaused(t *testing.T, limit, prompt, wantTrail string, step int64) {
 	data, ws := t.TempDir(), t.TempDir()
 	d := startDev(t, "--data", data)
-	out := broodAt(t, ws, d.natsURL, "start", "--provider", "spawn", "--budget", "modelRequests=1",
-		"call read_file {\"path\":\"nothing.txt\"}\nsay done")
+	out := broodAt(t, ws, d.natsURL, "start", "--provider", "spawn", "--budget", limit+"=1", prompt)
 	child := ""
 	for _, line := range strings.Split(out, "\n") {
 		if id, ok := strings.CutPrefix(line, "childId "); ok {
@@ -53,8 +67,8 @@ func TestDevRestartedWhileAChildIsPausedAtItsBudget(t *testing.T) {
 	if !pausedRow(d.natsURL) {
 		t.Fatal("brood children does not list the child paused")
 	}
-	if got := broodAt(t, ws, d.natsURL, "budget", child); !strings.Contains(got, child+"  modelRequests  1      1     0         0") {
-		t.Fatalf("brood budget printed:\n%s\nwant its modelRequests limit 1, 1 used, none left", got)
+	if got := broodAt(t, ws, d.natsURL, "budget", child); !strings.Contains(got, child+"  "+limit+"  1") {
+		t.Fatalf("brood budget printed:\n%s\nwant its %s limit of 1", got, limit)
 	}
 	if err := d.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -73,8 +87,8 @@ func TestDevRestartedWhileAChildIsPausedAtItsBudget(t *testing.T) {
 		st, err := exec.Command(broodBin, "state", child, "--nats", url).Output()
 		return err == nil && strings.TrimSpace(string(st)) == protocol.StatePaused && pausedRow(url)
 	}, "the child is paused again after the restart")
-	if got := broodAt(t, ws, url, "budget", child, "--raise", "modelRequests=+1"); !strings.Contains(got, "modelRequests  2") {
-		t.Fatalf("brood budget --raise printed:\n%s\nwant the limit 2", got)
+	if got := broodAt(t, ws, url, "budget", child, "--raise", limit+"=+1"); !strings.Contains(got, limit+"  2") {
+		t.Fatalf("brood budget --raise printed:\n%s\nwant the %s limit 2", got, limit)
 	}
 	var evs []protocol.SessionEvent
 	testutil.Eventually(t, 30*time.Second, func() bool {
@@ -92,13 +106,13 @@ func TestDevRestartedWhileAChildIsPausedAtItsBudget(t *testing.T) {
 			order = append(order, typ)
 		}
 	}
-	if want := "tool/call tool/result request/open request/answer"; strings.Join(order, " ") != want {
-		t.Fatalf("log trail %v; want %s", trail, want)
+	if strings.Join(order, " ") != wantTrail {
+		t.Fatalf("log trail %v; want %s", trail, wantTrail)
 	}
 	for _, ev := range evs {
 		var d protocol.RequestOpenData
-		if ev.Type == protocol.EvRequestOpen && (ev.Decode(&d) != nil || d.Kind != protocol.RequestBudget || d.Turn != 1 || d.Step != 2) {
-			t.Fatalf("request/open %+v; want a budget pause of turn 1 before step 2", d)
+		if ev.Type == protocol.EvRequestOpen && (ev.Decode(&d) != nil || d.Kind != protocol.RequestBudget || d.Turn != 1 || d.Step != step) {
+			t.Fatalf("request/open %+v; want a budget pause of turn 1 at step %d", d, step)
 		}
 	}
 	if got := broodAt(t, ws, url, "state", child); got == protocol.StatePaused {

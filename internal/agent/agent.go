@@ -376,7 +376,7 @@ func (a *Agent) stepsFrom(ctx context.Context, turn, first int64, paused *protoc
 	defer a.settles.Wait()
 	defer a.dropPrefetch(ctx) // a turn that ended before its first request
 	if paused != nil {
-		if out, done := a.budgetPause(ctx, turn, first, nil, paused); done {
+		if out, done := a.budgetPause(ctx, turn, first, nil, paused, nil); done {
 			return out
 		}
 	}
@@ -408,7 +408,7 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 	req := model.Request{System: a.cfg.System, Messages: history, Tools: a.cfg.Tools.Specs()}
 	g, err := a.takeReservation(ctx, &req)
 	for err != nil && ctx.Err() == nil && a.pausesAtCap(err) {
-		if out, done := a.budgetPause(ctx, turn, step, err, nil); done {
+		if out, done := a.budgetPause(ctx, turn, step, err, nil, nil); done {
 			return out, true
 		}
 		g, err = a.reserveModel(ctx, &req)
@@ -524,9 +524,9 @@ func (a *Agent) answerEnds(finish model.Finish, msg protocol.AssistantMessage) (
 // the step's end; the turn ends when ctx was cancelled (aborted) or a tool
 // concluded it (completed), and goes on to its next step otherwise.
 func (a *Agent) runStepTools(ctx context.Context, turn, step int64, calls []protocol.ToolCall) (Outcome, bool) {
-	tg, err := a.reserveTools(ctx, len(calls))
-	if err != nil {
-		return a.refuseTools(ctx, turn, step, calls, err), true
+	tg, out, done := a.reserveToolsPausing(ctx, turn, step, calls, nil)
+	if done {
+		return out, true
 	}
 	results := a.runTools(ctx, turn, step, calls)
 	a.settle(ctx, tg, protocol.BudgetSpend{ToolCalls: int64(len(calls))})

@@ -255,7 +255,11 @@ func (a *Agent) deadlineEnd() protocol.TurnEndReason {
 // each logged call gets an error result saying so (the log stays
 // balanced), and the turn ends with the refusal's code.
 func (a *Agent) refuseTools(ctx context.Context, turn, step int64, calls []protocol.ToolCall, err error) Outcome {
-	reason := budgetEnd(err)
+	return a.refuseToolsReason(ctx, turn, step, calls, budgetEnd(err))
+}
+
+// refuseToolsReason is refuseTools ending the turn with reason.
+func (a *Agent) refuseToolsReason(ctx context.Context, turn, step int64, calls []protocol.ToolCall, reason protocol.TurnEndReason) Outcome {
 	var b eventBuf
 	for _, c := range calls {
 		r := ErrorResult("%s: not run: %s", reason.Code, reason.Error)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/brood-dev/brood/internal/requestwait"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -46,7 +47,11 @@ func (a *Agent) pausesAtCap(err error) bool {
 // on it again) and reports whether the turn ended (out says how): not
 // ended means the request was approved (a raise) and the step reserves
 // again. refused is the reservation's BUDGET_EXHAUSTED (nil with parked).
-func (a *Agent) budgetPause(ctx context.Context, turn, step int64, refused error, parked *protocol.RequestOpenData) (Outcome, bool) {
+//
+// calls, when set, are the step's logged tool calls whose reservation was
+// refused (a pause before they run, the step open): a turn that ends
+// gives each an error result first, as refuseTools does.
+func (a *Agent) budgetPause(ctx context.Context, turn, step int64, refused error, parked *protocol.RequestOpenData, calls []protocol.ToolCall) (Outcome, bool) {
 	req := protocol.RequestOpenRequest{Kind: protocol.RequestBudget, Turn: turn, Step: step}
 	if parked != nil {
 		req.CallID = parked.CallID
@@ -70,26 +75,81 @@ func (a *Agent) budgetPause(ctx context.Context, turn, step int64, refused error
 	if exhausted == "" {
 		exhausted = req.Exhausted
 	}
+	end := func(diag string) (Outcome, bool) {
+		reason := errReason(protocol.CodeBudgetExhausted, diag)
+		if len(calls) > 0 {
+			return a.refuseToolsReason(ctx, turn, step, calls, reason), true
+		}
+		if ctx.Err() != nil {
+			return a.endCancelled(ctx, turn, nil), true
+		}
+		return a.end(ctx, turn, nil, reason), true
+	}
 	switch {
 	case failed == parkEnded && ctx.Err() != nil:
-		return a.endCancelled(ctx, turn, nil), true
+		return end("") // cancelled: endCancelled says how
 	case failed != 0:
-		return a.end(ctx, turn, nil, errReason(protocol.CodeBudgetExhausted,
-			fmt.Sprintf("%s; the turn could not pause for a raise (request %s: %v)", exhausted, pause.RequestID, err))), true
+		return end(fmt.Sprintf("%s; the turn could not pause for a raise (request %s: %v)", exhausted, pause.RequestID, err))
 	case d.State == protocol.RequestApproved:
 		a.log.Info("the budget was raised; the turn reserves again", "turn", turn, "step", step, "request", rec.ID)
 		return Outcome{}, false
 	case d.State == protocol.RequestTimedOut:
-		return a.end(ctx, turn, nil, errReason(protocol.CodeBudgetExhausted,
-			fmt.Sprintf("%s; the turn paused for a raise (request %s) and none came in time", exhausted, rec.ID))), true
+		return end(fmt.Sprintf("%s; the turn paused for a raise (request %s) and none came in time", exhausted, rec.ID))
 	default:
 		reason := ""
 		if d.Reason != "" {
 			reason = ": " + d.Reason
 		}
-		return a.end(ctx, turn, nil, errReason(protocol.CodeBudgetExhausted,
-			fmt.Sprintf("%s; the pause for a raise (request %s) ended %s by %s%s", exhausted, rec.ID, d.State, requestwait.AnswererName(d.By), reason))), true
+		return end(fmt.Sprintf("%s; the pause for a raise (request %s) ended %s by %s%s", exhausted, rec.ID, d.State, requestwait.AnswererName(d.By), reason))
 	}
+}
+
+// reserveToolsPausing reserves a step's logged tool calls, pausing at the
+// budget's cap as a model request does (budgetPause with calls); done
+// reports the turn ended (out says how). parked, when set, is the pause
+// its previous host logged: the step waits on it first.
+func (a *Agent) reserveToolsPausing(ctx context.Context, turn, step int64, calls []protocol.ToolCall, parked *protocol.RequestOpenData) (g grant, out Outcome, done bool) {
+	var err error
+	if parked != nil {
+		if out, done := a.budgetPause(ctx, turn, step, nil, parked, calls); done {
+			return grant{}, out, true
+		}
+	}
+	g, err = a.reserveTools(ctx, len(calls))
+	for err != nil && ctx.Err() == nil && a.pausesAtCap(err) {
+		if out, done := a.budgetPause(ctx, turn, step, err, nil, calls); done {
+			return grant{}, out, true
+		}
+		g, err = a.reserveTools(ctx, len(calls))
+	}
+	if err != nil {
+		return grant{}, a.refuseTools(ctx, turn, step, calls, err), true
+	}
+	return g, Outcome{}, false
+}
+
+// continueToolsPaused continues a step paused at its budget's cap before
+// its logged tool calls ran (sessionlog.Parked: Budget and Pending): it
+// waits on the same request, runs the calls once raised, and goes on with
+// the turn's next steps.
+func (a *Agent) continueToolsPaused(ctx context.Context, p sessionlog.ParkedStep) Outcome {
+	ctx, cancelDeadline := a.withBudgetDeadline(ctx)
+	defer cancelDeadline()
+	defer a.settles.Wait()
+	calls := make([]protocol.ToolCall, len(p.Pending))
+	for i, pc := range p.Pending {
+		calls[i] = protocol.ToolCall{ID: pc.Call.CallID, Name: pc.Call.Name, Arguments: pc.Call.Arguments}
+	}
+	tg, out, done := a.reserveToolsPausing(ctx, p.Turn, p.Step, calls, p.Budget)
+	if done {
+		return out
+	}
+	results := a.runTools(ctx, p.Turn, p.Step, calls)
+	a.settle(ctx, tg, protocol.BudgetSpend{ToolCalls: int64(len(calls))})
+	if out, done := a.logStepResults(ctx, p.Turn, p.Step, calls, results); done {
+		return out
+	}
+	return a.stepsFrom(ctx, p.Turn, p.Step+1, nil)
 }
 
 // notePaused shows the budget request d (once it is open and logged) as

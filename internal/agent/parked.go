@@ -48,7 +48,12 @@ func (a *Agent) ContinueParked(ctx context.Context) Outcome {
 	a.log.Info("continuing a turn parked on a request", "turn", p.Turn, "step", p.Step, "calls", len(p.Pending))
 	ctx, cancel := context.WithTimeoutCause(ctx, a.limits.TurnTimeout, errTurnTimeout)
 	defer cancel()
-	if p.Budget != nil {
+	switch {
+	case p.Budget != nil && len(p.Pending) > 0:
+		// Paused at its budget's cap before step p.Step's tool calls ran:
+		// it waits on the same request, then runs them.
+		return a.continueToolsPaused(ctx, p)
+	case p.Budget != nil:
 		// Paused at its budget's cap before step p.Step: it waits on the
 		// same budget request, then reserves that step again.
 		return a.stepsFrom(ctx, p.Turn, p.Step, p.Budget)

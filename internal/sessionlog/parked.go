@@ -18,8 +18,9 @@ type ParkedStep struct {
 	// Pending are the step's calls without a tool/result, in log order.
 	Pending []ParkedCall
 	// Budget, when set, is the budget request the turn is paused on
-	// before step Step's model request (docs/protocol.md §5.5, "Pause and
-	// raise"): no step is open and Pending is empty.
+	// (docs/protocol.md §5.5, "Pause and raise"): before step Step's model
+	// request (no step open, Pending empty), or before its logged tool
+	// calls ran (Pending are those calls, none with a request of its own).
 	Budget *protocol.RequestOpenData
 }
 
@@ -32,9 +33,18 @@ type ParkedStep struct {
 // open turn no request holds).
 func Parked(events []protocol.SessionEvent) (p ParkedStep, ok bool) {
 	turn, open, step, stepOpen, pending := OpenTurn(events)
-	if open && !stepOpen {
-		if d := budgetPaused(events, turn); d != nil {
-			return ParkedStep{Turn: turn, Step: d.Step, Budget: d}, true
+	if open {
+		if d := budgetPaused(events, turn); d != nil && (!stepOpen || (d.Step == step && len(pending) > 0)) {
+			// Paused before step d.Step's model request (no step open), or
+			// before its logged tool calls ran (the step open, its calls
+			// without results).
+			p := ParkedStep{Turn: turn, Step: d.Step, Budget: d}
+			if stepOpen {
+				for _, c := range pending {
+					p.Pending = append(p.Pending, ParkedCall{Call: c})
+				}
+			}
+			return p, true
 		}
 	}
 	if !open || !stepOpen || len(pending) == 0 {
@@ -82,7 +92,8 @@ func Parked(events []protocol.SessionEvent) (p ParkedStep, ok bool) {
 
 // budgetPaused returns the budget request open turn turn is paused on: a
 // request/open of kind budget with no request/answer of its request and
-// no step/start after it; nil when there is none.
+// no step/start after it (nor a tool/result: a step's calls ran); nil
+// when there is none.
 func budgetPaused(events []protocol.SessionEvent, turn int64) *protocol.RequestOpenData {
 	start := len(events) - 1
 	for ; start > 0 && events[start].Type != protocol.EvTurnStart; start-- {
@@ -100,7 +111,7 @@ func budgetPaused(events []protocol.SessionEvent, turn int64) *protocol.RequestO
 			if open != nil && ev.Decode(&d) == nil && d.RequestID == open.RequestID {
 				open = nil
 			}
-		case protocol.EvStepStart:
+		case protocol.EvStepStart, protocol.EvToolResult:
 			open = nil
 		}
 	}

@@ -88,3 +88,37 @@ func TestParkedAtBudget(t *testing.T) {
 		})
 	}
 }
+
+// TestParkedAtBudgetBeforeToolCalls: a step whose logged tool calls got no
+// reservation pauses with the step open: it is parked on its budget
+// request, the calls pending, until the request is answered or a call's
+// result is logged.
+func TestParkedAtBudgetBeforeToolCalls(t *testing.T) {
+	ts := protocol.TurnData{Turn: 1}
+	st := protocol.StepData{Turn: 1, Step: 1}
+	call := func(id string) any {
+		return protocol.ToolCallData{Turn: 1, Step: 1, CallID: id, Name: "read_file"}
+	}
+	pause := protocol.RequestOpenData{RequestID: "r-1", Kind: protocol.RequestBudget, Turn: 1, Step: 1, CallID: "budget-t1-s1-1"}
+	answer := protocol.RequestAnswerData{RequestID: "r-1", CallID: "budget-t1-s1-1", State: protocol.RequestApproved}
+	result := protocol.ToolResultData{Turn: 1, Step: 1, CallID: "a", Name: "read_file"}
+	head := []any{protocol.EvTurnStart, ts, protocol.EvStepStart, st, protocol.EvToolCall, call("a"), protocol.EvToolCall, call("b")}
+	tests := []struct {
+		name    string
+		tail    []any
+		parked  bool
+		pending int
+	}{
+		{"paused before its calls", []any{protocol.EvRequestOpen, pause}, true, 2},
+		{"raised", []any{protocol.EvRequestOpen, pause, protocol.EvRequestAnswer, answer}, false, 0},
+		{"a call ran", []any{protocol.EvRequestOpen, pause, protocol.EvToolResult, result}, false, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, ok := Parked(seqd(t, append(append([]any(nil), head...), tt.tail...)...))
+			if ok != tt.parked || len(p.Pending) != tt.pending || (ok && (p.Budget == nil || p.Budget.RequestID != "r-1" || p.Step != 1)) {
+				t.Fatalf("Parked = %+v, %v; want %v with %d pending", p, ok, tt.parked, tt.pending)
+			}
+		})
+	}
+}

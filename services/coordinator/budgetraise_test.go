@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -251,4 +253,57 @@ func TestBudgetPauseEnds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBudgetPauseBeforeToolCalls (issue 32, item 3): a continuable child
+// whose step's tool calls get no reservation (its toolCalls limit) pauses
+// with the calls logged and not run; the user's raise runs them, once,
+// and the same turn completes.
+func TestBudgetPauseBeforeToolCalls(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "a.txt"), []byte("alpha"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: s.Root(dir).Ref(), Label: "capped",
+		Prompt:  protocol.Text("call read_file {\"path\":\"a.txt\"}\ncall read_file {\"path\":\"a.txt\"}\nsay done"),
+		Options: protocol.ContinuableOptions{Budget: &protocol.Budget{ToolCalls: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := budgetPausedRequest(t, s, st.ChildID)
+	if req.Step != 1 || !strings.Contains(req.Exhausted, "toolCalls") {
+		t.Fatalf("the pause's request %+v; want step 1, its toolCalls limit spent", req)
+	}
+	if _, evs := s.Log(st.ChildID); strings.Count(eventTypes(evs), protocol.EvToolResult) != 0 {
+		t.Fatalf("tool calls ran before the raise: %s", eventTypes(evs))
+	}
+	if _, err := s.Client.RaiseBudget(ctx, st.ChildID, s.Grant(), protocol.BudgetSpend{ToolCalls: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var evs []protocol.SessionEvent
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		_, evs = s.Log(st.ChildID)
+		ends, _ := turnEnds(evs)
+		return len(ends) == 1
+	}, "the raised turn ends")
+	if ends, starts := turnEnds(evs); starts != 1 || ends[0] != protocol.TurnCompleted {
+		t.Fatalf("%d turns, ends %v; want the one turn completed", starts, ends)
+	}
+	if got := eventTypes(evs); !strings.Contains(got, "tool/call tool/call request/open request/answer tool/result tool/result step/end") {
+		t.Fatalf("log %s; want the calls, the pause and its raise, then both results", got)
+	}
+}
+
+// eventTypes is the types of evs, space-separated.
+func eventTypes(evs []protocol.SessionEvent) string {
+	var out []string
+	for _, ev := range evs {
+		out = append(out, ev.Type)
+	}
+	return strings.Join(out, " ")
 }
