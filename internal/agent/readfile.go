@@ -19,7 +19,8 @@ const ReadFileBytesMax = 256 << 10
 // Roots bound the workspace as for ListDirTool.
 func ReadFileTool(roots ...string) *Tool {
 	return &Tool{
-		Name: "read_file",
+		Name:       "read_file",
+		Idempotent: true, // it reads only: running it again after a host loss is safe
 		Description: fmt.Sprintf("Read a UTF-8 text file inside the workspace. Paths are relative to the workspace root; paths outside it are refused. "+
 			"Returns at most %d bytes from offset (default 0); the result says how many bytes remain.", ReadFileBytesMax),
 		Parameters: json.RawMessage(`{"type":"object","properties":{` +

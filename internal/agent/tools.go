@@ -67,6 +67,15 @@ type Tool struct {
 	// Asks marks the ask tool: the agent runs the call itself, parking it
 	// on a question request (Agent.ask), and never calls Run.
 	Asks bool
+	// Idempotent marks a tool whose call may run twice with the effect of
+	// once (read_file, list_dir: they change nothing). When a run's host
+	// dies with a call logged and its result not, the host that continues
+	// the turn (Agent.ContinueTurn) runs an idempotent call again and gives
+	// any other an error result saying it was interrupted by a host loss
+	// and may or may not have taken effect (docs/protocol.md §8.4,
+	// "Continued after a host loss"). Default false: a tool is taken to
+	// change something unless it says otherwise.
+	Idempotent bool
 }
 
 // Registry is an agent's tool set: global tools (subject to tool filters) and

@@ -26,6 +26,7 @@ const ListDirEntriesMax = 1000
 func ListDirTool(roots ...string) *Tool {
 	return &Tool{
 		Name:        "list_dir",
+		Idempotent:  true, // it reads only: running it again after a host loss is safe
 		Description: "List the entries of a directory inside the workspace. Directories end with '/', symbolic links with '@'. Paths are relative to the workspace root; paths outside it are refused.",
 		Parameters:  json.RawMessage(`{"type":"object","properties":{"path":{"type":"string","description":"directory relative to the workspace root; default \".\""}},"additionalProperties":false}`),
 		Run: func(ctx context.Context, tc ToolContext, args string) ToolResult {

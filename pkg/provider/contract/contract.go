@@ -121,6 +121,23 @@ type ParkedSession interface {
 	ContinueParked(ctx context.Context) Outcome
 }
 
+// ContinuingSession is implemented by a session that can continue a
+// one-shot run's turn its log left open when its host died
+// (docs/protocol.md §8.4, "Continued after a host loss"): the host that
+// takes the run over builds the session over the log (SessionSpec.Events)
+// and calls ContinueTurn instead of OpenTurn and RunSteps. It must not do
+// again what the log holds: completed steps and logged tool results stay;
+// the model request in flight is sent again; a call logged without its
+// result runs again only when its tool is idempotent, and otherwise gets
+// an error result saying it was interrupted by a host loss and may or may
+// not have taken effect. It runs the turn to its end and returns its
+// Outcome, as RunSteps does. A session that is not one is never continued:
+// its run ends HOST_LOST when its host dies.
+type ContinuingSession interface {
+	Session
+	ContinueTurn(ctx context.Context) Outcome
+}
+
 // Closer is implemented by sessions that hold resources beyond their turn
 // (an agent process): the host calls Close once the run settled or was
 // dropped. Close must be idempotent and return within seconds; its error is
