@@ -58,7 +58,7 @@ func (a *Agent) ContinueTurn(ctx context.Context) Outcome {
 			return out
 		}
 	}
-	return a.stepsFrom(ctx, turn, step+1)
+	return a.stepsFrom(ctx, turn, step+1, nil)
 }
 
 // continueCalls gives each call of pending (an open step's calls without a

@@ -49,7 +49,7 @@ func (s *Store) PublishRunEnd(rec protocol.RunRecord, notice NoticeFunc, onErr f
 	ev := protocol.LifecycleEvent{
 		Type: protocol.LifecycleEnd, RunID: rec.RunID, Provider: rec.Provider, ID: rec.ChildID,
 		ParentSession: rec.ParentSession, Local: !rec.Remote, Mode: rec.Mode, Time: NowMs(),
-		StopReason: res.StopReason, ErrorCode: res.ErrorCode, Usage: res.Usage,
+		StopReason: res.StopReason, ErrorCode: res.ErrorCode, Usage: res.Usage, Takeovers: rec.Takeovers,
 	}
 	if len(res.Output) > 0 {
 		ev.LastAssistantMessage = res.Output

@@ -175,7 +175,7 @@ const specsCachedMax = 100_000
 func JoinRun(spec, state protocol.RunRecord) protocol.RunRecord {
 	out := spec
 	out.State, out.HostID, out.StartedAt, out.NotStarted = state.State, state.HostID, state.StartedAt, state.NotStarted
-	out.SettledAt, out.SettledBy, out.Result = state.SettledAt, state.SettledBy, state.Result
+	out.SettledAt, out.SettledBy, out.Result, out.Takeovers = state.SettledAt, state.SettledBy, state.Result, state.Takeovers
 	return out
 }
 

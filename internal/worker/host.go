@@ -50,6 +50,9 @@ type (
 	// ParkedSession is a ContinuableSession that continues a turn its log
 	// left parked on a request (*agent.Agent).
 	ParkedSession = contract.ParkedSession
+	// ContinuingSession continues a one-shot run's turn its dead host left
+	// open (contract.ContinuingSession).
+	ContinuingSession = contract.ContinuingSession
 	// Provider is one provider a host serves.
 	Provider = contract.Provider
 )
@@ -352,6 +355,12 @@ func (h *Host) serveProvider(srv *rpc.Server, p Provider) (*rpc.Service, error) 
 		return h.startRun(ctx, p, r)
 	})
 	if err := svc.AddEndpoint(protocol.OpProviderStart, prefix+protocol.OpProviderStart, h.instrument(protocol.OpProviderStart, start)); err != nil {
+		return nil, err
+	}
+	cont := rpc.Typed(func(ctx context.Context, _ rpc.Request, r protocol.ProviderContinueRequest) (any, error) {
+		return h.continueRun(ctx, p, r)
+	})
+	if err := svc.AddEndpoint(protocol.OpProviderContinue, prefix+protocol.OpProviderContinue, h.instrument(protocol.OpProviderContinue, cont)); err != nil {
 		return nil, err
 	}
 	if d.Continuable {

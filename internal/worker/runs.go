@@ -44,6 +44,12 @@ type hostedRun struct {
 
 	cred string // the agent's credential (it ends its descendants with it)
 
+	// continued: the run's first host died and this one continues its
+	// turn from the log (continue.go); takeovers counts the agent/takeover
+	// records of its log (RunRecord.Takeovers).
+	continued bool
+	takeovers int
+
 	mu       sync.Mutex
 	lease    protocol.AgentRecord // as last written by this host
 	leaseRev uint64
@@ -260,6 +266,9 @@ func (h *Host) publishRun(ctx context.Context, p Provider, req protocol.Provider
 
 	desc, derr := protocol.NewEvent(protocol.EvSubagentDescriptor, store.NowMs(), protocol.DescriptorData{
 		Version: protocol.DescriptorVersion, Mode: protocol.ModeOneShot, Provider: req.Provider, Label: req.Options.Label,
+		// What composed the child, so a host that continues the run after
+		// a host loss composes it the same (continue.go).
+		Persona: req.Options.Persona, ToolFilter: req.Options.ToolFilter, OutputSchema: req.Options.OutputSchema,
 	})
 	var opened bool
 	var out agent.Outcome
@@ -455,7 +464,12 @@ func (h *Host) execute(r *hostedRun) {
 	defer h.unregister(r)
 	defer closeSession(r.sess)
 	defer close(r.settled)
-	out := r.sess.RunSteps(r.ctx)
+	var out agent.Outcome
+	if cs, ok := r.sess.(ContinuingSession); ok && r.continued {
+		out = cs.ContinueTurn(r.ctx)
+	} else {
+		out = r.sess.RunSteps(r.ctx)
+	}
 	events := r.sess.Events()
 	if out.Fenced {
 		r.mu.Lock()
@@ -501,6 +515,7 @@ func (h *Host) execute(r *hostedRun) {
 // goes away.
 func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult, durability bool) {
 	rec := store.Settled(r.run, h.id, res)
+	rec.Takeovers = int64(r.takeovers)
 	h.settle(rec, r.runRev, func() {
 		r.mu.Lock()
 		r.result = &res

@@ -123,6 +123,12 @@ type RunRecord struct {
 	// paused between its lease and its first append left a child that could
 	// never run its first message).
 	Descriptor *DescriptorData `msgpack:"descriptor,omitempty" json:"descriptor,omitempty"`
+	// Takeovers counts the times a one-shot run's turn was continued on
+	// another host after its host died (docs/protocol.md §8.4, "Continued
+	// after a host loss"): set by the host that settles a continued run,
+	// from the agent/takeover records its log holds; absent for a run
+	// that never changed hosts. Its subagent/end carries it too.
+	Takeovers int64 `msgpack:"takeovers,omitempty" json:"takeovers,omitempty"`
 }
 
 // ResolvedOptions are the start options after the coordinator validated them,
@@ -158,6 +164,34 @@ type ProviderStartRequest struct {
 	Options     ResolvedOptions `msgpack:"options" json:"options"`
 	Ancestry    []string        `msgpack:"ancestry,omitempty" json:"ancestry,omitempty"`
 }
+
+// ProviderContinueRequest is what a coordinator sends to one live
+// instance of a provider, `provider.<name>.<hostId>.continue`, to continue
+// a one-shot run whose host died in the middle of its turn
+// (docs/protocol.md §8.4, "Continued after a host loss", §9.3): the
+// coordinator took the session's lease over at LeaseRevision (the lease
+// names it, TakenOverBy, at the run's next epoch) and fenced the log with
+// agent/takeover, leaving the turn open. The instance takes the lease by
+// compare-and-set at LeaseRevision (NOT_PENDING when it moved: another
+// instance took it, or the coordinator gave up), builds the child over its
+// log and continues the turn; it settles the run as its first host would
+// have. Deadline (epoch ms) is when the coordinator stops waiting for the
+// answer; a host that receives it later drops it.
+type ProviderContinueRequest struct {
+	RunID         string `msgpack:"runId" json:"runId"`
+	ChildID       string `msgpack:"childId" json:"childId"`
+	Provider      string `msgpack:"provider" json:"provider"`
+	LeaseRevision Seq    `msgpack:"leaseRevision" json:"leaseRevision"`
+	Deadline      int64  `msgpack:"deadline" json:"deadline"`
+	// Header is the child's session header, as the coordinator read it (a
+	// worker reads no header itself: docs/security.md).
+	Header SessionHeader `msgpack:"header" json:"header"`
+}
+
+// OpProviderContinue continues a one-shot run whose host died
+// (ProviderContinueRequest); answered with a ProviderStartReply once the
+// instance holds the lease and the turn goes on.
+const OpProviderContinue = "continue"
 
 // ProviderStartReply answers a provider start once the child is published:
 // lease held, first turn logged.

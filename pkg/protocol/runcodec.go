@@ -27,7 +27,7 @@ import (
 func encodeRunRecord(e *msgpack.Encoder, r *RunRecord) error {
 	n := 7 // runId childId parentSession provider mode state createdAt
 	for _, set := range [...]bool{r.Notify != "", r.NotifyJSON, r.Structured, r.Remote, r.HostID != "", r.StartedAt != 0,
-		r.NotStarted, r.SettledAt != 0, r.SettledBy != "", r.Result != nil, r.Descriptor != nil} {
+		r.NotStarted, r.SettledAt != 0, r.SettledBy != "", r.Result != nil, r.Descriptor != nil, r.Takeovers != 0} {
 		if set {
 			n++
 		}
@@ -73,6 +73,9 @@ func encodeRunRecord(e *msgpack.Encoder, r *RunRecord) error {
 	}
 	if r.Descriptor != nil {
 		w.value("descriptor", r.Descriptor)
+	}
+	if r.Takeovers != 0 {
+		w.integer("takeovers", r.Takeovers)
 	}
 	return w.err
 }
@@ -179,6 +182,8 @@ func decodeRunRecord(d *msgpack.Decoder, r *RunRecord) error {
 			err = decodeMsgpack(d, &r.Result)
 		case "descriptor":
 			err = decodeMsgpack(d, &r.Descriptor)
+		case "takeovers":
+			r.Takeovers, err = d.DecodeInt64()
 		default:
 			err = d.Skip()
 		}

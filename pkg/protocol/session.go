@@ -414,6 +414,11 @@ type DescriptorData struct {
 	AgentModel    string      `msgpack:"agentModel,omitempty" json:"agentModel,omitempty"`
 	Persona       *string     `msgpack:"persona,omitempty" json:"persona,omitempty"`
 	ToolFilter    *ToolFilter `msgpack:"toolFilter,omitempty" json:"toolFilter,omitempty"`
+	// OutputSchema is a one-shot child's requested output schema
+	// (canonical JSON text, ResolvedOptions.OutputSchema), logged so a
+	// host that continues the run after a host loss composes the child as
+	// its first host did (docs/protocol.md §8.4); absent when none.
+	OutputSchema string `msgpack:"outputSchema,omitempty" json:"outputSchema,omitempty"`
 }
 
 // PromptSource is the provenance of a child's first prompt, judged from the

@@ -513,6 +513,10 @@ type LifecycleEvent struct {
 	// subagent tool's description, a continuable child's label), on start
 	// events whose host knew it; absent otherwise (docs/protocol.md §7.5).
 	Label string `msgpack:"label,omitempty" json:"label,omitempty"`
+	// Takeovers, on the end event of a one-shot run, counts the times its
+	// turn was continued on another host after its host died
+	// (RunRecord.Takeovers; docs/protocol.md §8.4); absent when none.
+	Takeovers int64 `msgpack:"takeovers,omitempty" json:"takeovers,omitempty"`
 	// Seq is the event's BROOD_EVENTS stream sequence: absent in the stored
 	// body, set when the event is read through events.read or events.follow.
 	Seq Seq `msgpack:"seq,omitempty" json:"seq,omitempty"`

@@ -115,8 +115,20 @@ type Config struct {
 	// ended; zero or less is DefaultBudgetDeadlineSweepInterval, 10 s
 	// (deadlines.go).
 	BudgetDeadlineSweepInterval time.Duration
-	Version                     string
-	Logger                      *slog.Logger
+	// ContinueWaitMax bounds how long a one-shot run whose host died in
+	// the middle of its turn waits, from its takeover, for a live instance
+	// of its provider to continue the turn (docs/protocol.md §8.4,
+	// "Continued after a host loss"); past it the turn is closed
+	// interrupted and the run ends HOST_LOST. Zero is
+	// DefaultContinueWaitMax (30 s); negative continues no run (every host
+	// loss ends the run HOST_LOST at its takeover).
+	ContinueWaitMax time.Duration
+	// TakeoversMax bounds the takeovers one run is continued through: the
+	// host loss past it ends the run HOST_LOST at its takeover. Zero or
+	// less is DefaultTakeoversMax (3).
+	TakeoversMax int
+	Version      string
+	Logger       *slog.Logger
 	// Metrics, when set, counts what this replica does (runs it admits or
 	// settles, takeovers, followups, requests) and reports the hosts and
 	// inbox depth it sees.
@@ -125,6 +137,7 @@ type Config struct {
 
 func (c *Config) defaults() {
 	c.admissionDefaults()
+	c.continuationDefaults()
 	if c.ID == "" {
 		c.ID = ulid.Make().String()
 	}
@@ -210,5 +223,16 @@ func (c *Config) admissionDefaults() {
 	}
 	if c.UserPromptBytesBurst <= 0 {
 		c.UserPromptBytesBurst = DefaultUserPromptBytesBurst
+	}
+}
+
+// continuationDefaults sets the bounds of continuing a run whose host died
+// (continue.go).
+func (c *Config) continuationDefaults() {
+	if c.ContinueWaitMax == 0 {
+		c.ContinueWaitMax = DefaultContinueWaitMax
+	}
+	if c.TakeoversMax <= 0 {
+		c.TakeoversMax = DefaultTakeoversMax
 	}
 }

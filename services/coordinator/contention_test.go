@@ -383,8 +383,9 @@ func TestATakeoverResumedAfterAFailedSettlementFencesOnce(t *testing.T) {
 
 // TestARunWhoseHostDiesMidTurnEndsHostLost: a worker stops heartbeating in
 // the middle of a run's turn (its heartbeat held from then on). The
-// coordinator takes the run over: the open turn is closed as interrupted
-// (cause HOST_LOST) with no other record after it, and the run settles once,
+// coordinator takes the run over: no instance is live to continue it, so
+// after ContinueWaitMax the open turn is closed as interrupted (cause
+// HOST_LOST) with no other record after it, and the run settles once,
 // by the coordinator, error HOST_LOST, with one notice and one subagent/end
 // (docs/design.md §7, Settlement 2; docs/upstream-behaviour.md: a lost host's run ends
 // HOST_LOST).
@@ -424,8 +425,15 @@ func TestARunWhoseHostDiesMidTurnEndsHostLost(t *testing.T) {
 	if last.Type != protocol.EvTurnEnd || last.Decode(&end) != nil || end.Reason.Kind != protocol.TurnInterrupted || end.Reason.Cause != protocol.CauseHostLost {
 		t.Fatalf("the log ends with %s %+v, want the turn closed as interrupted (host lost)", last.Type, end)
 	}
-	if fences(evs) != 0 {
-		t.Fatalf("an agent/takeover after a turn the takeover closed: %+v", evs)
+	// The takeover fenced the log first, leaving the turn open for an
+	// instance to continue (none was live: the only worker is the one that
+	// stopped heartbeating), and closed it once ContinueWaitMax passed:
+	// one agent/takeover, right before the turn's end.
+	if fences(evs) != 1 || evs[len(evs)-2].Type != protocol.EvAgentTakeover {
+		t.Fatalf("want one agent/takeover, right before the closed turn's end: %+v", evs)
+	}
+	if r.Value.Takeovers != 1 {
+		t.Errorf("run record counts %d takeovers; want 1: %+v", r.Value.Takeovers, r.Value)
 	}
 	pauseW.Release()
 	stopWorker()

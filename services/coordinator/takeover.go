@@ -82,7 +82,19 @@ func (c *Coordinator) takeOverRun(ctx context.Context, fresh store.Record[protoc
 	if !ok {
 		return // another replica won the lease
 	}
-	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}, nil, false, c.holding(taken))
+	fence := protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}
+	cont := c.continueRun(ctx, fence, run, taken)
+	switch {
+	case cont.err != nil:
+		c.closeFailed(id, cont.err)
+		return
+	case cont.handled:
+		return // continued on a live instance, or waiting for one: the lease stays taken over
+	}
+	if cont.lostHost != "" {
+		deadHost = cont.lostHost
+	}
+	events, err := c.closeInterrupted(ctx, id, fence, nil, false, c.holding(taken))
 	if err != nil {
 		c.closeFailed(id, err)
 		return
@@ -92,6 +104,10 @@ func (c *Coordinator) takeOverRun(ctx context.Context, fresh store.Record[protoc
 		c.log.Warn("takeover: read header", "session", id, "err", err)
 		return
 	}
+	if cont.why != "" && res.ErrorCode == protocol.CodeHostLost {
+		res.Diagnostic = protocol.TruncateDiagnostic(res.Diagnostic + "; " + cont.why)
+	}
+	run.Value.Takeovers = int64(c.takeoversIn(ctx, id, events))
 	// The run's end disposes its descendants before it settles, as its host
 	// would have (internal/worker/ending.go); the lease, taken over, already
 	// counts as ended for them.
@@ -218,6 +234,13 @@ func (c *Coordinator) takeLease(ctx context.Context, fresh store.Record[protocol
 // coordinator took the session over, released it and a worker resumed it,
 // then closed the resumed epoch's open turn, fenced on its last record).
 func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence protocol.TakeoverData, desc *protocol.DescriptorData, keepParked bool, held func(context.Context) error) ([]protocol.SessionEvent, error) {
+	return c.fenceLog(ctx, id, fence, desc, func(evs []protocol.SessionEvent) ([]protocol.SessionEvent, error) { return closingOf(evs, keepParked) }, held)
+}
+
+// fenceLog is closeInterrupted with the closing of the log's open turn
+// given by closeTurn (none: only agent/takeover is written, and the turn
+// stays open for a host that continues it: continue.go).
+func (c *Coordinator) fenceLog(ctx context.Context, id string, fence protocol.TakeoverData, desc *protocol.DescriptorData, closeTurn func([]protocol.SessionEvent) ([]protocol.SessionEvent, error), held func(context.Context) error) ([]protocol.SessionEvent, error) {
 	// The header names the log's scope (and a seeded child's seed length).
 	h, err := c.headers.get(ctx, c.st, id)
 	if err != nil {
@@ -232,7 +255,7 @@ func (c *Coordinator) closeInterrupted(ctx context.Context, id string, fence pro
 		if err != nil {
 			return nil, err
 		}
-		closing, err := closingOf(log.Events, keepParked)
+		closing, err := closeTurn(log.Events)
 		if err != nil {
 			return log.Events, err
 		}
@@ -274,6 +297,12 @@ func closingOf(events []protocol.SessionEvent, keepParked bool) ([]protocol.Sess
 	if _, parked := sessionlog.Parked(events); parked && keepParked {
 		return nil, nil
 	}
+	return closeOpen(events)
+}
+
+// closeOpen returns the events that close the turn events leave open
+// (interrupted, host-lost), none when no turn is open.
+func closeOpen(events []protocol.SessionEvent) ([]protocol.SessionEvent, error) {
 	return sessionlog.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
 }
 

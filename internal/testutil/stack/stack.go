@@ -33,6 +33,10 @@ import (
 const (
 	Heartbeat  = 100 * time.Millisecond
 	HostExpiry = time.Second
+	// ContinueWaitMax is the test coordinators' bound on the wait of a run
+	// whose host died for an instance to continue it (coordinator.Config;
+	// 30 s in a deployment): a test with one worker sees HOST_LOST soon.
+	ContinueWaitMax = time.Second
 )
 
 // Stack is a Brood deployment inside the test process: an embedded server,
@@ -112,7 +116,7 @@ func (s *Stack) StartCoordinator(mod ...func(*coordinator.Config)) (*coordinator
 	nc := s.Conn()
 	// The store is on the replica's own connection before the mods run, so
 	// a mod may wrap it (store.WithFaults).
-	cfg := coordinator.Config{NC: nc, Store: s.storeOn(nc), HeartbeatInterval: Heartbeat, HostExpiry: HostExpiry, Logger: testutil.Logger(s.T)}
+	cfg := coordinator.Config{NC: nc, Store: s.storeOn(nc), HeartbeatInterval: Heartbeat, HostExpiry: HostExpiry, ContinueWaitMax: ContinueWaitMax, Logger: testutil.Logger(s.T)}
 	for _, m := range mod {
 		m(&cfg)
 	}

@@ -1,0 +1,166 @@
+package worker
+
+import (
+	"context"
+	"errors"
+
+	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/telemetry"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// continueRun serves `provider.<name>.<hostId>.continue`
+// (protocol.ProviderContinueRequest; docs/protocol.md §8.4, "Continued
+// after a host loss"): a one-shot run whose host died in the middle of its
+// turn, its lease taken over by a coordinator at the next epoch and its
+// log fenced with agent/takeover, the turn left open, is continued here.
+// The header comes with the request (a worker reads none). In order:
+// the lease is read from the bucket's leader and must be the one
+// the coordinator took (at req.LeaseRevision, taken over, naming the run),
+// the run record must be running; the log is read and the child composed
+// over it as its first host composed it (the options its descriptor
+// logged); the session must be a ContinuingSession (else INVALID_ARGUMENT:
+// nothing was written, the coordinator ends the run HOST_LOST); then the
+// lease is taken by compare-and-set at req.LeaseRevision, with this host
+// and a fresh credential (NOT_PENDING when it moved), and only then is the
+// run this host's: it answers, and the turn continues (Agent.ContinueTurn)
+// and settles as any run of this host (execute, settleRun). The log is
+// written only after the lease's compare-and-set, fenced on the last
+// record read: a coordinator that gave up and closed the turn before it
+// fences this host out (the run then settles once, by the record's
+// compare-and-set).
+func (h *Host) continueRun(ctx context.Context, p Provider, req protocol.ProviderContinueRequest) (any, error) {
+	if h.isDraining() {
+		return nil, protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
+	}
+	if p.Descriptor().Remote {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "provider %s is remote: its runs are not continued after a host loss (docs/protocol.md §8.4)", req.Provider)
+	}
+	if !protocol.ValidID(req.ChildID) || !protocol.ValidID(req.RunID) || req.LeaseRevision == 0 || req.Provider != p.Descriptor().Name {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "continue needs valid runId and childId, the lease's revision and this provider's name (docs/protocol.md §9.3)")
+	}
+	cctx, cancel, err := h.withDeadline(ctx, req.Deadline, "continue", req.RunID)
+	if err != nil {
+		return nil, err
+	}
+	defer cancel()
+	header := req.Header
+	if header.ID != req.ChildID {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "header.id must equal childId")
+	}
+	if err := inScope(p, header); err != nil {
+		return nil, err
+	}
+	lease, err := h.st.ChildLeaseLatest(cctx, header.Provider, req.ChildID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil, notContinued(req.RunID, "the session has no lease")
+	case err != nil:
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", req.ChildID, err)
+	case lease.Revision != uint64(req.LeaseRevision) || lease.Value.TakenOverBy == "" || lease.Value.RunID != req.RunID || lease.Value.Kind != protocol.AgentOneShot:
+		return nil, notContinued(req.RunID, "the session's lease is not the one taken over for this run any more")
+	}
+	run, err := h.st.RunLatestOf(cctx, header.Provider, req.RunID)
+	switch {
+	case err != nil:
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %w", req.RunID, err)
+	case run.Value.State != protocol.RunRunning || run.Value.ChildID != req.ChildID:
+		return nil, notContinued(req.RunID, "the run is not running")
+	}
+	log, err := h.st.ReadLog(cctx, header.Scope(), req.ChildID)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", req.ChildID, err)
+	}
+	cred := protocol.NewCredential()
+	wctx, cancelWrites := runWrites(ctx)
+	defer cancelWrites()
+	lw := h.st.NewLogWriter(header.Scope(), req.ChildID, log.LastSubjSeq, int64(len(log.Events)))
+	sess, err := p.NewSession(wctx, SessionSpec{Header: header, Options: loggedOptions(log.Events, header.SeedLength), Credential: cred, Log: lw, Events: log.Events})
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := sess.(ContinuingSession); !ok {
+		closeSession(sess)
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "provider %s's sessions cannot continue a turn (docs/protocol.md §8.4)", req.Provider)
+	}
+	mine := lease.Value
+	mine.HostID, mine.TakenOverBy, mine.CredentialHash = h.id, "", protocol.HashCredential(cred)
+	leaseRev, err := h.st.UpdateLease(wctx, mine, lease.Revision)
+	if err != nil {
+		closeSession(sess)
+		if errors.Is(err, store.ErrConflict) {
+			return nil, notContinued(req.RunID, "another party moved the session's lease")
+		}
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "take the lease of %s: %w", req.ChildID, err)
+	}
+	h.log.Warn("continuing a run whose host died", "run", req.RunID, "session", req.ChildID, "epoch", mine.Epoch, "lostHost", run.Value.HostID)
+	base, span := telemetry.StartRun(context.WithoutCancel(ctx), req.Provider, protocol.ModeOneShot, req.RunID, header)
+	runCtx, cancelRun := context.WithCancelCause(base)
+	started := make(chan struct{})
+	close(started) // subagent/start was published by the run's first host
+	r := &hostedRun{
+		runID: req.RunID, childID: req.ChildID, remote: p.Descriptor().Remote, run: run.Value, runRev: run.Revision,
+		req:   protocol.ProviderStartRequest{RunID: req.RunID, Header: header, Provider: req.Provider, Options: loggedOptions(log.Events, header.SeedLength)},
+		epoch: mine.Epoch, seedLen: header.SeedLength, sess: sess, ctx: runCtx, cancel: cancelRun,
+		settled: make(chan struct{}), done: make(chan struct{}), span: span, started: started,
+		lease: mine, leaseRev: leaseRev, cred: cred, continued: true, takeovers: takeoversOf(log.Events, header.SeedLength),
+	}
+	h.mu.Lock()
+	h.runs[r.runID] = r
+	draining := h.draining
+	h.mu.Unlock()
+	if draining {
+		// The lease is this host's now: the turn ends as a drain ends any
+		// run it disposes (aborted), and settles.
+		cancelRun(&agent.Cancel{Cause: protocol.CauseDisposed})
+	}
+	if h.turns != nil {
+		h.turns.Go(func() { h.execute(r) })
+	} else {
+		go h.execute(r)
+	}
+	return protocol.ProviderStartReply{HostID: h.id}, nil
+}
+
+// notContinued is the NOT_PENDING answer of a continue this host does not
+// take: the run is not waiting for a host any more.
+func notContinued(runID, reason string) error {
+	return protocol.NewError(protocol.CodeNotPending, map[string]any{"runId": runID, "reason": reason})
+}
+
+// loggedOptions returns the options a one-shot child was composed with, as
+// its first host logged them in its subagent/descriptor (after any seed of
+// seedLength events); none when the log holds no descriptor.
+func loggedOptions(events []protocol.SessionEvent, seedLength int64) protocol.ResolvedOptions {
+	for _, ev := range ownEvents(events, seedLength) {
+		if ev.Type != protocol.EvSubagentDescriptor {
+			continue
+		}
+		var d protocol.DescriptorData
+		if ev.Decode(&d) != nil {
+			break
+		}
+		return protocol.ResolvedOptions{OutputSchema: d.OutputSchema, ToolFilter: d.ToolFilter, Persona: d.Persona, Label: d.Label}
+	}
+	return protocol.ResolvedOptions{}
+}
+
+// takeoversOf counts the agent/takeover records of a session's own events
+// (after its seed of seedLength events): the times its host was lost.
+func takeoversOf(events []protocol.SessionEvent, seedLength int64) int {
+	n := 0
+	for _, ev := range ownEvents(events, seedLength) {
+		if ev.Type == protocol.EvAgentTakeover {
+			n++
+		}
+	}
+	return n
+}
+
+func ownEvents(events []protocol.SessionEvent, seedLength int64) []protocol.SessionEvent {
+	if seedLength > 0 && seedLength <= int64(len(events)) {
+		return events[seedLength:]
+	}
+	return events
+}

@@ -1,0 +1,160 @@
+package coordinator
+
+// Continued, not lost (docs/protocol.md §8.4, "Continued after a host
+// loss"; issue 31, item 2): a one-shot run whose host died in the middle
+// of its turn is continued by another live instance of its provider. The
+// takeover (takeover.go) takes the session's lease at the next epoch as
+// before; then, instead of closing the turn, it fences the log with
+// agent/takeover alone and asks a live instance to continue
+// (protocol.OpProviderContinue). The instance takes the lease from this
+// replica by compare-and-set at the revision the takeover wrote, and the
+// run is its own from then on: it continues the turn from the log and
+// settles the run, once, by the run record's compare-and-set, as the first
+// host would have. While no instance takes it, the lease stays taken over
+// and each sweep of this replica (liveness.go: a takeover of its own is
+// resumed) asks again, until ContinueWaitMax from the agent/takeover
+// record; then, or when the run was already taken over TakeoversMax
+// times, the takeover goes on as before: the turn is closed interrupted
+// and the run ends HOST_LOST.
+//
+// Runs not continued (they end HOST_LOST at once, as before): a remote
+// provider's (its agent holds the conversation), a seeded (fork) child's,
+// a run that started children of its own (they take an ancestor taken
+// over for ended), and a run whose log holds no open turn (the host died
+// before its first turn, or after its last: the log has the result).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/brood-dev/brood/internal/sessionlog"
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// Defaults of Config.ContinueWaitMax and Config.TakeoversMax.
+const (
+	DefaultContinueWaitMax = 30 * time.Second
+	DefaultTakeoversMax    = 3
+)
+
+// continuation is what continueRun decided about a run taken over.
+type continuation struct {
+	// handled: the run is continued on a live instance, or waits for one
+	// (the lease stays taken over; the next sweep looks again); the
+	// takeover stops here.
+	handled bool
+	// err: the log could not be fenced; the next sweep tries again.
+	err error
+	// lostHost is the host the takeover's agent/takeover names ("" when
+	// none was read), why says why the run is not continued ("" when it
+	// never could be: nothing to continue).
+	lostHost, why string
+}
+
+// continueRun decides whether the one-shot run, taken over at lease taken
+// with fence, is continued (see the file's comment) and, when it is,
+// fences the log without closing its turn and dispatches it to a live
+// instance. Not handled, the caller closes the turn and settles HOST_LOST.
+func (c *Coordinator) continueRun(ctx context.Context, fence protocol.TakeoverData, run store.Record[protocol.RunRecord], taken store.Record[protocol.AgentRecord]) continuation {
+	id := taken.Value.SessionID
+	if c.cfg.ContinueWaitMax < 0 || run.Value.Remote || c.isRemote(run.Value.Provider) {
+		return continuation{}
+	}
+	h, err := c.headers.get(ctx, c.st, id)
+	if err != nil {
+		return continuation{err: fmt.Errorf("read the header of %s: %w", id, err)}
+	}
+	if h.SeedLength > 0 {
+		return continuation{}
+	}
+	if idx, err := c.st.ChildIndex(ctx, id); err != nil {
+		return continuation{err: fmt.Errorf("read the child index of %s: %w", id, err)}
+	} else if len(idx) > 0 {
+		return continuation{why: "the run had started children, so it is not continued"}
+	}
+	events, err := c.fenceLog(ctx, id, fence, nil, keepOpenTurn, c.holding(taken))
+	if err != nil {
+		return continuation{err: err}
+	}
+	if _, open, _, _, _ := sessionlog.OpenTurn(events); !open {
+		return continuation{}
+	}
+	at, lost, ok := takeoverOf(events, fence)
+	if !ok {
+		return continuation{err: fmt.Errorf("the log of %s holds no agent/takeover of epoch %d", id, fence.Epoch)}
+	}
+	if n := takeovers(events); n > c.cfg.TakeoversMax {
+		return continuation{lostHost: lost, why: fmt.Sprintf("the run was taken over %d times, more than the %d allowed (TakeoversMax)", n, c.cfg.TakeoversMax)}
+	}
+	if waited := time.Since(time.UnixMilli(at)); waited > c.cfg.ContinueWaitMax {
+		return continuation{lostHost: lost, why: fmt.Sprintf("no instance of provider %s continued it within %s (ContinueWaitMax)", run.Value.Provider, c.cfg.ContinueWaitMax)}
+	}
+	// A dead host's reservations are charged in full by whoever ends its
+	// part of the run (budget.go); the continuing host reserves its own.
+	c.sweepRunBudgets(ctx, id, run.Value.RunID)
+	dctx, cancel := context.WithTimeout(ctx, 2*c.cfg.ProviderAttemptTimeout)
+	defer cancel()
+	var reply protocol.ProviderStartReply
+	host, err := c.dispatch(dctx, run.Value.Provider, protocol.OpProviderContinue, run.Value.RunID, func(deadline int64) any {
+		return protocol.ProviderContinueRequest{
+			RunID: run.Value.RunID, ChildID: id, Provider: run.Value.Provider, LeaseRevision: protocol.Seq(taken.Revision), Deadline: deadline, Header: h,
+		}
+	}, &reply)
+	switch {
+	case err == nil:
+		c.log.Warn("run continued on another host after its host died", "run", run.Value.RunID, "session", id, "lostHost", lost, "host", host, "epoch", taken.Value.Epoch)
+		return continuation{handled: true}
+	case errors.Is(err, protocol.ErrInvalidArgument):
+		return continuation{lostHost: lost, why: fmt.Sprintf("provider %s did not continue it: %v", run.Value.Provider, err)}
+	}
+	// No live instance (yet), or none answered in time, or the lease or
+	// the run moved meanwhile (NOT_PENDING): the next sweep looks again.
+	c.log.Info("a run whose host died waits for an instance to continue it", "run", run.Value.RunID, "session", id, "err", err)
+	return continuation{handled: true}
+}
+
+// keepOpenTurn is the closing of a takeover that continues the run: none,
+// so only agent/takeover is written and the turn stays open.
+func keepOpenTurn([]protocol.SessionEvent) ([]protocol.SessionEvent, error) { return nil, nil }
+
+// takeoverOf finds the agent/takeover of fence's coordinator and epoch in
+// events: when it was written (ms) and the host it names as lost.
+func takeoverOf(events []protocol.SessionEvent, fence protocol.TakeoverData) (at int64, lost string, ok bool) {
+	for i := len(events) - 1; i >= 0; i-- {
+		if isTakeover(events[i], fence) {
+			var d protocol.TakeoverData
+			_ = events[i].Decode(&d)
+			return events[i].Time, d.HostID, true
+		}
+	}
+	return 0, "", false
+}
+
+// takeovers counts the agent/takeover records of events (a session without
+// a seed: all its events are its own).
+func takeovers(events []protocol.SessionEvent) int {
+	n := 0
+	for _, ev := range events {
+		if ev.Type == protocol.EvAgentTakeover {
+			n++
+		}
+	}
+	return n
+}
+
+// takeoversIn counts the agent/takeover records of session id's own events
+// (after its seed), for RunRecord.Takeovers; 0 when its header cannot be
+// read.
+func (c *Coordinator) takeoversIn(ctx context.Context, id string, events []protocol.SessionEvent) int {
+	h, err := c.headers.get(ctx, c.st, id)
+	if err != nil {
+		return 0
+	}
+	if h.SeedLength > 0 && h.SeedLength <= int64(len(events)) {
+		events = events[h.SeedLength:]
+	}
+	return takeovers(events)
+}
