@@ -156,6 +156,9 @@ func lastTurnEnd(t *testing.T, evs []protocol.SessionEvent) protocol.TurnEndData
 	return d
 }
 
+// TestWorkerKilledMidRunIsSettledHostLost: the only spawn worker is killed
+// in the middle of a one-shot child's turn; no instance can continue the
+// run, so after the coordinator's ContinueWaitMax it ends HOST_LOST, once.
 func TestWorkerKilledMidRunIsSettledHostLost(t *testing.T) {
 	s := stack.New(t)
 	m := telemetry.NewMetrics("test")
@@ -172,8 +175,8 @@ func TestWorkerKilledMidRunIsSettledHostLost(t *testing.T) {
 	}
 	killed := time.Now()
 	testutil.Eventually(t, stack.HostExpiry+5*time.Second, func() bool { return len(n.get(r.RunID)) > 0 }, "HOST_LOST settlement")
-	if d := time.Since(killed); d > stack.HostExpiry+3*time.Second {
-		t.Errorf("settled %s after the kill; expected within the expiry plus a margin", d)
+	if d := time.Since(killed); d > stack.HostExpiry+stack.ContinueWaitMax+3*time.Second {
+		t.Errorf("settled %s after the kill; expected within the expiry and the wait for an instance, plus a margin", d)
 	}
 	res := n.get(r.RunID)[0].Result
 	if res.StopReason != protocol.StopError || res.ErrorCode != protocol.CodeHostLost {
@@ -186,6 +189,15 @@ func TestWorkerKilledMidRunIsSettledHostLost(t *testing.T) {
 	_, evs := s.Log(r.ChildID)
 	if end := lastTurnEnd(t, evs); end.Reason.Kind != protocol.TurnInterrupted {
 		t.Fatalf("turn end = %+v", end)
+	}
+	// With no other instance of spawn, the run waited for one to continue
+	// it (issue 31, item 2): the takeover fenced the log and left the turn
+	// open, and closed it once ContinueWaitMax had passed.
+	if fence := evs[len(evs)-2]; fence.Type != protocol.EvAgentTakeover || evs[len(evs)-1].Time-fence.Time < stack.ContinueWaitMax.Milliseconds() {
+		t.Fatalf("the log ends %s at %d, turn/end at %d; want agent/takeover, then the turn's end at least %s later", fence.Type, fence.Time, evs[len(evs)-1].Time, stack.ContinueWaitMax)
+	}
+	if !strings.Contains(res.Diagnostic, "ContinueWaitMax") {
+		t.Errorf("diagnostic %q does not say that no instance continued the run in time", res.Diagnostic)
 	}
 	// A second settlement would come from another party racing the takeover
 	// (TestSettlement* in internal/worker and services/coordinator contend

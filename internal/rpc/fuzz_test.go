@@ -48,6 +48,7 @@ var requestTypes = map[string]func() any{
 	"provider." + protocol.OpProviderStart:    func() any { return new(protocol.ProviderStartRequest) },
 	"provider." + protocol.OpProviderActivate: func() any { return new(protocol.ActivateRequest) },
 	"provider." + protocol.OpProviderPrepare:  func() any { return new(protocol.ProviderPrepareRequest) },
+	"provider." + protocol.OpProviderContinue: func() any { return new(protocol.ProviderContinueRequest) },
 	"host." + protocol.OpHostDispose:          func() any { return new(protocol.HostRunRequest) },
 	"host." + protocol.OpHostCancel:           func() any { return new(protocol.HostRunRequest) },
 	"host." + protocol.OpHostInterrupt:        func() any { return new(protocol.HostChildRequest) },

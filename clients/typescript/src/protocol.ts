@@ -696,6 +696,11 @@ export interface LifecycleEvent {
   label?: string;
   /** end events: the run's or epoch's usage (§6.6) */
   usage?: UsageSummary;
+  /**
+   * end events of a one-shot run: how many times its host was lost and the
+   * session taken over (§8.4, "Continued after a host loss"); absent when none
+   */
+  takeovers?: number;
   seq?: Seq;
 }
 
