@@ -439,8 +439,11 @@ func TestASiteServesThroughALeafNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The site's spawn worker is the only one: a run it loses to a cut waits
+	// ContinueWaitMax for an instance to continue it (none comes while the
+	// links are cut), then ends HOST_LOST.
 	coord, err := coordinator.New(coordinator.Config{NC: coordNC, Store: coordStore,
-		HeartbeatInterval: siteHeartbeat, HostExpiry: siteHostExpiry, Logger: testutil.Logger(t)})
+		HeartbeatInterval: siteHeartbeat, HostExpiry: siteHostExpiry, ContinueWaitMax: time.Second, Logger: testutil.Logger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 // TestCoordinatorRequestTimeoutFlag: --request-timeout takes 1 ms to 24 h
 // and refuses anything else INVALID_ARGUMENT, naming the flag.
 func TestCoordinatorRequestTimeoutFlag(t *testing.T) {
-	base := coordinatorLimits{liveChildrenMax: 64, startQueueMax: protocol.DefaultStartQueueMax, userOpenRootsMax: 1, userRequestsPerSecond: 1, userRequestsBurst: 1}
+	base := coordinatorLimits{liveChildrenMax: 64, startQueueMax: protocol.DefaultStartQueueMax, userOpenRootsMax: 1, userRequestsPerSecond: 1, userRequestsBurst: 1, continueWaitMax: time.Second, takeoversMax: 1}
 	for _, tc := range []struct {
 		d  time.Duration
 		ok bool
@@ -35,7 +35,7 @@ func TestCoordinatorRequestTimeoutFlag(t *testing.T) {
 // bound or -1 (no queue), and refuses 0 and anything below -1
 // INVALID_ARGUMENT, naming the flag.
 func TestCoordinatorStartQueueMaxFlag(t *testing.T) {
-	base := coordinatorLimits{liveChildrenMax: 64, userOpenRootsMax: 1, userRequestsPerSecond: 1, userRequestsBurst: 1, requestTimeout: protocol.RequestTimeout}
+	base := coordinatorLimits{liveChildrenMax: 64, userOpenRootsMax: 1, userRequestsPerSecond: 1, userRequestsBurst: 1, requestTimeout: protocol.RequestTimeout, continueWaitMax: time.Second, takeoversMax: 1}
 	for _, tc := range []struct {
 		n  int
 		ok bool
@@ -48,6 +48,30 @@ func TestCoordinatorStartQueueMaxFlag(t *testing.T) {
 			t.Errorf("%d: %v", tc.n, err)
 		case !tc.ok && (protocol.CodeOf(err) != protocol.CodeInvalidArgument || !strings.Contains(err.Error(), "--start-queue-max")):
 			t.Errorf("%d: %v; want INVALID_ARGUMENT naming --start-queue-max", tc.n, err)
+		}
+	}
+}
+
+// TestCoordinatorContinuationFlags: --continue-wait-max is any non-zero
+// duration (negative: runs are never continued), --takeovers-max a positive
+// count; anything else is INVALID_ARGUMENT naming the flags.
+func TestCoordinatorContinuationFlags(t *testing.T) {
+	for _, tc := range []struct {
+		wait      time.Duration
+		takeovers int
+		ok        bool
+	}{
+		{30 * time.Second, 3, true}, {-time.Second, 1, true}, {time.Millisecond, 100, true},
+		{0, 3, false}, {time.Second, 0, false}, {time.Second, -1, false},
+	} {
+		l := coordinatorLimits{liveChildrenMax: 64, startQueueMax: protocol.DefaultStartQueueMax, userOpenRootsMax: 1, userRequestsPerSecond: 1, userRequestsBurst: 1,
+			requestTimeout: protocol.RequestTimeout, continueWaitMax: tc.wait, takeoversMax: tc.takeovers}
+		err := l.validate()
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("%s, %d: %v", tc.wait, tc.takeovers, err)
+		case !tc.ok && (protocol.CodeOf(err) != protocol.CodeInvalidArgument || !strings.Contains(err.Error(), "--takeovers-max")):
+			t.Errorf("%s, %d: %v; want INVALID_ARGUMENT naming the flags", tc.wait, tc.takeovers, err)
 		}
 	}
 }

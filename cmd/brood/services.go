@@ -371,6 +371,11 @@ type coordinatorLimits struct {
 	// requestTimeout: how long a request for approval or a question waits
 	// for its answer before it is timed-out, a denial (docs/protocol.md §5.21).
 	requestTimeout time.Duration
+	// continueWaitMax and takeoversMax bound the continuation of a one-shot
+	// run whose host died (docs/protocol.md §8.4, "Continued after a host
+	// loss").
+	continueWaitMax time.Duration
+	takeoversMax    int
 }
 
 func (l *coordinatorLimits) flags(cmd *cobra.Command) {
@@ -380,6 +385,8 @@ func (l *coordinatorLimits) flags(cmd *cobra.Command) {
 	cmd.Flags().Float64Var(&l.userRequestsPerSecond, "user-requests-per-second", coordinator.DefaultUserRequestsPerSecond, "requests per second one NATS user may send to this replica, on average (LIMIT_EXCEEDED beyond)")
 	cmd.Flags().IntVar(&l.userRequestsBurst, "user-requests-burst", coordinator.DefaultUserRequestsBurst, "requests one NATS user may send to this replica at once, above its rate")
 	cmd.Flags().DurationVar(&l.requestTimeout, "request-timeout", protocol.RequestTimeout, "how long a child's request for approval or question waits for its answer before it times out (a denial), unless its tree's start set its own (at most 24h)")
+	cmd.Flags().DurationVar(&l.continueWaitMax, "continue-wait-max", coordinator.DefaultContinueWaitMax, "how long a one-shot run whose host died waits for another instance to continue its turn before it ends HOST_LOST (negative: never continued)")
+	cmd.Flags().IntVar(&l.takeoversMax, "takeovers-max", coordinator.DefaultTakeoversMax, "most takeovers one run is continued through; the next host loss ends it HOST_LOST")
 }
 
 func (l coordinatorLimits) validate() error {
@@ -392,6 +399,9 @@ func (l coordinatorLimits) validate() error {
 	if l.userOpenRootsMax <= 0 || l.userRequestsPerSecond <= 0 || l.userRequestsBurst <= 0 {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "--user-open-roots-max, --user-requests-per-second and --user-requests-burst must be positive")
 	}
+	if l.takeoversMax <= 0 || l.continueWaitMax == 0 {
+		return protocol.Errorf(protocol.CodeInvalidArgument, "--takeovers-max must be positive and --continue-wait-max not zero (negative: runs are never continued)")
+	}
 	if l.requestTimeout < time.Millisecond || l.requestTimeout.Milliseconds() > protocol.RequestTimeoutMsMax {
 		return protocol.Errorf(protocol.CodeInvalidArgument, "--request-timeout must be at least 1ms and at most %s, not %s", time.Duration(protocol.RequestTimeoutMsMax)*time.Millisecond, l.requestTimeout)
 	}
@@ -403,6 +413,7 @@ func newCoordinator(nc *nats.Conn, st *store.Store, t timing, l coordinatorLimit
 		NC: nc, Store: st, HeartbeatInterval: t.heartbeat, HostExpiry: t.hostExpiry, RootLease: t.rootLease,
 		LiveChildrenMax: l.liveChildrenMax, StartQueueMax: l.startQueueMax, UserOpenRootsMax: l.userOpenRootsMax,
 		UserRequestsPerSecond: l.userRequestsPerSecond, UserRequestsBurst: l.userRequestsBurst, RequestTimeout: l.requestTimeout,
+		ContinueWaitMax: l.continueWaitMax, TakeoversMax: l.takeoversMax,
 		Logger: log, Metrics: m,
 	})
 }
