@@ -38,6 +38,10 @@ type BroodConfig struct {
 	// default, protocol.RequestTimeout): how long a child's request waits
 	// for its answer before it is timed-out.
 	RequestTimeout time.Duration
+	// ContinueWaitMax of the coordinators (--continue-wait-max; 0: their
+	// default, 30 s): how long a one-shot run whose host died waits for an
+	// instance to continue it before it ends HOST_LOST.
+	ContinueWaitMax time.Duration
 	// WorkspaceRoot is the workers' --workspace-root: the directory the
 	// children's workspace tools (write_file, run_command ...) may work in
 	// ("": none, and those tools refuse every session).
@@ -117,6 +121,9 @@ func (c *Cluster) StartBrood(ctx context.Context, cfg BroodConfig) (*Brood, erro
 		}
 		if cfg.RequestTimeout > 0 {
 			args = append(args, "--request-timeout", cfg.RequestTimeout.String())
+		}
+		if cfg.ContinueWaitMax != 0 {
+			args = append(args, "--continue-wait-max", cfg.ContinueWaitMax.String())
 		}
 		add(fmt.Sprintf("coordinator-%d", i), "coordinator serving", args...)
 	}

@@ -47,6 +47,10 @@ type RunConfig struct {
 	// RequestTimeout of the coordinators (8 s): a request the workload
 	// leaves unanswered times out within the run.
 	RequestTimeout time.Duration
+	// ContinueWaitMax of the coordinators (5 s): a one-shot run whose host
+	// died and that no instance continues ends HOST_LOST well within I6's
+	// grace.
+	ContinueWaitMax time.Duration
 	// Bounds the checker holds Brood to (DefaultBounds).
 	Bounds Bounds
 	// FaultHoldMax, FaultGapMax shape the schedule (8 s, 4 s).
@@ -100,6 +104,9 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 8 * time.Second
 	}
+	if cfg.ContinueWaitMax == 0 {
+		cfg.ContinueWaitMax = 5 * time.Second
+	}
 	if cfg.Bounds == (Bounds{}) {
 		cfg.Bounds = DefaultBounds(cfg.HostExpiry)
 	}
@@ -143,7 +150,7 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 	b, err := c.StartBrood(ctx, BroodConfig{
 		Binary: services, Heartbeat: cfg.Heartbeat, HostExpiry: cfg.HostExpiry, DrainGrace: 2 * time.Second,
 		LiveChildrenMax: cfg.LiveChildrenMax, SpawnWorkers: spawnWorkers, SiteSpawnWorkers: siteWorkers,
-		RequestTimeout: cfg.RequestTimeout, WorkspaceRoot: cwd,
+		RequestTimeout: cfg.RequestTimeout, ContinueWaitMax: cfg.ContinueWaitMax, WorkspaceRoot: cwd,
 	})
 	if err != nil {
 		return nil, err
