@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -517,4 +518,72 @@ func TestADeadHostsRunWithAnEmptyLogIsFencedAndSettled(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestARunPastTakeoversMaxEndsHostLost (issue 31, item 2): a one-shot
+// run's host stops heartbeating mid-turn and the run is continued on the
+// other live worker (one takeover, the lease that worker's, the turn still
+// open); that worker stops heartbeating too while a third is live, and the
+// run, past TakeoversMax (1), ends HOST_LOST at that takeover, without the
+// wait for an instance (ContinueWaitMax, 30 s here), settled once by the
+// coordinator with two takeovers counted.
+func TestARunPastTakeoversMaxEndsHostLost(t *testing.T) {
+	s := stack.New(t)
+	co := s.AddCoordinator(func(c *coordinator.Config) { c.TakeoversMax, c.ContinueWaitMax = 1, 30*time.Second })
+	hosts := s.Store.Hosts.Bucket()
+	pausable := func() (*worker.Host, *testutil.Pause, *atomic.Bool) {
+		armed := new(atomic.Bool)
+		p := testutil.NewPause(func(w store.Write) bool { return armed.Load() && w.Op == store.OpKVPut && w.Bucket == hosts })
+		w, stop := pausedWorker(t, s, p)
+		t.Cleanup(func() { p.Release(); stop() })
+		return w, p, armed
+	}
+	_, pauseA, armedA := pausable()
+	s.WaitProvider("spawn")
+	root := s.Root()
+	reply, got := startWithNotices(t, s, root, "takeovers-max", "sleep 60s\nsay late")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		_, evs := s.Log(reply.ChildID)
+		return len(evs) > 0 && evs[len(evs)-1].Type == protocol.EvSubagentDescriptor
+	}, "the turn is open")
+	b, pauseB, armedB := pausable()
+	armedA.Store(true)
+	pauseA.WaitHeld(t, "the first worker's next heartbeat")
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		l, err := s.Store.LeaseLatest(ctx, reply.ChildID)
+		return err == nil && l.Value.HostID == b.ID() && l.Value.TakenOverBy == ""
+	}, "the run continued on the second worker")
+	pausable() // a third, live
+	armedB.Store(true)
+	pauseB.WaitHeld(t, "the second worker's next heartbeat")
+	lost := time.Now()
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		r, err := s.Store.Run(ctx, reply.RunID)
+		return err == nil && r.Value.State == protocol.RunSettled && len(got) > 0
+	}, "the run settled")
+	if d := time.Since(lost); d > 15*time.Second {
+		t.Errorf("settled %s after the second loss: it waited for an instance, past TakeoversMax", d)
+	}
+	r, err := s.Store.Run(ctx, reply.RunID)
+	if err != nil || r.Value.SettledBy != co.ID() || r.Value.Result.ErrorCode != protocol.CodeHostLost ||
+		!strings.Contains(r.Value.Result.Diagnostic, "TakeoversMax") || r.Value.Takeovers != 2 {
+		t.Fatalf("run record %+v (result %+v), %v; want HOST_LOST by the coordinator after 2 takeovers, naming TakeoversMax", r.Value, r.Value.Result, err)
+	}
+	_, evs := s.Log(reply.ChildID)
+	if fences(evs) != 2 || countType(evs, protocol.EvTurnEnd) != 1 {
+		t.Fatalf("want two agent/takeover records and one turn end: %+v", evs)
+	}
+	wantOneNotice(t, s, got)
+}
+
+func countType(evs []protocol.SessionEvent, typ string) int {
+	n := 0
+	for _, ev := range evs {
+		if ev.Type == typ {
+			n++
+		}
+	}
+	return n
 }
