@@ -97,8 +97,12 @@ func (h *Host) continueRun(ctx context.Context, p Provider, req protocol.Provide
 	h.log.Warn("continuing a run whose host died", "run", req.RunID, "session", req.ChildID, "epoch", mine.Epoch, "lostHost", run.Value.HostID)
 	base, span := telemetry.StartRun(context.WithoutCancel(ctx), req.Provider, protocol.ModeOneShot, req.RunID, header)
 	runCtx, cancelRun := context.WithCancelCause(base)
-	started := make(chan struct{})
-	close(started) // subagent/start was published by the run's first host
+	// subagent/start was published by the run's first host, unless it died
+	// first: a copy under the same Nats-Msg-Id is stored only if that one
+	// is not, and stored now it keeps a late first publication (a paused
+	// host resumed) from landing after this host's end (I7; chaos
+	// TestYourProviderUnderFaults, seed 11).
+	started := h.st.PublishStartAgain(run.Value, h.eventErr)
 	r := &hostedRun{
 		runID: req.RunID, childID: req.ChildID, remote: p.Descriptor().Remote, run: run.Value, runRev: run.Revision,
 		req:   protocol.ProviderStartRequest{RunID: req.RunID, Header: header, Provider: req.Provider, Options: loggedOptions(log.Events, header.SeedLength)},
