@@ -231,11 +231,16 @@ func (c *Coordinator) endedChildren(ctx context.Context, slots []childSlot, live
 	return ended
 }
 
-// liveChildIDs are the children of parent with a live agent now.
+// liveChildIDs are the children of parent with a live agent now, or
+// with a one-shot run taken over from a dead host: that run may be
+// continued on another instance (continue.go), so it counts against the
+// limit until it settles and its lease goes (chaos seed 1: a child
+// admitted while another waited to be continued made 11 live, the limit
+// 10).
 func (c *Coordinator) liveChildIDs(parent string) map[string]bool {
 	out := map[string]bool{}
 	for _, l := range c.agents.childrenOf(parent) {
-		if l.rec.Kind != protocol.AgentRoot && c.leaseLive(l.rec) {
+		if l.rec.Kind != protocol.AgentRoot && (c.leaseLive(l.rec) || awaitsContinuation(l.rec)) {
 			out[l.rec.SessionID] = true
 		}
 	}
@@ -249,4 +254,11 @@ func hasSlot(slots []childSlot, id string) bool {
 		}
 	}
 	return false
+}
+
+// awaitsContinuation reports whether rec is the lease of a one-shot run a
+// coordinator took over from a dead host, which another instance may
+// continue (docs/protocol.md §8.4, "Continued after a host loss").
+func awaitsContinuation(rec protocol.AgentRecord) bool {
+	return rec.Kind == protocol.AgentOneShot && rec.TakenOverBy != "" && !rec.Ending
 }
