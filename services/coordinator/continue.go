@@ -116,6 +116,32 @@ func (c *Coordinator) continueRun(ctx context.Context, fence protocol.TakeoverDa
 	return continuation{handled: true}
 }
 
+// continuing reports whether the takeover of session id stops at cont: the
+// run is continued or waits for an instance, or its log could not be
+// fenced (logged; the next sweep tries again).
+func (c *Coordinator) continuing(id string, cont continuation) bool {
+	if cont.err != nil {
+		c.closeFailed(id, cont.err)
+		return true
+	}
+	return cont.handled
+}
+
+// lostOr is the host the takeover's agent/takeover names, else host.
+func (cont continuation) lostOr(host string) string {
+	if cont.lostHost != "" {
+		return cont.lostHost
+	}
+	return host
+}
+
+// explain adds to a HOST_LOST result why the run was not continued.
+func (cont continuation) explain(res *protocol.SubagentResult) {
+	if cont.why != "" && res.ErrorCode == protocol.CodeHostLost {
+		res.Diagnostic = protocol.TruncateDiagnostic(res.Diagnostic + "; " + cont.why)
+	}
+}
+
 // keepOpenTurn is the closing of a takeover that continues the run: none,
 // so only agent/takeover is written and the turn stays open.
 func keepOpenTurn([]protocol.SessionEvent) ([]protocol.SessionEvent, error) { return nil, nil }

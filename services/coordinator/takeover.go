@@ -84,16 +84,10 @@ func (c *Coordinator) takeOverRun(ctx context.Context, fresh store.Record[protoc
 	}
 	fence := protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}
 	cont := c.continueRun(ctx, fence, run, taken)
-	switch {
-	case cont.err != nil:
-		c.closeFailed(id, cont.err)
-		return
-	case cont.handled:
+	if c.continuing(id, cont) {
 		return // continued on a live instance, or waiting for one: the lease stays taken over
 	}
-	if cont.lostHost != "" {
-		deadHost = cont.lostHost
-	}
+	deadHost = cont.lostOr(deadHost)
 	events, err := c.closeInterrupted(ctx, id, fence, nil, false, c.holding(taken))
 	if err != nil {
 		c.closeFailed(id, err)
@@ -104,9 +98,7 @@ func (c *Coordinator) takeOverRun(ctx context.Context, fresh store.Record[protoc
 		c.log.Warn("takeover: read header", "session", id, "err", err)
 		return
 	}
-	if cont.why != "" && res.ErrorCode == protocol.CodeHostLost {
-		res.Diagnostic = protocol.TruncateDiagnostic(res.Diagnostic + "; " + cont.why)
-	}
+	cont.explain(&res)
 	run.Value.Takeovers = int64(c.takeoversIn(ctx, id, events))
 	// The run's end disposes its descendants before it settles, as its host
 	// would have (internal/worker/ending.go); the lease, taken over, already
