@@ -282,6 +282,11 @@ func TestEveryVerbAnswersWithItsShapeAndExitCode(t *testing.T) {
 			out:  `^r[0-9a-f]{24} answered in ` + id + `: yes\n$`,
 			fail: []string{"answer", "rnosuchrequest", "yes"}, code: "NOT_FOUND",
 		},
+		"budget": {
+			ok:   func() outcome { return c.run("budget", c.startChild("--budget", "toolCalls=5", "say quick")) },
+			out:  `^BUDGET +LIMIT +VALUE +USED +RESERVED +LEFT\n` + id + ` +toolCalls +5 +0 +0 +5\n$`,
+			fail: []string{"budget", "01NOSUCHCHILD0000000000000"}, code: "NOT_FOUND",
+		},
 		"grant": {
 			ok:   func() outcome { return c.run("grant") },
 			out:  `^grant \S{20,}\nexpiresAt \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ\nscope .+\n$`,
