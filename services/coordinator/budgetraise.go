@@ -178,6 +178,14 @@ func (c *Coordinator) resumeBudgetPauses(ctx context.Context, id string, by prot
 		if v.Kind != protocol.RequestBudget || v.State != protocol.RequestPending || (v.SessionID != id && v.BudgetOf != id) {
 			continue
 		}
+		if v.SessionID != id {
+			// Paused on this ledger only if the asker draws on it (a
+			// request opened before requests.open checked budgetOf could
+			// name another tree's ledger).
+			if h, err := c.headers.get(ctx, c.st, v.SessionID); err != nil || !slices.Contains(h.Budgets, id) {
+				continue
+			}
+		}
 		v.State = protocol.RequestApproved
 		v.Answer = &protocol.RequestAnswer{State: protocol.RequestApproved, By: by, At: store.NowMs(), ID: ulid.Make().String(),
 			Reason: "budget raised: " + raiseText(raise)}

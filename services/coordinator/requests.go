@@ -73,6 +73,13 @@ func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protoco
 	if err != nil {
 		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnavailable, "read the header of session %s: %w", r.Self.SessionID, err)
 	}
+	if r.BudgetOf != "" && !slices.Contains(h.Budgets, r.BudgetOf) {
+		// A raise of budgetOf answers the request (resumeBudgetPauses): a
+		// ledger the session does not draw on would let another tree's
+		// raise answer it and learn its id.
+		return protocol.RequestRecord{}, protocol.NewError(protocol.CodeInvalidArgument, map[string]any{"field": "budgetOf",
+			"reason": fmt.Sprintf("session %s draws on no budget of %s: budgetOf names one of the ledgers its header lists", r.Self.SessionID, r.BudgetOf)})
+	}
 	now := store.NowMs()
 	rec := protocol.RequestRecord{
 		Version: protocol.RequestVersion, ID: protocol.RequestID(r.Self.SessionID, r.CallID), SessionID: r.Self.SessionID,

@@ -1,0 +1,218 @@
+package coordinator_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/pkg/protocol"
+)
+
+// fakeChild writes a live continuable child of parent as a start writes it
+// (header, lease on host, and its own ledger when own is non-nil) and
+// returns its credential: the test holds what its worker would.
+func fakeChild(t *testing.T, s *stack.Stack, host, parent, id string, budgets []string, own *protocol.Budget) protocol.ParentRef {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ref := protocol.ParentRef{SessionID: id, Credential: "credential-of-" + id}
+	if err := s.Store.PutHeader(ctx, protocol.SessionHeader{ID: id, ParentSession: parent, Origin: protocol.OriginSubagent,
+		Provider: "spawn", CreatedAt: store.NowMs(), Budgets: budgets}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Store.CreateLease(ctx, protocol.AgentRecord{SessionID: id, Kind: protocol.AgentContinuable, Provider: "spawn",
+		ParentSession: parent, HostID: host, CredentialHash: protocol.HashCredential(ref.Credential)}); err != nil {
+		t.Fatal(err)
+	}
+	if own != nil {
+		if _, err := s.Store.WriteBudget(ctx, id, protocol.BudgetRecord{SessionID: id, Limits: *own, CreatedAt: store.NowMs()}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ref
+}
+
+// replyCode sends body to the coordinator's endpoint ep as JSON and
+// returns the code of the error it answers ("" for a reply that is none).
+func replyCode(t *testing.T, s *stack.Stack, nc *nats.Conn, ep, body string) (protocol.Code, string) {
+	t.Helper()
+	resp := rawReq(t, nc, s.Store.Subj.Coord(ep), body, jsonHeader())
+	var pe protocol.Error
+	if err := json.Unmarshal(resp.Data, &pe); err != nil || pe.Code == "" {
+		return "", string(resp.Data)
+	}
+	return pe.Code, string(resp.Data)
+}
+
+func authJSON(a protocol.Authority) string {
+	b, _ := json.Marshal(a)
+	return string(b)
+}
+
+// TestBudgetRaiseAndGetRefuseBadInput (docs/protocol.md §5.5 "Pause and
+// raise", §5.23; issue 32, item 3): budget.raise and budget.get refuse,
+// with a typed error and nothing written, a malformed body (an unknown
+// field, a wrong type, a number no int64 or float64 holds), a bad childId,
+// no or a forged authority, a child raising its own or its parent's
+// ledger, a root's credential over another tree's child, and a replayed
+// raise past the parent's remainder.
+func TestBudgetRaiseAndGetRefuseBadInput(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	host, _ := s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{ModelRequests: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = root.Close(context.Background()) }()
+	child := fakeChild(t, s, host.ID(), root.SessionID, "badinputchild000000000001", []string{root.SessionID, "badinputchild000000000001"}, &protocol.Budget{ModelRequests: 2})
+	stranger := s.Root()
+	strangerChild := fakeChild(t, s, host.ID(), stranger.SessionID, "badinputstranger000000001", []string{"badinputstranger000000001"}, &protocol.Budget{ModelRequests: 1})
+	ledgers := func() string {
+		var out []string
+		for _, id := range []string{root.SessionID, child.SessionID, strangerChild.SessionID} {
+			rec, err := s.Store.Budget(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, fmt.Sprintf("%s %+v %+v %d", id, rec.Value.Limits, rec.Value.Charged, len(rec.Value.Reservations)))
+		}
+		return strings.Join(out, "; ")
+	}
+	before := ledgers()
+
+	parent := authJSON(root.Authority())
+	forged := authJSON(protocol.Authority{Parent: &protocol.ParentRef{SessionID: root.SessionID, Credential: root.Ref().Credential + "x"}})
+	self := authJSON(protocol.Authority{Parent: &child})
+	cases := []struct {
+		name, ep, body string
+		code           protocol.Code
+	}{
+		{"an unknown field", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":1},"force":true}`, child.SessionID, parent), protocol.CodeInvalidArgument},
+		{"an unknown limit", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":1,"dollars":5}}`, child.SessionID, parent), protocol.CodeInvalidArgument},
+		{"a string amount", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":"1"}}`, child.SessionID, parent), protocol.CodeInvalidArgument},
+		{"a list for the raise", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":[1]}`, child.SessionID, parent), protocol.CodeInvalidArgument},
+		{"a null raise", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":null}`, child.SessionID, parent), protocol.CodeInvalidArgument},
+		{"no float64 holds it", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":1e400}}`, child.SessionID, parent), protocol.CodeInvalidArgument},
+		{"int64 overflow", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":9223372036854775808}}`, child.SessionID, parent), protocol.CodeInvalidArgument},
+		{"max int64", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":9223372036854775807}}`, child.SessionID, parent), protocol.CodeInvalidArgument},
+		{"negative zero", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":-0}}`, child.SessionID, parent), protocol.CodeInvalidArgument},
+		{"a positive and a negative", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":1,"toolCalls":-5}}`, child.SessionID, parent), protocol.CodeInvalidArgument},
+		{"an empty childId", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":"","authority":%s,"raise":{"modelRequests":1}}`, parent), protocol.CodeInvalidArgument},
+		{"a path as childId", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":"../budget.x","authority":%s,"raise":{"modelRequests":1}}`, parent), protocol.CodeInvalidArgument},
+		{"a wildcard childId", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":">","authority":%s,"raise":{"modelRequests":1}}`, parent), protocol.CodeInvalidArgument},
+		{"no authority", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"raise":{"modelRequests":1}}`, child.SessionID), protocol.CodeUnauthorized},
+		{"a forged credential", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":1}}`, child.SessionID, forged), protocol.CodeUnauthorized},
+		{"an unknown grant", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":{"grant":"no-such-grant-000000000000001"},"raise":{"modelRequests":1}}`, child.SessionID), protocol.CodeUnauthorized},
+		{"the child raises itself", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":1}}`, child.SessionID, self), protocol.CodeUnauthorized},
+		{"the child raises its parent", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":1}}`, root.SessionID, self), protocol.CodeUnauthorized},
+		{"a root raises another tree's child", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":1}}`, strangerChild.SessionID, parent), protocol.CodeUnauthorized},
+		{"a stranger's child raises this child", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":1}}`, child.SessionID, authJSON(protocol.Authority{Parent: &strangerChild})), protocol.CodeUnauthorized},
+		{"an unknown session", protocol.EpBudgetRaise, fmt.Sprintf(`{"childId":"nosuchsession000000000001","authority":%s,"raise":{"modelRequests":1}}`, parent), protocol.CodeUnauthorized},
+		{"get: the child reads itself", protocol.EpBudgetGet, fmt.Sprintf(`{"childId":%q,"authority":%s}`, child.SessionID, self), protocol.CodeUnauthorized},
+		{"get: another tree's child", protocol.EpBudgetGet, fmt.Sprintf(`{"childId":%q,"authority":%s}`, strangerChild.SessionID, parent), protocol.CodeUnauthorized},
+		{"get: an unknown field", protocol.EpBudgetGet, fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":1}}`, child.SessionID, parent), protocol.CodeInvalidArgument},
+	}
+	nc := s.Conn()
+	for _, tt := range cases {
+		t.Run(tt.name, func(t *testing.T) {
+			if code, data := replyCode(t, s, nc, tt.ep, tt.body); code != tt.code {
+				t.Fatalf("reply %s; want %s", data, tt.code)
+			}
+		})
+	}
+	if after := ledgers(); after != before {
+		t.Fatalf("the refused raises changed the ledgers:\n%s\nwas\n%s", after, before)
+	}
+
+	// A replay: the parent raises its child to its own remainder (10
+	// model requests left of the root's ledger: the child's 2 + 8), then
+	// sends the same raise again, which would leave 18.
+	raise := fmt.Sprintf(`{"childId":%q,"authority":%s,"raise":{"modelRequests":8}}`, child.SessionID, parent)
+	if code, data := replyCode(t, s, nc, protocol.EpBudgetRaise, raise); code != "" {
+		t.Fatalf("the first raise: %s", data)
+	}
+	raised := ledgers()
+	if code, data := replyCode(t, s, nc, protocol.EpBudgetRaise, raise); code != protocol.CodeLimitExceeded {
+		t.Fatalf("the replayed raise: %s; want LIMIT_EXCEEDED", data)
+	}
+	if after := ledgers(); after != raised {
+		t.Fatalf("the replayed raise changed the ledgers:\n%s\nwas\n%s", after, raised)
+	}
+}
+
+// TestABudgetPauseNamesOnlyALedgerItDrawsOn (docs/protocol.md §5.21,
+// "Kinds": a budget pause's budgetOf is the session whose ledger refused):
+// requests.open of kind budget naming a ledger the session does not draw on
+// (another tree's session) is INVALID_ARGUMENT and nothing is written;
+// otherwise that tree's user's raise would answer this tree's request and
+// learn its id. A ledger the session draws on (its own, an ancestor's) is
+// accepted.
+func TestABudgetPauseNamesOnlyALedgerItDrawsOn(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	host, _ := s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{ModelRequests: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = root.Close(context.Background()) }()
+	child := fakeChild(t, s, host.ID(), root.SessionID, "pausingchild0000000000001", []string{root.SessionID, "pausingchild0000000000001"}, &protocol.Budget{ModelRequests: 1})
+	stranger := s.Root()
+	strangerChild := fakeChild(t, s, host.ID(), stranger.SessionID, "pausingstranger0000000001", []string{"pausingstranger0000000001"}, &protocol.Budget{ModelRequests: 1})
+	nc := s.Conn()
+	open := func(callID, budgetOf string) (protocol.Code, string) {
+		b, _ := json.Marshal(protocol.RequestOpenRequest{Self: child, Kind: protocol.RequestBudget, CallID: callID, Turn: 1, Step: 1,
+			BudgetOf: budgetOf, Exhausted: "modelRequests spent"})
+		return replyCode(t, s, nc, protocol.EpRequestsOpen, string(b))
+	}
+	for _, tt := range []struct {
+		name, callID, budgetOf string
+		code                   protocol.Code
+	}{
+		{"another tree's session", "budget-t1-s1-1", strangerChild.SessionID, protocol.CodeInvalidArgument},
+		{"a session that does not exist", "budget-t1-s1-2", "nosuchsession000000000001", protocol.CodeInvalidArgument},
+		{"its own ledger", "budget-t1-s1-3", child.SessionID, ""},
+		{"its parent's ledger", "budget-t1-s1-4", root.SessionID, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			code, data := open(tt.callID, tt.budgetOf)
+			if code != tt.code {
+				t.Fatalf("requests.open budgetOf %s: %s; want %q", tt.budgetOf, data, tt.code)
+			}
+			_, err := s.Store.Request(ctx, protocol.RequestID(child.SessionID, tt.callID))
+			if written := err == nil; written != (tt.code == "") {
+				t.Fatalf("request written %v after %s (%v)", written, data, err)
+			}
+		})
+	}
+	// A record naming the other tree's ledger as an earlier coordinator
+	// wrote it (before requests.open checked budgetOf).
+	now := store.NowMs()
+	old := protocol.RequestRecord{Version: protocol.RequestVersion, ID: protocol.RequestID(child.SessionID, "budget-t1-s1-9"), SessionID: child.SessionID,
+		Kind: protocol.RequestBudget, CallID: "budget-t1-s1-9", Turn: 1, Step: 1, BudgetOf: strangerChild.SessionID,
+		State: protocol.RequestPending, CreatedAt: now, Deadline: now + 60_000}
+	if _, err := s.Store.CreateRequest(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	// The other tree's user raises its child: nothing of this tree is
+	// answered.
+	rep, err := s.Client.RaiseBudget(ctx, strangerChild.SessionID, stranger.Authority(), protocol.BudgetSpend{ModelRequests: 1})
+	if err != nil || len(rep.Resumed) != 0 {
+		t.Fatalf("the other tree's raise = %+v, %v; want no request of this tree answered", rep, err)
+	}
+	if rec, err := s.Store.Request(ctx, old.ID); err != nil || rec.Value.State != protocol.RequestPending {
+		t.Fatalf("the request naming the other tree's ledger after its raise: %+v, %v; want still pending", rec.Value, err)
+	}
+}
