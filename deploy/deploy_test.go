@@ -433,6 +433,25 @@ var permCases = []permCase{
 	{user: "worker-fork", subject: "$KV.brood_agents.startqueue.S1"},
 	{user: "worker-acp", subject: "$KV.brood_agents.startqueue.S1"},
 	{user: "coordinator", subject: "$KV.brood_agents.startqueue.S1", allowed: true},
+	{user: "worker-fork", subject: "$KV.brood_agents.budget.S1"},
+	// Only coordinators ask an instance to continue a run whose host died
+	// (docs/protocol.md §9.3, provider continue): no worker takes over
+	// another instance's run, of its own provider or another, nor serves
+	// another provider's continue.
+	{user: "coordinator", subject: "brood.v1.provider.spawn.spawn.H1.continue", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.provider.spawn.spawn.H2.continue"},
+	{user: "worker-spawn", subject: "brood.v1.provider.fork.fork.H2.continue"},
+	{user: "worker-fork", subject: "brood.v1.provider.spawn.spawn.H1.continue"},
+	{user: "worker-acp", subject: "brood.v1.provider.spawn.spawn.H1.continue"},
+	{user: "client", subject: "brood.v1.provider.spawn.spawn.H1.continue"},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.provider.spawn.spawn.H1.continue", queue: "brood-provider", allowed: true},
+	{user: "worker-spawn", sub: true, subject: "brood.v1.provider.spawn.spawn.H1.continue"},
+	{user: "worker-acp", sub: true, subject: "brood.v1.provider.spawn.spawn.H1.continue", queue: "brood-provider"},
+	// budget.raise on a worker's own subject is an agent's (its parent's
+	// credential decides); on another user's subject it is denied.
+	{user: "worker-spawn", subject: "brood.v1.user.worker-spawn.budget.raise", allowed: true},
+	{user: "worker-spawn", subject: "brood.v1.user.client.budget.raise"},
+	{user: "worker-spawn", subject: "brood.v1.coord.budget.raise"},
 	{user: "coordinator", subject: "brood.v1.coord.runs.start"},
 	// Clients go through the coordinator and touch nothing else: no stream
 	// subject, no KV key, no JetStream API (so no consumer that delivers

@@ -5,14 +5,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
 )
 
 // fakeChild writes a live continuable child of parent as a start writes it
@@ -214,5 +218,153 @@ func TestABudgetPauseNamesOnlyALedgerItDrawsOn(t *testing.T) {
 	}
 	if rec, err := s.Store.Request(ctx, old.ID); err != nil || rec.Value.State != protocol.RequestPending {
 		t.Fatalf("the request naming the other tree's ledger after its raise: %+v, %v; want still pending", rec.Value, err)
+	}
+}
+
+// TestAForgedContinueTakesNoRun (docs/protocol.md §9.3, provider continue;
+// issue 31, item 2): a continue request for a run whose host is alive (its
+// lease not taken over), at a revision that is not the lease's, naming
+// another provider, a header of another session, no revision, or a run
+// that does not exist, is refused with its code by the instance, and the
+// run's lease and record stay as they were: the live host keeps its run.
+func TestAForgedContinueTakesNoRun(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	host, _ := s.AddSpawnWorker()
+	other, _ := s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root := s.Root()
+	run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("sleep 30s\nsay done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _, _ = run.Dispose(context.Background()) }()
+	var lease store.Record[protocol.AgentRecord]
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		lease, err = s.Store.LeaseLatest(ctx, run.ChildID)
+		return err == nil
+	}, "the run's lease is written")
+	header, _ := s.Log(run.ChildID)
+	instance := host.ID() // the instance that is not the run's host
+	if lease.Value.HostID == instance {
+		instance = other.ID()
+	}
+	rec, err := s.Store.RunLatest(ctx, run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherHeader := header
+	otherHeader.ID = "notthechild00000000000001"
+	forkHeader := header
+	forkHeader.Provider = "fork"
+	good := protocol.ProviderContinueRequest{RunID: run.RunID, ChildID: run.ChildID, Provider: "spawn", LeaseRevision: protocol.Seq(lease.Revision),
+		Deadline: store.NowMs() + 10_000, Header: header}
+	nc := s.Conn()
+	for _, tt := range []struct {
+		name string
+		edit func(*protocol.ProviderContinueRequest)
+		code protocol.Code
+	}{
+		{"a run whose host is alive", func(*protocol.ProviderContinueRequest) {}, protocol.CodeNotPending},
+		{"a stale revision", func(r *protocol.ProviderContinueRequest) { r.LeaseRevision-- }, protocol.CodeNotPending},
+		{"no revision", func(r *protocol.ProviderContinueRequest) { r.LeaseRevision = 0 }, protocol.CodeInvalidArgument},
+		{"another provider", func(r *protocol.ProviderContinueRequest) { r.Provider = "fork" }, protocol.CodeInvalidArgument},
+		{"a header of another provider", func(r *protocol.ProviderContinueRequest) { r.Header = forkHeader }, protocol.CodeInvalidArgument},
+		{"a header of another session", func(r *protocol.ProviderContinueRequest) { r.Header = otherHeader }, protocol.CodeInvalidArgument},
+		{"a run that does not exist", func(r *protocol.ProviderContinueRequest) { r.RunID = "nosuchrun0000000000000001" }, protocol.CodeNotPending},
+		{"a bad runId", func(r *protocol.ProviderContinueRequest) { r.RunID = "../x" }, protocol.CodeInvalidArgument},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req := good
+			tt.edit(&req)
+			b, _ := json.Marshal(req)
+			// Sent to the instance that is not the run's host, as a
+			// coordinator's dispatch would.
+			resp := rawReq(t, nc, s.Store.Subj.ProviderInstance("spawn", instance, protocol.OpProviderContinue), string(b), jsonHeader())
+			var pe protocol.Error
+			if err := json.Unmarshal(resp.Data, &pe); err != nil || pe.Code != tt.code {
+				t.Fatalf("reply %s; want %s", resp.Data, tt.code)
+			}
+		})
+	}
+	after, err := s.Store.LeaseLatest(ctx, run.ChildID)
+	if err != nil || after.Revision != lease.Revision || after.Value.HostID != lease.Value.HostID || after.Value.CredentialHash != lease.Value.CredentialHash {
+		t.Fatalf("the lease after the forged continues: rev %d host %s (%v); want rev %d on %s, unchanged", after.Revision, after.Value.HostID, err, lease.Revision, lease.Value.HostID)
+	}
+	if now, err := s.Store.RunLatest(ctx, run.RunID); err != nil || now.Revision != rec.Revision || now.Value.State != protocol.RunRunning {
+		t.Fatalf("the run after the forged continues: %+v rev %d (%v); want running at rev %d", now.Value, now.Revision, err, rec.Revision)
+	}
+}
+
+// TestAQueuedStartIsDisposedOnceByItsParentOnly (docs/protocol.md §5.5,
+// "The start queue"; issue 32, item 4): another root's credential can
+// neither await nor dispose a queued run (UNAUTHORIZED, the entry stays
+// queued); the parent's two disposes at once and a third later all answer
+// it settled CANCELLED, and its child is given back to the budget once.
+func TestAQueuedStartIsDisposedOnceByItsParentOnly(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 1 })
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{Children: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = root.Close(context.Background()) }()
+	start := func() (*client.Run, error) {
+		return s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("sleep 30s\nsay x")})
+	}
+	if _, err := start(); err != nil {
+		t.Fatal(err)
+	}
+	waiting, err := start()
+	if err != nil || waiting.State != protocol.RunQueued {
+		t.Fatalf("the second start: %v (state %q), want queued", err, waiting.State)
+	}
+	children := func() int64 {
+		rec, err := s.Store.Budget(ctx, root.SessionID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.Value.Charged.Add(rec.Value.Reserved()).Children
+	}
+	queuedCharge := children()
+	if queuedCharge != 2 {
+		t.Fatalf("the root's ledger charges %d children with one live and one queued; want 2", queuedCharge)
+	}
+
+	stranger := s.Root().Ref()
+	for _, ep := range []string{protocol.EpRunsAwait, protocol.EpRunsDispose} {
+		var st protocol.RunStatus
+		err := s.Client.Call(ctx, ep, protocol.RunRef{RunID: waiting.RunID, Parent: &stranger}, &st)
+		if protocol.CodeOf(err) != protocol.CodeUnauthorized {
+			t.Fatalf("%s of a queued run with another root's credential: %+v, %v; want UNAUTHORIZED", ep, st, err)
+		}
+	}
+	if q, err := s.Store.StartQueue(ctx, root.SessionID); err != nil || len(q.Value.Entries) != 1 || q.Value.Entries[0].RunID != waiting.RunID {
+		t.Fatalf("the queue after a stranger's dispose: %+v, %v; want the queued start still there", q.Value, err)
+	}
+
+	var wg sync.WaitGroup
+	sts := make([]protocol.RunStatus, 3)
+	errs := make([]error, 3)
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sts[i], errs[i] = waiting.Dispose(ctx)
+		}()
+	}
+	wg.Wait()
+	sts[2], errs[2] = waiting.Dispose(ctx)
+	for i := range sts {
+		if errs[i] != nil || sts[i].State != protocol.RunSettled || sts[i].Result == nil || sts[i].Result.ErrorCode != protocol.CodeCancelled {
+			t.Fatalf("dispose %d of the queued run: %+v, %v; want settled CANCELLED", i, sts[i], errs[i])
+		}
+	}
+	if got := children(); got != queuedCharge-1 {
+		t.Fatalf("the root's ledger charges %d children after the disposes; want %d (the queued child given back once)", got, queuedCharge-1)
 	}
 }
