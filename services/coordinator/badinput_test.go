@@ -368,3 +368,95 @@ func TestAQueuedStartIsDisposedOnceByItsParentOnly(t *testing.T) {
 		t.Fatalf("the root's ledger charges %d children after the disposes; want %d (the queued child given back once)", got, queuedCharge-1)
 	}
 }
+
+// TestBudgetReserveAndSettleRefuseOthers (docs/protocol.md §5.5,
+// "Budgets"; issue 32, item 2, as ACP and A2A children use them): a
+// reservation is taken on a session's own credential only, for a whole
+// positive want of tokens, modelRequests or toolCalls; it is settled by its
+// own session only, with a whole non-negative use, and once: another
+// child's settle (of the same ledger), a forged credential, a negative,
+// fractional or 1e400 use, and a replay are refused or change nothing.
+func TestBudgetReserveAndSettleRefuseOthers(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	host, _ := s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{ModelRequests: 10, Tokens: 100_000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = root.Close(context.Background()) }()
+	a := fakeChild(t, s, host.ID(), root.SessionID, "reservingchild00000000001", []string{root.SessionID}, nil)
+	b := fakeChild(t, s, host.ID(), root.SessionID, "reservingchild00000000002", []string{root.SessionID}, nil)
+	nc := s.Conn()
+	ledger := func() string {
+		rec, err := s.Store.Budget(ctx, root.SessionID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("%+v %+v", rec.Value.Charged, rec.Value.Reservations)
+	}
+	before := ledger()
+	self := func(p protocol.ParentRef) string { b, _ := json.Marshal(p); return string(b) }
+	forged := protocol.ParentRef{SessionID: a.SessionID, Credential: b.Credential}
+	for _, tt := range []struct {
+		name, body string
+		code       protocol.Code
+	}{
+		{"another child's credential", fmt.Sprintf(`{"self":%s,"want":{"modelRequests":1}}`, self(forged)), protocol.CodeUnauthorized},
+		{"a credential of the root for its child", fmt.Sprintf(`{"self":%s,"want":{"modelRequests":1}}`, self(protocol.ParentRef{SessionID: a.SessionID, Credential: root.Ref().Credential})), protocol.CodeUnauthorized},
+		{"children", fmt.Sprintf(`{"self":%s,"want":{"children":1}}`, self(a)), protocol.CodeInvalidArgument},
+		{"nothing", fmt.Sprintf(`{"self":%s,"want":{}}`, self(a)), protocol.CodeInvalidArgument},
+		{"negative", fmt.Sprintf(`{"self":%s,"want":{"modelRequests":-1}}`, self(a)), protocol.CodeInvalidArgument},
+		{"fractional", fmt.Sprintf(`{"self":%s,"want":{"tokens":0.5}}`, self(a)), protocol.CodeInvalidArgument},
+		{"tokensMin above tokens", fmt.Sprintf(`{"self":%s,"want":{"tokens":10},"tokensMin":11}`, self(a)), protocol.CodeInvalidArgument},
+		{"negative tokensMin", fmt.Sprintf(`{"self":%s,"want":{"tokens":10},"tokensMin":-1}`, self(a)), protocol.CodeInvalidArgument},
+		{"an unknown field", fmt.Sprintf(`{"self":%s,"want":{"modelRequests":1},"free":true}`, self(a)), protocol.CodeInvalidArgument},
+	} {
+		t.Run("reserve: "+tt.name, func(t *testing.T) {
+			if code, data := replyCode(t, s, nc, protocol.EpBudgetReserve, tt.body); code != tt.code {
+				t.Fatalf("reply %s; want %s", data, tt.code)
+			}
+		})
+	}
+	if after := ledger(); after != before {
+		t.Fatalf("the refused reservations changed the ledger: %s, was %s", after, before)
+	}
+
+	var res protocol.BudgetReserveReply
+	if err := s.Client.Call(ctx, protocol.EpBudgetReserve, protocol.BudgetReserveRequest{Self: a, Want: protocol.BudgetSpend{ModelRequests: 1, Tokens: 1000}}, &res); err != nil || res.ReservationID == "" {
+		t.Fatalf("a's reservation: %+v, %v", res, err)
+	}
+	reserved := ledger()
+	for _, tt := range []struct {
+		name, body string
+		code       protocol.Code
+	}{
+		{"by another child", fmt.Sprintf(`{"self":%s,"reservationId":%q,"used":{"modelRequests":1}}`, self(b), res.ReservationID), protocol.CodeUnauthorized},
+		{"a forged credential", fmt.Sprintf(`{"self":%s,"reservationId":%q,"used":{"modelRequests":1}}`, self(forged), res.ReservationID), protocol.CodeUnauthorized},
+		{"negative", fmt.Sprintf(`{"self":%s,"reservationId":%q,"used":{"modelRequests":-1}}`, self(a), res.ReservationID), protocol.CodeInvalidArgument},
+		{"fractional", fmt.Sprintf(`{"self":%s,"reservationId":%q,"used":{"tokens":1.5}}`, self(a), res.ReservationID), protocol.CodeInvalidArgument},
+		{"no float64 holds it", fmt.Sprintf(`{"self":%s,"reservationId":%q,"used":{"tokens":1e400}}`, self(a), res.ReservationID), protocol.CodeInvalidArgument},
+		{"no reservation id", fmt.Sprintf(`{"self":%s,"reservationId":"","used":{"modelRequests":1}}`, self(a)), protocol.CodeInvalidArgument},
+	} {
+		t.Run("settle: "+tt.name, func(t *testing.T) {
+			if code, data := replyCode(t, s, nc, protocol.EpBudgetSettle, tt.body); code != tt.code {
+				t.Fatalf("reply %s; want %s", data, tt.code)
+			}
+		})
+	}
+	if after := ledger(); after != reserved {
+		t.Fatalf("the refused settles changed the ledger: %s, was %s", after, reserved)
+	}
+	settle := protocol.BudgetSettleRequest{Self: a, ReservationID: res.ReservationID, Used: protocol.BudgetSpend{ModelRequests: 1, Tokens: 700}}
+	for i := 0; i < 2; i++ {
+		if err := s.Client.Call(ctx, protocol.EpBudgetSettle, settle, &protocol.Empty{}); err != nil {
+			t.Fatalf("settle %d: %v", i, err)
+		}
+	}
+	rec, err := s.Store.Budget(ctx, root.SessionID)
+	if err != nil || rec.Value.Charged.ModelRequests != 1 || rec.Value.Charged.Tokens != 700 || len(rec.Value.Reservations) != 0 {
+		t.Fatalf("the ledger after a settle and its replay: %+v, %v; want 1 request and 700 tokens charged once, nothing in flight", rec.Value, err)
+	}
+}
