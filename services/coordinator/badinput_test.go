@@ -460,3 +460,58 @@ func TestBudgetReserveAndSettleRefuseOthers(t *testing.T) {
 		t.Fatalf("the ledger after a settle and its replay: %+v, %v; want 1 request and 700 tokens charged once, nothing in flight", rec.Value, err)
 	}
 }
+
+// TestApproveToolsRefusesBadInput (docs/protocol.md §5.5, approveTools;
+// issue 33, item 2(a)): a runs.start or continuable.start whose
+// approveTools is not a list of the provider's tool names (an unknown or
+// empty name, another case, a string, a number, an object), or names a
+// tool autoApprove also names, is INVALID_ARGUMENT and starts nothing.
+func TestApproveToolsRefusesBadInput(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root := s.Root()
+	nc := s.Conn()
+	body := func(ep string, options map[string]json.RawMessage) string {
+		var req any = protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("say x")}
+		if ep == protocol.EpContinuableStart {
+			req = protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "x", Prompt: protocol.Text("say x")}
+		}
+		b, _ := json.Marshal(req)
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		o, _ := json.Marshal(options)
+		m["options"] = o
+		b, _ = json.Marshal(m)
+		return string(b)
+	}
+	for _, ep := range []string{protocol.EpRunsStart, protocol.EpContinuableStart} {
+		for _, tt := range []struct {
+			name    string
+			options map[string]json.RawMessage
+		}{
+			{"an unknown tool", map[string]json.RawMessage{"approveTools": json.RawMessage(`["launch_missiles"]`)}},
+			{"an empty name", map[string]json.RawMessage{"approveTools": json.RawMessage(`[""]`)}},
+			{"another case", map[string]json.RawMessage{"approveTools": json.RawMessage(`["READ_FILE"]`)}},
+			{"a wildcard", map[string]json.RawMessage{"approveTools": json.RawMessage(`["*"]`)}},
+			{"a string", map[string]json.RawMessage{"approveTools": json.RawMessage(`"read_file"`)}},
+			{"a number", map[string]json.RawMessage{"approveTools": json.RawMessage(`[1]`)}},
+			{"an object", map[string]json.RawMessage{"approveTools": json.RawMessage(`{"read_file":true}`)}},
+			{"both lists", map[string]json.RawMessage{"approveTools": json.RawMessage(`["write_file"]`), "autoApprove": json.RawMessage(`["write_file"]`)}},
+		} {
+			t.Run(ep+": "+tt.name, func(t *testing.T) {
+				if code, data := replyCode(t, s, nc, ep, body(ep, tt.options)); code != protocol.CodeInvalidArgument {
+					t.Fatalf("reply %s; want INVALID_ARGUMENT", data)
+				}
+			})
+		}
+	}
+	rows, err := s.Client.Children(ctx, protocol.ChildrenListRequest{Parent: root.SessionID, Authority: root.Authority()})
+	if err != nil || len(rows.Rows) != 0 {
+		t.Fatalf("children after the refused starts: %+v, %v; want none", rows.Rows, err)
+	}
+}
