@@ -206,8 +206,8 @@ func (a *Agent) settle(ctx context.Context, g grant, used protocol.BudgetSpend) 
 // modelUsed is what a model request spent against g.
 func modelUsed(g grant, usage *protocol.Usage) protocol.BudgetSpend {
 	used := protocol.BudgetSpend{ModelRequests: 1, Tokens: g.tokens}
-	if usage != nil && !usage.Unknown {
-		used.Tokens = usage.InputTokens + usage.OutputTokens
+	if t, ok := usage.BudgetTokens(); ok {
+		used.Tokens = t
 	}
 	return used
 }

@@ -48,6 +48,21 @@ type Budget struct {
 // every client decodes exactly. A larger one is INVALID_ARGUMENT.
 const BudgetValueMax = maxSafeInteger
 
+// BudgetTokens is what usage u charges a budget's tokens: its input and
+// output tokens, at most BudgetValueMax (a report past it, or whose sum
+// overflows, exhausts any budget instead of making budget.settle refuse
+// it); ok is false when u reports nothing to charge by (nil, Unknown, or a
+// negative count: never a credit), and the caller charges the grant.
+func (u *Usage) BudgetTokens() (tokens int64, ok bool) {
+	if u == nil || u.Unknown || u.InputTokens < 0 || u.OutputTokens < 0 {
+		return 0, false
+	}
+	if u.InputTokens > BudgetValueMax || u.OutputTokens > BudgetValueMax-u.InputTokens {
+		return BudgetValueMax, true
+	}
+	return u.InputTokens + u.OutputTokens, true
+}
+
 // BudgetDeadlineMsMax bounds a budget's DeadlineMs: 30 days, in
 // milliseconds. A longer one is INVALID_ARGUMENT (a deadline past it is no
 // deadline; leave it out).

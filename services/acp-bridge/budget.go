@@ -100,8 +100,8 @@ func (s *Session) settleTurn(ctx context.Context, prompted bool, usage *protocol
 	var used protocol.BudgetSpend
 	if prompted {
 		used = protocol.BudgetSpend{ModelRequests: 1, Tokens: g.tokens}
-		if usage != nil && !usage.Unknown {
-			used.Tokens = usage.InputTokens + usage.OutputTokens
+		if t, ok := usage.BudgetTokens(); ok {
+			used.Tokens = t
 		}
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), agent.BudgetCallTimeout)
