@@ -13,6 +13,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"sync"
 	"time"
@@ -155,9 +157,7 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request) {
 	}
 	defer cancel()
 	var body AnswerBody
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, answerBodyBytesMax))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&body); err != nil {
+	if err := decodeBody(w, r, answerBodyBytesMax, &body); err != nil {
 		writeError(w, protocol.Errorf(protocol.CodeInvalidArgument, "the body must be JSON {answer, reason?, text?, json?}: %v", err))
 		return
 	}
@@ -183,9 +183,7 @@ func (s *Server) raiseBudget(w http.ResponseWriter, r *http.Request) {
 	}
 	defer cancel()
 	var raise protocol.BudgetSpend
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4<<10))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&raise); err != nil {
+	if err := decodeBody(w, r, raiseBodyBytesMax, &raise); err != nil {
 		writeError(w, protocol.Errorf(protocol.CodeInvalidArgument, "the body must be JSON {tokens?, modelRequests?, toolCalls?, children?}: %v", err))
 		return
 	}
@@ -196,4 +194,22 @@ func (s *Server) raiseBudget(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, reply)
+}
+
+// raiseBodyBytesMax bounds a raise's body, in bytes.
+const raiseBodyBytesMax = 4 << 10
+
+// decodeBody decodes an action's body into v: one JSON value of at most
+// bytesMax bytes, with no field v does not know and nothing after it (a
+// second value is an error, not ignored).
+func decodeBody(w http.ResponseWriter, r *http.Request, bytesMax int64, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, bytesMax))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("trailing data after the JSON value")
+	}
+	return nil
 }
