@@ -499,7 +499,8 @@ type BudgetRaiseReply struct {
 }
 
 // ParseBudgetRaise parses the CLI's raise, "tokens=+100k,modelRequests=+5"
-// (the + is optional; names and suffixes as ParseBudget; no deadline).
+// (the + is optional; names and suffixes as ParseBudget; no deadline; a
+// limit named twice, under either of its names, is INVALID_ARGUMENT).
 func ParseBudgetRaise(s string) (BudgetSpend, error) {
 	var r BudgetSpend
 	if strings.TrimSpace(s) == "" {
@@ -523,6 +524,9 @@ func ParseBudgetRaise(s string) (BudgetSpend, error) {
 			f = &r.Children
 		default:
 			return BudgetSpend{}, Errorf(CodeInvalidArgument, "--raise: unknown limit %q: a raise names tokens, modelRequests, toolCalls or children (a deadline is not raised)", name)
+		}
+		if *f != 0 {
+			return BudgetSpend{}, Errorf(CodeInvalidArgument, "--raise: %s given twice", strings.TrimSpace(name))
 		}
 		n, err := parseBudgetValue(name, val)
 		if err != nil {

@@ -77,3 +77,40 @@ func TestBudgetLedger(t *testing.T) {
 		t.Fatalf("within: %v", err)
 	}
 }
+
+// TestParseBudgetRaise: `brood budget --raise` takes name=+amount pairs
+// (k and M suffixes); a negative, zero, fractional, past 2^53−1, unknown
+// or deadline amount, a pair without =, nothing, and one limit named twice
+// (under either of its names: the second would silently replace the first)
+// are INVALID_ARGUMENT.
+func TestParseBudgetRaise(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want BudgetSpend
+		ok   bool
+	}{
+		{"tokens=+100k", BudgetSpend{Tokens: 100_000}, true},
+		{"requests=+2, tools=+3,children=+1", BudgetSpend{ModelRequests: 2, ToolCalls: 3, Children: 1}, true},
+		{"tokens=5", BudgetSpend{Tokens: 5}, true},
+		{"tokens=+-5", BudgetSpend{}, false},
+		{"tokens=+0", BudgetSpend{}, false},
+		{"tokens=+1.5", BudgetSpend{}, false},
+		{"tokens=+9007199254741k", BudgetSpend{}, false},
+		{"tokens=+99999999999999999999", BudgetSpend{}, false},
+		{"dollars=+5", BudgetSpend{}, false},
+		{"deadline=+5m", BudgetSpend{}, false},
+		{"tokens", BudgetSpend{}, false},
+		{"", BudgetSpend{}, false},
+		{"tokens=+5,", BudgetSpend{}, false},
+		{"tokens=+5,tokens=+7", BudgetSpend{}, false},
+		{"requests=+1,modelRequests=+2", BudgetSpend{}, false},
+	} {
+		got, err := ParseBudgetRaise(tt.in)
+		if tt.ok && (err != nil || got != tt.want) {
+			t.Errorf("ParseBudgetRaise(%q) = %+v, %v; want %+v", tt.in, got, err, tt.want)
+		}
+		if !tt.ok && CodeOf(err) != CodeInvalidArgument {
+			t.Errorf("ParseBudgetRaise(%q) = %+v, %v; want INVALID_ARGUMENT", tt.in, got, err)
+		}
+	}
+}
