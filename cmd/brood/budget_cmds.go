@@ -25,10 +25,12 @@ func budgetCmd(g *globals) *cobra.Command {
 		Use:   "budget CHILD [--raise tokens=+100k,...]",
 		Short: "Show a child's budgets, or raise its own (a turn paused at its cap continues)",
 		Long: "Without --raise: one row per budget the child draws on, root-most first (the last is its own\n" +
-			"when its start named one): each limit's LIMIT, USED (charged), RESERVED (in flight) and LEFT.\n" +
+			"when its start named one): each LIMIT it names with its VALUE, USED (charged), RESERVED (in\n" +
+			"flight) and LEFT; a deadline with its time and what is left of it.\n" +
 			"With --raise: the child's own budget gets each named limit raised by that amount (tokens,\n" +
 			"modelRequests, toolCalls, children; k and m suffixes; a deadline is not raised), and a\n" +
-			"continuable child paused at its cap (`brood state` says paused) continues the same turn.\n" +
+			"continuable child paused at its cap (`brood state` says paused) continues the same turn (it\n" +
+			"looks for the answer at most 2 s apart, so its log shows it within about 2 s).\n" +
 			"Budgets only tighten down the tree: a parent agent raises at most to what remains of its own.\n" +
 			"CHILD may be a root too (its agents.open named a budget): only you, the user, raise that one.",
 		Args: cobra.ExactArgs(1),

@@ -76,6 +76,46 @@ func TestRequestVerbs(t *testing.T) {
 	}
 }
 
+// TestBudgetPauseAnswers: brood requests shows a continuable child paused
+// at its budget's cap as TOOL (budget); brood approve and deny of that
+// request say what the turn does now (they printed "approved: - of - in
+// CHILD", the fields of a tool call it has not): approved with nothing
+// raised, it pauses again on a new request; denied, it ends
+// BUDGET_EXHAUSTED (docs/protocol.md §5.5, "Pause and raise").
+func TestBudgetPauseAnswers(t *testing.T) {
+	c := newCLI(t)
+	child := c.startChild("--budget", "modelRequests=1", "call list_dir {}\nsay done")
+	pending := func(not string) string {
+		var id string
+		c.eventually("the child's budget request is pending", func() bool {
+			for _, r := range decodeJSON[[]protocol.RequestRecord](t, c.ok("requests", "--json").out) {
+				if r.SessionID == child && r.Kind == protocol.RequestBudget && r.State == protocol.RequestPending && r.ID != not {
+					id = r.ID
+				}
+			}
+			return id != ""
+		})
+		return id
+	}
+	first := pending("")
+	if got := c.ok("requests").out; !strings.Contains(got, "(budget)  the budget of "+child[:20]) {
+		t.Fatalf("requests printed %q, want the budget pause of %s", got, child)
+	}
+	want := first + " approved: the budget pause of " + child + "; its turn reserves again with nothing raised, and pauses again unless room was made (raise: brood budget " + child + " --raise tokens=+N)\n"
+	if got := c.ok("approve", first).out; got != want {
+		t.Fatalf("approve printed %q, want %q", got, want)
+	}
+	second := pending(first)
+	want = second + " denied: the budget pause of " + child + "; its turn ends BUDGET_EXHAUSTED\n"
+	if got := c.ok("deny", second).out; got != want {
+		t.Fatalf("deny printed %q, want %q", got, want)
+	}
+	if o := c.run("result", "--wait", child); o.code != 1 || !strings.Contains(o.err, "\nBUDGET_EXHAUSTED: turn 1 of "+child) ||
+		!strings.Contains(o.err, "ended denied by the user") {
+		t.Fatalf("result after the denial: exit %d, stderr %q; want BUDGET_EXHAUSTED, denied by the user", o.code, o.err)
+	}
+}
+
 // parkedRequest starts a child whose run_command parks on a request and
 // returns the request's id once it is pending.
 func (c *cli) parkedRequest() string {

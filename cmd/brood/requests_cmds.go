@@ -28,6 +28,9 @@ func requestsCmd(g *globals) *cobra.Command {
 			"`brood approve ID` or `brood deny ID --reason …`, or its deadline passes (a denial by timeout).\n" +
 			"A child that calls ask parks on a question (TOOL ask, its text and [choices] as ARGUMENTS) until\n" +
 			"`brood answer ID TEXT` or `brood answer ID --json FILE` answers it, or its deadline passes.\n" +
+			"A continuable child at its budget's cap pauses on a request of TOOL (budget), the refusal as\n" +
+			"ARGUMENTS: `brood budget CHILD --raise tokens=+N` raises it and the turn goes on; `brood deny ID`\n" +
+			"ends the turn BUDGET_EXHAUSTED.\n" +
 			"A request whose asking turn ended first (its run disposed, the child interrupted) is cancelled.\n" +
 			"HANDLER is who it waits on: the ancestor agent told of it (after answer_request pass_up, the one\n" +
 			"it was passed up to), or user; you may answer it either way.\n" +
@@ -171,7 +174,10 @@ func answerCmd(g *globals, answer, use, short string) *cobra.Command {
 		Use:   use,
 		Short: short,
 		Long: short + ".\nOnly the first answer counts: a later one is ALREADY_ANSWERED. The grant this command acts with\n" +
-			"must cover the asking child's tree (its user's, or every user's).",
+			"must cover the asking child's tree (its user's, or every user's).\n" +
+			"A budget pause (TOOL (budget) in brood requests) is raised with `brood budget CHILD --raise`;\n" +
+			"denied, its turn ends BUDGET_EXHAUSTED; approved without a raise, it reserves again and pauses\n" +
+			"again unless room was made.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withUser(g, func(ctx context.Context, s *session, auth protocol.Authority) error {
@@ -182,7 +188,7 @@ func answerCmd(g *globals, answer, use, short string) *cobra.Command {
 				if asJSON {
 					return printJSON(s.out, r)
 				}
-				fmt.Fprintf(s.out, "%s %s: %s of %s in %s\n", r.ID, r.State, dash(r.Tool), dash(clipLabel(r.Arguments)), r.SessionID)
+				fmt.Fprintln(s.out, answeredLine(r))
 				return nil
 			})
 		},
@@ -194,6 +200,22 @@ func answerCmd(g *globals, answer, use, short string) *cobra.Command {
 	clientFlags(cmd, g)
 	userFlags(cmd, g)
 	return cmd
+}
+
+// answeredLine is what approve and deny print: the request, its new
+// state and what it decided, the call (its tool and arguments) or, for a
+// budget pause (docs/protocol.md §5.5, "Pause and raise"), what its turn
+// does now: denied, it ends BUDGET_EXHAUSTED; approved, it reserves again
+// with no raise (a raise is brood budget BUDGETOF --raise).
+func answeredLine(r protocol.RequestRecord) string {
+	if r.Kind != protocol.RequestBudget {
+		return fmt.Sprintf("%s %s: %s of %s in %s", r.ID, r.State, dash(r.Tool), dash(clipLabel(r.Arguments)), r.SessionID)
+	}
+	then := "its turn ends BUDGET_EXHAUSTED"
+	if r.State == protocol.RequestApproved {
+		then = fmt.Sprintf("its turn reserves again with nothing raised, and pauses again unless room was made (raise: brood budget %s --raise tokens=+N)", dash(r.BudgetOf))
+	}
+	return fmt.Sprintf("%s %s: the budget pause of %s; %s", r.ID, r.State, r.SessionID, then)
 }
 
 // answerReadBytesMax bounds what `brood answer --json` reads: the
