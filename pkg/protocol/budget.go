@@ -343,17 +343,32 @@ func ParseBudget(s string) (Budget, error) {
 		}
 		*dst = v
 	}
+	if b.IsZero() {
+		return bad("names no limit: give at least one of tokens, modelRequests, toolCalls, children or deadline (tokens=200k,deadline=15m)")
+	}
 	return b, b.Validate()
 }
 
 func parseBudgetValue(name, val string) (int64, error) {
 	if name == "deadline" {
-		if d, err := time.ParseDuration(val); err == nil {
-			if d < time.Millisecond {
-				return 0, fmt.Errorf("a deadline must be at least 1ms")
+		d, err := time.ParseDuration(val)
+		if err != nil {
+			n, nerr := strconv.ParseInt(val, 10, 64)
+			if nerr != nil {
+				return 0, fmt.Errorf("want a duration (15m, 1h30m) or whole milliseconds")
 			}
-			return d.Milliseconds(), nil
+			d = time.Duration(n) * time.Millisecond
+			if n > BudgetDeadlineMsMax {
+				d = time.Duration(BudgetDeadlineMsMax+1) * time.Millisecond
+			}
 		}
+		switch {
+		case d < time.Millisecond:
+			return 0, fmt.Errorf("a deadline must be at least 1ms")
+		case d.Milliseconds() > BudgetDeadlineMsMax:
+			return 0, fmt.Errorf("a deadline is at most %s", time.Duration(BudgetDeadlineMsMax)*time.Millisecond)
+		}
+		return d.Milliseconds(), nil
 	}
 	mult := int64(1)
 	switch {

@@ -23,9 +23,18 @@ func TestParseBudget(t *testing.T) {
 		{"tokenz=5", Budget{}, "tokenz"},
 		{"tokens=5,tokens=6", Budget{}, "twice"},
 		{"tokens", Budget{}, "name=value"},
-		{"", Budget{}, "no limit"},
-		{"deadline=31d", Budget{}, "deadline"},
-		{"deadline=800h", Budget{}, "deadlineMs"},
+		{"", Budget{}, "--budget: names no limit"},
+		{" , ", Budget{}, "--budget: names no limit"},
+		// A deadline's error says what a deadline is, not a count's "whole
+		// number", and its bound in the unit it was given in.
+		{"deadline=31d", Budget{}, "deadline=31d: want a duration (15m, 1h30m) or whole milliseconds"},
+		{"deadline=banana", Budget{}, "want a duration"},
+		{"deadline=800h", Budget{}, "deadline=800h: a deadline is at most 720h0m0s"},
+		{"deadline=2592000001", Budget{}, "at most 720h0m0s"},
+		{"deadline=99999999999999999999", Budget{}, "want a duration"},
+		{"deadline=720h", Budget{DeadlineMs: BudgetDeadlineMsMax}, ""},
+		{"deadline=0", Budget{}, "at least 1ms"},
+		{"deadline=-5", Budget{}, "at least 1ms"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
