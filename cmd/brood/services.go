@@ -773,7 +773,9 @@ func devCmd(g *globals) *cobra.Command {
 	mf.flags(cmd)
 	// brood dev is one user's own deployment, its workers running as that
 	// user: any workspace, unless narrowed (docs/security.md).
-	cmd.Flags().Lookup("workspace-root").DefValue = "[" + agent.AnyWorkspace + "]"
+	root := cmd.Flags().Lookup("workspace-root")
+	root.DefValue = "[" + agent.AnyWorkspace + "]"
+	root.Usage = strings.Replace(root.Usage, "; default: none", "", 1)
 	mcpf.flags(cmd)
 	met.flags(cmd)
 	return cmd
