@@ -196,8 +196,8 @@ func TestWorkerKilledMidRunIsSettledHostLost(t *testing.T) {
 	if fence := evs[len(evs)-2]; fence.Type != protocol.EvAgentTakeover || evs[len(evs)-1].Time-fence.Time < stack.ContinueWaitMax.Milliseconds() {
 		t.Fatalf("the log ends %s at %d, turn/end at %d; want agent/takeover, then the turn's end at least %s later", fence.Type, fence.Time, evs[len(evs)-1].Time, stack.ContinueWaitMax)
 	}
-	if !strings.Contains(res.Diagnostic, "ContinueWaitMax") {
-		t.Errorf("diagnostic %q does not say that no instance continued the run in time", res.Diagnostic)
+	if !strings.Contains(res.Diagnostic, "(ContinueWaitMax, brood coordinator --continue-wait-max)") {
+		t.Errorf("diagnostic %q does not say that no instance continued the run in time, naming the bound and its flag", res.Diagnostic)
 	}
 	// A second settlement would come from another party racing the takeover
 	// (TestSettlement* in internal/worker and services/coordinator contend

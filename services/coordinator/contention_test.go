@@ -568,8 +568,8 @@ func TestARunPastTakeoversMaxEndsHostLost(t *testing.T) {
 	}
 	r, err := s.Store.Run(ctx, reply.RunID)
 	if err != nil || r.Value.SettledBy != co.ID() || r.Value.Result.ErrorCode != protocol.CodeHostLost ||
-		!strings.Contains(r.Value.Result.Diagnostic, "TakeoversMax") || r.Value.Takeovers != 2 {
-		t.Fatalf("run record %+v (result %+v), %v; want HOST_LOST by the coordinator after 2 takeovers, naming TakeoversMax", r.Value, r.Value.Result, err)
+		!strings.Contains(r.Value.Result.Diagnostic, "(TakeoversMax, brood coordinator --takeovers-max)") || r.Value.Takeovers != 2 {
+		t.Fatalf("run record %+v (result %+v), %v; want HOST_LOST by the coordinator after 2 takeovers, naming TakeoversMax and its flag", r.Value, r.Value.Result, err)
 	}
 	_, evs := s.Log(reply.ChildID)
 	if fences(evs) != 2 || countType(evs, protocol.EvTurnEnd) != 1 {

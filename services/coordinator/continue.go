@@ -87,10 +87,10 @@ func (c *Coordinator) continueRun(ctx context.Context, fence protocol.TakeoverDa
 		return continuation{err: fmt.Errorf("the log of %s holds no agent/takeover of epoch %d", id, fence.Epoch)}
 	}
 	if n := takeovers(events); n > c.cfg.TakeoversMax {
-		return continuation{lostHost: lost, why: fmt.Sprintf("the run was taken over %d times, more than the %d allowed (TakeoversMax)", n, c.cfg.TakeoversMax)}
+		return continuation{lostHost: lost, why: fmt.Sprintf("the run was taken over %d times, more than the %d allowed (TakeoversMax, brood coordinator --takeovers-max)", n, c.cfg.TakeoversMax)}
 	}
 	if waited := time.Since(time.UnixMilli(at)); waited > c.cfg.ContinueWaitMax {
-		return continuation{lostHost: lost, why: fmt.Sprintf("no instance of provider %s continued it within %s (ContinueWaitMax)", run.Value.Provider, c.cfg.ContinueWaitMax)}
+		return continuation{lostHost: lost, why: fmt.Sprintf("no instance of provider %s continued it within %s (ContinueWaitMax, brood coordinator --continue-wait-max)", run.Value.Provider, c.cfg.ContinueWaitMax)}
 	}
 	// A dead host's reservations are charged in full by whoever ends its
 	// part of the run (budget.go); the continuing host reserves its own.
