@@ -371,9 +371,17 @@ say never`
 		if err != nil || len(rows.Rows) == 0 || rows.Rows[0].State != protocol.StateRunning {
 			return false
 		}
-		grandchild = rows.Rows[0].ID
-		return true
-	}, "the context's agent started no running grandchild")
+		// Its turn is open: a dispose that came before the turn's first
+		// record would end the run with no turn to end aborted.
+		_, evs := e.s.Log(rows.Rows[0].ID)
+		for _, ev := range evs {
+			if ev.Type == protocol.EvTurnStart {
+				grandchild = rows.Rows[0].ID
+				return true
+			}
+		}
+		return false
+	}, "the context's agent started no running grandchild with an open turn")
 	canceled, err := cl.CancelTask(ctx, &a2a.CancelTaskRequest{ID: task.ID})
 	if err != nil {
 		t.Fatal(err)
