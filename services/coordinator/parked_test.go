@@ -141,14 +141,7 @@ func parkedEnds(evs []protocol.SessionEvent) (string, []string) {
 func TestTheParkedSweepListsNoKeys(t *testing.T) {
 	s := stack.New(t)
 	s.AddCoordinator(func(c *coordinator.Config) { c.ParkedSweepInterval = 50 * time.Millisecond })
-	nc := s.Conn()
-	created, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.CONSUMER.CREATED.KV_brood_agents.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	noConsumers := agentsConsumersCreated(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	now := time.Now()
@@ -161,8 +154,27 @@ func TestTheParkedSweepListsNoKeys(t *testing.T) {
 		r, err := s.Store.Request(ctx, rec.ID)
 		return err == nil && r.Value.State == protocol.RequestTimedOut
 	}, "a sweep times out the request past its deadline")
-	if n, _, _ := created.Pending(); n != 0 {
-		m, _ := created.NextMsg(0)
-		t.Fatalf("%d consumers created on brood_agents while the sweep ran; the first: %s", n, m.Data)
+	noConsumers()
+}
+
+// agentsConsumersCreated watches the advisories of consumers created on
+// KV_brood_agents from now on; the function it returns fails t if any was
+// (a sweep that lists the bucket's keys creates one per replica per sweep).
+func agentsConsumersCreated(t *testing.T, s *stack.Stack) func() {
+	t.Helper()
+	nc := s.Conn()
+	created, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.CONSUMER.CREATED.KV_brood_agents.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		t.Helper()
+		if n, _, _ := created.Pending(); n != 0 {
+			m, _ := created.NextMsg(0)
+			t.Fatalf("%d consumers created on brood_agents while the sweep ran; the first: %s", n, m.Data)
+		}
 	}
 }
