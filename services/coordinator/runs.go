@@ -114,8 +114,15 @@ func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.R
 	rec, err := c.st.Run(ctx, ref.RunID)
 	if errors.Is(err, store.ErrNotFound) && ref.Parent != nil && ref.Grant == "" {
 		// A run whose start waits in its parent's queue has no record yet.
-		if q, ok := c.queuedRun(ctx, ref.Parent.SessionID, ref.RunID); ok {
+		q, ok, queues := c.queuedRun(ctx, ref.Parent.SessionID, ref.RunID)
+		if ok {
 			return store.Record[protocol.RunRecord]{Value: q}, nil
+		}
+		if queues {
+			// Its start may have just left the queue (admitted, or
+			// disposed by another request): the entry goes before the
+			// record is written, so wait for the record a little.
+			rec, err = c.runLeftQueue(ctx, ref.RunID)
 		}
 	}
 	if errors.Is(err, store.ErrNotFound) {
@@ -185,7 +192,7 @@ func (c *Coordinator) waitQueued(ctx context.Context, q protocol.RunRecord, d ti
 		if _, err := c.st.RunLatest(ctx, q.RunID); err == nil {
 			return c.waitSettled(ctx, q.RunID, max(time.Until(deadline), 0))
 		}
-		if _, ok := c.queuedRun(ctx, q.ParentSession, q.RunID); !ok {
+		if _, ok, _ := c.queuedRun(ctx, q.ParentSession, q.RunID); !ok {
 			// Removed from the queue without a record: read it once more
 			// (its record is written before its entry is removed).
 			if _, err := c.st.RunLatest(ctx, q.RunID); err == nil {

@@ -504,18 +504,41 @@ func (c *Coordinator) refundQueued(ctx context.Context, parent, childID string) 
 
 // queuedRun finds run runID in parent's start queue: a run record of state
 // RunQueued, or ok false.
-func (c *Coordinator) queuedRun(ctx context.Context, parent, runID string) (protocol.RunRecord, bool) {
+func (c *Coordinator) queuedRun(ctx context.Context, parent, runID string) (_ protocol.RunRecord, found, queues bool) {
 	cur, err := c.st.StartQueue(ctx, parent)
 	if err != nil {
-		return protocol.RunRecord{}, false
+		return protocol.RunRecord{}, false, !errors.Is(err, store.ErrNotFound)
 	}
 	for _, e := range cur.Value.Entries {
 		if e.RunID == runID {
 			return protocol.RunRecord{RunID: e.RunID, ChildID: e.ChildID, ParentSession: parent, Provider: e.Provider,
-				Mode: protocol.ModeOneShot, State: protocol.RunQueued, CreatedAt: e.QueuedAt}, true
+				Mode: protocol.ModeOneShot, State: protocol.RunQueued, CreatedAt: e.QueuedAt}, true, true
 		}
 	}
-	return protocol.RunRecord{}, false
+	return protocol.RunRecord{}, false, true
+}
+
+// queueLeftWait bounds how long loadRun waits for the record of a run
+// found neither recorded nor queued under a parent that has a start queue:
+// an entry leaves the queue (admitted, or disposed by a concurrent
+// request) a moment before its run's record is written.
+const queueLeftWait = 2 * time.Second
+
+// runLeftQueue reads run runID's record from the leader until it is there
+// or queueLeftWait passed (store.ErrNotFound then).
+func (c *Coordinator) runLeftQueue(ctx context.Context, runID string) (store.Record[protocol.RunRecord], error) {
+	deadline := time.Now().Add(queueLeftWait)
+	for {
+		rec, err := c.st.RunLatest(ctx, runID)
+		if !errors.Is(err, store.ErrNotFound) || !time.Now().Before(deadline) {
+			return rec, err
+		}
+		select {
+		case <-ctx.Done():
+			return rec, err
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
 }
 
 // queuedRows are the children.list rows of parent's queued starts, oldest
