@@ -363,10 +363,23 @@ func (sv *server) tool(name string, t *mcp.Tool) *agent.Tool {
 	}
 	desc := fmt.Sprintf("[MCP server %s] %s", sv.cfg.Name, t.Description)
 	remote := t.Name
-	return &agent.Tool{Name: name, Description: desc, Parameters: params,
+	return &agent.Tool{Name: name, Description: desc, Parameters: params, Idempotent: Idempotent(t.Annotations),
 		Run: func(ctx context.Context, _ agent.ToolContext, args string) agent.ToolResult {
 			return sv.call(ctx, remote, args)
 		}}
+}
+
+// Idempotent reports whether a server's tool may run twice with the
+// effect of once, from its MCP annotations (nil: none): readOnlyHint (it
+// changes nothing) or idempotentHint (a repeat with the same arguments
+// changes nothing more). Such a tool's call, logged without its result
+// when its host died, is run again by the host that continues the turn;
+// any other gets a result saying a host loss interrupted it
+// (agent.Tool.Idempotent; docs/protocol.md §8.4, "Continued after a host
+// loss"). The hints are the server's word: the worker's config names the
+// servers it trusts (docs/mcp.md).
+func Idempotent(a *mcp.ToolAnnotations) bool {
+	return a != nil && (a.ReadOnlyHint || a.IdempotentHint)
 }
 
 // call calls tool with the model's JSON arguments, within the server's call

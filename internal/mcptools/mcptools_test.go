@@ -43,11 +43,14 @@ type writeIn struct {
 }
 
 // runTestServer is a small MCP server built with the Go SDK: write_file
-// writes a file, hang never answers, crash exits mid-call, has_secret says
-// whether MCP_SECRET reached its environment (never its value).
+// writes a file (idempotentHint), hang never answers, crash exits mid-call
+// (destructiveHint, no other), has_secret says whether MCP_SECRET reached
+// its environment, never its value (readOnlyHint).
 func runTestServer() {
 	s := mcp.NewServer(&mcp.Implementation{Name: "test-fs", Version: "1"}, nil)
-	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write content to the file at path."},
+	destructive := true
+	mcp.AddTool(s, &mcp.Tool{Name: "write_file", Description: "Write content to the file at path.",
+		Annotations: &mcp.ToolAnnotations{IdempotentHint: true}},
 		func(_ context.Context, _ *mcp.CallToolRequest, in writeIn) (*mcp.CallToolResult, any, error) {
 			if err := os.WriteFile(in.Path, []byte(in.Content), 0o600); err != nil {
 				return nil, nil, err
@@ -58,12 +61,14 @@ func runTestServer() {
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 			select {}
 		})
-	mcp.AddTool(s, &mcp.Tool{Name: "crash", Description: "Exits mid-call."},
+	mcp.AddTool(s, &mcp.Tool{Name: "crash", Description: "Exits mid-call.",
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: &destructive}},
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 			os.Exit(3)
 			return nil, nil, nil
 		})
-	mcp.AddTool(s, &mcp.Tool{Name: "has_secret", Description: "Whether MCP_SECRET is set."},
+	mcp.AddTool(s, &mcp.Tool{Name: "has_secret", Description: "Whether MCP_SECRET is set.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 			_, ok := os.LookupEnv("MCP_SECRET")
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "secret present: " + strconv.FormatBool(ok)}}}, nil, nil
@@ -285,6 +290,44 @@ func TestSpawnAndForkChildrenUseAnMCPServersTools(t *testing.T) {
 			t.Errorf("the secret appears in %s", strings.Join(seen, ", "))
 		}
 	})
+}
+
+// TestToolsAreIdempotentByTheirAnnotations: a server's tool is Idempotent
+// (run again when a continued turn finds its call without a result) when
+// its annotations say readOnlyHint or idempotentHint, and not otherwise:
+// no annotations, or only destructiveHint (issue 31, item 2).
+func TestToolsAreIdempotentByTheirAnnotations(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	set, err := mcptools.Start(ctx, []mcptools.ServerConfig{testServer(t)}, testutil.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer set.Close()
+	want := map[string]bool{"fs__write_file": true, "fs__has_secret": true, "fs__hang": false, "fs__crash": false}
+	got := map[string]bool{}
+	for _, tool := range set.Tools() {
+		got[tool.Name] = tool.Idempotent
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("idempotent tools %v, want %v", got, want)
+	}
+	for _, tc := range []struct {
+		name string
+		a    *mcp.ToolAnnotations
+		want bool
+	}{
+		{"none", nil, false},
+		{"empty", &mcp.ToolAnnotations{}, false},
+		{"read-only", &mcp.ToolAnnotations{ReadOnlyHint: true}, true},
+		{"idempotent", &mcp.ToolAnnotations{IdempotentHint: true}, true},
+		{"not destructive only", &mcp.ToolAnnotations{DestructiveHint: new(bool)}, false},
+		{"closed world only", &mcp.ToolAnnotations{OpenWorldHint: new(bool), Title: "t"}, false},
+	} {
+		if got := mcptools.Idempotent(tc.a); got != tc.want {
+			t.Errorf("%s: Idempotent %v, want %v", tc.name, got, tc.want)
+		}
+	}
 }
 
 // TestStartRefusesAnUnreachableServer: a worker whose MCP server cannot be
