@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -27,20 +28,42 @@ import (
 // interrupted by a host loss; the run record and its one subagent/end
 // count one takeover.
 func TestAOneShotRunContinuesOnAnotherWorkerAfterItsHostIsKilled(t *testing.T) {
+	continuesAfterKill(t, "spawn", 0)
+}
+
+// TestAForkChildContinuesOnAnotherWorkerAfterItsHostIsKilled (issue 31,
+// item 2: "the same for a fork child"): the run of the previous test on the
+// fork provider, its child seeded with two completed turns of its
+// parent's: its fork worker is killed in the middle of its own turn and
+// the run completes on the other fork worker as the spawn child's does;
+// the seed stays as it was and each of the child's own steps is logged
+// once.
+func TestAForkChildContinuesOnAnotherWorkerAfterItsHostIsKilled(t *testing.T) {
+	continuesAfterKill(t, "fork", 2)
+}
+
+// continuesAfterKill runs the scenario of
+// TestAOneShotRunContinuesOnAnotherWorkerAfterItsHostIsKilled on provider
+// (spawn-worker or fork-worker processes), the root's log holding
+// seedTurns completed turns first (a fork child's seed).
+func continuesAfterKill(t *testing.T, provider string, seedTurns int) {
 	s := stack.New(t)
 	coord := s.AddCoordinator(func(c *coordinatorConfig) { c.ContinueWaitMax = 20 * time.Second })
 	worker := func() *proc {
-		return startProc(t, "spawn-worker", "--nats", s.Server.ClientURL(), "--log-level", "info", "--model", "scripted",
+		return startProc(t, provider+"-worker", "--nats", s.Server.ClientURL(), "--log-level", "info", "--model", "scripted",
 			"--heartbeat", stack.Heartbeat.String(), "--host-expiry", stack.HostExpiry.String(), "--workspace-root", "/")
 	}
 	w1 := worker()
-	s.WaitProvider("spawn")
+	s.WaitProvider(provider)
 	dir := t.TempDir()
 	probe := filepath.Join(dir, "probe.txt")
 	if err := os.WriteFile(probe, []byte("before the loss"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	root := s.Root(dir)
+	if seedTurns > 0 {
+		parentHistory(t, s, root, seedTurns, false)
+	}
 	n := watchNotices(t, s.NC, "cont")
 	script := "call list_dir {}\nsleep 0s\n" +
 		`call read_file {"path":"probe.txt"}` + "\n" + `call run_command {"command":"sleep 30"}` + "\nsay done"
@@ -48,14 +71,14 @@ func TestAOneShotRunContinuesOnAnotherWorkerAfterItsHostIsKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := s.Client.Call(ctx, protocol.EpRunsStart, protocol.RunStartRequest{
-		Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text(script), Notify: "test.notify.cont.1",
+		Provider: provider, Parent: root.Ref(), Prompt: protocol.Text(script), Notify: "test.notify.cont.1",
 		Options: protocol.StartOptions{AutoApprove: []string{"run_command"}},
 	}, &r); err != nil {
 		t.Fatalf("runs.start: %v", err)
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		_, evs := s.Log(r.ChildID)
-		return countOf(evs, protocol.EvToolCall) == 3
+		h, evs := s.Log(r.ChildID)
+		return countOf(ownOf(h, evs), protocol.EvToolCall) == 3
 	}, "the second step's calls logged")
 	first, err := s.Store.Run(ctx, r.RunID)
 	if err != nil || first.Value.HostID == "" {
@@ -65,8 +88,8 @@ func TestAOneShotRunContinuesOnAnotherWorkerAfterItsHostIsKilled(t *testing.T) {
 	worker()
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		p, err := s.Client.Providers(ctx)
-		return err == nil && p.Instances["spawn"] == 2
-	}, "two instances of spawn")
+		return err == nil && p.Instances[provider] == 2
+	}, "two instances of %s", provider)
 
 	if err := w1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -84,10 +107,17 @@ func TestAOneShotRunContinuesOnAnotherWorkerAfterItsHostIsKilled(t *testing.T) {
 	}
 	rec, err := s.Store.Run(ctx, r.RunID)
 	if err != nil || rec.Value.State != protocol.RunSettled || rec.Value.Takeovers != 1 ||
-		rec.Value.SettledBy == first.Value.HostID || rec.Value.SettledBy == coord.ID() || !strings.HasPrefix(rec.Value.SettledBy, "spawn.") {
+		rec.Value.SettledBy == first.Value.HostID || rec.Value.SettledBy == coord.ID() || !strings.HasPrefix(rec.Value.SettledBy, provider+".") {
 		t.Fatalf("run record %+v, %v; want it settled by the second worker, with one takeover", rec.Value, err)
 	}
-	_, evs := s.Log(r.ChildID)
+	h, all := s.Log(r.ChildID)
+	if h.SeedLength != int64(6*seedTurns) {
+		t.Fatalf("seedLength = %d; want %d", h.SeedLength, 6*seedTurns)
+	}
+	if err := sessionlog.ValidateReplay(all, false); err != nil {
+		t.Fatalf("the continued log does not replay: %v", err)
+	}
+	evs := ownOf(h, all)
 	if c := countOf(evs, protocol.EvTurnStart); c != 1 || countOf(evs, protocol.EvTurnEnd) != 1 || countOf(evs, protocol.EvAgentTakeover) != 1 {
 		t.Fatalf("%d turn/start, %d turn/end, %d agent/takeover; want one each: %v", c, countOf(evs, protocol.EvTurnEnd), countOf(evs, protocol.EvAgentTakeover), eventTypes(evs))
 	}
@@ -129,6 +159,14 @@ func TestAOneShotRunContinuesOnAnotherWorkerAfterItsHostIsKilled(t *testing.T) {
 			t.Errorf("subagent/end counts %d takeovers; want 1", ev.Takeovers)
 		}
 	}
+}
+
+// ownOf returns a session's own events, after its seed.
+func ownOf(h protocol.SessionHeader, evs []protocol.SessionEvent) []protocol.SessionEvent {
+	if h.SeedLength > 0 && h.SeedLength <= int64(len(evs)) {
+		return evs[h.SeedLength:]
+	}
+	return evs
 }
 
 func countOf(evs []protocol.SessionEvent, typ string) int {

@@ -18,8 +18,7 @@ package coordinator
 // and the run ends HOST_LOST.
 //
 // Runs not continued (they end HOST_LOST at once, as before): a remote
-// provider's (its agent holds the conversation), a seeded (fork) child's,
-// a run that started children of its own (they take an ancestor taken
+// provider's (its agent holds the conversation), a run that started children of its own (they take an ancestor taken
 // over for ended), and a run whose log holds no open turn (the host died
 // before its first turn, or after its last: the log has the result).
 
@@ -67,9 +66,6 @@ func (c *Coordinator) continueRun(ctx context.Context, fence protocol.TakeoverDa
 	if err != nil {
 		return continuation{err: fmt.Errorf("read the header of %s: %w", id, err)}
 	}
-	if h.SeedLength > 0 {
-		return continuation{}
-	}
 	if idx, err := c.st.ChildIndex(ctx, id); err != nil {
 		return continuation{err: fmt.Errorf("read the child index of %s: %w", id, err)}
 	} else if len(idx) > 0 {
@@ -86,7 +82,7 @@ func (c *Coordinator) continueRun(ctx context.Context, fence protocol.TakeoverDa
 	if !ok {
 		return continuation{err: fmt.Errorf("the log of %s holds no agent/takeover of epoch %d", id, fence.Epoch)}
 	}
-	if n := takeovers(events); n > c.cfg.TakeoversMax {
+	if n := takeovers(ownEvents(events, h.SeedLength)); n > c.cfg.TakeoversMax {
 		return continuation{lostHost: lost, why: fmt.Sprintf("the run was taken over %d times, more than the %d allowed (TakeoversMax, brood coordinator --takeovers-max)", n, c.cfg.TakeoversMax)}
 	}
 	if waited := time.Since(time.UnixMilli(at)); waited > c.cfg.ContinueWaitMax {
@@ -159,8 +155,8 @@ func takeoverOf(events []protocol.SessionEvent, fence protocol.TakeoverData) (at
 	return 0, "", false
 }
 
-// takeovers counts the agent/takeover records of events (a session without
-// a seed: all its events are its own).
+// takeovers counts the agent/takeover records of events (a session's own
+// events: ownEvents).
 func takeovers(events []protocol.SessionEvent) int {
 	n := 0
 	for _, ev := range events {
@@ -179,8 +175,16 @@ func (c *Coordinator) takeoversIn(ctx context.Context, id string, events []proto
 	if err != nil {
 		return 0
 	}
-	if h.SeedLength > 0 && h.SeedLength <= int64(len(events)) {
-		events = events[h.SeedLength:]
+	return takeovers(ownEvents(events, h.SeedLength))
+}
+
+// ownEvents returns a session's own events: those after its seed of
+// seedLength events (a fork child's; all of them without a seed). A seed
+// is its parent's completed turns, so it holds no turn a takeover
+// continues, but it may hold the parent's own agent/takeover records.
+func ownEvents(events []protocol.SessionEvent, seedLength int64) []protocol.SessionEvent {
+	if seedLength > 0 && seedLength <= int64(len(events)) {
+		return events[seedLength:]
 	}
-	return takeovers(events)
+	return events
 }
