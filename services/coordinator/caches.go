@@ -73,6 +73,13 @@ type agentIndex struct {
 	// ends: the queue may admit its next start.
 	queued       map[string]bool
 	queueChanged func()
+	// queuedRuns indexes the queued starts by run id (run id → parent
+	// session), and queuedRunsOf each queue's run ids as last seen, from
+	// the watched start queues: a run still queued is found by its id
+	// alone (loadRun with a user grant). Bound: the entries the queues
+	// hold (StartQueueMax per parent).
+	queuedRuns   map[string]string
+	queuedRunsOf map[string][]string
 	clock        func() time.Duration // the registry's observed clock
 	// belongs checks a child's lease seen under key against its session's
 	// header (store.LeaseBelongs); nil: only the key is checked.
@@ -124,7 +131,7 @@ const endedMax = 100_000
 
 func newAgentIndex(clock func() time.Duration, belongs func(string, protocol.AgentRecord) error, log *slog.Logger) *agentIndex {
 	return &agentIndex{byKey: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
-		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, queued: map[string]bool{}, requests: map[string]uint64{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
+		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, queued: map[string]bool{}, queuedRuns: map[string]string{}, queuedRunsOf: map[string][]string{}, requests: map[string]uint64{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
 }
 
 // leaseHeaderWait bounds the header read that checks a child's lease the
@@ -183,6 +190,7 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) time.Duration {
 		return 0
 	case store.KindStartQueue:
 		if rec, err := store.Decode[protocol.StartQueueRecord](e); err == nil {
+			a.indexQueue(id, rec.Entries)
 			a.setQueued(id, len(rec.Entries) > 0)
 		}
 		return 0
@@ -298,6 +306,7 @@ func (a *agentIndex) addLease(key, id string, kind store.AgentsKind, e jetstream
 func (a *agentIndex) del(key string) {
 	kind, id := store.KindOf(key)
 	if kind == store.KindStartQueue {
+		a.indexQueue(id, nil)
 		a.setQueued(id, false)
 		return
 	}
@@ -349,6 +358,36 @@ func (a *agentIndex) setQueued(parent string, has bool) {
 	if has && a.queueChanged != nil {
 		a.queueChanged()
 	}
+}
+
+// indexQueue records the run ids of parent's queued starts (entries, as
+// its start queue holds them now) in queuedRuns.
+func (a *agentIndex) indexQueue(parent string, entries []protocol.QueuedStart) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, runID := range a.queuedRunsOf[parent] {
+		if a.queuedRuns[runID] == parent {
+			delete(a.queuedRuns, runID)
+		}
+	}
+	if len(entries) == 0 {
+		delete(a.queuedRunsOf, parent)
+		return
+	}
+	ids := make([]string, len(entries))
+	for i, e := range entries {
+		ids[i] = e.RunID
+		a.queuedRuns[e.RunID] = parent
+	}
+	a.queuedRunsOf[parent] = ids
+}
+
+// queuedParentOf returns the parent in whose start queue run runID was
+// last seen waiting, or "".
+func (a *agentIndex) queuedParentOf(runID string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.queuedRuns[runID]
 }
 
 // hasQueue reports whether parent's start queue had entries when last seen.

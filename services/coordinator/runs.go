@@ -82,7 +82,10 @@ func (c *Coordinator) settled(rec protocol.RunRecord) {
 
 // loadRun checks the authority of ref, then reads its run: the run's
 // parent with its live credential, or a user grant that covers the run's
-// child (docs/design.md §7, Settlement 4). Authority comes first: a caller that
+// child (docs/design.md §7, Settlement 4); a run whose start waits in its
+// parent's queue (startqueue.go) is found as a record of state queued, by
+// a grant through the queues this replica watches (its parent's tree then
+// decides). Authority comes first: a caller that
 // may not act on a run gets the same UNAUTHORIZED whether the run exists or
 // not, so run ids cannot be probed; only a grant over every session learns
 // NOT_FOUND (issue 17).
@@ -112,17 +115,28 @@ func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.R
 		return protocol.Errorf(protocol.CodeUnauthorized, "run %s is not in a tree of a root user %s opened (or does not exist)", ref.RunID, g.user)
 	}
 	rec, err := c.st.Run(ctx, ref.RunID)
-	if errors.Is(err, store.ErrNotFound) && ref.Parent != nil && ref.Grant == "" {
-		// A run whose start waits in its parent's queue has no record yet.
-		q, ok, queues := c.queuedRun(ctx, ref.Parent.SessionID, ref.RunID)
-		if ok {
-			return store.Record[protocol.RunRecord]{Value: q}, nil
+	if errors.Is(err, store.ErrNotFound) {
+		// A run whose start waits in its parent's queue has no record yet:
+		// the parent's credential names its queue; a grant finds it by the
+		// run id in the queues this replica watches (agentIndex.queuedRuns).
+		parent := c.agents.queuedParentOf(ref.RunID)
+		if ref.Grant == "" {
+			parent = ref.Parent.SessionID
 		}
-		if queues {
-			// Its start may have just left the queue (admitted, or
-			// disposed by another request): the entry goes before the
-			// record is written, so wait for the record a little.
-			rec, err = c.runLeftQueue(ctx, ref.RunID)
+		if parent != "" {
+			q, ok, queues := c.queuedRun(ctx, parent, ref.RunID)
+			if ok {
+				if err := c.grantCoversQueued(ctx, g, ref.Grant, parent, hidden); err != nil {
+					return none, err
+				}
+				return store.Record[protocol.RunRecord]{Value: q}, nil
+			}
+			if queues {
+				// Its start may have just left the queue (admitted, or
+				// disposed by another request): the entry goes before the
+				// record is written, so wait for the record a little.
+				rec, err = c.runLeftQueue(ctx, ref.RunID)
+			}
 		}
 	}
 	if errors.Is(err, store.ErrNotFound) {
@@ -140,7 +154,10 @@ func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.R
 	case ref.Grant != "" && !g.all:
 		h, err := c.headers.get(ctx, c.st, rec.Value.ChildID)
 		if errors.Is(err, store.ErrNotFound) {
-			return rec, hidden()
+			// A start settled never started in its parent's queue (disposed,
+			// refused at its admission) has no child header: the tree is its
+			// parent's.
+			return rec, c.grantCoversQueued(ctx, g, ref.Grant, rec.Value.ParentSession, hidden)
 		}
 		if err != nil {
 			return rec, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %w", rec.Value.ChildID, err)
@@ -153,6 +170,30 @@ func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.R
 		}
 	}
 	return rec, nil
+}
+
+// grantCoversQueued checks that grant g (the grant asked with, "" for
+// the parent's credential, already checked) covers a run queued under
+// parent: its child has no header yet, so the tree is the parent's. A
+// grant outside it gets hidden's answer, as for a started run.
+func (c *Coordinator) grantCoversQueued(ctx context.Context, g grantScope, grant, parent string, hidden func() error) error {
+	if grant == "" || g.all {
+		return nil
+	}
+	h, err := c.headers.get(ctx, c.st, parent)
+	if errors.Is(err, store.ErrNotFound) {
+		return hidden()
+	}
+	if err != nil {
+		return protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %w", parent, err)
+	}
+	if ok, err := g.covers(ctx, c, h); err != nil || !ok {
+		if err != nil {
+			return err
+		}
+		return hidden()
+	}
+	return nil
 }
 
 func status(rec protocol.RunRecord) protocol.RunStatus {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/client"
@@ -280,5 +281,77 @@ func TestTwoHundredChildrenQueueAcrossACoordinatorKill(t *testing.T) {
 	t.Logf("%d of %d starts queued; at most %d children live at once", queued, children, most)
 	if q, err := s.Store.StartQueue(ctx, root.SessionID); err == nil && len(q.Value.Entries) > 0 {
 		t.Fatalf("the queue still holds %d entries", len(q.Value.Entries))
+	}
+}
+
+// TestAQueuedRunIsFoundByItsRunIDWithAUserGrant: a run whose start waits in
+// its parent's queue is found by its run id alone, as a started run is: a
+// grant of the user who owns the tree (and a grant over every session)
+// awaits it (state queued) and disposes it (settled never started,
+// CANCELLED); another user's grant is UNAUTHORIZED and leaves it queued
+// (issue 32, item 4; `brood dispose/result` of a child `brood children`
+// listed as queued answered NOT_FOUND: loadRun looked in the queue only
+// with the parent's credential).
+func TestAQueuedRunIsFoundByItsRunIDWithAUserGrant(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 1 })
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	alice := userClient(t, s, "alice")
+	root, err := openAs(ctx, t, alice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func() *client.Run {
+		r, err := alice.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("sleep 30s\nsay x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	start()
+	waiting := start()
+	if waiting.State != protocol.RunQueued {
+		t.Fatalf("the second start answered state %q, want queued", waiting.State)
+	}
+	g, err := alice.UserGrant(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aliceGrant := g.Grant
+	bobGrant := "grant-of-another-user-0000000001"
+	if err := s.Store.CreateGrant(ctx, protocol.HashCredential(bobGrant), protocol.UserGrantRecord{ExpiresAt: store.NowMs() + 60_000, MintedBy: "test", User: "bob"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	await := func(grant string) (protocol.RunStatus, error) {
+		return s.Client.Await(ctx, protocol.RunRef{RunID: waiting.RunID, Grant: grant})
+	}
+	// The replica learns of the queued run from its watch of brood_agents.
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		st, err := await(aliceGrant)
+		return err == nil && st.State == protocol.RunQueued
+	}, "runs.await of the queued run with its user's grant answers queued")
+	if st, err := await(s.Grant().Grant); err != nil || st.State != protocol.RunQueued || st.ChildID != waiting.ChildID {
+		t.Fatalf("runs.await with a grant over every session: %+v %v, want queued", st, err)
+	}
+	for _, ep := range []string{protocol.EpRunsAwait, protocol.EpRunsDispose} {
+		var st protocol.RunStatus
+		if err := s.Client.Call(ctx, ep, protocol.RunRef{RunID: waiting.RunID, Grant: bobGrant}, &st); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+			t.Fatalf("%s of the queued run with another user's grant: %+v %v, want UNAUTHORIZED", ep, st, err)
+		}
+	}
+	if q, err := s.Store.StartQueue(ctx, root.SessionID); err != nil || len(q.Value.Entries) != 1 || q.Value.Entries[0].RunID != waiting.RunID {
+		t.Fatalf("the queue after another user's dispose: %+v %v, want the queued start still there", q.Value, err)
+	}
+	st, err := s.Client.Dispose(ctx, protocol.RunRef{RunID: waiting.RunID, Grant: aliceGrant})
+	if err != nil || st.State != protocol.RunSettled || st.Result == nil || st.Result.ErrorCode != protocol.CodeCancelled {
+		t.Fatalf("runs.dispose of the queued run with its user's grant: %+v %v, want settled CANCELLED", st, err)
+	}
+	if q, err := s.Store.StartQueue(ctx, root.SessionID); err == nil && len(q.Value.Entries) != 0 {
+		t.Fatalf("the queue after the dispose: %+v, want empty", q.Value)
+	}
+	if st, err := await(aliceGrant); err != nil || st.State != protocol.RunSettled {
+		t.Fatalf("runs.await of the disposed run: %+v %v, want settled", st, err)
 	}
 }
