@@ -66,7 +66,7 @@ bench-profile:
 
 # The chaos suite (pkg/chaos, docs/chaos.md): for each seed, the seeded
 # workload against a 3-node cluster (2 coordinators, 2 spawn workers, R3)
-# under the seeded fault schedule, then the history checker (I1-I8, I10, I11, L1);
+# under the seeded fault schedule, then the history checker (I1-I8, I10-I12, L1);
 # the services run built with -race, so a data race a fault provokes fails it.
 # Bounded: about 20 minutes with the defaults. Replay one seed with
 # `make chaos CHAOS_SEEDS=7`; keep its stores, logs and history with

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -47,6 +48,12 @@ import (
 //     without the "already gone" check; or a sweep that charges without
 //     removing it): a ledger at its limit of model requests (or tool
 //     calls) is charged one more, and the request's tokens again.
+//   - broken-continues-twice: a one-shot run whose host died is continued
+//     by two instances (the takeover asks two, or the continue takes the
+//     lease without its compare-and-set): both send the model request that
+//     was in flight and log its step, the same turn's same step twice, one
+//     after the other; the run's settlement, a compare-and-set, is still
+//     taken once (issue 31).
 //
 // The good history of a real run holds requests (issue 33): approvals
 // approved and denied, a question, a second answer refused
@@ -62,6 +69,7 @@ var brokenBuilds = []struct {
 	{"broken-tool-runs-twice.json.gz", "I10", "ran 2 times"},
 	{"broken-model-request-unreserved.json.gz", "I11", "less than its tree's logs show"},
 	{"broken-reservation-charged-twice.json.gz", "I11", "over its limit of"},
+	{"broken-continues-twice.json.gz", "I12", "has two step/start records"},
 }
 
 func TestCheckerCatchesRecordedBrokenBuilds(t *testing.T) {
@@ -266,6 +274,65 @@ func TestRecordBrokenBuilds(t *testing.T) {
 	if err := h.Save(filepath.Join("testdata", brokenBuilds[5].file)); err != nil {
 		t.Fatal(err)
 	}
+
+	// Continued twice: the first completed one-shot run of an unbudgeted,
+	// unseeded child whose last step called no tool is taken over before
+	// that step, and the step is logged twice.
+	h = load()
+	continued := ""
+	for _, op := range sortedOps(h) {
+		if op.Kind != OpRun || op.Outcome != OutcomeOK || len(op.Notices) != 1 || op.Notices[0].StopReason != string(protocol.StopCompleted) {
+			continue
+		}
+		rec, ok := h.Snapshot.Runs[op.RunID]
+		hd := h.Snapshot.Headers[rec.ChildID]
+		if !ok || rec.Mode != protocol.ModeOneShot || len(hd.Budgets) > 0 || hd.SeedLength > 0 {
+			continue
+		}
+		turn, step, at := lastStep(h.Snapshot.Logs[rec.ChildID])
+		if at < 0 || !logStepAgain(h.Snapshot, rec.ChildID, turn, step) {
+			continue
+		}
+		ev, err := protocol.NewEvent(protocol.EvAgentTakeover, h.Snapshot.Logs[rec.ChildID][at].Time-1,
+			protocol.TakeoverData{HostID: rec.HostID, By: "coordinator", Epoch: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := h.Snapshot.Logs[rec.ChildID]
+		evs = append(evs[:at:at], append([]Event{{Type: ev.Type, Time: ev.Time, Data: ev.Data}}, evs[at:]...)...)
+		for i := range evs {
+			evs[i].Seq = int64(i)
+		}
+		h.Snapshot.Logs[rec.ChildID] = evs
+		rec.Takeovers = 1
+		h.Snapshot.Runs[op.RunID] = rec
+		for i, le := range h.Snapshot.Lifecycle {
+			if le.RunID == op.RunID && le.Type == protocol.LifecycleEnd {
+				h.Snapshot.Lifecycle[i].Takeovers = 1
+			}
+		}
+		continued = fmt.Sprintf("op %d, run %s, turn %d step %d", op.ID, op.RunID, turn, step)
+		break
+	}
+	if continued == "" {
+		t.Fatal("no one-shot run whose last step called no tool")
+	}
+	t.Logf("broken-continues-twice: %s", continued)
+	if err := h.Save(filepath.Join("testdata", brokenBuilds[6].file)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lastStep is the turn and step of a log's last step/start and its index
+// (-1 when it has none).
+func lastStep(evs []Event) (turn, step int64, at int) {
+	for i := len(evs) - 1; i >= 0; i-- {
+		var d protocol.StepData
+		if evs[i].Type == protocol.EvStepStart && evs[i].Decode(&d) == nil {
+			return d.Turn, d.Step, i
+		}
+	}
+	return 0, 0, -1
 }
 
 // budgetedStep finds, in session order, the first step with reported
@@ -397,6 +464,49 @@ func dropTurnOf(s *Snapshot, session, messageID string) bool {
 		}
 		ev.Seq = int64(len(out))
 		out = append(out, ev)
+	}
+	s.Logs[session] = out
+	return true
+}
+
+// logStepAgain logs step of turn in session's log a second time, as a
+// second host continuing the same turn would: a copy of the step's events
+// (its step/start through its step/end) right after them, a millisecond
+// later, the events after it renumbered. The step must have no tool calls
+// (a call id logged twice would not replay, I7). It reports whether it
+// found such a step.
+func logStepAgain(s *Snapshot, session string, turn, step int64) bool {
+	evs := s.Logs[session]
+	start, end := -1, -1
+	for i, ev := range evs {
+		var d protocol.StepData
+		switch ev.Type {
+		case protocol.EvStepStart:
+			if ev.Decode(&d) == nil && d.Turn == turn && d.Step == step {
+				start = i
+			}
+		case protocol.EvStepEnd:
+			if start >= 0 && end < 0 && ev.Decode(&d) == nil && d.Turn == turn && d.Step == step {
+				end = i
+			}
+		case protocol.EvToolCall:
+			if start >= 0 && end < 0 {
+				return false
+			}
+		}
+	}
+	if start < 0 || end < 0 {
+		return false
+	}
+	shift := evs[end].Time - evs[start].Time + 1
+	out := append([]Event(nil), evs[:end+1]...)
+	for _, ev := range evs[start : end+1] {
+		ev.Time += shift
+		out = append(out, ev)
+	}
+	out = append(out, evs[end+1:]...)
+	for i := range out {
+		out[i].Seq = int64(i)
 	}
 	s.Logs[session] = out
 	return true

@@ -25,6 +25,7 @@ var invariantTitles = []struct{ name, title string }{
 	{"I8", "depth and live-children limits are never exceeded"},
 	{"I10", "each request is answered at most once, an answered one resumes exactly one turn, none is lost"},
 	{"I11", "budgets hold over their trees, within the in-flight bound; each reservation is charged or given back once"},
+	{"I12", "a continued turn redoes nothing its log holds: no step recorded twice, no tool result without its call"},
 	{"L1", "once faults heal, every accepted message is processed within the bound"},
 }
 
@@ -86,6 +87,16 @@ type Summary struct {
 	BudgetReservationsLeft int   `json:"budgetReservationsLeft,omitempty"`
 	BudgetRunsHostLost     int   `json:"budgetRunsHostLost,omitempty"`
 	BudgetBreaches         int   `json:"budgetBreaches,omitempty"`
+	// Continuations (I12): one-shot runs continued on another worker
+	// after their host died and settled there (not HOST_LOST), runs ended
+	// HOST_LOST after a takeover (no instance took them within the bound,
+	// or past the takeovers' bound), the takeovers of both, and the calls
+	// a continued turn gave the interrupted result (a call logged without
+	// its result whose tool is not idempotent).
+	Continued         int `json:"continued,omitempty"`
+	ContinuedHostLost int `json:"continuedHostLost,omitempty"`
+	Takeovers         int `json:"takeovers,omitempty"`
+	CallsInterrupted  int `json:"callsInterrupted,omitempty"`
 }
 
 // Report is the checker's verdict on a History.
@@ -152,6 +163,7 @@ func (r *Report) Lines() []string {
 	out = append(out, fmt.Sprintf("requests: %d opened in the logs: %d answered, %d timed out, %d closed while parked, %d left pending; %d answers taken, %d refused ALREADY_ANSWERED",
 		s.Requests, s.RequestsAnswered, s.RequestsTimedOut, s.RequestsClosed, s.RequestsPending, s.Answers, s.AnswersRefused))
 	out = append(out, s.budgetLine())
+	out = append(out, s.continuationLine())
 	out = append(out, "faults: "+strings.Join(classes, ", "))
 	var kinds []string
 	for k, outcomes := range s.ByKind {
@@ -220,7 +232,7 @@ type checker struct {
 	epochStart map[string]int64
 }
 
-// Check judges a history against I1–I8, I10, I11 and L1 (shared/RELIABILITY.md).
+// Check judges a history against I1–I8, I10–I12 and L1 (shared/RELIABILITY.md).
 // The bounds count from the later of the event and the end of every fault
 // window that overlaps the bound (a fault extends the wait to its heal plus
 // the bound); L1 also waits out drains until their lift and interrupts until
@@ -265,6 +277,7 @@ func Check(h *History) *Report {
 	c.checkLimits()
 	c.checkRequests()
 	c.checkBudgets()
+	c.checkContinuation()
 	c.recovery()
 	r := &Report{Summary: c.sum, ByClass: c.byClass, Recovery: c.recoveries}
 	for _, t := range invariantTitles {
