@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
-	"fmt"
 
 	"github.com/brood-dev/brood/internal/requestwait"
 	"github.com/brood-dev/brood/internal/sessionlog"
@@ -29,17 +27,9 @@ import (
 // pausesAtCap reports whether a refused reservation err pauses the turn
 // rather than ending it: the session is a continuable child that may ask
 // (Config.Continuable, Config.Requests), and the limit reached is one a
-// raise lifts.
+// raise lifts (requestwait.PausesAtCap).
 func (a *Agent) pausesAtCap(err error) bool {
-	if !a.cfg.Continuable || a.cfg.Requests == nil || protocol.CodeOf(err) != protocol.CodeBudgetExhausted {
-		return false
-	}
-	var pe *protocol.Error
-	if !errors.As(err, &pe) {
-		return false
-	}
-	limit, _ := pe.Details["limit"].(string)
-	return limit != "" && limit != protocol.BudgetLimitDeadline
+	return a.cfg.Continuable && a.cfg.Requests != nil && requestwait.PausesAtCap(err)
 }
 
 // budgetPause parks turn before step's model request on a budget request
@@ -56,12 +46,9 @@ func (a *Agent) budgetPause(ctx context.Context, turn, step int64, refused error
 	if parked != nil {
 		req.CallID = parked.CallID
 	} else {
-		req.CallID = fmt.Sprintf("budget-t%d-s%d-%d", turn, step, a.budgetRequests(turn, step)+1)
-		var pe *protocol.Error
-		if errors.As(refused, &pe) {
-			req.BudgetOf, _ = pe.Details["budget"].(string)
-			req.Exhausted = protocol.TruncateDiagnostic(pe.Message)
-		}
+		a.mu.Lock()
+		req = requestwait.BudgetRequest(turn, step, requestwait.BudgetRequests(a.events, turn, step), refused)
+		a.mu.Unlock()
 	}
 	pause := &protocol.RequestOpenData{RequestID: protocol.RequestID(a.cfg.Header.ID, req.CallID), Kind: protocol.RequestBudget, Turn: turn, Step: step, CallID: req.CallID}
 	defer func() {
@@ -89,19 +76,13 @@ func (a *Agent) budgetPause(ctx context.Context, turn, step int64, refused error
 	case failed == parkEnded && ctx.Err() != nil:
 		return end("") // cancelled: endCancelled says how
 	case failed != 0:
-		return end(fmt.Sprintf("%s; the turn could not pause for a raise (request %s: %v)", exhausted, pause.RequestID, err))
-	case d.State == protocol.RequestApproved:
-		a.log.Info("the budget was raised; the turn reserves again", "turn", turn, "step", step, "request", rec.ID)
-		return Outcome{}, false
-	case d.State == protocol.RequestTimedOut:
-		return end(fmt.Sprintf("%s; the turn paused for a raise (request %s) and none came in time", exhausted, rec.ID))
-	default:
-		reason := ""
-		if d.Reason != "" {
-			reason = ": " + d.Reason
-		}
-		return end(fmt.Sprintf("%s; the pause for a raise (request %s) ended %s by %s%s", exhausted, rec.ID, d.State, requestwait.AnswererName(d.By), reason))
+		return end(requestwait.BudgetPauseFailed(exhausted, pause.RequestID, err))
 	}
+	if raised, diag := requestwait.BudgetPauseEnd(exhausted, rec.ID, d); !raised {
+		return end(diag)
+	}
+	a.log.Info("the budget was raised; the turn reserves again", "turn", turn, "step", step, "request", rec.ID)
+	return Outcome{}, false
 }
 
 // reserveToolsPausing reserves a step's logged tool calls, pausing at the
@@ -162,25 +143,6 @@ func (a *Agent) notePaused(d protocol.RequestOpenData) {
 	a.mu.Lock()
 	a.paused = &d
 	a.mu.Unlock()
-}
-
-// budgetRequests counts the budget requests turn's step opened so far (the
-// next one's call id follows them).
-func (a *Agent) budgetRequests(turn, step int64) int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	n := 0
-	for i := len(a.events) - 1; i >= 0; i-- {
-		ev := a.events[i]
-		if ev.Type == protocol.EvTurnStart {
-			break
-		}
-		var d protocol.RequestOpenData
-		if ev.Type == protocol.EvRequestOpen && ev.Decode(&d) == nil && d.Kind == protocol.RequestBudget && d.Turn == turn && d.Step == step {
-			n++
-		}
-	}
-	return n
 }
 
 // BudgetPause returns the budget request the running turn is paused on (a
