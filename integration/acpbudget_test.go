@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,5 +89,110 @@ func TestACPChildrenSpendOnTheirBudgets(t *testing.T) {
 	}
 	if rec := ledger(t, s, run.ChildID); rec.Charged != (protocol.BudgetSpend{Tokens: 5, ModelRequests: 1}) || len(rec.Reservations) != 0 {
 		t.Fatalf("the child's own ledger is %+v, want 5 tokens and 1 request charged, nothing in flight", rec)
+	}
+}
+
+// acpPausedRequest waits until continuable ACP child id is paused at its
+// budget's cap, as continuable.state and children.list (under parent)
+// say, and returns its pending budget request.
+func acpPausedRequest(t *testing.T, s *stack.Stack, parent, id string) protocol.RequestRecord {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var pause *protocol.RequestOpenData
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		st, err := s.Client.State(ctx, protocol.ChildRef{ChildID: id, Authority: s.Grant()})
+		pause = st.BudgetPause
+		return err == nil && st.State == protocol.StatePaused && pause != nil
+	}, "continuable.state says the ACP child is paused")
+	rows, err := s.Client.Children(ctx, protocol.ChildrenListRequest{Parent: parent, Authority: s.Grant()})
+	if err != nil || len(rows.Rows) != 1 || rows.Rows[0].State != protocol.StatePaused {
+		t.Fatalf("children rows %+v, %v; want the ACP child paused", rows, err)
+	}
+	rec, err := s.Client.GetRequest(ctx, protocol.RequestGetRequest{RequestID: pause.RequestID, Authority: s.Grant()})
+	if err != nil || rec.Kind != protocol.RequestBudget || rec.State != protocol.RequestPending || rec.BudgetOf != id {
+		t.Fatalf("the budget request: %+v, %v; want kind budget, pending, of %s's ledger", rec, err, id)
+	}
+	return rec
+}
+
+// TestACPContinuableChildPausesAtItsCap (issue 32, item 3; docs/protocol.md
+// §5.5, "Pause and raise"): a continuable ACP child (the
+// @agentclientprotocol/sdk test agent) whose budget of one model request
+// is spent pauses before its next prompt: continuable.state and
+// children.list say paused, a budget request is pending; the user's raise
+// continues the same turn, which prompts once and completes (one turn
+// end, the agent saw one earlier prompt); paused again, a denial ends the
+// turn BUDGET_EXHAUSTED with the denial's reason, no prompt sent.
+func TestACPContinuableChildPausesAtItsCap(t *testing.T) {
+	acpDep(t, tsSDK)
+	script := acpDep(t, tsAgentScript)
+	s := stack.New(t)
+	s.AddCoordinator()
+	o := realAgentOptions(t)
+	o.Budget, o.Requests = s.Client, s.Client
+	ps, err := acpbridge.Providers([]acpbridge.AgentConfig{{Name: "ts", Command: "node", Args: []string{script},
+		Env: map[string]string{"TS_AGENT_STATE_DIR": t.TempDir()}}}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.AddHost(ps...)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	root := s.Root()
+	start, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "ts", Parent: root.Ref(), Label: "capped",
+		Prompt: protocol.Text("hello"), Options: protocol.ContinuableOptions{Budget: &protocol.Budget{ModelRequests: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := start.ChildID
+	ends := func(n int) []protocol.TurnEndReason {
+		t.Helper()
+		var got []protocol.TurnEndReason
+		testutil.Eventually(t, 60*time.Second, func() bool {
+			_, evs := s.Log(child)
+			got = turnEndReasons(evs)
+			return len(got) >= n
+		}, "turn %d of the ACP child ends", n)
+		return got
+	}
+	if got := ends(1); got[0].Kind != protocol.TurnCompleted {
+		t.Fatalf("the first turn ended %+v", got[0])
+	}
+
+	// Its budget spent, the next turn pauses; the user raises it.
+	followup(t, s, child, ref(root), "turns")
+	req := acpPausedRequest(t, s, root.SessionID, child)
+	if req.Turn != 2 || req.Step != 1 || !strings.Contains(req.Exhausted, "modelRequests") {
+		t.Fatalf("the pause's request %+v; want turn 2, step 1, its modelRequests spent", req)
+	}
+	rep, err := s.Client.RaiseBudget(ctx, child, s.Grant(), protocol.BudgetSpend{ModelRequests: 1})
+	if err != nil || strings.Join(rep.Resumed, ",") != req.ID {
+		t.Fatalf("the raise = %+v, %v; want request %s answered", rep, err, req.ID)
+	}
+	got := ends(2)
+	_, evs := s.Log(child)
+	_, answers, _ := turnsOf(evs)
+	if len(got) != 2 || got[1].Kind != protocol.TurnCompleted || strings.Count(eventTypes(evs), protocol.EvTurnStart) != 2 ||
+		len(answers) != 2 || answers[1] != "turns before this one: 1" {
+		t.Fatalf("after the raise: ends %+v, answers %q; want the second turn continued, prompted once, completed", got, answers)
+	}
+
+	// Spent again: the next pause is denied.
+	followup(t, s, child, ref(root), "hello again")
+	req = acpPausedRequest(t, s, root.SessionID, child)
+	if _, err := s.Client.AnswerRequest(ctx, protocol.RequestAnswerRequest{RequestID: req.ID, Authority: s.Grant(), Answer: protocol.AnswerDeny, Reason: "not now"}); err != nil {
+		t.Fatal(err)
+	}
+	got = ends(3)
+	if r := got[2]; r.Kind != protocol.TurnError || r.Code != protocol.CodeBudgetExhausted || !strings.Contains(r.Error, "denied by the user: not now") {
+		t.Fatalf("the denied turn ended %+v; want error BUDGET_EXHAUSTED with the denial", r)
+	}
+	_, evs = s.Log(child)
+	if _, answers, _ := turnsOf(evs); len(answers) != 2 {
+		t.Fatalf("answers %q: the denied turn's prompt was sent", answers)
+	}
+	if rec := ledger(t, s, child); rec.Charged.ModelRequests != 2 || len(rec.Reservations) != 0 {
+		t.Fatalf("the child's ledger %+v; want 2 requests charged, nothing in flight", rec)
 	}
 }

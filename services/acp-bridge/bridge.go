@@ -10,6 +10,9 @@
 // Log of one ACP turn (one record per logical step, each fenced on the last):
 //
 //	record 1 (host)   turn/start, user/message (the prompt), subagent/descriptor
+//	paused            a continuable child at its budget's cap: request/open
+//	                  {kind budget}, then request/answer once raised or
+//	                  denied (budget.go), before any step
 //	record 2          acp/session {sessionId, loadSession} (first turn of an ACP session), step/start
 //	records 3…        tool/call, tool/result, acp/permission as the agent reports
 //	                  and asks (coalesced); under permission ask, request/open

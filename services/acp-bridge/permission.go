@@ -173,43 +173,42 @@ func permissionArguments(c acp.ToolCallUpdate, bytesMax int) string {
 // ask routes a permission request to whoever may answer for the child
 // (PolicyAsk; docs/protocol.md §5.21): it opens a request for approval of
 // call with the child's own credential, logs request/open, waits for the
-// answer (requestwait.Await) and logs request/answer, as a built-in
-// agent's parked tool call does. It returns the option kinds the answer
-// prefers (allow when approved, reject when denied, timed out or when no
-// request could be opened or read) and why; no kinds (the `cancelled`
-// outcome) when the turn ended, or the agent withdrew the request, while
-// it waited, or the request was cancelled because its turn ended. While it waits it holds the SDK's request goroutine and
-// nothing of the turn but its place: the agent waits for the answer, so
-// its silence is not held against it (Session.await).
+// answer and logs request/answer (park), as a built-in agent's parked
+// tool call does. It returns the option kinds the answer prefers (allow
+// when approved, reject when denied, timed out or when no request could
+// be opened or read) and why; no kinds (the `cancelled` outcome) when the
+// turn ended, or the agent withdrew the request, while it waited, or the
+// request was cancelled because its turn ended. While it waits it holds
+// the SDK's request goroutine and nothing of the turn but its place: the
+// agent waits for the answer, so its silence is not held against it
+// (Session.await).
 func (s *Session) ask(ctx context.Context, t *turnState, call askedCall) ([]acp.PermissionOptionKind, string) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(t.askCtx, cancel)()
-	self := protocol.ParentRef{SessionID: s.header.ID, Credential: s.cred}
-	rec, err := s.o.Requests.OpenRequest(wctx, protocol.RequestOpenRequest{
-		Self: self, Kind: protocol.RequestApproval, CallID: call.callID, Turn: call.turn, Step: call.step, Tool: call.tool, Arguments: call.arguments,
+	record := func(typ string, data any) error {
+		s.mu.Lock()
+		t.add(typ, data)
+		s.mu.Unlock()
+		return nil
+	}
+	rec, d, stage, err := s.park(wctx, protocol.RequestOpenRequest{
+		Kind: protocol.RequestApproval, CallID: call.callID, Turn: call.turn, Step: call.step, Tool: call.tool, Arguments: call.arguments,
+	}, nil, record, func(o protocol.RequestOpenData) {
+		s.logger.Info("ACP permission request parked on a request", "request", o.RequestID, "tool", call.tool, "call", call.callID)
 	})
-	if err != nil {
+	switch stage {
+	case parkOpened:
 		if wctx.Err() != nil {
 			return nil, "the turn ended before the request for approval was opened"
 		}
 		return preferReject, fmt.Sprintf("the request for approval could not be opened (%v), which counts as a denial", err)
-	}
-	s.mu.Lock()
-	t.add(protocol.EvRequestOpen, protocol.RequestOpenData{RequestID: rec.ID, Kind: rec.Kind, Turn: call.turn, Step: call.step,
-		CallID: call.callID, Tool: call.tool, Deadline: rec.Deadline})
-	s.mu.Unlock()
-	s.logger.Info("ACP permission request parked on a request", "request", rec.ID, "tool", call.tool, "call", call.callID)
-	if rec, err = requestwait.Await(wctx, s.o.Requests, self, rec, requestwait.PollInterval, s.logger); err != nil {
+	case parkEnded:
 		if wctx.Err() != nil {
 			return nil, fmt.Sprintf("the turn ended while request %s waited for its answer", rec.ID)
 		}
 		return preferReject, fmt.Sprintf("request %s could not be read (%v), which counts as a denial", rec.ID, err)
 	}
-	d := requestwait.AnswerData(rec, call.callID)
-	s.mu.Lock()
-	t.add(protocol.EvRequestAnswer, d)
-	s.mu.Unlock()
 	switch rec.State {
 	case protocol.RequestApproved:
 		return preferAllow, fmt.Sprintf("request %s was approved by %s", rec.ID, requestwait.AnswererName(d.By))
@@ -228,4 +227,52 @@ func (s *Session) ask(ctx context.Context, t *turnState, call askedCall) ([]acp.
 	default:
 		return preferReject, fmt.Sprintf("request %s ended %s, which counts as a denial", rec.ID, rec.State)
 	}
+}
+
+// parkStage is how far a park got when it failed (0: the request was
+// answered and its records logged).
+type parkStage int
+
+const (
+	parkOpened parkStage = iota + 1 // the request could not be opened
+	parkLogged                      // its request/open or request/answer could not be logged
+	parkEnded                       // the wait ended (ctx, or a read said the request is gone or not the child's) before an answer
+)
+
+// park waits for the answer to a request of the child's (docs/protocol.md
+// §5.21), as the child itself (req.Self is set here): it opens req and
+// logs its request/open with record — or, with parked, reads again the
+// request the session's previous host opened and logged, at once — calls
+// opened with the logged request/open, waits for the answer
+// (requestwait.Await) and logs its request/answer with record. A
+// permission request under PolicyAsk (ask) and a turn paused at its
+// budget's cap (budgetPause) park so. rec is the request as last read, d
+// its answer as logged.
+func (s *Session) park(ctx context.Context, req protocol.RequestOpenRequest, parked *protocol.RequestOpenData,
+	record func(typ string, data any) error, opened func(protocol.RequestOpenData)) (rec protocol.RequestRecord, d protocol.RequestAnswerData, stage parkStage, err error) {
+	req.Self = protocol.ParentRef{SessionID: s.header.ID, Credential: s.cred}
+	first := requestwait.PollInterval
+	var open protocol.RequestOpenData
+	if parked != nil {
+		rec = protocol.RequestRecord{ID: parked.RequestID, SessionID: req.Self.SessionID, CallID: parked.CallID, Kind: parked.Kind, State: protocol.RequestPending}
+		open, first = *parked, 0
+	} else {
+		if rec, err = s.o.Requests.OpenRequest(ctx, req); err != nil {
+			return rec, d, parkOpened, err
+		}
+		open = protocol.RequestOpenData{RequestID: rec.ID, Kind: rec.Kind, Turn: req.Turn, Step: req.Step,
+			CallID: req.CallID, Tool: req.Tool, Deadline: rec.Deadline}
+		if err = record(protocol.EvRequestOpen, open); err != nil {
+			return rec, d, parkLogged, err
+		}
+	}
+	opened(open)
+	if rec, err = requestwait.Await(ctx, s.o.Requests, req.Self, rec, first, s.logger); err != nil {
+		return rec, d, parkEnded, err
+	}
+	d = requestwait.AnswerData(rec, open.CallID)
+	if err = record(protocol.EvRequestAnswer, d); err != nil {
+		return rec, d, parkLogged, err
+	}
+	return rec, d, 0, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/pkg/provider"
+	"github.com/brood-dev/brood/pkg/provider/contract"
 	"github.com/brood-dev/brood/pkg/tracecontext"
 )
 
@@ -82,8 +83,15 @@ type Session struct {
 	// startGrantUsed: the reservation taken at admission was this
 	// session's first turn's (budget.go).
 	startGrantUsed bool
-	proc           *acpio.Process
-	conn           *acp.ClientSideConnection
+	// continuable: the session is a continuable child's
+	// (provider.SessionSpec.Continuable): at its budget's cap its turn
+	// pauses rather than ends (budget.go).
+	continuable bool
+	// paused is the budget request the open turn waits on (BudgetPause),
+	// nil when it is not paused.
+	paused *protocol.RequestOpenData
+	proc   *acpio.Process
+	conn   *acp.ClientSideConnection
 	// redact hides the bridge's secrets in what the agent writes (its
 	// stderr, its error messages) before a diagnostic carries it.
 	redact    *acpio.Redactor
@@ -116,7 +124,7 @@ type Session struct {
 func newSession(p *Provider, spec provider.SessionSpec, cwd string) *Session {
 	lifetime, stop := context.WithCancel(context.Background())
 	s := &Session{
-		p: p, o: p.opts, header: spec.Header, log: spec.Log, cwd: cwd, cred: spec.Credential,
+		p: p, o: p.opts, header: spec.Header, log: spec.Log, cwd: cwd, cred: spec.Credential, continuable: spec.Continuable,
 		logger:   p.opts.Logger.With("provider", p.agent.Name, "session", spec.Header.ID),
 		lifetime: lifetime, stop: stop,
 		events:    append([]protocol.SessionEvent(nil), spec.Events...),
@@ -177,16 +185,22 @@ func (s *Session) OpenTurn(ctx context.Context, in provider.Input) (provider.Out
 	if !ok {
 		return out, false
 	}
+	s.mu.Lock()
+	s.turn, s.prompt, s.source = turn, acpPrompt(content), in.Source
+	s.mu.Unlock()
+	return provider.Outcome{Turn: turn}, true
+}
+
+// acpPrompt is the ACP prompt of a user message's content: its text
+// blocks.
+func acpPrompt(content []protocol.ContentBlock) []acp.ContentBlock {
 	var prompt []acp.ContentBlock
 	for _, c := range content {
 		if c.Type == protocol.BlockText && c.Text != "" {
 			prompt = append(prompt, acp.TextBlock(c.Text))
 		}
 	}
-	s.mu.Lock()
-	s.turn, s.prompt, s.source = turn, prompt, in.Source
-	s.mu.Unlock()
-	return provider.Outcome{Turn: turn}, true
+	return prompt
 }
 
 // RunSteps runs the open turn: it starts the agent and its ACP session when
@@ -196,17 +210,27 @@ func (s *Session) OpenTurn(ctx context.Context, in provider.Input) (provider.Out
 // session/cancel and is torn down by Close), with provider.ErrLeaseLost nothing
 // more is appended.
 func (s *Session) RunSteps(ctx context.Context) provider.Outcome {
+	return s.runTurn(ctx, nil)
+}
+
+// runTurn runs the open turn (RunSteps); parked, when set, is the budget
+// request the turn was paused on when its previous host stopped
+// (ContinueParked): the turn waits on it before it reserves.
+func (s *Session) runTurn(ctx context.Context, parked *protocol.RequestOpenData) provider.Outcome {
 	s.mu.Lock()
-	turn, prompt, source, attached := s.turn, s.prompt, s.source, s.conn != nil
+	turn, prompt, source := s.turn, s.prompt, s.source
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeoutCause(ctx, s.o.TurnTimeout, errTurnTimeout)
 	defer cancel()
 	if e := s.ctxEnding(ctx); e != nil {
 		return s.endTurn(ctx, nil, turn, *e)
 	}
-	if e := s.reserveTurn(ctx, promptText(prompt)); e != nil {
+	if e := s.reservePausing(ctx, turn, promptText(prompt), parked); e != nil {
 		return s.endTurn(ctx, nil, turn, *e)
 	}
+	s.mu.Lock()
+	attached := s.conn != nil
+	s.mu.Unlock()
 	var b evBuf
 	if !attached {
 		data, e := s.attach(ctx)
@@ -236,6 +260,9 @@ func (s *Session) RunSteps(ctx context.Context) provider.Outcome {
 		return out
 	}
 	go s.writer(ctx, t)
+	// The agent's silence counts from the prompt: the session may have
+	// been idle, or paused at its budget's cap, for longer than the bound.
+	s.touch()
 	done, res := s.startPrompt(ctx, prompt, source)
 	e := s.await(ctx, t, done, "the turn")
 	if e == nil {
@@ -1253,7 +1280,10 @@ func (client) WaitForTerminalExit(context.Context, acp.WaitForTerminalExitReques
 var (
 	_ provider.Session = (*Session)(nil)
 	_ provider.Closer  = (*Session)(nil)
-	_ acp.Client       = client{}
+	// A continuable ACP child paused at its budget's cap survives its
+	// bridge (budget.go).
+	_ contract.ParkedSession = (*Session)(nil)
+	_ acp.Client             = client{}
 )
 
 // ClaimNext opens the next turn with the oldest unclaimed inbox item (a
