@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -194,5 +195,75 @@ func TestACPContinuableChildPausesAtItsCap(t *testing.T) {
 	}
 	if rec := ledger(t, s, child); rec.Charged.ModelRequests != 2 || len(rec.Reservations) != 0 {
 		t.Fatalf("the child's ledger %+v; want 2 requests charged, nothing in flight", rec)
+	}
+}
+
+// TestACPPauseSurvivesItsBridgeKilled (issue 32, item 3: "after any
+// restart"): a continuable ACP child (the @agentclientprotocol/sdk test
+// agent, its sessions kept in a state directory) paused at its budget's
+// cap when its `brood acp-bridge` is killed (-9, with its agent) is
+// resumed on the live bridge, paused again on the same request (state
+// paused, no second request opened); the raise continues the same turn
+// there: the ACP session is loaded, the turn's prompt sent once, one turn
+// end.
+func TestACPPauseSurvivesItsBridgeKilled(t *testing.T) {
+	acpDep(t, tsSDK)
+	script := acpDep(t, tsAgentScript)
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinatorConfig) { c.LivenessInterval = 300 * time.Millisecond })
+	s.Provide("ts")
+	agent := "name=ts,command=node,arg=" + script + ",env=TS_AGENT_STATE_DIR=" + t.TempDir()
+	bridge := func() *proc {
+		return startProcGroup(t, "acp-bridge", "--nats", s.Server.ClientURL(), "--log-level", "info", "--agent", agent,
+			"--silence-timeout", "30s", "--heartbeat", stack.Heartbeat.String(), "--host-expiry", stack.HostExpiry.String())
+	}
+	b1 := bridge()
+	s.WaitProvider("ts")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	root := s.Root()
+	start, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "ts", Parent: root.Ref(), Label: "capped",
+		Prompt: protocol.Text("hello"), Options: protocol.ContinuableOptions{Budget: &protocol.Budget{ModelRequests: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := start.ChildID
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		_, evs := s.Log(child)
+		return len(turnEndReasons(evs)) == 1
+	}, "the first turn ends")
+	followup(t, s, child, ref(root), "turns")
+	req := acpPausedRequest(t, s, root.SessionID, child)
+	before, err := s.Store.LeaseLatest(ctx, child)
+	if err != nil {
+		t.Fatalf("the paused child's lease: %v", err)
+	}
+	bridge() // another bridge, alive when the first dies
+	b1.signal(t, syscall.SIGKILL)
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		l, err := s.Store.LeaseLatest(ctx, child)
+		return err == nil && l.Value.RunID != before.Value.RunID && l.Value.HostID != before.Value.HostID && l.Value.TakenOverBy == ""
+	}, "the child is resident again on the live bridge")
+	if again := acpPausedRequest(t, s, root.SessionID, child); again.ID != req.ID {
+		t.Fatalf("paused again on %s; want the same request %s", again.ID, req.ID)
+	}
+	_, evs := s.Log(child)
+	if n := strings.Count(eventTypes(evs), protocol.EvRequestOpen); n != 1 || len(turnEndReasons(evs)) != 1 {
+		t.Fatalf("after the takeover: %s; want the second turn open, paused on its one request", eventTypes(evs))
+	}
+	if rep, err := s.Client.RaiseBudget(ctx, child, s.Grant(), protocol.BudgetSpend{ModelRequests: 1}); err != nil || strings.Join(rep.Resumed, ",") != req.ID {
+		t.Fatalf("the raise = %+v, %v; want request %s answered", rep, err, req.ID)
+	}
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		_, evs = s.Log(child)
+		return len(turnEndReasons(evs)) == 2
+	}, "the continued turn ends")
+	ends := turnEndReasons(evs)
+	_, answers, _ := turnsOf(evs)
+	if ends[1].Kind != protocol.TurnCompleted || strings.Count(eventTypes(evs), protocol.EvTurnStart) != 2 || len(answers) != 2 || answers[1] != "turns before this one: 1" {
+		t.Fatalf("ends %+v, answers %q; want the second turn continued on the live bridge, prompted once, completed", ends, answers)
+	}
+	if got := acpSessions(evs); len(got) != 2 || !got[1].Loaded || got[1].SessionID != got[0].SessionID {
+		t.Fatalf("acp/session events %+v; want the first session loaded on the live bridge", got)
 	}
 }
