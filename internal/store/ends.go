@@ -162,6 +162,10 @@ type EpochEnd struct {
 	// (EndedAncestor), so the parent, under it too, is being disposed by
 	// its end and gets no notice (internal/worker/ending.go).
 	AncestorEnded bool
+	// Takeovers counts the agent/takeover records of the epoch's events:
+	// the times its host was lost and the epoch continued on another
+	// (docs/protocol.md §8.4); subagent/end carries it.
+	Takeovers int64
 	// Delegate, for a host, asks the coordinators to carry out the
 	// notice and the ownership release (EndEpochRecords), which write
 	// records only coordinators write (another session's inbox, ownership
@@ -188,7 +192,7 @@ func (s *Store) EndEpoch(ctx context.Context, e EpochEnd, onErr func(error)) <-c
 	ev := protocol.LifecycleEvent{
 		Type: protocol.LifecycleEnd, RunID: e.RunID, Provider: e.Provider, ID: e.ChildID, ParentSession: e.Parent,
 		Local: !e.Remote, Mode: protocol.ModeContinuable, Time: NowMs(), StopReason: e.Result.StopReason, ErrorCode: e.Result.ErrorCode,
-		Usage: e.Result.Usage,
+		Usage: e.Result.Usage, Takeovers: e.Takeovers,
 	}
 	if len(e.Result.Output) > 0 {
 		ev.LastAssistantMessage = e.Result.Output

@@ -96,6 +96,10 @@ type activation struct {
 	// orphaned: an ancestor of it is an ended one-shot run (endIfOrphaned
 	// found it and dropped what waited).
 	orphaned bool
+	// continued: the epoch's first host died with a turn open, and this
+	// host continues the epoch (continueActivation): its loop continues
+	// that turn before it claims anything.
+	continued bool
 }
 
 // pendingAbort is an interrupt that came while no turn was open: the turn
@@ -523,9 +527,17 @@ func (a *activation) runNext() (bool, error) {
 // (ParkedSession.ContinueParked; docs/protocol.md §5.21, "After a
 // restart"): as a claimed turn runs (runNext), an interrupt or a dispose
 // cancels it.
+//
+// An epoch continued after its host died (continued) continues its open
+// turn here the same way (ContinuingSession.ContinueTurn: docs/protocol.md
+// §8.4, "Continued after a host loss").
 func (a *activation) continueParked() {
-	ps, ok := a.sess.(ParkedSession)
-	if !ok || !ps.ParkedTurn() {
+	var cont func(context.Context) agent.Outcome
+	if cs, ok := a.sess.(ContinuingSession); ok && a.continued {
+		cont = cs.ContinueTurn
+	} else if ps, ok := a.sess.(ParkedSession); ok && ps.ParkedTurn() {
+		cont = ps.ContinueParked
+	} else {
 		return
 	}
 	turnCtx, cancel := context.WithCancelCause(a.ctx)
@@ -539,7 +551,7 @@ func (a *activation) continueParked() {
 		a.mu.Unlock()
 	}()
 	stepsCtx, span := telemetry.StartTurn(turnCtx, sessionlog.LastTurn(a.sess.Events()), nil)
-	out := ps.ContinueParked(stepsCtx)
+	out := cont(stepsCtx)
 	telemetry.EndTurn(span, out.Reason, out.Err)
 	a.noteOutcome(out)
 }
@@ -886,6 +898,7 @@ func (a *activation) teardown() {
 	}
 	final = &res
 	rec := store.Settled(a.run, h.id, res)
+	rec.Takeovers = int64(takeoversOf(events, 0)) // the epoch's own (events from a.start)
 	// Until the settlement lands the lease stays: the epoch is still this
 	// host's, and a coordinator ends it (HOST_LOST) if this host goes away.
 	h.settle(rec, a.runRev, func() {
@@ -905,7 +918,7 @@ func (a *activation) teardown() {
 		var ownershipKept atomic.Bool
 		<-h.st.EndEpoch(ctx, store.EpochEnd{
 			ChildID: a.childID, Parent: a.header.ParentSession, Owner: a.owner, RunID: a.runID,
-			Provider: a.provider, Remote: a.remote, Result: res, AncestorEnded: orphaned,
+			Provider: a.provider, Remote: a.remote, Result: res, AncestorEnded: orphaned, Takeovers: rec.Takeovers,
 			Delegate: func(ctx context.Context, owner string) error {
 				return h.endEpochRecords(ctx, a.header.Provider, owner, a.childID, a.runID, orphaned)
 			},

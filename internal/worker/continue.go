@@ -3,8 +3,11 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/brood-dev/brood/internal/agent"
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -58,7 +61,8 @@ func (h *Host) continueRun(ctx context.Context, p Provider, req protocol.Provide
 		return nil, notContinued(req.RunID, "the session has no lease")
 	case err != nil:
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", req.ChildID, err)
-	case lease.Revision != uint64(req.LeaseRevision) || lease.Value.TakenOverBy == "" || lease.Value.RunID != req.RunID || lease.Value.Kind != protocol.AgentOneShot:
+	case lease.Revision != uint64(req.LeaseRevision) || lease.Value.TakenOverBy == "" || lease.Value.RunID != req.RunID ||
+		(lease.Value.Kind != protocol.AgentOneShot && lease.Value.Kind != protocol.AgentContinuable):
 		return nil, notContinued(req.RunID, "the session's lease is not the one taken over for this run any more")
 	}
 	run, err := h.st.RunLatestOf(cctx, header.Provider, req.RunID)
@@ -67,6 +71,9 @@ func (h *Host) continueRun(ctx context.Context, p Provider, req protocol.Provide
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %w", req.RunID, err)
 	case run.Value.State != protocol.RunRunning || run.Value.ChildID != req.ChildID:
 		return nil, notContinued(req.RunID, "the run is not running")
+	}
+	if lease.Value.Kind == protocol.AgentContinuable {
+		return h.continueActivation(ctx, cctx, p, req, lease, run)
 	}
 	log, err := h.st.ReadLog(cctx, header.Scope(), req.ChildID)
 	if err != nil {
@@ -124,6 +131,113 @@ func (h *Host) continueRun(ctx context.Context, p Provider, req protocol.Provide
 	} else {
 		go h.execute(r)
 	}
+	return protocol.ProviderStartReply{HostID: h.id}, nil
+}
+
+// continueActivation is continueRun for the epoch of a continuable child
+// whose host died with a turn open (not parked on a request: the child's
+// next activation continues that one, docs/protocol.md §5.21): the lease
+// (of kind continuable, taken over at req.LeaseRevision) and the epoch's
+// run record (running) were checked. The activation is registered and
+// built as activate builds one over the child's log (its options from its
+// logged subagent/descriptor, its owner and ancestry the lease's, the
+// epoch's events from the lease's epochStart), its wake subscribed; the
+// session must be a ContinuingSession. Then the lease is taken by
+// compare-and-set at req.LeaseRevision (NOT_PENDING when it moved), and
+// the epoch is this host's: its loop continues the open turn first
+// (Agent.ContinueTurn), then claims what the inbox holds as any epoch's
+// does, and the epoch settles once (teardown: the record's compare-and-set
+// at the revision read here), so the owner gets one notice for it.
+func (h *Host) continueActivation(ctx, cctx context.Context, p Provider, req protocol.ProviderContinueRequest, lease store.Record[protocol.AgentRecord], run store.Record[protocol.RunRecord]) (any, error) {
+	header := req.Header
+	a := &activation{
+		h: h, childID: req.ChildID, header: header, provider: req.Provider, remote: false, runID: req.RunID,
+		run: run.Value, runRev: run.Revision, epoch: lease.Value.Epoch, owner: lease.Value.Owner, began: time.Now(),
+		inbox: h.inboxOf(header), wake: make(chan struct{}, 1), built: make(chan struct{}), done: make(chan struct{}),
+		continued: true,
+	}
+	base, span := telemetry.StartRun(context.WithoutCancel(ctx), req.Provider, protocol.ModeContinuable, req.RunID, header)
+	a.ctx, a.dispose = context.WithCancelCause(base)
+	a.span = span
+	h.mu.Lock()
+	if cur := h.acts[req.ChildID]; cur != nil || h.draining {
+		h.mu.Unlock()
+		var err error = protocol.Errorf(protocol.CodeDraining, "host %s is draining", h.id)
+		if cur != nil {
+			err = notContinued(req.RunID, fmt.Sprintf("session %s is already resident on host %s", req.ChildID, h.id))
+		}
+		a.dispose(err)
+		telemetry.EndRun(span, nil, err)
+		return nil, err
+	}
+	h.acts[req.ChildID] = a
+	h.mu.Unlock()
+	var sess Session
+	fail := func(err error) (any, error) {
+		h.mu.Lock()
+		if h.acts[req.ChildID] == a {
+			delete(h.acts, req.ChildID)
+		}
+		h.mu.Unlock()
+		a.unsubscribe()
+		if sess != nil {
+			closeSession(sess)
+		}
+		a.dispose(err)
+		telemetry.EndRun(span, nil, err)
+		close(a.built)
+		close(a.done)
+		return nil, err
+	}
+	log, err := h.st.ReadLog(cctx, header.Scope(), req.ChildID)
+	if err != nil {
+		return fail(protocol.Errorf(protocol.CodeUnavailable, "read the log of %s: %w", req.ChildID, err))
+	}
+	if _, parked := sessionlog.Parked(log.Events); parked {
+		return fail(notContinued(req.RunID, "the turn is parked on a request: the child's next activation continues it"))
+	}
+	cred := protocol.NewCredential()
+	wctx, cancelWrites := runWrites(ctx)
+	defer cancelWrites()
+	lw := h.st.NewLogWriter(header.Scope(), req.ChildID, log.LastSubjSeq, int64(len(log.Events)))
+	opts := loggedOptions(log.Events, header.SeedLength)
+	opts.OutputSchema = ""
+	a.dirty.Store(true)
+	sess, err = p.NewSession(wctx, SessionSpec{
+		Header: header, Options: opts, Credential: cred, Log: lw, Events: log.Events,
+		Continuable: true, Inbox: a.inbox, InboxDirty: func() bool { return a.dirty.Swap(false) },
+	})
+	if err != nil {
+		sess = nil
+		return fail(err)
+	}
+	cs, ok := sess.(ContinuableSession)
+	if _, cont := sess.(ContinuingSession); !ok || !cont {
+		return fail(protocol.Errorf(protocol.CodeInvalidArgument, "provider %s's continuable sessions cannot continue a turn (docs/protocol.md §8.4)", req.Provider))
+	}
+	a.sess = cs
+	a.start = int(min(max(lease.Value.EpochStart, 0), int64(len(log.Events))))
+	if err := h.subscribeActivation(a); err != nil {
+		return fail(err)
+	}
+	mine := lease.Value
+	mine.HostID, mine.TakenOverBy, mine.CredentialHash = h.id, "", protocol.HashCredential(cred)
+	leaseRev, err := h.st.UpdateLease(wctx, mine, lease.Revision)
+	if err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return fail(notContinued(req.RunID, "another party moved the session's lease"))
+		}
+		return fail(protocol.Errorf(protocol.CodeUnavailable, "take the lease of %s: %w", req.ChildID, err))
+	}
+	a.mu.Lock()
+	a.leaseRev = leaseRev
+	a.mu.Unlock()
+	h.log.Warn("continuing an epoch whose host died", "run", req.RunID, "session", req.ChildID, "epoch", mine.Epoch, "lostHost", run.Value.HostID)
+	// As continueRun's: a copy of subagent/start under its first
+	// publication's Nats-Msg-Id, stored only if that one is not.
+	a.started = h.st.PublishStartAgain(run.Value, h.eventErr)
+	close(a.built)
+	go a.loop()
 	return protocol.ProviderStartReply{HostID: h.id}, nil
 }
 

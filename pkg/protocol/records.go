@@ -123,11 +123,12 @@ type RunRecord struct {
 	// paused between its lease and its first append left a child that could
 	// never run its first message).
 	Descriptor *DescriptorData `msgpack:"descriptor,omitempty" json:"descriptor,omitempty"`
-	// Takeovers counts the times a one-shot run's turn was continued on
-	// another host after its host died (docs/protocol.md §8.4, "Continued
-	// after a host loss"): set by the host that settles a continued run,
-	// from the agent/takeover records its log holds; absent for a run
-	// that never changed hosts. Its subagent/end carries it too.
+	// Takeovers counts the times a one-shot run's turn, or a continuable
+	// child's epoch, was continued on another host after its host died
+	// (docs/protocol.md §8.4, "Continued after a host loss"): set by the
+	// host that settles a continued run, from the agent/takeover records
+	// its log holds (an epoch's: those of the epoch's events); absent for
+	// a run that never changed hosts. Its subagent/end carries it too.
 	Takeovers int64 `msgpack:"takeovers,omitempty" json:"takeovers,omitempty"`
 }
 

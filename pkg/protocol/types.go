@@ -513,8 +513,9 @@ type LifecycleEvent struct {
 	// subagent tool's description, a continuable child's label), on start
 	// events whose host knew it; absent otherwise (docs/protocol.md §7.5).
 	Label string `msgpack:"label,omitempty" json:"label,omitempty"`
-	// Takeovers, on the end event of a one-shot run, counts the times its
-	// turn was continued on another host after its host died
+	// Takeovers, on the end event of a one-shot run or of a continuable
+	// child's epoch, counts the times its host was lost and the session
+	// taken over (continued on another host, or ended HOST_LOST)
 	// (RunRecord.Takeovers; docs/protocol.md §8.4); absent when none.
 	Takeovers int64 `msgpack:"takeovers,omitempty" json:"takeovers,omitempty"`
 	// Seq is the event's BROOD_EVENTS stream sequence: absent in the stored

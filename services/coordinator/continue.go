@@ -17,6 +17,14 @@ package coordinator
 // times, the takeover goes on as before: the turn is closed interrupted
 // and the run ends HOST_LOST.
 //
+// A continuable child's epoch whose host died with a turn open (claimed,
+// not parked on a request) is continued the same way (takeOverActivation
+// calls continueRun): the epoch's record stays running, and the instance
+// that takes the lease continues the turn as the child's activation and
+// settles the epoch once; TakeoversMax counts the epoch's takeovers. An
+// epoch whose turn is parked is not continued here: the takeover ends the
+// epoch and the child's next activation continues that turn (§5.21).
+//
 // Runs not continued (they end HOST_LOST at once, as before): a remote
 // provider's (its agent holds the conversation), a run that started children of its own (they take an ancestor taken
 // over for ended), and a run whose log holds no open turn (the host died
@@ -53,7 +61,7 @@ type continuation struct {
 	lostHost, why string
 }
 
-// continueRun decides whether the one-shot run, taken over at lease taken
+// continueRun decides whether the one-shot run or continuable epoch, taken over at lease taken
 // with fence, is continued (see the file's comment) and, when it is,
 // fences the log without closing its turn and dispatches it to a live
 // instance. Not handled, the caller closes the turn and settles HOST_LOST.
@@ -71,18 +79,27 @@ func (c *Coordinator) continueRun(ctx context.Context, fence protocol.TakeoverDa
 	} else if len(idx) > 0 {
 		return continuation{why: "the run had started children, so it is not continued"}
 	}
-	events, err := c.fenceLog(ctx, id, fence, nil, keepOpenTurn, c.holding(taken))
+	events, err := c.fenceLog(ctx, id, fence, run.Value.Descriptor, keepOpenTurn, c.holding(taken))
 	if err != nil {
 		return continuation{err: err}
 	}
 	if _, open, _, _, _ := sessionlog.OpenTurn(events); !open {
 		return continuation{}
 	}
+	continuable := taken.Value.Kind == protocol.AgentContinuable
+	if _, parked := sessionlog.Parked(events); parked && continuable {
+		// The child's next activation continues it (docs/protocol.md §5.21).
+		return continuation{}
+	}
 	at, lost, ok := takeoverOf(events, fence)
 	if !ok {
 		return continuation{err: fmt.Errorf("the log of %s holds no agent/takeover of epoch %d", id, fence.Epoch)}
 	}
-	if n := takeovers(ownEvents(events, h.SeedLength)); n > c.cfg.TakeoversMax {
+	counted := ownEvents(events, h.SeedLength)
+	if continuable && taken.Value.EpochStart > 0 && taken.Value.EpochStart <= int64(len(events)) {
+		counted = events[taken.Value.EpochStart:] // a continuable child's: this epoch's
+	}
+	if n := takeovers(counted); n > c.cfg.TakeoversMax {
 		return continuation{lostHost: lost, why: fmt.Sprintf("the run was taken over %d times, more than the %d allowed (TakeoversMax, brood coordinator --takeovers-max)", n, c.cfg.TakeoversMax)}
 	}
 	if waited := time.Since(time.UnixMilli(at)); waited > c.cfg.ContinueWaitMax {

@@ -375,6 +375,9 @@ func isTakeover(ev protocol.SessionEvent, fence protocol.TakeoverData) bool {
 // epoch settles (aborted, HOST_LOST), the parent gets its notice and the
 // ownership edge is released, and accepted items still in the inbox are
 // resumed on a live host (docs/design.md §7, Settlement 2; §4, Liveness).
+// An epoch whose turn is open (not parked) is first offered to a live
+// instance, which continues it in the same epoch (continue.go; issue 31,
+// item 2); only when none does within ContinueWaitMax is it ended here.
 func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record[protocol.AgentRecord]) {
 	id := fresh.Value.SessionID
 	deadHost := fresh.Value.HostID
@@ -390,7 +393,18 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		c.log.Warn("takeover: read the epoch record; will retry", "session", id, "run", fresh.Value.RunID, "err", runErr)
 		return
 	}
-	events, err := c.closeInterrupted(ctx, id, protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}, run.Value.Descriptor, true, c.holding(taken))
+	fence := protocol.TakeoverData{HostID: deadHost, By: c.cfg.ID, Epoch: taken.Value.Epoch}
+	var cont continuation
+	if runErr == nil && run.Value.State == protocol.RunRunning {
+		// An epoch whose turn is open is continued on a live instance as a
+		// one-shot run is (continue.go); the epoch goes on there.
+		cont = c.continueRun(ctx, fence, run, taken)
+		if c.continuing(id, cont) {
+			return
+		}
+		deadHost = cont.lostOr(deadHost)
+	}
+	events, err := c.closeInterrupted(ctx, id, fence, run.Value.Descriptor, true, c.holding(taken))
 	if err != nil {
 		c.closeFailed(id, err)
 		return
@@ -400,6 +414,7 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		epoch = events[fresh.Value.EpochStart:]
 	}
 	res := sessionlog.EpochOutcome(epoch)
+	run.Value.Takeovers = int64(takeovers(epoch))
 	if end, ok := sessionlog.LastTurnEnd(epoch); ok && end.Reason.Kind == protocol.TurnInterrupted {
 		res.ErrorCode = protocol.CodeHostLost
 		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating; the turn in flight was closed as interrupted and accepted messages resume on another host", deadHost)
@@ -410,6 +425,7 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		res.StopReason, res.ErrorCode = protocol.StopAborted, protocol.CodeHostLost
 		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating while turn %d waited for the answer to a request; the turn continues from the log on another host", deadHost, p.Turn)
 	}
+	cont.explain(&res)
 	if errors.Is(runErr, store.ErrNotFound) {
 		run = store.Record[protocol.RunRecord]{} // nothing to settle
 	}
@@ -476,6 +492,7 @@ func (c *Coordinator) publishEpochEnd(ctx context.Context, lease protocol.AgentR
 	<-c.st.EndEpoch(ctx, store.EpochEnd{
 		ChildID: lease.SessionID, Parent: lease.ParentSession, Owner: lease.Owner, RunID: lease.RunID,
 		Provider: lease.Provider, Remote: c.isRemote(lease.Provider), Result: *epochRec.Result, AncestorEnded: anc != "",
+		Takeovers: epochRec.Takeovers,
 	}, func(err error) {
 		ownershipKept.CompareAndSwap(false, errors.Is(err, store.ErrOwnershipKept))
 		c.log.Warn("epoch end not fully published", "err", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -255,8 +256,14 @@ func TestTakeoverOfADeadHostsEpoch(t *testing.T) {
 				if r, _ := lastTurnEnd(evs); r.Kind != protocol.TurnInterrupted || r.Cause != protocol.CauseHostLost {
 					t.Fatalf("the open turn was closed with %+v, want interrupted (host lost)", r)
 				}
-				if n := fences(evs); n != 0 {
-					t.Fatalf("%d agent/takeover after a turn the takeover closed", n)
+				// The takeover first fenced the log alone and waited for an
+				// instance to continue the epoch (none here: no spawn host),
+				// then closed the turn past ContinueWaitMax (issue 31, item 2).
+				if n := fences(evs); n != 1 {
+					t.Fatalf("%d agent/takeover before a turn the takeover closed; want the one it waited after", n)
+				}
+				if r, _ := runOf(s, runID); r.Result == nil || !strings.Contains(r.Result.Diagnostic, "ContinueWaitMax") || r.Takeovers != 1 {
+					t.Fatalf("epoch record %+v (result %+v); want a diagnostic naming ContinueWaitMax and one takeover", r, r.Result)
 				}
 			}
 		})

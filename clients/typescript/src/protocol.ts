@@ -697,7 +697,7 @@ export interface LifecycleEvent {
   /** end events: the run's or epoch's usage (§6.6) */
   usage?: UsageSummary;
   /**
-   * end events of a one-shot run: how many times its host was lost and the
+   * end events of a one-shot run or a continuable child's epoch: how many times its host was lost and the
    * session taken over (§8.4, "Continued after a host loss"); absent when none
    */
   takeovers?: number;
