@@ -96,6 +96,12 @@ func startCmd(g *globals) *cobra.Command {
 						}{r, root.SessionID})
 					}
 					fmt.Fprintf(s.out, "childId %s\nmessageId %s\nparentSession %s\n", r.ChildID, r.MessageID, root.SessionID)
+					if r.State == protocol.StateQueued {
+						// The parent is at its live-children limit: the child
+						// starts once one of the parent's children ends
+						// (docs/protocol.md §5.5, "The start queue").
+						fmt.Fprintf(s.out, "state %s\n", r.State)
+					}
 					return nil
 				})
 			})

@@ -379,8 +379,8 @@ type coordinatorLimits struct {
 }
 
 func (l *coordinatorLimits) flags(cmd *cobra.Command) {
-	cmd.Flags().IntVar(&l.liveChildrenMax, "live-children-max", 64, "most live children one parent may have (a one-shot start beyond waits in the parent's start queue; a continuable one is refused LIMIT_EXCEEDED)")
-	cmd.Flags().IntVar(&l.startQueueMax, "start-queue-max", protocol.DefaultStartQueueMax, "most one-shot starts that may wait in one parent's start queue while it is at --live-children-max (LIMIT_EXCEEDED beyond); -1: no queue, a start at the limit is refused")
+	cmd.Flags().IntVar(&l.liveChildrenMax, "live-children-max", 64, "most live children one parent may have (a start beyond, one-shot or continuable, waits in the parent's start queue)")
+	cmd.Flags().IntVar(&l.startQueueMax, "start-queue-max", protocol.DefaultStartQueueMax, "most starts (one-shot and continuable) that may wait in one parent's start queue while it is at --live-children-max (LIMIT_EXCEEDED beyond); -1: no queue, a start at the limit is refused")
 	cmd.Flags().IntVar(&l.userOpenRootsMax, "user-open-roots-max", coordinator.DefaultUserOpenRootsMax, "most roots one NATS user may hold open (LIMIT_EXCEEDED beyond)")
 	cmd.Flags().Float64Var(&l.userRequestsPerSecond, "user-requests-per-second", coordinator.DefaultUserRequestsPerSecond, "requests per second one NATS user may send to this replica, on average (LIMIT_EXCEEDED beyond)")
 	cmd.Flags().IntVar(&l.userRequestsBurst, "user-requests-burst", coordinator.DefaultUserRequestsBurst, "requests one NATS user may send to this replica at once, above its rate")

@@ -699,9 +699,9 @@ func (c *wclient) startOn(r *wroot, script string) *Op {
 	}
 	c.w.rec.Update(op, func(o *Op) { o.Marker, o.Script = marker, script })
 	var reply protocol.ContinuableStartReply
-	err := c.call(protocol.EpContinuableStart, protocol.ContinuableStartRequest{
+	err := queuedStart(reply, c.call(protocol.EpContinuableStart, protocol.ContinuableStartRequest{
 		Provider: c.w.cfg.Provider, Parent: r.ref, Label: "chaos", ChildID: id, Prompt: protocol.Text(script),
-	}, &reply)
+	}, &reply))
 	if err == nil {
 		c.w.rec.Update(op, func(o *Op) { o.MessageID = reply.MessageID })
 	}
@@ -711,6 +711,19 @@ func (c *wclient) startOn(r *wroot, script string) *Op {
 		c.addChild(r, id)
 	}
 	return op
+}
+
+// queuedStart is the error a continuable start answered queued is recorded
+// with (err when it was not): its child starts only if its parent is still
+// live when a slot frees (docs/protocol.md §5.5, "The start queue"), so
+// whether its message lands is unknown when the call returns, as for a
+// start whose answer was lost; its message, if it lands, is checked as
+// accepted once.
+func queuedStart(reply protocol.ContinuableStartReply, err error) error {
+	if err == nil && reply.State == protocol.StateQueued {
+		return fmt.Errorf("chaos: the start of %s waits in its parent's start queue (message %s once it starts)", reply.ChildID, reply.MessageID)
+	}
+	return err
 }
 
 // forget drops a child that does not exist (an unknown start that did not land).
@@ -990,7 +1003,8 @@ func (c *wclient) liftAll(ctx context.Context) {
 }
 
 // limitBurst starts LiveChildrenMax+3 continuable children of one fresh
-// root at once: some must be refused (LIMIT_EXCEEDED), and never more than
+// root at once: some wait in the root's start queue (or are refused
+// LIMIT_EXCEEDED when the coordinators queue nothing), and never more than
 // the limit may be live (I8).
 func (c *wclient) limitBurst(ctx context.Context) {
 	c.openRoot(ctx)
@@ -1015,6 +1029,7 @@ func (c *wclient) limitBurst(ctx context.Context) {
 			err := c.call(protocol.EpContinuableStart, protocol.ContinuableStartRequest{
 				Provider: c.w.cfg.Provider, Parent: r.ref, Label: "burst", ChildID: id, Prompt: protocol.Text(script),
 			}, &reply)
+			err = queuedStart(reply, err)
 			if err == nil {
 				c.w.rec.Update(op, func(o *Op) { o.MessageID = reply.MessageID })
 			}

@@ -50,10 +50,16 @@ func (r *ContinuableStartRequest) normalizeNumbers() {
 	r.Options.MaxDepth = NormalizeNumbers(r.Options.MaxDepth)
 }
 
-// ContinuableStartReply answers once the child's inbox accepted the prompt.
+// ContinuableStartReply answers once the child's inbox accepted the prompt,
+// or once the start waits in its parent's start queue (State StateQueued:
+// the parent was at its live-children limit; docs/protocol.md §5.5, "The
+// start queue"). A queued child's ChildID and MessageID are the ids its
+// session and its first message will have once it starts; until then it
+// has no session (no header, log or inbox).
 type ContinuableStartReply struct {
 	ChildID   string `msgpack:"childId" json:"childId"`
 	MessageID string `msgpack:"messageId" json:"messageId"`
+	State     string `msgpack:"state,omitempty" json:"state,omitempty"`
 }
 
 // FollowupRequest is the body of continuable.followup. IdempotencyKey
@@ -85,6 +91,10 @@ const (
 	// for a raise (budget.raise; docs/protocol.md §5.5, "Pause and
 	// raise"). The turn is open and continues the same turn once raised.
 	StatePaused = "paused"
+	// StateQueued: a continuable child whose start waits in its parent's
+	// start queue (continuable.state, continuable.start's reply; the same
+	// word as RunQueued).
+	StateQueued = RunQueued
 )
 
 // ChildRef names a continuable child and the authority asking about it.
@@ -322,7 +332,8 @@ type StartQueueRecord struct {
 	Entries []QueuedStart `msgpack:"entries" json:"entries"`
 }
 
-// QueuedStart is one queued runs.start: what the admission needs of the
+// QueuedStart is one queued runs.start or continuable.start (Mode
+// ModeContinuable; "" is a one-shot run): what the admission needs of the
 // request, with the parent's credential kept only as its hash
 // (HashCredential: the credential itself is never stored). QueuedAt is
 // epoch ms. AdmittingBy names the coordinator replica admitting it since
@@ -341,7 +352,16 @@ type QueuedStart struct {
 	QueuedAt       int64          `msgpack:"queuedAt" json:"queuedAt"`
 	AdmittingBy    string         `msgpack:"admittingBy,omitempty" json:"admittingBy,omitempty"`
 	AdmittingAt    int64          `msgpack:"admittingAt,omitempty" json:"admittingAt,omitempty"`
+	// Mode is ModeContinuable for a continuable.start, "" for a runs.start.
+	// A continuable start's RunID is its first epoch's run id, and
+	// MessageID its prompt's message id in the child's inbox, both drawn
+	// when it is queued (Options.Label is its label).
+	Mode      string `msgpack:"mode,omitempty" json:"mode,omitempty"`
+	MessageID string `msgpack:"messageId,omitempty" json:"messageId,omitempty"`
 }
+
+// Continuable reports whether e is a queued continuable.start.
+func (e QueuedStart) Continuable() bool { return e.Mode == ModeContinuable }
 
 // DefaultStartQueueMax is how many starts may wait in one parent's start
 // queue (StartQueueRecord) unless the coordinator is configured otherwise:

@@ -94,7 +94,7 @@ func TestASlotCountsForAStartsBudgetAndTwoHostExpiries(t *testing.T) {
 func TestALiveChildCountsWithoutItsSlot(t *testing.T) {
 	const limit = 3
 	s := stack.New(t)
-	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = limit })
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax, c.StartQueueMax = limit, -1 }) // refused at the limit, not queued
 	s.AddSpawnWorker()
 	root := s.Root()
 	auth := protocol.Authority{Parent: ptr(root.Ref())}
@@ -226,7 +226,7 @@ func TestAStaleSlotRevisionDoesNotWait(t *testing.T) {
 // holds each child once, and the next start sees the limit reached.
 func TestAColdResumeKeepsTheOtherSlots(t *testing.T) {
 	s := stack.New(t)
-	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 2 })
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax, c.StartQueueMax = 2, -1 }) // refused at the limit, not queued
 	s.AddSpawnWorker()
 	root := s.Root()
 	auth := protocol.Authority{Parent: ptr(root.Ref())}

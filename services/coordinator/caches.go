@@ -73,11 +73,12 @@ type agentIndex struct {
 	// ends: the queue may admit its next start.
 	queued       map[string]bool
 	queueChanged func()
-	// queuedRuns indexes the queued starts by run id (run id → parent
-	// session), and queuedRunsOf each queue's run ids as last seen, from
-	// the watched start queues: a run still queued is found by its id
-	// alone (loadRun with a user grant). Bound: the entries the queues
-	// hold (StartQueueMax per parent).
+	// queuedRuns indexes the queued starts by run id and by child id
+	// (id → parent session), and queuedRunsOf each queue's ids as last
+	// seen, from the watched start queues: a run or continuable child
+	// still queued is found by its id alone (loadRun with a user grant,
+	// continuable.state). Bound: twice the entries the queues hold
+	// (StartQueueMax per parent).
 	queuedRuns   map[string]string
 	queuedRunsOf map[string][]string
 	clock        func() time.Duration // the registry's observed clock
@@ -360,8 +361,8 @@ func (a *agentIndex) setQueued(parent string, has bool) {
 	}
 }
 
-// indexQueue records the run ids of parent's queued starts (entries, as
-// its start queue holds them now) in queuedRuns.
+// indexQueue records the run and child ids of parent's queued starts
+// (entries, as its start queue holds them now) in queuedRuns.
 func (a *agentIndex) indexQueue(parent string, entries []protocol.QueuedStart) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -374,20 +375,25 @@ func (a *agentIndex) indexQueue(parent string, entries []protocol.QueuedStart) {
 		delete(a.queuedRunsOf, parent)
 		return
 	}
-	ids := make([]string, len(entries))
-	for i, e := range entries {
-		ids[i] = e.RunID
-		a.queuedRuns[e.RunID] = parent
+	ids := make([]string, 0, len(entries))
+	for _, e := range entries {
+		ids = append(ids, e.RunID)
+		if e.ChildID != e.RunID {
+			ids = append(ids, e.ChildID) // a remote run's, or a continuable start's child
+		}
+	}
+	for _, id := range ids {
+		a.queuedRuns[id] = parent
 	}
 	a.queuedRunsOf[parent] = ids
 }
 
-// queuedParentOf returns the parent in whose start queue run runID was
-// last seen waiting, or "".
-func (a *agentIndex) queuedParentOf(runID string) string {
+// queuedParentOf returns the parent in whose start queue a start of run
+// (or child) id was last seen waiting, or "".
+func (a *agentIndex) queuedParentOf(id string) string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.queuedRuns[runID]
+	return a.queuedRuns[id]
 }
 
 // hasQueue reports whether parent's start queue had entries when last seen.

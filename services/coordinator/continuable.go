@@ -94,7 +94,7 @@ func (c *Coordinator) lineage(ctx context.Context, h protocol.SessionHeader) ([]
 
 func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r protocol.ContinuableStartRequest) (protocol.ContinuableStartReply, error) {
 	began := time.Now()
-	adm, err := c.admitContinuable(ctx, r)
+	adm, full, err := c.admitContinuable(ctx, r)
 	if err != nil {
 		return protocol.ContinuableStartReply{}, err
 	}
@@ -104,7 +104,16 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 	} else if !protocol.ValidID(childID) {
 		return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
 	}
+	// At the limit, or behind starts that wait already (first in, first
+	// out), the start waits in its parent's queue as a runs.start does
+	// (startqueue.go).
+	if c.queueOn() && (full || c.agents.hasQueue(adm.a.pheader.ID)) {
+		return c.queueContinuable(ctx, adm, childID)
+	}
 	if err := c.reserveChild(ctx, adm.a.pheader.ID, childID, ""); err != nil {
+		if c.queueOn() && protocol.CodeOf(err) == protocol.CodeLimitExceeded {
+			return c.queueContinuable(ctx, adm, childID)
+		}
 		return protocol.ContinuableStartReply{}, err
 	}
 	refund, err := c.admitBudget(ctx, adm.a, childID)
@@ -122,7 +131,10 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 		}
 		return protocol.ContinuableStartReply{}, err
 	}
-	mid, err := c.startFirstEpoch(ctx, adm, header, release)
+	mid, err := c.startFirstEpoch(ctx, adm, header, release, "", "", func(ctx context.Context) error {
+		_, err := c.authorizeFresh(ctx, adm.r.Parent)
+		return err
+	})
 	if err != nil {
 		return protocol.ContinuableStartReply{}, err
 	}
@@ -134,53 +146,72 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 type continuableAdmission struct {
 	r       protocol.ContinuableStartRequest // its label resolved
 	parent  leaseState
-	lineage []string  // the parent's ancestry, then the parent
-	a       admission // a.desc: the provider, with the capabilities that apply
+	lineage []string              // the parent's ancestry, then the parent
+	a       admission             // a.desc: the provider, with the capabilities that apply
+	opts    protocol.StartOptions // the options admitted (a queued start's entry keeps them)
 }
 
 // admitContinuable checks a continuable start before anything is written:
 // the provider hosts continuable children, the parent is the exact live
 // agent, the label is given, no drain closes the parent's lineage, and the
-// options validate against what the child's provider honours.
-func (c *Coordinator) admitContinuable(ctx context.Context, r protocol.ContinuableStartRequest) (continuableAdmission, error) {
+// options validate against what the child's provider honours. A parent at
+// its live-children limit is refused, or reported full when the
+// coordinator queues such starts (startqueue.go).
+func (c *Coordinator) admitContinuable(ctx context.Context, r protocol.ContinuableStartRequest) (adm continuableAdmission, full bool, err error) {
 	desc, err := c.lookupProvider(r.Provider)
 	if err != nil {
-		return continuableAdmission{}, err
+		return adm, false, err
 	}
 	if !desc.Continuable {
-		return continuableAdmission{}, protocol.NewError(protocol.CodeUnsupportedCapability, map[string]any{"provider": r.Provider, "capability": "continuable children"})
+		return adm, false, protocol.NewError(protocol.CodeUnsupportedCapability, map[string]any{"provider": r.Provider, "capability": "continuable children"})
 	}
 	parent, err := c.authorize(ctx, r.Parent)
 	if err != nil {
-		return continuableAdmission{}, err
+		return adm, false, err
 	}
 	if r.Label, err = protocol.OneLabel(r.Label, r.Options.Label); err != nil {
-		return continuableAdmission{}, err
+		return adm, false, err
 	}
 	if strings.TrimSpace(r.Label) == "" || len(r.Label) > protocol.LabelBytesMax {
-		return continuableAdmission{}, protocol.Errorf(protocol.CodeInvalidArgument, "label is required (at most %d bytes)", protocol.LabelBytesMax)
+		return adm, false, protocol.Errorf(protocol.CodeInvalidArgument, "label is required (at most %d bytes)", protocol.LabelBytesMax)
 	}
 	lineage := append(append([]string(nil), parent.rec.Ancestry...), r.Parent.SessionID)
 	if err := c.checkDraining(lineage); err != nil {
-		return continuableAdmission{}, err
+		return adm, false, err
 	}
 	opts := protocol.StartOptions{MaxDepth: r.Options.MaxDepth, ToolFilter: r.Options.ToolFilter, Persona: r.Options.Persona, Label: r.Label,
 		AutoApprove: r.Options.AutoApprove, ApproveTools: r.Options.ApproveTools, Model: r.Options.Model, Limits: r.Options.Limits, RequestTimeoutMs: r.Options.RequestTimeoutMs,
 		Budget: r.Options.Budget}
-	// In-process continuable children are composed by the manager: the
-	// capability flags are not consulted, but every option is validated
-	// (docs/upstream-behaviour.md §1.4). A remote child (ACP) keeps its provider's
-	// flags: an option it cannot honour is refused, never ignored.
+	desc = continuableDesc(desc)
+	var a admission
+	if c.queueOn() {
+		if err := checkCapabilities(desc, opts); err != nil {
+			return adm, false, err
+		}
+		_, full = c.atLiveLimit(ctx, r.Parent.SessionID)
+		a, err = c.admitResolved(ctx, desc, parent, r.Parent.SessionID, r.Prompt, opts)
+	} else {
+		a, err = c.admitWith(ctx, desc, r.Parent, r.Prompt, opts)
+	}
+	if err != nil {
+		return adm, false, err
+	}
+	return continuableAdmission{r: r, parent: parent, lineage: lineage, a: a, opts: opts}, full, nil
+}
+
+// continuableDesc is desc with the capabilities a continuable child's
+// options are checked against. In-process continuable children are
+// composed by the manager: the capability flags are not consulted, but
+// every option is validated (docs/upstream-behaviour.md §1.4). A remote
+// child (ACP) keeps its provider's flags: an option it cannot honour is
+// refused, never ignored.
+func continuableDesc(desc protocol.ProviderDescriptor) protocol.ProviderDescriptor {
 	if !desc.Remote {
 		desc.Capabilities = protocol.Capabilities{OutputSchema: false, DepthLimit: true, ToolFilter: true, Persona: true}
 	} else {
 		desc.Capabilities.OutputSchema = false
 	}
-	a, err := c.admitWith(ctx, desc, r.Parent, r.Prompt, opts)
-	if err != nil {
-		return continuableAdmission{}, err
-	}
-	return continuableAdmission{r: r, parent: parent, lineage: lineage, a: a}, nil
+	return desc
 }
 
 // writeContinuableChild writes a new continuable child's header (with its
@@ -221,10 +252,13 @@ func (c *Coordinator) writeContinuableChild(ctx context.Context, adm continuable
 
 // startFirstEpoch starts a new child's first epoch, makes a continuable
 // parent its owner, and accepts the prompt, once the parent is still the
-// exact live agent and its lineage not draining. A failure after the epoch
-// started disposes it, removes the edge and releases the slot (release);
-// one before releases the slot. It returns the prompt's message id.
-func (c *Coordinator) startFirstEpoch(ctx context.Context, adm continuableAdmission, header protocol.SessionHeader, release func()) (string, error) {
+// exact live agent (recheck, which reads its lease fresh) and its lineage
+// not draining. A failure after the epoch started disposes it, removes the
+// edge and releases the slot (release); one before releases the slot. It
+// returns the prompt's message id. runID and messageID are the epoch's run
+// id and the prompt's message id when drawn already (a queued start), ""
+// to draw them now.
+func (c *Coordinator) startFirstEpoch(ctx context.Context, adm continuableAdmission, header protocol.SessionHeader, release func(), runID, messageID string, recheck func(context.Context) error) (string, error) {
 	childID := header.ID
 	owner := ""
 	if adm.parent.rec.Kind == protocol.AgentContinuable {
@@ -234,7 +268,7 @@ func (c *Coordinator) startFirstEpoch(ctx context.Context, adm continuableAdmiss
 		Version: protocol.DescriptorVersion, Mode: protocol.ModeContinuable, Provider: adm.a.desc.Name, Label: adm.r.Label,
 		Persona: adm.a.options.Persona, ToolFilter: adm.a.options.ToolFilter,
 	}
-	reply, err := c.activateEpoch(ctx, header, descriptor, owner, ancestry(adm.a), true)
+	reply, err := c.activateEpoch(ctx, header, descriptor, owner, ancestry(adm.a), true, runID)
 	if err != nil {
 		release()
 		return "", err
@@ -262,7 +296,7 @@ func (c *Coordinator) startFirstEpoch(ctx context.Context, adm continuableAdmiss
 	// lineage not draining, when the prompt is accepted. The lease is read
 	// fresh: a parent whose run just ended (its lease ending or gone) must
 	// not be taken as live from a cache that has not seen it yet.
-	if _, err := c.authorizeFresh(ctx, adm.r.Parent); err != nil {
+	if err := recheck(ctx); err != nil {
 		rollback()
 		return "", err
 	}
@@ -271,7 +305,7 @@ func (c *Coordinator) startFirstEpoch(ctx context.Context, adm continuableAdmiss
 		return "", err
 	}
 	mid, _, err := c.st.Enqueue(ctx, header.Scope(), childID, store.InboxItem{
-		Content: adm.r.Prompt, Source: protocol.PromptSource(adm.a.pheader), Delivery: store.DeliveryNextTurn,
+		MessageID: messageID, Content: adm.r.Prompt, Source: protocol.PromptSource(adm.a.pheader), Delivery: store.DeliveryNextTurn,
 	}, "")
 	if err != nil {
 		rollback()
@@ -289,9 +323,16 @@ func inboxError(err error) error {
 
 // activateEpoch creates an epoch's run record and asks a live host of the
 // descriptor's provider to materialize the activation (fresh, or a cold
-// resume that folds the descriptor from the log).
-func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.SessionHeader, desc protocol.DescriptorData, owner string, ancestry []string, fresh bool) (protocol.ActivateReply, error) {
-	runID := ulid.Make().String()
+// resume that folds the descriptor from the log). runID is the epoch's run
+// id when drawn already (a queued start's first epoch, "" to draw it): a
+// record of it there already (an admission of that start before, by a
+// replica that died) is taken as it is: activated again while no instance
+// claimed it, else answered from it.
+func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.SessionHeader, desc protocol.DescriptorData, owner string, ancestry []string, fresh bool, runID string) (protocol.ActivateReply, error) {
+	drawn := runID != ""
+	if !drawn {
+		runID = ulid.Make().String()
+	}
 	if !fresh {
 		// A resumed child is live again from its epoch record on: it takes a
 		// slot of its parent first, never refused (an accepted message is
@@ -312,10 +353,23 @@ func (c *Coordinator) activateEpoch(ctx context.Context, header protocol.Session
 		rec.Descriptor = &desc
 	}
 	rev, err := c.st.CreateRun(ctx, rec)
+	if drawn && errors.Is(err, store.ErrConflict) {
+		run, rerr := c.st.RunLatest(ctx, runID)
+		switch {
+		case rerr != nil:
+			return protocol.ActivateReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the epoch %s: %w", runID, rerr)
+		case run.Value.NotStarted && run.Value.Result != nil:
+			return protocol.ActivateReply{}, protocol.Errorf(run.Value.Result.ErrorCode, "%s", run.Value.Result.Diagnostic)
+		case run.Value.State == protocol.RunSettled || run.Value.HostID != "":
+			return protocol.ActivateReply{HostID: run.Value.HostID, RunID: runID}, nil
+		}
+		rec, rev, err = run.Value, run.Revision, nil
+	} else if err == nil {
+		c.cfg.Metrics.RunStarted(rec.Provider, rec.Mode)
+	}
 	if err != nil {
 		return protocol.ActivateReply{}, protocol.Errorf(protocol.CodeUnavailable, "record the epoch: %w", err)
 	}
-	c.cfg.Metrics.RunStarted(rec.Provider, rec.Mode)
 	req := protocol.ActivateRequest{
 		ChildID: header.ID, Header: header, RunID: runID, RunRevision: protocol.Seq(rev), Run: rec, Fresh: fresh,
 		Descriptor: &desc, Owner: owner, Ancestry: ancestry,
@@ -522,7 +576,7 @@ func (c *Coordinator) coldResume(ctx context.Context, h protocol.SessionHeader, 
 	if err != nil {
 		return protocol.Errorf(protocol.CodeUnavailable, "read the lineage of %s: %w", h.ID, err)
 	}
-	reply, err := c.activateEpoch(ctx, h, d, owner, up, false)
+	reply, err := c.activateEpoch(ctx, h, d, owner, up, false, "")
 	if err != nil {
 		if errors.Is(err, protocol.ErrActivationClosing) {
 			return nil // another party resumed it meanwhile; it will claim the inbox

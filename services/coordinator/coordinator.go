@@ -69,8 +69,12 @@ type Coordinator struct {
 	kick       chan struct{} // runs the liveness sweep now (a drain was lifted)
 	queueKick  chan struct{} // runs the start queues' admissions now (startqueue.go)
 	queueLocks keyedLocks    // this replica's changes of each start queue, one at a time
-	offPath    offPath       // work requests started off their reply path
-	deadlines  deadlines     // budget deadlines armed and being taken up (deadlines.go)
+	// queueConfirmed is when each queued parent this replica's cache shows
+	// full was last confirmed full from the leader (startqueue.go,
+	// queueMayAdmit); only startQueues' goroutine uses it.
+	queueConfirmed map[string]time.Time
+	offPath        offPath   // work requests started off their reply path
+	deadlines      deadlines // budget deadlines armed and being taken up (deadlines.go)
 	// slotBackoff is the wait after a contended slot compare-and-set
 	// (randomSlotBackoff; tests count its calls).
 	slotBackoff func() time.Duration

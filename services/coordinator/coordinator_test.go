@@ -536,7 +536,7 @@ func (h *leaseHold) worker(agentsBucket string) func(*worker.InProcessConfig) {
 // third (chaos seeds 1 and 4: the live-children limit passed by one, I8).
 func TestResumedChildCountsAgainstTheLimit(t *testing.T) {
 	s := stack.New(t)
-	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 2 })
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax, c.StartQueueMax = 2, -1 }) // refused at the limit, not queued
 	root := s.Root()
 	auth := protocol.Authority{Parent: ptr(root.Ref())}
 	held := newLeaseHold(t)

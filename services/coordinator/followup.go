@@ -49,6 +49,11 @@ func (c *Coordinator) continuableFollowup(ctx context.Context, req rpc.Request, 
 	began := time.Now()
 	h, parent, err := c.childFor(ctx, r.ChildID, r.Authority, false)
 	if err != nil {
+		if notAChild(err) {
+			if e, ok := c.queuedChild(ctx, r.ChildID, r.Authority); ok {
+				return protocol.FollowupReply{}, queuedFollowup(e)
+			}
+		}
 		return protocol.FollowupReply{}, err
 	}
 	if r.IdempotencyKey != "" && !protocol.ValidID(r.IdempotencyKey) {
@@ -151,6 +156,26 @@ func followupSource(h protocol.SessionHeader, byParent bool, own *protocol.Messa
 	return src
 }
 
+// notAChild reports whether childFor's err says the id names no child the
+// caller may see (UNAUTHORIZED, NOT_FOUND, NOT_RESUMABLE): a child whose
+// start waits in its parent's queue answers so, having no session yet.
+func notAChild(err error) bool {
+	switch protocol.CodeOf(err) {
+	case protocol.CodeUnauthorized, protocol.CodeNotFound, protocol.CodeNotResumable:
+		return true
+	}
+	return false
+}
+
+// queuedFollowup refuses a followup to continuable child e while its start
+// waits in its parent's queue (docs/protocol.md §5.5, "The start queue"):
+// the child has no inbox yet. UNAVAILABLE: the same followup (its
+// idempotencyKey) is accepted once the child started.
+func queuedFollowup(e protocol.QueuedStart) error {
+	return protocol.NewError(protocol.CodeUnavailable, map[string]any{"childId": e.ChildID, "state": protocol.StateQueued,
+		"reason": "its start waits in its parent's start queue (the parent is at its live-children limit); it has no inbox until it starts: send the followup again once continuable.state no longer says queued"})
+}
+
 // notContinuable is a followup's refusal of a child whose live lease is a
 // one-shot run's.
 func notContinuable(id string) error {
@@ -160,6 +185,14 @@ func notContinuable(id string) error {
 func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request, r protocol.ChildRef) (protocol.StateReply, error) {
 	h, _, err := c.childFor(ctx, r.ChildID, r.Authority, true)
 	if err != nil {
+		if !notAChild(err) {
+			return protocol.StateReply{}, err
+		}
+		// A child whose start waits in its parent's queue has no session
+		// yet (startqueue.go).
+		if _, ok := c.queuedChild(ctx, r.ChildID, r.Authority); ok {
+			return protocol.StateReply{ChildID: r.ChildID, State: protocol.StateQueued}, nil
+		}
 		return protocol.StateReply{}, err
 	}
 	queued, err := c.st.InboxOf(h.Scope(), h.ID).Count(ctx)

@@ -62,6 +62,14 @@ func (c *Coordinator) slotGrace() int64 {
 // parent wait for each other within ctx, reads from the leader, the
 // compare-and-set's retries, an UNAVAILABLE that says how long it took).
 func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun string) error {
+	return c.reserveSlot(ctx, parent, child, resumeRun, true)
+}
+
+// reserveSlot is reserveChild; fresh false refuses at the limit without
+// reading the counted children from the leader first (endedChildren): a
+// queued start's admission (startqueue.go), which the end of a counted
+// child kicks again once this replica's cache saw it.
+func (c *Coordinator) reserveSlot(ctx context.Context, parent, child, resumeRun string, fresh bool) error {
 	return c.childSlots.Reserve(ctx, parent, func(ctx context.Context, rec childSlotsRecord, now int64) (childSlotsRecord, error) {
 		live := c.liveChildIDs(parent)
 		if err := c.confirmLive(ctx, rec.Slots, live, now); err != nil {
@@ -73,7 +81,7 @@ func (c *Coordinator) reserveChild(ctx context.Context, parent, child, resumeRun
 				childSlot{ChildID: child, ReservedAt: now, RunID: resumeRun})
 			held = true // never refused
 		}
-		if !held && count >= c.cfg.LiveChildrenMax {
+		if !held && count >= c.cfg.LiveChildrenMax && fresh {
 			// This replica's lease cache follows the bucket through a
 			// watch, and a run's result reaches its parent before its host
 			// deletes the lease: before refusing, the children counted are

@@ -47,6 +47,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -56,6 +58,13 @@ import (
 // StartQueueSweepInterval is how often a replica looks at every start queue
 // it knows of, besides when a child of a queued parent ends.
 const StartQueueSweepInterval = time.Second
+
+// StartQueueConfirmInterval is how often a replica whose cache shows a
+// queued parent at its live-children limit reads the leader to confirm it
+// (the slot record and each counted child's lease, endedChildren): the
+// cache sees a child end by its lease's deletion, which kicks the queue, so
+// the leader is read only in case the cache missed one.
+const StartQueueConfirmInterval = 10 * time.Second
 
 // startQueueAdmitsMax bounds the starts one pass admits from one queue, so
 // one parent's queue does not hold up the others'.
@@ -89,8 +98,53 @@ func (c *Coordinator) queueStart(ctx context.Context, a admission, req rpc.Reque
 		Prompt: r.Prompt, Notify: r.Notify, NotifyJSON: req.Encoding == protocol.JSON, Options: r.Options, QueuedAt: store.NowMs(),
 	}
 	entry.Options.Label = a.options.Label
-	parent := a.pheader.ID
-	err = c.updateQueue(ctx, parent, func(q *protocol.StartQueueRecord) (bool, error) {
+	if err := c.enqueueStart(ctx, a.pheader.ID, entry); err != nil {
+		refund()
+		return protocol.RunStartReply{}, err
+	}
+	return protocol.RunStartReply{RunID: runID, ChildID: childID, State: protocol.RunQueued}, nil
+}
+
+// queueContinuable puts an admitted continuable.start (adm) of child
+// childID at the end of its parent's start queue, as queueStart does a
+// runs.start, and answers it queued with the child's id and its prompt's
+// message id, drawn now (its first epoch's run id too). A child id in use
+// (a session, or a start queued under this parent) is DUPLICATE_CHILD.
+func (c *Coordinator) queueContinuable(ctx context.Context, adm continuableAdmission, childID string) (protocol.ContinuableStartReply, error) {
+	if _, err := c.authorizeFresh(ctx, adm.r.Parent); err != nil {
+		return protocol.ContinuableStartReply{}, err
+	}
+	if adm.r.ChildID != "" {
+		if _, err := c.st.GetHeader(ctx, childID); err == nil {
+			return protocol.ContinuableStartReply{}, protocol.NewError(protocol.CodeDuplicateChild, map[string]any{"childId": childID})
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the header of %s: %w", childID, err)
+		}
+	}
+	refund, err := c.admitBudget(ctx, adm.a, childID)
+	if err != nil {
+		return protocol.ContinuableStartReply{}, err
+	}
+	entry := protocol.QueuedStart{
+		RunID: ulid.Make().String(), ChildID: childID, Provider: adm.a.desc.Name, CredentialHash: protocol.HashCredential(adm.r.Parent.Credential),
+		Prompt: adm.r.Prompt, Options: adm.opts, QueuedAt: store.NowMs(), Mode: protocol.ModeContinuable, MessageID: ulid.Make().String(),
+	}
+	if err := c.enqueueStart(ctx, adm.a.pheader.ID, entry); err != nil {
+		refund()
+		return protocol.ContinuableStartReply{}, err
+	}
+	return protocol.ContinuableStartReply{ChildID: childID, MessageID: entry.MessageID, State: protocol.StateQueued}, nil
+}
+
+// enqueueStart appends entry to parent's start queue, or refuses
+// LIMIT_EXCEEDED naming the bound the queue is at (StartQueueMax entries,
+// StartQueueBytesMax bytes), or DUPLICATE_CHILD when an entry names its
+// child already; then kicks the admissions.
+func (c *Coordinator) enqueueStart(ctx context.Context, parent string, entry protocol.QueuedStart) error {
+	err := c.updateQueue(ctx, parent, func(q *protocol.StartQueueRecord) (bool, error) {
+		if slices.ContainsFunc(q.Entries, func(e protocol.QueuedStart) bool { return e.ChildID == entry.ChildID }) {
+			return false, protocol.NewError(protocol.CodeDuplicateChild, map[string]any{"childId": entry.ChildID})
+		}
 		if len(q.Entries) >= c.cfg.StartQueueMax {
 			return false, protocol.NewError(protocol.CodeLimitExceeded, map[string]any{
 				"limit": "queued starts per parent", "reason": fmt.Sprintf("session %s is at its %d live children and %d starts wait in its queue; the limit is %d queued starts (StartQueueMax)",
@@ -104,12 +158,10 @@ func (c *Coordinator) queueStart(ctx context.Context, a admission, req rpc.Reque
 		}
 		return true, nil
 	})
-	if err != nil {
-		refund()
-		return protocol.RunStartReply{}, err
+	if err == nil {
+		c.kickQueues()
 	}
-	c.kickQueues()
-	return protocol.RunStartReply{RunID: runID, ChildID: childID, State: protocol.RunQueued}, nil
+	return err
 }
 
 // updateQueue changes parent's start queue by compare-and-set: change is
@@ -166,9 +218,37 @@ func (c *Coordinator) startQueues(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			c.admitQueued(ctx, parent)
+			if may, confirm := c.queueMayAdmit(parent, time.Now()); may {
+				c.admitQueued(ctx, parent, confirm)
+			}
 		}
 	}
+}
+
+// queueMayAdmit reports whether an admission pass of parent's queue may
+// take a slot, from this replica's cache first (issue 32, item 4): while
+// the leases it caches make the parent full, no pass reads anything, but
+// one every StartQueueConfirmInterval, which confirms it from the leader
+// (confirm true: the slot's refusal then reads the counted children
+// fresh). A pass the cache lets in reads the queue, the parent's lease and
+// the slot record, and is refused by the slot record without those fresh
+// reads (the slots it counts beside the cached leases are of starts on
+// their way). Before, every pass read each counted child's lease from the
+// leader before the refusal: about 128 leader reads per child end at 64
+// live children with two replicas, and 64 a second per replica.
+func (c *Coordinator) queueMayAdmit(parent string, now time.Time) (may, confirm bool) {
+	if len(c.liveChildIDs(parent)) < c.cfg.LiveChildrenMax {
+		delete(c.queueConfirmed, parent)
+		return true, false
+	}
+	if now.Sub(c.queueConfirmed[parent]) < StartQueueConfirmInterval {
+		return false, false
+	}
+	if c.queueConfirmed == nil || len(c.queueConfirmed) >= keyedLocksMax {
+		c.queueConfirmed = map[string]time.Time{}
+	}
+	c.queueConfirmed[parent] = now
+	return true, true
 }
 
 // admitQueued admits the first starts of parent's queue while the parent
@@ -181,8 +261,9 @@ func (c *Coordinator) startQueues(ctx context.Context) {
 // started (its caller notified) and removed; one whose parent's host is
 // being taken over waits. The pass is finished even if the replica stops
 // meanwhile (within a start's budget): a stop must not leave a start half
-// made.
-func (c *Coordinator) admitQueued(ctx context.Context, parent string) {
+// made. fresh: a refusal of the slot reads the counted children from the
+// leader first (queueMayAdmit's confirmation).
+func (c *Coordinator) admitQueued(ctx context.Context, parent string, fresh bool) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.RequestBudget)
 	defer cancel()
 	cur, err := c.st.StartQueue(actx, parent)
@@ -221,7 +302,7 @@ func (c *Coordinator) admitQueued(ctx context.Context, parent string) {
 			c.failQueued(actx, parent, e, notLiveCredential(parent))
 			continue
 		}
-		if err := c.reserveChild(actx, parent, e.ChildID, ""); err != nil {
+		if err := c.reserveSlot(actx, parent, e.ChildID, "", fresh); err != nil {
 			break // at the limit still (or the slot record unreadable): a later pass
 		}
 		batch = append(batch, e)
@@ -284,14 +365,26 @@ func (c *Coordinator) claimQueued(ctx context.Context, parent string, batch []pr
 	err := c.updateQueue(ctx, parent, func(q *protocol.StartQueueRecord) (bool, error) {
 		claimed = claimed[:0]
 		now := store.NowMs()
+		changed := false
 		for i, e := range q.Entries {
-			if by, ok := seen[e.RunID]; ok && e.AdmittingBy == by {
+			by, ok := seen[e.RunID]
+			if !ok || e.AdmittingBy != by {
+				continue
+			}
+			// An entry this replica marked less than half a start's budget
+			// ago (a pass whose start was not decided) is taken again
+			// without a write: each write is a queue change every replica
+			// sees and admits from at once, so a start that kept failing
+			// (its provider down) was retried in a busy loop, not once per
+			// StartQueueSweepInterval.
+			if by != c.cfg.ID || now-e.AdmittingAt >= c.cfg.RequestBudget.Milliseconds()/2 {
 				e.AdmittingBy, e.AdmittingAt = c.cfg.ID, now
 				q.Entries[i] = e
-				claimed = append(claimed, e)
+				changed = true
 			}
+			claimed = append(claimed, e)
 		}
-		return len(claimed) > 0, nil
+		return changed, nil
 	})
 	if err != nil {
 		c.log.Warn("queued starts not marked admitting", "parent", parent, "err", err)
@@ -355,6 +448,9 @@ func (k *keyedLocks) lock(ctx context.Context, key string) (unlock func(), err e
 // claimed or settled it, else started now. started reports that the run's
 // records exist: an error then has settled it.
 func (c *Coordinator) startQueued(ctx context.Context, l leaseState, e protocol.QueuedStart) (started bool, err error) {
+	if e.Continuable() {
+		return c.startQueuedContinuable(ctx, l, e)
+	}
 	desc, err := c.lookupProvider(e.Provider)
 	if err != nil {
 		return false, err
@@ -391,6 +487,72 @@ func (c *Coordinator) startQueued(ctx context.Context, l leaseState, e protocol.
 		return true, nil
 	}
 	c.cfg.Metrics.StartAnswered(start.Run.Provider, start.Run.Mode, time.Since(time.UnixMilli(e.QueuedAt)))
+	return true, nil
+}
+
+// startQueuedContinuable starts a queued continuable.start as
+// continuableStart does once its slot is taken: its admission checks run
+// again against the parent's lease (l), then its header (one written by an
+// admission of it before is taken as it is), its first epoch (run id
+// e.RunID) and its prompt (message id e.MessageID, stored once however
+// often it is enqueued). started reports that the prompt is in the child's
+// inbox.
+func (c *Coordinator) startQueuedContinuable(ctx context.Context, l leaseState, e protocol.QueuedStart) (started bool, err error) {
+	desc, err := c.lookupProvider(e.Provider)
+	if err != nil {
+		return false, err
+	}
+	if !desc.Continuable {
+		return false, protocol.NewError(protocol.CodeUnsupportedCapability, map[string]any{"provider": e.Provider, "capability": "continuable children"})
+	}
+	desc = continuableDesc(desc)
+	if err := checkCapabilities(desc, e.Options); err != nil {
+		return false, err
+	}
+	parent := l.rec.SessionID
+	lineage := append(append([]string(nil), l.rec.Ancestry...), parent)
+	if err := c.checkDraining(lineage); err != nil {
+		return false, err
+	}
+	a, err := c.admitResolved(ctx, desc, l, parent, e.Prompt, e.Options)
+	if err != nil {
+		return false, err
+	}
+	adm := continuableAdmission{
+		r:      protocol.ContinuableStartRequest{Provider: e.Provider, Parent: protocol.ParentRef{SessionID: parent}, Label: e.Options.Label, ChildID: e.ChildID, Prompt: e.Prompt},
+		parent: l, lineage: lineage, a: a, opts: e.Options,
+	}
+	header, err := c.writeContinuableChild(ctx, adm, e.ChildID)
+	if protocol.CodeOf(err) == protocol.CodeDuplicateChild {
+		// Written by an admission of this start before (a replica that
+		// died), or the id taken meanwhile by another start.
+		h, herr := c.st.GetHeader(ctx, e.ChildID)
+		if herr != nil || h.ParentSession != parent || h.Provider != desc.Name {
+			return false, err
+		}
+		header, err = h, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	recheck := func(ctx context.Context) error {
+		lease, err := c.st.LeaseLatest(ctx, parent)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return protocol.Errorf(protocol.CodeUnauthorized, "the parent session %s ended while the start waited in its queue", parent)
+		case err != nil:
+			return protocol.Errorf(protocol.CodeUnavailable, "read the lease of %s: %w", parent, err)
+		case lease.Value.CredentialHash != e.CredentialHash || !c.leaseLive(lease.Value):
+			return notLiveCredential(parent)
+		}
+		return nil
+	}
+	// The slot and the budget charge are given back by failQueued when
+	// the start fails (a rollback's dispose that failed keeps nothing).
+	if _, err := c.startFirstEpoch(ctx, adm, header, func() {}, e.RunID, e.MessageID, recheck); err != nil {
+		return false, err
+	}
+	c.cfg.Metrics.StartAnswered(desc.Name, protocol.ModeContinuable, time.Since(time.UnixMilli(e.QueuedAt)))
 	return true, nil
 }
 
@@ -467,7 +629,7 @@ func (c *Coordinator) providerStart(a admission, r protocol.RunStartRequest, e p
 func (c *Coordinator) failQueued(ctx context.Context, parent string, e protocol.QueuedStart, cause error) {
 	rec := protocol.RunRecord{
 		RunID: e.RunID, ChildID: e.ChildID, ParentSession: parent, Provider: e.Provider,
-		Mode: protocol.ModeOneShot, Notify: e.Notify, NotifyJSON: e.NotifyJSON, State: protocol.RunRunning, CreatedAt: store.NowMs(),
+		Mode: queuedMode(e), Notify: e.Notify, NotifyJSON: e.NotifyJSON, State: protocol.RunRunning, CreatedAt: store.NowMs(),
 	}
 	if protocol.ValidID(e.Provider) {
 		if rev, err := c.st.CreateRun(ctx, rec); err == nil {
@@ -502,17 +664,29 @@ func (c *Coordinator) refundQueued(ctx context.Context, parent, childID string) 
 	}
 }
 
-// queuedRun finds run runID in parent's start queue: a run record of state
-// RunQueued, or ok false.
+// queuedMode is the mode of the child a queued start makes.
+func queuedMode(e protocol.QueuedStart) string {
+	if e.Continuable() {
+		return protocol.ModeContinuable
+	}
+	return protocol.ModeOneShot
+}
+
+// queuedRun finds run runID (or a queued start's child id) in
+// parent's start queue: a run record of state RunQueued, or found false;
+// queues reports that parent has a start queue.
 func (c *Coordinator) queuedRun(ctx context.Context, parent, runID string) (_ protocol.RunRecord, found, queues bool) {
 	cur, err := c.st.StartQueue(ctx, parent)
 	if err != nil {
 		return protocol.RunRecord{}, false, !errors.Is(err, store.ErrNotFound)
 	}
 	for _, e := range cur.Value.Entries {
-		if e.RunID == runID {
+		// Or named by its child id: a queued continuable child's first
+		// epoch's run id is the coordinator's until it starts, and a
+		// remote run's child is listed by its own id (children.list).
+		if e.RunID == runID || e.ChildID == runID {
 			return protocol.RunRecord{RunID: e.RunID, ChildID: e.ChildID, ParentSession: parent, Provider: e.Provider,
-				Mode: protocol.ModeOneShot, State: protocol.RunQueued, CreatedAt: e.QueuedAt}, true, true
+				Mode: queuedMode(e), State: protocol.RunQueued, CreatedAt: e.QueuedAt}, true, true
 		}
 	}
 	return protocol.RunRecord{}, false, true
@@ -542,7 +716,7 @@ func (c *Coordinator) runLeftQueue(ctx context.Context, runID string) (store.Rec
 }
 
 // queuedRows are the children.list rows of parent's queued starts, oldest
-// first: state queued, mode one-shot.
+// first: state queued, the mode of the child each makes.
 func (c *Coordinator) queuedRows(ctx context.Context, parent string) []protocol.ChildRow {
 	if !c.agents.hasQueue(parent) {
 		return nil
@@ -553,7 +727,7 @@ func (c *Coordinator) queuedRows(ctx context.Context, parent string) []protocol.
 	}
 	rows := make([]protocol.ChildRow, 0, len(cur.Value.Entries))
 	for _, e := range cur.Value.Entries {
-		rows = append(rows, protocol.ChildRow{Kind: protocol.RowChild, ID: e.ChildID, Activity: protocol.ActivityInactive, State: protocol.RunQueued, Mode: protocol.ModeOneShot,
+		rows = append(rows, protocol.ChildRow{Kind: protocol.RowChild, ID: e.ChildID, Activity: protocol.ActivityInactive, State: protocol.RunQueued, Mode: queuedMode(e),
 			Provider: e.Provider, Label: e.Options.Label, CreatedAt: e.QueuedAt})
 	}
 	return rows
@@ -598,3 +772,42 @@ func (c *Coordinator) disposeQueued(ctx context.Context, q protocol.RunRecord) (
 	}
 	return c.disposeRun(ctx, run.Value, protocol.CauseDisposed)
 }
+
+// queuedChild finds continuable child childID while its start waits in its
+// parent's queue, asked with auth: its parent's credential, or a user
+// grant covering the parent's tree (as for a started child). ok is false
+// when it is not queued there (or auth may not see it: the caller answers
+// as for an unknown child).
+func (c *Coordinator) queuedChild(ctx context.Context, childID string, auth protocol.Authority) (e protocol.QueuedStart, ok bool) {
+	parent := c.agents.queuedParentOf(childID)
+	switch {
+	case auth.Grant != "":
+		g, err := c.grantOf(ctx, auth.Grant)
+		if err != nil || parent == "" || c.grantCoversQueued(ctx, g, auth.Grant, parent, func() error { return errHidden }) != nil {
+			return e, false
+		}
+	case auth.Parent != nil:
+		if parent != auth.Parent.SessionID && !c.agents.hasQueue(auth.Parent.SessionID) {
+			return e, false
+		}
+		if _, err := c.authorize(ctx, *auth.Parent); err != nil {
+			return e, false
+		}
+		parent = auth.Parent.SessionID
+	default:
+		return e, false
+	}
+	cur, err := c.st.StartQueue(ctx, parent)
+	if err != nil {
+		return e, false
+	}
+	for _, e := range cur.Value.Entries {
+		if e.Continuable() && e.ChildID == childID {
+			return e, true
+		}
+	}
+	return e, false
+}
+
+// errHidden stands for the refusal queuedChild does not answer.
+var errHidden = errors.New("not covered")

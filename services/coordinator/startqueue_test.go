@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
@@ -353,5 +355,173 @@ func TestAQueuedRunIsFoundByItsRunIDWithAUserGrant(t *testing.T) {
 	}
 	if st, err := await(aliceGrant); err != nil || st.State != protocol.RunSettled {
 		t.Fatalf("runs.await of the disposed run: %+v %v, want settled", st, err)
+	}
+}
+
+// TestAContinuableStartAtTheLimitQueues: with a limit of one live child, a
+// continuable.start beside a live child waits in the parent's start queue
+// (issue 32, item 4): answered at once with state queued, its child id and
+// the message id its prompt will have; continuable.state says queued (to
+// the parent and to a user grant), children.list lists it, a followup is
+// refused UNAVAILABLE naming the queue, and a one-shot start queues behind
+// it. Once the live child ends it starts, first, and runs its prompt under
+// that message id.
+func TestAContinuableStartAtTheLimitQueues(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 1 })
+	s.AddSpawnWorker()
+	root := s.Root()
+	auth := protocol.Authority{Parent: ptr(root.Ref())}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	first, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "first", Prompt: protocol.Text("sleep 30s\nsay first")})
+	if err != nil || first.State != "" {
+		t.Fatalf("the first start: %+v %v", first, err)
+	}
+	queued, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "second", Prompt: protocol.Text("say second")})
+	if err != nil || queued.State != protocol.StateQueued || queued.ChildID == "" || queued.MessageID == "" {
+		t.Fatalf("a continuable start at the limit: %+v %v, want state queued with its child and message ids", queued, err)
+	}
+	for name, a := range map[string]protocol.Authority{"the parent": auth, "a user grant": s.Grant()} {
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			st, err := s.Client.State(ctx, protocol.ChildRef{ChildID: queued.ChildID, Authority: a})
+			return err == nil && st.State == protocol.StateQueued
+		}, "continuable.state of the queued child with %s says queued", name)
+	}
+	if _, err := s.Client.State(ctx, protocol.ChildRef{ChildID: queued.ChildID, Authority: s.Root().Authority()}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+		t.Fatalf("continuable.state of the queued child with another root's credential: %v, want UNAUTHORIZED", err)
+	}
+	_, err = s.Client.Followup(ctx, protocol.FollowupRequest{ChildID: queued.ChildID, Authority: auth, Message: protocol.Text("say more")})
+	if protocol.CodeOf(err) != protocol.CodeUnavailable || !strings.Contains(err.Error(), "start queue") {
+		t.Fatalf("a followup to the queued child: %v, want UNAVAILABLE naming the start queue", err)
+	}
+	list, err := s.Client.Children(ctx, protocol.ChildrenListRequest{Parent: root.SessionID, Authority: auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var row *protocol.ChildRow
+	for i := range list.Rows {
+		if list.Rows[i].ID == queued.ChildID {
+			row = &list.Rows[i]
+		}
+	}
+	if row == nil || row.State != protocol.RunQueued || row.Mode != protocol.ModeContinuable || row.Label != "second" {
+		t.Fatalf("children.list row of the queued child: %+v (rows %+v), want state queued, continuable, label second", row, list.Rows)
+	}
+	behind, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say behind")})
+	if err != nil || behind.State != protocol.RunQueued {
+		t.Fatalf("a one-shot start behind the queued one: %v (state %q), want queued", err, behind.State)
+	}
+
+	if _, err := s.Client.Drain(ctx, protocol.DrainRequest{Authority: s.Grant(), Children: []string{first.ChildID}}); err != nil {
+		t.Fatal(err)
+	}
+	var res protocol.SessionResultReply
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		res, err = s.Client.SessionResult(ctx, protocol.SessionResultRequest{SessionID: queued.ChildID, Authority: auth})
+		return err == nil && res.Finished
+	}, "the queued child starts and finishes its first turn")
+	if got := protocol.PlainText(res.Output); got != "second" {
+		t.Fatalf("the queued child's first turn answered %q, want second", got)
+	}
+	_, events := s.Log(queued.ChildID)
+	claimed := false
+	for _, ev := range events {
+		if ev.Type != protocol.EvInboxDequeue {
+			continue
+		}
+		var d protocol.InboxDequeueData
+		if err := protocol.Unmarshal(protocol.Msgpack, ev.Data, &d); err == nil && d.MessageID == queued.MessageID {
+			claimed = true
+		}
+	}
+	if !claimed {
+		t.Fatalf("the queued child's log claims no message %s (the id its start answered)", queued.MessageID)
+	}
+	if res, err := behind.Result(ctx); err != nil || res.StopReason != protocol.StopCompleted {
+		t.Fatalf("the one-shot start queued behind it: %+v %v", res, err)
+	}
+}
+
+// TestAFullParentsQueueReadsItsChildrenFromTheCache: while a parent with
+// starts queued is at its live-children limit, the start queue's passes
+// (one a second per replica) take the replica's lease cache first: they
+// read no counted child's lease from the leader but once every
+// StartQueueConfirmInterval (issue 32, item 4: each pass read every live
+// child's lease from the leader, 64 reads a second per replica at 64 live
+// children, and about 128 per child end with two replicas).
+func TestAFullParentsQueueReadsItsChildrenFromTheCache(t *testing.T) {
+	const limit = 8
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = limit })
+	s.AddSpawnWorker()
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var children []string
+	for i := 0; i < limit; i++ {
+		r, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("sleep 60s\nsay x")})
+		if err != nil || r.State != "" {
+			t.Fatalf("start %d: %v (state %q)", i, err, r.State)
+		}
+		children = append(children, r.ChildID)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		n := 0
+		for _, id := range children {
+			if _, err := s.Store.Lease(ctx, id); err == nil {
+				n++
+			}
+		}
+		return n == limit
+	}, "the %d children hold their leases", limit)
+	waiting, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("say late")})
+	if err != nil || waiting.State != protocol.RunQueued {
+		t.Fatalf("the start past the limit: %v (state %q), want queued", err, waiting.State)
+	}
+
+	// Every read of a child's lease from the bucket's leader (a direct get
+	// would not be one) is a JetStream API request naming its key.
+	nc, err := nats.Connect(s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var mu sync.Mutex
+	reads := 0
+	sub, err := nc.Subscribe("$JS.API.STREAM.MSG.GET.KV_"+s.Store.Subj.BucketAgents(), func(m *nats.Msg) {
+		for _, id := range children {
+			if strings.Contains(string(m.Data), id) {
+				mu.Lock()
+				reads++
+				mu.Unlock()
+				return
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Four sweeps of the queue at one a second, the parent full all along.
+	window := 4 * coordinator.StartQueueSweepInterval
+	select {
+	case <-ctx.Done():
+		t.Fatal(ctx.Err())
+	case <-time.After(window):
+	}
+	mu.Lock()
+	got := reads
+	mu.Unlock()
+	// At most one confirmation from the leader in the window (its interval
+	// is longer): once each counted child.
+	if window >= coordinator.StartQueueConfirmInterval || got > limit {
+		t.Fatalf("%d reads of the live children's leases from the leader in %v of a full parent's queue; want at most %d (one confirmation)", got, window, limit)
+	}
+	if st, err := s.Client.Await(ctx, protocol.RunRef{RunID: waiting.RunID, Parent: ptr(root.Ref())}); err != nil || st.State != protocol.RunQueued {
+		t.Fatalf("the queued run after the window: %+v %v, want still queued", st, err)
 	}
 }

@@ -321,7 +321,15 @@ export interface ContinuableStartRequest {
 /** §5.8 */
 export interface ContinuableStartReply {
   childId: string;
+  /** The prompt's id in the child's inbox (while queued: the id it will have once the child starts). */
   messageId: string;
+  /**
+   * "queued" when the parent was at its live-children limit and the start
+   * waits in its start queue (§5.5, "The start queue"): the child has no
+   * session until it starts (continuable.state says queued; a followup is
+   * refused UNAVAILABLE); absent when the child was started.
+   */
+  state?: "queued";
 }
 
 /** §8.6 */
@@ -376,8 +384,11 @@ export interface ModelRetryData {
 /** §5.10 */
 export interface StateReply {
   childId: string;
-  /** paused: the turn waits at its budget's cap for a raise (§5.5 "Pause and raise"; budgetPause). */
-  state: "running" | "paused" | "waiting" | "settled" | "none";
+  /**
+   * paused: the turn waits at its budget's cap for a raise (§5.5 "Pause and raise"; budgetPause).
+   * queued: the child's start waits in its parent's start queue (§5.5, "The start queue").
+   */
+  state: "running" | "paused" | "waiting" | "settled" | "none" | "queued";
   hostId?: string;
   runId?: string;
   queued?: number;
