@@ -3,6 +3,7 @@ package requestwait
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/brood-dev/brood/pkg/protocol"
 )
@@ -36,7 +37,8 @@ func PausesAtCap(err error) bool {
 // id is budget-t<turn>-s<step>-<n>, n counting the budget requests that
 // step opened so far (opened) from 1; BudgetOf and Exhausted are the
 // refusal's (its details.budget and its message, truncated to
-// protocol.RequestReasonBytesMax bytes by TruncateDiagnostic).
+// protocol.RequestReasonBytesMax bytes by TruncateDiagnostic), and
+// BudgetRaises its details.raises: the ledger's raise count it saw.
 func BudgetRequest(turn, step int64, opened int, refused error) protocol.RequestOpenRequest {
 	req := protocol.RequestOpenRequest{Kind: protocol.RequestBudget, Turn: turn, Step: step,
 		CallID: fmt.Sprintf("budget-t%d-s%d-%d", turn, step, opened+1)}
@@ -44,8 +46,41 @@ func BudgetRequest(turn, step int64, opened int, refused error) protocol.Request
 	if errors.As(refused, &pe) {
 		req.BudgetOf, _ = pe.Details["budget"].(string)
 		req.Exhausted = protocol.TruncateDiagnostic(pe.Message)
+		if n, ok := detailCount(pe.Details["raises"]); ok && req.BudgetOf != "" {
+			// A raise between the refusal and the request's opening
+			// answers it at once (docs/protocol.md §5.5).
+			req.BudgetRaises = &n
+		}
 	}
 	return req
+}
+
+// detailCount reads an error detail that is a count, as the wire decoded
+// it (a JSON number is a float64, a MessagePack one any integer type).
+func detailCount(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int64:
+		return n, n >= 0
+	case int:
+		return int64(n), n >= 0
+	case int8:
+		return int64(n), n >= 0
+	case int16:
+		return int64(n), n >= 0
+	case int32:
+		return int64(n), n >= 0
+	case uint8:
+		return int64(n), true
+	case uint16:
+		return int64(n), true
+	case uint32:
+		return int64(n), true
+	case uint64:
+		return int64(n), n <= math.MaxInt64
+	case float64:
+		return int64(n), n >= 0 && n <= protocol.BudgetValueMax && n == math.Trunc(n)
+	}
+	return 0, false
 }
 
 // BudgetRequests counts the request/open events of kind budget for step

@@ -185,6 +185,14 @@ type BudgetRecord struct {
 	// landed (the store judges a refused write whose bytes are the key's
 	// its own).
 	WriteID string `msgpack:"writeId,omitempty" json:"writeId,omitempty"`
+	// Raises counts the raises the ledger had (budget.raise), and
+	// RaisedBy is who gave the last one. A refusal names the count it saw
+	// (BUDGET_EXHAUSTED's detail `raises`) and the budget pause it opens
+	// repeats it (RequestOpenRequest.BudgetRaises): a pause opened after a
+	// raise it never saw is answered at once (docs/protocol.md §5.5,
+	// "Pause and raise").
+	Raises   int64     `msgpack:"raises,omitempty" json:"raises,omitempty"`
+	RaisedBy *Answerer `msgpack:"raisedBy,omitempty" json:"raisedBy,omitempty"`
 }
 
 // Reserved is the sum of the reservations in flight.
@@ -219,15 +227,16 @@ func (r BudgetRecord) Remaining() BudgetSpend {
 // cannot grant at now (the first limit short, in the order tokens, model
 // requests, tool calls, children; the deadline before them), nil when it
 // can. A token want is granted when at least minTokens remain (the grant
-// may be less than want.Tokens: Grant).
+// may be less than want.Tokens: Grant). The error's details name the
+// ledger's raise count (`raises`).
 func (r BudgetRecord) Exhausted(want BudgetSpend, minTokens, now int64) error {
 	if r.DeadlineAt > 0 && now >= r.DeadlineAt {
-		return BudgetExhausted(r.SessionID, BudgetLimitDeadline, "milliseconds", r.Limits.DeadlineMs, now-r.CreatedAt)
+		return r.exhausted(BudgetLimitDeadline, "milliseconds", r.Limits.DeadlineMs, now-r.CreatedAt, 0, 0)
 	}
 	rem := r.Remaining()
 	used := r.Charged.Add(r.Reserved())
-	if want.Tokens > 0 && rem.Tokens < max(minTokens, 1) {
-		return BudgetExhausted(r.SessionID, BudgetLimitTokens, "tokens", r.Limits.Tokens, used.Tokens)
+	if need := max(minTokens, 1); want.Tokens > 0 && rem.Tokens < need {
+		return r.exhausted(BudgetLimitTokens, "tokens", r.Limits.Tokens, used.Tokens, need, rem.Tokens)
 	}
 	for _, f := range []struct {
 		name, unit       string
@@ -239,10 +248,17 @@ func (r BudgetRecord) Exhausted(want BudgetSpend, minTokens, now int64) error {
 		{BudgetLimitChildren, "children", want.Children, rem.Children, r.Limits.Children, used.Children},
 	} {
 		if f.want > 0 && f.rem < f.want {
-			return BudgetExhausted(r.SessionID, f.name, f.unit, f.limit, f.used)
+			return r.exhausted(f.name, f.unit, f.limit, f.used, f.want, f.rem)
 		}
 	}
 	return nil
+}
+
+// exhausted is BudgetExhausted of r, with its raise count.
+func (r BudgetRecord) exhausted(limit, unit string, value, usage, needed, left int64) *Error {
+	e := BudgetExhausted(r.SessionID, limit, unit, value, usage)
+	e.Details["raises"] = r.Raises
+	return e
 }
 
 // BudgetExhausted is the BUDGET_EXHAUSTED error of the budget named by

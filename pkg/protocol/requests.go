@@ -211,6 +211,13 @@ type RequestOpenRequest struct {
 	// at most RequestReasonBytesMax bytes).
 	BudgetOf  string `msgpack:"budgetOf,omitempty" json:"budgetOf,omitempty"`
 	Exhausted string `msgpack:"exhausted,omitempty" json:"exhausted,omitempty"`
+	// BudgetRaises is a budget pause's: the raise count of BudgetOf's
+	// ledger that its refusal saw (BUDGET_EXHAUSTED's detail `raises`).
+	// When the ledger has had more raises by the time the request is
+	// open, the request is answered approved at once: the raise landed
+	// before the pause existed (docs/protocol.md §5.5, "Pause and raise").
+	// Absent: not checked.
+	BudgetRaises *int64 `msgpack:"budgetRaises,omitempty" json:"budgetRaises,omitempty"`
 }
 
 // RequestGetRequest is the body of requests.get: the child itself (Self)

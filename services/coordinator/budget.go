@@ -57,15 +57,22 @@ const budgetAttemptsMax = 64
 // conflicts, or a decision not to write taken on a remembered ledger, runs
 // f again on a fresh read from the leader.
 func (c *Coordinator) budgetUpdate(ctx context.Context, id string, f func(rec *protocol.BudgetRecord, now int64) (bool, error)) error {
+	_, err := c.budgetWrite(ctx, id, f)
+	return err
+}
+
+// budgetWrite is budgetUpdate that also returns the revision it wrote (0:
+// it wrote nothing).
+func (c *Coordinator) budgetWrite(ctx context.Context, id string, f func(rec *protocol.BudgetRecord, now int64) (bool, error)) (uint64, error) {
 	for attempt := 0; attempt < budgetAttemptsMax; attempt++ {
 		got, known := c.ledgers.get(id)
 		if !known {
 			var err error
 			if got, err = c.st.Budget(ctx, id); err != nil {
 				if errors.Is(err, store.ErrNotFound) {
-					return protocol.Errorf(protocol.CodeInternal, "the ledger of budget %s is missing", id)
+					return 0, protocol.Errorf(protocol.CodeInternal, "the ledger of budget %s is missing", id)
 				}
-				return protocol.Errorf(protocol.CodeUnavailable, "read the ledger of budget %s: %w", id, err)
+				return 0, protocol.Errorf(protocol.CodeUnavailable, "read the ledger of budget %s: %w", id, err)
 			}
 			c.ledgers.put(id, got)
 		}
@@ -74,7 +81,7 @@ func (c *Coordinator) budgetUpdate(ctx context.Context, id string, f func(rec *p
 		write, ferr := f(&rec, store.NowMs())
 		if !write {
 			if !known {
-				return ferr
+				return 0, ferr
 			}
 			// What was decided on a remembered ledger without writing (a
 			// refusal, a reservation not found) is decided again on the
@@ -86,11 +93,11 @@ func (c *Coordinator) budgetUpdate(ctx context.Context, id string, f func(rec *p
 		rev, err := c.st.WriteBudget(ctx, id, rec, got.Revision)
 		if err == nil {
 			c.ledgers.put(id, store.Record[protocol.BudgetRecord]{Value: rec, Revision: rev})
-			return ferr
+			return rev, ferr
 		}
 		c.ledgers.drop(id)
 		if !errors.Is(err, store.ErrConflict) {
-			return protocol.Errorf(protocol.CodeUnavailable, "write the ledger of budget %s: %w", id, err)
+			return 0, protocol.Errorf(protocol.CodeUnavailable, "write the ledger of budget %s: %w", id, err)
 		}
 		if known {
 			continue // the remembered revision was behind: read it now
@@ -98,11 +105,11 @@ func (c *Coordinator) budgetUpdate(ctx context.Context, id string, f func(rec *p
 		wait := time.Duration(rand.Int63n(int64(2*time.Millisecond*time.Duration(min(attempt+1, 10))))) + time.Millisecond
 		select {
 		case <-ctx.Done():
-			return protocol.Errorf(protocol.CodeUnavailable, "update the ledger of budget %s: %w", id, ctx.Err())
+			return 0, protocol.Errorf(protocol.CodeUnavailable, "update the ledger of budget %s: %w", id, ctx.Err())
 		case <-time.After(wait):
 		}
 	}
-	return protocol.Errorf(protocol.CodeUnavailable, "the ledger of budget %s kept changing: %d compare-and-set attempts", id, budgetAttemptsMax)
+	return 0, protocol.Errorf(protocol.CodeUnavailable, "the ledger of budget %s kept changing: %d compare-and-set attempts", id, budgetAttemptsMax)
 }
 
 // ledgerCache remembers the ledgers this replica last read or wrote, with

@@ -7,17 +7,24 @@ package coordinator
 // turn as an approval does (wakeParked). The order of writes of a raise:
 //
 //  1. the child's ledger budget.<childId>, by compare-and-set
-//     (budgetUpdate), the raised limits checked against the raiser's
-//     remainder inside the write;
+//     (budgetWrite), the raised limits checked against the raiser's
+//     remainder inside the write, its raise count (raises) one more;
 //  2. each pending budget request of the child, or of a session paused on
 //     that ledger, moved pending → approved by compare-and-set (an answer
-//     that landed first stands);
+//     that landed first stands): found in the watch of brood_agents
+//     (agentIndex.pausesOn, no listing), once the watch applied the
+//     ledger write of step 1;
 //  3. the wake of each such session no activation holds (wakeParked).
 //
 // A raise that lands between a child's refused reservation and its
-// request's opening (milliseconds) finds no request to answer: the child
-// stays paused on the request it then opens until another raise, or an
-// approve of that request (requests.answer), makes it reserve again.
+// request's opening (milliseconds) is not lost: the refusal names the
+// ledger's raise count, the pause repeats it when it opens its request
+// (budgetRaises), and requests.open, once the request exists, reads the
+// ledger and answers it approved at once when the count grew
+// (answerRaisedMeanwhile). Either the raise's ledger write came before
+// that read, which sees it, or after it, so after the request was
+// written: the watch applies the bucket's revisions in order, so once it
+// applied the ledger write, step 2 finds the request.
 
 import (
 	"context"
@@ -26,6 +33,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/oklog/ulid/v2"
 
@@ -88,21 +96,62 @@ func (c *Coordinator) budgetRaise(ctx context.Context, _ rpc.Request, r protocol
 		by.User = g.user
 	}
 	var out protocol.BudgetRecord
-	err = c.budgetUpdate(ctx, h.ID, func(rec *protocol.BudgetRecord, _ int64) (bool, error) {
+	rev, err := c.budgetWrite(ctx, h.ID, func(rec *protocol.BudgetRecord, _ int64) (bool, error) {
 		raised, err := raiseLimits(*rec, r.Raise, rem)
 		if err != nil {
 			return false, err
 		}
 		rec.Limits = raised
+		rec.Raises++
+		rec.RaisedBy = &by
 		out = *rec
 		return true, nil
 	})
 	if err != nil {
 		return protocol.BudgetRaiseReply{}, err
 	}
-	c.log.Info("budget raised", "session", h.ID, "raise", r.Raise, "by", by.Kind)
-	return protocol.BudgetRaiseReply{Budget: out, Resumed: c.resumeBudgetPauses(ctx, h.ID, by, r.Raise)}, nil
+	c.log.Info("budget raised", "session", h.ID, "raise", r.Raise, "by", by.Kind, "raises", out.Raises)
+	return protocol.BudgetRaiseReply{Budget: out, Resumed: c.resumeBudgetPauses(ctx, h.ID, rev, by, r.Raise)}, nil
 }
+
+// answerRaisedMeanwhile answers budget pause rec (pending, at revision
+// rev, just opened) approved when its ledger (budgetOf) had more raises
+// than raises, the count its refusal saw: such a raise landed before the
+// request existed and found nothing to answer. It returns the request as
+// it is now, and its revision. A failed read or answer leaves it pending
+// (a later raise or an approve answers it).
+func (c *Coordinator) answerRaisedMeanwhile(ctx context.Context, rec protocol.RequestRecord, rev uint64, raises int64) (protocol.RequestRecord, uint64) {
+	led, err := c.st.Budget(ctx, rec.BudgetOf)
+	if err != nil || led.Value.Raises <= raises {
+		return rec, rev
+	}
+	by := protocol.Answerer{Kind: protocol.AnswererUser}
+	if led.Value.RaisedBy != nil {
+		by = *led.Value.RaisedBy
+	}
+	v := rec
+	v.State = protocol.RequestApproved
+	v.Answer = &protocol.RequestAnswer{State: protocol.RequestApproved, By: by, At: store.NowMs(), ID: ulid.Make().String(),
+		Reason: fmt.Sprintf("budget raised before the pause opened (the budget of %s had %d raises, its refusal saw %d)", rec.BudgetOf, led.Value.Raises, raises)}
+	nrev, err := c.st.AnswerRequest(ctx, v, rev)
+	if err != nil {
+		if !errors.Is(err, store.ErrConflict) {
+			c.log.Warn("a budget pause opened after a raise could not be answered; it waits for the next", "request", rec.ID, "err", err)
+		}
+		if now, err := c.st.Request(ctx, rec.ID); err == nil {
+			return now.Value, now.Revision
+		}
+		return rec, rev
+	}
+	c.log.Info("request answered by a raise that came before it", "request", rec.ID, "session", rec.SessionID, "budget", rec.BudgetOf)
+	return v, nrev
+}
+
+// raiseIndexWait bounds how long a raise waits for its coordinator's watch
+// of brood_agents to apply its ledger write before it looks for the
+// pauses that write answers (resumeBudgetPauses); past it, it looks in
+// what the watch holds.
+const raiseIndexWait = 2 * time.Second
 
 // budgetTarget checks the authority acting on session id's budget and
 // reads its header: a child's as continuable.state checks it (childFor;
@@ -160,16 +209,20 @@ func raiseLimits(rec protocol.BudgetRecord, raise, rem protocol.BudgetSpend) (pr
 // resumeBudgetPauses answers approved, by by, every pending budget request
 // paused on the ledger of session id (its own, or a descendant's that
 // drew on it), and wakes each asking session no activation holds. It
-// returns the answered request ids. Best effort: a request not answered
-// here (answered first, unreadable) is left as it is.
-func (c *Coordinator) resumeBudgetPauses(ctx context.Context, id string, by protocol.Answerer, raise protocol.BudgetSpend) []string {
+// finds them in the watch of brood_agents (agentIndex.pausesOn), once the
+// watch applied rev, the raise's ledger write (at most raiseIndexWait),
+// and returns the answered request ids. Best effort: a request not
+// answered here (answered first, unreadable) is left as it is.
+func (c *Coordinator) resumeBudgetPauses(ctx context.Context, id string, rev uint64, by protocol.Answerer, raise protocol.BudgetSpend) []string {
 	resumed := []string{}
-	ids, _, err := c.st.PendingRequestIDs(ctx, protocol.RequestsListMax)
-	if err != nil {
-		c.log.Warn("a raise could not list the pending requests; a paused turn waits for its request's answer or timeout", "session", id, "err", err)
-		return resumed
+	wctx, cancel := context.WithTimeout(ctx, raiseIndexWait)
+	caughtUp := c.agentsWatch.WaitApplied(wctx, rev)
+	cancel()
+	if !caughtUp {
+		c.log.Warn("a raise looks for paused turns before its watch applied its write; a pause opened just before it waits for its request's answer or timeout",
+			"session", id, "revision", rev, "bound", raiseIndexWait.String())
 	}
-	for _, rid := range ids {
+	for _, rid := range c.agents.pausesOn(id) {
 		rec, err := c.st.Request(ctx, rid)
 		if err != nil {
 			continue

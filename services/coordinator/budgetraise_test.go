@@ -3,6 +3,7 @@ package coordinator_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -306,4 +307,101 @@ func eventTypes(evs []protocol.SessionEvent) string {
 		out = append(out, ev.Type)
 	}
 	return strings.Join(out, " ")
+}
+
+// TestBudgetRaiseBeforeThePauseOpens (issue 32): a raise that lands
+// between a child's BUDGET_EXHAUSTED refusal and the opening of its
+// budget request is not lost: the request, opened with the raise count
+// its refusal saw, is answered approved at once, by the raiser. A pause
+// opened after the raise it saw waits, and the next raise answers it,
+// found in the coordinator's watch of brood_agents: no raise lists the
+// bucket's keys.
+func TestBudgetRaiseBeforeThePauseOpens(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	host, _ := s.AddSpawnWorker()
+	noConsumers := agentsConsumersCreated(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root := s.Root()
+	// The child's own ledger has its one model request spent.
+	child := protocol.ParentRef{SessionID: "raisedchild00000000000001", Credential: "raised-child-credential"}
+	budgetedChild(t, s, host.ID(), root.SessionID, child, protocol.BudgetRecord{SessionID: child.SessionID, Limits: protocol.Budget{ModelRequests: 1},
+		Charged: protocol.BudgetSpend{ModelRequests: 1}, CreatedAt: store.NowMs()})
+	refusal := func() int64 {
+		t.Helper()
+		_, err := s.Client.ReserveBudget(ctx, protocol.BudgetReserveRequest{Self: child, Want: protocol.BudgetSpend{ModelRequests: 1}, NoWait: true})
+		var pe *protocol.Error
+		if !errors.As(err, &pe) || pe.Code != protocol.CodeBudgetExhausted {
+			t.Fatalf("reserve = %v; want BUDGET_EXHAUSTED", err)
+		}
+		n, ok := pe.Details["raises"].(float64) // JSON
+		if !ok {
+			if i, isInt := pe.Details["raises"].(int64); isInt {
+				n, ok = float64(i), true
+			}
+		}
+		if !ok {
+			t.Fatalf("the refusal names no raise count: %v", pe.Details)
+		}
+		return int64(n)
+	}
+	open := func(call string, raises int64) protocol.RequestRecord {
+		t.Helper()
+		rec, err := s.Client.OpenRequest(ctx, protocol.RequestOpenRequest{Self: child, Kind: protocol.RequestBudget, CallID: call, Turn: 1, Step: 1,
+			BudgetOf: child.SessionID, Exhausted: "spent", BudgetRaises: &raises})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec
+	}
+
+	// The order forced: refused, raised (nothing paused yet), then the
+	// pause opens.
+	seen := refusal()
+	if rep, err := s.Client.RaiseBudget(ctx, child.SessionID, s.Grant(), protocol.BudgetSpend{ModelRequests: 1}); err != nil || len(rep.Resumed) != 0 {
+		t.Fatalf("the raise before the pause = %+v, %v; want nothing to resume", rep, err)
+	}
+	late := open("budget-t1-s1-1", seen)
+	if late.State != protocol.RequestApproved || late.Answer == nil || late.Answer.By.Kind != protocol.AnswererUser {
+		t.Fatalf("the pause opened after a raise it did not see: %+v; want approved at once, by the user", late)
+	}
+	if got, err := s.Client.GetRequest(ctx, protocol.RequestGetRequest{RequestID: late.ID, Authority: s.Grant()}); err != nil || got.State != protocol.RequestApproved {
+		t.Fatalf("the request as stored: %+v, %v", got, err)
+	}
+
+	// A pause that saw the raise waits; the next raise answers it.
+	if _, err := s.Client.ReserveBudget(ctx, protocol.BudgetReserveRequest{Self: child, Want: protocol.BudgetSpend{ModelRequests: 1}, NoWait: true}); err != nil {
+		t.Fatalf("the raised model request: %v", err)
+	}
+	seen = refusal()
+	waiting := open("budget-t1-s1-2", seen)
+	if seen != 1 || waiting.State != protocol.RequestPending {
+		t.Fatalf("a pause that saw the raise (count %d) is %s; want 1 and pending", seen, waiting.State)
+	}
+	rep, err := s.Client.RaiseBudget(ctx, child.SessionID, s.Grant(), protocol.BudgetSpend{ModelRequests: 1})
+	if err != nil || strings.Join(rep.Resumed, ",") != waiting.ID || rep.Budget.Raises != 2 {
+		t.Fatalf("the second raise = %+v, %v; want request %s answered, 2 raises", rep, err, waiting.ID)
+	}
+	noConsumers()
+}
+
+// budgetedChild writes continuable child self of root as a start does:
+// its header draws on its own ledger, led, and its lease is on the live
+// host hostID.
+func budgetedChild(t *testing.T, s *stack.Stack, hostID, root string, self protocol.ParentRef, led protocol.BudgetRecord) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Store.PutHeader(ctx, protocol.SessionHeader{ID: self.SessionID, ParentSession: root, Origin: protocol.OriginSubagent,
+		Provider: "spawn", CreatedAt: store.NowMs(), Budgets: []string{self.SessionID}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Store.WriteBudget(ctx, self.SessionID, led, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Store.CreateLease(ctx, protocol.AgentRecord{SessionID: self.SessionID, Kind: protocol.AgentContinuable, Provider: "spawn",
+		ParentSession: root, HostID: hostID, CredentialHash: protocol.HashCredential(self.Credential)}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -62,6 +62,13 @@ type agentIndex struct {
 	// lives a day past its deadline or answer, store.RequestTTL), removed
 	// when deleted or lapsed.
 	requests map[string]uint64
+	// budgetPauses indexes the pending budget requests (paused turns) by
+	// the ledgers whose raise answers them, the asker's own and its
+	// budgetOf (resumeBudgetPauses): ledger → request ids; pauseLedgers
+	// is its reverse. Bound: the pending budget requests the bucket holds
+	// (one per paused turn).
+	budgetPauses map[string]map[string]struct{}
+	pauseLedgers map[string][2]string
 	// deadlines holds the budget ledgers (budget.<id>) with a deadline
 	// whose subtree was not ended yet, by id: the deadline (epoch ms), so
 	// the deadline sweep walks them without listing the bucket's keys
@@ -132,7 +139,7 @@ const endedMax = 100_000
 
 func newAgentIndex(clock func() time.Duration, belongs func(string, protocol.AgentRecord) error, log *slog.Logger) *agentIndex {
 	return &agentIndex{byKey: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
-		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, queued: map[string]bool{}, queuedRuns: map[string]string{}, queuedRunsOf: map[string][]string{}, requests: map[string]uint64{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
+		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, queued: map[string]bool{}, queuedRuns: map[string]string{}, queuedRunsOf: map[string][]string{}, requests: map[string]uint64{}, budgetPauses: map[string]map[string]struct{}{}, pauseLedgers: map[string][2]string{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
 }
 
 // leaseHeaderWait bounds the header read that checks a child's lease the
@@ -163,10 +170,15 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) time.Duration {
 	kind, id := store.KindOf(key)
 	switch kind {
 	case store.KindRequest:
+		rec, err := store.Decode[protocol.RequestRecord](e)
 		a.mu.Lock()
 		a.requests[id] = e.Revision()
+		a.unindexPause(id)
+		if err == nil && rec.Kind == protocol.RequestBudget && rec.State == protocol.RequestPending {
+			a.indexPause(id, [2]string{rec.SessionID, rec.BudgetOf})
+		}
 		a.mu.Unlock()
-		return requestLapse(e)
+		return requestLapse(rec, err, e)
 	case store.KindBudget:
 		rec, err := store.Decode[protocol.BudgetRecord](e)
 		a.mu.Lock()
@@ -208,12 +220,59 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) time.Duration {
 // answered one's a day past the answer (store.RequestTTL); the later of
 // the two, so a pending record is never forgotten early (one forgotten
 // late is only read once more by the parked sweep and found gone).
-func requestLapse(e jetstream.KeyValueEntry) time.Duration {
+func requestLapse(rec protocol.RequestRecord, err error, e jetstream.KeyValueEntry) time.Duration {
 	lapse := store.RequestTTL
-	if rec, err := store.Decode[protocol.RequestRecord](e); err == nil {
+	if err == nil {
 		lapse = max(lapse, time.UnixMilli(rec.Deadline).Add(store.RequestTTL).Sub(e.Created()))
 	}
 	return lapse + time.Second
+}
+
+// indexPause files pending budget request id under the ledgers of
+// ledgers (budgetPauses); a.mu is held.
+func (a *agentIndex) indexPause(id string, ledgers [2]string) {
+	for _, l := range ledgers {
+		if l == "" {
+			continue
+		}
+		ids := a.budgetPauses[l]
+		if ids == nil {
+			ids = map[string]struct{}{}
+			a.budgetPauses[l] = ids
+		}
+		ids[id] = struct{}{}
+	}
+	a.pauseLedgers[id] = ledgers
+}
+
+// unindexPause forgets request id in budgetPauses; a.mu is held.
+func (a *agentIndex) unindexPause(id string) {
+	ledgers, ok := a.pauseLedgers[id]
+	if !ok {
+		return
+	}
+	delete(a.pauseLedgers, id)
+	for _, l := range ledgers {
+		if ids := a.budgetPauses[l]; ids != nil {
+			delete(ids, id)
+			if len(ids) == 0 {
+				delete(a.budgetPauses, l)
+			}
+		}
+	}
+}
+
+// pausesOn returns the ids of the pending budget requests seen whose raise
+// of ledger answers them (budgetPauses), sorted.
+func (a *agentIndex) pausesOn(ledger string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ids := make([]string, 0, len(a.budgetPauses[ledger]))
+	for id := range a.budgetPauses[ledger] {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // requestRevisions returns the request records seen, by id (oldest id
@@ -323,6 +382,7 @@ func (a *agentIndex) del(key string) {
 		delete(a.drains, id)
 	case store.KindRequest:
 		delete(a.requests, id)
+		a.unindexPause(id)
 	case store.KindBudget:
 		delete(a.deadlines, id)
 	case store.KindLease, store.KindRootLease:

@@ -88,7 +88,8 @@ func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protoco
 		State: protocol.RequestPending, CreatedAt: now, Deadline: now + h.RequestTimeout(c.cfg.RequestTimeout).Milliseconds(),
 		Handler: c.requestHandler(ctx, r.Self.SessionID, nil),
 	}
-	if _, err := c.st.CreateRequest(ctx, rec); err != nil {
+	rev, err := c.st.CreateRequest(ctx, rec)
+	if err != nil {
 		if !errors.Is(err, store.ErrConflict) {
 			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnavailable, "write the request: %w", err)
 		}
@@ -100,6 +101,9 @@ func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protoco
 		if old.Value.SessionID != rec.SessionID || old.Value.CallID != rec.CallID {
 			return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeInternal, "request id %s names another call", rec.ID)
 		}
+		if r.BudgetRaises != nil && old.Value.State == protocol.RequestPending {
+			old.Value, old.Revision = c.answerRaisedMeanwhile(ctx, old.Value, old.Revision, *r.BudgetRaises)
+		}
 		now, err := c.expired(ctx, old)
 		if err == nil {
 			c.noticeRequest(ctx, now) // told once: the notice's key is the request's
@@ -107,6 +111,11 @@ func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protoco
 		return now, err
 	}
 	c.log.Info("request opened", "request", rec.ID, "session", rec.SessionID, "kind", rec.Kind, "tool", rec.Tool)
+	if r.BudgetRaises != nil {
+		if rec, _ = c.answerRaisedMeanwhile(ctx, rec, rev, *r.BudgetRaises); rec.State != protocol.RequestPending {
+			return rec, nil // nothing to tell: it waits on no one
+		}
+	}
 	c.noticeRequest(ctx, rec)
 	return rec, nil
 }
@@ -115,12 +124,14 @@ func (c *Coordinator) requestsOpen(ctx context.Context, _ rpc.Request, r protoco
 // the other kind's; it returns a question's answerSchema as canonical JSON
 // text.
 func checkRequestOpen(r protocol.RequestOpenRequest) (string, error) {
-	if r.Kind != protocol.RequestBudget && (r.BudgetOf != "" || r.Exhausted != "") {
-		return "", protocol.Errorf(protocol.CodeInvalidArgument, "budgetOf and exhausted belong to a request of kind %q, not %q", protocol.RequestBudget, r.Kind)
+	if r.Kind != protocol.RequestBudget && (r.BudgetOf != "" || r.Exhausted != "" || r.BudgetRaises != nil) {
+		return "", protocol.Errorf(protocol.CodeInvalidArgument, "budgetOf, exhausted and budgetRaises belong to a request of kind %q, not %q", protocol.RequestBudget, r.Kind)
 	}
 	switch r.Kind {
 	case protocol.RequestBudget:
 		switch {
+		case r.BudgetRaises != nil && (r.BudgetOf == "" || *r.BudgetRaises < 0):
+			return "", protocol.Errorf(protocol.CodeInvalidArgument, "budgetRaises goes with budgetOf, a count from 0")
 		case r.Tool != "" || r.Arguments != "" || r.Question != "" || len(r.Choices) > 0 || r.AnswerSchema != "":
 			return "", protocol.Errorf(protocol.CodeInvalidArgument, "a request of kind %q names no tool, arguments or question", protocol.RequestBudget)
 		case r.BudgetOf != "" && !protocol.ValidID(r.BudgetOf):

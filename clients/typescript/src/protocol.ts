@@ -536,6 +536,12 @@ export interface RequestOpenRequest {
   /** A budget pause's (kind budget). */
   budgetOf?: string;
   exhausted?: string;
+  /**
+   * A budget pause's: the raise count of budgetOf's ledger its refusal saw
+   * (BUDGET_EXHAUSTED's detail `raises`); a ledger raised since answers the
+   * request approved as it opens (§5.5 "Pause and raise").
+   */
+  budgetRaises?: number;
   callId: string;
   turn: number;
   step: number;
@@ -901,6 +907,9 @@ export interface BudgetRecord {
   reservations?: { id: string; sessionId: string; runId?: string; hostId?: string; spend: BudgetSpend; at: Millis }[];
   createdAt: Millis;
   writeId?: string;
+  /** How many raises the ledger had (budget.raise), and who gave the last. */
+  raises?: number;
+  raisedBy?: Answerer;
 }
 
 /** §5.5 budget.get: by the child's exact live parent or a user grant. */

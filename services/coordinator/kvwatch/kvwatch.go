@@ -7,6 +7,7 @@ import (
 	"container/heap"
 	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,13 +58,20 @@ type Watch struct {
 	lapseOrder lapseHeap
 	// keys is len(revs), readable from any goroutine (tests, benchmarks).
 	keys atomic.Int64
+
+	// applied is the highest revision the watch delivered and applied (a
+	// put or a delete); advanced is closed, and replaced, when it grows
+	// (WaitApplied).
+	appliedMu sync.Mutex
+	applied   uint64
+	advanced  chan struct{}
 }
 
 // New returns the watch of bucket kv (name names it in logs and errors);
 // put and del apply its changes (see Watch). Run runs it.
 func New(kv jetstream.KeyValue, name string, log *slog.Logger, put func(string, jetstream.KeyValueEntry) time.Duration, del func(string)) *Watch {
 	return &Watch{kv: kv, name: name, log: log, put: put, del: del,
-		ready: make(chan struct{}), again: make(chan struct{}, 1), revs: map[string]uint64{}, lapses: map[string]*lapse{}}
+		ready: make(chan struct{}), again: make(chan struct{}, 1), revs: map[string]uint64{}, lapses: map[string]*lapse{}, advanced: make(chan struct{})}
 }
 
 // kvLapseSlack is how long after a value's lifetime (its Created time, the
@@ -247,6 +255,39 @@ func (w *Watch) consume(ctx context.Context, kw jetstream.KeyWatcher) {
 			} else if _, ok := w.revs[key]; ok {
 				w.forget(key)
 			}
+			w.advance(e.Revision())
+		}
+	}
+}
+
+// advance records that the watch applied revision rev.
+func (w *Watch) advance(rev uint64) {
+	w.appliedMu.Lock()
+	defer w.appliedMu.Unlock()
+	if rev > w.applied {
+		w.applied = rev
+		close(w.advanced)
+		w.advanced = make(chan struct{})
+	}
+}
+
+// WaitApplied waits until the watch applied revision rev of the bucket (a
+// revision the caller wrote), so the cache holds every key written before
+// it, as of then or later: the bucket's revisions are its stream's
+// sequence, and the watch delivers them in order. It reports false when
+// ctx ended first.
+func (w *Watch) WaitApplied(ctx context.Context, rev uint64) bool {
+	for {
+		w.appliedMu.Lock()
+		done, ch := w.applied >= rev, w.advanced
+		w.appliedMu.Unlock()
+		if done {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-ch:
 		}
 	}
 }
