@@ -228,7 +228,8 @@ func (r BudgetRecord) Remaining() BudgetSpend {
 // requests, tool calls, children; the deadline before them), nil when it
 // can. A token want is granted when at least minTokens remain (the grant
 // may be less than want.Tokens: Grant). The error's details name the
-// ledger's raise count (`raises`).
+// ledger's raise count (`raises`) and, for a counted limit, what the want
+// needed (`needed`, at least) and what was left (`remaining`).
 func (r BudgetRecord) Exhausted(want BudgetSpend, minTokens, now int64) error {
 	if r.DeadlineAt > 0 && now >= r.DeadlineAt {
 		return r.exhausted(BudgetLimitDeadline, "milliseconds", r.Limits.DeadlineMs, now-r.CreatedAt, 0, 0)
@@ -254,10 +255,26 @@ func (r BudgetRecord) Exhausted(want BudgetSpend, minTokens, now int64) error {
 	return nil
 }
 
-// exhausted is BudgetExhausted of r, with its raise count.
+// exhausted is BudgetExhausted of r, with its raise count and, when some
+// of the limit is left but less than the want needed, a message that says
+// so: "the next step needs at least 8 tokens; 5 of 12 tokens are left (7
+// used)" rather than a limit "reached".
 func (r BudgetRecord) exhausted(limit, unit string, value, usage, needed, left int64) *Error {
 	e := BudgetExhausted(r.SessionID, limit, unit, value, usage)
 	e.Details["raises"] = r.Raises
+	if needed <= 0 {
+		return e
+	}
+	e.Details["needed"], e.Details["remaining"] = needed, left
+	if left <= 0 {
+		return e
+	}
+	atLeast := ""
+	if limit == BudgetLimitTokens {
+		atLeast = "at least " // a token want is granted in part, from minTokens
+	}
+	e.Message = fmt.Sprintf("the budget of %s is short: the next step needs %s%d %s of its %s limit; %d of %d %s are left (%d used); %s",
+		r.SessionID, atLeast, needed, unit, limit, left, value, unit, usage, catalogueByCode[CodeBudgetExhausted].Hint)
 	return e
 }
 

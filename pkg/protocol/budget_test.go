@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -121,5 +122,35 @@ func TestParseBudgetRaise(t *testing.T) {
 		if !tt.ok && CodeOf(err) != CodeInvalidArgument {
 			t.Errorf("ParseBudgetRaise(%q) = %+v, %v; want INVALID_ARGUMENT", tt.in, got, err)
 		}
+	}
+}
+
+// TestBudgetExhaustedSaysWhatIsLeft (issue 32): a refusal with some of
+// the limit left says what the next step needed and what remains, not
+// that the limit is reached; one with nothing left says it is reached.
+// Either names the ledger's raise count.
+func TestBudgetExhaustedSaysWhatIsLeft(t *testing.T) {
+	rec := BudgetRecord{SessionID: "b", Limits: Budget{Tokens: 12, ToolCalls: 3, ModelRequests: 2}, Raises: 2,
+		Charged: BudgetSpend{Tokens: 7, ToolCalls: 1, ModelRequests: 2}}
+	for _, tt := range []struct {
+		name      string
+		want      BudgetSpend
+		minTokens int64
+		message   string
+		needed    int64
+	}{
+		{"tokens short", BudgetSpend{Tokens: 20}, 8, "the budget of b is short: the next step needs at least 8 tokens of its tokens limit; 5 of 12 tokens are left (7 used)", 8},
+		{"tool calls short", BudgetSpend{ToolCalls: 3}, 0, "the budget of b is short: the next step needs 3 tool calls of its toolCalls limit; 2 of 3 tool calls are left (1 used)", 3},
+		{"model requests reached", BudgetSpend{ModelRequests: 1}, 0, "the budget of b is spent: its modelRequests limit of 2 model requests is reached (2 used)", 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var e *Error
+			if !errors.As(rec.Exhausted(tt.want, tt.minTokens, 0), &e) || e.Code != CodeBudgetExhausted {
+				t.Fatalf("want BUDGET_EXHAUSTED, got %v", e)
+			}
+			if !strings.HasPrefix(e.Message, tt.message+"; ") || e.Details["raises"] != int64(2) || e.Details["needed"] != tt.needed {
+				t.Fatalf("message %q, details %v; want %q, raises 2, needed %d", e.Message, e.Details, tt.message, tt.needed)
+			}
+		})
 	}
 }

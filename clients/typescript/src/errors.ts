@@ -106,7 +106,10 @@ export class ModelError extends BroodError {}
 export class TaskFailedError extends BroodError {}
 export class AuthenticationFailedError extends BroodError {}
 export class AlreadyAnsweredError extends BroodError {}
-/** A budget the session draws on is spent (§5.5 "Budgets"): details budget, limit, unit, value, usage. */
+/**
+ * A budget the session draws on is spent (§5.5 "Budgets"): details budget, limit, unit, value, usage,
+ * raises (the ledger's raise count), and for a counted limit needed and remaining.
+ */
 export class BudgetExhaustedError extends BroodError {}
 
 type ErrorClass = new (code: string, message: string, details?: Record<string, unknown>, options?: ErrorOptions) => BroodError;
