@@ -149,7 +149,7 @@ type BudgetReservation struct {
 	HostID    string `msgpack:"hostId,omitempty" json:"hostId,omitempty"`
 	// CredentialHash is the session's credential hash when it was taken:
 	// only that credential settles it.
-	CredentialHash string      `msgpack:"credentialHash" json:"credentialHash"`
+	CredentialHash string      `msgpack:"credentialHash" json:"credentialHash,omitempty"`
 	Spend          BudgetSpend `msgpack:"spend" json:"spend"`
 	At             int64       `msgpack:"at" json:"at"`
 }
@@ -193,11 +193,17 @@ type BudgetRecord struct {
 	// "Pause and raise").
 	Raises   int64     `msgpack:"raises,omitempty" json:"raises,omitempty"`
 	RaisedBy *Answerer `msgpack:"raisedBy,omitempty" json:"raisedBy,omitempty"`
+	// ReservedOthers is only in budget.get's and budget.raise's replies,
+	// never in the bucket: what the reservations not shown to the caller
+	// hold in total (Reservations then lists only the asked-about
+	// session's own, without their credentialHash; docs/security.md).
+	ReservedOthers BudgetSpend `msgpack:"reservedOthers,omitempty" json:"reservedOthers,omitzero"`
 }
 
-// Reserved is the sum of the reservations in flight.
+// Reserved is the sum of the reservations in flight (those a reply left
+// out included: ReservedOthers).
 func (r BudgetRecord) Reserved() BudgetSpend {
-	var s BudgetSpend
+	s := r.ReservedOthers
 	for _, x := range r.Reservations {
 		s = s.Add(x.Spend)
 	}

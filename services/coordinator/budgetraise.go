@@ -53,6 +53,9 @@ func (c *Coordinator) budgetGet(ctx context.Context, _ rpc.Request, r protocol.B
 	if err != nil {
 		return protocol.BudgetGetReply{}, err
 	}
+	for i := range recs {
+		recs[i] = shownLedger(recs[i], h.ID)
+	}
 	return protocol.BudgetGetReply{ChildID: h.ID, Budgets: recs, Own: slices.Contains(h.Budgets, h.ID)}, nil
 }
 
@@ -111,7 +114,7 @@ func (c *Coordinator) budgetRaise(ctx context.Context, _ rpc.Request, r protocol
 		return protocol.BudgetRaiseReply{}, err
 	}
 	c.log.Info("budget raised", "session", h.ID, "raise", r.Raise, "by", by.Kind, "raises", out.Raises)
-	return protocol.BudgetRaiseReply{Budget: out, Resumed: c.resumeBudgetPauses(ctx, h.ID, rev, by, r.Raise)}, nil
+	return protocol.BudgetRaiseReply{Budget: shownLedger(out, h.ID), Resumed: c.resumeBudgetPauses(ctx, h.ID, rev, by, r.Raise)}, nil
 }
 
 // answerRaisedMeanwhile answers budget pause rec (pending, at revision
@@ -152,6 +155,29 @@ func (c *Coordinator) answerRaisedMeanwhile(ctx context.Context, rec protocol.Re
 // pauses that write answers (resumeBudgetPauses); past it, it looks in
 // what the watch holds.
 const raiseIndexWait = 2 * time.Second
+
+// shownLedger is ledger rec as budget.get and budget.raise show it to a
+// caller acting on session id: only id's own reservations, without their
+// credential hashes; what the others hold is one total, ReservedOthers
+// (docs/security.md: a parent or a user grant sees its child's spending,
+// not its siblings' sessions, runs, hosts or credentials).
+func shownLedger(rec protocol.BudgetRecord, id string) protocol.BudgetRecord {
+	own := make([]protocol.BudgetReservation, 0, len(rec.Reservations))
+	for _, x := range rec.Reservations {
+		if x.SessionID != id {
+			rec.ReservedOthers = rec.ReservedOthers.Add(x.Spend)
+			continue
+		}
+		x.CredentialHash = ""
+		own = append(own, x)
+	}
+	rec.Reservations = own
+	if len(own) == 0 {
+		rec.Reservations = nil
+	}
+	rec.WriteID = ""
+	return rec
+}
 
 // budgetTarget checks the authority acting on session id's budget and
 // reads its header: a child's as continuable.state checks it (childFor;

@@ -405,3 +405,46 @@ func budgetedChild(t *testing.T, s *stack.Stack, hostID, root string, self proto
 		t.Fatal(err)
 	}
 }
+
+// TestBudgetGetShowsOnlyTheChildsReservations (issue 32): budget.get and
+// budget.raise show a ledger's reservations of the child asked about
+// only, without their credential hashes; what the others hold (a
+// descendant's, a sibling's) is one total, so what remains is the same.
+func TestBudgetGetShowsOnlyTheChildsReservations(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	host, _ := s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root := s.Root()
+	child := protocol.ParentRef{SessionID: "shownchild000000000000001", Credential: "shown-child-credential"}
+	other := protocol.BudgetReservation{ID: "res-other", SessionID: "grandchild000000000000001", RunID: "run-other", HostID: "host-other",
+		CredentialHash: protocol.HashCredential("grandchild-credential"), Spend: protocol.BudgetSpend{Tokens: 30, ModelRequests: 1}, At: store.NowMs()}
+	own := protocol.BudgetReservation{ID: "res-own", SessionID: child.SessionID, RunID: "run-own", HostID: host.ID(),
+		CredentialHash: protocol.HashCredential(child.Credential), Spend: protocol.BudgetSpend{Tokens: 20, ModelRequests: 1}, At: store.NowMs()}
+	led := protocol.BudgetRecord{SessionID: child.SessionID, Limits: protocol.Budget{Tokens: 100, ModelRequests: 5},
+		Charged: protocol.BudgetSpend{Tokens: 10}, Reservations: []protocol.BudgetReservation{other, own}, CreatedAt: store.NowMs()}
+	budgetedChild(t, s, host.ID(), root.SessionID, child, led)
+	check := func(what string, got protocol.BudgetRecord) {
+		t.Helper()
+		raw, _ := json.Marshal(got)
+		if len(got.Reservations) != 1 || got.Reservations[0].ID != own.ID || got.Reservations[0].CredentialHash != "" ||
+			got.ReservedOthers != other.Spend || got.Remaining() != led.Remaining() ||
+			strings.Contains(string(raw), other.SessionID) || strings.Contains(string(raw), other.CredentialHash) || strings.Contains(string(raw), own.CredentialHash) {
+			t.Fatalf("%s shows %s; want only the child's reservation, no credential hash, the rest as reservedOthers", what, raw)
+		}
+	}
+	for _, auth := range []protocol.Authority{s.Grant(), root.Authority()} {
+		got, err := s.Client.Budget(ctx, child.SessionID, auth)
+		if err != nil || len(got.Budgets) != 1 {
+			t.Fatalf("budget.get = %+v, %v", got, err)
+		}
+		check("budget.get", got.Budgets[0])
+	}
+	rep, err := s.Client.RaiseBudget(ctx, child.SessionID, s.Grant(), protocol.BudgetSpend{Tokens: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	led.Limits.Tokens += 5
+	check("budget.raise", rep.Budget)
+}

@@ -904,7 +904,13 @@ export interface BudgetRecord {
   limits: Budget;
   deadlineAt?: Millis;
   charged: BudgetSpend;
-  reservations?: { id: string; sessionId: string; runId?: string; hostId?: string; spend: BudgetSpend; at: Millis }[];
+  /**
+   * In flight. In budget.get's and budget.raise's replies only the asked-about
+   * session's own, without credentialHash; reservedOthers totals the rest.
+   */
+  reservations?: { id: string; sessionId: string; runId?: string; hostId?: string; credentialHash?: string; spend: BudgetSpend; at: Millis }[];
+  /** budget.get and budget.raise only: what the reservations not shown hold, in total. */
+  reservedOthers?: BudgetSpend;
   createdAt: Millis;
   writeId?: string;
   /** How many raises the ledger had (budget.raise), and who gave the last. */
