@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/brood-dev/brood/internal/requestwait"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -53,7 +54,7 @@ func budgetCmd(g *globals) *cobra.Command {
 					}
 					printLedgers(s.out, []protocol.BudgetRecord{rep.Budget})
 					if len(rep.Resumed) > 0 {
-						fmt.Fprintf(s.errOut, "resumed %s paused at the cap: %s\n", count(len(rep.Resumed), "turn"), strings.Join(rep.Resumed, " "))
+						fmt.Fprintln(s.errOut, raisedNote(rep.Resumed))
 					}
 					return nil
 				}
@@ -78,6 +79,16 @@ func budgetCmd(g *globals) *cobra.Command {
 	clientFlags(cmd, g)
 	userFlags(cmd, g)
 	return cmd
+}
+
+// raisedNote is what a raise that answered budget pauses (their request
+// ids) prints on stderr. The raise answers each pause's request; the
+// paused turn goes on when it next looks at it (at most 2 s apart,
+// requestwait.PollIntervalMax), so until then `brood state` still says
+// paused: the note says so rather than that the turn resumed.
+func raisedNote(requests []string) string {
+	return fmt.Sprintf("raised; answered the budget pause of %s: %s (each goes on when it next looks, within about %s; until then brood state says paused)",
+		count(len(requests), "turn"), strings.Join(requests, " "), requestwait.PollIntervalMax)
 }
 
 // printLedgers prints one row per limit each ledger names.

@@ -116,6 +116,33 @@ func TestBudgetPauseAnswers(t *testing.T) {
 	}
 }
 
+// TestBudgetRaiseSaysWhatItAnswered: brood budget --raise of a child
+// paused at its cap prints the ledger raised and, on stderr, the pause it
+// answered and that the turn goes on when it next looks (it printed
+// "resumed 1 turn" while brood state still said paused for up to 2 s);
+// the same turn then completes.
+func TestBudgetRaiseSaysWhatItAnswered(t *testing.T) {
+	c := newCLI(t)
+	child := c.startChild("--budget", "modelRequests=1", "call list_dir {}\nsay done")
+	var id string
+	c.eventually("the child's budget request is pending", func() bool {
+		for _, r := range decodeJSON[[]protocol.RequestRecord](t, c.ok("requests", "--json").out) {
+			if r.SessionID == child && r.Kind == protocol.RequestBudget && r.State == protocol.RequestPending {
+				id = r.ID
+			}
+		}
+		return id != ""
+	})
+	o := c.ok("budget", child, "--raise", "modelRequests=+1")
+	if want := "raised; answered the budget pause of 1 turn: " + id + " (each goes on when it next looks, within about 2s; until then brood state says paused)\n"; o.err != want ||
+		!strings.Contains(o.out, child+"  modelRequests  2") {
+		t.Fatalf("brood budget --raise printed %q, stderr %q; want the ledger raised to 2 and %q", o.out, o.err, want)
+	}
+	if o := c.run("result", "--wait", child); o.code != 0 || !strings.Contains(o.out, "done") {
+		t.Fatalf("result after the raise: exit %d, stdout %q, stderr %q; want the turn completed", o.code, o.out, o.err)
+	}
+}
+
 // parkedRequest starts a child whose run_command parks on a request and
 // returns the request's id once it is pending.
 func (c *cli) parkedRequest() string {
