@@ -98,7 +98,7 @@ func TestBudgetPauseAnswers(t *testing.T) {
 		return id
 	}
 	first := pending("")
-	if got := c.ok("requests").out; !strings.Contains(got, "(budget)  the budget of "+child[:20]) {
+	if got := c.ok("requests").out; !strings.Contains(got, "(budget)  budget of "+child+": its modelRequests limit of 1 model requests is reached (1 used)  ") {
 		t.Fatalf("requests printed %q, want the budget pause of %s", got, child)
 	}
 	want := first + " approved: the budget pause of " + child + "; its turn reserves again with nothing raised, and pauses again unless room was made (raise: brood budget " + child + " --raise tokens=+N)\n"

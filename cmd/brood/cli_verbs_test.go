@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/pkg/protocol"
+	spawnworker "github.com/brood-dev/brood/services/spawn-worker"
 )
 
 func TestHelpGroupsVerbsByWhatAUserWantsToDo(t *testing.T) {
@@ -70,11 +72,26 @@ func TestVerbsRefuseFlagsTheyDoNotHonour(t *testing.T) {
 	}
 }
 
+// TestProvidersVerb: brood providers lists each live provider, its
+// instances, capabilities, tools, the tools it asks approval for
+// (APPROVE-TOOLS, "-" when none) and its models; --json the reply.
 func TestProvidersVerb(t *testing.T) {
 	c := newCLI(t)
+	gated := spawnworker.Descriptor("gated")
+	gated.Models = []protocol.ModelInfo{model.ScriptedInfo}
+	gated.ApproveTools = []string{"list_dir", "read_file"}
+	c.stack.AddInProcessWorker(gated)
 	o := c.ok("providers")
-	if !regexp.MustCompile(`(?m)^PROVIDER +INSTANCES`).MatchString(o.out) || !regexp.MustCompile(`(?m)^spawn +1 +yes`).MatchString(o.out) {
+	if !regexp.MustCompile(`(?m)^PROVIDER +INSTANCES +.* TOOLS +APPROVE-TOOLS +MODEL$`).MatchString(o.out) || !regexp.MustCompile(`(?m)^spawn +1 +yes`).MatchString(o.out) {
 		t.Fatalf("table:\n%s", o.out)
+	}
+	for _, line := range strings.Split(o.out, "\n") {
+		if f := strings.Fields(line); len(f) == 11 && (f[0] == "gated" && f[9] != "list_dir,read_file" || f[0] == "spawn" && f[9] != "-") {
+			t.Fatalf("APPROVE-TOOLS of %s is %q:\n%s", f[0], f[9], o.out)
+		}
+	}
+	if !strings.Contains(o.out, "\ngated ") {
+		t.Fatalf("the gated provider is not listed:\n%s", o.out)
 	}
 	r := decodeJSON[protocol.ProvidersListReply](t, c.ok("providers", "--json").out)
 	if r.Instances["spawn"] != 1 || r.Instances["fork"] != 1 {

@@ -80,12 +80,12 @@ func providersCmd(g *globals) *cobra.Command {
 					return printJSON(s.out, r)
 				}
 				tw := tabwriter.NewWriter(s.out, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "PROVIDER\tINSTANCES\tOUTPUT-SCHEMA\tDEPTH-LIMIT\tTOOL-FILTER\tPERSONA\tINHERITS-CONTEXT\tCONTINUABLE\tTOOLS\tMODEL")
+				fmt.Fprintln(tw, "PROVIDER\tINSTANCES\tOUTPUT-SCHEMA\tDEPTH-LIMIT\tTOOL-FILTER\tPERSONA\tINHERITS-CONTEXT\tCONTINUABLE\tTOOLS\tAPPROVE-TOOLS\tMODEL")
 				for _, d := range r.Providers {
 					c := d.Capabilities
-					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, r.Instances[d.Name],
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.Name, r.Instances[d.Name],
 						yes(c.OutputSchema), yes(c.DepthLimit), yes(c.ToolFilter), yes(c.Persona),
-						yes(d.InheritsParentContext), yes(d.Continuable), orDash(strings.Join(d.Tools, ",")), models(d.Models))
+						yes(d.InheritsParentContext), yes(d.Continuable), orDash(strings.Join(d.Tools, ",")), orDash(strings.Join(d.ApproveTools, ",")), models(d.Models))
 				}
 				if len(r.Providers) == 0 {
 					fmt.Fprintln(tw, "(no live providers)")

@@ -113,9 +113,17 @@ var eventDetails = map[string]func(protocol.SessionEvent) string{
 		return fmt.Sprintf("%s %s waits for approval: request %s", d.CallID, d.Tool, d.RequestID)
 	}),
 	protocol.EvRequestAnswer: detail(func(d protocol.RequestAnswerData) string {
-		s := fmt.Sprintf("%s %s by %s", d.RequestID, d.State, d.By.Kind)
-		if d.By.SessionID != "" {
-			s += " " + d.By.SessionID
+		var s string
+		switch d.By.Kind {
+		case protocol.AnswererTimeout:
+			s = d.RequestID + " timed out: no answer came before its deadline"
+		case protocol.AnswererEnded:
+			s = d.RequestID + " cancelled: its asking turn ended first"
+		default:
+			s = fmt.Sprintf("%s %s by %s", d.RequestID, d.State, d.By.Kind)
+			if d.By.SessionID != "" {
+				s += " " + d.By.SessionID
+			}
 		}
 		if d.Reason != "" {
 			s += ": " + d.Reason

@@ -80,7 +80,7 @@ func TestProvidersShowTheModel(t *testing.T) {
 			return strings.Contains(table, "scripted/scripted")
 		}, "the worker listed with its model")
 	}, "spawn-worker", "--nats", url, "--model", "scripted", "--heartbeat", "100ms", "--host-expiry", "1s")
-	if !regexp.MustCompile(`(?m)^PROVIDER +INSTANCES .* TOOLS +MODEL$`).MatchString(table) ||
+	if !regexp.MustCompile(`(?m)^PROVIDER +INSTANCES .* TOOLS +APPROVE-TOOLS +MODEL$`).MatchString(table) ||
 		!regexp.MustCompile(`(?m)^spawn +1 +yes .* scripted/scripted$`).MatchString(table) {
 		t.Fatalf("table:\n%s", table)
 	}

@@ -78,11 +78,12 @@ func requestsCmd(g *globals) *cobra.Command {
 // requestWhat is what a request's TOOL and ARGUMENTS columns show: the
 // call asked about, or for a question the ask tool and the question, its
 // choices in brackets ([JSON] when the answer is JSON its schema accepts),
-// or for a budget pause "(budget)" and the limit spent (raise it with
-// brood budget SESSION --raise).
+// or for a budget pause "(budget)" and whose budget and which limit:
+// "budget of ID: its tokens limit of 12 tokens is reached (12 used)"
+// (raise it with brood budget ID --raise).
 func requestWhat(r protocol.RequestRecord) (tool, what string) {
 	if r.Kind == protocol.RequestBudget {
-		return "(budget)", dash(clipLabel(r.Exhausted))
+		return "(budget)", budgetPauseWhat(r)
 	}
 	if r.Kind != protocol.RequestQuestion {
 		return dash(r.Tool), dash(clipLabel(r.Arguments))
@@ -96,6 +97,31 @@ func requestWhat(r protocol.RequestRecord) (tool, what string) {
 	}
 	return agentAskTool, what
 }
+
+// budgetPauseWhat is a budget pause's ARGUMENTS column: the ledger that
+// refused and what its refusal said of the limit, without the ledger's id
+// again or the catalogue's hint, at most budgetWhatRunesMax runes.
+func budgetPauseWhat(r protocol.RequestRecord) string {
+	limit := r.Exhausted
+	if _, rest, ok := strings.Cut(limit, " is spent: "); ok {
+		limit = rest
+	} else if _, rest, ok := strings.Cut(limit, " is short: "); ok {
+		limit = rest
+	}
+	limit, _, _ = strings.Cut(limit, "; nothing more was started")
+	what := "budget of " + dash(r.BudgetOf)
+	if limit = strings.TrimSpace(strings.ReplaceAll(limit, "\n", " ")); limit != "" {
+		what += ": " + limit
+	}
+	if rs := []rune(what); len(rs) > budgetWhatRunesMax {
+		what = string(rs[:budgetWhatRunesMax-1]) + "…"
+	}
+	return what
+}
+
+// budgetWhatRunesMax bounds a budget pause's ARGUMENTS column, in runes:
+// a ledger's id (26) and a limit's words fit.
+const budgetWhatRunesMax = 160
 
 // requestHandler is what a request's HANDLER column shows: while it is
 // pending, the ancestor agent told of it (after a pass_up, the one it was
