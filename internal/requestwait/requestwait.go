@@ -43,7 +43,9 @@ const (
 // error when ctx ends, and with the read's error when the read says the
 // caller is no longer the session's agent (UNAUTHORIZED, or a fenced
 // store) or the request is gone (NOT_FOUND: its TTL passed); any other
-// failed read is logged on log and tried again at the next poll.
+// failed read is logged on log and tried again at the next poll. A read in
+// flight when ctx ends is abandoned at once (read): a cancelled turn's
+// wait ends with ctx, not when a read that ignores its context returns.
 func Await(ctx context.Context, r Requester, self protocol.ParentRef, rec protocol.RequestRecord, first time.Duration, log *slog.Logger) (protocol.RequestRecord, error) {
 	wait := first
 	for rec.State == protocol.RequestPending {
@@ -55,7 +57,7 @@ func Await(ctx context.Context, r Requester, self protocol.ParentRef, rec protoc
 		case <-t.C:
 		}
 		wait = min(max(2*wait, PollInterval), PollIntervalMax)
-		got, err := r.GetRequest(ctx, protocol.RequestGetRequest{RequestID: rec.ID, Self: &self})
+		got, err := read(ctx, r, protocol.RequestGetRequest{RequestID: rec.ID, Self: &self})
 		if err != nil {
 			if ctx.Err() != nil {
 				return rec, ctx.Err()
@@ -69,6 +71,34 @@ func Await(ctx context.Context, r Requester, self protocol.ParentRef, rec protoc
 		rec = got
 	}
 	return rec, nil
+}
+
+// read reads a request once with r, and returns when the read does or,
+// with ctx's error, when ctx ends first: the read's goroutine then runs
+// on until the read returns (a Requester that honours ctx returns at once)
+// and its answer is dropped. A read's answer that is there when ctx ends
+// is kept.
+func read(ctx context.Context, r Requester, req protocol.RequestGetRequest) (protocol.RequestRecord, error) {
+	type answer struct {
+		rec protocol.RequestRecord
+		err error
+	}
+	done := make(chan answer, 1) // the abandoned read's goroutine never blocks on it
+	go func() {
+		rec, err := r.GetRequest(ctx, req)
+		done <- answer{rec, err}
+	}()
+	select {
+	case a := <-done:
+		return a.rec, a.err
+	case <-ctx.Done():
+		select {
+		case a := <-done:
+			return a.rec, a.err
+		default:
+			return protocol.RequestRecord{}, ctx.Err()
+		}
+	}
 }
 
 // AnswerData is the request/answer event data of rec, answered or timed

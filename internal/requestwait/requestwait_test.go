@@ -107,3 +107,54 @@ func TestAwaitAnsweredReadsNothing(t *testing.T) {
 		t.Fatalf("Await = %+v, %v after %d reads", rec, err, s.n)
 	}
 }
+
+// deaf is a requests client whose read ignores its context: it blocks
+// until release is closed, then answers approved.
+type deaf struct {
+	reading  chan struct{} // closed when the read starts
+	release  chan struct{}
+	returned chan struct{} // closed when the read returns
+}
+
+func (d *deaf) OpenRequest(context.Context, protocol.RequestOpenRequest) (protocol.RequestRecord, error) {
+	return protocol.RequestRecord{}, errors.New("not used")
+}
+
+func (d *deaf) GetRequest(_ context.Context, r protocol.RequestGetRequest) (protocol.RequestRecord, error) {
+	defer close(d.returned)
+	close(d.reading)
+	<-d.release
+	return protocol.RequestRecord{ID: r.RequestID, State: protocol.RequestApproved}, nil
+}
+
+// TestAwaitAbandonsAReadAtItsContextsEnd: a wait whose context ends while
+// a read that ignores its context is in flight returns at once with the
+// context's error and the request as last read (pending), not when the
+// read returns; the read's late answer is dropped, and its goroutine ends
+// when the read returns (TestMain's goleak).
+func TestAwaitAbandonsAReadAtItsContextsEnd(t *testing.T) {
+	d := &deaf{reading: make(chan struct{}), release: make(chan struct{}), returned: make(chan struct{})}
+	defer func() { <-d.returned }()
+	defer close(d.release)
+	ctx, cancel := context.WithCancel(context.Background())
+	type result struct {
+		rec protocol.RequestRecord
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rec, err := Await(ctx, d, protocol.ParentRef{SessionID: "S1", Credential: "cred"},
+			protocol.RequestRecord{ID: "r1", State: protocol.RequestPending}, 0, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		done <- result{rec, err}
+	}()
+	<-d.reading
+	cancel()
+	select {
+	case r := <-done:
+		if !errors.Is(r.err, context.Canceled) || r.rec.State != protocol.RequestPending {
+			t.Fatalf("Await = %s, %v; want pending, %v", r.rec.State, r.err, context.Canceled)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Await waited for a read that ignores its context")
+	}
+}
