@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -32,11 +33,11 @@ func (b *refusingBudget) SettleBudget(context.Context, protocol.BudgetSettleRequ
 // approvingRequester answers every request approved as it opens, as
 // requests.open does for a pause opened after a raise it did not see.
 type approvingRequester struct {
-	fakeRequester
+	testutil.Requests
 }
 
 func (f *approvingRequester) OpenRequest(ctx context.Context, r protocol.RequestOpenRequest) (protocol.RequestRecord, error) {
-	rec, err := f.fakeRequester.OpenRequest(ctx, r)
+	rec, err := f.Requests.OpenRequest(ctx, r)
 	rec.State = protocol.RequestApproved
 	rec.Answer = &protocol.RequestAnswer{State: protocol.RequestApproved, By: protocol.Answerer{Kind: protocol.AnswererUser}}
 	return rec, err
@@ -51,23 +52,17 @@ func TestBudgetPauseNamesTheRaisesItSaw(t *testing.T) {
 	reg, err := NewRegistry()
 	must(t, err)
 	a, err := New(Config{Tools: reg, Header: protocol.SessionHeader{ID: "S1", Cwd: t.TempDir(), Budgets: []string{"B1"}}, Credential: "cred", Log: &memLog{},
-		Model: model.NewScripted(), Requests: req, Budget: &refusingBudget{raised: func() bool {
-			req.mu.Lock()
-			defer req.mu.Unlock()
-			return len(req.opened) > 0
-		}}, Continuable: true})
+		Model: model.NewScripted(), Requests: req, Budget: &refusingBudget{raised: func() bool { return len(req.Opened()) > 0 }}, Continuable: true})
 	must(t, err)
 	start := time.Now()
 	out := a.RunTurn(context.Background(), userInput("say done"))
 	if out.Reason.Kind != protocol.TurnCompleted {
 		t.Fatalf("outcome %+v; want the turn completed after the pause", out)
 	}
-	req.mu.Lock()
-	defer req.mu.Unlock()
-	if len(req.opened) != 1 || req.opened[0].BudgetOf != "B1" || req.opened[0].BudgetRaises == nil || *req.opened[0].BudgetRaises != 3 {
-		t.Fatalf("opened %+v; want one budget request of B1 naming 3 raises", req.opened)
+	if opened := req.Opened(); len(opened) != 1 || opened[0].BudgetOf != "B1" || opened[0].BudgetRaises == nil || *opened[0].BudgetRaises != 3 {
+		t.Fatalf("opened %+v; want one budget request of B1 naming 3 raises", opened)
 	}
-	if req.polls != 0 || time.Since(start) > 5*time.Second {
-		t.Fatalf("%d polls of a request answered as it opened (%s)", req.polls, time.Since(start))
+	if req.Reads() != 0 || time.Since(start) > 5*time.Second {
+		t.Fatalf("%d polls of a request answered as it opened (%s)", req.Reads(), time.Since(start))
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/model"
 	"github.com/brood-dev/brood/internal/sessionlog"
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
 
@@ -18,7 +19,7 @@ import (
 // host that died while the call waited leaves behind.
 func parkedLog(t *testing.T, ws string, tools *Registry, script string) []protocol.SessionEvent {
 	t.Helper()
-	req := &fakeRequester{reading: make(chan struct{})}
+	req := &testutil.Requests{Reading: make(chan struct{})}
 	a, err := New(Config{Header: protocol.SessionHeader{ID: "S1", Cwd: ws}, Credential: "cred1", Log: &memLog{}, Model: model.NewScripted(),
 		Tools: tools, Requests: req})
 	must(t, err)
@@ -28,7 +29,7 @@ func parkedLog(t *testing.T, ws string, tools *Registry, script string) []protoc
 	// before the first read.
 	go func() {
 		select {
-		case <-req.reading:
+		case <-req.Reading:
 			cancel(ErrLeaseLost)
 		case <-ctx.Done():
 		}
@@ -54,24 +55,24 @@ func TestAParkedTurnContinuesFromTheLog(t *testing.T) {
 		name     string
 		script   string
 		answered string // a request/answer the dead host logged, when set
-		req      *fakeRequester
+		req      *testutil.Requests
 		written  bool
 		results  []string // the parked step's results, in call order
 		trail    string
 	}{
-		{"approved after the restart", write + "\nsay done", "", &fakeRequester{state: protocol.RequestApproved}, true,
+		{"approved after the restart", write + "\nsay done", "", &testutil.Requests{State: protocol.RequestApproved, Polls: 2}, true,
 			[]string{"wrote 2 bytes"}, "tool/call request/open request/answer tool/result"},
-		{"denied after the restart", write + "\nsay done", "", &fakeRequester{state: protocol.RequestDenied, reason: "no"}, false,
+		{"denied after the restart", write + "\nsay done", "", &testutil.Requests{State: protocol.RequestDenied, Reason: "no", Polls: 2}, false,
 			[]string{"denied by the user: no"}, "tool/call request/open request/answer tool/result"},
-		{"timed out after the restart", write + "\nsay done", "", &fakeRequester{state: protocol.RequestTimedOut}, false,
+		{"timed out after the restart", write + "\nsay done", "", &testutil.Requests{State: protocol.RequestTimedOut, Polls: 2}, false,
 			[]string{"timed out, which counts as a denial"}, "tool/call request/open request/answer tool/result"},
 		{"a question answered after the restart", `call ask {"question":"Which?","choices":["a","b"]}` + "\nsay done", "",
-			&fakeRequester{state: protocol.RequestAnswered, text: "b"}, false, []string{"b"}, "tool/call request/open request/answer tool/result"},
-		{"approved before the host died", write + "\nsay done", protocol.RequestApproved, &fakeRequester{}, false,
+			&testutil.Requests{State: protocol.RequestAnswered, Text: "b", Polls: 2}, false, []string{"b"}, "tool/call request/open request/answer tool/result"},
+		{"approved before the host died", write + "\nsay done", protocol.RequestApproved, &testutil.Requests{}, false,
 			[]string{"it may have run, and it is not run again"}, "tool/call request/open request/answer tool/result"},
-		{"denied before the host died", write + "\nsay done", protocol.RequestDenied, &fakeRequester{}, false,
+		{"denied before the host died", write + "\nsay done", protocol.RequestDenied, &testutil.Requests{}, false,
 			[]string{"denied by the user"}, "tool/call request/open request/answer tool/result"},
-		{"a call beside the parked one", `call list_dir {"path":"."}` + "\n" + write + "\nsay done", "", &fakeRequester{state: protocol.RequestApproved}, true,
+		{"a call beside the parked one", `call list_dir {"path":"."}` + "\n" + write + "\nsay done", "", &testutil.Requests{State: protocol.RequestApproved, Polls: 2}, true,
 			[]string{"interrupted", "wrote 2 bytes"}, "tool/call tool/call request/open request/answer tool/result"},
 	}
 	for _, tt := range tests {
@@ -151,10 +152,10 @@ func TestAParkedTurnContinuesFromTheLog(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(ws, "x.txt")); (err == nil) != tt.written {
 				t.Fatalf("x.txt written %v, want %v", err == nil, tt.written)
 			}
-			if len(tt.req.opened) != 0 {
-				t.Fatalf("the continued turn opened %+v; the request was opened before the host died", tt.req.opened)
+			if len(tt.req.Opened()) != 0 {
+				t.Fatalf("the continued turn opened %+v; the request was opened before the host died", tt.req.Opened())
 			}
-			if tt.req.polls == 0 {
+			if tt.req.Reads() == 0 {
 				t.Fatal("the continued turn never read its request")
 			}
 			if b.ParkedTurn() {
@@ -164,39 +165,23 @@ func TestAParkedTurnContinuesFromTheLog(t *testing.T) {
 	}
 }
 
-// The continued turn's reads carry the new agent's credential.
-var _ Requester = (*credCheck)(nil)
-
-type credCheck struct {
-	fakeRequester
-	creds []string
-}
-
-func (c *credCheck) GetRequest(ctx context.Context, r protocol.RequestGetRequest) (protocol.RequestRecord, error) {
-	c.mu.Lock()
-	c.creds = append(c.creds, r.Self.Credential)
-	c.mu.Unlock()
-	return c.fakeRequester.GetRequest(ctx, r)
-}
-
 // TestAContinuedTurnReadsItsRequestAsItsNewAgent: the request is read with
 // the resumed agent's own credential, the only one its coordinator takes
-// once the session's lease is the new epoch's.
+// once the session's lease is the new epoch's: a read with another is
+// refused UNAUTHORIZED, and the approved call would not run.
 func TestAContinuedTurnReadsItsRequestAsItsNewAgent(t *testing.T) {
 	ws := t.TempDir()
 	tools, err := NewRegistry(WriteFileTool(ws))
 	must(t, err)
 	events := parkedLog(t, ws, tools, `call write_file {"path":"x.txt","content":"hi"}`+"\nsay done")
-	req := &credCheck{fakeRequester: fakeRequester{state: protocol.RequestApproved}}
+	req := &testutil.Requests{Credential: "cred2", State: protocol.RequestApproved, Polls: 2}
 	b, err := New(Config{Header: protocol.SessionHeader{ID: "S1", Cwd: ws}, Credential: "cred2", Log: &memLog{next: int64(len(events))}, Events: events,
 		Model: model.NewScripted(), Tools: tools, Requests: req})
 	must(t, err)
 	if out := b.ContinueParked(context.Background()); out.Reason.Kind != protocol.TurnCompleted {
 		t.Fatalf("outcome %+v", out)
 	}
-	for _, c := range req.creds {
-		if c != "cred2" {
-			t.Fatalf("the request was read with %q; want the new agent's cred2", c)
-		}
+	if _, err := os.Stat(filepath.Join(ws, "x.txt")); err != nil || req.Reads() == 0 {
+		t.Fatalf("after %d reads the approved call did not run (%v): a read was refused", req.Reads(), err)
 	}
 }

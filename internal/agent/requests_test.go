@@ -11,72 +11,30 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/model"
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/pkg/protocol"
 )
-
-// fakeRequester answers a request with state after polls reads.
-type fakeRequester struct {
-	mu      sync.Mutex
-	openErr error
-	state   string
-	reason  string
-	text    string // a question's answer
-	json    string
-	polls   int
-	opened  []protocol.RequestOpenRequest
-	// reading, when set, is closed at the first read of a request.
-	reading chan struct{}
-}
-
-func (f *fakeRequester) OpenRequest(_ context.Context, r protocol.RequestOpenRequest) (protocol.RequestRecord, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.opened = append(f.opened, r)
-	if f.openErr != nil {
-		return protocol.RequestRecord{}, f.openErr
-	}
-	return protocol.RequestRecord{ID: protocol.RequestID(r.Self.SessionID, r.CallID), SessionID: r.Self.SessionID, Kind: r.Kind,
-		CallID: r.CallID, Tool: r.Tool, Arguments: r.Arguments, State: protocol.RequestPending, Deadline: 1}, nil
-}
-
-func (f *fakeRequester) GetRequest(_ context.Context, r protocol.RequestGetRequest) (protocol.RequestRecord, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.polls == 0 && f.reading != nil {
-		close(f.reading)
-	}
-	f.polls++
-	rec := protocol.RequestRecord{ID: r.RequestID, State: protocol.RequestPending}
-	if f.polls >= 2 && f.state != "" {
-		rec.State = f.state
-		kind := protocol.AnswererUser
-		if f.state == protocol.RequestTimedOut {
-			kind = protocol.AnswererTimeout
-		}
-		rec.Answer = &protocol.RequestAnswer{State: f.state, Reason: f.reason, Text: f.text, JSON: f.json, By: protocol.Answerer{Kind: kind}}
-	}
-	return rec, nil
-}
 
 // TestParkedCallRunsOnlyWhenApproved (issue 33, item 1): a call that needs
 // approval parks on a request; it runs only when approved, otherwise its
 // result is the denial (who, why) or the timeout; the log holds call,
 // request/open, request/answer, result in order; a turn cancelled while
-// parked logs no answer.
+// parked logs no answer, and ends at once, a read of its request in
+// flight then (one that ignores its context) not waited for.
 func TestParkedCallRunsOnlyWhenApproved(t *testing.T) {
 	tests := []struct {
 		name    string
-		req     *fakeRequester
+		req     *testutil.Requests
 		cancel  bool
 		written bool
 		result  string
 		trail   string
 	}{
-		{"approved", &fakeRequester{state: protocol.RequestApproved}, false, true, "wrote 2 bytes", "tool/call request/open request/answer tool/result"},
-		{"denied", &fakeRequester{state: protocol.RequestDenied, reason: "no"}, false, false, "denied by the user: no", "tool/call request/open request/answer tool/result"},
-		{"timed out", &fakeRequester{state: protocol.RequestTimedOut}, false, false, "timed out, which counts as a denial", "tool/call request/open request/answer tool/result"},
-		{"the request cannot be opened", &fakeRequester{openErr: errors.New("UNAVAILABLE: down")}, false, false, "could not be opened", "tool/call tool/result"},
-		{"cancelled while parked", &fakeRequester{}, true, false, "", "tool/call request/open"},
+		{"approved", &testutil.Requests{State: protocol.RequestApproved, Polls: 2}, false, true, "wrote 2 bytes", "tool/call request/open request/answer tool/result"},
+		{"denied", &testutil.Requests{State: protocol.RequestDenied, Reason: "no", Polls: 2}, false, false, "denied by the user: no", "tool/call request/open request/answer tool/result"},
+		{"timed out", &testutil.Requests{State: protocol.RequestTimedOut, Polls: 2}, false, false, "timed out, which counts as a denial", "tool/call request/open request/answer tool/result"},
+		{"the request cannot be opened", &testutil.Requests{OpenErr: errors.New("UNAVAILABLE: down")}, false, false, "could not be opened", "tool/call tool/result"},
+		{"cancelled while parked", &testutil.Requests{}, true, false, "", "tool/call request/open"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -88,24 +46,37 @@ func TestParkedCallRunsOnlyWhenApproved(t *testing.T) {
 			must(t, err)
 			ctx, cancel := context.WithCancelCause(context.Background())
 			defer cancel(nil)
+			release := func() {}
 			if tt.cancel {
-				// Cancel once the call is parked (its request/open logged).
+				// Cancel once the call is parked: its request/open is
+				// logged before the request's first read. That read
+				// ignores the cancel and returns only once the turn ended.
+				hold := make(chan struct{})
+				release = sync.OnceFunc(func() { close(hold) })
+				defer release()
+				tt.req.Reading, tt.req.Hold = make(chan struct{}), hold
 				go func() {
-					for {
-						for _, ev := range a.Events() {
-							if ev.Type == protocol.EvRequestOpen {
-								cancel(&Cancel{Cause: protocol.CauseDisposed})
-								return
-							}
-						}
-						if ctx.Err() != nil {
-							return
-						}
-						time.Sleep(5 * time.Millisecond)
+					select {
+					case <-tt.req.Reading:
+						cancel(&Cancel{Cause: protocol.CauseDisposed})
+					case <-ctx.Done():
 					}
 				}()
 			}
-			out := a.RunTurn(ctx, userInput(`call write_file {"path":"x.txt","content":"hi"}`+"\nsay done"))
+			var out Outcome
+			ended := make(chan struct{})
+			go func() {
+				defer close(ended)
+				out = a.RunTurn(ctx, userInput(`call write_file {"path":"x.txt","content":"hi"}`+"\nsay done"))
+			}()
+			select {
+			case <-ended:
+			case <-time.After(10 * time.Second):
+				release()
+				<-ended
+				t.Fatal("the cancelled turn ended only once its request's read in flight returned")
+			}
+			release()
 			var trail []string
 			var res protocol.ToolResultData
 			for _, ev := range a.Events() {
@@ -132,8 +103,8 @@ func TestParkedCallRunsOnlyWhenApproved(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(ws, "x.txt")); (err == nil) != tt.written {
 				t.Fatalf("written %v, want %v", err == nil, tt.written)
 			}
-			if len(tt.req.opened) != 1 || tt.req.opened[0].Self.Credential != "cred" || tt.req.opened[0].Tool != "write_file" {
-				t.Fatalf("opened %+v", tt.req.opened)
+			if opened := tt.req.Opened(); len(opened) != 1 || opened[0].Self.Credential != "cred" || opened[0].Tool != "write_file" {
+				t.Fatalf("opened %+v", opened)
 			}
 		})
 	}
@@ -151,26 +122,26 @@ func TestAskParksOnAQuestion(t *testing.T) {
 	tests := []struct {
 		name    string
 		call    string
-		req     *fakeRequester
+		req     *testutil.Requests
 		deny    bool // a tool filter denies ask
 		noAsk   bool // the session has no Requester
 		isError bool
 		result  string
 		trail   string
 	}{
-		{"a text answer", `call ask {"question":"Which one?","choices":["a","b"]}`, &fakeRequester{state: protocol.RequestAnswered, text: "b"},
+		{"a text answer", `call ask {"question":"Which one?","choices":["a","b"]}`, &testutil.Requests{State: protocol.RequestAnswered, Text: "b", Polls: 2},
 			false, false, false, "b", "tool/call request/open request/answer tool/result"},
-		{"a JSON answer", `call ask {"question":"How many?","answerSchema":` + schema + `}`, &fakeRequester{state: protocol.RequestAnswered, json: `{"n":3}`},
+		{"a JSON answer", `call ask {"question":"How many?","answerSchema":` + schema + `}`, &testutil.Requests{State: protocol.RequestAnswered, JSON: `{"n":3}`, Polls: 2},
 			false, false, false, `{"n":3}`, "tool/call request/open request/answer tool/result"},
-		{"no answer in time", `call ask {"question":"Anyone?"}`, &fakeRequester{state: protocol.RequestTimedOut},
+		{"no answer in time", `call ask {"question":"Anyone?"}`, &testutil.Requests{State: protocol.RequestTimedOut, Polls: 2},
 			false, false, true, "no answer came", "tool/call request/open request/answer tool/result"},
-		{"choices and a schema", `call ask {"question":"Which?","choices":["a"],"answerSchema":` + schema + `}`, &fakeRequester{},
+		{"choices and a schema", `call ask {"question":"Which?","choices":["a"],"answerSchema":` + schema + `}`, &testutil.Requests{},
 			false, false, true, "choices or an answerSchema, not both", "tool/call tool/result"},
-		{"no question", `call ask {"choices":["a","b"]}`, &fakeRequester{},
+		{"no question", `call ask {"choices":["a","b"]}`, &testutil.Requests{},
 			false, false, true, "needs its text", "tool/call tool/result"},
-		{"the question cannot be asked", `call ask {"question":"Q?"}`, &fakeRequester{openErr: errors.New("UNAVAILABLE: down")},
+		{"the question cannot be asked", `call ask {"question":"Q?"}`, &testutil.Requests{OpenErr: errors.New("UNAVAILABLE: down")},
 			false, false, true, "could not be asked", "tool/call tool/result"},
-		{"denied by a filter", `call ask {"question":"Q?"}`, &fakeRequester{},
+		{"denied by a filter", `call ask {"question":"Q?"}`, &testutil.Requests{},
 			true, false, true, `unknown tool "ask"`, "tool/call tool/result"},
 		{"a session that cannot ask", `call ask {"question":"Q?"}`, nil,
 			false, true, true, "cannot ask anyone", "tool/call tool/result"},
@@ -215,15 +186,16 @@ func TestAskParksOnAQuestion(t *testing.T) {
 			if tt.trail != "tool/call request/open request/answer tool/result" {
 				return
 			}
-			if len(tt.req.opened) != 1 {
-				t.Fatalf("opened %+v, want one question", tt.req.opened)
+			opened := tt.req.Opened()
+			if len(opened) != 1 {
+				t.Fatalf("opened %+v, want one question", opened)
 			}
-			o := tt.req.opened[0]
+			o := opened[0]
 			if o.Kind != protocol.RequestQuestion || o.Self.Credential != "cred" || o.Question == "" || o.Tool != "" {
 				t.Fatalf("opened %+v, want a question with the session's credential", o)
 			}
-			if ans.State != tt.req.state || ans.Text != tt.req.text || ans.JSON != tt.req.json {
-				t.Fatalf("request/answer %+v, want state %s text %q json %q", ans, tt.req.state, tt.req.text, tt.req.json)
+			if ans.State != tt.req.State || ans.Text != tt.req.Text || ans.JSON != tt.req.JSON {
+				t.Fatalf("request/answer %+v, want state %s text %q json %q", ans, tt.req.State, tt.req.Text, tt.req.JSON)
 			}
 		})
 	}

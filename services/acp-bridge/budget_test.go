@@ -17,16 +17,14 @@ import (
 // ledger is a child's budget of model requests and the coordinator's
 // budget requests as the child sees them: a reservation past the
 // requests left is refused BUDGET_EXHAUSTED; a budget request opens
-// pending and reads as answer set it (an approval, a raise, adds one
-// request to the ledger).
+// pending (Requests, read with the child's credential only) and reads as
+// answer set it (an approval, a raise, adds one request to the ledger).
 type ledger struct {
+	testutil.Requests
 	mu       sync.Mutex
 	left     int64
 	reserved int
 	settled  int
-	opened   []protocol.RequestOpenRequest
-	state    string // the last opened request's answer ("": pending)
-	reason   string
 }
 
 func (l *ledger) ReserveBudget(_ context.Context, r protocol.BudgetReserveRequest) (protocol.BudgetReserveReply, error) {
@@ -50,44 +48,15 @@ func (l *ledger) SettleBudget(context.Context, protocol.BudgetSettleRequest) err
 	return nil
 }
 
-func (l *ledger) OpenRequest(_ context.Context, r protocol.RequestOpenRequest) (protocol.RequestRecord, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.opened = append(l.opened, r)
-	l.state, l.reason = "", ""
-	return protocol.RequestRecord{ID: protocol.RequestID(r.Self.SessionID, r.CallID), SessionID: r.Self.SessionID, Kind: r.Kind, CallID: r.CallID,
-		BudgetOf: r.BudgetOf, Exhausted: r.Exhausted, Turn: r.Turn, Step: r.Step, State: protocol.RequestPending}, nil
-}
-
-func (l *ledger) GetRequest(_ context.Context, r protocol.RequestGetRequest) (protocol.RequestRecord, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if r.Self == nil || r.Self.Credential != "child-cred" {
-		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnauthorized, "not the child's credential")
-	}
-	rec := protocol.RequestRecord{ID: r.RequestID, Kind: protocol.RequestBudget, State: protocol.RequestPending, Exhausted: "the budget is spent"}
-	if l.state != "" {
-		rec.State = l.state
-		rec.Answer = &protocol.RequestAnswer{State: l.state, Reason: l.reason, By: protocol.Answerer{Kind: protocol.AnswererUser}}
-	}
-	return rec, nil
-}
-
-// answer answers the pending budget request: approved raises the ledger
-// by one request first, as budget.raise does.
+// answer answers the budget requests: approved raises the ledger by one
+// request first, as budget.raise does.
 func (l *ledger) answer(state, reason string) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if state == protocol.RequestApproved {
 		l.left++
 	}
-	l.state, l.reason = state, reason
-}
-
-func (l *ledger) openedRequests() []protocol.RequestOpenRequest {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]protocol.RequestOpenRequest(nil), l.opened...)
+	l.mu.Unlock()
+	l.Answer(state, reason)
 }
 
 // pausedSession is a continuable ACP child of the fake agent that draws
@@ -165,7 +134,7 @@ func TestSessionPausesAtItsBudgetsCap(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := &ledger{left: 1}
+			l := &ledger{left: 1, Requests: testutil.Requests{Credential: "child-cred"}}
 			log := &memLog{}
 			s := pausedSession(t, l, log)
 			if r, out := turn(t, s, log, "echo one"); r.Kind != protocol.TurnCompleted || out != "echo: one" {
@@ -179,7 +148,7 @@ func TestSessionPausesAtItsBudgetsCap(t *testing.T) {
 			done := make(chan provider.Outcome, 1)
 			go func() { done <- s.RunSteps(ctx) }()
 			pause := awaitPause(t, s, log)
-			reqs := l.openedRequests()
+			reqs := l.Opened()
 			if len(reqs) != 1 || reqs[0].Kind != protocol.RequestBudget || reqs[0].Turn != 2 || reqs[0].Step != 1 || reqs[0].BudgetOf != "c" ||
 				reqs[0].CallID != "budget-t2-s1-1" || pause.RequestID != protocol.RequestID("c", "budget-t2-s1-1") || reqs[0].Exhausted == "" {
 				t.Fatalf("requests opened %+v, pause %+v; want one budget request of turn 2, step 1, of ledger c", reqs, pause)
@@ -230,7 +199,7 @@ func TestSessionPausesAtItsBudgetsCap(t *testing.T) {
 // paused, and once raised starts the agent and prompts the turn's own
 // message: one turn, one end.
 func TestSessionPauseSurvivesItsBridge(t *testing.T) {
-	l := &ledger{}
+	l := &ledger{Requests: testutil.Requests{Credential: "child-cred"}}
 	log := &memLog{}
 	first := pausedSession(t, l, log)
 	ctx, stop := context.WithCancelCause(context.Background())
@@ -256,7 +225,7 @@ func TestSessionPauseSurvivesItsBridge(t *testing.T) {
 	if p := awaitPause(t, again, log); p.RequestID != pause.RequestID {
 		t.Fatalf("paused again on %s; want the same request %s", p.RequestID, pause.RequestID)
 	}
-	if n := len(l.openedRequests()); n != 1 {
+	if n := len(l.Opened()); n != 1 {
 		t.Fatalf("%d requests opened; want the first one waited on again", n)
 	}
 	l.answer(protocol.RequestApproved, "")

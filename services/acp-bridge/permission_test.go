@@ -16,68 +16,6 @@ import (
 	"github.com/brood-dev/brood/pkg/provider"
 )
 
-// answerer is a coordinator's requests as the asking session sees them: a
-// request opens pending, and reads of it return state (answered by by,
-// with reason) from the polls-th read on; with no state it stays pending,
-// and with slow a read of it returns only slow after its context ended (a
-// call in flight when the turn ends).
-type answerer struct {
-	mu      sync.Mutex
-	openErr error
-	state   string
-	by      protocol.Answerer
-	reason  string
-	polls   int
-	slow    time.Duration
-	reads   int
-	opened  []protocol.RequestOpenRequest
-}
-
-func (a *answerer) OpenRequest(_ context.Context, r protocol.RequestOpenRequest) (protocol.RequestRecord, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.opened = append(a.opened, r)
-	if a.openErr != nil {
-		return protocol.RequestRecord{}, a.openErr
-	}
-	return protocol.RequestRecord{ID: protocol.RequestID(r.Self.SessionID, r.CallID), SessionID: r.Self.SessionID, Kind: r.Kind,
-		CallID: r.CallID, Tool: r.Tool, Arguments: r.Arguments, State: protocol.RequestPending, Deadline: 42}, nil
-}
-
-func (a *answerer) GetRequest(ctx context.Context, r protocol.RequestGetRequest) (protocol.RequestRecord, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if r.Self == nil || r.Self.Credential != "child-cred" {
-		return protocol.RequestRecord{}, protocol.Errorf(protocol.CodeUnauthorized, "not the child's credential")
-	}
-	a.reads++
-	if a.state == "" && a.slow > 0 {
-		a.mu.Unlock()
-		<-ctx.Done()
-		time.Sleep(a.slow)
-		a.mu.Lock()
-		return protocol.RequestRecord{}, ctx.Err()
-	}
-	rec := protocol.RequestRecord{ID: r.RequestID, State: protocol.RequestPending}
-	if a.state != "" && a.reads >= a.polls {
-		rec.State = a.state
-		rec.Answer = &protocol.RequestAnswer{State: a.state, Reason: a.reason, By: a.by}
-	}
-	return rec, nil
-}
-
-func (a *answerer) readCount() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.reads
-}
-
-func (a *answerer) openedRequests() []protocol.RequestOpenRequest {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return append([]protocol.RequestOpenRequest(nil), a.opened...)
-}
-
 // trail renders the log's tool calls, results, requests and permissions
 // of a turn, in order.
 func trail(t *testing.T, evs []protocol.SessionEvent) string {
@@ -107,31 +45,32 @@ func TestSessionAskRoutesPermissions(t *testing.T) {
 	tests := []struct {
 		name    string
 		prompt  string
-		req     *answerer
+		req     *testutil.Requests
 		out     string
 		written bool
 		granted bool
 		trail   string
 		why     string
 	}{
-		{"approved", "write x.txt hi", &answerer{state: protocol.RequestApproved, by: user, polls: 2}, "selected yes", true, true,
+		{"approved", "write x.txt hi", &testutil.Requests{State: protocol.RequestApproved, By: user, Polls: 2}, "selected yes", true, true,
 			"tool/call request/open request/answer acp/permission tool/result", "approved by the user"},
-		{"denied", "write x.txt hi", &answerer{state: protocol.RequestDenied, by: protocol.Answerer{Kind: protocol.AnswererAgent, SessionID: "P1"}, reason: "not now", polls: 2},
+		{"denied", "write x.txt hi", &testutil.Requests{State: protocol.RequestDenied, By: protocol.Answerer{Kind: protocol.AnswererAgent, SessionID: "P1"}, Reason: "not now", Polls: 2},
 			"selected no", false, false, "tool/call request/open request/answer acp/permission tool/result", "denied by the agent P1 (an ancestor): not now"},
-		{"timed out", "write x.txt hi", &answerer{state: protocol.RequestTimedOut, by: protocol.Answerer{Kind: protocol.AnswererTimeout}, polls: 1},
+		{"timed out", "write x.txt hi", &testutil.Requests{State: protocol.RequestTimedOut, By: protocol.Answerer{Kind: protocol.AnswererTimeout}, Polls: 1},
 			"selected no", false, false, "tool/call request/open request/answer acp/permission tool/result", "timed out, which counts as a denial"},
-		{"the request cannot be opened", "write x.txt hi", &answerer{openErr: errors.New("UNAVAILABLE: no coordinator")},
+		{"the request cannot be opened", "write x.txt hi", &testutil.Requests{OpenErr: errors.New("UNAVAILABLE: no coordinator")},
 			"selected no", false, false, "tool/call acp/permission tool/result", "could not be opened (UNAVAILABLE: no coordinator), which counts as a denial"},
-		{"approved, only allow_always offered", "permission-always", &answerer{state: protocol.RequestApproved, by: user, polls: 1},
+		{"approved, only allow_always offered", "permission-always", &testutil.Requests{State: protocol.RequestApproved, By: user, Polls: 1},
 			"selected always", false, true, "tool/call request/open request/answer acp/permission tool/result", "approved by the user"},
-		{"cancelled: its turn ended", "permission", &answerer{state: protocol.RequestCancelled, by: protocol.Answerer{Kind: protocol.AnswererEnded}, reason: "its turn 1 ended aborted (user) before an answer came", polls: 1},
+		{"cancelled: its turn ended", "permission", &testutil.Requests{State: protocol.RequestCancelled, By: protocol.Answerer{Kind: protocol.AnswererEnded}, Reason: "its turn 1 ended aborted (user) before an answer came", Polls: 1},
 			"cancelled", false, false, "tool/call request/open request/answer acp/permission tool/result", "was cancelled: its turn 1 ended aborted (user)"},
-		{"denied, no reject option offered", "permission-allow-only", &answerer{state: protocol.RequestDenied, by: user, polls: 1},
+		{"denied, no reject option offered", "permission-allow-only", &testutil.Requests{State: protocol.RequestDenied, By: user, Polls: 1},
 			"cancelled", false, false, "tool/call request/open request/answer acp/permission tool/result", "no option of kind reject_once or reject_always"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o := testOptions(t)
+			tt.req.Credential, tt.req.Deadline = "child-cred", 42
 			o.Requests = tt.req
 			p, err := NewProvider(AgentConfig{Name: "fake", Command: fakeAgent(t), Permission: PolicyAsk}, o)
 			if err != nil {
@@ -152,7 +91,7 @@ func TestSessionAskRoutesPermissions(t *testing.T) {
 			if got := trail(t, evs); got != tt.trail {
 				t.Fatalf("log %s\nwant %s", got, tt.trail)
 			}
-			opened := tt.req.openedRequests()
+			opened := tt.req.Opened()
 			if len(opened) != 1 {
 				t.Fatalf("%d requests opened, want 1", len(opened))
 			}
@@ -176,8 +115,8 @@ func TestSessionAskRoutesPermissions(t *testing.T) {
 					_ = ev.Decode(&answer)
 				}
 			}
-			if tt.req.openErr == nil && (open.RequestID != protocol.RequestID("child-1", req.CallID) || open.CallID != req.CallID || open.Tool != req.Tool ||
-				open.Deadline != 42 || answer.RequestID != open.RequestID || answer.State != tt.req.state || answer.Reason != tt.req.reason) {
+			if tt.req.OpenErr == nil && (open.RequestID != protocol.RequestID("child-1", req.CallID) || open.CallID != req.CallID || open.Tool != req.Tool ||
+				open.Deadline != 42 || answer.RequestID != open.RequestID || answer.State != tt.req.State || answer.Reason != tt.req.Reason) {
 				t.Fatalf("request/open %+v, request/answer %+v", open, answer)
 			}
 			perms := permissions(t, evs)
@@ -203,14 +142,15 @@ func TestSessionAskRoutesPermissions(t *testing.T) {
 // is not silent (its silence bound is far shorter than the wait); a turn
 // cancelled while the request waits answers the agent `cancelled`, logs
 // the request's acp/permission in that turn (no request/answer: no one
-// answered), and ends aborted.
+// answered), and ends aborted at once: a read of the request in flight
+// then, one that ignores its context, is not waited for.
 func TestSessionAskWaitsOutSilenceAndCancel(t *testing.T) {
 	user := protocol.Answerer{Kind: protocol.AnswererUser}
 	t.Run("an answer after the silence bound", func(t *testing.T) {
 		o := testOptions(t)
 		o.SilenceTimeout = 500 * time.Millisecond
 		// Reads at 0.25, 0.75, 1.75, 3.75 s: the answer comes past the bound.
-		o.Requests = &answerer{state: protocol.RequestApproved, by: user, polls: 4}
+		o.Requests = &testutil.Requests{Credential: "child-cred", State: protocol.RequestApproved, By: user, Polls: 4}
 		p, err := NewProvider(AgentConfig{Name: "fake", Command: fakeAgent(t), Permission: PolicyAsk}, o)
 		if err != nil {
 			t.Fatal(err)
@@ -228,7 +168,11 @@ func TestSessionAskWaitsOutSilenceAndCancel(t *testing.T) {
 	})
 	t.Run("the turn is cancelled while the request waits", func(t *testing.T) {
 		o := testOptions(t)
-		req := &answerer{slow: 300 * time.Millisecond} // never answered; its read in flight ends late
+		// Never answered; its read in flight when the turn ends ignores
+		// that end and returns only once the test has seen the turn end.
+		hold := make(chan struct{})
+		release := sync.OnceFunc(func() { close(hold) })
+		req := &testutil.Requests{Credential: "child-cred", Hold: hold}
 		o.Requests = req
 		p, err := NewProvider(AgentConfig{Name: "fake", Command: fakeAgent(t), Permission: PolicyAsk}, o)
 		if err != nil {
@@ -237,17 +181,26 @@ func TestSessionAskWaitsOutSilenceAndCancel(t *testing.T) {
 		log := &memLog{}
 		s, _ := p.NewSession(context.Background(), provider.SessionSpec{Header: protocol.SessionHeader{ID: "child-1", Cwd: t.TempDir()}, Credential: "child-cred", Log: log})
 		defer s.(provider.Closer).Close()
+		defer release() // before the close: a failed test lets the read return
 		ctx, cancel := context.WithCancelCause(context.Background())
 		if out, ok := s.OpenTurn(ctx, provider.Input{Content: protocol.Text("permission")}); !ok {
 			t.Fatalf("open turn: %+v", out)
 		}
-		go func() {
-			testutil.Eventually(t, 10*time.Second, func() bool {
-				return strings.Contains(trail(t, log.events()), protocol.EvRequestOpen) && req.readCount() > 0
-			}, "the request is opened, logged and being read")
-			cancel(&provider.Cancel{Cause: protocol.CauseUser})
-		}()
-		out := s.RunSteps(ctx)
+		done := make(chan provider.Outcome, 1)
+		go func() { done <- s.RunSteps(ctx) }()
+		testutil.Eventually(t, 10*time.Second, func() bool {
+			return strings.Contains(trail(t, log.events()), protocol.EvRequestOpen) && req.Reads() > 0
+		}, "the request is opened, logged and being read")
+		cancel(&provider.Cancel{Cause: protocol.CauseUser})
+		var out provider.Outcome
+		select {
+		case out = <-done:
+		case <-time.After(10 * time.Second):
+			release()
+			<-done
+			t.Fatal("the cancelled turn ended only once its request's read in flight returned")
+		}
+		release()
 		if out.Reason.Kind != protocol.TurnAborted || out.Reason.Cause != protocol.CauseUser {
 			t.Fatalf("turn %+v, want aborted (user)", out)
 		}
@@ -260,8 +213,8 @@ func TestSessionAskWaitsOutSilenceAndCancel(t *testing.T) {
 			!strings.Contains(perms[0].Why, "the turn ended while request") {
 			t.Fatalf("acp/permission %+v", perms)
 		}
-		if len(req.openedRequests()) != 1 {
-			t.Fatalf("requests opened: %+v", req.openedRequests())
+		if len(req.Opened()) != 1 {
+			t.Fatalf("requests opened: %+v", req.Opened())
 		}
 		if err := sessionlog.ValidateReplay(evs, false); err != nil {
 			t.Fatalf("the log does not replay: %v", err)
@@ -277,7 +230,7 @@ func TestSessionAskNeedsARequester(t *testing.T) {
 		t.Fatalf("NewProvider = %v, want the missing requests client named", err)
 	}
 	o := testOptions(t)
-	req := &answerer{state: protocol.RequestApproved, polls: 1}
+	req := &testutil.Requests{Credential: "child-cred", State: protocol.RequestApproved, Polls: 1}
 	o.Requests = req
 	p, err := NewProvider(AgentConfig{Name: "fake", Command: fakeAgent(t), Permission: PolicyAsk}, o)
 	if err != nil {
@@ -288,7 +241,7 @@ func TestSessionAskNeedsARequester(t *testing.T) {
 		ToolCeiling: &protocol.ToolFilter{Deny: []string{"read_file"}}}, Credential: "child-cred", Log: log})
 	r, out := turn(t, s, log, "permission")
 	_ = s.(provider.Closer).Close()
-	if r.Kind != protocol.TurnCompleted || out != "selected no" || len(req.openedRequests()) != 0 {
-		t.Fatalf("turn %+v %q, %d requests opened; want rejected without asking", r, out, len(req.openedRequests()))
+	if r.Kind != protocol.TurnCompleted || out != "selected no" || len(req.Opened()) != 0 {
+		t.Fatalf("turn %+v %q, %d requests opened; want rejected without asking", r, out, len(req.Opened()))
 	}
 }
