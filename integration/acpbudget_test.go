@@ -9,6 +9,7 @@ import (
 
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	acpbridge "github.com/brood-dev/brood/services/acp-bridge"
 )
@@ -117,6 +118,34 @@ func acpPausedRequest(t *testing.T, s *stack.Stack, parent, id string) protocol.
 	return rec
 }
 
+// startCapped starts a continuable child of provider ts under root with a
+// budget of one model request, and waits until its first turn, which
+// spends it, has completed.
+func startCapped(ctx context.Context, t *testing.T, s *stack.Stack, root *client.Root) string {
+	t.Helper()
+	start, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "ts", Parent: root.Ref(), Label: "capped",
+		Prompt: protocol.Text("hello"), Options: protocol.ContinuableOptions{Budget: &protocol.Budget{ModelRequests: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ends, _ := acpTurnEnds(t, s, start.ChildID, 1); ends[0].Kind != protocol.TurnCompleted {
+		t.Fatalf("the first turn ended %+v", ends[0])
+	}
+	return start.ChildID
+}
+
+// acpTurnEnds waits until child's log holds n turn ends (60 s at most),
+// and returns their reasons and the log.
+func acpTurnEnds(t *testing.T, s *stack.Stack, child string, n int) ([]protocol.TurnEndReason, []protocol.SessionEvent) {
+	t.Helper()
+	var evs []protocol.SessionEvent
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		_, evs = s.Log(child)
+		return len(turnEndReasons(evs)) >= n
+	}, "turn %d of the ACP child %s ends", n, child)
+	return turnEndReasons(evs), evs
+}
+
 // TestACPContinuableChildPausesAtItsCap (issue 32, item 3; docs/protocol.md
 // §5.5, "Pause and raise"): a continuable ACP child (the
 // @agentclientprotocol/sdk test agent) whose budget of one model request
@@ -141,25 +170,7 @@ func TestACPContinuableChildPausesAtItsCap(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	root := s.Root()
-	start, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "ts", Parent: root.Ref(), Label: "capped",
-		Prompt: protocol.Text("hello"), Options: protocol.ContinuableOptions{Budget: &protocol.Budget{ModelRequests: 1}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	child := start.ChildID
-	ends := func(n int) []protocol.TurnEndReason {
-		t.Helper()
-		var got []protocol.TurnEndReason
-		testutil.Eventually(t, 60*time.Second, func() bool {
-			_, evs := s.Log(child)
-			got = turnEndReasons(evs)
-			return len(got) >= n
-		}, "turn %d of the ACP child ends", n)
-		return got
-	}
-	if got := ends(1); got[0].Kind != protocol.TurnCompleted {
-		t.Fatalf("the first turn ended %+v", got[0])
-	}
+	child := startCapped(ctx, t, s, root)
 
 	// Its budget spent, the next turn pauses; the user raises it.
 	followup(t, s, child, ref(root), "turns")
@@ -171,8 +182,7 @@ func TestACPContinuableChildPausesAtItsCap(t *testing.T) {
 	if err != nil || strings.Join(rep.Resumed, ",") != req.ID {
 		t.Fatalf("the raise = %+v, %v; want request %s answered", rep, err, req.ID)
 	}
-	got := ends(2)
-	_, evs := s.Log(child)
+	got, evs := acpTurnEnds(t, s, child, 2)
 	_, answers, _ := turnsOf(evs)
 	if len(got) != 2 || got[1].Kind != protocol.TurnCompleted || strings.Count(eventTypes(evs), protocol.EvTurnStart) != 2 ||
 		len(answers) != 2 || answers[1] != "turns before this one: 1" {
@@ -185,7 +195,7 @@ func TestACPContinuableChildPausesAtItsCap(t *testing.T) {
 	if _, err := s.Client.AnswerRequest(ctx, protocol.RequestAnswerRequest{RequestID: req.ID, Authority: s.Grant(), Answer: protocol.AnswerDeny, Reason: "not now"}); err != nil {
 		t.Fatal(err)
 	}
-	got = ends(3)
+	got, _ = acpTurnEnds(t, s, child, 3)
 	if r := got[2]; r.Kind != protocol.TurnError || r.Code != protocol.CodeBudgetExhausted || !strings.Contains(r.Error, "denied by the user: not now") {
 		t.Fatalf("the denied turn ended %+v; want error BUDGET_EXHAUSTED with the denial", r)
 	}
@@ -222,16 +232,7 @@ func TestACPPauseSurvivesItsBridgeKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	root := s.Root()
-	start, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "ts", Parent: root.Ref(), Label: "capped",
-		Prompt: protocol.Text("hello"), Options: protocol.ContinuableOptions{Budget: &protocol.Budget{ModelRequests: 1}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	child := start.ChildID
-	testutil.Eventually(t, 60*time.Second, func() bool {
-		_, evs := s.Log(child)
-		return len(turnEndReasons(evs)) == 1
-	}, "the first turn ends")
+	child := startCapped(ctx, t, s, root)
 	followup(t, s, child, ref(root), "turns")
 	req := acpPausedRequest(t, s, root.SessionID, child)
 	before, err := s.Store.LeaseLatest(ctx, child)
@@ -247,20 +248,16 @@ func TestACPPauseSurvivesItsBridgeKilled(t *testing.T) {
 	if again := acpPausedRequest(t, s, root.SessionID, child); again.ID != req.ID {
 		t.Fatalf("paused again on %s; want the same request %s", again.ID, req.ID)
 	}
-	_, evs := s.Log(child)
-	if n := strings.Count(eventTypes(evs), protocol.EvRequestOpen); n != 1 || len(turnEndReasons(evs)) != 1 {
-		t.Fatalf("after the takeover: %s; want the second turn open, paused on its one request", eventTypes(evs))
+	_, paused := s.Log(child)
+	if n := strings.Count(eventTypes(paused), protocol.EvRequestOpen); n != 1 || len(turnEndReasons(paused)) != 1 {
+		t.Fatalf("after the takeover: %s; want the second turn open, paused on its one request", eventTypes(paused))
 	}
 	if rep, err := s.Client.RaiseBudget(ctx, child, s.Grant(), protocol.BudgetSpend{ModelRequests: 1}); err != nil || strings.Join(rep.Resumed, ",") != req.ID {
 		t.Fatalf("the raise = %+v, %v; want request %s answered", rep, err, req.ID)
 	}
-	testutil.Eventually(t, 60*time.Second, func() bool {
-		_, evs = s.Log(child)
-		return len(turnEndReasons(evs)) == 2
-	}, "the continued turn ends")
-	ends := turnEndReasons(evs)
+	ends, evs := acpTurnEnds(t, s, child, 2)
 	_, answers, _ := turnsOf(evs)
-	if ends[1].Kind != protocol.TurnCompleted || strings.Count(eventTypes(evs), protocol.EvTurnStart) != 2 || len(answers) != 2 || answers[1] != "turns before this one: 1" {
+	if len(ends) != 2 || ends[1].Kind != protocol.TurnCompleted || strings.Count(eventTypes(evs), protocol.EvTurnStart) != 2 || len(answers) != 2 || answers[1] != "turns before this one: 1" {
 		t.Fatalf("ends %+v, answers %q; want the second turn continued on the live bridge, prompted once, completed", ends, answers)
 	}
 	if got := acpSessions(evs); len(got) != 2 || !got[1].Loaded || got[1].SessionID != got[0].SessionID {
