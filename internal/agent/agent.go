@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/brood-dev/brood/internal/model"
@@ -186,8 +187,13 @@ type Agent struct {
 	// bookkeeping may append while a turn runs.
 	appendMu sync.Mutex
 	// settles are the budget settlements in flight (budget.go); a turn
-	// waits for them before it returns.
-	settles sync.WaitGroup
+	// waits for them before it returns, unless overlapSettles is set
+	// (OverlapSettles): then its host waits for them (WaitSettled).
+	settles        sync.WaitGroup
+	overlapSettles atomic.Bool
+	// lastSettles are the settlements of turn-ending steps held for
+	// WaitSettled (settleLast); under mu.
+	lastSettles []func()
 	// prefetched is the first step's reservation taken beside the turn
 	// opening (budget.go, prefetch); only the turn's goroutine uses it.
 	prefetched chan prefetched
@@ -373,7 +379,7 @@ func (a *Agent) RunSteps(ctx context.Context) Outcome {
 func (a *Agent) stepsFrom(ctx context.Context, turn, first int64, paused *protocol.RequestOpenData) Outcome {
 	ctx, cancelDeadline := a.withBudgetDeadline(ctx)
 	defer cancelDeadline()
-	defer a.settles.Wait()
+	defer a.turnSettled()
 	defer a.dropPrefetch(ctx) // a turn that ended before its first request
 	if paused != nil {
 		if out, done := a.budgetPause(ctx, turn, first, nil, paused, nil); done {
@@ -420,7 +426,10 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 		return a.end(ctx, turn, nil, budgetEnd(err)), true
 	}
 	mc, out, ok := a.callModelRetrying(ctx, turn, step, req)
-	a.settle(ctx, g, modelUsed(g, mc.resp.Usage))
+	used := modelUsed(g, mc.resp.Usage)
+	if !ok || mc.err != nil {
+		a.settle(ctx, g, used)
+	}
 	if !ok {
 		return out, true
 	}
@@ -440,12 +449,14 @@ func (a *Agent) runStep(ctx context.Context, turn, step int64) (Outcome, bool) {
 		Turn: turn, Step: step, Message: msg, Usage: resp.Usage, Interrupted: resp.Finish == model.FinishLength,
 	})
 	if reason, ends := a.answerEnds(resp.Finish, msg); ends {
+		a.settleLast(ctx, g, used)
 		if g.capped && resp.Finish == model.FinishLength {
 			reason = errReason(protocol.CodeBudgetExhausted, fmt.Sprintf("the budget's tokens ran out: the answer was cut at the %d output tokens it had left", req.MaxTokens))
 		}
 		b.add(a, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: step})
 		return a.end(ctx, turn, &b, reason), true
 	}
+	a.settle(ctx, g, used)
 	for i, c := range msg.ToolCalls {
 		d := protocol.ToolCallData{Turn: turn, Step: step, CallID: c.ID, Name: c.Name, Arguments: c.Arguments}
 		if modelIDs[i] != c.ID {

@@ -187,7 +187,8 @@ func (a *Agent) reserveModel(ctx context.Context, req *model.Request) (grant, er
 //
 // The settle runs beside the step's log append (it is off the step's
 // path); the turn waits for its settles before it returns (RunSteps), so a
-// run's ledger is settled before the run is.
+// run's ledger is settled before the run is, unless its host took that
+// wait on itself (OverlapSettles).
 func (a *Agent) settle(ctx context.Context, g grant, used protocol.BudgetSpend) {
 	if g.id == "" {
 		return
@@ -201,6 +202,56 @@ func (a *Agent) settle(ctx context.Context, g grant, used protocol.BudgetSpend) 
 			a.log.Warn("a budget reservation was not settled; it is charged in full once the run settles", "reservation", g.id, "err", err)
 		}
 	}()
+}
+
+// OverlapSettles lets the session's turns return their outcome before
+// their budget settlements end: a turn does not wait for the ones in
+// flight, and the settlement of the step that ends the turn is held until
+// WaitSettled sends it (settleLast), off the run's path (each is a ledger
+// write; BENCHMARKS.md, "a one-shot run with a budget"). The one-shot host
+// sets it before the run's turn, settles and publishes the run, and calls
+// WaitSettled before it releases the session's lease: a reservation taken
+// at admission is settled by the session's live agent only. A settlement
+// that lands after the run settled still charges what the step used: a
+// coordinator leaves a settled run's reservations alone for
+// settledReservationGrace before it charges them in full
+// (services/coordinator/budget.go; docs/protocol.md §5.5, "Budgets").
+func (a *Agent) OverlapSettles() { a.overlapSettles.Store(true) }
+
+// WaitSettled sends the settlements held by settleLast and waits for every
+// budget settlement in flight; each is bounded by BudgetCallTimeout.
+// Called once the turn returned.
+func (a *Agent) WaitSettled() {
+	a.mu.Lock()
+	held := a.lastSettles
+	a.lastSettles = nil
+	a.mu.Unlock()
+	for _, send := range held {
+		send()
+	}
+	a.settles.Wait()
+}
+
+// settleLast settles g, the reservation of the step that ends the turn:
+// at once, or, when the host overlaps settlements with the run's end
+// (OverlapSettles), when it calls WaitSettled.
+func (a *Agent) settleLast(ctx context.Context, g grant, used protocol.BudgetSpend) {
+	if g.id == "" || !a.overlapSettles.Load() {
+		a.settle(ctx, g, used)
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	a.mu.Lock()
+	a.lastSettles = append(a.lastSettles, func() { a.settle(ctx, g, used) })
+	a.mu.Unlock()
+}
+
+// turnSettled is the end of a turn's steps: it waits for the turn's
+// settlements unless the host waits for them (OverlapSettles).
+func (a *Agent) turnSettled() {
+	if !a.overlapSettles.Load() {
+		a.settles.Wait()
+	}
 }
 
 // modelUsed is what a model request spent against g.

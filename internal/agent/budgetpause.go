@@ -116,7 +116,7 @@ func (a *Agent) reserveToolsPausing(ctx context.Context, turn, step int64, calls
 func (a *Agent) continueToolsPaused(ctx context.Context, p sessionlog.ParkedStep) Outcome {
 	ctx, cancelDeadline := a.withBudgetDeadline(ctx)
 	defer cancelDeadline()
-	defer a.settles.Wait()
+	defer a.turnSettled()
 	calls := make([]protocol.ToolCall, len(p.Pending))
 	for i, pc := range p.Pending {
 		calls[i] = protocol.ToolCall{ID: pc.Call.CallID, Name: pc.Call.Name, Arguments: pc.Call.Arguments}

@@ -463,7 +463,11 @@ func (h *Host) execute(r *hostedRun) {
 	defer func() { telemetry.EndRun(r.span, final, nil) }()
 	defer h.unregister(r)
 	defer closeSession(r.sess)
+	defer waitSettled(r.sess) // a run that ended unpublished or unsettled
 	defer close(r.settled)
+	if o, ok := r.sess.(settleOverlapper); ok {
+		o.OverlapSettles()
+	}
 	var out agent.Outcome
 	if cs, ok := r.sess.(ContinuingSession); ok && r.continued {
 		out = cs.ContinueTurn(r.ctx)
@@ -527,6 +531,9 @@ func (h *Host) settleRun(r *hostedRun, res protocol.SubagentResult, durability b
 		if durability {
 			h.closeLogAfterDurabilityFailure(rec.Provider, r.childID)
 		}
+		// The run's last budget settlements overlap its settlement and
+		// result; they end while the lease is held (settleOverlapper).
+		waitSettled(r.sess)
 		h.releaseLease(r.req.Header.Provider, r.childID, leaseRev)
 	})
 }
@@ -598,6 +605,25 @@ func (h *Host) hostState(_ context.Context, _ rpc.Request, r protocol.HostChildR
 // on, nil when none (docs/protocol.md §5.10, modelRetry).
 type modelRetrier interface {
 	ModelRetry() *protocol.ModelRetryData
+}
+
+// settleOverlapper is a session whose budget settlements may outlast its
+// turn (*agent.Agent, OverlapSettles): a one-shot run's result is settled
+// and published while its last settlement is in flight, and the host
+// waits for them (WaitSettled) before it releases the lease, so a
+// reservation taken at admission, which the session's live agent settles,
+// is settled by it (docs/protocol.md §5.5, "Budgets").
+type settleOverlapper interface {
+	OverlapSettles()
+	WaitSettled()
+}
+
+// waitSettled waits for s's budget settlements in flight, if it overlaps
+// them with its run's end (settleOverlapper).
+func waitSettled(s Session) {
+	if o, ok := s.(settleOverlapper); ok {
+		o.WaitSettled()
+	}
 }
 
 // budgetPauser is a session whose turn pauses at its budget's cap

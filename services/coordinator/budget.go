@@ -27,8 +27,10 @@ package coordinator
 //     (its host died, its settlement was lost) is charged in full and
 //     removed by the coordinator that settles the run as HOST_LOST
 //     (budgetSweepRun), or else by the next coordinator that finds the
-//     ledger short (sweepSettled). Removal is a compare-and-set, so it is
-//     charged exactly once.
+//     ledger short settledReservationGrace or more after the run settled
+//     (sweepSettled; within it, a one-shot's last settlement may still be
+//     on its way, and charges what was used). Removal is a
+//     compare-and-set, so it is charged exactly once.
 
 import (
 	"context"
@@ -261,7 +263,7 @@ func (c *Coordinator) budgetCharge(ctx context.Context, chain []string, spend pr
 	for i, id := range chain {
 		err := c.budgetUpdate(ctx, id, func(rec *protocol.BudgetRecord, now int64) (bool, error) {
 			if err := rec.Exhausted(spend, 0, now); err != nil {
-				swept := c.sweepSettled(ctx, rec)
+				swept := c.sweepSettled(ctx, rec, now)
 				if err = rec.Exhausted(spend, 0, now); err != nil {
 					return swept, err
 				}
@@ -298,11 +300,20 @@ func (c *Coordinator) budgetRefund(ctx context.Context, chain []string, spend pr
 	return first
 }
 
+// settledReservationGrace is how long after its run settled (the run
+// record's settledAt, against this coordinator's clock) a reservation
+// still on a ledger is left to its settlement: a one-shot host settles and
+// publishes its run while the last step's settlement is in flight
+// (agent.Agent.OverlapSettles), and that settlement charges what the step
+// used. Past it, sweepSettled charges the reservation in full.
+const settledReservationGrace = 5 * time.Second
+
 // sweepSettled charges in full, and removes, the reservations of rec whose
-// run has settled (its host died or its settlement never came): the
-// model request, tool call or child they stood for may have been spent.
-// It reports whether it removed any. A run it cannot read is left.
-func (c *Coordinator) sweepSettled(ctx context.Context, rec *protocol.BudgetRecord) bool {
+// run settled settledReservationGrace or more before now (epoch ms): its
+// host died or its settlement never came, and the model request, tool call
+// or child they stood for may have been spent. It reports whether it
+// removed any. A run it cannot read is left.
+func (c *Coordinator) sweepSettled(ctx context.Context, rec *protocol.BudgetRecord, now int64) bool {
 	swept := false
 	settled := map[string]bool{}
 	rec.Reservations = slices.DeleteFunc(rec.Reservations, func(r protocol.BudgetReservation) bool {
@@ -312,7 +323,7 @@ func (c *Coordinator) sweepSettled(ctx context.Context, rec *protocol.BudgetReco
 		done, ok := settled[r.RunID]
 		if !ok {
 			run, err := c.st.Run(ctx, r.RunID)
-			done = err == nil && run.Value.State == protocol.RunSettled
+			done = err == nil && run.Value.State == protocol.RunSettled && settledLongAgo(run.Value, now)
 			settled[r.RunID] = done
 		}
 		if done {
@@ -322,6 +333,13 @@ func (c *Coordinator) sweepSettled(ctx context.Context, rec *protocol.BudgetReco
 		return done
 	})
 	return swept
+}
+
+// settledLongAgo reports whether run settled settledReservationGrace or
+// more before now (epoch ms); a record without its settledAt counts as
+// long ago.
+func settledLongAgo(run protocol.RunRecord, now int64) bool {
+	return run.SettledAt == 0 || now-run.SettledAt >= settledReservationGrace.Milliseconds()
 }
 
 // budgetSweepRun charges in full, and removes, the reservations of run
@@ -413,7 +431,7 @@ func (c *Coordinator) budgetReserve(ctx context.Context, _ rpc.Request, r protoc
 				return false, nil
 			}
 			if err := rec.Exhausted(res.Spend, r.TokensMin, now); err != nil {
-				swept := c.sweepSettled(ctx, rec)
+				swept := c.sweepSettled(ctx, rec, now)
 				if err = rec.Exhausted(res.Spend, r.TokensMin, now); err != nil {
 					return swept, err
 				}

@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
 )
 
 // TestBudgetBadInput (issue 32, items 2 and 6): a budget that is negative,
@@ -102,7 +105,95 @@ func TestBudgetBadInput(t *testing.T) {
 	if strings.Join(h.Budgets, ",") != root.SessionID+","+run.ChildID || h.BudgetDeadlineAt == 0 {
 		t.Fatalf("the child's header budgets %v (deadline %d), want the root's then its own", h.Budgets, h.BudgetDeadlineAt)
 	}
-	if rec, _ := s.Store.Budget(ctx, root.SessionID); rec.Value.Charged.Children != 1 || rec.Value.Charged.Tokens != 3 {
-		t.Fatalf("the root's ledger after one child: %+v, want 1 child and its 3 tokens (2 in, 1 out)", rec.Value.Charged)
+	// The child's last settlement may land after its result (its host
+	// sends it once the run is published: agent.OverlapSettles).
+	var charged protocol.BudgetSpend
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		rec, err := s.Store.Budget(ctx, root.SessionID)
+		charged = rec.Value.Charged
+		return err == nil && len(rec.Value.Reservations) == 0
+	}, "the child's reservation settled")
+	if charged.Children != 1 || charged.Tokens != 3 {
+		t.Fatalf("the root's ledger after one child: %+v, want 1 child and its 3 tokens (2 in, 1 out)", charged)
+	}
+}
+
+// TestALateSettleOfASettledRunChargesWhatWasUsed (docs/protocol.md §5.5,
+// "Budgets"; issue 32, item 2): a one-shot host settles and publishes its
+// run while the last step's settlement is on its way
+// (agent.OverlapSettles). A reservation whose run settled less than
+// SettledReservationGrace ago is left by the sweep of a ledger found short,
+// and its late settlement charges what the step used, not the whole grant;
+// one whose run settled longer ago is charged in full by that sweep, and a
+// settlement after it changes nothing (charged once).
+func TestALateSettleOfASettledRunChargesWhatWasUsed(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	host, _ := s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	grant := protocol.BudgetSpend{ModelRequests: 1, Tokens: 4000}
+	used := protocol.BudgetSpend{ModelRequests: 1, Tokens: 120}
+	for i, tt := range []struct {
+		name        string
+		settledAgo  time.Duration
+		wantCharged protocol.BudgetSpend
+	}{
+		{"within the grace", 0, used},
+		{"past the grace", coordinator.SettledReservationGrace + time.Second, grant},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			root, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{ModelRequests: 1, Tokens: 10_000}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = root.Close(context.Background()) }()
+			// The child as its host runs it: header, run record, and a
+			// lease naming the run.
+			id := fmt.Sprintf("latesettlechild0000000000%d", i)
+			child := protocol.ParentRef{SessionID: id, Credential: "credential-of-" + id}
+			if err := s.Store.PutHeader(ctx, protocol.SessionHeader{ID: id, ParentSession: root.SessionID, Origin: protocol.OriginSubagent,
+				Provider: "spawn", CreatedAt: store.NowMs(), Budgets: []string{root.SessionID}}); err != nil {
+				t.Fatal(err)
+			}
+			run := protocol.RunRecord{RunID: id, ChildID: id, ParentSession: root.SessionID, Provider: "spawn", Mode: protocol.ModeOneShot,
+				State: protocol.RunRunning, CreatedAt: store.NowMs()}
+			rev, err := s.Store.CreateRun(ctx, run)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Store.CreateLease(ctx, protocol.AgentRecord{SessionID: id, Kind: protocol.AgentOneShot, Provider: "spawn", RunID: id,
+				ParentSession: root.SessionID, HostID: host.ID(), CredentialHash: protocol.HashCredential(child.Credential)}); err != nil {
+				t.Fatal(err)
+			}
+			var res protocol.BudgetReserveReply
+			if err := s.Client.Call(ctx, protocol.EpBudgetReserve, protocol.BudgetReserveRequest{Self: child, Want: grant}, &res); err != nil || res.Granted != grant {
+				t.Fatalf("the step's reservation: %+v, %v", res, err)
+			}
+			// The run settles before its last settlement lands.
+			settled := store.Settled(run, host.ID(), protocol.SubagentResult{StopReason: protocol.StopCompleted})
+			settled.SettledAt -= tt.settledAgo.Milliseconds()
+			if ok, err := s.Store.SettleRun(ctx, settled, rev); !ok || err != nil {
+				t.Fatalf("settle the run: %v, %v", ok, err)
+			}
+			// The root's own model request finds the ledger short (its one
+			// request is reserved): the coordinator sweeps it.
+			var refused protocol.BudgetReserveReply
+			err = s.Client.Call(ctx, protocol.EpBudgetReserve, protocol.BudgetReserveRequest{Self: root.Ref(), Want: protocol.BudgetSpend{ModelRequests: 1}, NoWait: true}, &refused)
+			if protocol.CodeOf(err) != protocol.CodeBudgetExhausted {
+				t.Fatalf("a reservation on the full ledger: %+v, %v; want BUDGET_EXHAUSTED", refused, err)
+			}
+			if err := s.Client.Call(ctx, protocol.EpBudgetSettle, protocol.BudgetSettleRequest{Self: child, ReservationID: res.ReservationID, Used: used}, &protocol.Empty{}); err != nil {
+				t.Fatalf("the late settle: %v", err)
+			}
+			rec, err := s.Store.Budget(ctx, root.SessionID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Value.Charged != tt.wantCharged || len(rec.Value.Reservations) != 0 {
+				t.Fatalf("the ledger charged %+v with %d reservations in flight; want %+v charged once, nothing in flight",
+					rec.Value.Charged, len(rec.Value.Reservations), tt.wantCharged)
+			}
+		})
 	}
 }

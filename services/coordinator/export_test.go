@@ -52,3 +52,7 @@ func (c *Coordinator) CountSlotBackoffs(n *atomic.Int64) {
 func (c *Coordinator) WatchedKeys() (hosts, agents, runs int64) {
 	return c.hostsWatch.Keys(), c.agentsWatch.Keys(), c.runsWatch.Keys()
 }
+
+// SettledReservationGrace is settledReservationGrace, for
+// TestALateSettleOfASettledRunChargesWhatWasUsed.
+const SettledReservationGrace = settledReservationGrace
