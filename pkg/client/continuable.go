@@ -10,7 +10,12 @@ import (
 // call returns a *protocol.Error on failure.
 
 // StartContinuable starts a continuable child (continuable.start); it
-// returns once the child's inbox accepted the prompt.
+// returns once the child's inbox accepted the prompt, or, with the parent
+// at its live-children limit, once the start waits in the parent's start
+// queue: the reply's State is protocol.StateQueued, and its ChildID and
+// MessageID are the ids the child and its prompt will have once it starts
+// (State says queued until then; a Followup meanwhile is UNAVAILABLE;
+// docs/protocol.md §5.5, "The start queue").
 func (c *Client) StartContinuable(ctx context.Context, req protocol.ContinuableStartRequest) (protocol.ContinuableStartReply, error) {
 	var r protocol.ContinuableStartReply
 	err := c.Call(ctx, protocol.EpContinuableStart, req, &r)

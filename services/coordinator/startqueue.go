@@ -238,7 +238,9 @@ func (c *Coordinator) startQueues(ctx context.Context) {
 // live children with two replicas, and 64 a second per replica.
 func (c *Coordinator) queueMayAdmit(parent string, now time.Time) (may, confirm bool) {
 	if len(c.liveChildIDs(parent)) < c.cfg.LiveChildrenMax {
-		delete(c.queueConfirmed, parent)
+		// The last confirmation is kept: a parent full again after one of
+		// its children ended (and a queued start took its place) is not
+		// confirmed at once, which would read every child at each end.
 		return true, false
 	}
 	if now.Sub(c.queueConfirmed[parent]) < StartQueueConfirmInterval {

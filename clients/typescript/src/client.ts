@@ -410,7 +410,11 @@ export class Client {
     return this.call(Endpoints.runsDispose, ref, { timeoutMs: 40_000, ...opts });
   }
 
-  /** continuable.start (§5.8). */
+  /**
+   * continuable.start (§5.8). With the parent at its live-children limit the
+   * start waits in its start queue: the reply's `state` is "queued" and its
+   * ids are those the child and its prompt will have once it starts.
+   */
   startContinuable(req: ContinuableStartRequest, opts?: CallOptions): Promise<ContinuableStartReply> {
     return this.call(Endpoints.continuableStart, req, opts);
   }
