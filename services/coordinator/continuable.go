@@ -103,6 +103,13 @@ func (c *Coordinator) continuableStart(ctx context.Context, req rpc.Request, r p
 		childID = ulid.Make().String()
 	} else if !protocol.ValidID(childID) {
 		return protocol.ContinuableStartReply{}, protocol.Errorf(protocol.CodeInvalidArgument, "childId must match ^[A-Za-z0-9_-]{1,64}$")
+	} else if c.agents.queuedParentOf(childID) != "" {
+		// A child id waiting in a start queue (this parent's or another
+		// tree's) is in use though it has no header yet: taken again, the
+		// queued start would later fail DUPLICATE_CHILD, and the index of
+		// queued ids (agentIndex.queuedRuns) would send its user's grant
+		// to the other parent's queue.
+		return protocol.ContinuableStartReply{}, protocol.NewError(protocol.CodeDuplicateChild, map[string]any{"childId": childID})
 	}
 	// At the limit, or behind starts that wait already (first in, first
 	// out), the start waits in its parent's queue as a runs.start does
