@@ -339,6 +339,47 @@ func TestRunResultCancelled(t *testing.T) {
 	}
 }
 
+// TestRunResultAgainAfterACancelledWait: a wait cut short leaves the run's
+// notice subscribed, so asking again gets the notice as it comes, not
+// after AwaitFallback (the subagent tool's wait after a budget's deadline
+// took its whole 10 s: the first wait had dropped the subscription).
+func TestRunResultAgainAfterACancelledWait(t *testing.T) {
+	url := coreServer(t)
+	subj := protocol.MustSubjects("")
+	f := newFakeCoordinator(t, url, subj, protocol.RunStatus{RunID: "r3", ChildID: "r3", State: protocol.RunRunning})
+	cl, err := client.New(dial(t, url), client.Options{AwaitFallback: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	run, err := cl.StartRun(context.Background(), protocol.RunStartRequest{Provider: "spawn", Prompt: protocol.Text("x")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := <-f.notify
+	cut, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := run.Result(cut); !errors.Is(err, protocol.ErrCancelled) {
+		t.Fatalf("Result with a cancelled context: %v", err)
+	}
+	res := protocol.SubagentResult{StopReason: protocol.StopError, ErrorCode: protocol.CodeBudgetExhausted, Diagnostic: "the budget's deadline passed"}
+	if err := dial(t, url).Publish(subject, body(t, protocol.Msgpack, protocol.RunNotice{RunID: "r3", ChildID: "r3", Result: res})); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	got, err := run.Result(ctx)
+	if err != nil {
+		t.Fatalf("Result again after the notice: %v", err)
+	}
+	if got.ErrorCode != protocol.CodeBudgetExhausted || got.Diagnostic != res.Diagnostic {
+		t.Fatalf("result %+v, want the notice's", got)
+	}
+	if n := f.awaited.Load(); n != 0 {
+		t.Errorf("runs.await called %d times; the notice should have answered", n)
+	}
+}
+
 // TestNewRefusesABadPrefix: an invalid subject prefix is INVALID_ARGUMENT.
 func TestNewRefusesABadPrefix(t *testing.T) {
 	_, err := client.New(nil, client.Options{Prefix: "no spaces"})

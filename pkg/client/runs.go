@@ -110,11 +110,10 @@ func (c *Client) StartRun(ctx context.Context, req protocol.RunStartRequest) (*R
 // Options.OutageMax; then UNAVAILABLE, at once when the connection is
 // closed for good). A child that did not complete is a result with another stop
 // reason, not an error; a cancelled ctx is CANCELLED (the run goes on:
-// Dispose it).
+// Result again, whose notice still comes to it, or Dispose it).
 func (r *Run) Result(ctx context.Context) (protocol.SubagentResult, error) {
 	t := time.NewTimer(r.c.opts.AwaitFallback)
 	defer t.Stop()
-	defer r.forget()
 	down := outage{c: r.c}
 	for {
 		select {
@@ -122,8 +121,12 @@ func (r *Run) Result(ctx context.Context) (protocol.SubagentResult, error) {
 			if n.RunID != r.RunID {
 				continue // not this run's: someone else's notice on its subject
 			}
+			r.forget()
 			return n.Result, nil
 		case <-ctx.Done():
+			// The notice stays subscribed: a wait cut short (a budget's
+			// deadline, internal/agent's subagent tool) that asks again
+			// gets the child's end as it comes, not after AwaitFallback.
 			return protocol.SubagentResult{}, protocol.Errorf(protocol.CodeCancelled, "waiting for run %s: %w", r.RunID, ctx.Err())
 		case <-t.C:
 			st, err := r.c.Await(ctx, protocol.RunRef{RunID: r.RunID, Parent: &r.parent, WaitMs: r.c.opts.AwaitFallback.Milliseconds()})
@@ -134,6 +137,7 @@ func (r *Run) Result(ctx context.Context) (protocol.SubagentResult, error) {
 				// The deployment may be restarting: ask again, for up to
 				// Options.OutageMax (issue 37, item 1).
 				if gaveUp := down.failed(err, "waiting for run "+r.RunID); gaveUp != nil {
+					r.forget()
 					return protocol.SubagentResult{}, gaveUp
 				}
 				t.Reset(min(r.c.opts.AwaitFallback, outageRetryWait))
@@ -141,6 +145,7 @@ func (r *Run) Result(ctx context.Context) (protocol.SubagentResult, error) {
 			}
 			down.ok()
 			if st.State == protocol.RunSettled && st.Result != nil {
+				r.forget()
 				return *st.Result, nil
 			}
 			t.Reset(r.c.opts.AwaitFallback)
@@ -157,7 +162,11 @@ func (r *Run) forget() {
 // Dispose cancels the run (runs.dispose; idempotent) and returns its settled
 // status.
 func (r *Run) Dispose(ctx context.Context) (protocol.RunStatus, error) {
-	return r.c.Dispose(ctx, protocol.RunRef{RunID: r.RunID, Parent: &r.parent})
+	st, err := r.c.Dispose(ctx, protocol.RunRef{RunID: r.RunID, Parent: &r.parent})
+	if err == nil && st.State == protocol.RunSettled {
+		r.forget() // its result is st's; no notice is waited for any more
+	}
+	return st, err
 }
 
 // Await asks runs.await for a run's status, waiting up to ref.WaitMs
