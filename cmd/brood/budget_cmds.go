@@ -27,7 +27,8 @@ func budgetCmd(g *globals) *cobra.Command {
 		Short: "Show a child's budgets, or raise its own (a turn paused at its cap continues)",
 		Long: "Without --raise: one row per budget the child draws on, root-most first (the last is its own\n" +
 			"when its start named one): each LIMIT it names with its VALUE, USED (charged), RESERVED (in\n" +
-			"flight) and LEFT; a deadline with its time and what is left of it.\n" +
+			"flight) and LEFT; a deadline with its time and what is left of it; then, for a budget raised,\n" +
+			"how often and by whom last.\n" +
 			"With --raise: the child's own budget gets each named limit raised by that amount (tokens,\n" +
 			"modelRequests, toolCalls, children; k and m suffixes; a deadline is not raised), and a\n" +
 			"continuable child paused at its cap (`brood state` says paused) continues the same turn (it\n" +
@@ -117,4 +118,20 @@ func printLedgers(w io.Writer, recs []protocol.BudgetRecord) {
 		}
 	}
 	tw.Flush()
+	for _, r := range recs {
+		if r.Raises > 0 {
+			fmt.Fprintln(w, raisesLine(r))
+		}
+	}
+}
+
+// raisesLine says how often a ledger was raised (budget.raise; the
+// ledger's raises) and by whom last: "01M…: raised 2 times, last by the
+// user".
+func raisesLine(r protocol.BudgetRecord) string {
+	line := fmt.Sprintf("%s: raised %s", r.SessionID, count(r.Raises, "time"))
+	if r.RaisedBy != nil {
+		line += ", last by " + requestwait.AnswererName(*r.RaisedBy)
+	}
+	return line
 }

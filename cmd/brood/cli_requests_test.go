@@ -119,8 +119,9 @@ func TestBudgetPauseAnswers(t *testing.T) {
 // TestBudgetRaiseSaysWhatItAnswered: brood budget --raise of a child
 // paused at its cap prints the ledger raised and, on stderr, the pause it
 // answered and that the turn goes on when it next looks (it printed
-// "resumed 1 turn" while brood state still said paused for up to 2 s);
-// the same turn then completes.
+// "resumed 1 turn" while brood state still said paused for up to 2 s)
+// and the ledger's raises; the same turn then completes, and brood budget
+// says the ledger was raised once, by the user.
 func TestBudgetRaiseSaysWhatItAnswered(t *testing.T) {
 	c := newCLI(t)
 	child := c.startChild("--budget", "modelRequests=1", "call list_dir {}\nsay done")
@@ -138,8 +139,15 @@ func TestBudgetRaiseSaysWhatItAnswered(t *testing.T) {
 		!strings.Contains(o.out, child+"  modelRequests  2") {
 		t.Fatalf("brood budget --raise printed %q, stderr %q; want the ledger raised to 2 and %q", o.out, o.err, want)
 	}
+	raised := child + ": raised 1 time, last by the user\n"
+	if !strings.HasSuffix(o.out, raised) {
+		t.Fatalf("brood budget --raise printed %q; want it to end %q", o.out, raised)
+	}
 	if o := c.run("result", "--wait", child); o.code != 0 || !strings.Contains(o.out, "done") {
 		t.Fatalf("result after the raise: exit %d, stdout %q, stderr %q; want the turn completed", o.code, o.out, o.err)
+	}
+	if got := c.ok("budget", child).out; !strings.HasSuffix(got, raised) {
+		t.Fatalf("brood budget printed %q; want the ledger's raises, %q", got, raised)
 	}
 }
 

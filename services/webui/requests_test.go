@@ -396,7 +396,7 @@ func TestBrowserRaisesAPausedChild(t *testing.T) {
 
 	b.eval(sel("%s", card+" select.raise-limit") + `.value = "modelRequests"; "set"`)
 	b.do("raise", chromedp.SendKeys(card+" input.raise-amount", "1"), chromedp.Click(chromedp.CSS(card+" button.raise")))
-	b.waitFor("the page reports the raise", sel("%s", card+` .rresult[data-result="ok"]`)+`?.textContent?.startsWith("raised: modelRequests +1")`)
+	b.waitFor("the page reports the raise", sel("%s", card+` .rresult[data-result="ok"]`)+`?.textContent === "raised: modelRequests +1; answered the budget pause of 1 turn: it goes on within about 2 s (until then it shows paused)"`)
 	var end protocol.TurnEndData
 	testutil.Eventually(t, 30*time.Second, func() bool {
 		_, evs := s.Log(st.ChildID)

@@ -563,7 +563,7 @@ function renderRequest(r) {
     const amt = el("input", "raise-amount");
     amt.placeholder = "amount to add";
     const up = el("button", "raise", "Raise");
-    up.title = "raise the child's own budget by the amount; its turn goes on (as brood budget ID --raise)";
+    up.title = "raise the child's own budget by the amount; its paused turn goes on within about 2 s (as brood budget ID --raise)";
     up.addEventListener("click", () => raiseBudget(r, card, { [lim.value]: Number(amt.value) }));
     const no = el("button", "deny", "End the turn");
     no.title = "deny: the turn ends BUDGET_EXHAUSTED (as brood deny)";
@@ -609,7 +609,18 @@ function answerRequest(r, card, body) {
 // as brood budget ID --raise); the raise answers the request.
 function raiseBudget(r, card, raise) {
   return postDecision(r, card, "/api/sessions/" + encodeURIComponent(r.sessionId) + "/budget/raise", raise, "raise",
-    (rb) => "raised: " + Object.entries(raise).map(([k, v]) => k + " +" + v).join(", ") + (rb.resumed && rb.resumed.length ? "; the turn goes on" : ""));
+    (rb) => "raised: " + Object.entries(raise).map(([k, v]) => k + " +" + v).join(", ") + raisedPauses(rb.resumed));
+}
+
+// raisedPauses says what a raise did to the paused turns it answered
+// (budget.raise's resumed, the request ids): each goes on when it next
+// looks for its answer, within about 2 s, and shows paused until then (as
+// brood budget --raise says).
+function raisedPauses(resumed) {
+  const n = (resumed || []).length;
+  if (!n) return "";
+  return "; answered the budget pause of " + n + (n === 1 ? " turn" : " turns") +
+    ": " + (n === 1 ? "it goes" : "each goes") + " on within about 2 s (until then it shows paused)";
 }
 
 // postDecision posts body to url for request r's card, shows what the
