@@ -97,6 +97,11 @@ type Summary struct {
 	ContinuedHostLost int `json:"continuedHostLost,omitempty"`
 	Takeovers         int `json:"takeovers,omitempty"`
 	CallsInterrupted  int `json:"callsInterrupted,omitempty"`
+	// Budget pauses answered in their logs (I10): approved (a raise, or
+	// an approval) and denied or timed out; raises accepted.
+	BudgetPausesApproved int `json:"budgetPausesApproved,omitempty"`
+	BudgetPausesDenied   int `json:"budgetPausesDenied,omitempty"`
+	BudgetRaises         int `json:"budgetRaises,omitempty"`
 }
 
 // Report is the checker's verdict on a History.

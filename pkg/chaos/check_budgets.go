@@ -213,7 +213,7 @@ func (c *checker) checkLedger(id string, rec protocol.BudgetRecord, t *budgetTre
 
 // budgetLine is the summary's I11 line.
 func (s Summary) budgetLine() string {
-	return fmt.Sprintf("budgets: %d ledgers, %d limits reached, %d turns ended BUDGET_EXHAUSTED; %d tokens over their trees' logs, %d charged; %d reservations in flight at the end (%d of settled runs); %d budgeted runs and epochs settled HOST_LOST; %d breaches",
-		s.Budgets, s.BudgetLimitsReached, s.BudgetTurnsExhausted, s.BudgetTokensLogged, s.BudgetTokensCharged, s.BudgetReservations, s.BudgetReservationsLeft,
-		s.BudgetRunsHostLost, s.BudgetBreaches)
+	return fmt.Sprintf("budgets: %d ledgers, %d limits reached, %d turns ended BUDGET_EXHAUSTED; %d pauses approved (%d raises), %d denied or timed out; %d tokens over their trees' logs, %d charged; %d reservations in flight at the end (%d of settled runs); %d budgeted runs and epochs settled HOST_LOST; %d breaches",
+		s.Budgets, s.BudgetLimitsReached, s.BudgetTurnsExhausted, s.BudgetPausesApproved, s.BudgetRaises, s.BudgetPausesDenied,
+		s.BudgetTokensLogged, s.BudgetTokensCharged, s.BudgetReservations, s.BudgetReservationsLeft, s.BudgetRunsHostLost, s.BudgetBreaches)
 }

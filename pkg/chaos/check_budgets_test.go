@@ -175,8 +175,23 @@ func (b *histBuilder) budgetPause(child string) (int64, string) {
 	return n, rid
 }
 
+// raised answers child's budget request rid by a raise (an OpRaise that
+// resumed it, the record approved by the user, the answer logged).
+func (b *histBuilder) raised(child, rid string, turn int64) {
+	rec := b.h.Snapshot.Requests[rid]
+	rec.State, rec.Answer = protocol.RequestApproved, &protocol.RequestAnswer{State: protocol.RequestApproved, By: byUser, At: b.tick(), ID: "r1",
+		Reason: "budget raised: tokens=+100"}
+	b.h.Snapshot.Requests[rid] = rec
+	b.op(&Op{Kind: OpRaise, Sender: "grant:client-1", Child: child, RequestID: rid, Verb: verbRaise, Budget: &protocol.Budget{Tokens: 100}, Targets: []string{rid}})
+	b.event(child, protocol.EvRequestAnswer, protocol.RequestAnswerData{RequestID: rid, CallID: rec.CallID, State: protocol.RequestApproved, By: byUser})
+	b.event(child, protocol.EvStepStart, protocol.StepData{Turn: turn, Step: 1})
+	b.event(child, protocol.EvStepEnd, protocol.StepData{Turn: turn, Step: 1})
+}
+
 // A continuable child paused at its budget's cap (kind budget: no call,
-// no result) is judged by I10 as its turn tells.
+// no result) is judged by I10 as its turn tells: answered approved (by a
+// raise) its turn goes on and ends once, or pauses again; denied or timed
+// out it ends BUDGET_EXHAUSTED, never completed; each answer taken once.
 func TestCheckerBudgetPauses(t *testing.T) {
 	exhausted := protocol.TurnEndReason{Kind: protocol.TurnError, Code: protocol.CodeBudgetExhausted}
 	cases := []struct {
@@ -199,6 +214,58 @@ func TestCheckerBudgetPauses(t *testing.T) {
 			n, _ := b.budgetPause("A")
 			b.event("A", protocol.EvTurnEnd, protocol.TurnEndData{Turn: n, Reason: protocol.TurnEndReason{Kind: protocol.TurnAborted}})
 		}, nil},
+		{"raised: the same turn goes on and completes once", func(b *histBuilder) {
+			b.child("A", 0)
+			n, rid := b.budgetPause("A")
+			b.raised("A", rid, n)
+			b.event("A", protocol.EvTurnEnd, protocol.TurnEndData{Turn: n, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}})
+		}, nil},
+		{"raised, paused again, then denied: BUDGET_EXHAUSTED", func(b *histBuilder) {
+			b.child("A", 0)
+			n, rid := b.budgetPause("A")
+			b.raised("A", rid, n)
+			callID := "budget-t2-s1-2"
+			rid2 := protocol.RequestID("A", callID)
+			b.event("A", protocol.EvRequestOpen, protocol.RequestOpenData{RequestID: rid2, Kind: protocol.RequestBudget, Turn: n, Step: 1, CallID: callID, Deadline: b.now + 8000})
+			b.h.Snapshot.Requests[rid2] = protocol.RequestRecord{Version: 1, ID: rid2, SessionID: "A", Kind: protocol.RequestBudget, CallID: callID,
+				State: protocol.RequestDenied, CreatedAt: b.now, Deadline: b.now + 8000, Answer: &protocol.RequestAnswer{State: protocol.RequestDenied, By: byUser, At: b.tick(), ID: "x2"}}
+			b.answerOp(rid2, protocol.AnswerDeny, "x2", protocol.RequestDenied, "")
+			b.event("A", protocol.EvRequestAnswer, protocol.RequestAnswerData{RequestID: rid2, CallID: callID, State: protocol.RequestDenied, By: byUser})
+			b.event("A", protocol.EvTurnEnd, protocol.TurnEndData{Turn: n, Reason: exhausted})
+		}, nil},
+		{"raised, and its turn ended twice (resumed twice)", func(b *histBuilder) {
+			b.child("A", 0)
+			n, rid := b.budgetPause("A")
+			b.raised("A", rid, n)
+			b.event("A", protocol.EvTurnEnd, protocol.TurnEndData{Turn: n, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}})
+			b.event("A", protocol.EvTurnEnd, protocol.TurnEndData{Turn: n, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}})
+		}, map[string]string{"I10": "its turn 2 ended 2 times", "I7": "turn/end without an open turn"}},
+		{"a raise and a denial both taken", func(b *histBuilder) {
+			b.child("A", 0)
+			n, rid := b.budgetPause("A")
+			b.raised("A", rid, n)
+			b.answerOp(rid, protocol.AnswerDeny, "x9", protocol.RequestDenied, "")
+			b.event("A", protocol.EvTurnEnd, protocol.TurnEndData{Turn: n, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}})
+		}, map[string]string{"I10": "2 answers were taken"}},
+		{"denied, yet its turn completed", func(b *histBuilder) {
+			b.child("A", 0)
+			n, rid := b.budgetPause("A")
+			rec := b.h.Snapshot.Requests[rid]
+			rec.State, rec.Answer = protocol.RequestDenied, &protocol.RequestAnswer{State: protocol.RequestDenied, By: byUser, At: b.tick(), ID: "x1"}
+			b.h.Snapshot.Requests[rid] = rec
+			b.answerOp(rid, protocol.AnswerDeny, "x1", protocol.RequestDenied, "")
+			b.event("A", protocol.EvRequestAnswer, protocol.RequestAnswerData{RequestID: rid, CallID: rec.CallID, State: protocol.RequestDenied, By: byUser})
+			b.event("A", protocol.EvTurnEnd, protocol.TurnEndData{Turn: n, Reason: protocol.TurnEndReason{Kind: protocol.TurnCompleted}})
+		}, map[string]string{"I10": "was denied at"}},
+		{"timed out, and its turn ended error with another code", func(b *histBuilder) {
+			b.child("A", 0)
+			n, rid := b.budgetPause("A")
+			rec := b.h.Snapshot.Requests[rid]
+			rec.State, rec.Answer = protocol.RequestTimedOut, &protocol.RequestAnswer{State: protocol.RequestTimedOut, By: byTimeout, At: b.tick(), ID: "x1"}
+			b.h.Snapshot.Requests[rid] = rec
+			b.event("A", protocol.EvRequestAnswer, protocol.RequestAnswerData{RequestID: rid, CallID: rec.CallID, State: protocol.RequestTimedOut, By: byTimeout})
+			b.event("A", protocol.EvTurnEnd, protocol.TurnEndData{Turn: n, Reason: protocol.TurnEndReason{Kind: protocol.TurnError, Code: protocol.CodeInternal}})
+		}, map[string]string{"I10": "ended error INTERNAL, not BUDGET_EXHAUSTED"}},
 		{"never answered, yet its turn completed", func(b *histBuilder) {
 			b.child("A", 0)
 			n, _ := b.budgetPause("A")

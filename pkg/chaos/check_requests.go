@@ -79,6 +79,11 @@ type agentAnswer struct {
 type sessionRequests struct {
 	calls    map[string]*callLog
 	turnEnds map[int64]string // turn -> its end kind
+	// endCodes are each turn's ends' error codes, one per turn/end logged
+	// (a turn resumed twice ends twice).
+	endCodes map[int64][]protocol.Code
+	// opens are the log positions (seq) of each turn's request/opens.
+	opens map[int64][]int64
 }
 
 func (c *checker) readRequests() (map[string]*reqLog, map[string]*sessionRequests, map[string][]agentAnswer) {
@@ -86,7 +91,8 @@ func (c *checker) readRequests() (map[string]*reqLog, map[string]*sessionRequest
 	logs := map[string]*sessionRequests{}
 	agents := map[string][]agentAnswer{}
 	for id, s := range c.sessions {
-		sr := &sessionRequests{calls: map[string]*callLog{}, turnEnds: map[int64]string{}}
+		sr := &sessionRequests{calls: map[string]*callLog{}, turnEnds: map[int64]string{},
+			endCodes: map[int64][]protocol.Code{}, opens: map[int64][]int64{}}
 		logs[id] = sr
 		var cur int64 // the open turn, 0 between turns
 		for _, ev := range s.events {
@@ -100,6 +106,7 @@ func (c *checker) readRequests() (map[string]*reqLog, map[string]*sessionRequest
 				var d protocol.TurnEndData
 				if ev.Decode(&d) == nil {
 					sr.turnEnds[d.Turn] = d.Reason.Kind
+					sr.endCodes[d.Turn] = append(sr.endCodes[d.Turn], d.Reason.Code)
 				}
 				cur = 0
 			case protocol.EvToolCall:
@@ -132,6 +139,9 @@ func (c *checker) readRequests() (map[string]*reqLog, map[string]*sessionRequest
 				}
 			case protocol.EvRequestOpen:
 				var d protocol.RequestOpenData
+				if ev.Decode(&d) == nil {
+					sr.opens[d.Turn] = append(sr.opens[d.Turn], ev.Seq)
+				}
 				if ev.Decode(&d) == nil && reqs[d.RequestID] == nil {
 					reqs[d.RequestID] = &reqLog{id: d.RequestID, session: id, callID: d.CallID, kind: d.Kind, tool: d.Tool,
 						turn: d.Turn, openSeq: ev.Seq, openAt: ev.Time}
@@ -215,10 +225,10 @@ func (c *checker) requestAnswered(r *reqLog, sr *sessionRequests, rec protocol.R
 		c.fail("I10", a.at, "request %s of %s was opened in turn %d and answered in turn %d: a second turn resumed", r.id, r.session, r.turn, a.turn)
 	}
 	if r.kind == protocol.RequestBudget {
-		// A budget pause parks the turn before a model request, on no
-		// call: an approval (a raise) lets the step reserve again, a
-		// denial or a timeout ends the turn; there is no result to judge.
+		// A budget pause parks the turn on no call: there is no result
+		// to judge, but how its turn went on (budgetPauseEnded).
 		c.requestRecordHolds(r, a, rec, hasRec)
+		c.budgetPauseEnded(r, a, sr)
 		return
 	}
 	var before, after []callResult
@@ -245,6 +255,47 @@ func (c *checker) requestAnswered(r *reqLog, sr *sessionRequests, rec protocol.R
 		c.fail("I10", after[0].at, "request %s of %s was %s, yet its call %s (%s) ran", r.id, r.session, a.d.State, r.callID, r.tool)
 	}
 	c.requestRecordHolds(r, a, rec, hasRec)
+}
+
+// budgetPauseEnded judges the turn of a budget pause answered in its log
+// (docs/protocol.md §5.5, "Pause and raise"): approved (a raise, or an
+// approval) the same turn goes on, and ends once, or pauses again on a
+// new request; denied or timed out it ends error BUDGET_EXHAUSTED, unless
+// something else ended it first (aborted by a dispose or an interrupt,
+// interrupted after its host died), and never completed. A turn still
+// open once its session runs nothing is left for the next takeover; one
+// still open while its session runs, past the answer plus the grace, and
+// not paused again, is stuck.
+func (c *checker) budgetPauseEnded(r *reqLog, a reqAnswer, sr *sessionRequests) {
+	ends := sr.endCodes[r.turn]
+	if len(ends) > 1 {
+		c.sum.Duplicated++
+		c.fail("I10", a.at, "budget request %s of %s was answered (%s), and its turn %d ended %d times", r.id, r.session, a.d.State, r.turn, len(ends))
+		return
+	}
+	end := sr.turnEnds[r.turn]
+	if a.d.State == protocol.RequestApproved {
+		c.sum.BudgetPausesApproved++
+		pausedAgain := false
+		for _, seq := range sr.opens[r.turn] {
+			pausedAgain = pausedAgain || seq > a.seq
+		}
+		if end == "" && !pausedAgain && c.running(r.session) && c.faultAware(a.at, c.h.Bounds.Grace) < c.snap.TakenAt {
+			c.sum.Stuck++
+			c.fail("I10", a.at, "budget request %s of %s was approved at %s, and its turn %d neither ended nor paused again", r.id, r.session, c.at(a.at), r.turn)
+		}
+		return
+	}
+	c.sum.BudgetPausesDenied++
+	switch {
+	case end == protocol.TurnCompleted:
+		c.fail("I10", a.at, "budget request %s of %s was %s at %s, yet its turn %d completed", r.id, r.session, a.d.State, c.at(a.at), r.turn)
+	case end == protocol.TurnError && ends[0] != protocol.CodeBudgetExhausted:
+		c.fail("I10", a.at, "budget request %s of %s was %s at %s, and its turn %d ended error %s, not %s", r.id, r.session, a.d.State, c.at(a.at), r.turn, ends[0], protocol.CodeBudgetExhausted)
+	case end == "" && c.running(r.session) && c.faultAware(a.at, c.h.Bounds.Grace) < c.snap.TakenAt:
+		c.sum.Stuck++
+		c.fail("I10", a.at, "budget request %s of %s was %s at %s, and its turn %d never ended", r.id, r.session, a.d.State, c.at(a.at), r.turn)
+	}
 }
 
 // requestRecordHolds: what the child logged of its answer is what the
@@ -329,9 +380,19 @@ func answererText(a protocol.Answerer) string {
 // taken is the record's; a second one is refused.
 func (c *checker) checkAnswers(reqs map[string]*reqLog, agents map[string][]agentAnswer) {
 	byReq := map[string][]*Op{}
+	raised := map[string][]*Op{}
 	for _, op := range c.h.Ops {
 		if op.Kind == OpAnswer && op.RequestID != "" {
 			byReq[op.RequestID] = append(byReq[op.RequestID], op)
+		}
+		if op.Kind == OpRaise && op.Outcome == OutcomeOK {
+			c.sum.BudgetRaises++
+			for _, id := range op.Targets {
+				raised[id] = append(raised[id], op)
+				if byReq[id] == nil {
+					byReq[id] = nil
+				}
+			}
 		}
 	}
 	for id := range agents {
@@ -354,6 +415,16 @@ func (c *checker) checkAnswers(reqs map[string]*reqLog, agents map[string][]agen
 				}
 			case op.Code == string(protocol.CodeAlreadyAnswered):
 				c.sum.AnswersRefused++
+			}
+		}
+		for _, op := range raised[id] {
+			// A raise answers each budget request paused on its ledger
+			// approved, by its raiser (docs/protocol.md §5.5).
+			c.checked("I10", op.Complete)
+			c.sum.Answers++
+			taken = append(taken, fmt.Sprintf("raise op %d (%s)", op.ID, op.Sender))
+			if hasRec && (rec.Answer == nil || rec.State != protocol.RequestApproved) {
+				c.fail("I10", op.Complete, "op %d: %s's raise of %s answered request %s, but the record holds %s", op.ID, op.Sender, op.Child, id, recordAnswer(rec))
 			}
 		}
 		for _, a := range agents[id] {

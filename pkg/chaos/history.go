@@ -30,6 +30,7 @@ const (
 	OpGrant     = "grant"      // authority.user
 	OpForeign   = "foreign"    // a request from a sender without authority (ForeignKind says which)
 	OpAnswer    = "answer"     // requests.answer of a child's request (RequestID, Verb; the reply's AnswerID, AnswerState)
+	OpRaise     = "raise"      // budget.raise of Child's own budget, for budget request RequestID (the reply's resumed requests: Targets)
 )
 
 // Outcomes of an operation (Jepsen's ok, fail, info).
@@ -72,7 +73,9 @@ type Op struct {
 	Script string `json:"script,omitempty"`
 	// Scope of a drain or lift: "all", "parent", "children".
 	Scope string `json:"scope,omitempty"`
-	// Targets of a drain or lift (parents, or children of Parent).
+	// Targets of a drain or lift (parents, or children of Parent); of a
+	// raise, the budget requests it answered (approved, the paused turns
+	// it woke).
 	Targets []string `json:"targets,omitempty"`
 	// RequestID is the request an answer names; Verb its answer verb
 	// (approve, deny, answer). An accepted answer's reply: AnswerID (the
@@ -82,7 +85,8 @@ type Op struct {
 	AnswerID    string `json:"answerId,omitempty"`
 	AnswerState string `json:"answerState,omitempty"`
 	// Budget a start (run, start) named for its child and subtree (I11;
-	// nil: none, the child draws on its parent's, if any).
+	// nil: none, the child draws on its parent's, if any); of a raise, by
+	// how much each limit was raised.
 	Budget *protocol.Budget `json:"budget,omitempty"`
 
 	Invoke   int64  `json:"invoke"`

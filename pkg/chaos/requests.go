@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand"
 	"regexp"
 	"strings"
 	"sync"
@@ -109,6 +110,41 @@ type plannedAnswer struct {
 	who  answerer
 	verb string
 	req  protocol.RequestAnswerRequest
+	// budgetOf and raise are a budget pause's raise (verb verbRaise): the
+	// session whose ledger refused, and by how much to raise each limit
+	// (only the limits its ledger names are raised).
+	budgetOf string
+	raise    protocol.BudgetSpend
+}
+
+// verbRaise is a planned answer to a budget pause that raises the ledger
+// that refused (budget.raise, docs/protocol.md §5.5 "Pause and raise")
+// instead of answering the request: the raise answers it approved.
+const verbRaise = "raise"
+
+// raisesPerLedgerMax bounds the raises of one ledger: past it, its pauses
+// are denied. A continuable child the workload keeps sending followups
+// would otherwise be raised without end.
+const raisesPerLedgerMax = 6
+
+// budgetRaise draws a raise: every limit by a few of its units (the
+// scripted model's turns take tens of tokens; a continuable child's grow
+// with its history).
+func budgetRaise(rng *rand.Rand) protocol.BudgetSpend {
+	return protocol.BudgetSpend{Tokens: 100 + rng.Int63n(900), ModelRequests: 1 + rng.Int63n(4),
+		ToolCalls: 1 + rng.Int63n(3), Children: 1 + rng.Int63n(2)}
+}
+
+// planBudgetAnswer draws the answer to a budget pause: a raise of the
+// ledger that refused (one in two), or a denial, which ends the turn
+// BUDGET_EXHAUSTED (an approval without a raise would only pause it again).
+func planBudgetAnswer(rng *rand.Rand, rec protocol.RequestRecord, who answerer) plannedAnswer {
+	req := protocol.RequestAnswerRequest{RequestID: rec.ID, Authority: who.auth}
+	if rng.Intn(2) == 0 {
+		return plannedAnswer{who: who, verb: verbRaise, req: req, budgetOf: rec.BudgetOf, raise: budgetRaise(rng)}
+	}
+	req.Answer, req.Reason = protocol.AnswerDeny, "no raise from "+who.name
+	return plannedAnswer{who: who, verb: req.Answer, req: req}
 }
 
 // requestsAnsweredMax bounds the requests one answer action answers.
@@ -182,7 +218,8 @@ func (c *wclient) answerRequests(ctx context.Context) {
 
 // planAnswer draws an answer to rec by who: an approval approved (three in
 // four) or denied with a reason; a question answered with one of its
-// choices, or with free text; a budget pause denied.
+// choices, or with free text; a budget pause raised or denied
+// (planBudgetAnswer).
 func (c *wclient) planAnswer(rec protocol.RequestRecord, who answerer) plannedAnswer {
 	req := protocol.RequestAnswerRequest{RequestID: rec.ID, Authority: who.auth}
 	switch {
@@ -191,11 +228,7 @@ func (c *wclient) planAnswer(rec protocol.RequestRecord, who answerer) plannedAn
 	case rec.Kind == protocol.RequestQuestion:
 		req.Answer, req.Text = protocol.AnswerAnswer, "answered by "+who.name
 	case rec.Kind == protocol.RequestBudget:
-		// A child paused at its budget's cap (docs/protocol.md §5.5,
-		// "Pause and raise"): an approval without a raise would only pause
-		// it again on a new request; the workload denies, and the turn
-		// ends BUDGET_EXHAUSTED.
-		req.Answer, req.Reason = protocol.AnswerDeny, "no raise from "+who.name
+		return planBudgetAnswer(c.rng, rec, who)
 	case c.rng.Intn(4) == 0:
 		req.Answer, req.Reason = protocol.AnswerDeny, "denied by "+who.name
 	default:
@@ -212,7 +245,12 @@ func (c *wclient) answer(r *wroot, tree bool, p plannedAnswer) {
 	if tree {
 		root = r.id
 	}
-	err := c.sendAnswer(root, p)
+	var err error
+	if p.verb == verbRaise {
+		err = c.sendRaise(root, p)
+	} else {
+		err = c.sendAnswer(root, p)
+	}
 	if p.req.Authority.Parent != nil {
 		c.rootGone(r, err)
 	}
@@ -233,6 +271,68 @@ func (c *wclient) sendAnswer(root string, p plannedAnswer) error {
 	}
 	c.w.rec.Complete(op, err)
 	return err
+}
+
+// sendRaise raises p.budgetOf's ledger by p.raise (the limits it names),
+// recorded as an OpRaise with the budget requests the raise answered; a
+// ledger the workload did not name, or raised raisesPerLedgerMax times
+// already, gets p's request denied instead.
+func (c *wclient) sendRaise(root string, p plannedAnswer) error {
+	raise, ok := c.w.raisable(p.budgetOf, p.raise)
+	if !ok {
+		p.verb, p.req.Answer, p.req.Reason = protocol.AnswerDeny, protocol.AnswerDeny, "no more raises from "+p.who.name
+		return c.sendAnswer(root, p)
+	}
+	op := c.invoke(&Op{Kind: OpRaise, Root: root, Sender: p.who.name, Child: p.budgetOf, RequestID: p.req.RequestID, Verb: verbRaise,
+		Budget: &protocol.Budget{Tokens: raise.Tokens, ModelRequests: raise.ModelRequests, ToolCalls: raise.ToolCalls, Children: raise.Children}})
+	var reply protocol.BudgetRaiseReply
+	err := c.call(protocol.EpBudgetRaise, protocol.BudgetRaiseRequest{ChildID: p.budgetOf, Authority: p.who.auth, Raise: raise}, &reply)
+	if err == nil {
+		c.w.rec.Update(op, func(o *Op) { o.Targets = reply.Resumed })
+	}
+	c.w.rec.Complete(op, err)
+	return err
+}
+
+// noteBudget records the budget a start named for child id (nil: none).
+func (w *Workload) noteBudget(id string, b *protocol.Budget) {
+	if b == nil || id == "" {
+		return
+	}
+	w.mu.Lock()
+	w.budgets[id] = *b
+	w.mu.Unlock()
+}
+
+// raisable returns the part of raise that ledger id's limits name, and
+// counts the raise; false when the workload named no such budget, it names
+// no limit a raise lifts (a deadline only), or it was raised
+// raisesPerLedgerMax times.
+func (w *Workload) raisable(id string, raise protocol.BudgetSpend) (protocol.BudgetSpend, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b, ok := w.budgets[id]
+	if !ok || w.raises[id] >= raisesPerLedgerMax {
+		return protocol.BudgetSpend{}, false
+	}
+	var out protocol.BudgetSpend
+	if b.Tokens > 0 {
+		out.Tokens = raise.Tokens
+	}
+	if b.ModelRequests > 0 {
+		out.ModelRequests = raise.ModelRequests
+	}
+	if b.ToolCalls > 0 {
+		out.ToolCalls = raise.ToolCalls
+	}
+	if b.Children > 0 {
+		out.Children = raise.Children
+	}
+	if out.IsZero() {
+		return out, false
+	}
+	w.raises[id]++
+	return out, true
 }
 
 // foreignAnswer answers rec, a request of r's tree, with the credential of
@@ -260,38 +360,74 @@ func (c *wclient) foreignAnswer(r *wroot, rec protocol.RequestRecord) {
 	c.w.rec.Complete(op, err)
 }
 
-// answerSweepInterval is how often answerPending lists the pending requests.
+// answerSweepInterval is how often answerPending and answerBudgetPauses
+// list the pending requests.
 const answerSweepInterval = 300 * time.Millisecond
 
-// answerPending answers every pending request the first client's grant
-// sees (approvals approved, questions answered, budget pauses denied), again every
-// answerSweepInterval until ctx ends: Finish runs it so that no child
-// waits out the request timeout once the workload is over.
-func (w *Workload) answerPending(ctx context.Context) {
-	c := w.clients[0]
+// answerBudgetPauses answers every budget pause the first client's grant
+// sees (a raise or a denial, planBudgetAnswer), again every
+// answerSweepInterval until ctx ends: the workload runs it beside the
+// loops, so a paused turn waits about one interval, not the request
+// timeout, and the followups queued behind it are processed within L1's
+// bound. The loops answer budget pauses too, racing it (one answer wins).
+func (w *Workload) answerBudgetPauses(ctx context.Context) {
+	rng := rand.New(rand.NewSource(w.cfg.Seed*1000 + 999))
 	for ctx.Err() == nil {
-		if g := c.userGrant(); g != "" {
-			var list protocol.RequestsListReply
-			if err := c.call(protocol.EpRequestsList, protocol.RequestsListRequest{Authority: protocol.Authority{Grant: g}}, &list); err == nil {
-				who := answerer{"grant:" + c.name, protocol.Authority{Grant: g}}
-				for _, rec := range list.Requests {
-					if ctx.Err() != nil {
-						return
-					}
-					req := protocol.RequestAnswerRequest{RequestID: rec.ID, Authority: who.auth, Answer: protocol.AnswerApprove}
-					switch rec.Kind {
-					case protocol.RequestQuestion:
-						req.Answer, req.Text = protocol.AnswerAnswer, "yes"
-					case protocol.RequestBudget:
-						req.Answer, req.Reason = protocol.AnswerDeny, "no raise"
-					}
-					_ = c.sendAnswer("", plannedAnswer{who: who, verb: req.Answer, req: req})
-				}
-			}
-		}
+		w.sweepRequests(ctx, rng, true)
 		select {
 		case <-ctx.Done():
 		case <-time.After(answerSweepInterval):
 		}
+	}
+}
+
+// answerPending answers every pending request the first client's grant
+// sees (approvals approved, questions answered, budget pauses raised or
+// denied), again every answerSweepInterval until ctx ends: Finish runs it
+// so that no child waits out the request timeout once the workload is over.
+func (w *Workload) answerPending(ctx context.Context) {
+	rng := rand.New(rand.NewSource(w.cfg.Seed*1000 + 998))
+	for ctx.Err() == nil {
+		w.sweepRequests(ctx, rng, false)
+		select {
+		case <-ctx.Done():
+		case <-time.After(answerSweepInterval):
+		}
+	}
+}
+
+// sweepRequests lists the pending requests with the first client's grant
+// and answers each (budget pauses only, when budgetOnly).
+func (w *Workload) sweepRequests(ctx context.Context, rng *rand.Rand, budgetOnly bool) {
+	c := w.clients[0]
+	g := c.userGrant()
+	if g == "" {
+		return
+	}
+	var list protocol.RequestsListReply
+	if err := c.call(protocol.EpRequestsList, protocol.RequestsListRequest{Authority: protocol.Authority{Grant: g}}, &list); err != nil {
+		return
+	}
+	who := answerer{"grant:" + c.name, protocol.Authority{Grant: g}}
+	for _, rec := range list.Requests {
+		if ctx.Err() != nil {
+			return
+		}
+		if rec.Kind == protocol.RequestBudget {
+			if p := planBudgetAnswer(rng, rec, who); p.verb == verbRaise {
+				_ = c.sendRaise("", p)
+			} else {
+				_ = c.sendAnswer("", p)
+			}
+			continue
+		}
+		if budgetOnly {
+			continue
+		}
+		req := protocol.RequestAnswerRequest{RequestID: rec.ID, Authority: who.auth, Answer: protocol.AnswerApprove}
+		if rec.Kind == protocol.RequestQuestion {
+			req.Answer, req.Text = protocol.AnswerAnswer, "yes"
+		}
+		_ = c.sendAnswer("", plannedAnswer{who: who, verb: req.Answer, req: req})
 	}
 }

@@ -79,6 +79,11 @@ type Workload struct {
 
 	mu    sync.Mutex
 	roots []*wroot // every root ever opened, for foreign requests
+	// budgets are the budgets the workload's starts named, by child
+	// session id (a raise raises only the limits its ledger names).
+	budgets map[string]protocol.Budget
+	// raises counts the raises of each ledger (raisesPerLedgerMax).
+	raises map[string]int
 }
 
 type wclient struct {
@@ -128,7 +133,7 @@ type wchild struct {
 // NewWorkload connects the workload's clients through endpoints of c.
 func NewWorkload(c *Cluster, rec *Recorder, cfg WorkloadConfig) (*Workload, error) {
 	cfg.defaults()
-	w := &Workload{cfg: cfg, rec: rec}
+	w := &Workload{cfg: cfg, rec: rec, budgets: map[string]protocol.Budget{}, raises: map[string]int{}}
 	for i := 0; i < cfg.Clients; i++ {
 		name := fmt.Sprintf("client-%d", i+1)
 		ep, err := c.NewEndpoint(name)
@@ -189,6 +194,11 @@ func (w *Workload) logf(format string, args ...any) {
 // Run drives every client until ctx ends.
 func (w *Workload) Run(ctx context.Context) {
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.answerBudgetPauses(ctx)
+	}()
 	for _, c := range w.clients {
 		wg.Add(1)
 		go func() {
@@ -443,17 +453,17 @@ func (c *wclient) script(opID int64, marker string) string {
 	}
 }
 
-// budget is the budget of a one-shot run (I11): none one time in two (the
-// child draws on nothing), else small limits its subtree often reaches:
-// tokens (the scripted model counts one per word in and out), model
-// requests, tool calls, children started, and rarely a deadline. A
-// fan-out or nested script under it reserves from one ledger on several
-// workers at once. Continuable starts name none: a continuable child at
-// its cap pauses each turn on a budget request (docs/protocol.md §5.5,
-// "Pause and raise") until it is answered or times out (8 s), so the
-// followups the workload keeps sending it would wait past L1's bound
-// once the workload stops answering; a budgeted one-shot's background
-// grandchildren still draw on its budget (and pause).
+// budget is the budget of a start, a one-shot run's or a continuable
+// child's (I11): none one time in two (the child draws on nothing), else
+// small limits its subtree often reaches: tokens (the scripted model
+// counts one per word in and out), model requests, tool calls, children
+// started, and rarely a deadline. A fan-out or nested script under it
+// reserves from one ledger on several workers at once. A continuable child
+// (or a one-shot run's background grandchild) at its cap pauses its turn
+// on a request of kind budget (docs/protocol.md §5.5, "Pause and raise"),
+// which the workload answers soon (answerBudgetPauses, and the loops'
+// answers): a raise of its ledger, or a denial, so no followup waits out
+// the request timeout (8 s) behind a pause.
 func (c *wclient) budget() *protocol.Budget {
 	if c.rng.Intn(2) != 0 {
 		return nil
@@ -532,6 +542,7 @@ func (c *wclient) startRun(r *wroot, script string) *Op {
 	}, &reply)
 	if err == nil {
 		c.w.rec.Update(op, func(o *Op) { o.RunID, o.Child = reply.RunID, reply.ChildID })
+		c.w.noteBudget(reply.ChildID, budget)
 	}
 	c.w.rec.Complete(op, err)
 	if err != nil {
@@ -697,10 +708,12 @@ func (c *wclient) startOn(r *wroot, script string) *Op {
 	} else {
 		script += "\nsay " + marker
 	}
-	c.w.rec.Update(op, func(o *Op) { o.Marker, o.Script = marker, script })
+	budget := c.budget()
+	c.w.rec.Update(op, func(o *Op) { o.Marker, o.Script, o.Budget = marker, script, budget })
 	var reply protocol.ContinuableStartReply
 	err := queuedStart(reply, c.call(protocol.EpContinuableStart, protocol.ContinuableStartRequest{
 		Provider: c.w.cfg.Provider, Parent: r.ref, Label: "chaos", ChildID: id, Prompt: protocol.Text(script),
+		Options: protocol.ContinuableOptions{Budget: budget},
 	}, &reply))
 	if err == nil {
 		c.w.rec.Update(op, func(o *Op) { o.MessageID = reply.MessageID })
@@ -709,6 +722,7 @@ func (c *wclient) startOn(r *wroot, script string) *Op {
 	c.rootGone(r, err)
 	if outcome, _, _ := Classify(err); outcome != OutcomeFail {
 		c.addChild(r, id)
+		c.w.noteBudget(id, budget)
 	}
 	return op
 }
