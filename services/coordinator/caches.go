@@ -49,6 +49,16 @@ type agentIndex struct {
 	// names its run, and is free once that run's lease went.
 	ended     map[string]bool
 	endedRuns map[string]bool
+	// gone holds, per lease key whose delete the watch applied, the
+	// revision of the lease it held, until a lease is put under that key
+	// again: a direct read that raced the delete (Store.Lease answered
+	// by a follower that had not applied it yet, or answered just before
+	// it) is older, and observe must not put it back. Nothing would ever
+	// remove it again (its delete was applied), and the child would look
+	// resident for good: a followup to it not resumed, the liveness sweep
+	// skipping it, its message pending with no log line (chaos seed 4, L1).
+	// Bound: endedMax, then it starts over.
+	gone map[string]uint64
 	// byParent indexes byKey by the leases' parent session (parent → keys;
 	// a parent leaves with its last lease, so it holds no more than byKey),
 	// so counting one parent's live children reads that parent's leases
@@ -139,7 +149,7 @@ const endedMax = 100_000
 
 func newAgentIndex(clock func() time.Duration, belongs func(string, protocol.AgentRecord) error, log *slog.Logger) *agentIndex {
 	return &agentIndex{byKey: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
-		ended: map[string]bool{}, endedRuns: map[string]bool{}, byParent: map[string]map[string]struct{}{}, queued: map[string]bool{}, queuedRuns: map[string]string{}, queuedRunsOf: map[string][]string{}, requests: map[string]uint64{}, budgetPauses: map[string]map[string]struct{}{}, pauseLedgers: map[string][2]string{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
+		ended: map[string]bool{}, endedRuns: map[string]bool{}, gone: map[string]uint64{}, byParent: map[string]map[string]struct{}{}, queued: map[string]bool{}, queuedRuns: map[string]string{}, queuedRunsOf: map[string][]string{}, requests: map[string]uint64{}, budgetPauses: map[string]map[string]struct{}{}, pauseLedgers: map[string][2]string{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
 }
 
 // leaseHeaderWait bounds the header read that checks a child's lease the
@@ -359,6 +369,24 @@ func (a *agentIndex) addLease(key, id string, kind store.AgentsKind, e jetstream
 	}
 	a.setLease(key, l)
 	delete(a.ended, id)
+	delete(a.gone, key)
+}
+
+// deleted applies the watch's delete of key (del), remembering the
+// revision of the lease it held (gone), so that a direct read of that
+// lease which raced the delete does not put it back (observe). The
+// coordinator's own del calls (a takeover, a fresh read forced) are not
+// the bucket's word that the lease is gone: they leave no such mark.
+func (a *agentIndex) deleted(key string) {
+	a.mu.Lock()
+	if old, ok := a.byKey[key]; ok {
+		if len(a.gone) >= endedMax {
+			a.gone = map[string]uint64{}
+		}
+		a.gone[key] = old.rev
+	}
+	a.mu.Unlock()
+	a.del(key)
 }
 
 // del forgets the lease (or drain marker) under brood_agents key key
@@ -510,6 +538,9 @@ func (a *agentIndex) observe(rec protocol.AgentRecord, rev uint64) {
 			return
 		}
 		l.firstSeen, l.firstObs = old.firstSeen, old.firstObs
+	}
+	if g, ok := a.gone[key]; ok && rev <= g {
+		return // deleted since: a read that raced the delete
 	}
 	a.setLease(key, l)
 }

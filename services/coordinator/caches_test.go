@@ -89,6 +89,59 @@ func TestChildrenOfFollowsTheLeases(t *testing.T) {
 	}
 }
 
+// TestALeaseReadThatRacedItsDeleteStaysGone: a direct read of a lease
+// (authorize's Store.Lease, answered by a follower that has not applied
+// the delete yet, or just before it) that reaches observe after the watch
+// applied the delete does not put the lease back: nothing would remove it
+// again, and its child would look resident for good (followups to it not
+// resumed, the liveness sweep skipping it; chaos seed 4's L1). A lease put
+// again, or read at a later revision (a new epoch), is cached; a delete
+// of the coordinator's own (a fresh read forced) leaves no mark.
+func TestALeaseReadThatRacedItsDeleteStaysGone(t *testing.T) {
+	a := newAgentIndex(func() time.Duration { return 0 }, nil, slog.New(slog.DiscardHandler))
+	rec := func(host string) protocol.AgentRecord {
+		return protocol.AgentRecord{SessionID: "c1", ParentSession: "p1", Kind: protocol.AgentContinuable, Provider: "spawn", HostID: host}
+	}
+	put := func(r protocol.AgentRecord, rev uint64) {
+		t.Helper()
+		data, err := protocol.Marshal(protocol.Msgpack, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := entry{Name: store.LeaseKeyOf(r), Data: data, Rev: rev}
+		a.put(e.Name, e)
+	}
+	cached := func() string {
+		if l, ok := a.get("c1", "spawn"); ok {
+			return l.rec.HostID
+		}
+		return ""
+	}
+	key := store.LeaseKey("spawn", "c1")
+	steps := []struct {
+		name string
+		do   func()
+		want string // the cached lease's host, "" none
+	}{
+		{"the epoch's lease put", func() { put(rec("h1"), 5) }, "h1"},
+		{"the watch applies its delete", func() { a.deleted(key) }, ""},
+		{"a read of it that raced the delete", func() { a.observe(rec("h1"), 5) }, ""},
+		{"an older read", func() { a.observe(rec("h1"), 3) }, ""},
+		{"a new epoch's lease read before the watch puts it", func() { a.observe(rec("h2"), 9) }, "h2"},
+		{"the watch puts it", func() { put(rec("h2"), 9) }, "h2"},
+		{"the watch applies its delete", func() { a.deleted(key) }, ""},
+		{"a third epoch's lease put", func() { put(rec("h3"), 12) }, "h3"},
+		{"the coordinator forces a fresh read", func() { a.del(key) }, ""},
+		{"which reads the same lease", func() { a.observe(rec("h3"), 12) }, "h3"},
+	}
+	for _, st := range steps {
+		st.do()
+		if got := cached(); got != st.want {
+			t.Fatalf("%s: cached lease on %q, want %q", st.name, got, st.want)
+		}
+	}
+}
+
 // TestTheLeaseIndexKeepsOnlyLeasesTheirHeaderOwns: a worker may write its
 // own provider's leases (lease.<provider>.>), and the coordinator's lease
 // index takes what it writes there only when the session's header (which

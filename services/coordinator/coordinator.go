@@ -149,7 +149,7 @@ func New(cfg Config) (*Coordinator, error) {
 		reg:         reg,
 		agents:      agents,
 		hostsWatch:  kvwatch.New(cfg.Store.Hosts, "hosts", log, reg.Put, reg.Del),
-		agentsWatch: kvwatch.New(cfg.Store.Agents, "agents", log, agents.put, agents.del),
+		agentsWatch: kvwatch.New(cfg.Store.Agents, "agents", log, agents.put, agents.deleted),
 		runs:        runs,
 		runsWatch:   kvwatch.New(cfg.Store.Runs, "runs", log, runs.Put, runs.Del),
 		headers:     &headerCache{boundedMap: newBoundedMap[protocol.SessionHeader](cfg.HeadersCachedMax)},
