@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -123,16 +124,17 @@ type plannedAnswer struct {
 const verbRaise = "raise"
 
 // raisesPerLedgerMax bounds the raises of one ledger: past it, its pauses
-// are denied. A continuable child the workload keeps sending followups
-// would otherwise be raised without end.
-const raisesPerLedgerMax = 6
+// are denied, and its child gets no more followups (Workload.capped). A
+// continuable child the workload keeps sending followups would otherwise
+// be raised without end.
+const raisesPerLedgerMax = 4
 
-// budgetRaise draws a raise: every limit by a few of its units (the
+// budgetRaise draws a raise: every limit by several turns' worth (the
 // scripted model's turns take tens of tokens; a continuable child's grow
-// with its history).
+// with its history, each turn's input holding every turn before it).
 func budgetRaise(rng *rand.Rand) protocol.BudgetSpend {
-	return protocol.BudgetSpend{Tokens: 100 + rng.Int63n(900), ModelRequests: 1 + rng.Int63n(4),
-		ToolCalls: 1 + rng.Int63n(3), Children: 1 + rng.Int63n(2)}
+	return protocol.BudgetSpend{Tokens: 500 + rng.Int63n(2500), ModelRequests: 2 + rng.Int63n(7),
+		ToolCalls: 1 + rng.Int63n(4), Children: 1 + rng.Int63n(3)}
 }
 
 // planBudgetAnswer draws the answer to a budget pause: a raise of the
@@ -247,20 +249,21 @@ func (c *wclient) answer(r *wroot, tree bool, p plannedAnswer) {
 	}
 	var err error
 	if p.verb == verbRaise {
-		err = c.sendRaise(root, p)
+		err = c.sendRaise(root, p, c.w.cfg.OpTimeout)
 	} else {
-		err = c.sendAnswer(root, p)
+		err = c.sendAnswer(root, p, c.w.cfg.OpTimeout)
 	}
 	if p.req.Authority.Parent != nil {
 		c.rootGone(r, err)
 	}
 }
 
-// sendAnswer sends p and records it (root names the op's tree, "" none).
-func (c *wclient) sendAnswer(root string, p plannedAnswer) error {
+// sendAnswer sends p and records it (root names the op's tree, "" none),
+// the call within timeout.
+func (c *wclient) sendAnswer(root string, p plannedAnswer, timeout time.Duration) error {
 	op := c.invoke(&Op{Kind: OpAnswer, Root: root, Sender: p.who.name, RequestID: p.req.RequestID, Verb: p.verb})
 	var rec protocol.RequestRecord
-	err := c.call(protocol.EpRequestsAnswer, p.req, &rec)
+	err := c.callWithin(timeout, protocol.EpRequestsAnswer, p.req, &rec)
 	if err == nil {
 		c.w.rec.Update(op, func(o *Op) {
 			o.Child, o.AnswerState = rec.SessionID, rec.State
@@ -277,16 +280,16 @@ func (c *wclient) sendAnswer(root string, p plannedAnswer) error {
 // recorded as an OpRaise with the budget requests the raise answered; a
 // ledger the workload did not name, or raised raisesPerLedgerMax times
 // already, gets p's request denied instead.
-func (c *wclient) sendRaise(root string, p plannedAnswer) error {
+func (c *wclient) sendRaise(root string, p plannedAnswer, timeout time.Duration) error {
 	raise, ok := c.w.raisable(p.budgetOf, p.raise)
 	if !ok {
 		p.verb, p.req.Answer, p.req.Reason = protocol.AnswerDeny, protocol.AnswerDeny, "no more raises from "+p.who.name
-		return c.sendAnswer(root, p)
+		return c.sendAnswer(root, p, timeout)
 	}
 	op := c.invoke(&Op{Kind: OpRaise, Root: root, Sender: p.who.name, Child: p.budgetOf, RequestID: p.req.RequestID, Verb: verbRaise,
 		Budget: &protocol.Budget{Tokens: raise.Tokens, ModelRequests: raise.ModelRequests, ToolCalls: raise.ToolCalls, Children: raise.Children}})
 	var reply protocol.BudgetRaiseReply
-	err := c.call(protocol.EpBudgetRaise, protocol.BudgetRaiseRequest{ChildID: p.budgetOf, Authority: p.who.auth, Raise: raise}, &reply)
+	err := c.callWithin(timeout, protocol.EpBudgetRaise, protocol.BudgetRaiseRequest{ChildID: p.budgetOf, Authority: p.who.auth, Raise: raise}, &reply)
 	if err == nil {
 		c.w.rec.Update(op, func(o *Op) { o.Targets = reply.Resumed })
 	}
@@ -304,15 +307,31 @@ func (w *Workload) noteBudget(id string, b *protocol.Budget) {
 	w.mu.Unlock()
 }
 
+// uncapped returns the children of all that are not capped.
+func (w *Workload) uncapped(all []*wchild) []*wchild {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := all[:0:0]
+	for _, ch := range all {
+		if !w.capped[ch.id] {
+			out = append(out, ch)
+		}
+	}
+	return out
+}
+
 // raisable returns the part of raise that ledger id's limits name, and
 // counts the raise; false when the workload named no such budget, it names
 // no limit a raise lifts (a deadline only), or it was raised
-// raisesPerLedgerMax times.
+// raisesPerLedgerMax times (its child is capped from then on).
 func (w *Workload) raisable(id string, raise protocol.BudgetSpend) (protocol.BudgetSpend, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	b, ok := w.budgets[id]
-	if !ok || w.raises[id] >= raisesPerLedgerMax {
+	if ok && w.raises[id] >= raisesPerLedgerMax {
+		w.capped[id] = true
+	}
+	if !ok || w.capped[id] {
 		return protocol.BudgetSpend{}, false
 	}
 	var out protocol.BudgetSpend
@@ -364,6 +383,14 @@ func (c *wclient) foreignAnswer(r *wroot, rec protocol.RequestRecord) {
 // list the pending requests.
 const answerSweepInterval = 300 * time.Millisecond
 
+// sweepCallTimeout bounds each call of the sweeps (not OpTimeout's 20 s:
+// a call stuck in a fault must not hold every pause past its 8 s timeout),
+// and sweepAnswersMax the answers one sweep sends at once.
+const (
+	sweepCallTimeout = 4 * time.Second
+	sweepAnswersMax  = 8
+)
+
 // answerBudgetPauses answers every budget pause the first client's grant
 // sees (a raise or a denial, planBudgetAnswer), again every
 // answerSweepInterval until ctx ends: the workload runs it beside the
@@ -373,7 +400,7 @@ const answerSweepInterval = 300 * time.Millisecond
 func (w *Workload) answerBudgetPauses(ctx context.Context) {
 	rng := rand.New(rand.NewSource(w.cfg.Seed*1000 + 999))
 	for ctx.Err() == nil {
-		w.sweepRequests(ctx, rng, true)
+		w.sweepRequests(ctx, rng, true, nil)
 		select {
 		case <-ctx.Done():
 		case <-time.After(answerSweepInterval):
@@ -383,12 +410,12 @@ func (w *Workload) answerBudgetPauses(ctx context.Context) {
 
 // answerPending answers every pending request the first client's grant
 // sees (approvals approved, questions answered, budget pauses raised or
-// denied), again every answerSweepInterval until ctx ends: Finish runs it
-// so that no child waits out the request timeout once the workload is over.
-func (w *Workload) answerPending(ctx context.Context) {
+// denied), again every answerSweepInterval until ctx ends, counting in
+// sent the answers and raises sent (AnswerPending).
+func (w *Workload) answerPending(ctx context.Context, sent *atomic.Int64) {
 	rng := rand.New(rand.NewSource(w.cfg.Seed*1000 + 998))
 	for ctx.Err() == nil {
-		w.sweepRequests(ctx, rng, false)
+		w.sweepRequests(ctx, rng, false, sent)
 		select {
 		case <-ctx.Done():
 		case <-time.After(answerSweepInterval):
@@ -397,37 +424,54 @@ func (w *Workload) answerPending(ctx context.Context) {
 }
 
 // sweepRequests lists the pending requests with the first client's grant
-// and answers each (budget pauses only, when budgetOnly).
-func (w *Workload) sweepRequests(ctx context.Context, rng *rand.Rand, budgetOnly bool) {
+// and answers each (budget pauses only, when budgetOnly), up to
+// sweepAnswersMax at once, each call within sweepCallTimeout; it counts the
+// answers and raises it sends in sent (when not nil).
+func (w *Workload) sweepRequests(ctx context.Context, rng *rand.Rand, budgetOnly bool, sent *atomic.Int64) {
 	c := w.clients[0]
 	g := c.userGrant()
 	if g == "" {
 		return
 	}
 	var list protocol.RequestsListReply
-	if err := c.call(protocol.EpRequestsList, protocol.RequestsListRequest{Authority: protocol.Authority{Grant: g}}, &list); err != nil {
+	if err := c.callWithin(sweepCallTimeout, protocol.EpRequestsList, protocol.RequestsListRequest{Authority: protocol.Authority{Grant: g}}, &list); err != nil {
 		return
 	}
 	who := answerer{"grant:" + c.name, protocol.Authority{Grant: g}}
+	var plans []plannedAnswer
 	for _, rec := range list.Requests {
-		if ctx.Err() != nil {
-			return
+		switch {
+		case rec.Kind == protocol.RequestBudget:
+			plans = append(plans, planBudgetAnswer(rng, rec, who))
+		case budgetOnly:
+		case rec.Kind == protocol.RequestQuestion:
+			req := protocol.RequestAnswerRequest{RequestID: rec.ID, Authority: who.auth, Answer: protocol.AnswerAnswer, Text: "yes"}
+			plans = append(plans, plannedAnswer{who: who, verb: req.Answer, req: req})
+		default:
+			req := protocol.RequestAnswerRequest{RequestID: rec.ID, Authority: who.auth, Answer: protocol.AnswerApprove}
+			plans = append(plans, plannedAnswer{who: who, verb: req.Answer, req: req})
 		}
-		if rec.Kind == protocol.RequestBudget {
-			if p := planBudgetAnswer(rng, rec, who); p.verb == verbRaise {
-				_ = c.sendRaise("", p)
-			} else {
-				_ = c.sendAnswer("", p)
-			}
-			continue
-		}
-		if budgetOnly {
-			continue
-		}
-		req := protocol.RequestAnswerRequest{RequestID: rec.ID, Authority: who.auth, Answer: protocol.AnswerApprove}
-		if rec.Kind == protocol.RequestQuestion {
-			req.Answer, req.Text = protocol.AnswerAnswer, "yes"
-		}
-		_ = c.sendAnswer("", plannedAnswer{who: who, verb: req.Answer, req: req})
 	}
+	slots := make(chan struct{}, sweepAnswersMax)
+	var wg sync.WaitGroup
+	for _, p := range plans {
+		if ctx.Err() != nil {
+			break
+		}
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			if sent != nil {
+				sent.Add(1)
+			}
+			if p.verb == verbRaise {
+				_ = c.sendRaise("", p, sweepCallTimeout)
+			} else {
+				_ = c.sendAnswer("", p, sweepCallTimeout)
+			}
+		}()
+	}
+	wg.Wait()
 }

@@ -82,8 +82,12 @@ type Workload struct {
 	// budgets are the budgets the workload's starts named, by child
 	// session id (a raise raises only the limits its ledger names).
 	budgets map[string]protocol.Budget
-	// raises counts the raises of each ledger (raisesPerLedgerMax).
+	// raises counts the raises of each ledger (raisesPerLedgerMax);
+	// capped holds the children whose own ledger reached it: the clients
+	// send them no more followups (each would be a turn paused, then
+	// denied), only the last message.
 	raises map[string]int
+	capped map[string]bool
 }
 
 type wclient struct {
@@ -133,7 +137,7 @@ type wchild struct {
 // NewWorkload connects the workload's clients through endpoints of c.
 func NewWorkload(c *Cluster, rec *Recorder, cfg WorkloadConfig) (*Workload, error) {
 	cfg.defaults()
-	w := &Workload{cfg: cfg, rec: rec, budgets: map[string]protocol.Budget{}, raises: map[string]int{}}
+	w := &Workload{cfg: cfg, rec: rec, budgets: map[string]protocol.Budget{}, raises: map[string]int{}, capped: map[string]bool{}}
 	for i := 0; i < cfg.Clients; i++ {
 		name := fmt.Sprintf("client-%d", i+1)
 		ep, err := c.NewEndpoint(name)
@@ -211,21 +215,9 @@ func (w *Workload) Run(ctx context.Context) {
 
 // Finish runs once the faults healed: every drain is lifted, every
 // continuable child gets one last message (it unparks an interrupted queue),
-// and every run's result is awaited, while every pending request is
-// answered (answerPending).
+// and every run's result is awaited. The caller answers the pending
+// requests meanwhile and until the stores are quiet (AnswerPending).
 func (w *Workload) Finish(ctx context.Context) {
-	sctx, stop := context.WithCancel(ctx)
-	swept := make(chan struct{})
-	go func() {
-		defer close(swept)
-		w.answerPending(sctx)
-	}()
-	// Stopped (its last answer completed) before the snapshot is read, so
-	// every answer taken is in the records the checker reads.
-	defer func() {
-		stop()
-		<-swept
-	}()
 	var wg sync.WaitGroup
 	for _, c := range w.clients {
 		wg.Add(1)
@@ -237,6 +229,27 @@ func (w *Workload) Finish(ctx context.Context) {
 	wg.Wait()
 	for _, c := range w.clients {
 		c.runs.Wait()
+	}
+}
+
+// AnswerPending answers every pending request (answerPending) until stop
+// is called; stop returns once the last answer completed, with how many
+// answers and raises were sent. The run keeps it going through Finish and
+// the wait for quiet: a continuable child at its budget's cap pauses each
+// turn its last messages open, and left unanswered each pause would last
+// the request timeout, one after the other, past L1's bound.
+func (w *Workload) AnswerPending(ctx context.Context) (stop func() int) {
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	var sent atomic.Int64
+	go func() {
+		defer close(done)
+		w.answerPending(sctx, &sent)
+	}()
+	return func() int {
+		cancel()
+		<-done
+		return int(sent.Load())
 	}
 }
 
@@ -323,7 +336,12 @@ func (c *wclient) think(ctx context.Context) {
 // call runs one coordinator call with the op's deadline (detached from the
 // loop's ctx: an op once invoked completes or times out on its own).
 func (c *wclient) call(endpoint string, req, reply any) error {
-	ctx, cancel := context.WithTimeout(context.Background(), c.w.cfg.OpTimeout)
+	return c.callWithin(c.w.cfg.OpTimeout, endpoint, req, reply)
+}
+
+// callWithin is call with the deadline timeout.
+func (c *wclient) callWithin(timeout time.Duration, endpoint string, req, reply any) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	err := c.cl.Call(ctx, endpoint, req, reply)
 	if err != nil && ctx.Err() != nil && protocol.CodeOf(err) == "" {
@@ -775,7 +793,7 @@ func (c *wclient) allChildren() []*wchild {
 }
 
 func (c *wclient) pickChild() *wchild {
-	all := c.allChildren()
+	all := c.w.uncapped(c.allChildren())
 	if len(all) == 0 {
 		return nil
 	}
