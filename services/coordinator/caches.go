@@ -24,9 +24,12 @@ import (
 
 // leaseState is one lease as this coordinator last saw it.
 type leaseState struct {
-	rec       protocol.AgentRecord
-	rev       uint64
-	firstSeen time.Time
+	rec protocol.AgentRecord
+	rev uint64
+	// observedAt is when a direct read put the lease here (observe), zero
+	// once the watch delivered it: see observedLeaseTrust.
+	observedAt time.Time
+	firstSeen  time.Time
 	// firstObs is the registry's observed clock when the lease was first
 	// seen: a holder never seen heartbeating is judged from then.
 	firstObs time.Duration
@@ -59,6 +62,7 @@ type agentIndex struct {
 	// skipping it, its message pending with no log line (chaos seed 4, L1).
 	// Bound: endedMax, then it starts over.
 	gone map[string]uint64
+	now  func() time.Time // time.Now; a test's clock
 	// byParent indexes byKey by the leases' parent session (parent → keys;
 	// a parent leaves with its last lease, so it holds no more than byKey),
 	// so counting one parent's live children reads that parent's leases
@@ -149,7 +153,7 @@ const endedMax = 100_000
 
 func newAgentIndex(clock func() time.Duration, belongs func(string, protocol.AgentRecord) error, log *slog.Logger) *agentIndex {
 	return &agentIndex{byKey: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
-		ended: map[string]bool{}, endedRuns: map[string]bool{}, gone: map[string]uint64{}, byParent: map[string]map[string]struct{}{}, queued: map[string]bool{}, queuedRuns: map[string]string{}, queuedRunsOf: map[string][]string{}, requests: map[string]uint64{}, budgetPauses: map[string]map[string]struct{}{}, pauseLedgers: map[string][2]string{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
+		ended: map[string]bool{}, endedRuns: map[string]bool{}, gone: map[string]uint64{}, now: time.Now, byParent: map[string]map[string]struct{}{}, queued: map[string]bool{}, queuedRuns: map[string]string{}, queuedRunsOf: map[string][]string{}, requests: map[string]uint64{}, budgetPauses: map[string]map[string]struct{}{}, pauseLedgers: map[string][2]string{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
 }
 
 // leaseHeaderWait bounds the header read that checks a child's lease the
@@ -519,19 +523,39 @@ func (a *agentIndex) drainMarks() map[string]protocol.DrainRecord {
 func (a *agentIndex) get(id, scope string) (leaseState, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	l, ok := a.byKey[store.LeaseKeyFor(id, scope)]
+	key := store.LeaseKeyFor(id, scope)
+	l, ok := a.byKey[key]
 	if !ok {
+		return leaseState{}, false
+	}
+	if !l.observedAt.IsZero() && a.now().Sub(l.observedAt) > observedLeaseTrust {
+		// Read directly and never delivered by the watch since: the
+		// watch may have missed its put and its delete both (it was
+		// being opened again), and nothing else would remove it. The
+		// caller reads the bucket instead.
+		delete(a.byKey, key)
+		a.unindex(key, l.rec.ParentSession)
 		return leaseState{}, false
 	}
 	return *l, true
 }
+
+// observedLeaseTrust bounds how long a lease a direct read put in the
+// index (observe) is taken from it before the watch delivers it too: the
+// watch delivers a live lease within milliseconds, so one it has not
+// delivered after this long was, most likely, put and deleted while the
+// watch was being opened again (seen in chaos seed 3: a coordinator whose
+// agents watch was down for seconds cached an epoch's lease from its
+// agent's budget.reserve, the epoch ended meanwhile, and the child looked
+// resident for good: its followups were not resumed, with no log line).
+const observedLeaseTrust = 10 * time.Second
 
 // observe stores a fresher lease read directly from the bucket.
 func (a *agentIndex) observe(rec protocol.AgentRecord, rev uint64) {
 	obs := a.clock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	l := &leaseState{rec: rec, rev: rev, firstSeen: time.Now(), firstObs: obs}
+	l := &leaseState{rec: rec, rev: rev, firstSeen: time.Now(), firstObs: obs, observedAt: a.now()}
 	key := store.LeaseKeyOf(rec)
 	if old, ok := a.byKey[key]; ok {
 		if old.rev >= rev {

@@ -142,6 +142,53 @@ func TestALeaseReadThatRacedItsDeleteStaysGone(t *testing.T) {
 	}
 }
 
+// TestALeaseOnlyReadIsNotTrustedForLong: a lease a direct read put in the
+// index (observe) that the watch does not deliver within
+// observedLeaseTrust is dropped, not taken as live for good: the watch
+// may have missed its put and its delete while it was opened again (chaos
+// seed 3). One the watch delivered is kept however old.
+func TestALeaseOnlyReadIsNotTrustedForLong(t *testing.T) {
+	a := newAgentIndex(func() time.Duration { return 0 }, nil, slog.New(slog.DiscardHandler))
+	now := time.Unix(1000, 0)
+	a.now = func() time.Time { return now }
+	rec := func(id string) protocol.AgentRecord {
+		return protocol.AgentRecord{SessionID: id, ParentSession: "p1", Kind: protocol.AgentContinuable, Provider: "spawn", HostID: "h1"}
+	}
+	a.observe(rec("read"), 5)
+	data, err := protocol.Marshal(protocol.Msgpack, rec("watched"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := entry{Name: store.LeaseKey("spawn", "watched"), Data: data, Rev: 6}
+	a.put(e.Name, e)
+	a.observe(rec("confirmed"), 7)
+	data, err = protocol.Marshal(protocol.Msgpack, rec("confirmed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e = entry{Name: store.LeaseKey("spawn", "confirmed"), Data: data, Rev: 7}
+	a.put(e.Name, e)
+	for _, step := range []struct {
+		after time.Duration
+		want  map[string]bool
+	}{
+		{0, map[string]bool{"read": true, "watched": true, "confirmed": true}},
+		{observedLeaseTrust, map[string]bool{"read": true, "watched": true, "confirmed": true}},
+		{observedLeaseTrust + time.Millisecond, map[string]bool{"read": false, "watched": true, "confirmed": true}},
+		{time.Hour, map[string]bool{"read": false, "watched": true, "confirmed": true}},
+	} {
+		now = time.Unix(1000, 0).Add(step.after)
+		for id, want := range step.want {
+			if _, ok := a.get(id, "spawn"); ok != want {
+				t.Errorf("after %s: lease of %s cached %v, want %v", step.after, id, ok, want)
+			}
+		}
+	}
+	if n := len(a.childrenOf("p1")); n != 2 {
+		t.Errorf("p1 has %d children indexed, want 2 (the dropped lease unindexed)", n)
+	}
+}
+
 // TestTheLeaseIndexKeepsOnlyLeasesTheirHeaderOwns: a worker may write its
 // own provider's leases (lease.<provider>.>), and the coordinator's lease
 // index takes what it writes there only when the session's header (which
