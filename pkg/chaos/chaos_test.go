@@ -67,7 +67,7 @@ func TestChaos(t *testing.T) {
 		}
 		cfg := RunConfig{
 			Dir: dir, Brood: broodBin, ServiceBinary: broodRaceBin, Seed: seed, Duration: *chaosDuration, Classes: classes,
-			Site: *chaosSite, Logf: func(format string, args ...any) { t.Logf(format, args...) },
+			Site: *chaosSite, ContinuableBudgets: *chaosRun, Logf: func(format string, args ...any) { t.Logf(format, args...) },
 		}
 		if *chaosHistory != "" {
 			cfg.HistoryPath = filepath.Join(*chaosHistory, fmt.Sprintf("history-seed-%d.json.gz", seed))

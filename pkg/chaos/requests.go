@@ -410,12 +410,12 @@ func (w *Workload) answerBudgetPauses(ctx context.Context) {
 
 // answerPending answers every pending request the first client's grant
 // sees (approvals approved, questions answered, budget pauses raised or
-// denied), again every answerSweepInterval until ctx ends, counting in
-// sent the answers and raises sent (AnswerPending).
-func (w *Workload) answerPending(ctx context.Context, sent *atomic.Int64) {
+// denied), again every answerSweepInterval until ctx ends, keeping in
+// last when the latest answer or raise sent completed (AnswerPending).
+func (w *Workload) answerPending(ctx context.Context, last *atomic.Int64) {
 	rng := rand.New(rand.NewSource(w.cfg.Seed*1000 + 998))
 	for ctx.Err() == nil {
-		w.sweepRequests(ctx, rng, false, sent)
+		w.sweepRequests(ctx, rng, false, last)
 		select {
 		case <-ctx.Done():
 		case <-time.After(answerSweepInterval):
@@ -425,9 +425,10 @@ func (w *Workload) answerPending(ctx context.Context, sent *atomic.Int64) {
 
 // sweepRequests lists the pending requests with the first client's grant
 // and answers each (budget pauses only, when budgetOnly), up to
-// sweepAnswersMax at once, each call within sweepCallTimeout; it counts the
-// answers and raises it sends in sent (when not nil).
-func (w *Workload) sweepRequests(ctx context.Context, rng *rand.Rand, budgetOnly bool, sent *atomic.Int64) {
+// sweepAnswersMax at once, each call within sweepCallTimeout; it keeps in
+// last (when not nil) when the latest answer or raise it sent completed
+// (Unix ms).
+func (w *Workload) sweepRequests(ctx context.Context, rng *rand.Rand, budgetOnly bool, last *atomic.Int64) {
 	c := w.clients[0]
 	g := c.userGrant()
 	if g == "" {
@@ -463,13 +464,15 @@ func (w *Workload) sweepRequests(ctx context.Context, rng *rand.Rand, budgetOnly
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
-			if sent != nil {
-				sent.Add(1)
-			}
 			if p.verb == verbRaise {
 				_ = c.sendRaise("", p, sweepCallTimeout)
 			} else {
 				_ = c.sendAnswer("", p, sweepCallTimeout)
+			}
+			for now := time.Now().UnixMilli(); last != nil; {
+				if prev := last.Load(); prev >= now || last.CompareAndSwap(prev, now) {
+					break
+				}
 			}
 		}()
 	}

@@ -56,6 +56,9 @@ type RunConfig struct {
 	// FaultHoldMax, FaultGapMax shape the schedule (8 s, 4 s).
 	FaultHoldMax time.Duration
 	FaultGapMax  time.Duration
+	// ContinuableBudgets gives continuable starts budgets too
+	// (WorkloadConfig.ContinuableBudgets): make chaos, not the short seed.
+	ContinuableBudgets bool
 	// Site runs the topology with a site (ClusterConfig.Site; issue 36):
 	// one of the two spawn workers is the site's, behind its leaf node,
 	// and the schedule draws from SiteFaultClasses unless Classes is set.
@@ -173,6 +176,7 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 	rec := NewRecorder()
 	wl, err := NewWorkload(c, rec, WorkloadConfig{
 		Seed: cfg.Seed, Clients: cfg.Clients, Provider: cfg.Provider, LiveChildrenMax: cfg.LiveChildrenMax, Cwd: cwd, Logf: logf,
+		ContinuableBudgets: cfg.ContinuableBudgets,
 	})
 	if err != nil {
 		return nil, err
@@ -216,18 +220,17 @@ func RunChaos(ctx context.Context, cfg RunConfig) (*Result, error) {
 		return nil, err
 	}
 	// The pending requests are answered until the stores are quiet. An
-	// answer sent while the snapshots were read may complete after the
-	// last one, whose record then says pending while the op says taken:
-	// the wait is read again, still answering, until one saw no answer
-	// sent (at most quietRoundsMax times).
+	// answer that completed after the last snapshot began may not be in
+	// it (its record there pending while the op says taken): then the
+	// wait is read again, still answering (at most quietRoundsMax times).
 	var snap *Snapshot
 	for round := 1; ; round++ {
 		snap, err = quiesce(ctx, st, wl.Roots(), cfg.Bounds.Process)
-		sent := stopAnswers()
+		last := stopAnswers()
 		if err != nil {
 			return nil, err
 		}
-		if sent == 0 || round == quietRoundsMax {
+		if last < snap.TakenAt || round == quietRoundsMax {
 			break
 		}
 		stopAnswers = wl.AnswerPending(ctx)
