@@ -7,7 +7,7 @@
 //
 // Its rooms are docs/architecture.md §6: a start is admitted in
 // admission.go, a dead host's sessions are taken over from liveness.go, and
-// the leaf packages under it (kvwatch, hostreg, runindex, slotrecord,
+// the leaf packages under it (hostreg, runindex, slotrecord,
 // fairshare) hold the state that separates from the Coordinator type.
 package coordinator
 
@@ -25,10 +25,10 @@ import (
 
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
+	"github.com/brood-dev/brood/internal/store/kvwatch"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator/fairshare"
 	"github.com/brood-dev/brood/services/coordinator/hostreg"
-	"github.com/brood-dev/brood/services/coordinator/kvwatch"
 	"github.com/brood-dev/brood/services/coordinator/runindex"
 	"github.com/brood-dev/brood/services/coordinator/slotrecord"
 )
@@ -148,10 +148,10 @@ func New(cfg Config) (*Coordinator, error) {
 		hostReplies: replies,
 		reg:         reg,
 		agents:      agents,
-		hostsWatch:  kvwatch.New(cfg.Store.Hosts, "hosts", log, reg.Put, reg.Del),
-		agentsWatch: kvwatch.New(cfg.Store.Agents, "agents", log, agents.put, agents.deleted),
+		hostsWatch:  kvwatch.New(cfg.Store.WatchHosts, "hosts", log, reg.Put, reg.Del),
+		agentsWatch: kvwatch.New(cfg.Store.WatchAgents, "agents", log, agents.put, agents.deleted),
 		runs:        runs,
-		runsWatch:   kvwatch.New(cfg.Store.Runs, "runs", log, runs.Put, runs.Del),
+		runsWatch:   kvwatch.New(cfg.Store.WatchRuns, "runs", log, runs.Put, runs.Del),
 		headers:     &headerCache{boundedMap: newBoundedMap[protocol.SessionHeader](cfg.HeadersCachedMax)},
 		descs:       &descriptorCache{newBoundedMap[protocol.DescriptorData](cfg.HeadersCachedMax)},
 		follows:     &followRegistry{m: map[string]*follow{}},

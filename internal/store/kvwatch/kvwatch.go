@@ -1,6 +1,9 @@
 // Package kvwatch keeps a cache of one KV bucket current through a watch
 // (docs/architecture.md §6): the coordinator's caches of brood_hosts,
-// brood_agents and brood_runs each apply what one Watch delivers.
+// brood_agents and brood_runs each apply what one Watch delivers. It holds
+// no bucket: the store opens the watch (store.Store.WatchHosts,
+// WatchAgents, WatchRuns), so no package outside internal/store holds a
+// bucket handle (issue 31, item 3).
 package kvwatch
 
 import (
@@ -35,7 +38,7 @@ import (
 // sooner from its own heartbeat: written, but not delivered back
 // (hostreg.Registry.Stalled).
 type Watch struct {
-	kv   jetstream.KeyValue
+	open Opener
 	name string
 	log  *slog.Logger
 	// put applies key's value e and returns how long after e.Created()
@@ -67,10 +70,15 @@ type Watch struct {
 	advanced  chan struct{}
 }
 
-// New returns the watch of bucket kv (name names it in logs and errors);
-// put and del apply its changes (see Watch). Run runs it.
-func New(kv jetstream.KeyValue, name string, log *slog.Logger, put func(string, jetstream.KeyValueEntry) time.Duration, del func(string)) *Watch {
-	return &Watch{kv: kv, name: name, log: log, put: put, del: del,
+// Opener opens a watch of every key of one bucket, current values first,
+// then every change (jetstream.KeyValue.WatchAll): store.Store.WatchHosts,
+// WatchAgents or WatchRuns.
+type Opener func(ctx context.Context) (jetstream.KeyWatcher, error)
+
+// New returns the watch of the bucket open opens (name names it in logs
+// and errors); put and del apply its changes (see Watch). Run runs it.
+func New(open Opener, name string, log *slog.Logger, put func(string, jetstream.KeyValueEntry) time.Duration, del func(string)) *Watch {
+	return &Watch{open: open, name: name, log: log, put: put, del: del,
 		ready: make(chan struct{}), again: make(chan struct{}, 1), revs: map[string]uint64{}, lapses: map[string]*lapse{}, advanced: make(chan struct{})}
 }
 
@@ -175,7 +183,7 @@ func (w *Watch) Run(ctx context.Context, onRestart func()) {
 			onRestart()
 		}
 		wctx, cancel := context.WithCancel(ctx)
-		kw, err := w.kv.WatchAll(wctx)
+		kw, err := w.open(wctx)
 		if err != nil {
 			cancel()
 			if ctx.Err() == nil {
