@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -19,20 +18,15 @@ import (
 func ServeLeaderReads(t testing.TB, st *store.Store) {
 	t.Helper()
 	sub, err := st.NC.Subscribe(st.Subj.KVLatestAll(), func(m *nats.Msg) {
-		var kv jetstream.KeyValue
-		switch _, bucket, _ := st.Subj.KVLatestOf(m.Subject); bucket {
-		case st.Subj.BucketAgents():
-			kv = st.Agents
-		case st.Subj.BucketRuns():
-			kv = st.Runs
-		default:
+		_, bucket, _ := st.Subj.KVLatestOf(m.Subject)
+		if bucket != st.Subj.BucketAgents() && bucket != st.Subj.BucketRuns() {
 			return
 		}
 		var req protocol.KVLatestRequest
 		if err := protocol.Unmarshal(protocol.Msgpack, m.Data, &req); err != nil {
 			return
 		}
-		data, rev, found, err := store.LeaderGet(context.Background(), kv, req.Key)
+		data, rev, found, err := st.LeaderGet(context.Background(), bucket, req.Key)
 		if err != nil {
 			return // no answer: the host asks again
 		}

@@ -15,7 +15,7 @@ import (
 // Settlement selects the writes of st's run records that settle one (a
 // compare-and-set or, were it ever one, a put of a settled record).
 func Settlement(st *store.Store) func(store.Write) bool {
-	runs := st.Runs.Bucket()
+	runs := st.Subj.BucketRuns()
 	return func(w store.Write) bool {
 		if w.Bucket != runs || (w.Op != store.OpKVUpdate && w.Op != store.OpKVPut) {
 			return false
@@ -62,7 +62,7 @@ var ErrPaused = errors.New("testutil: the service is paused")
 
 // Faults is the seam to give st.WithFaults.
 func (p *Pause) Faults(st *store.Store) store.Faults {
-	hosts := st.Hosts.Bucket()
+	hosts := st.Subj.BucketHosts()
 	return store.Faults{
 		Before: func(ctx context.Context, w store.Write) error {
 			if w.Op == store.OpKVPut && w.Bucket == hosts && p.down.Load() {

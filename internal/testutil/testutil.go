@@ -197,10 +197,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 func PutRun(t testing.TB, st *store.Store, rec protocol.RunRecord) uint64 {
 	t.Helper()
 	ctx := context.Background()
-	if _, err := store.Create(ctx, st.Runs, store.RunSpecKey(rec.Provider, rec.RunID), rec); err != nil {
-		t.Fatal(err)
-	}
-	rev, err := store.Create(ctx, st.Runs, store.RunStateKey(rec.Provider, rec.RunID), rec)
+	rev, err := st.CreateRunRecords(ctx, rec)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -162,7 +162,7 @@ func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 		rec      protocol.RunRecord
 	}
 	var states []stateOf
-	if err := readBucket(ctx, st.Runs, func(key string, v []byte) error {
+	if err := st.EachRunsKey(ctx, func(key string, v []byte) error {
 		var r protocol.RunRecord
 		if err := protocol.Unmarshal(protocol.Msgpack, v, &r); err != nil {
 			return fmt.Errorf("run %s: %w", key, err)
@@ -183,7 +183,7 @@ func takeSnapshot(ctx context.Context, st *store.Store) (*Snapshot, error) {
 			s.Runs[x.rec.RunID] = store.JoinRun(spec, x.rec)
 		}
 	}
-	if err := readBucket(ctx, st.Agents, func(key string, v []byte) error {
+	if err := st.EachAgentsKey(ctx, func(key string, v []byte) error {
 		if id, ok := strings.CutPrefix(key, store.RequestKey("")); ok {
 			var r protocol.RequestRecord
 			if err := protocol.Unmarshal(protocol.Msgpack, v, &r); err != nil {
@@ -299,29 +299,4 @@ func readBatch(ctx context.Context, cons jetstream.Consumer, name string, last u
 		return n, false, fmt.Errorf("snapshot: %s: %w", name, err)
 	}
 	return n, false, nil
-}
-
-// readBucket passes every live key of kv and its value to f.
-func readBucket(ctx context.Context, kv jetstream.KeyValue, f func(key string, v []byte) error) error {
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return fmt.Errorf("snapshot: watch %s: %w", kv.Bucket(), err)
-	}
-	defer w.Stop()
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				return fmt.Errorf("snapshot: watch %s closed", kv.Bucket())
-			}
-			if e == nil {
-				return nil // the initial values are done
-			}
-			if err := f(e.Key(), e.Value()); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			return fmt.Errorf("snapshot: %s: %w", kv.Bucket(), ctx.Err())
-		}
-	}
 }

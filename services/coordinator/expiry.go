@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/brood-dev/brood/internal/store"
-	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator/runindex"
 )
 
@@ -95,7 +94,7 @@ func (c *Coordinator) expireRunsKey(ctx context.Context, key string, e runindex.
 		if kind, provider, id := store.RunsKindOf(key); kind == store.RunsState {
 			// Its spec may have come without this replica's watch
 			// delivering it yet: read from the leader.
-			spec, serr := store.GetLatest[protocol.RunRecord](ctx, c.st.Runs, store.RunSpecKey(provider, id))
+			spec, serr := c.st.RunSpecLatest(ctx, provider, id)
 			switch {
 			case serr == nil && spec.Value.Provider == provider && spec.Value.RunID == id:
 				c.runs.ExpiryDone(key, e.Rev, false) // a run's state: its run's lifetime covers it

@@ -3,8 +3,6 @@ package coordinator
 import (
 	"context"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/pkg/protocol"
@@ -22,15 +20,7 @@ import (
 // provider's records, as its direct gets.
 func (c *Coordinator) kvLatest(ctx context.Context, req rpc.Request, r protocol.KVLatestRequest) (protocol.KVLatestReply, error) {
 	provider, bucket, ok := c.subj.KVLatestOf(req.Subject())
-	var kv jetstream.KeyValue
-	switch {
-	case !ok:
-	case bucket == c.subj.BucketAgents():
-		kv = c.st.Agents
-	case bucket == c.subj.BucketRuns():
-		kv = c.st.Runs
-	}
-	if kv == nil || r.Key == "" {
+	if !ok || (bucket != c.subj.BucketAgents() && bucket != c.subj.BucketRuns()) || r.Key == "" {
 		return protocol.KVLatestReply{}, protocol.Errorf(protocol.CodeInvalidArgument,
 			"a leader read names a provider and a bucket (%s or %s) in its subject (%s), and a key", c.subj.BucketAgents(), c.subj.BucketRuns(), c.subj.KVLatest("<provider>", "<bucket>"))
 	}
@@ -38,7 +28,7 @@ func (c *Coordinator) kvLatest(ctx context.Context, req rpc.Request, r protocol.
 		return protocol.KVLatestReply{}, protocol.Errorf(protocol.CodeUnauthorized,
 			"key %q of %s is not a record of provider %s's workers", r.Key, bucket, provider)
 	}
-	data, rev, found, err := store.LeaderGet(ctx, kv, r.Key)
+	data, rev, found, err := c.st.LeaderGet(ctx, bucket, r.Key)
 	if err != nil {
 		return protocol.KVLatestReply{}, protocol.Errorf(protocol.CodeUnavailable, "read %s/%s from the leader: %w", bucket, r.Key, err)
 	}

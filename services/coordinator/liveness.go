@@ -162,7 +162,7 @@ const hostLostWait = 2 * time.Second
 func (c *Coordinator) hostLost(ctx context.Context, id string) bool {
 	rctx, cancel := context.WithTimeout(ctx, hostLostWait)
 	defer cancel()
-	rec, err := store.GetLatest[protocol.HostRecord](rctx, c.st.Hosts, store.HostKey(id))
+	rec, err := c.st.HostLatest(rctx, id)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		return true

@@ -264,7 +264,7 @@ func (c *Coordinator) waitSettled(ctx context.Context, runID string, d time.Dura
 	if err != nil {
 		return protocol.RunStatus{}, protocol.Errorf(protocol.CodeUnavailable, "read run %s: %w", runID, err)
 	}
-	w, err := c.st.Runs.Watch(wctx, store.RunStateKey(spec.Provider, runID))
+	w, err := c.st.WatchRunState(wctx, spec.Provider, runID)
 	if err != nil {
 		return protocol.RunStatus{}, protocol.Errorf(protocol.CodeUnavailable, "watch run %s: %w", runID, err)
 	}
