@@ -3,6 +3,13 @@ package store
 import (
 	"context"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -95,4 +102,155 @@ func TestATTLdWriteReachesTheBucketThroughAnyWrapper(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNoBucketHandleOutsideTheStore: no non-test Go file outside
+// internal/store (and its sub-packages) names jetstream.KeyValue or reads a
+// Store's bucket fields (Agents, Hosts, Runs): every read, watch and write
+// of a bucket is an operation of this package (buckets.go; issue 31, item
+// 3). The fields stay exported for the tests only. A file is parsed, not
+// type-checked: a field is caught on an expression the package declares
+// as a *store.Store (a field, parameter, result or variable of that type,
+// or a variable given store.Open, Provision, Bind, BindLogs, WithFaults or
+// WithLeaderReads), which is how every holder of one names it.
+func TestNoBucketHandleOutsideTheStore(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := filepath.Join(root, "internal", "store")
+	pkgs := map[string][]*ast.File{} // by directory
+	fset := token.NewFileSet()
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			name := d.Name()
+			if path == own || (path != root && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "node_modules")) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		pkgs[filepath.Dir(path)] = append(pkgs[filepath.Dir(path)], f)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pkgs) < 20 {
+		t.Fatalf("found %d packages under %s; the walk missed the repository", len(pkgs), root)
+	}
+	var found []string
+	for _, files := range pkgs {
+		found = append(found, bucketHandles(fset, files)...)
+	}
+	if len(found) > 0 {
+		t.Fatalf("bucket handles outside internal/store (give the store an operation named for what it does; buckets.go):\n%s", strings.Join(found, "\n"))
+	}
+}
+
+// bucketHandles lists the places files (one package's) name
+// jetstream.KeyValue or a Store's bucket field (TestNoBucketHandleOutsideTheStore).
+func bucketHandles(fset *token.FileSet, files []*ast.File) []string {
+	const storePath, jsPath = `"github.com/brood-dev/brood/internal/store"`, `"github.com/nats-io/nats.go/jetstream"`
+	local := func(f *ast.File, path, def string) string {
+		for _, im := range f.Imports {
+			if im.Path.Value == path {
+				if im.Name != nil {
+					return im.Name.Name
+				}
+				return def
+			}
+		}
+		return ""
+	}
+	isPkgSel := func(e ast.Expr, pkg string, names ...string) bool {
+		s, ok := e.(*ast.SelectorExpr)
+		if !ok || pkg == "" {
+			return false
+		}
+		x, ok := s.X.(*ast.Ident)
+		return ok && x.Name == pkg && slices.Contains(names, s.Sel.Name)
+	}
+	isStoreType := func(e ast.Expr, pkg string) bool {
+		if s, ok := e.(*ast.StarExpr); ok {
+			e = s.X
+		}
+		return isPkgSel(e, pkg, "Store")
+	}
+	// Names of what holds a *store.Store, across the package's files.
+	holders := map[string]bool{}
+	for _, f := range files {
+		pkg := local(f, storePath, "store")
+		if pkg == "" {
+			continue
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.Field:
+				if isStoreType(n.Type, pkg) {
+					for _, id := range n.Names {
+						holders[id.Name] = true
+					}
+				}
+			case *ast.ValueSpec:
+				if n.Type != nil && isStoreType(n.Type, pkg) {
+					for _, id := range n.Names {
+						holders[id.Name] = true
+					}
+				}
+			case *ast.AssignStmt:
+				if len(n.Rhs) != 1 {
+					return true
+				}
+				c, ok := n.Rhs[0].(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				made := isPkgSel(c.Fun, pkg, "Open", "Provision", "Bind", "BindLogs")
+				if s, ok := c.Fun.(*ast.SelectorExpr); ok && (s.Sel.Name == "WithFaults" || s.Sel.Name == "WithLeaderReads") {
+					made = true
+				}
+				if id, ok := n.Lhs[0].(*ast.Ident); ok && made {
+					holders[id.Name] = true
+				}
+			}
+			return true
+		})
+	}
+	var found []string
+	for _, f := range files {
+		js := local(f, jsPath, "jetstream")
+		ast.Inspect(f, func(n ast.Node) bool {
+			s, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			switch {
+			case isPkgSel(s, js, "KeyValue"):
+				found = append(found, fmt.Sprintf("%s: jetstream.KeyValue", fset.Position(s.Pos())))
+			case slices.Contains([]string{"Agents", "Hosts", "Runs"}, s.Sel.Name):
+				var holder string
+				switch x := s.X.(type) {
+				case *ast.Ident:
+					holder = x.Name
+				case *ast.SelectorExpr:
+					holder = x.Sel.Name
+				}
+				if holders[holder] {
+					found = append(found, fmt.Sprintf("%s: %s.%s, a store's bucket", fset.Position(s.Pos()), holder, s.Sel.Name))
+				}
+			}
+			return true
+		})
+	}
+	return found
 }

@@ -9,7 +9,8 @@
 // Write order and writers: order.go, the lock-order file of this package.
 // Every write to a KV bucket goes through an operation of this package
 // (runs.go, leases.go, ownership.go, markers.go, heartbeat.go) whose key
-// comes from keys.go.
+// comes from keys.go, and so does every read and watch (buckets.go): no
+// package outside this one holds a bucket handle.
 package store
 
 import (
@@ -110,6 +111,13 @@ type Store struct {
 	// faults wraps those streams (WithFaults), nil in a product path.
 	faults *Faults
 
+	// Agents, Hosts and Runs are the buckets brood_agents, brood_hosts and
+	// brood_runs. They are exported for tests only (set-ups and checks of
+	// raw records in ~35 test files): no non-test file outside this
+	// package (and its sub-packages) reads them or names
+	// jetstream.KeyValue, which TestNoBucketHandleOutsideTheStore checks
+	// (issue 31, item 3); a product path calls this package's operations
+	// (buckets.go, runs.go, leases.go, ...).
 	Agents jetstream.KeyValue
 	Hosts  jetstream.KeyValue
 	Runs   jetstream.KeyValue
