@@ -29,10 +29,25 @@ func BackgroundStarter(cl *client.Client, provider string) func(ctx context.Cont
 		if err != nil {
 			return ErrorResult("The background subagent could not be started: %v", err)
 		}
-		res := TextResult(fmt.Sprintf("started subagent %s in the background; you will get a notice when it settles, and can message it with send_message", r.ChildID))
+		res := TextResult(backgroundStarted(r))
 		res.Meta = map[string]string{"childId": r.ChildID, "messageId": r.MessageID}
+		if r.State != "" {
+			res.Meta["state"] = r.State
+		}
 		return res
 	}
+}
+
+// backgroundStarted is the model's result of a background start: started,
+// or (state queued) waiting in the caller's start queue because it is at
+// its live-children limit, where send_message is refused until the child
+// starts (docs/protocol.md §5.5, "The start queue").
+func backgroundStarted(r protocol.ContinuableStartReply) string {
+	if r.State == protocol.StateQueued {
+		return fmt.Sprintf("queued subagent %s: you are at your limit of live subagents, so it starts in the background when one of them ends; "+
+			"you will get a notice when it settles; send_message to it is refused until it started", r.ChildID)
+	}
+	return fmt.Sprintf("started subagent %s in the background; you will get a notice when it settles, and can message it with send_message", r.ChildID)
 }
 
 // SendMessageTool sends a message to one of the calling agent's continuable
