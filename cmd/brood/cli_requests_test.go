@@ -1,13 +1,17 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/brood-dev/brood/internal/testutil/stack"
+	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
+	"github.com/brood-dev/brood/services/coordinator"
 )
 
 // TestRequestVerbs (issue 33, item 4): `brood requests --wait` gives up
@@ -278,4 +282,39 @@ func (c *cli) parkedQuestion() string {
 		return id != ""
 	})
 	return id
+}
+
+// TestDisposeOfAQueuedRunSaysItNeverStarted: brood dispose of a run whose
+// start waits in its parent's start queue (the parent at its live-children
+// limit) says how it settled, with its code and why: it printed only
+// "settled: stopReason error", hiding the CANCELLED and "never started"
+// that --json showed.
+func TestDisposeOfAQueuedRunSaysItNeverStarted(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(cfg *coordinator.Config) { cfg.LiveChildrenMax = 1 })
+	s.AddSpawnWorker()
+	c := &cli{t: t, stack: s, url: s.Server.ClientURL()}
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := func() *client.Run {
+		run, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Provider: "spawn", Parent: root.Ref(), Prompt: protocol.Text("sleep 60s\nsay never")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return run
+	}
+	busy := start()
+	queued := start()
+	if queued.State != protocol.RunQueued {
+		t.Fatalf("the second start's state %q; want queued", queued.State)
+	}
+	o := c.ok("dispose", queued.RunID)
+	want := "run " + queued.RunID + " (child " + queued.ChildID + ") settled: stopReason error (CANCELLED): the child was never started: "
+	if !strings.HasPrefix(o.err, want) {
+		t.Fatalf("dispose of a queued run printed %q; want it to start %q", o.err, want)
+	}
+	if o := c.ok("dispose", busy.RunID); o.err != "run "+busy.RunID+" (child "+busy.ChildID+") settled: stopReason aborted\n" {
+		t.Fatalf("dispose of a running run printed %q", o.err)
+	}
 }

@@ -490,11 +490,25 @@ func printRunStatus(s *session, st protocol.RunStatus, asJSON, judge bool) error
 			if text := protocol.PlainText(st.Result.Output); text != "" {
 				fmt.Fprintln(s.out, text)
 			}
-			fmt.Fprintf(s.errOut, "run %s (child %s) settled: stopReason %s\n", st.RunID, st.ChildID, st.Result.StopReason)
+			fmt.Fprintf(s.errOut, "run %s (child %s) settled: stopReason %s%s\n", st.RunID, st.ChildID, st.Result.StopReason, settledWhy(*st.Result))
 		}
 		return nil
 	}
 	return printResult(s, "run "+st.RunID, *st.Result, asJSON)
+}
+
+// settledWhy is what a settled run's status line adds to its stop reason:
+// its code and diagnostic when it has a code (" (CANCELLED): the child was
+// never started: …" for a start disposed in its parent's queue), else
+// nothing.
+func settledWhy(res protocol.SubagentResult) string {
+	if res.ErrorCode == "" {
+		return ""
+	}
+	if res.Diagnostic == "" {
+		return " (" + string(res.ErrorCode) + ")"
+	}
+	return " (" + string(res.ErrorCode) + "): " + res.Diagnostic
 }
 
 // printResult prints a result's output (and structured value) unless asJSON,
