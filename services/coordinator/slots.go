@@ -240,7 +240,7 @@ func (c *Coordinator) endedChildren(ctx context.Context, slots []childSlot, live
 }
 
 // liveChildIDs are the children of parent with a live agent now, or
-// with a one-shot run taken over from a dead host: that run may be
+// with a one-shot run or an epoch taken over from a dead host: it may be
 // continued on another instance (continue.go), so it counts against the
 // limit until it settles and its lease goes (chaos seed 1: a child
 // admitted while another waited to be continued made 11 live, the limit
@@ -264,9 +264,12 @@ func hasSlot(slots []childSlot, id string) bool {
 	return false
 }
 
-// awaitsContinuation reports whether rec is the lease of a one-shot run a
-// coordinator took over from a dead host, which another instance may
-// continue (docs/protocol.md §8.4, "Continued after a host loss").
+// awaitsContinuation reports whether rec is the lease of a one-shot run or
+// a continuable child's epoch a coordinator took over from a dead host,
+// which another instance may continue (docs/protocol.md §8.4, "Continued
+// after a host loss"). An epoch's takeover that ends it instead holds the
+// lease taken over only until the epoch is settled, so counting it then
+// too only keeps its slot a moment longer.
 func awaitsContinuation(rec protocol.AgentRecord) bool {
-	return rec.Kind == protocol.AgentOneShot && rec.TakenOverBy != "" && !rec.Ending
+	return (rec.Kind == protocol.AgentOneShot || rec.Kind == protocol.AgentContinuable) && rec.TakenOverBy != "" && !rec.Ending
 }

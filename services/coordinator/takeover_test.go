@@ -671,3 +671,69 @@ func TestAFollowupIsAcceptedWhileItsChildChangesHands(t *testing.T) {
 		t.Fatalf("the message %s is in the log %d times, want once", r.MessageID, claims)
 	}
 }
+
+// TestAnEpochWaitingToBeContinuedCountsAgainstTheLiveLimit: a continuable
+// child's epoch taken over from a dead host with its turn open waits for an
+// instance to continue it (docs/protocol.md §8.4), and may become live again
+// on one at any moment, so it counts against its parent's live-children
+// limit meanwhile, as a one-shot run waiting so does (RELIABILITY.md I8):
+// with the limit 1, a continuable.start beside it waits in the start queue
+// (and, with the queue off, is LIMIT_EXCEEDED). The
+// waiting child is a fork child, and no fork instance runs, so it waits
+// for the whole test.
+func TestAnEpochWaitingToBeContinuedCountsAgainstTheLiveLimit(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) {
+		c.LiveChildrenMax = 1
+		c.ContinueWaitMax = time.Minute
+	})
+	s.AddSpawnWorker()
+	root := s.Root()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const child, runID = "epoch-waiting-for-an-instance", "epoch-run-waiting-for-an-instance"
+	waitingEpoch(t, s, root, child, runID)
+	r, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "beside", Prompt: protocol.Text("say ok")})
+	if err != nil || r.State != protocol.StateQueued {
+		t.Fatalf("continuable.start beside an epoch waiting to be continued: %+v, %v; want it queued", r, err)
+	}
+	off := stack.New(t)
+	off.AddCoordinator(func(c *coordinator.Config) {
+		c.LiveChildrenMax, c.StartQueueMax = 1, -1 // refused at the limit, not queued
+		c.ContinueWaitMax = time.Minute
+	})
+	off.AddSpawnWorker()
+	offRoot := off.Root()
+	waitingEpoch(t, off, offRoot, child, runID)
+	_, err = off.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: offRoot.Ref(), Label: "beside", Prompt: protocol.Text("say ok")})
+	if protocol.CodeOf(err) != protocol.CodeLimitExceeded {
+		t.Fatalf("continuable.start beside an epoch waiting to be continued, no start queue: %v; want LIMIT_EXCEEDED", err)
+	}
+}
+
+// waitingEpoch puts a continuable fork child of root whose host died with
+// its turn open, and waits until a coordinator took it over and fenced its
+// log, waiting for an instance to continue it (none: no fork host runs).
+func waitingEpoch(t *testing.T, s *stack.Stack, root *client.Root, child, runID string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	desc := continuableDescriptor()
+	desc.Provider = "fork"
+	putChildOf(t, s, root, "fork", child, event(t, protocol.EvSubagentDescriptor, desc),
+		event(t, protocol.EvTurnStart, protocol.TurnData{Turn: 1}), event(t, protocol.EvStepStart, protocol.StepData{Turn: 1, Step: 1}))
+	now := store.NowMs()
+	putRun(t, s, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID, Provider: "fork",
+		Mode: protocol.ModeContinuable, State: protocol.RunRunning, CreatedAt: now, StartedAt: now, HostID: deadHost})
+	lease := deadLease(root, child, runID, protocol.AgentContinuable, 1)
+	lease.Provider = "fork"
+	putLease(t, s, lease)
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		l, err := store.GetLatest[protocol.AgentRecord](ctx, s.Store.Agents, store.LeaseKey("fork", child))
+		return err == nil && l.Value.TakenOverBy != ""
+	}, "the epoch taken over, waiting for an instance")
+	_, evs := s.Log(child)
+	if fences(evs) != 1 || evs[len(evs)-1].Type != protocol.EvAgentTakeover {
+		t.Fatalf("the log %v; want the open turn fenced by one agent/takeover and left open", evs)
+	}
+}
