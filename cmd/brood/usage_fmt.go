@@ -23,7 +23,7 @@ func usageText(u protocol.RunUsage) string {
 		u.InputTokens, u.OutputTokens, count(u.ModelRequests, "model request"), count(u.ToolCalls, "tool call"),
 		elapsed(time.Duration(u.WallMs)*time.Millisecond))
 	if u.UnreportedRequests > 0 {
-		s += fmt.Sprintf(" (tokens of %s unreported: at least)", count(u.UnreportedRequests, "request"))
+		s += fmt.Sprintf(" (at least: the tokens of %s were not reported)", count(u.UnreportedRequests, "model request"))
 	}
 	return s
 }
