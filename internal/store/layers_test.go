@@ -112,7 +112,9 @@ func TestATTLdWriteReachesTheBucketThroughAnyWrapper(t *testing.T) {
 // type-checked: a field is caught on an expression the package declares
 // as a *store.Store (a field, parameter, result or variable of that type,
 // or a variable given store.Open, Provision, Bind, BindLogs, WithFaults or
-// WithLeaderReads), which is how every holder of one names it.
+// WithLeaderReads), which is how every holder of one names it; an
+// embedded or otherwise named store is caught by the type-checked twin,
+// integration's TestNoBucketHandleOutsideTheStoreTyped.
 func TestNoBucketHandleOutsideTheStore(t *testing.T) {
 	root, err := filepath.Abs("../..")
 	if err != nil {

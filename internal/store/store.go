@@ -116,8 +116,9 @@ type Store struct {
 	// raw records in ~35 test files): no non-test file outside this
 	// package (and its sub-packages) reads them or names
 	// jetstream.KeyValue, which TestNoBucketHandleOutsideTheStore checks
-	// (issue 31, item 3); a product path calls this package's operations
-	// (buckets.go, runs.go, leases.go, ...).
+	// (and integration's TestNoBucketHandleOutsideTheStoreTyped, on the
+	// packages' types; issue 31, item 3); a product path calls this
+	// package's operations (buckets.go, runs.go, leases.go, ...).
 	Agents jetstream.KeyValue
 	Hosts  jetstream.KeyValue
 	Runs   jetstream.KeyValue
