@@ -259,3 +259,78 @@ func TestAQueuedContinuableChildIsItsTreesOnly(t *testing.T) {
 		t.Fatalf("alice's grant after bob's tries: %+v %v; want queued", st, err)
 	}
 }
+
+// TestABudgetRaiseBySiblingOrStrangerChangesNothing (issue 32's bad
+// input: "a raise by a sibling or a stranger"; docs/protocol.md §5.23):
+// budget.raise and budget.get of a child with its sibling's credential,
+// its grandparent's (only its exact parent acts on it, or a grant), its
+// own child's, or another user's grant are UNAUTHORIZED, and no ledger
+// changes; its user's grant and its parent may.
+func TestABudgetRaiseBySiblingOrStrangerChangesNothing(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	host, _ := s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	alice, bob := userClient(t, s, "alice"), userClient(t, s, "bob")
+	root, err := alice.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{ModelRequests: 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = root.Close(context.Background()) }()
+	const a, b, g = "raisedchild00000000000001", "raisingsibling00000000001", "raisedgrandchild000000001"
+	fakeChild(t, s, host.ID(), root.SessionID, a, []string{root.SessionID, a}, &protocol.Budget{ModelRequests: 2})
+	sibling := fakeChild(t, s, host.ID(), root.SessionID, b, []string{root.SessionID, b}, &protocol.Budget{ModelRequests: 2})
+	grandchild := fakeChild(t, s, host.ID(), a, g, []string{root.SessionID, a, g}, &protocol.Budget{ModelRequests: 1})
+	ag, err := alice.UserGrant(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg, err := bob.UserGrant(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledgers := func() string {
+		out := ""
+		for _, id := range []string{root.SessionID, a, b, g} {
+			rec, err := s.Store.Budget(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out += fmt.Sprintf("%s %+v %+v %d; ", id, rec.Value.Limits, rec.Value.Charged, rec.Value.Raises)
+		}
+		return out
+	}
+	before := ledgers()
+	for _, tt := range []struct {
+		name, target string
+		auth         protocol.Authority
+	}{
+		{"a sibling", a, protocol.Authority{Parent: &sibling}},
+		{"its grandparent", g, root.Authority()},
+		{"its own child", a, protocol.Authority{Parent: &grandchild}},
+		{"another user's grant", a, protocol.Authority{Grant: bg.Grant}},
+		{"another user's grant on the root", root.SessionID, protocol.Authority{Grant: bg.Grant}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := s.Client.RaiseBudget(ctx, tt.target, tt.auth, protocol.BudgetSpend{ModelRequests: 1}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+				t.Fatalf("budget.raise of %s: %v; want UNAUTHORIZED", tt.target, err)
+			}
+			var rep protocol.BudgetGetReply
+			if err := s.Client.Call(ctx, protocol.EpBudgetGet, protocol.BudgetGetRequest{ChildID: tt.target, Authority: tt.auth}, &rep); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+				t.Fatalf("budget.get of %s: %+v %v; want UNAUTHORIZED", tt.target, rep, err)
+			}
+			if after := ledgers(); after != before {
+				t.Fatalf("the ledgers after the refused raise: %s; were %s", after, before)
+			}
+		})
+	}
+	for name, auth := range map[string]protocol.Authority{"its parent": root.Authority(), "its user's grant": {Grant: ag.Grant}} {
+		if _, err := s.Client.RaiseBudget(ctx, a, auth, protocol.BudgetSpend{ModelRequests: 1}); err != nil {
+			t.Fatalf("budget.raise of the child by %s: %v", name, err)
+		}
+	}
+	if rec, err := s.Store.Budget(ctx, a); err != nil || rec.Value.Limits.ModelRequests != 4 || rec.Value.Raises != 2 {
+		t.Fatalf("the child's ledger after its parent's and its user's raises: %+v %v; want 4 model requests, 2 raises", rec.Value, err)
+	}
+}
