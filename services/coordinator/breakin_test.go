@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"testing"
 	"time"
 
@@ -332,5 +333,66 @@ func TestABudgetRaiseBySiblingOrStrangerChangesNothing(t *testing.T) {
 	}
 	if rec, err := s.Store.Budget(ctx, a); err != nil || rec.Value.Limits.ModelRequests != 4 || rec.Value.Raises != 2 {
 		t.Fatalf("the child's ledger after its parent's and its user's raises: %+v %v; want 4 model requests, 2 raises", rec.Value, err)
+	}
+}
+
+// TestAQueuedStartFailedTwiceIsGivenBackOnce (docs/protocol.md §5.5, "The
+// start queue", "Budgets"): a queued start is charged a child of its
+// parent's budgets when it queues; failed twice (two replicas' admission
+// passes over a parent whose session ended, or whose credential changed,
+// fail its entries at once, or a pass fails it again after its dequeue
+// failed), it is settled once and its child given back once, not twice:
+// a second refund let the tree start a child its budget no longer held.
+func TestAQueuedStartFailedTwiceIsGivenBackOnce(t *testing.T) {
+	s := stack.New(t)
+	c := s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 1 })
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{Children: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = root.Close(context.Background()) }()
+	start := func() *client.Run {
+		r, err := s.Client.StartRun(ctx, protocol.RunStartRequest{Parent: root.Ref(), Provider: "spawn", Prompt: protocol.Text("sleep 30s\nsay x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	start()
+	waiting := start()
+	if waiting.State != protocol.RunQueued {
+		t.Fatalf("the second start answered %q, want queued", waiting.State)
+	}
+	children := func() int64 {
+		rec, err := s.Store.Budget(ctx, root.SessionID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.Value.Charged.Add(rec.Value.Reserved()).Children
+	}
+	if got := children(); got != 2 {
+		t.Fatalf("the root's ledger charges %d children with one live and one queued; want 2", got)
+	}
+	q, err := s.Store.StartQueue(ctx, root.SessionID)
+	if err != nil || len(q.Value.Entries) != 1 {
+		t.Fatalf("the queue: %+v %v", q.Value, err)
+	}
+	e := q.Value.Entries[0]
+	cause := protocol.Errorf(protocol.CodeUnauthorized, "the parent's credential is not live")
+	var wg sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); c.FailQueued(ctx, root.SessionID, e, cause) }()
+	}
+	wg.Wait()
+	c.FailQueued(ctx, root.SessionID, e, cause) // a later pass's, again
+	if got := children(); got != 1 {
+		t.Fatalf("the root's ledger charges %d children after its queued start failed three times; want 1 (the queued child given back once)", got)
+	}
+	if st, err := waiting.Result(ctx); err != nil || st.ErrorCode != protocol.CodeUnauthorized {
+		t.Fatalf("the failed queued run's result: %+v %v; want settled UNAUTHORIZED", st, err)
 	}
 }

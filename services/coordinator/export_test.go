@@ -56,3 +56,9 @@ func (c *Coordinator) WatchedKeys() (hosts, agents, runs int64) {
 // SettledReservationGrace is settledReservationGrace, for
 // TestALateSettleOfASettledRunChargesWhatWasUsed.
 const SettledReservationGrace = settledReservationGrace
+
+// FailQueued is failQueued, for TestAQueuedStartFailedTwiceIsGivenBackOnce:
+// two replicas' passes over a parent gone fail its entries at once.
+func (c *Coordinator) FailQueued(ctx context.Context, parent string, e protocol.QueuedStart, cause error) {
+	c.failQueued(ctx, parent, e, cause)
+}

@@ -624,11 +624,34 @@ func (c *Coordinator) providerStart(a admission, r protocol.RunStartRequest, e p
 	}
 }
 
-// failQueued settles a queued start that will never start with cause: its
-// run record is written settled never started (so runs.await answers it),
-// its caller notified, its slot and budget charge given back, and its entry
-// removed.
+// failQueued settles a queued start that will never start with cause:
+// its entry is taken out of the queue, and only when this call took it
+// out (two replicas' passes over a parent gone fail the same entries at
+// once, and a pass fails again an entry whose removal failed before) is
+// it settled (settleQueued). An entry the queue's write could not remove
+// stays for a later pass.
 func (c *Coordinator) failQueued(ctx context.Context, parent string, e protocol.QueuedStart, cause error) {
+	took := false
+	err := c.updateQueue(ctx, parent, func(q *protocol.StartQueueRecord) (bool, error) {
+		n := len(q.Entries)
+		q.Entries = slices.DeleteFunc(q.Entries, func(x protocol.QueuedStart) bool { return x.RunID == e.RunID })
+		took = len(q.Entries) != n
+		return took, nil
+	})
+	if err != nil || !took {
+		if err != nil {
+			c.log.Warn("a queued start that cannot start not taken out of its queue; a later pass fails it", "parent", parent, "run", e.RunID, "err", err)
+		}
+		return
+	}
+	c.settleQueued(ctx, parent, e, cause)
+}
+
+// settleQueued settles queued start e, which its caller took out of
+// parent's queue (once: the charge is given back here), with cause: its
+// run record is written settled never started (so runs.await answers it),
+// its caller notified, and its slot and budget charge given back.
+func (c *Coordinator) settleQueued(ctx context.Context, parent string, e protocol.QueuedStart, cause error) {
 	rec := protocol.RunRecord{
 		RunID: e.RunID, ChildID: e.ChildID, ParentSession: parent, Provider: e.Provider,
 		Mode: queuedMode(e), Notify: e.Notify, NotifyJSON: e.NotifyJSON, State: protocol.RunRunning, CreatedAt: store.NowMs(),
@@ -646,7 +669,6 @@ func (c *Coordinator) failQueued(ctx context.Context, parent string, e protocol.
 	}
 	c.releaseChild(ctx, parent, e.ChildID)
 	c.refundQueued(ctx, parent, e.ChildID)
-	c.dequeue(ctx, parent, e.RunID)
 	c.log.Info("a queued start will not start", "parent", parent, "run", e.RunID, "err", cause)
 }
 
@@ -756,7 +778,7 @@ func (c *Coordinator) disposeQueued(ctx context.Context, q protocol.RunRecord) (
 		return protocol.RunStatus{}, err
 	}
 	if removed != nil {
-		c.failQueued(ctx, q.ParentSession, *removed, protocol.NewError(protocol.CodeCancelled, map[string]any{"reason": "the run was disposed while its start waited in its parent's queue"}))
+		c.settleQueued(ctx, q.ParentSession, *removed, protocol.NewError(protocol.CodeCancelled, map[string]any{"reason": "the run was disposed while its start waited in its parent's queue"}))
 	}
 	run, err := c.st.RunLatest(ctx, q.RunID)
 	for wait := time.Now().Add(c.disposeWait()); errors.Is(err, store.ErrNotFound) && time.Now().Before(wait); run, err = c.st.RunLatest(ctx, q.RunID) {
