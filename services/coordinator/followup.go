@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/brood-dev/brood/internal/rpc"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/telemetry"
@@ -216,10 +218,24 @@ func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request, r p
 	hctx, cancel := context.WithTimeout(ctx, HostCallTimeout)
 	defer cancel()
 	if err := c.callHost(hctx, l.Value.HostID, c.subj.Host(l.Value.HostID, protocol.OpHostState), protocol.HostChildRequest{ChildID: h.ID}, &st); err != nil {
-		return protocol.StateReply{}, err
+		return protocol.StateReply{}, c.hostSilent(err, l.Value.HostID, h.ID)
 	}
 	st.Queued = queued
 	return st, nil
+}
+
+// hostSilent says what a host's silence means to a caller asking about
+// child (UNAVAILABLE, its cause kept): its lease is live until its host's
+// heartbeat is HostExpiry old, so a host killed a moment ago is asked and
+// does not answer until a coordinator takes child over. It said "nobody
+// serves brood.v1.host.<id>.state" after a kill -9 of brood dev.
+func (c *Coordinator) hostSilent(err error, hostID, child string) error {
+	if !errors.Is(err, nats.ErrNoResponders) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return protocol.Errorf(protocol.CodeUnavailable,
+		"the host %s of %s does not answer: if it stopped, a coordinator takes %s over once its last heartbeat is %s old; ask again then (%v)",
+		hostID, child, child, c.cfg.HostExpiry, err).WithCause(err)
 }
 
 // refuseOneShot answers INVALID_ARGUMENT for a one-shot child: it has no
