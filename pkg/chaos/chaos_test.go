@@ -110,6 +110,10 @@ func TestChaos(t *testing.T) {
 		total.Duplicated += s.Duplicated
 		total.Stuck += s.Stuck
 		total.LimitBreaches += s.LimitBreaches
+		total.Continued += s.Continued
+		total.ContinuedHostLost += s.ContinuedHostLost
+		total.Takeovers += s.Takeovers
+		total.CallsInterrupted += s.CallsInterrupted
 		if s.LongestRecovery > total.LongestRecovery {
 			total.LongestRecovery, total.RecoveryAfter = s.LongestRecovery, fmt.Sprintf("seed %d, %s", seed, s.RecoveryAfter)
 		}
@@ -130,6 +134,7 @@ func TestChaos(t *testing.T) {
 	}
 	sort.Strings(classesSeen)
 	t.Logf("chaos total faults: %s", strings.Join(classesSeen, ", "))
+	t.Logf("chaos total %s", total.continuationLine())
 	t.Logf("chaos fault classes × invariants (checks in each class's windows, %s before a fault to %s after its heal):\n%s",
 		faultLead, faultTail, table.Markdown())
 }
