@@ -135,3 +135,42 @@ func raisesLine(r protocol.BudgetRecord) string {
 	}
 	return line
 }
+
+// raiseHint is the command that raises what stops child's paused turn: for
+// each budget it draws on with a limit used up, `brood budget <that
+// budget's session> --raise <limit>=+N` (a raise of an ancestor's budget
+// is its own: budget.raise raises the named session's); tokens=+N on the
+// child's own when none is used up (a step needs more tokens than are
+// left) or the ledgers cannot be read.
+func raiseHint(ctx context.Context, s *session, auth protocol.Authority, child string) string {
+	fallback := "brood budget " + child + " --raise tokens=+N"
+	rep, err := s.cl.Budget(ctx, child, auth)
+	if err != nil {
+		return fallback
+	}
+	var hints []string
+	for _, r := range rep.Budgets {
+		left := r.Remaining()
+		var spent []string
+		for _, f := range []struct {
+			name        string
+			limit, left int64
+		}{
+			{protocol.BudgetLimitTokens, r.Limits.Tokens, left.Tokens},
+			{protocol.BudgetLimitModelRequests, r.Limits.ModelRequests, left.ModelRequests},
+			{protocol.BudgetLimitToolCalls, r.Limits.ToolCalls, left.ToolCalls},
+			{protocol.BudgetLimitChildren, r.Limits.Children, left.Children},
+		} {
+			if f.limit > 0 && f.left == 0 {
+				spent = append(spent, f.name+"=+N")
+			}
+		}
+		if len(spent) > 0 {
+			hints = append(hints, "brood budget "+r.SessionID+" --raise "+strings.Join(spent, ","))
+		}
+	}
+	if len(hints) == 0 {
+		return fallback
+	}
+	return strings.Join(hints, "; ")
+}

@@ -138,6 +138,11 @@ func TestBudgetRaiseSaysWhatItAnswered(t *testing.T) {
 		}
 		return id != ""
 	})
+	// brood state names the limit used up in its hint (it said tokens=+N
+	// whatever the limit).
+	if o := c.ok("state", child); o.out != "paused\n" || o.err != "turn 1 paused at its budget's cap on request "+id+"; raise it: brood budget "+child+" --raise modelRequests=+N\n" {
+		t.Fatalf("brood state printed %q, stderr %q; want paused and the modelRequests raise", o.out, o.err)
+	}
 	o := c.ok("budget", child, "--raise", "modelRequests=+1")
 	if want := "raised; answered the budget pause of 1 turn: " + id + " (each goes on when it next looks, within about 2s; until then brood state says paused)\n"; o.err != want ||
 		!strings.Contains(o.out, child+"  modelRequests  2") {

@@ -292,7 +292,7 @@ func stateCmd(g *globals) *cobra.Command {
 					fmt.Fprintln(s.errOut, modelRetryNote(*r))
 				}
 				if p := st.BudgetPause; p != nil {
-					fmt.Fprintf(s.errOut, "turn %d paused at its budget's cap on request %s; raise it: brood budget %s --raise tokens=+N\n", p.Turn, p.RequestID, st.ChildID)
+					fmt.Fprintf(s.errOut, "turn %d paused at its budget's cap on request %s; raise it: %s\n", p.Turn, p.RequestID, raiseHint(ctx, s, auth, st.ChildID))
 				}
 				return nil
 			})
