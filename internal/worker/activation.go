@@ -199,7 +199,7 @@ func (h *Host) activate(ctx context.Context, p Provider, req protocol.ActivateRe
 			}
 			a.run, a.runRev = run, rev
 			if _, err := h.materialize(bctx, p, req, a); err != nil {
-				fail(h.abandon(run, rev, err))
+				fail(h.abandon(a.run, a.runRev, err)) // at the hold's revision once materialize held the claim, as below
 			}
 		}()
 		return nil, err
