@@ -556,22 +556,36 @@ func (a *activation) continueParked() {
 	a.noteOutcome(out)
 }
 
-// closeParked closes a turn parked on a request that the epoch will not
-// continue (an ancestor of the child ended: nothing under it starts work
-// again) as aborted{parent}, so the log stays balanced.
+// closeParked closes the open turn that the epoch will not continue (an
+// ancestor of the child ended: nothing under it starts work again), so the
+// log stays balanced and the epoch settles with what happened to it: a
+// turn parked on a request as aborted{parent}; the turn an epoch continued
+// after its host died (continued) holds open as interrupted{host-lost}, as
+// the coordinator closes one it does not continue (takeover.go), and the
+// epoch then settles HOST_LOST (teardown; before, the turn was left open
+// and the epoch settled completed: I7, chaos seed 3 on d088198). An
+// append refused as fenced (a coordinator gave the continuation up and
+// wrote the log) leaves the epoch fenced: teardown reads what it wrote.
 func (a *activation) closeParked(log *slog.Logger) {
-	ps, ok := a.sess.(ParkedSession)
-	if !ok || !ps.ParkedTurn() {
+	reason := protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: protocol.CauseParent}
+	if _, ok := a.sess.(ContinuingSession); ok && a.continued {
+		reason = protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}
+	} else if ps, ok := a.sess.(ParkedSession); !ok || !ps.ParkedTurn() {
 		return
 	}
-	closing, err := a.sess.CloseOpenTurn(protocol.TurnEndReason{Kind: protocol.TurnAborted, Cause: protocol.CauseParent}, store.NowMs())
+	closing, err := a.sess.CloseOpenTurn(reason, store.NowMs())
 	if err == nil && len(closing) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), OrphanDiscardTimeout)
 		err = a.sess.Append(ctx, closing...)
 		cancel()
 	}
+	if errors.Is(err, store.ErrFenced) {
+		a.mu.Lock()
+		a.fenced = true
+		a.mu.Unlock()
+	}
 	if err != nil {
-		log.Warn("could not close a parked turn under an ended ancestor", "err", err)
+		log.Warn("could not close the open turn under an ended ancestor", "reason", reason.Kind, "err", err)
 	}
 }
 
@@ -885,6 +899,13 @@ func (a *activation) teardown() {
 		res.StopReason = protocol.StopError
 		res.ErrorCode = protocol.CodeBudgetExhausted
 		res.Diagnostic = "the budget's deadline passed; the session's subtree was ended there"
+	}
+	if end, ok := sessionlog.LastTurnEnd(events); ok && a.continued && !fenced && durability == nil &&
+		end.Reason.Kind == protocol.TurnInterrupted && end.Reason.Cause == protocol.CauseHostLost {
+		// Continued after its host died, and found its ended ancestor first
+		// (closeParked): the turn its host lost was closed, not continued.
+		res.StopReason, res.ErrorCode = protocol.StopAborted, protocol.CodeHostLost
+		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating with turn %d open; an ancestor of the child had ended, so the turn was closed as interrupted, not continued", a.run.HostID, end.Turn)
 	}
 	if isParked && !fenced {
 		// Left parked by the host's drain: the epoch ends, the turn does not.
