@@ -102,6 +102,17 @@ type agentIndex struct {
 	// (StartQueueMax per parent).
 	queuedRuns   map[string]string
 	queuedRunsOf map[string][]string
+	// leftQueue maps the child id of a queued start whose run id is not
+	// its child id (a continuable start, a remote run) to that run id once
+	// its entry left the queue (admitted, or settled never started): a
+	// start disposed in its queue has a run record (settled never started)
+	// under its run id only, which loadRun finds by the child id through
+	// here. Bound: endedMax, then it starts over; lost with the replica
+	// (the child id is NOT_FOUND again then, the run id still answers).
+	leftQueue map[string]string
+	// queueEntries holds each queue's entries as last seen: {run id,
+	// child id}. Bound: the entries the queues hold.
+	queueEntries map[string][][2]string
 	clock        func() time.Duration // the registry's observed clock
 	// belongs checks a child's lease seen under key against its session's
 	// header (store.LeaseBelongs); nil: only the key is checked.
@@ -153,7 +164,7 @@ const endedMax = 100_000
 
 func newAgentIndex(clock func() time.Duration, belongs func(string, protocol.AgentRecord) error, log *slog.Logger) *agentIndex {
 	return &agentIndex{byKey: map[string]*leaseState{}, drains: map[string]protocol.DrainRecord{},
-		ended: map[string]bool{}, endedRuns: map[string]bool{}, gone: map[string]uint64{}, now: time.Now, byParent: map[string]map[string]struct{}{}, queued: map[string]bool{}, queuedRuns: map[string]string{}, queuedRunsOf: map[string][]string{}, requests: map[string]uint64{}, budgetPauses: map[string]map[string]struct{}{}, pauseLedgers: map[string][2]string{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
+		ended: map[string]bool{}, endedRuns: map[string]bool{}, gone: map[string]uint64{}, now: time.Now, byParent: map[string]map[string]struct{}{}, queued: map[string]bool{}, queuedRuns: map[string]string{}, queuedRunsOf: map[string][]string{}, leftQueue: map[string]string{}, queueEntries: map[string][][2]string{}, requests: map[string]uint64{}, budgetPauses: map[string]map[string]struct{}{}, pauseLedgers: map[string][2]string{}, deadlines: map[string]int64{}, clock: clock, belongs: belongs, log: log}
 }
 
 // leaseHeaderWait bounds the header read that checks a child's lease the
@@ -463,6 +474,15 @@ func (a *agentIndex) indexQueue(parent string, entries []protocol.QueuedStart) {
 			delete(a.queuedRuns, runID)
 		}
 	}
+	for _, e := range a.queueEntries[parent] {
+		if e[0] != e[1] && a.queuedRuns[e[1]] == "" {
+			if len(a.leftQueue) >= endedMax {
+				a.leftQueue = map[string]string{}
+			}
+			a.leftQueue[e[1]] = e[0]
+		}
+	}
+	delete(a.queueEntries, parent)
 	if len(entries) == 0 {
 		delete(a.queuedRunsOf, parent)
 		return
@@ -478,6 +498,20 @@ func (a *agentIndex) indexQueue(parent string, entries []protocol.QueuedStart) {
 		a.queuedRuns[id] = parent
 	}
 	a.queuedRunsOf[parent] = ids
+	pairs := make([][2]string, 0, len(entries))
+	for _, e := range entries {
+		pairs = append(pairs, [2]string{e.RunID, e.ChildID})
+		delete(a.leftQueue, e.ChildID) // queued again
+	}
+	a.queueEntries[parent] = pairs
+}
+
+// leftQueueRun returns the run id of the start of child childID last seen
+// leaving a start queue, when its run id is not childID, or "".
+func (a *agentIndex) leftQueueRun(childID string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.leftQueue[childID]
 }
 
 // queuedParentOf returns the parent in whose start queue a start of run

@@ -178,6 +178,16 @@ func queuedFollowup(e protocol.QueuedStart) error {
 		"reason": "its start waits in its parent's start queue (the parent is at its live-children limit); it has no inbox until it starts: send the followup again once continuable.state no longer says queued"})
 }
 
+// queuedNeverStarted is continuable.state's answer for child rec.ChildID whose
+// start was settled never started in its parent's queue: the error of its
+// settlement (CANCELLED for a start disposed while it waited), naming its
+// run (docs/protocol.md §8.3).
+func queuedNeverStarted(rec protocol.RunRecord) error {
+	res := rec.Result
+	return &protocol.Error{Code: res.ErrorCode, Message: fmt.Sprintf("child %s never started: its start was settled in its parent's queue (run %s): %s", rec.ChildID, rec.RunID, res.Diagnostic),
+		Details: map[string]any{"childId": rec.ChildID, "runId": rec.RunID}}
+}
+
 // notContinuable is a followup's refusal of a child whose live lease is a
 // one-shot run's.
 func notContinuable(id string) error {
@@ -194,6 +204,12 @@ func (c *Coordinator) continuableState(ctx context.Context, req rpc.Request, r p
 		// yet (startqueue.go).
 		if _, ok := c.queuedChild(ctx, r.ChildID, r.Authority); ok {
 			return protocol.StateReply{ChildID: r.ChildID, State: protocol.StateQueued}, nil
+		}
+		// Nor does one whose start left the queue settled never started
+		// (disposed there): its settlement's code answers, as runs.await
+		// of the child id tells it.
+		if rec, lerr := c.loadRun(ctx, protocol.RunRef{RunID: r.ChildID, Parent: r.Authority.Parent, Grant: r.Authority.Grant}); lerr == nil && rec.Value.NotStarted && rec.Value.Result != nil {
+			return protocol.StateReply{}, queuedNeverStarted(rec.Value)
 		}
 		return protocol.StateReply{}, err
 	}

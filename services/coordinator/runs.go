@@ -116,6 +116,14 @@ func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.R
 	}
 	rec, err := c.st.Run(ctx, ref.RunID)
 	if errors.Is(err, store.ErrNotFound) {
+		// A continuable child (or a remote run's child) whose start left
+		// its parent's queue settled never started has no session: its
+		// run record is found by its child id (agentIndex.leftQueue).
+		if left, ok := c.neverStartedRun(ctx, ref.RunID); ok {
+			rec, err = left, nil
+		}
+	}
+	if errors.Is(err, store.ErrNotFound) {
 		// A run whose start waits in its parent's queue has no record yet:
 		// the parent's credential names its queue; a grant finds it by the
 		// run id in the queues this replica watches (agentIndex.queuedRuns).
@@ -170,6 +178,23 @@ func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.R
 		}
 	}
 	return rec, nil
+}
+
+// neverStartedRun reads the run record of the start of child childID that
+// this replica saw leave its parent's start queue under another run id,
+// when that run was settled never started (disposed in its queue, refused
+// at its admission); ok is false otherwise (a child admitted and started
+// is answered by its own session). Waits for the record as runLeftQueue.
+func (c *Coordinator) neverStartedRun(ctx context.Context, childID string) (_ store.Record[protocol.RunRecord], ok bool) {
+	runID := c.agents.leftQueueRun(childID)
+	if runID == "" {
+		return store.Record[protocol.RunRecord]{}, false
+	}
+	rec, err := c.runLeftQueue(ctx, runID)
+	if err != nil || !rec.Value.NotStarted || rec.Value.ChildID != childID {
+		return store.Record[protocol.RunRecord]{}, false
+	}
+	return rec, true
 }
 
 // grantCoversQueued checks that grant g (the grant asked with, "" for

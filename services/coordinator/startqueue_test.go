@@ -562,3 +562,51 @@ func TestAFullParentsQueueReadsItsChildrenFromTheCache(t *testing.T) {
 		t.Fatalf("the second queued run: %+v, want still queued", st)
 	}
 }
+
+// TestAQueuedContinuableChildDisposedIsAnsweredNeverStarted: a continuable
+// child disposed while its start waited in its parent's queue has no
+// session, yet its child id answers how it ended (issue 32 gaps: `brood
+// state Q`, `brood result Q` and a second `brood dispose Q` answered
+// NOT_FOUND "session Q not found", while runs.await of its run id knew it
+// never started, CANCELLED).
+func TestAQueuedContinuableChildDisposedIsAnsweredNeverStarted(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 1 })
+	s.AddSpawnWorker()
+	root := s.Root()
+	auth := protocol.Authority{Parent: ptr(root.Ref())}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "first", Prompt: protocol.Text("sleep 30s\nsay first")}); err != nil {
+		t.Fatal(err)
+	}
+	queued, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "second", Prompt: protocol.Text("say second")})
+	if err != nil || queued.State != protocol.StateQueued {
+		t.Fatalf("a continuable start at the limit: %+v %v, want queued", queued, err)
+	}
+	q := queued.ChildID
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		st, err := s.Client.State(ctx, protocol.ChildRef{ChildID: q, Authority: s.Grant()})
+		return err == nil && st.State == protocol.StateQueued
+	}, "the queued child is seen queued")
+	st, err := s.Client.Dispose(ctx, protocol.RunRef{RunID: q, Grant: s.Grant().Grant})
+	if err != nil || st.Result == nil || st.Result.ErrorCode != protocol.CodeCancelled {
+		t.Fatalf("runs.dispose of the queued child: %+v %v, want settled CANCELLED", st, err)
+	}
+	for name, a := range map[string]protocol.Authority{"the parent": auth, "a user grant": s.Grant()} {
+		ref := protocol.RunRef{RunID: q, Parent: a.Parent, Grant: a.Grant}
+		for op, call := range map[string]func(context.Context, protocol.RunRef) (protocol.RunStatus, error){"runs.await": s.Client.Await, "runs.dispose again": s.Client.Dispose} {
+			got, err := call(ctx, ref)
+			if err != nil || got.State != protocol.RunSettled || got.ChildID != q || got.Result == nil || got.Result.ErrorCode != protocol.CodeCancelled || !strings.Contains(got.Result.Diagnostic, "never started") {
+				t.Fatalf("%s of the disposed queued child's id with %s: %+v %v, want settled never started, CANCELLED", op, name, got, err)
+			}
+		}
+		_, err := s.Client.State(ctx, protocol.ChildRef{ChildID: q, Authority: a})
+		if protocol.CodeOf(err) != protocol.CodeCancelled || !strings.Contains(err.Error(), "never started") {
+			t.Fatalf("continuable.state of the disposed queued child with %s: %v, want CANCELLED saying it never started", name, err)
+		}
+	}
+	if _, err := s.Client.State(ctx, protocol.ChildRef{ChildID: q, Authority: s.Root().Authority()}); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+		t.Fatalf("continuable.state of the disposed queued child with another root's credential: %v, want UNAUTHORIZED", err)
+	}
+}
