@@ -189,7 +189,13 @@ type Agent struct {
 	// settles are the budget settlements in flight (budget.go); a turn
 	// waits for them before it returns, unless overlapSettles is set
 	// (OverlapSettles): then its host waits for them (WaitSettled).
-	settles        sync.WaitGroup
+	settles sync.WaitGroup
+	// settling holds, under settlingMu, a channel for each settlement
+	// sent, closed when it ends: a model request's reservation waits for
+	// them (waitOwnSettles), since the coordinator does not wait for the
+	// session's own reservations (budget.go, reserveModel).
+	settlingMu     sync.Mutex
+	settling       []chan struct{}
 	overlapSettles atomic.Bool
 	// lastSettles are the settlements of turn-ending steps held for
 	// WaitSettled (settleLast); under mu.

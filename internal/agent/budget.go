@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/brood-dev/brood/internal/model"
@@ -30,9 +31,13 @@ const (
 	// included.
 	BudgetCallTimeout = 10 * time.Second
 	// BudgetWaitMax bounds how long a model request waits for tokens held
-	// by other reservations in flight before it takes what is free (at
-	// least its input estimate and one token) or ends BUDGET_EXHAUSTED.
-	BudgetWaitMax = 30 * time.Second
+	// by other sessions' reservations in flight before it takes what is
+	// free (at least its input estimate and one token) or ends
+	// BUDGET_EXHAUSTED (a continuable child then pauses). The coordinator
+	// asks it to wait only while another session's reservation holds
+	// tokens (docs/protocol.md §5.5, "The reservation rule"); a step waits
+	// it once, not once for its turn's prefetch and again for itself.
+	BudgetWaitMax = 10 * time.Second
 	// budgetBackoffMax bounds the wait between two asks.
 	budgetBackoffMax = 500 * time.Millisecond
 )
@@ -116,6 +121,11 @@ func (a *Agent) takeReservation(ctx context.Context, req *model.Request) (grant,
 	if ch := a.prefetched; ch != nil {
 		a.prefetched = nil
 		p := <-ch
+		if protocol.CodeOf(p.err) == protocol.CodeBudgetExhausted {
+			// The prefetch waited out BudgetWaitMax already: the step
+			// asks once more without waiting, then pauses or ends.
+			return a.reserveModelWait(ctx, req, false)
+		}
 		if p.err == nil {
 			if in := model.EstimateInputTokens(a.cfg.Model, *req); p.g.id == "" || in <= p.g.in {
 				if p.g.atAdmission {
@@ -145,14 +155,30 @@ func (a *Agent) self() protocol.ParentRef {
 // estimate and one output token. A grant below that bounds the answer
 // (req.MaxTokens). The error is the turn's end: BUDGET_EXHAUSTED, or why
 // no reservation could be taken.
+//
+// It first waits for the session's own settlements in flight
+// (waitOwnSettles): the coordinator does not tell a session to wait for
+// its own reservations, so one not yet settled would be taken as spent.
 func (a *Agent) reserveModel(ctx context.Context, req *model.Request) (grant, error) {
+	return a.reserveModelWait(ctx, req, true)
+}
+
+// reserveModelWait is reserveModel; wait false takes the free tokens at
+// once (noWait) rather than ask again for up to BudgetWaitMax.
+func (a *Agent) reserveModelWait(ctx context.Context, req *model.Request, wait bool) (grant, error) {
 	if !a.budgeted() {
 		return grant{}, nil
+	}
+	if err := a.waitOwnSettles(ctx); err != nil {
+		return grant{}, err
 	}
 	in := model.EstimateInputTokens(a.cfg.Model, *req)
 	out := outputBound(*req)
 	want := protocol.BudgetReserveRequest{Self: a.self(), Want: protocol.BudgetSpend{Tokens: in + out, ModelRequests: 1}, TokensMin: in + 1}
-	waitUntil := time.Now().Add(BudgetWaitMax)
+	waitUntil := time.Now()
+	if wait {
+		waitUntil = waitUntil.Add(BudgetWaitMax)
+	}
 	backoff := time.Duration(protocol.BudgetRetryMs) * time.Millisecond
 	for {
 		want.NoWait = !time.Now().Before(waitUntil)
@@ -194,14 +220,44 @@ func (a *Agent) settle(ctx context.Context, g grant, used protocol.BudgetSpend) 
 		return
 	}
 	a.settles.Add(1)
+	done := make(chan struct{})
+	a.settlingMu.Lock()
+	a.settling = append(a.settling, done)
+	a.settlingMu.Unlock()
 	go func() {
 		defer a.settles.Done()
+		defer close(done)
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), BudgetCallTimeout)
 		defer cancel()
 		if err := a.cfg.Budget.SettleBudget(sctx, protocol.BudgetSettleRequest{Self: a.self(), ReservationID: g.id, Used: used}); err != nil {
 			a.log.Warn("a budget reservation was not settled; it is charged in full once the run settles", "reservation", g.id, "err", err)
 		}
 	}()
+}
+
+// waitOwnSettles waits for the session's budget settlements sent before
+// it (each bounded by BudgetCallTimeout), or ctx's end (its cause).
+func (a *Agent) waitOwnSettles(ctx context.Context) error {
+	a.settlingMu.Lock()
+	pending := a.settling[:0:0]
+	for _, ch := range a.settling {
+		select {
+		case <-ch:
+		default:
+			pending = append(pending, ch)
+		}
+	}
+	a.settling = pending
+	pending = slices.Clone(pending)
+	a.settlingMu.Unlock()
+	for _, ch := range pending {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	return nil
 }
 
 // OverlapSettles lets the session's turns return their outcome before

@@ -42,9 +42,9 @@ type WorkloadConfig struct {
 	// ContinuableBudgets: one continuable start in two names a budget
 	// too, as one-shot runs do (make chaos); off, continuable starts name
 	// none. The short seed leaves it off: a capped continuable child's
-	// model request can wait agent.BudgetWaitMax (30 s) for tokens its
-	// ledger shows reserved by reservations in flight (RELIABILITY.md,
-	// Open findings), which stalls its queue past L1's bound.
+	// model request can wait agent.BudgetWaitMax (10 s a step) for
+	// tokens other sessions' reservations in flight hold, which can stall
+	// its queue past L1's bound (RELIABILITY.md).
 	ContinuableBudgets bool
 	// Cwd is the workspace of every root (an existing absolute directory).
 	Cwd  string

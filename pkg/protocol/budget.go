@@ -452,9 +452,11 @@ func (b Budget) String() string {
 // estimate and one output token); 0 with Want.Tokens 0.
 //
 // Tokens are granted in full when free (the limit less what is charged and
-// reserved); when they are not and other reservations hold tokens, nothing
-// is reserved and the reply says to ask again (RetryMs): those are
-// estimates, mostly released when settled. NoWait, or no tokens in flight,
+// reserved); when they are not, the reservations of runs settled long ago
+// are charged and removed first, and if another session's reservation
+// still holds tokens, nothing is reserved and the reply says to ask again
+// (RetryMs): those are estimates, mostly released when settled. NoWait, or
+// no other session's tokens in flight (Self's own are not waited for),
 // grants what is free when that is at least TokensMin (the budget is
 // nearly spent: the answer is bounded to it), else BUDGET_EXHAUSTED.
 type BudgetReserveRequest struct {
@@ -472,8 +474,8 @@ type BudgetReserveReply struct {
 	ReservationID string      `msgpack:"reservationId,omitempty" json:"reservationId,omitempty"`
 	Granted       BudgetSpend `msgpack:"granted" json:"granted"`
 	// RetryMs, when not 0, says nothing was reserved: the tokens wanted
-	// are held by other reservations in flight; ask again after this many
-	// milliseconds (BudgetRetryMs).
+	// are held by other sessions' reservations in flight; ask again after
+	// this many milliseconds (BudgetRetryMs).
 	RetryMs int64 `msgpack:"retryMs,omitempty" json:"retryMs,omitempty"`
 }
 

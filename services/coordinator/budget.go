@@ -335,6 +335,24 @@ func (c *Coordinator) sweepSettled(ctx context.Context, rec *protocol.BudgetReco
 	return swept
 }
 
+// othersHoldTokens reports whether a reservation of rec that holds tokens
+// belongs to a session other than self: only then can a reservation that
+// does not fit gain by asking again (budget.reserve's retryMs, §5.5 "The
+// reservation rule"). The caller's own reservations are left out: its agent
+// settles each before it reserves again (internal/agent, reserveModel), and
+// one it still holds (a turn's prefetch) is not settled while it waits.
+// Reservations of runs settled settledReservationGrace ago are gone
+// (sweepSettled, before); those of runs settled more recently count, their
+// settlements on their way.
+func othersHoldTokens(rec *protocol.BudgetRecord, self string) bool {
+	for _, r := range rec.Reservations {
+		if r.Spend.Tokens > 0 && r.SessionID != self {
+			return true
+		}
+	}
+	return false
+}
+
 // settledLongAgo reports whether run settled settledReservationGrace or
 // more before now (epoch ms); a record without its settledAt counts as
 // long ago.
@@ -423,18 +441,22 @@ func (c *Coordinator) budgetReserve(ctx context.Context, _ rpc.Request, r protoc
 	for _, id := range h.Budgets {
 		err := c.budgetUpdate(ctx, id, func(rec *protocol.BudgetRecord, now int64) (bool, error) {
 			retry = false
-			if res.Spend.Tokens > rec.Remaining().Tokens && rec.Reserved().Tokens > 0 && !r.NoWait && !(rec.DeadlineAt > 0 && now >= rec.DeadlineAt) {
-				// Tokens held by reservations in flight are estimates,
-				// mostly released when settled: ask again rather than take
-				// less than the request wants.
+			short := res.Spend.Tokens > rec.Remaining().Tokens
+			swept := false
+			if short || rec.Exhausted(res.Spend, r.TokensMin, now) != nil {
+				swept = c.sweepSettled(ctx, rec, now)
+				short = res.Spend.Tokens > rec.Remaining().Tokens
+			}
+			if short && !r.NoWait && !(rec.DeadlineAt > 0 && now >= rec.DeadlineAt) && othersHoldTokens(rec, h.ID) {
+				// Tokens held by other sessions' reservations in flight
+				// are estimates, mostly released when settled: ask again
+				// rather than take less than the request wants. (The
+				// sweep, first, wrote off those of runs settled long ago.)
 				retry = true
-				return false, nil
+				return swept, nil
 			}
 			if err := rec.Exhausted(res.Spend, r.TokensMin, now); err != nil {
-				swept := c.sweepSettled(ctx, rec, now)
-				if err = rec.Exhausted(res.Spend, r.TokensMin, now); err != nil {
-					return swept, err
-				}
+				return swept, err
 			}
 			if len(rec.Reservations) >= protocol.BudgetReservationsMax {
 				return false, protocol.Errorf(protocol.CodeUnavailable, "budget %s has %d reservations in flight, the most it holds; try again", id, protocol.BudgetReservationsMax)

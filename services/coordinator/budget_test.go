@@ -197,3 +197,89 @@ func TestALateSettleOfASettledRunChargesWhatWasUsed(t *testing.T) {
 		})
 	}
 }
+
+// TestBudgetReserveRetriesOnlyWhenWaitingCanHelp (docs/protocol.md §5.5,
+// "The reservation rule"; issue 32, item 3, "at the cap, pause, never
+// hang"): a model request that does not fit is told to ask again
+// (retryMs) only while another session's reservation in flight holds
+// tokens. Tokens held by the caller's own reservation, or by a
+// reservation of a run settled longer than SettledReservationGrace ago
+// (swept first, charged in full), grant what is free at once.
+func TestBudgetReserveRetriesOnlyWhenWaitingCanHelp(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator()
+	host, _ := s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	held := protocol.BudgetSpend{ModelRequests: 1, Tokens: 800}
+	want := protocol.BudgetSpend{ModelRequests: 1, Tokens: 500}
+	for i, tt := range []struct {
+		name      string
+		holder    string        // who holds 800 of the 1000 tokens: "self" or "child"
+		settled   time.Duration // the child's run settled this long ago (0: running)
+		wantRetry bool
+	}{
+		{"the caller's own reservation", "self", 0, false},
+		{"a run settled past the grace", "child", coordinator.SettledReservationGrace + time.Second, false},
+		{"another session's reservation in flight", "child", 0, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			root, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{Tokens: 1000}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = root.Close(context.Background()) }()
+			holder := root.Ref()
+			if tt.holder == "child" {
+				id := fmt.Sprintf("retrywaitchild00000000000%d", i)
+				holder = protocol.ParentRef{SessionID: id, Credential: "credential-of-" + id}
+				if err := s.Store.PutHeader(ctx, protocol.SessionHeader{ID: id, ParentSession: root.SessionID, Origin: protocol.OriginSubagent,
+					Provider: "spawn", CreatedAt: store.NowMs(), Budgets: []string{root.SessionID}}); err != nil {
+					t.Fatal(err)
+				}
+				run := protocol.RunRecord{RunID: id, ChildID: id, ParentSession: root.SessionID, Provider: "spawn", Mode: protocol.ModeOneShot,
+					State: protocol.RunRunning, CreatedAt: store.NowMs()}
+				rev, err := s.Store.CreateRun(ctx, run)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.Store.CreateLease(ctx, protocol.AgentRecord{SessionID: id, Kind: protocol.AgentOneShot, Provider: "spawn", RunID: id,
+					ParentSession: root.SessionID, HostID: host.ID(), CredentialHash: protocol.HashCredential(holder.Credential)}); err != nil {
+					t.Fatal(err)
+				}
+				var res protocol.BudgetReserveReply
+				if err := s.Client.Call(ctx, protocol.EpBudgetReserve, protocol.BudgetReserveRequest{Self: holder, Want: held}, &res); err != nil || res.Granted != held {
+					t.Fatalf("the held reservation: %+v, %v", res, err)
+				}
+				// The run settles (past the grace: its host died without
+				// settling the reservation), or at the test's end.
+				settled := store.Settled(run, host.ID(), protocol.SubagentResult{StopReason: protocol.StopCompleted})
+				settled.SettledAt -= tt.settled.Milliseconds()
+				if tt.settled == 0 {
+					defer func() { _, _ = s.Store.SettleRun(context.Background(), settled, rev) }()
+				} else if ok, err := s.Store.SettleRun(ctx, settled, rev); !ok || err != nil {
+					t.Fatalf("settle the run: %v, %v", ok, err)
+				}
+			} else {
+				var res protocol.BudgetReserveReply
+				if err := s.Client.Call(ctx, protocol.EpBudgetReserve, protocol.BudgetReserveRequest{Self: holder, Want: held}, &res); err != nil || res.Granted != held {
+					t.Fatalf("the held reservation: %+v, %v", res, err)
+				}
+			}
+			var rep protocol.BudgetReserveReply
+			err = s.Client.Call(ctx, protocol.EpBudgetReserve, protocol.BudgetReserveRequest{Self: root.Ref(), Want: want, TokensMin: 100}, &rep)
+			if err != nil {
+				t.Fatalf("the reservation that does not fit: %v", err)
+			}
+			if tt.wantRetry {
+				if rep.RetryMs == 0 || rep.ReservationID != "" {
+					t.Fatalf("reply %+v; want retryMs and nothing reserved while another session holds the tokens", rep)
+				}
+				return
+			}
+			if rep.RetryMs != 0 || rep.ReservationID == "" || rep.Granted.Tokens != 200 {
+				t.Fatalf("reply %+v; want the 200 free tokens granted at once, no retryMs", rep)
+			}
+		})
+	}
+}
