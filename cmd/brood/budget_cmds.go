@@ -67,19 +67,37 @@ func budgetCmd(g *globals) *cobra.Command {
 					return printJSON(s.out, rep)
 				}
 				if len(rep.Budgets) == 0 {
+					if rep.Queued {
+						fmt.Fprintf(s.errOut, "%s is queued (its start waits in its parent's queue) and will draw on no budget\n", args[0])
+						return nil
+					}
 					fmt.Fprintf(s.errOut, "%s draws on no budget\n", args[0])
 					return nil
 				}
 				printLedgers(s.out, rep.Budgets)
+				if rep.Queued {
+					fmt.Fprintln(s.errOut, queuedBudgetsNote(args[0], rep.Own))
+				}
 				return nil
 			})
 		},
 	}
 	cmd.Flags().StringVar(&raise, "raise", "", "raise the child's own budget: tokens=+100k,modelRequests=+5,toolCalls=+10,children=+2")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print budget.get's {childId, budgets, own?} (with --raise: {budget, resumed}) as JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print budget.get's {childId, budgets, own?, queued?} (with --raise: {budget, resumed}) as JSON")
 	clientFlags(cmd, g)
 	userFlags(cmd, g)
 	return cmd
+}
+
+// queuedBudgetsNote is what `brood budget` of a child whose start waits
+// in its parent's queue prints on stderr under the budgets it will draw
+// on (own: the last is the budget its start named, not created yet).
+func queuedBudgetsNote(id string, own bool) string {
+	note := fmt.Sprintf("%s is queued (its start waits in its parent's queue): these are the budgets it will draw on", id)
+	if own {
+		note += "; its own (the last) is created, and its deadline counted, when it starts"
+	}
+	return note
 }
 
 // raisedNote is what a raise that answered budget pauses (their request

@@ -522,10 +522,18 @@ type BudgetGetRequest struct {
 // Budgets; the last is its own when its start named one, Own). Each
 // record's remaining is its limits less charged less reserved (per
 // limit it names); empty when the child draws on no budget.
+//
+// Queued: the child's continuable.start waits in its parent's start queue
+// (it has no session yet): Budgets are the ledgers it will draw on, its
+// parent's, then, when its start named a budget (Own), that budget as a
+// ledger not yet created: its limits, nothing charged or reserved,
+// CreatedAt 0 (it is created, its deadline counted, when the child
+// starts).
 type BudgetGetReply struct {
 	ChildID string         `msgpack:"childId" json:"childId"`
 	Budgets []BudgetRecord `msgpack:"budgets" json:"budgets"`
 	Own     bool           `msgpack:"own,omitempty" json:"own,omitempty"`
+	Queued  bool           `msgpack:"queued,omitempty" json:"queued,omitempty"`
 }
 
 // BudgetRaiseRequest is the body of budget.raise (docs/protocol.md §5.5,

@@ -47,6 +47,14 @@ import (
 func (c *Coordinator) budgetGet(ctx context.Context, _ rpc.Request, r protocol.BudgetGetRequest) (protocol.BudgetGetReply, error) {
 	h, _, err := c.budgetTarget(ctx, r.ChildID, r.Authority)
 	if err != nil {
+		if notAChild(err) {
+			// A child whose start waits in its parent's queue has no
+			// session yet: it will draw on its parent's ledgers, and on
+			// its own once it starts (startqueue.go).
+			if e, ok := c.queuedChild(ctx, r.ChildID, r.Authority); ok {
+				return c.queuedBudgets(ctx, r.ChildID, r.Authority, e)
+			}
+		}
 		return protocol.BudgetGetReply{}, err
 	}
 	recs, err := c.budgetRecords(ctx, h.Budgets)
@@ -57,6 +65,37 @@ func (c *Coordinator) budgetGet(ctx context.Context, _ rpc.Request, r protocol.B
 		recs[i] = shownLedger(recs[i], h.ID)
 	}
 	return protocol.BudgetGetReply{ChildID: h.ID, Budgets: recs, Own: slices.Contains(h.Budgets, h.ID)}, nil
+}
+
+// queuedBudgets is budget.get's answer for continuable child childID whose
+// start e waits in its parent's queue (queuedChild found it, asked with
+// auth): its parent's ledgers, then the budget e names as a ledger not yet
+// created (Own), Queued set.
+func (c *Coordinator) queuedBudgets(ctx context.Context, childID string, auth protocol.Authority, e protocol.QueuedStart) (protocol.BudgetGetReply, error) {
+	parent := c.agents.queuedParentOf(childID)
+	if auth.Parent != nil {
+		parent = auth.Parent.SessionID // the queue queuedChild read
+	}
+	ph, err := c.headers.get(ctx, c.st, parent)
+	if err != nil {
+		return protocol.BudgetGetReply{}, protocol.Errorf(protocol.CodeUnavailable, "read the header of session %s: %w", parent, err)
+	}
+	recs, err := c.budgetRecords(ctx, ph.Budgets)
+	if err != nil {
+		return protocol.BudgetGetReply{}, err
+	}
+	for i := range recs {
+		recs[i] = shownLedger(recs[i], childID)
+	}
+	rep := protocol.BudgetGetReply{ChildID: childID, Budgets: recs, Queued: true}
+	if b := e.Options.Budget; b != nil {
+		rep.Budgets = append(rep.Budgets, protocol.BudgetRecord{SessionID: childID, Limits: *b})
+		rep.Own = true
+	}
+	if rep.Budgets == nil {
+		rep.Budgets = []protocol.BudgetRecord{}
+	}
+	return rep, nil
 }
 
 // budgetRaise is budget.raise: the child's own ledger gets the limits

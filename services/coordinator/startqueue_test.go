@@ -610,3 +610,64 @@ func TestAQueuedContinuableChildDisposedIsAnsweredNeverStarted(t *testing.T) {
 		t.Fatalf("continuable.state of the disposed queued child with another root's credential: %v, want UNAUTHORIZED", err)
 	}
 }
+
+// TestBudgetGetOfAQueuedChildSaysWhatItWillDrawOn: budget.get of a
+// continuable child whose start waits in its parent's queue answers the
+// budgets it will draw on, its parent's and the one its start named, and
+// says it is queued (issue 32 gaps: `brood budget Q` answered NOT_FOUND
+// "session Q not found").
+func TestBudgetGetOfAQueuedChildSaysWhatItWillDrawOn(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.LiveChildrenMax = 1 })
+	s.AddSpawnWorker()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	root, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{Tokens: 5000, Children: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = root.Close(context.Background()) }()
+	if _, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "first", Prompt: protocol.Text("sleep 30s\nsay first")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		own  *protocol.Budget
+	}{
+		{"with a budget of its own", &protocol.Budget{Tokens: 500}},
+		{"drawing on its parent's only", nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			queued, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "queued", Prompt: protocol.Text("say q"),
+				Options: protocol.ContinuableOptions{Budget: tt.own}})
+			if err != nil || queued.State != protocol.StateQueued {
+				t.Fatalf("a continuable start at the limit: %+v %v, want queued", queued, err)
+			}
+			for name, a := range map[string]protocol.Authority{"the parent": root.Authority(), "a user grant": s.Grant()} {
+				var rep protocol.BudgetGetReply
+				testutil.Eventually(t, 10*time.Second, func() bool {
+					rep, err = s.Client.Budget(ctx, queued.ChildID, a)
+					return err == nil
+				}, "budget.get of the queued child with %s answers", name)
+				want := 1
+				if tt.own != nil {
+					want = 2
+				}
+				if !rep.Queued || rep.ChildID != queued.ChildID || len(rep.Budgets) != want || rep.Own != (tt.own != nil) || rep.Budgets[0].SessionID != root.SessionID || rep.Budgets[0].Limits.Tokens != 5000 {
+					t.Fatalf("budget.get of the queued child with %s: %+v, want queued, its parent's ledger then %d of its own", name, rep, want-1)
+				}
+				if tt.own != nil {
+					if own := rep.Budgets[1]; own.SessionID != queued.ChildID || own.Limits != *tt.own || !own.Charged.IsZero() || own.CreatedAt != 0 {
+						t.Fatalf("the queued child's own budget with %s: %+v, want its start's limits, nothing charged, not created", name, own)
+					}
+				}
+			}
+			if _, err := s.Client.Budget(ctx, queued.ChildID, s.Root().Authority()); protocol.CodeOf(err) != protocol.CodeUnauthorized {
+				t.Fatalf("budget.get of the queued child with another root's credential: %v, want UNAUTHORIZED", err)
+			}
+			if _, err := s.Client.Dispose(ctx, protocol.RunRef{RunID: queued.ChildID, Grant: s.Grant().Grant}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

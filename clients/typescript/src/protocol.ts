@@ -924,11 +924,16 @@ export interface BudgetGetRequest {
   authority: Authority;
 }
 
-/** §5.5: the ledgers the child draws on, root-most first; own: the last is its own. */
+/**
+ * §5.5: the ledgers the child draws on, root-most first; own: the last is its own.
+ * queued: its start waits in its parent's start queue: the ledgers it will draw on
+ * (its own, when its start named one, not created yet: its limits, nothing charged).
+ */
 export interface BudgetGetReply {
   childId: string;
   budgets: BudgetRecord[];
   own?: boolean;
+  queued?: boolean;
 }
 
 /**
