@@ -803,21 +803,7 @@ const OrphanCheckAttemptsMax = 3
 // an ended one-shot ancestor, and reports whether it has one (the epoch then
 // ends without a turn). Read errors are retried, then taken as "not ended".
 func (a *activation) endIfOrphaned(log *slog.Logger) bool {
-	var anc string
-	var err error
-	for attempt := 1; attempt <= OrphanCheckAttemptsMax; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), LeaseWriteTimeout)
-		anc, err = a.h.endedAncestor(ctx, a.header.Provider, a.childID)
-		cancel()
-		if err == nil {
-			break
-		}
-		time.Sleep(min(time.Duration(attempt)*RetryBackoffStep, RetryBackoffMax))
-	}
-	if err != nil {
-		log.Warn("could not check whether an ancestor ended; going on", "err", err)
-		return false
-	}
+	anc := a.h.endedAncestorRetried(a.header.Provider, a.childID, log)
 	if anc == "" {
 		return false
 	}
@@ -832,6 +818,27 @@ func (a *activation) endIfOrphaned(log *slog.Logger) bool {
 	}
 	log.Info("an ancestor ended; the child starts no work", "ancestor", anc, "discarded", n)
 	return true
+}
+
+// endedAncestorRetried is endedAncestor, each read bounded by
+// LeaseWriteTimeout, tried up to OrphanCheckAttemptsMax times when the
+// store answers with errors; a read that keeps failing is taken as "not
+// ended" ("", logged): the coordinators end the child when its ancestor's
+// end reaches them.
+func (h *Host) endedAncestorRetried(provider, child string, log *slog.Logger) string {
+	var anc string
+	var err error
+	for attempt := 1; attempt <= OrphanCheckAttemptsMax; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), LeaseWriteTimeout)
+		anc, err = h.endedAncestor(ctx, provider, child)
+		cancel()
+		if err == nil {
+			return anc
+		}
+		time.Sleep(min(time.Duration(attempt)*RetryBackoffStep, RetryBackoffMax))
+	}
+	log.Warn("could not check whether an ancestor ended; going on", "err", err)
+	return ""
 }
 
 // endedAncestor asks the coordinators for the first ancestor of child, of

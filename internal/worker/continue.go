@@ -115,7 +115,7 @@ func (h *Host) continueRun(ctx context.Context, p Provider, req protocol.Provide
 		req:   protocol.ProviderStartRequest{RunID: req.RunID, Header: header, Provider: req.Provider, Options: loggedOptions(log.Events, header.SeedLength)},
 		epoch: mine.Epoch, seedLen: header.SeedLength, sess: sess, ctx: runCtx, cancel: cancelRun,
 		settled: make(chan struct{}), done: make(chan struct{}), span: span, started: started,
-		lease: mine, leaseRev: leaseRev, cred: cred, continued: true, takeovers: takeoversOf(log.Events, header.SeedLength),
+		lease: mine, leaseRev: leaseRev, cred: cred, continued: true, takeovers: takeoversOf(log.Events, header.SeedLength), lw: lw,
 	}
 	h.mu.Lock()
 	h.runs[r.runID] = r

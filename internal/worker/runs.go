@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -49,6 +50,9 @@ type hostedRun struct {
 	// records of its log (RunRecord.Takeovers).
 	continued bool
 	takeovers int
+	// lw is the log writer of a continued run's session (continue.go):
+	// closeLostTurn appends through it when the run is not continued.
+	lw *store.LogWriter
 
 	mu       sync.Mutex
 	lease    protocol.AgentRecord // as last written by this host
@@ -469,12 +473,24 @@ func (h *Host) execute(r *hostedRun) {
 		o.OverlapSettles()
 	}
 	var out agent.Outcome
-	if cs, ok := r.sess.(ContinuingSession); ok && r.continued {
-		out = cs.ContinueTurn(r.ctx)
-	} else {
-		out = r.sess.RunSteps(r.ctx)
+	var events []protocol.SessionEvent
+	// A continued run under an ended ancestor is not continued: nothing
+	// under an ended one-shot run starts work again (docs/design.md §14),
+	// and its ancestor's dispose reached no one, its host being dead.
+	orphanedBy := ""
+	if r.continued && r.lw != nil {
+		orphanedBy = h.endedAncestorRetried(r.req.Header.Provider, r.childID, h.log.With("session", r.childID, "run", r.runID))
 	}
-	events := r.sess.Events()
+	switch cs, ok := r.sess.(ContinuingSession); {
+	case orphanedBy != "":
+		events, out = h.closeLostTurn(r, orphanedBy)
+	case ok && r.continued:
+		out = cs.ContinueTurn(r.ctx)
+		events = r.sess.Events()
+	default:
+		out = r.sess.RunSteps(r.ctx)
+		events = r.sess.Events()
+	}
 	if out.Fenced {
 		r.mu.Lock()
 		leaseRev := r.leaseRev
@@ -502,6 +518,13 @@ func (h *Host) execute(r *hostedRun) {
 	if out.Fenced {
 		fencedResult(&res, events)
 	}
+	if end, ok := sessionlog.LastTurnEnd(events); ok && orphanedBy != "" && !out.Fenced && out.Err == nil &&
+		end.Reason.Kind == protocol.TurnInterrupted && end.Reason.Cause == protocol.CauseHostLost {
+		// As the coordinator's takeover ends a run it does not continue
+		// (takenOverResult): error, HOST_LOST.
+		res.StopReason, res.ErrorCode = protocol.StopError, protocol.CodeHostLost
+		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating with turn %d open; an ancestor of the child (%s) had ended, so the turn was closed as interrupted, not continued", r.run.HostID, end.Turn, orphanedBy)
+	}
 	if out.Err != nil {
 		res.StopReason = protocol.StopError
 		res.ErrorCode = protocol.CodeDurabilityFailed
@@ -509,6 +532,38 @@ func (h *Host) execute(r *hostedRun) {
 	}
 	final = &res
 	h.settleRun(r, res, out.Err != nil)
+}
+
+// closeLostTurn ends a continued run (continue.go) whose ancestor anc
+// ended instead of continuing it: the turn its host lost, open in the log,
+// is closed interrupted{host-lost}, as the coordinator closes a turn it
+// does not continue (services/coordinator/takeover.go), with one append
+// through the run's log writer, bounded by OrphanDiscardTimeout. It
+// returns the session's events with the closing, and the Outcome: Fenced
+// when the append was refused as fenced (a coordinator gave the
+// continuation up and wrote the log; execute reads what it wrote), Err
+// when the closing was not logged.
+func (h *Host) closeLostTurn(r *hostedRun, anc string) ([]protocol.SessionEvent, agent.Outcome) {
+	events := r.sess.Events()
+	h.log.Info("an ancestor ended; the continued run's turn is closed, not continued", "session", r.childID, "run", r.runID, "ancestor", anc)
+	closing, err := sessionlog.CloseOpenTurn(events, protocol.TurnEndReason{Kind: protocol.TurnInterrupted, Cause: protocol.CauseHostLost}, store.NowMs())
+	if err == nil && len(closing) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), OrphanDiscardTimeout)
+		var written []protocol.SessionEvent
+		written, err = r.lw.Append(ctx, closing...)
+		cancel()
+		if err == nil {
+			events = append(slices.Clip(events), written...)
+		}
+	}
+	switch {
+	case errors.Is(err, store.ErrFenced):
+		return events, agent.Outcome{Fenced: true}
+	case err != nil:
+		h.log.Warn("could not close the open turn of a continued run under an ended ancestor", "session", r.childID, "err", err)
+		return events, agent.Outcome{Err: err}
+	}
+	return events, agent.Outcome{}
 }
 
 // settleRun records the result by CAS on the run record at the claim's
