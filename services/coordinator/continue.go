@@ -27,7 +27,9 @@ package coordinator
 //
 // Runs not continued (they end HOST_LOST at once, as before): a remote
 // provider's (its agent holds the conversation), a run that started children of its own (they take an ancestor taken
-// over for ended), and a run whose log holds no open turn (the host died
+// over for ended), a run under an ended one-shot ancestor (store.EndedAncestor
+// of the lease's ancestry; the continuing host checks again, as its fence,
+// internal/worker/runs.go), and a run whose log holds no open turn (the host died
 // before its first turn, or after its last: the log has the result).
 
 import (
@@ -69,6 +71,15 @@ func (c *Coordinator) continueRun(ctx context.Context, fence protocol.TakeoverDa
 	id := taken.Value.SessionID
 	if c.cfg.ContinueWaitMax < 0 || run.Value.Remote || c.isRemote(run.Value.Provider) {
 		return continuation{}
+	}
+	// Nothing under an ended one-shot run starts work again (docs/design.md
+	// §14): its dispose reached no one, the run's host being dead, so the
+	// turn is closed here rather than continued. A failed read is taken as
+	// "not ended": the continuing host asks again before it continues.
+	if anc, err := c.st.EndedAncestor(ctx, taken.Value.Ancestry); err != nil {
+		c.log.Warn("takeover: could not check whether an ancestor ended", "session", id, "err", err)
+	} else if anc != "" {
+		return continuation{why: fmt.Sprintf("an ancestor of the child (%s) had ended, so the run is not continued", anc)}
 	}
 	h, err := c.headers.get(ctx, c.st, id)
 	if err != nil {
