@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/brood-dev/brood/internal/sessionlog"
 	"github.com/brood-dev/brood/internal/store"
 	"github.com/brood-dev/brood/internal/testutil"
 	"github.com/brood-dev/brood/internal/testutil/stack"
@@ -735,5 +736,44 @@ func waitingEpoch(t *testing.T, s *stack.Stack, root *client.Root, child, runID 
 	_, evs := s.Log(child)
 	if fences(evs) != 1 || evs[len(evs)-1].Type != protocol.EvAgentTakeover {
 		t.Fatalf("the log %v; want the open turn fenced by one agent/takeover and left open", evs)
+	}
+}
+
+// TestARunUnderAnEndedAncestorIsNotOfferedAContinuation (issue 31, item 2):
+// a one-shot run whose host died with its turn open, under a one-shot
+// ancestor that has ended (its dispose reached no one, the run's host being
+// dead), is not offered to an instance to continue: the coordinator closes
+// the turn interrupted at once and settles the run error HOST_LOST, its
+// diagnostic naming the ended ancestor (before, it waited ContinueWaitMax,
+// a minute here, for an instance to continue it).
+func TestARunUnderAnEndedAncestorIsNotOfferedAContinuation(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(c *coordinator.Config) { c.ContinueWaitMax = time.Minute })
+	root := s.Root()
+	const anc, child, runID = "ended-one-shot-ancestor", "child-under-an-ended-ancestor", "run-under-an-ended-ancestor"
+	oneShot := protocol.DescriptorData{Version: protocol.DescriptorVersion, Mode: protocol.ModeOneShot, Provider: "spawn"}
+	// The ancestor: a one-shot child of root whose run ended (no lease).
+	putChild(t, s, root, anc, event(t, protocol.EvSubagentDescriptor, oneShot))
+	putChild(t, s, root, child, event(t, protocol.EvSubagentDescriptor, oneShot),
+		event(t, protocol.EvTurnStart, protocol.TurnData{Turn: 1}), event(t, protocol.EvStepStart, protocol.StepData{Turn: 1, Step: 1}))
+	now := store.NowMs()
+	putRun(t, s, protocol.RunRecord{RunID: runID, ChildID: child, ParentSession: root.SessionID, Provider: "spawn",
+		Mode: protocol.ModeOneShot, State: protocol.RunRunning, CreatedAt: now, StartedAt: now, HostID: deadHost})
+	lease := deadLease(root, child, runID, protocol.AgentOneShot, 0)
+	lease.Ancestry = []string{root.SessionID, anc}
+	putLease(t, s, lease)
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		r, err := runOf(s, runID)
+		return err == nil && r.State == protocol.RunSettled
+	}, "the run settled without waiting for an instance")
+	r, _ := runOf(s, runID)
+	if r.Result == nil || r.Result.StopReason != protocol.StopError || r.Result.ErrorCode != protocol.CodeHostLost ||
+		!strings.Contains(r.Result.Diagnostic, anc) {
+		t.Fatalf("run record %+v (result %+v); want error HOST_LOST with a diagnostic naming the ended ancestor", r, r.Result)
+	}
+	_, evs := s.Log(child)
+	end, ok := sessionlog.LastTurnEnd(evs)
+	if !ok || end.Reason.Kind != protocol.TurnInterrupted || end.Reason.Cause != protocol.CauseHostLost {
+		t.Fatalf("last turn/end %+v (%v); want the turn closed interrupted{host-lost}", end, ok)
 	}
 }
