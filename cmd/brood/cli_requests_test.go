@@ -12,6 +12,7 @@ import (
 	"github.com/brood-dev/brood/pkg/client"
 	"github.com/brood-dev/brood/pkg/protocol"
 	"github.com/brood-dev/brood/services/coordinator"
+	"github.com/brood-dev/brood/services/webui"
 )
 
 // TestRequestVerbs (issue 33, item 4): `brood requests --wait` gives up
@@ -321,5 +322,40 @@ func TestDisposeOfAQueuedRunSaysItNeverStarted(t *testing.T) {
 	}
 	if o := c.ok("dispose", busy.RunID); o.err != "run "+busy.RunID+" (child "+busy.ChildID+") settled: stopReason aborted\n" {
 		t.Fatalf("dispose of a running run printed %q", o.err)
+	}
+}
+
+// TestWatchTreeDrawsAPausedChildPaused: brood watch --tree draws a child
+// paused at its budget's cap "paused", as brood state says (it drew
+// "running": its states come from lifecycle events, which say nothing of
+// a pause); one requests.list for the whole tree, every watchPausedPoll.
+func TestWatchTreeDrawsAPausedChildPaused(t *testing.T) {
+	c := newCLI(t)
+	child := c.startChild("--budget", "modelRequests=1", "call list_dir {}\nsay done")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out := make(chan map[string]bool, 1)
+	go pollPaused(ctx, &session{cl: c.stack.Client}, "", c.stack.Grant(), out)
+	var paused map[string]bool
+	for !paused[child] {
+		select {
+		case paused = <-out:
+		case <-ctx.Done():
+			t.Fatalf("the paused child %s never listed paused (last %v)", child, paused)
+		}
+	}
+	now := time.UnixMilli(10_000)
+	nodes := markPaused([]webui.Node{
+		{ID: "ROOT", Root: true, State: webui.StateRoot, Start: 1000},
+		{ID: child, Parent: "ROOT", Provider: "spawn", Mode: protocol.ModeContinuable, State: webui.StateRunning, Epochs: 1, Start: 2000},
+		{ID: "B", Parent: "ROOT", Provider: "spawn", Mode: protocol.ModeOneShot, State: webui.StateRunning, Start: 3000},
+	}, paused)
+	want := []string{
+		"root ROOT",
+		"├─ " + child + "  spawn  continuable ×1  paused  8.0s",
+		"└─ B  spawn  running  7.0s",
+	}
+	if got := treeLines(nodes, "", now); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("tree:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -694,7 +694,8 @@ func watchCmd(g *globals) *cobra.Command {
 		Use:   "watch [PARENT]",
 		Short: "Draw the live tree of a parent's subtree (every root without PARENT); piped, print each lifecycle event; Ctrl-C stops",
 		Long: "On a terminal, draws the live delegation tree (each session with provider, state, stop reason and\n" +
-			"duration; the last 24 hours, then live) and redraws it in place as lifecycle events arrive. Piped\n" +
+			"duration; the last 24 hours, then live) and redraws it in place as lifecycle events arrive; a child\n" +
+			"paused at its budget's cap is drawn paused (its pending budget requests are listed every 2 s). Piped\n" +
 			"(or with --json, --count N or --tree never) it prints one line per event from now on, indented by depth.",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

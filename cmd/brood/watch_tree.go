@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"sort"
 	"strings"
@@ -24,10 +25,19 @@ const (
 
 // watchTreeNodesMax bounds the nodes `brood watch` keeps; watchRedraw is how
 // often a tree with running nodes is redrawn (their durations tick).
+// watchPausedPoll is how often it lists the tree's pending budget requests
+// (one requests.list for the whole tree, whatever its size): a child
+// paused at its budget's cap is drawn paused (lifecycle events do not say
+// it).
 const (
 	watchTreeNodesMax = 2000
 	watchRedraw       = 500 * time.Millisecond
+	watchPausedPoll   = 2 * time.Second
 )
+
+// statePaused is the state a running node is drawn with while its turn
+// waits at its budget's cap (protocol.StatePaused, as brood state says).
+const statePaused = protocol.StatePaused
 
 // terminalRows is the height of the terminal w is, or 0 when unknown.
 func terminalRows(w io.Writer) int {
@@ -64,6 +74,9 @@ func watchTree(ctx context.Context, s *session, root string, auth protocol.Autho
 			evs <- ev
 		}
 	}()
+	pausedc := make(chan map[string]bool, 1)
+	go pollPaused(ctx, s, root, auth, pausedc)
+	var paused map[string]bool
 	tree := webui.NewTree(watchTreeNodesMax)
 	d := &treeDrawer{w: s.out, root: root, rows: terminalRows(s.out)}
 	tick := time.NewTicker(watchRedraw)
@@ -82,14 +95,58 @@ func watchTree(ctx context.Context, s *session, root string, auth protocol.Autho
 			tree.Apply(ev)
 			dirty = true
 			continue // draw once the burst of past events is in
+		case p := <-pausedc:
+			dirty = dirty || !maps.Equal(p, paused)
+			paused = p
+			continue
 		case <-tick.C:
 		}
 		nodes := tree.Nodes()
 		if dirty || anyRunning(nodes) {
-			d.draw(nodes, time.Now())
+			d.draw(markPaused(nodes, paused), time.Now())
 			dirty = false
 		}
 	}
+}
+
+// pollPaused sends on out, every watchPausedPoll until ctx is done, the
+// sessions of root's subtree (every tree auth sees when root is "") whose
+// turn waits at its budget's cap: a pending request of kind budget
+// (requests.list, §5.21). A failed list sends nothing (the last set
+// stands); out holds the latest set only.
+func pollPaused(ctx context.Context, s *session, root string, auth protocol.Authority, out chan map[string]bool) {
+	t := time.NewTicker(watchPausedPoll)
+	defer t.Stop()
+	for {
+		if l, err := s.cl.Requests(ctx, protocol.RequestsListRequest{Authority: auth, Under: root}); err == nil {
+			set := map[string]bool{}
+			for _, r := range l.Requests {
+				if r.Kind == protocol.RequestBudget && r.State == protocol.RequestPending {
+					set[r.SessionID] = true
+				}
+			}
+			select {
+			case <-out: // drop the unread older set
+			default:
+			}
+			out <- set
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// markPaused returns nodes with each running node in paused drawn paused.
+func markPaused(nodes []webui.Node, paused map[string]bool) []webui.Node {
+	for i := range nodes {
+		if nodes[i].State == webui.StateRunning && paused[nodes[i].ID] {
+			nodes[i].State = statePaused
+		}
+	}
+	return nodes
 }
 
 func anyRunning(nodes []webui.Node) bool {
@@ -192,8 +249,8 @@ func nodeLine(n webui.Node, now time.Time) string {
 		parts = append(parts, fmt.Sprintf("continuable ×%d", n.Epochs))
 	}
 	switch n.State {
-	case webui.StateRunning:
-		parts = append(parts, "running")
+	case webui.StateRunning, statePaused:
+		parts = append(parts, n.State)
 	default:
 		st := n.StopReason
 		if n.ErrorCode != "" {
@@ -206,7 +263,7 @@ func nodeLine(n webui.Node, now time.Time) string {
 	}
 	if n.Start > 0 {
 		end := now.UnixMilli()
-		if n.State != webui.StateRunning && n.End > 0 {
+		if n.State != webui.StateRunning && n.State != statePaused && n.End > 0 {
 			end = n.End
 		}
 		parts = append(parts, elapsed(time.Duration(end-n.Start)*time.Millisecond))
