@@ -359,3 +359,49 @@ func TestWatchTreeDrawsAPausedChildPaused(t *testing.T) {
 		t.Fatalf("tree:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// TestAQueuedContinuableChildInTheCLI: brood budget of a continuable child
+// whose start waits in its parent's queue prints the budgets it will draw
+// on and says it is queued; once disposed there, brood dispose (again),
+// brood result and brood state of its id say it never started, CANCELLED
+// (each answered NOT_FOUND "session not found").
+func TestAQueuedContinuableChildInTheCLI(t *testing.T) {
+	s := stack.New(t)
+	s.AddCoordinator(func(cfg *coordinator.Config) { cfg.LiveChildrenMax = 1 })
+	s.AddSpawnWorker()
+	c := &cli{t: t, stack: s, url: s.Server.ClientURL()}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	root, err := s.Client.OpenRoot(ctx, protocol.AgentsOpenRequest{Cwd: t.TempDir(), Budget: &protocol.Budget{ToolCalls: 50}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = root.Close(context.Background()) }()
+	if _, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "busy", Prompt: protocol.Text("sleep 60s\nsay busy")}); err != nil {
+		t.Fatal(err)
+	}
+	queued, err := s.Client.StartContinuable(ctx, protocol.ContinuableStartRequest{Provider: "spawn", Parent: root.Ref(), Label: "queued", Prompt: protocol.Text("say never"),
+		Options: protocol.ContinuableOptions{Budget: &protocol.Budget{ToolCalls: 7}}})
+	if err != nil || queued.State != protocol.StateQueued {
+		t.Fatalf("a continuable start at the limit: %+v %v, want queued", queued, err)
+	}
+	q := queued.ChildID
+	c.eventually("brood state says queued", func() bool { return c.run("state", q).out == "queued\n" })
+	o := c.ok("budget", q)
+	if !strings.Contains(o.out, root.SessionID+"  toolCalls  50") || !strings.Contains(o.out, q+"  toolCalls  7") ||
+		o.err != q+" is queued (its start waits in its parent's queue): these are the budgets it will draw on; its own (the last) is created, and its deadline counted, when it starts\n" {
+		t.Fatalf("brood budget of the queued child printed %q, stderr %q; want its parent's ledger, its own and that it is queued", o.out, o.err)
+	}
+	never := ") settled: stopReason error (CANCELLED): the child was never started: "
+	for i := 0; i < 2; i++ {
+		if o := c.ok("dispose", q); !strings.Contains(o.err, "(child "+q+never) {
+			t.Fatalf("brood dispose %d of the queued child printed %q; want it settled never started, CANCELLED", i+1, o.err)
+		}
+	}
+	if o := c.fails("CANCELLED", "result", q); !strings.Contains(o.err, "never started") {
+		t.Fatalf("brood result of the disposed queued child: stderr %q; want never started", o.err)
+	}
+	if o := c.fails("CANCELLED", "state", q); !strings.Contains(o.err, "child "+q+" never started") {
+		t.Fatalf("brood state of the disposed queued child: stderr %q; want never started", o.err)
+	}
+}
