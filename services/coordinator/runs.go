@@ -184,10 +184,16 @@ func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.R
 // this replica saw leave its parent's start queue under another run id,
 // when that run was settled never started (disposed in its queue, refused
 // at its admission); ok is false otherwise (a child admitted and started
-// is answered by its own session). Waits for the record as runLeftQueue.
+// is answered by its own session: its header is there, and nothing is
+// read or waited for). Waits for the record as runLeftQueue.
 func (c *Coordinator) neverStartedRun(ctx context.Context, childID string) (_ store.Record[protocol.RunRecord], ok bool) {
 	runID := c.agents.leftQueueRun(childID)
 	if runID == "" {
+		return store.Record[protocol.RunRecord]{}, false
+	}
+	if _, err := c.headers.get(ctx, c.st, childID); !errors.Is(err, store.ErrNotFound) {
+		// It started (or its header is not read now): no wait for a run
+		// record that may have expired since (RunsTTL).
 		return store.Record[protocol.RunRecord]{}, false
 	}
 	rec, err := c.runLeftQueue(ctx, runID)
