@@ -8,11 +8,8 @@ package coordinator
 // runindex.Index.
 
 import (
-	"cmp"
-	"context"
 	"errors"
 	"log/slog"
-	"slices"
 	"sync"
 	"time"
 
@@ -238,101 +235,6 @@ func (a *agentIndex) put(key string, e jetstream.KeyValueEntry) time.Duration {
 	}
 	a.addLease(key, id, kind, e)
 	return 0
-}
-
-// requestLapse is when a request record e lapses, counted from its
-// creation: a pending one's TTL runs to a day past its deadline, an
-// answered one's a day past the answer (store.RequestTTL); the later of
-// the two, so a pending record is never forgotten early (one forgotten
-// late is only read once more by the parked sweep and found gone).
-func requestLapse(rec protocol.RequestRecord, err error, e jetstream.KeyValueEntry) time.Duration {
-	lapse := store.RequestTTL
-	if err == nil {
-		lapse = max(lapse, time.UnixMilli(rec.Deadline).Add(store.RequestTTL).Sub(e.Created()))
-	}
-	return lapse + time.Second
-}
-
-// indexPause files pending budget request id under the ledgers of
-// ledgers (budgetPauses); a.mu is held.
-func (a *agentIndex) indexPause(id string, ledgers [2]string) {
-	for _, l := range ledgers {
-		if l == "" {
-			continue
-		}
-		ids := a.budgetPauses[l]
-		if ids == nil {
-			ids = map[string]struct{}{}
-			a.budgetPauses[l] = ids
-		}
-		ids[id] = struct{}{}
-	}
-	a.pauseLedgers[id] = ledgers
-}
-
-// unindexPause forgets request id in budgetPauses; a.mu is held.
-func (a *agentIndex) unindexPause(id string) {
-	ledgers, ok := a.pauseLedgers[id]
-	if !ok {
-		return
-	}
-	delete(a.pauseLedgers, id)
-	for _, l := range ledgers {
-		if ids := a.budgetPauses[l]; ids != nil {
-			delete(ids, id)
-			if len(ids) == 0 {
-				delete(a.budgetPauses, l)
-			}
-		}
-	}
-}
-
-// pausesOn returns the ids of the pending budget requests seen whose raise
-// of ledger answers them (budgetPauses), sorted.
-func (a *agentIndex) pausesOn(ledger string) []string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	ids := make([]string, 0, len(a.budgetPauses[ledger]))
-	for id := range a.budgetPauses[ledger] {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
-}
-
-// requestRevisions returns the request records seen, by id (oldest id
-// first: ids are ULIDs), with the revision last seen of each.
-func (a *agentIndex) requestRevisions() (ids []string, revs []uint64) {
-	a.mu.Lock()
-	ids = make([]string, 0, len(a.requests))
-	for id := range a.requests {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	revs = make([]uint64, len(ids))
-	for i, id := range ids {
-		revs[i] = a.requests[id]
-	}
-	a.mu.Unlock()
-	return ids, revs
-}
-
-// dueDeadlines returns the budgets seen whose deadline passed at now and
-// whose subtree was not ended, at most max, earliest deadline first.
-func (a *agentIndex) dueDeadlines(now int64, max int) []string {
-	a.mu.Lock()
-	var ids []string
-	for id, at := range a.deadlines {
-		if at <= now {
-			ids = append(ids, id)
-		}
-	}
-	slices.SortFunc(ids, func(x, y string) int { return cmp.Compare(a.deadlines[x], a.deadlines[y]) })
-	a.mu.Unlock()
-	if len(ids) > max {
-		ids = ids[:max]
-	}
-	return ids
 }
 
 // addLease applies the lease e under key (of session id, kind KindLease or
@@ -612,95 +514,4 @@ func (a *agentIndex) snapshot() []leaseState {
 		out = append(out, *l)
 	}
 	return out
-}
-
-// boundedMap is a map of at most max entries, for values that can be read
-// again: adding to a full one evicts an arbitrary entry.
-type boundedMap[V any] struct {
-	mu  sync.Mutex
-	m   map[string]V
-	max int
-}
-
-func newBoundedMap[V any](max int) boundedMap[V] { return boundedMap[V]{m: map[string]V{}, max: max} }
-
-func (b *boundedMap[V]) get(k string) (V, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	v, ok := b.m[k]
-	return v, ok
-}
-
-func (b *boundedMap[V]) add(k string, v V) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(b.m) >= b.max {
-		for old := range b.m {
-			delete(b.m, old)
-			break
-		}
-	}
-	b.m[k] = v
-}
-
-// headerCache keeps immutable session headers (at most
-// Config.HeadersCachedMax; a miss reads BROOD_SESSIONS).
-type headerCache struct {
-	// verify, when set, refuses a header read from the stream before it is
-	// cached (Coordinator.verifyHeader).
-	verify func(protocol.SessionHeader) error
-	boundedMap[protocol.SessionHeader]
-}
-
-func (c *headerCache) get(ctx context.Context, st *store.Store, id string) (protocol.SessionHeader, error) {
-	if h, ok := c.boundedMap.get(id); ok {
-		return h, nil
-	}
-	h, err := st.GetHeader(ctx, id)
-	if err != nil {
-		return h, err
-	}
-	if c.verify != nil {
-		if err := c.verify(h); err != nil {
-			return protocol.SessionHeader{}, err
-		}
-	}
-	c.add(h)
-	return h, nil
-}
-
-// verifyHeader refuses the header of a live root that is not the one its
-// lease records (AgentRecord.HeaderDigest, or its user for a lease written
-// before the digest): the lease only coordinators write, the header one
-// the collector may purge and publish again (issue 29, item 3;
-// docs/security.md, "A collector"). Every other header passes: a child's
-// owner is its root's, and a closed root has no lease to compare with.
-func (c *Coordinator) verifyHeader(h protocol.SessionHeader) error {
-	if h.Scope() != protocol.ScopeRoot {
-		return nil
-	}
-	l, ok := c.agents.get(h.ID, protocol.ScopeRoot)
-	if !ok || l.rec.Kind != protocol.AgentRoot || l.rec.SessionID != h.ID {
-		return nil
-	}
-	forged := l.rec.User != h.User
-	if l.rec.HeaderDigest != "" {
-		forged = l.rec.HeaderDigest != protocol.HeaderDigest(h)
-	}
-	if !forged {
-		return nil
-	}
-	c.log.Error("a live root's header is not the one its coordinator wrote (purged and published again?); refusing it", "session", h.ID, "headerUser", h.User, "leaseUser", l.rec.User)
-	return protocol.Errorf(protocol.CodeUnavailable, "the header of root %s is not the one its coordinator wrote; the tree is refused until an operator restores it (docs/security.md, \"A collector\")", h.ID)
-}
-
-func (c *headerCache) add(h protocol.SessionHeader) { c.boundedMap.add(h.ID, h) }
-
-// descriptorCache keeps the descriptors of continuable children whose
-// provider is local, by child id (at most Config.HeadersCachedMax; a miss
-// reads the log's head). A child's descriptor never changes: cold resume
-// folds the first one of its own events (sessionlog.Descriptor), so a
-// cached one stays right.
-type descriptorCache struct {
-	boundedMap[protocol.DescriptorData]
 }

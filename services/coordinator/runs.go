@@ -114,38 +114,9 @@ func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.R
 		}
 		return protocol.Errorf(protocol.CodeUnauthorized, "run %s is not in a tree of a root user %s opened (or does not exist)", ref.RunID, g.user)
 	}
-	rec, err := c.st.Run(ctx, ref.RunID)
-	if errors.Is(err, store.ErrNotFound) {
-		// A continuable child (or a remote run's child) whose start left
-		// its parent's queue settled never started has no session: its
-		// run record is found by its child id (agentIndex.leftQueue).
-		if left, ok := c.neverStartedRun(ctx, ref.RunID); ok {
-			rec, err = left, nil
-		}
-	}
-	if errors.Is(err, store.ErrNotFound) {
-		// A run whose start waits in its parent's queue has no record yet:
-		// the parent's credential names its queue; a grant finds it by the
-		// run id in the queues this replica watches (agentIndex.queuedRuns).
-		parent := c.agents.queuedParentOf(ref.RunID)
-		if ref.Grant == "" {
-			parent = ref.Parent.SessionID
-		}
-		if parent != "" {
-			q, ok, queues := c.queuedRun(ctx, parent, ref.RunID)
-			if ok {
-				if err := c.grantCoversQueued(ctx, g, ref.Grant, parent, hidden); err != nil {
-					return none, err
-				}
-				return store.Record[protocol.RunRecord]{Value: q}, nil
-			}
-			if queues {
-				// Its start may have just left the queue (admitted, or
-				// disposed by another request): the entry goes before the
-				// record is written, so wait for the record a little.
-				rec, err = c.runLeftQueue(ctx, ref.RunID)
-			}
-		}
+	rec, queued, err := c.runOrQueued(ctx, ref, g, hidden)
+	if queued {
+		return rec, err
 	}
 	if errors.Is(err, store.ErrNotFound) {
 		if g.all {
@@ -178,6 +149,49 @@ func (c *Coordinator) loadRun(ctx context.Context, ref protocol.RunRef) (store.R
 		}
 	}
 	return rec, nil
+}
+
+// runOrQueued reads the record of run ref.RunID for loadRun, or, when it
+// has none, finds the start that waits in its parent's queue: the parent's
+// credential names its queue, a grant finds it by the run id in the queues
+// this replica watches (agentIndex.queuedRuns). queued reports a start
+// found in a queue, returned as a record of state queued with err the
+// grant's verdict on it; otherwise rec and err are the record's read (a
+// start that just left its queue is waited for: runLeftQueue).
+func (c *Coordinator) runOrQueued(ctx context.Context, ref protocol.RunRef, g grantScope, hidden func() error) (rec store.Record[protocol.RunRecord], queued bool, err error) {
+	rec, err = c.st.Run(ctx, ref.RunID)
+	if errors.Is(err, store.ErrNotFound) {
+		// A continuable child (or a remote run's child) whose start left
+		// its parent's queue settled never started has no session: its
+		// run record is found by its child id (agentIndex.leftQueue).
+		if left, ok := c.neverStartedRun(ctx, ref.RunID); ok {
+			rec, err = left, nil
+		}
+	}
+	if !errors.Is(err, store.ErrNotFound) {
+		return rec, false, err
+	}
+	parent := c.agents.queuedParentOf(ref.RunID)
+	if ref.Grant == "" {
+		parent = ref.Parent.SessionID
+	}
+	if parent == "" {
+		return rec, false, err
+	}
+	q, ok, queues := c.queuedRun(ctx, parent, ref.RunID)
+	switch {
+	case ok:
+		if err := c.grantCoversQueued(ctx, g, ref.Grant, parent, hidden); err != nil {
+			return store.Record[protocol.RunRecord]{}, true, err
+		}
+		return store.Record[protocol.RunRecord]{Value: q}, true, nil
+	case queues:
+		// Its start may have just left the queue (admitted, or disposed
+		// by another request): the entry goes before the record is
+		// written, so wait for the record a little.
+		rec, err = c.runLeftQueue(ctx, ref.RunID)
+	}
+	return rec, false, err
 }
 
 // neverStartedRun reads the run record of the start of child childID that

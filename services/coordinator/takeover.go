@@ -409,22 +409,8 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 		c.closeFailed(id, err)
 		return
 	}
-	epoch := events
-	if fresh.Value.EpochStart <= int64(len(events)) {
-		epoch = events[fresh.Value.EpochStart:]
-	}
-	res := sessionlog.EpochOutcome(epoch)
-	run.Value.Takeovers = int64(takeovers(epoch))
-	if end, ok := sessionlog.LastTurnEnd(epoch); ok && end.Reason.Kind == protocol.TurnInterrupted {
-		res.ErrorCode = protocol.CodeHostLost
-		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating; the turn in flight was closed as interrupted and accepted messages resume on another host", deadHost)
-	}
-	if p, parked := sessionlog.Parked(events); parked {
-		// The turn is left open for the child's next epoch, which continues
-		// it: this epoch ends as one whose turn its host lost.
-		res.StopReason, res.ErrorCode = protocol.StopAborted, protocol.CodeHostLost
-		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating while turn %d waited for the answer to a request; the turn continues from the log on another host", deadHost, p.Turn)
-	}
+	res, n := takenOverEpochResult(events, fresh.Value.EpochStart, deadHost)
+	run.Value.Takeovers = n
 	cont.explain(&res)
 	if errors.Is(runErr, store.ErrNotFound) {
 		run = store.Record[protocol.RunRecord]{} // nothing to settle
@@ -445,6 +431,30 @@ func (c *Coordinator) takeOverActivation(ctx context.Context, fresh store.Record
 	}
 	c.agents.del(store.LeaseKeyOf(taken.Value))
 	c.resumePending(ctx, id)
+}
+
+// takenOverEpochResult is the result of a continuable child's epoch
+// taken over after its host deadHost died, from the child's events (the
+// epoch's begin at epochStart), and the epoch's agent/takeover records: a
+// turn closed interrupted ends it HOST_LOST; a turn parked on a request,
+// left open for the next epoch, ends it aborted HOST_LOST.
+func takenOverEpochResult(events []protocol.SessionEvent, epochStart int64, deadHost string) (protocol.SubagentResult, int64) {
+	epoch := events
+	if epochStart <= int64(len(events)) {
+		epoch = events[epochStart:]
+	}
+	res := sessionlog.EpochOutcome(epoch)
+	if end, ok := sessionlog.LastTurnEnd(epoch); ok && end.Reason.Kind == protocol.TurnInterrupted {
+		res.ErrorCode = protocol.CodeHostLost
+		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating; the turn in flight was closed as interrupted and accepted messages resume on another host", deadHost)
+	}
+	if p, parked := sessionlog.Parked(events); parked {
+		// The turn is left open for the child's next epoch, which continues
+		// it: this epoch ends as one whose turn its host lost.
+		res.StopReason, res.ErrorCode = protocol.StopAborted, protocol.CodeHostLost
+		res.Diagnostic = fmt.Sprintf("host %s stopped heartbeating while turn %d waited for the answer to a request; the turn continues from the log on another host", deadHost, p.Turn)
+	}
+	return res, int64(takeovers(epoch))
 }
 
 // settleTakenOverEpoch settles the epoch record run (zero when there is
