@@ -43,7 +43,7 @@ func (a *Agent) park(ctx context.Context, turn int64, req protocol.RequestOpenRe
 		a.notePaused(*parked)
 		return a.awaitAnswer(ctx, turn, req.Self, req.CallID, rec, 0)
 	}
-	rec, err = a.cfg.Requests.OpenRequest(ctx, req)
+	rec, err = requestwait.Open(ctx, a.cfg.Requests, req)
 	if err != nil {
 		return rec, d, parkOpened, err
 	}

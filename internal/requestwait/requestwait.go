@@ -33,6 +33,50 @@ const (
 	PollIntervalMax = 2 * time.Second
 )
 
+// CallTimeout bounds each call a waiting session makes about its request
+// (an open, a read): a call whose question or answer is lost (a link cut
+// between a site and the coordinators, a coordinator killed mid-call) is
+// given up after it and made again, rather than waited for until the
+// turn's own deadline (10 minutes by default), which no dispose reaching
+// the host cuts short when the link is down. Open and Await apply it.
+const CallTimeout = 5 * time.Second
+
+// OpenWaitMax bounds how long Open makes the open again while the
+// coordinators do not answer (UNAVAILABLE: nobody serves it, or no reply
+// in time); after it the open fails with the last error.
+const OpenWaitMax = 30 * time.Second
+
+// Open opens req with r, each attempt bounded by CallTimeout and made again
+// every PollInterval while the coordinators do not answer, for up to
+// OpenWaitMax or until ctx ends. Opening the same call's request again
+// returns the one already open (docs/protocol.md §5.21), so an attempt
+// made again after a lost answer opens nothing twice. Any other error
+// (UNAUTHORIZED, INVALID_ARGUMENT, LIMIT_EXCEEDED) is returned at once.
+func Open(ctx context.Context, r Requester, req protocol.RequestOpenRequest) (protocol.RequestRecord, error) {
+	giveUp := time.Now().Add(OpenWaitMax)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, CallTimeout)
+		rec, err := r.OpenRequest(cctx, req)
+		cancel()
+		if err == nil || ctx.Err() != nil || !unanswered(err) || time.Now().Add(PollInterval).After(giveUp) {
+			return rec, err
+		}
+		t := time.NewTimer(PollInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return rec, err
+		case <-t.C:
+		}
+	}
+}
+
+// unanswered reports whether err says a call got no answer (made again)
+// rather than a refusal.
+func unanswered(err error) bool {
+	return protocol.CodeOf(err) == protocol.CodeUnavailable || errors.Is(err, context.DeadlineExceeded)
+}
+
 // Await reads the request rec (as the session self, with its own
 // credential), first after first (0: at once, as a call parked before a
 // restart does; then PollInterval, doubling up to PollIntervalMax), until
@@ -85,7 +129,9 @@ func read(ctx context.Context, r Requester, req protocol.RequestGetRequest) (pro
 	}
 	done := make(chan answer, 1) // the abandoned read's goroutine never blocks on it
 	go func() {
-		rec, err := r.GetRequest(ctx, req)
+		cctx, cancel := context.WithTimeout(ctx, CallTimeout) // a lost answer is read again at the next poll
+		defer cancel()
+		rec, err := r.GetRequest(cctx, req)
 		done <- answer{rec, err}
 	}()
 	select {

@@ -257,7 +257,7 @@ func (s *Session) park(ctx context.Context, req protocol.RequestOpenRequest, par
 		rec = protocol.RequestRecord{ID: parked.RequestID, SessionID: req.Self.SessionID, CallID: parked.CallID, Kind: parked.Kind, State: protocol.RequestPending}
 		open, first = *parked, 0
 	} else {
-		if rec, err = s.o.Requests.OpenRequest(ctx, req); err != nil {
+		if rec, err = requestwait.Open(ctx, s.o.Requests, req); err != nil {
 			return rec, d, parkOpened, err
 		}
 		open = protocol.RequestOpenData{RequestID: rec.ID, Kind: rec.Kind, Turn: req.Turn, Step: req.Step,
